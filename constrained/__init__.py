@@ -1,0 +1,49 @@
+"""treadle.constrained: grammar compilation, token FSM, bitmasks, jump-forward.
+
+Staged API (xgrammar-style): ``GrammarSpec`` -> ``GrammarCompiler.compile`` (cached,
+bounded, off-thread) -> ``CompiledGrammar`` -> per-request ``GrammarMatcher``
+(``accept_token`` / ``fill_next_token_bitmask`` / ``rollback`` /
+``find_jump_forward_string``) -> ``apply_token_bitmask_ref`` (or the fused kernel), and
+``plan_jump_forward`` for canonical retokenization of forced text.
+
+Names are resolved lazily so that importing the package (e.g. in a compile worker
+process) does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "token_bytes_table": "vocabulary",
+    "build_vocabulary": "vocabulary",
+    "GrammarSpec": "grammar",
+    "CompiledGrammar": "grammar",
+    "CharFSM": "grammar",
+    "GrammarCompiler": "compiler",
+    "GrammarCompileError": "compiler",
+    "build_compiled_grammar": "compiler",
+    "GrammarMatcher": "matcher",
+    "allocate_token_bitmask": "bitmask",
+    "reset_bitmask_row": "bitmask",
+    "apply_token_bitmask_ref": "bitmask",
+    "bitmask_to_bool": "bitmask",
+    "JumpPlan": "jump_forward",
+    "plan_jump_forward": "jump_forward",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'treadle.constrained' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"treadle.constrained.{module}"), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

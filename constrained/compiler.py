@@ -1,0 +1,346 @@
+"""Grammar compiler: spec -> ``CompiledGrammar``, cached, bounded, off the caller's thread.
+
+The spec -> regex translation runs in the caller (schema errors come back at once). The
+token-FSM build (outlines-core ``Index``) and the character FSM (interegular) run in a
+spawned worker *process* whose address space is capped with ``RLIMIT_AS`` and which is
+killed after ``timeout_s``: some real schemas take minutes or tens of GB, and that must
+cost one request a ``GrammarCompileError``, never the scheduler its life. Results and
+failures are cached by spec in an LRU, so a repeated spec costs a dict lookup.
+
+Programs that create a ``GrammarCompiler`` must guard their entry point with
+``if __name__ == "__main__":`` (the spawn start method re-imports ``__main__``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from typing import Any
+
+from treadle.constrained.grammar import CompiledGrammar, GrammarSpec, build_char_fsm
+from treadle.constrained.vocabulary import build_vocabulary
+
+__all__ = ["GrammarCompiler", "GrammarCompileError", "build_compiled_grammar"]
+
+# A spawned worker imports only this module's light dependencies; this bounds that start.
+_STARTUP_TIMEOUT_S = 120.0
+
+
+class GrammarCompileError(ValueError):
+    """A grammar could not be compiled (rejected, timed out, or out of memory)."""
+
+
+def build_compiled_grammar(
+    regex: str,
+    tokenizer: Any,
+    eos_token_ids: list[int],
+    *,
+    vocab_size: int,
+    spec: GrammarSpec | None = None,
+) -> CompiledGrammar:
+    """Compile ``regex`` in this process, with no time or memory bound.
+
+    For tests and offline tools only: a serving path must use ``GrammarCompiler``.
+    Raises ``GrammarCompileError`` when outlines-core rejects the regex.
+    """
+    from outlines_core import Index
+
+    vocab, table = build_vocabulary(tokenizer, list(eos_token_ids))
+    t0 = time.perf_counter()
+    try:
+        index = Index(regex, vocab)
+    except ValueError as e:
+        raise GrammarCompileError(f"compile of regex of {len(regex)} chars was rejected: {e}") from e
+    return CompiledGrammar(
+        index=index,
+        regex=regex,
+        char_fsm=build_char_fsm(regex),
+        vocab_size=int(vocab_size),
+        num_tokens=min(len(table), int(vocab_size)),
+        eos_token_ids=tuple(int(e) for e in eos_token_ids),
+        token_bytes=table,
+        spec=spec,
+        compile_time_s=time.perf_counter() - t0,
+    )
+
+
+def _worker_main(conn: Any, vocab: Any, memory_limit_bytes: int | None) -> None:
+    """Compile worker loop: receive a regex, reply with (Index, CharFSM) or an error."""
+    if memory_limit_bytes is not None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
+    from outlines_core import Index
+
+    conn.send(("ready",))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return  # parent went away
+        if msg is None:
+            return
+        regex = msg
+        t0 = time.perf_counter()
+        try:
+            index = Index(regex, vocab)
+            char_fsm = build_char_fsm(regex)
+        except MemoryError:
+            conn.send(("oom", "ran out of memory"))
+            continue
+        except Exception as e:  # noqa: BLE001 - forwarded to the caller, not swallowed
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+            continue
+        conn.send(("ok", index, char_fsm, time.perf_counter() - t0))
+
+
+class _Worker:
+    """One compile process plus the parent end of its pipe."""
+
+    def __init__(self, ctx: Any, vocab: Any, memory_limit_bytes: int | None) -> None:
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(
+            target=_worker_main, args=(child, vocab, memory_limit_bytes), name="treadle-grammar-compile", daemon=True
+        )
+        self.proc.start()
+        child.close()
+        self.conn = parent
+        self.ready = False
+        self.broken = False
+
+    def wait_ready(self) -> None:
+        if self.ready:
+            return
+        if not self.conn.poll(_STARTUP_TIMEOUT_S):
+            raise GrammarCompileError(f"grammar compile worker did not start within {_STARTUP_TIMEOUT_S:.0f}s")
+        try:
+            self.conn.recv()
+        except EOFError as e:
+            raise GrammarCompileError(
+                f"grammar compile worker died at start (exit code {self.proc.exitcode}); "
+                "memory_limit_bytes may be too small to load the vocabulary"
+            ) from e
+        self.ready = True
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(10)
+        self.conn.close()
+
+
+def _settle(fut: Future, result: Any = None, exc: BaseException | None = None) -> None:
+    """Resolve ``fut`` unless another thread (e.g. ``close``) already did; first one wins."""
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+    except InvalidStateError:
+        pass  # already resolved concurrently; that outcome stands
+
+
+def _shutdown_workers(workers: list[_Worker]) -> None:
+    for w in workers:
+        w.kill()
+
+
+class GrammarCompiler:
+    """Compiles and caches grammars for one tokenizer / model vocabulary.
+
+    ``vocab_size`` is the model's logits width (may exceed len(tokenizer); the extra ids
+    are never allowed). ``max_workers`` compile processes run at most that many builds at
+    once. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        eos_token_ids: list[int],
+        *,
+        vocab_size: int,
+        max_workers: int = 1,
+        timeout_s: float = 60.0,
+        memory_limit_bytes: int | None = 4 << 30,
+        whitespace_pattern: str | None = None,
+        cache_size: int = 512,
+    ) -> None:
+        if vocab_size <= 0 or max_workers < 1 or timeout_s <= 0 or cache_size < 1:
+            raise ValueError(
+                "need vocab_size > 0, max_workers >= 1, timeout_s > 0 and cache_size >= 1 "
+                f"(got {vocab_size}, {max_workers}, {timeout_s}, {cache_size})"
+            )
+        self._vocab, self._table = build_vocabulary(tokenizer, list(eos_token_ids))
+        self._eos = tuple(int(e) for e in eos_token_ids)
+        self._vocab_size = int(vocab_size)
+        self._num_tokens = min(len(self._table), self._vocab_size)
+        self._timeout_s = float(timeout_s)
+        self._memory_limit = memory_limit_bytes
+        self._whitespace_pattern = whitespace_pattern
+        self._cache_size = cache_size
+        self._cache: OrderedDict[GrammarSpec, Future[CompiledGrammar]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._ctx = mp.get_context("spawn")
+        self._workers: list[_Worker] = []  # every live worker, for shutdown
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        for _ in range(max_workers):
+            self._idle.put(self._new_worker())
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="treadle-grammar")
+        self._finalizer = weakref.finalize(self, _shutdown_workers, self._workers)
+
+    # ------------------------------------------------------------------ public API
+
+    def compile_async(self, spec: GrammarSpec) -> Future[CompiledGrammar]:
+        """Start (or reuse) the compile of ``spec``; returns a future of the grammar.
+
+        Never blocks on the index build. The spec -> regex step runs here, so an invalid
+        or unsupported schema gives an already-failed future (``ValueError``). Futures are
+        cached by spec, including failed ones.
+        """
+        if not isinstance(spec, GrammarSpec):
+            raise ValueError(f"compile needs a GrammarSpec, got {type(spec).__name__}")
+        with self._lock:
+            if self._closed:
+                raise ValueError("GrammarCompiler is closed")
+            fut = self._cache.get(spec)
+            if fut is not None:
+                self._cache.move_to_end(spec)
+                return fut
+            fut = Future()
+            self._cache[spec] = fut
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        try:
+            regex = spec.to_regex(self._whitespace_pattern)
+        except ValueError as e:
+            _settle(fut, exc=e)
+            return fut
+        except BaseException as e:
+            # Not a user error: don't cache it, fail this future and propagate.
+            with self._lock:
+                self._cache.pop(spec, None)
+            _settle(fut, exc=e)
+            raise
+        self._pool.submit(self._run, spec, regex, fut)
+        return fut
+
+    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Blocking ``compile_async(spec).result()``; raises ``ValueError`` on failure."""
+        return self.compile_async(spec).result()
+
+    def close(self) -> None:
+        """Stop the workers and fail compiles still pending. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending = [f for f in self._cache.values() if not f.done()]
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._finalizer()
+        for f in pending:
+            _settle(f, exc=GrammarCompileError("GrammarCompiler was closed before the compile finished"))
+
+    def __enter__(self) -> GrammarCompiler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def token_bytes(self) -> list[bytes | None]:
+        """The tokenizer's token bytes table (shared, read-only)."""
+        return self._table
+
+    # ------------------------------------------------------------------ internals
+
+    def _new_worker(self) -> _Worker:
+        w = _Worker(self._ctx, self._vocab, self._memory_limit)
+        self._workers.append(w)
+        return w
+
+    def _retire(self, w: _Worker) -> None:
+        """Kill a broken worker and start its replacement (unless closed)."""
+        w.broken = True
+        w.kill()
+        with self._lock:
+            if w in self._workers:
+                self._workers.remove(w)
+            closed = self._closed
+        if not closed:
+            self._idle.put(self._new_worker())
+
+    def _run(self, spec: GrammarSpec, regex: str, fut: Future[CompiledGrammar]) -> None:
+        while True:
+            if fut.done():
+                return
+            try:
+                w = self._idle.get(timeout=0.5)
+                break
+            except queue.Empty:
+                if self._closed:
+                    _settle(fut, exc=GrammarCompileError("GrammarCompiler was closed before the compile started"))
+                    return
+        try:
+            result = self._compile_in(w, spec, regex)
+        except GrammarCompileError as e:
+            if not w.broken:
+                self._idle.put(w)
+            _settle(fut, exc=e)
+            return
+        except BaseException as e:
+            self._retire(w)
+            _settle(fut, exc=e)
+            raise
+        self._idle.put(w)
+        _settle(fut, result)
+
+    def _compile_in(self, w: _Worker, spec: GrammarSpec, regex: str) -> CompiledGrammar:
+        """Run one build in worker ``w``; on a broken worker, replace it before raising."""
+        what = f"{spec.kind} grammar (regex of {len(regex)} chars)"
+        try:
+            w.wait_ready()
+            w.conn.send(regex)
+        except (GrammarCompileError, OSError, EOFError) as e:
+            self._retire(w)
+            raise GrammarCompileError(f"compile of {what} failed: worker unavailable: {e}") from e
+        if not w.conn.poll(self._timeout_s):
+            self._retire(w)
+            raise GrammarCompileError(
+                f"compile of {what} timed out after {self._timeout_s:g}s; simplify the grammar "
+                "(fewer alternatives / bounded repetitions) or raise the compile timeout"
+            )
+        try:
+            reply = w.conn.recv()
+        except (EOFError, OSError) as e:
+            w.proc.join(5)
+            code = w.proc.exitcode
+            self._retire(w)
+            raise GrammarCompileError(
+                f"compile of {what} crashed the compile worker (exit code {code}); most likely it "
+                f"exceeded the memory limit of {self._memory_limit} bytes"
+            ) from e
+        if reply[0] == "ok":
+            _, index, char_fsm, seconds = reply
+            return CompiledGrammar(
+                index=index,
+                regex=regex,
+                char_fsm=char_fsm,
+                vocab_size=self._vocab_size,
+                num_tokens=self._num_tokens,
+                eos_token_ids=self._eos,
+                token_bytes=self._table,
+                spec=spec,
+                compile_time_s=seconds,
+            )
+        if reply[0] == "oom":
+            self._retire(w)
+            raise GrammarCompileError(
+                f"compile of {what} ran out of memory (limit {self._memory_limit} bytes)"
+            )
+        raise GrammarCompileError(f"compile of {what} was rejected: {reply[1]}")

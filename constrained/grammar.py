@@ -1,0 +1,253 @@
+"""Grammar specs (what a request asks for) and compiled grammars (what matchers share).
+
+``GrammarSpec`` is the hashable cache key. ``CompiledGrammar`` is immutable apart from
+two lazily filled caches (per-state bitmask rows and per-char-state jump strings) that are
+safe to share between matchers: a row for a token-FSM state is computed once, after which
+filling a request's bitmask for that state is a single row copy.
+
+Importing this module does not import torch (the compile worker process imports it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["GrammarSpec", "CharFSM", "CompiledGrammar", "build_char_fsm"]
+
+logger = logging.getLogger(__name__)
+
+GrammarKind = Literal["regex", "json_schema", "choices"]
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """A request's output constraint in canonical form (used as the compile-cache key)."""
+
+    kind: GrammarKind
+    value: str
+
+    @staticmethod
+    def from_params(
+        regex: str | None = None,
+        json_schema: dict | str | bool | None = None,
+        choices: list[str] | None = None,
+    ) -> GrammarSpec | None:
+        """Build a spec from request params; ``None`` when no constraint is set.
+
+        Requires at most one of ``regex``, ``json_schema``, ``choices``. A JSON schema given
+        as a dict or string is re-serialized compactly *without* sorting keys, because
+        property order decides the order of fields in the generated output.
+        """
+        given = [n for n, v in (("regex", regex), ("json_schema", json_schema), ("choices", choices)) if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"set at most one of regex, json_schema, choices (got {', '.join(given)})")
+        if not given:
+            return None
+        if regex is not None:
+            if not isinstance(regex, str):
+                raise ValueError(f"regex must be a string, got {type(regex).__name__}")
+            return GrammarSpec("regex", regex)
+        if choices is not None:
+            if not isinstance(choices, (list, tuple)) or not choices:
+                raise ValueError("choices must be a non-empty list of strings")
+            bad = [c for c in choices if not isinstance(c, str)]
+            if bad:
+                raise ValueError(f"choices must all be strings, got {bad[0]!r}")
+            return GrammarSpec("choices", json.dumps(list(choices), ensure_ascii=False))
+        schema = json_schema
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"json_schema is not valid JSON: {e}") from e
+        if not isinstance(schema, (dict, bool)):
+            raise ValueError(f"json_schema must be an object or a boolean, got {type(schema).__name__}")
+        return GrammarSpec("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
+
+    def to_regex(self, whitespace_pattern: str | None = None) -> str:
+        """Translate the spec to the regex the token FSM is built from.
+
+        Raises ``ValueError`` (``UnsupportedSchemaError`` for schemas) on anything the
+        regex backend cannot represent faithfully.
+        """
+        # Imported lazily: json_schema.py is a sibling owned separately and pulls more in.
+        from treadle.constrained.json_schema import choices_to_regex, json_schema_to_regex, validate_regex
+
+        if self.kind == "regex":
+            validate_regex(self.value)
+            return self.value
+        if self.kind == "choices":
+            return choices_to_regex(json.loads(self.value))
+        if self.kind == "json_schema":
+            return json_schema_to_regex(json.loads(self.value), whitespace_pattern=whitespace_pattern)
+        raise ValueError(f"unknown grammar kind {self.kind!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class CharFSM:
+    """Character-level DFA of the regex, trimmed to live states (used for jump-forward).
+
+    ``symbol_of`` maps a character to its alphabet symbol; characters not in it use
+    ``else_symbol`` (``None`` when the regex never allows "anything else").
+    ``symbol_chars[s]`` is the characters of symbol ``s`` (empty for ``else_symbol``).
+    """
+
+    initial: int
+    finals: frozenset[int]
+    transitions: dict[int, dict[int, int]]
+    symbol_of: dict[str, int]
+    else_symbol: int | None
+    symbol_chars: dict[int, tuple[str, ...]]
+
+    def step(self, state: int | None, ch: str) -> int | None:
+        """Next state after ``ch``; ``None`` for a dead/unknown state."""
+        if state is None:
+            return None
+        sym = self.symbol_of.get(ch, self.else_symbol)
+        if sym is None:
+            return None
+        return self.transitions.get(state, {}).get(sym)
+
+    def forced_char(self, state: int) -> str | None:
+        """The single character a non-final state must emit next, or ``None``."""
+        if state in self.finals:
+            return None
+        out = self.transitions.get(state, {})
+        if len(out) != 1:
+            return None
+        (sym,) = out
+        chars = self.symbol_chars.get(sym, ())
+        if sym == self.else_symbol or len(chars) != 1:
+            return None
+        return chars[0]
+
+
+def build_char_fsm(regex: str) -> CharFSM | None:
+    """Parse ``regex`` with interegular into a ``CharFSM``; ``None`` if interegular can't.
+
+    interegular speaks the Python ``re`` dialect while the token FSM uses Rust's, so a
+    parse failure here only disables jump-forward for this grammar (jumps are re-checked
+    against the token FSM anyway), it is not a compile error.
+    """
+    import interegular
+    from interegular.fsm import anything_else
+
+    try:
+        fsm = interegular.parse_pattern(regex).to_fsm()
+    except Exception as e:  # noqa: BLE001 - a dialect gap only disables jump-forward
+        logger.warning("jump-forward disabled: interegular cannot parse %.80r: %s", regex, e)
+        return None
+    symbol_of: dict[str, int] = {}
+    else_symbol: int | None = None
+    symbol_chars: dict[int, list[str]] = {}
+    for ch, sym in fsm.alphabet._symbol_mapping.items():
+        if ch is anything_else:
+            else_symbol = sym
+            symbol_chars.setdefault(sym, [])
+        else:
+            symbol_of[ch] = sym
+            symbol_chars.setdefault(sym, []).append(ch)
+    # Keep only live states (those that can still reach a final state): an edge into a
+    # dead state would otherwise hide a forced character.
+    rev: dict[int, set[int]] = {}
+    for s, edges in fsm.map.items():
+        for t in edges.values():
+            rev.setdefault(t, set()).add(s)
+    live = set(fsm.finals)
+    stack = list(live)
+    while stack:
+        for p in rev.get(stack.pop(), ()):
+            if p not in live:
+                live.add(p)
+                stack.append(p)
+    transitions = {
+        s: {sym: t for sym, t in edges.items() if t in live} for s, edges in fsm.map.items() if s in live
+    }
+    return CharFSM(
+        initial=fsm.initial,
+        finals=frozenset(fsm.finals),
+        transitions=transitions,
+        symbol_of=symbol_of,
+        else_symbol=else_symbol,
+        symbol_chars={s: tuple(c) for s, c in symbol_chars.items()},
+    )
+
+
+@dataclass(eq=False)
+class CompiledGrammar:
+    """A compiled grammar shared by every matcher of the same spec.
+
+    ``index`` is the outlines-core token FSM; ``char_fsm`` drives jump-forward (``None``
+    disables it). ``num_tokens`` is len(tokenizer): ids in [num_tokens, vocab_size) are
+    padding and never allowed. Only the first EOS id is known to the index; the matcher
+    treats all ``eos_token_ids`` alike. ``token_bytes`` is the tokenizer's bytes table
+    (shared, read-only) used to replay accepted tokens through ``char_fsm``.
+    """
+
+    index: Any
+    regex: str
+    char_fsm: CharFSM | None
+    vocab_size: int
+    num_tokens: int
+    eos_token_ids: tuple[int, ...]
+    token_bytes: list[bytes | None]
+    spec: GrammarSpec | None = None
+    compile_time_s: float = 0.0
+    _rows: dict[int, Any] = field(default_factory=dict, repr=False)
+    _jumps: dict[int, str] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def bitmask_words(self) -> int:
+        return (self.vocab_size + 31) // 32
+
+    def mask_row(self, state: int) -> Any:
+        """int32 numpy row ``[ceil(vocab_size/32)]`` of tokens allowed in token-FSM ``state``.
+
+        EOS ids are allowed exactly when ``state`` is final. Computed once per state and
+        cached; callers must treat the returned tensor as read-only.
+        """
+        row = self._rows.get(state)
+        if row is not None:
+            return row
+        import numpy as np
+
+        allowed = np.zeros(self.bitmask_words * 32, dtype=np.bool_)
+        ids = np.fromiter(self.index.get_allowed_tokens(state), dtype=np.int64)
+        ids = ids[ids < self.num_tokens]
+        allowed[ids] = True
+        # The index reports its own EOS in final states; EOS is decided here for all ids.
+        eos = np.asarray([e for e in self.eos_token_ids if e < allowed.size], dtype=np.int64)
+        allowed[eos] = bool(self.index.is_final_state(state))
+        # Little bit order: bit t%32 of little-endian word t//32 is token t.
+        packed = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32)
+        with self._lock:
+            self._rows.setdefault(state, packed)
+        return self._rows[state]
+
+    def jump_string(self, char_state: int | None) -> str:
+        """Forced text from char-FSM ``char_state`` (chain of forced characters), maybe ""."""
+        if char_state is None or self.char_fsm is None:
+            return ""
+        hit = self._jumps.get(char_state)
+        if hit is not None:
+            return hit
+        fsm = self.char_fsm
+        out: list[str] = []
+        s: int | None = char_state
+        seen: set[int] = set()
+        while s is not None and s not in seen:
+            seen.add(s)
+            ch = fsm.forced_char(s)
+            if ch is None:
+                break
+            out.append(ch)
+            s = fsm.step(s, ch)
+        text = "".join(out)
+        with self._lock:
+            self._jumps[char_state] = text
+        return text

@@ -1,0 +1,393 @@
+"""JSON Schema -> regex, sound by construction.
+
+Every string the returned regex matches is a JSON text valid under the schema (the regex
+may accept fewer texts than the schema allows: compact separators, declared properties
+only, schema key order, bounded sizes). A keyword treadle cannot enforce raises
+``UnsupportedSchemaError`` naming it and its JSON path; nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+from typing import Any
+
+import interegular
+import jsonschema
+import referencing
+import referencing.exceptions
+
+from treadle.constrained import regex_numbers as nums
+from treadle.constrained import regex_text as text
+from treadle.constrained.json_schema_parts import (
+    ANNOTATIONS,
+    FAMILIES,
+    KNOWN,
+    NoOutput,
+    TooDeep,
+    Unsatisfiable,
+    Merger,
+    UnsupportedSchemaError,
+    array_regex,
+    object_regex,
+    schema_types,
+)
+from treadle.constrained.regex_text import choices_to_regex, escape_literal, validate_regex
+
+__all__ = [
+    "UnsupportedSchemaError",
+    "json_schema_to_regex",
+    "choices_to_regex",
+    "escape_literal",
+    "validate_regex",
+]
+
+GENERIC_DEPTH = 2  # nesting of arrays/objects inside a `true` (any value) schema
+
+
+def json_schema_to_regex(
+    schema: dict | str | bool,
+    *,
+    whitespace_pattern: str | None = None,
+    max_recursion_depth: int = 3,
+) -> str:
+    """Compile a JSON Schema (draft 2020-12) to a regex matching only valid JSON texts.
+
+    ``schema`` may be a dict, a bool, or a JSON string. ``whitespace_pattern=None`` gives
+    compact output (no whitespace between tokens); pass e.g. ``r"[ ]?"`` to allow bounded
+    whitespace. ``$ref`` cycles unroll at most ``max_recursion_depth`` times.
+    Raises ``UnsupportedSchemaError`` (a ``ValueError``) for keywords it cannot enforce.
+    """
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"json_schema: not valid JSON: {exc}") from exc
+    if not isinstance(schema, (dict, bool)):
+        raise ValueError(f"json_schema: expected an object or boolean schema, got {type(schema).__name__}")
+    if whitespace_pattern:
+        validate_regex(whitespace_pattern)
+        # Whatever it matches is spliced between tokens: it must be JSON whitespace only.
+        ws_fsm = interegular.parse_pattern(whitespace_pattern).to_fsm()
+        if not (ws_fsm - interegular.parse_pattern(r"[ \t\n\r]*").to_fsm()).empty():
+            raise ValueError(f"json_schema: whitespace_pattern {whitespace_pattern!r} matches non-whitespace text")
+    if "__conj__" in json.dumps(schema):
+        raise UnsupportedSchemaError("json_schema: keyword '__conj__' is reserved by treadle")
+    if max_recursion_depth < 0:
+        raise ValueError("json_schema: max_recursion_depth must be >= 0")
+    try:
+        return _Converter(schema, whitespace_pattern or "", max_recursion_depth).convert(schema, "$")
+    except RecursionError as exc:
+        raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
+
+
+def _literal(value: Any) -> str:
+    return escape_literal(json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False))
+
+
+def _alt(parts: list[str]) -> str:
+    uniq = list(dict.fromkeys(parts))
+    return uniq[0] if len(uniq) == 1 else "(?:" + "|".join(uniq) + ")"
+
+
+class _Converter:
+    """One conversion: holds the root (for refs), whitespace, and the recursion counters."""
+
+    def __init__(self, root: dict | bool, ws: str, max_depth: int) -> None:
+        self.root = root
+        self.ws = ws
+        self.max_depth = max_depth
+        self.merger = Merger(root)
+        self._active: dict[str, int] = {}  # ref pointer -> times on the current stack
+        registry = referencing.Registry(retrieve=_no_retrieve)
+        self._validator = jsonschema.Draft202012Validator(
+            root, registry=registry, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+        )
+        self._generic: str | None = None
+        w = ws
+        self.OPEN_O, self.CLOSE_O = r"\{" + w, w + r"\}"
+        self.OPEN_A, self.CLOSE_A = r"\[" + w, w + r"\]"
+        self.COLON, self.COMMA = w + ":" + w, w + "," + w
+
+    # ------------------------------------------------------------ entry
+    def convert(self, schema: Any, path: str) -> str:
+        """Regex for one (sub)schema at JSON path ``path``."""
+        if schema is True:
+            return self.generic()
+        if schema is False:
+            raise Unsatisfiable(f"json_schema: schema at {path} is false: no possible output")
+        if not isinstance(schema, dict):
+            raise UnsupportedSchemaError(f"json_schema: schema at {path} must be an object or boolean")
+        for key in schema:
+            if key not in KNOWN:
+                raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} is not supported")
+        if "enum" in schema or "const" in schema:
+            return self._literals(schema, path)
+        if "$ref" in schema:
+            return self._ref(schema, path)
+        if "allOf" in schema:
+            rest = {k: v for k, v in schema.items() if k != "allOf"}
+            parts = schema["allOf"]
+            if not isinstance(parts, list) or not parts:
+                raise UnsupportedSchemaError(f"json_schema: 'allOf' at {path} must be a non-empty list")
+            return self.convert(self.merger.merge_all(rest, parts, path + ".allOf"), path)
+        if "anyOf" in schema or "oneOf" in schema:
+            return self._alternatives(schema, path)
+        excluded = self._negated_types(schema, path)
+        for key in ("if", "then", "else"):
+            if key in schema and not (key == "if" and "then" not in schema and "else" not in schema):
+                if key in ("then", "else") and "if" not in schema:
+                    continue  # then/else without if have no effect
+                raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} is not supported")
+        return self._typed(schema, path, excluded)
+
+    def _negated_types(self, schema: dict, path: str) -> set[str]:
+        """``not`` is supported when it only excludes whole types (or nothing/everything)."""
+        if "not" not in schema or schema["not"] is False:
+            return set()
+        neg = schema["not"]
+        if neg is True or (isinstance(neg, dict) and all(k in ANNOTATIONS for k in neg)):
+            raise Unsatisfiable(f"json_schema: keyword 'not' at {path} rejects every value: no possible output")
+        if isinstance(neg, dict) and all(k in ANNOTATIONS or k == "type" for k in neg):
+            names = [neg["type"]] if isinstance(neg["type"], str) else neg["type"]
+            if isinstance(names, list) and all(isinstance(n, str) for n in names):
+                return set(names) | ({"integer"} if "number" in names else set())
+        raise UnsupportedSchemaError(f"json_schema: keyword 'not' at {path} is not supported (only 'not: {{type: ...}}')")
+
+    # ------------------------------------------------------------ literals
+    def _literals(self, schema: dict, path: str) -> str:
+        """enum/const: every candidate is checked against the whole schema by jsonschema."""
+        candidates: list[Any] = []
+        if "const" in schema:
+            candidates.append(schema["const"])
+        if "enum" in schema:
+            if not isinstance(schema["enum"], list):
+                raise UnsupportedSchemaError(f"json_schema: 'enum' at {path} must be a list")
+            candidates.extend(schema["enum"])
+        full = {"allOf": schema["__conj__"]} if "__conj__" in schema else schema
+        check = self._validator.evolve(schema=full)
+        kept = []
+        for value in candidates:
+            if _has_nonfinite(value):
+                continue  # inf/nan have no JSON text
+            try:
+                ok = check.is_valid(value)
+            except referencing.exceptions.Unresolvable as exc:
+                raise UnsupportedSchemaError(f"json_schema: keyword '$ref' at {path}: cannot resolve {exc}") from exc
+            if ok:
+                kept.append(_literal(value))
+        if not kept:
+            raise Unsatisfiable(f"json_schema: keyword 'enum' at {path}: no listed value is valid")
+        return _alt(kept)
+
+    # ------------------------------------------------------------ refs
+    def _ref(self, schema: dict, path: str) -> str:
+        ref = schema["$ref"]
+        target = self.merger.resolve(ref, path)
+        count = self._active.get(ref, 0)
+        if count >= self.max_depth + 1:
+            raise TooDeep(
+                f"json_schema: keyword '$ref' at {path}: recursion deeper than max_recursion_depth={self.max_depth}"
+            )
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        self._active[ref] = count + 1
+        try:
+            if all(k in ANNOTATIONS for k in rest):
+                return self.convert(target, path)
+            return self.convert(self.merger.merge_all(rest, [target], path), path)
+        finally:
+            self._active[ref] = count
+
+    # ------------------------------------------------------------ anyOf / oneOf
+    def _alternatives(self, schema: dict, path: str) -> str:
+        kind = "anyOf" if "anyOf" in schema else "oneOf"
+        branches = schema[kind]
+        if not isinstance(branches, list) or not branches:
+            raise UnsupportedSchemaError(f"json_schema: '{kind}' at {path} must be a non-empty list")
+        rest = {k: v for k, v in schema.items() if k != kind}
+        literal_only = kind == "oneOf" and self._check_exclusive(branches, rest, path)
+        out, first_error = [], None
+        for i, branch in enumerate(branches):
+            # Literal oneOf branches are filtered value by value: not valid for any other.
+            others = [{"not": b} for j, b in enumerate(branches) if j != i] if literal_only else None
+            try:
+                merged = self.merger.merge_all(rest, [branch], f"{path}.{kind}[{i}]", others)
+                out.append(self.convert(merged, f"{path}.{kind}[{i}]"))
+            except NoOutput as exc:
+                first_error = first_error or exc  # a branch with no output only narrows the choice
+        if not out:
+            assert first_error is not None
+            raise first_error
+        return _alt(out)
+
+    def _check_exclusive(self, branches: list, rest: dict, path: str) -> bool:
+        """oneOf is anyOf only when no value can satisfy two branches: prove it by types.
+
+        Returns True when the branches are all literals (enum/const), which are then
+        checked value by value instead."""
+        if len(branches) == 1:
+            return False
+        seen: set[str] = set()
+        for i, branch in enumerate(branches):
+            types = schema_types(self.merger, branch) & schema_types(self.merger, rest)
+            if types & seen:
+                if all(isinstance(b, dict) and ("enum" in b or "const" in b) for b in branches):
+                    return True
+                raise UnsupportedSchemaError(
+                    f"json_schema: keyword 'oneOf' at {path} is not supported: branch {i} may overlap "
+                    "an earlier branch (only branches of disjoint types are supported)"
+                )
+            seen |= types
+        return False
+
+    # ------------------------------------------------------------ types
+    def _typed(self, schema: dict, path: str, excluded: set[str]) -> str:
+        types = self._types(schema, path) - excluded
+        if "integer" in excluded and "number" in types:
+            raise UnsupportedSchemaError(f"json_schema: keyword 'not' at {path}: numbers that are not integers are not supported")
+        if not types:
+            raise Unsatisfiable(f"json_schema: keyword 'not' at {path} excludes every allowed type: no possible output")
+        parts = []
+        for t in sorted(types, key=["null", "boolean", "integer", "number", "string", "array", "object"].index):
+            self._reject_unsupported(schema, t, path)
+            parts.append(self._one_type(t, schema, path))
+        return _alt(parts)
+
+    def _types(self, schema: dict, path: str) -> set[str]:
+        if "type" in schema:
+            declared = schema["type"]
+            names = [declared] if isinstance(declared, str) else declared
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise UnsupportedSchemaError(f"json_schema: keyword 'type' at {path} must be a string or list")
+            types = set(names)
+            bad = types - {"null", "boolean", "integer", "number", "string", "array", "object"}
+            if bad:
+                raise UnsupportedSchemaError(f"json_schema: keyword 'type' at {path}: unknown type {sorted(bad)}")
+            if "number" in types:
+                types.discard("integer")  # number already covers integers
+        else:
+            # No type: generate only the types whose keywords appear (a valid subset);
+            # with none, any value.
+            types = {t for t, keys in FAMILIES.items() if any(k in schema for k in keys)}
+            if not types:
+                types = {"null", "boolean", "number", "string", "array", "object"}
+        if "multipleOf" in schema and "number" in types:
+            m = schema["multipleOf"]
+            if m == 1 and not isinstance(m, bool):
+                types = (types - {"number"}) | {"integer"}  # multiples of 1 are the integers
+        if not types:
+            raise Unsatisfiable(f"json_schema: keyword 'type' at {path}: no type is possible")
+        return types
+
+    def _reject_unsupported(self, schema: dict, t: str, path: str) -> None:
+        for key in FAMILIES.get("number" if t == "integer" else t, ()):
+            if key in schema and not self._trivial(key, schema[key], schema, t):
+                if key in _SUPPORTED.get("number" if t == "integer" else t, ()):
+                    continue
+                raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} is not supported")
+
+    @staticmethod
+    def _trivial(key: str, value: Any, schema: dict, t: str) -> bool:
+        """Keywords whose value makes them always satisfied."""
+        if key == "uniqueItems":
+            return value is False or schema.get("maxItems", 2) <= 1
+        if key == "multipleOf":
+            # Every integer is a multiple of 1/k (0.5, 0.25, 1, ...).
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+            return t == "integer" and ok and (1 / Fraction(value)).denominator == 1
+        if key in ("patternProperties", "dependentRequired", "dependentSchemas"):
+            return value == {}
+        if key in ("propertyNames", "unevaluatedProperties", "unevaluatedItems"):
+            return value is True or value == {}
+        if key in ("minContains", "maxContains"):
+            return "contains" not in schema
+        return False
+
+    def _one_type(self, t: str, schema: dict, path: str) -> str:
+        if t == "null":
+            return "null"
+        if t == "boolean":
+            return "(?:true|false)"
+        try:
+            if t == "integer":
+                return nums.integer_regex(schema)
+            if t == "number":
+                return nums.number_regex(schema)
+        except nums.BoundsError as exc:
+            raise Unsatisfiable(f"json_schema: keyword '{exc.keyword}' at {path}: {exc}") from exc
+        if t == "string":
+            return self._string(schema, path)
+        if t == "array":
+            return array_regex(self, schema, path)
+        return object_regex(self, schema, path)
+
+    def _string(self, schema: dict, path: str) -> str:
+        lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+        for key, value in (("minLength", lo), ("maxLength", hi)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+                raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} must be a non-negative integer")
+        lo = math.ceil(lo)
+        hi = None if hi is None else math.floor(hi)
+        if hi is not None and hi < lo:
+            raise Unsatisfiable(f"json_schema: keyword 'maxLength' at {path} is below minLength")
+        special = [k for k in ("pattern", "format") if k in schema]
+        if len(special) == 2:
+            raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with 'format' is not supported")
+        if special and ("minLength" in schema or "maxLength" in schema):
+            raise UnsupportedSchemaError(
+                f"json_schema: keyword '{special[0]}' at {path} together with minLength/maxLength is not supported"
+            )
+        if "format" in schema:
+            fmt = schema["format"]
+            if fmt not in text.FORMATS:
+                raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path}: format {fmt!r} is not supported")
+            return '"' + text.FORMATS[fmt] + '"'
+        if "pattern" in schema:
+            try:
+                return '"' + text.pattern_to_body(schema["pattern"]) + '"'
+            except ValueError as exc:
+                raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
+        try:
+            return text.string_regex(lo, hi)
+        except ValueError as exc:
+            raise UnsupportedSchemaError(f"json_schema: keyword 'minLength' at {path}: {exc}") from exc
+
+    # ------------------------------------------------------------ any value
+    def generic(self, depth: int = GENERIC_DEPTH) -> str:
+        """A bounded-depth regex for any JSON value (the `true` schema)."""
+        if depth == GENERIC_DEPTH and self._generic is not None:
+            return self._generic
+        scalar = "(?:" + "|".join([text.string_regex(), nums.NUMBER, "true", "false", "null"]) + ")"
+        value = scalar
+        for _ in range(depth):
+            arr = self.OPEN_A + f"(?:{value}(?:{self.COMMA}{value})*)?" + self.CLOSE_A
+            pair = text.string_regex() + self.COLON + value
+            obj = self.OPEN_O + f"(?:{pair}(?:{self.COMMA}{pair})*)?" + self.CLOSE_O
+            value = f"(?:{scalar}|{arr}|{obj})"
+        if depth == GENERIC_DEPTH:
+            self._generic = value
+        return value
+
+
+_SUPPORTED = {
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
+    "string": {"minLength", "maxLength", "pattern", "format"},
+    "array": {"items", "prefixItems", "minItems", "maxItems", "unevaluatedItems"},
+    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties", "unevaluatedProperties"},
+}
+
+
+def _has_nonfinite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, list):
+        return any(_has_nonfinite(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_nonfinite(v) for v in value.values())
+    return False
+
+
+def _no_retrieve(uri: str) -> Any:
+    # Literal checks must never touch the network: external refs are unsupported.
+    raise referencing.exceptions.NoSuchResource(ref=uri)

@@ -1,0 +1,403 @@
+"""Pieces of the JSON Schema converter: errors, keyword tables, refs + allOf merging,
+and the object / array builders (kept apart so json_schema.py reads top to bottom)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from treadle.constrained.regex_text import MAX_REPEAT, escape_literal
+
+if TYPE_CHECKING:
+    from treadle.constrained.json_schema import _Converter
+
+
+class UnsupportedSchemaError(ValueError):
+    """The schema uses a keyword (or value) that treadle cannot enforce soundly."""
+
+
+class NoOutput(UnsupportedSchemaError):
+    """A subschema admits no output we can produce; optional places may simply omit it."""
+
+
+class Unsatisfiable(NoOutput):
+    """No JSON value satisfies the subschema (within treadle's sound subset)."""
+
+
+class TooDeep(NoOutput):
+    """A recursive ``$ref`` went past ``max_recursion_depth``."""
+
+
+# Keywords that never change whether an instance is valid.
+ANNOTATIONS = frozenset(
+    "title description $schema $id $comment examples default deprecated readOnly writeOnly "
+    "$anchor $defs definitions $vocabulary".split()
+)
+# Keywords that only constrain values of one type (a value of another type ignores them).
+FAMILIES: dict[str, frozenset[str]] = {
+    "number": frozenset("minimum maximum exclusiveMinimum exclusiveMaximum multipleOf".split()),
+    "string": frozenset("minLength maxLength pattern format contentMediaType contentEncoding contentSchema".split()),
+    "array": frozenset(
+        "items prefixItems minItems maxItems uniqueItems contains minContains maxContains unevaluatedItems".split()
+    ),
+    "object": frozenset(
+        "properties required additionalProperties minProperties maxProperties patternProperties "
+        "propertyNames dependentRequired dependentSchemas unevaluatedProperties".split()
+    ),
+}
+_APPLICATORS = frozenset("type enum const $ref allOf anyOf oneOf not if then else __conj__".split())
+KNOWN = ANNOTATIONS | _APPLICATORS | frozenset().union(*FAMILIES.values())
+ALL_TYPES = frozenset({"null", "boolean", "number", "string", "array", "object"})
+_MINS = {"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains"}
+_MAXS = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties", "maxContains"}
+_MAX_INLINE = 16  # $ref-to-$ref / allOf inlining chain before we give up
+
+
+class Merger:
+    """Resolves in-document ``$ref`` pointers and merges ``allOf`` parts into one schema."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        # A nested $id changes the base URI of the refs below it; we resolve against the
+        # root only, so refuse that combination rather than resolve wrongly.
+        self._nested_id = _has_nested_id(root, top=True)
+
+    def resolve(self, ref: Any, path: str) -> Any:
+        """Return the subschema ``ref`` points at (``#`` or ``#/json/pointer``)."""
+        if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+            raise UnsupportedSchemaError(
+                f"json_schema: keyword '$ref' at {path}: only in-document refs ('#', '#/...') are supported, got {ref!r}"
+            )
+        if self._nested_id:
+            raise UnsupportedSchemaError(f"json_schema: keyword '$id' below the root (used with '$ref' at {path}) is not supported")
+        node = self.root
+        for raw in ref[2:].split("/") if ref != "#" else []:
+            token = unquote(raw).replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and token in node:
+                node = node[token]
+            elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+                node = node[int(token)]
+            else:
+                raise UnsupportedSchemaError(f"json_schema: keyword '$ref' at {path}: cannot resolve {ref!r}")
+        return node
+
+    def merge_all(self, base: dict, parts: list, path: str, extra_conj: list | None = None) -> dict:
+        """One schema equivalent to ``base`` AND every part (raises where it cannot be)."""
+        result = {k: copy.copy(v) for k, v in base.items() if k != "__conj__"}
+        conj = list(base.get("__conj__", [base]))
+        for i, part in enumerate(parts):
+            conj.append(part)
+            self._merge_into(result, self._normalize(part, f"{path}[{i}]", 0), f"{path}[{i}]")
+        result["__conj__"] = conj + (extra_conj or [])
+        return result
+
+    def _normalize(self, part: Any, path: str, hops: int) -> dict:
+        """A part as a dict with no top-level $ref/allOf, its unevaluated* made local."""
+        if hops > _MAX_INLINE:
+            raise UnsupportedSchemaError(f"json_schema: keyword '$ref' at {path}: reference chain too long")
+        if part is True:
+            return {}
+        if part is False:
+            raise Unsatisfiable(f"json_schema: schema at {path} is false: no possible output")
+        if not isinstance(part, dict):
+            raise UnsupportedSchemaError(f"json_schema: schema at {path} must be an object or boolean")
+        part = {k: v for k, v in part.items() if k not in ANNOTATIONS}
+        nested = []
+        if "$ref" in part:
+            nested.append(self.resolve(part.pop("$ref"), path))
+        if "allOf" in part:
+            nested.extend(part.pop("allOf"))
+        local = _localize_unevaluated(part, bool(nested) or any(k in part for k in ("anyOf", "oneOf", "not", "if")), path)
+        for j, sub in enumerate(nested):
+            self._merge_into(local, self._normalize(sub, f"{path}.allOf[{j}]", hops + 1), path)
+        return local
+
+    def _merge_into(self, r: dict, p: dict, path: str) -> None:
+        _merge_objects(r, p)
+        # `items` beside `prefixItems` means "after the prefix"; from another conjunct it
+        # means "every item". Refuse the mix rather than reinterpret it.
+        for a, b in ((r, p), (p, r)):
+            if "prefixItems" in a and "prefixItems" not in b and "items" in b:
+                raise UnsupportedSchemaError(f"json_schema: keyword 'prefixItems' combined in allOf at {path} is not supported")
+        for key, value in p.items():
+            if key in ("properties", "additionalProperties", "__conj__"):
+                continue
+            if key not in r:
+                r[key] = value
+            elif key == "type":
+                r[key] = _intersect_types(r[key], value, path)
+            elif key == "required":
+                r[key] = list(dict.fromkeys(list(r[key]) + list(value)))
+            elif key in _MINS:
+                r[key] = max(r[key], value)
+            elif key in _MAXS:
+                r[key] = min(r[key], value)
+            elif key in ("enum", "const"):
+                pass  # the literal path re-checks every candidate against all parts
+            elif r[key] == value:
+                pass
+            elif key in ("items", "prefixItems"):
+                if "prefixItems" in r or "prefixItems" in p:
+                    raise UnsupportedSchemaError(f"json_schema: keyword 'prefixItems' combined in allOf at {path} is not supported")
+                r[key] = {"allOf": [r[key], value]}
+            elif key == "anyOf":
+                product = [{"allOf": [a, b]} for a in r[key] for b in value]
+                if len(product) > 64:
+                    raise UnsupportedSchemaError(f"json_schema: keyword 'anyOf' at {path}: too many combined branches")
+                r[key] = product
+            else:
+                raise UnsupportedSchemaError(f"json_schema: keyword '{key}' combined in allOf at {path} is not supported")
+
+
+def _merge_objects(r: dict, p: dict) -> None:
+    """properties/additionalProperties of two conjuncts: each side's additionalProperties
+    governs the keys the other side declares that it does not."""
+    if not any(k in d for d in (r, p) for k in ("properties", "additionalProperties")):
+        return
+    rp, pp = r.get("properties", {}), p.get("properties", {})
+    ra, pa = r.get("additionalProperties"), p.get("additionalProperties")
+    props: dict[str, Any] = {}
+    for key in list(rp) + [k for k in pp if k not in rp]:
+        schemas = [P[key] if key in P else A for P, A in ((rp, ra), (pp, pa)) if key in P or A is not None]
+        props[key] = schemas[0] if len(schemas) == 1 else {"allOf": schemas}
+    if "properties" in r or "properties" in p:
+        r["properties"] = props
+    if ra is not None and pa is not None:
+        r["additionalProperties"] = {"allOf": [ra, pa]}
+    elif pa is not None:
+        r["additionalProperties"] = pa
+
+
+def _localize_unevaluated(part: dict, has_applicators: bool, path: str) -> dict:
+    """Inside an allOf part, unevaluated* only sees that part's own keywords."""
+    for key, twin, declared in (
+        ("unevaluatedProperties", "additionalProperties", ("properties",)),
+        ("unevaluatedItems", "items", ("prefixItems",)),
+    ):
+        if key not in part:
+            continue
+        if has_applicators:
+            raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} inside a combined schema is not supported")
+        value = part.pop(key)
+        if twin not in part:
+            part[twin] = value  # with no applicators, "unevaluated" is exactly "additional"
+    return part
+
+
+def _intersect_types(a: Any, b: Any, path: str) -> list[str]:
+    def norm(t: Any) -> set[str]:
+        s = {t} if isinstance(t, str) else set(t)
+        return s | {"integer"} if "number" in s else s
+
+    both = norm(a) & norm(b)
+    if not both:
+        raise Unsatisfiable(f"json_schema: keyword 'type' at {path}: allOf parts share no type")
+    return sorted(both)
+
+
+def _has_nested_id(node: Any, top: bool) -> bool:
+    if isinstance(node, dict):
+        if not top and isinstance(node.get("$id"), str):
+            return True
+        return any(_has_nested_id(v, False) for k, v in node.items() if k not in ("enum", "const"))
+    if isinstance(node, list):
+        return any(_has_nested_id(v, False) for v in node)
+    return False
+
+
+def _type_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def schema_types(merger: Merger, schema: Any, hops: int = 0) -> frozenset[str]:
+    """Over-approximation of the JSON types ``schema`` accepts (integer counts as number)."""
+    if schema is True or not isinstance(schema, dict) or hops > _MAX_INLINE:
+        return ALL_TYPES if schema is not False else frozenset()
+    types = ALL_TYPES
+    if "type" in schema:
+        declared = schema["type"]
+        names = {declared} if isinstance(declared, str) else set(declared)
+        types &= frozenset("number" if n == "integer" else n for n in names)
+    if "const" in schema:
+        types &= {_type_of(schema["const"])}
+    if isinstance(schema.get("enum"), list):
+        types &= {_type_of(v) for v in schema["enum"]}
+    if "$ref" in schema:
+        try:
+            types &= schema_types(merger, merger.resolve(schema["$ref"], "$"), hops + 1)
+        except UnsupportedSchemaError:
+            pass  # an unresolvable ref is reported by the conversion itself
+    for sub in schema.get("allOf", []):
+        types &= schema_types(merger, sub, hops + 1)
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            types &= frozenset().union(*(schema_types(merger, s, hops + 1) for s in schema[key]))
+    return types
+
+
+# ---------------------------------------------------------------- arrays
+def _count(schema: dict, key: str, path: str) -> int | None:
+    if key not in schema:
+        return None
+    value = schema[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} must be a non-negative integer")
+    return math.ceil(value) if key.startswith("min") else math.floor(value)
+
+
+def array_regex(conv: _Converter, schema: dict, path: str) -> str:
+    """``[...]`` honouring prefixItems, items/unevaluatedItems, minItems and maxItems."""
+    lo = _count(schema, "minItems", path) or 0
+    hi = _count(schema, "maxItems", path)
+    prefix_schemas = schema.get("prefixItems", [])
+    if not isinstance(prefix_schemas, list):
+        raise UnsupportedSchemaError(f"json_schema: keyword 'prefixItems' at {path} must be a list")
+    prefix: list[str] = []
+    for i, sub in enumerate(prefix_schemas):
+        if hi is not None and i >= hi:
+            break
+        try:
+            prefix.append(conv.convert(sub, f"{path}.prefixItems[{i}]"))
+        except NoOutput:
+            hi = i  # an impossible position caps the length below it
+            break
+    k = len(prefix)
+    tail_schema = schema.get("items", schema.get("unevaluatedItems", True))
+    if tail_schema is True and prefix_schemas:
+        t_max: int | None = max(0, lo - k)  # only as many free items as minItems forces
+    else:
+        t_max = None if hi is None else hi - k
+    if hi is not None and t_max is not None:
+        t_max = min(t_max, hi - k)
+    tail = None
+    if t_max is None or t_max > 0:
+        try:
+            tail = conv.convert(tail_schema, f"{path}.items")
+        except NoOutput:
+            t_max = 0
+    t_min = max(0, lo - k)
+    if lo > k + (t_max if t_max is not None else math.inf) or (hi is not None and lo > hi):
+        raise Unsatisfiable(f"json_schema: keyword 'minItems' at {path}: no array of that length is possible")
+    if t_min > MAX_REPEAT:
+        raise UnsupportedSchemaError(f"json_schema: keyword 'minItems' at {path}: more than {MAX_REPEAT} items")
+    if t_max is not None:
+        t_max = min(t_max, MAX_REPEAT)  # fewer items is still valid
+    comma = conv.COMMA
+
+    def rep(lo_n: int, hi_n: int | None) -> str:
+        if hi_n is None:
+            return "*" if lo_n == 0 else f"{{{lo_n},}}"
+        return f"{{{lo_n}}}" if lo_n == hi_n else f"{{{lo_n},{hi_n}}}"
+
+    if tail is None or t_max == 0:
+        body = ""
+    elif k > 0:
+        body = f"(?:{comma}{tail}){rep(t_min, t_max)}"
+    else:
+        more = rep(max(t_min - 1, 0), None if t_max is None else t_max - 1)
+        body = f"{tail}(?:{comma}{tail}){more}" if more != "{0}" else tail
+        if t_min == 0:
+            body = f"(?:{body})?"
+    for i in range(k - 1, -1, -1):
+        piece = ("" if i == 0 else comma) + prefix[i] + body
+        body = piece if i < lo else f"(?:{piece})?"
+    return conv.OPEN_A + body + conv.CLOSE_A
+
+
+# ---------------------------------------------------------------- objects
+def object_regex(conv: _Converter, schema: dict, path: str) -> str:
+    """``{...}``: declared properties in schema order, required ones always present."""
+    props = schema.get("properties", {})
+    required = schema.get("required", [])
+    if not isinstance(props, dict) or not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise UnsupportedSchemaError(f"json_schema: keywords 'properties'/'required' at {path} are malformed")
+    undeclared = schema.get("additionalProperties", schema.get("unevaluatedProperties", True))
+    lo = _count(schema, "minProperties", path) or 0
+    hi = _count(schema, "maxProperties", path)
+    entries: list[list] = []  # [text, required]
+    for name, sub in props.items():
+        key = escape_literal(json.dumps(name, ensure_ascii=False)) + conv.COLON
+        try:
+            entries.append([key + conv.convert(sub, f"{path}.properties.{name}"), name in required])
+        except NoOutput:
+            if name in required:
+                raise
+    value_re = None
+    for name in required:
+        if name in props:
+            continue
+        if undeclared is False:
+            raise Unsatisfiable(
+                f"json_schema: keyword 'required' at {path}: property {name!r} is required "
+                "but not declared, and additionalProperties forbids it"
+            )
+        if value_re is None:
+            value_re = conv.convert(undeclared, f"{path}.additionalProperties")
+        entries.append([escape_literal(json.dumps(name, ensure_ascii=False)) + conv.COLON + value_re, True])
+    n_req = sum(1 for e in entries if e[1])
+    if hi is not None and n_req > hi:
+        raise Unsatisfiable(f"json_schema: keyword 'maxProperties' at {path}: fewer than the required properties")
+    if not props and undeclared is not False:
+        return _map_regex(conv, schema, entries, undeclared, lo, hi, path)
+    optional = [e for e in entries if not e[1]]
+    for e in optional[: max(0, lo - n_req)]:
+        e[1] = True  # minProperties: make the first optional ones required
+    if lo > len(entries):
+        raise UnsupportedSchemaError(f"json_schema: keyword 'minProperties' at {path}: more than the declared properties")
+    if hi is not None:
+        budget = hi - sum(1 for e in entries if e[1])
+        kept = []
+        for e in entries:
+            if e[1] or budget > 0:
+                budget -= 0 if e[1] else 1
+                kept.append(e)
+        entries = kept
+    return conv.OPEN_O + _sequence(entries, conv.COMMA) + conv.CLOSE_O
+
+
+def _sequence(entries: list[list], comma: str) -> str:
+    """Entries in order, required always present, optional maybe; commas only between."""
+    after = [""] * (len(entries) + 1)  # after[i]: entries i.. once something was emitted
+    for i in range(len(entries) - 1, -1, -1):
+        text, req = entries[i]
+        after[i] = (comma + text if req else f"(?:{comma}{text})?") + after[i + 1]
+    first = ""  # entries i.. when nothing was emitted yet
+    for i in range(len(entries) - 1, -1, -1):
+        text, req = entries[i]
+        if req:
+            first = text + after[i + 1]
+        else:
+            first = f"(?:{text}{after[i + 1]}|{first})" if first else f"(?:{text}{after[i + 1]})?"
+    return first
+
+
+def _map_regex(conv: _Converter, schema: dict, entries: list[list], undeclared: Any, lo: int, hi: int | None, path: str) -> str:
+    """No declared properties: required keys first, then free ``"key":value`` pairs."""
+    fixed = [e[0] for e in entries]
+    if lo > len(fixed):
+        raise UnsupportedSchemaError(f"json_schema: keyword 'minProperties' at {path} is not supported without properties")
+    try:
+        value = conv.convert(undeclared, f"{path}.additionalProperties")
+    except NoOutput:
+        value = None
+    extra_max = None if hi is None else min(hi - len(fixed), MAX_REPEAT)
+    body = conv.COMMA.join(fixed)
+    if value is not None and extra_max != 0:
+        # Duplicate keys are possible here; every value still satisfies the schema.
+        pair = '"(?:[^"\\\\\\x00-\\x1f]|\\\\["\\\\/bfnrt])*"' + conv.COLON + value
+        if fixed:
+            rep = "*" if extra_max is None else f"{{0,{extra_max}}}"
+            body += f"(?:{conv.COMMA}{pair}){rep}"
+        else:
+            rep = "*" if extra_max is None else f"{{0,{extra_max - 1}}}"
+            body = f"(?:{pair}(?:{conv.COMMA}{pair}){rep})?"
+    return conv.OPEN_O + body + conv.CLOSE_O

@@ -1,0 +1,189 @@
+"""Per-request grammar state: accept tokens, fill the next-token bitmask, roll back, jump.
+
+A matcher is cheap to create (a few fields) and owned by one request; everything heavy
+lives in the shared ``CompiledGrammar``. Besides the token-FSM state it tracks the state
+of the character FSM (for jump-forward) by replaying the decoded bytes of accepted tokens,
+buffering a multi-byte UTF-8 character split across tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import torch
+
+from treadle.constrained.grammar import CompiledGrammar
+
+__all__ = ["GrammarMatcher"]
+
+
+def _split_utf8(data: bytes) -> tuple[bytes, bytes]:
+    """Split ``data`` into (whole characters, trailing incomplete character bytes)."""
+    n = len(data)
+    for i in range(1, min(4, n + 1)):
+        b = data[n - i]
+        if b & 0xC0 == 0x80:
+            continue  # continuation byte: keep looking for its lead
+        if b >= 0xC0:
+            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            if need > i:
+                return data[: n - i], data[n - i :]
+        break
+    return data, b""
+
+
+class GrammarMatcher:
+    """Grammar state of one request (xgrammar-style).
+
+    Invariants: ``state`` is a token-FSM state reachable by the accepted tokens; after an
+    EOS is accepted the matcher is terminated and accepts nothing further (until a
+    rollback). At most ``max_rollback`` most recent tokens can be undone.
+    """
+
+    __slots__ = ("_g", "_eos", "_state", "_char_state", "_pending", "_terminated", "_history", "_num_accepted")
+
+    def __init__(self, grammar: CompiledGrammar, max_rollback: int = 64) -> None:
+        if max_rollback < 0:
+            raise ValueError(f"max_rollback must be >= 0, got {max_rollback}")
+        self._g = grammar
+        self._eos = frozenset(grammar.eos_token_ids)
+        self._state: int = grammar.index.get_initial_state()
+        self._char_state: int | None = grammar.char_fsm.initial if grammar.char_fsm is not None else None
+        self._pending = b""
+        self._terminated = False
+        # Snapshot taken *before* each accepted token: (state, char_state, pending, terminated).
+        self._history: deque[tuple[int, int | None, bytes, bool]] = deque(maxlen=max_rollback)
+        self._num_accepted = 0
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def grammar(self) -> CompiledGrammar:
+        return self._g
+
+    @property
+    def state(self) -> int:
+        """Current token-FSM (outlines Index) state."""
+        return self._state
+
+    @property
+    def num_accepted(self) -> int:
+        """Tokens accepted so far (including a final EOS), net of rollbacks."""
+        return self._num_accepted
+
+    def is_terminated(self) -> bool:
+        """True once an EOS token has been accepted."""
+        return self._terminated
+
+    def can_terminate(self) -> bool:
+        """True when the text so far is a full match (EOS would be accepted)."""
+        return bool(self._g.index.is_final_state(self._state))
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by ``token_id`` if the grammar allows it; return whether it did.
+
+        A rejected token leaves the matcher unchanged. EOS is accepted only in a final
+        state and terminates the matcher.
+        """
+        if self._terminated:
+            return False
+        token_id = int(token_id)
+        if token_id in self._eos:
+            if not self.can_terminate():
+                return False
+            self._push()
+            self._terminated = True
+            return True
+        if not 0 <= token_id < self._g.num_tokens:
+            return False
+        nxt = self._g.index.get_next_state(self._state, token_id)
+        if nxt is None:
+            return False
+        self._push()
+        self._state = nxt
+        self._advance_chars(self._g.token_bytes[token_id] or b"")
+        return True
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into ``bitmask[row]`` (overwriting the row).
+
+        Requires an int32 bitmask of shape [batch, >= ceil(vocab_size/32)]; bit ``t % 32``
+        of word ``t // 32`` set means token t is allowed. A terminated matcher allows only
+        EOS so padded decode steps stay harmless.
+        """
+        words = self._g.bitmask_words
+        if bitmask.dim() != 2 or bitmask.shape[1] < words:
+            raise ValueError(f"bitmask must be [batch, >= {words}] int32, got {tuple(bitmask.shape)}")
+        if self._terminated:
+            target = bitmask[row]
+            target.zero_()
+            for e in self._eos:
+                if e < words * 32:
+                    word = (1 << (e % 32)) if e % 32 < 31 else -(1 << 31)
+                    target[e // 32] |= word
+            return
+        src = self._g.mask_row(self._state)  # numpy int32 [words], cached per state
+        if bitmask.device.type == "cpu":
+            # A numpy view skips torch's dispatch overhead: this is the per-token hot path.
+            dst = bitmask.numpy()[row]
+            np.copyto(dst[:words], src)
+            dst[words:] = 0
+        else:
+            bitmask[row, :words].copy_(torch.from_numpy(src), non_blocking=True)
+            bitmask[row, words:].zero_()
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens (requires <= the retained history)."""
+        if num_tokens < 0 or num_tokens > len(self._history):
+            raise ValueError(
+                f"cannot roll back {num_tokens} tokens: only {len(self._history)} are retained "
+                f"(max_rollback={self._history.maxlen})"
+            )
+        if num_tokens == 0:
+            return
+        for _ in range(num_tokens - 1):
+            self._history.pop()
+        self._state, self._char_state, self._pending, self._terminated = self._history.pop()
+        self._num_accepted -= num_tokens
+
+    def find_jump_forward_string(self) -> str:
+        """Text the grammar forces from here (longer than one character), else "".
+
+        Nothing is forced in the middle of a multi-byte character or when the character
+        FSM lost track (dialect gap between the two regex engines).
+        """
+        if self._terminated or self._pending or self._char_state is None:
+            return ""
+        text = self._g.jump_string(self._char_state)
+        return text if len(text) > 1 else ""
+
+    def reset(self) -> None:
+        """Return to the initial state and forget the history."""
+        self.__init__(self._g, self._history.maxlen or 0)  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ internals
+
+    def _push(self) -> None:
+        self._history.append((self._state, self._char_state, self._pending, self._terminated))
+        self._num_accepted += 1
+
+    def _advance_chars(self, data: bytes) -> None:
+        fsm = self._g.char_fsm
+        if fsm is None or self._char_state is None:
+            return
+        whole, self._pending = _split_utf8(self._pending + data)
+        try:
+            text = whole.decode("utf-8")
+        except UnicodeDecodeError:
+            # Invalid UTF-8 cannot be matched to characters: stop jump-forward for this
+            # request (the token FSM still enforces the grammar byte by byte).
+            self._char_state = None
+            self._pending = b""
+            return
+        s: int | None = self._char_state
+        for ch in text:
+            s = fsm.step(s, ch)
+            if s is None:
+                break
+        self._char_state = s

@@ -1,0 +1,303 @@
+"""Regex building blocks for text: literals, choices, JSON strings, formats, patterns.
+
+Every regex produced here is written in the small dialect that means the same thing in
+Python ``re``, Rust ``regex`` (outlines-core's DFA) and interegular: ASCII character
+classes only (no ``\\d \\w \\s \\b``), no lookaround, no backreferences, no lazy or
+possessive quantifiers, no named groups, no inline flags, no anchors.
+"""
+
+from __future__ import annotations
+
+import re
+
+import interegular
+
+# Characters that are special outside a character class in either dialect. Escaping only
+# these keeps the output acceptable to all three engines (Rust rejects some escapes that
+# Python's re.escape emits).
+_SPECIAL = set("\\.+*?()|[]{}^$")
+
+# One JSON string character that stands for exactly one Unicode code point: a raw
+# character that needs no escaping, a short escape, a \uXXXX escape that is not a
+# surrogate, or a surrogate pair. Lone surrogates are excluded (not valid Unicode, and
+# they would make length counting unsound).
+STRING_CHAR = (
+    r'(?:[^"\\\x00-\x1f]'
+    r'|\\["\\/bfnrt]'
+    r"|\\u(?:[0-9a-cA-C][0-9a-fA-F]{3}|[eEfF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2})"
+    r"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
+# A raw character that may appear unescaped inside a JSON string.
+SAFE_RAW_CHAR = r'[^"\\\x00-\x1f]'
+# What ECMA-262 '.' may emit unescaped: also not a line terminator (U+2028/9 kept raw,
+# since interegular has no \u escape).
+_JSON_UNSAFE_CLASS_BODY = '"\\\\\\x00-\\x1f\u2028\u2029'
+DOT_CHAR = "[^" + _JSON_UNSAFE_CLASS_BODY + "]"
+
+# Counted repetitions above this are clamped (when the upper bound may shrink soundly) or
+# refused (when a lower bound would need them): large counts blow up the DFA.
+MAX_REPEAT = 256
+
+
+class RegexDialectError(ValueError):
+    """A regex uses a construct outside the dialect treadle supports."""
+
+
+def escape_literal(text: str) -> str:
+    """Return a regex matching exactly ``text`` (valid in Python re, Rust regex, interegular)."""
+    out = []
+    for ch in text:
+        if ch in _SPECIAL:
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def choices_to_regex(choices: list[str]) -> str:
+    """Return an alternation regex matching exactly one of ``choices``."""
+    if not isinstance(choices, list) or not choices:
+        raise ValueError("choices: expected a non-empty list of strings")
+    for c in choices:
+        if not isinstance(c, str):
+            raise ValueError(f"choices: every choice must be a string, got {type(c).__name__}")
+    # Longest first keeps the alternation readable; fullmatch semantics make order moot.
+    uniq = sorted(set(choices), key=lambda s: (-len(s), s))
+    return "(?:" + "|".join(escape_literal(c) for c in uniq) + ")"
+
+
+def string_regex(min_length: int = 0, max_length: int | None = None) -> str:
+    """Return a regex for a quoted JSON string of ``min_length..max_length`` code points."""
+    if min_length < 0 or (max_length is not None and max_length < min_length):
+        raise ValueError(f"string length bounds {min_length}..{max_length} are empty")
+    if min_length > MAX_REPEAT:
+        raise ValueError(f"minLength {min_length} exceeds the supported {MAX_REPEAT}")
+    if max_length is None:
+        body = f"{STRING_CHAR}*" if min_length == 0 else f"{STRING_CHAR}{{{min_length},}}"
+    else:
+        # Clamping the upper bound only removes outputs: still sound.
+        hi = min(max_length, MAX_REPEAT)
+        body = STRING_CHAR + ("{%d}" % hi if hi == min_length else "{%d,%d}" % (min_length, hi))
+    return f'"{body}"'
+
+
+# ---------------------------------------------------------------- formats
+_DATE = (
+    r"[0-9]{4}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])"
+    r"|(?:0[13-9]|1[0-2])-(?:29|30)|(?:0[13578]|1[02])-31)"
+)  # Feb 29 is never produced: every output is a real calendar date.
+_TIME = (
+    r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
+    r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+)
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,20}[a-zA-Z0-9])?"
+FORMATS: dict[str, str] = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": _DATE + "T" + _TIME,
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "ipv4": rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}",
+    # A conservative subset of RFC 5321 addresses: dot-atoms of alphanumerics.
+    "email": rf"[a-zA-Z0-9_]{{1,20}}(?:[.+-][a-zA-Z0-9_]{{1,20}}){{0,3}}@{_LABEL}(?:\.{_LABEL}){{1,3}}",
+    # A conservative subset of RFC 3986 absolute URIs: scheme://host/path of unreserved chars.
+    "uri": rf"https?://{_LABEL}(?:\.{_LABEL}){{0,3}}(?:/[a-zA-Z0-9._~-]{{0,20}}){{0,5}}",
+}
+
+
+# ---------------------------------------------------------------- dialect checking
+_ALLOWED_ESCAPES = set("nrtfv")
+_SHORTHAND = {"d": "[0-9]", "w": "[a-zA-Z0-9_]"}  # ECMA-262 meanings (ASCII), for `pattern`
+
+
+def _scan(pattern: str, *, ecma: bool) -> str:
+    """Check ``pattern`` against the dialect and return it (translated when ``ecma``).
+
+    With ``ecma`` (JSON Schema ``pattern``), ``\\d``/``\\w`` become their ASCII classes,
+    ``.`` and negated classes are narrowed to characters that need no JSON escaping, and
+    the anchors are expected to have been stripped by the caller.
+    """
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    prev_quant = False  # the previous token was a quantifier
+    can_quantify = False
+    while i < n:
+        ch = pattern[i]
+        quant = False
+        if ch == "\\":
+            if i + 1 >= n:
+                raise RegexDialectError("regex: trailing backslash")
+            nxt = pattern[i + 1]
+            if nxt in _SPECIAL or nxt in "/-\"' #&~,:=<>!@%`;":
+                out.append(("\\" + nxt) if nxt in _SPECIAL else escape_literal(nxt))
+                i += 2
+            elif nxt in _ALLOWED_ESCAPES:
+                out.append("\\" + nxt)
+                i += 2
+            elif nxt == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[i + 2 : i + 4]):
+                out.append(pattern[i : i + 4])
+                i += 4
+            elif ecma and nxt in _SHORTHAND:
+                out.append(_SHORTHAND[nxt])
+                i += 2
+            else:
+                raise RegexDialectError(
+                    f"regex: escape '\\{nxt}' at offset {i} is not supported "
+                    "(it differs between Python re and Rust regex); use an explicit class like [0-9]"
+                )
+            can_quantify = True
+        elif ch == "[":
+            j = i + 1
+            negated = j < n and pattern[j] == "^"
+            if negated:
+                j += 1
+            body_parts: list[str] = []
+            if j < n and pattern[j] == "]":
+                if ecma:  # ECMA reads '[]' as an empty class, Python/Rust as a literal ']'
+                    raise RegexDialectError(f"regex: ']' first in a class at offset {j} is ambiguous; escape it")
+                body_parts.append("\\]")
+                j += 1
+            while j < n and pattern[j] != "]":
+                if pattern[j] == "\\":
+                    e = pattern[j + 1 : j + 2]
+                    if ecma and e == "d":
+                        body_parts.append("0-9")
+                    elif ecma and e == "w":
+                        body_parts.append("a-zA-Z0-9_")
+                    elif e == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[j + 2 : j + 4]):
+                        body_parts.append(pattern[j : j + 4])
+                        j += 2
+                    elif e.isalnum() and e not in _ALLOWED_ESCAPES or not e:
+                        raise RegexDialectError(f"regex: escape '\\{e}' inside a class at offset {j} is not supported")
+                    else:
+                        body_parts.append("\\" + e)
+                    j += 2
+                    continue
+                if pattern[j] == "[":
+                    raise RegexDialectError(f"regex: unescaped '[' inside a class at offset {j} (nested classes differ in Rust)")
+                if pattern[j : j + 2] in ("&&", "--", "~~"):
+                    raise RegexDialectError(f"regex: '{pattern[j:j+2]}' inside a class at offset {j} is a set operation in Rust")
+                body_parts.append(pattern[j])
+                j += 1
+            if j >= n:
+                raise RegexDialectError(f"regex: unterminated character class at offset {i}")
+            body = "".join(body_parts)
+            if ecma and negated:
+                body += _JSON_UNSAFE_CLASS_BODY
+            out.append("[" + ("^" if negated else "") + body + "]")
+            i = j + 1
+            can_quantify = True
+        elif ch == "(":
+            if pattern.startswith("(?:", i):
+                out.append("(?:")
+                i += 3
+            elif pattern.startswith("(?", i):
+                raise RegexDialectError(
+                    f"regex: group syntax '{pattern[i:i+3]}' at offset {i} is not supported "
+                    "(no lookaround, named groups or inline flags)"
+                )
+            else:
+                out.append("(")
+                i += 1
+            can_quantify = False
+        elif ch in "*+?{":
+            if ch == "{":
+                m = re.match(r"\{([0-9]+)(,([0-9]*))?\}", pattern[i:])
+                if not m:
+                    raise RegexDialectError(f"regex: '{{' at offset {i} is not a counted repetition; escape it as \\{{")
+                lo, hi = int(m.group(1)), m.group(3)
+                if max(lo, int(hi or 0)) > 1000:
+                    raise RegexDialectError(f"regex: repetition count above 1000 at offset {i}")
+                tok = m.group(0)
+            else:
+                tok = ch
+            if prev_quant:
+                raise RegexDialectError(f"regex: lazy/possessive or stacked quantifier at offset {i} is not supported")
+            if not can_quantify:
+                raise RegexDialectError(f"regex: quantifier '{tok}' at offset {i} has nothing to repeat")
+            out.append(tok)
+            i += len(tok)
+            quant = True
+        elif ch in "^$":
+            raise RegexDialectError(f"regex: anchor '{ch}' at offset {i} is not supported (matching is always whole-string)")
+        elif ch == "]" or ch == "}":
+            raise RegexDialectError(f"regex: unbalanced '{ch}' at offset {i}; escape it")
+        elif ch == ".":
+            out.append(DOT_CHAR if ecma else "[^\\n]")
+            i += 1
+            can_quantify = True
+        else:
+            out.append(escape_literal(ch) if ch != "|" and ch != ")" else ch)
+            can_quantify = ch != "|"
+            i += 1
+        prev_quant = quant
+    return "".join(out)
+
+
+def validate_regex(pattern: str) -> None:
+    """Raise ``ValueError`` naming the problem if ``pattern`` is outside treadle's dialect.
+
+    The dialect is what Python ``re``, Rust ``regex`` and interegular read the same way.
+    """
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError("regex: the pattern is empty")
+    _scan(pattern, ecma=False)
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise RegexDialectError(f"regex: does not compile with Python re: {exc}") from exc
+    try:
+        interegular.parse_pattern(pattern).to_fsm()
+    except Exception as exc:  # interegular raises several unrelated exception types
+        raise RegexDialectError(f"regex: interegular cannot parse it: {exc}") from exc
+
+
+def pattern_to_body(pattern: str) -> str:
+    """Translate a JSON Schema (ECMA-262, unanchored search) ``pattern`` to a string body.
+
+    The result matches the characters between the quotes of a JSON string, every one of
+    which satisfies ``pattern``. Raises ``RegexDialectError`` when it cannot be sound.
+    """
+    anchored_start = pattern.startswith("^")
+    anchored_end = pattern.endswith("$") and not pattern.endswith("\\$")
+    core = pattern[1 if anchored_start else 0 : len(pattern) - 1 if anchored_end else len(pattern)]
+    if (anchored_start or anchored_end) and _has_top_level_alternation(core):
+        raise RegexDialectError("pattern: anchors with a top-level '|' bind to one branch only; wrap it in a group")
+    if not core:
+        translated = ""
+    else:
+        translated = _scan(core, ecma=True)
+        re.compile(translated)
+        # The narrowed pattern must never emit a raw character that JSON has to escape.
+        fsm = interegular.parse_pattern(translated).to_fsm()
+        safe = interegular.parse_pattern(SAFE_RAW_CHAR + "*").to_fsm()
+        if not (fsm - safe).empty():
+            raise RegexDialectError("pattern: can match characters that JSON must escape (quote, backslash, control)")
+        if fsm.empty():
+            raise RegexDialectError("pattern: matches no string")
+    left = "" if anchored_start else SAFE_RAW_CHAR + "*"
+    right = "" if anchored_end else SAFE_RAW_CHAR + "*"
+    return left + (f"(?:{translated})" if translated else "") + right
+
+
+def _has_top_level_alternation(core: str) -> bool:
+    depth, i, in_class = 0, 0, False
+    while i < len(core):
+        c = core[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            return True
+        i += 1
+    return False

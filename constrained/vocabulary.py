@@ -1,0 +1,186 @@
+"""Token -> output bytes table and the outlines-core ``Vocabulary`` built from it.
+
+A grammar works on the text a token *adds to the output*, not on its vocabulary string:
+byte-level BPE tokens are written in GPT-2's printable byte alphabet ("Ġ" is a space),
+sentencepiece-style tokens use "▁" for a space and ``<0x0A>`` byte-fallback pieces for raw
+bytes. Getting this wrong silently lets a grammar allow the wrong tokens, so the table is
+built once, carefully, and cached per tokenizer object (it takes seconds on 100k vocabs).
+
+Supported tokenizers: a HF ``transformers`` fast tokenizer (anything exposing
+``backend_tokenizer``) or a raw ``tokenizers.Tokenizer``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from typing import Any
+
+__all__ = ["token_bytes_table", "build_vocabulary", "gpt2_byte_decoder"]
+
+_BYTE_FALLBACK_RE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+_CACHE_SIZE = 8
+_cache_lock = threading.Lock()
+# key -> (tokenizer kept alive so its id() cannot be reused, value)
+_table_cache: OrderedDict[int, tuple[Any, list[bytes | None]]] = OrderedDict()
+_vocab_cache: OrderedDict[tuple[int, tuple[int, ...]], tuple[Any, Any]] = OrderedDict()
+
+
+def gpt2_byte_decoder() -> dict[str, int]:
+    """Map each printable character of GPT-2's byte-level alphabet back to its byte."""
+    # Printable latin-1 bytes stand for themselves; the other 68 bytes are shifted to
+    # code points 256.. in order, which is how byte-level BPE keeps vocab strings printable.
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    mapping: dict[str, int] = {chr(b): b for b in printable}
+    shift = 0
+    for b in range(256):
+        if b not in printable:
+            mapping[chr(256 + shift)] = b
+            shift += 1
+    return mapping
+
+
+def _backend(tokenizer: Any) -> Any:
+    """Return the ``tokenizers.Tokenizer`` behind a HF tokenizer (or the object itself)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return backend
+    if hasattr(tokenizer, "to_str") and hasattr(tokenizer, "id_to_token"):
+        return tokenizer
+    raise ValueError(
+        f"unsupported tokenizer {type(tokenizer).__name__}: pass a transformers fast "
+        "tokenizer (with .backend_tokenizer) or a tokenizers.Tokenizer"
+    )
+
+
+def _decoder_steps(backend: Any) -> list[dict]:
+    """Flatten the backend's decoder config (a Sequence or a single decoder) to a list."""
+    config = json.loads(backend.to_str()).get("decoder") or {}
+    if config.get("type") == "Sequence":
+        return list(config.get("decoders", []))
+    return [config] if config else []
+
+
+def _num_tokens(tokenizer: Any, backend: Any) -> int:
+    if backend is tokenizer:
+        return int(backend.get_vocab_size(with_added_tokens=True))
+    return len(tokenizer)
+
+
+def _added_tokens(tokenizer: Any, backend: Any) -> dict[int, Any]:
+    """id -> AddedToken for tokens added on top of the model vocabulary."""
+    if backend is tokenizer:
+        return dict(backend.get_added_tokens_decoder())
+    return dict(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+
+
+def _compute_table(tokenizer: Any) -> list[bytes | None]:
+    backend = _backend(tokenizer)
+    steps = _decoder_steps(backend)
+    kinds = {s.get("type") for s in steps}
+    byte_level = "ByteLevel" in kinds
+    byte_fallback = "ByteFallback" in kinds
+    # Plain string replacements ("▁" -> " ") and Metaspace both turn a marker into a space.
+    replacements: list[tuple[str, str]] = []
+    for s in steps:
+        if s.get("type") == "Replace" and "String" in (s.get("pattern") or {}):
+            replacements.append((s["pattern"]["String"], s.get("content", "")))
+        elif s.get("type") == "Metaspace":
+            replacements.append((s.get("replacement", "▁"), " "))
+    byte_decoder = gpt2_byte_decoder() if byte_level else {}
+
+    added = _added_tokens(tokenizer, backend)
+    n = _num_tokens(tokenizer, backend)
+    table: list[bytes | None] = [None] * n
+    for tid in range(n):
+        if tid in added:
+            tok = added[tid]
+            # Special/control tokens never appear in grammar-constrained text; a normal
+            # added token decodes to its literal content.
+            table[tid] = None if getattr(tok, "special", True) else str(tok.content).encode("utf-8")
+            continue
+        piece = backend.id_to_token(tid)
+        if piece is None:
+            continue  # hole in the id space
+        if byte_level:
+            # A character outside the byte alphabet would mean a non byte-level token;
+            # fall back to its UTF-8 bytes rather than guessing.
+            out = bytearray()
+            for ch in piece:
+                b = byte_decoder.get(ch)
+                if b is None:
+                    out += ch.encode("utf-8")
+                else:
+                    out.append(b)
+            table[tid] = bytes(out)
+            continue
+        if byte_fallback:
+            m = _BYTE_FALLBACK_RE.match(piece)
+            if m:
+                table[tid] = bytes([int(m.group(1), 16)])
+                continue
+        for old, new in replacements:
+            piece = piece.replace(old, new)
+        table[tid] = piece.encode("utf-8")
+    return table
+
+
+def token_bytes_table(tokenizer: Any) -> list[bytes | None]:
+    """Return, for every id < len(tokenizer), the exact bytes the token adds to decoded text.
+
+    ``None`` marks special / control tokens, which a grammar never allows. The result is
+    cached per tokenizer object (the object is kept alive by the cache) and must not be
+    mutated by callers.
+    """
+    key = id(tokenizer)
+    with _cache_lock:
+        hit = _table_cache.get(key)
+        if hit is not None and hit[0] is tokenizer:
+            _table_cache.move_to_end(key)
+            return hit[1]
+    table = _compute_table(tokenizer)
+    with _cache_lock:
+        _table_cache[key] = (tokenizer, table)
+        while len(_table_cache) > _CACHE_SIZE:
+            _table_cache.popitem(last=False)
+    return table
+
+
+def build_vocabulary(tokenizer: Any, eos_token_ids: list[int]) -> tuple[Any, list[bytes | None]]:
+    """Build an ``outlines_core.Vocabulary`` for ``tokenizer`` plus its token bytes table.
+
+    Requires at least one EOS id. EOS ids are left out of the token map (outlines-core
+    requires it; the matcher handles every EOS id itself) and the first one is the
+    vocabulary's EOS. Tokens with identical bytes share one key. Cached per
+    (tokenizer object, eos ids).
+    """
+    from outlines_core import Vocabulary
+
+    eos = tuple(int(e) for e in eos_token_ids)
+    if not eos:
+        raise ValueError("build_vocabulary needs at least one EOS token id (eos_token_ids=[])")
+    key = (id(tokenizer), eos)
+    with _cache_lock:
+        hit = _vocab_cache.get(key)
+        if hit is not None and hit[0] is tokenizer:
+            _vocab_cache.move_to_end(key)
+            return hit[1]
+    table = token_bytes_table(tokenizer)
+    eos_set = set(eos)
+    groups: dict[bytes, list[int]] = {}
+    for tid, b in enumerate(table):
+        if b is None or not b or tid in eos_set:
+            continue
+        groups.setdefault(b, []).append(tid)
+    vocab = Vocabulary(eos[0], groups)
+    with _cache_lock:
+        _vocab_cache[key] = (tokenizer, (vocab, table))
+        while len(_vocab_cache) > _CACHE_SIZE:
+            _vocab_cache.popitem(last=False)
+    return vocab, table

@@ -1,0 +1,333 @@
+"""Decode attention over the paged KV pool: one new query token per request.
+
+Request b's query attends to the keys at positions 0 .. seq_lens[b] - 1, read through
+req_to_token[req_pool_indices[b]]; its own K/V (the last position) is already stored.
+
+Triton kernels: split-KV ("flash-decoding") in two stages.
+
+    stage 1, grid (request b, kv head, split s): keys [lo_s, hi_s) of request b, for ALL
+        G = Hq / Hk query heads of the kv head at once (a [G, D] x [D, BLOCK_N] dot), so K/V
+        are read once per kv head. Writes the split's normalised partial output and its
+        log-sum-exp (base 2) to a fp32 workspace.
+    stage 2, grid (request b, q head): merges the splits of that request.
+
+Split ranges are computed on the device from seq_lens[b] (`_split_range`), so with a fixed
+`max_kv_splits` the launch depends on no host value of seq_lens (CUDA-graph safe):
+
+    chunk = ceil(ceil(seq_len / max_kv_splits) / BLOCK_N) * BLOCK_N      (>= BLOCK_N)
+    split s covers [s * chunk, min((s + 1) * chunk, seq_len));   splits past seq_len are empty
+
+Workspace: one fp32 buffer of `decode_workspace_numel(B, Hq, D, max_kv_splits)` elements,
+holding partial outputs [B, Hq, S, D] followed by log-sum-exps [B, Hq, S].
+A request with seq_len == 0 gets a zero output (the reference gives NaN there).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .kv_store import check_device, check_index, check_pool_tables, dot_operand_dtype, interpreted
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_LOG2E = 1.4426950408889634
+_MAX_SPLITS = 256
+
+
+@triton.jit
+def _split_range(seq_len, split, num_splits, ALIGN: tl.constexpr):
+    """Key range [lo, hi) of `split` (hi <= lo when empty) and the number of non-empty splits."""
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), ALIGN) * ALIGN
+    chunk = tl.maximum(chunk, ALIGN)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, seq_len)
+    return lo, hi, tl.cdiv(seq_len, chunk)
+
+
+@triton.jit
+def _decode_stage1_kernel(
+    # pointers
+    Q, KBuf, VBuf, ReqToToken, ReqPoolIdx, SeqLens,
+    PartOut,  # [B, Hq, S, D] fp32
+    PartLse,  # [B, Hq, S] fp32
+    # sizes / scalars
+    qk_scale,  # sm_scale * log2(e)
+    group,  # Hq // Hk
+    num_splits,
+    # strides (elements)
+    stride_qb, stride_qh,
+    stride_ks, stride_kh,
+    stride_vs, stride_vh,
+    stride_req,
+    stride_pb, stride_ph, stride_ps,  # PartOut
+    stride_lb, stride_lh,  # PartLse (last dim contiguous)
+    # meta
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,  # a constexpr so the d mask folds away when HEAD_DIM == BLOCK_D
+    BLOCK_D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_h = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    lo, hi, _ = _split_range(seq_len, split, num_splits, BLOCK_N)
+    if lo >= hi:
+        return
+    row = tl.load(ReqPoolIdx + b).to(tl.int64)
+
+    offs_g = tl.arange(0, BLOCK_H)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = kv_h * group + offs_g  # the q heads of this kv head
+    g_mask = offs_g < group
+    d_mask = offs_d < HEAD_DIM
+
+    # [BLOCK_H, BLOCK_D]: rows past the group are zero (tl.dot needs >= 16 rows)
+    q_ptrs = Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(DOT_DTYPE)
+
+    tokens = ReqToToken + row * stride_req
+    k_base = KBuf + kv_h * stride_kh
+    v_base = VBuf + kv_h * stride_vh
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for n_start in range(lo, hi, BLOCK_N):
+        offs = n_start + offs_n
+        n_mask = offs < hi
+        slots = tl.load(tokens + offs, mask=n_mask, other=0).to(tl.int64)  # masked -> dummy slot 0
+        k = tl.load(k_base + slots[:, None] * stride_ks + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+        qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
+        qk = tl.where(n_mask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))  # finite: the first block has >= 1 key
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
+        m_i = m_new
+
+    out_ptrs = PartOut + b.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :]
+    tl.store(out_ptrs, acc / l_i[:, None], mask=g_mask[:, None] & d_mask[None, :])
+    lse_ptrs = PartLse + b.to(tl.int64) * stride_lb + heads * stride_lh + split
+    tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=g_mask)
+
+
+@triton.jit
+def _decode_stage2_kernel(
+    # pointers
+    PartOut, PartLse, O, SeqLens,
+    # sizes
+    num_splits,
+    # strides (elements)
+    stride_pb, stride_ph, stride_ps,
+    stride_lb, stride_lh,  # PartLse (last dim contiguous)
+    stride_ob, stride_oh,
+    # meta
+    ALIGN: tl.constexpr,  # stage 1's BLOCK_N
+    BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr,  # a constexpr so the d mask folds away when HEAD_DIM == BLOCK_D
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    _, _, used = _split_range(seq_len, 0, num_splits, ALIGN)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < used
+    d_mask = offs_d < HEAD_DIM
+
+    lse = tl.load(PartLse + b.to(tl.int64) * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(used > 0, m, 0.0)  # no split at all: keep exp2 away from -inf - -inf
+    w = tl.exp2(lse - m)  # [BLOCK_S], 0 for unused splits
+    part_ptrs = PartOut + b.to(tl.int64) * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :]
+    part = tl.load(part_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+    total = tl.sum(w, 0)
+    out = tl.sum(part * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(O + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_mask)
+
+
+def decode_workspace_numel(batch_size: int, num_heads: int, head_dim: int, max_kv_splits: int) -> int:
+    """fp32 elements of the decode workspace: partial outputs [B, Hq, S, D] + log-sum-exps [B, Hq, S]."""
+    return batch_size * num_heads * max_kv_splits * (head_dim + 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def default_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, device: torch.device | str) -> int:
+    """Splits per request so that stage 1 fills the GPU (about 4 programs per SM) while every
+    split keeps >= 256 keys. Call it once (e.g. at CUDA-graph capture, with the longest context)
+    and pass the result as `max_kv_splits`; it does not look at seq_lens."""
+    device = torch.device(device)
+    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else 4
+    want = triton.cdiv(4 * sms, max(1, batch_size * num_kv_heads))
+    by_len = triton.cdiv(max(1, max_seq_len), 256)
+    return max(1, min(want, by_len, 64))
+
+
+def _decode_blocks(on_gpu: bool, block_d: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) for stage 1."""
+    if not on_gpu:
+        return 16, 1, 1
+    return (64 if block_d <= 128 else 32), 4, 2
+
+
+def decode_attention(
+    q: torch.Tensor,  # [B, Hq, D]
+    k_buffer: torch.Tensor,  # [num_slots, Hk, D]
+    v_buffer: torch.Tensor,  # [num_slots, Hk, D]
+    o: torch.Tensor,  # [B, Hq, D], written
+    req_to_token: torch.Tensor,  # [max_requests, max_context] int32
+    req_pool_indices: torch.Tensor,  # [B]
+    seq_lens: torch.Tensor,  # [B]
+    sm_scale: float,
+    *,
+    max_kv_splits: int | None = None,
+    max_seq_len: int | None = None,
+    workspace: torch.Tensor | None = None,
+    block_n: int | None = None,
+) -> None:
+    """Triton split-KV decode attention; same arguments and results as `decode_attention_ref`.
+
+    `max_kv_splits`: splits per request (each request uses those its length needs). When
+    omitted it is `default_kv_splits(B, Hk, max_seq_len, device)`, and `max_seq_len`, when
+    also omitted, is read from seq_lens (one host sync): pass `max_kv_splits` inside a CUDA
+    graph. `workspace`: optional fp32 contiguous buffer of at least
+    `decode_workspace_numel(B, Hq, D, max_kv_splits)` elements (reused across calls / graph
+    replays); else one is allocated. q / o may be strided views with a contiguous last dim.
+    `block_n` (power of two >= 16) overrides stage 1's key tile and split alignment.
+    Values are trusted: seq_lens must fit req_to_token's row and slots must be pool rows.
+    """
+    if q.dim() != 3 or o.dim() != 3:
+        raise ValueError(f"q and o must be 3-D [B, Hq, D], got {tuple(q.shape)} and {tuple(o.shape)}")
+    if o.shape != q.shape:
+        raise ValueError(f"o must have q's shape {tuple(q.shape)}, got {tuple(o.shape)}")
+    for name, t in (("q", q), ("o", o)):
+        if t.shape[2] > 1 and t.stride(2) != 1:
+            raise ValueError(f"{name} must have a contiguous last dim, got strides {t.stride()}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"{name} must be float16/bfloat16/float32, got {t.dtype}")
+    batch, num_heads, head_dim = q.shape
+    check_pool_tables(k_buffer, v_buffer, req_to_token, num_heads, head_dim)
+    if k_buffer.dtype != q.dtype:
+        raise ValueError(f"k_buffer/v_buffer dtype {k_buffer.dtype} must equal q dtype {q.dtype}")
+    check_index("req_pool_indices", req_pool_indices, batch)
+    check_index("seq_lens", seq_lens, batch)
+    tensors = dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, o=o, req_to_token=req_to_token,
+                   req_pool_indices=req_pool_indices, seq_lens=seq_lens)
+    if workspace is not None:
+        tensors["workspace"] = workspace
+    check_device(_decode_stage1_kernel, **tensors)
+    num_kv_heads = k_buffer.shape[1]
+    if max_kv_splits is None:
+        if max_seq_len is None:
+            max_seq_len = int(seq_lens.max().item()) if batch else 0
+        max_kv_splits = default_kv_splits(batch, num_kv_heads, max_seq_len, q.device)
+    if not isinstance(max_kv_splits, int) or not 1 <= max_kv_splits <= _MAX_SPLITS:
+        raise ValueError(f"max_kv_splits must be an int in [1, {_MAX_SPLITS}], got {max_kv_splits!r}")
+    need = decode_workspace_numel(batch, num_heads, head_dim, max_kv_splits)
+    if workspace is None:
+        workspace = torch.empty(need, dtype=torch.float32, device=q.device)
+    elif workspace.dtype != torch.float32 or not workspace.is_contiguous() or workspace.numel() < need:
+        raise ValueError(
+            f"workspace must be a contiguous float32 tensor of >= {need} elements "
+            f"(decode_workspace_numel), got {workspace.dtype} with {workspace.numel()} elements"
+        )
+    if batch == 0:
+        return
+
+    on_gpu = not interpreted(_decode_stage1_kernel)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    bn, num_warps, num_stages = _decode_blocks(on_gpu, block_d)
+    bn = block_n or bn
+    if bn < 16 or bn & (bn - 1):
+        raise ValueError(f"block_n must be a power of two >= 16, got {bn}")
+    group = num_heads // num_kv_heads
+    flat = workspace.view(-1)
+    n_out = batch * num_heads * max_kv_splits * head_dim
+    part_out = flat[:n_out].view(batch, num_heads, max_kv_splits, head_dim)
+    part_lse = flat[n_out:need].view(batch, num_heads, max_kv_splits)
+    dot_dtype = dot_operand_dtype(q.dtype, on_gpu)
+
+    _decode_stage1_kernel[(batch, num_kv_heads, max_kv_splits)](
+        q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
+        part_out, part_lse,
+        float(sm_scale) * _LOG2E, group, max_kv_splits,
+        q.stride(0), q.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1),
+        req_to_token.stride(0),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=bn, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        DOT_DTYPE=dot_dtype, PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    _decode_stage2_kernel[(batch, num_heads)](
+        part_out, part_lse, o, seq_lens,
+        max_kv_splits,
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        o.stride(0), o.stride(1),
+        ALIGN=bn, BLOCK_S=triton.next_power_of_2(max_kv_splits), HEAD_DIM=head_dim, BLOCK_D=block_d,
+        num_warps=4 if on_gpu else 1,
+    )
+
+
+def decode_attention_ref(
+    q: torch.Tensor,  # [B, Hq, D]
+    k_buffer: torch.Tensor,  # [num_slots, Hk, D]
+    v_buffer: torch.Tensor,  # [num_slots, Hk, D]
+    o: torch.Tensor,  # [B, Hq, D], written
+    req_to_token: torch.Tensor,  # [max_requests, max_context] int32
+    req_pool_indices: torch.Tensor,  # [B]
+    seq_lens: torch.Tensor,  # [B]
+    sm_scale: float,
+) -> None:
+    """Pure-torch reference on any device: pads the batch to its longest sequence."""
+    bs, num_heads, head_dim = q.shape
+    num_kv_heads = k_buffer.shape[1]
+    group = num_heads // num_kv_heads
+    max_len = int(seq_lens.max().item()) if bs else 0
+    if bs == 0 or max_len == 0:
+        return
+    slots = req_to_token[req_pool_indices.long(), :max_len].long()  # [B, L]
+    k = k_buffer[slots].float()  # [B, L, Hk, D]
+    v = v_buffer[slots].float()
+    qg = q.float().view(bs, num_kv_heads, group, head_dim)  # [B, Hk, G, D]
+    scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * sm_scale  # [B, Hk, G, L]
+    pad = torch.arange(max_len, device=q.device)[None, :] >= seq_lens.to(q.device)[:, None]  # [B, L]
+    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhgl,blhd->bhgd", probs, v)  # [B, Hk, G, D]
+    o.copy_(out.reshape(bs, num_heads, head_dim).to(o.dtype))
+
+
+if __name__ == "__main__":  # tiny GPU timing: python -m treadle.kernels.decode_attention
+    if torch.cuda.is_available():
+        from triton.testing import do_bench
+
+        hq, hk, d, dev, dt = 32, 8, 128, "cuda", torch.bfloat16
+        for bs, seq in ((1, 8192), (32, 2048), (128, 2048)):
+            kb = torch.randn(bs * seq + 1, hk, d, device=dev, dtype=dt)
+            vb = torch.randn_like(kb)
+            r2t = (1 + torch.arange(bs * seq, device=dev, dtype=torch.int32)).view(bs, seq)
+            q = torch.randn(bs, hq, d, device=dev, dtype=dt)
+            o = torch.empty_like(q)
+            lens = torch.full((bs,), seq, device=dev, dtype=torch.int32)
+            idx = torch.arange(bs, device=dev)
+            ms = do_bench(lambda: decode_attention(q, kb, vb, o, r2t, idx, lens, d**-0.5, max_seq_len=seq))
+            gbs = 2 * bs * seq * hk * d * 2 / ms / 1e6
+            print(f"decode bs={bs} seq={seq}: {ms * 1e3:.1f} us, {gbs:.0f} GB/s of KV")

@@ -1,0 +1,293 @@
+"""Extend (prefill) attention over the paged KV pool.
+
+New tokens of each request attend causally to the request's cached prefix and to themselves.
+The K/V of the new tokens must already be stored in the pool (see `kv_store.py`), so every key
+is read through the request-to-token table:
+
+    request b, new token i  (position p = prefix_lens[b] + i)
+      attends to keys at positions 0 .. p   ->  slots req_to_token[req_pool_indices[b], 0 .. p]
+
+Layout: q / o are the ragged concatenation of every request's new tokens; request b's rows are
+q[extend_start_loc[b] : extend_start_loc[b] + extend_lens[b]].
+
+Triton kernel: flash attention (online softmax, fp32 accumulation) with the keys gathered
+through req_to_token. Grid = (request, q head, query block of BLOCK_M new tokens):
+
+    keys  0 ........ full_end | full_end ...... kv_end         (kv_end = prefix + last query of block + 1)
+          unmasked blocks     | causal-masked blocks
+    where full_end = (prefix + first query of block) rounded down to BLOCK_N, so every key of
+    the first loop is visible to every query of the block; key blocks past the diagonal of
+    the block's last query are never visited.
+
+GQA: q head h reads kv head h // (Hq // Hk). head_dim is padded to a power of two BLOCK_D
+(>= 16) and masked, so any head_dim works.
+"""
+from __future__ import annotations
+
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .kv_store import check_device, check_index, check_pool_tables, dot_operand_dtype, interpreted
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_block(
+    acc, m_i, l_i,  # running state: [BLOCK_M, BLOCK_D], [BLOCK_M], [BLOCK_M] fp32
+    q, q_pos,  # [BLOCK_M, BLOCK_D] queries and their positions [BLOCK_M]
+    n_start, kv_end,  # keys n_start .. n_start + BLOCK_N - 1, those >= kv_end masked (CAUSAL only)
+    tokens, k_base, v_base, stride_ks, stride_vs, qk_scale,
+    offs_n, offs_d, d_mask,
+    CAUSAL: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """One online-softmax step over a block of keys gathered through the request's token row."""
+    offs = n_start + offs_n
+    if CAUSAL:
+        n_mask = offs < kv_end
+        slots = tl.load(tokens + offs, mask=n_mask, other=0).to(tl.int64)  # masked -> dummy slot 0
+    else:
+        slots = tl.load(tokens + offs).to(tl.int64)
+    k = tl.load(k_base + slots[:, None] * stride_ks + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+    qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    if CAUSAL:
+        visible = (offs[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        qk = tl.where(visible, qk, float("-inf"))
+    # finite: every valid row sees >= 1 key in its first block (key full_end <= its position)
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _extend_attention_kernel(
+    # pointers
+    Q, KBuf, VBuf, O,
+    ReqToToken, ReqPoolIdx, PrefixLens, ExtendLens, ExtendStart,
+    # sizes / scalars
+    qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
+    group,  # Hq // Hk
+    # strides (elements)
+    stride_qt, stride_qh,
+    stride_ks, stride_kh,
+    stride_vs, stride_vh,
+    stride_ot, stride_oh,
+    stride_req,
+    # meta
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,  # a constexpr so the d mask folds away when HEAD_DIM == BLOCK_D
+    BLOCK_D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,  # operand dtype of tl.dot (the input dtype; fp32 for bf16 under the interpreter)
+    PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    m_start = tl.program_id(2) * BLOCK_M
+    ext = tl.load(ExtendLens + b).to(tl.int32)
+    if m_start >= ext:
+        return
+    prefix = tl.load(PrefixLens + b).to(tl.int32)
+    start = tl.load(ExtendStart + b).to(tl.int64)
+    row = tl.load(ReqPoolIdx + b).to(tl.int64)
+    kv_h = h // group
+
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < ext
+    d_mask = offs_d < HEAD_DIM
+
+    # [BLOCK_M, BLOCK_D] queries of this block
+    q_ptrs = Q + (start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0).to(DOT_DTYPE)
+    q_pos = prefix + offs_m  # absolute positions of the queries
+
+    tokens = ReqToToken + row * stride_req
+    k_base = KBuf + kv_h * stride_kh
+    v_base = VBuf + kv_h * stride_vh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # 1) keys every query of the block sees: no mask at all
+    full_end = ((prefix + m_start) // BLOCK_N) * BLOCK_N
+    for n_start in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_block(
+            acc, m_i, l_i, q, q_pos, n_start, full_end, tokens, k_base, v_base, stride_ks, stride_vs, qk_scale,
+            offs_n, offs_d, d_mask, CAUSAL=False, DOT_DTYPE=DOT_DTYPE, PRECISION=PRECISION,
+        )
+    # 2) the diagonal: causal mask; key blocks past the block's last query are skipped
+    kv_end = prefix + tl.minimum(ext, m_start + BLOCK_M)
+    for n_start in range(full_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = _attend_block(
+            acc, m_i, l_i, q, q_pos, n_start, kv_end, tokens, k_base, v_base, stride_ks, stride_vs, qk_scale,
+            offs_n, offs_d, d_mask, CAUSAL=True, DOT_DTYPE=DOT_DTYPE, PRECISION=PRECISION,
+        )
+
+    acc = acc / l_i[:, None]
+    o_ptrs = O + (start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def _default_blocks(on_gpu: bool, block_d: int, dtype: torch.dtype, max_extend: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the launch."""
+    if not on_gpu:  # the interpreter: small tiles keep numpy fast
+        return 16, 16, 1, 1
+    wide = block_d > 128 or dtype == torch.float32
+    block_m = 64 if wide else 128
+    block_n = 32 if wide else 64
+    # short extends (jump-forward, speculative, chunk tails) do not fill a 128-row block
+    block_m = max(16, min(block_m, triton.next_power_of_2(max(max_extend, 1))))
+    num_warps = 8 if block_d >= 128 and block_m >= 128 else 4
+    return block_m, block_n, num_warps, 2
+
+
+def extend_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_buffer: torch.Tensor,  # [num_slots, Hk, D]
+    v_buffer: torch.Tensor,  # [num_slots, Hk, D]
+    o: torch.Tensor,  # [T, Hq, D], written
+    req_to_token: torch.Tensor,  # [max_requests, max_context] int32
+    req_pool_indices: torch.Tensor,  # [B]
+    prefix_lens: torch.Tensor,  # [B]
+    extend_lens: torch.Tensor,  # [B]
+    extend_start_loc: torch.Tensor,  # [B]
+    sm_scale: float,
+    *,
+    max_extend_len: int | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> None:
+    """Triton extend attention; same arguments and results as `extend_attention_ref`.
+
+    q / o may be strided views (e.g. slices of a fused qkv projection) as long as the last
+    dim is contiguous; q, k_buffer, v_buffer share one dtype (fp16/bf16/fp32); o may be any of
+    those. `max_extend_len` (>= max(extend_lens)) sizes the grid; when omitted it is read from
+    extend_lens (one host sync). Rows of requests with extend_lens == 0 are left untouched.
+    Values are trusted: prefix + extend must fit in req_to_token's row and every slot must be
+    a valid pool row. `block_m` / `block_n` override the tile shape (powers of two >= 16).
+    """
+    if q.dim() != 3 or o.dim() != 3:
+        raise ValueError(f"q and o must be 3-D [T, Hq, D], got {tuple(q.shape)} and {tuple(o.shape)}")
+    if o.shape != q.shape:
+        raise ValueError(f"o must have q's shape {tuple(q.shape)}, got {tuple(o.shape)}")
+    for name, t in (("q", q), ("o", o)):
+        if t.shape[2] > 1 and t.stride(2) != 1:
+            raise ValueError(f"{name} must have a contiguous last dim, got strides {t.stride()}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"{name} must be float16/bfloat16/float32, got {t.dtype}")
+    num_tokens, num_heads, head_dim = q.shape
+    check_pool_tables(k_buffer, v_buffer, req_to_token, num_heads, head_dim)
+    if k_buffer.dtype != q.dtype:
+        raise ValueError(f"k_buffer/v_buffer dtype {k_buffer.dtype} must equal q dtype {q.dtype}")
+    batch = req_pool_indices.shape[0] if req_pool_indices.dim() == 1 else -1
+    for name, t in (
+        ("req_pool_indices", req_pool_indices), ("prefix_lens", prefix_lens),
+        ("extend_lens", extend_lens), ("extend_start_loc", extend_start_loc),
+    ):
+        check_index(name, t, batch)
+    check_device(
+        _extend_attention_kernel, q=q, k_buffer=k_buffer, v_buffer=v_buffer, o=o, req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_lens=extend_lens,
+        extend_start_loc=extend_start_loc,
+    )
+    if batch == 0 or num_tokens == 0:
+        return
+    if max_extend_len is None:
+        max_extend_len = int(extend_lens.max().item())
+    if max_extend_len <= 0:
+        return
+    on_gpu = not interpreted(_extend_attention_kernel)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    bm, bn, num_warps, num_stages = _default_blocks(on_gpu, block_d, q.dtype, max_extend_len)
+    bm, bn = block_m or bm, block_n or bn
+    for name, val in (("block_m", bm), ("block_n", bn)):
+        if val < 16 or val & (val - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {val}")
+    dot_dtype = dot_operand_dtype(q.dtype, on_gpu)
+    grid = (batch, num_heads, triton.cdiv(max_extend_len, bm))
+    _extend_attention_kernel[grid](
+        q, k_buffer, v_buffer, o,
+        req_to_token, req_pool_indices, prefix_lens, extend_lens, extend_start_loc,
+        float(sm_scale) * _LOG2E, num_heads // k_buffer.shape[1],
+        q.stride(0), q.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1),
+        o.stride(0), o.stride(1),
+        req_to_token.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        DOT_DTYPE=dot_dtype, PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages,
+    )
+
+
+def extend_attention_ref(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_buffer: torch.Tensor,  # [num_slots, Hk, D]
+    v_buffer: torch.Tensor,  # [num_slots, Hk, D]
+    o: torch.Tensor,  # [T, Hq, D], written
+    req_to_token: torch.Tensor,  # [max_requests, max_context] int32
+    req_pool_indices: torch.Tensor,  # [B]
+    prefix_lens: torch.Tensor,  # [B]
+    extend_lens: torch.Tensor,  # [B]
+    extend_start_loc: torch.Tensor,  # [B]
+    sm_scale: float,
+) -> None:
+    """Pure-torch reference on any device: one SDPA call per request."""
+    num_heads, num_kv_heads = q.shape[1], k_buffer.shape[1]
+    group = num_heads // num_kv_heads
+    rows = req_pool_indices.tolist()
+    prefixes, extends, starts = prefix_lens.tolist(), extend_lens.tolist(), extend_start_loc.tolist()
+    for row, prefix, ext, start in zip(rows, prefixes, extends, starts):
+        if ext == 0:
+            continue
+        seq = prefix + ext
+        slots = req_to_token[row, :seq].long()
+        k = k_buffer[slots]  # [seq, Hk, D]
+        v = v_buffer[slots]
+        if group > 1:
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+        qi = q[start : start + ext]  # [ext, Hq, D]
+        # query i sits at position prefix + i and may see keys 0 .. prefix + i
+        q_pos = torch.arange(prefix, seq, device=q.device)[:, None]
+        k_pos = torch.arange(seq, device=q.device)[None, :]
+        mask = k_pos <= q_pos  # [ext, seq]
+        out = F.scaled_dot_product_attention(
+            qi.transpose(0, 1).float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(),
+            attn_mask=mask, scale=sm_scale,
+        )  # [Hq, ext, D]
+        o[start : start + ext] = out.transpose(0, 1).to(o.dtype)
+
+
+if __name__ == "__main__":  # tiny GPU timing: python -m treadle.kernels.extend_attention
+    if torch.cuda.is_available():
+        from triton.testing import do_bench
+
+        bs, ext, hq, hk, d = 8, 512, 32, 8, 128
+        dev, dt = "cuda", torch.bfloat16
+        kb = torch.randn(bs * ext + 1, hk, d, device=dev, dtype=dt)
+        vb = torch.randn_like(kb)
+        r2t = (1 + torch.arange(bs * ext, device=dev, dtype=torch.int32)).view(bs, ext)
+        q = torch.randn(bs * ext, hq, d, device=dev, dtype=dt)
+        o = torch.empty_like(q)
+        idx = torch.arange(bs, device=dev)
+        pre = torch.zeros(bs, device=dev, dtype=torch.int32)
+        lens = torch.full((bs,), ext, device=dev, dtype=torch.int32)
+        starts = torch.arange(bs, device=dev, dtype=torch.int32) * ext
+        args = (q, kb, vb, o, r2t, idx, pre, lens, starts, d**-0.5)
+        ms = do_bench(lambda: extend_attention(*args, max_extend_len=ext))
+        flops = 4 * bs * hq * d * ext * (ext + 1) / 2
+        print(f"extend bs={bs} x {ext}: {ms * 1e3:.1f} us, {flops / ms / 1e9:.1f} TFLOP/s")

@@ -1,0 +1,109 @@
+"""Expression nodes of the DSL: what a program appends to its state.
+
+A program builds these with the primitives (`gen`, `select`, `user`, ...) and `s += expr`
+hands them to the state's executor, which runs them in order. Nodes are plain data; all
+behaviour lives in the interpreter, so a backend never sees them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+ROLES = ("system", "user", "assistant")
+
+
+class Expr:
+    """Base of every node. `a + b` concatenates, so `s += "Q: " + gen("a")` works."""
+
+    def __add__(self, other: Any) -> "Concat":
+        return Concat([self, to_expr(other)])
+
+    def __radd__(self, other: Any) -> "Concat":
+        return Concat([to_expr(other), self])
+
+
+@dataclass(eq=False)
+class Constant(Expr):
+    """Literal text appended to the prompt."""
+
+    text: str
+
+
+@dataclass(eq=False)
+class Concat(Expr):
+    """A sequence of nodes run one after the other."""
+
+    parts: list[Expr]
+
+
+@dataclass(eq=False)
+class Gen(Expr):
+    """One generation call; `params` holds only the sampling fields the user set."""
+
+    name: str | None
+    params: dict[str, Any]
+    dtype: type | None = None
+
+
+@dataclass(eq=False)
+class Select(Expr):
+    """Pick one of `choices` by the model's logprobs of each continuation."""
+
+    name: str | None
+    choices: list[str]
+    method: str = "token_length_normalized"
+
+
+@dataclass(eq=False)
+class RoleBegin(Expr):
+    role: str
+
+
+@dataclass(eq=False)
+class RoleEnd(Expr):
+    role: str
+
+
+@dataclass(eq=False)
+class Role(Expr):
+    """`user("hi")`: a whole message, i.e. RoleBegin + content + RoleEnd."""
+
+    role: str
+    content: list[Expr] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Join(Expr):
+    """Bring fork branches back into their parent (built by `ForkGroup.join`).
+
+    mode "gather": each variable the branches created becomes a list in the parent;
+    mode "concat": each branch's text after the fork point is appended in order."""
+
+    branches: list[Any]  # the branches' StreamExecutors, all finished
+    mode: str
+
+
+def to_expr(x: Any) -> Expr:
+    """Coerce text (or a list of parts) to a node; anything else is a TypeError."""
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, str):
+        return Constant(x)
+    if isinstance(x, (list, tuple)):
+        return Concat([to_expr(p) for p in x])
+    raise TypeError(f"cannot add a {type(x).__name__} to a program state; use a str or a DSL expression "
+                    f"(gen, select, user, ...), e.g. s += str(value)")
+
+
+def flatten(expr: Expr) -> Iterator[Expr]:
+    """Expand Concat and Role into the primitive sequence the executor runs."""
+    if isinstance(expr, Concat):
+        for p in expr.parts:
+            yield from flatten(p)
+    elif isinstance(expr, Role):
+        yield RoleBegin(expr.role)
+        for p in expr.content:
+            yield from flatten(p)
+        yield RoleEnd(expr.role)
+    else:
+        yield expr

@@ -1,0 +1,90 @@
+"""The KV cache storage: per-layer K and V buffers indexed by token slot.
+
+Row 0 of every buffer is the dummy slot (padded writes land there), rows 1..num_slots
+belong to the slots that `TokenSlotAllocator` hands out.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Below this many slots a pool cannot hold even one short prompt plus its decode; treat the
+# budget as a configuration mistake rather than starting a server that can serve nothing.
+MIN_USEFUL_SLOTS = 16
+
+
+def _dtype_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class TokenToKVPool:
+    """K and V buffers: `k_buffers[l]`, `v_buffers[l]` each [num_slots + 1, kv_heads, head_dim]."""
+
+    def __init__(
+        self,
+        num_slots: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        """Allocate zeroed buffers for `num_slots` usable slots (plus the dummy row 0)."""
+        for name, value in (("num_slots", num_slots), ("num_layers", num_layers),
+                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.num_slots = int(num_slots)
+        self.num_layers = int(num_layers)
+        self.num_kv_heads = int(num_kv_heads)
+        self.head_dim = int(head_dim)
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shape = (self.num_slots + 1, self.num_kv_heads, self.head_dim)
+        self.k_buffers: list[torch.Tensor] = [
+            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)
+        ]
+        self.v_buffers: list[torch.Tensor] = [
+            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)
+        ]
+
+    def set_kv(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write K/V of `n` tokens into `layer` at `slots` (int64 [n]).
+
+        Requires k, v of shape [n, kv_heads, head_dim]; they are cast to the pool dtype.
+        Slot 0 may appear (padding); its contents are garbage by design.
+        """
+        n = slots.shape[0]
+        expected = (n, self.num_kv_heads, self.head_dim)
+        assert tuple(k.shape) == expected, f"k has shape {tuple(k.shape)}, expected {expected}"
+        assert tuple(v.shape) == expected, f"v has shape {tuple(v.shape)}, expected {expected}"
+        self.k_buffers[layer][slots] = k.to(self.dtype)
+        self.v_buffers[layer][slots] = v.to(self.dtype)
+
+    def get_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (K, V) buffers of `layer`, each [num_slots + 1, kv_heads, head_dim] (no copy)."""
+        return self.k_buffers[layer], self.v_buffers[layer]
+
+    @staticmethod
+    def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """Bytes one token slot costs across all layers, K and V together."""
+        return 2 * num_layers * num_kv_heads * head_dim * _dtype_size(dtype)
+
+    @staticmethod
+    def slots_for_budget(
+        budget_bytes: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        """How many usable slots fit in `budget_bytes` (the dummy row 0 is paid for too).
+
+        Raises ValueError when fewer than MIN_USEFUL_SLOTS fit.
+        """
+        per_slot = TokenToKVPool.bytes_per_slot(num_layers, num_kv_heads, head_dim, dtype)
+        slots = int(budget_bytes) // per_slot - 1
+        if slots < MIN_USEFUL_SLOTS:
+            raise ValueError(
+                f"KV budget of {int(budget_bytes)} bytes holds only {max(slots, 0)} token slots at "
+                f"{per_slot} bytes per slot; at least {MIN_USEFUL_SLOTS} are needed "
+                f"(need >= {(MIN_USEFUL_SLOTS + 1) * per_slot} bytes): raise the memory fraction "
+                f"or use a smaller model / dtype"
+            )
+        return slots

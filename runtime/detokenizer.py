@@ -1,0 +1,67 @@
+"""Incremental detokenization: turn a growing list of output ids into text deltas that never
+end inside a UTF-8 character, and trim stop strings (holding back text that might be the start
+of one while streaming)."""
+from __future__ import annotations
+
+from typing import Any
+
+# Byte-level BPE decodes an incomplete UTF-8 sequence to U+FFFD; such text is not final yet.
+_REPLACEMENT = "\ufffd"
+# Tokens decoded together with the new ones so that merges and leading spaces come out right.
+_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True, stop: list[str] | None = None,
+                 no_stop_trim: bool = False, spaces_between_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.stop = [s for s in (stop or []) if s]
+        self.no_stop_trim = no_stop_trim
+        self.ids: list[int] = []
+        self.text = ""  # decoded text of ids[:read_offset]
+        self.prefix_offset = 0  # context window start
+        self.read_offset = 0  # ids whose text is final
+        self.sent = 0  # characters of `visible` already returned
+        self.stopped = False
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add(self, new_ids: list[int], finished: bool = False) -> str:
+        """Append token ids; return the new text that is safe to show."""
+        self.ids.extend(new_ids)
+        if len(self.ids) > self.read_offset:
+            prefix_text = self._decode(self.ids[self.prefix_offset: self.read_offset])
+            full = self._decode(self.ids[self.prefix_offset:])
+            if finished or not full.endswith(_REPLACEMENT):
+                self.text += full[len(prefix_text):]
+                self.read_offset = len(self.ids)
+                self.prefix_offset = max(0, self.read_offset - _CONTEXT_TOKENS)
+        return self._visible_delta(finished)
+
+    def _visible_delta(self, finished: bool) -> str:
+        visible = self.text
+        hold = 0
+        if self.stop and not self.no_stop_trim:
+            cut = min((i for i in (visible.find(s) for s in self.stop) if i >= 0), default=-1)
+            if cut >= 0:
+                visible, self.stopped = visible[:cut], True
+            elif not finished:
+                # keep back a tail that could still grow into a stop string
+                for s in self.stop:
+                    for k in range(min(len(s) - 1, len(visible)), 0, -1):
+                        if visible.endswith(s[:k]):
+                            hold = max(hold, k)
+                            break
+        if hold:
+            visible = visible[:-hold]
+        if len(visible) <= self.sent:
+            return ""
+        delta = visible[self.sent:]
+        self.sent = len(visible)
+        return delta
+
+    @property
+    def output_text(self) -> str:
+        return self.text[: self.sent]

@@ -1,0 +1,350 @@
+"""The offline Engine: the scheduler in-process, driven by one background thread.
+
+    with Engine() as engine:                      # the embedded SmolLM2
+        out = engine.generate("Hello", {"max_new_tokens": 16, "temperature": 0})
+        print(out["text"])
+
+`generate` takes one prompt or a batch (text or input_ids) with one sampling-params dict or a
+list of them; `stream=True` yields incremental chunks; `async_generate` is the asyncio form.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import uuid
+from typing import Any, Iterator
+
+from treadle.runtime.detokenizer import IncrementalDetokenizer
+from treadle.runtime.engine_args import EngineArgs
+from treadle.runtime.io_struct import ReqOutput, TokenizedGenerateReq
+from treadle.runtime.model_runner import ModelRunner
+from treadle.runtime.sampling_params import SamplingParams
+from treadle.runtime.scheduler import Scheduler, validate_request
+from treadle.runtime.tokenizer import load_tokenizer
+
+log = logging.getLogger("treadle")
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class Engine:
+    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        self.args = EngineArgs.from_kwargs(model_path=model_path, **kwargs)
+        self.runner = ModelRunner(self.args)
+        self.tokenizer = load_tokenizer(self.runner.source)
+        self.scheduler = Scheduler(self.args, self.runner, self.tokenizer)
+        self._inbox: queue.Queue = queue.Queue()
+        self._outboxes: dict[str, queue.Queue] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="treadle-engine", daemon=True)
+        self._thread.start()
+
+    # ================================================================== public API
+
+    def generate(self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,
+                 input_ids: list[int] | list[list[int]] | None = None, *, return_logprob: bool = False,
+                 logprob_start_len: int | None = None, top_logprobs_num: int = 0, stream: bool = False,
+                 rid: str | None = None) -> dict | list | Iterator[dict]:
+        """Generate for one prompt (returns a dict; a list of n dicts when n > 1) or a batch
+        (returns a list). Invalid input raises ValueError before anything is queued."""
+        reqs, single = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
+                                   top_logprobs_num, stream, rid)
+        if stream:
+            if not single or len(reqs) != 1:
+                raise ValueError("stream=True takes one prompt with n=1")
+            return self._stream(reqs[0])
+        results = self._run(reqs)
+        return self._shape(results, reqs, single)
+
+    async def async_generate(self, *args: Any, **kwargs: Any):
+        """asyncio form of `generate`; with stream=True an async iterator of chunks."""
+        if kwargs.get("stream"):
+            return self._astream(*args, **kwargs)
+        return await asyncio.to_thread(self.generate, *args, **kwargs)
+
+    async def _astream(self, *args: Any, **kwargs: Any):
+        it = self.generate(*args, **kwargs)
+        sentinel = object()
+        while True:
+            chunk = await asyncio.to_thread(next, it, sentinel)
+            if chunk is sentinel:
+                return
+            yield chunk
+
+    def abort(self, rid: str) -> None:
+        self._inbox.put(("abort", rid))
+
+    def flush_cache(self) -> bool:
+        """Drop the radix cache (only when idle). Returns whether it was flushed."""
+        return self._call(lambda s: s.flush_cache())
+
+    def get_server_info(self) -> dict:
+        """Cache statistics (hit rate, evictions, free slots) and the engine arguments."""
+        info = self._call(lambda s: s.info())
+        return {**info, "engine_args": {k: v for k, v in vars(self.args).items()},
+                "model_load_s": round(self.runner.load_s, 3)}
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if any KV slot is leaked or double-owned."""
+        self._call(lambda s: s.check_integrity())
+
+    def shutdown(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout=30)
+        if self.scheduler._grammar_compiler is not None:
+            self.scheduler._grammar_compiler.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ================================================================== request building
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: pass input_ids instead of text")
+        return self.tokenizer.encode(text)
+
+    def _build(self, prompt, input_ids, sampling_params, return_logprob, logprob_start_len, top_logprobs_num,
+               stream, rid) -> tuple[list[TokenizedGenerateReq], bool]:
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("give exactly one of prompt (text) or input_ids")
+        if prompt is not None:
+            single = isinstance(prompt, str)
+            prompts = [prompt] if single else list(prompt)
+            if not all(isinstance(p, str) for p in prompts):
+                raise ValueError("prompt must be a string or a list of strings")
+            ids_list = [self.encode(p) for p in prompts]
+        else:
+            single = not input_ids or not isinstance(input_ids[0], list)
+            ids_list = [list(input_ids)] if single else [list(x) for x in input_ids]
+        if not ids_list:
+            raise ValueError("the batch is empty")
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(ids_list):
+                raise ValueError(f"{len(sampling_params)} sampling_params for {len(ids_list)} prompts")
+            plist = [SamplingParams.from_dict(dict(p or {})) for p in sampling_params]
+        else:
+            plist = [SamplingParams.from_dict(dict(sampling_params or {})) for _ in ids_list]
+        start = -1 if logprob_start_len is None else int(logprob_start_len)
+        if return_logprob and logprob_start_len is None:
+            start = -1
+        reqs: list[TokenizedGenerateReq] = []
+        base = rid or uuid.uuid4().hex
+        for i, (ids, p) in enumerate(zip(ids_list, plist)):
+            r = TokenizedGenerateReq(rid=f"{base}-{i}" if len(ids_list) > 1 or p.n > 1 else base,
+                                     input_ids=ids, sampling_params=p, return_logprob=return_logprob,
+                                     logprob_start_len=start, top_logprobs_num=top_logprobs_num, stream=stream)
+            validate_request(r, self.runner.config.vocab_size, self.runner.context_len, self.runner.allocator.num_slots)
+            reqs.extend(self._expand_n(r))
+        return reqs, single
+
+    def _expand_n(self, r: TokenizedGenerateReq) -> list[TokenizedGenerateReq]:
+        """n parallel samples: the prompt is prefilled once (a max_new_tokens=0 request that
+        caches it), then n requests share its KV through the radix cache."""
+        p = r.sampling_params
+        if p.n == 1:
+            return [r]
+        out = []
+        for j in range(p.n):
+            q = SamplingParams.from_dict({**p.to_dict(), "n": 1,
+                                          "seed": None if p.seed is None else p.seed + j})
+            out.append(TokenizedGenerateReq(f"{r.rid}-{j}", r.input_ids, q, r.return_logprob,
+                                            r.logprob_start_len, r.top_logprobs_num, r.stream))
+        return out
+
+    def _shape(self, results: list[dict], reqs: list[TokenizedGenerateReq], single: bool):
+        if single:
+            return results[0] if len(results) == 1 else results
+        return results
+
+    # ================================================================== running
+
+    def _submit(self, r: TokenizedGenerateReq) -> queue.Queue:
+        if self._error is not None or self._stopped.is_set():
+            raise EngineDeadError(f"the engine is not running: {self._error!r}")
+        box: queue.Queue = queue.Queue()
+        with self._lock:
+            if r.rid in self._outboxes:
+                raise ValueError(f"request id {r.rid!r} is already in use")
+            self._outboxes[r.rid] = box
+        self._inbox.put(("add", r))
+        return box
+
+    def _warm_prefix(self, reqs: list[TokenizedGenerateReq]) -> None:
+        """Before n > 1 samples of one prompt, cache the prompt once."""
+        groups = {}
+        for r in reqs:
+            groups.setdefault(tuple(r.input_ids), []).append(r)
+        for ids, group in groups.items():
+            if len(group) > 1 and not self.args.disable_radix_cache:
+                warm = TokenizedGenerateReq(uuid.uuid4().hex, list(ids), SamplingParams(max_new_tokens=0))
+                self._collect(warm, self._submit(warm))
+
+    def _run(self, reqs: list[TokenizedGenerateReq]) -> list[dict]:
+        self._warm_prefix(reqs)
+        boxes = [self._submit(r) for r in reqs]
+        results = [self._collect(r, b) for r, b in zip(reqs, boxes)]
+        errors = [res["meta_info"]["finish_reason"].get("message") for res in results
+                  if res["meta_info"].get("error")]
+        if errors:
+            raise ValueError(errors[0] if len(errors) == 1 else f"{len(errors)} requests failed; first: {errors[0]}")
+        return results
+
+    def _next(self, box: queue.Queue) -> ReqOutput:
+        while True:
+            try:
+                item = box.get(timeout=1.0)
+            except queue.Empty:
+                if self._error is not None:
+                    raise EngineDeadError(f"the engine loop died: {self._error!r}") from self._error
+                continue
+            if isinstance(item, BaseException):
+                raise EngineDeadError(f"the engine loop died: {item!r}") from item
+            return item
+
+    def _collect(self, r: TokenizedGenerateReq, box: queue.Queue) -> dict:
+        detok = self._detokenizer(r)
+        acc = _Accum()
+        while True:
+            out = self._next(box)
+            acc.add(out)
+            detok.add(out.new_ids, finished=out.finished is not None)
+            if out.finished is not None:
+                self._done(r.rid)
+                return acc.result(r.rid, detok.output_text)
+
+    def _stream(self, r: TokenizedGenerateReq) -> Iterator[dict]:
+        box = self._submit(r)
+        detok = self._detokenizer(r)
+        acc = _Accum()
+        try:
+            while True:
+                out = self._next(box)
+                acc.add(out)
+                delta = detok.add(out.new_ids, finished=out.finished is not None)
+                if out.error:
+                    raise ValueError(out.error)
+                if delta or out.finished is not None:
+                    chunk = acc.result(r.rid, delta)
+                    chunk["output_ids"] = out.new_ids
+                    yield chunk
+                if out.finished is not None:
+                    return
+        finally:
+            if r.rid in self._outboxes:  # the consumer stopped early: abort the request
+                self.abort(r.rid)
+                self._done(r.rid)
+
+    def _detokenizer(self, r: TokenizedGenerateReq) -> IncrementalDetokenizer:
+        p = r.sampling_params
+        return IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens, p.stop, p.no_stop_trim) \
+            if self.tokenizer is not None else _NoText()
+
+    def _done(self, rid: str) -> None:
+        with self._lock:
+            self._outboxes.pop(rid, None)
+
+    def _call(self, fn):
+        """Run fn(scheduler) on the engine thread and return its result."""
+        box: queue.Queue = queue.Queue()
+        self._inbox.put(("call", (fn, box)))
+        res = self._next(box)
+        if isinstance(res, tuple) and res and res[0] == "error":
+            raise res[1]
+        return res[1]
+
+    def _loop(self) -> None:
+        sched = self.scheduler
+        try:
+            while True:
+                try:  # block only when there is nothing to run
+                    item = self._inbox.get_nowait() if sched.has_work() else self._inbox.get()
+                except queue.Empty:
+                    item = None
+                while item is not None:
+                    kind, payload = item
+                    if kind == "stop":
+                        return
+                    if kind == "add":
+                        sched.add_request(payload)
+                    elif kind == "abort":
+                        sched.abort(payload)
+                    elif kind == "call":
+                        fn, box = payload
+                        try:
+                            box.put(("ok", fn(sched)))
+                        except Exception as e:  # returned to the caller, who raises it
+                            box.put(("error", e))
+                    try:
+                        item = self._inbox.get_nowait()
+                    except queue.Empty:
+                        item = None
+                if sched.has_work():
+                    self._dispatch(sched.step())
+                else:
+                    self._dispatch(sched.outputs)
+                    sched.outputs = []
+        except BaseException as e:  # surface to every waiting caller, never hang them
+            log.exception("engine loop died")
+            self._error = e
+            with self._lock:
+                for box in self._outboxes.values():
+                    box.put(e)
+
+    def _dispatch(self, outs: list[ReqOutput]) -> None:
+        for out in outs:
+            with self._lock:
+                box = self._outboxes.get(out.rid)
+            if box is not None:
+                box.put(out)
+
+
+class _NoText:
+    def add(self, ids: list[int], finished: bool = False) -> str:
+        return ""
+
+    output_text = ""
+
+
+class _Accum:
+    """Accumulates a request's outputs into the result dict."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.tops: list = []
+        self.last: ReqOutput | None = None
+
+    def add(self, out: ReqOutput) -> None:
+        self.ids.extend(out.new_ids)
+        self.logprobs.extend(out.output_logprobs)
+        self.tops.extend(out.output_top_logprobs)
+        self.last = out
+
+    def result(self, rid: str, text: str) -> dict:
+        o = self.last
+        meta = {"id": rid, "prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
+                "cached_tokens": o.cached_tokens, "finish_reason": o.finished}
+        if o.error:
+            meta["error"] = o.error
+        if self.logprobs:
+            meta["output_token_logprobs"] = list(zip(self.logprobs, self.ids))
+            if self.tops:
+                meta["output_top_logprobs"] = self.tops
+        if o.input_logprobs is not None:
+            meta["input_token_logprobs"] = o.input_logprobs
+            meta["input_top_logprobs"] = o.input_top_logprobs
+        return {"text": text, "output_ids": list(self.ids), "meta_info": meta}

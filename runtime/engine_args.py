@@ -1,0 +1,96 @@
+"""EngineArgs: the one configuration dataclass. CLI flags are generated from its fields, so the
+`Engine(**kwargs)` keywords and `treadle serve --flags` have the same names everywhere."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, fields
+from typing import Any, Literal, get_args, get_origin
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    # model
+    model_path: str | None = None  # None = the embedded SmolLM2-135M-Instruct GGUF
+    dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"  # auto = cuda when available, else cpu
+    seed: int = 0  # seeds dummy weights and the per-request seed generator
+    context_length: int | None = None  # default: the model's max positions, capped at 8192
+    # memory
+    mem_fraction_static: float = 0.85  # CUDA: fraction of free memory for weights + KV pool
+    kv_cache_bytes: int = 1 << 30  # CPU: KV pool byte budget
+    max_total_tokens: int | None = None  # explicit KV pool size in tokens (tests use small pools)
+    # scheduling
+    max_running_requests: int = 256
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int = 8192  # <= 0 disables chunking
+    schedule_policy: Literal["lpm", "fcfs"] = "lpm"
+    starvation_bound_s: float = 10.0  # a request waiting longer is admitted first
+    disable_radix_cache: bool = False
+    max_queued_requests: int = 4096
+    # constrained decoding
+    disable_jump_forward: bool = False
+    grammar_compile_timeout_s: float = 60.0
+    grammar_memory_limit_bytes: int = 4 << 30
+    json_whitespace_pattern: str | None = None  # None = compact JSON
+    # GPU features
+    attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    cuda_graph: bool = False
+    cuda_graph_max_bs: int = 256
+    enable_overlap: bool = False
+    tp_size: int = 1
+    # server
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    log_level: str = "info"
+    shutdown_grace_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.schedule_policy not in ("lpm", "fcfs"):
+            raise ValueError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.max_prefill_tokens < 1:
+            raise ValueError("max_prefill_tokens must be >= 1")
+        if not 0 < self.mem_fraction_static < 1:
+            raise ValueError("mem_fraction_static must be in (0, 1)")
+        if self.tp_size < 1:
+            raise ValueError("tp_size must be >= 1")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown engine argument(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    # ---- CLI -------------------------------------------------------------------------------
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        """One `--flag-name` per field, typed from the annotation."""
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            tp = hints[f.name]
+            args = [a for a in get_args(tp) if a is not type(None)]
+            if tp is bool:
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            elif get_origin(tp) is Literal:
+                parser.add_argument(flag, choices=list(get_args(tp)), default=f.default)
+            else:
+                base = args[0] if args else tp
+                parser.add_argument(flag, type=base, default=f.default)
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> "EngineArgs":
+        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls)})
+
+    def replace(self, **changes: Any) -> "EngineArgs":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,106 @@
+"""ModelRunner: loads the model on its device, owns the KV memory (slot allocator, request-to-
+token table, per-layer K/V pool) and runs one forward of a ForwardBatch to logits."""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from treadle.radix_cache import ReqToTokenPool, TokenSlotAllocator, TokenToKVPool
+from treadle.runtime.attention_backend import create_attention_backend
+from treadle.runtime.engine_args import EngineArgs
+from treadle.runtime.forward_batch import ForwardBatch
+from treadle.runtime.model_source import resolve_model_source
+from treadle.runtime.models.parallel import SINGLE, ParallelContext
+from treadle.runtime.models.registry import build_model
+from treadle.runtime.weights import LoadReport, init_dummy_weights, load_weights
+
+log = logging.getLogger("treadle")
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available; use --device cpu")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose auto, {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+class ModelRunner:
+    def __init__(self, args: EngineArgs, ctx: ParallelContext = SINGLE) -> None:
+        self.args = args
+        self.ctx = ctx
+        self.device = resolve_device(args.device)
+        if self.device.type == "cuda" and ctx.size > 1:
+            self.device = torch.device("cuda", ctx.rank % torch.cuda.device_count())
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.dtype = resolve_dtype(args.dtype, self.device)
+        self.source = resolve_model_source(args.model_path)
+        self.config = cfg = self.source.config
+        self.context_len = args.context_length or min(cfg.max_position_embeddings, 8192)
+
+        t0 = time.perf_counter()
+        self.load_report = LoadReport()
+        weights = load_weights(self.source, torch.float32 if self.dtype == torch.float32 else self.dtype,
+                               self.load_report)
+        with torch.device(self.device):
+            torch.manual_seed(args.seed)
+            model = build_model(cfg, ctx).to(self.dtype)
+        if self.source.kind == "dummy":
+            init_dummy_weights(model, seed=args.seed)
+        else:
+            model.load_weights(weights)
+        model.init_rope(self.context_len)
+        self.model = model.eval()
+        self.load_s = time.perf_counter() - t0
+        log.info("loaded %s (%s) in %.1fs (convert %.1fs, from cache: %s)", self.source.path,
+                 self.source.kind, self.load_s, self.load_report.convert_s, self.load_report.from_cache)
+
+        self.num_slots = self._pool_size()
+        self.kv_pool = TokenToKVPool(self.num_slots, cfg.num_layers, model.layers[0].self_attn.num_kv_heads,
+                                     cfg.head_dim, self.dtype, self.device)
+        self.allocator = TokenSlotAllocator(self.num_slots)
+        self.max_running = min(args.max_running_requests, self.num_slots)
+        self.req_to_token_pool = ReqToTokenPool(self.max_running + 1, self.context_len + 8, self.device)
+        self.attn_backend = create_attention_backend(args.attention_backend, self.device, self.kv_pool,
+                                                     self.req_to_token_pool.req_to_token)
+
+    def _pool_size(self) -> int:
+        cfg = self.config
+        kv_heads = self.model.layers[0].self_attn.num_kv_heads
+        if self.args.max_total_tokens:
+            return int(self.args.max_total_tokens)
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            budget = int(total * self.args.mem_fraction_static) - used
+            if budget <= 0:
+                raise ValueError(
+                    f"no GPU memory left for the KV pool: mem_fraction_static={self.args.mem_fraction_static} "
+                    f"of {total >> 30} GiB is below the {used >> 30} GiB already used; raise it")
+        else:
+            budget = self.args.kv_cache_bytes
+        return TokenToKVPool.slots_for_budget(budget, cfg.num_layers, kv_heads, cfg.head_dim, self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Run the model over fb's tokens (writing their KV) and return float32 logits
+        [len(fb.logits_indices), vocab] for the requested rows."""
+        fb.attn_backend = self.attn_backend
+        self.attn_backend.plan(fb)
+        hidden = self.model(fb.input_ids, fb.positions, fb)
+        return self.model.compute_logits(hidden[fb.logits_indices])

@@ -1,0 +1,170 @@
+"""The Llama family on the paged KV pool: Llama 2/3, Mistral, SmolLM2, Qwen2 (qkv bias) and
+Qwen3 (per-head q/k RMSNorm). One file read top to bottom; parameter names are the HF ones so
+checkpoints load without renaming beyond the merged qkv / gate_up projections."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from treadle.runtime.forward_batch import ForwardBatch
+from treadle.runtime.model_config import ModelConfig
+from treadle.runtime.models import ops
+from treadle.runtime.models.parallel import (
+    SINGLE, ColumnParallelLinear, ParallelContext, ParallelLMHead, QKVParallelLinear,
+    RowParallelLinear, VocabParallelEmbedding, default_weight_loader,
+)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rmsnorm(x, self.weight, self.eps)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, ctx: ParallelContext) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.head_dim = cfg.head_dim
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_heads,
+                                          cfg.num_kv_heads, bias=cfg.attention_bias, ctx=ctx)
+        self.num_heads = self.qkv_proj.local_heads
+        self.num_kv_heads = self.qkv_proj.local_kv_heads
+        # Qwen2 biases q/k/v only; Llama-style attention_bias also biases o_proj
+        o_bias = cfg.attention_bias and cfg.architecture != "Qwen2ForCausalLM"
+        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=o_bias, ctx=ctx)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.scale = cfg.head_dim ** -0.5
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor,
+                fb: ForwardBatch) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hk) D]
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.reshape(t, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, Hk, D]
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(t, self.num_heads, self.head_dim)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(t, self.num_kv_heads, self.head_dim)
+        ops.apply_rope(q, k, positions, cos_sin)
+        o = fb.attn_backend.forward(q, k, v, self.layer_id, fb, self.scale)  # [T, Hq, D]
+        return self.o_proj(o.reshape(t, q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext) -> None:
+        super().__init__()
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, ctx=ctx)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, ctx=ctx)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, ctx: ParallelContext) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, layer_id, ctx)
+        self.mlp = LlamaMLP(cfg, ctx)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
+                cos_sin: torch.Tensor, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        # pre-norm with the residual add fused into the norm: x holds the normed input
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            ops.fused_add_rmsnorm(x, residual, self.input_layernorm.weight, self.input_layernorm.eps)
+        x = self.self_attn(positions, x, cos_sin, fb)
+        ops.fused_add_rmsnorm(x, residual, self.post_attention_layernorm.weight,
+                              self.post_attention_layernorm.eps)
+        return self.mlp(x), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """Also serves Mistral, Qwen2 and Qwen3: their differences are config flags."""
+
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__()
+        self.config = cfg
+        self.ctx = ctx
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, ctx) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("cos_sin", torch.empty(0), persistent=False)
+
+    def init_rope(self, max_positions: int) -> None:
+        """Build the cos/sin table on the model's device (after the model is moved there)."""
+        cfg = self.config
+        self.cos_sin = ops.build_cos_sin_cache(cfg.head_dim, max_positions, cfg.rope_theta,
+                                               dict(cfg.rope_scaling) if cfg.rope_scaling else None, self.norm.weight.device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """input_ids, positions: [T]. Returns the final hidden states [T, hidden]."""
+        x = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual, self.cos_sin, fb)
+        ops.fused_add_rmsnorm(x, residual, self.norm.weight, self.norm.eps)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> float32 logits [N, vocab]."""
+        return self.lm_head.compute_logits(hidden).float()
+
+    # ---- weights ----------------------------------------------------------------------------
+    # checkpoint name fragment -> (merged parameter fragment, shard id)
+    _MERGED = {".q_proj.": (".qkv_proj.", "q"), ".k_proj.": (".qkv_proj.", "k"),
+               ".v_proj.": (".qkv_proj.", "v"), ".gate_proj.": (".gate_up_proj.", 0),
+               ".up_proj.": (".gate_up_proj.", 1)}
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named checkpoint tensors into this rank's parameters. Every parameter must
+        be filled exactly once (tied lm_head excepted); a missing or unknown name is an error."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        filled: set[str] = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if name.startswith("lm_head.") and self.config.tie_word_embeddings:
+                continue
+            if "rotary_emb" in name:
+                continue
+            shard = None
+            for frag, (merged, sid) in self._MERGED.items():
+                if frag in name:
+                    name, shard = name.replace(frag, merged), sid
+                    break
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
+            p = params[name]
+            loader = getattr(p, "weight_loader", default_weight_loader)
+            with torch.no_grad():
+                loader(p, tensor.to(p.dtype), shard)
+            filled.add(name if shard is None else f"{name}/{shard}")
+        expected = set()
+        for name, p in params.items():
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            if ".qkv_proj." in name:
+                expected |= {f"{name}/{s}" for s in "qkv"}
+            elif ".gate_up_proj." in name:
+                expected |= {f"{name}/0", f"{name}/1"}
+            else:
+                expected.add(name)
+        missing = sorted(expected - filled)
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")

@@ -1,0 +1,166 @@
+"""Tensor-parallel building blocks. Every linear layer knows how it is split across ranks, and
+each parameter carries its own `weight_loader(param, loaded, shard_id)` that copies its rank's
+slice out of a full checkpoint tensor, so the model loader stays a dozen lines.
+
+With tp_size == 1 (the default, and CPU) these are plain layers with no communication.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+class ParallelContext(NamedTuple):
+    rank: int = 0
+    size: int = 1
+    group: object | None = None  # torch.distributed ProcessGroup when size > 1
+
+
+SINGLE = ParallelContext()
+
+
+def all_reduce(x: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:
+    if ctx.size > 1:
+        dist.all_reduce(x, group=ctx.group)
+    return x
+
+
+def _set_loader(param: nn.Parameter, loader) -> None:
+    param.weight_loader = loader  # type: ignore[attr-defined]
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"weight shape mismatch: parameter {tuple(param.shape)} vs checkpoint {tuple(loaded.shape)}")
+    param.data.copy_(loaded)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T with W's output rows split evenly across ranks. Several logical outputs
+    (gate and up) can be merged into one matmul: `output_sizes` lists them, and shard_id
+    picks which one a checkpoint tensor fills."""
+
+    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False,
+                 ctx: ParallelContext = SINGLE) -> None:
+        super().__init__()
+        for s in output_sizes:
+            if s % ctx.size:
+                raise ValueError(f"output size {s} is not divisible by tp_size {ctx.size}")
+        self.ctx = ctx
+        self.local_sizes = [s // ctx.size for s in output_sizes]
+        out = sum(self.local_sizes)
+        self.weight = nn.Parameter(torch.empty(out, in_features), requires_grad=False)
+        _set_loader(self.weight, self._load)
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out), requires_grad=False)
+            _set_loader(self.bias, self._load)
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None = None) -> None:
+        shard = 0 if shard_id is None else int(shard_id)
+        size = self.local_sizes[shard]
+        offset = sum(self.local_sizes[:shard])
+        piece = loaded.narrow(0, self.ctx.rank * size, size)
+        param.data.narrow(0, offset, size).copy_(piece)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Merged q/k/v projection. Query heads split across ranks; KV heads split too, or
+    replicated when there are fewer KV heads than ranks (each rank keeps the one its query
+    heads use)."""
+
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 bias: bool = False, ctx: ParallelContext = SINGLE) -> None:
+        if num_heads % ctx.size:
+            raise ValueError(f"num_attention_heads {num_heads} is not divisible by tp_size {ctx.size}")
+        if num_kv_heads >= ctx.size and num_kv_heads % ctx.size:
+            raise ValueError(f"num_key_value_heads {num_kv_heads} is not divisible by tp_size {ctx.size}")
+        if num_kv_heads < ctx.size and ctx.size % num_kv_heads:
+            raise ValueError(f"tp_size {ctx.size} is not a multiple of num_key_value_heads {num_kv_heads}")
+        self.head_dim = head_dim
+        self.local_heads = num_heads // ctx.size
+        self.local_kv_heads = max(1, num_kv_heads // ctx.size)
+        self.kv_replicas = max(1, ctx.size // num_kv_heads)
+        # ColumnParallelLinear divides by ctx.size: pass global sizes that divide to the local ones
+        super().__init__(hidden, [self.local_heads * head_dim * ctx.size,
+                                  self.local_kv_heads * head_dim * ctx.size,
+                                  self.local_kv_heads * head_dim * ctx.size], bias, ctx)
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        idx = {"q": 0, "k": 1, "v": 2}[shard_id] if isinstance(shard_id, str) else int(shard_id)
+        size = self.local_sizes[idx]
+        offset = sum(self.local_sizes[:idx])
+        # KV shards: rank r reads KV head block r // kv_replicas
+        block = self.ctx.rank if idx == 0 else self.ctx.rank // self.kv_replicas
+        piece = loaded.narrow(0, block * size, size)
+        param.data.narrow(0, offset, size).copy_(piece)
+
+
+class RowParallelLinear(nn.Module):
+    """y = x W^T with W's input columns split across ranks; partial sums are all-reduced."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 ctx: ParallelContext = SINGLE) -> None:
+        super().__init__()
+        if in_features % ctx.size:
+            raise ValueError(f"input size {in_features} is not divisible by tp_size {ctx.size}")
+        self.ctx = ctx
+        self.local_in = in_features // ctx.size
+        self.weight = nn.Parameter(torch.empty(out_features, self.local_in), requires_grad=False)
+        _set_loader(self.weight, self._load)
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
+            _set_loader(self.bias, default_weight_loader)
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+        param.data.copy_(loaded.narrow(1, self.ctx.rank * self.local_in, self.local_in))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = all_reduce(F.linear(x, self.weight), self.ctx)
+        return y + self.bias if self.bias is not None else y
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows split across ranks by vocabulary range; other ranks' ids contribute 0."""
+
+    def __init__(self, vocab_size: int, hidden: int, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.vocab_size = vocab_size
+        self.local_vocab = -(-vocab_size // ctx.size)  # ceil: the last rank's rows may be padding
+        self.start = ctx.rank * self.local_vocab
+        self.weight = nn.Parameter(torch.zeros(self.local_vocab, hidden), requires_grad=False)
+        _set_loader(self.weight, self._load)
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+        rows = min(self.local_vocab, loaded.shape[0] - self.start)
+        param.data[:rows].copy_(loaded[self.start : self.start + rows])
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.ctx.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.local_vocab)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out.masked_fill_(outside[:, None], 0)
+        return all_reduce(out, self.ctx)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Output projection over the vocabulary split; ranks' logit slices are all-gathered."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, self.weight)  # [N, local_vocab]
+        if self.ctx.size > 1:
+            parts = [torch.empty_like(logits) for _ in range(self.ctx.size)]
+            dist.all_gather(parts, logits, group=self.ctx.group)
+            logits = torch.cat(parts, dim=-1)
+        return logits[:, : self.vocab_size]

@@ -1,0 +1,74 @@
+"""Req: one generation request's state inside the scheduler.
+
+KV bookkeeping (page size 1). `fill_ids = input_ids + output_ids`; its first `kv_len` tokens have
+KV in the pool, addressed by req_to_token[req_pool_idx, 0:kv_len]. Of those, the first
+`prefix_len` slots belong to the radix tree (matched or inserted, locked via `last_node`); the
+rest are owned by this request alone. The last sampled token never has KV yet.
+
+    fill_ids:  [ prompt ........................ | output ....... ]
+    slots:     [ tree (locked) 0:prefix_len | owned prefix_len:kv_len ]  (kv_len <= len(fill_ids))
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from treadle.runtime.sampling_params import SamplingParams
+
+
+@dataclass(slots=True, eq=False)
+class Req:
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    seed: int
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # >= 0: return prompt-token logprobs from this position
+    top_logprobs_num: int = 0
+    stream: bool = False
+    arrival: float = field(default_factory=time.monotonic)
+
+    output_ids: list[int] = field(default_factory=list)
+    req_pool_idx: int | None = None
+    prefix_len: int = 0
+    last_node: Any = None
+    kv_len: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the tree at first admission
+    admitted_once: bool = False
+    num_retractions: int = 0
+    finished: dict | None = None
+
+    grammar: Any = None  # GrammarMatcher once compiled
+    grammar_future: Any = None
+    num_jump_tokens: int = 0  # tokens appended by jump-forward (never sampled)
+
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    sent_len: int = 0  # output tokens already reported to the caller
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens to compute before the next sample (1 while decoding)."""
+        return self.seq_len - self.kv_len
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.return_logprob and self.logprob_start_len >= 0
+
+    def remaining_new_tokens(self) -> int:
+        return max(0, self.params.max_new_tokens - len(self.output_ids))
+
+    def finish(self, kind: str, **extra: Any) -> None:
+        if self.finished is None:
+            self.finished = {"type": kind, **extra}

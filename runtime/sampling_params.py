@@ -1,0 +1,142 @@
+"""Per-request sampling parameters: the one place they are declared and validated."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# Fields a caller may pass in `sampling_params` (native API, Engine). Unknown fields are an error.
+_GRAMMAR_FIELDS = ("regex", "json_schema", "choices")
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    n: int = 1
+    seed: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    regex: str | None = None
+    json_schema: str | None = None
+    choices: list[str] | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
+        """Build and validate from a user dict; unknown fields raise ValueError naming them."""
+        if d is None:
+            d = {}
+        if isinstance(d, SamplingParams):
+            d.validate()
+            return d
+        if not isinstance(d, dict):
+            raise ValueError(f"sampling_params must be an object, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown sampling_params field(s): {', '.join(unknown)}; "
+                f"accepted: {', '.join(sorted(known))}"
+            )
+        kwargs = {k: v for k, v in d.items() if v is not None or k in ("seed",)}
+        p = cls(**kwargs)
+        p.normalize()
+        p.validate()
+        return p
+
+    def normalize(self) -> None:
+        """Coerce convenient forms: a single stop string, a json_schema given as a dict."""
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.stop is None:
+            self.stop = []
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        if isinstance(self.json_schema, (dict, bool)):
+            self.json_schema = json.dumps(self.json_schema, separators=(",", ":"))
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the first out-of-range field."""
+        def check_type(name: str, types: tuple[type, ...]) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) and bool not in types:
+                raise ValueError(f"sampling_params.{name} must be a number, got {v!r}")
+            if not isinstance(v, types):
+                raise ValueError(f"sampling_params.{name} has the wrong type: {type(v).__name__}")
+
+        for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):
+            check_type(name, (int,))
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
+                     "repetition_penalty"):
+            check_type(name, (int, float))
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+            check_type(name, (bool,))
+        if self.max_new_tokens < 0:
+            raise ValueError(f"sampling_params.max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"sampling_params.min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
+                f"got {self.min_new_tokens}"
+            )
+        if self.temperature < 0:
+            raise ValueError(f"sampling_params.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling_params.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1 or self.top_k == 0:
+            raise ValueError(f"sampling_params.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"sampling_params.min_p must be in [0, 1], got {self.min_p}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"sampling_params.{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty <= 2:
+            raise ValueError(
+                f"sampling_params.repetition_penalty must be in (0, 2], got {self.repetition_penalty}"
+            )
+        if self.n < 1:
+            raise ValueError(f"sampling_params.n must be >= 1, got {self.n}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"sampling_params.seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError("sampling_params.stop must be a string or a list of non-empty strings")
+        if not isinstance(self.stop_token_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
+        ):
+            raise ValueError("sampling_params.stop_token_ids must be a list of non-negative integers")
+        if vocab_size is not None and any(t >= vocab_size for t in self.stop_token_ids):
+            raise ValueError(f"sampling_params.stop_token_ids must be < vocab size {vocab_size}")
+        grammars = [f for f in _GRAMMAR_FIELDS if getattr(self, f) is not None]
+        if len(grammars) > 1:
+            raise ValueError(
+                f"sampling_params: at most one of regex, json_schema, choices may be set; got {', '.join(grammars)}"
+            )
+        if self.regex is not None and (not isinstance(self.regex, str) or not self.regex):
+            raise ValueError("sampling_params.regex must be a non-empty string")
+        if self.choices is not None and (
+            not isinstance(self.choices, list) or not self.choices
+            or not all(isinstance(c, str) and c for c in self.choices)
+        ):
+            raise ValueError("sampling_params.choices must be a non-empty list of non-empty strings")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def has_grammar(self) -> bool:
+        return self.regex is not None or self.json_schema is not None or self.choices is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -1,0 +1,562 @@
+"""The scheduler: continuous batching over the paged KV pool with a radix prefix cache.
+
+One `step()` = one batch plan, a map from request to the number of new tokens it computes:
+a prefill chunk, one decode token, or the forced tokens of a jump-forward. Prefill has
+priority; otherwise every running request decodes.
+
+The scheduler does no I/O: callers feed it with `add_request` / `abort` and collect the
+`ReqOutput`s that `step()` returns. The in-process Engine drives it from a thread; the server
+drives it from its own process over ZMQ (`scheduler_process.py`). Same class, swapped I/O.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from collections import deque
+from typing import Any
+
+import torch
+
+from treadle.radix_cache import RadixCache
+from treadle.runtime.engine_args import EngineArgs
+from treadle.runtime.forward_batch import ForwardBatch, ForwardMode
+from treadle.runtime.io_struct import ReqOutput, TokenizedGenerateReq
+from treadle.runtime.model_runner import ModelRunner
+from treadle.runtime.request import Req
+from treadle.runtime.sampler import Sampler, prompt_logprobs
+from treadle.runtime.schedule_policy import PrefillBudget, match_key, order_waiting
+
+log = logging.getLogger("treadle")
+
+# Reserved decode budget: a running request is expected to still need
+# min(remaining, RESERVE_CLIP) * new_token_ratio slots. The ratio starts optimistic, decays as
+# decoding goes well and jumps back up after a retraction.
+RESERVE_CLIP = 4096
+INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
+JUMP_LOOKBACK = 3  # output tokens re-encoded at a jump-forward boundary
+
+
+class Scheduler:
+    def __init__(self, args: EngineArgs, runner: ModelRunner, tokenizer: Any) -> None:
+        self.args = args
+        self.runner = runner
+        self.tokenizer = tokenizer
+        cfg = runner.config
+        self.vocab_size = cfg.vocab_size
+        self.context_len = runner.context_len
+        self.allocator = runner.allocator
+        self.req_to_token_pool = runner.req_to_token_pool
+        self.req_to_token = runner.req_to_token_pool.req_to_token
+        self.tree = RadixCache(self.allocator, disable=args.disable_radix_cache)
+        eos = set(cfg.eos_token_ids)
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        self.eos_ids = frozenset(eos)
+        self.sampler = Sampler(cfg.vocab_size, runner.device, tuple(sorted(self.eos_ids)))
+        self.seed_rng = random.Random(args.seed)
+        self.chunk_size = args.chunked_prefill_size if args.chunked_prefill_size > 0 else None
+
+        self.waiting: deque[Req] = deque()
+        self.grammar_queue: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+        self.outputs: list[ReqOutput] = []
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self._grammar_compiler = None
+        self.check_integrity_at_idle = True
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "jump_tokens": 0,
+                      "retractions": 0, "forward_steps": 0, "decode_steps": 0, "requests": 0}
+
+    # ================================================================== public API
+
+    def add_request(self, r: TokenizedGenerateReq) -> None:
+        """Queue a request. Invalid input finishes it at once with an error output (no KV is
+        touched), so one bad request never affects the others."""
+        try:
+            req = self._make_req(r)
+        except ValueError as e:
+            self._reject(r.rid, str(e), len(r.input_ids or []))
+            return
+        self.stats["requests"] += 1
+        if req.params.has_grammar:
+            self.grammar_queue.append(req)
+        else:
+            self.waiting.append(req)
+
+    def abort(self, rid: str) -> bool:
+        """Stop a request wherever it is; its KV is released (cached in the tree)."""
+        for q in (self.waiting, self.grammar_queue):
+            for req in q:
+                if req.rid == rid:
+                    q.remove(req)
+                    req.finish("abort", message="aborted")
+                    self._emit(req)
+                    return True
+        active = self.running + ([self.chunked] if self.chunked else [])
+        for req in active:
+            if req.rid == rid:
+                if req is self.chunked:
+                    self.chunked = None
+                else:
+                    self.running.remove(req)
+                req.finish("abort", message="aborted")
+                self._release(req)
+                self._emit(req)
+                return True
+        return False
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.grammar_queue or self.running or self.chunked)
+
+    def step(self) -> list[ReqOutput]:
+        """Run one batch and return the outputs it produced."""
+        self._poll_grammars()
+        plan = self._schedule_prefill()
+        if plan:
+            done = self._run_extend(plan)
+            self.running.extend(r for r in done if r.finished is None)
+        elif self.running:
+            self._run_running()
+        if self.check_integrity_at_idle and not self.has_work():
+            self.check_integrity()
+        out, self.outputs = self.outputs, []
+        return out
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix. Only when idle (returns False otherwise)."""
+        if self.has_work():
+            return False
+        self.tree.reset()
+        return True
+
+    def check_integrity(self) -> None:
+        """Every KV slot is free, in exactly one tree node, or owned by one active request."""
+        active = self.running + ([self.chunked] if self.chunked else [])
+        owned = [self.req_to_token[r.req_pool_idx, r.prefix_len:r.kv_len].long().cpu() for r in active]
+        self.tree.check_integrity(owned=owned)
+
+    def info(self) -> dict:
+        prompt = max(1, self.stats["prompt_tokens"])
+        return {
+            **self.stats,
+            "cache_hit_rate": self.stats["cached_tokens"] / prompt,
+            "num_running": len(self.running) + (1 if self.chunked else 0),
+            "num_waiting": len(self.waiting) + len(self.grammar_queue),
+            "free_slots": self.allocator.available_size(),
+            "evictable_slots": self.tree.evictable_size(),
+            "protected_slots": self.tree.protected_size(),
+            "total_slots": self.allocator.num_slots,
+            "cached_slots": self.tree.total_size(),
+            "evicted_tokens": self.tree.num_evicted_tokens,
+            "new_token_ratio": self.new_token_ratio,
+            "context_length": self.context_len,
+        }
+
+    # ================================================================== admission
+
+    def _make_req(self, r: TokenizedGenerateReq) -> Req:
+        validate_request(r, self.vocab_size, self.context_len, self.allocator.num_slots)
+        p, ids = r.sampling_params, list(r.input_ids)
+        req = Req(rid=r.rid, input_ids=ids, params=p,
+                  seed=p.seed if p.seed is not None else self.seed_rng.getrandbits(62),
+                  return_logprob=r.return_logprob, logprob_start_len=r.logprob_start_len,
+                  top_logprobs_num=r.top_logprobs_num, stream=r.stream)
+        if p.has_grammar:
+            from treadle.constrained import GrammarSpec
+
+            spec = GrammarSpec.from_params(regex=p.regex, json_schema=p.json_schema, choices=p.choices)
+            req.grammar_future = self.grammar_compiler.compile_async(spec)
+        return req
+
+    @property
+    def grammar_compiler(self):
+        if self._grammar_compiler is None:
+            from treadle.constrained import GrammarCompiler
+
+            if self.tokenizer is None:
+                raise ValueError("constrained decoding needs a tokenizer; this model has none")
+            self._grammar_compiler = GrammarCompiler(
+                self.tokenizer, sorted(self.eos_ids), vocab_size=self.vocab_size,
+                timeout_s=self.args.grammar_compile_timeout_s,
+                memory_limit_bytes=self.args.grammar_memory_limit_bytes,
+                whitespace_pattern=self.args.json_whitespace_pattern)
+        return self._grammar_compiler
+
+    def _poll_grammars(self) -> None:
+        if not self.grammar_queue:
+            return
+        from treadle.constrained import GrammarMatcher
+
+        still = []
+        for req in self.grammar_queue:
+            fut = req.grammar_future
+            if not fut.done():
+                still.append(req)
+                continue
+            req.grammar_future = None
+            err = fut.exception()
+            if err is not None:
+                self._reject(req.rid, f"grammar compilation failed: {err}", len(req.input_ids))
+                continue
+            req.grammar = GrammarMatcher(fut.result())
+            self.waiting.append(req)
+        self.grammar_queue = still
+
+    def _decode_reserve(self) -> int:
+        return int(sum(min(r.remaining_new_tokens(), RESERVE_CLIP) for r in self.running) * self.new_token_ratio)
+
+    def _schedule_prefill(self) -> list[tuple[Req, int]]:
+        """Pick this step's prefill plan: (request, new tokens to compute) pairs. Admitted
+        requests get a KV row and lock their cached prefix."""
+        if not self.waiting and self.chunked is None:
+            return []
+        budget = PrefillBudget(self.allocator.available_size() + self.tree.evictable_size() - self._decode_reserve(),
+                               self.args.max_prefill_tokens, self.chunk_size)
+        plan: list[tuple[Req, int]] = []
+        if self.chunked is not None:
+            req = self.chunked
+            n = min(req.num_pending, budget.max_extend())
+            if n <= 0:
+                return []
+            budget.take(n, 0)
+            plan.append((req, n))
+            if n < req.num_pending:
+                return plan
+            self.chunked = None
+        max_running = self.runner.max_running
+        for req in order_waiting(self.waiting, self.args.schedule_policy, self.tree, self.args.starvation_bound_s):
+            if len(self.running) + len(plan) >= max_running or self.req_to_token_pool.available_size() == 0:
+                break
+            match = self.tree.match_prefix(match_key(req))
+            prefix = len(match.slots)
+            extend = req.seq_len - prefix
+            reserve = int(min(req.remaining_new_tokens(), RESERVE_CLIP) * self.new_token_ratio)
+            # locking the prefix takes it out of the evictable pool this budget counted
+            locked = -self.tree.inc_lock_ref(match.last_node)
+            budget.total -= locked
+            input_cap = budget.input if plan else max(budget.input, extend)  # a lone big prompt may exceed it
+            chunk_cap = budget.chunk if budget.chunk is not None else extend
+            if extend + reserve <= budget.total and extend <= min(input_cap, chunk_cap):
+                n = extend
+            elif self.chunk_size is not None and extend > chunk_cap and min(chunk_cap, budget.total) > 0 \
+                    and (plan or chunk_cap >= 1):
+                n = min(chunk_cap, budget.total, budget.input if plan else chunk_cap)
+            else:
+                n = 0
+            if n <= 0:
+                self.tree.dec_lock_ref(match.last_node)
+                break
+            self.waiting.remove(req)
+            self._admit(req, match)
+            budget.take(n, reserve if n == extend else 0)
+            plan.append((req, n))
+            if n < extend:
+                self.chunked = req
+                break
+        return plan
+
+    def _admit(self, req: Req, match) -> None:
+        row = self.req_to_token_pool.alloc()
+        assert row is not None, "admission checked for a free request row"
+        req.req_pool_idx = row
+        req.last_node = match.last_node
+        req.prefix_len = req.kv_len = len(match.slots)
+        if req.prefix_len:
+            self.req_to_token[row, : req.prefix_len] = match.slots.to(self.req_to_token)
+        if not req.admitted_once:
+            req.admitted_once = True
+            req.cached_tokens = req.prefix_len
+            self.stats["prompt_tokens"] += len(req.input_ids)
+            self.stats["cached_tokens"] += req.prefix_len
+
+    # ================================================================== KV helpers
+
+    def _alloc_slots(self, n: int) -> torch.Tensor:
+        short = n - self.allocator.available_size()
+        if short > 0:
+            self.tree.evict(short)
+        slots = self.allocator.alloc(n)
+        assert slots is not None, f"out of KV slots: need {n}, have {self.allocator.available_size()}"
+        return slots
+
+    def _cache_unfinished(self, req: Req) -> None:
+        """After a prefill chunk: put the computed tokens into the tree and lock them, so other
+        requests can share them and this request's slots are tree-owned."""
+        if self.tree.disable:
+            return
+        row = req.req_pool_idx
+        kv = self.req_to_token[row, : req.kv_len].long()
+        key = req.fill_ids[: req.kv_len]
+        dup_end = self.tree.insert(key, kv)
+        if dup_end > req.prefix_len:  # someone cached these tokens meanwhile: ours are duplicates
+            self.allocator.free(kv[req.prefix_len:dup_end].cpu())
+        match = self.tree.match_prefix(key)
+        assert len(match.slots) == req.kv_len
+        self.req_to_token[row, req.prefix_len: req.kv_len] = match.slots[req.prefix_len:].to(self.req_to_token)
+        self.tree.inc_lock_ref(match.last_node)
+        self.tree.dec_lock_ref(req.last_node)
+        req.last_node, req.prefix_len = match.last_node, req.kv_len
+
+    def _release(self, req: Req) -> None:
+        """Give up the request's KV row. Its computed tokens go into the tree (evictable once
+        unlocked) or, with the cache disabled, back to the allocator."""
+        row = req.req_pool_idx
+        if row is None:
+            return
+        kv = self.req_to_token[row, : req.kv_len].long().cpu()
+        if self.tree.disable:
+            self.allocator.free(kv[req.prefix_len:])
+        else:
+            dup_end = self.tree.insert(req.fill_ids[: req.kv_len], kv)
+            if dup_end > req.prefix_len:
+                self.allocator.free(kv[req.prefix_len:dup_end])
+            self.tree.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(row)
+        req.req_pool_idx, req.last_node, req.prefix_len, req.kv_len = None, None, 0, 0
+
+    def _retract_until(self, need: int) -> None:
+        """Move running requests with the fewest output tokens back to the waiting queue until
+        `need` slots can be had. Their computed prefix stays cached in the tree."""
+        while self.allocator.available_size() + self.tree.evictable_size() < need and len(self.running) > 1:
+            victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
+            self.running.remove(victim)
+            need -= victim.num_pending
+            self._release(victim)
+            victim.num_retractions += 1
+            self.stats["retractions"] += 1
+            self.waiting.appendleft(victim)
+            self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
+        if self.allocator.available_size() + self.tree.evictable_size() < need:
+            raise RuntimeError(f"KV pool exhausted: need {need} slots for one request; pool too small")
+
+    # ================================================================== forward
+
+    def _run_running(self) -> None:
+        """Advance every running request: a decode step, or an extend when jump-forward left
+        some with several pending tokens."""
+        need = sum(r.num_pending for r in self.running)
+        self._retract_until(need)
+        if all(r.num_pending == 1 for r in self.running):
+            self._run_decode()
+        else:
+            self._run_extend([(r, r.num_pending) for r in self.running])
+        self.running = [r for r in self.running if r.finished is None]
+        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+
+    def _run_decode(self) -> None:
+        reqs = self.running
+        slots = self._alloc_slots(len(reqs))
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        pos = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
+        self.req_to_token[rows.to(self.req_to_token.device), pos.to(self.req_to_token.device)] = \
+            slots.to(self.req_to_token)
+        fb = ForwardBatch.build(
+            ForwardMode.DECODE, [r.fill_ids[-1] for r in reqs], pos.tolist(), slots, rows.tolist(),
+            [r.kv_len for r in reqs], [1] * len(reqs), list(range(len(reqs))), self.runner.device)
+        logits = self.runner.forward(fb)
+        for r in reqs:
+            r.kv_len += 1
+        self.stats["forward_steps"] += 1
+        self.stats["decode_steps"] += 1
+        self._sample_and_process(logits, reqs)
+
+    def _run_extend(self, plan: list[tuple[Req, int]]) -> list[Req]:
+        """Compute plan's tokens; sample for requests whose pending tokens are all computed.
+        Returns those requests (finished or not)."""
+        total = sum(n for _, n in plan)
+        slots = self._alloc_slots(total)
+        input_ids: list[int] = []
+        positions: list[int] = []
+        logits_rows: list[int] = []
+        sample_reqs: list[Req] = []
+        sample_rows: list[int] = []
+        prompt_lp: list[tuple[Req, list[int], list[int]]] = []  # (req, logits rows, next ids)
+        off = 0
+        for req, n in plan:
+            start, row = req.kv_len, req.req_pool_idx
+            self.req_to_token[row, start: start + n] = slots[off: off + n].to(self.req_to_token)
+            fill = req.fill_ids
+            base = len(input_ids)
+            input_ids.extend(fill[start: start + n])
+            positions.extend(range(start, start + n))
+            if req.wants_prompt_logprobs:
+                # logits at prompt position p score input_ids[p + 1]; the first scored token
+                # is the one at logprob_start_len (position 0 has no score)
+                first = max(start, req.logprob_start_len - 1, 0)
+                ps = list(range(first, min(start + n, len(req.input_ids) - 1)))
+                if ps:
+                    prompt_lp.append((req, list(range(len(logits_rows), len(logits_rows) + len(ps))),
+                                      [req.input_ids[p + 1] for p in ps]))
+                    logits_rows.extend(base + p - start for p in ps)
+            if start + n == req.seq_len:
+                sample_reqs.append(req)
+                sample_rows.append(len(logits_rows))
+                logits_rows.append(base + n - 1)
+            off += n
+        fb = ForwardBatch.build(
+            ForwardMode.EXTEND, input_ids, positions, slots, [r.req_pool_idx for r, _ in plan],
+            [r.kv_len for r, _ in plan], [n for _, n in plan], logits_rows, self.runner.device)
+        logits = self.runner.forward(fb)
+        self.stats["forward_steps"] += 1
+        for req, n in plan:
+            req.kv_len += n
+        for req, rows, next_ids in prompt_lp:
+            vals, tops = prompt_logprobs(logits[rows], next_ids, req.top_logprobs_num)
+            req.input_logprobs.extend(vals)
+            req.input_top_logprobs.extend(tops)
+        for req, n in plan:
+            if req.kv_len < req.seq_len:
+                self._cache_unfinished(req)  # a chunk of a long prompt: share it right away
+        # a request asking for no new tokens finishes once its prompt is computed (and cached)
+        zero = [r for r in sample_reqs if r.params.max_new_tokens == 0]
+        for r in zero:
+            r.finish("length", length=0)
+            self._release(r)
+            self._emit(r)
+        live = [(r, i) for r, i in zip(sample_reqs, sample_rows) if r.params.max_new_tokens > 0]
+        if live:
+            self._sample_and_process(logits[[i for _, i in live]], [r for r, _ in live])
+        return sample_reqs
+
+    # ================================================================== after sampling
+
+    def _sample_and_process(self, logits: torch.Tensor, reqs: list[Req]) -> None:
+        res = self.sampler.sample(logits, reqs)
+        for i, req in enumerate(reqs):
+            self._process_token(req, res.token_ids[i], res.logprobs[i], res.top_logprobs[i])
+
+    def _process_token(self, req: Req, token: int, logprob: float, top: list | None) -> None:
+        req.output_ids.append(token)
+        self.stats["generated_tokens"] += 1
+        if req.return_logprob:
+            req.output_logprobs.append(logprob)
+            if req.top_logprobs_num:
+                req.output_top_logprobs.append(top or [])
+        if req.grammar is not None and not req.grammar.accept_token(token):
+            req.finish("abort", message=f"token {token} rejected by the grammar")
+        self._check_finished(req, token)
+        if req.finished is None and req.grammar is not None and not self.args.disable_jump_forward:
+            self._jump_forward(req)
+        if req.finished is not None:
+            if req in self.running or req.req_pool_idx is not None:
+                self._release(req)
+            self._emit(req)
+        elif req.stream:
+            self._emit(req)
+
+    def _check_finished(self, req: Req, token: int) -> None:
+        p = req.params
+        n_out = len(req.output_ids)
+        if req.finished is not None:
+            return
+        if n_out >= p.min_new_tokens:
+            if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
+                req.finish("stop", matched=token)
+                return
+        if req.grammar is not None and req.grammar.is_terminated():
+            req.finish("stop", matched=token)
+            return
+        if n_out >= p.max_new_tokens:
+            req.finish("length", length=n_out)
+            return
+        if req.seq_len >= self.context_len:
+            req.finish("length", length=n_out)
+            return
+        if p.stop and n_out >= p.min_new_tokens and self.tokenizer is not None:
+            longest = max(len(s) for s in p.stop)
+            # a stop string can end in this token's text: look at enough trailing tokens
+            tail = self.tokenizer.decode(req.output_ids[-(longest + 2):], skip_special_tokens=p.skip_special_tokens)
+            for s in p.stop:
+                if s in tail:
+                    req.finish("stop", matched=s)
+                    return
+
+    def _jump_forward(self, req: Req) -> None:
+        """Append the grammar's forced text as canonical tokens, rolling back tail tokens whose
+        tokenization changes. Only tokens not yet streamed and not in the locked prefix may be
+        rolled back."""
+        from treadle.constrained import plan_jump_forward
+
+        jump = req.grammar.find_jump_forward_string()
+        if not jump:
+            return
+        n_out = len(req.output_ids)
+        lookback = min(JUMP_LOOKBACK, n_out - req.sent_len, req.seq_len - max(req.prefix_len, len(req.input_ids)))
+        tail = req.output_ids[n_out - lookback:] if lookback > 0 else []
+        plan = plan_jump_forward(self.tokenizer, self.grammar_compiler.token_bytes, tail, jump)
+        new_ids = plan.new_token_ids[: max(0, req.params.max_new_tokens - (n_out - plan.num_rollback))]
+        if not new_ids:
+            return
+        m = req.grammar
+        removed = req.output_ids[n_out - plan.num_rollback:] if plan.num_rollback else []
+        m.rollback(plan.num_rollback)
+        accepted = 0
+        for t in new_ids:
+            if not m.accept_token(t):
+                break
+            accepted += 1
+        if accepted < len(new_ids):  # not a valid path after all: restore the old state
+            m.rollback(accepted)
+            for t in removed:
+                ok = m.accept_token(t)
+                assert ok, "re-accepting previously accepted tokens cannot fail"
+            return
+        if plan.num_rollback:
+            del req.output_ids[n_out - plan.num_rollback:]
+            if req.return_logprob:
+                del req.output_logprobs[len(req.output_ids):]
+                del req.output_top_logprobs[len(req.output_ids):]
+            if req.kv_len > req.seq_len:  # rolled-back tokens had KV: return their slots
+                self.allocator.free(self.req_to_token[req.req_pool_idx, req.seq_len: req.kv_len].long().cpu())
+                req.kv_len = req.seq_len
+        req.output_ids.extend(new_ids)
+        if req.return_logprob:  # forced tokens were not sampled: probability 1 under the grammar
+            req.output_logprobs.extend([0.0] * len(new_ids))
+            if req.top_logprobs_num:
+                req.output_top_logprobs.extend([[]] * len(new_ids))
+        req.num_jump_tokens += len(new_ids)
+        self.stats["jump_tokens"] += len(new_ids)
+        if m.is_terminated() or len(req.output_ids) >= req.params.max_new_tokens:
+            req.finish("length" if not m.is_terminated() else "stop", length=len(req.output_ids))
+
+    def _emit(self, req: Req) -> None:
+        new = req.output_ids[req.sent_len:]
+        out = ReqOutput(
+            rid=req.rid, new_ids=new, finished=req.finished, prompt_tokens=len(req.input_ids),
+            completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
+            output_logprobs=req.output_logprobs[req.sent_len:],
+            output_top_logprobs=req.output_top_logprobs[req.sent_len:])
+        if req.finished is not None and req.wants_prompt_logprobs:
+            # aligned with input_ids[logprob_start_len:]; the first prompt token has no score
+            out.input_logprobs = [None] * (req.logprob_start_len == 0) + req.input_logprobs
+            out.input_top_logprobs = [[]] * (req.logprob_start_len == 0) + req.input_top_logprobs
+        req.sent_len = len(req.output_ids)
+        self.outputs.append(out)
+
+    def _reject(self, rid: str, message: str, prompt_tokens: int) -> None:
+        self.outputs.append(ReqOutput(rid=rid, new_ids=[], finished={"type": "abort", "message": message},
+                                      prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=0,
+                                      error=message))
+
+
+def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int, num_slots: int) -> None:
+    """Raise ValueError naming the problem with a request before it touches any KV."""
+    p = r.sampling_params
+    p.validate(vocab_size)
+    ids = r.input_ids
+    if not ids:
+        raise ValueError("the prompt is empty: give at least one token")
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        raise ValueError(f"input_ids must be in [0, {vocab_size}); got token id {max(ids) if max(ids) >= vocab_size else min(ids)}")
+    if len(ids) >= context_len:
+        raise ValueError(
+            f"the prompt has {len(ids)} tokens, more than the context length {context_len} allows "
+            f"(at most {context_len - 1}); shorten it")
+    if len(ids) + p.max_new_tokens > num_slots:
+        raise ValueError(
+            f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) can never fit the KV pool "
+            f"of {num_slots} slots; lower max_new_tokens")
+    if r.return_logprob and r.logprob_start_len >= len(ids):
+        raise ValueError(f"logprob_start_len {r.logprob_start_len} must be < the prompt length {len(ids)}")
+    if r.top_logprobs_num < 0:
+        raise ValueError("top_logprobs_num must be >= 0")

@@ -1,0 +1,127 @@
+"""The scheduler process: owns the model and the KV pool, runs `Scheduler.step()` in a loop and
+pushes every step's outputs to the detokenizer.
+
+Inputs (from the TokenizerManager): `TokenizedGenerateReq`, `AbortReq`, `ControlReq`.
+Outputs (to the detokenizer): `DetokInit` before a request's first output, `ReqOutput`s, and
+`ControlOut` answers (the detokenizer passes those through unchanged).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+import zmq
+
+from treadle.runtime.engine_args import EngineArgs
+from treadle.runtime.io_struct import AbortReq, ControlOut, ControlReq, TokenizedGenerateReq
+from treadle.runtime.server.ipc import DetokInit, IpcPaths, parent_alive
+
+log = logging.getLogger("treadle.scheduler")
+
+# While idle, block on the input socket this long before re-checking that the parent lives.
+IDLE_POLL_MS = 500
+
+
+def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, ppid: int) -> None:
+    """Process entry point. Reports ("ready", info) or ("error", traceback) on `conn`, then
+    serves until the parent disappears. Any exception in the loop ends the process with a
+    non-zero code (the server's watchdog then takes the whole server down)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    logging.basicConfig(level=args.log_level.upper(), format="[scheduler] %(levelname)s %(message)s")
+    try:
+        from treadle.runtime.model_runner import ModelRunner
+        from treadle.runtime.scheduler import Scheduler
+        from treadle.runtime.tokenizer import load_tokenizer
+
+        runner = ModelRunner(args)
+        tokenizer = load_tokenizer(runner.source)
+        sched = Scheduler(args, runner, tokenizer)
+        ctx = zmq.Context(1)
+        pull = ctx.socket(zmq.PULL)
+        pull.bind(paths.scheduler_in)
+        push = ctx.socket(zmq.PUSH)
+        push.connect(paths.detokenizer_in)
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        raise
+    conn.send(("ready", {
+        "pid": os.getpid(),
+        "vocab_size": runner.config.vocab_size,
+        "context_len": runner.context_len,
+        "num_slots": runner.allocator.num_slots,
+        "max_running": runner.max_running,
+        "model_path": runner.source.path,
+        "model_kind": runner.source.kind,
+        "architecture": runner.config.architecture,
+        "model_load_s": round(runner.load_s, 3),
+    }))
+    conn.close()
+    try:
+        _loop(sched, pull, push, ppid)
+    finally:
+        if sched._grammar_compiler is not None:
+            sched._grammar_compiler.close()
+        pull.close(linger=0)
+        push.close(linger=0)
+        ctx.term()
+
+
+def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int) -> None:
+    poller = zmq.Poller()
+    poller.register(pull, zmq.POLLIN)
+    while True:
+        # busy: take whatever arrived without waiting; idle: sleep on the socket
+        timeout = 0 if sched.has_work() else IDLE_POLL_MS
+        to_send: list = []
+        if poller.poll(timeout):
+            while True:
+                try:
+                    msgs = pull.recv_pyobj(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                for msg in msgs:
+                    _handle(sched, msg, to_send)
+        elif not sched.has_work() and not parent_alive(ppid):
+            log.info("parent process is gone; exiting")
+            return
+        if sched.has_work():
+            to_send.extend(sched.step())
+        else:  # aborts of waiting requests and rejections are emitted without a step
+            to_send.extend(sched.outputs)
+            sched.outputs = []
+        if to_send:
+            push.send_pyobj(to_send)
+
+
+def _handle(sched: Any, msg: object, to_send: list) -> None:
+    if isinstance(msg, TokenizedGenerateReq):
+        p = msg.sampling_params
+        to_send.append(DetokInit(msg.rid, p.skip_special_tokens, list(p.stop), p.no_stop_trim,
+                                 p.spaces_between_special_tokens))
+        sched.add_request(msg)
+    elif isinstance(msg, AbortReq):
+        sched.abort(msg.rid)
+    elif isinstance(msg, ControlReq):
+        to_send.append(ControlOut(msg.kind, msg.req_id, _control(sched, msg.kind)))
+    else:
+        raise TypeError(f"scheduler got an unexpected message {type(msg).__name__}")
+
+
+def _control(sched: Any, kind: str) -> object:
+    """Answer a control request; failures are returned as {"error": ...} to the caller."""
+    try:
+        if kind == "flush_cache":
+            return {"success": sched.flush_cache()}
+        if kind == "get_info":
+            return {**sched.info(), "pid": os.getpid()}
+        if kind == "check_integrity":
+            sched.check_integrity()
+            return {"ok": True}
+        return {"error": f"unknown control request {kind!r}"}
+    except Exception as e:  # reported back over HTTP; the scheduler keeps serving
+        log.exception("control request %s failed", kind)
+        return {"error": f"{type(e).__name__}: {e}"}

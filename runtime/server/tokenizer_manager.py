@@ -1,0 +1,331 @@
+"""TokenizerManager: the HTTP process's side of the runtime (asyncio).
+
+It validates and tokenizes requests, sends them to the scheduler, and routes the
+detokenizer's outputs back to the waiting handler, one `ReqState` per rid. A request whose
+consumer goes away (client disconnect, cancelled task) is aborted so its KV is freed.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import zmq
+import zmq.asyncio
+
+from treadle.runtime.engine_args import EngineArgs
+from treadle.runtime.io_struct import AbortReq, ControlOut, ControlReq, TokenizedGenerateReq
+from treadle.runtime.sampling_params import SamplingParams
+from treadle.runtime.scheduler import validate_request
+from treadle.runtime.server.ipc import IpcPaths, StrOutput
+from treadle.runtime.server.metrics import ServerMetrics
+from treadle.runtime.server.protocol import APIError, overloaded
+
+log = logging.getLogger("treadle.server")
+
+
+@dataclass
+class Chunk:
+    """One step of a request's progress: what is new, plus everything so far in `acc`."""
+    text: str
+    ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list
+    acc: "Accum"
+    finished: bool
+
+
+@dataclass
+class Accum:
+    """A request's output so far; `result()` is the native /generate response object."""
+    rid: str
+    text: str = ""
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tops: list = field(default_factory=list)
+    last: Any = None  # the latest ReqOutput
+
+    def result(self) -> dict:
+        o = self.last
+        meta: dict[str, Any] = {"id": self.rid, "prompt_tokens": o.prompt_tokens,
+                                "completion_tokens": o.completion_tokens, "cached_tokens": o.cached_tokens,
+                                "finish_reason": o.finished}
+        if self.logprobs:
+            meta["output_token_logprobs"] = [list(x) for x in zip(self.logprobs, self.ids)]
+            if self.tops:
+                meta["output_top_logprobs"] = self.tops
+        if o.input_logprobs is not None:
+            meta["input_token_logprobs"] = o.input_logprobs
+            meta["input_top_logprobs"] = o.input_top_logprobs
+        return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
+
+
+@dataclass
+class ReqState:
+    queue: asyncio.Queue
+    created: float
+    last_token: float | None = None
+
+
+class SchedulerDied(Exception):
+    pass
+
+
+class TokenizerManager:
+    def __init__(self, args: EngineArgs, tokenizer: Any, model_info: dict, paths: IpcPaths,
+                 metrics: ServerMetrics) -> None:
+        self.args = args
+        self.tokenizer = tokenizer
+        self.model_info = model_info
+        self.vocab_size: int = model_info["vocab_size"]
+        self.context_len: int = model_info["context_len"]
+        self.num_slots: int = model_info["num_slots"]
+        # in flight = running + queued; beyond this new requests get a 503
+        self.max_in_flight = model_info["max_running"] + args.max_queued_requests
+        self.paths = paths
+        self.metrics = metrics
+        self.states: dict[str, ReqState] = {}
+        self.control_futs: dict[int, asyncio.Future] = {}
+        self.control_ids = itertools.count(1)
+        self.draining = False
+        self.dead: str | None = None
+        self._push_ctx = zmq.Context(1)
+        self._push = self._push_ctx.socket(zmq.PUSH)
+        self._push.connect(paths.scheduler_in)
+        self._pull_ctx = zmq.asyncio.Context(1)
+        self._pull = self._pull_ctx.socket(zmq.PULL)
+        self._pull.bind(paths.tokenizer_in)
+        self._recv_task: asyncio.Task | None = None
+
+    # ================================================================== lifecycle
+
+    def start(self) -> None:
+        """Start routing outputs; call from inside the server's event loop."""
+        self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop())
+
+    def close(self) -> None:
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+        self._push.close(linger=0)
+        self._pull.close(linger=0)
+        self._push_ctx.term()
+        self._pull_ctx.term()
+
+    def fail_all(self, reason: str) -> None:
+        """A child process died: wake every waiting handler with an error, refuse new work."""
+        self.dead = reason
+        for st in self.states.values():
+            st.queue.put_nowait(SchedulerDied(reason))
+        for fut in self.control_futs.values():
+            if not fut.done():
+                fut.set_exception(SchedulerDied(reason))
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self.states)
+
+    async def _recv_loop(self) -> None:
+        while True:
+            msgs = await self._pull.recv_pyobj()
+            for m in msgs:
+                if isinstance(m, ControlOut):
+                    fut = self.control_futs.pop(m.req_id, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(m.result)
+                    continue
+                assert isinstance(m, StrOutput), f"unexpected message {type(m).__name__}"
+                st = self.states.get(m.out.rid)
+                if st is None:
+                    continue  # output of a request already given up on
+                if m.out.finished is not None:
+                    del self.states[m.out.rid]  # its KV is released once it is finished
+                st.queue.put_nowait(m)
+
+    # ================================================================== building requests
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise APIError.bad_request("this model has no tokenizer: send input_ids instead of text", "text")
+        return self.tokenizer.encode(text)
+
+    def chat_prompt(self, messages: Any) -> str:
+        from treadle.runtime.tokenizer import apply_chat_template
+
+        if not isinstance(messages, list) or not messages:
+            raise APIError.bad_request("messages must be a non-empty list", "messages")
+        norm = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise APIError.bad_request(f"messages[{i}] must be an object with a string 'role'", "messages")
+            content = m.get("content")
+            if isinstance(content, list):  # content parts: only text parts carry meaning here
+                texts = []
+                for part in content:
+                    if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        raise APIError.bad_request(f"messages[{i}].content: only text parts are supported", "messages")
+                    texts.append(part["text"])
+                content = "".join(texts)
+            if content is None:
+                content = ""
+            if not isinstance(content, str):
+                raise APIError.bad_request(f"messages[{i}].content must be a string or a list of text parts",
+                                           "messages")
+            norm.append({"role": m["role"], "content": content})
+        try:
+            return apply_chat_template(self.tokenizer, norm)
+        except Exception as e:  # a template error is the caller's input problem (e.g. role order)
+            raise APIError.bad_request(f"cannot apply the chat template: {e}", "messages") from e
+
+    def make_req(self, *, text: str | None = None, input_ids: Any = None, params: Any = None,
+                 return_logprob: bool = False, logprob_start_len: int | None = None,
+                 top_logprobs_num: int = 0, stream: bool = False, rid: str | None = None) -> TokenizedGenerateReq:
+        """Validate everything the scheduler would and build the request; raises APIError(400)."""
+        if text is not None:
+            if not isinstance(text, str):
+                raise APIError.bad_request("text must be a string or a list of strings", "text")
+            ids = self.encode(text)
+        else:
+            if not isinstance(input_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                         for t in input_ids):
+                raise APIError.bad_request("input_ids must be a list of integers (or a list of such lists)",
+                                           "input_ids")
+            ids = list(input_ids)
+        try:
+            sp = SamplingParams.from_dict(dict(params) if isinstance(params, dict) else params)
+        except (ValueError, TypeError) as e:
+            raise APIError.bad_request(e) from e
+        if not isinstance(return_logprob, bool):
+            raise APIError.bad_request("return_logprob must be a boolean", "return_logprob")
+        for name, v in (("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise APIError.bad_request(f"{name} must be an integer", name)
+        if top_logprobs_num and top_logprobs_num > 20:
+            raise APIError.bad_request("top_logprobs_num must be <= 20", "top_logprobs_num")
+        if rid is not None and not isinstance(rid, str):
+            raise APIError.bad_request("rid must be a string", "rid")
+        r = TokenizedGenerateReq(rid=rid or uuid.uuid4().hex, input_ids=ids, sampling_params=sp,
+                                 return_logprob=return_logprob,
+                                 logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
+                                 top_logprobs_num=top_logprobs_num or 0, stream=stream)
+        try:
+            validate_request(r, self.vocab_size, self.context_len, self.num_slots)
+        except (ValueError, TypeError) as e:
+            raise APIError.bad_request(e) from e
+        return r
+
+    def expand_n(self, r: TokenizedGenerateReq) -> list[TokenizedGenerateReq]:
+        """n parallel samples become n requests (seeds seed, seed+1, ...) sharing the prompt."""
+        p = r.sampling_params
+        if p.n == 1:
+            return [r]
+        out = []
+        for j in range(p.n):
+            q = SamplingParams.from_dict({**p.to_dict(), "n": 1, "seed": None if p.seed is None else p.seed + j})
+            out.append(TokenizedGenerateReq(f"{r.rid}-{j}", r.input_ids, q, r.return_logprob,
+                                            r.logprob_start_len, r.top_logprobs_num, r.stream))
+        return out
+
+    # ================================================================== running requests
+
+    def check_capacity(self, n: int) -> None:
+        """Raise 503 when draining, dead, or `n` more requests would overflow the queue."""
+        if self.dead:
+            raise overloaded(f"the server is shutting down: {self.dead}")
+        if self.draining:
+            raise overloaded("the server is shutting down and accepts no new requests")
+        if self.num_in_flight + n > self.max_in_flight:
+            raise overloaded(f"too many requests in flight ({self.num_in_flight}, limit {self.max_in_flight}); "
+                             "retry later")
+
+    async def warm_prefixes(self, reqs: list[TokenizedGenerateReq]) -> None:
+        """Before several samples of one prompt, prefill it once (max_new_tokens=0) so the
+        samples share its KV through the radix cache instead of each computing it."""
+        if self.args.disable_radix_cache:
+            return
+        seen: dict[tuple, int] = {}
+        for r in reqs:
+            key = tuple(r.input_ids)
+            seen[key] = seen.get(key, 0) + 1
+        for key, count in seen.items():
+            if count > 1:
+                warm = TokenizedGenerateReq(uuid.uuid4().hex, list(key), SamplingParams(max_new_tokens=0))
+                async for _ in self.generate(warm):
+                    pass
+
+    async def generate(self, r: TokenizedGenerateReq) -> AsyncIterator[Chunk]:
+        """Send `r` and yield its progress. Stops after the finished chunk; raises APIError on
+        a scheduler-side rejection. If the consumer stops early, the request is aborted."""
+        if r.rid in self.states:
+            raise APIError.bad_request(f"request id {r.rid!r} is already in use", "rid")
+        st = ReqState(asyncio.Queue(), time.perf_counter())
+        self.states[r.rid] = st
+        self._push.send_pyobj([r])
+        acc = Accum(r.rid)
+        finished = False
+        try:
+            while True:
+                m = await st.queue.get()
+                if isinstance(m, SchedulerDied):
+                    raise APIError(f"the scheduler died: {m}", 503, "server_error", None, "scheduler_died")
+                out = m.out
+                finished = out.finished is not None
+                if out.error:
+                    raise APIError.bad_request(out.error)
+                self._observe(st, out, finished)
+                acc.text += m.text_delta
+                acc.ids.extend(out.new_ids)
+                acc.logprobs.extend(out.output_logprobs)
+                acc.tops.extend(out.output_top_logprobs)
+                acc.last = out
+                yield Chunk(m.text_delta, out.new_ids, out.output_logprobs, out.output_top_logprobs, acc, finished)
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(r.rid)
+
+    def abort(self, rid: str) -> bool:
+        """Ask the scheduler to stop `rid` (its finished output then removes the state)."""
+        if rid not in self.states or self.dead:
+            return False
+        self._push.send_pyobj([AbortReq(rid)])
+        return True
+
+    def abort_all(self) -> int:
+        for rid in list(self.states):
+            self.abort(rid)
+        return len(self.states)
+
+    async def control(self, kind: str, timeout: float = 30.0) -> Any:
+        """Run a control request in the scheduler and return its result."""
+        if self.dead:
+            raise APIError(f"the scheduler died: {self.dead}", 503, "server_error", None, "scheduler_died")
+        req_id = next(self.control_ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.control_futs[req_id] = fut
+        self._push.send_pyobj([ControlReq(kind, req_id)])
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError as e:
+            raise APIError(f"the scheduler did not answer {kind} within {timeout}s", 503, "server_error") from e
+        except SchedulerDied as e:
+            raise APIError(f"the scheduler died: {e}", 503, "server_error", None, "scheduler_died") from e
+        finally:
+            self.control_futs.pop(req_id, None)
+
+    def _observe(self, st: ReqState, out: Any, finished: bool) -> None:
+        now = time.perf_counter()
+        if out.new_ids:
+            if st.last_token is None:
+                self.metrics.ttft.observe(now - st.created)
+            else:
+                gap = (now - st.last_token) / len(out.new_ids)
+                for _ in out.new_ids:
+                    self.metrics.itl.observe(gap)
+            st.last_token = now
+        if finished:
+            self.metrics.on_finish(out, now - st.created)

