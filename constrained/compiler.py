@@ -13,7 +13,6 @@ Programs that create a ``GrammarCompiler`` must guard their entry point with
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import queue
 import threading
 import time
@@ -22,6 +21,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any
 
+from treadle.constrained.compile_worker import WorkerProcess
 from treadle.constrained.grammar import CompiledGrammar, GrammarSpec, build_char_fsm
 from treadle.constrained.vocabulary import build_vocabulary
 
@@ -69,47 +69,12 @@ def build_compiled_grammar(
     )
 
 
-def _worker_main(conn: Any, vocab: Any, memory_limit_bytes: int | None) -> None:
-    """Compile worker loop: receive a regex, reply with (Index, CharFSM) or an error."""
-    if memory_limit_bytes is not None:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
-    from outlines_core import Index
-
-    conn.send(("ready",))
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return  # parent went away
-        if msg is None:
-            return
-        regex = msg
-        t0 = time.perf_counter()
-        try:
-            index = Index(regex, vocab)
-            char_fsm = build_char_fsm(regex)
-        except MemoryError:
-            conn.send(("oom", "ran out of memory"))
-            continue
-        except Exception as e:  # noqa: BLE001 - forwarded to the caller, not swallowed
-            conn.send(("error", f"{type(e).__name__}: {e}"))
-            continue
-        conn.send(("ok", index, char_fsm, time.perf_counter() - t0))
-
-
 class _Worker:
     """One compile process plus the parent end of its pipe."""
 
     def __init__(self, ctx: Any, vocab: Any, memory_limit_bytes: int | None) -> None:
-        parent, child = ctx.Pipe()
-        self.proc = ctx.Process(
-            target=_worker_main, args=(child, vocab, memory_limit_bytes), name="treadle-grammar-compile", daemon=True
-        )
-        self.proc.start()
-        child.close()
-        self.conn = parent
+        self.proc = WorkerProcess(vocab, memory_limit_bytes)
+        self.conn = self.proc
         self.ready = False
         self.broken = False
 
@@ -186,7 +151,7 @@ class GrammarCompiler:
         self._cache: OrderedDict[GrammarSpec, Future[CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
-        self._ctx = mp.get_context("spawn")
+        self._ctx = None  # workers are plain subprocesses (see compile_worker.py)
         self._workers: list[_Worker] = []  # every live worker, for shutdown
         self._idle: queue.Queue[_Worker] = queue.Queue()
         for _ in range(max_workers):

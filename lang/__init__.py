@@ -1,1 +1,25 @@
-"""treadle.lang"""
+"""treadle.lang: the structured-generation DSL.
+
+    from treadle.lang import function, gen, select, user, assistant, set_default_backend
+
+    @function
+    def qa(s, question):
+        s += user(question)
+        s += assistant(gen("answer", max_tokens=32))
+
+    set_default_backend(engine_or_url)
+    print(qa.run(question="Why is the sky blue?", temperature=0)["answer"])
+"""
+from __future__ import annotations
+
+from treadle.lang.backend import Backend, get_default_backend, set_default_backend
+from treadle.lang.backend_engine import EngineBackend
+from treadle.lang.backend_http import RuntimeEndpoint
+from treadle.lang.chat_template import ChatTemplate
+from treadle.lang.primitives import assistant, gen, gen_int, gen_string, select, system, user
+from treadle.lang.program import Program, function
+from treadle.lang.state import ForkGroup, ProgramState
+
+__all__ = ["Backend", "ChatTemplate", "EngineBackend", "ForkGroup", "Program", "ProgramState", "RuntimeEndpoint",
+           "assistant", "function", "gen", "gen_int", "gen_string", "get_default_backend", "select",
+           "set_default_backend", "system", "user"]

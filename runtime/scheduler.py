@@ -317,17 +317,29 @@ class Scheduler:
     def _retract_until(self, need: int) -> None:
         """Move running requests with the fewest output tokens back to the waiting queue until
         `need` slots can be had. Their computed prefix stays cached in the tree."""
-        while self.allocator.available_size() + self.tree.evictable_size() < need and len(self.running) > 1:
+        def short() -> bool:
+            return self.allocator.available_size() + self.tree.evictable_size() < need
+
+        if self.chunked is not None and short():  # a half-prefilled prompt goes back first
+            victim, self.chunked = self.chunked, None
+            self._retract(victim)
+        while short() and len(self.running) > 1:
             victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
             self.running.remove(victim)
             need -= victim.num_pending
-            self._release(victim)
-            victim.num_retractions += 1
-            self.stats["retractions"] += 1
-            self.waiting.appendleft(victim)
-            self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
+            self._retract(victim)
         if self.allocator.available_size() + self.tree.evictable_size() < need:
             raise RuntimeError(f"KV pool exhausted: need {need} slots for one request; pool too small")
+
+    def _retract(self, req: Req) -> None:
+        self._release(req)
+        # prompt logprobs are recomputed when the prompt is prefilled again
+        req.input_logprobs.clear()
+        req.input_top_logprobs.clear()
+        req.num_retractions += 1
+        self.stats["retractions"] += 1
+        self.waiting.appendleft(req)
+        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
 
     # ================================================================== forward
 

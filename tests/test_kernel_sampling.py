@@ -176,14 +176,15 @@ def _exact_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("impl", ["kernel", "ref"])
-@pytest.mark.parametrize("params", [dict(top_ks=12, top_ps=0.9, min_ps=0.02, temperatures=0.8),
-                                    dict(top_ps=0.97, temperatures=1.5),
-                                    dict(top_ks=-1, top_ps=1.0, temperatures=1.0)])
-def test_sampled_distribution_matches_filtered_softmax(impl: str, params: dict) -> None:
-    n, V = 2000, 64
+@pytest.mark.parametrize("impl,n,bound", [("kernel", 500, 0.1), ("ref", 3000, 0.05)])
+@pytest.mark.parametrize("params", [dict(top_ks=10, top_ps=0.9, min_ps=0.05, temperatures=0.8),
+                                    dict(top_ps=0.97, temperatures=1.5)])
+def test_sampled_distribution_matches_filtered_softmax(impl: str, n: int, bound: float, params: dict) -> None:
+    # The interpreter runs one Python program per row, so the kernel gets fewer draws and a
+    # looser (still failing-capable, see the last assert) total-variation bound.
+    V = 32
     gen = torch.Generator().manual_seed(5)
-    row = torch.randn(1, V, generator=gen) * 2
+    row = torch.randn(1, V, generator=gen) * 1.5
     logits = row.expand(n, V).contiguous().to(DEV)
     bitmask = _random_bitmask(gen, 1, V, 0.7).expand(n, -1).contiguous().to(DEV)
     batch = make_sampling_batch(n, DEV, seeds=1234, steps=list(range(n)), bitmask=bitmask, **params)
@@ -193,10 +194,9 @@ def test_sampled_distribution_matches_filtered_softmax(impl: str, params: dict) 
     freq = torch.bincount(tok.cpu(), minlength=V).double() / n
     assert (freq[exact == 0] == 0).all(), "drew a token outside the mask / top-k / top-p / min-p set"
     tv = 0.5 * (freq - exact).abs().sum().item()
-    assert tv < 0.06, tv
-    # the bound can fail: the unfiltered, untempered softmax is far from the target
-    if params.get("top_ks", -1) > 0:
-        assert 0.5 * (torch.softmax(row[0].double(), -1) - exact).abs().sum().item() > 0.12
+    assert tv < bound, tv
+    # the bound can fail: plain softmax at T=1 (no mask, no filtering) is far from the target
+    assert 0.5 * (torch.softmax(row[0].double(), -1) - exact).abs().sum().item() > 2 * bound
 
 
 def test_fused_sample_rejects_bad_arguments(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -31,6 +32,8 @@ def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, p
     serves until the parent disappears. Any exception in the loop ends the process with a
     non-zero code (the server's watchdog then takes the whole server down)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # the launcher stops us with SIGTERM: unwind through `finally` so the grammar workers stop too
+    signal.signal(signal.SIGTERM, lambda sig, frame: sys.exit(0))
     logging.basicConfig(level=args.log_level.upper(), format="[scheduler] %(levelname)s %(message)s")
     try:
         from treadle.runtime.model_runner import ModelRunner

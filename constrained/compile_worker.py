@@ -1,0 +1,120 @@
+"""The grammar compile worker: a plain `python -m` subprocess talking length-prefixed pickles
+over its stdin/stdout. A subprocess (not multiprocessing) because spawn/forkserver re-import
+the caller's `__main__`, which breaks user scripts that lack an `if __name__ == "__main__"`
+guard; fork is unsafe in a process that already runs threads."""
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import time
+from typing import Any, BinaryIO
+
+_HEADER = struct.Struct("<Q")
+
+
+def _write(f: BinaryIO, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    f.write(_HEADER.pack(len(data)))
+    f.write(data)
+    f.flush()
+
+
+def _read_exact(f: BinaryIO, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = f.read(n - len(buf))
+        if not chunk:
+            raise EOFError("compile worker pipe closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def _read(f: BinaryIO) -> Any:
+    (n,) = _HEADER.unpack(_read_exact(f, _HEADER.size))
+    return pickle.loads(_read_exact(f, n))
+
+
+class WorkerProcess:
+    """Parent side: a Process/Connection-like pair over the subprocess's pipes."""
+
+    def __init__(self, vocab: Any, memory_limit_bytes: int | None) -> None:
+        env = dict(os.environ)
+        self.proc = subprocess.Popen([sys.executable, "-m", "treadle.constrained.compile_worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        _write(self.proc.stdin, (vocab, memory_limit_bytes))
+
+    # Connection-like
+    def send(self, obj: Any) -> None:
+        _write(self.proc.stdin, obj)
+
+    def recv(self) -> Any:
+        return _read(self.proc.stdout)
+
+    def poll(self, timeout: float) -> bool:
+        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        return bool(r)
+
+    def close(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    # Process-like
+    def is_alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.proc.poll()
+
+
+def main() -> None:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # stray prints must not corrupt the protocol
+    vocab, memory_limit_bytes = _read(stdin)
+    if memory_limit_bytes is not None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
+    from outlines_core import Index
+
+    from treadle.constrained.grammar import build_char_fsm
+
+    _write(stdout, ("ready",))
+    while True:
+        try:
+            regex = _read(stdin)
+        except EOFError:
+            return  # parent went away
+        if regex is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            index = Index(regex, vocab)
+            char_fsm = build_char_fsm(regex)
+        except MemoryError:
+            _write(stdout, ("oom", "ran out of memory"))
+            continue
+        except Exception as e:  # noqa: BLE001 - forwarded to the caller, not swallowed
+            _write(stdout, ("error", f"{type(e).__name__}: {e}"))
+            continue
+        _write(stdout, ("ok", index, char_fsm, time.perf_counter() - t0))
+
+
+if __name__ == "__main__":
+    main()

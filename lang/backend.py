@@ -1,0 +1,157 @@
+"""The small interface every backend implements, and choice scoring for `select`.
+
+A backend turns prompt text into results; it knows nothing of program states:
+
+- `chat_template`      role begin/end strings for this model
+- `cache_prefix(text)` compute and cache a prompt without generating (before a fork or
+                       a batch, so the branches hit the radix cache)
+- `generate(text, params)` / `generate_stream(...)` one generation call
+- `choice_logprobs(text, choices)` logprobs of each choice's tokens after `text`, in one
+                       batched request; `select` turns them into a decision here
+"""
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from abc import ABC, abstractmethod
+from typing import Any, Iterator, NamedTuple
+
+from treadle.lang.chat_template import ChatTemplate
+
+CHOICE_METHODS = ("token_length_normalized", "greedy_token", "sum")
+
+
+class ChoiceScores(NamedTuple):
+    """Per choice, the logprobs of the tokens that spell it; plus the request's meta."""
+
+    token_logprobs: list[list[float]]
+    meta: dict[str, Any]
+
+
+class Backend(ABC):
+    """What the interpreter needs from a serving runtime."""
+
+    _template: ChatTemplate | None = None
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """Role strings, derived once from the model's chat template."""
+        if self._template is None:
+            self._template = self._load_chat_template()
+        return self._template
+
+    @abstractmethod
+    def _load_chat_template(self) -> ChatTemplate: ...
+
+    @abstractmethod
+    def cache_prefix(self, text: str) -> dict:
+        """Prefill `text` (max_new_tokens=0) so later requests sharing it hit the cache.
+        Returns the request's meta_info."""
+
+    @abstractmethod
+    def generate(self, text: str, params: dict) -> tuple[str, dict]:
+        """Generate after `text` with sampling `params`; returns (output text, meta_info).
+        Raises ValueError for a request the runtime rejects (bad regex, ...)."""
+
+    @abstractmethod
+    def generate_stream(self, text: str, params: dict) -> Iterator[tuple[str, dict]]:
+        """Like `generate`, yielding (text delta, meta_info so far) as tokens arrive."""
+
+    @abstractmethod
+    def choice_logprobs(self, text: str, choices: list[str]) -> ChoiceScores:
+        """Score every `text + choice` in one batched request (max_new_tokens=0)."""
+
+    def get_server_info(self) -> dict:
+        """Cache statistics of the runtime (prompt/cached token counters, ...)."""
+        raise NotImplementedError(f"{type(self).__name__} does not report server info")
+
+    def flush_cache(self) -> bool:
+        raise NotImplementedError(f"{type(self).__name__} cannot flush its cache")
+
+    def select(self, text: str, choices: list[str], method: str = "token_length_normalized") -> tuple[str, dict]:
+        """Pick the choice the model finds most likely after `text`.
+
+        Returns (choice, meta) where meta has the per-choice scores and token counts."""
+        if not choices or not all(isinstance(c, str) and c for c in choices):
+            raise ValueError(f"select needs a non-empty list of non-empty strings, got {choices!r}")
+        if method not in CHOICE_METHODS:
+            raise ValueError(f"unknown choices_method {method!r}; use one of {', '.join(CHOICE_METHODS)}")
+        scores = self.choice_logprobs(text, choices)
+        best, values = pick_choice(scores.token_logprobs, method)
+        meta = dict(scores.meta)
+        meta.update({"choices": list(choices), "scores": values, "method": method,
+                     "token_logprobs": scores.token_logprobs})
+        return choices[best], meta
+
+
+def pick_choice(token_logprobs: list[list[float]], method: str) -> tuple[int, list[float]]:
+    """Index of the winning choice and each choice's score under `method`.
+
+    token_length_normalized: mean logprob (long choices are not penalised for length);
+    sum: total logprob; greedy_token: compare first-token logprobs, ties broken by the
+    following tokens (the choice a greedy decoder would start with)."""
+    if method == "sum":
+        values = [sum(lp) for lp in token_logprobs]
+    elif method == "token_length_normalized":
+        values = [sum(lp) / max(len(lp), 1) for lp in token_logprobs]
+    elif method == "greedy_token":
+        width = max(len(lp) for lp in token_logprobs)
+        keys = [tuple(lp) + (-math.inf,) * (width - len(lp)) for lp in token_logprobs]
+        best = max(range(len(keys)), key=lambda i: keys[i])
+        return best, [lp[0] if lp else -math.inf for lp in token_logprobs]
+    else:
+        raise ValueError(f"unknown choices_method {method!r}; use one of {', '.join(CHOICE_METHODS)}")
+    return max(range(len(values)), key=lambda i: values[i]), values
+
+
+def choice_start(prefix_ids: list[int], full_ids: list[int]) -> int:
+    """Where scoring starts in `full_ids` (the tokens of prefix + choice).
+
+    Normally the prefix tokens come first unchanged and this is len(prefix_ids). When the
+    last prefix tokens merge with the start of the choice ("is " + "Paris" -> "is", " Paris"),
+    scoring starts at the first token that differs, so the merged token is counted."""
+    n = 0
+    limit = min(len(prefix_ids), len(full_ids) - 1)  # always score at least one token
+    while n < limit and prefix_ids[n] == full_ids[n]:
+        n += 1
+    return max(n, 1)  # position 0 has no logprob
+
+
+# ---------------------------------------------------------------- default backend
+
+_default: Backend | None = None
+_default_lock = threading.Lock()
+
+
+def set_default_backend(backend: Any) -> Backend:
+    """Use `backend` (a Backend, an Engine, or a server URL) when `run` is given none."""
+    global _default
+    with _default_lock:
+        _default = as_backend(backend)
+        return _default
+
+
+def get_default_backend() -> Backend:
+    if _default is None:
+        raise ValueError("no backend: pass backend=... to run()/run_batch() or call set_default_backend() "
+                         "with an Engine, EngineBackend or RuntimeEndpoint")
+    return _default
+
+
+def as_backend(obj: Any) -> Backend:
+    """Accept a Backend, an in-process Engine, or an "http://host:port" URL."""
+    if obj is None:
+        return get_default_backend()
+    if isinstance(obj, Backend):
+        return obj
+    if isinstance(obj, str):
+        from treadle.lang.backend_http import RuntimeEndpoint
+
+        return RuntimeEndpoint(obj)
+    engine_mod = sys.modules.get("treadle.runtime.engine")  # an Engine instance implies it is imported
+    if engine_mod is not None and isinstance(obj, engine_mod.Engine):
+        from treadle.lang.backend_engine import EngineBackend
+
+        return EngineBackend(obj)
+    raise TypeError(f"not a backend: {obj!r}; pass an Engine, EngineBackend, RuntimeEndpoint or URL")

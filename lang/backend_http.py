@@ -1,0 +1,137 @@
+"""RuntimeEndpoint: run programs against a treadle server over HTTP (`/generate`)."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator
+
+import requests
+
+from treadle.lang.backend import Backend, ChoiceScores
+from treadle.lang.chat_template import ChatTemplate, jinja_renderer
+
+_ZERO = {"max_new_tokens": 0}
+# two logprobs of the same token in the same context agree to float noise; a different
+# (merged) token at the boundary essentially never lands this close
+_SAME_TOKEN_TOL = 1e-3
+
+
+class RuntimeEndpoint(Backend):
+    """Backend over a running server at `url` (e.g. "http://127.0.0.1:30000").
+
+    Raises ConnectionError naming the URL when the server cannot be reached."""
+
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.session = requests.Session()
+        if api_key:
+            self.session.headers["Authorization"] = f"Bearer {api_key}"
+        self.model_info = self._get("/get_model_info")
+
+    # ------------------------------------------------------------ HTTP helpers
+
+    def _request(self, method: str, path: str, **kw: Any) -> requests.Response:
+        try:
+            resp = self.session.request(method, self.url + path, timeout=self.timeout_s, **kw)
+        except requests.ConnectionError as e:
+            raise ConnectionError(f"cannot reach the treadle server at {self.url}: {e}") from e
+        if resp.status_code >= 400:
+            try:
+                body = resp.json()
+                msg = body.get("error", {}).get("message") if isinstance(body.get("error"), dict) else body
+            except ValueError:
+                msg = resp.text
+            err = ValueError if resp.status_code < 500 else RuntimeError
+            raise err(f"{method} {self.url}{path} failed with HTTP {resp.status_code}: {msg}")
+        return resp
+
+    def _get(self, path: str) -> dict:
+        return self._request("GET", path).json()
+
+    def _generate(self, payload: dict, stream: bool = False) -> Any:
+        return self._request("POST", "/generate", json=payload, stream=stream)
+
+    # ------------------------------------------------------------ Backend interface
+
+    def _load_chat_template(self) -> ChatTemplate:
+        template = self.model_info.get("chat_template") or _template_from_path(self.model_info.get("tokenizer_path"))
+        if not template:
+            raise ValueError(f"the server at {self.url} reports no chat_template in /get_model_info (nor a local "
+                             "tokenizer_path holding one), so roles (system/user/assistant) cannot be rendered")
+        render = jinja_renderer(template, self.model_info.get("bos_token") or "",
+                                self.model_info.get("eos_token") or "")
+        return ChatTemplate.from_renderer(render)
+
+    def cache_prefix(self, text: str) -> dict:
+        return self._generate({"text": text, "sampling_params": dict(_ZERO)}).json()["meta_info"]
+
+    def generate(self, text: str, params: dict) -> tuple[str, dict]:
+        out = self._generate({"text": text, "sampling_params": dict(params)}).json()
+        return out["text"], out["meta_info"]
+
+    def generate_stream(self, text: str, params: dict) -> Iterator[tuple[str, dict]]:
+        resp = self._generate({"text": text, "sampling_params": dict(params), "stream": True}, stream=True)
+        with resp:
+            for line in resp.iter_lines(decode_unicode=True):
+                if not line or not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    return
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise ValueError(f"the server at {self.url} failed the request: {chunk['error']}")
+                yield chunk["text"], chunk["meta_info"]
+
+    def choice_logprobs(self, text: str, choices: list[str]) -> ChoiceScores:
+        """Score the choices without a local tokenizer.
+
+        First cache the prefix (which also gives its token count P). Then one batch scores
+        the prefix and every prefix+choice from position P-1. For the prefix that entry is
+        its last token's logprob; a choice whose entry matches it tokenized the boundary the
+        same way (drop the entry), one whose entry differs merged its start into the last
+        prefix token (keep it: the merged token spells the choice's beginning)."""
+        n_prefix = self.cache_prefix(text)["prompt_tokens"]
+        start = n_prefix - 1 if n_prefix >= 2 else max(n_prefix, 1)
+        outs = self._generate({"text": [text] + [text + c for c in choices],
+                               "sampling_params": [dict(_ZERO) for _ in range(len(choices) + 1)],
+                               "return_logprob": True, "logprob_start_len": start}).json()
+        ref = outs[0]["meta_info"]["input_token_logprobs"]
+        logprobs = []
+        for out in outs[1:]:
+            lps = [float(x) for x in out["meta_info"]["input_token_logprobs"] if x is not None]
+            if start == n_prefix - 1 and ref and len(lps) > 1 and abs(lps[0] - float(ref[0])) < _SAME_TOKEN_TOL:
+                lps = lps[1:]
+            logprobs.append(lps)
+        metas = [o["meta_info"] for o in outs[1:]]
+        return ChoiceScores(logprobs, {"prompt_tokens": sum(m["prompt_tokens"] for m in metas),
+                                       "cached_tokens": sum(m.get("cached_tokens", 0) for m in metas),
+                                       "completion_tokens": 0, "finish_reason": None})
+
+    def get_server_info(self) -> dict:
+        return self._get("/get_server_info")
+
+    def flush_cache(self) -> bool:
+        self._request("POST", "/flush_cache")
+        return True
+
+
+def _template_from_path(path: str | None) -> str | None:
+    """The chat template stored at the server's tokenizer_path, when that path is visible
+    from here (same machine): tokenizer_config.json in a directory, or GGUF metadata."""
+    if not path or not os.path.exists(path):
+        return None
+    if os.path.isdir(path):
+        cfg = os.path.join(path, "tokenizer_config.json")
+        if not os.path.isfile(cfg):
+            return None
+        with open(cfg, encoding="utf-8") as f:
+            template = json.load(f).get("chat_template")
+        return template if isinstance(template, str) else None
+    if path.endswith(".gguf"):
+        import gguf  # only for a GGUF model served on this machine
+
+        field = gguf.GGUFReader(path).fields.get("tokenizer.chat_template")
+        return None if field is None else bytes(field.parts[field.data[0]]).decode("utf-8")
+    return None

@@ -1,0 +1,238 @@
+"""StreamExecutor: runs one program state's expressions in order on its own thread.
+
+The program body (in the caller's thread) only enqueues nodes; the executor thread sends
+them to the backend. So a body that never reads a value keeps going while its requests
+are in flight, and many states (batch items, fork branches) have requests in the runtime
+at once, where the engine batches them. A worker thread exists only while work is queued.
+
+Errors: the first exception stops the state; later nodes are dropped and every read
+(`s[name]`, `s.text()`, ...) raises that exception. Other states are unaffected.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import threading
+from typing import Any
+
+from treadle.lang import ir
+from treadle.lang.backend import Backend
+
+# dtype -> (regex the runtime constrains to, parser of the matched text)
+DTYPE_REGEX: dict[type, tuple[str, Any]] = {
+    int: (r"[-+]?(0|[1-9][0-9]{0,17})", int),
+    float: (r"[-+]?(0|[1-9][0-9]{0,15})(\.[0-9]{1,15})?", float),
+    bool: (r"(True|False)", lambda t: t == "True"),
+    str: (r'"[^"\\\n]{0,200}"', json.loads),
+}
+# DSL keyword -> runtime sampling_params field
+_PARAM_NAMES = {"max_tokens": "max_new_tokens"}
+
+
+class StopTracing(Exception):
+    """Raised inside a traced program when it reaches a part that depends on generation."""
+
+
+class StreamExecutor:
+    """Owns a state's text, variables, messages and meta info; see the module docstring."""
+
+    def __init__(self, backend: Backend, defaults: dict | None = None, stream: bool = False,
+                 threaded: bool = True, tracing: bool = False) -> None:
+        self.backend = backend
+        self.defaults = dict(defaults or {})  # run(temperature=...) etc., below per-gen values
+        self.stream = stream
+        self.threaded = threaded
+        self.tracing = tracing
+        self.text_ = ""
+        self.variables: dict[str, Any] = {}
+        self.meta: dict[str, dict] = {}
+        self.messages_: list[dict] = []
+        self.role: str | None = None
+        self.role_start = 0
+        self.roles_used = False
+        self.error: BaseException | None = None
+        self.trace_stopped = False
+        self.ended = False
+        self.deltas: list[tuple[str | None, str]] = []  # (variable or None, text) in order, for streaming
+        self._pending: collections.deque = collections.deque()
+        self._busy = False
+        self._cv = threading.Condition()
+        self._anon = 0
+        self.fork_point: tuple[int, set[str]] = (0, set())  # (text length, variable names) at fork
+
+    # ------------------------------------------------------------ queueing
+
+    def submit(self, expr: ir.Expr) -> None:
+        """Queue one primitive node; it runs after everything queued before it."""
+        if not self.threaded:
+            self._run_one(expr)
+            return
+        with self._cv:
+            self._pending.append(expr)
+            if not self._busy:
+                self._busy = True
+                threading.Thread(target=self._drain, name="treadle-state", daemon=True).start()
+
+    def _drain(self) -> None:
+        while True:
+            with self._cv:
+                if not self._pending:
+                    self._busy = False
+                    self._cv.notify_all()
+                    return
+                expr = self._pending.popleft()
+            self._run_one(expr)
+
+    def _run_one(self, expr: ir.Expr) -> None:
+        if self.error is not None or self.trace_stopped:
+            return
+        try:
+            self._execute(expr)
+        except BaseException as e:  # recorded, not swallowed: every later read raises it
+            self.fail(e)
+        with self._cv:
+            self._cv.notify_all()
+
+    def sync(self) -> None:
+        """Wait until every queued node has run."""
+        with self._cv:
+            self._cv.wait_for(lambda: not self._pending and not self._busy)
+
+    def end(self) -> None:
+        """The program body returned: no more nodes (ends streaming iterators)."""
+        with self._cv:
+            self.ended = True
+            self._cv.notify_all()
+
+    def fail(self, e: BaseException) -> None:
+        with self._cv:
+            if self.error is None:
+                self.error = e
+            self._pending.clear()
+            self._cv.notify_all()
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def wait_var(self, name: str) -> None:
+        with self._cv:
+            self._cv.wait_for(lambda: name in self.variables or self.error is not None
+                              or (not self._pending and not self._busy))
+        if name not in self.variables:  # values set before a failure stay readable
+            self.raise_if_failed()
+
+    def new_name(self) -> str:
+        self._anon += 1
+        return f"_gen_{self._anon}"
+
+    # ------------------------------------------------------------ forks
+
+    def copy(self) -> "StreamExecutor":
+        """A branch starting from this state's current (synced) text, variables and role."""
+        ex = StreamExecutor(self.backend, self.defaults, self.stream, self.threaded, self.tracing)
+        ex.text_ = self.text_
+        ex.variables = dict(self.variables)
+        ex.meta = dict(self.meta)
+        ex.messages_ = [dict(m) for m in self.messages_]
+        ex.role, ex.role_start, ex.roles_used = self.role, self.role_start, self.roles_used
+        ex.fork_point = (len(self.text_), set(self.variables))
+        return ex
+
+    # ------------------------------------------------------------ execution
+
+    def _append(self, text: str, var: str | None = None) -> None:
+        with self._cv:
+            self.text_ += text
+            if text:
+                self.deltas.append((var, text))
+            self._cv.notify_all()
+
+    def _execute(self, expr: ir.Expr) -> None:
+        if isinstance(expr, ir.Constant):
+            self._append(expr.text)
+        elif isinstance(expr, ir.Gen):
+            self._gen(expr)
+        elif isinstance(expr, ir.Select):
+            self._select(expr)
+        elif isinstance(expr, ir.RoleBegin):
+            self._role_begin(expr.role)
+        elif isinstance(expr, ir.RoleEnd):
+            self._role_end(expr.role)
+        elif isinstance(expr, ir.Join):
+            self._join(expr)
+        else:
+            raise TypeError(f"the executor cannot run {type(expr).__name__} nodes")
+
+    def _sampling_params(self, gen: ir.Gen) -> dict:
+        params = {_PARAM_NAMES.get(k, k): v for k, v in self.defaults.items()}
+        params.update({_PARAM_NAMES.get(k, k): v for k, v in gen.params.items() if v is not None})
+        if gen.dtype is not None:
+            if any(k in params for k in ("regex", "json_schema", "choices")):
+                raise ValueError(f"gen({gen.name!r}): dtype cannot be combined with regex/json_schema/choices")
+            params["regex"] = DTYPE_REGEX[gen.dtype][0]
+        return params
+
+    def _gen(self, gen: ir.Gen) -> None:
+        if self.tracing:
+            self.trace_stopped = True
+            return
+        params = self._sampling_params(gen)
+        name = gen.name or self.new_name()
+        if self.stream:
+            out, meta = "", {}
+            for delta, meta in self.backend.generate_stream(self.text_, params):
+                out += delta
+                self._append(delta, name)
+        else:
+            out, meta = self.backend.generate(self.text_, params)
+            self._append(out, name)
+        value: Any = out
+        if gen.dtype is not None:
+            try:
+                value = DTYPE_REGEX[gen.dtype][1](out)
+            except ValueError as e:
+                raise ValueError(f"gen({name!r}, dtype={gen.dtype.__name__}) produced {out!r}, which does not "
+                                 f"parse (is constrained decoding enabled on the backend?)") from e
+        self._set_var(name, value, meta)
+
+    def _select(self, sel: ir.Select) -> None:
+        if self.tracing:
+            self.trace_stopped = True
+            return
+        choice, meta = self.backend.select(self.text_, sel.choices, sel.method)
+        self._append(choice, sel.name)
+        self._set_var(sel.name or self.new_name(), choice, meta)
+
+    def _set_var(self, name: str, value: Any, meta: dict) -> None:
+        with self._cv:
+            self.variables[name] = value
+            self.meta[name] = meta
+            self._cv.notify_all()
+
+    def _role_begin(self, role: str) -> None:
+        template = self.backend.chat_template
+        if not self.roles_used and role != "system":
+            self._append(template.implicit_prefix)  # e.g. the template's default system prompt
+        self.roles_used = True
+        self._append(template.role_begin(role))
+        self.role, self.role_start = role, len(self.text_)
+
+    def _role_end(self, role: str) -> None:
+        assert self.role == role, f"role {role!r} ends but {self.role!r} is open"
+        self.messages_.append({"role": role, "content": self.text_[self.role_start:]})
+        self.role = None
+        self._append(self.backend.chat_template.role_end(role))
+
+    def _join(self, join: ir.Join) -> None:
+        if join.mode == "concat":
+            for br in join.branches:
+                self._append(br.text_[br.fork_point[0]:])
+            return
+        # gather: every variable a branch created becomes a list over branches
+        names = []
+        for br in join.branches:
+            names += [n for n in br.variables if n not in br.fork_point[1] and n not in names]
+        for n in names:
+            self._set_var(n, [br.variables.get(n) for br in join.branches],
+                          {"branches": [br.meta.get(n) for br in join.branches]})

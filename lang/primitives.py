@@ -1,0 +1,85 @@
+"""The DSL's building blocks: gen, select and the role expressions."""
+from __future__ import annotations
+
+from typing import Any
+
+from treadle.lang import ir
+from treadle.lang.backend import CHOICE_METHODS
+from treadle.lang.interpreter import DTYPE_REGEX
+
+
+def gen(name: str | None = None, max_tokens: int | None = None, stop: str | list[str] | None = None,
+        stop_token_ids: list[int] | None = None, temperature: float | None = None, top_p: float | None = None,
+        top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
+        presence_penalty: float | None = None, repetition_penalty: float | None = None,
+        ignore_eos: bool | None = None, seed: int | None = None, regex: str | None = None,
+        json_schema: str | dict | None = None, choices: list[str] | None = None,
+        dtype: type | None = None) -> ir.Gen:
+    """Generate text into variable `name` (readable as `s[name]`).
+
+    Unset arguments fall back to the run() defaults, then to the runtime's. `regex`,
+    `json_schema` and `choices` constrain the output (enforced by the runtime);
+    `dtype` (int, float, bool or str) constrains it to a literal of that type and stores
+    the parsed value."""
+    if dtype is not None and dtype not in DTYPE_REGEX:
+        raise ValueError(f"gen({name!r}): dtype must be one of int, float, bool, str; got {dtype!r}")
+    if isinstance(stop, str):
+        stop = [stop]
+    if regex is not None:
+        _check_regex(name, regex)
+    params = {"max_tokens": max_tokens, "stop": stop, "stop_token_ids": stop_token_ids,
+              "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
+              "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
+              "repetition_penalty": repetition_penalty, "ignore_eos": ignore_eos, "seed": seed,
+              "regex": regex, "json_schema": json_schema, "choices": choices}
+    return ir.Gen(name, {k: v for k, v in params.items() if v is not None}, dtype)
+
+
+def gen_int(name: str | None = None, **kwargs: Any) -> ir.Gen:
+    """gen(..., dtype=int)."""
+    return gen(name, dtype=int, **kwargs)
+
+
+def gen_string(name: str | None = None, **kwargs: Any) -> ir.Gen:
+    """gen(..., dtype=str): a JSON string literal, stored without its quotes."""
+    return gen(name, dtype=str, **kwargs)
+
+
+def select(name: str | None = None, choices: list[str] | None = None,
+           choices_method: str = "token_length_normalized") -> ir.Select:
+    """Append the choice the model scores highest after the current text, into `name`.
+
+    All choices are scored in one batched request from the prompt logprobs of
+    `text + choice`; `choices_method` is "token_length_normalized" (mean logprob, default),
+    "sum", or "greedy_token"."""
+    if not choices or not isinstance(choices, (list, tuple)) or not all(isinstance(c, str) and c for c in choices):
+        raise ValueError(f"select({name!r}) needs a non-empty list of non-empty strings, got {choices!r}")
+    if choices_method not in CHOICE_METHODS:
+        raise ValueError(f"select({name!r}): unknown choices_method {choices_method!r}; "
+                         f"use one of {', '.join(CHOICE_METHODS)}")
+    return ir.Select(name, list(choices), choices_method)
+
+
+def system(content: Any = "") -> ir.Role:
+    """A system message: `s += system("You are ...")`."""
+    return ir.Role("system", [ir.to_expr(content)])
+
+
+def user(content: Any = "") -> ir.Role:
+    """A user message: `s += user("Hi")`."""
+    return ir.Role("user", [ir.to_expr(content)])
+
+
+def assistant(content: Any = "") -> ir.Role:
+    """An assistant message: `s += assistant(gen("answer", max_tokens=32))`."""
+    return ir.Role("assistant", [ir.to_expr(content)])
+
+
+def _check_regex(name: str | None, regex: str) -> None:
+    """Reject a regex Python cannot even parse here, at the gen() call, naming the variable."""
+    import re
+
+    try:
+        re.compile(regex)
+    except re.error as e:
+        raise ValueError(f"gen({name!r}): invalid regex {regex!r}: {e}") from e

@@ -1,0 +1,202 @@
+"""ProgramState: what a program body sees as `s`, and what run() returns.
+
+Writes (`s += ...`) are checked here, in the caller's thread, so a misuse raises at the
+line that caused it; the work itself is queued on the state's StreamExecutor.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, Iterator
+
+from treadle.lang import ir
+from treadle.lang.interpreter import StopTracing, StreamExecutor
+
+
+class ProgramState:
+    """The prompt text, variables and messages of one program run."""
+
+    def __init__(self, executor: StreamExecutor) -> None:
+        self._ex = executor
+        self._role: str | None = executor.role
+        self._names: set[str] = set(executor.variables)  # names known to exist or be coming
+
+    # ------------------------------------------------------------ writing
+
+    def __iadd__(self, other: Any) -> "ProgramState":
+        """Append text or a DSL expression (gen, select, role, ...)."""
+        for node in ir.flatten(ir.to_expr(other)):
+            self._ex.submit(self._check(node))
+        return self
+
+    def _check(self, node: ir.Expr) -> ir.Expr:
+        if isinstance(node, ir.RoleBegin):
+            if node.role not in ir.ROLES:
+                raise ValueError(f"unknown role {node.role!r}; roles are {', '.join(ir.ROLES)}")
+            if self._role is not None:
+                raise ValueError(f"cannot open a {node.role!r} message inside the open {self._role!r} message; "
+                                 "roles do not nest: close the first one before starting the next")
+            self._role = node.role
+        elif isinstance(node, ir.RoleEnd):
+            if self._role != node.role:
+                raise ValueError(f"cannot end role {node.role!r}: the open role is {self._role!r}")
+            self._role = None
+        elif isinstance(node, (ir.Gen, ir.Select)):
+            if node.name is None:  # a copy: the same node object may be added to many states
+                node = dataclasses.replace(node, name=self._ex.new_name())
+            self._names.add(node.name)
+        elif isinstance(node, ir.Join):
+            for br in node.branches:
+                self._names.update(br.variables)
+        return node
+
+    def system(self, content: Any = None) -> "_RoleScope":
+        """`with s.system(): s += "..."` (or `s.system("...")` to add a whole message)."""
+        return _RoleScope(self, "system", content)
+
+    def user(self, content: Any = None) -> "_RoleScope":
+        """`with s.user(): s += "..."` (or `s.user("...")` to add a whole message)."""
+        return _RoleScope(self, "user", content)
+
+    def assistant(self, content: Any = None) -> "_RoleScope":
+        """`with s.assistant(): s += gen(...)` (or `s.assistant("...")`)."""
+        return _RoleScope(self, "assistant", content)
+
+    def fork(self, n: int) -> "ForkGroup":
+        """n branches that continue from the current text. The shared prefix is computed
+        once (cached by the runtime) before the branches send their own requests."""
+        if n < 1:
+            raise ValueError(f"fork needs n >= 1, got {n}")
+        if self._ex.tracing:
+            raise StopTracing  # a fork marks the end of the constant prefix
+        self._ex.sync()
+        self._ex.raise_if_failed()
+        if self._ex.text_:
+            self._ex.backend.cache_prefix(self._ex.text_)
+        return ForkGroup(self, [ProgramState(self._ex.copy()) for _ in range(n)])
+
+    # ------------------------------------------------------------ reading
+
+    def __getitem__(self, name: str) -> Any:
+        """The value of variable `name`, waiting until it has been generated."""
+        self._known(name)
+        self._ex.wait_var(name)
+        if name not in self._ex.variables:
+            raise KeyError(f"variable {name!r} was never set; known variables: {sorted(self._ex.variables)}")
+        return self._ex.variables[name]
+
+    def get_var(self, name: str) -> Any:
+        return self[name]
+
+    def get_meta_info(self, name: str) -> dict:
+        """Runtime meta of the call that produced `name`: prompt_tokens, cached_tokens,
+        completion_tokens, finish_reason (for select also the per-choice scores)."""
+        self[name]
+        return self._ex.meta[name]
+
+    def _known(self, name: str) -> None:
+        if self._ex.tracing:
+            raise StopTracing  # a value depending on generation: the constant prefix ends here
+        if name not in self._names:
+            raise KeyError(f"no variable {name!r} in this program; known variables: "
+                           f"{', '.join(sorted(self._names)) or '(none)'}")
+
+    def text(self) -> str:
+        """The whole prompt text so far (waits for queued work)."""
+        if self._ex.tracing:
+            raise StopTracing
+        self.sync()
+        return self._ex.text_
+
+    def messages(self) -> list[dict]:
+        """The completed role messages as [{"role", "content"}], in order."""
+        self.sync()
+        return [dict(m) for m in self._ex.messages_]
+
+    def variables(self) -> dict[str, Any]:
+        self.sync()
+        return dict(self._ex.variables)
+
+    def sync(self) -> None:
+        """Wait for all queued work; raise the state's error if it failed."""
+        self._ex.sync()
+        self._ex.raise_if_failed()
+
+    def error(self) -> BaseException | None:
+        """The exception that stopped this state, or None (waits for queued work)."""
+        self._ex.sync()
+        return self._ex.error
+
+    def text_iter(self, name: str | None = None) -> Iterator[str]:
+        """Yield text as it is produced (all of it, or only variable `name`'s) until the
+        program ends. Token-level deltas need run(..., stream=True)."""
+        ex, i = self._ex, 0
+        while True:
+            with ex._cv:
+                ex._cv.wait_for(lambda: i < len(ex.deltas) or ex.error is not None
+                                or (ex.ended and not ex._pending and not ex._busy))
+                batch, i = ex.deltas[i:], len(ex.deltas)
+                done = ex.ended and not ex._pending and not ex._busy
+            for var, delta in batch:
+                if name is None or var == name:
+                    yield delta
+            if not batch:
+                ex.raise_if_failed()
+                if done:
+                    return
+
+    async def text_async_iter(self, name: str | None = None):
+        """Async form of `text_iter` (the blocking waits run in a worker thread)."""
+        it = self.text_iter(name)
+        end = object()
+        while True:
+            delta = await asyncio.to_thread(next, it, end)
+            if delta is end:
+                return
+            yield delta
+
+    def __repr__(self) -> str:
+        return f"ProgramState(text={self._ex.text_[-60:]!r}, variables={sorted(self._ex.variables)})"
+
+
+class _RoleScope:
+    """Returned by s.user() etc.: a context manager, or a whole message when given content."""
+
+    def __init__(self, state: ProgramState, role: str, content: Any) -> None:
+        self.state, self.role = state, role
+        if content is not None:
+            state += ir.Role(role, [ir.to_expr(content)])
+            self.done = True
+        else:
+            self.done = False
+
+    def __enter__(self) -> ProgramState:
+        if self.done:
+            raise ValueError(f"s.{self.role}(content) already added the message; use `with s.{self.role}():` "
+                             "without content to open a scope")
+        self.state += ir.RoleBegin(self.role)
+        return self.state
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.state += ir.RoleEnd(self.role)
+        else:  # leave the body's exception as is; just forget the open role
+            self.state._role = None
+
+
+class ForkGroup(list):
+    """The branches returned by `s.fork(n)` (a list of ProgramState)."""
+
+    def __init__(self, parent: ProgramState, branches: list[ProgramState]) -> None:
+        super().__init__(branches)
+        self.parent = parent
+
+    def join(self, mode: str = "gather") -> ir.Join:
+        """Wait for every branch. The returned node, added to the parent (`s += forks.join()`),
+        gathers each variable the branches created into a list ("gather") or appends every
+        branch's new text ("concat")."""
+        if mode not in ("gather", "concat"):
+            raise ValueError(f"join mode must be 'gather' or 'concat', got {mode!r}")
+        for br in self:
+            br.sync()
+        return ir.Join([br._ex for br in self], mode)

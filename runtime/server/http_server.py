@@ -1,0 +1,273 @@
+"""The FastAPI app: native endpoints (/generate, health, info, cache, abort, metrics), the
+API-key / draining gate, and error rendering. OpenAI routes live in `openai_api.py`.
+
+Bodies are parsed by hand (not pydantic models) so every problem is a 400 in the OpenAI
+error shape that names the field, never FastAPI's 422.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from treadle.runtime.engine_args import EngineArgs
+from treadle.runtime.io_struct import TokenizedGenerateReq
+from treadle.runtime.sampling_params import SamplingParams
+from treadle.runtime.server.metrics import ServerMetrics
+from treadle.runtime.server.protocol import APIError, error_body, unauthorized
+from treadle.runtime.server.streaming import (ClientGone, error_response, gather_all, merge_streams, sse,
+                                              stream_or_error, until_done_or_disconnect)
+from treadle.runtime.server.tokenizer_manager import TokenizerManager
+
+log = logging.getLogger("treadle.server")
+
+_GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "return_logprob", "logprob_start_len",
+                    "top_logprobs_num", "rid"}
+# reachable while draining / without a key: liveness must never need credentials
+_OPEN_PATHS = {"/health"}
+HEALTH_GENERATE_TIMEOUT_S = 30.0
+
+
+@dataclass
+class ServerState:
+    args: EngineArgs
+    tm: TokenizerManager
+    metrics: ServerMetrics
+    model_info: dict
+    child_pids: dict[str, int] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+
+    @property
+    def model_name(self) -> str:
+        return self.args.served_model_name or self.args.model_path or "SmolLM2-135M-Instruct"
+
+
+class Gate:
+    """Pure ASGI middleware (so streaming and disconnect detection pass through untouched):
+    Bearer auth on everything but /health, and 503 for new requests while draining."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        key = self.state.args.api_key
+        if key and path not in _OPEN_PATHS:
+            headers = dict(scope["headers"])
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            if auth != f"Bearer {key}":
+                e = unauthorized()
+                return await JSONResponse(e.body(), e.status)(scope, receive, send)
+        if self.state.tm.draining and path != "/metrics":
+            body = error_body("the server is shutting down and accepts no new requests", "server_overloaded",
+                              None, "server_overloaded")
+            return await JSONResponse(body, 503)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+async def read_json(request: Request) -> dict:
+    """The body as a JSON object, or a 400 saying what is wrong with it."""
+    raw = await request.body()
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError.bad_request(f"the request body is not valid JSON: {e}") from e
+    if not isinstance(obj, dict):
+        raise APIError.bad_request(f"the request body must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="treadle", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+    tm = state.tm
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, e: APIError) -> JSONResponse:
+        return error_response(e)
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(_: Request, e: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it; the request was aborted
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception) -> JSONResponse:
+        log.exception("internal error on %s", request.url.path)
+        return JSONResponse(error_body(f"internal server error: {type(e).__name__}: {e}", "server_error"), 500)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if tm.dead:
+            return JSONResponse(error_body(tm.dead, "server_error"), 503)
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        """A real one-token generation through the whole pipeline."""
+        r = TokenizedGenerateReq(f"health-{os.urandom(6).hex()}", [0],
+                                 SamplingParams(max_new_tokens=1, temperature=0.0))
+        tm.check_capacity(1)
+
+        async def run() -> None:
+            async for _ in tm.generate(r):
+                pass
+
+        try:
+            await asyncio.wait_for(run(), HEALTH_GENERATE_TIMEOUT_S)
+        except asyncio.TimeoutError as e:
+            raise APIError(f"no token within {HEALTH_GENERATE_TIMEOUT_S}s", 503, "server_error") from e
+        return Response(status_code=200)
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> dict:
+        info = state.model_info
+        return {"model_path": info["model_path"], "served_model_name": state.model_name,
+                "architecture": info["architecture"], "vocab_size": info["vocab_size"],
+                "context_length": info["context_len"], "is_generation": True,
+                "tokenizer_path": info.get("tokenizer_path")}
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> dict:
+        sched = await tm.control("get_info")
+        return {**sched, "engine_args": {k: v for k, v in vars(state.args).items() if k != "api_key"},
+                "num_in_flight": tm.num_in_flight, "model_load_s": state.model_info["model_load_s"],
+                "pids": {"server": os.getpid(), **state.child_pids}, "uptime_s": round(time.time() - state.started, 1)}
+
+    @app.post("/flush_cache")
+    async def flush_cache() -> Response:
+        res = await tm.control("flush_cache")
+        if not res.get("success"):
+            return JSONResponse({"success": False, "message": "not flushed: requests are still running"}, 400)
+        return JSONResponse({"success": True})
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> dict:
+        obj = await read_json(request)
+        rid = obj.get("rid")
+        if not isinstance(rid, str):
+            raise APIError.bad_request("rid must be a string", "rid")
+        # a batch / n>1 request's parts are "<rid>-<i>": abort those too
+        hits = [r for r in list(tm.states) if r == rid or r.startswith(rid + "-")]
+        return {"success": any([tm.abort(r) for r in hits])}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        info = await tm.control("get_info")
+        return Response(state.metrics.render(info, tm.num_in_flight), media_type=state.metrics.content_type)
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        obj = await read_json(request)
+        reqs, single = build_native(tm, obj)
+        stream = bool(obj.get("stream", False))
+        tm.check_capacity(len(reqs))
+        if stream:
+            return await stream_or_error(request, native_stream(tm, reqs), _render_native(single and len(reqs) == 1))
+        results = await until_done_or_disconnect(request, run_native(tm, reqs))
+        return JSONResponse(results[0] if single and len(results) == 1 else results)
+
+    from treadle.runtime.server.openai_api import register_openai_routes
+
+    register_openai_routes(app, state)
+    app.add_middleware(Gate, state=state)
+    return app
+
+
+def build_native(tm: TokenizerManager, obj: dict) -> tuple[list[TokenizedGenerateReq], bool]:
+    """The /generate body -> requests (batch items and n samples expanded), and whether the
+    input was a single prompt."""
+    unknown = sorted(set(obj) - _GENERATE_FIELDS)
+    if unknown:
+        raise APIError.bad_request(f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(sorted(_GENERATE_FIELDS))}",
+                                   unknown[0])
+    text, ids = obj.get("text"), obj.get("input_ids")
+    if (text is None) == (ids is None):
+        raise APIError.bad_request("give exactly one of text or input_ids", "text")
+    if text is not None:
+        if not isinstance(text, (str, list)):
+            raise APIError.bad_request("text must be a string or a list of strings", "text")
+        single = isinstance(text, str)
+        prompts: list[dict] = [{"text": t} for t in ([text] if single else text)]
+    else:
+        if not isinstance(ids, list):
+            raise APIError.bad_request("input_ids must be a list of integers or a list of such lists", "input_ids")
+        single = not ids or not isinstance(ids[0], list)
+        prompts = [{"input_ids": x} for x in ([ids] if single else ids)]
+    if not prompts:
+        raise APIError.bad_request("the batch is empty", "text" if text is not None else "input_ids")
+    sp = obj.get("sampling_params")
+    if isinstance(sp, list):
+        if len(sp) != len(prompts):
+            raise APIError.bad_request(f"{len(sp)} sampling_params for {len(prompts)} prompts", "sampling_params")
+        params = sp
+    elif sp is None or isinstance(sp, dict):
+        params = [sp or {}] * len(prompts)
+    else:
+        raise APIError.bad_request("sampling_params must be an object or a list of objects", "sampling_params")
+    rid = obj.get("rid")
+    if isinstance(rid, list):
+        rids = rid
+    elif rid is None:
+        rids = [None] * len(prompts)
+    else:  # one rid for a batch: its items are "<rid>-<i>"
+        rids = [rid] if single else [f"{rid}-{i}" for i in range(len(prompts))]
+    if len(rids) != len(prompts):
+        raise APIError.bad_request(f"{len(rids)} rids for {len(prompts)} prompts", "rid")
+    stream = obj.get("stream", False)
+    if not isinstance(stream, bool):
+        raise APIError.bad_request("stream must be a boolean", "stream")
+    reqs = []
+    for p, sparams, r in zip(prompts, params, rids):
+        req = tm.make_req(**p, params=sparams, return_logprob=obj.get("return_logprob", False),
+                          logprob_start_len=obj.get("logprob_start_len"),
+                          top_logprobs_num=obj.get("top_logprobs_num", 0), stream=stream, rid=r)
+        reqs.extend(tm.expand_n(req))
+    if len({r.rid for r in reqs}) != len(reqs):
+        raise APIError.bad_request("request ids must be unique", "rid")
+    return reqs, single
+
+
+async def run_native(tm: TokenizerManager, reqs: list[TokenizedGenerateReq]) -> list[dict]:
+    async def one(r: TokenizedGenerateReq) -> dict:
+        last = None
+        async for chunk in tm.generate(r):
+            last = chunk
+        return last.acc.result()
+
+    await tm.warm_prefixes(reqs)
+    return await gather_all([one(r) for r in reqs])
+
+
+async def native_stream(tm: TokenizerManager, reqs: list[TokenizedGenerateReq]):
+    """(index, chunk) pairs of all requests; the prompt is warmed first when shared."""
+    await tm.warm_prefixes(reqs)
+    async for item in merge_streams([tm.generate(r) for r in reqs]):
+        yield item
+
+
+def _render_native(single: bool):
+    """Native stream chunks mirror Engine.generate(stream=True): `text` and `output_ids` are
+    what is new, `meta_info` is cumulative; batches add `index`."""
+    def render(item: tuple[int, Any]) -> list[str]:
+        i, chunk = item
+        if not chunk.text and not chunk.ids and not chunk.finished:
+            return []
+        res = chunk.acc.result()
+        res["text"] = chunk.text
+        res["output_ids"] = list(chunk.ids)
+        if not single:
+            res["index"] = i
+        return [sse(res)]
+
+    return render

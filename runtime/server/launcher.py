@@ -1,0 +1,235 @@
+"""Launch the multi-process server: spawn the scheduler and detokenizer processes, wait for
+both to report ready, then serve HTTP in this process until told to stop.
+
+Lifecycle guarantees:
+- a child that dies during start-up (e.g. the model fails to load) ends the launch with an
+  error naming the child and its traceback, within the start-up timeout;
+- a child that dies while serving makes the server exit non-zero within seconds (watchdog);
+- SIGTERM / SIGINT drain: new requests get 503, running ones have `shutdown_grace_s` to
+  finish, the rest are aborted, and the process exits 0; a second signal forces the exit;
+- children are always torn down, and they exit by themselves if this process vanishes.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Callable
+
+import uvicorn
+
+from treadle.runtime.engine_args import EngineArgs
+from treadle.runtime.server.detokenizer_process import run_detokenizer_process
+from treadle.runtime.server.ipc import IpcPaths
+from treadle.runtime.server.scheduler_process import run_scheduler_process
+
+log = logging.getLogger("treadle.server")
+
+STARTUP_TIMEOUT_S = float(os.environ.get("TREADLE_STARTUP_TIMEOUT_S", "600"))
+WATCHDOG_PERIOD_S = 0.5
+# after a child death, exit even if the graceful path hangs on a stuck connection
+HARD_EXIT_AFTER_S = 5.0
+
+
+class LaunchError(RuntimeError):
+    """A child process failed to start."""
+
+
+class _Children:
+    def __init__(self, args: EngineArgs, paths: IpcPaths) -> None:
+        ctx = mp.get_context("spawn")  # fork after torch/zmq initialisation is unsafe
+        self.procs: dict[str, mp.process.BaseProcess] = {}
+        self.conns = {}
+        targets = {"scheduler": run_scheduler_process, "detokenizer": run_detokenizer_process}
+        for name, target in targets.items():
+            recv, send = ctx.Pipe(duplex=False)
+            # not daemonic: the scheduler starts its own grammar-compile workers
+            p = ctx.Process(target=target, args=(args, paths, send, os.getpid()), name=f"treadle-{name}")
+            p.start()
+            send.close()
+            self.procs[name], self.conns[name] = p, recv
+
+    def wait_ready(self, timeout_s: float) -> dict[str, dict]:
+        """Every child's ready info; LaunchError if one reports an error, dies or is late."""
+        infos: dict[str, dict] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(infos) < len(self.procs):
+            for name, conn in self.conns.items():
+                if name in infos:
+                    continue
+                p = self.procs[name]
+                if conn.poll(0.1):
+                    try:
+                        kind, payload = conn.recv()
+                    except EOFError as e:
+                        p.join(2)
+                        raise LaunchError(f"the {name} process exited with code {p.exitcode} during start-up") from e
+                    if kind == "error":
+                        raise LaunchError(f"the {name} process failed during start-up:\n{payload}")
+                    infos[name] = payload
+                elif not p.is_alive():
+                    raise LaunchError(f"the {name} process exited with code {p.exitcode} during start-up "
+                                      "(killed for memory?)")
+            if time.monotonic() > deadline:
+                missing = sorted(set(self.procs) - set(infos))
+                raise LaunchError(f"{', '.join(missing)} not ready after {timeout_s:.0f}s "
+                                  "(set TREADLE_STARTUP_TIMEOUT_S to wait longer)")
+        return infos
+
+    def dead(self) -> tuple[str, mp.process.BaseProcess] | None:
+        for name, p in self.procs.items():
+            if not p.is_alive():
+                return name, p
+        return None
+
+    def shutdown(self) -> None:
+        for p in self.procs.values():
+            if p.is_alive():
+                p.terminate()
+        for p in self.procs.values():
+            p.join(10)
+            if p.is_alive():
+                log.warning("%s did not stop in 10s; killing it", p.name)
+                p.kill()
+                p.join(5)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn with a draining shutdown and an exit code."""
+
+    def __init__(self, config: uvicorn.Config, state, children: _Children) -> None:
+        super().__init__(config)
+        self.state = state
+        self.children = children
+        self.exit_code = 0
+        self.draining = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # deliberately not uvicorn's handler: it re-raises the signal after serving, which
+        # would turn a clean drain into death-by-SIGTERM
+        if self.draining or self.loop is None:
+            log.warning("second signal: exiting now")
+            self.should_exit = self.force_exit = True
+            return
+        self.draining = True
+        self.state.tm.draining = True
+        log.info("signal %d: draining (grace %.1fs)", sig, self.state.args.shutdown_grace_s)
+        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._drain()))
+
+    async def _drain(self) -> None:
+        tm = self.state.tm
+        deadline = time.monotonic() + self.state.args.shutdown_grace_s
+        while tm.num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if tm.num_in_flight:
+            log.warning("grace period over: aborting %d request(s)", tm.num_in_flight)
+            tm.abort_all()
+            end = time.monotonic() + 5
+            while tm.num_in_flight and time.monotonic() < end:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)  # let the handlers write their final responses
+        self.should_exit = True
+
+    async def watchdog(self) -> None:
+        while not self.should_exit:
+            dead = self.children.dead()
+            if dead is not None:
+                name, p = dead
+                msg = f"the {name} process (pid {p.pid}) died with exit code {p.exitcode}"
+                log.error("%s; shutting the server down", msg)
+                self.state.tm.fail_all(msg)
+                self.exit_code = 1
+                self.should_exit = True
+                t = threading.Timer(HARD_EXIT_AFTER_S, os._exit, (1,))
+                t.daemon = True
+                t.start()
+                return
+            await asyncio.sleep(WATCHDOG_PERIOD_S)
+
+
+def banner(args: EngineArgs, info: dict) -> str:
+    url = f"http://{args.host}:{args.port}"
+    auth = " -H 'Authorization: Bearer <your api key>'" if args.api_key else ""
+    return (f"treadle is ready at {url}  (model {info['model_path']}, {info['num_slots']} KV slots)\n"
+            f"  curl {url}/generate -H 'Content-Type: application/json'{auth} "
+            "-d '{\"text\": \"The capital of France is\", \"sampling_params\": {\"max_new_tokens\": 16}}'")
+
+
+def launch_server(args: EngineArgs, on_ready: Callable[[str], None] | None = None) -> int:
+    """Run the server until it is stopped; returns the process exit code."""
+    from treadle.runtime.model_source import resolve_model_source
+    from treadle.runtime.server.http_server import ServerState, create_app
+    from treadle.runtime.server.metrics import ServerMetrics
+    from treadle.runtime.server.tokenizer_manager import TokenizerManager
+    from treadle.runtime.tokenizer import load_tokenizer
+
+    logging.basicConfig(level=args.log_level.upper(), format="[server] %(levelname)s %(message)s")
+    paths = IpcPaths.create()
+    children = _Children(args, paths)
+    tm = None
+    try:
+        source = resolve_model_source(args.model_path)
+        tokenizer = load_tokenizer(source)  # meanwhile the children load the model
+        infos = children.wait_ready(STARTUP_TIMEOUT_S)
+        info = {**infos["scheduler"], "tokenizer_path": source.tokenizer_path}
+        tm = TokenizerManager(args, tokenizer, info, paths, ServerMetrics())
+        state = ServerState(args, tm, tm.metrics, info,
+                            child_pids={name: p.pid for name, p in children.procs.items()})
+        config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
+                                access_log=args.log_level == "debug", timeout_graceful_shutdown=5,
+                                lifespan="off")
+        server = _Server(config, state, children)
+
+        async def main() -> None:
+            server.loop = asyncio.get_running_loop()
+            tm.start()
+            watchdog = asyncio.ensure_future(server.watchdog())
+
+            async def announce() -> None:
+                while not server.started and not server.should_exit:
+                    await asyncio.sleep(0.05)
+                if server.started:
+                    (on_ready or _print_flush)(banner(args, info))
+
+            announcer = asyncio.ensure_future(announce())
+            try:
+                await server.serve()
+            finally:
+                watchdog.cancel()
+                announcer.cancel()
+
+        asyncio.run(main())
+        return server.exit_code
+    except LaunchError as e:
+        log.error("%s", e)
+        return 1
+    finally:
+        if tm is not None:
+            tm.close()
+        children.shutdown()
+        paths.cleanup()
+
+
+def _print_flush(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def install_sigterm_as_exit() -> None:
+    """Before the server runs, SIGTERM (e.g. during the model load) exits cleanly through
+    the teardown path instead of leaving the children to notice the parent is gone."""
+    def handler(sig: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + sig)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main_from_args(args: EngineArgs) -> None:
+    install_sigterm_as_exit()
+    sys.exit(launch_server(args))

@@ -1,0 +1,279 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions.
+
+A request body is mapped onto native sampling params (OpenAI names -> treadle names, plus
+pass-through extras such as regex / choices / top_k), run through the same TokenizerManager
+as /generate, and the results are shaped like OpenAI's, streaming included.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from treadle.runtime.io_struct import TokenizedGenerateReq
+from treadle.runtime.server.http_server import ServerState, read_json
+from treadle.runtime.server.protocol import APIError, finish_reason, matched_stop
+from treadle.runtime.server.streaming import gather_all, merge_streams, sse, stream_or_error, until_done_or_disconnect
+from treadle.runtime.server.tokenizer_manager import Accum, Chunk, TokenizerManager
+
+# OpenAI name -> sampling param name, for fields whose meaning is the same
+_RENAMED = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+_PASSED = ("temperature", "top_p", "n", "stop", "seed", "frequency_penalty", "presence_penalty",
+           # treadle / SGLang extras, sent by clients as extra_body
+           "top_k", "min_p", "repetition_penalty", "ignore_eos", "regex", "json_schema", "choices",
+           "stop_token_ids", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens")
+# accepted and without effect here
+_IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream_options", "stream", "logprobs",
+            "top_logprobs", "response_format", "echo", "best_of", "logit_bias", "tool_choice",
+            "parallel_tool_calls", "rid")
+# response_format json_object: any JSON object, nested one level. The fully generic
+# {"type": "object"} (unbounded nesting) becomes a ~15k-char regex whose token index takes
+# over a minute to build on CPU, so every json_object request would time out compiling.
+_SCALAR = {"type": ["string", "number", "boolean", "null"]}
+JSON_OBJECT_SCHEMA = {"type": "object", "additionalProperties": {"anyOf": [
+    _SCALAR, {"type": "array", "items": _SCALAR}, {"type": "object", "additionalProperties": _SCALAR}]}}
+_COMPLETION_FIELDS = {"prompt", "suffix", *_RENAMED, *_PASSED, *_IGNORED}
+_CHAT_FIELDS = {"messages", "tools", *_RENAMED, *_PASSED, *_IGNORED}
+
+
+def register_openai_routes(app: FastAPI, state: ServerState) -> None:
+    tm = state.tm
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": int(state.started),
+                                            "owned_by": "treadle", "max_model_len": state.model_info["context_len"]}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await read_json(request)
+        _check_fields(body, _COMPLETION_FIELDS)
+        for name, ok in (("suffix", body.get("suffix") is None), ("echo", not body.get("echo")),
+                         ("logit_bias", not body.get("logit_bias")),
+                         ("best_of", body.get("best_of") in (None, body.get("n", 1)))):
+            if not ok:
+                raise APIError.bad_request(f"{name} is not supported by this server", name)
+        lp = body.get("logprobs")
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
+            raise APIError.bad_request("logprobs must be an integer in [0, 20]", "logprobs")
+        prompts = _completion_prompts(tm, body.get("prompt"))
+        reqs = [_make(tm, body, ids, default_max=16, return_logprob=lp is not None, top=lp or 0) for ids in prompts]
+        return await _serve(request, state, body, reqs, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await read_json(request)
+        _check_fields(body, _CHAT_FIELDS)
+        if body.get("tools"):
+            raise APIError.bad_request("tools are not supported by this server", "tools")
+        lp, top = body.get("logprobs", False), body.get("top_logprobs")
+        if lp is not None and not isinstance(lp, bool):
+            raise APIError.bad_request("logprobs must be a boolean", "logprobs")
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+            raise APIError.bad_request("top_logprobs must be an integer in [0, 20]", "top_logprobs")
+        if top and not lp:
+            raise APIError.bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+        ids = tm.encode(tm.chat_prompt(body.get("messages")))
+        reqs = [_make(tm, body, ids, default_max=None, return_logprob=bool(lp), top=top or 0)]
+        return await _serve(request, state, body, reqs, chat=True)
+
+
+# ====================================================================== request mapping
+
+def _check_fields(body: dict, allowed: set[str]) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise APIError.bad_request(f"unknown field(s): {', '.join(unknown)}", unknown[0])
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise APIError.bad_request("stream must be a boolean", "stream")
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise APIError.bad_request("stream_options must be an object", "stream_options")
+
+
+def _completion_prompts(tm: TokenizerManager, prompt: Any) -> list[list[int]]:
+    """prompt: a string, a list of strings, a list of token ids, or a list of such lists."""
+    if isinstance(prompt, str):
+        return [tm.encode(prompt)]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return [tm.encode(p) for p in prompt]
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, list) for p in prompt):
+            return [list(p) for p in prompt]
+    raise APIError.bad_request("prompt must be a string, a list of strings, or token ids", "prompt")
+
+
+def _response_format_schema(rf: Any) -> str | None:
+    """response_format -> a JSON schema string for constrained decoding (None for text)."""
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise APIError.bad_request("response_format.type must be text, json_object or json_schema",
+                                   "response_format")
+    if rf["type"] == "text":
+        return None
+    if rf["type"] == "json_object":
+        return json.dumps(JSON_OBJECT_SCHEMA)
+    spec = rf.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), (dict, bool)):
+        raise APIError.bad_request("response_format.json_schema must be an object with a `schema` object",
+                                   "response_format")
+    return json.dumps(spec["schema"])
+
+
+def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | None,
+          return_logprob: bool, top: int) -> TokenizedGenerateReq:
+    params: dict[str, Any] = {}
+    for name in _PASSED:
+        if body.get(name) is not None:
+            params[name] = body[name]
+    for name in ("min_tokens", "max_tokens", "max_completion_tokens"):  # the newer name wins
+        if body.get(name) is not None:
+            params[_RENAMED[name]] = body[name]
+    if "max_new_tokens" not in params:
+        # the default fills the rest of the context (chat) or is OpenAI's 16 (completions)
+        room = max(1, min(tm.context_len - 1, tm.num_slots) - len(ids))
+        params["max_new_tokens"] = room if default_max is None else min(default_max, room)
+    schema = _response_format_schema(body.get("response_format"))
+    if schema is not None:
+        if params.get("json_schema") or params.get("regex") or params.get("choices"):
+            raise APIError.bad_request("response_format cannot be combined with regex, json_schema or choices",
+                                       "response_format")
+        params["json_schema"] = schema
+    try:
+        return tm.make_req(input_ids=ids, params=params, return_logprob=return_logprob, top_logprobs_num=top,
+                           stream=bool(body.get("stream")))
+    except APIError as e:  # report the OpenAI field name the client actually sent
+        for ours, theirs in (("max_new_tokens", "max_completion_tokens" if "max_completion_tokens" in body
+                              else "max_tokens"), ("min_new_tokens", "min_tokens")):
+            e.message = e.message.replace(f"sampling_params.{ours}", theirs)
+            if e.param == ours:
+                e.param = theirs
+        e.message = e.message.replace("sampling_params.", "")
+        raise
+
+
+# ====================================================================== running and shaping
+
+async def _serve(request: Request, state: ServerState, body: dict, base: list[TokenizedGenerateReq],
+                 chat: bool) -> Response:
+    tm = state.tm
+    reqs = [r for b in base for r in tm.expand_n(b)]  # choice index = prompt * n + sample
+    tm.check_capacity(len(reqs))
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    shaper = _Shaper(tm, rid, state.model_name, chat, int(time.time()), len(reqs) // len(base))
+    if body.get("stream"):
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        async def items():
+            await tm.warm_prefixes(reqs)
+            async for item in merge_streams([tm.generate(r) for r in reqs]):
+                yield item
+
+        return await stream_or_error(request, items(), shaper.render_chunk,
+                                     lambda: [sse(shaper.usage_chunk())] if include_usage else [])
+
+    async def run() -> list[Accum]:
+        async def one(r: TokenizedGenerateReq) -> Accum:
+            last = None
+            async for c in tm.generate(r):
+                last = c
+            return last.acc
+
+        await tm.warm_prefixes(reqs)
+        return await gather_all([one(r) for r in reqs])
+
+    accs = await until_done_or_disconnect(request, run())
+    for i, acc in enumerate(accs):
+        shaper.accs[i] = acc
+    obj = "chat.completion" if chat else "text_completion"
+    choices = [shaper.choice(i, acc) for i, acc in enumerate(accs)]
+    return JSONResponse({"id": rid, "object": obj, "created": shaper.created, "model": shaper.model,
+                         "choices": choices, "usage": shaper.usage()})
+
+
+class _Shaper:
+    """Renders results and stream chunks in OpenAI's shapes."""
+
+    def __init__(self, tm: TokenizerManager, rid: str, model: str, chat: bool, created: int, n: int) -> None:
+        self.tm, self.id, self.model, self.chat, self.created, self.n = tm, rid, model, chat, created, n
+        self.accs: dict[int, Accum] = {}
+        self.role_sent: set[int] = set()
+        self.text_offset: dict[int, int] = {}
+
+    def _tok(self, tid: int) -> str:
+        return self.tm.tokenizer.decode([tid]) if self.tm.tokenizer is not None else str(tid)
+
+    def logprobs(self, i: int, ids: list[int], lps: list[float], tops: list) -> dict | None:
+        if not lps:
+            return None
+        if self.chat:
+            def entry(tid: int, lp: float) -> dict:
+                s = self._tok(tid)
+                return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+            return {"content": [{**entry(t, lp), "top_logprobs": [entry(tt, tlp) for tlp, tt in (tops[k] if k < len(tops) else [])]}
+                                for k, (t, lp) in enumerate(zip(ids, lps))]}
+        toks = [self._tok(t) for t in ids]
+        offsets, off = [], self.text_offset.get(i, 0)
+        for s in toks:
+            offsets.append(off)
+            off += len(s)
+        self.text_offset[i] = off
+        return {"tokens": toks, "token_logprobs": list(lps), "text_offset": offsets,
+                "top_logprobs": [{self._tok(tt): tlp for tlp, tt in (tops[k] if k < len(tops) else [])}
+                                 for k in range(len(ids))] if tops else None}
+
+    def choice(self, i: int, acc: Accum) -> dict:
+        fin = acc.last.finished
+        lp = self.logprobs(i, acc.ids, acc.logprobs, acc.tops)
+        c: dict[str, Any] = {"index": i, "logprobs": lp, "finish_reason": finish_reason(fin),
+                             "matched_stop": matched_stop(fin)}
+        if self.chat:
+            c["message"] = {"role": "assistant", "content": acc.text}
+        else:
+            c["text"] = acc.text
+        return c
+
+    def usage(self) -> dict:
+        # the prompt is counted once per prompt, not once per sample of it
+        firsts = [self.accs[i].last for i in sorted(self.accs) if i % self.n == 0]
+        prompt = sum(o.prompt_tokens for o in firsts)
+        completion = sum(a.last.completion_tokens for a in self.accs.values())
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": sum(o.cached_tokens for o in firsts)}}
+
+    def usage_chunk(self) -> dict:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [],
+                "usage": self.usage()}
+
+    def render_chunk(self, item: tuple[int, Chunk]) -> list[str]:
+        i, ch = item
+        self.accs[i] = ch.acc
+        out: list[str] = []
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        head = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        if self.chat and i not in self.role_sent:
+            self.role_sent.add(i)
+            out.append(sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                 "logprobs": None, "finish_reason": None}]}))
+        if not ch.text and not ch.finished and not ch.logprobs:
+            return out
+        fin = ch.acc.last.finished if ch.finished else None
+        c: dict[str, Any] = {"index": i, "logprobs": self.logprobs(i, ch.ids, ch.logprobs, ch.top_logprobs),
+                             "finish_reason": finish_reason(fin)}
+        if ch.finished:
+            c["matched_stop"] = matched_stop(fin)
+        if self.chat:
+            c["delta"] = {"content": ch.text} if ch.text else {}
+        else:
+            c["text"] = ch.text
+        out.append(sse({**head, "choices": [c]}))
+        return out

@@ -1,0 +1,157 @@
+"""Helpers shared by the native and OpenAI handlers: client-disconnect detection, fan-in of
+several request streams, and Server-Sent Events responses that abort on disconnect."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from treadle.runtime.server.protocol import APIError
+
+log = logging.getLogger("treadle.server")
+
+DISCONNECT_POLL_S = 0.25
+
+
+class ClientGone(Exception):
+    """The client closed the connection before the answer was ready."""
+
+
+async def until_done_or_disconnect(request: Request, aw: Awaitable[Any]) -> Any:
+    """Await `aw`, but cancel it (which aborts its requests) when the client disconnects."""
+    task = asyncio.ensure_future(aw)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientGone()
+    finally:
+        if not task.done():
+            task.cancel()
+            # let the request generators run their abort-on-exit before we return
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def gather_all(aws: list[Awaitable[Any]]) -> list[Any]:
+    """Like asyncio.gather, but the first failure cancels (and so aborts) the others."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        pending = [t for t in tasks if not t.done()]
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def merge_streams(gens: list[AsyncIterator[Any]]) -> AsyncIterator[tuple[int, Any]]:
+    """Interleave several async iterators as (index, item) in arrival order. Closing the
+    merged iterator cancels (and so aborts) every source still running."""
+    if len(gens) == 1:
+        try:
+            async for item in gens[0]:
+                yield 0, item
+        finally:
+            await gens[0].aclose()
+        return
+    q: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, g: AsyncIterator[Any]) -> None:
+        try:
+            async for item in g:
+                q.put_nowait((i, item))
+            q.put_nowait((i, done))
+        except Exception as e:  # handed to the consumer, which raises it
+            q.put_nowait((i, e))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await q.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class AbortOnDisconnectStream(StreamingResponse):
+    """A StreamingResponse that notices a disconnect even while waiting for the next token
+    (not only on the next write) and always closes its body iterator, whose cleanup aborts
+    the request and frees its KV."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def listen() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        try:
+            async with anyio.create_task_group() as tg:
+                async def stream() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError as e:  # the client vanished mid-write: same as a disconnect
+                        log.debug("stream write failed, client gone: %s", e)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(stream)
+                await listen()
+                tg.cancel_scope.cancel()
+        finally:
+            await self.body_iterator.aclose()
+
+
+async def stream_or_error(request: Request, items: AsyncIterator[Any],
+                          render: Callable[[Any], list[str]], tail: Callable[[], list[str]] | None = None):
+    """Start an SSE response once the first item is there, so an early failure (e.g. a
+    grammar that does not compile) is still a plain 400; later failures become an SSE error
+    event. `render(item)` gives the SSE lines of an item, `tail()` lines sent before [DONE]."""
+    try:
+        first = await until_done_or_disconnect(request, items.__anext__())
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        await items.aclose()
+        raise
+
+    async def body() -> AsyncIterator[str]:
+        try:
+            if first is not None:
+                for line in render(first):
+                    yield line
+                async for item in items:
+                    for line in render(item):
+                        yield line
+            for line in (tail() if tail else []):
+                yield line
+        except APIError as e:
+            yield sse(e.body())
+        finally:
+            await items.aclose()
+        yield "data: [DONE]\n\n"
+
+    return AbortOnDisconnectStream(body(), media_type="text/event-stream",
+                                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)

@@ -1,0 +1,73 @@
+"""A real server subprocess for tests and benchmarks: free port, wait for /health, kill the
+whole process group on exit.
+
+    with ServerProcess(["--max-total-tokens", "8192"]) as srv:
+        requests.post(srv.url + "/generate", json={...})
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import requests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, extra_args: list[str] | None = None, port: int | None = None,
+                 startup_timeout_s: float = 300.0) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="treadle-server-", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "treadle.runtime.launch_server", "--host", "127.0.0.1",
+               "--port", str(self.port), *(extra_args or [])]
+        # its own session, so cleanup can kill the server and every child it spawned
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_healthy(startup_timeout_s)
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} during start-up:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass  # not listening yet
+            time.sleep(0.5)
+        self.kill()
+        raise TimeoutError(f"server not healthy after {timeout_s}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 4000) -> str:
+        with open(self.log.name) as f:
+            return f.read()[-n:]
+
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group (idempotent)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # already gone together with its group
+        self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        self.kill()
+        self.log.close()
+        os.unlink(self.log.name)
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

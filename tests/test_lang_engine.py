@@ -1,0 +1,229 @@
+"""The DSL end to end on the real embedded model through the in-process Engine backend."""
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from treadle.lang import (EngineBackend, assistant, function, gen, select, set_default_backend, system, user)
+from treadle.runtime import Engine
+from treadle.runtime.tokenizer import apply_chat_template
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = Engine(max_total_tokens=16384)
+    set_default_backend(eng)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def backend(engine):
+    return EngineBackend(engine)
+
+
+def test_text_and_variables(backend):
+    @function
+    def prog(s, topic):
+        s += f"A short poem about {topic}:\n"
+        s += gen("line", max_tokens=8, temperature=0)
+        s += "\nThe end."
+
+    st = prog.run(topic="the sea", backend=backend)
+    assert isinstance(st["line"], str) and st["line"]
+    assert st.text() == f"A short poem about the sea:\n{st['line']}\nThe end."
+    meta = st.get_meta_info("line")
+    assert meta["prompt_tokens"] > 0 and 0 < meta["completion_tokens"] <= 8
+    assert meta["finish_reason"]["type"] in ("stop", "length")
+
+
+def test_same_as_engine_greedy(engine, backend):
+    prompt = "The three primary colors are"
+
+    @function
+    def prog(s):
+        s += prompt
+        s += gen("x", max_tokens=10, temperature=0)
+
+    direct = engine.generate(prompt, {"max_new_tokens": 10, "temperature": 0})["text"]
+    assert prog.run(backend=backend)["x"] == direct
+
+
+def test_roles_render_like_the_chat_template(engine, backend):
+    @function
+    def chat(s):
+        s += system("You are terse.")
+        s += user("Hi there")
+        s += assistant("Hello!")
+        with s.user():
+            s += "Bye"
+
+    st = chat.run(backend=backend)
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi there"},
+            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
+    assert st.messages() == msgs
+    assert st.text() == apply_chat_template(engine.tokenizer, msgs, add_generation_prompt=False)
+
+    @function
+    def no_system(s):  # the template's default system prompt appears, as with apply_chat_template
+        s += user("Hi")
+        s += assistant(gen("reply", max_tokens=8, temperature=0))
+
+    st = no_system.run(backend=backend)
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": st["reply"]}]
+    assert st.messages() == msgs
+    assert st.text() == apply_chat_template(engine.tokenizer, msgs, add_generation_prompt=False)
+    gen_prompt = apply_chat_template(engine.tokenizer, msgs[:1], add_generation_prompt=True)
+    assert st.text().startswith(gen_prompt)
+
+
+def test_fork_branches_share_the_prefix(backend):
+    @function
+    def tot(s):
+        s += "Here is a long shared context about planets. " * 8
+        s += "Name one planet:"
+        forks = s.fork(3)
+        for i, f in enumerate(forks):
+            f += f" (idea {i})" + gen("idea", max_tokens=6, temperature=0)
+        s += forks.join()
+
+    st = tot.run(backend=backend)
+    ideas = st["idea"]
+    assert isinstance(ideas, list) and len(ideas) == 3
+    branch_metas = st.get_meta_info("idea")["branches"]
+    assert all(m["cached_tokens"] > 0 for m in branch_metas)
+
+
+def test_select_obvious_cases(backend):
+    @function
+    def capital(s):
+        s += "The capital of France is "
+        s += select("city", ["Paris", "London", "banana"])
+
+    st = capital.run(backend=backend)
+    assert st["city"] == "Paris"
+    assert st.text() == "The capital of France is Paris"
+    meta = st.get_meta_info("city")
+    assert len(meta["scores"]) == 3 and meta["scores"][0] == max(meta["scores"])
+
+    @function
+    def sentiment(s, review):
+        s += user(f"Is this review positive or negative? \"{review}\" Answer with one word.")
+        s += assistant(select("label", ["positive", "negative"]))
+
+    good = sentiment.run(review="I loved it, wonderful and delightful, best movie ever!", backend=backend)
+    bad = sentiment.run(review="Terrible, boring and awful. I hated every minute.", backend=backend)
+    assert (good["label"], bad["label"]) == ("positive", "negative")
+    for method in ("greedy_token", "sum"):
+        @function
+        def cap2(s):
+            s += "The capital of France is"
+            s += select("city", [" Paris", " London", " banana"], choices_method=method)
+
+        assert cap2.run(backend=backend)["city"] == " Paris"
+
+
+def test_dtype_int_and_regex(backend):
+    @function
+    def prog(s):
+        s += "Q: How many legs does a spider have?\nA (a number): "
+        s += gen("n", dtype=int, max_tokens=6, temperature=0)
+        s += "\nQ: Give a date.\nA: "
+        s += gen("date", regex=r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", max_tokens=16, temperature=0)
+
+    st = prog.run(backend=backend)
+    assert isinstance(st["n"], int)
+    assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", st["date"])
+
+
+def test_json_schema_gen(backend):
+    import json
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                                "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+
+    @function
+    def prog(s):
+        s += "Alice is 31 years old. As JSON: "
+        s += gen("j", json_schema=schema, max_tokens=32, temperature=0)
+
+    obj = json.loads(prog.run(backend=backend)["j"])
+    assert set(obj) == {"name", "age"} and isinstance(obj["age"], int)
+
+
+def test_unknown_variable_and_nested_role_raise(backend):
+    @function
+    def prog(s):
+        s += "Hello " + gen("greeting", max_tokens=2, temperature=0)
+        s["nope"]
+
+    with pytest.raises(KeyError, match="nope.*greeting"):
+        prog.run(backend=backend)
+
+    @function
+    def nested(s):
+        with s.user():
+            s += assistant("x")
+
+    with pytest.raises(ValueError, match="inside the open 'user'"):
+        nested.run(backend=backend)
+
+
+def test_invalid_regex_raises(backend):
+    with pytest.raises(ValueError, match="invalid regex"):
+        gen("x", regex="(unclosed")
+
+    @function
+    def prog(s):  # valid for Python, rejected by the runtime's grammar compiler (no lookaround)
+        s += "x" + gen("x", regex=r"(?=a)a", max_tokens=2, temperature=0)
+
+    with pytest.raises(ValueError, match="not supported"):
+        prog.run(backend=backend)
+
+
+def test_run_batch_isolates_errors_and_uses_the_prefix(engine, backend):
+    @function
+    def classify(s, text):
+        s += "Classify the sentiment of movie reviews as positive or negative.\n" * 3
+        s += f"Review: {text}\nSentiment:"
+        s += select("label", [" positive", " negative"])
+        if text == "BOOM":
+            raise RuntimeError("boom in program")
+        if text == "BADREGEX":
+            s += gen("why", regex=r"(?=x)x", max_tokens=2)
+
+    assert classify.trace_prefix(backend).endswith("Review: ")
+    texts = ["Great fun!", "BOOM", "Awful, just awful.", "BADREGEX"]
+    states = classify.run_batch([{"text": t} for t in texts], backend=backend, progress_bar=False)
+    assert states[0]["label"] in (" positive", " negative")
+    assert states[2]["label"] in (" positive", " negative")
+    with pytest.raises(RuntimeError, match="boom in program"):
+        states[1].text()
+    assert isinstance(states[1].error(), RuntimeError)
+    with pytest.raises(ValueError, match="not supported"):
+        states[3]["why"]
+    assert states[3]["label"] in (" positive", " negative")  # set before the failing call
+    with pytest.raises(ValueError, match="not supported"):
+        states[3].text()
+    assert states[0].get_meta_info("label")["cached_tokens"] > 0
+
+
+def test_streaming(backend):
+    @function
+    def prog(s):
+        s += "Count: one, two,"
+        s += gen("rest", max_tokens=8, temperature=0)
+
+    st = prog.run(backend=backend, stream=True)
+    pieces = list(st.text_iter())
+    assert "".join(pieces) == st.text()
+    assert len(pieces) > 2  # token-level deltas, not one blob
+    st2 = prog.run(backend=backend, stream=True)
+
+    async def collect():
+        return [d async for d in st2.text_async_iter("rest")]
+
+    assert "".join(asyncio.run(collect())) == st2["rest"]

@@ -1,0 +1,133 @@
+"""A subset of the DSL through RuntimeEndpoint against a real server subprocess."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from treadle.lang import RuntimeEndpoint, assistant, function, gen, select, system, user
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "treadle.runtime.launch_server", "--port", str(port),
+                             "--max-total-tokens", "16384"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    deadline = time.time() + 240
+    try:
+        while True:
+            if proc.poll() is not None:
+                out = proc.stdout.read().decode(errors="replace")
+                pytest.fail(f"the server exited with {proc.returncode}:\n{out[-3000:]}")
+            try:
+                if requests.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.time() > deadline:
+                pytest.fail("the server did not become healthy within 240 s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def backend(server):
+    return RuntimeEndpoint(server)
+
+
+def test_unreachable_url_names_it():
+    port = _free_port()  # nothing listens there
+    with pytest.raises(ConnectionError, match=f"127.0.0.1:{port}"):
+        RuntimeEndpoint(f"http://127.0.0.1:{port}")
+
+
+def test_gen_and_variables(backend):
+    @function
+    def prog(s):
+        s += "The capital of France is"
+        s += gen("x", max_tokens=6, temperature=0, stop="\n")
+
+    st = prog.run(backend=backend)
+    assert "Paris" in st["x"]
+    assert st.text() == "The capital of France is" + st["x"]
+    assert st.get_meta_info("x")["prompt_tokens"] > 0
+
+
+def test_select_over_http(backend):
+    @function
+    def capital(s):
+        s += "The capital of France is "
+        s += select("city", ["Paris", "London", "banana"])
+
+    assert capital.run(backend=backend)["city"] == "Paris"
+
+    @function
+    def sentiment(s, review):
+        s += f"Review: {review}\nSentiment (positive or negative):"
+        s += select("label", [" positive", " negative"])
+
+    good = sentiment.run(review="I loved it, wonderful and delightful, best movie ever!", backend=backend)
+    bad = sentiment.run(review="Terrible, boring and awful. I hated every minute.", backend=backend)
+    assert (good["label"], bad["label"]) == (" positive", " negative")
+
+
+def test_roles_and_fork_over_http(backend):
+    @function
+    def chat(s):
+        s += system("You are terse.")
+        s += user("Name a color.")
+        forks = s.fork(2)
+        for f in forks:
+            f += assistant(gen("color", max_tokens=6, temperature=0))
+        s += forks.join()
+
+    st = chat.run(backend=backend)
+    assert st.text().startswith("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nName a color.")
+    assert len(st["color"]) == 2
+    assert all(m["cached_tokens"] > 0 for m in st.get_meta_info("color")["branches"])
+
+
+def test_constrained_and_batch_over_http(backend):
+    @function
+    def prog(s, q):
+        s += f"Q: {q}\nA (a number): "
+        s += gen("n", dtype=int, max_tokens=6, temperature=0)
+        s += "\nDate: " + gen("d", regex=r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", max_tokens=12, temperature=0)
+
+    states = prog.run_batch([{"q": "How many legs does a cat have?"}, {"q": "What is 2+2?"}],
+                            backend=backend, progress_bar=False)
+    for st in states:
+        assert isinstance(st["n"], int)
+        assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", st["d"])
+
+
+def test_streaming_over_http(backend):
+    @function
+    def prog(s):
+        s += "Count: one, two,"
+        s += gen("rest", max_tokens=8, temperature=0)
+
+    st = prog.run(backend=backend, stream=True)
+    pieces = list(st.text_iter("rest"))
+    assert len(pieces) > 1 and "".join(pieces) == st["rest"]

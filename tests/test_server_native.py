@@ -1,0 +1,153 @@
+"""The native HTTP API (/generate and the admin endpoints) against a real server subprocess
+running the embedded SmolLM2."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from treadle.runtime.server.testing import ServerProcess
+
+pytestmark = pytest.mark.slow
+T = 120  # generous per-request timeout: CI machines are shared and slow
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def url():
+    srv = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"])
+    yield srv.url
+    srv.close()
+
+
+def gen(url: str, body: dict, status: int = 200):
+    r = requests.post(url + "/generate", json=body, timeout=T)
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def greedy(n: int = 8, **extra) -> dict:
+    return {"max_new_tokens": n, "temperature": 0, "ignore_eos": True, **extra}
+
+
+def sse_events(resp: requests.Response) -> list:
+    events = []
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def test_generate_single(url):
+    out = gen(url, {"text": PROMPT, "sampling_params": greedy(8)})
+    meta = out["meta_info"]
+    assert out["text"].strip()
+    assert len(out["output_ids"]) == meta["completion_tokens"] == 8
+    assert meta["prompt_tokens"] > 0 and meta["finish_reason"]["type"] == "length"
+    assert gen(url, {"text": PROMPT, "sampling_params": greedy(8)})["text"] == out["text"]  # greedy is stable
+
+
+def test_generate_batch_matches_single(url):
+    prompts = [PROMPT, "One, two, three,"]
+    outs = gen(url, {"text": prompts, "sampling_params": greedy(6)})
+    assert isinstance(outs, list) and len(outs) == 2
+    for p, o in zip(prompts, outs):
+        assert o["text"] == gen(url, {"text": p, "sampling_params": greedy(6)})["text"]
+
+
+def test_generate_input_ids(url):
+    first = gen(url, {"text": PROMPT, "sampling_params": greedy(4)})
+    ids = first["output_ids"]
+    out = gen(url, {"input_ids": ids, "sampling_params": greedy(3)})
+    assert out["meta_info"]["prompt_tokens"] == len(ids) and len(out["output_ids"]) == 3
+    batch = gen(url, {"input_ids": [ids, ids[:2]], "sampling_params": [greedy(2), greedy(3)]})
+    assert [len(o["output_ids"]) for o in batch] == [2, 3]
+
+
+def test_generate_n_samples(url):
+    outs = gen(url, {"text": PROMPT, "sampling_params": {"max_new_tokens": 4, "n": 2, "seed": 1}})
+    assert isinstance(outs, list) and len(outs) == 2
+
+
+def test_generate_stream_equals_non_stream(url):
+    body = {"text": PROMPT, "sampling_params": greedy(10)}
+    full = gen(url, body)
+    with requests.post(url + "/generate", json={**body, "stream": True}, stream=True, timeout=T) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r)
+    assert events[-1] == "[DONE]" and len(events) >= 3
+    chunks = events[:-1]
+    assert "".join(c["text"] for c in chunks) == full["text"]
+    assert [t for c in chunks for t in c["output_ids"]] == full["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_generate_logprobs(url):
+    out = gen(url, {"text": PROMPT, "sampling_params": greedy(5), "return_logprob": True,
+                    "top_logprobs_num": 3, "logprob_start_len": 0})
+    meta = out["meta_info"]
+    lps = meta["output_token_logprobs"]
+    assert [tid for _, tid in lps] == out["output_ids"]
+    assert all(lp <= 0 for lp, _ in lps)
+    tops = meta["output_top_logprobs"]
+    assert len(tops) == 5 and all(len(t) == 3 for t in tops)
+    assert [t[0][1] for t in tops] == out["output_ids"]  # greedy picks the top-1 token
+    assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"]
+    assert meta["input_token_logprobs"][0] is None
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"text": PROMPT, "sampling_params": {"tempurature": 0.5}}, "tempurature"),
+    ({"text": PROMPT, "sampling_params": {"temperature": -1}}, "temperature"),
+    ({"text": PROMPT, "sampling_params": {"top_p": 2}}, "top_p"),
+    ({"text": PROMPT, "sampling_params": {"max_new_tokens": "ten"}}, "max_new_tokens"),
+    ({"text": PROMPT, "sampling_params": {"max_new_tokens": 100000}}, "max_new_tokens"),
+    ({"text": "hello " * 9000, "sampling_params": {"max_new_tokens": 4}}, "context length"),
+    ({"text": PROMPT, "input_ids": [1, 2]}, "exactly one"),
+    ({"input_ids": [1, "x"]}, "input_ids"),
+    ({"text": PROMPT, "colour": 1}, "colour"),
+    ({"text": PROMPT, "sampling_params": {"regex": "(unclosed", "max_new_tokens": 4}}, "regex"),
+])
+def test_bad_input_is_400_naming_the_problem(url, body, needle):
+    err = gen(url, body, status=400)["error"]
+    assert needle in err["message"] and err["type"] == "invalid_request_error"
+    assert requests.get(url + "/health", timeout=T).status_code == 200
+
+
+def test_malformed_json_and_bad_stream_grammar(url):
+    r = requests.post(url + "/generate", data=b"{not json", timeout=T)
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = requests.post(url + "/generate", json={"text": "x", "stream": True,
+                                               "sampling_params": {"regex": "(", "max_new_tokens": 2}}, timeout=T)
+    assert r.status_code == 400 and "regex" in r.json()["error"]["message"]
+    assert requests.get(url + "/health_generate", timeout=T).status_code == 200
+
+
+def test_abort_request_ends_a_stream(url):
+    body = {"text": PROMPT, "rid": "abort-me", "stream": True, "sampling_params": greedy(3000)}
+    with requests.post(url + "/generate", json=body, stream=True, timeout=T) as r:
+        lines = r.iter_lines(decode_unicode=True)
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["meta_info"]["id"] == "abort-me"
+        ok = requests.post(url + "/abort_request", json={"rid": "abort-me"}, timeout=T).json()
+        assert ok["success"] is True
+        rest = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+    assert rest and rest[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert rest[-1]["meta_info"]["completion_tokens"] < 3000
+
+
+def test_admin_endpoints(url):
+    info = requests.get(url + "/get_model_info", timeout=T).json()
+    assert info["vocab_size"] > 0 and info["context_length"] == 8192
+    assert requests.post(url + "/flush_cache", timeout=T).json()["success"] is True
+    si = requests.get(url + "/get_server_info", timeout=T).json()
+    assert si["free_slots"] == si["total_slots"] == 8192  # flushed and idle
+    assert set(si["pids"]) == {"server", "scheduler", "detokenizer"}
+    gen(url, {"text": PROMPT, "sampling_params": greedy(2)})
+    metrics = requests.get(url + "/metrics", timeout=T).text
+    for name in ("treadle_time_to_first_token_seconds_count", "treadle_num_running_requests",
+                 "treadle_generation_tokens_total", "treadle_cache_hit_rate", "treadle_token_usage"):
+        assert name in metrics
+    assert requests.get(url + "/health_generate", timeout=T).status_code == 200

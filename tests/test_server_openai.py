@@ -1,0 +1,159 @@
+"""The OpenAI-compatible API through the real `openai` client, against a real server
+subprocess (with an API key) running the embedded SmolLM2."""
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+import requests
+
+from treadle.runtime.server.testing import ServerProcess
+
+pytestmark = pytest.mark.slow
+KEY = "sk-treadle-test"
+T = 120
+MSGS = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess(["--max-total-tokens", "8192", "--api-key", KEY, "--served-model-name", "smol",
+                         "--log-level", "warning"])
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, timeout=T, max_retries=0)
+
+
+def test_models(client):
+    assert [m.id for m in client.models.list().data] == ["smol"]
+
+
+def test_chat(client):
+    r = client.chat.completions.create(model="smol", messages=MSGS, max_tokens=12, temperature=0)
+    c = r.choices[0]
+    assert r.object == "chat.completion" and c.message.role == "assistant" and c.message.content
+    assert c.finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_stream_equals_non_stream(client):
+    kw = dict(model="smol", messages=MSGS, max_completion_tokens=12, temperature=0)
+    full = client.chat.completions.create(**kw).choices[0].message.content
+    stream = client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    parts, reasons, usage = [], [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            parts.append(c.delta.content or "")
+            reasons.append(c.finish_reason)
+    assert "".join(parts) == full
+    assert reasons[-1] in ("stop", "length") and usage is not None and usage.completion_tokens > 0
+
+
+def test_completions_and_n(client):
+    r = client.completions.create(model="smol", prompt="1, 2, 3,", max_tokens=6, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].text
+    r2 = client.completions.create(model="smol", prompt="Once upon a time", max_tokens=5, n=2, temperature=0.9,
+                                   seed=3)
+    assert [c.index for c in r2.choices] == [0, 1] and all(c.text for c in r2.choices)
+    assert 2 <= r2.usage.completion_tokens <= 10
+    one = client.completions.create(model="smol", prompt="Once upon a time", max_tokens=1)
+    assert r2.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counts once, not per sample
+
+
+def test_stop_string(client):
+    r = client.completions.create(model="smol", prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=["7"])
+    c = r.choices[0]
+    assert c.finish_reason == "stop" and "7" not in c.text and "6" in c.text
+
+
+def test_seed_determinism(client):
+    kw = dict(model="smol", prompt="My favourite animal is", max_tokens=10, temperature=1.0)
+    a = client.completions.create(**kw, seed=1234).choices[0].text
+    b = client.completions.create(**kw, seed=1234).choices[0].text
+    assert a == b
+
+
+def test_logprobs(client):
+    r = client.chat.completions.create(model="smol", messages=MSGS, max_tokens=5, temperature=0, logprobs=True,
+                                       top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for tok in content:
+        assert tok.logprob <= 0 and len(tok.top_logprobs) == 3
+        assert tok.top_logprobs[0].token == tok.token  # greedy
+    rc = client.completions.create(model="smol", prompt="1, 2, 3,", max_tokens=4, temperature=0, logprobs=2)
+    lp = rc.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == 4 and all(len(t) <= 2 for t in lp.top_logprobs)
+    assert "".join(lp.tokens) == rc.choices[0].text
+
+
+def test_usage_cached_tokens_on_repeat(client):
+    msgs = [{"role": "user", "content": "Tell me something about the radix tree data structure, briefly."}]
+    client.chat.completions.create(model="smol", messages=msgs, max_tokens=2, temperature=0)
+    r = client.chat.completions.create(model="smol", messages=msgs, max_tokens=2, temperature=0)
+    assert r.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_response_format_json_schema(client):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    r = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Describe a person as JSON."}], max_tokens=60,
+        temperature=0, response_format={"type": "json_schema",
+                                        "json_schema": {"name": "person", "schema": schema, "strict": True}})
+    obj = json.loads(r.choices[0].message.content)
+    assert isinstance(obj["name"], str) and isinstance(obj["age"], int)
+    r2 = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": 'Reply with exactly this JSON: {"ok": true}'}],
+        max_tokens=60, temperature=0, response_format={"type": "json_object"})
+    assert r2.choices[0].finish_reason == "stop", r2.choices[0].message.content
+    assert isinstance(json.loads(r2.choices[0].message.content), dict)
+
+
+def test_extra_body_regex_and_choices(client):
+    r = client.completions.create(model="smol", prompt="The year is", max_tokens=8, temperature=0,
+                                  extra_body={"regex": "[0-9]{4}"})
+    assert len(r.choices[0].text) == 4 and r.choices[0].text.isdigit()
+    r = client.chat.completions.create(model="smol", messages=MSGS, max_tokens=8, temperature=0,
+                                       extra_body={"choices": ["red", "green"], "top_k": 5})
+    assert r.choices[0].message.content in ("red", "green")
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"temperature": -1}, "temperature"),
+    ({"top_p": 2}, "top_p"),
+    ({"max_tokens": -3}, "max_tokens"),
+    ({"extra_body": {"bogus_param": 1}}, "bogus_param"),
+    ({"extra_body": {"regex": "(["}}, "regex"),
+    ({"messages": [{"role": "user", "content": "hi " * 9000}]}, "context length"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+])
+def test_bad_requests_are_400(client, server, kwargs, needle):
+    kw = {"model": "smol", "messages": MSGS, "max_tokens": 4, **kwargs}
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(**kw)
+    body = ei.value.body
+    assert needle in body["message"] and body["type"] == "invalid_request_error"
+    assert requests.get(server.url + "/health", timeout=T).status_code == 200
+
+
+def test_malformed_json_is_400(server):
+    r = requests.post(server.url + "/v1/chat/completions", data=b"{oops", timeout=T,
+                      headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_api_key(server):
+    bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", timeout=T, max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    r = requests.post(server.url + "/generate", json={"text": "x"}, timeout=T)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert requests.get(server.url + "/health", timeout=T).status_code == 200  # liveness needs no key
