@@ -1,0 +1,364 @@
+"""One batch, end to end: treadle's decode tok/s vs the weight-read roofline, and output tok/s
+vs HF `generate` on the same weights, in one run.
+
+    python benchmarks/bench_one_batch.py                      # H200: llama3-8b dummy, bf16
+    python benchmarks/bench_one_batch.py --no-hf              # treadle + roofline only
+    nice python benchmarks/bench_one_batch.py --device cpu --model dummy:tiny-llama \
+        --batch-sizes 1,4 --input-len 16 --output-len 8       # smoke
+
+Figures (one JSON line each, all written to --output, default
+benchmarks/results/one_batch_<device>.json):
+- copy_bandwidth: device-to-device copy (bytes read + written), median of several
+  (CUDA events on GPU, perf_counter on CPU).
+- roofline: weight bytes (every parameter once) and the batch-1 decode ceiling
+  copy bandwidth / weight bytes (tok/s): each decode step reads every weight once.
+- treadle (per batch size): random prompts of --input-len tokens (fixed seed), the radix cache
+  flushed before every timed call. t_full = generate(max_new_tokens=output_len),
+  t_prefill = generate(max_new_tokens=1) (~ prefill + one sample).
+  decode tok/s = bs * (output_len - 1) / (t_full - t_prefill); output tok/s = bs * output_len / t_full.
+  One untimed full warm-up per batch size; median over --repeats.
+- hf (per HF batch size): HF `generate` (greedy, min_new_tokens = max_new_tokens = output_len)
+  on an HF LlamaForCausalLM whose random weights are loaded into treadle before any timing, so
+  both sides run the same weights. One short warm-up per batch size.
+- summary: table of bs, treadle output tok/s, decode tok/s, HF tok/s, ratio, % of roofline at bs 1.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def _parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="dummy:llama3-8b")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--batch-sizes", default="1,32,128,256")
+    p.add_argument("--hf-batch-sizes", default="1,32,128")
+    p.add_argument("--no-hf", action="store_true", help="skip HF generate (treadle keeps its dummy weights)")
+    p.add_argument("--hf-static", action="store_true",
+                   help="also time HF with cache_implementation='static' (compiles the forward)")
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per batch size (median)")
+    p.add_argument("--attention-backend", default=None, help="default: triton on cuda, torch on cpu")
+    p.add_argument("--cuda-graph", action="store_true", help="pass cuda_graph=True to the Engine")
+    p.add_argument("--max-prefill-tokens", type=int, default=16384,
+                   help="prefill batch token budget (larger batches prefill in several forwards)")
+    p.add_argument("--copy-mib", type=int, default=None, help="copy size (default 2048 on cuda, 256 on cpu)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", default=None)
+    a = p.parse_args()
+    a.batch_sizes = _ints(a.batch_sizes)
+    a.hf_batch_sizes = [] if a.no_hf else _ints(a.hf_batch_sizes)
+    a.dtype = a.dtype or ("bfloat16" if a.device == "cuda" else "float32")
+    a.attention_backend = a.attention_backend or ("triton" if a.device == "cuda" else "torch")
+    if a.output_len < 2:
+        p.error("--output-len must be >= 2 (decode time is t(output_len) - t(1))")
+    return a
+
+
+RECORDS: list[dict] = []
+
+
+def emit(rec: dict) -> dict:
+    RECORDS.append(rec)
+    print(json.dumps(rec), flush=True)
+    return rec
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+# ------------------------------------------------------------------------------ bandwidth
+
+def copy_bandwidth(dev: torch.device, mib: int, reps: int = 10) -> float:
+    """Bytes/s of a device-to-device copy, bytes read + bytes written, median of `reps`."""
+    n = mib << 20
+    src = torch.empty(n, dtype=torch.uint8, device=dev)
+    src.random_(0, 256)  # not zeros
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        if dev.type == "cuda":
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            dst.copy_(src)
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1) * 1e-3)
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t0)
+    if not torch.equal(dst[:4096], src[:4096]):
+        raise RuntimeError("copy check failed")
+    del src, dst
+    return 2 * n / statistics.median(times)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every parameter, each counted once (tied weights once)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+# ------------------------------------------------------------------------------ prompts
+
+def make_prompts(bs: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """bs distinct random prompts (fixed seed); ids avoid the first/last few (special) ids."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(10, vocab - 10, (bs, length), generator=g).tolist()
+
+
+# ------------------------------------------------------------------------------ HF
+
+def build_hf(cfg, dev: torch.device, dtype: torch.dtype, seed: int):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    d = cfg.to_hf_dict()
+    hf_cfg = AutoConfig.for_model(d.pop("model_type"), **d)
+    torch.manual_seed(seed)
+    with torch.device(dev):
+        try:
+            hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype)
+        except TypeError:  # older transformers
+            hf = AutoModelForCausalLM.from_config(hf_cfg, torch_dtype=dtype)
+    if next(hf.parameters()).dtype != dtype:
+        hf = hf.to(dtype)
+    return hf.to(dev).eval()
+
+
+@torch.inference_mode()
+def hf_generate(hf, ids: torch.Tensor, new: int, static: bool) -> torch.Tensor:
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+              attention_mask=torch.ones_like(ids))
+    if static:
+        kw["cache_implementation"] = "static"
+    return hf.generate(ids, **kw)
+
+
+def bench_hf(hf, bs: int, args, vocab: int, dev: torch.device, static: bool) -> dict:
+    ids = torch.tensor(make_prompts(bs, args.input_len, vocab, args.seed), device=dev)
+    # warm-up: short unless static (static compiles for the shapes it will see)
+    hf_generate(hf, ids, args.output_len if static else min(2, args.output_len), static)
+    times = []
+    for _ in range(args.repeats):
+        sync(dev)
+        t0 = time.perf_counter()
+        out = hf_generate(hf, ids, args.output_len, static)
+        sync(dev)
+        times.append(time.perf_counter() - t0)
+    if out.shape != (bs, args.input_len + args.output_len):
+        raise RuntimeError(f"HF generated shape {tuple(out.shape)}")
+    t = statistics.median(times)
+    rec = {"figure": "hf_static" if static else "hf", "bs": bs, "t_s": round(t, 4),
+           "output_tok_s": round(bs * args.output_len / t, 2)}
+    rec["_first_ids"] = out[0, args.input_len:].tolist()
+    return rec
+
+
+# ------------------------------------------------------------------------------ treadle
+
+def _flush(engine) -> None:
+    for _ in range(100):
+        if engine.flush_cache():
+            return
+        time.sleep(0.01)
+    raise RuntimeError("could not flush the radix cache (engine busy)")
+
+
+def _timed_generate(engine, prompts, new: int, dev: torch.device) -> tuple[float, list[dict]]:
+    _flush(engine)
+    sync(dev)
+    t0 = time.perf_counter()
+    out = engine.generate(input_ids=prompts,
+                          sampling_params={"max_new_tokens": new, "temperature": 0, "ignore_eos": True})
+    sync(dev)
+    t = time.perf_counter() - t0
+    bad = [o["meta_info"]["completion_tokens"] for o in out if o["meta_info"]["completion_tokens"] != new]
+    if bad:
+        raise RuntimeError(f"expected {new} tokens per request, got e.g. {bad[:3]}")
+    cached = sum(o["meta_info"]["cached_tokens"] for o in out)
+    if cached:
+        raise RuntimeError(f"{cached} prompt tokens came from the prefix cache: the timing is not a cold prefill")
+    return t, out
+
+
+def bench_treadle(engine, bs: int, args, vocab: int, dev: torch.device) -> dict:
+    prompts = make_prompts(bs, args.input_len, vocab, args.seed)
+    _timed_generate(engine, prompts, args.output_len, dev)  # warm-up (kernels for these shapes)
+    fulls, pres = [], []
+    for _ in range(args.repeats):
+        t_pre, _ = _timed_generate(engine, prompts, 1, dev)
+        t_full, out = _timed_generate(engine, prompts, args.output_len, dev)
+        pres.append(t_pre)
+        fulls.append(t_full)
+    t_full, t_pre = statistics.median(fulls), statistics.median(pres)
+    decode_t = t_full - t_pre
+    rec = {"figure": "treadle", "bs": bs, "t_full_s": round(t_full, 4), "t_prefill_s": round(t_pre, 4),
+           "prefill_tok_s": round(bs * args.input_len / t_pre, 1),
+           "decode_tok_s": round(bs * (args.output_len - 1) / decode_t, 2) if decode_t > 0 else None,
+           "itl_ms": round(decode_t / (args.output_len - 1) * 1e3, 3),
+           "output_tok_s": round(bs * args.output_len / t_full, 2)}
+    if args.repeats > 1:
+        rec["t_full_all_s"] = [round(x, 4) for x in fulls]
+    rec["_first_ids"] = out[0]["output_ids"]
+    return rec
+
+
+# ------------------------------------------------------------------------------ main
+
+def main() -> None:
+    args = _parse()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("CUDA is not available: use --device cpu")
+    from treadle.runtime.engine import Engine
+    from treadle.runtime.model_runner import resolve_dtype
+
+    dev = torch.device(args.device)
+    dtype = resolve_dtype(args.dtype, dev)
+    try:
+        import triton
+        triton_v = triton.__version__
+    except ImportError:
+        triton_v = None
+    try:
+        import transformers
+        tf_v = transformers.__version__
+    except ImportError:
+        tf_v = None
+    emit({"figure": "meta",
+          "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine()),
+          "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "triton": triton_v,
+          "transformers": tf_v, "cuda": torch.version.cuda, "python": platform.python_version(),
+          "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+          "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": args.model, "dtype": args.dtype,
+          "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats,
+          "attention_backend": args.attention_backend, "cuda_graph": args.cuda_graph})
+
+    bw = copy_bandwidth(dev, args.copy_mib or (2048 if dev.type == "cuda" else 256))
+    emit({"figure": "copy_bandwidth", "gb_s": round(bw / 1e9, 1)})
+
+    max_bs = max(args.batch_sizes)
+    seq = args.input_len + args.output_len
+    t0 = time.perf_counter()
+    engine = Engine(model_path=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
+                    max_total_tokens=max_bs * seq + 2 * seq, max_running_requests=max_bs,
+                    chunked_prefill_size=max(8192, args.input_len), max_prefill_tokens=args.max_prefill_tokens,
+                    attention_backend=args.attention_backend, cuda_graph=args.cuda_graph,
+                    context_length=seq + 16)
+    load_s = time.perf_counter() - t0
+    cfg = engine.runner.config
+    wb = weight_bytes(engine.runner.model)
+    roof = bw / wb
+    emit({"figure": "roofline", "weight_bytes": wb, "weight_gb": round(wb / 1e9, 3),
+          "copy_gb_s": round(bw / 1e9, 1), "bs1_decode_roofline_tok_s": round(roof, 2),
+          "engine_load_s": round(load_s, 2), "kv_slots": engine.runner.num_slots})
+
+    hf = None
+    if args.hf_batch_sizes:
+        t0 = time.perf_counter()
+        hf = build_hf(cfg, dev, dtype, args.seed)
+        engine.runner.model.load_weights(hf.state_dict().items())  # treadle now runs HF's weights
+        sync(dev)
+        emit({"figure": "hf_weights_loaded_into_treadle", "s": round(time.perf_counter() - t0, 2),
+              "hf_weight_bytes": weight_bytes(hf)})
+
+    tre: dict[int, dict] = {}
+    try:
+        for bs in args.batch_sizes:
+            rec = bench_treadle(engine, bs, args, cfg.vocab_size, dev)
+            first = rec.pop("_first_ids")
+            if bs == 1:
+                rec["pct_of_roofline"] = round(100 * rec["decode_tok_s"] / roof, 1) if rec["decode_tok_s"] else None
+                rec["_first_ids"] = first
+            tre[bs] = rec
+            emit({k: v for k, v in rec.items() if not k.startswith("_")})
+    finally:
+        engine.shutdown()
+    if dev.type == "cuda":
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    hfr: dict[tuple[str, int], dict] = {}
+    if hf is not None:
+        modes = [False, True] if args.hf_static else [False]
+        for static in modes:
+            for bs in args.hf_batch_sizes:
+                try:
+                    rec = bench_hf(hf, bs, args, cfg.vocab_size, dev, static)
+                except torch.OutOfMemoryError as e:  # record it and go on
+                    rec = {"figure": "hf_static" if static else "hf", "bs": bs, "error": f"OOM: {e}"[:300]}
+                    torch.cuda.empty_cache()
+                first = rec.pop("_first_ids", None)
+                if bs in tre and "output_tok_s" in rec:
+                    rec["treadle_output_tok_s"] = tre[bs]["output_tok_s"]
+                    rec["treadle_over_hf"] = round(tre[bs]["output_tok_s"] / rec["output_tok_s"], 2)
+                if bs == 1 and first is not None and "_first_ids" in tre.get(1, {}):
+                    a, b = tre[1]["_first_ids"], first
+                    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                    rec["greedy_tokens_matching_treadle"] = n  # sanity: same weights (bf16 ties may diverge)
+                hfr[(rec["figure"], bs)] = rec
+                emit(rec)
+        del hf
+        gc.collect()
+
+    # ---- summary table
+    rows = []
+    for bs in sorted(set(args.batch_sizes) | set(args.hf_batch_sizes)):
+        t, h = tre.get(bs, {}), hfr.get(("hf", bs), {})
+        row = {"bs": bs, "treadle_output_tok_s": t.get("output_tok_s"), "treadle_decode_tok_s": t.get("decode_tok_s"),
+               "treadle_prefill_s": t.get("t_prefill_s"), "hf_output_tok_s": h.get("output_tok_s"),
+               "treadle_over_hf": h.get("treadle_over_hf")}
+        if ("hf_static", bs) in hfr:
+            row["hf_static_output_tok_s"] = hfr[("hf_static", bs)].get("output_tok_s")
+        if bs == 1:
+            row["pct_of_roofline"] = t.get("pct_of_roofline")
+        rows.append(row)
+    emit({"figure": "summary", "bs1_decode_roofline_tok_s": round(roof, 2), "rows": rows})
+    for r in tre.values():
+        r.pop("_first_ids", None)
+
+    out = args.output or os.path.join(HERE, "results", f"one_batch_{args.device}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(RECORDS, f, indent=1)
+
+    def f(x, w=10):
+        return f"{x:>{w}}" if x is not None else f"{'-':>{w}}"
+
+    print(f"\nroofline (bs 1 decode) = {bw / 1e9:.1f} GB/s / {wb / 1e9:.2f} GB = {roof:.1f} tok/s")
+    print(f"{'bs':>5} {'out tok/s':>10} {'dec tok/s':>10} {'prefill s':>10} {'HF tok/s':>10} {'ratio':>7} {'%roof':>6}")
+    for r in rows:
+        print(f"{r['bs']:>5} {f(r['treadle_output_tok_s'])} {f(r['treadle_decode_tok_s'])} {f(r['treadle_prefill_s'])}"
+              f" {f(r['hf_output_tok_s'])} {f(r['treadle_over_hf'], 7)} {f(r.get('pct_of_roofline'), 6)}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Issue 3 end to end with the embedded model: identical greedy output with the radix cache on
+and off, with chunked prefill and under forced retraction; cache hits; seeds; streaming; n;
+stop strings; logprobs; no leaked KV slot afterwards."""
+from __future__ import annotations
+
+import pytest
+
+from treadle.runtime import Engine
+from treadle.runtime.tokenizer import apply_chat_template
+
+QUESTIONS = ["Name a fruit.", "What is 2 + 2?", "Tell me about the moon in one sentence.",
+             "Write a haiku about autumn leaves falling slowly.", "Hi", "Why do cats purr?"]
+GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(max_total_tokens=8192) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def prompts(engine):
+    return [apply_chat_template(engine.tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
+
+
+@pytest.fixture(scope="module")
+def reference(engine, prompts):
+    engine.flush_cache()
+    return [o["output_ids"] for o in engine.generate(prompts, GREEDY)]
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"disable_radix_cache": True},
+    {"chunked_prefill_size": 8},
+    {"chunked_prefill_size": 0, "schedule_policy": "fcfs"},
+    # a pool too small for all six at once: requests are retracted and resumed
+    {"max_total_tokens": 140, "chunked_prefill_size": 16},
+], ids=["cache-off", "chunked-8", "no-chunk-fcfs", "retraction"])
+def test_greedy_batch_identical_across_scheduling(prompts, reference, kwargs):
+    with Engine(**{"max_total_tokens": 8192, **kwargs}) as e:
+        out = e.generate(prompts, GREEDY)
+        assert [o["output_ids"] for o in out] == reference
+        info = e.get_server_info()
+        if kwargs.get("max_total_tokens") == 140:
+            assert info["retractions"] > 0
+        assert info["free_slots"] + info["evictable_slots"] == info["total_slots"]
+        e.check_integrity()
+
+
+def test_repeated_prompt_is_served_from_cache(engine, prompts):
+    first = engine.generate(prompts[2], GREEDY)
+    again = engine.generate(prompts[2], GREEDY)
+    n = again["meta_info"]["prompt_tokens"]
+    assert again["meta_info"]["cached_tokens"] >= n - 1
+    assert again["output_ids"] == first["output_ids"]
+    assert engine.get_server_info()["cache_hit_rate"] > 0
+
+
+def test_max_new_tokens_zero_caches_the_prompt(engine):
+    text = "A long shared document about rivers, mountains and valleys. " * 4
+    engine.flush_cache()
+    warm = engine.generate(text, {"max_new_tokens": 0})
+    assert warm["output_ids"] == [] and warm["meta_info"]["finish_reason"]["type"] == "length"
+    hit = engine.generate(text + "Question: what is it about?", {"max_new_tokens": 2, "temperature": 0})
+    assert hit["meta_info"]["cached_tokens"] >= warm["meta_info"]["prompt_tokens"] - 1
+
+
+def test_same_seed_same_text(engine, prompts):
+    p = {"max_new_tokens": 24, "temperature": 0.9, "top_p": 0.95, "top_k": 50, "seed": 1234}
+    a = engine.generate(prompts[0], p)
+    b = engine.generate([prompts[0], prompts[1], prompts[3]], [p, {**p, "seed": 7}, {**p, "seed": 8}])[0]
+    assert a["text"] == b["text"]
+    c = engine.generate(prompts[0], {**p, "seed": 4321})
+    d = engine.generate(prompts[0], {**p, "seed": 999})
+    assert len({a["text"], c["text"], d["text"]}) > 1  # other seeds draw other tokens
+
+
+def test_stream_yields_the_same_text(engine, prompts):
+    full = engine.generate(prompts[3], GREEDY)
+    chunks = list(engine.generate(prompts[3], GREEDY, stream=True))
+    assert len(chunks) > 1
+    assert "".join(c["text"] for c in chunks) == full["text"]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_n_samples_share_the_prompt(engine, prompts):
+    outs = engine.generate(prompts[5], {"max_new_tokens": 8, "temperature": 1.0, "n": 3, "seed": 5})
+    assert len(outs) == 3
+    assert all(o["meta_info"]["cached_tokens"] >= o["meta_info"]["prompt_tokens"] - 1 for o in outs)
+
+
+def test_stop_string_is_trimmed(engine, prompts):
+    full = engine.generate(prompts[3], GREEDY)["text"]
+    word = full.split()[2]
+    out = engine.generate(prompts[3], {**GREEDY, "stop": [word], "ignore_eos": False})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
+    assert word not in out["text"] and full.startswith(out["text"])
+
+
+def test_logprobs(engine, prompts):
+    out = engine.generate(prompts[1], {"max_new_tokens": 4, "temperature": 0}, return_logprob=True,
+                          logprob_start_len=3, top_logprobs_num=2)
+    m = out["meta_info"]
+    assert len(m["output_token_logprobs"]) == m["completion_tokens"]
+    # greedy: the chosen token is the top alternative
+    for (lp, tok), tops in zip(m["output_token_logprobs"], m["output_top_logprobs"]):
+        assert tops[0][1] == tok and abs(tops[0][0] - lp) < 1e-4 and lp <= 0
+    assert len(m["input_token_logprobs"]) == m["prompt_tokens"] - 3
+    assert all(lp <= 0 for lp in m["input_token_logprobs"])
+
+
+def test_penalties_and_min_tokens(engine, prompts):
+    out = engine.generate(prompts[4], {"max_new_tokens": 12, "min_new_tokens": 12, "temperature": 0,
+                                       "frequency_penalty": 1.5, "presence_penalty": 0.5,
+                                       "repetition_penalty": 1.3})
+    assert out["meta_info"]["completion_tokens"] == 12
+    assert engine.tokenizer.eos_token_id not in out["output_ids"]
+
+
+def test_out_of_range_params_raise(engine):
+    for bad, field in [({"temperature": -1}, "temperature"), ({"top_p": 1.5}, "top_p"), ({"top_k": 0}, "top_k"),
+                       ({"n": 0}, "n"), ({"regex": "a", "choices": ["a"]}, "at most one")]:
+        with pytest.raises(ValueError, match=field):
+            engine.generate("hi", bad)
+    with pytest.raises(ValueError, match="never fit"):
+        engine.generate("hi", {"max_new_tokens": 10**6})
+    engine.check_integrity()

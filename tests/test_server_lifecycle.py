@@ -1,0 +1,177 @@
+"""Server lifecycle against real server subprocesses: many concurrent streams with
+disconnects (no leaked KV), back-pressure (503), SIGTERM drain (exit 0) and a dead
+scheduler (the server exits non-zero within seconds).
+
+Tests run in file order: the SIGTERM test ends server A, after which server B starts."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from treadle.runtime.server.testing import ServerProcess
+
+pytestmark = pytest.mark.slow
+T = 180
+
+
+@pytest.fixture(scope="module")
+def server_a():
+    srv = ServerProcess(["--max-total-tokens", "8192", "--shutdown-grace-s", "60", "--log-level", "warning"])
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(scope="module")
+def server_b():
+    srv = ServerProcess(["--max-total-tokens", "8192", "--max-running-requests", "1", "--max-queued-requests", "1",
+                         "--log-level", "warning"])
+    yield srv
+    srv.close()
+
+
+def info(url: str) -> dict:
+    r = requests.get(url + "/get_server_info", timeout=T)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_idle(url: str, timeout_s: float = 90) -> dict:
+    """Poll until the server holds no request; return its info then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        i = info(url)
+        if i["num_in_flight"] == 0 and i["num_running"] == 0 and i["num_waiting"] == 0:
+            return i
+        assert time.monotonic() < deadline, f"server not idle after {timeout_s}s: {i}"
+        time.sleep(0.2)
+
+
+def assert_no_leaked_kv(url: str) -> None:
+    i = wait_idle(url)
+    assert i["free_slots"] + i["evictable_slots"] == i["total_slots"], i
+    assert i["protected_slots"] == 0, i
+
+
+def stream(url: str, body: dict, stop_after: int | None = None) -> list[dict]:
+    """Stream /generate; with stop_after, hang up after that many chunks."""
+    chunks: list[dict] = []
+    with requests.post(url + "/generate", json={**body, "stream": True}, stream=True, timeout=T) as r:
+        assert r.status_code == 200, r.text
+        for line in r.iter_lines(decode_unicode=True):
+            if not line.startswith("data: {"):
+                continue
+            chunks.append(json.loads(line[6:]))
+            if stop_after is not None and len(chunks) >= stop_after:
+                break  # leaving the with-block closes the connection mid-stream
+    return chunks
+
+
+def test_concurrent_streams_with_disconnects(server_a):
+    url = server_a.url
+
+    def client(i: int) -> tuple[int, list[dict]]:
+        body = {"text": f"Client number {i} tells a story:", "sampling_params":
+                {"max_new_tokens": 24, "temperature": 0.7, "seed": i, "ignore_eos": True}}
+        return i, stream(url, body, stop_after=2 if i % 4 == 0 else None)
+
+    with ThreadPoolExecutor(32) as pool:
+        results = [f.result(timeout=T * 2) for f in [pool.submit(client, i) for i in range(32)]]
+    for i, chunks in results:
+        if i % 4 == 0:
+            assert len(chunks) == 2
+        else:
+            last = chunks[-1]["meta_info"]
+            assert last["finish_reason"]["type"] == "length" and last["completion_tokens"] == 24
+            assert sum(len(c["output_ids"]) for c in chunks) == 24
+    assert_no_leaked_kv(url)
+    assert info(url)["generated_tokens"] < 32 * 24  # the hung-up clients' requests were aborted
+    assert requests.get(url + "/health_generate", timeout=T).status_code == 200
+
+
+def test_non_stream_disconnect_aborts(server_a):
+    url = server_a.url
+    before = info(url)["generated_tokens"]
+    with pytest.raises(requests.ReadTimeout):
+        requests.post(url + "/generate", timeout=(10, 3), json={
+            "text": "Count forever:", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}})
+    assert_no_leaked_kv(url)
+    assert info(url)["generated_tokens"] - before < 4000
+
+
+def test_sigterm_drains_in_flight_and_exits_zero(server_a):
+    url = server_a.url
+    box: dict = {}
+    first = threading.Event()
+
+    def long_stream() -> None:
+        body = {"text": "Drain me:", "stream": True,
+                "sampling_params": {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}}
+        chunks = []
+        with requests.post(url + "/generate", json=body, stream=True, timeout=T) as r:
+            for line in r.iter_lines(decode_unicode=True):
+                if line.startswith("data: {"):
+                    chunks.append(json.loads(line[6:]))
+                    first.set()
+        box["chunks"] = chunks
+
+    t = threading.Thread(target=long_stream)
+    t.start()
+    assert first.wait(T)
+    server_a.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # new work is refused while the old finishes
+        r = requests.post(url + "/generate", json={"text": "late"}, timeout=T)
+        if r.status_code == 503:
+            assert r.json()["error"]["code"] == "server_overloaded"
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("no 503 while draining")
+    t.join(T)
+    assert not t.is_alive()
+    last = box["chunks"][-1]["meta_info"]
+    assert last["finish_reason"]["type"] == "length" and last["completion_tokens"] == 20
+    assert server_a.proc.wait(timeout=60) == 0, server_a.log_tail()
+
+
+def test_queue_full_is_503(server_b):
+    url = server_b.url
+    body = {"text": "Keep going:", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
+    stop = threading.Event()
+
+    def hold() -> None:  # a stream that stays open until the test is done with it
+        with requests.post(url + "/generate", json={**body, "stream": True}, stream=True, timeout=T) as r:
+            for _ in r.iter_lines():
+                if stop.is_set():
+                    break
+
+    threads = [threading.Thread(target=hold) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + T
+        while info(url)["num_in_flight"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        r = requests.post(url + "/generate", json={"text": "one too many"}, timeout=T)
+        assert r.status_code == 503 and "too many requests" in r.json()["error"]["message"]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(T)
+    assert_no_leaked_kv(url)
+
+
+def test_scheduler_death_exits_nonzero(server_b):
+    pid = info(server_b.url)["pids"]["scheduler"]
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    code = server_b.proc.wait(timeout=30)
+    assert code != 0 and time.monotonic() - t0 < 10, (code, server_b.log_tail())
