@@ -1,6 +1,6 @@
 """Few-shot prefix sharing on CPU: radix cache on vs off, and the hit rate vs an ideal cache.
 
---requests (64) requests share one long few-shot prefix (--shots, default 20, headline ->
+--requests (64) requests share one long few-shot prefix (--shots, default 21, headline ->
 topic examples; about 600-1000 tokens), each followed by a distinct short headline to
 classify; --new-tokens (16) greedy new tokens each (ignore_eos). Two in-process Engines on
 the embedded SmolLM2-135M-Instruct, fp32: radix cache on, and `disable_radix_cache=True`.
@@ -163,7 +163,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--waves", type=int, default=4, help="the second mode sends the requests in this many calls")
-    ap.add_argument("--shots", type=int, default=20, help="few-shot examples in the shared prefix")
+    ap.add_argument("--shots", type=int, default=21, help="few-shot examples in the shared prefix")
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "prefix_cache_cpu.json"))

@@ -50,25 +50,39 @@ class TorchAttentionBackend:
 class TritonAttentionBackend:
     """Triton kernels; the decode workspace is allocated once so CUDA graphs can replay it."""
 
-    def __init__(self, kv_pool: TokenToKVPool, req_to_token: torch.Tensor, max_kv_splits: int = 16) -> None:
+    def __init__(self, kv_pool: TokenToKVPool, req_to_token: torch.Tensor) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
-        self.max_kv_splits = max_kv_splits
 
     def plan(self, fb: ForwardBatch) -> None:
-        pass
+        # Lengths come from the host lists, so no layer has to read them back from the GPU
+        # (a device sync per layer would serialise CPU launch work with GPU compute).
+        max_seq = max(fb.seq_lens_cpu) if fb.seq_lens_cpu else 1
+        num_kv_heads = self.kv_pool.k_buffers[0].shape[1]
+        fb.attn_meta = {
+            "max_seq_len": max_seq,
+            "max_extend_len": max(fb.extend_lens_cpu) if fb.extend_lens_cpu else 1,
+            "kv_splits": dec.default_kv_splits(fb.batch_size, num_kv_heads, max_seq, q_device(self.kv_pool)),
+        }
 
     def forward(self, q, k, v, layer, fb, scale):
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         kv_store.store_kv(k_buf, v_buf, fb.out_cache_loc, k, v)
         o = torch.empty_like(q)
         if fb.mode is ForwardMode.DECODE:
+            meta = fb.attn_meta
             dec.decode_attention(q, k_buf, v_buf, o, self.req_to_token, fb.req_pool_indices,
-                                 fb.seq_lens, scale, max_kv_splits=self.max_kv_splits)
+                                 fb.seq_lens, scale, max_kv_splits=meta["kv_splits"],
+                                 max_seq_len=meta["max_seq_len"])
         else:
             ext.extend_attention(q, k_buf, v_buf, o, self.req_to_token, fb.req_pool_indices,
-                                 fb.prefix_lens, fb.extend_lens, fb.extend_start_loc, scale)
+                                 fb.prefix_lens, fb.extend_lens, fb.extend_start_loc, scale,
+                                 max_extend_len=fb.attn_meta["max_extend_len"])
         return o
+
+
+def q_device(kv_pool: TokenToKVPool) -> torch.device:
+    return kv_pool.k_buffers[0].device
 
 
 def create_attention_backend(name: str, device: torch.device, kv_pool: TokenToKVPool,

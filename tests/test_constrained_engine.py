@@ -1,0 +1,407 @@
+"""End-to-end constrained decoding through the real Engine (embedded SmolLM2-135M, CPU).
+
+Every output of a JSON-schema request must parse and validate, regex outputs must
+fullmatch, choices outputs must be one of the choices; bad grammars raise ValueError
+naming the problem without breaking the batch or the engine; jump-forward saves forward
+steps without changing what the model would have written (except where canonical
+retokenization of forced text legitimately changes the free text after it).
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from treadle.runtime import Engine
+from treadle.runtime.tokenizer import apply_chat_template
+
+MAX_NEW = 64
+
+SCHEMAS: dict[str, dict] = {
+    "nested_object": {
+        "type": "object",
+        "properties": {
+            "user": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 8},
+                    "id": {"type": "integer", "minimum": 1, "maximum": 999},
+                },
+                "required": ["name", "id"],
+            },
+            "active": {"type": "boolean"},
+        },
+        "required": ["user", "active"],
+    },
+    "array_min_max_items": {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "minItems": 1, "maxItems": 3}
+        },
+        "required": ["tags"],
+    },
+    "enums": {
+        "type": "object",
+        "properties": {
+            "color": {"enum": ["red", "green", "blue"]},
+            "size": {"type": "string", "enum": ["S", "M", "L"]},
+        },
+        "required": ["color", "size"],
+    },
+    "ref_defs": {
+        "$defs": {
+            "point": {
+                "type": "object",
+                "properties": {
+                    "x": {"type": "integer", "minimum": -10, "maximum": 10},
+                    "y": {"type": "integer", "minimum": -10, "maximum": 10},
+                },
+                "required": ["x", "y"],
+            }
+        },
+        "type": "object",
+        "properties": {"start": {"$ref": "#/$defs/point"}, "end": {"$ref": "#/$defs/point"}},
+        "required": ["start", "end"],
+    },
+    "number_bounds": {
+        "type": "object",
+        "properties": {
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "count": {"type": "integer", "exclusiveMinimum": 0, "maximum": 50},
+        },
+        "required": ["score", "count"],
+    },
+    "optional_props": {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "maxLength": 10},
+            "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+            "note": {"type": "string", "maxLength": 5},
+        },
+        "required": ["title"],
+    },
+    "nullable": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "email": {"type": ["string", "null"], "maxLength": 10},
+            "age": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 99}, {"type": "null"}]},
+        },
+        "required": ["name", "email", "age"],
+    },
+    "array_of_objects": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {
+                "k": {"type": "string", "maxLength": 4},
+                "v": {"type": "integer", "minimum": 0, "maximum": 9},
+            },
+            "required": ["k", "v"],
+        },
+        "minItems": 2,
+        "maxItems": 2,
+    },
+    "const_and_range": {
+        "type": "object",
+        "properties": {"ok": {"const": True}, "code": {"type": "integer", "minimum": 100, "maximum": 599}},
+        "required": ["ok", "code"],
+    },
+    "any_of_types": {
+        "type": "object",
+        "properties": {
+            "value": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "string", "maxLength": 4}]}
+        },
+        "required": ["value"],
+    },
+}
+
+REGEXES = [
+    r"[0-9]{3}-[0-9]{4}",
+    r"(19|20)[0-9][0-9]-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
+    r"[A-Z][a-z]{1,8}( [A-Z][a-z]{1,8})?",
+    r"((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])",
+    r"(yes|no), because [a-z ]{1,20}\.",
+]
+
+CHOICES = [
+    ["positive", "negative", "neutral"],
+    ["café ☕", "thé 🍵", "water"],
+    ["New York", "New Delhi", "Newcastle"],
+    ["A", "B", "C"],
+]
+
+
+def _chat(tok, content: str) -> str:
+    return apply_chat_template(tok, [{"role": "user", "content": content}])
+
+
+def _schema_prompt(tok, schema: dict) -> str:
+    return _chat(tok, "Reply with JSON matching this schema: " + json.dumps(schema))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(max_total_tokens=16384) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def engine_nojf():
+    with Engine(max_total_tokens=16384, disable_jump_forward=True) as e:
+        yield e
+
+
+def _assert_valid_json(out: dict, schema: dict, what: str) -> None:
+    reason = out["meta_info"]["finish_reason"]
+    assert reason["type"] == "stop", f"{what}: finished by {reason} with text {out['text']!r}"
+    try:
+        value = json.loads(out["text"])
+    except json.JSONDecodeError as e:
+        raise AssertionError(f"{what}: output is not JSON: {out['text']!r} ({e})") from e
+    jsonschema.validate(value, schema)
+
+
+def _unconstrained_ok(out: dict) -> None:
+    assert out["meta_info"]["completion_tokens"] > 0
+    assert out["meta_info"]["finish_reason"]["type"] in ("stop", "length")
+    assert out["text"] == out["text"].strip("\x00")  # decoded, no error
+
+
+# ------------------------------------------------------------------ valid outputs
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_json_schemas_valid_batched_with_unconstrained(engine, mode):
+    tok = engine.tokenizer
+    names = list(SCHEMAS)
+    prompts = [_schema_prompt(tok, SCHEMAS[n]) for n in names]
+    if mode == "greedy":
+        params = [{"json_schema": SCHEMAS[n], "max_new_tokens": MAX_NEW, "temperature": 0} for n in names]
+    else:
+        params = [{"json_schema": SCHEMAS[n], "max_new_tokens": MAX_NEW, "temperature": 0.8, "seed": 1000 + i}
+                  for i, n in enumerate(names)]
+    # Interleave unconstrained requests so masked and unmasked rows share decode steps.
+    free_prompts = [_chat(tok, "Tell me a short story."), _chat(tok, "What is 2 + 2?"), "The capital of France is"]
+    free_params = [{"max_new_tokens": 24, "temperature": 0},
+                   {"max_new_tokens": 24, "temperature": 0.8, "seed": 5},
+                   {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}]
+    outs = engine.generate(prompts[:5] + free_prompts[:2] + prompts[5:] + free_prompts[2:],
+                           params[:5] + free_params[:2] + params[5:] + free_params[2:])
+    constrained = outs[:5] + outs[7:-1]
+    free = outs[5:7] + outs[-1:]
+    for name, out in zip(names, constrained):
+        _assert_valid_json(out, SCHEMAS[name], f"{mode} {name}")
+    for out in free:
+        _unconstrained_ok(out)
+    assert free[2]["meta_info"]["completion_tokens"] == 24  # ignore_eos runs to the limit
+    engine.check_integrity()
+
+
+def test_json_schema_given_as_string_equals_dict(engine):
+    tok = engine.tokenizer
+    schema = SCHEMAS["enums"]
+    p = _schema_prompt(tok, schema)
+    a, b = engine.generate([p, p], [{"json_schema": schema, "max_new_tokens": MAX_NEW, "temperature": 0},
+                                    {"json_schema": json.dumps(schema), "max_new_tokens": MAX_NEW, "temperature": 0}])
+    _assert_valid_json(a, schema, "dict schema")
+    assert a["text"] == b["text"]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_regex_outputs_fullmatch(engine, temperature):
+    tok = engine.tokenizer
+    prompts = [_chat(tok, q) for q in ("Give a phone number.", "Give a date.", "Name a person.",
+                                         "Give an IP address.", "Is the sky blue? Explain.")]
+    params = [{"regex": rx, "max_new_tokens": MAX_NEW, "temperature": temperature, "seed": 20 + i}
+              for i, rx in enumerate(REGEXES)]
+    outs = engine.generate(prompts + ["Once upon a time"],
+                           params + [{"max_new_tokens": 16, "temperature": temperature, "seed": 3}])
+    for rx, out in zip(REGEXES, outs):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", (rx, out)
+        assert re.fullmatch(rx, out["text"]), (rx, out["text"])
+    _unconstrained_ok(outs[-1])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_choices_outputs_are_one_of_the_choices(engine, temperature):
+    tok = engine.tokenizer
+    questions = ["Is 'I love it' positive, negative or neutral?", "What do you drink in the morning?",
+                 "Name a city.", "Pick A, B or C."]
+    prompts = [_chat(tok, q) for q in questions]
+    params = [{"choices": c, "max_new_tokens": 32, "temperature": temperature, "seed": 40 + i}
+              for i, c in enumerate(CHOICES)]
+    outs = engine.generate(prompts, params)
+    for choices, out in zip(CHOICES, outs):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+        assert out["text"] in choices, (choices, out["text"])
+        assert engine.tokenizer.decode(out["output_ids"], skip_special_tokens=True) == out["text"]
+
+
+# ------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("params,needle", [
+    ({"regex": "(ab"}, "regex"),
+    ({"regex": "[a-"}, "regex"),
+    ({"json_schema": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}, "uniqueItems"),
+    ({"json_schema": {"type": "object", "properties": {"a": {"type": "string", "format": "no-such-format"}}}},
+     "format"),
+    ({"json_schema": "{not json"}, "json"),
+    ({"choices": []}, "choices"),
+    ({"regex": "[a-z]+", "choices": ["a", "b"]}, "at most one"),
+])
+def test_bad_grammar_raises_value_error_naming_it(engine, params, needle):
+    with pytest.raises(ValueError) as info:
+        engine.generate("Hello", {**params, "max_new_tokens": 8, "temperature": 0})
+    assert needle.lower() in str(info.value).lower(), str(info.value)
+
+
+def test_bad_grammar_in_batch_leaves_others_and_engine_intact(engine):
+    tok = engine.tokenizer
+    schema = SCHEMAS["nested_object"]
+    good_prompt = _schema_prompt(tok, schema)
+    good = {"json_schema": schema, "max_new_tokens": MAX_NEW, "temperature": 0}
+    free = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    before = engine.generate([good_prompt, "The weather today"], [good, free])
+    _assert_valid_json(before[0], schema, "before")
+
+    gen0 = engine.get_server_info()["generated_tokens"]
+    with pytest.raises(ValueError, match="uniqueItems"):
+        engine.generate([good_prompt, "Hello", "The weather today"],
+                        [good, {"json_schema": {"type": "array", "uniqueItems": True}, "max_new_tokens": 8}, free])
+    # The good requests in the failed batch still ran to completion.
+    ran = engine.get_server_info()["generated_tokens"] - gen0
+    assert ran >= 12 + 1
+    with pytest.raises(ValueError, match="regex"):
+        engine.generate(["Hi", "The weather today"], [{"regex": "(unclosed", "max_new_tokens": 8}, free])
+    engine.check_integrity()
+    info = engine.get_server_info()
+    assert info["num_running"] == 0 and info["num_waiting"] == 0
+
+    after = engine.generate([good_prompt, "The weather today"], [good, free])
+    assert [o["text"] for o in after] == [o["text"] for o in before]
+    engine.check_integrity()
+
+
+# ------------------------------------------------------------------ jump-forward
+
+
+def _first_divergence_is_forced(on: dict, off: dict) -> bool:
+    """True when the jump-forward output first differs from the plain one at a forced token.
+
+    ``on`` ran with return_logprob: jump-forward tokens carry logprob 0.0 (probability 1
+    under the grammar), sampled tokens carry their real logprob. Canonical retokenization
+    of forced text may legitimately pick other tokens than the model did (and the free text
+    after it may then differ), but the first differing token must be one the runtime forced.
+    """
+    ids_on, ids_off = on["output_ids"], off["output_ids"]
+    k = 0
+    while k < min(len(ids_on), len(ids_off)) and ids_on[k] == ids_off[k]:
+        k += 1
+    if k == len(ids_on):
+        return False
+    logprob, tid = on["meta_info"]["output_token_logprobs"][k]
+    assert tid == ids_on[k]
+    return logprob == 0.0
+
+
+def test_jump_forward_on_vs_off_greedy(engine, engine_nojf):
+    tok = engine.tokenizer
+    specs = [({"json_schema": s}, _schema_prompt(tok, s)) for s in SCHEMAS.values()]
+    specs += [({"regex": rx}, _chat(tok, "Answer in the given format.")) for rx in REGEXES]
+    specs += [({"choices": c}, _chat(tok, "Pick one.")) for c in CHOICES]
+    prompts = [p for _, p in specs]
+    params = [{**g, "max_new_tokens": MAX_NEW, "temperature": 0} for g, _ in specs]
+
+    results = {}
+    for name, eng in (("on", engine), ("off", engine_nojf)):
+        i0 = eng.get_server_info()
+        outs = eng.generate(prompts, params, return_logprob=True)
+        i1 = eng.get_server_info()
+        results[name] = (outs, i1["forward_steps"] - i0["forward_steps"], i1["jump_tokens"] - i0["jump_tokens"])
+    on, steps_on, jumped_on = results["on"]
+    off, steps_off, jumped_off = results["off"]
+
+    assert jumped_off == 0
+    assert jumped_on > 0
+    assert steps_on < steps_off, (steps_on, steps_off)
+    same = 0
+    for (g, _), a, b in zip(specs, on, off):
+        for out in (a, b):
+            assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+            if "json_schema" in g:
+                jsonschema.validate(json.loads(out["text"]), g["json_schema"])
+            elif "regex" in g:
+                assert re.fullmatch(g["regex"], out["text"]), out["text"]
+            else:
+                assert out["text"] in g["choices"]
+        if a["text"] == b["text"]:
+            same += 1
+        else:
+            assert _first_divergence_is_forced(a, b), (
+                f"outputs diverge at a sampled token: on={a['text']!r} off={b['text']!r}")
+    assert same * 2 >= len(specs), f"only {same}/{len(specs)} identical with jump-forward on vs off"
+    # Jump-forward tokens count as completion tokens, and outputs still decode to the text.
+    for a in on:
+        assert tok.decode(a["output_ids"], skip_special_tokens=True) == a["text"]
+    engine.check_integrity()
+    engine_nojf.check_integrity()
+
+
+RETOKENIZE_CASES = [
+    # (grammar, question, exact): exact cases must give the same tokens with and without
+    # jump-forward; the others may diverge only at a forced token (see DESIGN.md).
+    # forced `", "b": "` right after a closing quote: the quote can merge into `",` etc.
+    ({"regex": r'\{"a": "[a-z]{1,8}", "b": "[a-z]{1,8}"\}'}, 'Fill in: {"a": "...", "b": "..."}', True),
+    # a forced unicode literal (const) followed by free text
+    ({"json_schema": {"type": "object", "properties": {"drink": {"const": "café ☕"},
+                                                       "cups": {"type": "integer", "minimum": 1, "maximum": 9}},
+                      "required": ["drink", "cups"]}}, "How many cups of coffee?", True),
+    # choices sharing a forced unicode prefix
+    ({"choices": ["café ☕ au lait", "café ☕ noir"]}, "How do you take your coffee?", True),
+    ({"choices": ["Ünïcödé ✓ done"]}, "Say it.", True),
+    # forced newline + indentation: SmolLM2 writes "\n", " ", " A", "g", "e" under the mask
+    # where the canonical tokens are "\n ", " Age", so the free text after may differ.
+    ({"regex": r"Name: [A-Z][a-z]{1,8}\n  Age: [0-9]{1,2}\n  City: [A-Z][a-z]{1,8}"}, "Describe a person.", False),
+]
+
+
+def _contains(seq: list[int], sub: list[int]) -> bool:
+    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+def test_retokenization_at_jump_boundaries(engine, engine_nojf):
+    tok = engine.tokenizer
+    prompts = [_chat(tok, q) for _, q, _ in RETOKENIZE_CASES]
+    params = [{**g, "max_new_tokens": MAX_NEW, "temperature": 0} for g, _, _ in RETOKENIZE_CASES]
+    j0 = engine.get_server_info()["jump_tokens"]
+    on = engine.generate(prompts, params, return_logprob=True)
+    assert engine.get_server_info()["jump_tokens"] > j0
+    off = engine_nojf.generate(prompts, params)
+    for (g, _, exact), a, b in zip(RETOKENIZE_CASES, on, off):
+        assert a["meta_info"]["finish_reason"]["type"] == "stop", a
+        assert tok.decode(a["output_ids"], skip_special_tokens=True) == a["text"]
+        if exact:
+            assert (a["text"], a["output_ids"]) == (b["text"], b["output_ids"]), (g, a["text"], b["text"])
+        elif a["text"] != b["text"]:
+            assert _first_divergence_is_forced(a, b), (g, a["text"], b["text"])
+        if "regex" in g:
+            assert re.fullmatch(g["regex"], a["text"]), a["text"]
+        elif "choices" in g:
+            assert a["text"] in g["choices"]
+        else:
+            value = json.loads(a["text"])
+            jsonschema.validate(value, g["json_schema"])
+            assert value["drink"] == "café ☕"
+    # Forced whitespace is appended as the tokenizer's own tokens ("\n " + " Age", ...).
+    ws = on[-1]["output_ids"]
+    for forced in ("\n  Age:", "\n  City:"):
+        assert _contains(ws, tok.encode(forced, add_special_tokens=False)), [tok.decode([t]) for t in ws]
+    # The single-choice literal is all forced: one sampled token, the rest jumped.
+    lit = on[3]
+    assert lit["text"] == "Ünïcödé ✓ done"
+    assert sum(lp == 0.0 for lp, _ in lit["meta_info"]["output_token_logprobs"]) >= len(lit["output_ids"]) - 2
+    engine.check_integrity()
