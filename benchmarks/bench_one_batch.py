@@ -56,7 +56,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1, help="timed runs per batch size (median)")
     p.add_argument("--attention-backend", default=None, help="default: triton on cuda, torch on cpu")
-    p.add_argument("--cuda-graph", action="store_true", help="pass cuda_graph=True to the Engine")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True, help="decode through CUDA graphs (--no-cuda-graph: plain launches)")
     p.add_argument("--max-prefill-tokens", type=int, default=16384,
                    help="prefill batch token budget (larger batches prefill in several forwards)")
     p.add_argument("--copy-mib", type=int, default=None, help="copy size (default 2048 on cuda, 256 on cpu)")

@@ -36,10 +36,15 @@ class EngineArgs:
     json_whitespace_pattern: str | None = None  # None = compact JSON
     # GPU features
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
-    cuda_graph: bool = False
+    cuda_graph: bool = True  # CUDA only; --no-cuda-graph keeps the plain launch path
     cuda_graph_max_bs: int = 256
     enable_overlap: bool = False
     tp_size: int = 1
+    # tensor-parallel process group (see runtime/distributed.py)
+    nnodes: int = 1  # hosts sharing the tp_size ranks; each runs tp_size // nnodes of them
+    node_rank: int = 0  # this host's index; node 0 runs the Engine, others `python -m treadle.runtime.tp_worker`
+    dist_init_addr: str | None = None  # host:port rendezvous; None = a free port on 127.0.0.1 (one node)
+    dist_timeout_s: float = 60.0  # rendezvous and per-collective timeout: a dead or absent rank errors after it
     # server
     host: str = "127.0.0.1"
     port: int = 30000
@@ -61,6 +66,14 @@ class EngineArgs:
             raise ValueError("mem_fraction_static must be in (0, 1)")
         if self.tp_size < 1:
             raise ValueError("tp_size must be >= 1")
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"need nnodes >= 1 and 0 <= node_rank < nnodes (got {self.nnodes}, {self.node_rank})")
+        if self.tp_size % self.nnodes:
+            raise ValueError(f"tp_size {self.tp_size} must be a multiple of nnodes {self.nnodes}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("nnodes > 1 needs --dist-init-addr host:port (node 0's address, reachable by every node)")
+        if self.dist_timeout_s <= 0:
+            raise ValueError("dist_timeout_s must be > 0")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":

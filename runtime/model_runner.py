@@ -9,6 +9,7 @@ import torch
 
 from treadle.radix_cache import ReqToTokenPool, TokenSlotAllocator, TokenToKVPool
 from treadle.runtime.attention_backend import create_attention_backend
+from treadle.runtime.distributed import dummy_checkpoint, min_across_ranks
 from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.forward_batch import ForwardBatch
 from treadle.runtime.model_source import resolve_model_source
@@ -63,7 +64,9 @@ class ModelRunner:
         with torch.device(self.device):
             torch.manual_seed(args.seed)
             model = build_model(cfg, ctx).to(self.dtype)
-        if self.source.kind == "dummy":
+        if self.source.kind == "dummy" and ctx.size > 1:  # draw tp_size=1's weights, keep this rank's slice
+            model.load_weights(dummy_checkpoint(cfg, self.dtype, self.device, args.seed))
+        elif self.source.kind == "dummy":
             init_dummy_weights(model, seed=args.seed)
         else:
             model.load_weights(weights)
@@ -73,7 +76,7 @@ class ModelRunner:
         log.info("loaded %s (%s) in %.1fs (convert %.1fs, from cache: %s)", self.source.path,
                  self.source.kind, self.load_s, self.load_report.convert_s, self.load_report.from_cache)
 
-        self.num_slots = self._pool_size()
+        self.num_slots = min_across_ranks(self._pool_size(), ctx, self.device)  # ranks schedule alike
         self.kv_pool = TokenToKVPool(self.num_slots, cfg.num_layers, model.layers[0].self_attn.num_kv_heads,
                                      cfg.head_dim, self.dtype, self.device)
         self.allocator = TokenSlotAllocator(self.num_slots)
@@ -81,6 +84,11 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(self.max_running + 1, self.context_len + 8, self.device)
         self.attn_backend = create_attention_backend(args.attention_backend, self.device, self.kv_pool,
                                                      self.req_to_token_pool.req_to_token)
+        self.graph_runner = None
+        if args.cuda_graph and self.device.type == "cuda" and args.attention_backend != "torch":
+            from treadle.runtime.cuda_graph_runner import CudaGraphRunner
+
+            self.graph_runner = CudaGraphRunner(self, min(args.cuda_graph_max_bs, self.max_running))
 
     def _pool_size(self) -> int:
         cfg = self.config
@@ -103,6 +111,8 @@ class ModelRunner:
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Run the model over fb's tokens (writing their KV) and return float32 logits
         [len(fb.logits_indices), vocab] for the requested rows."""
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            return self.graph_runner.replay(fb)
         fb.attn_backend = self.attn_backend
         self.attn_backend.plan(fb)
         hidden = self.model(fb.input_ids, fb.positions, fb)

@@ -29,17 +29,20 @@ def _save_tiny(name: str, path) -> str:
     return str(path)
 
 
+@pytest.mark.parametrize("cuda_graph", [True, False], ids=["graph", "eager"])
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
-def test_greedy_matches_hf_on_gpu(name, tmp_path):
+def test_greedy_matches_hf_on_gpu(name, cuda_graph, tmp_path):
     from transformers import AutoModelForCausalLM
 
     path = _save_tiny(name, tmp_path)
     hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).cuda().eval()
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 49000, (n,), generator=g).tolist() for n in (5, 17, 33, 100)]
+    # 5 requests: CUDA graphs pad the batch to 8 with dummy rows
+    prompts = [torch.randint(3, 49000, (n,), generator=g).tolist() for n in (5, 17, 33, 100, 2)]
     # fp32 on both sides so greedy choices are comparable token for token
     with Engine(model_path=path, device="cuda", dtype="float32", attention_backend="triton",
-                max_total_tokens=4096) as e:
+                max_total_tokens=4096, cuda_graph=cuda_graph, cuda_graph_max_bs=16) as e:
+        assert (e.runner.graph_runner is not None) == cuda_graph
         out = e.generate(input_ids=prompts, sampling_params={"max_new_tokens": 16, "temperature": 0,
                                                               "ignore_eos": True})
         e.check_integrity()
@@ -50,17 +53,46 @@ def test_greedy_matches_hf_on_gpu(name, tmp_path):
         assert o["output_ids"] == ref
 
 
-def test_constrained_outputs_validate_on_gpu():
+def _tiny_with_tokenizer(path) -> str:
+    """A tiny random model plus a small byte-level BPE tokenizer trained here (no download)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    _save_tiny("tiny-llama", path)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    text = ['{"name": "Ann", "age": 31}', "hello world", "the quick brown fox 0123456789"] * 50
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=400, special_tokens=["<eos>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>").save_pretrained(path)
+    for name in ("config.json", "generation_config.json"):  # EOS must be this tokenizer's <eos> (id 0)
+        f = path / name
+        if f.exists():
+            cfg = json.loads(f.read_text())
+            cfg["eos_token_id"] = cfg["bos_token_id"] = 0
+            f.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_constrained_outputs_validate_on_gpu(tmp_path):
     import jsonschema
 
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                               "age": {"type": "integer", "minimum": 0, "maximum": 99}},
-              "required": ["name", "age"]}
-    with Engine(device="cuda", max_total_tokens=8192) as e:  # the embedded SmolLM2, bf16
-        outs = e.generate(["A person:", "Another person:", "Hello"],
-                          [{"max_new_tokens": 48, "temperature": 0, "json_schema": schema},
-                           {"max_new_tokens": 48, "temperature": 0.8, "seed": 3, "json_schema": schema},
-                           {"max_new_tokens": 8, "temperature": 0}])
-        for o in outs[:2]:
+    path = _tiny_with_tokenizer(tmp_path)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 99},
+                                               "ok": {"type": "boolean"}},
+              "required": ["name", "age", "ok"]}
+    with Engine(model_path=path, device="cuda", max_total_tokens=8192) as e:  # bf16, graphs on
+        params = [{"max_new_tokens": 64, "temperature": 0, "json_schema": schema}] + [
+            {"max_new_tokens": 64, "temperature": 1.0, "seed": s, "json_schema": schema} for s in range(6)]
+        outs = e.generate(["A person:"] * 7 + ["Hello"], params + [{"max_new_tokens": 8, "temperature": 0}])
+        for o in outs[:7]:
+            assert o["meta_info"]["finish_reason"]["type"] == "stop", o
             jsonschema.validate(json.loads(o["text"]), schema)
+        regex = e.generate("Code:", {"max_new_tokens": 16, "temperature": 1.0, "seed": 1,
+                                     "regex": "[0-9]{3}-[a-c]{2}"})
+        import re
+
+        assert re.fullmatch("[0-9]{3}-[a-c]{2}", regex["text"])
         e.check_integrity()
