@@ -69,22 +69,28 @@ class Sampler:
 
         ps = [r.params for r in reqs]
         bitmask, mask_rows = self._bitmask(reqs)
-        batch = sk.SamplingBatch(
-            temperatures=col([0.0 if p.is_greedy else p.temperature for p in ps], torch.float32),
-            top_ps=col([p.top_p for p in ps], torch.float32),
-            top_ks=col([p.top_k for p in ps], torch.int32),
-            min_ps=col([p.min_p for p in ps], torch.float32),
-            seeds=col([r.seed for r in reqs], torch.int64),
-            steps=col([len(r.output_ids) for r in reqs], torch.int64),
-            bitmask=bitmask,
-            mask_rows=mask_rows,
-            token_counts=self._penalty_counts(reqs),
-            frequency_penalties=col([p.frequency_penalty for p in ps], torch.float32),
-            presence_penalties=col([p.presence_penalty for p in ps], torch.float32),
-            repetition_penalties=col([p.repetition_penalty for p in ps], torch.float32),
-        )
-        fn = sk.fused_sample if logits.is_cuda else sk.fused_sample_ref
-        ids, logprobs = fn(logits, batch)
+        counts = self._penalty_counts(reqs)
+        if bitmask is None and counts is None and all(p.is_greedy for p in ps):
+            # all-greedy and unconstrained: an argmax is all there is to do (one read of the logits)
+            ids = logits.argmax(dim=-1)
+            logprobs = logits.gather(1, ids[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+        else:
+            batch = sk.SamplingBatch(
+                temperatures=col([0.0 if p.is_greedy else p.temperature for p in ps], torch.float32),
+                top_ps=col([p.top_p for p in ps], torch.float32),
+                top_ks=col([p.top_k for p in ps], torch.int32),
+                min_ps=col([p.min_p for p in ps], torch.float32),
+                seeds=col([r.seed for r in reqs], torch.int64),
+                steps=col([len(r.output_ids) for r in reqs], torch.int64),
+                bitmask=bitmask,
+                mask_rows=mask_rows,
+                token_counts=counts,
+                frequency_penalties=col([p.frequency_penalty for p in ps], torch.float32),
+                presence_penalties=col([p.presence_penalty for p in ps], torch.float32),
+                repetition_penalties=col([p.repetition_penalty for p in ps], torch.float32),
+            )
+            fn = sk.fused_sample if logits.is_cuda else sk.fused_sample_ref
+            ids, logprobs = fn(logits, batch)
         top: list[list[tuple[float, int]] | None] = [None] * len(reqs)
         want = [i for i, r in enumerate(reqs) if r.return_logprob and r.top_logprobs_num > 0]
         if want:
