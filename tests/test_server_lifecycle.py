@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from treadle.runtime.server.testing import ServerProcess
+from treadle.runtime.server.testing import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
 T = 180
@@ -71,6 +73,13 @@ def stream(url: str, body: dict, stop_after: int | None = None) -> list[dict]:
             if stop_after is not None and len(chunks) >= stop_after:
                 break  # leaving the with-block closes the connection mid-stream
     return chunks
+
+
+def test_child_failing_at_startup_is_a_clear_error():
+    proc = subprocess.run([sys.executable, "-m", "treadle.runtime.launch_server", "--port", str(free_port()),
+                           "--dtype", "bogus"], capture_output=True, text=True, timeout=T)
+    assert proc.returncode == 1
+    assert "scheduler process failed during start-up" in proc.stderr and "unknown dtype 'bogus'" in proc.stderr
 
 
 def test_concurrent_streams_with_disconnects(server_a):

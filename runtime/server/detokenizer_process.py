@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import traceback
 from multiprocessing.connection import Connection
 
@@ -75,8 +76,9 @@ def run_detokenizer_process(args: EngineArgs, paths: IpcPaths, conn: Connection,
         push = ctx.socket(zmq.PUSH)
         push.connect(paths.tokenizer_in)
     except BaseException:
+        # the launcher prints this traceback in its start-up error; exit without repeating it
         conn.send(("error", traceback.format_exc()))
-        raise
+        sys.exit(1)
     conn.send(("ready", {"pid": os.getpid()}))
     conn.close()
     try:

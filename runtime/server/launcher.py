@@ -90,6 +90,8 @@ class _Children:
 
     def shutdown(self) -> None:
         for p in self.procs.values():
+            p.join(0.5)  # one that is already exiting (failed start-up) needs no signal
+        for p in self.procs.values():
             if p.is_alive():
                 p.terminate()
         for p in self.procs.values():
@@ -171,11 +173,15 @@ def launch_server(args: EngineArgs, on_ready: Callable[[str], None] | None = Non
     from treadle.runtime.tokenizer import load_tokenizer
 
     logging.basicConfig(level=args.log_level.upper(), format="[server] %(levelname)s %(message)s")
+    try:
+        source = resolve_model_source(args.model_path)
+    except ValueError as e:  # a bad --model-path: say so without a traceback or any child
+        log.error("%s", e)
+        return 1
     paths = IpcPaths.create()
     children = _Children(args, paths)
     tm = None
     try:
-        source = resolve_model_source(args.model_path)
         tokenizer = load_tokenizer(source)  # meanwhile the children load the model
         infos = children.wait_ready(STARTUP_TIMEOUT_S)
         info = {**infos["scheduler"], "tokenizer_path": source.tokenizer_path}

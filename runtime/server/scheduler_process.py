@@ -49,8 +49,9 @@ def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, p
         push = ctx.socket(zmq.PUSH)
         push.connect(paths.detokenizer_in)
     except BaseException:
+        # the launcher prints this traceback in its start-up error; exit without repeating it
         conn.send(("error", traceback.format_exc()))
-        raise
+        sys.exit(1)
     conn.send(("ready", {
         "pid": os.getpid(),
         "vocab_size": runner.config.vocab_size,

@@ -54,7 +54,14 @@ class ServerProcess:
             return f.read()[-n:]
 
     def kill(self) -> None:
-        """SIGKILL the server's whole process group (idempotent)."""
+        """Stop the server: SIGTERM first (so it removes its IPC dir), then SIGKILL whatever is
+        left of its process group (idempotent)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass  # the group kill below ends it
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
