@@ -112,7 +112,7 @@ def workloads(n: int) -> dict[str, tuple[Any, list[dict]]]:
     }
 
 
-def run_all(disable_radix_cache: bool, n: int) -> dict[str, dict]:
+def run_all(disable_radix_cache: bool, n: int, only: list[str] | None = None) -> dict[str, dict]:
     from treadle.runtime import Engine
 
     engine = Engine(max_total_tokens=65536, disable_radix_cache=disable_radix_cache)
@@ -121,6 +121,8 @@ def run_all(disable_radix_cache: bool, n: int) -> dict[str, dict]:
     results = {}
     try:
         for name, (program, inputs) in workloads(n).items():
+            if only and name not in only:
+                continue
             engine.flush_cache()
             rec.events = []
             before = engine.get_server_info()
@@ -148,9 +150,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16, help="programs per workload")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "programs_cpu.json"))
+    parser.add_argument("--programs", nargs="*", default=None,
+                        help="subset of few_shot multi_turn tree_of_thought agent (default: all)")
     args = parser.parse_args()
-    on = run_all(False, args.batch)
-    off = run_all(True, args.batch)
+    on = run_all(False, args.batch, args.programs)
+    off = run_all(True, args.batch, args.programs)
     rows = []
     for name in on:
         row = {"program": name, "batch": args.batch,

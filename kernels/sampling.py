@@ -18,7 +18,12 @@ Semantics (shared by :func:`fused_sample` and :func:`fused_sample_ref`), per row
 
 The returned logprob is ``log_softmax(raw logits)[token]`` (before penalties, mask, T).
 
-Kernel algorithm (one program per row, the row is re-read from L2 by each pass):
+Kernel algorithm. :func:`fused_sample` splits each row over several programs, one per
+contiguous vocab chunk, and runs the passes below as separate launches (stats, a fixed
+number of search passes, draw) whose per-chunk partials are combined by the last program of
+the row to finish (kernels/sampling_kernels.py; a search not done after the fixed launches
+ends serially in the draw launch). ``_fused_sample_kernel`` is the same algorithm with one
+program per row, kept as the split path's cross-check. The passes:
 
 * pass 0 (stats): raw max + raw sum-exp (for the logprob), max and first argmax of the
   processed logits (the greedy answer), min of the processed logits. With penalties the
@@ -46,11 +51,21 @@ import torch
 import triton
 import triton.language as tl
 
+from .sampling_kernels import (
+    _processed_logits,
+    _scaled,
+    _split_draw_kernel,
+    _split_search_kernel,
+    _split_stats_kernel,
+)
+
 __all__ = ["SamplingBatch", "make_sampling_batch", "fused_sample", "fused_sample_ref"]
 
 S_MIN = -40.0  # lowest kept scaled logit when top-k / top-p is on (p / p_max = 4e-18)
 _NPIV = 8
 _MAX_PASSES = 48
+_SPLIT_NPIV = 16  # pivots per search pass of the split kernels
+_SPLIT_PASSES = 5  # search launches of the split path (a row not done by then ends serially)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -113,42 +128,6 @@ def make_sampling_batch(
 
 
 # ----------------------------------------------------------------------------- kernel
-
-
-@triton.jit
-def _processed_logits(
-    row_ptr, mask_row_ptr, counts_row_ptr,
-    offs, vocab, use_mask, freq, pres, rep,
-    HAS_MASK: tl.constexpr, HAS_PEN: tl.constexpr,
-):
-    # [BLOCK] fp32 logits after penalties and mask; -inf outside the vocab / disallowed.
-    inb = offs < vocab
-    x = tl.load(row_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
-    if HAS_PEN:
-        c = tl.load(counts_row_ptr + offs, mask=inb, other=0)
-        seen = c > 0
-        x = tl.where(seen, tl.where(x > 0, x / rep, x * rep), x)
-        x = x - freq * c.to(tl.float32) - pres * seen.to(tl.float32)
-    if HAS_MASK:
-        word = tl.load(mask_row_ptr + offs // 32, mask=inb, other=-1)
-        allowed = (((word >> (offs % 32)) & 1) != 0) | (use_mask == 0)
-        x = tl.where(allowed, x, float("-inf"))
-    return x
-
-
-@triton.jit
-def _scaled(
-    row_ptr, scratch_row_ptr, mask_row_ptr, counts_row_ptr,
-    offs, vocab, use_mask, freq, pres, rep, row_max, inv_t,
-    HAS_MASK: tl.constexpr, HAS_PEN: tl.constexpr,
-):
-    # s = (processed logit - max) / T; with penalties the processed row lives in scratch.
-    if HAS_PEN:
-        x = tl.load(scratch_row_ptr + offs, mask=offs < vocab, other=float("-inf"))
-    else:
-        x = _processed_logits(row_ptr, mask_row_ptr, counts_row_ptr, offs, vocab, use_mask,
-                              freq, pres, rep, HAS_MASK, False)
-    return (x - row_max) * inv_t
 
 
 @triton.jit
@@ -354,15 +333,22 @@ def fused_sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tens
     Returns ``(tokens int64 [B], logprobs f32 [B])`` where ``logprobs`` is the raw-logit
     log-softmax at the chosen token. ``logits`` is not modified.
     """
-    tokens, logprobs, _, _ = _fused_sample_launch(logits, batch)
+    # Measured on an H200 (benchmarks/results/sampling_cuda*.json): splitting each row over
+    # many programs wins at small batches (bs 1: 310 vs 502 us), one program per row wins
+    # once the batch fills the GPU (bs 64: 505 vs 566 us, bs 256: 1011 vs 1925 us).
+    launch = _fused_sample_launch if logits.shape[0] < _ROWWISE_MIN_BATCH else _fused_sample_rowwise_launch
+    tokens, logprobs, _, _ = launch(logits, batch)
     return tokens, logprobs
 
 
-def _fused_sample_launch(
+_ROWWISE_MIN_BATCH = 32
+
+
+def _fused_sample_rowwise_launch(
     logits: torch.Tensor, batch: SamplingBatch, block: int | None = None, num_warps: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`fused_sample` plus, per row, the search passes used (int32 [B]) and the
-    final threshold ``tau`` on ``s = (x - max) / T`` (f32 [B]; -inf = keep all): for tests."""
+    """The one-program-per-row kernel (the split path's cross-check in tests): outputs as
+    :func:`_fused_sample_launch`."""
     _check_batch(logits, batch)
     if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(f"logits must be on a CUDA device (got {logits.device}); use fused_sample_ref on CPU")
@@ -400,6 +386,98 @@ def _fused_sample_launch(
         HAS_MASK=batch.bitmask is not None, HAS_MASK_ROWS=batch.mask_rows is not None,
         HAS_PEN=has_pen, BLOCK=block, NPIV=_NPIV, MAX_PASSES=_MAX_PASSES, S_MIN_C=S_MIN,
         num_warps=num_warps,
+    )
+    return tokens, logprobs, passes, tau
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # interpreter: a few chunks per row so the split path is exercised
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _fused_sample_launch(
+    logits: torch.Tensor, batch: SamplingBatch, block: int | None = None, num_warps: int | None = None,
+    splits: int | None = None, search_launches: int | None = None, search_block: int | None = None,
+    npiv: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`fused_sample` plus, per row, the search passes used (int32 [B]) and the
+    final threshold ``tau`` on ``s = (x - max) / T`` (f32 [B]; -inf = keep all): for tests.
+
+    Each row is split over ``splits`` programs (default: about 4 programs per SM in all),
+    ``search_launches`` search passes run split (a row still searching after them finishes
+    serially in the draw kernel), ``npiv`` pivots per pass; see kernels/sampling_kernels.py."""
+    _check_batch(logits, batch)
+    if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"logits must be on a CUDA device (got {logits.device}); use fused_sample_ref on CPU")
+    B, V = logits.shape
+    dev = logits.device
+    tokens = torch.empty(B, dtype=torch.int64, device=dev)
+    logprobs = torch.empty(B, dtype=torch.float32, device=dev)
+    passes = torch.empty(B, dtype=torch.int32, device=dev)
+    tau = torch.empty(B, dtype=torch.float32, device=dev)
+    if B == 0:
+        return tokens, logprobs, passes, tau
+    if V == 0:
+        raise ValueError("logits has an empty vocabulary")
+    if block is None:  # stats / draw tile; the chunk of a program is a multiple of it
+        block = 2048 if dev.type == "cuda" else 256
+    block = min(block, triton.next_power_of_2(V))
+    if search_block is None:  # search tile: [search_block, npiv] accumulators in registers
+        search_block = 512 if dev.type == "cuda" else 128
+    search_block = min(search_block, block)
+    npiv = _SPLIT_NPIV if npiv is None else npiv
+    if num_warps is None:
+        num_warps = 8 if block >= 1024 else 4
+    n_blocks = triton.cdiv(V, block)
+    if splits is None:
+        splits = triton.cdiv(4 * _sm_count(dev), B)  # about 4 programs per SM
+    splits = max(1, min(splits, n_blocks))
+    chunk = triton.cdiv(n_blocks, splits) * block
+    splits = triton.cdiv(V, chunk)  # no empty chunk
+    pw = max(2 * npiv, 4)
+    fw, iw = 16 + splits * pw, 16 + splits
+    fbuf = torch.empty((B, fw), dtype=torch.float32, device=dev)
+    ibuf = torch.zeros((B, iw), dtype=torch.int32, device=dev)  # arrival counters start at 0
+    has_pen = batch.token_counts is not None
+    scratch = torch.empty((B, V), dtype=torch.float32, device=dev) if has_pen else logits
+    dummy = batch.temperatures
+    rows = (
+        logits, scratch,
+        batch.bitmask if batch.bitmask is not None else dummy,
+        batch.mask_rows if batch.mask_rows is not None else dummy,
+        batch.token_counts if has_pen else dummy,
+    )
+    pen = (
+        batch.frequency_penalties if has_pen else dummy,
+        batch.presence_penalties if has_pen else dummy,
+        batch.repetition_penalties if has_pen else dummy,
+    )
+    geom = (
+        V, chunk, splits, logits.stride(0), scratch.stride(0),
+        batch.bitmask.stride(0) if batch.bitmask is not None else 0,
+        batch.token_counts.stride(0) if has_pen else 0, fw, iw,
+    )
+    meta = dict(
+        HAS_MASK=batch.bitmask is not None, HAS_MASK_ROWS=batch.mask_rows is not None, HAS_PEN=has_pen,
+        BLOCK=block, SPLITS_P2=triton.next_power_of_2(splits), PW=pw, num_warps=num_warps,
+    )
+    grid = (B, splits)
+    _split_stats_kernel[grid](
+        *rows, batch.temperatures, batch.top_ps, batch.top_ks, *pen, fbuf, ibuf, *geom,
+        S_MIN_C=S_MIN, **meta,
+    )
+    for _ in range(_SPLIT_PASSES if search_launches is None else search_launches):
+        _split_search_kernel[grid](*rows, batch.top_ps, *pen, fbuf, ibuf, *geom, NPIV=npiv, BLOCK_S=search_block, **meta)
+    _split_draw_kernel[grid](
+        *rows, batch.top_ps, batch.min_ps, batch.seeds, batch.steps, *pen, fbuf, ibuf,
+        tokens, logprobs, passes, tau, *geom, NPIV=npiv, BLOCK_S=search_block, MAX_PASSES=_MAX_PASSES, **meta,
     )
     return tokens, logprobs, passes, tau
 

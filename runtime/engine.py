@@ -35,9 +35,13 @@ class EngineDeadError(RuntimeError):
 class Engine:
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
         self.args = EngineArgs.from_kwargs(model_path=model_path, **kwargs)
-        self.runner = ModelRunner(self.args)
-        self.tokenizer = load_tokenizer(self.runner.source)
-        self.scheduler = Scheduler(self.args, self.runner, self.tokenizer)
+        self._tp = None  # tp_worker.LeaderGroup when tp_size > 1: this thread's scheduler is rank 0
+        if self.args.tp_size > 1:
+            self._start_tensor_parallel()
+        else:
+            self.runner = ModelRunner(self.args)
+            self.tokenizer = load_tokenizer(self.runner.source)
+            self.scheduler = Scheduler(self.args, self.runner, self.tokenizer)
         self._inbox: queue.Queue = queue.Queue()
         self._outboxes: dict[str, queue.Queue] = {}
         self._lock = threading.Lock()
@@ -45,6 +49,29 @@ class Engine:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="treadle-engine", daemon=True)
         self._thread.start()
+
+    def _start_tensor_parallel(self) -> None:
+        """Spawn ranks 1..tp_size-1 (followers, see tp_worker.py) and become rank 0."""
+        from treadle.runtime.tp_worker import LeaderGroup
+
+        self._tp = tp = LeaderGroup(self.args)
+        self.args = tp.args  # with the rendezvous address it picked
+        try:
+            self.runner = ModelRunner(tp.args, tp.group.ctx)
+            self.tokenizer = load_tokenizer(self.runner.source)
+            self.scheduler = tp.make_scheduler(self.runner, self.tokenizer)
+        except BaseException as e:
+            tp._fail_start(e)
+
+    def _wait_inbox(self):
+        """Block for the next inbox item. With TP, heartbeat the followers while idle."""
+        if self._tp is None:
+            return self._inbox.get()
+        while True:
+            try:
+                return self._inbox.get(timeout=self._tp.heartbeat_s)
+            except queue.Empty:
+                self._tp.heartbeat()
 
     # ================================================================== public API
 
@@ -103,6 +130,8 @@ class Engine:
         self._thread.join(timeout=30)
         if self.scheduler._grammar_compiler is not None:
             self.scheduler._grammar_compiler.close()
+        if self._tp is not None:  # the loop has returned: this thread may broadcast now
+            self._tp.close(healthy=self._error is None and not self._thread.is_alive())
 
     def __enter__(self) -> "Engine":
         return self
@@ -271,7 +300,7 @@ class Engine:
         try:
             while True:
                 try:  # block only when there is nothing to run
-                    item = self._inbox.get_nowait() if sched.has_work() else self._inbox.get()
+                    item = self._inbox.get_nowait() if sched.has_work() else self._wait_inbox()
                 except queue.Empty:
                     item = None
                 while item is not None:

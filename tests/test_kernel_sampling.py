@@ -12,6 +12,7 @@ from treadle.kernels.bitmask import apply_token_bitmask, apply_token_bitmask_ref
 from treadle.kernels.sampling import (
     SamplingBatch,
     _fused_sample_launch,
+    _fused_sample_rowwise_launch,
     fused_sample,
     fused_sample_ref,
     kept_threshold_ref,
@@ -126,6 +127,23 @@ def test_fused_sample_thresholds_and_greedy_exact(V: int, mask: bool, pen: bool,
     assert tok_r[0] == tok[0]
     assert (s.gather(1, tok_r[:, None]).squeeze(1)[1:] >= tau_ref[1:]).all()
     torch.testing.assert_close(lp_r, torch.log_softmax(logits.float(), -1).gather(1, tok_r[:, None]).squeeze(1))
+
+
+@pytest.mark.parametrize("mask,pen", [(True, False), (False, True)])
+@pytest.mark.parametrize("splits,search_launches", [(1, 0), (3, 1)])
+def test_split_kernel_matches_rowwise_kernel(mask: bool, pen: bool, splits, search_launches) -> None:
+    # Any split count and any number of split search launches (0 = the whole search runs in
+    # the draw launch's serial fallback) give the rowwise kernel's tokens and thresholds.
+    V = 1030
+    gen = torch.Generator().manual_seed(7 + mask)
+    logits = (torch.randn(6, V, generator=gen) * 3).to(DEV)
+    batch = _batch(gen, 6, V, mask=mask, pen=pen)
+    tok, lp, passes, tau = _fused_sample_launch(logits, batch, splits=splits, search_launches=search_launches)
+    tok_r, lp_r, _, tau_r = _fused_sample_rowwise_launch(logits, batch)
+    assert torch.equal(tok, tok_r)
+    assert torch.equal(tau, tau_r)
+    torch.testing.assert_close(lp, lp_r, atol=1e-5, rtol=1e-5)
+    assert (passes < 40).all()
 
 
 def test_penalty_semantics_ref() -> None:
