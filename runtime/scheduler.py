@@ -34,6 +34,7 @@ log = logging.getLogger("treadle")
 RESERVE_CLIP = 4096
 INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
 JUMP_LOOKBACK = 3  # output tokens re-encoded at a jump-forward boundary
+IN_BATCH_PREFIX_MIN = 32  # shared uncached tokens that make a request wait for another's prefill
 
 
 class Scheduler:
@@ -224,11 +225,17 @@ class Scheduler:
                 return plan
             self.chunked = None
         max_running = self.runner.max_running
+        admitted: list[list[int]] = [r.fill_ids for r, _ in plan]
         for req in order_waiting(self.waiting, self.args.schedule_policy, self.tree, self.args.starvation_bound_s):
             if len(self.running) + len(plan) >= max_running or self.req_to_token_pool.available_size() == 0:
                 break
             match = self.tree.match_prefix(match_key(req))
             prefix = len(match.slots)
+            if admitted and not self.tree.disable and \
+                    max(_common_prefix_len(req.fill_ids, a) for a in admitted) - prefix >= IN_BATCH_PREFIX_MIN:
+                # it shares a long uncached prefix with a request admitted this step: wait one
+                # step and reuse that KV instead of computing the same prefix twice
+                continue
             extend = req.seq_len - prefix
             reserve = int(min(req.remaining_new_tokens(), RESERVE_CLIP) * self.new_token_ratio)
             # locking the prefix takes it out of the evictable pool this budget counted
@@ -250,6 +257,7 @@ class Scheduler:
             self._admit(req, match)
             budget.take(n, reserve if n == extend else 0)
             plan.append((req, n))
+            admitted.append(req.fill_ids)
             if n < extend:
                 self.chunked = req
                 break
@@ -416,9 +424,10 @@ class Scheduler:
             vals, tops = prompt_logprobs(logits[rows], next_ids, req.top_logprobs_num)
             req.input_logprobs.extend(vals)
             req.input_top_logprobs.extend(tops)
-        for req, n in plan:
-            if req.kv_len < req.seq_len:
-                self._cache_unfinished(req)  # a chunk of a long prompt: share it right away
+        for req, _ in plan:
+            # share what was just computed right away: a later chunk of this prompt, and other
+            # requests with the same prefix admitted next step, reuse it
+            self._cache_unfinished(req)
         # a request asking for no new tokens finishes once its prompt is computed (and cached)
         zero = [r for r in sample_reqs if r.params.max_new_tokens == 0]
         for r in zero:
@@ -572,3 +581,11 @@ def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int,
         raise ValueError(f"logprob_start_len {r.logprob_start_len} must be < the prompt length {len(ids)}")
     if r.top_logprobs_num < 0:
         raise ValueError("top_logprobs_num must be >= 0")
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -569,3 +569,19 @@ def test_flush_cache_only_when_idle_and_frees_the_tree():
     assert sched.flush_cache()
     assert sched.tree.total_size() == 0 and runner.allocator.available_size() == runner.allocator.num_slots
     sched.check_integrity()
+
+
+def test_requests_arriving_together_compute_a_shared_prefix_once():
+    # eight prompts sharing a 60-token prefix, submitted in one go: the first is prefilled,
+    # the rest wait one step and reuse its KV instead of computing the prefix again
+    sched, runner = make_scheduler(chunked_prefill_size=0)
+    shared = [5 + (i % 50) for i in range(60)]
+    prompts = [shared + [7, 8 + i] for i in range(8)]
+    for i, p in enumerate(prompts):
+        sched.add_request(req(f"r{i}", p, greedy(3)))
+    got = collect(drain(sched))
+    for i, p in enumerate(prompts):
+        assert got[f"r{i}"][0] == reference_greedy(p, 3)
+    assert sum(got[f"r{i}"][1].cached_tokens for i in range(8)) >= 7 * 60
+    # every prompt token beyond the shared prefix once per request, the prefix once
+    assert runner.computed_tokens <= 60 + 8 * 2 + 8 * 3

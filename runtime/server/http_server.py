@@ -135,7 +135,11 @@ def create_app(state: ServerState) -> FastAPI:
         return {"model_path": info["model_path"], "served_model_name": state.model_name,
                 "architecture": info["architecture"], "vocab_size": info["vocab_size"],
                 "context_length": info["context_len"], "is_generation": True,
-                "tokenizer_path": info.get("tokenizer_path")}
+                "tokenizer_path": info.get("tokenizer_path"),
+                # clients (the DSL's RuntimeEndpoint) render roles with the server's template
+                "chat_template": getattr(tm.tokenizer, "chat_template", None),
+                "bos_token": getattr(tm.tokenizer, "bos_token", None),
+                "eos_token": getattr(tm.tokenizer, "eos_token", None)}
 
     @app.get("/get_server_info")
     async def get_server_info() -> dict:
