@@ -196,3 +196,22 @@ def test_two_nodes_on_one_host_match_tp1():
         if node1.poll() is None:
             node1.kill()
     assert [g["output_ids"] for g in got] == [r["output_ids"] for r in ref]
+
+
+def test_server_with_tp2_matches_engine_tp1():
+    """`treadle serve --tp-size 2`: the scheduler process is rank 0 and leads a follower."""
+    import requests
+
+    from treadle.runtime.server.testing import ServerProcess
+
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    with Engine(model_path="dummy:tiny-llama", max_total_tokens=2048) as e:
+        want = e.generate(input_ids=prompt, sampling_params=params)["output_ids"]
+    server = ServerProcess(["--model-path", "dummy:tiny-llama", "--tp-size", "2", "--max-total-tokens", "2048"])
+    try:
+        got = requests.post(server.url + "/generate", json={"input_ids": prompt, "sampling_params": params},
+                            timeout=120).json()
+        assert got["output_ids"] == want
+    finally:
+        server.kill()

@@ -40,9 +40,18 @@ def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, p
         from treadle.runtime.scheduler import Scheduler
         from treadle.runtime.tokenizer import load_tokenizer
 
-        runner = ModelRunner(args)
-        tokenizer = load_tokenizer(runner.source)
-        sched = Scheduler(args, runner, tokenizer)
+        tp = None
+        if args.tp_size > 1:  # this process is rank 0; it starts and leads the other ranks
+            from treadle.runtime.tp_worker import LeaderGroup
+
+            tp = LeaderGroup(args)
+            runner = ModelRunner(tp.args, tp.group.ctx)
+            tokenizer = load_tokenizer(runner.source)
+            sched = tp.make_scheduler(runner, tokenizer)
+        else:
+            runner = ModelRunner(args)
+            tokenizer = load_tokenizer(runner.source)
+            sched = Scheduler(args, runner, tokenizer)
         ctx = zmq.Context(1)
         pull = ctx.socket(zmq.PULL)
         pull.bind(paths.scheduler_in)
@@ -64,17 +73,21 @@ def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, p
         "model_load_s": round(runner.load_s, 3),
     }))
     conn.close()
+    healthy = False
     try:
-        _loop(sched, pull, push, ppid)
+        _loop(sched, pull, push, ppid, tp)
+        healthy = True
     finally:
         if sched._grammar_compiler is not None:
             sched._grammar_compiler.close()
+        if tp is not None:
+            tp.close(healthy=healthy)
         pull.close(linger=0)
         push.close(linger=0)
         ctx.term()
 
 
-def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int) -> None:
+def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = None) -> None:
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
     while True:
@@ -89,9 +102,12 @@ def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int) -> None:
                     break
                 for msg in msgs:
                     _handle(sched, msg, to_send)
-        elif not sched.has_work() and not parent_alive(ppid):
-            log.info("parent process is gone; exiting")
-            return
+        elif not sched.has_work():
+            if not parent_alive(ppid):
+                log.info("parent process is gone; exiting")
+                return
+            if tp is not None:  # idle: make sure the other ranks are still there
+                tp.heartbeat()
         if sched.has_work():
             to_send.extend(sched.step())
         else:  # aborts of waiting requests and rejections are emitted without a step
