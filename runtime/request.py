@@ -54,6 +54,11 @@ class Req:
         return self.input_ids + self.output_ids
 
     @property
+    def last_token(self) -> int:
+        """The newest token (the decode step's input), without building fill_ids."""
+        return self.output_ids[-1] if self.output_ids else self.input_ids[-1]
+
+    @property
     def seq_len(self) -> int:
         return len(self.input_ids) + len(self.output_ids)
 

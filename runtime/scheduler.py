@@ -371,7 +371,7 @@ class Scheduler:
         self.req_to_token[rows.to(self.req_to_token.device), pos.to(self.req_to_token.device)] = \
             slots.to(self.req_to_token)
         fb = ForwardBatch.build(
-            ForwardMode.DECODE, [r.fill_ids[-1] for r in reqs], pos.tolist(), slots, rows.tolist(),
+            ForwardMode.DECODE, [r.last_token for r in reqs], pos.tolist(), slots, rows.tolist(),
             [r.kv_len for r in reqs], [1] * len(reqs), list(range(len(reqs))), self.runner.device)
         logits = self.runner.forward(fb)
         for r in reqs:
