@@ -255,8 +255,8 @@ def extend_attention_ref(
             continue
         seq = prefix + ext
         slots = req_to_token[row, :seq].long()
-        k = k_buffer[slots]  # [seq, Hk, D]
-        v = v_buffer[slots]
+        k = k_buffer.index_select(0, slots)  # [seq, Hk, D] (index_select: fast on CPU too)
+        v = v_buffer.index_select(0, slots)
         if group > 1:
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
