@@ -29,7 +29,13 @@ def _run_serve(ns: argparse.Namespace) -> None:
 
 
 # name -> function adding the subparser (which sets `func`)
-_SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {"serve": _add_serve}
+def _add_router(sub: argparse._SubParsersAction) -> None:
+    from treadle.runtime.router import add_router_subcommand
+
+    add_router_subcommand(sub)
+
+
+_SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {"serve": _add_serve, "router": _add_router}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,475 @@
+"""The data-parallel router: one HTTP front for N replica servers.
+
+    python -m treadle.runtime.router --worker http://127.0.0.1:30001 --worker http://127.0.0.1:30002 \\
+        --port 30000 --policy cache_aware
+    python -m treadle.runtime.router --launch-replicas 2 --port 30000 [server flags ...]
+
+Forwards POST /generate, /v1/completions and /v1/chat/completions (SSE relayed byte for
+byte; a client that disconnects closes the upstream stream, so the replica aborts), and
+serves GET /health (its own), /v1/models, /get_model_info, /get_server_info (replicas
+aggregated + router stats), POST /flush_cache and /abort_request (broadcast).
+
+Which replica gets a request is the policy's choice (`router_policy.py`). A background task
+polls every replica's /health; a dead one leaves the rotation until it answers again. A
+request whose connection to a replica cannot be opened (so no byte reached it) is retried on
+another replica; once sent, it is never replayed. Every response names the replica in the
+`X-Treadle-Replica` header.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import shlex
+import subprocess
+import sys
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from treadle.runtime.router_policy import CacheAwareConfig, make_policy
+from treadle.runtime.server.protocol import APIError, error_body
+from treadle.runtime.server.streaming import AbortOnDisconnectStream, ClientGone, error_response, until_done_or_disconnect
+
+log = logging.getLogger("treadle.router")
+
+REPLICA_HEADER = "X-Treadle-Replica"
+_FORWARDED_HEADERS = ("content-type", "authorization")
+HEALTH_TIMEOUT_S = 5.0
+HEALTH_FAILURES_TO_DROP = 3
+
+
+@dataclass(frozen=True)
+class RouterArgs:
+    workers: tuple[str, ...]
+    host: str = "127.0.0.1"
+    port: int = 30000
+    policy: str = "cache_aware"
+    health_interval_s: float = 1.0
+    cache: CacheAwareConfig = CacheAwareConfig()
+
+
+@dataclass(slots=True)
+class Replica:
+    url: str
+    healthy: bool = False
+    in_flight: int = 0  # requests sent and not yet answered / streamed to the end
+    routed: int = 0
+    connect_failures: int = 0
+    health_failures: int = 0  # consecutive failed (not refused) health checks
+    times_dropped: int = 0  # how often it left the rotation
+    prompt_chars: int = 0  # of the requests routed here
+    matched_chars: int = 0  # of those, chars the router's tree had seen here before
+
+    def stats(self) -> dict:
+        return {"url": self.url, "healthy": self.healthy, "in_flight": self.in_flight, "routed": self.routed,
+                "connect_failures": self.connect_failures, "times_dropped": self.times_dropped,
+                "prefix_match_rate": self.matched_chars / max(1, self.prompt_chars)}
+
+
+def routing_text(path: str, obj: Any) -> str:
+    """The text whose prefix decides placement: the prompt (the first one of a batch), token
+    ids as "ids:1,2,3,", or the chat messages as JSON one after another (appending a turn
+    extends the prefix)."""
+    if not isinstance(obj, dict):
+        return ""
+    if path == "/v1/chat/completions":
+        msgs = obj.get("messages")
+        if not isinstance(msgs, list):
+            return ""
+        return "".join(json.dumps(m, sort_keys=True, ensure_ascii=False) for m in msgs)
+    p = obj.get("prompt") if path == "/v1/completions" else obj.get("text", obj.get("input_ids"))
+    if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+        p = p[0]  # a batch: place it by its first prompt
+    if isinstance(p, str):
+        return p
+    if isinstance(p, list) and all(isinstance(x, int) for x in p):
+        return "ids:" + "".join(f"{x}," for x in p)
+    return ""
+
+
+class _RelayStream(AbortOnDisconnectStream):
+    """An SSE relay that runs `on_close` however it ends (done, client gone, or never
+    started), which closes the upstream stream and releases the replica."""
+
+    def __init__(self, content: Any, on_close: Callable[[], Awaitable[None]], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
+
+
+class Router:
+    def __init__(self, args: RouterArgs) -> None:
+        if not args.workers:
+            raise ValueError("the router needs at least one replica: pass --worker URL (or --launch-replicas N)")
+        self.args = args
+        self.replicas = [Replica(u.rstrip("/")) for u in args.workers]
+        self.policy = make_policy(args.policy, len(self.replicas), args.cache)
+        # no read timeout: a long generation may be silent for a while before its answer
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
+                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        self.started = time.time()
+
+    # ---- health ----
+
+    async def check_health(self) -> None:
+        """One round: GET /health on every replica. A refused connection takes a replica out
+        at once (its process is gone); a slow or failing answer only after
+        `HEALTH_FAILURES_TO_DROP` in a row, so a replica busy with a long prefill does not flap."""
+        async def one(i: int, r: Replica) -> None:
+            try:
+                ok = (await self.client.get(r.url + "/health", timeout=HEALTH_TIMEOUT_S)).status_code == 200
+            except httpx.ConnectError:
+                self._set_health(i, False, gone=True)
+                return
+            except httpx.HTTPError:
+                ok = False
+            r.health_failures = 0 if ok else r.health_failures + 1
+            if ok or r.health_failures >= HEALTH_FAILURES_TO_DROP:
+                self._set_health(i, ok)
+
+        await asyncio.gather(*(one(i, r) for i, r in enumerate(self.replicas)))
+
+    def _set_health(self, i: int, ok: bool, gone: bool = False) -> None:
+        """Flip a replica in or out of rotation; `gone` (connection refused) also forgets what
+        the policy knows of its cache, which a restarted process will not have."""
+        r = self.replicas[i]
+        if gone:
+            self.policy.on_unhealthy(i)
+        if ok != r.healthy:
+            log.warning("replica %s is %s", r.url, "healthy: back in rotation" if ok else "unhealthy: out of rotation")
+            r.times_dropped += 0 if ok else 1
+        r.healthy = ok
+
+    async def health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.args.health_interval_s)
+            await self.check_health()
+
+    # ---- forwarding ----
+
+    async def forward(self, request: Request, path: str) -> Response:
+        body = await request.body()
+        try:
+            obj = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            obj = None  # a replica answers it with a proper 400
+        text = routing_text(path, obj)
+        stream = isinstance(obj, dict) and obj.get("stream") is True
+        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS}
+        tried: set[int] = set()
+        while True:
+            cands = [i for i, r in enumerate(self.replicas) if r.healthy and i not in tried]
+            if not cands:
+                raise APIError("no healthy replica to serve the request" + (" (tried all)" if tried else ""),
+                               503, "server_overloaded", None, "no_healthy_replica")
+            idx, matched = self.policy.choose(text, cands, [r.in_flight for r in self.replicas])
+            tried.add(idx)
+            rep = self.replicas[idx]
+            rep.in_flight += 1
+            # record the placement now, not once the replica answers: requests of the same
+            # prefix arriving meanwhile must see it (a failed connect clears this tree anyway)
+            self.policy.on_routed(idx, text)
+            try:
+                resp = await self.client.send(
+                    self.client.build_request("POST", rep.url + path, content=body, headers=headers), stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                # nothing reached the replica: safe to place the request elsewhere
+                rep.in_flight -= 1
+                rep.connect_failures += 1
+                log.warning("cannot connect to %s (%s); retrying elsewhere", rep.url, e)
+                if isinstance(e, httpx.ConnectError):  # refused: the process is gone (a timeout may be load)
+                    self._set_health(idx, False, gone=True)
+                continue
+            except BaseException as e:
+                rep.in_flight -= 1
+                if isinstance(e, httpx.HTTPError):
+                    raise APIError(f"replica {rep.url} failed: {type(e).__name__}: {e}", 502, "server_error") from e
+                raise
+            if resp.status_code == 503 and any(r.healthy and i not in tried for i, r in enumerate(self.replicas)):
+                await resp.aclose()  # overloaded or draining: it ran nothing, so another may take it
+                rep.in_flight -= 1
+                continue
+            rep.routed += 1
+            rep.prompt_chars += len(text)
+            rep.matched_chars += matched
+            return await self._relay(request, resp, rep, stream)
+
+    async def _relay(self, request: Request, resp: httpx.Response, rep: Replica, stream: bool) -> Response:
+        released = False
+
+        async def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                rep.in_flight -= 1
+                await resp.aclose()
+
+        hdrs = {REPLICA_HEADER: rep.url}
+        ctype = resp.headers.get("content-type", "application/json")
+        if stream and resp.status_code == 200:
+            async def relay():
+                try:
+                    async for chunk in resp.aiter_raw():
+                        yield chunk
+                except httpx.HTTPError as e:  # the replica died mid-stream
+                    body = error_body(f"replica {rep.url} failed mid-stream: {type(e).__name__}", "server_error")
+                    yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+
+            return _RelayStream(relay(), release, status_code=200, media_type=ctype,
+                                headers={**hdrs, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            data = await until_done_or_disconnect(request, resp.aread())
+        except httpx.HTTPError as e:
+            raise APIError(f"replica {rep.url} failed: {type(e).__name__}: {e}", 502, "server_error") from e
+        finally:
+            await release()  # on a disconnect this closes the upstream connection: the replica aborts
+        return Response(data, status_code=resp.status_code, media_type=ctype, headers=hdrs)
+
+    async def get_any(self, path: str) -> Response:
+        """A read-only GET answered by the first healthy replica that responds."""
+        for r in [r for r in self.replicas if r.healthy]:
+            try:
+                resp = await self.client.get(r.url + path, timeout=10.0)
+            except httpx.HTTPError:
+                continue
+            return Response(resp.content, resp.status_code, media_type=resp.headers.get("content-type"),
+                            headers={REPLICA_HEADER: r.url})
+        raise APIError("no healthy replica to answer", 503, "server_overloaded", None, "no_healthy_replica")
+
+    async def broadcast(self, method: str, path: str, body: bytes = b"") -> list[httpx.Response | None]:
+        """Send to every healthy replica; None where it failed (or the replica is out)."""
+        async def one(r: Replica) -> httpx.Response | None:
+            if not r.healthy:
+                return None
+            try:
+                return await self.client.request(method, r.url + path, content=body, timeout=30.0,
+                                                 headers={"content-type": "application/json"})
+            except httpx.HTTPError:
+                return None
+
+        return list(await asyncio.gather(*(one(r) for r in self.replicas)))
+
+    async def server_info(self) -> dict:
+        infos = await self.broadcast("GET", "/get_server_info")
+        reps = []
+        for r, resp in zip(self.replicas, infos):
+            info = resp.json() if resp is not None and resp.status_code == 200 else None
+            reps.append({**r.stats(), "server_info": info})
+        live = [x["server_info"] for x in reps if x["server_info"]]
+        total = {k: sum(i.get(k, 0) for i in live) for k in ("prompt_tokens", "cached_tokens", "num_running",
+                                                              "num_waiting")}
+        return {**total, "cache_hit_rate": total["cached_tokens"] / max(1, total["prompt_tokens"]),
+                "router": {"policy": self.policy.name, "num_healthy": sum(r.healthy for r in self.replicas),
+                           "uptime_s": round(time.time() - self.started, 1)},
+                "replicas": reps}
+
+
+def create_router_app(args: RouterArgs) -> FastAPI:
+    router = Router(args)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        await router.check_health()  # know who is up before the first request
+        task = asyncio.create_task(router.health_loop())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await router.client.aclose()
+
+    app = FastAPI(title="treadle-router", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.router = router
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, e: APIError) -> JSONResponse:
+        return error_response(e)
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(_: Request, e: ClientGone) -> Response:
+        return Response(status_code=499)
+
+    for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+        async def post(request: Request, _path: str = path) -> Response:
+            return await router.forward(request, _path)
+
+        app.add_api_route(path, post, methods=["POST"])
+
+    for path in ("/v1/models", "/get_model_info"):
+        async def get(_path: str = path) -> Response:
+            return await router.get_any(_path)
+
+        app.add_api_route(path, get, methods=["GET"])
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not any(r.healthy for r in router.replicas):
+            return JSONResponse(error_body("no healthy replica", "server_overloaded", None, "no_healthy_replica"), 503)
+        return Response(status_code=200)
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> dict:
+        return await router.server_info()
+
+    @app.post("/flush_cache")
+    async def flush_cache() -> JSONResponse:
+        res = await router.broadcast("POST", "/flush_cache")
+        router.policy.reset()
+        ok = all(x is not None and x.status_code == 200 for x, r in zip(res, router.replicas) if r.healthy)
+        return JSONResponse({"success": ok}, 200 if ok else 400)
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> dict:
+        res = await router.broadcast("POST", "/abort_request", await request.body())
+        return {"success": any(x is not None and x.status_code == 200 and x.json().get("success") for x in res)}
+
+    return app
+
+
+# ---- replicas on this host (--launch-replicas N) ----
+
+def launch_replicas(n: int, server_argv: list[str], startup_timeout_s: float = 600.0,
+                    host: str = "127.0.0.1") -> tuple[list[subprocess.Popen], list[str]]:
+    """Start n `launch_server` processes on free ports (each in its own session so its whole
+    group can be killed) and wait until all answer /health. Returns (processes, base URLs)."""
+    import os
+    import socket
+
+    procs, urls = [], []
+    try:
+        for _ in range(n):
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+            cmd = [sys.executable, "-m", "treadle.runtime.launch_server", "--host", host, "--port", str(port),
+                   *server_argv]
+            procs.append(subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent))
+            urls.append(f"http://{host}:{port}")
+        deadline = time.monotonic() + startup_timeout_s
+        pending = set(range(n))
+        while pending:
+            for i in list(pending):
+                if procs[i].poll() is not None:
+                    raise RuntimeError(f"replica {urls[i]} exited with {procs[i].returncode} during start-up")
+                try:
+                    if httpx.get(urls[i] + "/health", timeout=2.0).status_code == 200:
+                        pending.discard(i)
+                except httpx.HTTPError:
+                    pass  # not listening yet
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"replicas {[urls[i] for i in pending]} not healthy after {startup_timeout_s}s")
+            time.sleep(0.5)
+        log.warning("launched %d replicas: %s", n, " ".join(urls))
+        return procs, urls
+    except BaseException:
+        stop_replicas(procs)
+        raise
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the router dies, even by SIGKILL (Linux)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def stop_replicas(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM each replica's process group, SIGKILL what is left after 10 s."""
+    import os
+    import signal
+
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 30.0)):
+        live = [p for p in procs if p.poll() is None]
+        for p in live:
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass  # gone already
+        for p in live:
+            try:
+                p.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                pass  # SIGKILL next round
+
+
+# ---- command line ----
+
+def add_router_args(p: argparse.ArgumentParser) -> None:
+    d, c = RouterArgs(workers=()), CacheAwareConfig()
+    p.add_argument("--worker", dest="workers", action="append", default=[], metavar="URL",
+                   help="a replica's base URL (repeat for each replica)")
+    p.add_argument("--launch-replicas", "--dp-size", dest="launch_replicas", type=int, default=0, metavar="N",
+                   help="spawn N replica servers on free ports (server flags: the unknown ones, or --server-args)")
+    p.add_argument("--server-args", default="", help="flags for spawned replicas, as one shell-quoted string")
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--policy", choices=["cache_aware", "round_robin"], default=d.policy)
+    p.add_argument("--health-interval-s", type=float, default=d.health_interval_s)
+    p.add_argument("--cache-match-ratio", type=float, default=c.match_ratio,
+                   help="route by prefix when this share of the prompt matches a replica's tree")
+    p.add_argument("--cache-match-chars", type=int, default=c.match_chars,
+                   help="... or when at least this many characters match")
+    p.add_argument("--balance-abs", type=int, default=c.balance_abs,
+                   help="in-flight spread above which requests go to the least loaded replica")
+    p.add_argument("--max-tree-chars", type=int, default=c.max_tree_chars, help="prefix tree bound per replica")
+    p.add_argument("--log-level", default="warning")
+
+
+def add_router_subcommand(sub: argparse._SubParsersAction) -> None:
+    """Register `treadle router` on the `treadle` command's subparsers."""
+    p = sub.add_parser("router", help="route requests over data-parallel replica servers",
+                       description=__doc__.split("\n\n")[0])
+    add_router_args(p)
+    p.set_defaults(func=lambda ns: run(ns, []))
+
+
+def run(ns: argparse.Namespace, server_argv: list[str]) -> None:
+    import uvicorn
+
+    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    server_argv = [*shlex.split(ns.server_args), *server_argv]
+    if server_argv and not ns.launch_replicas:
+        raise SystemExit(f"unknown router flag(s) {' '.join(server_argv)} (server flags need --launch-replicas)")
+    if ns.launch_replicas < 0:
+        raise SystemExit("--launch-replicas must be >= 0")
+    procs: list[subprocess.Popen] = []
+    try:
+        workers = list(ns.workers)
+        if ns.launch_replicas:
+            procs, urls = launch_replicas(ns.launch_replicas, server_argv)
+            workers += urls
+        args = RouterArgs(workers=tuple(workers), host=ns.host, port=ns.port, policy=ns.policy,
+                          health_interval_s=ns.health_interval_s,
+                          cache=CacheAwareConfig(ns.cache_match_ratio, ns.cache_match_chars, ns.balance_abs,
+                                                 ns.max_tree_chars))
+        uvicorn.run(create_router_app(args), host=args.host, port=args.port, log_level=ns.log_level)
+    finally:
+        stop_replicas(procs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    # no abbreviations: an unknown (server) flag must never be taken for a prefix of a router flag
+    parser = argparse.ArgumentParser(prog="python -m treadle.runtime.router", description=__doc__.split("\n\n")[0],
+                                     allow_abbrev=False)
+    add_router_args(parser)
+    ns, rest = parser.parse_known_args(argv)
+    run(ns, rest)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,260 @@
+"""The data-parallel router against two real replica servers (embedded SmolLM2): cache-aware
+placement, round robin, streaming relay, disconnect abort, and losing a replica.
+
+The replica killed in the last test is the module fixture's second one, so that test
+runs last (pytest keeps file order)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from treadle.runtime.router_policy import CacheAwarePolicy, TextPrefixTree
+from treadle.runtime.server.testing import ServerProcess, free_port
+
+pytestmark = pytest.mark.slow
+T = 120
+HEADER = "X-Treadle-Replica"
+# two long shared prefixes (~400 chars each) so the prefix, not the question, dominates
+PREFIX_A = "You are a careful geography tutor. Answer in one word. " * 7
+PREFIX_B = "Translate the following English words into French, lowercase only. " * 6
+
+
+class RouterProcess:
+    def __init__(self, workers: list[str], policy: str, extra: list[str] | None = None,
+                 startup_timeout_s: float = 60.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="treadle-router-", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "treadle.runtime.router", "--port", str(self.port), "--policy", policy,
+               "--health-interval-s", "0.5", *[a for w in workers for a in ("--worker", w)], *(extra or [])]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + startup_timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"router exited: {self.tail()}"
+            try:
+                requests.get(self.url + "/health", timeout=2)
+                return  # listening (503 is fine too: that is the no-replica test)
+            except requests.RequestException:
+                time.sleep(0.2)
+        self.close()
+        raise TimeoutError(f"router not up: {self.tail()}")
+
+    def tail(self) -> str:
+        with open(self.log.name) as f:
+            return f.read()[-3000:]
+
+    def info(self) -> dict:
+        r = requests.get(self.url + "/get_server_info", timeout=T)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def close(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+        self.log.close()
+        os.unlink(self.log.name)
+
+
+@pytest.fixture(scope="module")
+def replicas():
+    srvs = []
+    try:
+        for _ in range(2):
+            srvs.append(ServerProcess(["--max-total-tokens", "4096", "--log-level", "warning"]))
+        yield srvs
+    finally:
+        for s in srvs:
+            s.close()
+
+
+@pytest.fixture
+def router(request, replicas):
+    r = RouterProcess([s.url for s in replicas], request.param)
+    yield r
+    r.close()
+
+
+def generate(url: str, text: str, n: int = 2, **extra) -> requests.Response:
+    body = {"text": text, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}, **extra}
+    return requests.post(url + "/generate", json=body, timeout=T)
+
+
+def sse_events(resp: requests.Response) -> list:
+    out = []
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_prefix_tree_match_insert_evict():
+    t = TextPrefixTree(max_chars=40)
+    t.insert("hello world")
+    t.insert("hello there")
+    assert (t.match("hello wor"), t.match("hello thx"), t.match("bye"), t.size) == (9, 8, 0, 16)
+    t.insert("x" * 30)  # 46 > 40: the least recently used leaves go, "world" (older) before "there"
+    assert t.size <= 40 and t.match("x" * 30) == 30 and t.match("hello world") == 6
+
+
+def test_cache_aware_policy_prefers_match_unless_imbalanced():
+    p = CacheAwarePolicy(2)
+    p.on_routed(1, PREFIX_A + "Q1")
+    assert p.choose(PREFIX_A + "Q2", [0, 1], [0, 0])[0] == 1
+    assert p.choose(PREFIX_A + "Q2", [0, 1], [0, 9])[0] == 0  # spread 9 > 4: least loaded wins
+    assert p.choose(PREFIX_B, [0, 1], [0, 0])[0] == 0  # no match: the emptier tree
+
+
+@pytest.mark.parametrize("router", ["cache_aware"], indirect=True)
+def test_cache_aware_groups_prefixes_on_one_replica(router, replicas):
+    placed: dict[str, set[str]] = {"A": set(), "B": set()}
+    cached = []
+    for i in range(3):
+        for name, prefix in (("A", PREFIX_A), ("B", PREFIX_B)):
+            r = generate(router.url, prefix + f"Question {i}: what is item {i}?")
+            assert r.status_code == 200, r.text
+            placed[name].add(r.headers[HEADER])
+            cached.append(r.json()["meta_info"]["cached_tokens"])
+    assert len(placed["A"]) == 1 and len(placed["B"]) == 1, placed
+    assert placed["A"] != placed["B"], "two prefix groups on an idle pair should spread out"
+    assert all(c > 50 for c in cached[2:]), cached  # every repeat reuses its group's prefix on the replica
+    info = router.info()
+    assert info["router"]["policy"] == "cache_aware"
+    assert sorted(x["routed"] for x in info["replicas"]) == [3, 3]
+    assert all(x["prefix_match_rate"] > 0.5 for x in info["replicas"])
+    assert info["cached_tokens"] >= sum(cached) and info["prompt_tokens"] > 0
+
+
+@pytest.mark.parametrize("router", ["cache_aware"], indirect=True)
+def test_cache_aware_places_concurrent_same_prefix_together(router, replicas):
+    # the placement is recorded when routed, not when answered: requests in flight together
+    # with a new prefix still land on one replica
+    prefix = "Summarize the following note in three words, then stop. " * 8
+    with ThreadPoolExecutor(4) as pool:
+        rs = list(pool.map(lambda i: generate(router.url, prefix + f"Note {i}: the sky is blue."), range(4)))
+    assert all(r.status_code == 200 for r in rs), [r.text for r in rs]
+    assert len({r.headers[HEADER] for r in rs}) == 1
+
+
+@pytest.mark.parametrize("router", ["round_robin"], indirect=True)
+def test_round_robin_alternates(router, replicas):
+    seen = []
+    for i in range(4):
+        r = generate(router.url, PREFIX_A + f"Round {i}?", n=1)
+        assert r.status_code == 200, r.text
+        seen.append(r.headers[HEADER])
+    assert seen[0] != seen[1] and seen[0::2] == [seen[0]] * 2 and seen[1::2] == [seen[1]] * 2, seen
+    assert {x["routed"] for x in router.info()["replicas"]} == {2}
+
+
+@pytest.mark.parametrize("router", ["cache_aware"], indirect=True)
+def test_streaming_through_router(router, replicas):
+    with requests.post(router.url + "/generate", stream=True, timeout=T, json={
+            "text": "Count: one, two,", "stream": True,
+            "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r)
+    chunks = [e for e in events if e != "[DONE]"]
+    assert len(chunks) >= 2 and sum(len(c["output_ids"]) for c in chunks) == 5
+    with requests.post(router.url + "/v1/chat/completions", stream=True, timeout=T, json={
+            "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0,
+            "stream": True}) as r:
+        assert r.status_code == 200, r.text
+        events = sse_events(r)
+    assert events[-1] == "[DONE]" and all(e["object"] == "chat.completion.chunk" for e in events[:-1])
+    models = requests.get(router.url + "/v1/models", timeout=T)
+    assert models.status_code == 200 and models.json()["data"]
+    bad = requests.post(router.url + "/v1/completions", json={"prompt": "x", "max_tokens": -3}, timeout=T)
+    assert bad.status_code == 400 and "error" in bad.json()  # the replica's 400 comes back as is
+
+
+@pytest.mark.parametrize("router", ["cache_aware"], indirect=True)
+def test_stream_disconnect_aborts_on_replica(router, replicas):
+    r = requests.post(router.url + "/generate", stream=True, timeout=T, json={
+        "text": "Write a very long story about a dragon.", "stream": True,
+        "sampling_params": {"max_new_tokens": 2000, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200
+    replica = r.headers[HEADER]
+    next(r.iter_lines())  # generation has started on the replica
+    r.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        info = requests.get(replica + "/get_server_info", timeout=T).json()
+        if info["num_running"] == 0 and info["num_waiting"] == 0:
+            break
+        time.sleep(0.25)
+    assert info["num_running"] == 0 and info["num_waiting"] == 0, info
+    assert info["generated_tokens"] < 2000
+    assert all(x["in_flight"] == 0 for x in router.info()["replicas"])
+
+
+def test_no_healthy_replica_is_503():
+    dead = f"http://127.0.0.1:{free_port()}"
+    r = RouterProcess([dead], "cache_aware")
+    try:
+        assert requests.get(r.url + "/health", timeout=T).status_code == 503
+        resp = generate(r.url, "hi")
+        assert resp.status_code == 503
+        assert resp.json()["error"]["code"] == "no_healthy_replica"
+    finally:
+        r.close()
+
+
+def test_killed_replica_loses_no_request(replicas):
+    victim, survivor = replicas[1], replicas[0]
+    # a long poll interval: the router learns of the death only by failing to connect
+    router = RouterProcess([s.url for s in replicas], "round_robin", ["--health-interval-s", "60"])
+    try:
+        victim.kill()  # SIGKILL
+        for i in range(4):
+            r = generate(router.url, f"After the crash, request {i}:", n=1)
+            assert r.status_code == 200, r.text
+            assert r.headers[HEADER] == survivor.url
+        info = router.info()
+        by_url = {x["url"]: x for x in info["replicas"]}
+        assert by_url[victim.url]["connect_failures"] == 1  # tried once, then out of rotation
+        assert by_url[victim.url]["healthy"] is False and by_url[survivor.url]["routed"] == 4
+        assert info["router"]["num_healthy"] == 1
+        assert requests.get(router.url + "/health", timeout=T).status_code == 200
+    finally:
+        router.close()
+
+
+def test_launch_replicas_serves_and_cleans_up(replicas):
+    # runs after the kill above, so at most two model servers are alive at once
+    router = RouterProcess([], "cache_aware", ["--launch-replicas", "1", "--max-total-tokens", "2048"],
+                           startup_timeout_s=300)
+    try:
+        r = generate(router.url, "Hello there,", n=2)
+        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 2, r.text
+        (rep,) = router.info()["replicas"]
+        assert rep["server_info"]["engine_args"]["max_total_tokens"] == 2048  # the server flag reached it
+        pid = rep["server_info"]["pids"]["server"]
+        router.proc.send_signal(signal.SIGTERM)  # graceful: the router stops its replicas
+        router.proc.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.2)
+        assert not _alive(pid), "the launched replica outlived its router"
+    finally:
+        router.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
