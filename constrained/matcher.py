@@ -33,6 +33,22 @@ def _split_utf8(data: bytes) -> tuple[bytes, bytes]:
     return data, b""
 
 
+# The last bitmask's numpy view: making one costs more than filling a row. The entry keeps its
+# tensor alive, so no other tensor can take that address while the entry stands.
+_view_cache: tuple[tuple, torch.Tensor, np.ndarray] | None = None
+
+
+def _numpy_view(bitmask: torch.Tensor) -> np.ndarray:
+    global _view_cache
+    key = (bitmask.data_ptr(), tuple(bitmask.shape), bitmask.stride())
+    hit = _view_cache
+    if hit is not None and hit[0] == key:
+        return hit[2]
+    arr = bitmask.numpy()
+    _view_cache = (key, bitmask, arr)
+    return arr
+
+
 class GrammarMatcher:
     """Grammar state of one request (xgrammar-style).
 
@@ -126,7 +142,7 @@ class GrammarMatcher:
         src = self._g.mask_row(self._state)  # numpy int32 [words], cached per state
         if bitmask.device.type == "cpu":
             # A numpy view skips torch's dispatch overhead: this is the per-token hot path.
-            dst = bitmask.numpy()[row]
+            dst = _numpy_view(bitmask)[row]
             np.copyto(dst[:words], src)
             dst[words:] = 0
         else:

@@ -23,6 +23,7 @@ class Sampler:
         self.device = device
         self.eos_token_ids = tuple(eos_token_ids)
         self.words = (vocab_size + 31) // 32
+        self._mask_buf = torch.empty((0, self.words), dtype=torch.int32)
 
     def _bitmask(self, reqs: list[Req]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """int32 [B, words] with grammar rows filled by their matcher and rows still under
@@ -31,7 +32,11 @@ class Sampler:
                 if r.grammar is not None or len(r.output_ids) < r.params.min_new_tokens]
         if not rows:
             return None, None
-        mask = torch.full((len(reqs), self.words), -1, dtype=torch.int32)
+        if self._mask_buf.shape[0] < len(reqs):  # one host buffer, reused across steps
+            self._mask_buf = torch.empty((max(len(reqs), 2 * self._mask_buf.shape[0]), self.words),
+                                         dtype=torch.int32)
+        mask = self._mask_buf[: len(reqs)]
+        mask.fill_(-1)
         for i in rows:
             r = reqs[i]
             if r.grammar is not None:
@@ -47,6 +52,7 @@ class Sampler:
                         mask[i, t // 32] = w - (1 << 32) if w >= (1 << 31) else w
         has = torch.zeros(len(reqs), dtype=torch.bool)
         has[rows] = True
+        # the CPU path reads the buffer in place; it is refilled only at the next step
         return mask.to(self.device, non_blocking=True), has.to(self.device, non_blocking=True)
 
     def _penalty_counts(self, reqs: list[Req]) -> torch.Tensor | None:
