@@ -199,6 +199,9 @@ class CompiledGrammar:
     compile_time_s: float = 0.0
     _rows: dict[int, Any] = field(default_factory=dict, repr=False)
     _jumps: dict[int, str] = field(default_factory=dict, repr=False)
+    # (char state, pending UTF-8 bytes, token) -> (char state, pending): the character-FSM
+    # replay of a token, shared by every matcher of this grammar
+    _char_steps: dict[tuple, tuple] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property

@@ -38,12 +38,17 @@ def _split_utf8(data: bytes) -> tuple[bytes, bytes]:
 _view_cache: tuple[tuple, torch.Tensor, np.ndarray] | None = None
 
 
-def _numpy_view(bitmask: torch.Tensor) -> np.ndarray:
+def _numpy_view(bitmask: torch.Tensor, words: int) -> np.ndarray | None:
+    """The bitmask as a numpy array (None on a device); checks its shape once per tensor."""
     global _view_cache
-    key = (bitmask.data_ptr(), tuple(bitmask.shape), bitmask.stride())
+    key = (bitmask.data_ptr(), bitmask.shape, bitmask.stride())
     hit = _view_cache
     if hit is not None and hit[0] == key:
         return hit[2]
+    if bitmask.dim() != 2 or bitmask.shape[1] < words or bitmask.dtype != torch.int32:
+        raise ValueError(f"bitmask must be [batch, >= {words}] int32, got {tuple(bitmask.shape)} {bitmask.dtype}")
+    if bitmask.device.type != "cpu":
+        return None
     arr = bitmask.numpy()
     _view_cache = (key, bitmask, arr)
     return arr
@@ -118,7 +123,13 @@ class GrammarMatcher:
             return False
         self._push()
         self._state = nxt
-        self._advance_chars(self._g.token_bytes[token_id] or b"")
+        key = (self._char_state, self._pending, token_id)
+        hit = self._g._char_steps.get(key)
+        if hit is None:
+            self._advance_chars(self._g.token_bytes[token_id] or b"")
+            self._g._char_steps[key] = (self._char_state, self._pending)
+        else:
+            self._char_state, self._pending = hit
         return True
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
@@ -129,8 +140,7 @@ class GrammarMatcher:
         EOS so padded decode steps stay harmless.
         """
         words = self._g.bitmask_words
-        if bitmask.dim() != 2 or bitmask.shape[1] < words:
-            raise ValueError(f"bitmask must be [batch, >= {words}] int32, got {tuple(bitmask.shape)}")
+        arr = _numpy_view(bitmask, words)  # None for a device tensor
         if self._terminated:
             target = bitmask[row]
             target.zero_()
@@ -140,11 +150,12 @@ class GrammarMatcher:
                     target[e // 32] |= word
             return
         src = self._g.mask_row(self._state)  # numpy int32 [words], cached per state
-        if bitmask.device.type == "cpu":
+        if arr is not None:
             # A numpy view skips torch's dispatch overhead: this is the per-token hot path.
-            dst = _numpy_view(bitmask)[row]
-            np.copyto(dst[:words], src)
-            dst[words:] = 0
+            dst = arr[row]
+            dst[:words] = src
+            if arr.shape[1] > words:
+                dst[words:] = 0
         else:
             bitmask[row, :words].copy_(torch.from_numpy(src), non_blocking=True)
             bitmask[row, words:].zero_()
