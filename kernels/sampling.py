@@ -344,24 +344,31 @@ def fused_sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tens
 _ROWWISE_MIN_BATCH = 32
 
 
+def _launch_outputs(logits: torch.Tensor, batch: SamplingBatch
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Check the arguments of a sampling launch and allocate its outputs: tokens int64 [B],
+    logprobs f32 [B], search passes int32 [B], threshold tau f32 [B]."""
+    _check_batch(logits, batch)
+    if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"logits must be on a CUDA device (got {logits.device}); use fused_sample_ref on CPU")
+    B, V = logits.shape
+    if B and V == 0:
+        raise ValueError("logits has an empty vocabulary")
+    dev = logits.device
+    return (torch.empty(B, dtype=torch.int64, device=dev), torch.empty(B, dtype=torch.float32, device=dev),
+            torch.empty(B, dtype=torch.int32, device=dev), torch.empty(B, dtype=torch.float32, device=dev))
+
+
 def _fused_sample_rowwise_launch(
     logits: torch.Tensor, batch: SamplingBatch, block: int | None = None, num_warps: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The one-program-per-row kernel (the split path's cross-check in tests): outputs as
     :func:`_fused_sample_launch`."""
-    _check_batch(logits, batch)
-    if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        raise ValueError(f"logits must be on a CUDA device (got {logits.device}); use fused_sample_ref on CPU")
+    tokens, logprobs, passes, tau = outs = _launch_outputs(logits, batch)
     B, V = logits.shape
     dev = logits.device
-    tokens = torch.empty(B, dtype=torch.int64, device=dev)
-    logprobs = torch.empty(B, dtype=torch.float32, device=dev)
-    passes = torch.empty(B, dtype=torch.int32, device=dev)
-    tau = torch.empty(B, dtype=torch.float32, device=dev)
     if B == 0:
-        return tokens, logprobs, passes, tau
-    if V == 0:
-        raise ValueError("logits has an empty vocabulary")
+        return outs
     has_pen = batch.token_counts is not None
     scratch = torch.empty((B, V), dtype=torch.float32, device=dev) if has_pen else logits
     dummy = batch.temperatures
@@ -413,19 +420,11 @@ def _fused_sample_launch(
     Each row is split over ``splits`` programs (default: about 4 programs per SM in all),
     ``search_launches`` search passes run split (a row still searching after them finishes
     serially in the draw kernel), ``npiv`` pivots per pass; see kernels/sampling_kernels.py."""
-    _check_batch(logits, batch)
-    if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        raise ValueError(f"logits must be on a CUDA device (got {logits.device}); use fused_sample_ref on CPU")
+    tokens, logprobs, passes, tau = outs = _launch_outputs(logits, batch)
     B, V = logits.shape
     dev = logits.device
-    tokens = torch.empty(B, dtype=torch.int64, device=dev)
-    logprobs = torch.empty(B, dtype=torch.float32, device=dev)
-    passes = torch.empty(B, dtype=torch.int32, device=dev)
-    tau = torch.empty(B, dtype=torch.float32, device=dev)
     if B == 0:
-        return tokens, logprobs, passes, tau
-    if V == 0:
-        raise ValueError("logits has an empty vocabulary")
+        return outs
     if block is None:  # stats / draw tile; the chunk of a program is a multiple of it
         block = 2048 if dev.type == "cuda" else 256
     block = min(block, triton.next_power_of_2(V))

@@ -5,7 +5,6 @@ The replica killed in the last test is the module fixture's second one, so that 
 runs last (pytest keeps file order)."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 import requests
 
 from treadle.runtime.router_policy import CacheAwarePolicy, TextPrefixTree
-from treadle.runtime.server.testing import ServerProcess, free_port
+from treadle.runtime.server.testing import ServerProcess, free_port, sse_events
 
 pytestmark = pytest.mark.slow
 T = 120
@@ -90,14 +89,6 @@ def generate(url: str, text: str, n: int = 2, **extra) -> requests.Response:
     body = {"text": text, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}, **extra}
     return requests.post(url + "/generate", json=body, timeout=T)
 
-
-def sse_events(resp: requests.Response) -> list:
-    out = []
-    for line in resp.iter_lines(decode_unicode=True):
-        if line.startswith("data: "):
-            data = line[len("data: "):]
-            out.append(data if data == "[DONE]" else json.loads(data))
-    return out
 
 
 def test_prefix_tree_match_insert_evict():

@@ -7,7 +7,7 @@ import json
 import pytest
 import requests
 
-from treadle.runtime.server.testing import ServerProcess
+from treadle.runtime.server.testing import ServerProcess, sse_events
 
 pytestmark = pytest.mark.slow
 T = 120  # generous per-request timeout: CI machines are shared and slow
@@ -30,14 +30,6 @@ def gen(url: str, body: dict, status: int = 200):
 def greedy(n: int = 8, **extra) -> dict:
     return {"max_new_tokens": n, "temperature": 0, "ignore_eos": True, **extra}
 
-
-def sse_events(resp: requests.Response) -> list:
-    events = []
-    for line in resp.iter_lines(decode_unicode=True):
-        if line.startswith("data: "):
-            data = line[len("data: "):]
-            events.append(data if data == "[DONE]" else json.loads(data))
-    return events
 
 
 def test_generate_single(url):

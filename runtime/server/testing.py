@@ -6,6 +6,7 @@ whole process group on exit.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -78,3 +79,13 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def sse_events(resp: requests.Response) -> list:
+    """The `data:` payloads of an SSE response: parsed JSON, or the string "[DONE]"."""
+    events = []
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
