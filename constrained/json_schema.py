@@ -2,8 +2,9 @@
 
 Every string the returned regex matches is a JSON text valid under the schema (the regex
 may accept fewer texts than the schema allows: compact separators, declared properties
-only, schema key order, bounded sizes). A keyword treadle cannot enforce raises
-``UnsupportedSchemaError`` naming it and its JSON path; nothing is silently ignored.
+only, schema key order, bounded sizes and nesting, enforced formats). A keyword treadle
+cannot enforce raises ``UnsupportedSchemaError`` naming it and its JSON path; nothing is
+silently ignored.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ __all__ = [
 ]
 
 GENERIC_DEPTH = 2  # nesting of arrays/objects inside a `true` (any value) schema
+# A schema without "type" constrains only the types its keywords belong to; values of the
+# other types are valid as they are. Those are generated too, containers only this deep
+# (1: arrays/objects of scalars), which keeps such a regex small (a depth-2 any-value
+# regex is ~15k chars and its token index takes seconds). Deeper values are not produced.
+OTHER_TYPES_DEPTH = 1
 
 
 def json_schema_to_regex(
@@ -83,7 +89,15 @@ def json_schema_to_regex(
 
 
 def _literal(value: Any) -> str:
-    return escape_literal(json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False))
+    """Compact JSON text of ``value``; numbers in every spelling JSON Schema calls equal."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return nums.number_literal_regex(value)
+    if isinstance(value, list):
+        return r"\[" + ",".join(_literal(v) for v in value) + r"\]"
+    if isinstance(value, dict):
+        pairs = (escape_literal(json.dumps(k, ensure_ascii=False)) + ":" + _literal(v) for k, v in value.items())
+        return r"\{" + ",".join(pairs) + r"\}"
+    return escape_literal(json.dumps(value, ensure_ascii=False))
 
 
 def _alt(parts: list[str]) -> str:
@@ -104,7 +118,7 @@ class _Converter:
         self._validator = jsonschema.Draft202012Validator(
             root, registry=registry, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
         )
-        self._generic: str | None = None
+        self._generic: dict[int, str] = {}  # depth -> any-value regex
         w = ws
         self.OPEN_O, self.CLOSE_O = r"\{" + w, w + r"\}"
         self.OPEN_A, self.CLOSE_A = r"\[" + w, w + r"\]"
@@ -248,11 +262,32 @@ class _Converter:
             raise UnsupportedSchemaError(f"json_schema: keyword 'not' at {path}: numbers that are not integers are not supported")
         if not types:
             raise Unsatisfiable(f"json_schema: keyword 'not' at {path} excludes every allowed type: no possible output")
-        parts = []
+        # Without "type", a value of a type none of the keywords constrain is valid as is.
+        # (With no keywords at all every type is built as before, array/object included.)
+        untyped = "type" not in schema and any(k in schema for keys in FAMILIES.values() for k in keys)
+        parts, first_error = [], None
         for t in sorted(types, key=["null", "boolean", "integer", "number", "string", "array", "object"].index):
+            if untyped and not any(k in schema for k in FAMILIES.get("number" if t == "integer" else t, ())):
+                parts.append(self._other_type(t))
+                continue
             self._reject_unsupported(schema, t, path)
-            parts.append(self._one_type(t, schema, path))
+            try:
+                parts.append(self._one_type(t, schema, path))
+            except NoOutput as exc:
+                if not untyped:
+                    raise
+                first_error = first_error or exc  # no value of this type: the others remain
+        if not parts:
+            assert first_error is not None
+            raise first_error
         return _alt(parts)
+
+    def _other_type(self, t: str) -> str:
+        """Any value of type ``t``: scalars exactly, containers OTHER_TYPES_DEPTH deep."""
+        if t not in ("array", "object"):
+            return self._one_type(t, {}, "$")
+        arr, obj = self._containers(OTHER_TYPES_DEPTH)
+        return arr if t == "array" else obj
 
     def _types(self, schema: dict, path: str) -> set[str]:
         if "type" in schema:
@@ -267,11 +302,7 @@ class _Converter:
             if "number" in types:
                 types.discard("integer")  # number already covers integers
         else:
-            # No type: generate only the types whose keywords appear (a valid subset);
-            # with none, any value.
-            types = {t for t, keys in FAMILIES.items() if any(k in schema for k in keys)}
-            if not types:
-                types = {"null", "boolean", "number", "string", "array", "object"}
+            types = {"null", "boolean", "number", "string", "array", "object"}
         if "multipleOf" in schema and "number" in types:
             m = schema["multipleOf"]
             if m == 1 and not isinstance(m, bool):
@@ -354,20 +385,24 @@ class _Converter:
             raise UnsupportedSchemaError(f"json_schema: keyword 'minLength' at {path}: {exc}") from exc
 
     # ------------------------------------------------------------ any value
-    def generic(self, depth: int = GENERIC_DEPTH) -> str:
+    def generic(self, depth: int | None = None) -> str:
         """A bounded-depth regex for any JSON value (the `true` schema)."""
-        if depth == GENERIC_DEPTH and self._generic is not None:
-            return self._generic
-        scalar = "(?:" + "|".join([text.string_regex(), nums.NUMBER, "true", "false", "null"]) + ")"
-        value = scalar
-        for _ in range(depth):
-            arr = self.OPEN_A + f"(?:{value}(?:{self.COMMA}{value})*)?" + self.CLOSE_A
-            pair = text.string_regex() + self.COLON + value
-            obj = self.OPEN_O + f"(?:{pair}(?:{self.COMMA}{pair})*)?" + self.CLOSE_O
-            value = f"(?:{scalar}|{arr}|{obj})"
-        if depth == GENERIC_DEPTH:
-            self._generic = value
-        return value
+        depth = GENERIC_DEPTH if depth is None else depth
+        if depth not in self._generic:
+            if depth == 0:
+                self._generic[0] = "(?:" + "|".join([text.string_regex(), nums.NUMBER, "true", "false", "null"]) + ")"
+            else:
+                arr, obj = self._containers(depth)
+                self._generic[depth] = f"(?:{self.generic(0)}|{arr}|{obj})"
+        return self._generic[depth]
+
+    def _containers(self, depth: int) -> tuple[str, str]:
+        """Any array and any object whose members are any values ``depth - 1`` deep."""
+        value = self.generic(depth - 1)
+        arr = self.OPEN_A + f"(?:{value}(?:{self.COMMA}{value})*)?" + self.CLOSE_A
+        pair = text.string_regex() + self.COLON + value
+        obj = self.OPEN_O + f"(?:{pair}(?:{self.COMMA}{pair})*)?" + self.CLOSE_O
+        return arr, obj
 
 
 _SUPPORTED = {

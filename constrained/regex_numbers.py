@@ -2,12 +2,16 @@
 
 Integer ranges are exact digit-range regexes. Bounded numbers are written without an
 exponent and with a short fraction so that every accepted text, even after rounding to a
-binary float, stays inside the bounds (strict comparisons are where rounding bites).
+binary float, stays inside the bounds (strict comparisons are where rounding bites); the
+bounds themselves are exact to 1e-6 (``minimum: 1.1`` admits "1.1").
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
@@ -15,12 +19,14 @@ INT_DIGITS = 15  # an unbounded integer side stops at 15 digits (exact in a doub
 NUM_INT_DIGITS = 9  # integer part of a bounded number; see _FRAC_ANY for why
 INT_LIMIT = 10**INT_DIGITS - 1
 NUM_LIMIT = 10**NUM_INT_DIGITS - 1
+FRAC_DIGITS = 6  # fraction digits of a bounded number: the texts form a grid of step 1e-6
+_SCALE = 10**FRAC_DIGITS
 
 # With |integer part| < 1e9 a 6-digit fraction never rounds up to the next integer as a
-# double (ulp at 1e9 is ~2.4e-7 < 1e-6), so "I.999999" < I+1 holds after parsing too.
+# double (ulp below 2**30 is <= 2**-23 < 1e-6), so "I.999999" < I+1 holds after parsing too.
 _FRAC_ANY = r"(?:\.[0-9]{1,6})?"
-_FRAC_NONZERO = r"\.[1-9][0-9]{0,5}"  # >= 0.1: L + f > L survives rounding
-_FRAC_ZERO = r"(?:\.0{1,6})?"
+# JSON Schema counts 1.0 as an integer: the integer type also takes a zero fraction.
+ZERO_FRACTION = r"(?:\.0{1,6})?"
 
 NUMBER = r"-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,16})?(?:[eE][+-]?[0-9]{1,3})?"
 
@@ -121,7 +127,12 @@ def integer_bounds(schema: dict[str, Any]) -> tuple[int | None, int | None]:
 
 
 def integer_regex(schema: dict[str, Any]) -> str:
-    """Regex for the ``integer`` type under the schema's bounds."""
+    """Regex for the ``integer`` type under the schema's bounds.
+
+    Plain digits only: "5.0" is an integer in JSON Schema, but a generated integer is
+    written as one ("age": 5 parses to an int, not a float), and exponent forms are not
+    produced either. The suite's "a float with zero fractional part" case is a listed miss.
+    """
     lo, hi = integer_bounds(schema)
     return int_range_regex(lo, hi)
 
@@ -129,40 +140,140 @@ def integer_regex(schema: dict[str, Any]) -> str:
 def number_regex(schema: dict[str, Any]) -> str:
     """Regex for the ``number`` type under the schema's bounds (a sound subset).
 
-    A non-integer bound is rounded inward to an integer (fewer outputs, all valid).
+    A bounded number is written ``-?I(.F)?`` with ``|I| <= NUM_LIMIT`` and at most
+    ``FRAC_DIGITS`` fraction digits: the texts form a grid of step 1e-6. A bound is read as
+    the shortest decimal that parses back to the same double (so ``minimum: 1.1`` admits
+    "1.1"), rounded inward to the grid. Why that is exact after parsing: below 1e9 a double's
+    ulp is at most 2**-23 < 1e-6, so two distinct grid values, or a grid value and a bound
+    1e-6 away, never round to the same double, and rounding is monotone. An inclusive bound
+    b then admits grid values >= b (they parse to >= float(b)), and an exclusive one admits
+    grid values >= the first grid point past b, plus one step when b is off the grid.
     """
     (lo, lo_inc), (hi, hi_inc) = _lower(schema), _upper(schema)
     if lo is None and hi is None:
         return NUMBER
-    if lo is not None and lo.denominator != 1:
-        lo, lo_inc = Fraction(math.ceil(lo)), True
-    if hi is not None and hi.denominator != 1:
-        hi, hi_inc = Fraction(math.floor(hi)), True
-    L = None if lo is None else int(lo)
-    H = None if hi is None else int(hi)
-    if L is not None and H is not None and (L > H or (L == H and not (lo_inc and hi_inc))):
-        raise BoundsError("minimum", f"number bounds {schema} leave no integer-anchored value")
-    alts: list[str] = []
-
-    # Non-negative texts "I(.F)?" with value in [I, I+1).
-    any_lo = 0 if L is None else max(0, L if lo_inc else L + 1)
-    any_hi = NUM_LIMIT if H is None else min(NUM_LIMIT, H - 1)
-    if any_lo <= any_hi:
-        alts.append(nonneg_range_regex(any_lo, any_hi) + _FRAC_ANY)
-    if L is not None and not lo_inc and 0 <= L <= NUM_LIMIT and (H is None or L + 1 <= H):
-        alts.append(str(L) + _FRAC_NONZERO)
-    if H is not None and hi_inc and 0 <= H <= NUM_LIMIT and (L is None or H > L or lo_inc):
-        alts.append(str(H) + _FRAC_ZERO)
-
-    # Negative texts "-J(.F)?" with value in (-J-1, -J].
-    j_lo = 0 if H is None else max(0, -H if hi_inc else -H + 1)
-    j_hi = NUM_LIMIT if L is None else min(NUM_LIMIT, -L - 1)
-    if j_lo <= j_hi:
-        alts.append("-" + nonneg_range_regex(j_lo, j_hi) + _FRAC_ANY)
-    if H is not None and not hi_inc and H <= 0 and -H <= NUM_LIMIT and (L is None or -H - 1 >= L):
-        alts.append("-" + str(-H) + _FRAC_NONZERO)
-    if L is not None and lo_inc and L < 0 and -L <= NUM_LIMIT and (H is None or L < H or hi_inc):
-        alts.append("-" + str(-L) + _FRAC_ZERO)
-    if not alts:
-        raise BoundsError("minimum", f"number bounds {schema} are outside ±{NUM_LIMIT}")
+    span = (NUM_LIMIT + 1) * _SCALE - 1  # largest magnitude on the grid, in grid steps
+    a = -span if lo is None else max(-span, _grid_lower(_raw_bound(schema, "minimum", lo), lo_inc))
+    b = span if hi is None else min(span, _grid_upper(_raw_bound(schema, "maximum", hi), hi_inc))
+    if a > b:
+        raise BoundsError("minimum", f"number bounds {_bounds_text(schema)} leave no value within ±{NUM_LIMIT}")
+    alts = []
+    if b >= 0:
+        alts.append(_magnitude_regex(max(a, 0), b))
+    if a < 0:  # "-x" for x >= 1e-6 (zero is written "0", never "-0")
+        alts.append("-" + _magnitude_regex(max(-b, 1), -a))
     return "(?:" + "|".join(alts) + ")"
+
+
+def _bounds_text(schema: dict[str, Any]) -> str:
+    keys = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+    return str({k: schema[k] for k in keys if k in schema})
+
+
+def _shortest(value: Any) -> Fraction:
+    """``value`` as the shortest decimal that parses back to the same double."""
+    return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+
+
+def _raw_bound(schema: dict[str, Any], key: str, exact: Fraction) -> Fraction:
+    """The winning bound ``exact`` came from ``key`` or its exclusive twin: its shortest form."""
+    twin = "exclusive" + key[0].upper() + key[1:]
+    for k in (key, twin):
+        if k in schema and Fraction(schema[k]) == exact:
+            return _shortest(schema[k])
+    raise AssertionError("unreachable: the winning bound is one of the keywords")
+
+
+def _grid_lower(bound: Fraction, inclusive: bool) -> int:
+    """Smallest grid value (in steps of 1e-6) soundly >= (or >) ``bound``."""
+    steps = math.ceil(bound * _SCALE)
+    return steps if inclusive else steps + 1
+
+
+def _grid_upper(bound: Fraction, inclusive: bool) -> int:
+    steps = math.floor(bound * _SCALE)
+    return steps if inclusive else steps - 1
+
+
+def _magnitude_regex(lo: int, hi: int) -> str:
+    """Texts ``I(.F)?`` (F of 1..FRAC_DIGITS digits) whose value in grid steps is in [lo, hi]."""
+    assert 0 <= lo <= hi
+    ia, fa = divmod(lo, _SCALE)
+    ib, fb = divmod(hi, _SCALE)
+    if ia == ib:
+        return str(ia) + _fraction_regex(fa, fb)
+    alts = []
+    first, last = ia + (fa != 0), ib - (fb != _SCALE - 1)  # integer parts with any fraction
+    if fa != 0:
+        alts.append(str(ia) + _fraction_regex(fa, _SCALE - 1))
+    if first <= last:
+        alts.append(nonneg_range_regex(first, last) + _FRAC_ANY)
+    if fb != _SCALE - 1:
+        alts.append(str(ib) + _fraction_regex(0, fb))
+    return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+
+def _fraction_regex(lo: int, hi: int) -> str:
+    """An optional ``.F`` whose digits, padded to FRAC_DIGITS, are in [lo, hi]."""
+    if lo == 0 and hi == _SCALE - 1:
+        return _FRAC_ANY
+    body = r"\." + _digits(str(lo).zfill(FRAC_DIGITS), str(hi).zfill(FRAC_DIGITS))
+    return f"(?:{body})?" if lo == 0 else body
+
+
+def _digits(lo: str, hi: str) -> str:
+    """Digit strings t, 1 <= len(t) <= len(lo), with lo <= t padded with zeros <= hi."""
+    r = len(lo)
+    if lo == hi == "0" * r:
+        return "0" if r == 1 else f"0{{1,{r}}}"
+    l0, h0 = int(lo[0]), int(hi[0])
+    if l0 == h0:
+        return lo[0] + _rest(lo[1:], hi[1:])
+    # First digits strictly inside [l0, h0] (and the ends whose rest is unconstrained)
+    # take any rest; the tight ends recurse.
+    free_lo = l0 if lo[1:] == "0" * (r - 1) else l0 + 1
+    free_hi = h0 if hi[1:] == "9" * (r - 1) else h0 - 1
+    alts = []
+    if free_lo > l0:
+        alts.append(lo[0] + _rest(lo[1:], "9" * (r - 1)))
+    if free_lo <= free_hi:
+        head = str(free_lo) if free_lo == free_hi else f"[{free_lo}-{free_hi}]"
+        alts.append(head + ("" if r == 1 else f"[0-9]{{0,{r - 1}}}"))
+    if free_hi < h0:
+        alts.append(hi[0] + _rest("0" * (r - 1), hi[1:]))
+    return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+
+def _rest(lo: str, hi: str) -> str:
+    """Like ``_digits`` but the empty string too when it qualifies (it pads to zeros)."""
+    r = len(lo)
+    if r == 0:
+        return ""
+    if lo == "0" * r and hi == "9" * r:
+        return f"[0-9]{{0,{r}}}"
+    body = _digits(lo, hi)
+    return f"(?:{body})?" if lo == "0" * r else body
+
+
+def number_literal_regex(value: int | float) -> str:
+    """The spellings of one JSON number that JSON Schema's equality treats as ``value``.
+
+    ``const: 1`` also matches "1.0" and ``const: 0.5`` "0.50": the same number, parsing to
+    the same double. Integers beyond 2**53 keep their digits only (a ".0" spelling would
+    parse to a different double). Besides ``json.dumps``'s own form, no exponent spelling.
+    """
+    assert isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    own = json.dumps(value).replace(".", r"\.").replace("+", r"\+")
+    exact = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+    sign = "-" if exact < 0 else ""
+    if exact.denominator != 1:
+        # A terminating decimal (it came from repr): plain notation, trailing zeros allowed.
+        plain = format(abs(Decimal(repr(value))), "f")
+        spelled = sign + plain.replace(".", r"\.") + "0{0,6}"
+    elif isinstance(value, int) and abs(value) > 2**53:
+        spelled = sign + str(abs(value))
+    else:
+        spelled = sign + str(abs(exact.numerator)) + ZERO_FRACTION
+    if re.fullmatch(spelled, json.dumps(value)):
+        return spelled
+    return f"(?:{spelled}|{own})"

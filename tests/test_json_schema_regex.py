@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from decimal import Decimal
 import json
 import re
 
@@ -363,3 +364,124 @@ def test_boolean_schemas_and_json_string_input() -> None:
     with pytest.raises(ValueError, match="not valid JSON"):
         json_schema_to_regex("{nope")
     assert accepts({"title": "t", "description": "d", "type": "null", "examples": [None]}, None)
+
+
+# ------------------------------------------------------------------ typeless schemas
+OTHER_VALUES = [None, True, False, 0, -3, 1.5, 2e-3, "s", "", [], [1, "a", None], {}, {"k": 1, "j": "x"}]
+
+
+@pytest.mark.parametrize("schema, family_ok, family_bad", [
+    ({"maxLength": 2}, ["ab", ""], ["abc"]),
+    ({"pattern": "^a+$"}, ["aa"], ["b"]),
+    ({"format": "date"}, ["2024-02-28"], ["yesterday"]),
+    ({"minimum": 5}, [5, 7.5], [4, 4.99]),
+    ({"exclusiveMaximum": 0}, [-1, -0.5], [0, 1]),
+    ({"items": {"type": "integer"}, "maxItems": 2}, [[1, 2]], [["x"], [1, 2, 3]]),
+    ({"properties": {"a": {"type": "integer"}}, "required": ["a"]}, [{"a": 1}], [{"a": "x"}, {}]),
+    ({"maxProperties": 0}, [{}], [{"k": 1}]),
+])
+def test_typeless_keywords_constrain_only_their_type(schema: dict, family_ok: list, family_bad: list) -> None:
+    rx = compile_checked(schema)
+    for v in family_ok:
+        assert rx.fullmatch(dumps(v)), v
+    for v in family_bad:
+        assert not rx.fullmatch(dumps(v)), v
+    family = {"maxLength": str, "pattern": str, "format": str, "minimum": (int, float),
+              "exclusiveMaximum": (int, float), "items": list, "properties": dict,
+              "maxProperties": dict}[next(iter(schema))]
+    for v in OTHER_VALUES:
+        if not isinstance(v, family) or isinstance(v, bool):
+            assert rx.fullmatch(dumps(v)), (schema, v)  # another type: valid as it is
+
+
+def test_typeless_other_types_are_bounded_in_depth() -> None:
+    rx = compile_checked({"maxLength": 2})
+    assert rx.fullmatch("[[]]") is None and rx.fullmatch('{"a":{}}') is None  # OTHER_TYPES_DEPTH = 1
+    assert rx.fullmatch('{"0":"x","length":1}') and rx.fullmatch('[1,"a",null]')
+
+
+def test_typeless_drops_only_the_impossible_type() -> None:
+    rx = compile_checked({"minLength": 3, "maxLength": 2})
+    assert rx.fullmatch("1") and rx.fullmatch("null") and not rx.fullmatch('"ab"')
+    raises_keyword({"type": "string", "minLength": 3, "maxLength": 2}, "maxLength")  # typed: still an error
+
+
+def test_explicit_type_is_not_widened() -> None:
+    for schema, other in [({"type": "string", "maxLength": 2}, []), ({"type": "object", "properties": {}}, 1),
+                          ({"type": "array", "items": {"type": "integer"}}, {}), ({"type": "integer"}, "1")]:
+        assert not accepts(schema, other), schema
+    rx = json_schema_to_regex({"type": ["string", "null"], "maxLength": 2})
+    assert rx == "(?:null|" + string_regex(0, 2) + ")"
+
+
+# ------------------------------------------------------------------ number spellings
+def test_integer_is_written_as_plain_digits() -> None:
+    rx = compile_checked({"type": "integer"})
+    for ok in ["1", "-2", "0", "15"]:
+        assert rx.fullmatch(ok), ok
+    for bad in ["1.0", "1.5", "1.", "-0", "1e2", "01"]:
+        assert not rx.fullmatch(bad), bad
+    bounded = compile_checked({"type": "integer", "maximum": 3})
+    assert bounded.fullmatch("3") and not bounded.fullmatch("4")
+
+
+@pytest.mark.parametrize("schema, ok, bad", [
+    ({"const": 0}, ["0", "0.0"], ["false", "0.1", "00"]),
+    ({"const": 1.0}, ["1", "1.0", "1.000"], ["true", "1.01"]),
+    ({"const": -2.0}, ["-2", "-2.0"], ["2", "-2.5"]),
+    ({"const": 1.5}, ["1.5", "1.50"], ["1.05", "15"]),
+    ({"const": 1e16}, ["1e+16", "10000000000000000", "10000000000000000.0"], ["1e16.0"]),
+    ({"const": 2**53}, ["9007199254740992", "9007199254740992.0"], ["9007199254740991.0"]),
+    ({"const": 2**53 + 1}, ["9007199254740993"], ["9007199254740993.0"]),  # that float is 2**53
+    ({"enum": [[0], {"a": 1}]}, ["[0]", "[0.0]", '{"a":1.0}'], ["[false]", '{"a":true}']),
+])
+def test_const_and_enum_numbers_match_equal_spellings(schema: dict, ok: list[str], bad: list[str]) -> None:
+    rx = compile_checked(schema)
+    for text in ok:
+        assert rx.fullmatch(text), text
+    for text in bad:
+        assert not rx.fullmatch(text), text
+
+
+def test_decimal_bounds_are_exact() -> None:
+    assert accepts({"type": "number", "minimum": 1.1}, 1.1) and not accepts({"type": "number", "minimum": 1.1}, 1.09)
+    ex = {"type": "number", "exclusiveMinimum": 1.1}
+    assert accepts(ex, 1.2) and accepts(ex, 1.100001) and not accepts(ex, 1.1)
+    both = compile_checked({"type": "number", "minimum": -1.5, "exclusiveMaximum": 2.25})
+    for ok in ["-1.5", "-1.50", "0", "2.24", "2.249999", "-0.5"]:
+        assert both.fullmatch(ok), ok
+    for bad in ["-1.500001", "-1.6", "2.25", "2.250", "3", "-0"]:
+        assert not both.fullmatch(bad), bad
+    off_grid = compile_checked({"type": "number", "exclusiveMinimum": 0.1234567, "maximum": 1})
+    assert off_grid.fullmatch("0.123458") and not off_grid.fullmatch("0.123456")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(st.none(), st.decimals(-50, 50, places=3)), st.booleans(),
+    st.one_of(st.none(), st.decimals(-50, 50, places=3)), st.booleans(),
+    st.lists(st.decimals(-60, 60, places=6), max_size=25),
+)
+def test_decimal_bounds_property(lo, lo_x, hi, hi_x, values) -> None:
+    """On-grid bounds: a canonical text matches exactly when its value is in range."""
+    schema = {}
+    if lo is not None:
+        schema["exclusiveMinimum" if lo_x else "minimum"] = float(lo)
+    if hi is not None:
+        schema["exclusiveMaximum" if hi_x else "maximum"] = float(hi)
+    try:
+        rx = re.compile(number_regex(schema))
+    except ValueError:
+        assert lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_x or hi_x)))
+        return
+    bounds = [b for b in (lo, hi) if b is not None]
+    probes = [str(v.normalize()) if v != 0 else "0" for v in values]
+    probes += [f"{b + d:f}" for b in bounds for d in (Decimal("-0.000001"), 0, Decimal("0.000001"), Decimal("0.1"))]
+    for text in probes:
+        if "E" in text or re.fullmatch(r"-0(?:\.0*)?", text):
+            continue  # not canonical: exponents, negative zero
+        v = float(text)
+        flo = schema.get("minimum", schema.get("exclusiveMinimum"))  # the doubles the validator sees
+        fhi = schema.get("maximum", schema.get("exclusiveMaximum"))
+        expected = (flo is None or (v > flo if lo_x else v >= flo)) and (fhi is None or (v < fhi if hi_x else v <= fhi))
+        assert bool(rx.fullmatch(text)) == expected, (schema, text)

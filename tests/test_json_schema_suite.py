@@ -2,19 +2,25 @@
 
 Every schema we accept must reject every instance the suite marks invalid, in every
 serialization we try. Coverage (what we accept, what valid instances we match) is printed
-and, with TREADLE_SUITE_REPORT=path, written as JSON.
+and, with TREADLE_SUITE_REPORT=path, written as JSON. Every valid instance we do not
+match is put in a category by a checked counterfactual (see CATEGORIES); one that fits
+none must be listed in KNOWN_OTHER with its reason, or the test fails.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import interegular
 
+from treadle.constrained import json_schema
 from treadle.constrained.json_schema import json_schema_to_regex
 
 SUITE = Path(__file__).resolve().parents[2] / "shared" / "data" / "JSON-Schema-Test-Suite" / "tests" / "draft2020-12"
@@ -33,11 +39,27 @@ def _compiled(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
-def _run_suite() -> tuple[dict[str, dict[str, int]], list[str], list[str]]:
+@dataclass
+class Miss:
+    """A valid instance of an accepted schema that the regex does not match."""
+
+    file: str
+    group: str
+    test: str
+    schema: object
+    data: object
+    rx: re.Pattern[str]
+
+    @property
+    def name(self) -> str:
+        return f"{self.file}: {self.group} / {self.test}"
+
+
+def _run_suite() -> tuple[dict[str, dict[str, int]], list[str], list[Miss]]:
     assert SUITE.is_dir(), f"JSON-Schema-Test-Suite not found at {SUITE} (it ships in /work/shared/data)"
     table: dict[str, dict[str, int]] = {}
     unsound: list[str] = []
-    misses: list[str] = []
+    misses: list[Miss] = []
     for path in sorted(SUITE.glob("*.json")):
         row = dict(groups=0, accepted=0, valid=0, valid_matched=0, invalid=0, invalid_rejected=0)
         for group in json.loads(path.read_text()):
@@ -55,7 +77,8 @@ def _run_suite() -> tuple[dict[str, dict[str, int]], list[str], list[str]]:
                     row["valid"] += 1
                     row["valid_matched"] += bool(hit)
                     if not hit:
-                        misses.append(f"{path.stem}: {group['description']} / {test['description']}")
+                        misses.append(Miss(path.stem, group["description"], test["description"],
+                                           group["schema"], test["data"], rx))
                 else:
                     row["invalid"] += 1
                     row["invalid_rejected"] += not hit
@@ -66,8 +89,146 @@ def _run_suite() -> tuple[dict[str, dict[str, int]], list[str], list[str]]:
 
 
 @functools.lru_cache(maxsize=1)
-def _results() -> tuple[dict[str, dict[str, int]], list[str], list[str]]:
+def _results() -> tuple[dict[str, dict[str, int]], list[str], list[Miss]]:
     return _run_suite()
+
+
+# ------------------------------------------------------------------ why a valid instance misses
+# Each miss is explained by a counterfactual that is actually checked (see _classify).
+CATEGORIES = {
+    "format-assertion": "deliberate: matches once 'format' is dropped; treadle enforces the formats it "
+                        "supports (a model asked for a date writes a date), 2020-12 makes them annotations",
+    "key-order": "matches with its object keys in another order (treadle emits schema order)",
+    "bounded-depth": "matches once the any-value nesting bounds (GENERIC_DEPTH, OTHER_TYPES_DEPTH) are raised",
+    "closed-extras": "deliberate: matches once some properties / trailing items are dropped; treadle emits "
+                     "only declared properties and prefixItems, not members that additionalProperties, "
+                     "items or unevaluated* admit (by default, `true` or a schema)",
+}
+# Misses whose reason no counterfactual above states, each with its reason (looked up first,
+# so the stated reason wins where a broader counterfactual, e.g. closed-extras, would also
+# fit). The test fails on any miss no category explains, and on entries here that no
+# longer miss (keep it exact).
+KNOWN_OTHER = {
+    "unevaluatedItems: unevaluatedItems can see annotations from if without then and else / "
+    "valid in case if is evaluated":
+        "a lone 'if' is ignored, so the items it evaluates count as unevaluated (narrowing)",
+    "unevaluatedProperties: unevaluatedProperties can see annotations from if without then and else / "
+    "valid in case if is evaluated":
+        "a lone 'if' is ignored, so the properties it evaluates count as unevaluated (narrowing)",
+    "unevaluatedProperties: unevaluatedProperties with anyOf / when two match and has no unevaluated properties":
+        "anyOf is generated one branch at a time: a property evaluated only by a second matching branch is "
+        "unevaluated in the branch generated (narrowing)",
+    "type: integer type matches integers / a float with zero fractional part is an integer":
+        "integers are generated as plain digits (5, not 5.0: it parses to an int) (deliberate narrowing)",
+    "vocabulary: schema that uses custom metaschema with with no validation vocabulary / "
+    "no validation: invalid number, but it still validates": "$schema vocabularies are not read: validation "
+    "keywords always apply (narrowing)",
+}
+_MAX_VARIANTS = 4000
+
+
+def _matches(rx: re.Pattern[str], value: object) -> bool:
+    return any(rx.fullmatch(f) for f in _serializations(value))
+
+
+def _reorderings(value: object) -> Iterator[object]:
+    """``value`` with the keys of each object in every order (the original first)."""
+    if isinstance(value, dict):
+        keys = list(value)
+        for order in itertools.permutations(keys):
+            for vals in itertools.product(*(list(itertools.islice(_reorderings(value[k]), 50)) for k in order)):
+                yield dict(zip(order, vals))
+    elif isinstance(value, list):
+        yield from (list(t) for t in itertools.product(*(list(itertools.islice(_reorderings(v), 50)) for v in value)))
+    else:
+        yield value
+
+
+def _reductions(value: object) -> Iterator[object]:
+    """``value`` with some object members removed and arrays truncated (itself first)."""
+    if isinstance(value, dict):
+        keys = list(value)
+        for n in range(len(keys), -1, -1):
+            for kept in itertools.combinations(keys, n):
+                subs = [list(itertools.islice(_reductions(value[k]), 50)) for k in kept]
+                for vals in itertools.product(*subs):
+                    yield dict(zip(kept, vals))
+    elif isinstance(value, list):
+        for n in range(len(value), -1, -1):
+            subs = [list(itertools.islice(_reductions(v), 50)) for v in value[:n]]
+            for vals in itertools.product(*subs):
+                yield list(vals)
+    else:
+        yield value
+
+
+def _any_order_matches(rx: re.Pattern[str], value: object) -> bool:
+    return any(_matches(rx, v) for v in itertools.islice(_reorderings(value), _MAX_VARIANTS))
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def _without_format(schema: object) -> object:
+    """``schema`` with every ``format`` keyword removed."""
+    if isinstance(schema, list):
+        return [_without_format(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict = {}
+    for key, value in schema.items():
+        if key == "format":
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _without_format(sub) for name, sub in value.items()}
+        elif key in ("const", "enum", "default", "examples", "required"):
+            out[key] = value
+        else:
+            out[key] = _without_format(value)
+    return out
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+def _classify(miss: Miss) -> str:
+    if miss.name in KNOWN_OTHER:
+        return "other: " + KNOWN_OTHER[miss.name]
+    try:
+        without_format = re.compile(json_schema_to_regex(_without_format(miss.schema)))
+    except ValueError:
+        without_format = None
+    if without_format is not None and without_format.pattern != miss.rx.pattern and _matches(without_format, miss.data):
+        return "format-assertion"
+    if _any_order_matches(miss.rx, miss.data):
+        return "key-order"
+    deep = max(_depth(miss.data), json_schema.GENERIC_DEPTH + 1)
+    saved = json_schema.GENERIC_DEPTH, json_schema.OTHER_TYPES_DEPTH
+    json_schema.GENERIC_DEPTH = json_schema.OTHER_TYPES_DEPTH = deep
+    try:
+        deeper = re.compile(json_schema_to_regex(miss.schema))
+    finally:
+        json_schema.GENERIC_DEPTH, json_schema.OTHER_TYPES_DEPTH = saved
+    if _any_order_matches(deeper, miss.data):
+        return "bounded-depth"
+    for smaller in itertools.islice(_reductions(miss.data), 1, _MAX_VARIANTS):
+        if _any_order_matches(miss.rx, smaller):
+            return "closed-extras"
+    return "uncategorised"
+
+
+@functools.lru_cache(maxsize=1)
+def _categorised() -> dict[str, list[str]]:
+    _, _, misses = _results()
+    out: dict[str, list[str]] = {}
+    for miss in misses:
+        out.setdefault(_classify(miss), []).append(miss.name)
+    return out
 
 
 def test_suite_has_no_unsound_case() -> None:
@@ -81,13 +242,34 @@ def test_suite_has_no_unsound_case() -> None:
     total = {k: sum(r[k] for r in table.values()) for k in next(iter(table.values()))}
     print(f"{'TOTAL':28} {total['accepted']:3}/{total['groups']:<3} {total['valid_matched']:5}/{total['valid']:<5}"
           f"      {total['invalid_rejected']:5}/{total['invalid']:<5}")
-    print(f"valid instances not matched (key order or sound restriction): {len(misses)}")
-    for m in misses:
-        print("  miss:", m)
+    categories = _categorised()
+    print(f"valid instances not matched: {len(misses)}")
+    for cat, names in sorted(categories.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        print(f"  {len(names):3}  {cat}" + (f": {CATEGORIES[cat]}" if cat in CATEGORIES else ""))
+        for name in names:
+            print("         miss:", name)
     report = os.environ.get("TREADLE_SUITE_REPORT")
     if report:
-        Path(report).write_text(json.dumps({"files": table, "total": total, "unsound": unsound}, indent=2))
+        Path(report).write_text(json.dumps(
+            {"files": table, "total": total, "unsound": unsound, "misses": categories}, indent=2))
     assert not unsound, "unsound: the regex accepts invalid instances:\n" + "\n".join(unsound)
+
+
+def test_every_miss_has_a_known_reason() -> None:
+    """A valid instance that stops matching for a new reason fails here (so does a stale entry)."""
+    categories = _categorised()
+    assert "uncategorised" not in categories, "misses with no known reason:\n" + "\n".join(categories["uncategorised"])
+    other = {name for cat, names in categories.items() if cat.startswith("other: ") for name in names}
+    stale = set(KNOWN_OTHER) - other
+    assert not stale, "KNOWN_OTHER entries that now match (remove them):\n" + "\n".join(sorted(stale))
+
+
+def test_suite_coverage_does_not_regress() -> None:
+    table, _, misses = _results()
+    accepted = sum(r["accepted"] for r in table.values())
+    matched = sum(r["valid_matched"] for r in table.values())
+    assert accepted >= 195, accepted
+    assert matched >= 359, f"{matched} valid instances matched, was 359"
 
 
 def test_suite_coverage_beats_outlines_core() -> None:
