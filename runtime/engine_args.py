@@ -38,7 +38,9 @@ class EngineArgs:
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     cuda_graph: bool = True  # CUDA only; --no-cuda-graph keeps the plain launch path
     cuda_graph_max_bs: int = 256
-    enable_overlap: bool = False
+    # overlap scheduling: the host processes step N's tokens (and fills step N+1's grammar
+    # masks) while the GPU runs step N+1; auto = on with CUDA, off on CPU (nothing to overlap)
+    overlap_schedule: Literal["auto", "on", "off"] = "auto"
     tp_size: int = 1
     # tensor-parallel process group (see runtime/distributed.py)
     nnodes: int = 1  # hosts sharing the tp_size ranks; each runs tp_size // nnodes of them
@@ -56,6 +58,8 @@ class EngineArgs:
     def __post_init__(self) -> None:
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
+        if self.overlap_schedule not in ("auto", "on", "off"):
+            raise ValueError(f"overlap_schedule must be auto, on or off, got {self.overlap_schedule!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         if self.max_running_requests < 1:

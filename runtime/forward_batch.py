@@ -48,22 +48,36 @@ class ForwardBatch:
         return int(self.input_ids.shape[0])
 
     @classmethod
-    def build(cls, mode: ForwardMode, input_ids: list[int], positions: list[int],
+    def build(cls, mode: ForwardMode, input_ids: list[int] | torch.Tensor, positions: list[int],
               out_cache_loc: torch.Tensor, req_pool_indices: list[int], prefix_lens: list[int],
               extend_lens: list[int], logits_indices: list[int], device: torch.device) -> "ForwardBatch":
-        """Build from host lists; one host->device copy per field."""
+        """Build from host lists with one host->device copy (from pinned memory on CUDA, so
+        it does not wait for the GPU). ``input_ids`` may already be a device tensor (the
+        overlap scheduler feeds the previous step's sampled tokens without a host round trip)."""
         starts, acc = [], 0
         for n in extend_lens:
             starts.append(acc)
             acc += n
         seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
-
-        def t(x: list[int]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.int64).to(device, non_blocking=True)
-
-        return cls(mode=mode, input_ids=t(input_ids), positions=t(positions),
-                   out_cache_loc=out_cache_loc.to(device, non_blocking=True),
-                   req_pool_indices=t(req_pool_indices), seq_lens=t(seq_lens),
-                   prefix_lens=t(prefix_lens), extend_lens=t(extend_lens),
-                   extend_start_loc=t(starts), logits_indices=t(logits_indices),
+        on_device = isinstance(input_ids, torch.Tensor)
+        fields = [[] if on_device else input_ids, positions, out_cache_loc.tolist(), req_pool_indices,
+                  seq_lens, prefix_lens, extend_lens, starts, logits_indices]
+        packed = to_device([x for f in fields for x in f], device)
+        views, off = [], 0
+        for f in fields:
+            views.append(packed[off: off + len(f)])
+            off += len(f)
+        ids = input_ids.to(device=device, dtype=torch.int64) if on_device else views[0]
+        return cls(mode=mode, input_ids=ids, positions=views[1], out_cache_loc=views[2],
+                   req_pool_indices=views[3], seq_lens=views[4], prefix_lens=views[5], extend_lens=views[6],
+                   extend_start_loc=views[7], logits_indices=views[8],
                    seq_lens_cpu=seq_lens, extend_lens_cpu=list(extend_lens))
+
+
+def to_device(values: list, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A host list as a tensor on ``device``. On CUDA the copy is staged in pinned memory and
+    does not block the host (a copy from pageable memory waits for the GPU's queued work)."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)

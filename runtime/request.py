@@ -1,6 +1,6 @@
 """Req: one generation request's state inside the scheduler.
 
-KV bookkeeping (page size 1). `fill_ids = input_ids + output_ids`; its first `kv_len` tokens have
+KV bookkeeping (page size 1). `fill_ids = input_ids + output_ids + draft`; its first `kv_len` tokens have
 KV in the pool, addressed by req_to_token[req_pool_idx, 0:kv_len]. Of those, the first
 `prefix_len` slots belong to the radix tree (matched or inserted, locked via `last_node`); the
 rest are owned by this request alone. The last sampled token never has KV yet.
@@ -41,7 +41,12 @@ class Req:
 
     grammar: Any = None  # GrammarMatcher once compiled
     grammar_future: Any = None
-    num_jump_tokens: int = 0  # tokens appended by jump-forward (never sampled)
+    num_jump_tokens: int = 0  # tokens appended by jump-forward (not drawn by the sampler)
+    # Verified jump-forward (greedy requests): forced tokens proposed after the last output
+    # token, computed in the next extend and kept only as far as the model's own greedy
+    # choice agrees. Not output yet: never streamed, never in output_ids.
+    draft: list[int] = field(default_factory=list)
+    draft_masks: Any = None  # int32 [len(draft) + 1, words]: the grammar mask at each draft position
 
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
@@ -51,16 +56,18 @@ class Req:
 
     @property
     def fill_ids(self) -> list[int]:
-        return self.input_ids + self.output_ids
+        return self.input_ids + self.output_ids + self.draft
 
     @property
     def last_token(self) -> int:
         """The newest token (the decode step's input), without building fill_ids."""
+        if self.draft:
+            return self.draft[-1]
         return self.output_ids[-1] if self.output_ids else self.input_ids[-1]
 
     @property
     def seq_len(self) -> int:
-        return len(self.input_ids) + len(self.output_ids)
+        return len(self.input_ids) + len(self.output_ids) + len(self.draft)
 
     @property
     def num_pending(self) -> int:

@@ -3,11 +3,13 @@ grammar / min-tokens bitmask, draw, and gather logprobs. The fused Triton kernel
 its pure-torch reference (same signature) on CPU."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from treadle.kernels import sampling as sk
+from treadle.kernels.bitmask import unpack_bitmask
+from treadle.runtime.forward_batch import to_device
 from treadle.runtime.request import Req
 
 
@@ -33,27 +35,52 @@ class Sampler:
         if not rows:
             return None, None
         if self._mask_buf.shape[0] < len(reqs):  # one host buffer, reused across steps
+            # pinned on CUDA: the copy to the device then does not wait for the GPU's queue (the
+            # buffer is refilled only after the step that read it has been waited for)
             self._mask_buf = torch.empty((max(len(reqs), 2 * self._mask_buf.shape[0]), self.words),
-                                         dtype=torch.int32)
+                                         dtype=torch.int32, pin_memory=self.device.type == "cuda")
         mask = self._mask_buf[: len(reqs)]
         mask.fill_(-1)
         for i in rows:
             r = reqs[i]
             if r.grammar is not None:
                 r.grammar.fill_next_token_bitmask(mask, i)
-            if len(r.output_ids) < r.params.min_new_tokens:
-                stops = set(r.params.stop_token_ids)
-                if not r.params.ignore_eos:
-                    stops |= set(self.eos_token_ids)
-                for t in stops:
-                    if t < self.vocab_size:
-                        # clear bit t % 32 of word t // 32 (int32 arithmetic: wrap the sign bit)
-                        w = int(mask[i, t // 32]) & ~(1 << (t % 32))
-                        mask[i, t // 32] = w - (1 << 32) if w >= (1 << 31) else w
-        has = torch.zeros(len(reqs), dtype=torch.bool)
-        has[rows] = True
+            self.forbid_early_stop(mask, i, r, len(r.output_ids))
+        has = [False] * len(reqs)
+        for i in rows:
+            has[i] = True
         # the CPU path reads the buffer in place; it is refilled only at the next step
-        return mask.to(self.device, non_blocking=True), has.to(self.device, non_blocking=True)
+        return mask.to(self.device, non_blocking=True), to_device(has, self.device, torch.bool)
+
+    def forbid_early_stop(self, mask: torch.Tensor, row: int, req: Req, num_output: int) -> None:
+        """Clear the stop tokens of ``mask[row]`` (host int32) while a request with
+        ``num_output`` output tokens is still under its min_new_tokens."""
+        if num_output >= req.params.min_new_tokens:
+            return
+        stops = set(req.params.stop_token_ids)
+        if not req.params.ignore_eos:
+            stops |= set(self.eos_token_ids)
+        for t in stops:
+            if t < self.vocab_size:
+                # clear bit t % 32 of word t // 32 (int32 arithmetic: wrap the sign bit)
+                w = int(mask[row, t // 32]) & ~(1 << (t % 32))
+                mask[row, t // 32] = w - (1 << 32) if w >= (1 << 31) else w
+
+    def greedy_under_masks(self, logits: torch.Tensor, masks: torch.Tensor, top_n: int = 0) -> SampleResult:
+        """The greedy sampler's choice for each row of ``logits: [m, vocab]`` under the host
+        int32 bitmask row of the same index (first argmax of the allowed logits; no allowed
+        token -> the first argmax of nothing, as the sampler). Logprobs are of the raw logits,
+        like :meth:`sample`. Used to verify jump-forward drafts: row i holds the logits after
+        the first i draft tokens."""
+        allowed = unpack_bitmask(masks.to(logits.device, non_blocking=True), logits.shape[1])
+        ids = logits.masked_fill(~allowed, float("-inf")).argmax(dim=-1)
+        lse = torch.logsumexp(logits, dim=-1)
+        logprobs = logits.gather(1, ids[:, None]).squeeze(1) - lse
+        top: list[list[tuple[float, int]] | None] = [None] * logits.shape[0]
+        if top_n > 0:
+            vals, idx = torch.log_softmax(logits, dim=-1).topk(top_n, dim=-1)
+            top = [list(zip(v, i)) for v, i in zip(vals.tolist(), idx.tolist())]
+        return SampleResult(ids.tolist(), logprobs.tolist(), top)
 
     def _penalty_counts(self, reqs: list[Req]) -> torch.Tensor | None:
         if not any(r.params.frequency_penalty or r.params.presence_penalty or r.params.repetition_penalty != 1
@@ -70,9 +97,12 @@ class Sampler:
         """logits: float32 [B, vocab] for `reqs` in order. Draws one token per request (does not
         change the requests). Row i's RNG stream is (seed, output position), so a seeded
         request gets the same tokens whatever batch it runs in."""
-        def col(values, dtype):
-            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+        return self.finish(self.launch(logits, reqs))
 
+    def launch(self, logits: torch.Tensor, reqs: list[Req]) -> "PendingSample":
+        """:meth:`sample` without waiting for the device: the tokens stay a device tensor
+        (the overlap scheduler feeds them to the next forward) until :meth:`finish`."""
+        dev = self.device
         ps = [r.params for r in reqs]
         bitmask, mask_rows = self._bitmask(reqs)
         counts = self._penalty_counts(reqs)
@@ -81,32 +111,46 @@ class Sampler:
             ids = logits.argmax(dim=-1)
             logprobs = logits.gather(1, ids[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
         else:
+            B = len(reqs)
+            # one host->device copy per dtype
+            f32 = to_device([0.0 if p.is_greedy else p.temperature for p in ps] + [p.top_p for p in ps]
+                            + [p.min_p for p in ps] + [p.frequency_penalty for p in ps]
+                            + [p.presence_penalty for p in ps] + [p.repetition_penalty for p in ps],
+                            dev, torch.float32).view(6, B)
+            i64 = to_device([p.top_k for p in ps] + [r.seed for r in reqs] + [len(r.output_ids) for r in reqs],
+                            dev).view(3, B)
             batch = sk.SamplingBatch(
-                temperatures=col([0.0 if p.is_greedy else p.temperature for p in ps], torch.float32),
-                top_ps=col([p.top_p for p in ps], torch.float32),
-                top_ks=col([p.top_k for p in ps], torch.int32),
-                min_ps=col([p.min_p for p in ps], torch.float32),
-                seeds=col([r.seed for r in reqs], torch.int64),
-                steps=col([len(r.output_ids) for r in reqs], torch.int64),
-                bitmask=bitmask,
-                mask_rows=mask_rows,
-                token_counts=counts,
-                frequency_penalties=col([p.frequency_penalty for p in ps], torch.float32),
-                presence_penalties=col([p.presence_penalty for p in ps], torch.float32),
-                repetition_penalties=col([p.repetition_penalty for p in ps], torch.float32),
+                temperatures=f32[0], top_ps=f32[1], top_ks=i64[0].to(torch.int32), min_ps=f32[2],
+                seeds=i64[1], steps=i64[2], bitmask=bitmask, mask_rows=mask_rows, token_counts=counts,
+                frequency_penalties=f32[3], presence_penalties=f32[4], repetition_penalties=f32[5],
             )
             fn = sk.fused_sample if logits.is_cuda else sk.fused_sample_ref
             ids, logprobs = fn(logits, batch)
-        top: list[list[tuple[float, int]] | None] = [None] * len(reqs)
         want = [i for i, r in enumerate(reqs) if r.return_logprob and r.top_logprobs_num > 0]
+        top = None
         if want:
             k = max(reqs[i].top_logprobs_num for i in want)
-            vals, idx = torch.log_softmax(logits[want], dim=-1).topk(k, dim=-1)
-            vals, idx = vals.tolist(), idx.tolist()
-            for j, i in enumerate(want):
-                n = reqs[i].top_logprobs_num
+            top = torch.log_softmax(logits[want], dim=-1).topk(k, dim=-1)
+        return PendingSample(ids, logprobs, top, want, [r.top_logprobs_num for r in reqs])
+
+    @staticmethod
+    def finish(p: "PendingSample") -> SampleResult:
+        """Wait for a launched sample and bring it to the host."""
+        top: list[list[tuple[float, int]] | None] = [None] * len(p.top_n)
+        if p.want:
+            vals, idx = p.top.values.tolist(), p.top.indices.tolist()
+            for j, i in enumerate(p.want):
+                n = p.top_n[i]
                 top[i] = list(zip(vals[j][:n], idx[j][:n]))
-        return SampleResult(ids.tolist(), logprobs.tolist(), top)
+        return SampleResult(p.token_ids.tolist(), p.logprobs.tolist(), top)
+
+
+class PendingSample(NamedTuple):
+    token_ids: torch.Tensor  # int64 [B] on the device
+    logprobs: torch.Tensor  # f32 [B]
+    top: Any  # torch.return_types.topk of the rows in `want`, or None
+    want: list[int]  # rows that asked for top logprobs
+    top_n: list[int]  # per row: how many top logprobs
 
 
 def prompt_logprobs(logits: torch.Tensor, next_ids: list[int], top_k: int

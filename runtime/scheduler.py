@@ -61,12 +61,15 @@ class Scheduler:
         self.grammar_queue: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None
+        # overlap scheduling: a decode step whose sampled tokens are not processed yet
+        self.overlap = args.overlap_schedule == "on" or (args.overlap_schedule == "auto" and runner.device.type == "cuda")
+        self.inflight: tuple[list[Req], Any] | None = None
         self.outputs: list[ReqOutput] = []
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._grammar_compiler = None
         self.check_integrity_at_idle = True
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "jump_tokens": 0,
-                      "retractions": 0, "forward_steps": 0, "decode_steps": 0, "requests": 0}
+                      "draft_tokens": 0, "overlap_steps": 0, "retractions": 0, "forward_steps": 0, "decode_steps": 0, "requests": 0}
 
     # ================================================================== public API
 
@@ -86,6 +89,7 @@ class Scheduler:
 
     def abort(self, rid: str) -> bool:
         """Stop a request wherever it is; its KV is released (cached in the tree)."""
+        self._finish_inflight()
         for q in (self.waiting, self.grammar_queue):
             for req in q:
                 if req.rid == rid:
@@ -107,11 +111,17 @@ class Scheduler:
         return False
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.grammar_queue or self.running or self.chunked)
+        return bool(self.waiting or self.grammar_queue or self.running or self.chunked or self.inflight)
 
     def step(self) -> list[ReqOutput]:
         """Run one batch and return the outputs it produced."""
         self._poll_grammars()
+        if self.inflight is not None:
+            if self._can_chain():
+                self._chain_decode()
+                out, self.outputs = self.outputs, []
+                return out
+            self._finish_inflight()
         plan = self._schedule_prefill()
         if plan:
             done = self._run_extend(plan)
@@ -131,7 +141,8 @@ class Scheduler:
         return True
 
     def check_integrity(self) -> None:
-        """Every KV slot is free, in exactly one tree node, or owned by one active request."""
+        """Every KV slot is free, in exactly one tree node, or owned by one active request
+        (a step in flight included: its slots are owned by its requests)."""
         active = self.running + ([self.chunked] if self.chunked else [])
         owned = [self.req_to_token[r.req_pool_idx, r.prefix_len:r.kv_len].long().cpu() for r in active]
         self.tree.check_integrity(owned=owned)
@@ -311,6 +322,10 @@ class Scheduler:
         row = req.req_pool_idx
         if row is None:
             return
+        req.draft, req.draft_masks = [], None  # never computed (drafts are verified in their extend)
+        if req.kv_len > req.seq_len:  # finished inside a verified draft: drop the KV after it
+            self.allocator.free(self.req_to_token[row, req.seq_len: req.kv_len].long().cpu())
+            req.kv_len = req.seq_len
         kv = self.req_to_token[row, : req.kv_len].long().cpu()
         if self.tree.disable:
             self.allocator.free(kv[req.prefix_len:])
@@ -363,22 +378,81 @@ class Scheduler:
         self.running = [r for r in self.running if r.finished is None]
         self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
 
-    def _run_decode(self) -> None:
-        reqs = self.running
+    def _launch_decode(self, reqs: list[Req], input_ids: list[int] | torch.Tensor) -> torch.Tensor:
+        """One decode forward for ``reqs`` (each computes the token at position kv_len);
+        returns the logits without waiting for them."""
         slots = self._alloc_slots(len(reqs))
-        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
-        pos = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
-        self.req_to_token[rows.to(self.req_to_token.device), pos.to(self.req_to_token.device)] = \
-            slots.to(self.req_to_token)
+        pos = [r.kv_len for r in reqs]
         fb = ForwardBatch.build(
-            ForwardMode.DECODE, [r.last_token for r in reqs], pos.tolist(), slots, rows.tolist(),
-            [r.kv_len for r in reqs], [1] * len(reqs), list(range(len(reqs))), self.runner.device)
+            ForwardMode.DECODE, input_ids, pos, slots, [r.req_pool_idx for r in reqs],
+            pos, [1] * len(reqs), list(range(len(reqs))), self.runner.device)
+        self.req_to_token[fb.req_pool_indices, fb.positions] = fb.out_cache_loc.to(self.req_to_token.dtype)
         logits = self.runner.forward(fb)
         for r in reqs:
             r.kv_len += 1
         self.stats["forward_steps"] += 1
         self.stats["decode_steps"] += 1
-        self._sample_and_process(logits, reqs)
+        return logits
+
+    def _run_decode(self) -> None:
+        reqs = self.running
+        logits = self._launch_decode(reqs, [r.last_token for r in reqs])
+        if self.overlap:
+            # the tokens stay on the device; the next step feeds them to its forward and
+            # processes them while the GPU runs it
+            self.inflight = (list(reqs), self.sampler.launch(logits, reqs))
+        else:
+            self._sample_and_process(logits, reqs)
+
+    # ================================================================== overlap
+
+    def _can_chain(self) -> bool:
+        """The next step can start before this one's tokens are processed: a decode of the
+        same requests, nothing to prefill, KV for one more token each."""
+        reqs = self.inflight[0]
+        return (not self.waiting and self.chunked is None and len(self.running) == len(reqs)
+                and self.allocator.available_size() + self.tree.evictable_size() >= len(reqs))
+
+    def _chain_decode(self) -> None:
+        """Overlap step: launch step N+1's forward on the tokens sampled in step N (still on
+        the device), then, while the GPU runs it, process step N's tokens on the host (output,
+        stop checks, grammar, streaming) and launch step N+1's sampling with the new grammar
+        masks. A request that finished or jumped at step N drops its row of step N+1."""
+        reqs, pending = self.inflight
+        self.inflight = None
+        logits = self._launch_decode(reqs, pending.token_ids)
+        self.stats["overlap_steps"] += 1
+        res = self.sampler.finish(pending)
+        keep: list[int] = []
+        for i, r in enumerate(reqs):
+            self._process_token(r, res.token_ids[i], res.logprobs[i], res.top_logprobs[i])
+            if r.finished is not None:
+                continue  # released: the token computed in step N+1 went into the tree with it
+            if r.num_pending == 0:
+                keep.append(i)
+                continue
+            # it jumped: step N+1 computed its last token for nothing, drop that KV (a draft
+            # recomputes it with the draft so the draft can be verified from its logits)
+            last = r.seq_len - len(r.draft) - 1
+            if r.kv_len > last:
+                self.allocator.free(self.req_to_token[r.req_pool_idx, last: r.kv_len].long().cpu())
+                r.kv_len = last
+        self.running = [r for r in self.running if r.finished is None]
+        if keep:
+            cont = [reqs[i] for i in keep]
+            rows = logits if len(keep) == len(reqs) else logits[torch.tensor(keep, device=logits.device)]
+            self.inflight = (cont, self.sampler.launch(rows, cont))
+
+    def _finish_inflight(self) -> None:
+        """Process the tokens of the step in flight (back to the plain state)."""
+        if self.inflight is None:
+            return
+        reqs, pending = self.inflight
+        self.inflight = None
+        res = self.sampler.finish(pending)
+        for i, r in enumerate(reqs):
+            self._process_token(r, res.token_ids[i], res.logprobs[i], res.top_logprobs[i])
+        self.running = [r for r in self.running if r.finished is None]
 
     def _run_extend(self, plan: list[tuple[Req, int]]) -> list[Req]:
         """Compute plan's tokens; sample for requests whose pending tokens are all computed.
@@ -391,10 +465,9 @@ class Scheduler:
         sample_reqs: list[Req] = []
         sample_rows: list[int] = []
         prompt_lp: list[tuple[Req, list[int], list[int]]] = []  # (req, logits rows, next ids)
-        off = 0
+        verify: list[tuple[Req, list[int]]] = []  # (req with a draft, its logits rows)
         for req, n in plan:
-            start, row = req.kv_len, req.req_pool_idx
-            self.req_to_token[row, start: start + n] = slots[off: off + n].to(self.req_to_token)
+            start = req.kv_len
             fill = req.fill_ids
             base = len(input_ids)
             input_ids.extend(fill[start: start + n])
@@ -408,14 +481,22 @@ class Scheduler:
                     prompt_lp.append((req, list(range(len(logits_rows), len(logits_rows) + len(ps))),
                                       [req.input_ids[p + 1] for p in ps]))
                     logits_rows.extend(base + p - start for p in ps)
-            if start + n == req.seq_len:
+            if req.draft:
+                # a verified jump-forward: the logits after the last sampled token and after
+                # each draft token (the last row gives the token after a fully accepted draft)
+                k = len(req.draft)
+                assert start + n == req.seq_len and n >= k + 1, "a draft is computed in one extend"
+                verify.append((req, list(range(len(logits_rows), len(logits_rows) + k + 1))))
+                logits_rows.extend(range(base + n - k - 1, base + n))
+            elif start + n == req.seq_len:
                 sample_reqs.append(req)
                 sample_rows.append(len(logits_rows))
                 logits_rows.append(base + n - 1)
-            off += n
         fb = ForwardBatch.build(
             ForwardMode.EXTEND, input_ids, positions, slots, [r.req_pool_idx for r, _ in plan],
             [r.kv_len for r, _ in plan], [n for _, n in plan], logits_rows, self.runner.device)
+        rows = torch.repeat_interleave(fb.req_pool_indices, fb.extend_lens, output_size=total)
+        self.req_to_token[rows, fb.positions] = fb.out_cache_loc.to(self.req_to_token.dtype)
         logits = self.runner.forward(fb)
         self.stats["forward_steps"] += 1
         for req, n in plan:
@@ -426,8 +507,12 @@ class Scheduler:
             req.input_top_logprobs.extend(tops)
         for req, _ in plan:
             # share what was just computed right away: a later chunk of this prompt, and other
-            # requests with the same prefix admitted next step, reuse it
-            self._cache_unfinished(req)
+            # requests with the same prefix admitted next step, reuse it (a draft is not
+            # known to be output yet: it is verified first)
+            if not req.draft:
+                self._cache_unfinished(req)
+        for req, rows in verify:
+            self._verify_draft(req, logits[rows])
         # a request asking for no new tokens finishes once its prompt is computed (and cached)
         zero = [r for r in sample_reqs if r.params.max_new_tokens == 0]
         for r in zero:
@@ -446,7 +531,10 @@ class Scheduler:
         for i, req in enumerate(reqs):
             self._process_token(req, res.token_ids[i], res.logprobs[i], res.top_logprobs[i])
 
-    def _process_token(self, req: Req, token: int, logprob: float, top: list | None) -> None:
+    def _process_token(self, req: Req, token: int, logprob: float, top: list | None, replay: bool = False) -> None:
+        """Append one output token and act on it (grammar, finish checks, jump-forward,
+        streaming). ``replay``: an accepted draft token, followed by more tokens this step:
+        no jump-forward and no stream chunk for it yet."""
         req.output_ids.append(token)
         self.stats["generated_tokens"] += 1
         if req.return_logprob:
@@ -456,13 +544,16 @@ class Scheduler:
         if req.grammar is not None and not req.grammar.accept_token(token):
             req.finish("abort", message=f"token {token} rejected by the grammar")
         self._check_finished(req, token)
-        if req.finished is None and req.grammar is not None and not self.args.disable_jump_forward:
-            self._jump_forward(req)
+        if req.finished is None and req.grammar is not None and not self.args.disable_jump_forward and not replay:
+            if self._verifies_jumps(req):
+                self._propose_draft(req)
+            else:
+                self._jump_forward(req)
         if req.finished is not None:
             if req in self.running or req.req_pool_idx is not None:
                 self._release(req)
             self._emit(req)
-        elif req.stream:
+        elif req.stream and not replay:
             self._emit(req)
 
     def _check_finished(self, req: Req, token: int) -> None:
@@ -491,6 +582,75 @@ class Scheduler:
                 if s in tail:
                     req.finish("stop", matched=s)
                     return
+
+    @staticmethod
+    def _verifies_jumps(req: Req) -> bool:
+        """Greedy requests without penalties take verified jumps (their output is then the
+        same as without jump-forward); the others take the canonical re-tokenized jump."""
+        p = req.params
+        return p.is_greedy and not (p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1)
+
+    def _propose_draft(self, req: Req) -> None:
+        """Verified jump-forward, step 1: propose the grammar's forced text as draft tokens
+        after the last output token (no rollback: the output so far is the model's own), and
+        record the grammar mask at each draft position. The next extend computes them all;
+        :meth:`_verify_draft` keeps the prefix the model agrees with."""
+        from treadle.constrained import plan_jump_forward
+
+        m = req.grammar
+        jump = m.find_jump_forward_string()
+        if not jump:
+            return
+        table = self.grammar_compiler.token_bytes
+        tail = req.output_ids[-JUMP_LOOKBACK:]
+        plan = plan_jump_forward(self.tokenizer, table, tail, jump, holdback=0)
+        if plan.num_rollback:
+            # the canonical encoding would re-cut the tail: draft the forced text on its own
+            plan = plan_jump_forward(self.tokenizer, table, [], jump, holdback=0)
+        limit = min(req.remaining_new_tokens(), self.context_len - 1 - req.seq_len)
+        draft = plan.new_token_ids[: max(0, limit)]
+        if not draft:
+            return
+        masks = torch.empty((len(draft) + 1, self.sampler.words), dtype=torch.int32)
+        n_out = len(req.output_ids)
+        accepted = 0
+        for i in range(len(draft) + 1):
+            m.fill_next_token_bitmask(masks, i)
+            self.sampler.forbid_early_stop(masks, i, req, n_out + i)
+            if i == len(draft) or not m.accept_token(draft[i]):
+                break
+            accepted += 1
+        m.rollback(accepted)  # the matcher advances again as tokens are verified
+        if accepted == 0:
+            return
+        req.draft = draft[:accepted]
+        req.draft_masks = masks[: accepted + 1]
+        self.stats["draft_tokens"] += accepted
+
+    def _verify_draft(self, req: Req, logits: torch.Tensor) -> None:
+        """Verified jump-forward, step 2: ``logits`` [k + 1, vocab] were computed after the
+        last output token and after each of the k draft tokens. Keep the draft up to the first
+        token the greedy sampler would not have chosen, take the sampler's choice there (or
+        after the whole draft), and free the KV of the rest: the output is token for token
+        what decoding one step at a time gives, in one forward step."""
+        draft, masks = req.draft, req.draft_masks
+        req.draft, req.draft_masks = [], None
+        k = len(draft)
+        res = self.sampler.greedy_under_masks(logits, masks, req.top_logprobs_num if req.return_logprob else 0)
+        a = 0
+        while a < k and res.token_ids[a] == draft[a]:
+            a += 1
+        keep = req.kv_len - k + a  # KV of the last sampled token and the accepted draft
+        if keep < req.kv_len:
+            self.allocator.free(self.req_to_token[req.req_pool_idx, keep: req.kv_len].long().cpu())
+            req.kv_len = keep
+        req.num_jump_tokens += a
+        self.stats["jump_tokens"] += a
+        for j in range(a + 1):
+            token = draft[j] if j < a else res.token_ids[a]
+            self._process_token(req, token, res.logprobs[j], res.top_logprobs[j], replay=j < a)
+            if req.finished is not None:
+                break
 
     def _jump_forward(self, req: Req) -> None:
         """Append the grammar's forced text as canonical tokens, rolling back tail tokens whose

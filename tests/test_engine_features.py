@@ -36,12 +36,18 @@ def reference(engine, prompts):
     {"chunked_prefill_size": 0, "schedule_policy": "fcfs"},
     # a pool too small for all six at once: requests are retracted and resumed
     {"max_total_tokens": 140, "chunked_prefill_size": 16},
-], ids=["cache-off", "chunked-8", "no-chunk-fcfs", "retraction"])
+    # overlap scheduling (on by default only with CUDA): step N's tokens are processed after
+    # step N+1 is launched; with retraction too
+    {"overlap_schedule": "on"},
+    {"overlap_schedule": "on", "max_total_tokens": 140, "chunked_prefill_size": 16},
+], ids=["cache-off", "chunked-8", "no-chunk-fcfs", "retraction", "overlap", "overlap-retraction"])
 def test_greedy_batch_identical_across_scheduling(prompts, reference, kwargs):
     with Engine(**{"max_total_tokens": 8192, **kwargs}) as e:
         out = e.generate(prompts, GREEDY)
         assert [o["output_ids"] for o in out] == reference
         info = e.get_server_info()
+        if kwargs.get("overlap_schedule") == "on":
+            assert info["decode_steps"] > 0
         if kwargs.get("max_total_tokens") == 140:
             assert info["retractions"] > 0
         assert info["free_slots"] + info["evictable_slots"] == info["total_slots"]
@@ -126,3 +132,37 @@ def test_out_of_range_params_raise(engine):
     with pytest.raises(ValueError, match="never fit"):
         engine.generate("hi", {"max_new_tokens": 10**6})
     engine.check_integrity()
+
+
+def test_overlap_schedule_matches_plain_path(prompts):
+    """Every feature whose host work moves behind the next forward with overlap scheduling:
+    seeded sampling, grammars (masks filled for step N+1 while it runs, jump-forward drafts
+    dropping their row), stop strings, min tokens, penalties, logprobs, streaming, abort."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["name", "age"]}
+    params = [
+        {"max_new_tokens": 20, "temperature": 0.8, "top_p": 0.9, "seed": 11},
+        {"max_new_tokens": 40, "temperature": 0, "json_schema": schema},
+        {"max_new_tokens": 40, "temperature": 0.7, "seed": 2, "regex": r"[A-Z][a-z]{2,6}, [0-9]{1,3}"},
+        {"max_new_tokens": 30, "temperature": 0, "stop": ["."]},
+        {"max_new_tokens": 12, "temperature": 0, "min_new_tokens": 12, "frequency_penalty": 0.5},
+        {"max_new_tokens": 3, "temperature": 0},
+    ]
+    outs = {}
+    for mode in ("off", "on"):
+        with Engine(max_total_tokens=8192, overlap_schedule=mode) as e:
+            res = e.generate(prompts, params, return_logprob=True, top_logprobs_num=2)
+            streamed = "".join(c["text"] for c in e.generate(prompts[0], params[3], stream=True))
+            # abort while the step is in flight: the others finish, no slot leaks
+            it = e.generate(prompts[1], {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}, stream=True)
+            next(it)
+            it.close()
+            e.check_integrity()
+            info = e.get_server_info()
+            assert info["num_running"] == 0 and info["free_slots"] + info["evictable_slots"] == info["total_slots"]
+            outs[mode] = ([(o["output_ids"], o["meta_info"]["finish_reason"]) for o in res],
+                          [[t for _, t in o["meta_info"]["output_token_logprobs"]] for o in res], streamed)
+    assert outs["on"][0] == outs["off"][0]
+    assert outs["on"][1] == outs["off"][1]
+    assert outs["on"][2] == outs["off"][2]

@@ -29,9 +29,10 @@ def _save_tiny(name: str, path) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("cuda_graph", [True, False], ids=["graph", "eager"])
+@pytest.mark.parametrize("cuda_graph,overlap", [(True, "on"), (True, "off"), (False, "on")],
+                         ids=["graph-overlap", "graph-plain", "eager-overlap"])
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
-def test_greedy_matches_hf_on_gpu(name, cuda_graph, tmp_path):
+def test_greedy_matches_hf_on_gpu(name, cuda_graph, overlap, tmp_path):
     from transformers import AutoModelForCausalLM
 
     path = _save_tiny(name, tmp_path)
@@ -41,11 +42,12 @@ def test_greedy_matches_hf_on_gpu(name, cuda_graph, tmp_path):
     prompts = [torch.randint(3, 49000, (n,), generator=g).tolist() for n in (5, 17, 33, 100, 2)]
     # fp32 on both sides so greedy choices are comparable token for token
     with Engine(model_path=path, device="cuda", dtype="float32", attention_backend="triton",
-                max_total_tokens=4096, cuda_graph=cuda_graph, cuda_graph_max_bs=16) as e:
+                max_total_tokens=4096, cuda_graph=cuda_graph, cuda_graph_max_bs=16, overlap_schedule=overlap) as e:
         assert (e.runner.graph_runner is not None) == cuda_graph
         out = e.generate(input_ids=prompts, sampling_params={"max_new_tokens": 16, "temperature": 0,
                                                               "ignore_eos": True})
         e.check_integrity()
+        assert (e.get_server_info()["overlap_steps"] > 0) == (overlap == "on")
     for ids, o in zip(prompts, out):
         with torch.no_grad():
             ref = hf.generate(torch.tensor([ids], device="cuda"), max_new_tokens=16, do_sample=False,
@@ -96,3 +98,25 @@ def test_constrained_outputs_validate_on_gpu(tmp_path):
 
         assert re.fullmatch("[0-9]{3}-[a-c]{2}", regex["text"])
         e.check_integrity()
+
+
+def test_overlap_and_jump_forward_keep_greedy_output_on_gpu(tmp_path):
+    """Overlap scheduling (grammar masks filled while the next forward runs) and verified
+    jump-forward both leave greedy constrained output unchanged on the GPU."""
+    path = _tiny_with_tokenizer(tmp_path)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                               "tags": {"type": "array", "items": {"enum": ["a", "bb"]},
+                                                        "maxItems": 3}},
+              "required": ["name", "tags"]}
+    prompts = ["A person:", "Another one:", "Hello", "Tags:"]
+    params = [{"max_new_tokens": 48, "temperature": 0, "json_schema": schema}] * 2 + [
+        {"max_new_tokens": 12, "temperature": 0}, {"max_new_tokens": 24, "temperature": 0, "regex": "(ab|cd){2,5}!"}]
+    outs = {}
+    for kw in ({"overlap_schedule": "on"}, {"overlap_schedule": "off"}, {"overlap_schedule": "on", "disable_jump_forward": True}):
+        # fp32: extend (a verified draft) and decode logits then agree on every argmax
+        with Engine(model_path=path, device="cuda", dtype="float32", max_total_tokens=8192, **kw) as e:
+            outs[tuple(kw.items())] = [o["output_ids"] for o in e.generate(prompts, params)]
+            e.check_integrity()
+    first, *rest = outs.values()
+    for other in rest:
+        assert other == first

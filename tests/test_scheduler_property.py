@@ -36,19 +36,31 @@ def workloads(draw):
         max_prefill_tokens=draw(st.sampled_from([1, 4, 9, 64])),
         schedule_policy=draw(st.sampled_from(["lpm", "fcfs"])),
         disable_radix_cache=draw(st.booleans()),
+        overlap_schedule=draw(st.sampled_from(["off", "on"])),
     )
     aborts = draw(st.lists(st.tuples(st.integers(0, 25), st.integers(0, n - 1)), max_size=3))
     return reqs, cfg, args, aborts
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, database=None,
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_random_workloads(w):
     check_workload(w)
 
 
-def check_workload(w) -> None:
+def test_overlap_workload_chains_steps():
+    # a fixed workload with overlap on: decode steps do chain (the property test's "on"
+    # examples then exercise the same path), with an abort and EOS mid-flight
+    reqs = [("a", [3, 4, 5], 10, 0), ("b", [3, 4, 6, 7], 8, 0), ("c", [9] * 5, 6, 2), ("d", [3, 4], 10, 4)]
+    cfg = dict(num_slots=64, max_running=4, context_len=40, eos_at_len={12})
+    args = dict(chunked_prefill_size=0, max_prefill_tokens=64, schedule_policy="lpm",
+                disable_radix_cache=False, overlap_schedule="on")
+    sched = check_workload((reqs, cfg, args, [(7, 1)]))
+    assert sched.stats["overlap_steps"] > 3
+
+
+def check_workload(w):
     reqs, cfg, args, aborts = w
     runner = FakeRunner(**cfg)
     sched, _ = make_scheduler(runner, **args)
@@ -82,3 +94,4 @@ def check_workload(w) -> None:
     assert sched.tree.protected_size() == 0
     assert runner.allocator.available_size() + sched.tree.evictable_size() == runner.allocator.num_slots
     assert runner.req_to_token_pool.available_size() == runner.req_to_token_pool.max_requests
+    return sched
