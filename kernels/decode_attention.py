@@ -167,14 +167,16 @@ def _num_sms(device_index: int) -> int:
 
 
 def default_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, device: torch.device | str) -> int:
-    """Splits per request so that stage 1 fills the GPU (about 4 programs per SM) while every
-    split keeps >= 256 keys. Call it once (e.g. at CUDA-graph capture, with the longest context)
-    and pass the result as `max_kv_splits`; it does not look at seq_lens."""
+    """Splits per request so that stage 1 fills the GPU (about 8 programs per SM), at most one
+    per 64 keys of the longest context (a split is a serial chain of dependent loads: at batch 1 short
+    splits are what hides the latency). Call it once (e.g. at CUDA-graph capture, with the
+    longest context) and pass the result as `max_kv_splits`; it does not look at seq_lens:
+    each request uses only the splits its own length fills."""
     device = torch.device(device)
     sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 4
-    want = triton.cdiv(4 * sms, max(1, batch_size * num_kv_heads))
-    by_len = triton.cdiv(max(1, max_seq_len), 256)
+    want = triton.cdiv(8 * sms, max(1, batch_size * num_kv_heads))
+    by_len = triton.cdiv(max(1, max_seq_len), 64)
     return max(1, min(want, by_len, 64))
 
 
@@ -182,7 +184,9 @@ def _decode_blocks(on_gpu: bool, block_d: int) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages) for stage 1."""
     if not on_gpu:
         return 16, 1, 1
-    return (64 if block_d <= 128 else 32), 4, 2
+    # H200 sweep (benchmarks/sweep_decode_attention.py, bf16, D 128, GQA 4): 32-key tiles with
+    # 2 warps beat 64 x 4 warps at every batch (bs 128 x 600 keys: 97 vs 112 us)
+    return 32, 2, 2
 
 
 def decode_attention(

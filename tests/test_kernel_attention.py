@@ -187,8 +187,10 @@ def test_decode_zero_length_gives_zeros():
 
 
 def test_default_kv_splits_fills_and_respects_length():
-    assert default_kv_splits(1, 8, 100, "cpu") == 1  # short: one split of >= 256 keys
-    assert default_kv_splits(1, 1, 2048, "cpu") == 8  # 2048 / 256
+    assert default_kv_splits(1, 8, 60, "cpu") == 1  # short: one split
+    assert default_kv_splits(1, 8, 100, "cpu") == 2  # one split per 64 keys
+    assert default_kv_splits(1, 1, 2048, "cpu") == 32  # 2048 / 64 (the 8 programs per SM allow it)
+    assert default_kv_splits(4, 8, 2048, "cpu") == 1  # 4 SMs (the CPU stand-in) are already full
     assert default_kv_splits(256, 8, 8192, "cpu") == 1  # enough programs already
     assert 1 <= default_kv_splits(1, 1, 10**6, "cpu") <= 64
 
