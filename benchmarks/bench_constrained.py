@@ -322,6 +322,7 @@ def bench_engine(args) -> None:
     t = time.perf_counter()
     eng_on = Engine(max_total_tokens=16384)
     eng_off = Engine(max_total_tokens=16384, disable_jump_forward=True)
+    eng_any = Engine(max_total_tokens=16384, jump_forward_max_batch=1 << 20)  # jumps at every batch size
     emit({"figure": "engine_load", "seconds_two_engines": round(time.perf_counter() - t, 2)})
     tok = eng_on.tokenizer
     vocab_size = eng_on.runner.config.vocab_size
@@ -345,27 +346,29 @@ def bench_engine(args) -> None:
             outs.extend(eng.generate(prompts[i:i + batch], params[i:i + batch]))
         wall = time.perf_counter() - t0
         i1 = eng.get_server_info()
-        return outs, wall, {k: i1[k] - i0[k] for k in ("forward_steps", "decode_steps", "jump_tokens")}
+        return outs, wall, {k: i1[k] - i0[k] for k in ("forward_steps", "decode_steps", "jump_tokens", "draft_tokens")}
 
     # warm-up: compile every grammar on both engines (compile time is measured elsewhere)
-    for eng in (eng_on, eng_off):
+    for eng in (eng_on, eng_off, eng_any):
         eng.generate([prompt(n) for n in names], [{**cparams(n), "max_new_tokens": 1} for n in names])
 
     # ---------------------------------------------------------------- jump-forward on vs off
     prompts = [prompt(n) for n in names]
     params = [cparams(n) for n in names]
-    for batch in (1, len(names)):
+    for batch, eng_jf in ((1, eng_on), (len(names), eng_on), (len(names), eng_any)):
         rows = {}
-        for label, eng in (("on", eng_on), ("off", eng_off)):
+        for label, eng in (("on", eng_jf), ("off", eng_off)):
             outs, wall, d = run(eng, prompts, params, batch)
             ntok = sum(o["meta_info"]["completion_tokens"] for o in outs)
             rows[label] = (outs, wall, d, ntok)
         on, off = rows["on"], rows["off"]
-        same = sum(a["text"] == b["text"] for a, b in zip(on[0], off[0]))
+        same = sum(a["text"] == b["text"] and a["output_ids"] == b["output_ids"] for a, b in zip(on[0], off[0]))
         valid = all(o["meta_info"]["finish_reason"]["type"] == "stop" for o in on[0] + off[0])
         emit({"figure": "jump_forward", "batch": batch, "requests": len(names),
+              "policy": "jump at every batch size" if eng_jf is eng_any else "default (CPU: jump while <= 4 run)",
               "on": {"forward_steps": on[2]["forward_steps"], "decode_steps": on[2]["decode_steps"],
-                     "jump_tokens": on[2]["jump_tokens"], "output_tokens": on[3], "seconds": round(on[1], 3),
+                     "jump_tokens": on[2]["jump_tokens"], "draft_tokens_proposed": on[2]["draft_tokens"],
+                     "output_tokens": on[3], "seconds": round(on[1], 3),
                      "tokens_per_s": round(on[3] / on[1], 2)},
               "off": {"forward_steps": off[2]["forward_steps"], "decode_steps": off[2]["decode_steps"],
                       "jump_tokens": off[2]["jump_tokens"], "output_tokens": off[3], "seconds": round(off[1], 3),
@@ -375,7 +378,7 @@ def bench_engine(args) -> None:
               "all_finished_by_stop": valid})
 
     # ---------------------------------------------------------------- constrained vs unconstrained
-    for batch, nreq in ((1, args.bs1_requests), (16, 16)):
+    for batch, nreq in ((1, args.bs1_requests), (4, 4), (16, 16)):
         sel = [names[i % len(names)] for i in range(nreq)]
         ps = [prompt(n, i // len(names)) for i, n in enumerate(sel)]
         cp = [cparams(n) for n in sel]
@@ -407,8 +410,8 @@ def bench_engine(args) -> None:
               "met_jf_on": tps["constrained_jf_on"] >= 0.9 * tps["unconstrained"]})
     eng_on.check_integrity()
     eng_off.check_integrity()
-    eng_on.shutdown()
-    eng_off.shutdown()
+    for eng in (eng_on, eng_off, eng_any):
+        eng.shutdown()
     return tok, eos_ids, vocab_size
 
 

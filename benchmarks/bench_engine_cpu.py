@@ -3,7 +3,8 @@
 In one run, on the same token ids and the same weights (the embedded GGUF):
 - batch_1:  one chat prompt, --new-tokens (64) new tokens, greedy, ignore_eos;
 - batch_16: 16 different chat prompts in one call (HF: one left-padded batch, pad = eos);
-- mixed_32: 32 prompts of --min-prompt..--max-prompt tokens (20..400) with 16..128 output tokens
+- mixed_32: 32 prompts of --min-prompt..--max-prompt tokens (20..400) with 16..128 output tokens,
+  against HF as one left-padded batch AND HF one prompt at a time (no padding)
   each, drawn with --seed. HF runs them as one left-padded batch with the batch's max output
   length (every row decodes that many); only each row's requested tokens count as useful
   output. The Engine gets one generate call with per-request max_new_tokens.
@@ -116,6 +117,18 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -
     return dt, [row[width:].tolist() for row in out]
 
 
+def hf_generate_each(model, prompts: list[list[int]], new_tokens: list[int], pad_id: int) -> float:
+    """HF `generate` one prompt at a time (no padding), each with its own output length: how
+    mixed-length prompts run with HF when padding is not wanted. Returns seconds."""
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for p, n in zip(prompts, new_tokens):
+            ids = torch.tensor([p])
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                           min_new_tokens=n, do_sample=False, pad_token_id=pad_id)
+    return time.perf_counter() - t0
+
+
 def engine_generate(engine, prompts: list[list[int]], new_tokens: list[int]) -> tuple[float, list[dict]]:
     engine.flush_cache()
     params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in new_tokens]
@@ -144,6 +157,7 @@ def main() -> None:
     ap.add_argument("--min-out", type=int, default=16)
     ap.add_argument("--max-out", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-hf-sequential", action="store_true", help="skip HF one prompt at a time on the mixed set")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "engine_cpu.json"))
     args = ap.parse_args()
@@ -198,9 +212,19 @@ def main() -> None:
     # (c) mixed lengths
     prompts, outs = mixed_prompts(engine, args.mixed, args.min_prompt, args.max_prompt, args.min_out, args.max_out,
                                   args.seed)
-    compare(f"mixed_{args.mixed}", prompts, outs,
-            {"prompt_len_range": [min(map(len, prompts)), max(map(len, prompts))],
-             "output_len_range": [min(outs), max(outs)], "seed": args.seed, "target_speedup": 5.0})
+    extra = {"prompt_len_range": [min(map(len, prompts)), max(map(len, prompts))],
+             "output_len_range": [min(outs), max(outs)], "seed": args.seed, "target_speedup": 5.0}
+    if not args.no_hf_sequential:
+        t_seq = hf_generate_each(hf, prompts, outs, eos)
+        extra.update({"hf_sequential_s": round(t_seq, 3), "hf_sequential_tok_s": round(sum(outs) / t_seq, 2)})
+    compare(f"mixed_{args.mixed}", prompts, outs, extra)
+    if "hf_sequential_s" in extra:
+        row = rows[-1]
+        row["speedup_vs_hf_sequential"] = round(extra["hf_sequential_s"] / row["engine_s"], 2)
+        print(json.dumps({"figure": "mixed_vs_hf_sequential", "engine_tok_s": row["engine_tok_s"],
+                          "hf_sequential_tok_s": row["hf_sequential_tok_s"], "hf_padded_batch_tok_s": row["hf_tok_s"],
+                          "speedup_vs_hf_sequential": row["speedup_vs_hf_sequential"],
+                          "speedup_vs_hf_padded_batch": row["speedup"]}), flush=True)
 
     info = engine.get_server_info()
     engine.shutdown()

@@ -56,6 +56,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1, help="timed runs per batch size (median)")
     p.add_argument("--attention-backend", default=None, help="default: triton on cuda, torch on cpu")
+    p.add_argument("--overlap-schedule", default="auto", choices=["auto", "on", "off"],
+                   help="overlap scheduling (auto: on with CUDA)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True, help="decode through CUDA graphs (--no-cuda-graph: plain launches)")
     p.add_argument("--max-prefill-tokens", type=int, default=16384,
                    help="prefill batch token budget (larger batches prefill in several forwards)")
@@ -165,18 +167,20 @@ def bench_hf(hf, bs: int, args, vocab: int, dev: torch.device, static: bool) -> 
     ids = torch.tensor(make_prompts(bs, args.input_len, vocab, args.seed), device=dev)
     # warm-up: short unless static (static compiles for the shapes it will see)
     hf_generate(hf, ids, args.output_len if static else min(2, args.output_len), static)
-    times = []
+    times, pres = [], []
     for _ in range(args.repeats):
-        sync(dev)
-        t0 = time.perf_counter()
-        out = hf_generate(hf, ids, args.output_len, static)
-        sync(dev)
-        times.append(time.perf_counter() - t0)
+        for new, acc in ((1, pres), (args.output_len, times)):
+            sync(dev)
+            t0 = time.perf_counter()
+            out = hf_generate(hf, ids, new, static)
+            sync(dev)
+            acc.append(time.perf_counter() - t0)
     if out.shape != (bs, args.input_len + args.output_len):
         raise RuntimeError(f"HF generated shape {tuple(out.shape)}")
-    t = statistics.median(times)
-    rec = {"figure": "hf_static" if static else "hf", "bs": bs, "t_s": round(t, 4),
-           "output_tok_s": round(bs * args.output_len / t, 2)}
+    t, t_pre = statistics.median(times), statistics.median(pres)
+    rec = {"figure": "hf_static" if static else "hf", "bs": bs, "t_s": round(t, 4), "t_prefill_s": round(t_pre, 4),
+           "output_tok_s": round(bs * args.output_len / t, 2),
+           "decode_tok_s": round(bs * (args.output_len - 1) / (t - t_pre), 2) if t > t_pre else None}
     rec["_first_ids"] = out[0, args.input_len:].tolist()
     return rec
 
@@ -258,7 +262,8 @@ def main() -> None:
           "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
           "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": args.model, "dtype": args.dtype,
           "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats,
-          "attention_backend": args.attention_backend, "cuda_graph": args.cuda_graph})
+          "attention_backend": args.attention_backend, "cuda_graph": args.cuda_graph,
+          "overlap_schedule": args.overlap_schedule})
 
     bw = copy_bandwidth(dev, args.copy_mib or (2048 if dev.type == "cuda" else 256))
     emit({"figure": "copy_bandwidth", "gb_s": round(bw / 1e9, 1)})
@@ -270,7 +275,7 @@ def main() -> None:
                     max_total_tokens=max_bs * seq + 2 * seq, max_running_requests=max_bs,
                     chunked_prefill_size=max(8192, args.input_len), max_prefill_tokens=args.max_prefill_tokens,
                     attention_backend=args.attention_backend, cuda_graph=args.cuda_graph,
-                    context_length=seq + 16)
+                    overlap_schedule=args.overlap_schedule, context_length=seq + 16)
     load_s = time.perf_counter() - t0
     cfg = engine.runner.config
     wb = weight_bytes(engine.runner.model)
@@ -319,6 +324,9 @@ def main() -> None:
                 if bs in tre and "output_tok_s" in rec:
                     rec["treadle_output_tok_s"] = tre[bs]["output_tok_s"]
                     rec["treadle_over_hf"] = round(tre[bs]["output_tok_s"] / rec["output_tok_s"], 2)
+                    if rec.get("decode_tok_s") and tre[bs].get("decode_tok_s"):
+                        rec["treadle_decode_tok_s"] = tre[bs]["decode_tok_s"]
+                        rec["treadle_decode_over_hf_decode"] = round(tre[bs]["decode_tok_s"] / rec["decode_tok_s"], 2)
                 if bs == 1 and first is not None and "_first_ids" in tre.get(1, {}):
                     a, b = tre[1]["_first_ids"], first
                     n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
@@ -334,7 +342,8 @@ def main() -> None:
         t, h = tre.get(bs, {}), hfr.get(("hf", bs), {})
         row = {"bs": bs, "treadle_output_tok_s": t.get("output_tok_s"), "treadle_decode_tok_s": t.get("decode_tok_s"),
                "treadle_prefill_s": t.get("t_prefill_s"), "hf_output_tok_s": h.get("output_tok_s"),
-               "treadle_over_hf": h.get("treadle_over_hf")}
+               "treadle_over_hf": h.get("treadle_over_hf"), "hf_decode_tok_s": h.get("decode_tok_s"),
+               "treadle_decode_over_hf_decode": h.get("treadle_decode_over_hf_decode")}
         if ("hf_static", bs) in hfr:
             row["hf_static_output_tok_s"] = hfr[("hf_static", bs)].get("output_tok_s")
         if bs == 1:
@@ -353,10 +362,12 @@ def main() -> None:
         return f"{x:>{w}}" if x is not None else f"{'-':>{w}}"
 
     print(f"\nroofline (bs 1 decode) = {bw / 1e9:.1f} GB/s / {wb / 1e9:.2f} GB = {roof:.1f} tok/s")
-    print(f"{'bs':>5} {'out tok/s':>10} {'dec tok/s':>10} {'prefill s':>10} {'HF tok/s':>10} {'ratio':>7} {'%roof':>6}")
+    print(f"{'bs':>5} {'out tok/s':>10} {'dec tok/s':>10} {'prefill s':>10} {'HF tok/s':>10} {'ratio':>7}"
+          f" {'HF dec':>10} {'dec ratio':>9} {'%roof':>6}")
     for r in rows:
         print(f"{r['bs']:>5} {f(r['treadle_output_tok_s'])} {f(r['treadle_decode_tok_s'])} {f(r['treadle_prefill_s'])}"
-              f" {f(r['hf_output_tok_s'])} {f(r['treadle_over_hf'], 7)} {f(r.get('pct_of_roofline'), 6)}")
+              f" {f(r['hf_output_tok_s'])} {f(r['treadle_over_hf'], 7)} {f(r['hf_decode_tok_s'])}"
+              f" {f(r['treadle_decode_over_hf_decode'], 9)} {f(r.get('pct_of_roofline'), 6)}")
     print(f"wrote {out}")
 
 

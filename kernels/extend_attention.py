@@ -233,6 +233,9 @@ def extend_attention(
     )
 
 
+_BATCHED_EXT = 16  # requests extending by at most this many tokens share one padded SDPA call
+
+
 def extend_attention_ref(
     q: torch.Tensor,  # [T, Hq, D]
     k_buffer: torch.Tensor,  # [num_slots, Hk, D]
@@ -245,31 +248,60 @@ def extend_attention_ref(
     extend_start_loc: torch.Tensor,  # [B]
     sm_scale: float,
 ) -> None:
-    """Pure-torch reference on any device: one SDPA call per request."""
+    """Pure-torch reference on any device (the CPU runtime's path). Requests with short
+    extends (decode rows, jump-forward drafts, small chunks) share one padded SDPA call;
+    each longer one gets its own. Query heads are grouped by KV head (no K/V repeat)."""
     num_heads, num_kv_heads = q.shape[1], k_buffer.shape[1]
     group = num_heads // num_kv_heads
-    rows = req_pool_indices.tolist()
-    prefixes, extends, starts = prefix_lens.tolist(), extend_lens.tolist(), extend_start_loc.tolist()
-    for row, prefix, ext, start in zip(rows, prefixes, extends, starts):
-        if ext == 0:
+    reqs = [r for r in zip(req_pool_indices.tolist(), prefix_lens.tolist(), extend_lens.tolist(),
+                           extend_start_loc.tolist()) if r[2] > 0]
+    small = [r for r in reqs if r[2] <= _BATCHED_EXT]
+    if len(small) > 1:
+        _extend_padded(q, k_buffer, v_buffer, o, req_to_token, small, group, sm_scale)
+    else:
+        small = []
+    for row, prefix, ext, start in reqs:
+        if small and ext <= _BATCHED_EXT:
             continue
         seq = prefix + ext
         slots = req_to_token[row, :seq].long()
-        k = k_buffer.index_select(0, slots)  # [seq, Hk, D] (index_select: fast on CPU too)
-        v = v_buffer.index_select(0, slots)
-        if group > 1:
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
-        qi = q[start : start + ext]  # [ext, Hq, D]
+        k = k_buffer.index_select(0, slots).transpose(0, 1)  # [Hk, seq, D] (index_select: fast on CPU)
+        v = v_buffer.index_select(0, slots).transpose(0, 1)
+        qi = q[start: start + ext].transpose(0, 1).reshape(num_kv_heads, group * ext, -1)  # [Hk, G*ext, D]
         # query i sits at position prefix + i and may see keys 0 .. prefix + i
         q_pos = torch.arange(prefix, seq, device=q.device)[:, None]
-        k_pos = torch.arange(seq, device=q.device)[None, :]
-        mask = k_pos <= q_pos  # [ext, seq]
-        out = F.scaled_dot_product_attention(
-            qi.transpose(0, 1).float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(),
-            attn_mask=mask, scale=sm_scale,
-        )  # [Hq, ext, D]
-        o[start : start + ext] = out.transpose(0, 1).to(o.dtype)
+        mask = (torch.arange(seq, device=q.device)[None, :] <= q_pos).repeat(group, 1)  # [G*ext, seq]
+        out = F.scaled_dot_product_attention(qi.float(), k.float(), v.float(), attn_mask=mask, scale=sm_scale)
+        o[start: start + ext] = out.view(num_heads, ext, -1).transpose(0, 1).to(o.dtype)
+
+
+def _extend_padded(q, k_buffer, v_buffer, o, req_to_token, reqs, group: int, sm_scale: float) -> None:
+    """One SDPA over requests padded to the longest sequence and the longest extend."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = num_heads // group
+    dev = q.device
+    bs = len(reqs)
+    rows = torch.tensor([r[0] for r in reqs], device=dev)
+    prefix = torch.tensor([r[1] for r in reqs], device=dev)
+    ext = torch.tensor([r[2] for r in reqs], device=dev)
+    max_len = max(r[1] + r[2] for r in reqs)
+    max_ext = max(r[2] for r in reqs)
+    slots = req_to_token[rows, :max_len].long().reshape(-1)  # past a request's length: stale, masked
+    k = k_buffer.index_select(0, slots).view(bs, max_len, num_kv_heads, head_dim).transpose(1, 2)
+    v = v_buffer.index_select(0, slots).view(bs, max_len, num_kv_heads, head_dim).transpose(1, 2)
+    # token index per (request, extend position); padding rows read token 0 and are dropped
+    i = torch.arange(max_ext, device=dev)
+    tok = torch.tensor([r[3] for r in reqs], device=dev)[:, None] + i[None, :]
+    valid = i[None, :] < ext[:, None]  # [B, E]
+    qb = q[torch.where(valid, tok, 0)]  # [B, E, Hq, D]
+    qb = qb.permute(0, 2, 1, 3).reshape(bs, num_kv_heads, group * max_ext, head_dim)
+    q_pos = prefix[:, None] + i[None, :]  # [B, E]
+    mask = torch.arange(max_len, device=dev)[None, None, :] <= q_pos[:, :, None]  # [B, E, L]
+    mask = mask | ~valid[:, :, None]  # padding rows see everything (finite softmax; dropped)
+    mask = mask.repeat(1, group, 1)[:, None]  # [B, 1, G*E, L]
+    out = F.scaled_dot_product_attention(qb.float(), k.float(), v.float(), attn_mask=mask, scale=sm_scale)
+    out = out.view(bs, num_heads, max_ext, head_dim).transpose(1, 2)  # [B, E, Hq, D]
+    o[tok[valid]] = out[valid].to(o.dtype)
 
 
 if __name__ == "__main__":  # tiny GPU timing: python -m treadle.kernels.extend_attention

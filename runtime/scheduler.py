@@ -64,6 +64,8 @@ class Scheduler:
         # overlap scheduling: a decode step whose sampled tokens are not processed yet
         self.overlap = args.overlap_schedule == "on" or (args.overlap_schedule == "auto" and runner.device.type == "cuda")
         self.inflight: tuple[list[Req], Any] | None = None
+        self.jump_max_batch = args.jump_forward_max_batch if args.jump_forward_max_batch >= 0 \
+            else (64 if runner.device.type == "cuda" else 4)
         self.outputs: list[ReqOutput] = []
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._grammar_compiler = None
@@ -544,7 +546,8 @@ class Scheduler:
         if req.grammar is not None and not req.grammar.accept_token(token):
             req.finish("abort", message=f"token {token} rejected by the grammar")
         self._check_finished(req, token)
-        if req.finished is None and req.grammar is not None and not self.args.disable_jump_forward and not replay:
+        if req.finished is None and req.grammar is not None and not self.args.disable_jump_forward and not replay \
+                and len(self.running) <= self.jump_max_batch:
             if self._verifies_jumps(req):
                 self._propose_draft(req)
             else:

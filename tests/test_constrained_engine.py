@@ -144,7 +144,8 @@ def _schema_prompt(tok, schema: dict) -> str:
 
 @pytest.fixture(scope="module")
 def engine():
-    with Engine(max_total_tokens=16384) as e:
+    # jumps at any batch size here (by default a CPU engine jumps only at batch <= 4)
+    with Engine(max_total_tokens=16384, jump_forward_max_batch=64) as e:
         yield e
 
 
@@ -406,3 +407,24 @@ def test_retokenization_at_jump_boundaries_sampled(engine):
     assert lit["text"] == "Ünïcödé ✓ done"
     assert sum(lp == 0.0 for lp, _ in lit["meta_info"]["output_token_logprobs"]) >= len(lit["output_ids"]) - 3
     engine.check_integrity()
+
+
+def test_jump_forward_waits_for_small_batches():
+    """The default policy on CPU: a jump is proposed only while at most 4 requests run."""
+    schema = SCHEMAS["nested_object"]
+    with Engine(max_total_tokens=8192) as e:
+        sched = e.scheduler
+        seen: list[int] = []
+        orig = sched._propose_draft
+
+        def propose(req):
+            seen.append(len(sched.running))
+            return orig(req)
+
+        sched._propose_draft = propose
+        tok = e.tokenizer
+        p = {"json_schema": schema, "max_new_tokens": MAX_NEW, "temperature": 0}
+        outs = e.generate([_schema_prompt(tok, schema)] * 8, [p] * 8)
+        assert len({o["text"] for o in outs}) == 1  # same greedy output whatever the batch did
+        assert seen and max(seen) <= 4, seen
+        assert e.get_server_info()["draft_tokens"] > 0

@@ -321,3 +321,31 @@ def test_device_checks():
         check_device(compiled, x=torch.zeros(2))
     with pytest.raises(ValueError, match="one device"):
         check_device(compiled, x=torch.zeros(2), y=torch.zeros(2, device="meta"))
+
+
+def test_extend_ref_padded_batch_equals_one_request_at_a_time():
+    # the CPU path batches short extends (decode rows, drafts) into one padded SDPA call
+    g = torch.Generator().manual_seed(3)
+    hq, hk, d = 6, 2, 8
+    prefixes, exts = [0, 5, 40, 17, 3], [3, 1, 7, 16, 30]  # the last one is long: its own call
+    total = sum(p + e for p, e in zip(prefixes, exts))
+    kb, vb = torch.randn(total + 1, hk, d, generator=g), torch.randn(total + 1, hk, d, generator=g)
+    r2t = torch.zeros(len(exts), 64, dtype=torch.int32)
+    perm = 1 + torch.randperm(total, generator=g)
+    off = 0
+    for b, (p, e) in enumerate(zip(prefixes, exts)):
+        r2t[b, : p + e] = perm[off: off + p + e].int()
+        off += p + e
+    q = torch.randn(sum(exts), hq, d, generator=g)
+    starts = torch.tensor([sum(exts[:b]) for b in range(len(exts))])
+    rows, pre, ext = torch.arange(len(exts)), torch.tensor(prefixes), torch.tensor(exts)
+    got = torch.empty_like(q)
+    extend_attention_ref(q, kb, vb, got, r2t, rows, pre, ext, starts, 0.3)
+    want = torch.empty_like(q)
+    for b in range(len(exts)):
+        s, e = int(starts[b]), exts[b]
+        out = torch.empty(e, hq, d)
+        extend_attention_ref(q[s: s + e], kb, vb, out, r2t, rows[b: b + 1], pre[b: b + 1], ext[b: b + 1],
+                             torch.zeros(1, dtype=torch.long), 0.3)
+        want[s: s + e] = out
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
