@@ -248,14 +248,16 @@ def extend_attention_ref(
     extend_start_loc: torch.Tensor,  # [B]
     sm_scale: float,
 ) -> None:
-    """Pure-torch reference on any device (the CPU runtime's path). Requests with short
-    extends (decode rows, jump-forward drafts, small chunks) share one padded SDPA call;
-    each longer one gets its own. Query heads are grouped by KV head (no K/V repeat)."""
+    """Pure-torch reference on any device (the CPU runtime's path). On CPU, requests with
+    short extends (decode rows, jump-forward drafts, small chunks) share one padded SDPA
+    call; each longer one gets its own. Query heads are grouped by KV head (no K/V repeat)."""
     num_heads, num_kv_heads = q.shape[1], k_buffer.shape[1]
     group = num_heads // num_kv_heads
     reqs = [r for r in zip(req_pool_indices.tolist(), prefix_lens.tolist(), extend_lens.tolist(),
                            extend_start_loc.tolist()) if r[2] > 0]
-    small = [r for r in reqs if r[2] <= _BATCHED_EXT]
+    # (CPU only: it is the CPU runtime's speed-up; on CUDA this reference checks the kernels,
+    # and one call per request there avoids SDPA's masked fused kernels)
+    small = [r for r in reqs if r[2] <= _BATCHED_EXT] if q.device.type == "cpu" else []
     if len(small) > 1:
         _extend_padded(q, k_buffer, v_buffer, o, req_to_token, small, group, sm_scale)
     else:
