@@ -10,7 +10,6 @@ list of them; `stream=True` yields incremental chunks; `async_generate` is the a
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import queue
 import threading

@@ -345,7 +345,6 @@ def launch_replicas(n: int, server_argv: list[str], startup_timeout_s: float = 6
                     host: str = "127.0.0.1") -> tuple[list[subprocess.Popen], list[str]]:
     """Start n `launch_server` processes on free ports (each in its own session so its whole
     group can be killed) and wait until all answer /health. Returns (processes, base URLs)."""
-    import os
     import socket
 
     procs, urls = [], []
