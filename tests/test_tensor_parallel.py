@@ -79,6 +79,17 @@ def test_tiny_llama_tp2_matches_tp1_and_shuts_down():
     assert not dist.is_initialized()
 
 
+def test_tp2_with_overlap_scheduling_matches_tp1():
+    # overlap scheduling (on with CUDA by default) keeps every rank in step: each decides to
+    # chain or not from the same state
+    with engine("dummy:tiny-llama", 1, max_total_tokens=2048) as e:
+        ref = run_cases(e)
+    with engine("dummy:tiny-llama", 2, max_total_tokens=2048, overlap_schedule="on") as e:
+        got = run_cases(e)
+        assert e.get_server_info()["overlap_steps"] > 0
+    assert got == ref
+
+
 def test_tiny_qwen3_tp2_matches_tp1():
     # q/k norm with one local KV head; starvation_bound_s=0: every waiting request counts as
     # starved, by rank 0's clock, on every rank
