@@ -41,8 +41,10 @@ _view_cache: tuple[tuple, torch.Tensor, np.ndarray] | None = None
 def _numpy_view(bitmask: torch.Tensor, words: int) -> np.ndarray | None:
     """The bitmask as a numpy array (None on a device); checks its shape once per tensor."""
     global _view_cache
-    key = (bitmask.data_ptr(), bitmask.shape, bitmask.stride())
     hit = _view_cache
+    if hit is not None and hit[1] is bitmask and hit[0][0] == bitmask.data_ptr():
+        return hit[2]  # the same tensor object, same storage (a resize that reallocates moves it)
+    key = (bitmask.data_ptr(), bitmask.shape, bitmask.stride())
     if hit is not None and hit[0] == key:
         return hit[2]
     if bitmask.dim() != 2 or bitmask.shape[1] < words or bitmask.dtype != torch.int32:
