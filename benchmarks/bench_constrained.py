@@ -19,10 +19,8 @@ command, to benchmarks/results/constrained_cpu.json.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata as md
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -31,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 SCHEMAS: dict[str, dict] = {
     "person": {"type": "object", "properties": {
@@ -85,28 +85,6 @@ def stats_us(samples: list[float]) -> dict:
     a = np.asarray(samples) * 1e6
     return {"mean_us": round(float(a.mean()), 2), "p50_us": round(float(np.percentile(a, 50)), 2),
             "p99_us": round(float(np.percentile(a, 99)), 2), "n": int(a.size)}
-
-
-def machine_info() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-
-    def ver(p: str) -> str | None:
-        try:
-            return md.version(p)
-        except md.PackageNotFoundError:
-            return None
-
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "outlines_core": ver("outlines_core"), "xgrammar": ver("xgrammar"),
-            "transformers": ver("transformers"), "loadavg_start": os.getloadavg()}
 
 
 def unpack(words: np.ndarray, n: int) -> np.ndarray:
@@ -425,7 +403,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "constrained_cpu.json"))
     args = ap.parse_args()
     t0 = time.perf_counter()
-    info = machine_info()
+    info = machine_info(("torch", "outlines_core", "xgrammar", "transformers"))
     print(json.dumps({"machine": info}), flush=True)
     tok, eos_ids, vocab_size = bench_engine(args)
     bench_grammar_libs(tok, eos_ids, vocab_size, args)

@@ -19,13 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import shlex
 import sys
 import time
 
 import torch
+
+from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,23 +53,6 @@ WORDS = ("river mountain quiet engine paper garden silver window market storm la
          "velvet copper meadow signal orchard canyon thunder pocket whisper marble ribbon "
          "compass glacier kettle falcon tunnel saddle crystal bridge feather ladder island "
          "candle meadow voyage anchor prism cedar ember quartz tide maple blossom summit").split()
-
-
-def machine_info() -> dict:
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    import transformers
-
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def chat_ids(engine, user: str) -> list[int]:

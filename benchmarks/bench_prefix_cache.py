@@ -20,13 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import shlex
 import sys
 import time
 
 import torch
+
+from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,23 +87,6 @@ SUBJECTS = ["The national football team", "The finance minister", "A team of bio
 EVENTS = ["announced a surprising plan on Monday", "faced sharp criticism this week", "reported unexpected results",
           "celebrated a historic milestone", "was forced to change its strategy", "revealed new details today",
           "signed a long-awaited agreement", "set a new record after months of work"]
-
-
-def machine_info() -> dict:
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    import transformers
-
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def build_trace(engine, n: int, shots: int) -> tuple[list[int], list[list[int]]]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import signal
 import subprocess
@@ -29,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 
 from treadle.runtime.server.testing import ServerProcess, free_port
+
+from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 WORDS = ("river mountain lantern copper violin harbor meadow glacier orchard pepper falcon marble "
          "thunder velvet compass saffron willow canyon ember quartz tundra lagoon cedar prism").split()
@@ -123,13 +124,6 @@ def run_policy(policy: str, workers: list[str], items: list[tuple[int, str]], co
             "_outs": outs}
 
 
-def machine_info() -> dict:
-    import torch
-
-    return {"cpu": platform.processor() or "unknown", "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "torch": torch.__version__}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--groups", type=int, default=8)
@@ -172,7 +166,7 @@ def main() -> None:
                "throughput_ratio": round(ca["req_s"] / rr["req_s"], 3)}
     print(json.dumps(summary), flush=True)
     doc = {"benchmark": "router", "model": "SmolLM2-135M-Instruct (embedded GGUF), fp32, CPU",
-           "machine": machine_info(), "command": "nice .venv/bin/python " + " ".join(sys.argv),
+           "machine": machine_info(("torch",)), "command": "nice .venv/bin/python " + " ".join(sys.argv),
            "workload": {"groups": a.groups, "per_group": a.per_group, "concurrency": a.concurrency,
                         "max_new_tokens": a.max_new_tokens, "replicas": 2, "max_total_tokens_per_replica":
                         a.max_total_tokens, "order": f"shuffled, seed {a.seed}"},
