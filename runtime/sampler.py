@@ -8,7 +8,6 @@ from typing import Any, NamedTuple
 import torch
 
 from treadle.kernels import sampling as sk
-from treadle.kernels.bitmask import unpack_bitmask
 from treadle.runtime.forward_batch import to_device
 from treadle.runtime.request import Req
 
@@ -66,25 +65,8 @@ class Sampler:
                 w = int(mask[row, t // 32]) & ~(1 << (t % 32))
                 mask[row, t // 32] = w - (1 << 32) if w >= (1 << 31) else w
 
-    def greedy_under_masks(self, logits: torch.Tensor, masks: torch.Tensor, top_n: int = 0) -> SampleResult:
-        """The greedy sampler's choice for each row of ``logits: [m, vocab]`` under the host
-        int32 bitmask row of the same index (first argmax of the allowed logits; no allowed
-        token -> the first argmax of nothing, as the sampler). Logprobs are of the raw logits,
-        like :meth:`sample`. Used to verify jump-forward drafts: row i holds the logits after
-        the first i draft tokens."""
-        allowed = unpack_bitmask(masks.to(logits.device, non_blocking=True), logits.shape[1])
-        ids = logits.masked_fill(~allowed, float("-inf")).argmax(dim=-1)
-        lse = torch.logsumexp(logits, dim=-1)
-        logprobs = logits.gather(1, ids[:, None]).squeeze(1) - lse
-        top: list[list[tuple[float, int]] | None] = [None] * logits.shape[0]
-        if top_n > 0:
-            vals, idx = torch.log_softmax(logits, dim=-1).topk(top_n, dim=-1)
-            top = [list(zip(v, i)) for v, i in zip(vals.tolist(), idx.tolist())]
-        return SampleResult(ids.tolist(), logprobs.tolist(), top)
-
     def _penalty_counts(self, reqs: list[Req]) -> torch.Tensor | None:
-        if not any(r.params.frequency_penalty or r.params.presence_penalty or r.params.repetition_penalty != 1
-                   for r in reqs):
+        if not any(r.params.has_penalties for r in reqs):
             return None
         counts = torch.zeros(len(reqs), self.vocab_size, dtype=torch.int32)
         for i, r in enumerate(reqs):
@@ -93,18 +75,23 @@ class Sampler:
                 counts[i].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
         return counts.to(self.device, non_blocking=True)
 
-    def sample(self, logits: torch.Tensor, reqs: list[Req]) -> SampleResult:
+    def sample(self, logits: torch.Tensor, reqs: list[Req], masks: torch.Tensor | None = None) -> SampleResult:
         """logits: float32 [B, vocab] for `reqs` in order. Draws one token per request (does not
         change the requests). Row i's RNG stream is (seed, output position), so a seeded
-        request gets the same tokens whatever batch it runs in."""
-        return self.finish(self.launch(logits, reqs))
+        request gets the same tokens whatever batch it runs in. ``masks``: a host int32
+        bitmask [B, words] to use instead of the requests' grammar state (jump-forward
+        verification passes the mask at each draft position, one row per position)."""
+        return self.finish(self.launch(logits, reqs, masks))
 
-    def launch(self, logits: torch.Tensor, reqs: list[Req]) -> "PendingSample":
+    def launch(self, logits: torch.Tensor, reqs: list[Req], masks: torch.Tensor | None = None) -> "PendingSample":
         """:meth:`sample` without waiting for the device: the tokens stay a device tensor
         (the overlap scheduler feeds them to the next forward) until :meth:`finish`."""
         dev = self.device
         ps = [r.params for r in reqs]
-        bitmask, mask_rows = self._bitmask(reqs)
+        if masks is None:
+            bitmask, mask_rows = self._bitmask(reqs)
+        else:
+            bitmask, mask_rows = masks.to(dev, non_blocking=True), None
         counts = self._penalty_counts(reqs)
         if bitmask is None and counts is None and all(p.is_greedy for p in ps):
             # all-greedy and unconstrained: an argmax is all there is to do (one read of the logits)

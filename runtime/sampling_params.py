@@ -135,6 +135,10 @@ class SamplingParams:
         return self.temperature == 0 or self.top_k == 1
 
     @property
+    def has_penalties(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1)
+
+    @property
     def has_grammar(self) -> bool:
         return self.regex is not None or self.json_schema is not None or self.choices is not None
 

@@ -300,6 +300,13 @@ class Scheduler:
         assert slots is not None, f"out of KV slots: need {n}, have {self.allocator.available_size()}"
         return slots
 
+    def _truncate_kv(self, req: Req, length: int) -> None:
+        """Free the request's KV slots from position ``length`` on (a no-op when it has no
+        more): tokens rolled back, a rejected draft, a step computed for nothing."""
+        if req.kv_len > length:
+            self.allocator.free(self.req_to_token[req.req_pool_idx, length: req.kv_len].long().cpu())
+            req.kv_len = length
+
     def _cache_unfinished(self, req: Req) -> None:
         """After a prefill chunk: put the computed tokens into the tree and lock them, so other
         requests can share them and this request's slots are tree-owned."""
@@ -325,9 +332,7 @@ class Scheduler:
         if row is None:
             return
         req.draft, req.draft_masks = [], None  # never computed (drafts are verified in their extend)
-        if req.kv_len > req.seq_len:  # finished inside a verified draft: drop the KV after it
-            self.allocator.free(self.req_to_token[row, req.seq_len: req.kv_len].long().cpu())
-            req.kv_len = req.seq_len
+        self._truncate_kv(req, req.seq_len)  # finished inside a verified draft: drop the KV after it
         kv = self.req_to_token[row, : req.kv_len].long().cpu()
         if self.tree.disable:
             self.allocator.free(kv[req.prefix_len:])
@@ -424,10 +429,9 @@ class Scheduler:
         self.inflight = None
         logits = self._launch_decode(reqs, pending.token_ids)
         self.stats["overlap_steps"] += 1
-        res = self.sampler.finish(pending)
+        self._process_sampled(reqs, self.sampler.finish(pending))
         keep: list[int] = []
         for i, r in enumerate(reqs):
-            self._process_token(r, res.token_ids[i], res.logprobs[i], res.top_logprobs[i])
             if r.finished is not None:
                 continue  # released: the token computed in step N+1 went into the tree with it
             if r.num_pending == 0:
@@ -435,10 +439,7 @@ class Scheduler:
                 continue
             # it jumped: step N+1 computed its last token for nothing, drop that KV (a draft
             # recomputes it with the draft so the draft can be verified from its logits)
-            last = r.seq_len - len(r.draft) - 1
-            if r.kv_len > last:
-                self.allocator.free(self.req_to_token[r.req_pool_idx, last: r.kv_len].long().cpu())
-                r.kv_len = last
+            self._truncate_kv(r, r.seq_len - len(r.draft) - 1)
         self.running = [r for r in self.running if r.finished is None]
         if keep:
             cont = [reqs[i] for i in keep]
@@ -451,9 +452,7 @@ class Scheduler:
             return
         reqs, pending = self.inflight
         self.inflight = None
-        res = self.sampler.finish(pending)
-        for i, r in enumerate(reqs):
-            self._process_token(r, res.token_ids[i], res.logprobs[i], res.top_logprobs[i])
+        self._process_sampled(reqs, self.sampler.finish(pending))
         self.running = [r for r in self.running if r.finished is None]
 
     def _run_extend(self, plan: list[tuple[Req, int]]) -> list[Req]:
@@ -529,7 +528,9 @@ class Scheduler:
     # ================================================================== after sampling
 
     def _sample_and_process(self, logits: torch.Tensor, reqs: list[Req]) -> None:
-        res = self.sampler.sample(logits, reqs)
+        self._process_sampled(reqs, self.sampler.sample(logits, reqs))
+
+    def _process_sampled(self, reqs: list[Req], res) -> None:
         for i, req in enumerate(reqs):
             self._process_token(req, res.token_ids[i], res.logprobs[i], res.top_logprobs[i])
 
@@ -590,8 +591,7 @@ class Scheduler:
     def _verifies_jumps(req: Req) -> bool:
         """Greedy requests without penalties take verified jumps (their output is then the
         same as without jump-forward); the others take the canonical re-tokenized jump."""
-        p = req.params
-        return p.is_greedy and not (p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1)
+        return req.params.is_greedy and not req.params.has_penalties
 
     def _propose_draft(self, req: Req) -> None:
         """Verified jump-forward, step 1: propose the grammar's forced text as draft tokens
@@ -639,14 +639,13 @@ class Scheduler:
         draft, masks = req.draft, req.draft_masks
         req.draft, req.draft_masks = [], None
         k = len(draft)
-        res = self.sampler.greedy_under_masks(logits, masks, req.top_logprobs_num if req.return_logprob else 0)
+        # the sampler itself, on the draft positions' masks: its choices are by construction
+        # the ones decoding one token at a time would make
+        res = self.sampler.sample(logits, [req] * (k + 1), masks)
         a = 0
         while a < k and res.token_ids[a] == draft[a]:
             a += 1
-        keep = req.kv_len - k + a  # KV of the last sampled token and the accepted draft
-        if keep < req.kv_len:
-            self.allocator.free(self.req_to_token[req.req_pool_idx, keep: req.kv_len].long().cpu())
-            req.kv_len = keep
+        self._truncate_kv(req, req.kv_len - k + a)  # keep the last sampled token and the accepted draft
         req.num_jump_tokens += a
         self.stats["jump_tokens"] += a
         for j in range(a + 1):
@@ -690,9 +689,7 @@ class Scheduler:
             if req.return_logprob:
                 del req.output_logprobs[len(req.output_ids):]
                 del req.output_top_logprobs[len(req.output_ids):]
-            if req.kv_len > req.seq_len:  # rolled-back tokens had KV: return their slots
-                self.allocator.free(self.req_to_token[req.req_pool_idx, req.seq_len: req.kv_len].long().cpu())
-                req.kv_len = req.seq_len
+            self._truncate_kv(req, req.seq_len)  # rolled-back tokens had KV: return their slots
         req.output_ids.extend(new_ids)
         if req.return_logprob:  # forced tokens were not sampled: probability 1 under the grammar
             req.output_logprobs.extend([0.0] * len(new_ids))
