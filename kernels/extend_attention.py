@@ -260,11 +260,8 @@ def extend_attention_ref(
     small = [r for r in reqs if r[2] <= _BATCHED_EXT] if q.device.type == "cpu" else []
     if len(small) > 1:
         _extend_padded(q, k_buffer, v_buffer, o, req_to_token, small, group, sm_scale)
-    else:
-        small = []
+        reqs = [r for r in reqs if r[2] > _BATCHED_EXT]
     for row, prefix, ext, start in reqs:
-        if small and ext <= _BATCHED_EXT:
-            continue
         seq = prefix + ext
         slots = req_to_token[row, :seq].long()
         k = k_buffer.index_select(0, slots).transpose(0, 1)  # [Hk, seq, D] (index_select: fast on CPU)

@@ -60,24 +60,26 @@ class ForwardBatch:
             acc += n
         seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
         on_device = isinstance(input_ids, torch.Tensor)
-        fields = [[] if on_device else input_ids, positions, out_cache_loc.tolist(), req_pool_indices,
-                  seq_lens, prefix_lens, extend_lens, starts, logits_indices]
-        packed = to_device([x for f in fields for x in f], device)
-        views, off = [], 0
-        for f in fields:
-            views.append(packed[off: off + len(f)])
-            off += len(f)
-        ids = input_ids.to(device=device, dtype=torch.int64) if on_device else views[0]
-        return cls(mode=mode, input_ids=ids, positions=views[1], out_cache_loc=views[2],
-                   req_pool_indices=views[3], seq_lens=views[4], prefix_lens=views[5], extend_lens=views[6],
-                   extend_start_loc=views[7], logits_indices=views[8],
+        head = positions if on_device else list(input_ids) + positions
+        tail = list(req_pool_indices) + seq_lens + list(prefix_lens) + list(extend_lens) + starts + list(logits_indices)
+        host = torch.cat((torch.tensor(head, dtype=torch.int64), out_cache_loc.to(device="cpu", dtype=torch.int64),
+                          torch.tensor(tail, dtype=torch.int64)))
+        sizes = ([] if on_device else [len(input_ids)]) + [len(positions), len(out_cache_loc)] + [len(extend_lens)] * 5 \
+            + [len(logits_indices)]
+        views = list(to_device(host, device).split(sizes))
+        ids = input_ids.to(device=device, dtype=torch.int64) if on_device else views.pop(0)
+        pos, loc, rows, seq, prefix, ext, start, logit_rows = views
+        return cls(mode=mode, input_ids=ids, positions=pos, out_cache_loc=loc, req_pool_indices=rows,
+                   seq_lens=seq, prefix_lens=prefix, extend_lens=ext, extend_start_loc=start,
+                   logits_indices=logit_rows,
                    seq_lens_cpu=seq_lens, extend_lens_cpu=list(extend_lens))
 
 
-def to_device(values: list, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    """A host list as a tensor on ``device``. On CUDA the copy is staged in pinned memory and
-    does not block the host (a copy from pageable memory waits for the GPU's queued work)."""
-    t = torch.tensor(values, dtype=dtype)
+def to_device(values: list | torch.Tensor, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Host values (a list, or a CPU tensor) as a tensor on ``device``. On CUDA the copy is
+    staged in pinned memory and does not block the host (a copy from pageable memory waits
+    for the GPU's queued work)."""
+    t = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
