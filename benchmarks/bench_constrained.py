@@ -219,31 +219,26 @@ def bench_grammar_libs(tok, eos_ids: list[int], vocab_size: int, args) -> None:
           "tokens": total, "how": "random walks over tokens allowed by all three libraries; EOS taken w.p. 0.35 in final states"})
 
     # ---------------------------------------------------------------- timed walks
-    def walk_treadle(grammars) -> list[float]:
+    def walk_matchers(make_matcher, buf) -> list[float]:
+        """fill + accept per token along every path (treadle's and xgrammar's matchers share
+        the xgrammar-style API); ``make_matcher(name)`` starts a path."""
         out = []
         pc = time.perf_counter
         for name, ps in paths.items():
             for path in ps:
-                m = GrammarMatcher(grammars[name])
+                m = make_matcher(name)
                 for t in path:
                     s = pc()
-                    m.fill_next_token_bitmask(bm, 0)
+                    m.fill_next_token_bitmask(buf, 0)
                     m.accept_token(t)
                     out.append(pc() - s)
         return out
 
+    def walk_treadle(grammars) -> list[float]:
+        return walk_matchers(lambda name: GrammarMatcher(grammars[name]), bm)
+
     def walk_xgrammar() -> list[float]:
-        out = []
-        pc = time.perf_counter
-        for name, ps in paths.items():
-            for path in ps:
-                m = xgr.GrammarMatcher(xg[name])
-                for t in path:
-                    s = pc()
-                    m.fill_next_token_bitmask(xbm, 0)
-                    m.accept_token(t)
-                    out.append(pc() - s)
-        return out
+        return walk_matchers(lambda name: xgr.GrammarMatcher(xg[name]), xbm)
 
     def walk_outlines() -> list[float]:
         out = []

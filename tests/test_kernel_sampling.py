@@ -25,6 +25,8 @@ from treadle.kernels.sampling import (
     processed_logits_ref,
 )
 
+from sampling_checks import in_kept_set  # noqa: E402  (tests/sampling_checks.py)
+
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
     reason="needs CUDA or TRITON_INTERPRET=1",
@@ -110,28 +112,6 @@ def _scaled(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, t
     return x, s
 
 
-def _in_kept_set(s: torch.Tensor, tok: torch.Tensor, batch: SamplingBatch, rtol: float) -> torch.Tensor:
-    """bool [B]: token inside the exact kept set of its row (kept_threshold_ref), or outside it
-    only by a top-p boundary that fp32 summation order legitimately decides either way: the
-    token's strictly-greater mass within ``rtol * Z`` of ``top_p * Z``. The kernel sums the
-    masses in its own lane order (and, compiled, with an approximate exp), the reference in
-    sorted order, so a token sitting exactly on the boundary may be kept by one only."""
-    tau = kept_threshold_ref(s, batch.top_ks, batch.top_ps, batch.min_ps)
-    st = s.gather(1, tok[:, None]).squeeze(1)
-    inside = st >= tau
-    sd = s.double()
-    B, V = s.shape
-    kth = sd.sort(-1, descending=True).values.gather(1, (batch.top_ks.clamp(1, V) - 1).long()[:, None])
-    use_k = ((batch.top_ks > 0) & (batch.top_ks < V))[:, None]
-    base = torch.where(use_k, kth.clamp_min(-40.0), torch.full_like(kth, -40.0))
-    z = torch.where(sd >= base, sd.exp(), 0.0).sum(-1)
-    above = torch.where(sd > st.double()[:, None], sd.exp(), 0.0).sum(-1)
-    edge = (above - batch.top_ps.double() * z).abs() <= rtol * z
-    # only top-p may be undecided: the token must pass every other filter exactly
-    others = kept_threshold_ref(s, batch.top_ks, torch.ones_like(batch.top_ps), batch.min_ps)
-    return inside | (edge & (st >= others) & (st >= -40.0))
-
-
 @pytest.mark.parametrize("V", [1000, 1030])
 @pytest.mark.parametrize("mask,pen", [(False, False), (True, False), (True, True), (False, True)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -144,9 +124,9 @@ def test_fused_sample_kept_set_and_greedy_exact(V: int, mask: bool, pen: bool, d
     # greedy row 0: exactly the argmax of the masked + penalised logits
     assert tok[0].item() == x[0].argmax().item()
     # every token is allowed; sampled ones are inside the exact kept set (top-p boundary
-    # disagreements only within fp32 summation error, see _in_kept_set)
+    # disagreements only within fp32 summation error, see in_kept_set)
     assert torch.isfinite(x.gather(1, tok[:, None])).all()
-    assert _in_kept_set(s, tok, batch, 1e-5)[1:].all()
+    assert in_kept_set(s, tok, batch, 1e-5)[1:].all()
     # the top-k search ran exactly on the top-k rows; rows without top-p need at most one
     # draw pass after pass 1 (their draw region lies inside the kept set)
     use_k = (batch.top_ks > 0) & (batch.top_ks < V)
@@ -173,7 +153,7 @@ def test_rejection_rounds_and_round_budget() -> None:
     batch = make_sampling_batch(B, DEV, temperatures=2.0, top_ps=top_ps, top_ks=top_ks, seeds=list(range(B)), steps=1)
     tok, _, rounds, search = _fused_sample_launch(logits, batch)
     x, s = _scaled(logits, batch)
-    assert _in_kept_set(s, tok, batch, 1e-5).all()
+    assert in_kept_set(s, tok, batch, 1e-5).all()
     assert int(rounds[:8].max()) >= 3  # several rejections in a row happened
     assert (rounds[16:24] == 1).any() and (rounds[16:24] <= 1).all() and (search[16:24] > 0).all()
     assert (rounds[24:] == 0).all() and (search[24:] == 0).all()  # pass 1's draw is the token

@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sampling_checks import in_kept_set  # tests/sampling_checks.py
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 V = 128256
@@ -15,26 +17,6 @@ def _bitmask(B: int, density: float, seed: int) -> torch.Tensor:
     bits[:, 0] = 1
     words = (bits.view(B, -1, 32) << torch.arange(32, device="cuda")).sum(-1)
     return torch.where(words < 2**31, words, words - 2**32).int()
-
-
-def _in_kept_set(s: torch.Tensor, tok: torch.Tensor, batch, rtol: float) -> torch.Tensor:
-    """bool [B]: token inside the exact kept set (kept_threshold_ref), or outside it only by a
-    top-p boundary within ``rtol * Z`` (fp32 summation order and the kernel's approximate exp
-    legitimately decide such a token either way; see the CPU test's twin)."""
-    from treadle.kernels.sampling import kept_threshold_ref
-
-    tau = kept_threshold_ref(s, batch.top_ks, batch.top_ps, batch.min_ps)
-    st = s.gather(1, tok[:, None]).squeeze(1)
-    sd = s.double()
-    B, V = s.shape
-    kth = sd.sort(-1, descending=True).values.gather(1, (batch.top_ks.clamp(1, V) - 1).long()[:, None])
-    use_k = ((batch.top_ks > 0) & (batch.top_ks < V))[:, None]
-    base = torch.where(use_k, kth.clamp_min(-40.0), torch.full_like(kth, -40.0))
-    z = torch.where(sd >= base, sd.exp(), 0.0).sum(-1)
-    above = torch.where(sd > st.double()[:, None], sd.exp(), 0.0).sum(-1)
-    edge = (above - batch.top_ps.double() * z).abs() <= rtol * z
-    others = kept_threshold_ref(s, batch.top_ks, torch.ones_like(batch.top_ps), batch.min_ps)
-    return (st >= tau) | (edge & (st >= others) & (st >= -40.0))
 
 
 @pytest.mark.parametrize("B", [64, 256])
@@ -63,7 +45,7 @@ def test_fused_sample_real_shapes(B: int, dtype: torch.dtype) -> None:
     s = (x - x.max(-1, keepdim=True).values) * (1.0 / batch.temperatures.clamp_min(1e-6))[:, None]
     sampled = ~greedy
     assert torch.isfinite(x.gather(1, tok[:, None])).all()
-    assert _in_kept_set(s, tok, batch, 1e-4)[sampled].all()
+    assert in_kept_set(s, tok, batch, 1e-4)[sampled].all()
     use_k = sampled & (batch.top_ks > 0) & (batch.top_ks < V)
     assert ((search > 0) == use_k).all() and int(search.max()) < 40
     assert int(rounds.max()) < 16 and (rounds[batch.top_ps >= 1] <= 1).all()
@@ -87,7 +69,7 @@ def test_fused_sample_benchmark_config_rounds() -> None:
     tok, _, rounds, search = _fused_sample_launch(logits, batch)
     x = processed_logits_ref(logits, batch)
     s = (x - x.max(-1, keepdim=True).values) / 0.8
-    assert _in_kept_set(s, tok, batch, 1e-4).all()
+    assert in_kept_set(s, tok, batch, 1e-4).all()
     assert int(search.max()) == 0
     assert 1.0 <= rounds.float().mean().item() < 1.3 and int(rounds.max()) <= 6
 
