@@ -13,6 +13,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from treadle.runtime.models import ops
+
 
 class ParallelContext(NamedTuple):
     rank: int = 0
@@ -68,7 +70,7 @@ class ColumnParallelLinear(nn.Module):
         param.data.narrow(0, offset, size).copy_(piece)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return ops.linear(x, self.weight, self.bias)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -124,7 +126,7 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(1, self.ctx.rank * self.local_in, self.local_in))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(F.linear(x, self.weight), self.ctx)
+        y = all_reduce(ops.linear(x, self.weight), self.ctx)
         return y + self.bias if self.bias is not None else y
 
 
@@ -158,7 +160,8 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Output projection over the vocabulary split; ranks' logit slices are all-gathered."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)  # [N, local_vocab]
+        # fp32 straight from a GEMV (no cast pass); otherwise the caller's .float() casts
+        logits = ops.linear(hidden, self.weight, out_dtype=torch.float32 if self.ctx.size == 1 else None)
         if self.ctx.size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.ctx.size)]
             dist.all_gather(parts, logits, group=self.ctx.group)

@@ -1,0 +1,152 @@
+"""Skinny matmul for decoding a few tokens: ``y = x @ w.T (+ bias)`` with ``x: [M, K]``,
+``M <= MAX_M`` and ``w: [N, K]`` (an ``nn.Linear`` weight).
+
+At batch 1 a decode step is one pass over the weights, so its speed is the speed at which a
+matmul streams ``w`` from memory. Each program here owns ``BLOCK_N`` whole rows of ``w``
+and walks them along K in ``BLOCK_K`` chunks, keeping a ``[BLOCK_N, BLOCK_K]`` fp32 partial
+product per token in registers and reducing it once at the end: no split-K pass, no
+second launch, and the weight is loaded exactly once with an evict-first hint (it will not
+be reused before the next step). ``x`` is tiny and stays in cache.
+
+``gemv_ref`` is ``torch.nn.functional.linear`` in fp32, rounded to the output dtype.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["gemv", "gemv_ref", "MAX_M", "pick_config"]
+
+MAX_M = 4
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    N, K,
+    stride_xm, stride_wn, stride_ym,
+    M: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # grid: (cdiv(N, BLOCK_N),); one program = BLOCK_N output features for all M tokens.
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + cols[None, :]
+    acc0 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN:
+            w = tl.load(w_ptrs, eviction_policy="evict_first").to(tl.float32)
+            x0 = tl.load(x_ptr + k0 + cols).to(tl.float32)
+        else:
+            kmask = k0 + cols < K
+            w = tl.load(w_ptrs, mask=(rows < N)[:, None] & kmask[None, :], other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)
+            x0 = tl.load(x_ptr + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
+        acc0 += w * x0[None, :]
+        if M > 1:
+            if EVEN:
+                x1 = tl.load(x_ptr + stride_xm + k0 + cols).to(tl.float32)
+            else:
+                x1 = tl.load(x_ptr + stride_xm + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
+            acc1 += w * x1[None, :]
+        if M > 2:
+            if EVEN:
+                x2 = tl.load(x_ptr + 2 * stride_xm + k0 + cols).to(tl.float32)
+            else:
+                x2 = tl.load(x_ptr + 2 * stride_xm + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
+            acc2 += w * x2[None, :]
+        if M > 3:
+            if EVEN:
+                x3 = tl.load(x_ptr + 3 * stride_xm + k0 + cols).to(tl.float32)
+            else:
+                x3 = tl.load(x_ptr + 3 * stride_xm + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
+            acc3 += w * x3[None, :]
+        w_ptrs += BLOCK_K
+    rmask = rows < N
+    bias = tl.zeros([BLOCK_N], tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+    out_ty = y_ptr.dtype.element_ty
+    tl.store(y_ptr + rows, (tl.sum(acc0, axis=1) + bias).to(out_ty), mask=rmask)
+    if M > 1:
+        tl.store(y_ptr + stride_ym + rows, (tl.sum(acc1, axis=1) + bias).to(out_ty), mask=rmask)
+    if M > 2:
+        tl.store(y_ptr + 2 * stride_ym + rows, (tl.sum(acc2, axis=1) + bias).to(out_ty), mask=rmask)
+    if M > 3:
+        tl.store(y_ptr + 3 * stride_ym + rows, (tl.sum(acc3, axis=1) + bias).to(out_ty), mask=rmask)
+
+
+def pick_config(m: int, n: int, k: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) for an [m, k] x [n, k]^T product.
+
+    m == 1: 4 rows x 1 KB-wide chunks on 2 warps, the best or within 3% of the best config of
+    an H200 sweep on every llama3-8b shape (benchmarks/bench_gemv.py: 3.4-4.4 TB/s, against
+    cuBLAS's 2.6-4.1). More rows of x multiply the fp32 partial sums held per thread, so
+    m > 1 takes narrower tiles on more threads."""
+    block_k = min(1024 if m == 1 else 512, triton.next_power_of_2(k))
+    if m == 1:
+        return 4, block_k, 2, 1
+    return 2, block_k, 4, 1
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype | None) -> None:
+    for name, t in (("x", x), ("w", w)) + ((("bias", bias),) if bias is not None else ()):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor")
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"{name} must be fp32/fp16/bf16, got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"need x [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
+    if not 1 <= x.shape[0] <= MAX_M:
+        raise ValueError(f"gemv handles 1..{MAX_M} rows of x, got {x.shape[0]}")
+    if x.stride(1) != 1 or not w.is_contiguous():
+        raise ValueError("x must have a unit last stride and w must be contiguous")
+    if w.dtype != x.dtype:
+        raise ValueError(f"w ({w.dtype}) must have x's dtype ({x.dtype})")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != w.shape[0]):
+        raise ValueError(f"bias must be [N={w.shape[0]}], got {tuple(bias.shape)}")
+    if out_dtype is not None and out_dtype not in _DTYPES:
+        raise ValueError(f"out_dtype must be fp32/fp16/bf16, got {out_dtype}")
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
+         out_dtype: torch.dtype | None = None, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """``x [M<=4, K] @ w[N, K].T (+ bias)`` -> ``[M, N]`` in ``out_dtype`` (default x's)."""
+    _check(x, w, bias, out_dtype)
+    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"x must be on a CUDA device (got {x.device}); use gemv_ref on CPU")
+    m, k = x.shape
+    n = w.shape[0]
+    y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    if n == 0:
+        return y
+    if k == 0:
+        return y.copy_(bias.expand(m, n) if bias is not None else torch.zeros_like(y))
+    block_n, block_k, warps, stages = config or pick_config(m, n, k)
+    even = n % block_n == 0 and k % block_k == 0
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, w, bias if bias is not None else w, y,
+        n, k, x.stride(0), w.stride(0), y.stride(0),
+        M=m, HAS_BIAS=bias is not None, EVEN=even, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=warps, num_stages=stages,
+    )
+    return y
+
+
+def gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
+             out_dtype: torch.dtype | None = None, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """Pure-torch reference with the same signature: fp32 math, rounded once."""
+    _check(x, w, bias, out_dtype)
+    y = x.float() @ w.float().T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype or x.dtype)
