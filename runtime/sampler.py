@@ -114,28 +114,43 @@ class Sampler:
             fn = sk.fused_sample if logits.is_cuda else sk.fused_sample_ref
             ids, logprobs = fn(logits, batch)
         want = [i for i, r in enumerate(reqs) if r.return_logprob and r.top_logprobs_num > 0]
-        top = None
+        results = [ids, logprobs]
         if want:
             k = max(reqs[i].top_logprobs_num for i in want)
             top = torch.log_softmax(logits[want], dim=-1).topk(k, dim=-1)
-        return PendingSample(ids, logprobs, top, want, [r.top_logprobs_num for r in reqs])
+            results += [top.values, top.indices]
+        done = None
+        if logits.is_cuda:
+            # Start the copies to the host now, right behind the sampling kernel: a copy issued
+            # at finish() would queue behind whatever the stream got meanwhile (the overlap
+            # scheduler's next forward) and wait for all of it.
+            host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in results]
+            for h, t in zip(host, results):
+                h.copy_(t, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            results = host
+        return PendingSample(ids, results, done, want, [r.top_logprobs_num for r in reqs])
 
     @staticmethod
     def finish(p: "PendingSample") -> SampleResult:
-        """Wait for a launched sample and bring it to the host."""
+        """Wait for a launched sample's copies and read them on the host."""
+        if p.done is not None:
+            p.done.synchronize()
+        ids, logprobs, *top_t = (t.tolist() for t in p.host)
         top: list[list[tuple[float, int]] | None] = [None] * len(p.top_n)
         if p.want:
-            vals, idx = p.top.values.tolist(), p.top.indices.tolist()
+            vals, idx = top_t
             for j, i in enumerate(p.want):
                 n = p.top_n[i]
                 top[i] = list(zip(vals[j][:n], idx[j][:n]))
-        return SampleResult(p.token_ids.tolist(), p.logprobs.tolist(), top)
+        return SampleResult(ids, logprobs, top)
 
 
 class PendingSample(NamedTuple):
-    token_ids: torch.Tensor  # int64 [B] on the device
-    logprobs: torch.Tensor  # f32 [B]
-    top: Any  # torch.return_types.topk of the rows in `want`, or None
+    token_ids: torch.Tensor  # int64 [B] on the device (the overlap scheduler's next input)
+    host: list[torch.Tensor]  # ids, logprobs[, top values, top indices]: host copies on CUDA
+    done: Any  # torch.cuda.Event recorded after the copies (None on CPU)
     want: list[int]  # rows that asked for top logprobs
     top_n: list[int]  # per row: how many top logprobs
 
