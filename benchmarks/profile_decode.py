@@ -27,6 +27,8 @@ def main() -> None:
     p.add_argument("--overlap-schedule", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--top", type=int, default=18)
     p.add_argument("--host-profile", action="store_true", help="also cProfile the scheduler's step() (host time)")
+    p.add_argument("--gaps", action="store_true",
+                   help="also list where the GPU sits idle between kernels, with the host calls made meanwhile")
     args = p.parse_args()
     from treadle.runtime.engine import Engine
 
@@ -71,6 +73,10 @@ def main() -> None:
                           "cuda_graph": args.cuda_graph, "overlap": args.overlap_schedule}), flush=True)
         for t, k, n in rows[: args.top]:
             print(f"   {t:9.1f} us/step  {100 * t / busy:5.1f}%  {k[:110]}")
+        if args.gaps:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                run(args.steps + 1)
+            print_gaps(prof, args.top)
         if args.host_profile:
             import cProfile
             import io
@@ -93,6 +99,34 @@ def main() -> None:
             pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.top)
             print(buf.getvalue())
     engine.shutdown()
+
+
+def print_gaps(prof, top: int) -> None:
+    """GPU idle time between consecutive kernels, the biggest gaps, and the host calls in them."""
+    events = list(prof.profiler.kineto_results.events())
+    gpu = sorted((e.start_ns(), e.start_ns() + e.duration_ns(), e.name()) for e in events
+                 if e.device_type() == torch.autograd.DeviceType.CUDA and e.duration_ns() > 0)
+    host = sorted((e.start_ns(), e.start_ns() + e.duration_ns(), e.name()) for e in events
+                  if e.device_type() == torch.autograd.DeviceType.CPU)
+    gaps = []
+    for (s0, e0, n0), (s1, _, n1) in zip(gpu, gpu[1:]):
+        if s1 - e0 > 3000:
+            gaps.append((s1 - e0, e0, s1, n0, n1))
+    span = (gpu[-1][1] - gpu[0][0]) if gpu else 0
+    busy = sum(e - s for s, e, _ in gpu)
+    print(json.dumps({"gaps_over_3us": len(gaps), "gap_ms_total": round(sum(g[0] for g in gaps) / 1e6, 3),
+                      "gpu_span_ms": round(span / 1e6, 3), "gpu_busy_ms": round(busy / 1e6, 3)}), flush=True)
+    by_pair: dict = {}
+    for g, _, _, n0, n1 in gaps:
+        key = (n0[:50], n1[:50])
+        c = by_pair.setdefault(key, [0, 0])
+        c[0] += 1
+        c[1] += g
+    for (n0, n1), (c, g) in sorted(by_pair.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"   {g / 1e3:9.1f} us in {c:4d} gaps  after {n0}  before {n1}")
+    for g, s, e, n0, n1 in sorted(gaps, reverse=True)[:5]:
+        calls = [n for hs, he, n in host if hs < e and he > s - 20000]
+        print(f"   gap {g / 1e3:.1f} us after {n0[:40]} before {n1[:40]}; host: {', '.join(dict.fromkeys(calls))[:600]}")
 
 
 if __name__ == "__main__":

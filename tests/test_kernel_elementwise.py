@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (conftest does the same)
-
 import pytest
 import torch
 
