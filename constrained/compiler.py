@@ -120,7 +120,9 @@ class GrammarCompiler:
 
     ``vocab_size`` is the model's logits width (may exceed len(tokenizer); the extra ids
     are never allowed). ``max_workers`` compile processes run at most that many builds at
-    once. Thread-safe.
+    once. ``whitespace_pattern`` and ``json_schema_mode`` ("strict": declared members only;
+    "spec": all that JSON Schema admits) shape every JSON schema this compiler translates,
+    so they are fixed per compiler (the cache is keyed by spec alone). Thread-safe.
     """
 
     def __init__(
@@ -134,12 +136,15 @@ class GrammarCompiler:
         memory_limit_bytes: int | None = 4 << 30,
         whitespace_pattern: str | None = None,
         cache_size: int = 512,
+        json_schema_mode: str = "strict",
     ) -> None:
         if vocab_size <= 0 or max_workers < 1 or timeout_s <= 0 or cache_size < 1:
             raise ValueError(
                 "need vocab_size > 0, max_workers >= 1, timeout_s > 0 and cache_size >= 1 "
                 f"(got {vocab_size}, {max_workers}, {timeout_s}, {cache_size})"
             )
+        if json_schema_mode not in ("strict", "spec"):
+            raise ValueError(f"json_schema_mode must be 'strict' or 'spec', got {json_schema_mode!r}")
         self._vocab, self._table = build_vocabulary(tokenizer, list(eos_token_ids))
         self._eos = tuple(int(e) for e in eos_token_ids)
         self._vocab_size = int(vocab_size)
@@ -147,6 +152,7 @@ class GrammarCompiler:
         self._timeout_s = float(timeout_s)
         self._memory_limit = memory_limit_bytes
         self._whitespace_pattern = whitespace_pattern
+        self._json_schema_mode = json_schema_mode
         self._cache_size = cache_size
         self._cache: OrderedDict[GrammarSpec, Future[CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
@@ -182,7 +188,7 @@ class GrammarCompiler:
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         try:
-            regex = spec.to_regex(self._whitespace_pattern)
+            regex = spec.to_regex(self._whitespace_pattern, self._json_schema_mode)
         except ValueError as e:
             _settle(fut, exc=e)
             return fut

@@ -68,11 +68,12 @@ class GrammarSpec:
             raise ValueError(f"json_schema must be an object or a boolean, got {type(schema).__name__}")
         return GrammarSpec("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
 
-    def to_regex(self, whitespace_pattern: str | None = None) -> str:
+    def to_regex(self, whitespace_pattern: str | None = None, json_schema_mode: str = "strict") -> str:
         """Translate the spec to the regex the token FSM is built from.
 
-        Raises ``ValueError`` (``UnsupportedSchemaError`` for schemas) on anything the
-        regex backend cannot represent faithfully.
+        ``json_schema_mode`` ("strict" or "spec") applies to JSON schemas only; see
+        ``json_schema_to_regex``. Raises ``ValueError`` (``UnsupportedSchemaError`` for
+        schemas) on anything the regex backend cannot represent faithfully.
         """
         # Imported lazily: json_schema.py is a sibling owned separately and pulls more in.
         from treadle.constrained.json_schema import choices_to_regex, json_schema_to_regex, validate_regex
@@ -83,7 +84,9 @@ class GrammarSpec:
         if self.kind == "choices":
             return choices_to_regex(json.loads(self.value))
         if self.kind == "json_schema":
-            return json_schema_to_regex(json.loads(self.value), whitespace_pattern=whitespace_pattern)
+            return json_schema_to_regex(
+                json.loads(self.value), whitespace_pattern=whitespace_pattern, mode=json_schema_mode
+            )
         raise ValueError(f"unknown grammar kind {self.kind!r}")
 
 

@@ -1,18 +1,28 @@
 """JSON Schema -> regex, sound by construction.
 
-Every string the returned regex matches is a JSON text valid under the schema (the regex
-may accept fewer texts than the schema allows: compact separators, declared properties
-only, schema key order, bounded sizes and nesting, enforced formats). A keyword treadle
-cannot enforce raises ``UnsupportedSchemaError`` naming it and its JSON path; nothing is
-silently ignored.
+Every string the returned regex matches is a JSON text valid under the schema. The regex
+may accept fewer texts than the schema allows, and how many fewer is the ``mode``:
+
+- ``"strict"`` (the default, like xgrammar's strict mode or OpenAI's strict outputs): a
+  model should not invent keys, so objects hold their declared properties only, arrays
+  after ``prefixItems`` only as many free items as ``minItems`` needs, supported formats
+  are enforced and integers are written as plain digits;
+- ``"spec"``: what JSON Schema 2020-12 admits, as far as a regex can say it: extra
+  members and trailing items that additionalProperties / items / unevaluated* allow,
+  ``format`` as an annotation, integers with a zero fraction ("1.0"), deeper any-values.
+
+Both keep compact separators, schema key order (extra members come after the declared
+ones), and bounded sizes and nesting. A keyword treadle cannot enforce raises
+``UnsupportedSchemaError`` naming it and its JSON path; nothing is silently ignored.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 import interegular
 import jsonschema
@@ -31,6 +41,7 @@ from treadle.constrained.json_schema_parts import (
     Merger,
     UnsupportedSchemaError,
     array_regex,
+    check_metaschemas,
     object_regex,
     schema_types,
 )
@@ -50,6 +61,15 @@ GENERIC_DEPTH = 2  # nesting of arrays/objects inside a `true` (any value) schem
 # (1: arrays/objects of scalars), which keeps such a regex small (a depth-2 any-value
 # regex is ~15k chars and its token index takes seconds). Deeper values are not produced.
 OTHER_TYPES_DEPTH = 1
+# The spec mode goes one level deeper (the suite's arrays of nested objects need 3). Its
+# containers list their members as (?:(?:V,)*V)? rather than V(?:,V)*: the two copies of V
+# then run in lock-step, so the DFA (outlines-core and interegular alike, neither
+# minimizes) grows ~2x per level instead of ~4x (depth 3: ~1.2k states instead of ~6.8k).
+SPEC_GENERIC_DEPTH = 3
+MODES = ("strict", "spec")
+# spec mode: anyOf beside unevaluated* also generates the conjunctions of 2+ branches (a
+# property evaluated by a second matching branch is then evaluated), up to this many branches.
+ANYOF_COMBINED_MAX = 4
 
 
 def json_schema_to_regex(
@@ -57,14 +77,19 @@ def json_schema_to_regex(
     *,
     whitespace_pattern: str | None = None,
     max_recursion_depth: int = 3,
+    mode: Literal["strict", "spec"] = "strict",
 ) -> str:
     """Compile a JSON Schema (draft 2020-12) to a regex matching only valid JSON texts.
 
     ``schema`` may be a dict, a bool, or a JSON string. ``whitespace_pattern=None`` gives
     compact output (no whitespace between tokens); pass e.g. ``r"[ ]?"`` to allow bounded
-    whitespace. ``$ref`` cycles unroll at most ``max_recursion_depth`` times.
+    whitespace. ``$ref`` cycles unroll at most ``max_recursion_depth`` times. ``mode`` is
+    ``"strict"`` (declared members only) or ``"spec"`` (all that 2020-12 admits and a regex
+    can express); see the module docstring.
     Raises ``UnsupportedSchemaError`` (a ``ValueError``) for keywords it cannot enforce.
     """
+    if mode not in MODES:
+        raise ValueError(f"json_schema: mode must be 'strict' or 'spec', got {mode!r}")
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -82,8 +107,9 @@ def json_schema_to_regex(
         raise UnsupportedSchemaError("json_schema: keyword '__conj__' is reserved by treadle")
     if max_recursion_depth < 0:
         raise ValueError("json_schema: max_recursion_depth must be >= 0")
+    check_metaschemas(schema, "$")
     try:
-        return _Converter(schema, whitespace_pattern or "", max_recursion_depth).convert(schema, "$")
+        return _Converter(schema, whitespace_pattern or "", max_recursion_depth, mode).convert(schema, "$")
     except RecursionError as exc:
         raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
 
@@ -106,18 +132,21 @@ def _alt(parts: list[str]) -> str:
 
 
 class _Converter:
-    """One conversion: holds the root (for refs), whitespace, and the recursion counters."""
+    """One conversion: holds the root (for refs), whitespace, mode and recursion counters."""
 
-    def __init__(self, root: dict | bool, ws: str, max_depth: int) -> None:
+    def __init__(self, root: dict | bool, ws: str, max_depth: int, mode: str = "strict") -> None:
         self.root = root
         self.ws = ws
         self.max_depth = max_depth
-        self.merger = Merger(root)
+        self.spec = mode == "spec"
+        # In the spec mode `format` is an annotation like any other (2020-12's default).
+        self.annotations = (ANNOTATIONS | {"format"}) if self.spec else ANNOTATIONS
+        self.generic_depth = SPEC_GENERIC_DEPTH if self.spec else GENERIC_DEPTH
+        self.merger = Merger(root, self.annotations)
         self._active: dict[str, int] = {}  # ref pointer -> times on the current stack
         registry = referencing.Registry(retrieve=_no_retrieve)
-        self._validator = jsonschema.Draft202012Validator(
-            root, registry=registry, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
-        )
+        checker = None if self.spec else jsonschema.Draft202012Validator.FORMAT_CHECKER
+        self._validator = jsonschema.Draft202012Validator(root, registry=registry, format_checker=checker)
         self._generic: dict[int, str] = {}  # depth -> any-value regex
         w = ws
         self.OPEN_O, self.CLOSE_O = r"\{" + w, w + r"\}"
@@ -136,8 +165,15 @@ class _Converter:
         for key in schema:
             if key not in KNOWN:
                 raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} is not supported")
+        if self.spec and "format" in schema:
+            schema = {k: v for k, v in schema.items() if k != "format"}
+        if self.spec and all(k in self.annotations or k == "__conj__" for k in schema):
+            # Any value, as for `true` (built per type, it would nest one level deeper).
+            return self.generic()
         if "enum" in schema or "const" in schema:
             return self._literals(schema, path)
+        if self.spec and _is_lone_if(schema) and ("unevaluatedItems" in schema or "unevaluatedProperties" in schema):
+            return self._lone_if(schema, path)
         if "$ref" in schema:
             return self._ref(schema, path)
         if "allOf" in schema:
@@ -161,13 +197,38 @@ class _Converter:
         if "not" not in schema or schema["not"] is False:
             return set()
         neg = schema["not"]
-        if neg is True or (isinstance(neg, dict) and all(k in ANNOTATIONS for k in neg)):
+        if neg is True or (isinstance(neg, dict) and all(k in self.annotations for k in neg)):
             raise Unsatisfiable(f"json_schema: keyword 'not' at {path} rejects every value: no possible output")
-        if isinstance(neg, dict) and all(k in ANNOTATIONS or k == "type" for k in neg):
+        if isinstance(neg, dict) and all(k in self.annotations or k == "type" for k in neg):
             names = [neg["type"]] if isinstance(neg["type"], str) else neg["type"]
             if isinstance(names, list) and all(isinstance(n, str) for n in names):
                 return set(names) | ({"integer"} if "number" in names else set())
         raise UnsupportedSchemaError(f"json_schema: keyword 'not' at {path} is not supported (only 'not: {{type: ...}}')")
+
+    def _lone_if(self, schema: dict, path: str) -> str:
+        """spec mode: a lone ``if`` beside unevaluated*, as "rest AND if" or "rest".
+
+        A lone ``if`` never decides validity, but when it passes, what it evaluated is no
+        longer unevaluated. "rest AND if" (an allOf, whose parts' annotations count the
+        same way) gives those outputs; "rest" alone, where unevaluated* holds for every
+        member, is valid whether ``if`` passes or not. If the first cannot be built (the
+        ``if`` uses an unsupported keyword), leaving it out only narrows the output.
+        """
+        rest = {k: v for k, v in schema.items() if k != "if"}
+        with_if = {**rest, "allOf": [*rest.get("allOf", []), schema["if"]]}
+        out, first_error = [], None
+        try:
+            out.append(self.convert(with_if, path))
+        except UnsupportedSchemaError:
+            pass
+        try:
+            out.append(self.convert(rest, path))
+        except NoOutput as exc:
+            first_error = exc
+        if not out:
+            assert first_error is not None
+            raise first_error
+        return _alt(out)
 
     # ------------------------------------------------------------ literals
     def _literals(self, schema: dict, path: str) -> str:
@@ -207,7 +268,7 @@ class _Converter:
         rest = {k: v for k, v in schema.items() if k != "$ref"}
         self._active[ref] = count + 1
         try:
-            if all(k in ANNOTATIONS for k in rest):
+            if all(k in self.annotations for k in rest):
                 return self.convert(target, path)
             return self.convert(self.merger.merge_all(rest, [target], path), path)
         finally:
@@ -230,10 +291,35 @@ class _Converter:
                 out.append(self.convert(merged, f"{path}.{kind}[{i}]"))
             except NoOutput as exc:
                 first_error = first_error or exc  # a branch with no output only narrows the choice
+        if kind == "anyOf" and self.spec:
+            out.extend(self._combined_branches(branches, rest, path))
         if not out:
             assert first_error is not None
             raise first_error
         return _alt(out)
+
+    def _combined_branches(self, branches: list, rest: dict, path: str) -> list[str]:
+        """spec mode: outputs that satisfy two or more anyOf branches at once.
+
+        Only where unevaluated* sits beside the anyOf: there a member that a second
+        matching branch evaluates is valid, which no single branch generates. Each
+        combination is an allOf of those branches (sound: they all pass, and branches
+        not in it that pass too only evaluate more). One that cannot be built is skipped.
+        """
+        if not any(k in rest for k in ("unevaluatedProperties", "unevaluatedItems")):
+            return []
+        if not 2 <= len(branches) <= ANYOF_COMBINED_MAX:
+            return []
+        out = []
+        for n in range(2, len(branches) + 1):
+            for chosen in itertools.combinations(range(len(branches)), n):
+                where = f"{path}.anyOf{list(chosen)}"
+                try:
+                    merged = self.merger.merge_all(rest, [branches[i] for i in chosen], where)
+                    out.append(self.convert(merged, where))
+                except UnsupportedSchemaError:
+                    continue
+        return out
 
     def _check_exclusive(self, branches: list, rest: dict, path: str) -> bool:
         """oneOf is anyOf only when no value can satisfy two branches: prove it by types.
@@ -342,7 +428,7 @@ class _Converter:
             return "(?:true|false)"
         try:
             if t == "integer":
-                return nums.integer_regex(schema)
+                return nums.integer_regex(schema, zero_fraction=self.spec)
             if t == "number":
                 return nums.number_regex(schema)
         except nums.BoundsError as exc:
@@ -387,7 +473,7 @@ class _Converter:
     # ------------------------------------------------------------ any value
     def generic(self, depth: int | None = None) -> str:
         """A bounded-depth regex for any JSON value (the `true` schema)."""
-        depth = GENERIC_DEPTH if depth is None else depth
+        depth = self.generic_depth if depth is None else depth
         if depth not in self._generic:
             if depth == 0:
                 self._generic[0] = "(?:" + "|".join([text.string_regex(), nums.NUMBER, "true", "false", "null"]) + ")"
@@ -399,8 +485,12 @@ class _Converter:
     def _containers(self, depth: int) -> tuple[str, str]:
         """Any array and any object whose members are any values ``depth - 1`` deep."""
         value = self.generic(depth - 1)
-        arr = self.OPEN_A + f"(?:{value}(?:{self.COMMA}{value})*)?" + self.CLOSE_A
         pair = text.string_regex() + self.COLON + value
+        if self.spec:  # lock-step copies: see SPEC_GENERIC_DEPTH
+            arr = self.OPEN_A + f"(?:(?:{value}{self.COMMA})*{value})?" + self.CLOSE_A
+            obj = self.OPEN_O + f"(?:(?:{pair}{self.COMMA})*{pair})?" + self.CLOSE_O
+            return arr, obj
+        arr = self.OPEN_A + f"(?:{value}(?:{self.COMMA}{value})*)?" + self.CLOSE_A
         obj = self.OPEN_O + f"(?:{pair}(?:{self.COMMA}{pair})*)?" + self.CLOSE_O
         return arr, obj
 
@@ -411,6 +501,10 @@ _SUPPORTED = {
     "array": {"items", "prefixItems", "minItems", "maxItems", "unevaluatedItems"},
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties", "unevaluatedProperties"},
 }
+
+
+def _is_lone_if(schema: dict) -> bool:
+    return "if" in schema and "then" not in schema and "else" not in schema
 
 
 def _has_nonfinite(value: Any) -> bool:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from treadle.constrained.regex_text import MAX_REPEAT, escape_literal
+from treadle.constrained.regex_text import MAX_REPEAT, escape_literal, excluded_key_regex
 
 if TYPE_CHECKING:
     from treadle.constrained.json_schema import _Converter
@@ -54,13 +55,49 @@ ALL_TYPES = frozenset({"null", "boolean", "number", "string", "array", "object"}
 _MINS = {"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains"}
 _MAXS = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties", "maxContains"}
 _MAX_INLINE = 16  # $ref-to-$ref / allOf inlining chain before we give up
+# The standard metaschemas: their vocabularies are the ones treadle reads (as 2020-12).
+_METASCHEMA = re.compile(r"https?://json-schema\.org/(?:draft-0[467]/schema|draft/20(?:19-09|20-12)/schema)#?")
+# Keywords whose value is a subschema or a list of them, and those holding name -> subschema.
+_SUBSCHEMAS = ("additionalProperties", "unevaluatedProperties", "items", "unevaluatedItems", "contains",
+               "propertyNames", "not", "if", "then", "else", "contentSchema", "prefixItems", "allOf",
+               "anyOf", "oneOf")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def check_metaschemas(schema: Any, path: str) -> None:
+    """Refuse a ``$schema`` that is not a standard metaschema, anywhere in ``schema``.
+
+    A custom metaschema can switch vocabularies off (so that, say, ``minimum`` is no
+    longer an assertion); treadle does not read vocabularies and would enforce keywords
+    the schema does not, so such a schema is unsupported rather than misread.
+    """
+    if isinstance(schema, list):
+        for i, sub in enumerate(schema):
+            check_metaschemas(sub, f"{path}[{i}]")
+        return
+    if not isinstance(schema, dict):
+        return
+    uri = schema.get("$schema")
+    if uri is not None and not (isinstance(uri, str) and _METASCHEMA.fullmatch(uri)):
+        raise UnsupportedSchemaError(
+            f"json_schema: keyword '$schema' at {path}: {uri!r} is not a standard json-schema.org "
+            "metaschema (custom vocabularies are not supported)"
+        )
+    for key in _SUBSCHEMAS:
+        if key in schema:
+            check_metaschemas(schema[key], f"{path}.{key}")
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                check_metaschemas(sub, f"{path}.{key}.{name}")
 
 
 class Merger:
     """Resolves in-document ``$ref`` pointers and merges ``allOf`` parts into one schema."""
 
-    def __init__(self, root: Any) -> None:
+    def __init__(self, root: Any, annotations: frozenset[str] = ANNOTATIONS) -> None:
         self.root = root
+        self.annotations = annotations  # keywords dropped from merged parts
         # A nested $id changes the base URI of the refs below it; we resolve against the
         # root only, so refuse that combination rather than resolve wrongly.
         self._nested_id = _has_nested_id(root, top=True)
@@ -104,7 +141,7 @@ class Merger:
             raise Unsatisfiable(f"json_schema: schema at {path} is false: no possible output")
         if not isinstance(part, dict):
             raise UnsupportedSchemaError(f"json_schema: schema at {path} must be an object or boolean")
-        part = {k: v for k, v in part.items() if k not in ANNOTATIONS}
+        part = {k: v for k, v in part.items() if k not in self.annotations}
         nested = []
         if "$ref" in part:
             nested.append(self.resolve(part.pop("$ref"), path))
@@ -255,7 +292,11 @@ def _count(schema: dict, key: str, path: str) -> int | None:
 
 
 def array_regex(conv: _Converter, schema: dict, path: str) -> str:
-    """``[...]`` honouring prefixItems, items/unevaluatedItems, minItems and maxItems."""
+    """``[...]`` honouring prefixItems, items/unevaluatedItems, minItems and maxItems.
+
+    After prefixItems, a tail that is ``true`` (given or by default) is free items that
+    strict mode writes only as far as minItems needs them, and the spec mode up to maxItems.
+    """
     lo = _count(schema, "minItems", path) or 0
     hi = _count(schema, "maxItems", path)
     prefix_schemas = schema.get("prefixItems", [])
@@ -272,7 +313,7 @@ def array_regex(conv: _Converter, schema: dict, path: str) -> str:
             break
     k = len(prefix)
     tail_schema = schema.get("items", schema.get("unevaluatedItems", True))
-    if tail_schema is True and prefix_schemas:
+    if tail_schema is True and prefix_schemas and not conv.spec:
         t_max: int | None = max(0, lo - k)  # only as many free items as minItems forces
     else:
         t_max = None if hi is None else hi - k
@@ -315,7 +356,10 @@ def array_regex(conv: _Converter, schema: dict, path: str) -> str:
 
 # ---------------------------------------------------------------- objects
 def object_regex(conv: _Converter, schema: dict, path: str) -> str:
-    """``{...}``: declared properties in schema order, required ones always present."""
+    """``{...}``: declared properties in schema order, required ones always present.
+
+    The spec mode then admits extra members (see ``_extras``); strict mode does not.
+    """
     props = schema.get("properties", {})
     required = schema.get("required", [])
     if not isinstance(props, dict) or not isinstance(required, list) or not all(isinstance(r, str) for r in required):
@@ -346,6 +390,8 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
     n_req = sum(1 for e in entries if e[1])
     if hi is not None and n_req > hi:
         raise Unsatisfiable(f"json_schema: keyword 'maxProperties' at {path}: fewer than the required properties")
+    if hi is not None and lo > hi:  # (minProperties would otherwise make too many required)
+        raise Unsatisfiable(f"json_schema: keyword 'maxProperties' at {path} is below minProperties")
     if not props and undeclared is not False:
         return _map_regex(conv, schema, entries, undeclared, lo, hi, path)
     optional = [e for e in entries if not e[1]]
@@ -361,11 +407,54 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
                 budget -= 0 if e[1] else 1
                 kept.append(e)
         entries = kept
-    return conv.OPEN_O + _sequence(entries, conv.COMMA) + conv.CLOSE_O
+    extra = _extras(conv, list(props) + required, undeclared, value_re, path) if conv.spec else None
+    n_extra = None if hi is None else min(hi - len(entries), MAX_REPEAT)  # all declared may be present
+    if extra is None or n_extra == 0:
+        return conv.OPEN_O + _sequence(entries, conv.COMMA) + conv.CLOSE_O
+    return conv.OPEN_O + _open_sequence(entries, extra, n_extra, conv.COMMA) + conv.CLOSE_O
 
 
-def _sequence(entries: list[list], comma: str) -> str:
-    """Entries in order, required always present, optional maybe; commas only between."""
+def _extras(conv: _Converter, names: list[str], undeclared: Any, value_re: str | None, path: str) -> str | None:
+    """One extra ``"key":value`` member of an open object (spec mode), or None if none fits.
+
+    Its value satisfies additionalProperties (or unevaluatedProperties where that stands
+    for it). Its key is written without escapes and is none of ``names`` (declared or
+    required): a key repeating a declared one would replace that member's checked value.
+    Two extras may share a key: the object then has fewer members, each one valid.
+    """
+    if undeclared is False:
+        return None
+    if value_re is None:
+        try:
+            value_re = conv.convert(undeclared, f"{path}.additionalProperties")
+        except NoOutput:
+            return None
+    return excluded_key_regex(names) + conv.COLON + value_re
+
+
+def _open_sequence(entries: list[list], extra: str, n_extra: int | None, comma: str) -> str:
+    """The declared entries as in ``_sequence``, then up to ``n_extra`` extra members."""
+
+    def more(n: int | None) -> str:
+        if n == 0:
+            return ""
+        return f"(?:{comma}{extra})" + ("*" if n is None else "?" if n == 1 else f"{{0,{n}}}")
+
+    if any(req for _, req in entries):  # something precedes the extras: each takes a comma
+        return _sequence(entries, comma) + more(n_extra)
+    first_extra = extra + more(None if n_extra is None else n_extra - 1)
+    if not entries:
+        return f"(?:{first_extra})?"
+    declared = _sequence(entries, comma, allow_empty=False)
+    if n_extra is None:
+        return f"(?:(?:{declared}|{extra}){more(None)})?"
+    return f"(?:{declared}{more(n_extra)}|{first_extra})?"
+
+
+def _sequence(entries: list[list], comma: str, allow_empty: bool = True) -> str:
+    """Entries in order, required always present, optional maybe; commas only between.
+
+    ``allow_empty=False`` leaves out the empty sequence (matters when all are optional)."""
     after = [""] * (len(entries) + 1)  # after[i]: entries i.. once something was emitted
     for i in range(len(entries) - 1, -1, -1):
         text, req = entries[i]
@@ -375,8 +464,10 @@ def _sequence(entries: list[list], comma: str) -> str:
         text, req = entries[i]
         if req:
             first = text + after[i + 1]
+        elif first:
+            first = f"(?:{text}{after[i + 1]}|{first})"
         else:
-            first = f"(?:{text}{after[i + 1]}|{first})" if first else f"(?:{text}{after[i + 1]})?"
+            first = f"(?:{text}{after[i + 1]})" + ("?" if allow_empty else "")
     return first
 
 

@@ -126,15 +126,16 @@ def integer_bounds(schema: dict[str, Any]) -> tuple[int | None, int | None]:
     return ilo, ihi
 
 
-def integer_regex(schema: dict[str, Any]) -> str:
+def integer_regex(schema: dict[str, Any], *, zero_fraction: bool = False) -> str:
     """Regex for the ``integer`` type under the schema's bounds.
 
-    Plain digits only: "5.0" is an integer in JSON Schema, but a generated integer is
-    written as one ("age": 5 parses to an int, not a float), and exponent forms are not
-    produced either. The suite's "a float with zero fractional part" case is a listed miss.
+    Plain digits by default: "5.0" is an integer in JSON Schema, but a generated integer is
+    written as one ("age": 5 parses to an int, not a float). ``zero_fraction`` also admits
+    "5.0" / "-3.00" (the spec-faithful mode): the digits before the point carry the value,
+    so the bounds hold as they do for plain digits. Exponent forms are never produced.
     """
     lo, hi = integer_bounds(schema)
-    return int_range_regex(lo, hi)
+    return int_range_regex(lo, hi) + (ZERO_FRACTION if zero_fraction else "")
 
 
 def number_regex(schema: dict[str, Any]) -> str:

@@ -83,6 +83,48 @@ def string_regex(min_length: int = 0, max_length: int | None = None) -> str:
     return f'"{body}"'
 
 
+# Characters that are special inside a character class in one of the dialects (Rust reads
+# "&&", "--" and "~~" as set operations): escaped wherever a class lists a literal.
+_CLASS_SPECIAL = set("\\][^-&~")
+
+
+def _class_literal(ch: str) -> str:
+    """``ch`` written for use inside a character class."""
+    if ord(ch) < 0x20 or ord(ch) == 0x7F:
+        return f"\\x{ord(ch):02x}"
+    return "\\" + ch if ch in _CLASS_SPECIAL else ch
+
+
+def excluded_key_regex(names: list[str]) -> str:
+    """A quoted JSON string with no escape sequences whose value is none of ``names``.
+
+    Used for the extra members of an open object: such a key can never spell a declared
+    property name (escapes included: it has none), so a duplicate key can never replace a
+    declared member's value. Built from the names' trie: at each node, a string may stop
+    (unless a name ends there), go on with a character no name continues with (then
+    anything may follow), or follow an edge of the trie. Names with a character that JSON
+    must escape can never be written without escapes, so they need no exclusion.
+    """
+    trie: dict = {}
+    for name in names:
+        if any(not re.fullmatch(SAFE_RAW_CHAR, ch) for ch in name):
+            continue
+        node = trie
+        for ch in name:
+            node = node.setdefault(ch, {})
+        node[""] = {}  # end-of-name marker ("" is never an edge character)
+    return '"' + _not_in_trie(trie) + '"'
+
+
+def _not_in_trie(node: dict) -> str:
+    """Bodies s (raw safe characters) such that prefix(node) + s is not a name."""
+    edges = sorted(ch for ch in node if ch)
+    other = SAFE_RAW_CHAR[:-1] + "".join(_class_literal(ch) for ch in edges) + "]"
+    alts = [f"{other}{SAFE_RAW_CHAR}*"] + [escape_literal(ch) + _not_in_trie(node[ch]) for ch in edges]
+    body = "(?:" + "|".join(alts) + ")"
+    return body if "" in node else body + "?"
+
+
 # ---------------------------------------------------------------- formats
 _DATE = (
     r"[0-9]{4}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])"

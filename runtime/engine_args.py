@@ -39,6 +39,9 @@ class EngineArgs:
     grammar_compile_timeout_s: float = 60.0
     grammar_memory_limit_bytes: int = 4 << 30
     json_whitespace_pattern: str | None = None  # None = compact JSON
+    # strict = declared properties only (a model should not invent keys); spec = also the
+    # extra members / trailing items JSON Schema admits, format as an annotation, 1.0 integers
+    json_schema_mode: Literal["strict", "spec"] = "strict"
     # GPU features
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     cuda_graph: bool = True  # CUDA only; --no-cuda-graph keeps the plain launch path
@@ -67,6 +70,8 @@ class EngineArgs:
             raise ValueError(f"jump_forward_max_batch must be >= 0 or -1 (auto), got {self.jump_forward_max_batch}")
         if self.overlap_schedule not in ("auto", "on", "off"):
             raise ValueError(f"overlap_schedule must be auto, on or off, got {self.overlap_schedule!r}")
+        if self.json_schema_mode not in ("strict", "spec"):
+            raise ValueError(f"json_schema_mode must be strict or spec, got {self.json_schema_mode!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         if self.max_running_requests < 1:

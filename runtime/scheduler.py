@@ -193,7 +193,8 @@ class Scheduler:
                 self.tokenizer, sorted(self.eos_ids), vocab_size=self.vocab_size,
                 timeout_s=self.args.grammar_compile_timeout_s,
                 memory_limit_bytes=self.args.grammar_memory_limit_bytes,
-                whitespace_pattern=self.args.json_whitespace_pattern)
+                whitespace_pattern=self.args.json_whitespace_pattern,
+                json_schema_mode=self.args.json_schema_mode)
         return self._grammar_compiler
 
     def _poll_grammars(self) -> None:

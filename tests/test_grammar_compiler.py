@@ -71,6 +71,19 @@ def test_choices_and_schema_specs(compiler, smol):
     assert GrammarMatcher(gs).find_jump_forward_string() == '{"ok":'
 
 
+def test_json_schema_mode_reaches_the_compiler(compiler, smol):
+    spec = GrammarSpec.from_params(json_schema={"type": "object", "properties": {"a": {"type": "integer"}},
+                                                "required": ["a"]})
+    strict = compiler.compile(spec)
+    assert accepts(strict, smol, '{"a":1}') and not accepts(strict, smol, '{"a":1,"zz":2}')
+    with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=120, json_schema_mode="spec") as c:
+        g = c.compile(spec)
+        assert accepts(g, smol, '{"a":1,"zz":2}') and accepts(g, smol, '{"a":1}')
+        assert not accepts(g, smol, '{"a":1,"a":2}') and not accepts(g, smol, '{"zz":2}')
+    with pytest.raises(ValueError, match="json_schema_mode"):
+        GrammarCompiler(smol, [EOS], vocab_size=V, json_schema_mode="loose")
+
+
 def test_bad_specs_fail_fast_and_are_cached(compiler):
     for spec in (
         GrammarSpec.from_params(regex="("),

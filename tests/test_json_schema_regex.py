@@ -8,6 +8,7 @@ import json
 import re
 
 import interegular
+import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,7 +21,7 @@ from treadle.constrained.json_schema import (
     validate_regex,
 )
 from treadle.constrained.regex_numbers import int_range_regex, number_regex
-from treadle.constrained.regex_text import string_regex
+from treadle.constrained.regex_text import excluded_key_regex, string_regex
 
 
 def dumps(value: object, **kw: object) -> str:
@@ -485,3 +486,215 @@ def test_decimal_bounds_property(lo, lo_x, hi, hi_x, values) -> None:
         fhi = schema.get("maximum", schema.get("exclusiveMaximum"))
         expected = (flo is None or (v > flo if lo_x else v >= flo)) and (fhi is None or (v < fhi if hi_x else v <= fhi))
         assert bool(rx.fullmatch(text)) == expected, (schema, text)
+
+
+# ------------------------------------------------------------------ spec mode
+def spec(schema: object, **kw: object) -> re.Pattern[str]:
+    return compile_checked(schema, mode="spec", **kw)
+
+
+def check_texts(rx: re.Pattern[str], schema: object, ok: list[str], bad: list[str]) -> None:
+    """``ok`` match, ``bad`` do not, and whatever matches is valid for jsonschema."""
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in ok:
+        assert rx.fullmatch(text), text
+    for text in bad:
+        assert not rx.fullmatch(text), text
+    for text in ok + bad:
+        if rx.fullmatch(text):
+            assert validator.is_valid(json.loads(text)), text
+
+
+_KEY_CHARS = 'ab-]^&~\\[ "\x01é'  # class-special in one dialect or another, plus escaped ones
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(_KEY_CHARS, max_size=4), max_size=5), st.lists(st.text(_KEY_CHARS, max_size=5), max_size=30))
+def test_excluded_key_regex_matches_python(names: list[str], others: list[str]) -> None:
+    rx = re.compile(excluded_key_regex(names))
+    near = [n + tail for n in names for tail in ("", "a", "-", "]")] + [n[:-1] for n in names]
+    for key in near + others:
+        raw = not any(ch in '"\\' or ord(ch) < 0x20 for ch in key)
+        assert bool(rx.fullmatch(json.dumps(key, ensure_ascii=False))) == (raw and key not in names), (names, key)
+        if any(ord(ch) > 0x7F for ch in key):  # escape sequences are never written
+            assert not rx.fullmatch(json.dumps(key)), (names, key)
+
+
+def test_excluded_key_regex_reads_the_same_in_interegular() -> None:
+    names = ["a", "ab", "b-", "-", "]^", "&&", "~~", ""]
+    pattern = excluded_key_regex(names)
+    validate_regex(pattern)
+    fsm = interegular.parse_pattern(pattern).to_fsm()
+    for key in names + ["b", "abc", "b-c", "--", "x", "&", "~"]:
+        text = json.dumps(key, ensure_ascii=False)
+        assert fsm.accepts(text) == bool(re.fullmatch(pattern, text)) == (key not in names), key
+
+
+def test_mode_is_validated() -> None:
+    with pytest.raises(ValueError, match="mode"):
+        json_schema_to_regex({"type": "integer"}, mode="loose")  # type: ignore[arg-type]
+
+
+def test_spec_object_admits_undeclared_members_after_declared() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"]}
+    rx = spec(schema)
+    check_texts(rx, schema,
+                ok=['{"a":1}', '{"a":1,"zz":2}', '{"a":1,"b":"x","zz":[1,{"q":null}]}', '{"a":1,"é":true,"":{}}',
+                    '{"a":1,"ab":0,"a ":0}', '{"a":1,"zz":1,"zz":2}'],
+                bad=['{"a":1,"a":2}', '{"a":1,"b":2}', '{"a":1,"b":"x","b":3}', '{"zz":1}', '{"zz":1,"a":1}',
+                     '{"a":1,"\\u0062":2}', '{"a":1,"z\\"":2}', '{"a":1,}', '{"a":1,"zz":2,}'])
+    assert not compile_checked(schema).fullmatch('{"a":1,"zz":2}')  # strict: declared members only
+    assert spec(schema, whitespace_pattern="[ ]?").fullmatch('{ "a" : 1 , "zz" : 2 }')
+
+
+def test_spec_object_all_optional_commas() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
+    check_texts(spec(schema), schema,
+                ok=["{}", '{"zz":1}', '{"zz":1,"yy":2}', '{"a":1,"zz":1}', '{"b":"x","zz":1,"yy":2}', '{"a":1,"b":"x"}'],
+                bad=['{,"zz":1}', '{"zz":1,}', '{"a":1"zz":1}', '{"a":"x"}', '{"b":1}', '{"zz":1,"a":1}'])
+
+
+def test_spec_extras_satisfy_additional_properties() -> None:
+    typed = {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}}
+    check_texts(spec(typed), typed, ok=['{"a":"s","x":1}', '{"x":1,"y":-2}'], bad=['{"a":"s","x":"s"}', '{"x":[]}'])
+    closed = {"type": "object", "properties": {"a": {}}, "additionalProperties": False}
+    check_texts(spec(closed), closed, ok=['{"a":1}', "{}"], bad=['{"a":1,"x":1}', '{"x":1}'])
+    uneval = {"type": "object", "properties": {"a": {}}, "unevaluatedProperties": {"type": "boolean"}}
+    check_texts(spec(uneval), uneval, ok=['{"a":1,"x":true}'], bad=['{"a":1,"x":1}'])
+    # A declared name whose schema admits nothing is still no extra.
+    never = {"type": "object", "properties": {"a": False, "b": {}}}
+    check_texts(spec(never), never, ok=['{"b":1,"c":1}'], bad=['{"a":1}', '{"b":1,"a":1}'])
+
+
+def test_spec_extras_count_toward_max_properties() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "maxProperties": 2}
+    check_texts(spec(schema), schema, ok=['{"a":1}', '{"a":1,"x":1}'], bad=['{"a":1,"x":1,"y":2}'])
+    optional = {"type": "object", "properties": {"a": {}, "b": {}}, "maxProperties": 3}
+    # Extras are budgeted as if every declared member were present: sound, sometimes narrower.
+    check_texts(spec(optional), optional, ok=['{"a":1,"b":2,"x":3}', '{"x":3}'],
+                bad=['{"a":1,"b":2,"x":3,"y":4}', '{"x":1,"y":2}'])
+    at_least = {"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1}
+    check_texts(spec(at_least), at_least, ok=['{"a":1,"x":1}'], bad=["{}"])
+    with pytest.raises(UnsupportedSchemaError, match="maxProperties"):  # both modes: no such object
+        json_schema_to_regex({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 2, "maxProperties": 1})
+
+
+def test_spec_array_trailing_items() -> None:
+    free = {"type": "array", "prefixItems": [{"type": "integer"}]}
+    check_texts(spec(free), free, ok=["[]", "[1]", '[1,"x",null]', "[1,[2],{}]"], bad=['["x"]', "[1,]"])
+    assert not compile_checked(free).fullmatch('[1,"x"]')  # strict: prefixItems only
+    capped = {**free, "maxItems": 2}
+    check_texts(spec(capped), capped, ok=['[1,"x"]'], bad=['[1,"x",null]'])
+    typed = {"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "string"}}
+    check_texts(spec(typed), typed, ok=['[1,"a","b"]'], bad=["[1,2]"])
+    uneval = {"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": {"type": "boolean"}}
+    check_texts(spec(uneval), uneval, ok=["[1,true]"], bad=["[1,2]"])
+
+
+@pytest.mark.parametrize("schema, ok, bad", [
+    ({"type": "integer"}, ["1", "1.0", "-3.00", "0.0", "7"], ["1.5", "1.", "1e2", "01.0", "1.01"]),
+    ({"type": "integer", "minimum": 2}, ["2", "2.0", "3.00"], ["1.0", "1", "-2.0"]),
+    ({"type": "integer", "exclusiveMaximum": 5, "minimum": -3}, ["4.0", "-3.0"], ["5.0", "5", "-4.0"]),
+])
+def test_spec_integer_admits_zero_fraction_within_bounds(schema: dict, ok: list[str], bad: list[str]) -> None:
+    check_texts(spec(schema), schema, ok, bad)
+    assert not compile_checked(schema).fullmatch(ok[1])  # strict: plain digits
+
+
+def test_spec_format_is_an_annotation() -> None:
+    date = {"type": "string", "format": "date"}
+    assert spec(date).fullmatch('"not a date"') and spec(date).fullmatch('"2024-02-30"')
+    assert not compile_checked(date).fullmatch('"not a date"')  # strict enforces it
+    assert spec({"type": "string", "format": "no-such-format"}).fullmatch('"x"')
+    raises_keyword({"type": "string", "format": "no-such-format"}, "format")
+    both = {"type": "string", "format": "email", "pattern": "^a+$"}
+    assert spec(both).fullmatch('"aa"') and not spec(both).fullmatch('"b"')
+    raises_keyword(both, "pattern")
+    assert spec({"enum": ["x"], "format": "email"}).fullmatch('"x"')
+
+
+@pytest.mark.parametrize("uri", [
+    "https://json-schema.org/draft/2020-12/schema", "https://json-schema.org/draft/2020-12/schema#",
+    "http://json-schema.org/draft/2019-09/schema", "http://json-schema.org/draft-07/schema#",
+    "https://json-schema.org/draft-06/schema", "http://json-schema.org/draft-04/schema#",
+])
+@pytest.mark.parametrize("mode", ["strict", "spec"])
+def test_standard_metaschemas_are_accepted(uri: str, mode: str) -> None:
+    rx = compile_checked({"$schema": uri, "type": "object", "properties": {"$schema": {"type": "string"}}}, mode=mode)
+    assert rx.fullmatch('{"$schema":"x"}')
+
+
+@pytest.mark.parametrize("schema", [
+    {"$schema": "http://localhost:1234/draft2020-12/metaschema-no-validation.json", "type": "number"},
+    {"$schema": "https://json-schema.org/draft/2020-12/schema/", "type": "number"},
+    {"$schema": "https://json-schema.org/draft-03/schema#", "type": "number"},
+    {"$schema": 7},
+    {"type": "object", "properties": {"a": {"$schema": "urn:custom", "type": "integer"}}},
+    {"$defs": {"x": {"$schema": "urn:custom"}}, "type": "null"},
+])
+@pytest.mark.parametrize("mode", ["strict", "spec"])
+def test_custom_metaschemas_are_refused(schema: dict, mode: str) -> None:
+    with pytest.raises(UnsupportedSchemaError, match="'\\$schema'"):
+        json_schema_to_regex(schema, mode=mode)
+
+
+def test_spec_lone_if_annotations_reach_unevaluated() -> None:
+    items = {"if": {"prefixItems": [{"const": "a"}]}, "unevaluatedItems": False}
+    check_texts(spec(items), items, ok=["[]", '["a"]'], bad=['["b"]', '["a","a"]'])
+    assert not compile_checked(items).fullmatch('["a"]')  # strict ignores the lone if
+    props = {"type": "object", "if": {"properties": {"x": {"type": "integer"}}}, "unevaluatedProperties": False}
+    check_texts(spec(props), props, ok=["{}", '{"x":1}'], bad=['{"x":"s"}', '{"y":1}'])
+
+
+def test_spec_any_of_combines_branches_beside_unevaluated() -> None:
+    schema = {
+        "properties": {"foo": {"type": "string"}},
+        "anyOf": [{"properties": {k: {"const": k}}, "required": [k]} for k in ("bar", "baz", "quux")],
+        "unevaluatedProperties": False,
+    }
+    check_texts(spec(schema), schema,
+                ok=['{"foo":"foo","bar":"bar"}', '{"foo":"foo","bar":"bar","baz":"baz"}', '{"bar":"bar","quux":"quux"}'],
+                bad=['{"foo":"foo","bar":"bar","baz":"not-baz"}', '{"foo":"foo"}'])
+    assert not compile_checked(schema).fullmatch('{"foo":"foo","bar":"bar","baz":"baz"}')
+
+
+def test_spec_any_value_nests_deeper() -> None:
+    nested = [{"foo": {"bar": {"baz": True}}}]
+    assert not compile_checked({"type": "array"}).fullmatch(dumps(nested))
+    assert spec({"type": "array"}).fullmatch(dumps(nested)) and spec(True).fullmatch(dumps(nested[0]))
+    assert spec({}).pattern == spec(True).pattern  # `{}` is the any-value regex too
+    assert not spec(True).fullmatch(dumps([nested]))  # SPEC_GENERIC_DEPTH = 3
+
+
+_SOUNDNESS_SCHEMAS = [
+    {"type": "object", "properties": {"a": {"type": "integer", "maximum": 1}, "b": {}}, "required": ["a"],
+     "maxProperties": 3, "additionalProperties": {"type": ["integer", "array"], "maxItems": 1}},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": {"type": "boolean"},
+     "anyOf": [{"properties": {"b": {"const": 1}}, "required": ["b"]}, {"properties": {"c": {}}, "required": ["c"]}]},
+    {"type": "array", "prefixItems": [{"type": "integer", "minimum": 0}], "maxItems": 3,
+     "unevaluatedItems": {"type": "object", "properties": {"a": {"type": "boolean"}}}},
+]
+_KEYS = st.sampled_from(["a", "b", "c", "ab", ""])
+_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.sampled_from([1.0, 0.5]), st.sampled_from(["", "x"])),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=4),
+    max_leaves=6,
+)
+
+
+@pytest.mark.parametrize("schema", _SOUNDNESS_SCHEMAS)
+@settings(max_examples=300, deadline=None)
+@given(head=st.booleans(), members=st.lists(st.tuples(_KEYS, _VALUES), max_size=4))
+def test_spec_mode_is_sound(schema: dict, head: bool, members: list[tuple[str, object]]) -> None:
+    """Whatever the spec-mode regex matches, jsonschema accepts (duplicate keys included).
+
+    The texts are shaped like the schema (an object or array that often starts right) so
+    that a fair share of them match."""
+    rx = re.compile(json_schema_to_regex(schema, mode="spec"))
+    if schema["type"] == "object":
+        pairs = ([("a", 0)] if head else []) + members  # keys may repeat: the last one wins
+        text = "{" + ",".join(dumps(k) + ":" + dumps(v) for k, v in pairs) + "}"
+    else:
+        text = dumps(([0] if head else []) + [v for _, v in members])
+    if rx.fullmatch(text):
+        assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(text)), text
