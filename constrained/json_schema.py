@@ -212,15 +212,16 @@ class _Converter:
         longer unevaluated. "rest AND if" (an allOf, whose parts' annotations count the
         same way) gives those outputs; "rest" alone, where unevaluated* holds for every
         member, is valid whether ``if`` passes or not. If the first cannot be built (the
-        ``if`` uses an unsupported keyword), leaving it out only narrows the output.
+        ``if`` uses an unsupported keyword), the schema is refused: leaving it out would
+        narrow the output, which the spec mode does not do silently.
         """
         rest = {k: v for k, v in schema.items() if k != "if"}
         with_if = {**rest, "allOf": [*rest.get("allOf", []), schema["if"]]}
         out, first_error = [], None
         try:
             out.append(self.convert(with_if, path))
-        except UnsupportedSchemaError:
-            pass
+        except NoOutput as exc:  # an unsatisfiable "if": only "rest" remains
+            first_error = exc
         try:
             out.append(self.convert(rest, path))
         except NoOutput as exc:
