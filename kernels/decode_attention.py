@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -308,14 +307,19 @@ def decode_attention_ref(
     max_len = int(seq_lens.max().item()) if bs else 0
     if bs == 0 or max_len == 0:
         return
-    slots = req_to_token[req_pool_indices.long(), :max_len].long().reshape(-1)  # [B * L]
-    # index_select is much faster than advanced indexing on CPU (this is the CPU runtime's path)
-    k = k_buffer.index_select(0, slots).view(bs, max_len, num_kv_heads, head_dim).transpose(1, 2)
-    v = v_buffer.index_select(0, slots).view(bs, max_len, num_kv_heads, head_dim).transpose(1, 2)
-    qg = q.view(bs, num_kv_heads, group, head_dim)  # [B, Hk, G, D]: a KV head's G query heads
-    keep = torch.arange(max_len, device=q.device)[None, :] < seq_lens.to(q.device)[:, None]  # [B, L]
-    out = F.scaled_dot_product_attention(qg.float(), k.float(), v.float(), attn_mask=keep[:, None, None, :],
-                                         scale=sm_scale)  # [B, Hk, G, D]
+    slots = req_to_token[req_pool_indices.long(), :max_len].long()  # [B, L]
+    # Gather each (request, KV head)'s keys as one contiguous [L, D] block: rows of the
+    # [slots * Hk, D] view, in [B, Hk, L] order. index_select is much faster than advanced
+    # indexing on CPU (this is the CPU runtime's path), and contiguous K/V let the two
+    # batched matmuls below read them straight (SDPA's fused kernel is slower for one query).
+    rows = (slots[:, None, :] * num_kv_heads + torch.arange(num_kv_heads, device=q.device)[None, :, None]).reshape(-1)
+    k = k_buffer.view(-1, head_dim).index_select(0, rows).view(bs, num_kv_heads, max_len, head_dim)
+    v = v_buffer.view(-1, head_dim).index_select(0, rows).view(bs, num_kv_heads, max_len, head_dim)
+    qg = q.view(bs, num_kv_heads, group, head_dim).float()  # [B, Hk, G, D]: a KV head's G query heads
+    scores = torch.matmul(qg, k.float().transpose(-1, -2)).mul_(sm_scale)  # [B, Hk, G, L]
+    pad = torch.arange(max_len, device=q.device)[None, :] >= seq_lens.to(q.device)[:, None]  # [B, L]
+    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), v.float())  # [B, Hk, G, D]
     o.copy_(out.reshape(bs, num_heads, head_dim).to(o.dtype))
 
 

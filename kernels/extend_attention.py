@@ -266,6 +266,14 @@ def extend_attention_ref(
         slots = req_to_token[row, :seq].long()
         k = k_buffer.index_select(0, slots).transpose(0, 1)  # [Hk, seq, D] (index_select: fast on CPU)
         v = v_buffer.index_select(0, slots).transpose(0, 1)
+        if prefix == 0 and q.device.type == "cpu":
+            # no cached prefix: plain causal attention, which SDPA computes without a mask
+            # tensor and skips the masked half of (CPU runtime path; 10-30% faster at 200-400
+            # tokens on the 2-core dev box)
+            out = F.scaled_dot_product_attention(q[start: start + ext].transpose(0, 1).float(), k.float(), v.float(),
+                                                 is_causal=True, scale=sm_scale, enable_gqa=group > 1)
+            o[start: start + ext] = out.transpose(0, 1).to(o.dtype)
+            continue
         qi = q[start: start + ext].transpose(0, 1).reshape(num_kv_heads, group * ext, -1)  # [Hk, G*ext, D]
         # query i sits at position prefix + i and may see keys 0 .. prefix + i
         q_pos = torch.arange(prefix, seq, device=q.device)[:, None]
