@@ -63,10 +63,12 @@ def _parse() -> argparse.Namespace:
                    help="prefill batch token budget (larger batches prefill in several forwards)")
     p.add_argument("--copy-mib", type=int, default=None, help="copy size (default 2048 on cuda, 256 on cpu)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="tensor-parallel GPUs (> 1 skips HF: its weights are loaded into rank 0 only)")
     p.add_argument("--output", default=None)
     a = p.parse_args()
     a.batch_sizes = _ints(a.batch_sizes)
-    a.hf_batch_sizes = [] if a.no_hf else _ints(a.hf_batch_sizes)
+    a.hf_batch_sizes = [] if a.no_hf or a.tp_size > 1 else _ints(a.hf_batch_sizes)
     a.dtype = a.dtype or ("bfloat16" if a.device == "cuda" else "float32")
     a.attention_backend = a.attention_backend or ("triton" if a.device == "cuda" else "torch")
     if a.output_len < 2:
@@ -263,7 +265,7 @@ def main() -> None:
           "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": args.model, "dtype": args.dtype,
           "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats,
           "attention_backend": args.attention_backend, "cuda_graph": args.cuda_graph,
-          "overlap_schedule": args.overlap_schedule})
+          "overlap_schedule": args.overlap_schedule, "tp_size": args.tp_size})
 
     bw = copy_bandwidth(dev, args.copy_mib or (2048 if dev.type == "cuda" else 256))
     emit({"figure": "copy_bandwidth", "gb_s": round(bw / 1e9, 1)})
@@ -275,11 +277,12 @@ def main() -> None:
                     max_total_tokens=max_bs * seq + 2 * seq, max_running_requests=max_bs,
                     chunked_prefill_size=max(8192, args.input_len), max_prefill_tokens=args.max_prefill_tokens,
                     attention_backend=args.attention_backend, cuda_graph=args.cuda_graph,
-                    overlap_schedule=args.overlap_schedule, context_length=seq + 16)
+                    overlap_schedule=args.overlap_schedule, context_length=seq + 16, tp_size=args.tp_size)
     load_s = time.perf_counter() - t0
     cfg = engine.runner.config
     wb = weight_bytes(engine.runner.model)
     roof = bw / wb
+    # with tensor parallelism, rank 0's shard: each GPU streams its own shard at the same time
     emit({"figure": "roofline", "weight_bytes": wb, "weight_gb": round(wb / 1e9, 3),
           "copy_gb_s": round(bw / 1e9, 1), "bs1_decode_roofline_tok_s": round(roof, 2),
           "engine_load_s": round(load_s, 2), "kv_slots": engine.runner.num_slots})

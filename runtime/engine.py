@@ -130,6 +130,7 @@ class Engine:
         if self.scheduler._grammar_compiler is not None:
             self.scheduler._grammar_compiler.close()
         if self._tp is not None:  # the loop has returned: this thread may broadcast now
+            self.runner.release_graphs()
             self._tp.close(healthy=self._error is None and not self._thread.is_alive())
 
     def __enter__(self) -> "Engine":

@@ -107,6 +107,18 @@ class ModelRunner:
             budget = self.args.kv_cache_bytes
         return TokenToKVPool.slots_for_budget(budget, cfg.num_layers, kv_heads, cfg.head_dim, self.dtype)
 
+    def release_graphs(self) -> None:
+        """Drop the captured decode graphs (before leaving a tensor-parallel group: NCCL
+        must not tear down a communicator that live CUDA graphs still launch kernels on)."""
+        if self.graph_runner is None:
+            return
+        self.graph_runner = None
+        if self.device.type == "cuda":
+            import gc
+
+            gc.collect()
+            torch.cuda.synchronize(self.device)
+
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Run the model over fb's tokens (writing their KV) and return float32 logits

@@ -217,6 +217,8 @@ def _worker_main(args: EngineArgs, rank: int, status: Any) -> None:
     finally:
         if sched is not None and sched._grammar_compiler is not None:
             sched._grammar_compiler.close()
+        if sched is not None:
+            sched.runner.release_graphs()
         destroy_tp_group()
 
 
