@@ -101,3 +101,21 @@ def test_ops_linear_uses_gemv_in_a_cuda_graph_only() -> None:
     torch.cuda.synchronize()
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, gemv(x, w, out_dtype=torch.float32), atol=0, rtol=0)
+
+
+def test_ops_linear_on_cpu_matches_f_linear() -> None:
+    """The CPU runtime's linear (oneDNN where torch has it): F.linear's results in fp32 up to
+    summation order, with and without bias, for one row and many, and in other dtypes."""
+    from treadle.runtime.models import ops
+
+    g = torch.Generator().manual_seed(0)
+    for m, n, k in [(1, 960, 576), (7, 49, 33), (300, 64, 1536)]:
+        x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+        for bias in (None, b):
+            torch.testing.assert_close(ops.linear(x, w, bias), torch.nn.functional.linear(x, w, bias),
+                                       atol=1e-4, rtol=1e-5)
+        assert ops.linear(x, w, out_dtype=torch.float64).dtype == torch.float64
+    empty = ops.linear(torch.zeros(0, 8), torch.ones(4, 8))
+    assert empty.shape == (0, 4)
+    xb, wb = torch.randn(3, 16, generator=g).bfloat16(), torch.randn(5, 16, generator=g).bfloat16()
+    torch.testing.assert_close(ops.linear(xb, wb), torch.nn.functional.linear(xb, wb))
