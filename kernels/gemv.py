@@ -25,6 +25,21 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
+def _x_chunk(x_row, k0, cols, K, EVEN: tl.constexpr):
+    # x[row, k0 : k0 + BLOCK_K] in fp32 (zeros past K)
+    if EVEN:
+        x = tl.load(x_row + k0 + cols)
+    else:
+        x = tl.load(x_row + k0 + cols, mask=k0 + cols < K, other=0.0)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _store_row(y_row, acc, bias, rows, rmask):
+    tl.store(y_row + rows, (tl.sum(acc, axis=1) + bias).to(y_row.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr,
     N, K,
@@ -32,8 +47,10 @@ def _gemv_kernel(
     M: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # grid: (cdiv(N, BLOCK_N),); one program = BLOCK_N output features for all M tokens.
+    # grid: (cdiv(N, BLOCK_N),); one program = BLOCK_N output features for all M tokens, one
+    # fp32 partial-product tile per token (M <= 4, unrolled: the tiles live in registers).
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
     cols = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + cols[None, :]
     acc0 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
@@ -43,44 +60,27 @@ def _gemv_kernel(
     for k0 in range(0, K, BLOCK_K):
         if EVEN:
             w = tl.load(w_ptrs, eviction_policy="evict_first").to(tl.float32)
-            x0 = tl.load(x_ptr + k0 + cols).to(tl.float32)
         else:
-            kmask = k0 + cols < K
-            w = tl.load(w_ptrs, mask=(rows < N)[:, None] & kmask[None, :], other=0.0,
+            w = tl.load(w_ptrs, mask=rmask[:, None] & (k0 + cols < K)[None, :], other=0.0,
                         eviction_policy="evict_first").to(tl.float32)
-            x0 = tl.load(x_ptr + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-        acc0 += w * x0[None, :]
+        acc0 += w * _x_chunk(x_ptr, k0, cols, K, EVEN)[None, :]
         if M > 1:
-            if EVEN:
-                x1 = tl.load(x_ptr + stride_xm + k0 + cols).to(tl.float32)
-            else:
-                x1 = tl.load(x_ptr + stride_xm + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-            acc1 += w * x1[None, :]
+            acc1 += w * _x_chunk(x_ptr + stride_xm, k0, cols, K, EVEN)[None, :]
         if M > 2:
-            if EVEN:
-                x2 = tl.load(x_ptr + 2 * stride_xm + k0 + cols).to(tl.float32)
-            else:
-                x2 = tl.load(x_ptr + 2 * stride_xm + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-            acc2 += w * x2[None, :]
+            acc2 += w * _x_chunk(x_ptr + 2 * stride_xm, k0, cols, K, EVEN)[None, :]
         if M > 3:
-            if EVEN:
-                x3 = tl.load(x_ptr + 3 * stride_xm + k0 + cols).to(tl.float32)
-            else:
-                x3 = tl.load(x_ptr + 3 * stride_xm + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-            acc3 += w * x3[None, :]
+            acc3 += w * _x_chunk(x_ptr + 3 * stride_xm, k0, cols, K, EVEN)[None, :]
         w_ptrs += BLOCK_K
-    rmask = rows < N
     bias = tl.zeros([BLOCK_N], tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
-    out_ty = y_ptr.dtype.element_ty
-    tl.store(y_ptr + rows, (tl.sum(acc0, axis=1) + bias).to(out_ty), mask=rmask)
+    _store_row(y_ptr, acc0, bias, rows, rmask)
     if M > 1:
-        tl.store(y_ptr + stride_ym + rows, (tl.sum(acc1, axis=1) + bias).to(out_ty), mask=rmask)
+        _store_row(y_ptr + stride_ym, acc1, bias, rows, rmask)
     if M > 2:
-        tl.store(y_ptr + 2 * stride_ym + rows, (tl.sum(acc2, axis=1) + bias).to(out_ty), mask=rmask)
+        _store_row(y_ptr + 2 * stride_ym, acc2, bias, rows, rmask)
     if M > 3:
-        tl.store(y_ptr + 3 * stride_ym + rows, (tl.sum(acc3, axis=1) + bias).to(out_ty), mask=rmask)
+        _store_row(y_ptr + 3 * stride_ym, acc3, bias, rows, rmask)
 
 
 def pick_config(m: int, n: int, k: int) -> tuple[int, int, int, int]:
