@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info  # noqa: E402
+from machine import copy_bandwidth, machine_info  # noqa: E402
 
 # llama3-8b: hidden 4096, 32 q heads / 8 kv heads of 128, intermediate 14336, vocab 128256
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
@@ -51,24 +51,6 @@ def timed(fn, reps: int) -> float:
     return out[len(out) // 2]
 
 
-def copy_bandwidth(mib: int = 4096) -> float:
-    """Bytes read + written per second by a device-to-device copy (as bench_one_batch)."""
-    src = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    t = sorted(ts)[len(ts) // 2]
-    return 2 * src.numel() / t
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--m", type=int, default=1)
@@ -85,7 +67,7 @@ def main() -> None:
         records.append(rec)
         print(json.dumps(rec), flush=True)
 
-    bw = copy_bandwidth()
+    bw = copy_bandwidth("cuda", 4096)
     emit({"figure": "copy_bandwidth", "gb_s": round(bw / 1e9, 1)})
     x = torch.randn(args.m, 14336, device=dev, dtype=dt)
     sweep = list(itertools.product((1, 2, 4, 8, 16), (256, 512, 1024), (2, 4, 8), (1,)))

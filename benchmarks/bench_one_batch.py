@@ -35,6 +35,8 @@ import time
 
 import torch
 
+from machine import copy_bandwidth  # benchmarks/machine.py (scripts run from this folder)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -88,35 +90,6 @@ def emit(rec: dict) -> dict:
 def sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-
-
-# ------------------------------------------------------------------------------ bandwidth
-
-def copy_bandwidth(dev: torch.device, mib: int, reps: int = 10) -> float:
-    """Bytes/s of a device-to-device copy, bytes read + bytes written, median of `reps`."""
-    n = mib << 20
-    src = torch.empty(n, dtype=torch.uint8, device=dev)
-    src.random_(0, 256)  # not zeros
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(reps):
-        if dev.type == "cuda":
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            dst.copy_(src)
-            e1.record()
-            e1.synchronize()
-            times.append(e0.elapsed_time(e1) * 1e-3)
-        else:
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            times.append(time.perf_counter() - t0)
-    if not torch.equal(dst[:4096], src[:4096]):
-        raise RuntimeError("copy check failed")
-    del src, dst
-    return 2 * n / statistics.median(times)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

@@ -1,9 +1,12 @@
-"""What machine a benchmark ran on, for its results JSON (shared by the CPU benchmarks)."""
+"""What machine a benchmark ran on, for its results JSON, and its measured copy bandwidth
+(the roofline's denominator); shared by the benchmark scripts."""
 from __future__ import annotations
 
 import importlib.metadata as md
 import os
 import platform
+import statistics
+import time
 
 
 def _cpu_model() -> str:
@@ -34,3 +37,33 @@ def machine_info(packages: tuple[str, ...] = ("torch", "transformers")) -> dict:
     info.update({p.replace("-", "_"): _version(p) for p in packages})
     info["loadavg_start"] = os.getloadavg()
     return info
+
+
+def copy_bandwidth(dev, mib: int, reps: int = 10) -> float:
+    """Bytes/s of a device-to-device copy, bytes read + bytes written, median of `reps`."""
+    import torch
+
+    dev = torch.device(dev)
+    n = mib << 20
+    src = torch.empty(n, dtype=torch.uint8, device=dev)
+    src.random_(0, 256)  # not zeros
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        if dev.type == "cuda":
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            dst.copy_(src)
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1) * 1e-3)
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t0)
+    if not torch.equal(dst[:4096], src[:4096]):
+        raise RuntimeError("copy check failed")
+    del src, dst
+    return 2 * n / statistics.median(times)
