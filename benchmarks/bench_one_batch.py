@@ -16,7 +16,9 @@ benchmarks/results/one_batch_<device>.json):
   flushed before every timed call. t_full = generate(max_new_tokens=output_len),
   t_prefill = generate(max_new_tokens=1) (~ prefill + one sample).
   decode tok/s = bs * (output_len - 1) / (t_full - t_prefill); output tok/s = bs * output_len / t_full.
-  One untimed full warm-up per batch size; median over --repeats.
+  One untimed full warm-up per batch size; median over --repeats. --kv-cache-dtype fp8_e5m2
+  stores treadle's KV cache as fp8 (half the KV bytes decode reads; HF keeps the model
+  dtype, so greedy_tokens_matching_treadle may be shorter).
 - hf (per HF batch size): HF `generate` (greedy, min_new_tokens = max_new_tokens = output_len)
   on an HF LlamaForCausalLM whose random weights are loaded into treadle before any timing, so
   both sides run the same weights. One short warm-up per batch size.
@@ -58,6 +60,9 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1, help="timed runs per batch size (median)")
     p.add_argument("--attention-backend", default=None, help="default: triton on cuda, torch on cpu")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e5m2"],
+                   help="treadle's KV cache storage: auto = the model dtype; fp8_e5m2 halves KV bytes "
+                        "(outputs change slightly; the HF side is unchanged)")
     p.add_argument("--overlap-schedule", default="auto", choices=["auto", "on", "off"],
                    help="overlap scheduling (auto: on with CUDA)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True, help="decode through CUDA graphs (--no-cuda-graph: plain launches)")
@@ -237,8 +242,8 @@ def main() -> None:
           "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
           "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": args.model, "dtype": args.dtype,
           "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats,
-          "attention_backend": args.attention_backend, "cuda_graph": args.cuda_graph,
-          "overlap_schedule": args.overlap_schedule, "tp_size": args.tp_size})
+          "attention_backend": args.attention_backend, "kv_cache_dtype": args.kv_cache_dtype,
+          "cuda_graph": args.cuda_graph, "overlap_schedule": args.overlap_schedule, "tp_size": args.tp_size})
 
     bw = copy_bandwidth(dev, args.copy_mib or (2048 if dev.type == "cuda" else 256))
     emit({"figure": "copy_bandwidth", "gb_s": round(bw / 1e9, 1)})
@@ -249,8 +254,9 @@ def main() -> None:
     engine = Engine(model_path=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
                     max_total_tokens=max_bs * seq + 2 * seq, max_running_requests=max_bs,
                     chunked_prefill_size=max(8192, args.input_len), max_prefill_tokens=args.max_prefill_tokens,
-                    attention_backend=args.attention_backend, cuda_graph=args.cuda_graph,
-                    overlap_schedule=args.overlap_schedule, context_length=seq + 16, tp_size=args.tp_size)
+                    attention_backend=args.attention_backend, kv_cache_dtype=args.kv_cache_dtype,
+                    cuda_graph=args.cuda_graph, overlap_schedule=args.overlap_schedule, context_length=seq + 16,
+                    tp_size=args.tp_size)
     load_s = time.perf_counter() - t0
     cfg = engine.runner.config
     wb = weight_bytes(engine.runner.model)

@@ -11,6 +11,9 @@ Triton kernels: split-KV ("flash-decoding") in two stages.
         log-sum-exp (base 2) to a fp32 workspace.
     stage 2, grid (request b, q head): merges the splits of that request.
 
+With max_kv_splits == 1 (big batches already fill the GPU) stage 1 writes the normalised
+output straight into o and stage 2 is not launched.
+
 Split ranges are computed on the device from seq_lens[b] (`_split_range`), so with a fixed
 `max_kv_splits` the launch depends on no host value of seq_lens (CUDA-graph safe):
 
@@ -20,6 +23,9 @@ Split ranges are computed on the device from seq_lens[b] (`_split_range`), so wi
 Workspace: one fp32 buffer of `decode_workspace_numel(B, Hq, D, max_kv_splits)` elements,
 holding partial outputs [B, Hq, S, D] followed by log-sum-exps [B, Hq, S].
 A request with seq_len == 0 gets a zero output (the reference gives NaN there).
+
+The pool holds q's dtype or float8_e5m2 (the fp8 KV cache, half the bytes to read): loaded
+K/V tiles are converted to the dot operand dtype, which holds every e5m2 value exactly.
 """
 from __future__ import annotations
 
@@ -29,7 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .kv_store import check_device, check_index, check_pool_tables, dot_operand_dtype, interpreted
+from .kv_store import (
+    check_device, check_index, check_pool_dtype, check_pool_tables, dot_operand_dtype, interpreted,
+)
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = 1.4426950408889634
@@ -50,8 +58,8 @@ def _split_range(seq_len, split, num_splits, ALIGN: tl.constexpr):
 def _decode_stage1_kernel(
     # pointers
     Q, KBuf, VBuf, ReqToToken, ReqPoolIdx, SeqLens,
-    PartOut,  # [B, Hq, S, D] fp32
-    PartLse,  # [B, Hq, S] fp32
+    PartOut,  # [B, Hq, S, D] fp32; with DIRECT, the output O [B, Hq, D] itself
+    PartLse,  # [B, Hq, S] fp32 (unused with DIRECT)
     # sizes / scalars
     qk_scale,  # sm_scale * log2(e)
     group,  # Hq // Hk
@@ -70,22 +78,26 @@ def _decode_stage1_kernel(
     BLOCK_D: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
+    DIRECT: tl.constexpr,  # one split: write the final output (O's dtype) and skip stage 2
 ):
     b = tl.program_id(0)
     kv_h = tl.program_id(1)
     split = tl.program_id(2)
-    seq_len = tl.load(SeqLens + b).to(tl.int32)
-    lo, hi, _ = _split_range(seq_len, split, num_splits, BLOCK_N)
-    if lo >= hi:
-        return
-    row = tl.load(ReqPoolIdx + b).to(tl.int64)
-
     offs_g = tl.arange(0, BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     heads = kv_h * group + offs_g  # the q heads of this kv head
     g_mask = offs_g < group
     d_mask = offs_d < HEAD_DIM
+    out_ptrs = PartOut + b.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :]
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    lo, hi, _ = _split_range(seq_len, split, num_splits, BLOCK_N)
+    if lo >= hi:
+        if DIRECT:  # seq_len == 0: a zero output, as stage 2 would give
+            tl.store(out_ptrs, tl.zeros([BLOCK_H, BLOCK_D], tl.float32).to(PartOut.dtype.element_ty),
+                     mask=g_mask[:, None] & d_mask[None, :])
+        return
+    row = tl.load(ReqPoolIdx + b).to(tl.int64)
 
     # [BLOCK_H, BLOCK_D]: rows past the group are zero (tl.dot needs >= 16 rows)
     q_ptrs = Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
@@ -113,10 +125,10 @@ def _decode_stage1_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
         m_i = m_new
 
-    out_ptrs = PartOut + b.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :]
-    tl.store(out_ptrs, acc / l_i[:, None], mask=g_mask[:, None] & d_mask[None, :])
-    lse_ptrs = PartLse + b.to(tl.int64) * stride_lb + heads * stride_lh + split
-    tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=g_mask)
+    tl.store(out_ptrs, (acc / l_i[:, None]).to(PartOut.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+    if not DIRECT:
+        lse_ptrs = PartLse + b.to(tl.int64) * stride_lb + heads * stride_lh + split
+        tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=g_mask)
 
 
 @triton.jit
@@ -166,26 +178,35 @@ def _num_sms(device_index: int) -> int:
 
 
 def default_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, device: torch.device | str) -> int:
-    """Splits per request so that stage 1 fills the GPU (about 8 programs per SM), at most one
-    per 64 keys of the longest context (a split is a serial chain of dependent loads: at batch 1 short
-    splits are what hides the latency). Call it once (e.g. at CUDA-graph capture, with the
-    longest context) and pass the result as `max_kv_splits`; it does not look at seq_lens:
-    each request uses only the splits its own length fills."""
+    """Splits per request. Once every SM has a (request, kv head) program of its own, one: a
+    split then only adds stage 2's merge (H200, llama3-8b heads, 576 keys: one split is 10%
+    faster at batch 128 and 5% at 256 than two, and level at 32-64;
+    benchmarks/sweep_decode_attention.py). Fewer programs than SMs: enough splits that stage 1
+    fills the GPU (about 8 programs per SM), at most one per 64 keys of the longest context (a
+    split is a serial chain of dependent loads: at batch 1 short splits are what hides the
+    latency). Call it once (e.g. at CUDA-graph capture, with the longest context) and pass the
+    result as `max_kv_splits`; it does not look at seq_lens: each request uses only the splits
+    its own length fills."""
     device = torch.device(device)
     sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 4
-    want = triton.cdiv(8 * sms, max(1, batch_size * num_kv_heads))
+    programs = max(1, batch_size * num_kv_heads)
+    if programs >= sms:
+        return 1
+    want = triton.cdiv(8 * sms, programs)
     by_len = triton.cdiv(max(1, max_seq_len), 64)
     return max(1, min(want, by_len, 64))
 
 
-def _decode_blocks(on_gpu: bool, block_d: int) -> tuple[int, int, int]:
+def _decode_blocks(on_gpu: bool, block_d: int, splits: int) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages) for stage 1."""
     if not on_gpu:
         return 16, 1, 1
-    # H200 sweep (benchmarks/sweep_decode_attention.py, bf16, D 128, GQA 4): 32-key tiles with
-    # 2 warps beat 64 x 4 warps at every batch (bs 128 x 600 keys: 97 vs 112 us)
-    return 32, 2, 2
+    # H200 sweeps (benchmarks/sweep_decode_attention.py, D 128, GQA 4). Split requests: 32-key
+    # tiles with 2 warps beat 64 x 4 warps at every batch. One split per request (big batches):
+    # 64-key tiles, 3 stages (bs 128 x 576 keys: 76 vs 83 us for bf16, 66 vs 87 us for an fp8
+    # pool, whose 128-byte rows need the longer tile to keep as many bytes in flight)
+    return (64, 2, 3) if splits == 1 else (32, 2, 2)
 
 
 def decode_attention(
@@ -211,6 +232,7 @@ def decode_attention(
     graph. `workspace`: optional fp32 contiguous buffer of at least
     `decode_workspace_numel(B, Hq, D, max_kv_splits)` elements (reused across calls / graph
     replays); else one is allocated. q / o may be strided views with a contiguous last dim.
+    k_buffer / v_buffer hold q's dtype or float8_e5m2 (upcast on load).
     `block_n` (power of two >= 16) overrides stage 1's key tile and split alignment.
     Values are trusted: seq_lens must fit req_to_token's row and slots must be pool rows.
     """
@@ -225,8 +247,7 @@ def decode_attention(
             raise ValueError(f"{name} must be float16/bfloat16/float32, got {t.dtype}")
     batch, num_heads, head_dim = q.shape
     check_pool_tables(k_buffer, v_buffer, req_to_token, num_heads, head_dim)
-    if k_buffer.dtype != q.dtype:
-        raise ValueError(f"k_buffer/v_buffer dtype {k_buffer.dtype} must equal q dtype {q.dtype}")
+    check_pool_dtype(k_buffer, q)
     check_index("req_pool_indices", req_pool_indices, batch)
     check_index("seq_lens", seq_lens, batch)
     tensors = dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, o=o, req_to_token=req_to_token,
@@ -254,7 +275,7 @@ def decode_attention(
 
     on_gpu = not interpreted(_decode_stage1_kernel)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    bn, num_warps, num_stages = _decode_blocks(on_gpu, block_d)
+    bn, num_warps, num_stages = _decode_blocks(on_gpu, block_d, max_kv_splits)
     bn = block_n or bn
     if bn < 16 or bn & (bn - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {bn}")
@@ -265,20 +286,26 @@ def decode_attention(
     part_lse = flat[n_out:need].view(batch, num_heads, max_kv_splits)
     dot_dtype = dot_operand_dtype(q.dtype, on_gpu)
 
+    # one split: stage 1 normalises and writes o itself (no partials, no stage 2)
+    direct = max_kv_splits == 1
+    dst = o if direct else part_out
+    dst_strides = (o.stride(0), o.stride(1), 0) if direct else (part_out.stride(0), part_out.stride(1), part_out.stride(2))
     _decode_stage1_kernel[(batch, num_kv_heads, max_kv_splits)](
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
-        part_out, part_lse,
+        dst, part_lse,
         float(sm_scale) * _LOG2E, group, max_kv_splits,
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1),
         req_to_token.stride(0),
-        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        *dst_strides,
         part_lse.stride(0), part_lse.stride(1),
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=bn, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        DOT_DTYPE=dot_dtype, PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
+        DOT_DTYPE=dot_dtype, PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", DIRECT=direct,
         num_warps=num_warps, num_stages=num_stages,
     )
+    if direct:
+        return
     _decode_stage2_kernel[(batch, num_heads)](
         part_out, part_lse, o, seq_lens,
         max_kv_splits,
@@ -300,7 +327,8 @@ def decode_attention_ref(
     seq_lens: torch.Tensor,  # [B]
     sm_scale: float,
 ) -> None:
-    """Pure-torch reference on any device: pads the batch to its longest sequence."""
+    """Pure-torch reference on any device: pads the batch to its longest sequence. Gathered
+    K/V rows are upcast to fp32, so an fp8 pool needs nothing more."""
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     group = num_heads // num_kv_heads

@@ -21,6 +21,11 @@ through req_to_token. Grid = (request, q head, query block of BLOCK_M new tokens
 
 GQA: q head h reads kv head h // (Hq // Hk). head_dim is padded to a power of two BLOCK_D
 (>= 16) and masked, so any head_dim works.
+
+The pool holds q's dtype or float8_e5m2 (the fp8 KV cache): loaded K/V tiles are converted to
+the dot operand dtype (q's dtype; fp32 for fp32 q and for bf16 under the interpreter), which
+every e5m2 value fits exactly, so an fp8 pool is read as if it had been upcast, and a pool in
+q's dtype takes the same (no-op) conversion as before.
 """
 from __future__ import annotations
 
@@ -30,7 +35,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .kv_store import check_device, check_index, check_pool_tables, dot_operand_dtype, interpreted
+from .kv_store import (
+    check_device, check_index, check_pool_dtype, check_pool_tables, dot_operand_dtype, interpreted,
+)
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = 1.4426950408889634
@@ -173,8 +180,9 @@ def extend_attention(
     """Triton extend attention; same arguments and results as `extend_attention_ref`.
 
     q / o may be strided views (e.g. slices of a fused qkv projection) as long as the last
-    dim is contiguous; q, k_buffer, v_buffer share one dtype (fp16/bf16/fp32); o may be any of
-    those. `max_extend_len` (>= max(extend_lens)) sizes the grid; when omitted it is read from
+    dim is contiguous; q is fp16/bf16/fp32 and k_buffer, v_buffer share q's dtype or are
+    float8_e5m2 (an fp8 KV cache, upcast on load); o may be any of fp16/bf16/fp32.
+    `max_extend_len` (>= max(extend_lens)) sizes the grid; when omitted it is read from
     extend_lens (one host sync). Rows of requests with extend_lens == 0 are left untouched.
     Values are trusted: prefix + extend must fit in req_to_token's row and every slot must be
     a valid pool row. `block_m` / `block_n` override the tile shape (powers of two >= 16).
@@ -190,8 +198,7 @@ def extend_attention(
             raise ValueError(f"{name} must be float16/bfloat16/float32, got {t.dtype}")
     num_tokens, num_heads, head_dim = q.shape
     check_pool_tables(k_buffer, v_buffer, req_to_token, num_heads, head_dim)
-    if k_buffer.dtype != q.dtype:
-        raise ValueError(f"k_buffer/v_buffer dtype {k_buffer.dtype} must equal q dtype {q.dtype}")
+    check_pool_dtype(k_buffer, q)
     batch = req_pool_indices.shape[0] if req_pool_indices.dim() == 1 else -1
     for name, t in (
         ("req_pool_indices", req_pool_indices), ("prefix_lens", prefix_lens),
@@ -250,7 +257,8 @@ def extend_attention_ref(
 ) -> None:
     """Pure-torch reference on any device (the CPU runtime's path). On CPU, requests with
     short extends (decode rows, jump-forward drafts, small chunks) share one padded SDPA
-    call; each longer one gets its own. Query heads are grouped by KV head (no K/V repeat)."""
+    call; each longer one gets its own. Query heads are grouped by KV head (no K/V repeat).
+    Gathered K/V rows are upcast to fp32 (as is q), so an fp8 pool needs nothing more."""
     num_heads, num_kv_heads = q.shape[1], k_buffer.shape[1]
     group = num_heads // num_kv_heads
     reqs = [r for r in zip(req_pool_indices.tolist(), prefix_lens.tolist(), extend_lens.tolist(),

@@ -3,7 +3,12 @@
     k_buffer[slots[t]] = k[t]      v_buffer[slots[t]] = v[t]      for t in 0 .. T-1
 
 One program per token copies its [Hk * D] row of K and of V (the row is contiguous in both
-the source and the pool, so the copy is a flat vectorized load/store).
+the source and the pool, so the copy is a flat vectorized load/store), cast to the pool dtype.
+
+The pool may be the model dtype or float8_e5m2 (the fp8 KV cache: a direct round-to-nearest
+cast with no scales; e5m2 keeps fp16's exponent range, max 57344, ample for K/V activations,
+at 2 mantissa bits). The attention kernels upcast fp8 rows after loading them; every e5m2
+value is exact in fp16, bf16 and fp32, so that upcast is lossless and only the store rounds.
 """
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8_KV_DTYPE = torch.float8_e5m2  # the one fp8 KV cache format (scale-free)
+KV_POOL_DTYPES = _FLOAT_DTYPES + (FP8_KV_DTYPE,)
 
 
 @triton.jit
@@ -37,6 +44,7 @@ def _store_kv_kernel(
         mask = offs < row_size
         k = tl.load(src_k + offs, mask=mask)
         v = tl.load(src_v + offs, mask=mask)
+        # a no-op for a pool in the source dtype; round-to-nearest-even into an fp8 pool
         tl.store(dst_k + offs, k.to(KBuf.dtype.element_ty), mask=mask)
         tl.store(dst_v + offs, v.to(VBuf.dtype.element_ty), mask=mask)
 
@@ -103,6 +111,16 @@ def check_pool_tables(
         raise ValueError(f"req_to_token rows must be contiguous, got strides {req_to_token.stride()}")
 
 
+def check_pool_dtype(k_buffer: torch.Tensor, q: torch.Tensor) -> None:
+    """Raise ValueError unless the pool holds q's dtype or is an fp8_e5m2 KV cache (read with
+    any float q: the kernels upcast its rows before the dot products)."""
+    if k_buffer.dtype != q.dtype and k_buffer.dtype != FP8_KV_DTYPE:
+        raise ValueError(
+            f"k_buffer/v_buffer dtype {k_buffer.dtype} must equal q dtype {q.dtype} "
+            f"or be {FP8_KV_DTYPE} (the fp8 KV cache)"
+        )
+
+
 def dot_operand_dtype(dtype: torch.dtype, on_gpu: bool) -> tl.dtype:
     """tl.dot operand dtype for attention on `dtype` inputs: the input dtype itself, except bf16
     under the interpreter (triton 3.9's interpreter multiplies bf16 blocks wrongly), which is
@@ -121,6 +139,7 @@ def store_kv(
 ) -> None:
     """Scatter k[t] / v[t] into k_buffer[slots[t]] / v_buffer[slots[t]] (cast to the pool dtype).
 
+    k / v are fp16/bf16/fp32; the pool is one of those or float8_e5m2 (rounded to nearest even).
     Requires: pool rows contiguous (stride(1) == D, stride(2) == 1) and identical K/V pool
     layouts; k / v rows contiguous per token (any token stride); slots in [0, num_slots).
     Slots must be distinct (duplicate slots race, as in the reference's undefined order).
@@ -128,7 +147,9 @@ def store_kv(
     for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D [*, Hk, D], got shape {tuple(t.shape)}")
-        if t.dtype not in _FLOAT_DTYPES:
+        if name.endswith("buffer") and t.dtype not in KV_POOL_DTYPES:
+            raise ValueError(f"{name} must be float16/bfloat16/float32/float8_e5m2, got {t.dtype}")
+        if not name.endswith("buffer") and t.dtype not in _FLOAT_DTYPES:
             raise ValueError(f"{name} must be float16/bfloat16/float32, got {t.dtype}")
         if (t.shape[2] > 1 and t.stride(2) != 1) or (t.shape[1] > 1 and t.stride(1) != t.shape[2]):
             raise ValueError(f"{name} must have contiguous [Hk, D] rows, got strides {t.stride()}")
@@ -169,11 +190,16 @@ def store_kv_ref(
     k: torch.Tensor,  # [T, Hk, D]
     v: torch.Tensor,  # [T, Hk, D]
 ) -> None:
-    """Pure-torch reference: k_buffer[slots] = k; v_buffer[slots] = v."""
+    """Pure-torch reference: k_buffer[slots] = k; v_buffer[slots] = v (cast to the pool dtype)."""
     # index_copy_ rather than k_buffer[slots] = k: ~20x faster on CPU, same result for the
-    # distinct slots a batch writes
-    k_buffer.index_copy_(0, slots.long(), k.to(k_buffer.dtype))
-    v_buffer.index_copy_(0, slots.long(), v.to(v_buffer.dtype))
+    # distinct slots a batch writes. CPU index_copy_ has no fp8 kernel: an fp8 pool copies its
+    # (already cast) bytes through uint8 views instead.
+    slots = slots.long()
+    for buf, x in ((k_buffer, k), (v_buffer, v)):
+        x = x.to(buf.dtype)
+        if buf.dtype == FP8_KV_DTYPE:
+            buf, x = buf.view(torch.uint8), x.view(torch.uint8)
+        buf.index_copy_(0, slots, x)
 
 
 if __name__ == "__main__":  # tiny timing on a GPU: python -m treadle.kernels.kv_store

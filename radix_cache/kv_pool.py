@@ -2,6 +2,10 @@
 
 Row 0 of every buffer is the dummy slot (padded writes land there), rows 1..num_slots
 belong to the slots that `TokenSlotAllocator` hands out.
+
+The storage dtype is the model dtype, or torch.float8_e5m2 for an fp8 KV cache: K/V are cast
+on store (no scales) and upcast by the attention backends on read, so a slot costs half the
+bytes of bf16 and the same memory budget holds twice the slots.
 """
 
 from __future__ import annotations
@@ -13,7 +17,14 @@ import torch
 MIN_USEFUL_SLOTS = 16
 
 
+# storage dtypes the attention backends read: the model dtypes, and e5m2 as the fp8 KV cache
+KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e5m2)
+
+
 def _dtype_size(dtype: torch.dtype) -> int:
+    """Bytes of one pool element; ValueError for a dtype the attention backends cannot read."""
+    if dtype not in KV_DTYPES:
+        raise ValueError(f"KV pool dtype must be one of {', '.join(str(d) for d in KV_DTYPES)}, got {dtype}")
     return torch.empty((), dtype=dtype).element_size()
 
 
@@ -29,7 +40,9 @@ class TokenToKVPool:
         dtype: torch.dtype,
         device: str | torch.device = "cpu",
     ) -> None:
-        """Allocate zeroed buffers for `num_slots` usable slots (plus the dummy row 0)."""
+        """Allocate zeroed buffers of `dtype` (one of KV_DTYPES) for `num_slots` usable slots
+        (plus the dummy row 0)."""
+        _dtype_size(dtype)  # the dtype check
         for name, value in (("num_slots", num_slots), ("num_layers", num_layers),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
             if value < 1:
@@ -51,7 +64,8 @@ class TokenToKVPool:
     def set_kv(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write K/V of `n` tokens into `layer` at `slots` (int64 [n]).
 
-        Requires k, v of shape [n, kv_heads, head_dim]; they are cast to the pool dtype.
+        Requires k, v of shape [n, kv_heads, head_dim]; they are cast to the pool dtype
+        (rounded to nearest even into an fp8 pool).
         Slot 0 may appear (padding); its contents are garbage by design.
         """
         n = slots.shape[0]
@@ -67,7 +81,7 @@ class TokenToKVPool:
 
     @staticmethod
     def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        """Bytes one token slot costs across all layers, K and V together."""
+        """Bytes one token slot costs across all layers, K and V together, stored as `dtype`."""
         return 2 * num_layers * num_kv_heads * head_dim * _dtype_size(dtype)
 
     @staticmethod
@@ -85,6 +99,6 @@ class TokenToKVPool:
                 f"KV budget of {int(budget_bytes)} bytes holds only {max(slots, 0)} token slots at "
                 f"{per_slot} bytes per slot; at least {MIN_USEFUL_SLOTS} are needed "
                 f"(need >= {(MIN_USEFUL_SLOTS + 1) * per_slot} bytes): raise the memory fraction "
-                f"or use a smaller model / dtype"
+                f"or use a smaller model / dtype (or kv_cache_dtype fp8_e5m2: one byte an element)"
             )
         return slots

@@ -2,6 +2,9 @@
 graph) and `forward` (stores the new K/V into the pool, then attends; graph-safe on GPU).
 
 `torch` works on any device (the kernels' *_ref functions); `triton` is the GPU default.
+Both take the pool in the model dtype or as an fp8_e5m2 KV cache (`kv_cache_dtype`): new K/V
+are cast on store, and gathered K/V are upcast before the dot products (the refs compute in
+fp32, the kernels in the dot operand dtype), so q and the output stay in the model dtype.
 """
 from __future__ import annotations
 

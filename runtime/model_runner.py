@@ -43,6 +43,19 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+_KV_CACHE_DTYPES = {"fp8_e5m2": torch.float8_e5m2}
+
+
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV pool's storage dtype: `auto` = the model dtype; `fp8_e5m2` = torch.float8_e5m2
+    (cast on store, upcast by the attention backends; compute stays in the model dtype)."""
+    if name == "auto":
+        return model_dtype
+    if name not in _KV_CACHE_DTYPES:
+        raise ValueError(f"unknown kv_cache_dtype {name!r}; choose auto, {', '.join(_KV_CACHE_DTYPES)}")
+    return _KV_CACHE_DTYPES[name]
+
+
 class ModelRunner:
     def __init__(self, args: EngineArgs, ctx: ParallelContext = SINGLE) -> None:
         self.args = args
@@ -53,6 +66,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.dtype = resolve_dtype(args.dtype, self.device)
+        self.kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
         self.source = resolve_model_source(args.model_path)
         self.config = cfg = self.source.config
         self.context_len = args.context_length or min(cfg.max_position_embeddings, 8192)
@@ -78,7 +92,7 @@ class ModelRunner:
 
         self.num_slots = min_across_ranks(self._pool_size(), ctx, self.device)  # ranks schedule alike
         self.kv_pool = TokenToKVPool(self.num_slots, cfg.num_layers, model.layers[0].self_attn.num_kv_heads,
-                                     cfg.head_dim, self.dtype, self.device)
+                                     cfg.head_dim, self.kv_dtype, self.device)
         self.allocator = TokenSlotAllocator(self.num_slots)
         self.max_running = min(args.max_running_requests, self.num_slots)
         self.req_to_token_pool = ReqToTokenPool(self.max_running + 1, self.context_len + 8, self.device)
@@ -105,7 +119,7 @@ class ModelRunner:
                     f"of {total >> 30} GiB is below the {used >> 30} GiB already used; raise it")
         else:
             budget = self.args.kv_cache_bytes
-        return TokenToKVPool.slots_for_budget(budget, cfg.num_layers, kv_heads, cfg.head_dim, self.dtype)
+        return TokenToKVPool.slots_for_budget(budget, cfg.num_layers, kv_heads, cfg.head_dim, self.kv_dtype)
 
     def release_graphs(self) -> None:
         """Drop the captured decode graphs (before leaving a tensor-parallel group: NCCL

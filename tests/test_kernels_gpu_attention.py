@@ -27,12 +27,13 @@ def _check(out: torch.Tensor, want: torch.Tensor) -> None:
     assert (out.float() - want.float()).abs().mean().item() < tol / 10
 
 
-def _pool(seq_lens: list[int], hk: int, d: int, dtype: torch.dtype, seed: int):
-    """Random KV pool; each request's positions map to shuffled distinct slots in a shuffled table row."""
+def _pool(seq_lens: list[int], hk: int, d: int, dtype: torch.dtype, seed: int, pool_dtype: torch.dtype | None = None):
+    """Random KV pool (in `pool_dtype`, default `dtype`); each request's positions map to
+    shuffled distinct slots in a shuffled table row."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     num_slots = sum(seq_lens) + 1
-    kb = torch.randn(num_slots, hk, d, device="cuda", generator=g).to(dtype)
-    vb = torch.randn(num_slots, hk, d, device="cuda", generator=g).to(dtype)
+    kb = torch.randn(num_slots, hk, d, device="cuda", generator=g).to(pool_dtype or dtype)
+    vb = torch.randn(num_slots, hk, d, device="cuda", generator=g).to(pool_dtype or dtype)
     r2t = torch.zeros(len(seq_lens) + 4, max(seq_lens) + 8, dtype=torch.int32, device="cuda")
     rows = torch.randperm(r2t.shape[0], device="cuda", generator=g)[: len(seq_lens)]
     slots = 1 + torch.randperm(num_slots - 1, device="cuda", generator=g)
@@ -48,8 +49,9 @@ def _lens(n: int, lo: int, hi: int, seed: int) -> list[int]:
     return torch.randint(lo, hi + 1, (n,), generator=g).tolist()
 
 
-def _extend(prefix: list[int], ext: list[int], hq: int, hk: int, d: int, dtype: torch.dtype, seed: int = 0):
-    g, kb, vb, r2t, rows = _pool([p + e for p, e in zip(prefix, ext)], hk, d, dtype, seed)
+def _extend(prefix: list[int], ext: list[int], hq: int, hk: int, d: int, dtype: torch.dtype, seed: int = 0,
+            pool_dtype: torch.dtype | None = None):
+    g, kb, vb, r2t, rows = _pool([p + e for p, e in zip(prefix, ext)], hk, d, dtype, seed, pool_dtype)
     q = torch.randn(sum(ext), hq, d, device="cuda", generator=g).to(dtype)
     cu = torch.tensor([0] + ext, device="cuda").cumsum(0)
     args = (q, kb, vb, None, r2t, rows, torch.tensor(prefix, device="cuda", dtype=torch.int32),
@@ -88,8 +90,9 @@ def test_extend_other_head_dims_and_dtypes(hq, hk, d, dtype):
     _extend([0, 300, 17], [700, 129, 1], hq, hk, d, dtype, seed=d)
 
 
-def _decode(seq_lens: list[int], hq: int, hk: int, d: int, dtype: torch.dtype, seed: int = 0, **kwargs):
-    g, kb, vb, r2t, rows = _pool(seq_lens, hk, d, dtype, seed)
+def _decode(seq_lens: list[int], hq: int, hk: int, d: int, dtype: torch.dtype, seed: int = 0,
+            pool_dtype: torch.dtype | None = None, **kwargs):
+    g, kb, vb, r2t, rows = _pool(seq_lens, hk, d, dtype, seed, pool_dtype)
     q = torch.randn(len(seq_lens), hq, d, device="cuda", generator=g).to(dtype)
     lens = torch.tensor(seq_lens, device="cuda", dtype=torch.int32)
     out, want = torch.empty_like(q), torch.empty_like(q)
@@ -161,3 +164,40 @@ def test_store_kv_llama_shapes(src_dtype):
     store_kv_ref(kb2, vb2, slots, k, v)
     torch.cuda.synchronize()
     assert torch.equal(kb, kb2) and torch.equal(vb, vb2)
+
+
+# ------------------------------------------------------------------ fp8 KV cache (float8_e5m2 pool)
+
+FP8 = torch.float8_e5m2
+
+
+@pytest.mark.parametrize("batch, ext_range, prefix_range", [(1, (4096, 4096), (0, 0)), (32, (1, 512), (1, 3584))])
+def test_extend_fp8_pool_llama_shapes(batch, ext_range, prefix_range):
+    ext = _lens(batch, *ext_range, seed=batch)
+    prefix = _lens(batch, *prefix_range, seed=batch + 1)
+    _extend(prefix, ext, HQ, HK, D, torch.bfloat16, seed=batch, pool_dtype=FP8)
+
+
+@pytest.mark.parametrize("batch", [1, 128])
+@pytest.mark.parametrize("splits", [None, 1])
+def test_decode_fp8_pool_llama_shapes(batch, splits):
+    seq = _lens(batch, 1, 4096, seed=batch)
+    seq[0] = 4096 if batch == 1 else 1
+    _decode(seq, HQ, HK, D, torch.bfloat16, seed=batch, pool_dtype=FP8, max_kv_splits=splits)
+
+
+def test_store_kv_into_fp8_pool_rounds_like_torch():
+    n = 4096
+    kb = torch.zeros(1 << 15, HK, D, device="cuda", dtype=FP8)
+    vb = torch.zeros_like(kb)
+    slots = torch.randperm(kb.shape[0], device="cuda")[:n]
+    k = torch.randn(n, HK, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    kb2, vb2 = kb.clone(), vb.clone()
+    store_kv(kb, vb, slots, k, v)
+    store_kv_ref(kb2, vb2, slots, k, v)
+    torch.cuda.synchronize()
+    for got, want in ((kb, kb2), (vb, vb2)):
+        steps = (got.view(torch.uint8).int() - want.view(torch.uint8).int()).abs()
+        assert steps.max().item() <= 1  # same code, or a tie rounded the other way
+        assert (steps == 0).float().mean().item() > 0.99
