@@ -21,7 +21,7 @@ benchmarks/results/one_batch_<device>.json):
   dtype, so greedy_tokens_matching_treadle may be shorter).
 - hf (per HF batch size): HF `generate` (greedy, min_new_tokens = max_new_tokens = output_len)
   on an HF LlamaForCausalLM whose random weights are loaded into treadle before any timing, so
-  both sides run the same weights. One short warm-up per batch size.
+  both sides run the same weights. One untimed full warm-up per batch size, as for treadle.
 - summary: table of bs, treadle output tok/s, decode tok/s, HF tok/s, ratio, % of roofline at bs 1.
 """
 from __future__ import annotations
@@ -145,8 +145,10 @@ def hf_generate(hf, ids: torch.Tensor, new: int, static: bool) -> torch.Tensor:
 
 def bench_hf(hf, bs: int, args, vocab: int, dev: torch.device, static: bool) -> dict:
     ids = torch.tensor(make_prompts(bs, args.input_len, vocab, args.seed), device=dev)
-    # warm-up: short unless static (static compiles for the shapes it will see)
-    hf_generate(hf, ids, args.output_len if static else min(2, args.output_len), static)
+    # warm-up: one full-length untimed run, as treadle gets. A short one left HF's first timed
+    # run cold (the dynamic cache growing through a cold CUDA allocator, first calls of each
+    # shape): 2-3x slower per step than later runs (benchmarks/hf_baseline_drift.py)
+    hf_generate(hf, ids, args.output_len, static)
     times, pres = [], []
     for _ in range(args.repeats):
         for new, acc in ((1, pres), (args.output_len, times)):
