@@ -36,10 +36,9 @@ import triton
 import triton.language as tl
 
 from .kv_store import (
-    check_device, check_index, check_pool_dtype, check_pool_tables, dot_operand_dtype, interpreted,
+    check_attention_io, check_device, check_index, dot_operand_dtype, interpreted,
 )
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = 1.4426950408889634
 
 
@@ -187,18 +186,7 @@ def extend_attention(
     Values are trusted: prefix + extend must fit in req_to_token's row and every slot must be
     a valid pool row. `block_m` / `block_n` override the tile shape (powers of two >= 16).
     """
-    if q.dim() != 3 or o.dim() != 3:
-        raise ValueError(f"q and o must be 3-D [T, Hq, D], got {tuple(q.shape)} and {tuple(o.shape)}")
-    if o.shape != q.shape:
-        raise ValueError(f"o must have q's shape {tuple(q.shape)}, got {tuple(o.shape)}")
-    for name, t in (("q", q), ("o", o)):
-        if t.shape[2] > 1 and t.stride(2) != 1:
-            raise ValueError(f"{name} must have a contiguous last dim, got strides {t.stride()}")
-        if t.dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"{name} must be float16/bfloat16/float32, got {t.dtype}")
-    num_tokens, num_heads, head_dim = q.shape
-    check_pool_tables(k_buffer, v_buffer, req_to_token, num_heads, head_dim)
-    check_pool_dtype(k_buffer, q)
+    num_tokens, num_heads, head_dim = check_attention_io(q, o, k_buffer, v_buffer, req_to_token, "T")
     batch = req_pool_indices.shape[0] if req_pool_indices.dim() == 1 else -1
     for name, t in (
         ("req_pool_indices", req_pool_indices), ("prefix_lens", prefix_lens),

@@ -84,10 +84,28 @@ def check_index(name: str, t: torch.Tensor, length: int) -> None:
         raise ValueError(f"{name} must be contiguous")
 
 
-def check_pool_tables(
-    k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor, num_heads: int, head_dim: int
-) -> None:
-    """Shared checks of the KV pool and request-to-token table used by the attention wrappers."""
+def check_attention_io(
+    q: torch.Tensor, o: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor, lead: str,
+) -> tuple[int, int, int]:
+    """Shared checks of the attention wrappers' query / output, KV pool and request-to-token
+    table; returns q's shape (`lead` names its first dim in messages: B or T).
+
+    q and o: 3-D [lead, Hq, D] of one shape, fp16/bf16/fp32 (each its own), contiguous last dim
+    (strided views such as slices of a fused qkv projection are fine). The pool: K and V alike,
+    3-D [num_slots, Hk, D] with a contiguous last dim, Hk dividing Hq, in q's dtype or
+    float8_e5m2 (an fp8 KV cache, read with any float q: the kernels upcast its rows before the
+    dot products). req_to_token: 2-D int32 with contiguous rows."""
+    if q.dim() != 3 or o.dim() != 3:
+        raise ValueError(f"q and o must be 3-D [{lead}, Hq, D], got {tuple(q.shape)} and {tuple(o.shape)}")
+    if o.shape != q.shape:
+        raise ValueError(f"o must have q's shape {tuple(q.shape)}, got {tuple(o.shape)}")
+    for name, t in (("q", q), ("o", o)):
+        if t.shape[2] > 1 and t.stride(2) != 1:
+            raise ValueError(f"{name} must have a contiguous last dim, got strides {t.stride()}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"{name} must be float16/bfloat16/float32, got {t.dtype}")
+    _, num_heads, head_dim = q.shape
     for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer)):
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D [num_slots, Hk, D], got shape {tuple(t.shape)}")
@@ -103,22 +121,18 @@ def check_pool_tables(
         raise ValueError(f"k_buffer head_dim {k_buffer.shape[2]} != q head_dim {head_dim}")
     if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
         raise ValueError(f"q heads ({num_heads}) must be a multiple of k_buffer heads ({num_kv_heads})")
+    if k_buffer.dtype != q.dtype and k_buffer.dtype != FP8_KV_DTYPE:
+        raise ValueError(
+            f"k_buffer/v_buffer dtype {k_buffer.dtype} must equal q dtype {q.dtype} "
+            f"or be {FP8_KV_DTYPE} (the fp8 KV cache)"
+        )
     if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
         raise ValueError(
             f"req_to_token must be a 2-D int32 tensor, got shape {tuple(req_to_token.shape)} {req_to_token.dtype}"
         )
     if req_to_token.shape[1] > 1 and req_to_token.stride(1) != 1:
         raise ValueError(f"req_to_token rows must be contiguous, got strides {req_to_token.stride()}")
-
-
-def check_pool_dtype(k_buffer: torch.Tensor, q: torch.Tensor) -> None:
-    """Raise ValueError unless the pool holds q's dtype or is an fp8_e5m2 KV cache (read with
-    any float q: the kernels upcast its rows before the dot products)."""
-    if k_buffer.dtype != q.dtype and k_buffer.dtype != FP8_KV_DTYPE:
-        raise ValueError(
-            f"k_buffer/v_buffer dtype {k_buffer.dtype} must equal q dtype {q.dtype} "
-            f"or be {FP8_KV_DTYPE} (the fp8 KV cache)"
-        )
+    return tuple(q.shape)
 
 
 def dot_operand_dtype(dtype: torch.dtype, on_gpu: bool) -> tl.dtype:
