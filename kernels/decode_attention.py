@@ -178,8 +178,8 @@ def _num_sms(device_index: int) -> int:
 
 def default_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, device: torch.device | str) -> int:
     """Splits per request. Once every SM has a (request, kv head) program of its own, one: a
-    split then only adds stage 2's merge (H200, llama3-8b heads, 576 keys: one split is 10%
-    faster at batch 128 and 5% at 256 than two, and level at 32-64;
+    split then only adds stage 2's merge (H200 sweep, llama3-8b heads, 576 keys: the fastest
+    config at batch 32, 128 and 256 has one split, for bf16 and fp8 pools alike;
     benchmarks/sweep_decode_attention.py). Fewer programs than SMs: enough splits that stage 1
     fills the GPU (about 8 programs per SM), at most one per 64 keys of the longest context (a
     split is a serial chain of dependent loads: at batch 1 short splits are what hides the
@@ -203,8 +203,9 @@ def _decode_blocks(on_gpu: bool, block_d: int, splits: int) -> tuple[int, int, i
         return 16, 1, 1
     # H200 sweeps (benchmarks/sweep_decode_attention.py, D 128, GQA 4). Split requests: 32-key
     # tiles with 2 warps beat 64 x 4 warps at every batch. One split per request (big batches):
-    # 64-key tiles, 3 stages (bs 128 x 576 keys: 76 vs 83 us for bf16, 66 vs 87 us for an fp8
-    # pool, whose 128-byte rows need the longer tile to keep as many bytes in flight)
+    # 64-key tiles, 3 stages, the sweep's best at bs 128 and 256 (bs 128 x 576 keys: 76 us for
+    # bf16 and 66 for an fp8 pool, whose 128-byte rows need the longer tile to keep as many
+    # bytes in flight, against 83 and 87 with the previous 2 splits x 32-key tiles)
     return (64, 2, 3) if splits == 1 else (32, 2, 2)
 
 
