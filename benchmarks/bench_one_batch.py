@@ -16,13 +16,17 @@ benchmarks/results/one_batch_<device>.json):
   flushed before every timed call. t_full = generate(max_new_tokens=output_len),
   t_prefill = generate(max_new_tokens=1) (~ prefill + one sample).
   decode tok/s = bs * (output_len - 1) / (t_full - t_prefill); output tok/s = bs * output_len / t_full.
+  step_roofline_ms = (weight bytes + bs * (input_len + output_len / 2) * KV bytes per token) /
+  copy bandwidth: what one decode step must read, at the mean context of the run;
+  pct_of_step_roofline = step_roofline_ms / itl_ms (the memory bound at every batch size).
   One untimed full warm-up per batch size; median over --repeats. --kv-cache-dtype fp8_e5m2
   stores treadle's KV cache as fp8 (half the KV bytes decode reads; HF keeps the model
   dtype, so greedy_tokens_matching_treadle may be shorter).
 - hf (per HF batch size): HF `generate` (greedy, min_new_tokens = max_new_tokens = output_len)
   on an HF LlamaForCausalLM whose random weights are loaded into treadle before any timing, so
   both sides run the same weights. One untimed full warm-up per batch size, as for treadle.
-- summary: table of bs, treadle output tok/s, decode tok/s, HF tok/s, ratio, % of roofline at bs 1.
+- summary: table of bs, treadle output tok/s, decode tok/s, HF tok/s, ratio, % of roofline at bs 1,
+  % of the step roofline.
 """
 from __future__ import annotations
 
@@ -263,10 +267,13 @@ def main() -> None:
     cfg = engine.runner.config
     wb = weight_bytes(engine.runner.model)
     roof = bw / wb
+    pool = engine.runner.kv_pool  # (rank 0's shard with tensor parallelism, like wb)
+    kv_token_bytes = 2 * pool.num_layers * pool.k_buffers[0][0].nbytes  # K and V, every layer
     # with tensor parallelism, rank 0's shard: each GPU streams its own shard at the same time
     emit({"figure": "roofline", "weight_bytes": wb, "weight_gb": round(wb / 1e9, 3),
           "copy_gb_s": round(bw / 1e9, 1), "bs1_decode_roofline_tok_s": round(roof, 2),
-          "engine_load_s": round(load_s, 2), "kv_slots": engine.runner.num_slots})
+          "engine_load_s": round(load_s, 2), "kv_slots": engine.runner.num_slots,
+          "kv_bytes_per_token": kv_token_bytes})
 
     hf = None
     if args.hf_batch_sizes:
@@ -281,6 +288,12 @@ def main() -> None:
     try:
         for bs in args.batch_sizes:
             rec = bench_treadle(engine, bs, args, cfg.vocab_size, dev)
+            if rec["itl_ms"] > 0:
+                # a decode step reads the weights once and each request's KV once; over the run
+                # the context averages input_len + output_len / 2 tokens
+                step_bytes = wb + bs * (args.input_len + args.output_len / 2) * kv_token_bytes
+                rec["step_roofline_ms"] = round(step_bytes / bw * 1e3, 3)
+                rec["pct_of_step_roofline"] = round(100 * step_bytes / bw * 1e3 / rec["itl_ms"], 1)
             first = rec.pop("_first_ids")
             if bs == 1:
                 rec["pct_of_roofline"] = round(100 * rec["decode_tok_s"] / roof, 1) if rec["decode_tok_s"] else None
@@ -330,6 +343,7 @@ def main() -> None:
                "treadle_decode_over_hf_decode": h.get("treadle_decode_over_hf_decode")}
         if ("hf_static", bs) in hfr:
             row["hf_static_output_tok_s"] = hfr[("hf_static", bs)].get("output_tok_s")
+        row["pct_of_step_roofline"] = t.get("pct_of_step_roofline")
         if bs == 1:
             row["pct_of_roofline"] = t.get("pct_of_roofline")
         rows.append(row)
@@ -347,11 +361,12 @@ def main() -> None:
 
     print(f"\nroofline (bs 1 decode) = {bw / 1e9:.1f} GB/s / {wb / 1e9:.2f} GB = {roof:.1f} tok/s")
     print(f"{'bs':>5} {'out tok/s':>10} {'dec tok/s':>10} {'prefill s':>10} {'HF tok/s':>10} {'ratio':>7}"
-          f" {'HF dec':>10} {'dec ratio':>9} {'%roof':>6}")
+          f" {'HF dec':>10} {'dec ratio':>9} {'%roof':>6} {'%step':>6}")
     for r in rows:
         print(f"{r['bs']:>5} {f(r['treadle_output_tok_s'])} {f(r['treadle_decode_tok_s'])} {f(r['treadle_prefill_s'])}"
               f" {f(r['hf_output_tok_s'])} {f(r['treadle_over_hf'], 7)} {f(r['hf_decode_tok_s'])}"
-              f" {f(r['treadle_decode_over_hf_decode'], 9)} {f(r.get('pct_of_roofline'), 6)}")
+              f" {f(r['treadle_decode_over_hf_decode'], 9)} {f(r.get('pct_of_roofline'), 6)}"
+              f" {f(r.get('pct_of_step_roofline'), 6)}")
     print(f"wrote {out}")
 
 
