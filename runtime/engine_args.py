@@ -69,18 +69,15 @@ class EngineArgs:
     shutdown_grace_s: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.schedule_policy not in ("lpm", "fcfs"):
-            raise ValueError(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
+        # every Literal-typed field takes only its listed values (the CLI's choices too)
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):
+            if get_origin(hints[f.name]) is Literal:
+                choices = get_args(hints[f.name])
+                if getattr(self, f.name) not in choices:
+                    raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {getattr(self, f.name)!r}")
         if self.jump_forward_max_batch < -1:
             raise ValueError(f"jump_forward_max_batch must be >= 0 or -1 (auto), got {self.jump_forward_max_batch}")
-        if self.overlap_schedule not in ("auto", "on", "off"):
-            raise ValueError(f"overlap_schedule must be auto, on or off, got {self.overlap_schedule!r}")
-        if self.json_schema_mode not in ("strict", "spec"):
-            raise ValueError(f"json_schema_mode must be strict or spec, got {self.json_schema_mode!r}")
-        if self.kv_cache_dtype not in ("auto", "fp8_e5m2"):
-            raise ValueError(f"kv_cache_dtype must be auto or fp8_e5m2, got {self.kv_cache_dtype!r}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.max_prefill_tokens < 1:
