@@ -34,14 +34,13 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 
 import torch
 
-from machine import copy_bandwidth  # benchmarks/machine.py (scripts run from this folder)
+from machine import copy_bandwidth, cpu_model, machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -231,20 +230,8 @@ def main() -> None:
 
     dev = torch.device(args.device)
     dtype = resolve_dtype(args.dtype, dev)
-    try:
-        import triton
-        triton_v = triton.__version__
-    except ImportError:
-        triton_v = None
-    try:
-        import transformers
-        tf_v = transformers.__version__
-    except ImportError:
-        tf_v = None
-    emit({"figure": "meta",
-          "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine()),
-          "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "triton": triton_v,
-          "transformers": tf_v, "cuda": torch.version.cuda, "python": platform.python_version(),
+    emit({"figure": "meta", **machine_info(("torch", "triton", "transformers")),
+          "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model(),
           "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
           "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": args.model, "dtype": args.dtype,
           "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats,

@@ -9,7 +9,7 @@ import statistics
 import time
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -28,13 +28,16 @@ def _version(package: str) -> str | None:
 
 
 def machine_info(packages: tuple[str, ...] = ("torch", "transformers")) -> dict:
-    """CPU model and count, torch threads, platform, Python, versions of ``packages``, and
-    the load average at the start (the CPU figures are only comparable on a quiet machine)."""
+    """CPU model and count, torch threads, platform, Python, versions of ``packages``, the GPU
+    and CUDA version where there is one, and the load average at the start (the CPU figures
+    are only comparable on a quiet machine)."""
     import torch
 
-    info = {"cpu": _cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    info = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "platform": platform.platform(), "python": platform.python_version()}
     info.update({p.replace("-", "_"): _version(p) for p in packages})
+    if torch.cuda.is_available():
+        info.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda)
     info["loadavg_start"] = os.getloadavg()
     return info
 
