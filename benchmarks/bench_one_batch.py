@@ -75,6 +75,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tp-size", type=int, default=1,
                    help="tensor-parallel GPUs (> 1 skips HF: its weights are loaded into rank 0 only)")
+    p.add_argument("--custom-all-reduce", action=argparse.BooleanOptionalAction, default=True,
+                   help="tp > 1: decode-sized all-reduces through peer memory (--no-custom-all-reduce: NCCL only)")
     p.add_argument("--output", default=None)
     a = p.parse_args()
     a.batch_sizes = _ints(a.batch_sizes)
@@ -236,7 +238,8 @@ def main() -> None:
           "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": args.model, "dtype": args.dtype,
           "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats,
           "attention_backend": args.attention_backend, "kv_cache_dtype": args.kv_cache_dtype,
-          "cuda_graph": args.cuda_graph, "overlap_schedule": args.overlap_schedule, "tp_size": args.tp_size})
+          "cuda_graph": args.cuda_graph, "overlap_schedule": args.overlap_schedule, "tp_size": args.tp_size,
+          "custom_all_reduce": args.custom_all_reduce})
 
     bw = copy_bandwidth(dev, args.copy_mib or (2048 if dev.type == "cuda" else 256))
     emit({"figure": "copy_bandwidth", "gb_s": round(bw / 1e9, 1)})
@@ -249,7 +252,7 @@ def main() -> None:
                     chunked_prefill_size=max(8192, args.input_len), max_prefill_tokens=args.max_prefill_tokens,
                     attention_backend=args.attention_backend, kv_cache_dtype=args.kv_cache_dtype,
                     cuda_graph=args.cuda_graph, overlap_schedule=args.overlap_schedule, context_length=seq + 16,
-                    tp_size=args.tp_size)
+                    tp_size=args.tp_size, custom_all_reduce=args.custom_all_reduce)
     load_s = time.perf_counter() - t0
     cfg = engine.runner.config
     wb = weight_bytes(engine.runner.model)

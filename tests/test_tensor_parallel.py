@@ -63,6 +63,7 @@ def test_tiny_llama_tp2_matches_tp1_and_shuts_down():
         retractions = e.get_server_info()["retractions"]
     with engine("dummy:tiny-llama", 2, **kw) as e:
         assert len(tp_children()) == 1
+        assert e.runner.ctx.p2p is None  # gloo on CPU: every all-reduce stays a collective
         got = run_cases(e)
         # a streamed request abandoned midway is aborted on every rank; the ranks stay in step
         it = e.generate(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 40, "temperature": 0,
@@ -231,23 +232,29 @@ def test_server_with_tp2_matches_engine_tp1():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
-def test_tp2_on_two_gpus_over_nccl_matches_tp1():
-    """The free-running cases on two GPUs (NCCL all-reduce inside the decode CUDA graphs). In
+def test_tp2_on_two_gpus_matches_tp1():
+    """The free-running cases on two GPUs (all-reduces inside the decode CUDA graphs, through
+    peer memory and through NCCL alone). In
     fp32 the ranks' partial sums only change the summation order, so greedy and seeded tokens
     agree except after a near-tie."""
     kw = dict(device="cuda", dtype="float32", cuda_graph_max_bs=8, max_total_tokens=4096, dist_timeout_s=TIMEOUT)
     with Engine(model_path="dummy:tiny-llama", tp_size=1, **kw) as e:
         want = run_cases(e, constrained=False)
-    with Engine(model_path="dummy:tiny-llama", tp_size=2, **kw) as e:
-        assert e.runner.graph_runner is not None
-        got = run_cases(e, constrained=False)
-    assert tp_children() == []
-    same = total = 0
-    for a, b in zip(want, got):
-        n = 0
-        for x, y in zip(a, b):
-            if x != y:
-                break
-            n += 1
-        same, total = same + n, total + len(a)
-    assert same >= 0.9 * total, f"tp2 agrees with tp1 on {same}/{total} leading tokens"
+    from treadle.runtime.p2p_all_reduce import unavailable_reason
+
+    p2p_ok = unavailable_reason(torch.device("cuda", 0)) is None
+    for custom in (True, False):  # small all-reduces through peer memory, and NCCL for all
+        with Engine(model_path="dummy:tiny-llama", tp_size=2, custom_all_reduce=custom, **kw) as e:
+            assert e.runner.graph_runner is not None
+            assert (e.runner.ctx.p2p is not None) == (custom and p2p_ok)
+            got = run_cases(e, constrained=False)
+        assert tp_children() == []
+        same = total = 0
+        for a, b in zip(want, got):
+            n = 0
+            for x, y in zip(a, b):
+                if x != y:
+                    break
+                n += 1
+            same, total = same + n, total + len(a)
+        assert same >= 0.9 * total, f"tp2 (custom_all_reduce={custom}) agrees with tp1 on {same}/{total} leading tokens"

@@ -20,13 +20,18 @@ class ParallelContext(NamedTuple):
     rank: int = 0
     size: int = 1
     group: object | None = None  # torch.distributed ProcessGroup when size > 1
+    # small CUDA tensors go through peer memory when the ranks share a host (p2p_all_reduce.py)
+    p2p: object | None = None
 
 
 SINGLE = ParallelContext()
 
 
 def all_reduce(x: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:
+    """The sum of `x` over the ranks: `x` itself (reduced in place) or a new tensor."""
     if ctx.size > 1:
+        if ctx.p2p is not None and ctx.p2p.fits(x):
+            return ctx.p2p(x)
         dist.all_reduce(x, group=ctx.group)
     return x
 
