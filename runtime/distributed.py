@@ -2,8 +2,8 @@
 
 Every rank of a TP group meets at one TCP rendezvous (`--dist-init-addr host:port`, served by
 global rank 0) and joins one `torch.distributed` group: NCCL for the model's collectives on
-CUDA, gloo on CPU. A gloo group also carries the scheduler's control messages (pickled step
-inputs), so they never touch the GPU. Every wait is bounded by `dist_timeout_s`: a rank that
+CUDA, gloo on CPU. A gloo group hands out the endpoints of the scheduler's control channel
+(tp_control.py) at startup, so that never touches the GPU. Every wait is bounded by `dist_timeout_s`: a rank that
 cannot reach the rendezvous, or a peer that died, raises instead of hanging.
 
 Ranks are numbered node-major: global rank = node_rank * (tp_size // nnodes) + local rank.
@@ -24,7 +24,7 @@ from treadle.runtime.models.parallel import SINGLE, ParallelContext
 
 class TPGroup(NamedTuple):
     """This process's membership: `ctx` for the model's collectives, `control` (a gloo
-    group) for the scheduler's broadcasts."""
+    group) for setting up the scheduler's control channel."""
     ctx: ParallelContext
     control: object
 

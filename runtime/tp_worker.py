@@ -1,8 +1,9 @@
 """Tensor parallelism for the scheduler: every rank runs the same Scheduler over its shard of
 the model, and rank 0 decides.
 
-Rank 0 (the Engine's scheduler thread) receives requests. Before each step it broadcasts what
-changed since the last one, on the gloo control group:
+Rank 0 (the Engine's scheduler thread) receives requests. Before each step it sends what
+changed since the last one to every follower (tp_control.py: queued on ZMQ sockets, so rank 0
+does not wait for them):
 
     StepInputs(ops=[("add", req, arrival) | ("abort", rid) | ("flush",)], ready, starved, run_step, stop)
 
@@ -14,7 +15,8 @@ background thread, "which grammar compiles finished" and "which requests are sta
 made by rank 0 and shipped in `ready` / `starved`.
 
 While idle, rank 0 sends a heartbeat (run_step=False) every few seconds, so followers waiting
-in the broadcast do not hit the collective timeout, and rank 0 notices a dead follower.
+for a message do not hit their timeout; rank 0 checks that its local followers are alive
+while idle and at most every 0.1 s while stepping.
 Other nodes (nnodes > 1) run `python -m treadle.runtime.tp_worker --node-rank N ...`.
 """
 from __future__ import annotations
@@ -32,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
 from treadle.runtime.distributed import (
     check_tp_config, destroy_tp_group, free_port, init_tp_group, local_ranks, parse_addr,
@@ -41,6 +42,7 @@ from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.model_runner import ModelRunner
 from treadle.runtime.scheduler import Scheduler
+from treadle.runtime.tp_control import ControlReceiver, ControlSender
 
 log = logging.getLogger("treadle")
 
@@ -62,8 +64,11 @@ class TPScheduler(Scheduler):
     def __init__(self, args: EngineArgs, runner: ModelRunner, tokenizer: Any, control: object) -> None:
         super().__init__(args, runner, tokenizer)
         self.ctx = runner.ctx
-        self.control = control
         self.leader = self.ctx.rank == 0
+        host, _ = parse_addr(args.dist_init_addr)
+        self.channel = (ControlSender(control, args.tp_size, host, args.nnodes, args.dist_timeout_s) if self.leader
+                        else ControlReceiver(control, self.ctx.rank, args.dist_timeout_s))
+        self._peers_checked = 0.0
         self._ops: list[tuple] = []  # rank 0: mutations since the last broadcast, in order
         self._ready: dict[str, bool] = {}
         self._starved: set[str] = set()
@@ -100,21 +105,23 @@ class TPScheduler(Scheduler):
     # ---- the broadcast
 
     def sync(self, run_step: bool = False, stop: bool = False) -> StepInputs:
-        """Rank 0: send the pending ops and this step's decisions. Followers: receive and
-        apply them. Blocks until every rank takes part (at most dist_timeout_s)."""
+        """Rank 0: send the pending ops and this step's decisions (without waiting for the
+        followers, tp_control.py). Followers: receive and apply them (waiting at most
+        dist_timeout_s)."""
         if self.leader:
             now = time.monotonic()
+            if self.check_peers is not None and now - self._peers_checked > 0.1:
+                self.check_peers()  # a dead follower would otherwise show as a hung collective
+                self._peers_checked = now
             bound = self.args.starvation_bound_s
             msg = StepInputs(self._ops, run_step=run_step, stop=stop)
             msg.ready = {r.rid: r.grammar_future.exception() is None for r in self.grammar_queue
                          if r.grammar_future.done()}
             msg.starved = {r.rid for q in (self.waiting, self.grammar_queue) for r in q if now - r.arrival > bound}
             self._ops = []
+            self.channel.send(msg, check=self.check_peers)
         else:
-            msg = None
-        box = [msg]
-        dist.broadcast_object_list(box, src=0, group=self.control)
-        msg = box[0]
+            msg = self.channel.recv()
         if not self.leader:
             for op in msg.ops:
                 if op[0] == "add":
@@ -219,6 +226,7 @@ def _worker_main(args: EngineArgs, rank: int, status: Any) -> None:
             sched._grammar_compiler.close()
         if sched is not None:
             sched.runner.release_graphs()
+            sched.channel.close()
         destroy_tp_group()
 
 
@@ -350,6 +358,9 @@ class LeaderGroup:
                 self.scheduler.sync(stop=True)
             except Exception as e:
                 log.warning("tensor-parallel stop message failed (%r); killing the workers", e)
+                healthy = False
+        if self.scheduler is not None:
+            self.scheduler.channel.close(flush_s=5.0 if healthy else 0.0)
         self.followers.join(10.0 if healthy else 0.0)
         destroy_tp_group()
 
