@@ -96,7 +96,10 @@ class Sampler:
         if bitmask is None and counts is None and all(p.is_greedy for p in ps):
             # all-greedy and unconstrained: an argmax is all there is to do (one read of the logits)
             ids = logits.argmax(dim=-1)
-            logprobs = logits.gather(1, ids[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+            if any(r.return_logprob for r in reqs):
+                logprobs = logits.gather(1, ids[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+            else:  # nobody reads them (_process_token keeps them for return_logprob only): skip a pass
+                logprobs = torch.zeros(len(reqs), device=logits.device)
         else:
             B = len(reqs)
             # one host->device copy per dtype
