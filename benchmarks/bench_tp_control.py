@@ -87,7 +87,8 @@ def main() -> None:
     print()
     for r in rows:
         who = "rank 0 (sends)" if r["rank"] == 0 else "follower (holds it)"
-        print(f"{r['message']:<34} {r['channel']:<28} {who:<20} median {r['median_us']:>8.1f} us  p90 {r['p90_us']:>8.1f} us")
+        print(f"{r['message']:<34} {r['channel']:<28} {who:<20} "
+              f"median {r['median_us']:>8.1f} us  p90 {r['p90_us']:>8.1f} us")
     if args.output:
         with open(args.output, "w") as f:
             json.dump(figures, f, indent=1)

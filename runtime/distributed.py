@@ -3,8 +3,9 @@
 Every rank of a TP group meets at one TCP rendezvous (`--dist-init-addr host:port`, served by
 global rank 0) and joins one `torch.distributed` group: NCCL for the model's collectives on
 CUDA, gloo on CPU. A gloo group hands out the endpoints of the scheduler's control channel
-(tp_control.py) at startup, so that never touches the GPU. Every wait is bounded by `dist_timeout_s`: a rank that
-cannot reach the rendezvous, or a peer that died, raises instead of hanging.
+(tp_control.py) at startup, so that never touches the GPU. Every wait is bounded by
+`dist_timeout_s`: a rank that cannot reach the rendezvous, or a peer that died, raises instead
+of hanging.
 
 Ranks are numbered node-major: global rank = node_rank * (tp_size // nnodes) + local rank.
 """

@@ -3,8 +3,8 @@
 A decode step all-reduces two activations per layer, 8 KB at batch 1 and 2 MB at batch 256
 for llama3-8b. NCCL takes 14-38 us for each of those inside a CUDA graph on two H200s; with a
 buffer that every rank has mapped (torch's symmetric memory) the same sums take 7-19 us
-(`benchmarks/bench_all_reduce.py`, results/all_reduce_cuda.json). Each call copies the input into this rank's buffer and runs
-one kernel that waits for the peers at a barrier, then either
+(`benchmarks/bench_all_reduce.py`, results/all_reduce_cuda.json). Each call copies the input
+into this rank's buffer and runs one kernel that waits for the peers at a barrier, then either
   - one-shot (small tensors): every rank reads all ranks' buffers and sums the whole tensor, or
   - two-shot (larger): every rank sums one slice, then gathers the others' slices,
 writing a new tensor. Anything larger than the buffer (prefill chunks) stays on NCCL, whose

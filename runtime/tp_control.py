@@ -1,7 +1,7 @@
 """Rank 0's per-step control messages to the other tensor-parallel ranks, over ZMQ.
 
 Before every step rank 0 tells the followers what changed (tp_worker.StepInputs). Sent as a
-collective (gloo's broadcast_object_list: two broadcasts, 0.6 ms on the 2-core dev box), that
+collective (gloo's broadcast_object_list: two broadcasts, 0.45 ms on the 2-core dev box), that
 made each step a host barrier that rank 0's next launch waited on. Here rank 0 owns one PUSH
 socket per follower: a send only queues the pickled message and rank 0 goes on to launch its
 step, while each follower reads the messages in order. The model's collectives (all-reduce,
