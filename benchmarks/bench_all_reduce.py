@@ -15,7 +15,6 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,7 +48,7 @@ def graph_us(fn) -> float:
     return a.elapsed_time(b) * 1e3 / REPLAYS / CALLS
 
 
-def worker(rank: int, args: argparse.Namespace, port: int, out) -> None:
+def worker(rank: int, port: int, out, args: argparse.Namespace) -> None:
     from treadle.runtime.p2p_all_reduce import P2PAllReduce, unavailable_reason
 
     device = torch.device("cuda", rank)
@@ -96,21 +95,12 @@ def main() -> None:
     args = p.parse_args()
     if torch.cuda.device_count() < args.world_size:
         raise SystemExit(f"needs {args.world_size} GPUs, found {torch.cuda.device_count()}")
-    from machine import machine_info
-    from treadle.runtime.distributed import free_port
+    from machine import machine_info, spawn_ranks, write_figures
 
     meta = {"figure": "meta", **machine_info(), "command": "python " + " ".join(sys.argv),
             "world_size": args.world_size, "hidden": args.hidden, "dtype": args.dtype,
             "calls_per_graph": CALLS, "replays": REPLAYS}
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, args, port, q)) for r in range(args.world_size)]
-    for proc in procs:
-        proc.start()
-    rows = q.get(timeout=600)
-    for proc in procs:
-        proc.join()
+    rows = spawn_ranks(worker, args.world_size, args)
     figures = [meta] + rows
     for f in figures:
         print(json.dumps(f))
@@ -118,10 +108,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['rows']:>6} {r['kib']:>8.0f} {r['nccl_us']:>8.2f} {r['one_shot_us']:>8.2f} "
               f"{r['two_shot_us']:>8.2f} {r['treadle_path']:>9} {r['best_p2p_over_nccl']:>7.2f}")
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump(figures, f, indent=1)
-        print("wrote", args.output)
+    write_figures(figures, args.output)
 
 
 if __name__ == "__main__":

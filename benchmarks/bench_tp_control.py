@@ -16,7 +16,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,7 +30,7 @@ def _msgs():
             StepInputs([("add", req, 0.0)], run_step=True)}
 
 
-def worker(rank: int, port: int, n: int, out) -> None:
+def worker(rank: int, port: int, out, n: int) -> None:
     from treadle.runtime.tp_control import ControlReceiver, ControlSender
 
     torch.set_num_threads(1)
@@ -68,18 +67,9 @@ def main() -> None:
     p.add_argument("--n", type=int, default=400)
     p.add_argument("--output", default=None)
     args = p.parse_args()
-    from machine import machine_info
-    from treadle.runtime.distributed import free_port
+    from machine import machine_info, spawn_ranks, write_figures
 
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, port, args.n, q)) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    rows = q.get(timeout=300) + q.get(timeout=300)
-    for proc in procs:
-        proc.join()
+    rows = spawn_ranks(worker, 2, args.n, replies=2, timeout_s=300)
     rows.sort(key=lambda r: (r["message"], r["channel"], r["rank"]))
     figures = [{"figure": "meta", **machine_info(), "command": "python " + " ".join(sys.argv), "n": args.n}] + rows
     for f in figures:
@@ -89,10 +79,7 @@ def main() -> None:
         who = "rank 0 (sends)" if r["rank"] == 0 else "follower (holds it)"
         print(f"{r['message']:<34} {r['channel']:<28} {who:<20} "
               f"median {r['median_us']:>8.1f} us  p90 {r['p90_us']:>8.1f} us")
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump(figures, f, indent=1)
-        print("wrote", args.output)
+    write_figures(figures, args.output)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 import platform
 import statistics
@@ -70,3 +71,33 @@ def copy_bandwidth(dev, mib: int, reps: int = 10) -> float:
         raise RuntimeError("copy check failed")
     del src, dst
     return 2 * n / statistics.median(times)
+
+
+def spawn_ranks(target, world_size: int, *args, replies: int = 1, timeout_s: float = 600.0) -> list:
+    """Run `target(rank, port, queue, *args)` in `world_size` spawned processes (`port`: a free
+    one for their process group); return the lists they put on `queue` (`replies` of them),
+    concatenated, once every process has exited."""
+    import multiprocessing as mp
+
+    from treadle.runtime.distributed import free_port
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(rank, port, queue, *args)) for rank in range(world_size)]
+    for proc in procs:
+        proc.start()
+    rows = []
+    for _ in range(replies):
+        rows += queue.get(timeout=timeout_s)
+    for proc in procs:
+        proc.join()
+    return rows
+
+
+def write_figures(figures: list[dict], output: str | None) -> None:
+    """Write a benchmark's figures to `output` as one JSON list (nothing without `output`)."""
+    if output:
+        with open(output, "w") as f:
+            json.dump(figures, f, indent=1)
+        print("wrote", output)

@@ -161,10 +161,9 @@ def store_kv(
     for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D [*, Hk, D], got shape {tuple(t.shape)}")
-        if name.endswith("buffer") and t.dtype not in KV_POOL_DTYPES:
-            raise ValueError(f"{name} must be float16/bfloat16/float32/float8_e5m2, got {t.dtype}")
-        if not name.endswith("buffer") and t.dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"{name} must be float16/bfloat16/float32, got {t.dtype}")
+        allowed = KV_POOL_DTYPES if name.endswith("buffer") else _FLOAT_DTYPES
+        if t.dtype not in allowed:
+            raise ValueError(f"{name} must be {'/'.join(str(d).removeprefix('torch.') for d in allowed)}, got {t.dtype}")
         if (t.shape[2] > 1 and t.stride(2) != 1) or (t.shape[1] > 1 and t.stride(1) != t.shape[2]):
             raise ValueError(f"{name} must have contiguous [Hk, D] rows, got strides {t.stride()}")
     if k_buffer.shape != v_buffer.shape or k_buffer.dtype != v_buffer.dtype or k_buffer.stride() != v_buffer.stride():

@@ -68,7 +68,7 @@ class ModelRunner:
         if ctx.size > 1 and args.custom_all_reduce:
             from treadle.runtime.p2p_all_reduce import create_p2p_all_reduce
 
-            self.ctx = ctx = ctx._replace(p2p=create_p2p_all_reduce(ctx.group, self.device, args.nnodes))
+            self.ctx = ctx = ctx._replace(p2p=create_p2p_all_reduce(ctx, self.device, args.nnodes))
         self.dtype = resolve_dtype(args.dtype, self.device)
         self.kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
         self.source = resolve_model_source(args.model_path)

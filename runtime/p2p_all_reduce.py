@@ -19,6 +19,9 @@ import logging
 import torch
 import torch.distributed as dist
 
+from treadle.runtime.distributed import min_across_ranks
+from treadle.runtime.models.parallel import ParallelContext
+
 log = logging.getLogger(__name__)
 
 _OPS = ("one_shot_all_reduce_copy_out", "two_shot_all_reduce_out")
@@ -71,31 +74,25 @@ def unavailable_reason(device: torch.device) -> str | None:
     return None
 
 
-def create_p2p_all_reduce(group: dist.ProcessGroup, device: torch.device, nnodes: int) -> P2PAllReduce | None:
-    """Every rank of `group` calls this together; all get a P2PAllReduce or all get None (a
+def create_p2p_all_reduce(ctx: ParallelContext, device: torch.device, nnodes: int) -> P2PAllReduce | None:
+    """Every rank of `ctx.group` calls this together; all get a P2PAllReduce or all get None (a
     rank that cannot map its peers' memory makes every rank keep NCCL, so that their
     collectives stay matched). None at once off CUDA or across hosts (NCCL / gloo only)."""
-    if device.type != "cuda" or nnodes != 1 or dist.get_backend(group) != "nccl":
+    if device.type != "cuda" or nnodes != 1 or dist.get_backend(ctx.group) != "nccl":
         return None
     why = unavailable_reason(device)
-    if not _all_agree(why is None, group, device):
+    if not min_across_ranks(int(why is None), ctx, device):
         log.info("tensor parallel: all-reduce through NCCL only (%s)", why or "a peer rank cannot use peer memory")
         return None
     comm, err = None, None
     try:
-        comm = P2PAllReduce(group, device)
+        comm = P2PAllReduce(ctx.group, device)
     except Exception as e:  # no peer mapping in this driver/container: keep NCCL
         err = e
-    if not _all_agree(comm is not None, group, device):
+    if not min_across_ranks(int(comm is not None), ctx, device):
         log.warning("tensor parallel: peer-memory all-reduce unavailable (%s); using NCCL",
                     f"{type(err).__name__}: {err}" if err else "failed on a peer rank")
         return None
     assert comm is not None
     log.info("tensor parallel: all-reduce of up to %d KiB through peer memory, NCCL above", comm.max_bytes >> 10)
     return comm
-
-
-def _all_agree(ok: bool, group: dist.ProcessGroup, device: torch.device) -> bool:
-    t = torch.tensor([int(ok)], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
-    return bool(t.item())

@@ -122,7 +122,6 @@ class TPScheduler(Scheduler):
             self.channel.send(msg, check=self.check_peers)
         else:
             msg = self.channel.recv()
-        if not self.leader:
             for op in msg.ops:
                 if op[0] == "add":
                     self._arrival = op[2]

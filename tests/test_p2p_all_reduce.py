@@ -76,6 +76,7 @@ def _worker(rank: int, port: int, results) -> None:
     try:
         import torch.distributed as dist
 
+        from treadle.runtime.models.parallel import ParallelContext
         from treadle.runtime.p2p_all_reduce import create_p2p_all_reduce, unavailable_reason
 
         device = torch.device("cuda", rank)
@@ -86,7 +87,7 @@ def _worker(rank: int, port: int, results) -> None:
         if why is not None:
             results.put((rank, "skip", why))
             return
-        auto = create_p2p_all_reduce(dist.group.WORLD, device, nnodes=1)
+        auto = create_p2p_all_reduce(ParallelContext(rank, 2, dist.group.WORLD), device, nnodes=1)
         if auto is None:
             results.put((rank, "fail", ["create_p2p_all_reduce returned None on a host with P2P"]))
             return
