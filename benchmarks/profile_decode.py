@@ -4,7 +4,7 @@ Runs `generate` twice per batch size (a short and a long output, cache flushed),
 difference is pure decode steps, under torch.profiler; prints the top kernels by total GPU
 time per decode step and the GPU-busy fraction of the step's wall time.
 
-    python benchmarks/profile_decode.py --batch-sizes 1,128 [--no-cuda-graph] [--overlap-schedule off]
+    python benchmarks/profile_decode.py --batch-sizes 1,128 [--no-cuda-graph] [--overlap-schedule off] [--tp-size 2]
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32, help="decode steps profiled per batch size")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--overlap-schedule", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--tp-size", type=int, default=1, help="tensor parallel ranks (rank 0, this process, is profiled)")
     p.add_argument("--top", type=int, default=18)
     p.add_argument("--host-profile", action="store_true", help="also cProfile the scheduler's step() (host time)")
     p.add_argument("--gaps", action="store_true",
@@ -36,7 +37,8 @@ def main() -> None:
     seq = args.input_len + args.steps + 2
     engine = Engine(model_path=args.model, dtype="bfloat16", device="cuda", max_total_tokens=max(sizes) * seq + 2 * seq,
                     max_running_requests=max(sizes), context_length=seq + 16, cuda_graph=args.cuda_graph,
-                    overlap_schedule=args.overlap_schedule, chunked_prefill_size=16384, max_prefill_tokens=65536)
+                    overlap_schedule=args.overlap_schedule, chunked_prefill_size=16384, max_prefill_tokens=65536,
+                    tp_size=args.tp_size)
     vocab = engine.runner.config.vocab_size
     g = torch.Generator().manual_seed(0)
     for bs in sizes:
@@ -70,7 +72,7 @@ def main() -> None:
         print(json.dumps({"bs": bs, "wall_ms_per_step": round(wall_step * 1e3, 3),
                           "gpu_kernel_ms_per_step": round(busy / 1e3, 3),
                           "gpu_busy_pct": round(100 * busy / 1e3 / (wall_step * 1e3), 1),
-                          "cuda_graph": args.cuda_graph, "overlap": args.overlap_schedule}), flush=True)
+                          "cuda_graph": args.cuda_graph, "overlap": args.overlap_schedule, "tp_size": args.tp_size}), flush=True)
         for t, k, n in rows[: args.top]:
             print(f"   {t:9.1f} us/step  {100 * t / busy:5.1f}%  {k[:110]}")
         if args.gaps:
