@@ -355,12 +355,16 @@ class _Accum:
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.tops: list = []
+        self.input_logprobs: list | None = None  # the prompt's, sent once it is computed
+        self.input_tops: list | None = None
         self.last: ReqOutput | None = None
 
     def add(self, out: ReqOutput) -> None:
         self.ids.extend(out.new_ids)
         self.logprobs.extend(out.output_logprobs)
         self.tops.extend(out.output_top_logprobs)
+        if out.input_logprobs is not None:
+            self.input_logprobs, self.input_tops = out.input_logprobs, out.input_top_logprobs
         self.last = out
 
     def result(self, rid: str, text: str) -> dict:
@@ -373,7 +377,7 @@ class _Accum:
             meta["output_token_logprobs"] = list(zip(self.logprobs, self.ids))
             if self.tops:
                 meta["output_top_logprobs"] = self.tops
-        if o.input_logprobs is not None:
-            meta["input_token_logprobs"] = o.input_logprobs
-            meta["input_top_logprobs"] = o.input_top_logprobs
+        if self.input_logprobs is not None:
+            meta["input_token_logprobs"] = self.input_logprobs
+            meta["input_top_logprobs"] = self.input_tops
         return {"text": text, "output_ids": list(self.ids), "meta_info": meta}

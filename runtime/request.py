@@ -52,6 +52,7 @@ class Req:
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs: list[float | None] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs_sent: bool = False
     sent_len: int = 0  # output tokens already reported to the caller
 
     @property

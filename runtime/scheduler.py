@@ -708,10 +708,13 @@ class Scheduler:
             completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
             output_logprobs=req.output_logprobs[req.sent_len:],
             output_top_logprobs=req.output_top_logprobs[req.sent_len:])
-        if req.finished is not None and req.wants_prompt_logprobs:
-            # aligned with input_ids[logprob_start_len:]; the first prompt token has no score
+        if req.wants_prompt_logprobs and not req.input_logprobs_sent and (req.finished is not None or new):
+            # once, as soon as the prompt is computed (a stream's first token, e.g. to echo the
+            # prompt first); aligned with input_ids[logprob_start_len:], the first prompt token
+            # has no score
             out.input_logprobs = [None] * (req.logprob_start_len == 0) + req.input_logprobs
             out.input_top_logprobs = [[]] * (req.logprob_start_len == 0) + req.input_top_logprobs
+            req.input_logprobs_sent = True
         req.sent_len = len(req.output_ids)
         self.outputs.append(out)
 

@@ -73,8 +73,10 @@ def get_chat_template(tokenizer: Any) -> str | None:
     return template or None
 
 
-def apply_chat_template(tokenizer: Any, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """Render `messages` ([{"role": ..., "content": ...}, ...]) with the tokenizer's template.
+def apply_chat_template(tokenizer: Any, messages: list[dict], add_generation_prompt: bool = True,
+                        tools: list[dict] | None = None) -> str:
+    """Render `messages` ([{"role": ..., "content": ...}, ...]) with the tokenizer's template
+    (and `tools`, OpenAI function specs, for a template that takes them).
 
     Returns the prompt text (not token ids). Raises ValueError when the tokenizer has no
     chat template or a message lacks "role"/"content".
@@ -89,5 +91,6 @@ def apply_chat_template(tokenizer: Any, messages: list[dict], add_generation_pro
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {m!r}; fix the messages list")
     return tokenizer.apply_chat_template(
-        messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
+        messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
+        **({"tools": tools} if tools else {}),
     )

@@ -116,6 +116,16 @@ def test_logprobs(engine, prompts):
     assert all(lp <= 0 for lp in m["input_token_logprobs"])
 
 
+def test_prompt_logprobs_arrive_with_the_first_streamed_chunk(engine, prompts):
+    kw = dict(return_logprob=True, logprob_start_len=0)
+    full = engine.generate(prompts[1], {"max_new_tokens": 4, "temperature": 0}, **kw)["meta_info"]
+    chunks = list(engine.generate(prompts[1], {"max_new_tokens": 4, "temperature": 0}, stream=True, **kw))
+    first = chunks[0]["meta_info"]["input_token_logprobs"]
+    assert len(chunks) > 1 and len(first) == full["prompt_tokens"] and first[0] is None
+    assert first[1:] == pytest.approx(full["input_token_logprobs"][1:], abs=1e-3)
+    assert chunks[-1]["meta_info"]["input_token_logprobs"] == first
+
+
 def test_penalties_and_min_tokens(engine, prompts):
     out = engine.generate(prompts[4], {"max_new_tokens": 12, "min_new_tokens": 12, "temperature": 0,
                                        "frequency_penalty": 1.5, "presence_penalty": 0.5,

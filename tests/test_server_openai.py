@@ -126,6 +126,134 @@ def test_extra_body_regex_and_choices(client):
     assert r.choices[0].message.content in ("red", "green")
 
 
+def test_completions_echo_scores_the_prompt(client):
+    prompt = "The capital of France is"
+    r = client.completions.create(model="smol", prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+    c, lp = r.choices[0], r.choices[0].logprobs
+    assert c.text == prompt and "".join(lp.tokens) == prompt and len(lp.tokens) == r.usage.prompt_tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x < 0 for x in lp.token_logprobs[1:]) and lp.text_offset == sorted(lp.text_offset)
+    # generating, echoed or not: the same tokens, with the prompt in front
+    plain = client.completions.create(model="smol", prompt=prompt, max_tokens=4, temperature=0, logprobs=1).choices[0]
+    echoed = client.completions.create(model="smol", prompt=prompt, max_tokens=4, temperature=0, logprobs=1,
+                                       echo=True).choices[0]
+    assert echoed.text == prompt + plain.text
+    assert echoed.logprobs.tokens == lp.tokens + plain.logprobs.tokens
+    assert echoed.logprobs.token_logprobs[:len(lp.tokens)] == pytest.approx(lp.token_logprobs, abs=0.05)
+    assert echoed.logprobs.token_logprobs[len(lp.tokens):] == pytest.approx(plain.logprobs.token_logprobs, abs=0.05)
+    # scoring prompt + answer gives the answer's first token the logprob it was generated with
+    scored = client.completions.create(model="smol", prompt=prompt + plain.logprobs.tokens[0], max_tokens=0,
+                                       echo=True, logprobs=0).choices[0].logprobs
+    assert scored.token_logprobs[-1] == pytest.approx(plain.logprobs.token_logprobs[0], abs=0.05)
+    # streamed: the prompt comes first, once
+    parts = [c.text for chunk in client.completions.create(model="smol", prompt=prompt, max_tokens=4, temperature=0,
+                                                           echo=True, stream=True) for c in chunk.choices]
+    assert parts[0].startswith(prompt) and "".join(parts) == echoed.text
+    # a prompt of token ids is echoed as their text
+    text = client.completions.create(model="smol", prompt=[504, 3575, 282], max_tokens=0, echo=True).choices[0].text
+    again = client.completions.create(model="smol", prompt=text, max_tokens=0, echo=True, logprobs=0).choices[0]
+    assert text and again.text == text and len(again.logprobs.tokens) == 3
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "unit": {"enum": ["C", "F"]}},
+                   "required": ["city", "unit"]}}}
+CLOCK = {"type": "function", "function": {"name": "get_time", "description": "Local time in a city",
+                                          "parameters": {"type": "object", "properties": {"city": {"type": "string",
+                                                                                                   "maxLength": 20}},
+                                                         "required": ["city"]}}}
+TOOLS = [WEATHER, CLOCK]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+FORCE_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _check_calls(calls, allowed=TOOLS):
+    import jsonschema
+
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in allowed}
+    assert calls
+    for c in calls:
+        assert c.type == "function" and c.id.startswith("call_") and c.function.name in schemas
+        jsonschema.validate(json.loads(c.function.arguments), schemas[c.function.name])
+
+
+def test_tool_choice_named_and_required(client):
+    r = client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice=FORCE_WEATHER,
+                                       max_tokens=60, temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == "stop" and c.message.content is None and len(c.message.tool_calls) == 1
+    _check_calls(c.message.tool_calls, [WEATHER])
+    r = client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice="required", n=2,
+                                       parallel_tool_calls=False, max_tokens=80, temperature=0.8, seed=3)
+    assert len(r.choices) == 2
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls" and c.message.content is None and len(c.message.tool_calls) == 1
+        _check_calls(c.message.tool_calls)
+
+
+def test_tool_calls_stream_like_non_stream(client):
+    kw = dict(model="smol", messages=ASK, tools=TOOLS, tool_choice=FORCE_WEATHER, max_tokens=60, temperature=0)
+    full = client.chat.completions.create(**kw).choices[0].message.tool_calls[0].function.arguments
+    names, args, reasons = [], [], []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            reasons.append(c.finish_reason)
+            for tc in c.delta.tool_calls or []:
+                assert tc.index == 0
+                names.append(tc.function.name)
+                args.append(tc.function.arguments or "")
+    assert [n for n in names if n] == ["get_weather"] and len(args) > 2  # arguments arrive in pieces
+    assert "".join(args) == full and reasons[-1] == "stop"
+    calls = {}
+    for chunk in client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice="required",
+                                                max_tokens=80, temperature=0, stream=True):
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or []:
+                calls[tc.index] = tc
+            reason = c.finish_reason
+    assert reason == "tool_calls"
+    _check_calls(list(calls.values()))
+
+
+def test_tool_choice_auto_and_a_tool_conversation(client):
+    # the model may answer or call; either way the reply is well formed
+    r = client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, max_tokens=60, temperature=0)
+    c = r.choices[0]
+    if c.message.tool_calls:
+        assert c.finish_reason == "tool_calls"
+        _check_calls(c.message.tool_calls)
+    else:
+        assert c.message.content and c.finish_reason in ("stop", "length")
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                          "arguments": '{"city": "Paris", "unit": "C"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21, "sky": "clear"}'}]
+    r = client.chat.completions.create(model="smol", messages=history, tools=TOOLS, tool_choice="none",
+                                       max_tokens=30, temperature=0)
+    assert r.choices[0].message.content and not r.choices[0].message.tool_calls
+    alone = client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice="none",
+                                           max_tokens=1).usage.prompt_tokens
+    assert r.usage.prompt_tokens > alone + 20  # the call and its result are part of the prompt
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"tools": [{"type": "function", "function": {"name": "x y"}}]}, "tools[0].function.name"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "launch"}}}, "not in tools"),
+    ({"tool_choice": "required"}, "needs a non-empty tools list"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "cannot be combined"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}],
+      "tools": TOOLS}, "messages[0].tool_calls[0]"),
+])
+def test_bad_tool_requests_are_400(client, server, kwargs, needle):
+    kw = {"model": "smol", "messages": ASK, "max_tokens": 4, **kwargs}
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(**kw)
+    assert needle in ei.value.body["message"]
+    assert requests.get(server.url + "/health", timeout=T).status_code == 200
+
+
 @pytest.mark.parametrize("kwargs,needle", [
     ({"temperature": -1}, "temperature"),
     ({"top_p": 2}, "top_p"),

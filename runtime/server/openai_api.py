@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.server.http_server import ServerState, read_json
 from treadle.runtime.server.protocol import APIError, finish_reason, matched_stop
+from treadle.runtime.server.tool_calls import ToolPlan, ToolStream, plan_tools
 from treadle.runtime.server.streaming import gather_all, merge_streams, sse, stream_or_error, until_done_or_disconnect
 from treadle.runtime.server.tokenizer_manager import Accum, Chunk, TokenizerManager
 
@@ -28,8 +29,7 @@ _PASSED = ("temperature", "top_p", "n", "stop", "seed", "frequency_penalty", "pr
            "stop_token_ids", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens")
 # accepted and without effect here
 _IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream_options", "stream", "logprobs",
-            "top_logprobs", "response_format", "echo", "best_of", "logit_bias", "tool_choice",
-            "parallel_tool_calls", "rid")
+            "top_logprobs", "response_format", "echo", "best_of", "logit_bias", "rid")
 # response_format json_object: any JSON object, nested one level. The fully generic
 # {"type": "object"} (unbounded nesting) becomes a ~15k-char regex whose token index takes
 # over a minute to build on CPU, so every json_object request would time out compiling.
@@ -37,7 +37,7 @@ _SCALAR = {"type": ["string", "number", "boolean", "null"]}
 JSON_OBJECT_SCHEMA = {"type": "object", "additionalProperties": {"anyOf": [
     _SCALAR, {"type": "array", "items": _SCALAR}, {"type": "object", "additionalProperties": _SCALAR}]}}
 _COMPLETION_FIELDS = {"prompt", "suffix", *_RENAMED, *_PASSED, *_IGNORED}
-_CHAT_FIELDS = {"messages", "tools", *_RENAMED, *_PASSED, *_IGNORED}
+_CHAT_FIELDS = {"messages", "tools", "tool_choice", "parallel_tool_calls", *_RENAMED, *_PASSED, *_IGNORED}
 
 
 def register_openai_routes(app: FastAPI, state: ServerState) -> None:
@@ -52,8 +52,10 @@ def register_openai_routes(app: FastAPI, state: ServerState) -> None:
     async def completions(request: Request) -> Response:
         body = await read_json(request)
         _check_fields(body, _COMPLETION_FIELDS)
-        for name, ok in (("suffix", body.get("suffix") is None), ("echo", not body.get("echo")),
-                         ("logit_bias", not body.get("logit_bias")),
+        echo = body.get("echo", False)
+        if echo is not None and not isinstance(echo, bool):
+            raise APIError.bad_request("echo must be a boolean", "echo")
+        for name, ok in (("suffix", body.get("suffix") is None), ("logit_bias", not body.get("logit_bias")),
                          ("best_of", body.get("best_of") in (None, body.get("n", 1)))):
             if not ok:
                 raise APIError.bad_request(f"{name} is not supported by this server", name)
@@ -61,15 +63,17 @@ def register_openai_routes(app: FastAPI, state: ServerState) -> None:
         if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
             raise APIError.bad_request("logprobs must be an integer in [0, 20]", "logprobs")
         prompts = _completion_prompts(tm, body.get("prompt"))
-        reqs = [_make(tm, body, ids, default_max=16, return_logprob=lp is not None, top=lp or 0) for ids in prompts]
-        return await _serve(request, state, body, reqs, chat=False)
+        # echo with logprobs scores the prompt too (logprob_start_len 0), as lm-eval-harness asks
+        reqs = [_make(tm, body, ids, default_max=16, return_logprob=lp is not None, top=lp or 0,
+                      prompt_logprobs=bool(echo) and lp is not None) for ids in prompts]
+        echoes = _echoes(tm, body.get("prompt"), prompts) if echo else None
+        return await _serve(request, state, body, reqs, chat=False, echoes=echoes)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request)
         _check_fields(body, _CHAT_FIELDS)
-        if body.get("tools"):
-            raise APIError.bad_request("tools are not supported by this server", "tools")
+        tools = plan_tools(body)
         lp, top = body.get("logprobs", False), body.get("top_logprobs")
         if lp is not None and not isinstance(lp, bool):
             raise APIError.bad_request("logprobs must be a boolean", "logprobs")
@@ -77,9 +81,9 @@ def register_openai_routes(app: FastAPI, state: ServerState) -> None:
             raise APIError.bad_request("top_logprobs must be an integer in [0, 20]", "top_logprobs")
         if top and not lp:
             raise APIError.bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-        ids = tm.encode(tm.chat_prompt(body.get("messages")))
-        reqs = [_make(tm, body, ids, default_max=None, return_logprob=bool(lp), top=top or 0)]
-        return await _serve(request, state, body, reqs, chat=True)
+        ids = tm.encode(tm.chat_prompt(body.get("messages"), tools))
+        reqs = [_make(tm, body, ids, default_max=None, return_logprob=bool(lp), top=top or 0, tools=tools)]
+        return await _serve(request, state, body, reqs, chat=True, tools=tools)
 
 
 # ====================================================================== request mapping
@@ -110,6 +114,14 @@ def _completion_prompts(tm: TokenizerManager, prompt: Any) -> list[list[int]]:
     raise APIError.bad_request("prompt must be a string, a list of strings, or token ids", "prompt")
 
 
+def _echoes(tm: TokenizerManager, prompt: Any, prompts: list[list[int]]) -> list[tuple[str, list[int]]]:
+    """(text, token ids) of each prompt, to echo: the client's own text, or its ids decoded."""
+    texts = [prompt] if isinstance(prompt, str) else prompt if all(isinstance(p, str) for p in prompt) else None
+    if texts is None:
+        texts = [tm.tokenizer.decode(ids) if tm.tokenizer is not None else "" for ids in prompts]
+    return list(zip(texts, prompts))
+
+
 def _response_format_schema(rf: Any) -> str | None:
     """response_format -> a JSON schema string for constrained decoding (None for text)."""
     if rf is None:
@@ -129,7 +141,8 @@ def _response_format_schema(rf: Any) -> str | None:
 
 
 def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | None,
-          return_logprob: bool, top: int) -> TokenizedGenerateReq:
+          return_logprob: bool, top: int, tools: ToolPlan | None = None,
+          prompt_logprobs: bool = False) -> TokenizedGenerateReq:
     params: dict[str, Any] = {}
     for name in _PASSED:
         if body.get(name) is not None:
@@ -147,9 +160,15 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
             raise APIError.bad_request("response_format cannot be combined with regex, json_schema or choices",
                                        "response_format")
         params["json_schema"] = schema
+    if tools is not None:
+        overrides = tools.sampling_overrides(params.get("stop"))
+        if "json_schema" in overrides and (params.get("json_schema") or params.get("regex") or params.get("choices")):
+            raise APIError.bad_request(f"tool_choice {tools.choice!r} constrains the reply itself; it cannot be "
+                                       "combined with response_format, regex, json_schema or choices", "tool_choice")
+        params.update(overrides)
     try:
         return tm.make_req(input_ids=ids, params=params, return_logprob=return_logprob, top_logprobs_num=top,
-                           stream=bool(body.get("stream")))
+                           logprob_start_len=0 if prompt_logprobs else None, stream=bool(body.get("stream")))
     except APIError as e:  # report the OpenAI field name the client actually sent
         for ours, theirs in (("max_new_tokens", "max_completion_tokens" if "max_completion_tokens" in body
                               else "max_tokens"), ("min_new_tokens", "min_tokens")):
@@ -163,12 +182,13 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
 # ====================================================================== running and shaping
 
 async def _serve(request: Request, state: ServerState, body: dict, base: list[TokenizedGenerateReq],
-                 chat: bool) -> Response:
+                 chat: bool, tools: ToolPlan | None = None,
+                 echoes: list[tuple[str, list[int]]] | None = None) -> Response:
     tm = state.tm
     reqs = [r for b in base for r in tm.expand_n(b)]  # choice index = prompt * n + sample
     tm.check_capacity(len(reqs))
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-    shaper = _Shaper(tm, rid, state.model_name, chat, int(time.time()), len(reqs) // len(base))
+    shaper = _Shaper(tm, rid, state.model_name, chat, int(time.time()), len(reqs) // len(base), tools, echoes)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
@@ -202,8 +222,13 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
 class _Shaper:
     """Renders results and stream chunks in OpenAI's shapes."""
 
-    def __init__(self, tm: TokenizerManager, rid: str, model: str, chat: bool, created: int, n: int) -> None:
+    def __init__(self, tm: TokenizerManager, rid: str, model: str, chat: bool, created: int, n: int,
+                 tools: ToolPlan | None = None, echoes: list[tuple[str, list[int]]] | None = None) -> None:
         self.tm, self.id, self.model, self.chat, self.created, self.n = tm, rid, model, chat, created, n
+        self.tools = tools
+        self.echoes = echoes  # completions with echo: (prompt text, prompt ids) per prompt
+        self.echoed: set[int] = set()
+        self.tool_streams: dict[int, ToolStream] = {}
         self.accs: dict[int, Accum] = {}
         self.role_sent: set[int] = set()
         self.text_offset: dict[int, int] = {}
@@ -227,18 +252,38 @@ class _Shaper:
             off += len(s)
         self.text_offset[i] = off
         return {"tokens": toks, "token_logprobs": list(lps), "text_offset": offsets,
-                "top_logprobs": [{self._tok(tt): tlp for tlp, tt in (tops[k] if k < len(tops) else [])}
+                "top_logprobs": [None if lps[k] is None else  # an echoed prompt's first token has no score
+                                 {self._tok(tt): tlp for tlp, tt in (tops[k] if k < len(tops) else [])}
                                  for k in range(len(ids))] if tops else None}
+
+    def with_echo(self, i: int, acc: Accum, text: str, ids: list[int], lps: list, tops: list) -> tuple:
+        """Choice i's output piece with its prompt in front, the first time (completions with
+        echo): the prompt text, and the scored prompt tokens when logprobs are on."""
+        if self.echoes is None or i in self.echoed:
+            return text, ids, lps, tops
+        self.echoed.add(i)
+        prompt, prompt_ids = self.echoes[i // self.n]
+        if acc.input_logprobs is None:
+            return prompt + text, ids, lps, tops
+        return (prompt + text, prompt_ids + ids, list(acc.input_logprobs) + lps,
+                list(acc.input_tops) + tops if tops or any(acc.input_tops) else tops)
 
     def choice(self, i: int, acc: Accum) -> dict:
         fin = acc.last.finished
-        lp = self.logprobs(i, acc.ids, acc.logprobs, acc.tops)
+        text, ids, lps, tops = self.with_echo(i, acc, acc.text, acc.ids, acc.logprobs, acc.tops)
+        lp = self.logprobs(i, ids, lps, tops)
         c: dict[str, Any] = {"index": i, "logprobs": lp, "finish_reason": finish_reason(fin),
                              "matched_stop": matched_stop(fin)}
-        if self.chat:
+        if self.tools is not None:
+            reply = self.tools.parse(acc.text, finish_reason(fin))
+            c["finish_reason"] = reply.finish_reason
+            c["message"] = {"role": "assistant", "content": reply.content}
+            if reply.calls:
+                c["message"]["tool_calls"] = [call.as_openai() for call in reply.calls]
+        elif self.chat:
             c["message"] = {"role": "assistant", "content": acc.text}
         else:
-            c["text"] = acc.text
+            c["text"] = text
         return c
 
     def usage(self) -> dict:
@@ -264,16 +309,25 @@ class _Shaper:
             self.role_sent.add(i)
             out.append(sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                  "logprobs": None, "finish_reason": None}]}))
-        if not ch.text and not ch.finished and not ch.logprobs:
+        text, ids, lps, tops = self.with_echo(i, ch.acc, ch.text, ch.ids, ch.logprobs, ch.top_logprobs)
+        if not text and not ch.finished and not lps:
             return out
         fin = ch.acc.last.finished if ch.finished else None
-        c: dict[str, Any] = {"index": i, "logprobs": self.logprobs(i, ch.ids, ch.logprobs, ch.top_logprobs),
+        c: dict[str, Any] = {"index": i, "logprobs": self.logprobs(i, ids, lps, tops),
                              "finish_reason": finish_reason(fin)}
         if ch.finished:
             c["matched_stop"] = matched_stop(fin)
-        if self.chat:
+        if self.tools is not None:
+            ts = self.tool_streams.setdefault(i, self.tools.streamer())
+            if ch.finished:
+                c["delta"], c["finish_reason"] = ts.finish(ch.acc.text, c["finish_reason"])
+            else:
+                c["delta"] = ts.feed(ch.acc.text)
+            if not c["delta"] and not ch.finished and not ch.logprobs:
+                return out
+        elif self.chat:
             c["delta"] = {"content": ch.text} if ch.text else {}
         else:
-            c["text"] = ch.text
+            c["text"] = text
         out.append(sse({**head, "choices": [c]}))
         return out

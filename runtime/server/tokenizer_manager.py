@@ -23,6 +23,7 @@ from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.scheduler import validate_request
 from treadle.runtime.server.ipc import IpcPaths, StrOutput
 from treadle.runtime.server.metrics import ServerMetrics
+from treadle.runtime.server import tool_calls
 from treadle.runtime.server.protocol import APIError, overloaded
 
 log = logging.getLogger("treadle.server")
@@ -47,6 +48,8 @@ class Accum:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     tops: list = field(default_factory=list)
+    input_logprobs: list | None = None  # the prompt's, sent once the prompt is computed
+    input_tops: list | None = None
     last: Any = None  # the latest ReqOutput
 
     def result(self) -> dict:
@@ -58,9 +61,9 @@ class Accum:
             meta["output_token_logprobs"] = [list(x) for x in zip(self.logprobs, self.ids)]
             if self.tops:
                 meta["output_top_logprobs"] = self.tops
-        if o.input_logprobs is not None:
-            meta["input_token_logprobs"] = o.input_logprobs
-            meta["input_top_logprobs"] = o.input_top_logprobs
+        if self.input_logprobs is not None:
+            meta["input_token_logprobs"] = self.input_logprobs
+            meta["input_top_logprobs"] = self.input_tops
         return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
 
 
@@ -152,8 +155,9 @@ class TokenizerManager:
             raise APIError.bad_request("this model has no tokenizer: send input_ids instead of text", "text")
         return self.tokenizer.encode(text)
 
-    def chat_prompt(self, messages: Any) -> str:
-        from treadle.runtime.tokenizer import apply_chat_template
+    def chat_prompt(self, messages: Any, tools: tool_calls.ToolPlan | None = None) -> str:
+        """The prompt text for OpenAI-style `messages` (and the request's tools, see tool_calls.py)."""
+        from treadle.runtime.tokenizer import apply_chat_template, get_chat_template
 
         if not isinstance(messages, list) or not messages:
             raise APIError.bad_request("messages must be a non-empty list", "messages")
@@ -174,9 +178,14 @@ class TokenizerManager:
             if not isinstance(content, str):
                 raise APIError.bad_request(f"messages[{i}].content must be a string or a list of text parts",
                                            "messages")
-            norm.append({"role": m["role"], "content": content})
+            tool_calls.check_message_tool_fields(i, m)
+            norm.append({**{k: m[k] for k in ("tool_calls", "tool_call_id", "name") if m.get(k) is not None},
+                         "role": m["role"], "content": content})
+        native = tool_calls.template_knows_tools(get_chat_template(self.tokenizer))
+        norm = tool_calls.render_messages(norm, tools, native)
         try:
-            return apply_chat_template(self.tokenizer, norm)
+            return apply_chat_template(self.tokenizer, norm,
+                                       tools=[t.spec for t in tools.tools] if tools is not None and native else None)
         except Exception as e:  # a template error is the caller's input problem (e.g. role order)
             raise APIError.bad_request(f"cannot apply the chat template: {e}", "messages") from e
 
@@ -280,6 +289,8 @@ class TokenizerManager:
                 acc.ids.extend(out.new_ids)
                 acc.logprobs.extend(out.output_logprobs)
                 acc.tops.extend(out.output_top_logprobs)
+                if out.input_logprobs is not None:
+                    acc.input_logprobs, acc.input_tops = out.input_logprobs, out.input_top_logprobs
                 acc.last = out
                 yield Chunk(m.text_delta, out.new_ids, out.output_logprobs, out.output_top_logprobs, acc, finished)
                 if finished:

@@ -1,0 +1,327 @@
+"""OpenAI function calling on /v1/chat/completions: `tools`, `tool_choice`, `parallel_tool_calls`.
+
+A request with tools runs like any chat request; what changes:
+- **the prompt.** A chat template that knows tools (its text mentions `tools`, as Llama 3.1+,
+  Qwen 2.5/3 and Mistral templates do) gets them, and the conversation's earlier tool calls
+  and results, as the template expects. Any other template (the embedded SmolLM2's) gets a
+  system message listing the tools and the `<tool_call>` reply format, earlier calls as
+  `<tool_call>` text and results as `<tool_response>` user turns.
+- **the output.** `tool_choice: "required"` constrains decoding to a JSON array of
+  `{"name", "arguments"}` objects, each valid under its tool's `parameters` schema;
+  naming a function constrains it to that function's arguments object. Both are parsed back
+  into `tool_calls` and cannot fail to parse unless cut by `max_tokens`. `"auto"` (the
+  default with tools) leaves the model free and parses `<tool_call>{...}</tool_call>` blocks
+  (Hermes / Qwen format) or a reply that is a single `{"name", "arguments"|"parameters"}`
+  object (Llama format) naming a listed tool; text outside the calls stays `content`.
+  `"none"` ignores the tools entirely (they are not rendered either).
+- **finish_reason** is "tool_calls" when the reply calls tools (auto / required), "stop" for
+  a named function (as OpenAI does), "length" when `max_tokens` cut it.
+
+Streaming: a named function's arguments stream as they are decoded; "required" replies
+arrive in one delta at the end; "auto" streams content and holds back anything that may
+begin a `<tool_call>` block, whose calls are sent when the reply ends.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from treadle.runtime.server.protocol import APIError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+# an omitted `parameters` means a function without arguments (OpenAI's definition)
+NO_PARAMETERS: dict = {"type": "object", "properties": {}}
+_BLOCK_RE = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|$)", re.S)
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    parameters: dict  # JSON schema of the arguments object
+    spec: dict  # the client's {"type": "function", "function": {...}}, for templates
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object's text, as OpenAI sends it
+
+    def as_openai(self, index: int | None = None) -> dict:
+        d: dict[str, Any] = {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                             "function": {"name": self.name, "arguments": self.arguments}}
+        return d if index is None else {"index": index, **d}
+
+
+@dataclass(frozen=True)
+class Reply:
+    content: str | None
+    calls: tuple[ToolCall, ...]
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a chat request's tools mean for its prompt, its decoding and its reply."""
+    tools: tuple[Tool, ...]
+    choice: str  # "auto" | "required" | "named"
+    named: str | None  # the function a "named" choice forces
+    parallel: bool
+
+    # ------------------------------------------------------------------ decoding
+    def sampling_overrides(self, stop: Any) -> dict:
+        """Sampling params this plan sets (`stop` is the request's own, kept)."""
+        if self.choice == "named":
+            return {"json_schema": json.dumps(self._tool(self.named).parameters)}
+        if self.choice == "required":
+            calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                      "required": ["name", "arguments"]} for t in self.tools]
+            schema: dict = {"type": "array", "minItems": 1,
+                            "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+            if not self.parallel:
+                schema["maxItems"] = 1
+            return {"json_schema": json.dumps(schema)}
+        if not self.parallel:  # auto: end the reply with its first call
+            stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
+            return {"stop": [*stops, CLOSE]}
+        return {}
+
+    def _tool(self, name: str | None) -> Tool:
+        return next(t for t in self.tools if t.name == name)
+
+    # ------------------------------------------------------------------ reply
+    def parse(self, text: str, finish: str | None) -> Reply:
+        """The finished reply `text` (stop strings already trimmed) as content and calls."""
+        if self.choice == "named":
+            return Reply(None, (ToolCall(self.named or "", text),), finish)
+        if self.choice == "required":
+            try:
+                items = json.loads(text)
+                calls = tuple(ToolCall(it["name"], _dump(it["arguments"])) for it in items)
+            except (ValueError, TypeError, KeyError):  # cut short by max_tokens
+                return Reply(text, (), finish)
+            return Reply(None, calls, "tool_calls" if finish == "stop" else finish)
+        content, calls = self.parse_auto(text)
+        if not calls:
+            return Reply(text, (), finish)
+        return Reply(content.strip() or None, calls, "tool_calls" if finish == "stop" else finish)
+
+    def parse_auto(self, text: str) -> tuple[str, tuple[ToolCall, ...]]:
+        """The calls in a free reply, and the text around them (unstripped: the text before
+        the first call is a prefix of `text`)."""
+        known = {t.name for t in self.tools}
+        if OPEN in text:
+            calls, outside, pos = [], [], 0
+            for m in _BLOCK_RE.finditer(text):
+                call = _as_call(m.group(1), known)
+                if call is None:  # not a valid call of a listed tool: leave it as text
+                    continue
+                outside.append(text[pos:m.start()])
+                pos = m.end()
+                calls.append(call)
+            outside.append(text[pos:])
+            return "".join(outside), tuple(calls)
+        call = _as_call(text, known)
+        return ("", (call,)) if call is not None else (text, ())
+
+    def streamer(self) -> "ToolStream":
+        return ToolStream(self)
+
+
+def _dump(args: Any) -> str:
+    if not isinstance(args, dict):
+        raise TypeError("arguments must be an object")
+    return json.dumps(args, ensure_ascii=False)
+
+
+def _as_call(text: str, known: set[str]) -> ToolCall | None:
+    """`{"name": ..., "arguments" | "parameters": {...}}` naming a listed tool, else None."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or obj.get("name") not in known:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return ToolCall(obj["name"], _dump(args)) if isinstance(args, dict) else None
+
+
+class ToolStream:
+    """One streamed choice: turns text deltas into OpenAI chat deltas."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan = plan
+        self.sent = 0  # characters of the reply sent as content (auto) or arguments (named)
+        self.in_call = False  # auto: a <tool_call> block has begun
+        self.call: dict | None = None  # named: the call announced in the first delta
+
+    def feed(self, text: str) -> dict:
+        """The delta for the reply so far, `text` being all of it."""
+        if self.plan.choice == "named":
+            new, self.sent = text[self.sent:], len(text)
+            if self.call is None:
+                self.call = ToolCall(self.plan.named or "", new).as_openai(0)
+                return {"tool_calls": [self.call]}
+            return {"tool_calls": [{"index": 0, "function": {"arguments": new}}]} if new else {}
+        if self.plan.choice == "required" or self.in_call:
+            return {}
+        at = text.find(OPEN, self.sent)
+        if at >= 0:
+            self.in_call = True
+            end = at
+        else:  # hold back a tail that may be the start of "<tool_call>"
+            end = len(text) - _partial_suffix(text, OPEN)
+        new, self.sent = text[self.sent:end], max(self.sent, end)
+        return {"content": new} if new else {}
+
+    def finish(self, text: str, finish: str | None) -> tuple[dict, str | None]:
+        """The last delta and the finish_reason, given the whole reply."""
+        if self.plan.choice == "named":
+            return self.feed(text), finish
+        reply = self.plan.parse(text, finish)
+        delta: dict = {}
+        if not reply.calls:
+            rest = text[self.sent:]
+        else:
+            delta["tool_calls"] = [c.as_openai(i) for i, c in enumerate(reply.calls)]
+            rest = self.plan.parse_auto(text)[0][self.sent:].rstrip() if self.plan.choice == "auto" else ""
+        if rest:
+            delta["content"] = rest
+        return delta, reply.finish_reason
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0
+
+
+# ====================================================================== request side
+
+def plan_tools(body: dict) -> ToolPlan | None:
+    """Validate `tools` / `tool_choice` / `parallel_tool_calls`; None when tools play no part
+    (none given, or tool_choice "none"). Raises APIError(400) naming the bad field."""
+    tools_in, choice = body.get("tools"), body.get("tool_choice")
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise APIError.bad_request("parallel_tool_calls must be a boolean", "parallel_tool_calls")
+    if tools_in is None or tools_in == []:
+        if choice not in (None, "none"):
+            raise APIError.bad_request("tool_choice needs a non-empty tools list", "tool_choice")
+        return None
+    if not isinstance(tools_in, list):
+        raise APIError.bad_request("tools must be a list of function tools", "tools")
+    tools: list[Tool] = []
+    for i, t in enumerate(tools_in):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+            raise APIError.bad_request(f'tools[{i}] must be {{"type": "function", "function": {{...}}}}', "tools")
+        name = fn.get("name")
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise APIError.bad_request(f"tools[{i}].function.name must be 1-64 letters, digits, _ or -", "tools")
+        if any(x.name == name for x in tools):
+            raise APIError.bad_request(f"tools[{i}]: a second function named {name!r}", "tools")
+        params = fn.get("parameters", NO_PARAMETERS)
+        if not isinstance(params, dict):
+            raise APIError.bad_request(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise APIError.bad_request(f"tools[{i}].function.description must be a string", "tools")
+        tools.append(Tool(name, params, t))
+    if choice in (None, "auto"):
+        return ToolPlan(tuple(tools), "auto", None, parallel)
+    if choice == "none":
+        return None
+    if choice == "required":
+        return ToolPlan(tuple(tools), "required", None, parallel)
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(fn, dict):
+        raise APIError.bad_request('tool_choice must be "none", "auto", "required" or '
+                                   '{"type": "function", "function": {"name": ...}}', "tool_choice")
+    if fn.get("name") not in {t.name for t in tools}:
+        raise APIError.bad_request(f"tool_choice names {fn.get('name')!r}, which is not in tools", "tool_choice")
+    return ToolPlan(tuple(tools), "named", fn["name"], parallel)
+
+
+def template_knows_tools(template: str | None) -> bool:
+    return bool(template) and "tools" in template
+
+
+def render_messages(messages: list[dict], plan: ToolPlan | None, native: bool) -> list[dict]:
+    """Messages (already checked: role, string content, tool_calls kept) ready for a template
+    that knows tools (`native`, which then also gets `tools=`) or for one that does not."""
+    if native:
+        return [_native(m) for m in messages]
+    out: list[dict] = []
+    if plan is not None:
+        prompt = _tools_prompt(plan)
+        if messages and messages[0]["role"] == "system":
+            out.append({"role": "system", "content": messages[0]["content"] + "\n\n" + prompt})
+            messages = messages[1:]
+        else:
+            out.append({"role": "system", "content": prompt})
+    for m in messages:
+        if m["role"] == "tool":
+            block = f"<tool_response>\n{m['content']}\n</tool_response>"
+            if out and out[-1].get("_tool"):  # consecutive results share one user turn
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "_tool": True})
+        elif m.get("tool_calls"):
+            calls = "\n".join(f'{OPEN}\n{json.dumps({"name": c["function"]["name"], "arguments": _args(c)}, ensure_ascii=False)}\n{CLOSE}'
+                              for c in m["tool_calls"])
+            out.append({"role": m["role"], "content": (m["content"] + "\n" if m["content"] else "") + calls})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return [{"role": m["role"], "content": m["content"]} for m in out]
+
+
+def _native(m: dict) -> dict:
+    d = {k: v for k, v in m.items() if k in ("role", "content", "name", "tool_call_id")}
+    if m.get("tool_calls"):
+        # templates read the arguments as a mapping (`| tojson`), as HF documents
+        d["tool_calls"] = [{**c, "function": {**c["function"], "arguments": _args(c)}} for c in m["tool_calls"]]
+    return d
+
+
+def _args(call: dict) -> Any:
+    a = call["function"].get("arguments", "{}")
+    try:
+        return json.loads(a) if isinstance(a, str) else a
+    except ValueError:
+        return a
+
+
+def _tools_prompt(plan: ToolPlan) -> str:
+    listed = "\n".join(json.dumps(t.spec, ensure_ascii=False) for t in plan.tools)
+    return ("You may call one or more functions to help with the user's request. The functions, "
+            f"as JSON schemas:\n<tools>\n{listed}\n</tools>\n\n"
+            "To call a function, answer with a <tool_call> block holding a JSON object with its "
+            "name and arguments, one block per call:\n"
+            f'{OPEN}\n{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}\n{CLOSE}')
+
+
+def check_message_tool_fields(i: int, m: dict) -> None:
+    """messages[i]'s tool_calls / tool_call_id, as OpenAI defines them; APIError(400) if not."""
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if m["role"] != "assistant" or not isinstance(calls, list):
+            raise APIError.bad_request(f"messages[{i}].tool_calls must be a list on an assistant message",
+                                       "messages")
+        for j, c in enumerate(calls):
+            fn = c.get("function") if isinstance(c, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                    or not isinstance(fn.get("arguments", "{}"), (str, dict)):
+                raise APIError.bad_request(f"messages[{i}].tool_calls[{j}] must have function.name and "
+                                           "function.arguments (a JSON string)", "messages")
+    if m["role"] == "tool" and m.get("tool_call_id") is not None and not isinstance(m["tool_call_id"], str):
+        raise APIError.bad_request(f"messages[{i}].tool_call_id must be a string", "messages")
