@@ -65,6 +65,21 @@ class Sampler:
                 w = int(mask[row, t // 32]) & ~(1 << (t % 32))
                 mask[row, t // 32] = w - (1 << 32) if w >= (1 << 31) else w
 
+    def _biased(self, logits: torch.Tensor, ps: list) -> torch.Tensor:
+        """`logits` plus the rows' logit_bias (a new tensor; the same one when nobody has one)."""
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[float] = []
+        for i, p in enumerate(ps):
+            if p.logit_bias:
+                rows += [i] * len(p.logit_bias)
+                cols += p.logit_bias.keys()
+                vals += p.logit_bias.values()
+        if not rows:
+            return logits
+        idx = to_device(rows + cols, logits.device).view(2, -1)
+        return logits.index_put((idx[0], idx[1]), to_device(vals, logits.device, torch.float32), accumulate=True)
+
     def _penalty_counts(self, reqs: list[Req]) -> torch.Tensor | None:
         if not any(r.params.has_penalties for r in reqs):
             return None
@@ -88,6 +103,7 @@ class Sampler:
         (the overlap scheduler feeds them to the next forward) until :meth:`finish`."""
         dev = self.device
         ps = [r.params for r in reqs]
+        logits = self._biased(logits, ps)
         if masks is None:
             bitmask, mask_rows = self._bitmask(reqs)
         else:

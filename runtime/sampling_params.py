@@ -32,6 +32,8 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None
     choices: list[str] | None = None
+    # token id -> added to its logit before sampling (OpenAI's logit_bias: -100 bans, 100 forces)
+    logit_bias: dict[int, float] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
@@ -66,6 +68,9 @@ class SamplingParams:
             self.stop_token_ids = []
         if isinstance(self.json_schema, (dict, bool)):
             self.json_schema = json.dumps(self.json_schema, separators=(",", ":"))
+        if isinstance(self.logit_bias, dict):  # JSON object keys are strings: "1234" -> 1234
+            self.logit_bias = {int(k) if isinstance(k, str) and k.isdigit() else k: v
+                               for k, v in self.logit_bias.items()} or None
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the first out-of-range field."""
@@ -117,6 +122,14 @@ class SamplingParams:
             raise ValueError("sampling_params.stop_token_ids must be a list of non-negative integers")
         if vocab_size is not None and any(t >= vocab_size for t in self.stop_token_ids):
             raise ValueError(f"sampling_params.stop_token_ids must be < vocab size {vocab_size}")
+        if self.logit_bias is not None:
+            b = self.logit_bias
+            if not isinstance(b, dict) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in b):
+                raise ValueError("sampling_params.logit_bias must map token ids (non-negative integers) to numbers")
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and -100 <= v <= 100 for v in b.values()):
+                raise ValueError("sampling_params.logit_bias values must be numbers in [-100, 100]")
+            if vocab_size is not None and any(t >= vocab_size for t in b):
+                raise ValueError(f"sampling_params.logit_bias token ids must be < vocab size {vocab_size}")
         grammars = [f for f in _GRAMMAR_FIELDS if getattr(self, f) is not None]
         if len(grammars) > 1:
             raise ValueError(

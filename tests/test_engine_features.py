@@ -126,6 +126,23 @@ def test_prompt_logprobs_arrive_with_the_first_streamed_chunk(engine, prompts):
     assert chunks[-1]["meta_info"]["input_token_logprobs"] == first
 
 
+def test_logit_bias(engine, prompts, reference):
+    # +100 forces a token, -100 bans one; requests without a bias in the same batch are unchanged
+    forced, banned = reference[1][5], reference[0][0]
+    outs = engine.generate(prompts[:3], [{**GREEDY, "max_new_tokens": 6, "logit_bias": {forced: 100}},
+                                         {**GREEDY, "logit_bias": {str(banned): -100.0}}, GREEDY])
+    assert outs[0]["output_ids"] == [forced] * 6
+    assert banned not in outs[1]["output_ids"]
+    assert outs[2]["output_ids"] == reference[2]
+    sampled = engine.generate(prompts[3], {"max_new_tokens": 8, "temperature": 1.0, "seed": 5,
+                                           "logit_bias": {banned: -100, forced: -100}})
+    assert not {banned, forced} & set(sampled["output_ids"])
+    for bad, words in [({1: 101}, "in \\[-100, 100\\]"), ({-1: 1}, "token ids"), ({"x": 1}, "token ids"),
+                       ({10**9: 1}, "vocab size")]:
+        with pytest.raises(ValueError, match=words):
+            engine.generate(prompts[0], {**GREEDY, "logit_bias": bad})
+
+
 def test_penalties_and_min_tokens(engine, prompts):
     out = engine.generate(prompts[4], {"max_new_tokens": 12, "min_new_tokens": 12, "temperature": 0,
                                        "frequency_penalty": 1.5, "presence_penalty": 0.5,

@@ -100,6 +100,20 @@ def test_constrained_outputs_validate_on_gpu(tmp_path):
         e.check_integrity()
 
 
+def test_logit_bias_on_gpu(tmp_path):
+    """Biased rows (greedy, and sampled through the fused kernel) beside an unbiased one."""
+    path = _tiny_with_tokenizer(tmp_path)
+    base = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    with Engine(model_path=path, device="cuda", max_total_tokens=8192) as e:  # bf16, graphs, overlap
+        ref = e.generate("Hello", base)["output_ids"]
+        t = ref[0]
+        outs = e.generate(["Hello"] * 4, [{**base, "logit_bias": {t: -100}}, {**base, "logit_bias": {7: 100}},
+                                          {**base, "temperature": 1.0, "seed": 3, "logit_bias": {t: -100}}, base])
+        assert t not in outs[0]["output_ids"] and outs[1]["output_ids"] == [7] * 6
+        assert t not in outs[2]["output_ids"] and outs[3]["output_ids"] == ref
+        e.check_integrity()
+
+
 def test_overlap_and_jump_forward_keep_greedy_output_on_gpu(tmp_path):
     """Overlap scheduling (grammar masks filled while the next forward runs) and verified
     jump-forward both leave greedy constrained output unchanged on the GPU."""

@@ -155,6 +155,23 @@ def test_completions_echo_scores_the_prompt(client):
     assert text and again.text == text and len(again.logprobs.tokens) == 3
 
 
+def test_logit_bias(client, server):
+    prompt = "The capital of France is"
+    # the greedy reply's first token, id and text, from the native API
+    out = requests.post(server.url + "/generate", headers={"Authorization": f"Bearer {KEY}"}, timeout=T,
+                        json={"text": prompt, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).json()
+    first, first_text = out["output_ids"][0], out["text"]
+    kw = dict(model="smol", prompt=prompt, temperature=0, logprobs=0)
+    assert client.completions.create(**kw, max_tokens=1).choices[0].logprobs.tokens == [first_text]
+    banned = client.completions.create(**kw, max_tokens=3, logit_bias={str(first): -100}).choices[0]
+    assert banned.logprobs.tokens[0] != first_text
+    forced = client.completions.create(**kw, max_tokens=3, logit_bias={str(first): 100}).choices[0]
+    assert forced.finish_reason == "length" and forced.logprobs.tokens == [first_text] * 3
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.completions.create(**kw, max_tokens=1, logit_bias={"12": 500})
+    assert "logit_bias" in ei.value.body["message"] and ei.value.body["param"] == "logit_bias"
+
+
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},

@@ -26,10 +26,10 @@ _RENAMED = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_to
 _PASSED = ("temperature", "top_p", "n", "stop", "seed", "frequency_penalty", "presence_penalty",
            # treadle / SGLang extras, sent by clients as extra_body
            "top_k", "min_p", "repetition_penalty", "ignore_eos", "regex", "json_schema", "choices",
-           "stop_token_ids", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens")
+           "stop_token_ids", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens", "logit_bias")
 # accepted and without effect here
 _IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream_options", "stream", "logprobs",
-            "top_logprobs", "response_format", "echo", "best_of", "logit_bias", "rid")
+            "top_logprobs", "response_format", "echo", "best_of", "rid")
 # response_format json_object: any JSON object, nested one level. The fully generic
 # {"type": "object"} (unbounded nesting) becomes a ~15k-char regex whose token index takes
 # over a minute to build on CPU, so every json_object request would time out compiling.
@@ -55,7 +55,7 @@ def register_openai_routes(app: FastAPI, state: ServerState) -> None:
         echo = body.get("echo", False)
         if echo is not None and not isinstance(echo, bool):
             raise APIError.bad_request("echo must be a boolean", "echo")
-        for name, ok in (("suffix", body.get("suffix") is None), ("logit_bias", not body.get("logit_bias")),
+        for name, ok in (("suffix", body.get("suffix") is None),
                          ("best_of", body.get("best_of") in (None, body.get("n", 1)))):
             if not ok:
                 raise APIError.bad_request(f"{name} is not supported by this server", name)
