@@ -698,3 +698,15 @@ def test_spec_mode_is_sound(schema: dict, head: bool, members: list[tuple[str, o
         text = dumps(([0] if head else []) + [v for _, v in members])
     if rx.fullmatch(text):
         assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(text)), text
+
+
+def test_openai_json_object_grammar_nests_three_levels() -> None:
+    """response_format json_object: records in arrays and objects of arrays, up to three levels."""
+    from treadle.runtime.server.openai_api import JSON_OBJECT_SCHEMA
+
+    rx = json_schema_to_regex(JSON_OBJECT_SCHEMA)
+    for ok in ('{}', '{"a":1}', '{"people":[{"name":"Ann","age":31}],"meta":{"tags":["x"],"n":null}}',
+               '{"a":{"b":{"c":true}}}', '{"a":[[1,2],[3]]}'):
+        assert re.fullmatch(rx, ok), ok
+    for bad in ('[1]', '"x"', '{"a":[{"b":[1]}]}', '{"a":{"b":{"c":{}}}}', '{"a":1,}'):
+        assert not re.fullmatch(rx, bad), bad
