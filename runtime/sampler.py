@@ -123,8 +123,9 @@ class Sampler:
                             + [p.min_p for p in ps] + [p.frequency_penalty for p in ps]
                             + [p.presence_penalty for p in ps] + [p.repetition_penalty for p in ps],
                             dev, torch.float32).view(6, B)
-            i64 = to_device([p.top_k for p in ps] + [r.seed for r in reqs] + [len(r.output_ids) for r in reqs],
-                            dev).view(3, B)
+            # top_k >= vocab is no cut (the kernels' int32 must not see a larger value)
+            i64 = to_device([min(p.top_k, self.vocab_size) for p in ps] + [r.seed for r in reqs]
+                            + [len(r.output_ids) for r in reqs], dev).view(3, B)
             batch = sk.SamplingBatch(
                 temperatures=f32[0], top_ps=f32[1], top_ks=i64[0].to(torch.int32), min_ps=f32[2],
                 seeds=i64[1], steps=i64[2], bitmask=bitmask, mask_rows=mask_rows, token_counts=counts,

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 # Fields a caller may pass in `sampling_params` (native API, Engine). Unknown fields are an error.
 _GRAMMAR_FIELDS = ("regex", "json_schema", "choices")
+MAX_N = 128  # parallel samples of one prompt (OpenAI's limit); each is a request of its own
 
 
 @dataclass(slots=True)
@@ -86,6 +88,8 @@ class SamplingParams:
         for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
                      "repetition_penalty"):
             check_type(name, (int, float))
+            if not math.isfinite(getattr(self, name)):  # JSON parsers accept NaN / Infinity
+                raise ValueError(f"sampling_params.{name} must be a finite number, got {getattr(self, name)}")
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
             check_type(name, (bool,))
         if self.max_new_tokens < 0:
@@ -110,8 +114,8 @@ class SamplingParams:
             raise ValueError(
                 f"sampling_params.repetition_penalty must be in (0, 2], got {self.repetition_penalty}"
             )
-        if self.n < 1:
-            raise ValueError(f"sampling_params.n must be >= 1, got {self.n}")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"sampling_params.n must be in [1, {MAX_N}], got {self.n}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"sampling_params.seed must be an integer, got {self.seed!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):

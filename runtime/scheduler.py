@@ -172,7 +172,8 @@ class Scheduler:
         validate_request(r, self.vocab_size, self.context_len, self.allocator.num_slots)
         p, ids = r.sampling_params, list(r.input_ids)
         req = Req(rid=r.rid, input_ids=ids, params=p,
-                  seed=p.seed if p.seed is not None else self.seed_rng.getrandbits(62),
+                  # any integer seeds (OpenAI sets no range): folded into the kernels' int64
+                  seed=p.seed % (1 << 63) if p.seed is not None else self.seed_rng.getrandbits(62),
                   return_logprob=r.return_logprob, logprob_start_len=r.logprob_start_len,
                   top_logprobs_num=r.top_logprobs_num, stream=r.stream)
         if p.has_grammar:

@@ -153,11 +153,23 @@ def test_penalties_and_min_tokens(engine, prompts):
 
 def test_out_of_range_params_raise(engine):
     for bad, field in [({"temperature": -1}, "temperature"), ({"top_p": 1.5}, "top_p"), ({"top_k": 0}, "top_k"),
-                       ({"n": 0}, "n"), ({"regex": "a", "choices": ["a"]}, "at most one")]:
+                       ({"n": 0}, "n"), ({"n": 129}, "n"), ({"temperature": float("nan")}, "finite"),
+                       ({"top_p": float("inf")}, "finite"), ({"regex": "a", "choices": ["a"]}, "at most one")]:
         with pytest.raises(ValueError, match=field):
             engine.generate("hi", bad)
     with pytest.raises(ValueError, match="never fit"):
         engine.generate("hi", {"max_new_tokens": 10**6})
+    engine.check_integrity()
+
+
+def test_integers_beyond_int64_are_served(engine, prompts):
+    """Seeds are any integers (OpenAI sets no range) and a top_k past the vocabulary is no cut:
+    neither may reach the kernels' int64 / int32 tensors as is (it once killed the scheduler)."""
+    base = {"max_new_tokens": 6, "temperature": 1.0, "ignore_eos": True}
+    outs = engine.generate([prompts[0]] * 4, [{**base, "seed": 10**20}, {**base, "seed": 10**20 % (1 << 63)},
+                                              {**base, "seed": 7, "top_k": 10**12}, {**base, "seed": 7}])
+    assert outs[0]["output_ids"] == outs[1]["output_ids"] and outs[2]["output_ids"] == outs[3]["output_ids"]
+    assert engine.generate(prompts[0], {**base, "seed": -(10**30)})["meta_info"]["completion_tokens"] == 6
     engine.check_integrity()
 
 

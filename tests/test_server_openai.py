@@ -279,6 +279,7 @@ def test_bad_tool_requests_are_400(client, server, kwargs, needle):
     ({"extra_body": {"regex": "(["}}, "regex"),
     ({"messages": [{"role": "user", "content": "hi " * 9000}]}, "context length"),
     ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"n": 129}, "n must be in [1, 128]"),
 ])
 def test_bad_requests_are_400(client, server, kwargs, needle):
     kw = {"model": "smol", "messages": MSGS, "max_tokens": 4, **kwargs}
@@ -293,6 +294,16 @@ def test_malformed_json_is_400(server):
     r = requests.post(server.url + "/v1/chat/completions", data=b"{oops", timeout=T,
                       headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_non_finite_numbers_are_400(server):
+    # JSON parsers (Python's too) accept NaN / Infinity literals; the openai client will not send them
+    for body in (b'{"model": "smol", "prompt": "hi", "max_tokens": 2, "temperature": NaN}',
+                 b'{"model": "smol", "prompt": "hi", "max_tokens": 2, "top_p": Infinity}'):
+        r = requests.post(server.url + "/v1/completions", data=body, timeout=T,
+                          headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        assert r.status_code == 400 and "finite" in r.json()["error"]["message"]
+    assert requests.get(server.url + "/health", timeout=T).status_code == 200
 
 
 def test_api_key(server):

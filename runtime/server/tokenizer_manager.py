@@ -231,6 +231,9 @@ class TokenizerManager:
         p = r.sampling_params
         if p.n == 1:
             return [r]
+        if p.n > self.max_in_flight:  # could never all be admitted: not worth a retry
+            raise APIError.bad_request(f"n={p.n} is more than this server holds at once ({self.max_in_flight} "
+                                       "requests running and queued)", "n")
         out = []
         for j in range(p.n):
             q = SamplingParams.from_dict({**p.to_dict(), "n": 1, "seed": None if p.seed is None else p.seed + j})
