@@ -69,6 +69,9 @@ class EngineArgs:
     port: int = 30000
     api_key: str | None = None
     served_model_name: str | None = None
+    reasoning_parser: Literal["none", "think"] = field(default="none", metadata={"help": (
+        "think: return a reasoning model's <think>...</think> as reasoning_content, apart from "
+        "the answer, on /v1/chat/completions (Qwen3, QwQ, DeepSeek-R1)")})
     log_level: str = "info"
     shutdown_grace_s: float = 10.0
 

@@ -19,7 +19,7 @@ MSGS = [{"role": "user", "content": "Name three colours."}]
 @pytest.fixture(scope="module")
 def server():
     srv = ServerProcess(["--max-total-tokens", "8192", "--api-key", KEY, "--served-model-name", "smol",
-                         "--log-level", "warning"])
+                         "--log-level", "warning", "--reasoning-parser", "think"])
     yield srv
     srv.close()
 
@@ -170,6 +170,37 @@ def test_logit_bias(client, server):
     with pytest.raises(openai.BadRequestError) as ei:
         client.completions.create(**kw, max_tokens=1, logit_bias={"12": 500})
     assert "logit_bias" in ei.value.body["message"] and ei.value.body["param"] == "logit_bias"
+
+
+THINK = {"regex": "<think>[a-z ]{12,40}</think>[A-Z][a-z ]{3,30}\\."}  # a reasoning reply from SmolLM2
+
+
+def test_reasoning_content(client):
+    kw = dict(model="smol", messages=MSGS, max_tokens=60, temperature=0, extra_body=THINK)
+    m = client.chat.completions.create(**kw).choices[0].message
+    raw = client.chat.completions.create(**{**kw, "extra_body": {**THINK, "separate_reasoning": False}})
+    text = raw.choices[0].message.content
+    assert text.startswith("<think>") and "</think>" in text
+    assert m.reasoning_content == text[7:text.index("</think>")].strip()
+    assert m.content == text[text.index("</think>") + 8:].lstrip() and m.content.endswith(".")
+    assert raw.choices[0].message.model_extra.get("reasoning_content") is None
+    reasoning, content = [], []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            reasoning.append(c.delta.model_extra.get("reasoning_content") or "")
+            content.append(c.delta.content or "")
+    assert "".join(reasoning) == m.reasoning_content and "".join(content) == m.content
+    assert sum(1 for r in reasoning if r) > 1  # the reasoning streams in pieces
+
+
+def test_chat_template_kwargs(client):
+    r = client.chat.completions.create(model="smol", messages=MSGS, max_tokens=2,
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert r.choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model="smol", messages=MSGS, max_tokens=2,
+                                       extra_body={"chat_template_kwargs": {"tokenize": True}})
+    assert ei.value.body["param"] == "chat_template_kwargs"
 
 
 WEATHER = {"type": "function", "function": {

@@ -17,6 +17,8 @@ from fastapi.responses import JSONResponse, Response
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.server.http_server import ServerState, read_json
 from treadle.runtime.server.protocol import APIError, finish_reason, matched_stop
+from treadle.runtime.server.reasoning import ReasoningStream, opens_in_prompt
+from treadle.runtime.server.reasoning import split as reasoning_split
 from treadle.runtime.server.tool_calls import ToolPlan, ToolStream, plan_tools
 from treadle.runtime.server.streaming import gather_all, merge_streams, sse, stream_or_error, until_done_or_disconnect
 from treadle.runtime.server.tokenizer_manager import Accum, Chunk, TokenizerManager
@@ -48,7 +50,8 @@ def _nested(depth: int) -> dict:
 
 JSON_OBJECT_SCHEMA = {"type": "object", "additionalProperties": _nested(2)}
 _COMPLETION_FIELDS = {"prompt", "suffix", *_RENAMED, *_PASSED, *_IGNORED}
-_CHAT_FIELDS = {"messages", "tools", "tool_choice", "parallel_tool_calls", *_RENAMED, *_PASSED, *_IGNORED}
+_CHAT_FIELDS = {"messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+                "separate_reasoning", *_RENAMED, *_PASSED, *_IGNORED}
 
 
 def register_openai_routes(app: FastAPI, state: ServerState) -> None:
@@ -92,9 +95,14 @@ def register_openai_routes(app: FastAPI, state: ServerState) -> None:
             raise APIError.bad_request("top_logprobs must be an integer in [0, 20]", "top_logprobs")
         if top and not lp:
             raise APIError.bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-        ids = tm.encode(tm.chat_prompt(body.get("messages"), tools))
-        reqs = [_make(tm, body, ids, default_max=None, return_logprob=bool(lp), top=top or 0, tools=tools)]
-        return await _serve(request, state, body, reqs, chat=True, tools=tools)
+        separate = body.get("separate_reasoning", True)
+        if not isinstance(separate, bool):
+            raise APIError.bad_request("separate_reasoning must be a boolean", "separate_reasoning")
+        prompt = tm.chat_prompt(body.get("messages"), tools, body.get("chat_template_kwargs"))
+        think = opens_in_prompt(prompt) if state.args.reasoning_parser == "think" and separate else None
+        reqs = [_make(tm, body, tm.encode(prompt), default_max=None, return_logprob=bool(lp), top=top or 0,
+                      tools=tools)]
+        return await _serve(request, state, body, reqs, chat=True, tools=tools, think=think)
 
 
 # ====================================================================== request mapping
@@ -194,12 +202,13 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
 
 async def _serve(request: Request, state: ServerState, body: dict, base: list[TokenizedGenerateReq],
                  chat: bool, tools: ToolPlan | None = None,
-                 echoes: list[tuple[str, list[int]]] | None = None) -> Response:
+                 echoes: list[tuple[str, list[int]]] | None = None, think: bool | None = None) -> Response:
     tm = state.tm
     reqs = [r for b in base for r in tm.expand_n(b)]  # choice index = prompt * n + sample
     tm.check_capacity(len(reqs))
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-    shaper = _Shaper(tm, rid, state.model_name, chat, int(time.time()), len(reqs) // len(base), tools, echoes)
+    shaper = _Shaper(tm, rid, state.model_name, chat, int(time.time()), len(reqs) // len(base), tools, echoes,
+                     think)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
@@ -234,9 +243,14 @@ class _Shaper:
     """Renders results and stream chunks in OpenAI's shapes."""
 
     def __init__(self, tm: TokenizerManager, rid: str, model: str, chat: bool, created: int, n: int,
-                 tools: ToolPlan | None = None, echoes: list[tuple[str, list[int]]] | None = None) -> None:
+                 tools: ToolPlan | None = None, echoes: list[tuple[str, list[int]]] | None = None,
+                 think: bool | None = None) -> None:
         self.tm, self.id, self.model, self.chat, self.created, self.n = tm, rid, model, chat, created, n
         self.tools = tools
+        # reasoning split off (None: not), True when the prompt opened the <think> block
+        self.think = think
+        self.reasoning_streams: dict[int, ReasoningStream] = {}
+        self.content_sent: dict[int, int] = {}  # per choice: characters of content streamed
         self.echoes = echoes  # completions with echo: (prompt text, prompt ids) per prompt
         self.echoed: set[int] = set()
         self.tool_streams: dict[int, ToolStream] = {}
@@ -285,14 +299,17 @@ class _Shaper:
         lp = self.logprobs(i, ids, lps, tops)
         c: dict[str, Any] = {"index": i, "logprobs": lp, "finish_reason": finish_reason(fin),
                              "matched_stop": matched_stop(fin)}
-        if self.tools is not None:
-            reply = self.tools.parse(acc.text, finish_reason(fin))
-            c["finish_reason"] = reply.finish_reason
-            c["message"] = {"role": "assistant", "content": reply.content}
-            if reply.calls:
-                c["message"]["tool_calls"] = [call.as_openai() for call in reply.calls]
-        elif self.chat:
-            c["message"] = {"role": "assistant", "content": acc.text}
+        if self.chat:
+            reasoning, answer = (None, acc.text) if self.think is None else reasoning_split(acc.text, self.think)
+            c["message"] = {"role": "assistant", "content": answer}
+            if reasoning is not None:
+                c["message"]["reasoning_content"] = reasoning
+            if self.tools is not None:
+                reply = self.tools.parse(answer, finish_reason(fin))
+                c["finish_reason"] = reply.finish_reason
+                c["message"]["content"] = reply.content
+                if reply.calls:
+                    c["message"]["tool_calls"] = [call.as_openai() for call in reply.calls]
         else:
             c["text"] = text
         return c
@@ -309,6 +326,28 @@ class _Shaper:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [],
                 "usage": self.usage()}
+
+    def _chat_delta(self, i: int, ch: Chunk, c: dict) -> dict:
+        """Choice i's delta: reasoning (when split off), then tool calls or content from the
+        answer; may set c["finish_reason"] (tool calls)."""
+        delta: dict[str, Any] = {}
+        answer = ch.acc.text
+        if self.think is not None:
+            rs = self.reasoning_streams.setdefault(i, ReasoningStream(self.think))
+            new, answer = rs.feed(ch.acc.text, final=ch.finished)
+            if new:
+                delta["reasoning_content"] = new
+        if self.tools is not None:
+            ts = self.tool_streams.setdefault(i, self.tools.streamer())
+            if ch.finished:
+                more, c["finish_reason"] = ts.finish(answer, c["finish_reason"])
+            else:
+                more = ts.feed(answer)
+            return {**delta, **more}
+        sent = self.content_sent.get(i, 0)
+        if len(answer) > sent:
+            delta["content"], self.content_sent[i] = answer[sent:], len(answer)
+        return delta
 
     def render_chunk(self, item: tuple[int, Chunk]) -> list[str]:
         i, ch = item
@@ -328,16 +367,10 @@ class _Shaper:
                              "finish_reason": finish_reason(fin)}
         if ch.finished:
             c["matched_stop"] = matched_stop(fin)
-        if self.tools is not None:
-            ts = self.tool_streams.setdefault(i, self.tools.streamer())
-            if ch.finished:
-                c["delta"], c["finish_reason"] = ts.finish(ch.acc.text, c["finish_reason"])
-            else:
-                c["delta"] = ts.feed(ch.acc.text)
+        if self.chat:
+            c["delta"] = self._chat_delta(i, ch, c)
             if not c["delta"] and not ch.finished and not ch.logprobs:
                 return out
-        elif self.chat:
-            c["delta"] = {"content": ch.text} if ch.text else {}
         else:
             c["text"] = text
         out.append(sse({**head, "choices": [c]}))

@@ -7,6 +7,7 @@ consumer goes away (client disconnect, cancelled task) is aborted so its KV is f
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import time
@@ -155,12 +156,23 @@ class TokenizerManager:
             raise APIError.bad_request("this model has no tokenizer: send input_ids instead of text", "text")
         return self.tokenizer.encode(text)
 
-    def chat_prompt(self, messages: Any, tools: tool_calls.ToolPlan | None = None) -> str:
-        """The prompt text for OpenAI-style `messages` (and the request's tools, see tool_calls.py)."""
+    def chat_prompt(self, messages: Any, tools: tool_calls.ToolPlan | None = None,
+                    template_kwargs: Any = None) -> str:
+        """The prompt text for OpenAI-style `messages` (and the request's tools, see tool_calls.py;
+        `template_kwargs`: extra template variables, e.g. Qwen3's enable_thinking)."""
         from treadle.runtime.tokenizer import apply_chat_template, get_chat_template
 
         if not isinstance(messages, list) or not messages:
             raise APIError.bad_request("messages must be a non-empty list", "messages")
+        if template_kwargs is not None:
+            # template variables only: not apply_chat_template's own arguments (tokenize, chat_template, ...)
+            own = set(inspect.signature(self.tokenizer.apply_chat_template).parameters) | {"messages"} \
+                if self.tokenizer is not None else set()
+            if not isinstance(template_kwargs, dict) or not all(isinstance(k, str) and k not in own
+                                                                for k in template_kwargs):
+                raise APIError.bad_request("chat_template_kwargs must be an object of template variables (not "
+                                           "messages, tools, tokenize, chat_template or other arguments of "
+                                           "apply_chat_template)", "chat_template_kwargs")
         norm = []
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
@@ -185,7 +197,8 @@ class TokenizerManager:
         norm = tool_calls.render_messages(norm, tools, native)
         try:
             return apply_chat_template(self.tokenizer, norm,
-                                       tools=[t.spec for t in tools.tools] if tools is not None and native else None)
+                                       tools=[t.spec for t in tools.tools] if tools is not None and native else None,
+                                       **(template_kwargs or {}))
         except Exception as e:  # a template error is the caller's input problem (e.g. role order)
             raise APIError.bad_request(f"cannot apply the chat template: {e}", "messages") from e
 
