@@ -47,6 +47,13 @@ class EngineArgs:
     # strict = declared properties only (a model should not invent keys); spec = also the
     # extra members / trailing items JSON Schema admits, format as an annotation, 1.0 integers
     json_schema_mode: Literal["strict", "spec"] = "strict"
+    # speculative decoding of greedy requests (runtime/ngram_draft.py): draft the tokens that
+    # followed the latest earlier occurrence of the last speculative_ngram_size tokens
+    speculative_algorithm: Literal["none", "ngram"] = field(default="none", metadata={"help": (
+        "ngram: greedy requests draft up to --speculative-num-draft-tokens tokens from their own "
+        "prompt and output (prompt lookup) and verify them in one extend step; same outputs")})
+    speculative_num_draft_tokens: int = 8
+    speculative_ngram_size: int = 3
     # GPU features
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     cuda_graph: bool = True  # CUDA only; --no-cuda-graph keeps the plain launch path
@@ -99,6 +106,8 @@ class EngineArgs:
             raise ValueError(f"tp_size {self.tp_size} must be a multiple of nnodes {self.nnodes}")
         if self.nnodes > 1 and not self.dist_init_addr:
             raise ValueError("nnodes > 1 needs --dist-init-addr host:port (node 0's address, reachable by every node)")
+        if self.speculative_num_draft_tokens < 1 or self.speculative_ngram_size < 1:
+            raise ValueError("speculative_num_draft_tokens and speculative_ngram_size must be >= 1")
         if self.dist_timeout_s <= 0:
             raise ValueError("dist_timeout_s must be > 0")
 

@@ -21,6 +21,7 @@ from treadle.radix_cache import RadixCache
 from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.forward_batch import ForwardBatch, ForwardMode
 from treadle.runtime.io_struct import ReqOutput, TokenizedGenerateReq
+from treadle.runtime.ngram_draft import NgramIndex
 from treadle.runtime.model_runner import ModelRunner
 from treadle.runtime.request import Req
 from treadle.runtime.sampler import Sampler, prompt_logprobs
@@ -71,7 +72,7 @@ class Scheduler:
         self._grammar_compiler = None
         self.check_integrity_at_idle = True
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "jump_tokens": 0,
-                      "draft_tokens": 0, "overlap_steps": 0, "retractions": 0, "forward_steps": 0, "decode_steps": 0, "requests": 0}
+                      "draft_tokens": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0, "overlap_steps": 0, "retractions": 0, "forward_steps": 0, "decode_steps": 0, "requests": 0}
 
     # ================================================================== public API
 
@@ -549,12 +550,15 @@ class Scheduler:
         if req.grammar is not None and not req.grammar.accept_token(token):
             req.finish("abort", message=f"token {token} rejected by the grammar")
         self._check_finished(req, token)
-        if req.finished is None and req.grammar is not None and not self.args.disable_jump_forward and not replay \
-                and len(self.running) <= self.jump_max_batch:
-            if self._verifies_jumps(req):
-                self._propose_draft(req)
-            else:
-                self._jump_forward(req)
+        if req.finished is None and not replay and len(self.running) <= self.jump_max_batch:
+            if req.grammar is not None and not self.args.disable_jump_forward:
+                if self._verifies_jumps(req):
+                    self._propose_draft(req)
+                else:
+                    self._jump_forward(req)
+            elif req.grammar is None and self.args.speculative_algorithm == "ngram" and self._verifies_jumps(req) \
+                    and len(req.output_ids) >= req.params.min_new_tokens:
+                self._propose_ngram_draft(req)
         if req.finished is not None:
             if req in self.running or req.req_pool_idx is not None:
                 self._release(req)
@@ -632,6 +636,21 @@ class Scheduler:
         req.draft_masks = masks[: accepted + 1]
         self.stats["draft_tokens"] += accepted
 
+    def _propose_ngram_draft(self, req: Req) -> None:
+        """Speculative decoding: draft what followed the last n tokens' latest earlier
+        occurrence in the request (runtime/ngram_draft.py); verified like a jump's draft. Only
+        past min_new_tokens, so the draft positions need no stop-token masks."""
+        k = min(self.args.speculative_num_draft_tokens, req.remaining_new_tokens(),
+                self.context_len - 1 - req.seq_len)
+        if k < 1:
+            return
+        if req.ngram is None:
+            req.ngram = NgramIndex(self.args.speculative_ngram_size)
+        draft = req.ngram.draft(req.input_ids, req.output_ids, k)
+        if draft:
+            req.draft, req.draft_masks = draft, None
+            self.stats["spec_draft_tokens"] += len(draft)
+
     def _verify_draft(self, req: Req, logits: torch.Tensor) -> None:
         """Verified jump-forward, step 2: ``logits`` [k + 1, vocab] were computed after the
         last output token and after each of the k draft tokens. Keep the draft up to the first
@@ -648,8 +667,11 @@ class Scheduler:
         while a < k and res.token_ids[a] == draft[a]:
             a += 1
         self._truncate_kv(req, req.kv_len - k + a)  # keep the last sampled token and the accepted draft
-        req.num_jump_tokens += a
-        self.stats["jump_tokens"] += a
+        if req.grammar is not None:
+            req.num_jump_tokens += a
+            self.stats["jump_tokens"] += a
+        else:
+            self.stats["spec_accepted_tokens"] += a
         for j in range(a + 1):
             token = draft[j] if j < a else res.token_ids[a]
             self._process_token(req, token, res.logprobs[j], res.top_logprobs[j], replay=j < a)

@@ -77,7 +77,7 @@ def register_openai_routes(app: FastAPI, state: ServerState) -> None:
         if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
             raise APIError.bad_request("logprobs must be an integer in [0, 20]", "logprobs")
         prompts = _completion_prompts(tm, body.get("prompt"))
-        # echo with logprobs scores the prompt too (logprob_start_len 0), as lm-eval-harness asks
+        # echo with logprobs scores the prompt too (logprob_start_len 0): loglikelihood requests
         reqs = [_make(tm, body, ids, default_max=16, return_logprob=lp is not None, top=lp or 0,
                       prompt_logprobs=bool(echo) and lp is not None) for ids in prompts]
         echoes = _echoes(tm, body.get("prompt"), prompts) if echo else None
