@@ -118,6 +118,23 @@ def test_logit_bias_on_gpu(tmp_path):
         e.check_integrity()
 
 
+def test_ngram_speculation_keeps_greedy_output_on_gpu(tmp_path):
+    """Drafts verified in extend steps between graph-replayed, overlapped decode steps."""
+    path = _tiny_with_tokenizer(tmp_path)
+    prompts = ["hello world hello world hello", "the quick brown fox the quick brown", "0123456789 0123456789 01"]
+    params = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+    outs, stats = {}, {}
+    for algo in ("none", "ngram"):
+        # fp32: extend (a verified draft) and decode logits then agree on every argmax
+        with Engine(model_path=path, device="cuda", dtype="float32", max_total_tokens=8192,
+                    speculative_algorithm=algo, speculative_ngram_size=2) as e:
+            outs[algo] = [o["output_ids"] for o in e.generate(prompts, params)]
+            stats[algo] = e.get_server_info()
+            e.check_integrity()
+    assert outs["ngram"] == outs["none"]
+    assert stats["ngram"]["spec_draft_tokens"] > 0 and stats["none"]["spec_draft_tokens"] == 0
+
+
 def test_overlap_and_jump_forward_keep_greedy_output_on_gpu(tmp_path):
     """Overlap scheduling (grammar masks filled while the next forward runs) and verified
     jump-forward both leave greedy constrained output unchanged on the GPU."""
