@@ -1,9 +1,11 @@
 """N-gram speculative decoding (`--speculative-algorithm ngram`) on vs off, CPU, SmolLM2 fp32.
 
 Greedy chat requests whose replies copy their prompt to different degrees: `copy` (repeat a
-passage), `extract` (list items from it), `code` (rewrite a function with one change), and
-`free` (a poem: nothing to copy, the cost of trying). Each runs alone (bs 1) and all four
-together (bs 4), with the same engine settings but the algorithm; outputs must be identical
+passage), `extract` (list items from it), `code` (rewrite a function with one change),
+`json_quote` (the passage as a JSON string value, under a JSON schema: drafts are cut where the
+grammar refuses them, jump-forward on in both runs), and `free` (a poem: nothing to copy, the
+cost of trying). Each runs alone (bs 1) and all five
+together (bs 5), with the same engine settings but the algorithm; outputs must be identical
 (checked), so tokens per second compare like for like. The radix cache is flushed before each
 measurement. Prints one JSON line per figure; --output writes them all.
 
@@ -28,8 +30,11 @@ TASKS = {
     "copy": f"Repeat this text exactly:\n{PASSAGE}",
     "extract": f"{PASSAGE}\n\nList the things the members agreed to fund, one per line.",
     "code": f"Rewrite this Python function so that it returns 0.0 for an empty list:\n{CODE}",
+    "json_quote": f"Repeat this text exactly, as JSON with the key quote:\n{PASSAGE}",
     "free": "Write a short poem about the sea.",
 }
+EXTRA = {"json_quote": {"json_schema": {"type": "object", "properties": {"quote": {"type": "string"}},
+                                        "required": ["quote"]}}}
 
 
 def chat(text: str) -> str:
@@ -41,7 +46,8 @@ def measure(engine, names: list[str], new_tokens: int) -> tuple[list[dict], dict
         time.sleep(0.01)
     i0 = engine.get_server_info()
     t0 = time.perf_counter()
-    outs = engine.generate([chat(TASKS[n]) for n in names], {"max_new_tokens": new_tokens, "temperature": 0})
+    outs = engine.generate([chat(TASKS[n]) for n in names],
+                           [{"max_new_tokens": new_tokens, "temperature": 0, **EXTRA.get(n, {})} for n in names])
     wall = time.perf_counter() - t0
     i1 = engine.get_server_info()
     d = {k: i1[k] - i0[k] for k in ("forward_steps", "spec_draft_tokens", "spec_accepted_tokens")}
@@ -62,7 +68,7 @@ def main() -> None:
                 "command": "python " + shlex.join(sys.argv), "new_tokens": args.new_tokens,
                 "draft_tokens": args.draft_tokens, "ngram": args.ngram}]
     print(json.dumps(figures[0]), flush=True)
-    workloads = [(n, [n]) for n in TASKS] + [("all_four_bs4", list(TASKS))]
+    workloads = [(n, [n]) for n in TASKS] + [("all_five_bs5", list(TASKS))]
     results: dict[str, dict] = {}
     for algo in ("none", "ngram"):
         with Engine(speculative_algorithm=algo, speculative_num_draft_tokens=args.draft_tokens,

@@ -47,6 +47,7 @@ class Req:
     # choice agrees. Not output yet: never streamed, never in output_ids.
     draft: list[int] = field(default_factory=list)
     draft_masks: Any = None  # int32 [len(draft) + 1, words]: the grammar mask at each draft position
+    draft_kind: str = ""  # "jump" (a grammar's forced text) or "ngram" (speculative)
     ngram: Any = None  # NgramIndex of prompt + output, for n-gram drafts (speculative decoding)
 
     output_logprobs: list[float] = field(default_factory=list)

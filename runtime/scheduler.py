@@ -551,13 +551,13 @@ class Scheduler:
             req.finish("abort", message=f"token {token} rejected by the grammar")
         self._check_finished(req, token)
         if req.finished is None and not replay and len(self.running) <= self.jump_max_batch:
+            drafted = False
             if req.grammar is not None and not self.args.disable_jump_forward:
                 if self._verifies_jumps(req):
-                    self._propose_draft(req)
+                    drafted = self._propose_draft(req)
                 else:
                     self._jump_forward(req)
-            elif req.grammar is None and self.args.speculative_algorithm == "ngram" and self._verifies_jumps(req) \
-                    and len(req.output_ids) >= req.params.min_new_tokens:
+            if not drafted and self.args.speculative_algorithm == "ngram" and self._verifies_jumps(req):
                 self._propose_ngram_draft(req)
         if req.finished is not None:
             if req in self.running or req.req_pool_idx is not None:
@@ -599,17 +599,16 @@ class Scheduler:
         same as without jump-forward); the others take the canonical re-tokenized jump."""
         return req.params.is_greedy and not req.params.has_penalties
 
-    def _propose_draft(self, req: Req) -> None:
+    def _propose_draft(self, req: Req) -> bool:
         """Verified jump-forward, step 1: propose the grammar's forced text as draft tokens
-        after the last output token (no rollback: the output so far is the model's own), and
-        record the grammar mask at each draft position. The next extend computes them all;
-        :meth:`_verify_draft` keeps the prefix the model agrees with."""
+        after the last output token (no rollback: the output so far is the model's own). The
+        next extend computes them all; :meth:`_verify_draft` keeps the prefix the model agrees
+        with. Returns whether a draft was set."""
         from treadle.constrained import plan_jump_forward
 
-        m = req.grammar
-        jump = m.find_jump_forward_string()
+        jump = req.grammar.find_jump_forward_string()
         if not jump:
-            return
+            return False
         table = self.grammar_compiler.token_bytes
         tail = req.output_ids[-JUMP_LOOKBACK:]
         plan = plan_jump_forward(self.tokenizer, table, tail, jump, holdback=0)
@@ -617,29 +616,39 @@ class Scheduler:
             # the canonical encoding would re-cut the tail: draft the forced text on its own
             plan = plan_jump_forward(self.tokenizer, table, [], jump, holdback=0)
         limit = min(req.remaining_new_tokens(), self.context_len - 1 - req.seq_len)
-        draft = plan.new_token_ids[: max(0, limit)]
-        if not draft:
-            return
-        masks = torch.empty((len(draft) + 1, self.sampler.words), dtype=torch.int32)
-        n_out = len(req.output_ids)
-        accepted = 0
-        for i in range(len(draft) + 1):
-            m.fill_next_token_bitmask(masks, i)
-            self.sampler.forbid_early_stop(masks, i, req, n_out + i)
-            if i == len(draft) or not m.accept_token(draft[i]):
-                break
-            accepted += 1
-        m.rollback(accepted)  # the matcher advances again as tokens are verified
-        if accepted == 0:
-            return
-        req.draft = draft[:accepted]
-        req.draft_masks = masks[: accepted + 1]
+        accepted = self._set_draft(req, plan.new_token_ids[: max(0, limit)], "jump")
         self.stats["draft_tokens"] += accepted
+        return accepted > 0
+
+    def _set_draft(self, req: Req, draft: list[int], kind: str) -> int:
+        """Make ``draft`` (or the prefix of it the grammar accepts) the request's draft, with
+        the mask at each draft position where the request has a grammar or is still under
+        min_new_tokens (the sampler verifies each position on it). Returns the draft length."""
+        m, n_out = req.grammar, len(req.output_ids)
+        masks, accepted = None, len(draft)
+        if draft and (m is not None or n_out < req.params.min_new_tokens):
+            masks = torch.empty((len(draft) + 1, self.sampler.words), dtype=torch.int32)
+            accepted = 0
+            for i in range(len(draft) + 1):
+                if m is not None:
+                    m.fill_next_token_bitmask(masks, i)
+                else:
+                    masks[i].fill_(-1)
+                self.sampler.forbid_early_stop(masks, i, req, n_out + i)
+                if i == len(draft) or (m is not None and not m.accept_token(draft[i])):
+                    break
+                accepted += 1
+            if m is not None:
+                m.rollback(accepted)  # the matcher advances again as tokens are verified
+            masks = masks[: accepted + 1]
+        if accepted:
+            req.draft, req.draft_masks, req.draft_kind = draft[:accepted], masks, kind
+        return accepted
 
     def _propose_ngram_draft(self, req: Req) -> None:
         """Speculative decoding: draft what followed the last n tokens' latest earlier
-        occurrence in the request (runtime/ngram_draft.py); verified like a jump's draft. Only
-        past min_new_tokens, so the draft positions need no stop-token masks."""
+        occurrence in the request (runtime/ngram_draft.py), cut where a grammar refuses it;
+        verified like a jump's draft (a JSON value copied from the prompt, too)."""
         k = min(self.args.speculative_num_draft_tokens, req.remaining_new_tokens(),
                 self.context_len - 1 - req.seq_len)
         if k < 1:
@@ -647,9 +656,7 @@ class Scheduler:
         if req.ngram is None:
             req.ngram = NgramIndex(self.args.speculative_ngram_size)
         draft = req.ngram.draft(req.input_ids, req.output_ids, k)
-        if draft:
-            req.draft, req.draft_masks = draft, None
-            self.stats["spec_draft_tokens"] += len(draft)
+        self.stats["spec_draft_tokens"] += self._set_draft(req, draft, "ngram")
 
     def _verify_draft(self, req: Req, logits: torch.Tensor) -> None:
         """Verified jump-forward, step 2: ``logits`` [k + 1, vocab] were computed after the
@@ -667,7 +674,7 @@ class Scheduler:
         while a < k and res.token_ids[a] == draft[a]:
             a += 1
         self._truncate_kv(req, req.kv_len - k + a)  # keep the last sampled token and the accepted draft
-        if req.grammar is not None:
+        if req.draft_kind == "jump":
             req.num_jump_tokens += a
             self.stats["jump_tokens"] += a
         else:
