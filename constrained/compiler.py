@@ -22,6 +22,7 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any
 
 from treadle.constrained.compile_worker import WorkerProcess
+from treadle.constrained.disk_cache import GrammarDiskCache, vocabulary_fingerprint
 from treadle.constrained.grammar import CompiledGrammar, GrammarSpec, build_char_fsm
 from treadle.constrained.vocabulary import build_vocabulary
 
@@ -137,6 +138,7 @@ class GrammarCompiler:
         whitespace_pattern: str | None = None,
         cache_size: int = 512,
         json_schema_mode: str = "strict",
+        disk_cache_dir: str | None = None,
     ) -> None:
         if vocab_size <= 0 or max_workers < 1 or timeout_s <= 0 or cache_size < 1:
             raise ValueError(
@@ -154,6 +156,9 @@ class GrammarCompiler:
         self._whitespace_pattern = whitespace_pattern
         self._json_schema_mode = json_schema_mode
         self._cache_size = cache_size
+        # builds of a second or more also go to disk, for the next process (disk_cache.py)
+        self._disk = GrammarDiskCache(disk_cache_dir, vocabulary_fingerprint(
+            self._table, self._eos, self._vocab_size)) if disk_cache_dir else None
         self._cache: OrderedDict[GrammarSpec, Future[CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
@@ -247,6 +252,11 @@ class GrammarCompiler:
             self._idle.put(self._new_worker())
 
     def _run(self, spec: GrammarSpec, regex: str, fut: Future[CompiledGrammar]) -> None:
+        if self._disk is not None:
+            hit = self._disk.load(regex)
+            if hit is not None:
+                _settle(fut, self._grammar(spec, regex, *hit, from_disk=True))
+                return
         while True:
             if fut.done():
                 return
@@ -269,7 +279,15 @@ class GrammarCompiler:
             _settle(fut, exc=e)
             raise
         self._idle.put(w)
+        if self._disk is not None:
+            self._disk.store(regex, result.index, result.char_fsm, result.compile_time_s)
         _settle(fut, result)
+
+    def _grammar(self, spec: GrammarSpec, regex: str, index: Any, char_fsm: Any, seconds: float,
+                 from_disk: bool = False) -> CompiledGrammar:
+        return CompiledGrammar(index=index, regex=regex, char_fsm=char_fsm, vocab_size=self._vocab_size,
+                               num_tokens=self._num_tokens, eos_token_ids=self._eos, token_bytes=self._table,
+                               spec=spec, compile_time_s=seconds, from_disk=from_disk)
 
     def _compile_in(self, w: _Worker, spec: GrammarSpec, regex: str) -> CompiledGrammar:
         """Run one build in worker ``w``; on a broken worker, replace it before raising."""
@@ -298,17 +316,7 @@ class GrammarCompiler:
             ) from e
         if reply[0] == "ok":
             _, index, char_fsm, seconds = reply
-            return CompiledGrammar(
-                index=index,
-                regex=regex,
-                char_fsm=char_fsm,
-                vocab_size=self._vocab_size,
-                num_tokens=self._num_tokens,
-                eos_token_ids=self._eos,
-                token_bytes=self._table,
-                spec=spec,
-                compile_time_s=seconds,
-            )
+            return self._grammar(spec, regex, index, char_fsm, seconds)
         if reply[0] == "oom":
             self._retire(w)
             raise GrammarCompileError(

@@ -200,6 +200,7 @@ class CompiledGrammar:
     token_bytes: list[bytes | None]
     spec: GrammarSpec | None = None
     compile_time_s: float = 0.0
+    from_disk: bool = False  # loaded from the disk cache (compile_time_s: the original build's)
     _rows: dict[int, Any] = field(default_factory=dict, repr=False)
     _jumps: dict[int, str] = field(default_factory=dict, repr=False)
     # (char state, pending UTF-8 bytes, token) -> (char state, pending): the character-FSM

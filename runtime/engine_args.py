@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args, get_origin
@@ -43,6 +44,9 @@ class EngineArgs:
     jump_forward_max_batch: int = -1
     grammar_compile_timeout_s: float = 60.0
     grammar_memory_limit_bytes: int = 4 << 30
+    # token indexes that took a second or more to build are kept here for the next process
+    # (constrained/disk_cache.py); None = <cache root>/grammars, "" = off
+    grammar_cache_dir: str | None = None
     json_whitespace_pattern: str | None = None  # None = compact JSON
     # strict = declared properties only (a model should not invent keys); spec = also the
     # extra members / trailing items JSON Schema admits, format as an annotation, 1.0 integers
@@ -110,6 +114,13 @@ class EngineArgs:
             raise ValueError("speculative_num_draft_tokens and speculative_ngram_size must be >= 1")
         if self.dist_timeout_s <= 0:
             raise ValueError("dist_timeout_s must be > 0")
+
+    def grammar_disk_cache_dir(self) -> str | None:
+        if self.grammar_cache_dir is None:
+            from treadle.runtime.gguf_loader import cache_root
+
+            return os.path.join(cache_root(), "grammars")
+        return self.grammar_cache_dir or None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":

@@ -148,3 +148,41 @@ def test_closed_compiler_rejects(smol):
         c.compile(GrammarSpec.from_params(regex="a"))
     with pytest.raises(ValueError, match="GrammarSpec"):
         GrammarCompiler.compile_async(c, "a")  # type: ignore[arg-type]
+
+
+def test_disk_cache_serves_a_new_compiler(smol, tmp_path):
+    """A build kept on disk by one compiler (one process) is loaded, not rebuilt, by the next;
+    unreadable files are misses; another vocabulary never reads it; the folder stays bounded."""
+    from treadle.constrained.disk_cache import GrammarDiskCache
+
+    spec = GrammarSpec.from_params(regex=r"[0-9]{3}-[a-z]+")
+    with GrammarCompiler(smol, [EOS], vocab_size=V, disk_cache_dir=str(tmp_path)) as c:
+        c._disk.min_compile_s = 0.0  # this small grammar builds in well under the 1 s default
+        first = c.compile(spec)
+    files = list(tmp_path.glob("*.grammar"))
+    assert not first.from_disk and len(files) == 1
+    with GrammarCompiler(smol, [EOS], vocab_size=V, disk_cache_dir=str(tmp_path)) as c:
+        again = c.compile(spec)
+    assert again.from_disk and again.compile_time_s == first.compile_time_s
+    assert accepts(again, smol, "123-abc") and not accepts(again, smol, "12-abc")
+    m1, m2 = GrammarMatcher(first), GrammarMatcher(again)
+    for t in smol.encode("123-ab", add_special_tokens=False):
+        assert m1.accept_token(t) and m2.accept_token(t)
+    assert (first.mask_row(m1.state) == again.mask_row(m2.state)).all()
+    # a different vocabulary (logits width) has its own names: a miss
+    with GrammarCompiler(smol, [EOS], vocab_size=V + 64, disk_cache_dir=str(tmp_path)) as c:
+        assert not c.compile(spec).from_disk
+    # a corrupt file is dropped and rebuilt
+    files[0].write_bytes(b"not a pickle")
+    with GrammarCompiler(smol, [EOS], vocab_size=V, disk_cache_dir=str(tmp_path)) as c:
+        c._disk.min_compile_s = 0.0
+        rebuilt = c.compile(spec)
+    assert not rebuilt.from_disk and files[0].read_bytes() != b"not a pickle"
+    # over max_bytes, the least recently used files go
+    cache = GrammarDiskCache(str(tmp_path / "small"), "fp", max_bytes=2500, min_compile_s=0.0)
+    for i in range(4):
+        assert cache.store(f"r{i}", b"x" * 1000, None, 0.5)
+        os.utime(cache.path(f"r{i}"), (i, i))
+    assert cache.load("r0") is None and cache.load("r3") == (b"x" * 1000, None, 0.5)
+    assert sum(f.stat().st_size for f in (tmp_path / "small").iterdir()) <= 2500
+    assert not cache.store("slow-enough?", b"", None, -1.0)  # builds under min_compile_s stay off disk
