@@ -49,11 +49,7 @@ class IncrementalDetokenizer:
                 visible, self.stopped = visible[:cut], True
             elif not finished:
                 # keep back a tail that could still grow into a stop string
-                for s in self.stop:
-                    for k in range(min(len(s) - 1, len(visible)), 0, -1):
-                        if visible.endswith(s[:k]):
-                            hold = max(hold, k)
-                            break
+                hold = max(partial_suffix_len(visible, s) for s in self.stop)
         if hold:
             visible = visible[:-hold]
         if len(visible) <= self.sent:
@@ -65,3 +61,12 @@ class IncrementalDetokenizer:
     @property
     def output_text(self) -> str:
         return self.text[: self.sent]
+
+
+def partial_suffix_len(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `marker` (text to hold
+    back while streaming: it may still become `marker`)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from treadle.runtime.detokenizer import IncrementalDetokenizer
 from treadle.runtime.engine_args import EngineArgs
-from treadle.runtime.io_struct import ReqOutput, TokenizedGenerateReq
+from treadle.runtime.io_struct import OutputAccum, ReqOutput, TokenizedGenerateReq
 from treadle.runtime.model_runner import ModelRunner
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.scheduler import Scheduler, validate_request
@@ -246,7 +246,7 @@ class Engine:
 
     def _collect(self, r: TokenizedGenerateReq, box: queue.Queue) -> dict:
         detok = self._detokenizer(r)
-        acc = _Accum()
+        acc = OutputAccum()
         while True:
             out = self._next(box)
             acc.add(out)
@@ -258,7 +258,7 @@ class Engine:
     def _stream(self, r: TokenizedGenerateReq) -> Iterator[dict]:
         box = self._submit(r)
         detok = self._detokenizer(r)
-        acc = _Accum()
+        acc = OutputAccum()
         try:
             while True:
                 out = self._next(box)
@@ -346,38 +346,3 @@ class _NoText:
         return ""
 
     output_text = ""
-
-
-class _Accum:
-    """Accumulates a request's outputs into the result dict."""
-
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.tops: list = []
-        self.input_logprobs: list | None = None  # the prompt's, sent once it is computed
-        self.input_tops: list | None = None
-        self.last: ReqOutput | None = None
-
-    def add(self, out: ReqOutput) -> None:
-        self.ids.extend(out.new_ids)
-        self.logprobs.extend(out.output_logprobs)
-        self.tops.extend(out.output_top_logprobs)
-        if out.input_logprobs is not None:
-            self.input_logprobs, self.input_tops = out.input_logprobs, out.input_top_logprobs
-        self.last = out
-
-    def result(self, rid: str, text: str) -> dict:
-        o = self.last
-        meta = {"id": rid, "prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
-                "cached_tokens": o.cached_tokens, "finish_reason": o.finished}
-        if o.error:
-            meta["error"] = o.error
-        if self.logprobs:
-            meta["output_token_logprobs"] = list(zip(self.logprobs, self.ids))
-            if self.tops:
-                meta["output_top_logprobs"] = self.tops
-        if self.input_logprobs is not None:
-            meta["input_token_logprobs"] = self.input_logprobs
-            meta["input_top_logprobs"] = self.input_tops
-        return {"text": text, "output_ids": list(self.ids), "meta_info": meta}

@@ -67,6 +67,7 @@ class Scheduler:
         self.inflight: tuple[list[Req], Any] | None = None
         self.jump_max_batch = args.jump_forward_max_batch if args.jump_forward_max_batch >= 0 \
             else (64 if runner.device.type == "cuda" else 4)
+        self.ngram_drafts = args.speculative_algorithm == "ngram"  # speculative decoding (ngram_draft.py)
         self.outputs: list[ReqOutput] = []
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._grammar_compiler = None
@@ -557,7 +558,7 @@ class Scheduler:
                     drafted = self._propose_draft(req)
                 else:
                     self._jump_forward(req)
-            if not drafted and self.args.speculative_algorithm == "ngram" and self._verifies_jumps(req):
+            if not drafted and self.ngram_drafts and self._verifies_jumps(req):
                 self._propose_ngram_draft(req)
         if req.finished is not None:
             if req in self.running or req.req_pool_idx is not None:

@@ -10,6 +10,8 @@ A request keeps the raw text with `separate_reasoning: false`.
 """
 from __future__ import annotations
 
+from treadle.runtime.detokenizer import partial_suffix_len
+
 OPEN, CLOSE = "<think>", "</think>"
 
 
@@ -51,8 +53,6 @@ class ReasoningStream:
         if not final and not answer and CLOSE not in text:
             # hold back what may be the start of "</think>", and trailing whitespace, which the
             # finished reasoning drops
-            k = next((k for k in range(min(len(CLOSE) - 1, len(reasoning)), 0, -1)
-                      if reasoning.endswith(CLOSE[:k])), 0)
-            reasoning = reasoning[:len(reasoning) - k].rstrip()
+            reasoning = reasoning[:len(reasoning) - partial_suffix_len(reasoning, CLOSE)].rstrip()
         new, self.sent = reasoning[self.sent:], max(self.sent, len(reasoning))
         return new, answer

@@ -12,14 +12,14 @@ import itertools
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import zmq
 import zmq.asyncio
 
 from treadle.runtime.engine_args import EngineArgs
-from treadle.runtime.io_struct import AbortReq, ControlOut, ControlReq, TokenizedGenerateReq
+from treadle.runtime.io_struct import AbortReq, ControlOut, ControlReq, OutputAccum, TokenizedGenerateReq
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.scheduler import validate_request
 from treadle.runtime.server.ipc import IpcPaths, StrOutput
@@ -41,31 +41,17 @@ class Chunk:
     finished: bool
 
 
-@dataclass
-class Accum:
-    """A request's output so far; `result()` is the native /generate response object."""
-    rid: str
-    text: str = ""
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    tops: list = field(default_factory=list)
-    input_logprobs: list | None = None  # the prompt's, sent once the prompt is computed
-    input_tops: list | None = None
-    last: Any = None  # the latest ReqOutput
+class Accum(OutputAccum):
+    """A request's output so far, with its text (the detokenizer's deltas)."""
 
-    def result(self) -> dict:
-        o = self.last
-        meta: dict[str, Any] = {"id": self.rid, "prompt_tokens": o.prompt_tokens,
-                                "completion_tokens": o.completion_tokens, "cached_tokens": o.cached_tokens,
-                                "finish_reason": o.finished}
-        if self.logprobs:
-            meta["output_token_logprobs"] = [list(x) for x in zip(self.logprobs, self.ids)]
-            if self.tops:
-                meta["output_top_logprobs"] = self.tops
-        if self.input_logprobs is not None:
-            meta["input_token_logprobs"] = self.input_logprobs
-            meta["input_top_logprobs"] = self.input_tops
-        return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
+    def __init__(self, rid: str) -> None:
+        super().__init__()
+        self.rid = rid
+        self.text = ""
+
+    def result(self, rid: str | None = None, text: str | None = None) -> dict:
+        """The native /generate response object."""
+        return super().result(self.rid if rid is None else rid, self.text if text is None else text)
 
 
 @dataclass
@@ -302,12 +288,7 @@ class TokenizerManager:
                     raise APIError.bad_request(out.error)
                 self._observe(st, out, finished)
                 acc.text += m.text_delta
-                acc.ids.extend(out.new_ids)
-                acc.logprobs.extend(out.output_logprobs)
-                acc.tops.extend(out.output_top_logprobs)
-                if out.input_logprobs is not None:
-                    acc.input_logprobs, acc.input_tops = out.input_logprobs, out.input_top_logprobs
-                acc.last = out
+                acc.add(out)
                 yield Chunk(m.text_delta, out.new_ids, out.output_logprobs, out.output_top_logprobs, acc, finished)
                 if finished:
                     return

@@ -29,6 +29,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from treadle.runtime.detokenizer import partial_suffix_len
 from treadle.runtime.server.protocol import APIError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -178,7 +179,7 @@ class ToolStream:
             self.in_call = True
             end = at
         else:  # hold back a tail that may be the start of "<tool_call>"
-            end = len(text) - _partial_suffix(text, OPEN)
+            end = len(text) - partial_suffix_len(text, OPEN)
         new, self.sent = text[self.sent:end], max(self.sent, end)
         return {"content": new} if new else {}
 
@@ -196,14 +197,6 @@ class ToolStream:
         if rest:
             delta["content"] = rest
         return delta, reply.finish_reason
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
 
 
 # ====================================================================== request side
