@@ -4,7 +4,10 @@ Staged API (xgrammar-style): ``GrammarSpec`` -> ``GrammarCompiler.compile`` (cac
 bounded, off-thread) -> ``CompiledGrammar`` -> per-request ``GrammarMatcher``
 (``accept_token`` / ``fill_next_token_bitmask`` / ``rollback`` /
 ``find_jump_forward_string``) -> ``apply_token_bitmask_ref`` (or the fused kernel), and
-``plan_jump_forward`` for canonical retokenization of forced text.
+``plan_jump_forward`` for canonical retokenization of forced text. Schemas that ask for
+any JSON (``{}``, ``{"type": "object"}``, ...) compile to a ``JsonAnyGrammar``, a pushdown
+automaton with unbounded nesting, whose ``JsonAnyMatcher`` has the same interface;
+``grammar.matcher()`` makes the right one.
 
 Names are resolved lazily so that importing the package (e.g. in a compile worker
 process) does not import torch.
@@ -25,6 +28,9 @@ _EXPORTS = {
     "GrammarCompileError": "compiler",
     "build_compiled_grammar": "compiler",
     "GrammarMatcher": "matcher",
+    "JsonAnyGrammar": "json_any",
+    "JsonAnyMatcher": "json_any",
+    "json_any_root": "json_any",
     "allocate_token_bitmask": "bitmask",
     "reset_bitmask_row": "bitmask",
     "apply_token_bitmask_ref": "bitmask",

@@ -24,6 +24,7 @@ from typing import Any
 from treadle.constrained.compile_worker import WorkerProcess
 from treadle.constrained.disk_cache import GrammarDiskCache, vocabulary_fingerprint
 from treadle.constrained.grammar import CompiledGrammar, GrammarSpec, build_char_fsm
+from treadle.constrained.json_any import JsonAnyGrammar, JsonPushdown, json_any_root
 from treadle.constrained.vocabulary import build_vocabulary
 
 __all__ = ["GrammarCompiler", "GrammarCompileError", "build_compiled_grammar"]
@@ -160,6 +161,7 @@ class GrammarCompiler:
         self._disk = GrammarDiskCache(disk_cache_dir, vocabulary_fingerprint(
             self._table, self._eos, self._vocab_size)) if disk_cache_dir else None
         self._cache: OrderedDict[GrammarSpec, Future[CompiledGrammar]] = OrderedDict()
+        self._json_pda: JsonPushdown | None = None  # built at the first "any JSON" spec
         self._lock = threading.Lock()
         self._closed = False
         self._ctx = None  # workers are plain subprocesses (see compile_worker.py)
@@ -192,6 +194,10 @@ class GrammarCompiler:
             self._cache[spec] = fut
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
+        root = self._json_any_root(spec)
+        if root is not None:  # "any JSON": the pushdown automaton, nothing to build
+            _settle(fut, JsonAnyGrammar(self._pushdown(), root, spec=spec))
+            return fut
         try:
             regex = spec.to_regex(self._whitespace_pattern, self._json_schema_mode)
         except ValueError as e:
@@ -234,6 +240,21 @@ class GrammarCompiler:
         return self._table
 
     # ------------------------------------------------------------------ internals
+
+    def _json_any_root(self, spec: GrammarSpec) -> str | None:
+        """The root kind when ``spec`` is a schema that asks only for JSON (json_any.py),
+        and output is compact (a whitespace pattern goes through the regex backend)."""
+        if spec.kind != "json_schema" or self._whitespace_pattern is not None:
+            return None
+        import json
+
+        return json_any_root(json.loads(spec.value))
+
+    def _pushdown(self) -> JsonPushdown:
+        with self._lock:
+            if self._json_pda is None:
+                self._json_pda = JsonPushdown(self._table, self._num_tokens, self._vocab_size, self._eos)
+            return self._json_pda
 
     def _new_worker(self) -> _Worker:
         w = _Worker(self._ctx, self._vocab, self._memory_limit)

@@ -212,6 +212,12 @@ class CompiledGrammar:
     def bitmask_words(self) -> int:
         return (self.vocab_size + 31) // 32
 
+    def matcher(self, max_rollback: int = 64) -> Any:
+        """A new ``GrammarMatcher`` at the initial state (imports torch)."""
+        from treadle.constrained.matcher import GrammarMatcher
+
+        return GrammarMatcher(self, max_rollback)
+
     def mask_row(self, state: int) -> Any:
         """int32 numpy row ``[ceil(vocab_size/32)]`` of tokens allowed in token-FSM ``state``.
 

@@ -15,7 +15,7 @@ import torch
 
 from treadle.constrained.grammar import CompiledGrammar
 
-__all__ = ["GrammarMatcher"]
+__all__ = ["GrammarMatcher", "write_mask_row"]
 
 
 def _split_utf8(data: bytes) -> tuple[bytes, bytes]:
@@ -54,6 +54,30 @@ def _numpy_view(bitmask: torch.Tensor, words: int) -> np.ndarray | None:
     arr = bitmask.numpy()
     _view_cache = (key, bitmask, arr)
     return arr
+
+
+def write_mask_row(bitmask: torch.Tensor, row: int, words: int, src: np.ndarray | None, eos: frozenset[int]) -> None:
+    """Write ``src`` (an int32 mask row of ``words`` words) into ``bitmask[row]``, zeroing the
+    rest of the row; ``src=None`` (a terminated matcher) allows only the ``eos`` ids, so padded
+    decode steps stay harmless."""
+    arr = _numpy_view(bitmask, words)  # None for a device tensor
+    if src is None:
+        target = bitmask[row]
+        target.zero_()
+        for e in eos:
+            if e < words * 32:
+                word = (1 << (e % 32)) if e % 32 < 31 else -(1 << 31)
+                target[e // 32] |= word
+        return
+    if arr is not None:
+        # A numpy view skips torch's dispatch overhead: this is the per-token hot path.
+        dst = arr[row]
+        dst[:words] = src
+        if arr.shape[1] > words:
+            dst[words:] = 0
+    else:
+        bitmask[row, :words].copy_(torch.from_numpy(src), non_blocking=True)
+        bitmask[row, words:].zero_()
 
 
 class GrammarMatcher:
@@ -141,26 +165,8 @@ class GrammarMatcher:
         of word ``t // 32`` set means token t is allowed. A terminated matcher allows only
         EOS so padded decode steps stay harmless.
         """
-        words = self._g.bitmask_words
-        arr = _numpy_view(bitmask, words)  # None for a device tensor
-        if self._terminated:
-            target = bitmask[row]
-            target.zero_()
-            for e in self._eos:
-                if e < words * 32:
-                    word = (1 << (e % 32)) if e % 32 < 31 else -(1 << 31)
-                    target[e // 32] |= word
-            return
-        src = self._g.mask_row(self._state)  # numpy int32 [words], cached per state
-        if arr is not None:
-            # A numpy view skips torch's dispatch overhead: this is the per-token hot path.
-            dst = arr[row]
-            dst[:words] = src
-            if arr.shape[1] > words:
-                dst[words:] = 0
-        else:
-            bitmask[row, :words].copy_(torch.from_numpy(src), non_blocking=True)
-            bitmask[row, words:].zero_()
+        write_mask_row(bitmask, row, self._g.bitmask_words,
+                       None if self._terminated else self._g.mask_row(self._state), self._eos)
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens (requires <= the retained history)."""

