@@ -176,6 +176,12 @@ class RadixCache:
             self._release(node.value)
         self._init_empty()
 
+    def forget(self) -> None:
+        """Drop every node, locked or not, without handing its slots back: for a caller that
+        resets the allocator and every request's hold on the tree at the same time (the
+        scheduler after a failed step)."""
+        self._init_empty()
+
     def evictable_size(self) -> int:
         """Tokens in unlocked nodes (O(1))."""
         return self._evictable

@@ -229,7 +229,9 @@ class Engine:
         errors = [res["meta_info"]["finish_reason"].get("message") for res in results
                   if res["meta_info"].get("error")]
         if errors:
-            raise ValueError(errors[0] if len(errors) == 1 else f"{len(errors)} requests failed; first: {errors[0]}")
+            # a failed batch step is the engine's error (RuntimeError); the rest, the input's
+            kind = RuntimeError if any(res["meta_info"].get("internal_error") for res in results) else ValueError
+            raise kind(errors[0] if len(errors) == 1 else f"{len(errors)} requests failed; first: {errors[0]}")
         return results
 
     def _next(self, box: queue.Queue) -> ReqOutput:
@@ -265,7 +267,7 @@ class Engine:
                 acc.add(out)
                 delta = detok.add(out.new_ids, finished=out.finished is not None)
                 if out.error:
-                    raise ValueError(out.error)
+                    raise (RuntimeError if out.internal else ValueError)(out.error)
                 if delta or out.finished is not None:
                     chunk = acc.result(r.rid, delta)
                     chunk["output_ids"] = out.new_ids

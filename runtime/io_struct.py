@@ -51,6 +51,7 @@ class ReqOutput:
     input_logprobs: list[float | None] | None = None
     input_top_logprobs: list[list[tuple[float, int]]] | None = None
     error: str | None = None  # set when the request was rejected (finished type "abort")
+    internal: bool = False  # the error is the server's (a failed step), not the request's
 
 
 class OutputAccum:
@@ -79,6 +80,8 @@ class OutputAccum:
                       "cached_tokens": o.cached_tokens, "finish_reason": o.finished}
         if o.error:
             meta["error"] = o.error
+            if o.internal:
+                meta["internal_error"] = True
         if self.logprobs:
             meta["output_token_logprobs"] = list(zip(self.logprobs, self.ids))
             if self.tops:

@@ -36,6 +36,7 @@ RESERVE_CLIP = 4096
 INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
 JUMP_LOOKBACK = 3  # output tokens re-encoded at a jump-forward boundary
 IN_BATCH_PREFIX_MIN = 32  # shared uncached tokens that make a request wait for another's prefill
+MAX_FAILED_STEPS = 3  # consecutive failed steps after which the error is raised (see _recover)
 
 
 class Scheduler:
@@ -69,6 +70,11 @@ class Scheduler:
             else (64 if runner.device.type == "cuda" else 4)
         self.ngram_drafts = args.speculative_algorithm == "ngram"  # speculative decoding (ngram_draft.py)
         self.outputs: list[ReqOutput] = []
+        self._live: dict[str, Req] = {}  # every request added and not finished yet
+        # a failed step stops the requests it touched, not the scheduler (off with tensor
+        # parallelism: the other ranks would not know)
+        self.recover_step_errors = args.tp_size == 1
+        self._failed_steps = 0
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._grammar_compiler = None
         self.check_integrity_at_idle = True
@@ -86,6 +92,7 @@ class Scheduler:
             self._reject(r.rid, str(e), len(r.input_ids or []))
             return
         self.stats["requests"] += 1
+        self._live[req.rid] = req
         if req.params.has_grammar:
             self.grammar_queue.append(req)
         else:
@@ -118,7 +125,50 @@ class Scheduler:
         return bool(self.waiting or self.grammar_queue or self.running or self.chunked or self.inflight)
 
     def step(self) -> list[ReqOutput]:
-        """Run one batch and return the outputs it produced."""
+        """Run one batch and return the outputs it produced. An exception inside the step
+        stops the requests the step touched, with an internal error, instead of the
+        scheduler (:meth:`_recover`)."""
+        try:
+            out = self._step()
+        except Exception as e:
+            return self._recover(e)
+        self._failed_steps = 0
+        return out
+
+    def _recover(self, err: Exception) -> list[ReqOutput]:
+        """After a step raised: every request that holds KV or was being scheduled finishes
+        with an internal error naming the exception, and the KV state is rebuilt from empty,
+        prefix cache included (the step may have left slots half-written or unaccounted, and
+        cached KV must never be wrong). Waiting requests keep their place and run next. The
+        error is raised instead, as before, with recovery off, when the rebuilt state fails
+        its integrity check (e.g. a broken CUDA context), or after MAX_FAILED_STEPS failed
+        steps in a row."""
+        self._failed_steps += 1
+        if not self.recover_step_errors or self._failed_steps > MAX_FAILED_STEPS:
+            raise err
+        log.error("a batch step failed; stopping the requests in it", exc_info=err)
+        queued = {id(r) for r in self.waiting} | {id(r) for r in self.grammar_queue}
+        victims = [r for r in self._live.values() if id(r) not in queued]
+        self.running, self.chunked, self.inflight = [], None, None
+        message = f"internal error in a batch step ({type(err).__name__}: {err}); the request was stopped"
+        try:
+            self.tree.forget()
+            self.allocator.clear()
+            self.req_to_token_pool.clear()
+            for req in victims:
+                req.req_pool_idx, req.last_node, req.prefix_len, req.kv_len = None, None, 0, 0
+                req.draft, req.draft_masks = [], None
+                req.finished = None
+                req.finish("abort", message=message)
+                self._emit(req, error=message)
+            self.check_integrity()
+        except Exception:
+            log.exception("recovery from the failed step failed")
+            raise err from None
+        out, self.outputs = self.outputs, []
+        return out
+
+    def _step(self) -> list[ReqOutput]:
         self._poll_grammars()
         if self.inflight is not None:
             if self._can_chain():
@@ -214,7 +264,12 @@ class Scheduler:
             if err is not None:
                 self._reject(req.rid, f"grammar compilation failed: {err}", len(req.input_ids))
                 continue
-            req.grammar = fut.result().matcher()
+            try:
+                req.grammar = fut.result().matcher()
+            except Exception as e:  # noqa: BLE001 - this request's grammar, not the step's
+                log.exception("making the grammar matcher of %s failed", req.rid)
+                self._reject(req.rid, f"grammar matcher failed: {type(e).__name__}: {e}", len(req.input_ids))
+                continue
             self.waiting.append(req)
         self.grammar_queue = still
 
@@ -730,13 +785,16 @@ class Scheduler:
         if m.is_terminated() or len(req.output_ids) >= req.params.max_new_tokens:
             req.finish("length" if not m.is_terminated() else "stop", length=len(req.output_ids))
 
-    def _emit(self, req: Req) -> None:
+    def _emit(self, req: Req, error: str | None = None) -> None:
+        """Queue the request's new tokens (and its end); ``error``: an internal error ends it."""
         new = req.output_ids[req.sent_len:]
         out = ReqOutput(
             rid=req.rid, new_ids=new, finished=req.finished, prompt_tokens=len(req.input_ids),
             completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
             output_logprobs=req.output_logprobs[req.sent_len:],
-            output_top_logprobs=req.output_top_logprobs[req.sent_len:])
+            output_top_logprobs=req.output_top_logprobs[req.sent_len:], error=error, internal=error is not None)
+        if req.finished is not None:
+            self._live.pop(req.rid, None)
         if req.wants_prompt_logprobs and not req.input_logprobs_sent and (req.finished is not None or new):
             # once, as soon as the prompt is computed (a stream's first token, e.g. to echo the
             # prompt first); aligned with input_ids[logprob_start_len:], the first prompt token
@@ -748,6 +806,7 @@ class Scheduler:
         self.outputs.append(out)
 
     def _reject(self, rid: str, message: str, prompt_tokens: int) -> None:
+        self._live.pop(rid, None)
         self.outputs.append(ReqOutput(rid=rid, new_ids=[], finished={"type": "abort", "message": message},
                                       prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=0,
                                       error=message))

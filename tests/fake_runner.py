@@ -126,9 +126,13 @@ class FakeRunner:
 # ---------------------------------------------------------------------- driving helpers
 
 
-def make_scheduler(runner: FakeRunner | None = None, **args) -> tuple[Scheduler, FakeRunner]:
+def make_scheduler(runner: FakeRunner | None = None, recover: bool = False, **args) -> tuple[Scheduler, FakeRunner]:
+    """A scheduler over `runner`. Step recovery is off unless `recover`: an assertion of the
+    fake (a scheduler bug) must fail the test, not become an error output."""
     runner = runner or FakeRunner()
-    return Scheduler(EngineArgs(**args), runner, None), runner
+    sched = Scheduler(EngineArgs(**args), runner, None)
+    sched.recover_step_errors = recover
+    return sched, runner
 
 
 def greedy(max_new_tokens: int, **kw) -> SamplingParams:

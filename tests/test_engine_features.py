@@ -205,3 +205,33 @@ def test_overlap_schedule_matches_plain_path(prompts):
     assert outs["on"][0] == outs["off"][0]
     assert outs["on"][1] == outs["off"][1]
     assert outs["on"][2] == outs["off"][2]
+
+
+def test_a_failed_step_fails_its_requests_and_the_engine_serves_on(engine, prompts, reference):
+    """An exception inside a batch step (injected into the real model's forward) ends the
+    requests of that step with a RuntimeError naming it; the engine keeps serving, the same
+    prompts then give the same greedy outputs, and no KV slot leaks."""
+    runner = engine.scheduler.runner
+    real = runner.forward
+    calls = {"n": 0}
+
+    def flaky(fb):
+        calls["n"] += 1
+        if calls["n"] == 3:  # mid-decode of the batch
+            raise RuntimeError("injected forward failure")
+        return real(fb)
+
+    runner.forward = flaky
+    try:
+        with pytest.raises(RuntimeError, match="internal error in a batch step.*injected forward failure"):
+            engine.generate(prompts[:3], GREEDY)
+    finally:
+        runner.forward = real
+    assert calls["n"] >= 3
+    engine.check_integrity()
+    again = engine.generate(prompts, GREEDY)
+    assert [o["output_ids"] for o in again] == reference
+    engine.check_integrity()
+    # a request's own bad input is still a ValueError
+    with pytest.raises(ValueError):
+        engine.generate(prompts[0], {"max_new_tokens": 4, "temperature": -1})

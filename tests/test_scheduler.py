@@ -14,7 +14,9 @@ import torch
 from fake_runner import (EOS, VOCAB, FakeRunner, collect, drain, greedy, logits_row, make_scheduler,
                          next_token, reference_greedy, req)
 from fake_runner import _SEED, chain  # prompt-logprob expectations
+from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.forward_batch import ForwardMode
+from treadle.runtime.scheduler import Scheduler
 from treadle.runtime.sampling_params import SamplingParams
 
 
@@ -585,3 +587,72 @@ def test_requests_arriving_together_compute_a_shared_prefix_once():
     assert sum(got[f"r{i}"][1].cached_tokens for i in range(8)) >= 7 * 60
     # every prompt token beyond the shared prefix once per request, the prefix once
     assert runner.computed_tokens <= 60 + 8 * 2 + 8 * 3
+
+
+class FailingRunner(FakeRunner):
+    """Raises in the forward calls whose (0-based) index is in `fail_at` (all from
+    `fail_from` on, when set)."""
+
+    def __init__(self, fail_at=(), fail_from=None, **kw) -> None:
+        super().__init__(**kw)
+        self.fail_at, self.fail_from, self.calls = set(fail_at), fail_from, 0
+
+    def forward(self, fb):
+        i, self.calls = self.calls, self.calls + 1
+        if i in self.fail_at or (self.fail_from is not None and i >= self.fail_from):
+            raise RuntimeError(f"injected failure in forward call {i}")
+        return super().forward(fb)
+
+
+def test_a_failed_step_stops_its_requests_not_the_scheduler():
+    rng = random.Random(21)
+    prompts = {k: toks(rng, n) for k, n in (("A", 6), ("B", 9), ("C", 7), ("D", 5), ("E", 8))}
+    runner = FailingRunner(fail_at={2}, max_running=3)
+    sched, _ = make_scheduler(runner, recover=True)
+    outs = []
+    for rid in ("A", "B"):
+        sched.add_request(req(rid, prompts[rid], greedy(10)))
+    outs += sched.step()  # call 0: A and B prefill
+    outs += sched.step()  # call 1: decode
+    sched.add_request(req("C", prompts["C"], greedy(10)))
+    sched.add_request(req("E", prompts["E"], greedy(6)))  # waits: max_running 3
+    failed = sched.step()  # call 2: C's prefill raises
+    outs += failed
+    assert {o.rid for o in failed if o.finished} == {"A", "B", "C"}
+    for o in failed:
+        assert o.internal and "injected failure in forward call 2" in o.error and o.finished["type"] == "abort"
+    assert [r.rid for r in sched.waiting] == ["E"] and not sched.running
+    sched.check_integrity()
+    assert sched.tree.total_size() == 0  # the prefix cache was rebuilt from empty
+    sched.add_request(req("D", prompts["D"], greedy(7)))
+    outs += drain(sched, check_each_step=True)
+    res = collect(outs)
+    for rid in ("A", "B", "C"):
+        got, fin = res[rid]
+        assert fin.error and got == reference_greedy(prompts[rid], 10)[: len(got)], rid
+    assert res["D"][0] == reference_greedy(prompts["D"], 7) and not res["D"][1].error
+    assert res["E"][0] == reference_greedy(prompts["E"], 6) and not res["E"][1].error
+    assert_idle_clean(sched, runner)
+    assert not sched._live
+
+
+def test_steps_that_keep_failing_raise():
+    runner = FailingRunner(fail_from=0, max_running=1)
+    sched, _ = make_scheduler(runner, recover=True)
+    for i in range(6):
+        sched.add_request(req(f"r{i}", [3 + i, 4, 5], greedy(3)))
+    errors = []
+    with pytest.raises(RuntimeError, match="injected failure"):
+        for _ in range(10):
+            errors += [o.rid for o in sched.step() if o.error]
+    assert errors == ["r0", "r1", "r2"]  # three recovered failures, the fourth in a row is raised
+
+
+def test_step_recovery_can_be_off():
+    runner = FailingRunner(fail_at={0})
+    sched, _ = make_scheduler(runner)
+    assert Scheduler(EngineArgs(), runner, None).recover_step_errors  # on by default
+    assert not sched.recover_step_errors
+    sched.add_request(req("a", [3, 4, 5], greedy(3)))
+    with pytest.raises(RuntimeError, match="injected failure"):
+        sched.step()

@@ -29,8 +29,10 @@ IDLE_POLL_MS = 500
 
 def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, ppid: int) -> None:
     """Process entry point. Reports ("ready", info) or ("error", traceback) on `conn`, then
-    serves until the parent disappears. Any exception in the loop ends the process with a
-    non-zero code (the server's watchdog then takes the whole server down)."""
+    serves until the parent disappears. A failed batch step costs only the requests in it
+    (`Scheduler._recover`: they get a 500); any other exception in the loop, or a step the
+    scheduler cannot recover from, ends the process with a non-zero code (the server's
+    watchdog then takes the whole server down)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     # the launcher stops us with SIGTERM: unwind through `finally` so the grammar workers stop too
     signal.signal(signal.SIGTERM, lambda sig, frame: sys.exit(0))

@@ -285,6 +285,8 @@ class TokenizerManager:
                 out = m.out
                 finished = out.finished is not None
                 if out.error:
+                    if out.internal:  # a failed batch step: the server's fault, not the request's
+                        raise APIError(out.error, 500, "server_error", None, "internal_error")
                     raise APIError.bad_request(out.error)
                 self._observe(st, out, finished)
                 acc.text += m.text_delta
