@@ -97,6 +97,17 @@ def test_constrained_outputs_validate_on_gpu(tmp_path):
         import re
 
         assert re.fullmatch("[0-9]{3}-[a-c]{2}", regex["text"])
+        # any JSON object (the pushdown grammar's masks through the fused GPU sampler): every
+        # output replays through a fresh matcher; finished ones parse
+        from treadle.constrained import GrammarSpec
+
+        anyp = [{"max_new_tokens": 48, "temperature": 1.0, "seed": s, "json_schema": {"type": "object"}} for s in range(4)]
+        grammar = e.scheduler.grammar_compiler.compile(GrammarSpec.from_params(json_schema={"type": "object"}))
+        for o in e.generate(["A person:"] * 4, anyp):
+            m = grammar.matcher()
+            assert all(m.accept_token(t) for t in o["output_ids"]), o
+            if o["meta_info"]["finish_reason"]["type"] == "stop":
+                assert isinstance(json.loads(o["text"]), dict)
         e.check_integrity()
 
 
