@@ -6,6 +6,8 @@ OpenAI-compatible server, reporting throughput and latency as one JSON object.
     # launch treadle itself, and compare the radix cache on vs off on a shared-prefix workload
     python benchmarks/bench_serving.py --launch --server-args "--max-total-tokens 16384" \
         --compare-radix --shared-prefix-len 200 --num-prompts 32
+    # and HF `generate` over the same prompts and output lengths as a floor (offline batches)
+    python benchmarks/bench_serving.py --launch --hf-floor --hf-batch 8 --output results/serving_cpu.json
 
 Prompts are random words (about one token each) drawn with --seed, so a run is repeatable.
 Every request streams; TTFT is the time to the first chunk with text, ITL the gaps between
@@ -19,10 +21,13 @@ import json
 import random
 import shlex
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 
 import httpx
+
+from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
          "government company number group problem fact river stone light music garden paper window city road "
@@ -165,6 +170,71 @@ def summarize(args: argparse.Namespace, results: list[Result], duration: float) 
     }
 
 
+def hf_floor(args: argparse.Namespace, server_args: list[str]) -> dict:
+    """HF `generate` on the same model, prompts and output lengths: offline, all requests
+    present from the start, in batches of --hf-batch in arrival order (left-padded, greedy; a
+    batch runs to its longest output and only each request's own tokens count). No arrival
+    gaps and no streaming, so it bounds what HF would serve: a floor for the server."""
+    import torch
+    import transformers
+
+    from treadle.runtime.model_source import resolve_model_source
+    from treadle.runtime.tokenizer import load_tokenizer
+
+    sp = argparse.ArgumentParser(add_help=False)
+    for flag in ("--model-path", "--tokenizer-path", "--dtype", "--seed"):
+        sp.add_argument(flag)
+    known, _ = sp.parse_known_args(server_args)
+    src = resolve_model_source(known.model_path, tokenizer_path=known.tokenizer_path)
+    tok = load_tokenizer(src)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = {"auto": torch.bfloat16 if dev.type == "cuda" else torch.float32, "float32": torch.float32,
+             "bfloat16": torch.bfloat16, "float16": torch.float16}[known.dtype or "auto"]
+    t0 = time.perf_counter()
+    if src.kind == "dummy":
+        d = src.config.to_hf_dict()
+        cfg = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+        torch.manual_seed(int(known.seed or 0))
+        with torch.device(dev):
+            model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    elif src.kind == "gguf":
+        import os
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(src.path), gguf_file=os.path.basename(src.path), dtype=dtype)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype)
+    model = model.to(dev).eval()
+    load_s = time.perf_counter() - t0
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    work = make_workload(args)
+    batches = [work[i:i + args.hf_batch] for i in range(0, len(work), args.hf_batch)]
+
+    @torch.inference_mode()
+    def run(batch: list[tuple[str, int, int]]) -> int:
+        ids = [tok(p, add_special_tokens=False).input_ids for p, _, _ in batch]
+        width = max(map(len, ids))
+        x = torch.tensor([[pad] * (width - len(i)) + i for i in ids], device=dev)
+        mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids], device=dev)
+        new = max(m for _, _, m in batch)
+        model.generate(x, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                       pad_token_id=pad)
+        return sum(m for _, _, m in batch)
+
+    run(batches[0])  # warm-up: a full batch, untimed (as the server's first requests are not)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    useful = sum(run(b) for b in batches)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    duration = time.perf_counter() - start
+    return {"what": "HF generate, offline batches", "hf_batch": args.hf_batch, "device": dev.type,
+            "dtype": str(dtype).replace("torch.", ""), "transformers": transformers.__version__,
+            "model_load_s": round(load_s, 2), "num_prompts": len(work), "duration_s": round(duration, 3),
+            "request_throughput": round(len(work) / duration, 3), "output_throughput": round(useful / duration, 2)}
+
+
 def run_once(args: argparse.Namespace, server_args: list[str]) -> dict:
     """One benchmark run, launching treadle first when --launch is given."""
     if not args.launch:
@@ -201,7 +271,11 @@ def main() -> None:
     p.add_argument("--server-args", default="--max-total-tokens 16384", help="flags for the launched server")
     p.add_argument("--compare-radix", action="store_true",
                    help="with --launch: run the workload with and without --disable-radix-cache")
+    p.add_argument("--hf-floor", action="store_true",
+                   help="also time HF generate on the same model (--model-path in --server-args), prompts and lengths")
+    p.add_argument("--hf-batch", type=int, default=32, help="HF floor batch size")
     args = p.parse_args()
+    machine = machine_info(("torch", "transformers"))
     if args.compare_radix and not args.launch:
         p.error("--compare-radix needs --launch (it starts the server twice)")
     server_args = shlex.split(args.server_args)
@@ -216,6 +290,14 @@ def main() -> None:
                                                  if on["ttft_ms"]["p50"] and off["ttft_ms"]["p50"] else None)}
     else:
         report = run_once(args, server_args)
+    if args.hf_floor:
+        report["hf_floor"] = hf_floor(args, server_args)
+        served = report.get("radix_cache_on", report)["output_throughput"]
+        report["output_throughput_over_hf"] = round(served / max(report["hf_floor"]["output_throughput"], 1e-9), 2)
+    report = {"command": " ".join(["python"] + sys.argv), "machine": machine,
+              "workload": {k: getattr(args, k) for k in ("num_prompts", "input_len_range", "output_len_range",
+                                                          "shared_prefix_len", "temperature", "seed")},
+              **report}
     text = json.dumps(report, indent=2)
     print(text)
     if args.output:

@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args, get_origin
 class EngineArgs:
     # model
     model_path: str | None = None  # None = the embedded SmolLM2-135M-Instruct GGUF
+    tokenizer_path: str | None = None  # HF tokenizer dir or .gguf; None = the model's own
     dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
     device: str = "auto"  # auto = cuda when available, else cpu
     seed: int = 0  # seeds dummy weights and the per-request seed generator

