@@ -125,6 +125,11 @@ async def run_load(args: argparse.Namespace) -> dict:
             async with sem:
                 return await one_request(client, args, *item)
 
+        for i in range(args.warmup_requests):  # first calls JIT-compile kernels: not the load's cost
+            text = " ".join(WORDS[(i + j) % len(WORDS)] for j in range(args.input_len_range[1]))  # not a workload prefix
+            warm = await one_request(client, args, text, 0, 8)
+            if not warm.ok:
+                raise RuntimeError(f"warm-up request failed: {warm.error}")
         if args.shared_prefix_len and work:
             # cache the shared prefix once, untimed, as a long-running service would have it
             prefix = " ".join(work[0][0].split(" ")[: args.shared_prefix_len])
@@ -235,19 +240,44 @@ def hf_floor(args: argparse.Namespace, server_args: list[str]) -> dict:
             "request_throughput": round(len(work) / duration, 3), "output_throughput": round(useful / duration, 2)}
 
 
+def flush(args: argparse.Namespace) -> None:
+    """Empty the server's prefix cache (treadle's /flush_cache), so a run does not hit the
+    prompts of the run before it; retried while requests still drain."""
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    for _ in range(120):
+        if httpx.post(args.base_url + "/flush_cache", timeout=30, headers=headers).status_code == 200:
+            return
+        time.sleep(0.5)
+    raise RuntimeError("the server did not flush its cache within 60 s")
+
+
 def run_once(args: argparse.Namespace, server_args: list[str]) -> dict:
-    """One benchmark run, launching treadle first when --launch is given."""
+    """One benchmark run, launching treadle first when --launch is given; with
+    --request-rates, one run per rate on the same server, its cache flushed before each."""
     if not args.launch:
-        return asyncio.run(run_load(args))
+        return run_rates(args)
     from treadle.runtime.server.testing import ServerProcess
 
     with ServerProcess(server_args) as srv:
         args.base_url = srv.url
-        report = asyncio.run(run_load(args))
+        report = run_rates(args)
         info = httpx.get(srv.url + "/get_server_info", timeout=30, headers=(
             {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {})).json()
         report["server"] = {"args": server_args, "cache_hit_rate": round(info["cache_hit_rate"], 4)}
         return report
+
+
+def run_rates(args: argparse.Namespace) -> dict:
+    if not args.request_rates:
+        return asyncio.run(run_load(args))
+    sweep = []
+    for r in args.request_rates.split(","):
+        args.request_rate = float(r)
+        flush(args)
+        sweep.append(asyncio.run(run_load(args)))
+        print(json.dumps({k: sweep[-1][k] for k in ("request_rate", "completed", "output_throughput", "ttft_ms",
+                                                     "itl_ms")}), flush=True)
+    return {"sweep": sweep}
 
 
 def main() -> None:
@@ -271,11 +301,16 @@ def main() -> None:
     p.add_argument("--server-args", default="--max-total-tokens 16384", help="flags for the launched server")
     p.add_argument("--compare-radix", action="store_true",
                    help="with --launch: run the workload with and without --disable-radix-cache")
+    p.add_argument("--request-rates", default=None,
+                   help="comma-separated rates (e.g. 8,16,inf): one run each on the same server, cache flushed between")
+    p.add_argument("--warmup-requests", type=int, default=2, help="untimed requests before the load")
     p.add_argument("--hf-floor", action="store_true",
                    help="also time HF generate on the same model (--model-path in --server-args), prompts and lengths")
     p.add_argument("--hf-batch", type=int, default=32, help="HF floor batch size")
     args = p.parse_args()
     machine = machine_info(("torch", "transformers"))
+    if args.compare_radix and args.request_rates:
+        p.error("--compare-radix runs one rate (--request-rate)")
     if args.compare_radix and not args.launch:
         p.error("--compare-radix needs --launch (it starts the server twice)")
     server_args = shlex.split(args.server_args)
@@ -292,7 +327,8 @@ def main() -> None:
         report = run_once(args, server_args)
     if args.hf_floor:
         report["hf_floor"] = hf_floor(args, server_args)
-        served = report.get("radix_cache_on", report)["output_throughput"]
+        served = max([r["output_throughput"] for r in report["sweep"]] if "sweep" in report
+                     else [report.get("radix_cache_on", report)["output_throughput"]])
         report["output_throughput_over_hf"] = round(served / max(report["hf_floor"]["output_throughput"], 1e-9), 2)
     report = {"command": " ".join(["python"] + sys.argv), "machine": machine,
               "workload": {k: getattr(args, k) for k in ("num_prompts", "input_len_range", "output_len_range",
