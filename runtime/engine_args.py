@@ -35,6 +35,9 @@ class EngineArgs:
     schedule_policy: Literal["lpm", "fcfs"] = "lpm"
     starvation_bound_s: float = 10.0  # a request waiting longer is admitted first
     disable_radix_cache: bool = False
+    # running requests' next tokens ride along in prefill steps (so their streams do not stall
+    # while prompts are prefilled); the chunk budget shrinks by the running count; tp_size 1
+    enable_mixed_chunk: bool = False
     max_queued_requests: int = 4096
     # constrained decoding
     disable_jump_forward: bool = False

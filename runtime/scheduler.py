@@ -69,6 +69,8 @@ class Scheduler:
         self.jump_max_batch = args.jump_forward_max_batch if args.jump_forward_max_batch >= 0 \
             else (64 if runner.device.type == "cuda" else 4)
         self.ngram_drafts = args.speculative_algorithm == "ngram"  # speculative decoding (ngram_draft.py)
+        # decode tokens ride along in prefill steps; rank 0 alone could not tell the other ranks
+        self.mixed_chunk = args.enable_mixed_chunk and args.tp_size == 1
         self.outputs: list[ReqOutput] = []
         self._live: dict[str, Req] = {}  # every request added and not finished yet
         # a failed step stops the requests it touched, not the scheduler (off with tensor
@@ -79,7 +81,7 @@ class Scheduler:
         self._grammar_compiler = None
         self.check_integrity_at_idle = True
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "jump_tokens": 0,
-                      "draft_tokens": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0, "overlap_steps": 0, "retractions": 0, "forward_steps": 0, "decode_steps": 0, "requests": 0}
+                      "draft_tokens": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0, "overlap_steps": 0, "mixed_steps": 0, "retractions": 0, "forward_steps": 0, "decode_steps": 0, "requests": 0}
 
     # ================================================================== public API
 
@@ -178,8 +180,14 @@ class Scheduler:
             self._finish_inflight()
         plan = self._schedule_prefill()
         if plan:
-            done = self._run_extend(plan)
-            self.running.extend(r for r in done if r.finished is None)
+            mixed = self._mix_in_running(plan)
+            done = self._run_extend(plan, mixed)
+            if mixed:
+                self.stats["mixed_steps"] += 1
+                self.running = [r for r in self.running if r.finished is None]
+                self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+            ids = {id(r) for r in self.running}
+            self.running.extend(r for r in done if r.finished is None and id(r) not in ids)
         elif self.running:
             self._run_running()
         if self.check_integrity_at_idle and not self.has_work():
@@ -281,8 +289,11 @@ class Scheduler:
         requests get a KV row and lock their cached prefix."""
         if not self.waiting and self.chunked is None:
             return []
+        chunk = self.chunk_size
+        if self.mixed_chunk and self.running and chunk is not None:  # the step's decode tokens share it
+            chunk = max(1, chunk - sum(r.num_pending for r in self.running))
         budget = PrefillBudget(self.allocator.available_size() + self.tree.evictable_size() - self._decode_reserve(),
-                               self.args.max_prefill_tokens, self.chunk_size)
+                               self.args.max_prefill_tokens, chunk)
         plan: list[tuple[Req, int]] = []
         if self.chunked is not None:
             req = self.chunked
@@ -332,6 +343,19 @@ class Scheduler:
                 self.chunked = req
                 break
         return plan
+
+    def _mix_in_running(self, plan: list[tuple[Req, int]]) -> list[tuple[Req, int]]:
+        """--enable-mixed-chunk: the running requests' pending tokens join this prefill step
+        (a decode is an extend of one token), so they still advance a token while prompts are
+        prefilled. Only when the pool holds both without retracting anyone; else they wait
+        for the next step, as without mixing."""
+        if not self.mixed_chunk or not self.running:
+            return []
+        extra = [(r, r.num_pending) for r in self.running]
+        need = sum(n for _, n in plan) + sum(n for _, n in extra)
+        if self.allocator.available_size() + self.tree.evictable_size() < need:
+            return []
+        return extra
 
     def _admit(self, req: Req, match) -> None:
         row = self.req_to_token_pool.alloc()
@@ -512,9 +536,13 @@ class Scheduler:
         self._process_sampled(reqs, self.sampler.finish(pending))
         self.running = [r for r in self.running if r.finished is None]
 
-    def _run_extend(self, plan: list[tuple[Req, int]]) -> list[Req]:
-        """Compute plan's tokens; sample for requests whose pending tokens are all computed.
-        Returns those requests (finished or not)."""
+    def _run_extend(self, plan: list[tuple[Req, int]], riders: list[tuple[Req, int]] = ()) -> list[Req]:
+        """Compute plan's tokens, and the riders' (running requests mixed into a prefill step:
+        computed alike, but not put into the cache each step, as a decode step does not);
+        sample for requests whose pending tokens are all computed. Returns those requests
+        (finished or not)."""
+        cached = len(plan)
+        plan = list(plan) + list(riders)
         total = sum(n for _, n in plan)
         slots = self._alloc_slots(total)
         input_ids: list[int] = []
@@ -563,7 +591,7 @@ class Scheduler:
             vals, tops = prompt_logprobs(logits[rows], next_ids, req.top_logprobs_num)
             req.input_logprobs.extend(vals)
             req.input_top_logprobs.extend(tops)
-        for req, _ in plan:
+        for req, _ in plan[:cached]:
             # share what was just computed right away: a later chunk of this prompt, and other
             # requests with the same prefix admitted next step, reuse it (a draft is not
             # known to be output yet: it is verified first)

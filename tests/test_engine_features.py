@@ -40,7 +40,9 @@ def reference(engine, prompts):
     # step N+1 is launched; with retraction too
     {"overlap_schedule": "on"},
     {"overlap_schedule": "on", "max_total_tokens": 140, "chunked_prefill_size": 16},
-], ids=["cache-off", "chunked-8", "no-chunk-fcfs", "retraction", "overlap", "overlap-retraction"])
+    # running requests' decode tokens ride along in the prefill chunks
+    {"enable_mixed_chunk": True, "chunked_prefill_size": 16},
+], ids=["cache-off", "chunked-8", "no-chunk-fcfs", "retraction", "overlap", "overlap-retraction", "mixed-chunk"])
 def test_greedy_batch_identical_across_scheduling(prompts, reference, kwargs):
     with Engine(**{"max_total_tokens": 8192, **kwargs}) as e:
         out = e.generate(prompts, GREEDY)
@@ -50,6 +52,8 @@ def test_greedy_batch_identical_across_scheduling(prompts, reference, kwargs):
             assert info["decode_steps"] > 0
         if kwargs.get("max_total_tokens") == 140:
             assert info["retractions"] > 0
+        if kwargs.get("enable_mixed_chunk"):
+            assert info["mixed_steps"] > 0
         assert info["free_slots"] + info["evictable_slots"] == info["total_slots"]
         e.check_integrity()
 

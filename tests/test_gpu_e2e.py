@@ -146,6 +146,23 @@ def test_ngram_speculation_keeps_greedy_output_on_gpu(tmp_path):
     assert stats["ngram"]["spec_draft_tokens"] > 0 and stats["none"]["spec_draft_tokens"] == 0
 
 
+def test_mixed_chunk_keeps_greedy_output_on_gpu(tmp_path):
+    """Decode tokens riding along in prefill chunks (extend kernels, no graph) give the same
+    greedy tokens as separate decode steps (graph-replayed, overlapped)."""
+    path = _tiny_with_tokenizer(tmp_path)
+    prompts = ["Hi", "Hello there", "word " * 40, "the quick brown fox " * 12]
+    params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    outs, stats = {}, {}
+    for mixed in (False, True):
+        with Engine(model_path=path, device="cuda", dtype="float32", max_total_tokens=8192, chunked_prefill_size=16,
+                    enable_mixed_chunk=mixed) as e:
+            outs[mixed] = [o["output_ids"] for o in e.generate(prompts, params)]
+            stats[mixed] = e.get_server_info()
+            e.check_integrity()
+    assert outs[True] == outs[False]
+    assert stats[True]["mixed_steps"] > 0 and stats[False]["mixed_steps"] == 0
+
+
 def test_overlap_and_jump_forward_keep_greedy_output_on_gpu(tmp_path):
     """Overlap scheduling (grammar masks filled while the next forward runs) and verified
     jump-forward both leave greedy constrained output unchanged on the GPU."""

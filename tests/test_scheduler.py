@@ -73,6 +73,9 @@ CONFIGS = [
     {"max_prefill_tokens": 5, "chunked_prefill_size": 7},
     {"schedule_policy": "fcfs"},
     {"schedule_policy": "fcfs", "chunked_prefill_size": 7},
+    {"enable_mixed_chunk": True},
+    {"enable_mixed_chunk": True, "chunked_prefill_size": 7},
+    {"enable_mixed_chunk": True, "chunked_prefill_size": 4, "disable_radix_cache": True},
 ]
 
 
@@ -656,3 +659,34 @@ def test_step_recovery_can_be_off():
     sched.add_request(req("a", [3, 4, 5], greedy(3)))
     with pytest.raises(RuntimeError, match="injected failure"):
         sched.step()
+
+
+def test_mixed_chunk_advances_running_requests_during_prefill():
+    """With enable_mixed_chunk a long prompt's prefill chunks carry the running requests'
+    decode tokens: no step leaves them waiting, outputs equal the reference, and each step
+    stays within the chunk budget."""
+    rng = random.Random(5)
+    short = {f"s{i}": toks(rng, 4) for i in range(3)}
+    long_prompt = toks(rng, 60)
+    for mixed in (False, True):
+        runner = FakeRunner()
+        sched, _ = make_scheduler(runner, chunked_prefill_size=16, enable_mixed_chunk=mixed)
+        for rid, p in short.items():
+            sched.add_request(req(rid, p, greedy(12)))
+        outs = sched.step()  # the three short prompts
+        sched.add_request(req("long", long_prompt, greedy(3)))
+        outs += drain(sched, check_each_step=True)
+        res = collect(outs)
+        for rid, p in short.items():
+            assert res[rid][0] == reference_greedy(p, 12), (mixed, rid)
+        assert res["long"][0] == reference_greedy(long_prompt, 3)
+        chunk_steps = [st for st in runner.steps[1:] if st.mode == ForwardMode.EXTEND and max(st.extend_lens) > 1]
+        assert len(chunk_steps) >= 4  # 60 tokens in chunks of at most 16
+        riders = [sum(1 for n in st.extend_lens if n == 1) for st in chunk_steps]
+        if mixed:
+            assert riders == [3] * len(chunk_steps), riders  # every running request rides along
+            assert all(sum(st.extend_lens) <= 16 for st in chunk_steps)
+            assert sched.stats["mixed_steps"] >= 4
+        else:
+            assert not any(riders) and sched.stats["mixed_steps"] == 0
+        assert_idle_clean(sched, runner)

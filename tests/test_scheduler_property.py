@@ -37,6 +37,7 @@ def workloads(draw):
         schedule_policy=draw(st.sampled_from(["lpm", "fcfs"])),
         disable_radix_cache=draw(st.booleans()),
         overlap_schedule=draw(st.sampled_from(["off", "on"])),
+        enable_mixed_chunk=draw(st.booleans()),
     )
     aborts = draw(st.lists(st.tuples(st.integers(0, 25), st.integers(0, n - 1)), max_size=3))
     return reqs, cfg, args, aborts
