@@ -29,7 +29,7 @@ _EXPORTS = {
     "build_compiled_grammar": "compiler",
     "GrammarMatcher": "matcher",
     "JsonAnyGrammar": "json_any",
-    "JsonAnyMatcher": "json_any",
+    "JsonAnyMatcher": "matcher",
     "json_any_root": "json_any",
     "allocate_token_bitmask": "bitmask",
     "reset_bitmask_row": "bitmask",

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["JsonPushdown", "JsonAnyGrammar", "JsonAnyMatcher", "json_any_root"]
+__all__ = ["JsonPushdown", "JsonAnyGrammar", "json_any_root"]
 
 # stack entries / contexts
 EMPTY, OBJ, ARR = 0, 1, 2
@@ -376,97 +376,8 @@ class JsonAnyGrammar:
     def bitmask_words(self) -> int:
         return self.pda.bitmask_words
 
-    def matcher(self, max_rollback: int = 64) -> JsonAnyMatcher:
+    def matcher(self, max_rollback: int = 64) -> Any:
+        """A new ``JsonAnyMatcher`` (constrained/matcher.py) at the initial state (imports torch)."""
+        from treadle.constrained.matcher import JsonAnyMatcher
+
         return JsonAnyMatcher(self, max_rollback)
-
-
-class JsonAnyMatcher:
-    """Grammar state of one request under a ``JsonAnyGrammar``: the GrammarMatcher interface
-    (accept / mask / rollback / jump-forward / terminate)."""
-
-    __slots__ = ("_g", "_pda", "_eos", "_state", "_stack", "_terminated", "_history", "_num_accepted")
-
-    def __init__(self, grammar: JsonAnyGrammar, max_rollback: int = 64) -> None:
-        if max_rollback < 0:
-            raise ValueError(f"max_rollback must be >= 0, got {max_rollback}")
-        self._g = grammar
-        self._pda = grammar.pda
-        self._eos = frozenset(grammar.eos_token_ids)
-        self._state = grammar.initial
-        self._stack: tuple[int, ...] = ()
-        self._terminated = False
-        self._history: deque[tuple[int, tuple[int, ...], bool]] = deque(maxlen=max_rollback)
-        self._num_accepted = 0
-
-    @property
-    def grammar(self) -> JsonAnyGrammar:
-        return self._g
-
-    @property
-    def state(self) -> tuple[int, tuple[int, ...]]:
-        """(lexer state, open containers)."""
-        return self._state, self._stack
-
-    @property
-    def num_accepted(self) -> int:
-        return self._num_accepted
-
-    def is_terminated(self) -> bool:
-        return self._terminated
-
-    def can_terminate(self) -> bool:
-        return self._pda.is_final(self._state, self._stack)
-
-    def accept_token(self, token_id: int) -> bool:
-        if self._terminated:
-            return False
-        token_id = int(token_id)
-        if token_id in self._eos:
-            if not self.can_terminate():
-                return False
-            self._push()
-            self._terminated = True
-            return True
-        if not 0 <= token_id < self._pda.num_tokens:
-            return False
-        data = self._pda.token_bytes[token_id]
-        if not data:
-            return False
-        state, stack = self._pda.run(self._state, self._stack, data)
-        if state == 0:
-            return False
-        self._push()
-        self._state, self._stack = state, stack
-        return True
-
-    def fill_next_token_bitmask(self, bitmask: Any, row: int) -> None:
-        from treadle.constrained.matcher import write_mask_row
-
-        write_mask_row(bitmask, row, self._pda.bitmask_words,
-                       None if self._terminated else self._pda.mask(self._state, self._stack), self._eos)
-
-    def rollback(self, num_tokens: int) -> None:
-        if num_tokens < 0 or num_tokens > len(self._history):
-            raise ValueError(f"cannot roll back {num_tokens} tokens: only {len(self._history)} are retained "
-                             f"(max_rollback={self._history.maxlen})")
-        if num_tokens == 0:
-            return
-        for _ in range(num_tokens - 1):
-            self._history.pop()
-        self._state, self._stack, self._terminated = self._history.pop()
-        self._num_accepted -= num_tokens
-
-    def find_jump_forward_string(self) -> str:
-        """The rest of a literal (``t`` -> ``rue``); nothing else is forced in compact JSON
-        but single characters."""
-        if self._terminated:
-            return ""
-        text = self._pda.tables.forced.get(self._state, "")
-        return text if len(text) > 1 else ""
-
-    def reset(self) -> None:
-        self.__init__(self._g, self._history.maxlen or 0)  # type: ignore[misc]
-
-    def _push(self) -> None:
-        self._history.append((self._state, self._stack, self._terminated))
-        self._num_accepted += 1

@@ -1,9 +1,11 @@
 """Per-request grammar state: accept tokens, fill the next-token bitmask, roll back, jump.
 
 A matcher is cheap to create (a few fields) and owned by one request; everything heavy
-lives in the shared ``CompiledGrammar``. Besides the token-FSM state it tracks the state
-of the character FSM (for jump-forward) by replaying the decoded bytes of accepted tokens,
-buffering a multi-byte UTF-8 character split across tokens.
+lives in the shared compiled grammar. ``MatcherBase`` is the contract (EOS, rollback
+history); ``GrammarMatcher`` follows a regex grammar (``CompiledGrammar``): besides the
+token-FSM state it tracks the state of the character FSM (for jump-forward) by replaying
+the decoded bytes of accepted tokens, buffering a multi-byte UTF-8 character split across
+tokens. ``JsonAnyMatcher`` follows the any-JSON pushdown automaton (``JsonAnyGrammar``).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import numpy as np
 import torch
 
 from treadle.constrained.grammar import CompiledGrammar
+from treadle.constrained.json_any import JsonAnyGrammar
 
-__all__ = ["GrammarMatcher", "write_mask_row"]
+__all__ = ["MatcherBase", "GrammarMatcher", "JsonAnyMatcher", "write_mask_row"]
 
 
 def _split_utf8(data: bytes) -> tuple[bytes, bytes]:
@@ -80,39 +83,24 @@ def write_mask_row(bitmask: torch.Tensor, row: int, words: int, src: np.ndarray 
         bitmask[row, words:].zero_()
 
 
-class GrammarMatcher:
-    """Grammar state of one request (xgrammar-style).
+class MatcherBase:
+    """The matcher contract both grammar engines share (xgrammar-style): EOS is accepted only
+    where the text so far is complete, and terminates the matcher; a rejected token changes
+    nothing; the last ``max_rollback`` tokens can be undone. Subclasses keep their own state
+    and provide ``can_terminate``, ``find_jump_forward_string``, ``_advance`` (a non-EOS
+    token: check it, call ``_push()`` and move, or return False), ``_mask`` (the allowed-token
+    row of the current state), ``_snapshot`` / ``_restore`` and ``_words`` (bitmask width)."""
 
-    Invariants: ``state`` is a token-FSM state reachable by the accepted tokens; after an
-    EOS is accepted the matcher is terminated and accepts nothing further (until a
-    rollback). At most ``max_rollback`` most recent tokens can be undone.
-    """
+    __slots__ = ("_eos", "_terminated", "_history", "_num_accepted")
 
-    __slots__ = ("_g", "_eos", "_state", "_char_state", "_pending", "_terminated", "_history", "_num_accepted")
-
-    def __init__(self, grammar: CompiledGrammar, max_rollback: int = 64) -> None:
+    def _init_base(self, eos_token_ids: tuple[int, ...], max_rollback: int) -> None:
         if max_rollback < 0:
             raise ValueError(f"max_rollback must be >= 0, got {max_rollback}")
-        self._g = grammar
-        self._eos = frozenset(grammar.eos_token_ids)
-        self._state: int = grammar.index.get_initial_state()
-        self._char_state: int | None = grammar.char_fsm.initial if grammar.char_fsm is not None else None
-        self._pending = b""
+        self._eos = frozenset(eos_token_ids)
         self._terminated = False
-        # Snapshot taken *before* each accepted token: (state, char_state, pending, terminated).
-        self._history: deque[tuple[int, int | None, bytes, bool]] = deque(maxlen=max_rollback)
+        # a snapshot taken *before* each accepted token: (*_snapshot(), terminated)
+        self._history: deque[tuple] = deque(maxlen=max_rollback)
         self._num_accepted = 0
-
-    # ------------------------------------------------------------------ public API
-
-    @property
-    def grammar(self) -> CompiledGrammar:
-        return self._g
-
-    @property
-    def state(self) -> int:
-        """Current token-FSM (outlines Index) state."""
-        return self._state
 
     @property
     def num_accepted(self) -> int:
@@ -123,16 +111,8 @@ class GrammarMatcher:
         """True once an EOS token has been accepted."""
         return self._terminated
 
-    def can_terminate(self) -> bool:
-        """True when the text so far is a full match (EOS would be accepted)."""
-        return bool(self._g.index.is_final_state(self._state))
-
     def accept_token(self, token_id: int) -> bool:
-        """Advance by ``token_id`` if the grammar allows it; return whether it did.
-
-        A rejected token leaves the matcher unchanged. EOS is accepted only in a final
-        state and terminates the matcher.
-        """
+        """Advance by ``token_id`` if the grammar allows it; return whether it did."""
         if self._terminated:
             return False
         token_id = int(token_id)
@@ -142,6 +122,82 @@ class GrammarMatcher:
             self._push()
             self._terminated = True
             return True
+        return self._advance(token_id)
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into ``bitmask[row]`` (overwriting the row).
+
+        Requires an int32 bitmask of shape [batch, >= ceil(vocab_size/32)]; bit ``t % 32``
+        of word ``t // 32`` set means token t is allowed. A terminated matcher allows only
+        EOS so padded decode steps stay harmless.
+        """
+        write_mask_row(bitmask, row, self._words(), None if self._terminated else self._mask(), self._eos)
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens (requires <= the retained history)."""
+        if num_tokens < 0 or num_tokens > len(self._history):
+            raise ValueError(
+                f"cannot roll back {num_tokens} tokens: only {len(self._history)} are retained "
+                f"(max_rollback={self._history.maxlen})"
+            )
+        if num_tokens == 0:
+            return
+        for _ in range(num_tokens - 1):
+            self._history.pop()
+        *snap, self._terminated = self._history.pop()
+        self._restore(snap)
+        self._num_accepted -= num_tokens
+
+    def reset(self) -> None:
+        """Return to the initial state and forget the history."""
+        self.__init__(self._g, self._history.maxlen or 0)  # type: ignore[misc,attr-defined]
+
+    def _push(self) -> None:
+        self._history.append((*self._snapshot(), self._terminated))
+        self._num_accepted += 1
+
+
+class GrammarMatcher(MatcherBase):
+    """Grammar state of one request under a regex grammar (``CompiledGrammar``): the token-FSM
+    state, and the character-FSM state that jump-forward reads, kept by replaying the decoded
+    bytes of accepted tokens."""
+
+    __slots__ = ("_g", "_state", "_char_state", "_pending")
+
+    def __init__(self, grammar: CompiledGrammar, max_rollback: int = 64) -> None:
+        self._init_base(grammar.eos_token_ids, max_rollback)
+        self._g = grammar
+        self._state: int = grammar.index.get_initial_state()
+        self._char_state: int | None = grammar.char_fsm.initial if grammar.char_fsm is not None else None
+        self._pending = b""
+
+    @property
+    def grammar(self) -> CompiledGrammar:
+        return self._g
+
+    @property
+    def state(self) -> int:
+        """Current token-FSM (outlines Index) state."""
+        return self._state
+
+    def can_terminate(self) -> bool:
+        """True when the text so far is a full match (EOS would be accepted)."""
+        return bool(self._g.index.is_final_state(self._state))
+
+    def find_jump_forward_string(self) -> str:
+        """Text the grammar forces from here (longer than one character), else "".
+
+        Nothing is forced in the middle of a multi-byte character or when the character
+        FSM lost track (dialect gap between the two regex engines).
+        """
+        if self._terminated or self._pending or self._char_state is None:
+            return ""
+        text = self._g.jump_string(self._char_state)
+        return text if len(text) > 1 else ""
+
+    # ------------------------------------------------------------------ internals
+
+    def _advance(self, token_id: int) -> bool:
         if not 0 <= token_id < self._g.num_tokens:
             return False
         nxt = self._g.index.get_next_state(self._state, token_id)
@@ -158,50 +214,17 @@ class GrammarMatcher:
             self._char_state, self._pending = hit
         return True
 
-    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the allowed next tokens into ``bitmask[row]`` (overwriting the row).
+    def _mask(self) -> np.ndarray:
+        return self._g.mask_row(self._state)  # numpy int32 [words], cached per state
 
-        Requires an int32 bitmask of shape [batch, >= ceil(vocab_size/32)]; bit ``t % 32``
-        of word ``t // 32`` set means token t is allowed. A terminated matcher allows only
-        EOS so padded decode steps stay harmless.
-        """
-        write_mask_row(bitmask, row, self._g.bitmask_words,
-                       None if self._terminated else self._g.mask_row(self._state), self._eos)
+    def _words(self) -> int:
+        return self._g.bitmask_words
 
-    def rollback(self, num_tokens: int) -> None:
-        """Undo the last ``num_tokens`` accepted tokens (requires <= the retained history)."""
-        if num_tokens < 0 or num_tokens > len(self._history):
-            raise ValueError(
-                f"cannot roll back {num_tokens} tokens: only {len(self._history)} are retained "
-                f"(max_rollback={self._history.maxlen})"
-            )
-        if num_tokens == 0:
-            return
-        for _ in range(num_tokens - 1):
-            self._history.pop()
-        self._state, self._char_state, self._pending, self._terminated = self._history.pop()
-        self._num_accepted -= num_tokens
+    def _snapshot(self) -> tuple:
+        return self._state, self._char_state, self._pending
 
-    def find_jump_forward_string(self) -> str:
-        """Text the grammar forces from here (longer than one character), else "".
-
-        Nothing is forced in the middle of a multi-byte character or when the character
-        FSM lost track (dialect gap between the two regex engines).
-        """
-        if self._terminated or self._pending or self._char_state is None:
-            return ""
-        text = self._g.jump_string(self._char_state)
-        return text if len(text) > 1 else ""
-
-    def reset(self) -> None:
-        """Return to the initial state and forget the history."""
-        self.__init__(self._g, self._history.maxlen or 0)  # type: ignore[misc]
-
-    # ------------------------------------------------------------------ internals
-
-    def _push(self) -> None:
-        self._history.append((self._state, self._char_state, self._pending, self._terminated))
-        self._num_accepted += 1
+    def _restore(self, snap: list) -> None:
+        self._state, self._char_state, self._pending = snap
 
     def _advance_chars(self, data: bytes) -> None:
         fsm = self._g.char_fsm
@@ -222,3 +245,62 @@ class GrammarMatcher:
             if s is None:
                 break
         self._char_state = s
+
+
+class JsonAnyMatcher(MatcherBase):
+    """Grammar state of one request under a ``JsonAnyGrammar`` (constrained/json_any.py): the
+    lexer state and the stack of open containers."""
+
+    __slots__ = ("_g", "_pda", "_state", "_stack")
+
+    def __init__(self, grammar: JsonAnyGrammar, max_rollback: int = 64) -> None:
+        self._init_base(grammar.eos_token_ids, max_rollback)
+        self._g = grammar
+        self._pda = grammar.pda
+        self._state = grammar.initial
+        self._stack: tuple[int, ...] = ()
+
+    @property
+    def grammar(self) -> JsonAnyGrammar:
+        return self._g
+
+    @property
+    def state(self) -> tuple[int, tuple[int, ...]]:
+        """(lexer state, open containers)."""
+        return self._state, self._stack
+
+    def can_terminate(self) -> bool:
+        return self._pda.is_final(self._state, self._stack)
+
+    def find_jump_forward_string(self) -> str:
+        """The rest of a literal (``t`` -> ``rue``); nothing else is forced in compact JSON
+        but single characters."""
+        if self._terminated:
+            return ""
+        text = self._pda.tables.forced.get(self._state, "")
+        return text if len(text) > 1 else ""
+
+    def _advance(self, token_id: int) -> bool:
+        if not 0 <= token_id < self._pda.num_tokens:
+            return False
+        data = self._pda.token_bytes[token_id]
+        if not data:
+            return False
+        state, stack = self._pda.run(self._state, self._stack, data)
+        if state == 0:
+            return False
+        self._push()
+        self._state, self._stack = state, stack
+        return True
+
+    def _mask(self) -> np.ndarray:
+        return self._pda.mask(self._state, self._stack)
+
+    def _words(self) -> int:
+        return self._pda.bitmask_words
+
+    def _snapshot(self) -> tuple:
+        return self._state, self._stack
+
+    def _restore(self, snap: list) -> None:
+        self._state, self._stack = snap
