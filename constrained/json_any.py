@@ -291,14 +291,14 @@ class JsonPushdown:
         """int32 row [bitmask_words] of the tokens allowed next (EOS included when final).
         Cached; read-only."""
         top = tuple(stack[-1 - i] if i < len(stack) else EMPTY for i in range(self.k + 1))
-        key = (state, top, self.is_final(state, stack))
+        key = (state, top)  # top[0] is EMPTY exactly when the stack is: finality is in the key
         with self._lock:
             row = self._masks.get(key)
             if row is not None:
                 self._masks.move_to_end(key)
                 return row
         t0 = time.perf_counter()
-        row = self._build_mask(state, top, key[2])
+        row = self._build_mask(state, top)
         with self._lock:
             self.stats["mask_builds"] += 1
             self.stats["mask_build_s"] += time.perf_counter() - t0
@@ -307,7 +307,8 @@ class JsonPushdown:
                 self._masks.popitem(last=False)
         return row
 
-    def _build_mask(self, state: int, top: tuple[int, ...], final: bool) -> np.ndarray:
+    def _build_mask(self, state: int, top: tuple[int, ...]) -> np.ndarray:
+        final = top[0] == EMPTY and state in self.tables.complete
         n0 = len(self.ids)
         cs, ss = self._stride
         real = np.asarray(top, dtype=np.int64)

@@ -76,9 +76,7 @@ def resolve_model_source(model_path: str | None, find_spec: FindSpec = importlib
     source = _resolve(model_path, find_spec)
     if tokenizer_path is None:
         return source
-    ok = os.path.isfile(tokenizer_path) if tokenizer_path.endswith(".gguf") else (
-        os.path.isdir(tokenizer_path) and any(os.path.isfile(os.path.join(tokenizer_path, n)) for n in
-                                              ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")))
+    ok = os.path.isfile(tokenizer_path) if tokenizer_path.endswith(".gguf") else _has_tokenizer_files(tokenizer_path)
     if not ok:
         raise ValueError(f"tokenizer_path {tokenizer_path!r} is neither a .gguf file nor a directory with "
                          "tokenizer files (tokenizer.json, tokenizer_config.json or tokenizer.model)")
@@ -144,7 +142,10 @@ def _hf_source(path: str) -> ModelSource:
         ids = [base] if isinstance(base, int) else list(base or [])
         ids += [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
         d = {**d, "eos_token_id": list(dict.fromkeys(ids)) or None}
-    has_tokenizer = any(
-        os.path.isfile(os.path.join(path, n)) for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-    )
-    return ModelSource("hf", path, ModelConfig.from_hf_dict(d), path if has_tokenizer else None, None)
+    return ModelSource("hf", path, ModelConfig.from_hf_dict(d), path if _has_tokenizer_files(path) else None, None)
+
+
+def _has_tokenizer_files(path: str) -> bool:
+    """A directory AutoTokenizer can load from (local files only)."""
+    return any(os.path.isfile(os.path.join(path, n)) for n in ("tokenizer.json", "tokenizer_config.json",
+                                                                "tokenizer.model"))

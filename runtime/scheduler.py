@@ -186,8 +186,8 @@ class Scheduler:
                 self.stats["mixed_steps"] += 1
                 self.running = [r for r in self.running if r.finished is None]
                 self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
-            ids = {id(r) for r in self.running}
-            self.running.extend(r for r in done if r.finished is None and id(r) not in ids)
+            riders = {id(r) for r, _ in mixed}  # already running
+            self.running.extend(r for r in done if r.finished is None and id(r) not in riders)
         elif self.running:
             self._run_running()
         if self.check_integrity_at_idle and not self.has_work():
