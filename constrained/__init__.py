@@ -7,7 +7,9 @@ bounded, off-thread) -> ``CompiledGrammar`` -> per-request ``GrammarMatcher``
 ``plan_jump_forward`` for canonical retokenization of forced text. Schemas that ask for
 any JSON (``{}``, ``{"type": "object"}``, ...) compile to a ``JsonAnyGrammar``, a pushdown
 automaton with unbounded nesting, whose ``JsonAnyMatcher`` has the same interface;
-``grammar.matcher()`` makes the right one.
+``grammar.matcher()`` makes the right one. Any-values *inside* a schema (a free-form
+``{"type": "object"}`` member) are holes in its regex, run on that automaton by a
+``HoleMatcher`` (json_holes.py).
 
 Names are resolved lazily so that importing the package (e.g. in a compile worker
 process) does not import torch.
@@ -28,6 +30,7 @@ _EXPORTS = {
     "GrammarCompileError": "compiler",
     "build_compiled_grammar": "compiler",
     "GrammarMatcher": "matcher",
+    "HoleMatcher": "matcher",
     "JsonAnyGrammar": "json_any",
     "JsonAnyMatcher": "matcher",
     "json_any_root": "json_any",

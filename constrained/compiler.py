@@ -25,6 +25,7 @@ from treadle.constrained.compile_worker import WorkerProcess
 from treadle.constrained.disk_cache import GrammarDiskCache, vocabulary_fingerprint
 from treadle.constrained.grammar import CompiledGrammar, GrammarSpec, build_char_fsm
 from treadle.constrained.json_any import JsonAnyGrammar, JsonPushdown, json_any_root
+from treadle.constrained.json_holes import Holes, regex_has_holes, schema_allows_holes
 from treadle.constrained.vocabulary import build_vocabulary
 
 __all__ = ["GrammarCompiler", "GrammarCompileError", "build_compiled_grammar"]
@@ -44,10 +45,13 @@ def build_compiled_grammar(
     *,
     vocab_size: int,
     spec: GrammarSpec | None = None,
+    pda: JsonPushdown | None = None,
 ) -> CompiledGrammar:
     """Compile ``regex`` in this process, with no time or memory bound.
 
-    For tests and offline tools only: a serving path must use ``GrammarCompiler``.
+    For tests and offline tools only: a serving path must use ``GrammarCompiler``. A JSON
+    schema ``spec`` whose regex has hole placeholders (``spec.to_regex(holes=True)``) gets
+    its holes, run on ``pda`` (built for the vocabulary when None).
     Raises ``GrammarCompileError`` when outlines-core rejects the regex.
     """
     from outlines_core import Index
@@ -58,17 +62,29 @@ def build_compiled_grammar(
         index = Index(regex, vocab)
     except ValueError as e:
         raise GrammarCompileError(f"compile of regex of {len(regex)} chars was rejected: {e}") from e
+    num_tokens = min(len(table), int(vocab_size))
+    eos = tuple(int(e) for e in eos_token_ids)
+    holes = None
+    if spec is not None and _holes_apply(spec) and regex_has_holes(regex):
+        pda = pda or JsonPushdown(table, num_tokens, int(vocab_size), eos)
+        holes = Holes(pda, index, len(table))
     return CompiledGrammar(
         index=index,
         regex=regex,
         char_fsm=build_char_fsm(regex),
         vocab_size=int(vocab_size),
-        num_tokens=min(len(table), int(vocab_size)),
-        eos_token_ids=tuple(int(e) for e in eos_token_ids),
+        num_tokens=num_tokens,
+        eos_token_ids=eos,
         token_bytes=table,
         spec=spec,
         compile_time_s=time.perf_counter() - t0,
+        holes=holes,
     )
+
+
+def _holes_apply(spec: GrammarSpec) -> bool:
+    """Whether a compact-output compile of ``spec`` writes holes (json_holes.py)."""
+    return spec.kind == "json_schema" and schema_allows_holes(spec.value)
 
 
 class _Worker:
@@ -199,7 +215,7 @@ class GrammarCompiler:
             _settle(fut, JsonAnyGrammar(self._pushdown(), root, spec=spec))
             return fut
         try:
-            regex = spec.to_regex(self._whitespace_pattern, self._json_schema_mode)
+            regex = spec.to_regex(self._whitespace_pattern, self._json_schema_mode, holes=self._holes(spec))
         except ValueError as e:
             _settle(fut, exc=e)
             return fut
@@ -249,6 +265,11 @@ class GrammarCompiler:
         import json
 
         return json_any_root(json.loads(spec.value))
+
+    def _holes(self, spec: GrammarSpec) -> bool:
+        """Any-values of a schema become holes on the pushdown automaton (json_holes.py),
+        for compact output (a whitespace pattern keeps the bounded regex)."""
+        return self._whitespace_pattern is None and _holes_apply(spec)
 
     def _pushdown(self) -> JsonPushdown:
         with self._lock:
@@ -306,9 +327,12 @@ class GrammarCompiler:
 
     def _grammar(self, spec: GrammarSpec, regex: str, index: Any, char_fsm: Any, seconds: float,
                  from_disk: bool = False) -> CompiledGrammar:
+        holes = None
+        if self._holes(spec) and regex_has_holes(regex):
+            holes = Holes(self._pushdown(), index, len(self._table))
         return CompiledGrammar(index=index, regex=regex, char_fsm=char_fsm, vocab_size=self._vocab_size,
                                num_tokens=self._num_tokens, eos_token_ids=self._eos, token_bytes=self._table,
-                               spec=spec, compile_time_s=seconds, from_disk=from_disk)
+                               spec=spec, compile_time_s=seconds, from_disk=from_disk, holes=holes)
 
     def _compile_in(self, w: _Worker, spec: GrammarSpec, regex: str) -> CompiledGrammar:
         """Run one build in worker ``w``; on a broken worker, replace it before raising."""

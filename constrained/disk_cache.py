@@ -21,7 +21,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when what is pickled changes
+FORMAT = 2  # bump when what is pickled changes (2: vocabularies carry the hole placeholders)
 
 
 def _version(package: str) -> str:

@@ -16,6 +16,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from treadle.constrained.json_holes import PLACEHOLDERS
+
 __all__ = ["GrammarSpec", "CharFSM", "CompiledGrammar", "build_char_fsm"]
 
 logger = logging.getLogger(__name__)
@@ -68,12 +70,14 @@ class GrammarSpec:
             raise ValueError(f"json_schema must be an object or a boolean, got {type(schema).__name__}")
         return GrammarSpec("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
 
-    def to_regex(self, whitespace_pattern: str | None = None, json_schema_mode: str = "strict") -> str:
+    def to_regex(self, whitespace_pattern: str | None = None, json_schema_mode: str = "strict",
+                 holes: bool = False) -> str:
         """Translate the spec to the regex the token FSM is built from.
 
-        ``json_schema_mode`` ("strict" or "spec") applies to JSON schemas only; see
-        ``json_schema_to_regex``. Raises ``ValueError`` (``UnsupportedSchemaError`` for
-        schemas) on anything the regex backend cannot represent faithfully.
+        ``json_schema_mode`` ("strict" or "spec") and ``holes`` (placeholders for any-values,
+        json_holes.py) apply to JSON schemas only; see ``json_schema_to_regex``. Raises
+        ``ValueError`` (``UnsupportedSchemaError`` for schemas) on anything the regex backend
+        cannot represent faithfully.
         """
         # Imported lazily: json_schema.py is a sibling owned separately and pulls more in.
         from treadle.constrained.json_schema import choices_to_regex, json_schema_to_regex, validate_regex
@@ -85,7 +89,7 @@ class GrammarSpec:
             return choices_to_regex(json.loads(self.value))
         if self.kind == "json_schema":
             return json_schema_to_regex(
-                json.loads(self.value), whitespace_pattern=whitespace_pattern, mode=json_schema_mode
+                json.loads(self.value), whitespace_pattern=whitespace_pattern, mode=json_schema_mode, holes=holes
             )
         raise ValueError(f"unknown grammar kind {self.kind!r}")
 
@@ -185,7 +189,8 @@ class CompiledGrammar:
     """A compiled grammar shared by every matcher of the same spec.
 
     ``index`` is the outlines-core token FSM; ``char_fsm`` drives jump-forward (``None``
-    disables it). ``num_tokens`` is len(tokenizer): ids in [num_tokens, vocab_size) are
+    disables it). ``holes`` (json_holes.py) runs the any-JSON values of a schema's
+    placeholders on the pushdown automaton. ``num_tokens`` is len(tokenizer): ids in [num_tokens, vocab_size) are
     padding and never allowed. Only the first EOS id is known to the index; the matcher
     treats all ``eos_token_ids`` alike. ``token_bytes`` is the tokenizer's bytes table
     (shared, read-only) used to replay accepted tokens through ``char_fsm``.
@@ -201,6 +206,7 @@ class CompiledGrammar:
     spec: GrammarSpec | None = None
     compile_time_s: float = 0.0
     from_disk: bool = False  # loaded from the disk cache (compile_time_s: the original build's)
+    holes: Any = None  # json_holes.Holes when the regex has any-value placeholders
     _rows: dict[int, Any] = field(default_factory=dict, repr=False)
     _jumps: dict[int, str] = field(default_factory=dict, repr=False)
     # (char state, pending UTF-8 bytes, token) -> (char state, pending): the character-FSM
@@ -213,10 +219,10 @@ class CompiledGrammar:
         return (self.vocab_size + 31) // 32
 
     def matcher(self, max_rollback: int = 64) -> Any:
-        """A new ``GrammarMatcher`` at the initial state (imports torch)."""
-        from treadle.constrained.matcher import GrammarMatcher
+        """A new ``GrammarMatcher`` (``HoleMatcher`` with holes) at the initial state (imports torch)."""
+        from treadle.constrained.matcher import GrammarMatcher, HoleMatcher
 
-        return GrammarMatcher(self, max_rollback)
+        return (GrammarMatcher if self.holes is None else HoleMatcher)(self, max_rollback)
 
     def mask_row(self, state: int) -> Any:
         """int32 numpy row ``[ceil(vocab_size/32)]`` of tokens allowed in token-FSM ``state``.
@@ -238,6 +244,8 @@ class CompiledGrammar:
         allowed[eos] = bool(self.index.is_final_state(state))
         # Little bit order: bit t%32 of little-endian word t//32 is token t.
         packed = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32)
+        if self.holes is not None:
+            packed = self.holes.outer_row(state, packed)
         with self._lock:
             self._rows.setdefault(state, packed)
         return self._rows[state]
@@ -256,8 +264,8 @@ class CompiledGrammar:
         while s is not None and s not in seen:
             seen.add(s)
             ch = fsm.forced_char(s)
-            if ch is None:
-                break
+            if ch is None or (self.holes is not None and ch in PLACEHOLDERS):
+                break  # a hole's value is not forced text
             out.append(ch)
             s = fsm.step(s, ch)
         text = "".join(out)

@@ -12,8 +12,11 @@ may accept fewer texts than the schema allows, and how many fewer is the ``mode`
   ``format`` as an annotation, integers with a zero fraction ("1.0"), deeper any-values.
 
 Both keep compact separators, schema key order (extra members come after the declared
-ones), and bounded sizes and nesting. A keyword treadle cannot enforce raises
-``UnsupportedSchemaError`` naming it and its JSON path; nothing is silently ignored.
+ones), and bounded sizes and nesting, except inside holes: with ``holes=True`` (the
+compiler's choice for compact output) each any-value, and each free-form object or array
+of an untyped schema, is one placeholder character that json_holes.py runs on the pushdown
+automaton, unbounded. A keyword treadle cannot enforce raises ``UnsupportedSchemaError``
+naming it and its JSON path; nothing is silently ignored.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import referencing
 import referencing.exceptions
 
 from treadle.constrained import regex_numbers as nums
+from treadle.constrained.json_holes import HOLE_CHARS, schema_allows_holes
 from treadle.constrained import regex_text as text
 from treadle.constrained.json_schema_parts import (
     ANNOTATIONS,
@@ -78,6 +82,7 @@ def json_schema_to_regex(
     whitespace_pattern: str | None = None,
     max_recursion_depth: int = 3,
     mode: Literal["strict", "spec"] = "strict",
+    holes: bool = False,
 ) -> str:
     """Compile a JSON Schema (draft 2020-12) to a regex matching only valid JSON texts.
 
@@ -85,7 +90,10 @@ def json_schema_to_regex(
     compact output (no whitespace between tokens); pass e.g. ``r"[ ]?"`` to allow bounded
     whitespace. ``$ref`` cycles unroll at most ``max_recursion_depth`` times. ``mode`` is
     ``"strict"`` (declared members only) or ``"spec"`` (all that 2020-12 admits and a regex
-    can express); see the module docstring.
+    can express); see the module docstring. ``holes=True`` writes a placeholder character
+    for each any-value (and free-form object / array) instead of a bounded regex for it,
+    to be run on the pushdown automaton (json_holes.py); it needs compact output and is
+    ignored where ``schema_allows_holes`` says no.
     Raises ``UnsupportedSchemaError`` (a ``ValueError``) for keywords it cannot enforce.
     """
     if mode not in MODES:
@@ -109,7 +117,8 @@ def json_schema_to_regex(
         raise ValueError("json_schema: max_recursion_depth must be >= 0")
     check_metaschemas(schema, "$")
     try:
-        return _Converter(schema, whitespace_pattern or "", max_recursion_depth, mode).convert(schema, "$")
+        holes = holes and not whitespace_pattern and schema_allows_holes(json.dumps(schema, ensure_ascii=False))
+        return _Converter(schema, whitespace_pattern or "", max_recursion_depth, mode, holes).convert(schema, "$")
     except RecursionError as exc:
         raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
 
@@ -134,8 +143,9 @@ def _alt(parts: list[str]) -> str:
 class _Converter:
     """One conversion: holds the root (for refs), whitespace, mode and recursion counters."""
 
-    def __init__(self, root: dict | bool, ws: str, max_depth: int, mode: str = "strict") -> None:
+    def __init__(self, root: dict | bool, ws: str, max_depth: int, mode: str = "strict", holes: bool = False) -> None:
         self.root = root
+        self.holes = holes
         self.ws = ws
         self.max_depth = max_depth
         self.spec = mode == "spec"
@@ -373,6 +383,8 @@ class _Converter:
         """Any value of type ``t``: scalars exactly, containers OTHER_TYPES_DEPTH deep."""
         if t not in ("array", "object"):
             return self._one_type(t, {}, "$")
+        if self.holes:
+            return HOLE_CHARS[t]
         arr, obj = self._containers(OTHER_TYPES_DEPTH)
         return arr if t == "array" else obj
 
@@ -473,7 +485,9 @@ class _Converter:
 
     # ------------------------------------------------------------ any value
     def generic(self, depth: int | None = None) -> str:
-        """A bounded-depth regex for any JSON value (the `true` schema)."""
+        """A bounded-depth regex for any JSON value (the `true` schema), or its hole."""
+        if depth is None and self.holes:
+            return HOLE_CHARS["value"]
         depth = self.generic_depth if depth is None else depth
         if depth not in self._generic:
             if depth == 0:

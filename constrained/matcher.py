@@ -5,7 +5,9 @@ lives in the shared compiled grammar. ``MatcherBase`` is the contract (EOS, roll
 history); ``GrammarMatcher`` follows a regex grammar (``CompiledGrammar``): besides the
 token-FSM state it tracks the state of the character FSM (for jump-forward) by replaying
 the decoded bytes of accepted tokens, buffering a multi-byte UTF-8 character split across
-tokens. ``JsonAnyMatcher`` follows the any-JSON pushdown automaton (``JsonAnyGrammar``).
+tokens. ``HoleMatcher`` adds the holes of a schema regex (json_holes.py): any-JSON values
+run on the pushdown automaton. ``JsonAnyMatcher`` follows that automaton alone
+(``JsonAnyGrammar``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from treadle.constrained.grammar import CompiledGrammar
 from treadle.constrained.json_any import JsonAnyGrammar
 
-__all__ = ["MatcherBase", "GrammarMatcher", "JsonAnyMatcher", "write_mask_row"]
+__all__ = ["MatcherBase", "GrammarMatcher", "HoleMatcher", "JsonAnyMatcher", "write_mask_row"]
 
 
 def _split_utf8(data: bytes) -> tuple[bytes, bytes]:
@@ -164,6 +166,12 @@ class GrammarMatcher(MatcherBase):
 
     __slots__ = ("_g", "_state", "_char_state", "_pending")
 
+    def __new__(cls, grammar: CompiledGrammar, max_rollback: int = 64) -> GrammarMatcher:
+        # a grammar with holes needs their matcher, however it is asked for
+        if cls is GrammarMatcher and getattr(grammar, "holes", None) is not None:
+            cls = HoleMatcher
+        return object.__new__(cls)
+
     def __init__(self, grammar: CompiledGrammar, max_rollback: int = 64) -> None:
         self._init_base(grammar.eos_token_ids, max_rollback)
         self._g = grammar
@@ -205,14 +213,17 @@ class GrammarMatcher(MatcherBase):
             return False
         self._push()
         self._state = nxt
+        self._replay_token(token_id)
+        return True
+
+    def _replay_token(self, token_id: int) -> None:
+        """Move the character FSM over an accepted token (cached per grammar)."""
         key = (self._char_state, self._pending, token_id)
         hit = self._g._char_steps.get(key)
         if hit is None:
-            self._advance_chars(self._g.token_bytes[token_id] or b"")
-            self._g._char_steps[key] = (self._char_state, self._pending)
-        else:
-            self._char_state, self._pending = hit
-        return True
+            hit = self._replayed(self._g.token_bytes[token_id] or b"")
+            self._g._char_steps[key] = hit
+        self._char_state, self._pending = hit
 
     def _mask(self) -> np.ndarray:
         return self._g.mask_row(self._state)  # numpy int32 [words], cached per state
@@ -226,25 +237,96 @@ class GrammarMatcher(MatcherBase):
     def _restore(self, snap: list) -> None:
         self._state, self._char_state, self._pending = snap
 
-    def _advance_chars(self, data: bytes) -> None:
+    def _replayed(self, data: bytes) -> tuple[int | None, bytes]:
+        """(character-FSM state, pending bytes of a split character) after ``data``."""
         fsm = self._g.char_fsm
         if fsm is None or self._char_state is None:
-            return
-        whole, self._pending = _split_utf8(self._pending + data)
+            return self._char_state, self._pending
+        whole, pending = _split_utf8(self._pending + data)
         try:
             text = whole.decode("utf-8")
         except UnicodeDecodeError:
             # Invalid UTF-8 cannot be matched to characters: stop jump-forward for this
             # request (the token FSM still enforces the grammar byte by byte).
-            self._char_state = None
-            self._pending = b""
-            return
+            return None, b""
         s: int | None = self._char_state
         for ch in text:
             s = fsm.step(s, ch)
             if s is None:
                 break
-        self._char_state = s
+        return s, pending
+
+
+class HoleMatcher(GrammarMatcher):
+    """Grammar state of one request under a regex grammar with holes (json_holes.py): the
+    token-FSM state (inside a hole, the state after its placeholder), the character FSM for
+    jump-forward (fed each entered hole's placeholder instead of its value), and the open
+    hole's automaton state and stack, or None."""
+
+    __slots__ = ("_hole",)
+
+    def __init__(self, grammar: CompiledGrammar, max_rollback: int = 64) -> None:
+        super().__init__(grammar, max_rollback)
+        self._hole: tuple[int, tuple[int, ...]] | None = None
+
+    @property
+    def in_hole(self) -> bool:
+        return self._hole is not None
+
+    def can_terminate(self) -> bool:
+        return self._g.holes.is_final(self._state, self._hole)
+
+    def find_jump_forward_string(self) -> str:
+        """Outside a hole, the regex's forced text up to the next hole; inside, the rest of a
+        literal (``t`` -> ``rue``)."""
+        if self._hole is None:
+            return super().find_jump_forward_string()
+        if self._terminated:
+            return ""
+        text = self._g.holes.pda.tables.forced.get(self._hole[0], "")
+        return text if len(text) > 1 else ""
+
+    def _advance(self, token_id: int) -> bool:
+        g = self._g
+        h = g.holes
+        if not 0 <= token_id < g.num_tokens:
+            return False
+        data = g.token_bytes[token_id]
+        if not data:
+            return False
+        if self._hole is None:
+            if token_id not in h.t.lead:  # the common case: the whole token in the regex
+                nxt = g.index.get_next_state(self._state, token_id)
+                if nxt is not None:
+                    self._push()
+                    self._state = nxt
+                    self._replay_token(token_id)
+                    return True
+        else:  # the common case: the whole token inside the hole
+            p, st = h.pda.run(*self._hole, data)
+            if p:
+                self._push()
+                self._hole = h.settle((p, st))
+                return True
+        walked = h.walk(self._state, self._hole, data)
+        if walked is None:
+            return False
+        self._push()
+        self._state, self._hole, text = walked
+        if text:
+            self._char_state, self._pending = self._replayed(text)
+        return True
+
+    def _mask(self) -> np.ndarray:
+        if self._hole is None:
+            return self._g.mask_row(self._state)
+        return self._g.holes.hole_row(self._state, self._hole, self._g.mask_row)
+
+    def _snapshot(self) -> tuple:
+        return self._state, self._char_state, self._pending, self._hole
+
+    def _restore(self, snap: list) -> None:
+        self._state, self._char_state, self._pending, self._hole = snap
 
 
 class JsonAnyMatcher(MatcherBase):

