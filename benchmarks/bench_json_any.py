@@ -22,8 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
+from grammar_walks import depth, stats_us, walk  # benchmarks/grammar_walks.py
 from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 DOCS = [
@@ -42,18 +41,8 @@ def emit(fig: dict) -> None:
     print(json.dumps(fig), flush=True)
 
 
-def depth(v, d: int = 0) -> int:
-    if isinstance(v, dict):
-        return max([depth(x, d + 1) for x in v.values()], default=d + 1)
-    if isinstance(v, list):
-        return max([depth(x, d + 1) for x in v], default=d + 1)
-    return d
 
 
-def stats_us(samples: list[float]) -> dict:
-    a = np.asarray(samples) * 1e6
-    return {"mean_us": round(float(a.mean()), 2), "p50_us": round(float(np.percentile(a, 50)), 2),
-            "p99_us": round(float(np.percentile(a, 99)), 2), "n": int(a.size)}
 
 
 def main() -> None:
@@ -79,18 +68,6 @@ def main() -> None:
     emit({"figure": "documents", "depths": [depth(doc) for doc in DOCS], "tokens": [len(p) for p in paths]})
     bm = allocate_token_bitmask(1, V)
 
-    def walk(make, path, buf=bm) -> list[float] | None:
-        """Per-token seconds (fill the mask, accept the token) along `path`; None if refused."""
-        m, out = make(), []
-        for t in path:
-            t0 = time.perf_counter()
-            m.fill_next_token_bitmask(buf, 0)
-            ok = m.accept_token(t)
-            out.append(time.perf_counter() - t0)
-            if not ok:
-                return None
-        return out
-
     # ---------------------------------------------------------------- pushdown
     t0 = time.perf_counter()
     pda = JsonPushdown(table, len(table), V, tuple(eos))
@@ -100,14 +77,14 @@ def main() -> None:
           "vocab_matrix_s": round(pda.build_s, 4)})
     cold = []
     for p in paths:
-        cold += walk(g.matcher, p)
+        cold += walk(g.matcher, p, bm)
     emit({"figure": "per_token", "lib": "treadle pushdown, cold mask cache", **stats_us(cold),
           "mask_builds": pda.stats["mask_builds"], "mask_build_mean_ms":
           round(1e3 * pda.stats["mask_build_s"] / max(1, pda.stats["mask_builds"]), 2)})
     warm = []
     for _ in range(args.reps):
         for p in paths:
-            warm += walk(g.matcher, p)
+            warm += walk(g.matcher, p, bm)
     emit({"figure": "per_token", "lib": "treadle pushdown, warm", **stats_us(warm),
           "documents_accepted": len(paths), "deepest_accepted": max(depth(doc) for doc in DOCS)})
 
@@ -128,8 +105,8 @@ def main() -> None:
         samples = []
         for _ in range(args.reps):
             for p in fits:
-                samples += walk(rg.matcher, p)
-        refused = sum(walk(rg.matcher, p) is None for doc, p in zip(DOCS, paths) if depth(doc) > 3)
+                samples += walk(rg.matcher, p, bm)
+        refused = sum(walk(rg.matcher, p, bm) is None for doc, p in zip(DOCS, paths) if depth(doc) > 3)
         emit({"figure": "per_token", "lib": "regex, 3 levels, warm", **stats_us(samples),
               "documents_accepted": len(fits), "deeper_documents_refused": refused})
 

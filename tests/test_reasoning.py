@@ -68,11 +68,3 @@ def test_chat_template_kwargs_reach_the_template(smollm2_tokenizer):
     msgs = [{"role": "user", "content": "hi"}]
     assert apply_chat_template(tok, msgs) == "hi"
     assert apply_chat_template(tok, msgs, enable_thinking=False) == "hi<think></think>"
-
-
-@pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    from treadle.runtime.model_source import resolve_model_source
-    from treadle.runtime.tokenizer import load_tokenizer
-
-    return load_tokenizer(resolve_model_source(None))

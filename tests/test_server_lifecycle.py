@@ -1,6 +1,7 @@
 """Server lifecycle against real server subprocesses: many concurrent streams with
-disconnects (no leaked KV), back-pressure (503), SIGTERM drain (exit 0) and a dead
-scheduler (the server exits non-zero within seconds).
+disconnects (no leaked KV), back-pressure (503), SIGTERM drain (exit 0), a dead
+scheduler (the server exits non-zero within seconds) and a failed batch step (a 500, then
+serving on).
 
 Tests run in file order: the SIGTERM test ends server A, after which server B starts."""
 from __future__ import annotations
@@ -184,3 +185,27 @@ def test_scheduler_death_exits_nonzero(server_b):
     os.kill(pid, signal.SIGKILL)
     code = server_b.proc.wait(timeout=30)
     assert code != 0 and time.monotonic() - t0 < 10, (code, server_b.log_tail())
+
+
+def test_a_failed_batch_step_is_a_500_and_the_server_serves_on():
+    """Forward calls 2 and 4 of the real scheduler process raise (runtime/fault_injection.py):
+    the non-streamed request of the failed step gets a 500 naming the failure, the streamed
+    one an SSE error event after its first chunk; the next request is served, and no KV slot
+    is leaked."""
+    srv = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"],
+                        env={"TREADLE_FAULT_FORWARD_CALLS": "2,4"})
+    try:
+        body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+        r = requests.post(srv.url + "/generate", json=body, timeout=T)  # forward 1 prefill, 2 fails
+        assert r.status_code == 500, r.text
+        err = r.json()["error"]
+        assert err["code"] == "internal_error" and "injected fault" in err["message"], err
+        chunks = stream(srv.url, body)  # forward 3 prefill (the cache was reset), 4 fails
+        assert len(chunks) >= 2 and "error" in chunks[-1], chunks
+        assert "injected fault" in chunks[-1]["error"]["message"] and "text" in chunks[0], chunks
+        ok = requests.post(srv.url + "/generate", json=body, timeout=T)
+        assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 8, ok.text
+        assert_no_leaked_kv(srv.url)
+        assert srv.proc.poll() is None
+    finally:
+        srv.close()

@@ -210,11 +210,3 @@ def test_render_for_a_template_with_tools(smollm2_tokenizer):
     text = apply_chat_template(tok, msgs, tools=[t.spec for t in p.tools])
     assert text.startswith("<|im_start|>system\nget_weather;get_time;<|im_end|>")
     assert 'CALL get_weather {"city": "Oslo"}' in text and text.endswith("<|im_start|>assistant\n")
-
-
-@pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    from treadle.runtime.model_source import resolve_model_source
-    from treadle.runtime.tokenizer import load_tokenizer
-
-    return load_tokenizer(resolve_model_source(None))

@@ -51,7 +51,10 @@ def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, p
             tokenizer = load_tokenizer(runner.source)
             sched = tp.make_scheduler(runner, tokenizer)
         else:
+            from treadle.runtime.fault_injection import install_forward_faults
+
             runner = ModelRunner(args)
+            install_forward_faults(runner)  # tests only: a no-op unless TREADLE_FAULT_FORWARD_CALLS is set
             tokenizer = load_tokenizer(runner.source)
             sched = Scheduler(args, runner, tokenizer)
         ctx = zmq.Context(1)

@@ -26,14 +26,15 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, extra_args: list[str] | None = None, port: int | None = None,
-                 startup_timeout_s: float = 300.0) -> None:
+                 startup_timeout_s: float = 300.0, env: dict[str, str] | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="treadle-server-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "treadle.runtime.launch_server", "--host", "127.0.0.1",
                "--port", str(self.port), *(extra_args or [])]
         # its own session, so cleanup can kill the server and every child it spawned
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, **env} if env else None)
         self._wait_healthy(startup_timeout_s)
 
     def _wait_healthy(self, timeout_s: float) -> None:

@@ -1,10 +1,52 @@
-"""An independent viable-prefix oracle for compact JSON under the regex backend's lexical
-rules (the same rules json_any.py's pushdown automaton implements), shared by the any-JSON
-and the schema-hole tests."""
+"""Checks shared by the any-JSON and the schema-hole tests: an independent viable-prefix
+oracle for compact JSON under the regex backend's lexical rules (the same rules json_any.py's
+pushdown automaton implements), and a random walk through a matcher's masks."""
 
 from __future__ import annotations
 
-__all__ = ["Oracle"]
+import random
+
+import numpy as np
+
+__all__ = ["Oracle", "allowed_ids", "random_walk"]
+
+_CLOSING = (b"}", b"]", b'"', b",", b"0")
+
+
+def allowed_ids(row: np.ndarray) -> set[int]:
+    """Token ids set in an int32 bitmask row."""
+    return set(np.flatnonzero(np.unpackbits(np.ascontiguousarray(row).view(np.uint8), bitorder="little")).tolist())
+
+
+def random_walk(m, bitmask, table: list, eos: int, rng: random.Random, *, steps: int, stop_p: float,
+                free_steps: int, steer_after: int) -> bytes:
+    """Sample allowed tokens from a fresh matcher ``m`` until it takes EOS (taken with chance
+    ``stop_p`` while allowed in the first ``free_steps`` steps, always after; past
+    ``steer_after`` closing tokens are preferred) or ``steps`` run out; returns the text.
+    Every step: the mask is not empty (no dead end), a token outside it is refused and
+    changes nothing, and the sampled one is accepted."""
+    out = b""
+    refusable = [i for i in range(3, len(table), 97) if table[i]]
+    for step in range(steps):
+        m.fill_next_token_bitmask(bitmask, 0)
+        allowed_set = allowed_ids(bitmask[0].numpy())
+        allowed = sorted(allowed_set)
+        assert allowed, out
+        if eos in allowed_set and rng.random() < (stop_p if step < free_steps else 1.0):
+            tok = eos
+        else:
+            pick = allowed
+            if step > steer_after:
+                pick = [a for a in allowed if a != eos and table[a][:1] in _CLOSING] or allowed
+            tok = rng.choice(pick)
+        banned = rng.choice([i for i in refusable if i not in allowed_set])
+        before = m.state
+        assert not m.accept_token(banned) and m.state == before, (out, table[banned])
+        assert m.accept_token(tok), (out, table[tok])
+        if tok == eos:
+            break
+        out += table[tok]
+    return out
 
 
 class Oracle:

@@ -1,0 +1,42 @@
+"""Helpers shared by the grammar benchmarks (bench_json_any.py, bench_json_holes.py): walk a
+matcher along a token path timing each step, summarize the times, measure JSON depth."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["depth", "stats_us", "walk"]
+
+
+def depth(v: Any, d: int = 0) -> int:
+    """Nesting depth of a JSON value (a scalar is 0, ``[]`` is 1)."""
+    if isinstance(v, dict):
+        return max([depth(x, d + 1) for x in v.values()], default=d + 1)
+    if isinstance(v, list):
+        return max([depth(x, d + 1) for x in v], default=d + 1)
+    return d
+
+
+def stats_us(samples: list[float]) -> dict:
+    """Mean / p50 / p99 in microseconds of per-step seconds."""
+    if not samples:
+        return {"n": 0}
+    a = np.asarray(samples) * 1e6
+    return {"mean_us": round(float(a.mean()), 2), "p50_us": round(float(np.percentile(a, 50)), 2),
+            "p99_us": round(float(np.percentile(a, 99)), 2), "n": int(a.size)}
+
+
+def walk(make: Callable[[], Any], path: list[int], bitmask: Any) -> list[float] | None:
+    """Per-token seconds (fill the mask, accept the token) along ``path`` for a fresh matcher
+    from ``make()``; None if a token is refused."""
+    m, out = make(), []
+    for t in path:
+        t0 = time.perf_counter()
+        m.fill_next_token_bitmask(bitmask, 0)
+        ok = m.accept_token(t)
+        out.append(time.perf_counter() - t0)
+        if not ok:
+            return None
+    return out

@@ -1,0 +1,43 @@
+"""Test-only fault injection, for the failure paths of the real server processes.
+
+``TREADLE_FAULT_FORWARD_CALLS="2,4"`` makes the model runner's 2nd and 4th forward calls
+raise, so a failed batch step (the scheduler's recovery, an HTTP 500 or an SSE error event for
+the requests of that step, the server serving on) can be exercised end to end, where no test
+can reach into the scheduler process. Unset (the normal case), nothing is wrapped.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+__all__ = ["FAULT_ENV", "install_forward_faults"]
+
+FAULT_ENV = "TREADLE_FAULT_FORWARD_CALLS"
+log = logging.getLogger(__name__)
+
+
+def install_forward_faults(runner: Any, spec: str | None = None) -> bool:
+    """Wrap ``runner.forward`` to raise at the 1-based call numbers in ``spec`` (default: the
+    environment variable); returns whether it did. Raises ``ValueError`` on a bad spec."""
+    spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
+    if not spec.strip():
+        return False
+    try:
+        calls = {int(x) for x in spec.split(",") if x.strip()}
+    except ValueError:
+        raise ValueError(f"{FAULT_ENV} must be comma-separated forward call numbers, got {spec!r}") from None
+    if not calls or min(calls) < 1:
+        raise ValueError(f"{FAULT_ENV} call numbers start at 1, got {spec!r}")
+    real = runner.forward
+    count = [0]
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        if count[0] in calls:
+            raise RuntimeError(f"injected fault ({FAULT_ENV}) at forward call {count[0]}")
+        return real(*args, **kwargs)
+
+    runner.forward = forward
+    log.warning("%s=%s: forward calls %s will raise (fault injection for tests)", FAULT_ENV, spec, sorted(calls))
+    return True
