@@ -241,6 +241,27 @@ def test_tool_choice_named_and_required(client):
         _check_calls(c.message.tool_calls)
 
 
+SEARCH = {"type": "function", "function": {
+    "name": "search", "description": "Search hotels",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "filters": {"type": "object"}},
+                   "required": ["city", "filters"]}}}
+
+
+def test_tool_with_a_free_form_parameter(client):
+    """A free-form parameter (``filters: {"type": "object"}``) is a hole in the call grammar
+    (constrained/json_holes.py), not a regex unrolled two levels: the calls validate. (The
+    small model, sampled, may also nest on until max_tokens: those replies end in "length".)"""
+    ask = [{"role": "user", "content": 'Call search with city "Rome" and filters {"pool": {"required": true}, '
+                                       '"price": {"max": 100, "currency": "EUR"}}.'}]
+    r = client.chat.completions.create(model="smol", messages=ask, tools=[SEARCH, CLOCK], tool_choice="required",
+                                       n=6, max_tokens=200, temperature=1.0, seed=1)
+    finished = [c for c in r.choices if c.finish_reason == "tool_calls"]
+    assert finished, [c.message for c in r.choices]
+    for c in finished:
+        _check_calls(c.message.tool_calls, [SEARCH, CLOCK])
+
+
 def test_tool_calls_stream_like_non_stream(client):
     kw = dict(model="smol", messages=ASK, tools=TOOLS, tool_choice=FORCE_WEATHER, max_tokens=60, temperature=0)
     full = client.chat.completions.create(**kw).choices[0].message.tool_calls[0].function.arguments
