@@ -66,8 +66,12 @@ class Scheduler:
         # overlap scheduling: a decode step whose sampled tokens are not processed yet
         self.overlap = args.overlap_schedule == "on" or (args.overlap_schedule == "auto" and runner.device.type == "cuda")
         self.inflight: tuple[list[Req], Any] | None = None
-        self.jump_max_batch = args.jump_forward_max_batch if args.jump_forward_max_batch >= 0 \
-            else (64 if runner.device.type == "cuda" else 4)
+        # jump-forward (auto: CPU only, see EngineArgs.jump_forward_max_batch) and n-gram drafts
+        # (auto: 64 requests on CUDA, 4 on CPU) run only while this few requests run
+        cuda = runner.device.type == "cuda"
+        explicit = args.jump_forward_max_batch >= 0
+        self.jump_max_batch = args.jump_forward_max_batch if explicit else (0 if cuda else 4)
+        self.draft_max_batch = args.jump_forward_max_batch if explicit else (64 if cuda else 4)
         self.ngram_drafts = args.speculative_algorithm == "ngram"  # speculative decoding (ngram_draft.py)
         # decode tokens ride along in prefill steps; rank 0 alone could not tell the other ranks
         self.mixed_chunk = args.enable_mixed_chunk and args.tp_size == 1
@@ -632,14 +636,15 @@ class Scheduler:
         if req.grammar is not None and not req.grammar.accept_token(token):
             req.finish("abort", message=f"token {token} rejected by the grammar")
         self._check_finished(req, token)
-        if req.finished is None and not replay and len(self.running) <= self.jump_max_batch:
+        if req.finished is None and not replay:
             drafted = False
-            if req.grammar is not None and not self.args.disable_jump_forward:
+            n = len(self.running)
+            if req.grammar is not None and not self.args.disable_jump_forward and n <= self.jump_max_batch:
                 if self._verifies_jumps(req):
                     drafted = self._propose_draft(req)
                 else:
                     self._jump_forward(req)
-            if not drafted and self.ngram_drafts and self._verifies_jumps(req):
+            if not drafted and self.ngram_drafts and n <= self.draft_max_batch and self._verifies_jumps(req):
                 self._propose_ngram_draft(req)
         if req.finished is not None:
             if req in self.running or req.req_pool_idx is not None:

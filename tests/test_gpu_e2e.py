@@ -186,7 +186,9 @@ def test_overlap_and_jump_forward_keep_greedy_output_on_gpu(tmp_path):
     params = [{"max_new_tokens": 48, "temperature": 0, "json_schema": schema}] * 2 + [
         {"max_new_tokens": 12, "temperature": 0}, {"max_new_tokens": 24, "temperature": 0, "regex": "(ab|cd){2,5}!"}]
     outs = {}
-    for kw in ({"overlap_schedule": "on"}, {"overlap_schedule": "off"}, {"overlap_schedule": "on", "disable_jump_forward": True}):
+    jf = {"jump_forward_max_batch": 64}  # on CUDA jump-forward is off unless asked for
+    for kw in ({"overlap_schedule": "on", **jf}, {"overlap_schedule": "off", **jf},
+               {"overlap_schedule": "on", "disable_jump_forward": True}):
         # fp32: extend (a verified draft) and decode logits then agree on every argmax
         with Engine(model_path=path, device="cuda", dtype="float32", max_total_tokens=8192, **kw) as e:
             outs[tuple(kw.items())] = [o["output_ids"] for o in e.generate(prompts, params)]
