@@ -59,10 +59,6 @@ def emit(fig: dict) -> None:
     print(json.dumps(fig), flush=True)
 
 
-
-
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=3, help="warm walks over the documents")
