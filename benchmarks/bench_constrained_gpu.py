@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0, help="0: greedy (jump-forward drafts are verified)")
     ap.add_argument("--reps", type=int, default=2, help="timed repetitions (best kept)")
     ap.add_argument("--max-total-tokens", type=int, default=65536, help="KV pool of each engine")
+    ap.add_argument("--cuda-graph-extend-max-tokens", type=int, default=256, help="0: extends run eagerly")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "constrained_cuda.json"))
     args = ap.parse_args()
     from treadle.constrained import GrammarSpec
@@ -61,7 +62,8 @@ def main() -> None:
 
     info = machine_info(("torch", "triton", "outlines_core", "transformers"))
     common = dict(model_path=args.model_path, tokenizer_path=args.tokenizer_path, context_length=2048,
-                  max_total_tokens=args.max_total_tokens)  # two engines share the device
+                  max_total_tokens=args.max_total_tokens,  # two engines share the device
+                  cuda_graph_extend_max_tokens=args.cuda_graph_extend_max_tokens)
     t0 = time.perf_counter()
     eng_on = Engine(**common, jump_forward_max_batch=1 << 20)  # jumps at every batch size (off by default on CUDA)
     eng_off = Engine(**common, disable_jump_forward=True)

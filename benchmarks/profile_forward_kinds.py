@@ -1,7 +1,8 @@
 """What one forward costs by kind on a GPU, in one run: a greedy JSON-schema request with
 jump-forward on (its jumps are extend forwards of 1-4 tokens) and off, every forward timed
-with a device sync before and after (decode forwards replay the CUDA graph, extends run
-eagerly), then a torch.profiler table of the CPU side of the same request.
+with a device sync before and after (decode forwards replay the CUDA graph; extends of up
+to 16 tokens a request replay theirs, or run eagerly with --cuda-graph-extend-max-tokens 0),
+then a torch.profiler table of the CPU side of the same request.
 
     python benchmarks/profile_forward_kinds.py --model-path dummy:llama3-8b \
         --tokenizer-path .gpu_assets/smollm2-tokenizer
@@ -23,13 +24,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-path", default="dummy:llama3-8b")
     ap.add_argument("--tokenizer-path", default=None)
+    ap.add_argument("--cuda-graph-extend-max-tokens", type=int, default=256, help="0: extends run eagerly")
     args = ap.parse_args()
     from treadle.runtime import Engine
 
     prompt, params = "Record 0: reply in JSON.", {"json_schema": SCHEMA, "max_new_tokens": 64, "temperature": 0}
     for jf in (64, 0):
         e = Engine(model_path=args.model_path, tokenizer_path=args.tokenizer_path, context_length=2048,
-                   max_total_tokens=32768, jump_forward_max_batch=jf)
+                   max_total_tokens=32768, jump_forward_max_batch=jf,
+                   cuda_graph_extend_max_tokens=args.cuda_graph_extend_max_tokens)
         for _ in range(3):
             e.generate(prompt, params)
         runner = e.scheduler.runner

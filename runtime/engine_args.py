@@ -41,14 +41,14 @@ class EngineArgs:
     max_queued_requests: int = 4096
     # constrained decoding
     disable_jump_forward: bool = False
-    # jump only while at most this many requests run (-1 = auto: 4 on CPU, 0 = never on CUDA;
-    # n-gram drafts follow it too, auto 4 on CPU and 64 on CUDA). A jump turns the step into
-    # an extend that computes the forced tokens: nearly free on a CPU while a step is bound by
-    # reading the weights (small batches), a throughput cost once it is bound by per-token
-    # compute (a CPU at batch 16: 0.74x of plain decoding). On CUDA the extend runs eagerly,
-    # outside the decode CUDA graph and the overlap pipeline: on the H200 (llama3-8b, bf16)
-    # constrained decoding with jumps ran at 0.42-0.78x of decoding without them at every
-    # batch size 1-64 (benchmarks/bench_constrained_gpu.py)
+    # jump only while at most this many requests run (-1 = auto: 4 on CPU, 1 on CUDA; n-gram
+    # drafts follow it too, auto 4 on CPU and 64 on CUDA). A jump turns the step into an
+    # extend that computes the forced tokens: nearly free while a step is bound by reading
+    # the weights, a throughput cost once it is bound by per-token compute (a CPU at batch
+    # 16: 0.74x of plain decoding). On the H200 (llama3-8b, bf16, extends in CUDA graphs)
+    # jumps gained 1.21x sampled and 0.99x greedy at batch 1, and lost at batch 4-64
+    # (0.34-0.92x): a batch steps as often as its longest reply anyway
+    # (benchmarks/bench_constrained_gpu.py)
     jump_forward_max_batch: int = -1
     grammar_compile_timeout_s: float = 60.0
     grammar_memory_limit_bytes: int = 4 << 30
@@ -70,6 +70,10 @@ class EngineArgs:
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     cuda_graph: bool = True  # CUDA only; --no-cuda-graph keeps the plain launch path
     cuda_graph_max_bs: int = 256
+    # short extends (jump-forward and n-gram verify steps, small prefills) replay CUDA graphs
+    # too, captured on first use per (batch size, tokens per request <= 16), up to this many
+    # tokens in all; 0 runs them eagerly (cuda_graph_runner.py)
+    cuda_graph_extend_max_tokens: int = 256
     # overlap scheduling: the host processes step N's tokens (and fills step N+1's grammar
     # masks) while the GPU runs step N+1; auto = on with CUDA, off on CPU (nothing to overlap)
     overlap_schedule: Literal["auto", "on", "off"] = "auto"
@@ -104,6 +108,8 @@ class EngineArgs:
                     raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {getattr(self, f.name)!r}")
         if self.jump_forward_max_batch < -1:
             raise ValueError(f"jump_forward_max_batch must be >= 0 or -1 (auto), got {self.jump_forward_max_batch}")
+        if self.cuda_graph_extend_max_tokens < 0:
+            raise ValueError(f"cuda_graph_extend_max_tokens must be >= 0, got {self.cuda_graph_extend_max_tokens}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.max_prefill_tokens < 1:

@@ -106,7 +106,9 @@ class ModelRunner:
         if args.cuda_graph and self.device.type == "cuda" and args.attention_backend != "torch":
             from treadle.runtime.cuda_graph_runner import CudaGraphRunner
 
-            self.graph_runner = CudaGraphRunner(self, min(args.cuda_graph_max_bs, self.max_running))
+            # extend graphs at tp 1 only: every rank would have to capture in step
+            ext = args.cuda_graph_extend_max_tokens if args.tp_size == 1 else 0
+            self.graph_runner = CudaGraphRunner(self, min(args.cuda_graph_max_bs, self.max_running), ext)
 
     def _pool_size(self) -> int:
         cfg = self.config

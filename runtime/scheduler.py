@@ -70,7 +70,7 @@ class Scheduler:
         # (auto: 64 requests on CUDA, 4 on CPU) run only while this few requests run
         cuda = runner.device.type == "cuda"
         explicit = args.jump_forward_max_batch >= 0
-        self.jump_max_batch = args.jump_forward_max_batch if explicit else (0 if cuda else 4)
+        self.jump_max_batch = args.jump_forward_max_batch if explicit else (1 if cuda else 4)
         self.draft_max_batch = args.jump_forward_max_batch if explicit else (64 if cuda else 4)
         self.ngram_drafts = args.speculative_algorithm == "ngram"  # speculative decoding (ngram_draft.py)
         # decode tokens ride along in prefill steps; rank 0 alone could not tell the other ranks

@@ -157,6 +157,36 @@ def test_ngram_speculation_keeps_greedy_output_on_gpu(tmp_path):
     assert stats["ngram"]["spec_draft_tokens"] > 0 and stats["none"]["spec_draft_tokens"] == 0
 
 
+def test_extend_cuda_graphs_keep_greedy_output_on_gpu(tmp_path):
+    """Short extends (short prompts, verified jump-forward and n-gram drafts) replay CUDA graphs
+    captured per (batch, tokens per request) on first use (cuda_graph_runner.py): greedy
+    outputs equal the eager path's, and no KV slot leaks."""
+    path = _tiny_with_tokenizer(tmp_path)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                               "tags": {"type": "array", "items": {"enum": ["a", "bb"]},
+                                                        "maxItems": 3}},
+              "required": ["name", "tags"]}
+    prompts = ["A person:", "hello world hello world hello", "the quick brown fox the quick brown",
+               "Tags:", "0123456789 0123456789 01"]
+    params = [{"max_new_tokens": 40, "temperature": 0, "json_schema": schema},
+              {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True},
+              {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True},
+              {"max_new_tokens": 24, "temperature": 0, "regex": "(ab|cd){2,5}!"},
+              {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}]
+    outs, captured = {}, {}
+    for ext in (256, 0):
+        # fp32: extend and decode logits then agree on every argmax
+        with Engine(model_path=path, device="cuda", dtype="float32", max_total_tokens=8192,
+                    jump_forward_max_batch=64, speculative_algorithm="ngram", speculative_ngram_size=2,
+                    cuda_graph_extend_max_tokens=ext) as e:
+            outs[ext] = [o["output_ids"] for o in e.generate(prompts, params)]
+            outs[ext] += [o["output_ids"] for o in e.generate(prompts[:1], params[:1])]  # alone: batch 1
+            captured[ext] = len(e.scheduler.runner.graph_runner.ext_graphs)
+            e.check_integrity()
+    assert outs[256] == outs[0]
+    assert captured[256] >= 2 and captured[0] == 0, captured
+
+
 def test_mixed_chunk_keeps_greedy_output_on_gpu(tmp_path):
     """Decode tokens riding along in prefill chunks (extend kernels, no graph) give the same
     greedy tokens as separate decode steps (graph-replayed, overlapped)."""
