@@ -76,7 +76,7 @@ class CudaGraphRunner:
         # slot starts 0, E, 2E, ... per width (width 1: every row)
         self._starts = {w: torch.arange(0, max(t_max, 1) * w, w, **i64) for w in (1, *_EXTEND_WIDTHS)}
         self.ext_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.ext_outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.ext_logits: torch.Tensor | None = None  # [max tokens, vocab], written by every extend graph
         self._ext_pool = None
 
     def _batch(self, bs: int) -> ForwardBatch:
@@ -186,14 +186,19 @@ class CudaGraphRunner:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # compile / autotune outside the capture
-                self._forward(fb)
+                warm = self._forward(fb)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
+        if self.ext_logits is None:  # one logits buffer for every extend graph
+            self.ext_logits = torch.empty(self.ext_ids.shape[0], warm.shape[1], dtype=warm.dtype,
+                                          device=warm.device)
+        del warm
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self._ext_pool, stream=stream):
-            out = self._forward(fb)
+            # the graph's own logits are scratch in the shared pool, copied out before it ends
+            self.ext_logits[:pbs * e].copy_(self._forward(fb))
         self._ext_pool = g.pool()
-        self.ext_graphs[shape], self.ext_outputs[shape] = g, out
+        self.ext_graphs[shape] = g
         torch.cuda.synchronize()
         log.info("captured the extend CUDA graph of %d requests x %d tokens in %.2fs", pbs, e,
                  time.perf_counter() - t0)
@@ -224,4 +229,4 @@ class CudaGraphRunner:
             self.ext_lens[bs:pbs].zero_()
             self.ext_seq[bs:pbs].zero_()
         self.ext_graphs[shape].replay()
-        return self.ext_outputs[shape].index_select(0, dst[fb.logits_indices])
+        return self.ext_logits.index_select(0, dst[fb.logits_indices])
