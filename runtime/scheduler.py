@@ -66,8 +66,8 @@ class Scheduler:
         # overlap scheduling: a decode step whose sampled tokens are not processed yet
         self.overlap = args.overlap_schedule == "on" or (args.overlap_schedule == "auto" and runner.device.type == "cuda")
         self.inflight: tuple[list[Req], Any] | None = None
-        # jump-forward (auto: CPU only, see EngineArgs.jump_forward_max_batch) and n-gram drafts
-        # (auto: 64 requests on CUDA, 4 on CPU) run only while this few requests run
+        # jump-forward (auto: 4 requests on CPU, 1 on CUDA; see EngineArgs.jump_forward_max_batch)
+        # and n-gram drafts (auto: 4 on CPU, 64 on CUDA) run only while this few requests run
         cuda = runner.device.type == "cuda"
         explicit = args.jump_forward_max_batch >= 0
         self.jump_max_batch = args.jump_forward_max_batch if explicit else (1 if cuda else 4)
