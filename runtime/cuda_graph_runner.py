@@ -9,7 +9,7 @@ reserved dummy slot), it has sequence length 1 and writes its K/V into slot 0, s
 touches a real request's KV.
 
 Short extends (jump-forward and n-gram verify steps, small prefills): every request gets a
-fixed slot of E tokens (E = 4, 8 or 16, the smallest that holds its longest extend), the
+fixed slot of E tokens (E = 4, 8, 16, 32 or 64, the smallest that holds its longest extend), the
 batch is padded to the next ladder size, and the graph of (batch, E) is captured the first
 time that shape comes. A request's tokens fill the start of its slot; the rest of the slot,
 and padding requests (extend length 0, so attention skips them), write their K/V into slot
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("treadle")
 
 _LADDER = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512]
-_EXTEND_WIDTHS = (4, 8, 16)  # tokens per request slot in an extend graph
+_EXTEND_WIDTHS = (4, 8, 16, 32, 64)  # tokens per request slot in an extend graph
 
 
 class CudaGraphRunner:

@@ -71,7 +71,7 @@ class EngineArgs:
     cuda_graph: bool = True  # CUDA only; --no-cuda-graph keeps the plain launch path
     cuda_graph_max_bs: int = 256
     # short extends (jump-forward and n-gram verify steps, small prefills) replay CUDA graphs
-    # too, captured on first use per (batch size, tokens per request <= 16), up to this many
+    # too, captured on first use per (batch size, tokens per request <= 64), up to this many
     # tokens in all; 0 runs them eagerly (cuda_graph_runner.py)
     cuda_graph_extend_max_tokens: int = 256
     # overlap scheduling: the host processes step N's tokens (and fills step N+1's grammar

@@ -181,6 +181,8 @@ def test_extend_cuda_graphs_keep_greedy_output_on_gpu(tmp_path):
                     cuda_graph_extend_max_tokens=ext) as e:
             outs[ext] = [o["output_ids"] for o in e.generate(prompts, params)]
             outs[ext] += [o["output_ids"] for o in e.generate(prompts[:1], params[:1])]  # alone: batch 1
+            long = " ".join(["the quick brown fox jumps over the lazy dog"] * 5)  # a 32-64 token slot
+            outs[ext] += [o["output_ids"] for o in e.generate([long, long[::-1]], params[1:3])]
             captured[ext] = len(e.scheduler.runner.graph_runner.ext_graphs)
             e.check_integrity()
     assert outs[256] == outs[0]
