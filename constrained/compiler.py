@@ -64,10 +64,8 @@ def build_compiled_grammar(
         raise GrammarCompileError(f"compile of regex of {len(regex)} chars was rejected: {e}") from e
     num_tokens = min(len(table), int(vocab_size))
     eos = tuple(int(e) for e in eos_token_ids)
-    holes = None
-    if spec is not None and _holes_apply(spec) and regex_has_holes(regex):
-        pda = pda or JsonPushdown(table, num_tokens, int(vocab_size), eos)
-        holes = Holes(pda, index, len(table))
+    holes = _holes_of(spec, regex, index, table,
+                      lambda: pda or JsonPushdown(table, num_tokens, int(vocab_size), eos))
     return CompiledGrammar(
         index=index,
         regex=regex,
@@ -85,6 +83,14 @@ def build_compiled_grammar(
 def _holes_apply(spec: GrammarSpec) -> bool:
     """Whether a compact-output compile of ``spec`` writes holes (json_holes.py)."""
     return spec.kind == "json_schema" and schema_allows_holes(spec.value)
+
+
+def _holes_of(spec: GrammarSpec | None, regex: str, index: Any, table: list, pda: Any) -> Holes | None:
+    """The holes of a schema's regex, run on ``pda()``; None when it has none. A schema that
+    may not have holes can still hold a placeholder character literally, hence the spec check."""
+    if spec is None or not _holes_apply(spec) or not regex_has_holes(regex):
+        return None
+    return Holes(pda(), index, len(table))
 
 
 class _Worker:
@@ -327,9 +333,7 @@ class GrammarCompiler:
 
     def _grammar(self, spec: GrammarSpec, regex: str, index: Any, char_fsm: Any, seconds: float,
                  from_disk: bool = False) -> CompiledGrammar:
-        holes = None
-        if self._holes(spec) and regex_has_holes(regex):
-            holes = Holes(self._pushdown(), index, len(self._table))
+        holes = _holes_of(spec, regex, index, self._table, self._pushdown) if self._holes(spec) else None
         return CompiledGrammar(index=index, regex=regex, char_fsm=char_fsm, vocab_size=self._vocab_size,
                                num_tokens=self._num_tokens, eos_token_ids=self._eos, token_bytes=self._table,
                                spec=spec, compile_time_s=seconds, from_disk=from_disk, holes=holes)

@@ -190,8 +190,8 @@ class CompiledGrammar:
 
     ``index`` is the outlines-core token FSM; ``char_fsm`` drives jump-forward (``None``
     disables it). ``holes`` (json_holes.py) runs the any-JSON values of a schema's
-    placeholders on the pushdown automaton. ``num_tokens`` is len(tokenizer): ids in [num_tokens, vocab_size) are
-    padding and never allowed. Only the first EOS id is known to the index; the matcher
+    placeholders on the pushdown automaton. ``num_tokens`` is len(tokenizer): ids in
+    [num_tokens, vocab_size) are padding and never allowed. Only the first EOS id is known to the index; the matcher
     treats all ``eos_token_ids`` alike. ``token_bytes`` is the tokenizer's bytes table
     (shared, read-only) used to replay accepted tokens through ``char_fsm``.
     """
@@ -219,10 +219,10 @@ class CompiledGrammar:
         return (self.vocab_size + 31) // 32
 
     def matcher(self, max_rollback: int = 64) -> Any:
-        """A new ``GrammarMatcher`` (``HoleMatcher`` with holes) at the initial state (imports torch)."""
-        from treadle.constrained.matcher import GrammarMatcher, HoleMatcher
+        """A new ``GrammarMatcher`` (a ``HoleMatcher`` with holes) at the initial state (imports torch)."""
+        from treadle.constrained.matcher import GrammarMatcher
 
-        return (GrammarMatcher if self.holes is None else HoleMatcher)(self, max_rollback)
+        return GrammarMatcher(self, max_rollback)
 
     def mask_row(self, state: int) -> Any:
         """int32 numpy row ``[ceil(vocab_size/32)]`` of tokens allowed in token-FSM ``state``.

@@ -105,7 +105,6 @@ class HoleTables:
                 cands.append(i)
         self.candidates = tuple(cands)  # may cross a boundary mid-token
         self.lead = frozenset(lead)  # hold the placeholders' lead byte: always walked
-        self.lead_ids = tuple(lead)
         allowed = np.ones(pda.bitmask_words * 32, dtype=np.bool_)
         allowed[[e for e in pda.eos_token_ids if e < allowed.size]] = False
         self.not_eos = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32)
@@ -260,5 +259,5 @@ class Holes:
         for tid in self.t.candidates:
             if self.walk(state, hole, table[tid]) is not None:
                 _set(row, tid, True)
-        for tid in self.t.lead_ids:  # the walk decides these either way
+        for tid in self.t.lead:  # the walk decides these either way
             _set(row, tid, self.walk(state, hole, table[tid]) is not None)

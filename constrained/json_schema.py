@@ -33,8 +33,8 @@ import referencing
 import referencing.exceptions
 
 from treadle.constrained import regex_numbers as nums
-from treadle.constrained.json_holes import HOLE_CHARS, schema_allows_holes
 from treadle.constrained import regex_text as text
+from treadle.constrained.json_holes import HOLE_CHARS, schema_allows_holes
 from treadle.constrained.json_schema_parts import (
     ANNOTATIONS,
     FAMILIES,
@@ -116,8 +116,8 @@ def json_schema_to_regex(
     if max_recursion_depth < 0:
         raise ValueError("json_schema: max_recursion_depth must be >= 0")
     check_metaschemas(schema, "$")
+    holes = holes and not whitespace_pattern and schema_allows_holes(json.dumps(schema, ensure_ascii=False))
     try:
-        holes = holes and not whitespace_pattern and schema_allows_holes(json.dumps(schema, ensure_ascii=False))
         return _Converter(schema, whitespace_pattern or "", max_recursion_depth, mode, holes).convert(schema, "$")
     except RecursionError as exc:
         raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
