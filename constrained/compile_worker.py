@@ -93,6 +93,7 @@ def main() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
     from outlines_core import Index
 
+    from treadle.constrained.index_markers import marked
     from treadle.constrained.grammar import build_char_fsm
 
     _write(stdout, ("ready",))
@@ -105,7 +106,7 @@ def main() -> None:
             return
         t0 = time.perf_counter()
         try:
-            index = Index(regex, vocab)
+            index = Index(marked(regex), vocab)  # index_markers.py: why the markers
             char_fsm = build_char_fsm(regex)
         except MemoryError:
             _write(stdout, ("oom", "ran out of memory"))

@@ -23,9 +23,10 @@ from typing import Any
 
 from treadle.constrained.compile_worker import WorkerProcess
 from treadle.constrained.disk_cache import GrammarDiskCache, vocabulary_fingerprint
+from treadle.constrained.index_markers import check_regex, marked
 from treadle.constrained.grammar import CompiledGrammar, GrammarSpec, build_char_fsm
 from treadle.constrained.json_any import JsonAnyGrammar, JsonPushdown, json_any_root
-from treadle.constrained.json_holes import Holes, regex_has_holes, schema_allows_holes
+from treadle.constrained.json_holes import HOLE_CHARS, Holes, regex_has_holes, schema_allows_holes
 from treadle.constrained.vocabulary import build_vocabulary
 
 __all__ = ["GrammarCompiler", "GrammarCompileError", "build_compiled_grammar"]
@@ -59,7 +60,7 @@ def build_compiled_grammar(
     vocab, table = build_vocabulary(tokenizer, list(eos_token_ids))
     t0 = time.perf_counter()
     try:
-        index = Index(regex, vocab)
+        index = Index(marked(regex), vocab)
     except ValueError as e:
         raise GrammarCompileError(f"compile of regex of {len(regex)} chars was rejected: {e}") from e
     num_tokens = min(len(table), int(vocab_size))
@@ -221,7 +222,9 @@ class GrammarCompiler:
             _settle(fut, JsonAnyGrammar(self._pushdown(), root, spec=spec))
             return fut
         try:
-            regex = spec.to_regex(self._whitespace_pattern, self._json_schema_mode, holes=self._holes(spec))
+            holes = self._holes(spec)
+            regex = spec.to_regex(self._whitespace_pattern, self._json_schema_mode, holes=holes)
+            check_regex(regex, frozenset(HOLE_CHARS.values()) if holes else frozenset())
         except ValueError as e:
             _settle(fut, exc=e)
             return fut

@@ -21,7 +21,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # bump when what is pickled changes (2: vocabularies carry the hole placeholders)
+FORMAT = 3  # bump when what is pickled changes (2: vocabularies carry the hole placeholders; 3: indexes are
+# built marked, index_markers.py)
 
 
 def _version(package: str) -> str:

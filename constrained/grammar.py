@@ -16,6 +16,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from treadle.constrained.index_markers import initial_state, marker_token_ids, reserved_token_ids
+from treadle.constrained.index_markers import is_final as index_is_final
 from treadle.constrained.json_holes import PLACEHOLDERS
 
 __all__ = ["GrammarSpec", "CharFSM", "CompiledGrammar", "build_char_fsm"]
@@ -188,7 +190,8 @@ def build_char_fsm(regex: str) -> CharFSM | None:
 class CompiledGrammar:
     """A compiled grammar shared by every matcher of the same spec.
 
-    ``index`` is the outlines-core token FSM; ``char_fsm`` drives jump-forward (``None``
+    ``index`` is the outlines-core token FSM, built for the marked regex (index_markers.py:
+    matchers start at ``initial_state``, ``is_final`` says where the text may end); ``char_fsm`` drives jump-forward (``None``
     disables it). ``holes`` (json_holes.py) runs the any-JSON values of a schema's
     placeholders on the pushdown automaton. ``num_tokens`` is len(tokenizer): ids in
     [num_tokens, vocab_size) are padding and never allowed. Only the first EOS id is known to the index; the matcher
@@ -209,6 +212,8 @@ class CompiledGrammar:
     holes: Any = None  # json_holes.Holes when the regex has any-value placeholders
     _rows: dict[int, Any] = field(default_factory=dict, repr=False)
     _jumps: dict[int, str] = field(default_factory=dict, repr=False)
+    _finals: dict[int, bool] = field(default_factory=dict, repr=False)
+    _initial: int | None = field(default=None, repr=False)
     # (char state, pending UTF-8 bytes, token) -> (char state, pending): the character-FSM
     # replay of a token, shared by every matcher of this grammar
     _char_steps: dict[tuple, tuple] = field(default_factory=dict, repr=False)
@@ -223,6 +228,26 @@ class CompiledGrammar:
         from treadle.constrained.matcher import GrammarMatcher
 
         return GrammarMatcher(self, max_rollback)
+
+    @property
+    def initial_state(self) -> int:
+        """The token-FSM state a matcher starts in (after the start marker)."""
+        if self._initial is None:
+            self._initial = initial_state(self.index, marker_token_ids(len(self.token_bytes), len(PLACEHOLDERS))[0])
+        return self._initial
+
+    def is_final(self, state: int) -> bool:
+        """Whether the text that led to token-FSM ``state`` is a full match (EOS allowed)."""
+        hit = self._finals.get(state)
+        if hit is None:
+            hit = index_is_final(self.index, state, marker_token_ids(len(self.token_bytes), len(PLACEHOLDERS))[1])
+            self._finals[state] = hit
+        return hit
+
+    @property
+    def reserved_tokens(self) -> frozenset[int]:
+        """Real tokens never allowed by the index (index_markers.py)."""
+        return reserved_token_ids(self.token_bytes)
 
     def mask_row(self, state: int) -> Any:
         """int32 numpy row ``[ceil(vocab_size/32)]`` of tokens allowed in token-FSM ``state``.
@@ -239,9 +264,12 @@ class CompiledGrammar:
         ids = np.fromiter(self.index.get_allowed_tokens(state), dtype=np.int64)
         ids = ids[ids < self.num_tokens]
         allowed[ids] = True
-        # The index reports its own EOS in final states; EOS is decided here for all ids.
+        reserved = reserved_token_ids(self.token_bytes)  # they could spell the end marker
+        if reserved:
+            allowed[np.fromiter(reserved, dtype=np.int64)] = False
+        # EOS is decided here for all ids (the index's own final states are after the marker).
         eos = np.asarray([e for e in self.eos_token_ids if e < allowed.size], dtype=np.int64)
-        allowed[eos] = bool(self.index.is_final_state(state))
+        allowed[eos] = self.is_final(state)
         # Little bit order: bit t%32 of little-endian word t//32 is token t.
         packed = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32)
         if self.holes is not None:

@@ -27,8 +27,9 @@ refuses any other mid-token boundary, so mask and acceptance always agree.
 
 **Soundness.** A string character class of the regex also matches the placeholders, so a
 state that takes the *canary* placeholder (never written) is inside such a class and has no
-exits. A path of real bytes never spells a placeholder where a hole is: at a state with exits
-the placeholders' shared lead byte is refused (tokens holding it go through the walk). Holes
+exits. A path of real bytes never spells a placeholder where a hole is: the regex side
+refuses the placeholders' shared lead byte (as it refuses it everywhere, index_markers.py;
+tokens holding it go through the walk), while inside a hole a string may hold it. Holes
 are used only for JSON schemas, without a whitespace pattern (the automaton is compact), and
 not when the schema itself contains a placeholder or names that range
 (``schema_allows_holes``).
@@ -43,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from treadle.constrained.index_markers import RESERVED_LEAD, marker_token_ids
+from treadle.constrained.index_markers import is_final as index_is_final
 from treadle.constrained.json_any import JsonPushdown
 
 __all__ = ["HOLE_CHARS", "Holes", "placeholder_vocabulary", "regex_has_holes", "schema_allows_holes"]
@@ -53,7 +56,7 @@ HOLE_CHARS = {"value": "\U0010FFFD", "object": "\U0010FFFC", "array": "\U0010FFF
 CANARY_CHAR = "\U0010FFFA"  # never written into a regex: taking it means "inside a character class"
 PLACEHOLDERS = (*(HOLE_CHARS[k] for k in KINDS), CANARY_CHAR)
 _HOLE_BYTES = tuple(HOLE_CHARS[k].encode() for k in KINDS)
-_LEAD = 0xF4  # the first UTF-8 byte of every placeholder
+_LEAD = RESERVED_LEAD  # the first UTF-8 byte of every placeholder (and of the end marker)
 ENTRY_AFTER = frozenset(b":[,")  # a JSON value follows one of these (or starts the text)
 EXIT_AT = frozenset(b",}]")  # and is followed by one of these (or ends it)
 _ROWS_MAX = 4096  # cached hole-mode rows per grammar (6 KB each for a 49k vocabulary)
@@ -144,6 +147,7 @@ class Holes:
         self.index = index
         self.t = hole_tables(pda)
         *self._kind_ids, self._canary = placeholder_token_ids(table_size)
+        self._end = marker_token_ids(table_size, len(PLACEHOLDERS))[1]
         self._exits: dict[int, tuple[tuple[int, int], ...]] = {}
         self._continues: dict[int, bool] = {}
         self._rows: dict[tuple, np.ndarray] = {}
@@ -175,7 +179,7 @@ class Holes:
         return hole if cont else None
 
     def is_final(self, state: int, hole: tuple[int, tuple[int, ...]] | None) -> bool:
-        return (hole is None or self.pda.is_final(*hole)) and bool(self.index.is_final_state(state))
+        return (hole is None or self.pda.is_final(*hole)) and index_is_final(self.index, state, self._end)
 
     # ------------------------------------------------------------------ the walk
 
@@ -209,7 +213,7 @@ class Holes:
         ex = self.exits(s)
         b = data[i]
         tb = t.byte_token[b]
-        if tb >= 0 and not (ex and b == _LEAD):
+        if tb >= 0 and b != _LEAD:  # the lead byte could spell a placeholder or the end marker
             s2 = self.index.get_next_state(s, tb)
             if s2 is not None:
                 r = self._go(data, i + 1, s2, None, text + rest[:1])

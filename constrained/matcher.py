@@ -175,7 +175,7 @@ class GrammarMatcher(MatcherBase):
     def __init__(self, grammar: CompiledGrammar, max_rollback: int = 64) -> None:
         self._init_base(grammar.eos_token_ids, max_rollback)
         self._g = grammar
-        self._state: int = grammar.index.get_initial_state()
+        self._state: int = grammar.initial_state
         self._char_state: int | None = grammar.char_fsm.initial if grammar.char_fsm is not None else None
         self._pending = b""
 
@@ -190,7 +190,7 @@ class GrammarMatcher(MatcherBase):
 
     def can_terminate(self) -> bool:
         """True when the text so far is a full match (EOS would be accepted)."""
-        return bool(self._g.index.is_final_state(self._state))
+        return self._g.is_final(self._state)
 
     def find_jump_forward_string(self) -> str:
         """Text the grammar forces from here (longer than one character), else "".
@@ -206,7 +206,7 @@ class GrammarMatcher(MatcherBase):
     # ------------------------------------------------------------------ internals
 
     def _advance(self, token_id: int) -> bool:
-        if not 0 <= token_id < self._g.num_tokens:
+        if not 0 <= token_id < self._g.num_tokens or token_id in self._g.reserved_tokens:
             return False
         nxt = self._g.index.get_next_state(self._state, token_id)
         if nxt is None:

@@ -18,7 +18,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from treadle.constrained.json_holes import placeholder_vocabulary
+from treadle.constrained.index_markers import MARKERS, marker_token_ids
+from treadle.constrained.json_holes import PLACEHOLDERS, placeholder_vocabulary
 
 __all__ = ["token_bytes_table", "build_vocabulary", "gpt2_byte_decoder"]
 
@@ -160,7 +161,8 @@ def build_vocabulary(tokenizer: Any, eos_token_ids: list[int]) -> tuple[Any, lis
     Requires at least one EOS id. EOS ids are left out of the token map (outlines-core
     requires it; the matcher handles every EOS id itself) and the first one is the
     vocabulary's EOS. Tokens with identical bytes share one key. The placeholder
-    pseudo-tokens of json_holes.py are added (ids from ``len(table)`` on). Cached per
+    pseudo-tokens of json_holes.py are added (ids from ``len(table)`` on), then the index
+    markers' (index_markers.py). Cached per
     (tokenizer object, eos ids).
     """
     from outlines_core import Vocabulary
@@ -184,6 +186,8 @@ def build_vocabulary(tokenizer: Any, eos_token_ids: list[int]) -> tuple[Any, lis
     # the placeholder pseudo-tokens of schema holes (json_holes.py), after every real id
     for b, ids in placeholder_vocabulary(len(table)).items():
         groups.setdefault(b, []).extend(ids)
+    for c, i in zip(MARKERS, marker_token_ids(len(table), len(PLACEHOLDERS))):
+        groups.setdefault(c.encode(), []).append(i)
     vocab = Vocabulary(eos[0], groups)
     with _cache_lock:
         _vocab_cache[key] = (tokenizer, (vocab, table))

@@ -49,9 +49,9 @@ def allowed_ids(m: GrammarMatcher, vocab: int = V) -> set[int]:
 
 
 def index_allowed(g, state) -> set[int]:
-    # ids past the tokenizer's are the hole placeholders' pseudo-tokens (json_holes.py)
-    ids = {i for i in g.index.get_allowed_tokens(state) if i < g.num_tokens} - {EOS}
-    if g.index.is_final_state(state):
+    # ids past the tokenizer's are pseudo-tokens (json_holes.py, index_markers.py)
+    ids = {i for i in g.index.get_allowed_tokens(state) if i < g.num_tokens} - {EOS} - g.reserved_tokens
+    if g.is_final(state):
         ids.add(EOS)
     return ids
 

@@ -326,7 +326,7 @@ def test_rollback_across_hole_boundaries(smol, pda, table):
     assert m.accept_token(EOS)
 
 
-def test_placeholders_are_never_written_but_strings_may_hold_them(smol, pda, table):
+def test_placeholders_are_never_written_but_strings_in_holes_may_hold_them(smol, pda, table):
     g = grammar(smol, pda, TOOL)
     lead = single_byte_tokens(table)[0xF4]
     m = g.matcher()
@@ -334,20 +334,21 @@ def test_placeholders_are_never_written_but_strings_may_hold_them(smol, pda, tab
     bm = allocate_token_bitmask(1, V)
     m.fill_next_token_bitmask(bm, 0)
     assert lead not in allowed_ids(bm[0].numpy()) and not m.accept_token(lead)
-    # the same character inside a string value is an ordinary character
+    # the same character inside a string of a hole is an ordinary character; the regex's own
+    # strings never write the reserved plane (index_markers.py)
     m = g.matcher()
-    feed_bytes(m, '{"name":"\U0010FFFD","args":{"k":"\U0010FFFD"},"tags":[],"v":"\U0010FFFD"}'.encode(), table)
+    feed_bytes(m, '{"name":"x","args":{"k":"\U0010FFFD"},"tags":[["\U0010FFFD"]],"v":1}'.encode(), table)
     assert m.accept_token(EOS)
+    m = g.matcher()
+    feed_bytes(m, b'{"name":"', table)
+    assert not m.accept_token(lead)
 
 
 def test_compiler_gives_schemas_with_any_values_holes(smol):
     with GrammarCompiler(smol, [EOS], vocab_size=V) as c:
         g = c.compile(GrammarSpec.from_params(json_schema=TOOL))
         assert g.holes is not None and isinstance(g.matcher(), HoleMatcher)
+        # a schema naming the reserved plane gets no holes, and no grammar: never generated
         odd = {"type": "object", "properties": {"a": {"const": "\U0010FFFD"}}, "required": ["a"]}
-        g2 = c.compile(GrammarSpec.from_params(json_schema=odd))
-        assert g2.holes is None
-        m = g2.matcher()
-        for i in smol.encode('{"a":"\U0010FFFD"}', add_special_tokens=False):
-            assert m.accept_token(i)
-        assert m.accept_token(EOS)
+        with pytest.raises(ValueError, match="U\\+10FFFD is reserved"):
+            c.compile(GrammarSpec.from_params(json_schema=odd))
