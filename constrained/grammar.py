@@ -24,7 +24,7 @@ __all__ = ["GrammarSpec", "CharFSM", "CompiledGrammar", "build_char_fsm"]
 
 logger = logging.getLogger(__name__)
 
-GrammarKind = Literal["regex", "json_schema", "choices"]
+GrammarKind = Literal["regex", "json_schema", "choices", "ebnf"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,18 +39,24 @@ class GrammarSpec:
         regex: str | None = None,
         json_schema: dict | str | bool | None = None,
         choices: list[str] | None = None,
+        ebnf: str | None = None,
     ) -> GrammarSpec | None:
         """Build a spec from request params; ``None`` when no constraint is set.
 
-        Requires at most one of ``regex``, ``json_schema``, ``choices``. A JSON schema given
+        Requires at most one of ``regex``, ``json_schema``, ``choices``, ``ebnf``. A JSON schema given
         as a dict or string is re-serialized compactly *without* sorting keys, because
         property order decides the order of fields in the generated output.
         """
-        given = [n for n, v in (("regex", regex), ("json_schema", json_schema), ("choices", choices)) if v is not None]
+        given = [n for n, v in (("regex", regex), ("json_schema", json_schema), ("choices", choices),
+                                ("ebnf", ebnf)) if v is not None]
         if len(given) > 1:
-            raise ValueError(f"set at most one of regex, json_schema, choices (got {', '.join(given)})")
+            raise ValueError(f"set at most one of regex, json_schema, choices, ebnf (got {', '.join(given)})")
         if not given:
             return None
+        if ebnf is not None:
+            if not isinstance(ebnf, str) or not ebnf.strip():
+                raise ValueError("ebnf must be a non-empty string (a grammar with a 'root' rule)")
+            return GrammarSpec("ebnf", ebnf)
         if regex is not None:
             if not isinstance(regex, str):
                 raise ValueError(f"regex must be a string, got {type(regex).__name__}")
@@ -82,6 +88,7 @@ class GrammarSpec:
         cannot represent faithfully.
         """
         # Imported lazily: json_schema.py is a sibling owned separately and pulls more in.
+        from treadle.constrained.ebnf import ebnf_to_regex
         from treadle.constrained.json_schema import choices_to_regex, json_schema_to_regex, validate_regex
 
         if self.kind == "regex":
@@ -89,6 +96,8 @@ class GrammarSpec:
             return self.value
         if self.kind == "choices":
             return choices_to_regex(json.loads(self.value))
+        if self.kind == "ebnf":
+            return ebnf_to_regex(self.value)
         if self.kind == "json_schema":
             return json_schema_to_regex(
                 json.loads(self.value), whitespace_pattern=whitespace_pattern, mode=json_schema_mode, holes=holes

@@ -168,8 +168,8 @@ class StreamExecutor:
         params = {_PARAM_NAMES.get(k, k): v for k, v in self.defaults.items()}
         params.update({_PARAM_NAMES.get(k, k): v for k, v in gen.params.items() if v is not None})
         if gen.dtype is not None:
-            if any(k in params for k in ("regex", "json_schema", "choices")):
-                raise ValueError(f"gen({gen.name!r}): dtype cannot be combined with regex/json_schema/choices")
+            if any(k in params for k in ("regex", "json_schema", "choices", "ebnf")):
+                raise ValueError(f"gen({gen.name!r}): dtype cannot be combined with regex/json_schema/choices/ebnf")
             params["regex"] = DTYPE_REGEX[gen.dtype][0]
         return params
 

@@ -13,12 +13,13 @@ def gen(name: str | None = None, max_tokens: int | None = None, stop: str | list
         top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
         presence_penalty: float | None = None, repetition_penalty: float | None = None,
         ignore_eos: bool | None = None, seed: int | None = None, regex: str | None = None,
-        json_schema: str | dict | None = None, choices: list[str] | None = None,
+        json_schema: str | dict | None = None, choices: list[str] | None = None, ebnf: str | None = None,
         dtype: type | None = None) -> ir.Gen:
     """Generate text into variable `name` (readable as `s[name]`).
 
     Unset arguments fall back to the run() defaults, then to the runtime's. `regex`,
-    `json_schema` and `choices` constrain the output (enforced by the runtime);
+    `json_schema`, `choices` and `ebnf` (a grammar whose rule `root` is the output)
+    constrain the output (enforced by the runtime);
     `dtype` (int, float, bool or str) constrains it to a literal of that type and stores
     the parsed value."""
     if dtype is not None and dtype not in DTYPE_REGEX:
@@ -31,7 +32,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, stop: str | list
               "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
               "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
               "repetition_penalty": repetition_penalty, "ignore_eos": ignore_eos, "seed": seed,
-              "regex": regex, "json_schema": json_schema, "choices": choices}
+              "regex": regex, "json_schema": json_schema, "choices": choices, "ebnf": ebnf}
     return ir.Gen(name, {k: v for k, v in params.items() if v is not None}, dtype)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Fields a caller may pass in `sampling_params` (native API, Engine). Unknown fields are an error.
-_GRAMMAR_FIELDS = ("regex", "json_schema", "choices")
+_GRAMMAR_FIELDS = ("regex", "json_schema", "choices", "ebnf")
 MAX_N = 128  # parallel samples of one prompt (OpenAI's limit); each is a request of its own
 
 
@@ -34,6 +34,7 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None
     choices: list[str] | None = None
+    ebnf: str | None = None  # a GBNF grammar whose rule "root" is the output (constrained/ebnf.py)
     # token id -> added to its logit before sampling (OpenAI's logit_bias: -100 bans, 100 forces)
     logit_bias: dict[int, float] | None = None
 
@@ -137,10 +138,12 @@ class SamplingParams:
         grammars = [f for f in _GRAMMAR_FIELDS if getattr(self, f) is not None]
         if len(grammars) > 1:
             raise ValueError(
-                f"sampling_params: at most one of regex, json_schema, choices may be set; got {', '.join(grammars)}"
+                f"sampling_params: at most one of regex, json_schema, choices, ebnf may be set; got {', '.join(grammars)}"
             )
         if self.regex is not None and (not isinstance(self.regex, str) or not self.regex):
             raise ValueError("sampling_params.regex must be a non-empty string")
+        if self.ebnf is not None and (not isinstance(self.ebnf, str) or not self.ebnf.strip()):
+            raise ValueError("sampling_params.ebnf must be a non-empty string (a grammar with a 'root' rule)")
         if self.choices is not None and (
             not isinstance(self.choices, list) or not self.choices
             or not all(isinstance(c, str) and c for c in self.choices)
@@ -157,7 +160,7 @@ class SamplingParams:
 
     @property
     def has_grammar(self) -> bool:
-        return self.regex is not None or self.json_schema is not None or self.choices is not None
+        return any(getattr(self, f) is not None for f in _GRAMMAR_FIELDS)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

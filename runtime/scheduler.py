@@ -243,7 +243,7 @@ class Scheduler:
         if p.has_grammar:
             from treadle.constrained import GrammarSpec
 
-            spec = GrammarSpec.from_params(regex=p.regex, json_schema=p.json_schema, choices=p.choices)
+            spec = GrammarSpec.from_params(regex=p.regex, json_schema=p.json_schema, choices=p.choices, ebnf=p.ebnf)
             req.grammar_future = self.grammar_compiler.compile_async(spec)
         return req
 

@@ -14,6 +14,7 @@ import re
 import jsonschema
 import pytest
 
+from treadle.constrained import GrammarSpec
 from treadle.runtime import Engine
 from treadle.runtime.tokenizer import apply_chat_template
 
@@ -298,6 +299,44 @@ def test_choices_outputs_are_one_of_the_choices(engine, temperature):
         assert engine.tokenizer.decode(out["output_ids"], skip_special_tokens=True) == out["text"]
 
 
+EBNF_TASKS = [
+    ("Write an arithmetic expression that equals 10.",
+     'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= factor ("*" factor)*\n'
+     'factor ::= [0-9]+ | "(" expr ")"'),
+    ("List three fruits.", 'root ::= "- " item ("\\n- " item){2}\nitem ::= [A-Za-z]+ (" " [a-z]+)?'),
+    ("Write a SQL query for the names of users older than 30.",
+     'root ::= "SELECT " cols " FROM " name (" WHERE " cond)? ";"\ncols ::= name (", " name)* | "*"\n'
+     'name ::= [a-z_]+\ncond ::= name (" > " | " < " | " = ") [0-9]+'),
+    ("Is the sky blue? Answer and give a confidence.", 'root ::= ("yes" | "no") ", confidence " [0-9] "/10"'),
+]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_ebnf_outputs_are_in_the_grammar(engine, temperature):
+    from treadle.constrained.ebnf import ebnf_to_regex
+
+    tok = engine.tokenizer
+    prompts = [_chat(tok, q) for q, _ in EBNF_TASKS]
+    params = [{"ebnf": g, "max_new_tokens": 48, "temperature": temperature, "seed": 60 + i}
+              for i, (_, g) in enumerate(EBNF_TASKS)]
+    outs = engine.generate(prompts + ["Once upon a time"],
+                           params + [{"max_new_tokens": 12, "temperature": temperature, "seed": 5}])
+    finished = 0
+    for (_, grammar), out in zip(EBNF_TASKS, outs):
+        reason = out["meta_info"]["finish_reason"]["type"]
+        rx = ebnf_to_regex(grammar)
+        if reason == "stop":
+            assert re.fullmatch(rx, out["text"]), (grammar, out["text"])
+            finished += 1
+        else:  # ran out of tokens: a viable prefix of the grammar
+            assert reason == "length", out
+            m = engine.scheduler.grammar_compiler.compile(GrammarSpec("ebnf", grammar)).matcher()
+            assert all(m.accept_token(t) for t in out["output_ids"]), out["text"]
+    assert finished >= 3, [o["text"] for o in outs]
+    _unconstrained_ok(outs[-1])
+    engine.check_integrity()
+
+
 # ------------------------------------------------------------------ bad input
 
 
@@ -310,6 +349,9 @@ def test_choices_outputs_are_one_of_the_choices(engine, temperature):
     ({"json_schema": "{not json"}, "json"),
     ({"choices": []}, "choices"),
     ({"regex": "[a-z]+", "choices": ["a", "b"]}, "at most one"),
+    ({"ebnf": 'root ::= "(" root ")"'}, "matches nothing within 3 levels"),
+    ({"ebnf": "root ::= value\nvalue ::= [0-9"}, "line 2 col 11: unterminated character class"),
+    ({"ebnf": 'root ::= "a"', "json_schema": {"type": "string"}}, "at most one"),
 ])
 def test_bad_grammar_raises_value_error_naming_it(engine, params, needle):
     with pytest.raises(ValueError) as info:

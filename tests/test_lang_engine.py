@@ -125,6 +125,18 @@ def test_select_obvious_cases(backend):
         assert cap2.run(backend=backend)["city"] == " Paris"
 
 
+def test_gen_with_an_ebnf_grammar(backend):
+    grammar = 'root ::= item (", " item){2}\nitem ::= "red" | "green" | "blue" | "yellow"'
+
+    @function
+    def prog(s):
+        s += "Name three colours, separated by commas: "
+        s += gen("colours", ebnf=grammar, max_tokens=16, temperature=0)
+
+    out = prog.run(backend=backend)["colours"]
+    assert re.fullmatch(r"(red|green|blue|yellow)(, (red|green|blue|yellow)){2}", out), out
+
+
 def test_dtype_int_and_regex(backend):
     @function
     def prog(s):

@@ -101,11 +101,20 @@ def test_generate_logprobs(url):
     ({"input_ids": [1, "x"]}, "input_ids"),
     ({"text": PROMPT, "colour": 1}, "colour"),
     ({"text": PROMPT, "sampling_params": {"regex": "(unclosed", "max_new_tokens": 4}}, "regex"),
+    ({"text": PROMPT, "sampling_params": {"ebnf": 'root ::= "a" item', "max_new_tokens": 4}}, "'item'"),
+    ({"text": PROMPT, "sampling_params": {"ebnf": 'root ::= "a"', "regex": "a"}}, "at most one"),
 ])
 def test_bad_input_is_400_naming_the_problem(url, body, needle):
     err = gen(url, body, status=400)["error"]
     assert needle in err["message"] and err["type"] == "invalid_request_error"
     assert requests.get(url + "/health", timeout=T).status_code == 200
+
+
+def test_generate_with_an_ebnf_grammar(url):
+    grammar = 'root ::= answer "."\nanswer ::= "Paris" | "London" | "Rome"'
+    out = gen(url, {"text": "The capital of France is", "sampling_params": {
+        "ebnf": grammar, "max_new_tokens": 8, "temperature": 0}})
+    assert out["text"] in ("Paris.", "London.", "Rome.") and out["meta_info"]["finish_reason"]["type"] == "stop"
 
 
 def test_malformed_json_and_bad_stream_grammar(url):

@@ -3,6 +3,7 @@ subprocess (with an API key) running the embedded SmolLM2."""
 from __future__ import annotations
 
 import json
+import re
 
 import openai
 import pytest
@@ -124,6 +125,14 @@ def test_extra_body_regex_and_choices(client):
     r = client.chat.completions.create(model="smol", messages=MSGS, max_tokens=8, temperature=0,
                                        extra_body={"choices": ["red", "green"], "top_k": 5})
     assert r.choices[0].message.content in ("red", "green")
+
+
+def test_extra_body_ebnf(client):
+    grammar = 'root ::= "The answer is " num "."\nnum ::= [1-9] [0-9]?'
+    r = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "What is 6 times 7?"}],
+                                       max_tokens=12, temperature=0, extra_body={"ebnf": grammar})
+    text = r.choices[0].message.content
+    assert re.fullmatch(r"The answer is [1-9][0-9]?\.", text) and r.choices[0].finish_reason == "stop", text
 
 
 def test_completions_echo_scores_the_prompt(client):
@@ -329,6 +338,8 @@ def test_bad_tool_requests_are_400(client, server, kwargs, needle):
     ({"max_tokens": -3}, "max_tokens"),
     ({"extra_body": {"bogus_param": 1}}, "bogus_param"),
     ({"extra_body": {"regex": "(["}}, "regex"),
+    ({"extra_body": {"ebnf": "root ::= [z-a]"}}, "reversed"),
+    ({"extra_body": {"ebnf": 'root ::= "a"'}, "response_format": {"type": "json_object"}}, "ebnf"),
     ({"messages": [{"role": "user", "content": "hi " * 9000}]}, "context length"),
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"n": 129}, "n must be in [1, 128]"),

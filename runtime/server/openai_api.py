@@ -27,8 +27,9 @@ from treadle.runtime.server.tokenizer_manager import Accum, Chunk, TokenizerMana
 _RENAMED = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
 _PASSED = ("temperature", "top_p", "n", "stop", "seed", "frequency_penalty", "presence_penalty",
            # treadle / SGLang extras, sent by clients as extra_body
-           "top_k", "min_p", "repetition_penalty", "ignore_eos", "regex", "json_schema", "choices",
+           "top_k", "min_p", "repetition_penalty", "ignore_eos", "regex", "json_schema", "choices", "ebnf",
            "stop_token_ids", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens", "logit_bias")
+_GRAMMAR_PARAMS = ("regex", "json_schema", "choices", "ebnf")
 # accepted and without effect here
 _IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream_options", "stream", "logprobs",
             "top_logprobs", "response_format", "echo", "best_of", "rid")
@@ -161,15 +162,16 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
         params["max_new_tokens"] = room if default_max is None else min(default_max, room)
     schema = _response_format_schema(body.get("response_format"))
     if schema is not None:
-        if params.get("json_schema") or params.get("regex") or params.get("choices"):
-            raise APIError.bad_request("response_format cannot be combined with regex, json_schema or choices",
+        if any(params.get(k) for k in _GRAMMAR_PARAMS):
+            raise APIError.bad_request("response_format cannot be combined with regex, json_schema, choices or ebnf",
                                        "response_format")
         params["json_schema"] = schema
     if tools is not None:
         overrides = tools.sampling_overrides(params.get("stop"))
-        if "json_schema" in overrides and (params.get("json_schema") or params.get("regex") or params.get("choices")):
+        if "json_schema" in overrides and any(params.get(k) for k in _GRAMMAR_PARAMS):
             raise APIError.bad_request(f"tool_choice {tools.choice!r} constrains the reply itself; it cannot be "
-                                       "combined with response_format, regex, json_schema or choices", "tool_choice")
+                                       "combined with response_format, regex, json_schema, choices or ebnf",
+                                       "tool_choice")
         params.update(overrides)
     try:
         return tm.make_req(input_ids=ids, params=params, return_logprob=return_logprob, top_logprobs_num=top,

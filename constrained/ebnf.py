@@ -1,0 +1,544 @@
+"""EBNF grammars (the GBNF dialect of llama.cpp and xgrammar) compiled to treadle's regex.
+
+A request may constrain its output with a grammar such as::
+
+    root   ::= expr
+    expr   ::= term (("+" | "-") term)*
+    term   ::= [0-9]+ | "(" expr ")"
+
+The grammar is parsed here and written as one regex of the dialect regex_text.py
+documents, so it runs on the same token FSM as every other constraint (index, bitmask rows,
+jump-forward, the GPU sampler). The syntax:
+
+* rules ``name ::= body``; the output is the rule ``root``; a body may span lines (a rule
+  ends where the next ``name ::=`` begins); ``#`` starts a comment;
+* string literals ``"..."``, character classes ``[a-z_]`` / ``[^"\\\\]``, ``.`` (any
+  character), rule references, grouping ``( )``, alternation ``|``, an empty alternative;
+* quantifiers ``*``, ``+``, ``?``, ``{n}``, ``{n,}``, ``{n,m}``, ``{,m}`` (at most 256);
+* escapes in literals and classes: ``\\n \\r \\t \\\\ \\" \\' \\[ \\] \\- \\^ \\/``,
+  ``\\xHH``, ``\\uHHHH``, ``\\UHHHHHHHH``.
+
+**Recursion.** A regex cannot nest without bound, so recursion is handled in two ways:
+
+* where a rule refers to itself at the very start or the very end of an alternative
+  (``list ::= item "," list | item``, ``sum ::= sum "+" num | num``), that recursion is a
+  loop: ``r ::= p r | r s | b`` becomes ``p* b s*``, with no depth limit;
+* what recursion is left (nesting such as ``"(" expr ")"``, rules that call each other)
+  unrolls ``max_recursion_depth`` levels (default 3, like JSON schema ``$ref`` cycles): a
+  rule may be entered again at most that many times while it is already being expanded.
+  Deeper nesting is not generated (the regex allows a subset of the grammar, never more); a
+  grammar that cannot finish within the limit is an error, as is one whose unrolled regex
+  grows past ``MAX_REGEX_CHARS``.
+
+Every problem is an ``EbnfError`` (a ``ValueError``) naming the line and column or the rule.
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from treadle.constrained.regex_text import MAX_REPEAT, escape_literal
+
+__all__ = ["EbnfError", "Grammar", "ebnf_to_regex", "parse_ebnf", "MAX_REGEX_CHARS"]
+
+MAX_REGEX_CHARS = 200_000  # an unrolled grammar longer than this is refused (its DFA build would take minutes)
+_NAME_START = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
+_NAME_CHARS = _NAME_START | set("0123456789-")
+_SIMPLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "'": "'", "[": "[", "]": "]",
+                   "-": "-", "^": "^", "/": "/"}
+_HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+
+
+class EbnfError(ValueError):
+    """The grammar text is malformed, refers to an undefined rule, or cannot be compiled."""
+
+
+# ---------------------------------------------------------------------------- the tree
+
+
+@dataclass(frozen=True, slots=True)
+class Lit:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cls:
+    """A character class: the code-point ranges (inclusive), or everything but them."""
+    negated: bool
+    ranges: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    name: str
+    line: int
+    col: int
+
+
+@dataclass(frozen=True, slots=True)
+class Seq:
+    items: tuple["Node", ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Alt:
+    items: tuple["Node", ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Rep:
+    item: "Node"
+    min: int
+    max: int | None  # None: unbounded
+
+
+Node = Union[Lit, Cls, Ref, Seq, Alt, Rep]
+ANY = Cls(True, ())  # "." : every code point
+
+
+@dataclass(frozen=True, slots=True)
+class Grammar:
+    rules: dict[str, Node]
+    root: str
+
+
+# ---------------------------------------------------------------------------- the parser
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.s = text
+        self.i = 0
+
+    def error(self, msg: str, at: int | None = None) -> EbnfError:
+        at = self.i if at is None else at
+        line = self.s.count("\n", 0, at) + 1
+        col = at - (self.s.rfind("\n", 0, at) + 1) + 1
+        return EbnfError(f"ebnf: line {line} col {col}: {msg}")
+
+    def where(self, at: int) -> tuple[int, int]:
+        return self.s.count("\n", 0, at) + 1, at - (self.s.rfind("\n", 0, at) + 1) + 1
+
+    def skip(self) -> None:
+        s, n = self.s, len(self.s)
+        while self.i < n:
+            c = s[self.i]
+            if c in " \t\r\n":
+                self.i += 1
+            elif c == "#":
+                end = s.find("\n", self.i)
+                self.i = n if end < 0 else end + 1
+            else:
+                return
+
+    def peek(self) -> str:
+        return self.s[self.i] if self.i < len(self.s) else ""
+
+    def name(self) -> str:
+        start = self.i
+        if self.peek() not in _NAME_START or not self.peek():
+            raise self.error("expected a rule name")
+        while self.i < len(self.s) and self.s[self.i] in _NAME_CHARS:
+            self.i += 1
+        return self.s[start:self.i]
+
+    def at_rule_start(self) -> bool:
+        """Whether a ``name ::=`` begins here (it ends the rule before it)."""
+        save = self.i
+        try:
+            if not self.peek() or self.peek() not in _NAME_START:
+                return False
+            self.name()
+            self.skip()
+            return self.s.startswith("::=", self.i)
+        finally:
+            self.i = save
+
+    def grammar(self) -> dict[str, Node]:
+        rules: dict[str, Node] = {}
+        self.skip()
+        if self.i >= len(self.s):
+            raise self.error("the grammar is empty")
+        while self.i < len(self.s):
+            start = self.i
+            name = self.name()
+            self.skip()
+            if not self.s.startswith("::=", self.i):
+                raise self.error(f"expected '::=' after the rule name {name!r}")
+            self.i += 3
+            if name in rules:
+                raise self.error(f"rule {name!r} is defined twice", start)
+            rules[name] = self.alternation(top=True)
+            self.skip()
+        return rules
+
+    def alternation(self, top: bool) -> Node:
+        items = [self.sequence(top)]
+        while self.peek() == "|":
+            self.i += 1
+            items.append(self.sequence(top))
+        return items[0] if len(items) == 1 else Alt(tuple(items))
+
+    def sequence(self, top: bool) -> Node:
+        items: list[Node] = []
+        while True:
+            self.skip()
+            c = self.peek()
+            if not c or c in "|)" or (top and self.at_rule_start()):
+                break
+            items.append(self.quantified(self.primary()))
+        return items[0] if len(items) == 1 else Seq(tuple(items))
+
+    def primary(self) -> Node:
+        c = self.peek()
+        start = self.i
+        if c == '"':
+            self.i += 1
+            out = []
+            while True:
+                if self.i >= len(self.s) or self.s[self.i] == "\n":
+                    raise self.error("unterminated string literal", start)
+                ch = self.s[self.i]
+                if ch == '"':
+                    self.i += 1
+                    return Lit("".join(out))
+                out.append(self.char())
+        if c == "[":
+            return self.char_class()
+        if c == ".":
+            self.i += 1
+            return ANY
+        if c == "(":
+            self.i += 1
+            inner = self.alternation(top=False)
+            self.skip()
+            if self.peek() != ")":
+                raise self.error("expected ')' to close the group opened", start)
+            self.i += 1
+            return inner
+        if c in _NAME_START:
+            name = self.name()
+            line, col = self.where(start)
+            return Ref(name, line, col)
+        if c == "'":
+            raise self.error("string literals take double quotes")
+        raise self.error(f"unexpected {c!r}" + (" (lookahead assertions are not supported)" if c == "=" else ""))
+
+    def char(self) -> str:
+        """One (possibly escaped) character of a literal or class."""
+        ch = self.s[self.i]
+        if ch != "\\":
+            self.i += 1
+            return ch
+        start = self.i
+        if self.i + 1 >= len(self.s):
+            raise self.error("a backslash ends the grammar")
+        e = self.s[self.i + 1]
+        if e in _SIMPLE_ESCAPES:
+            self.i += 2
+            return _SIMPLE_ESCAPES[e]
+        if e in _HEX_ESCAPES:
+            n = _HEX_ESCAPES[e]
+            digits = self.s[self.i + 2:self.i + 2 + n]
+            if len(digits) != n or any(d not in "0123456789abcdefABCDEF" for d in digits):
+                raise self.error(f"'\\{e}' needs {n} hex digits", start)
+            cp = int(digits, 16)
+            if cp > 0x10FFFF or 0xD800 <= cp <= 0xDFFF:
+                raise self.error(f"'\\{e}{digits}' is not a Unicode scalar value", start)
+            self.i += 2 + n
+            return chr(cp)
+        raise self.error(f"unknown escape '\\{e}'", start)
+
+    def char_class(self) -> Cls:
+        start = self.i
+        self.i += 1
+        negated = self.peek() == "^"
+        if negated:
+            self.i += 1
+        ranges: list[tuple[int, int]] = []
+        while True:
+            if self.i >= len(self.s):
+                raise self.error("unterminated character class", start)
+            if self.s[self.i] == "]":
+                self.i += 1
+                break
+            lo = self.char()
+            hi = lo
+            if self.peek() == "-" and self.i + 1 < len(self.s) and self.s[self.i + 1] != "]":
+                self.i += 1
+                hi = self.char()
+                if ord(hi) < ord(lo):
+                    raise self.error(f"class range {lo!r}-{hi!r} is reversed", start)
+            ranges.append((ord(lo), ord(hi)))
+        if not ranges and not negated:
+            raise self.error("empty character class", start)
+        return Cls(negated, tuple(sorted(set(ranges))))
+
+    def quantified(self, node: Node) -> Node:
+        while True:
+            c = self.peek()
+            if c == "*":
+                lo, hi = 0, None
+            elif c == "+":
+                lo, hi = 1, None
+            elif c == "?":
+                lo, hi = 0, 1
+            elif c == "{":
+                lo, hi = self.braces()
+                node = Rep(node, lo, hi)
+                continue
+            else:
+                return node
+            self.i += 1
+            node = Rep(node, lo, hi)
+
+    def braces(self) -> tuple[int, int | None]:
+        start = self.i
+        end = self.s.find("}", self.i)
+        if end < 0:
+            raise self.error("unterminated '{' quantifier", start)
+        body = self.s[self.i + 1:end].replace(" ", "")
+        self.i = end + 1
+        lo_s, comma, hi_s = body.partition(",")
+        if not (lo_s.isdigit() or (lo_s == "" and comma)) or not (hi_s.isdigit() or hi_s == ""):
+            raise self.error(f"bad quantifier '{{{body}}}'", start)
+        lo = int(lo_s) if lo_s else 0
+        hi = int(hi_s) if hi_s else (None if comma else lo)
+        if hi is not None and hi < lo:
+            raise self.error(f"quantifier '{{{body}}}': the maximum is below the minimum", start)
+        if lo > MAX_REPEAT or (hi is not None and hi > MAX_REPEAT):
+            raise self.error(f"quantifier '{{{body}}}': counts above {MAX_REPEAT} are not supported", start)
+        return lo, hi
+
+
+def parse_ebnf(text: str, root: str = "root") -> Grammar:
+    """Parse ``text``; raises ``EbnfError`` on bad syntax, an undefined rule or no ``root``."""
+    if not isinstance(text, str) or not text.strip():
+        raise EbnfError("ebnf: the grammar is empty")
+    rules = _Parser(text).grammar()
+    if root not in rules:
+        raise EbnfError(f"ebnf: no rule named {root!r} (the output is that rule)")
+    for name, body in rules.items():
+        for ref in _refs(body):
+            if ref.name not in rules:
+                raise EbnfError(f"ebnf: line {ref.line} col {ref.col}: rule {ref.name!r} is used in {name!r} "
+                                "but never defined")
+    return Grammar(rules, root)
+
+
+def _refs(node: Node) -> list[Ref]:
+    if isinstance(node, Ref):
+        return [node]
+    if isinstance(node, (Seq, Alt)):
+        return [r for item in node.items for r in _refs(item)]
+    if isinstance(node, Rep):
+        return _refs(node.item)
+    return []
+
+
+# ---------------------------------------------------------------------------- to a regex
+
+
+def _sccs(graph: dict[str, set[str]]) -> dict[str, frozenset[str]]:
+    """Each rule's strongly connected component (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: dict[str, frozenset[str]] = {}
+    counter = 0
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    advanced = True
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                fc = frozenset(comp)
+                for w in comp:
+                    out[w] = fc
+    return out
+
+
+def _as_loop(name: str, body: Node) -> Node | None:
+    """``body`` of rule ``name`` with the recursion at the very start or end of its
+    alternatives turned into loops: ``r ::= p r | r s | b`` becomes ``p* b s*``. Other
+    references to ``name`` (nested inside ``p``, ``s`` or ``b``) are kept, and unroll later.
+    None when no alternative starts or ends with ``name``."""
+    alts = body.items if isinstance(body, Alt) else (body,)
+    prefixes, bases, suffixes = [], [], []
+    for alt in alts:
+        items = list(alt.items) if isinstance(alt, Seq) else [alt]
+        first = isinstance(items[0], Ref) and items[0].name == name
+        last = isinstance(items[-1], Ref) and items[-1].name == name
+        if len(items) == 1 and first:
+            continue  # "r ::= r | ..." adds nothing
+        if first:
+            suffixes.append(Seq(tuple(items[1:])) if len(items) > 2 else items[1])
+        elif last:
+            prefixes.append(Seq(tuple(items[:-1])) if len(items) > 2 else items[0])
+        else:
+            bases.append(alt)
+    if not prefixes and not suffixes:
+        return None
+    if not bases:
+        return Alt(())  # every alternative recurses: the rule matches nothing
+    parts: list[Node] = []
+    if prefixes:
+        parts.append(Rep(prefixes[0] if len(prefixes) == 1 else Alt(tuple(prefixes)), 0, None))
+    parts.append(bases[0] if len(bases) == 1 else Alt(tuple(bases)))
+    if suffixes:
+        parts.append(Rep(suffixes[0] if len(suffixes) == 1 else Alt(tuple(suffixes)), 0, None))
+    return parts[0] if len(parts) == 1 else Seq(tuple(parts))
+
+
+# A regex fragment and how tightly it binds: 4 an atom, 3 a quantified atom, 2 a
+# concatenation, 1 an alternation.
+_Frag = tuple[str, int]
+ATOM, QUANTIFIED, CONCAT, ALTERNATION = 4, 3, 2, 1
+
+
+def _wrap(f: _Frag, need: int) -> str:
+    return f[0] if f[1] >= need else f"(?:{f[0]})"
+
+
+def _class_char(cp: int) -> str:
+    ch = chr(cp)
+    if cp < 0x20 or cp == 0x7F:
+        return f"\\x{cp:02x}"
+    return "\\" + ch if ch in "\\][^-&~" else ch
+
+
+class _Emitter:
+    def __init__(self, grammar: Grammar, max_depth: int) -> None:
+        self.rules = {n: (_as_loop(n, b) or b) for n, b in grammar.rules.items()}
+        self.max_depth = max_depth
+        graph = {n: {r.name for r in _refs(b)} for n, b in self.rules.items()}
+        self.scc = _sccs(graph)
+        # rules still recursive after the loop rewrite: they unroll
+        self.unrolled = {n for n in self.rules if len(self.scc[n]) > 1 or n in graph[n]}
+        self.memo: dict[tuple, _Frag | None] = {}
+
+    def rule(self, name: str, active: dict[str, int]) -> _Frag | None:
+        comp = self.scc[name] if name in self.unrolled else frozenset()
+        key = (name, tuple(sorted((r, active[r]) for r in comp if active.get(r))))
+        if key in self.memo:
+            return self.memo[key]
+        if name in self.unrolled:
+            if active.get(name, 0) > self.max_depth:
+                return None
+            active[name] = active.get(name, 0) + 1
+            try:
+                out = self.node(self.rules[name], active)
+            finally:
+                active[name] -= 1
+        else:
+            out = self.node(self.rules[name], active)
+        if out is not None and len(out[0]) > MAX_REGEX_CHARS:
+            raise EbnfError(f"ebnf: rule {name!r} unrolled {self.max_depth} levels of recursion is a regex of "
+                            f"{len(out[0])} characters, over the {MAX_REGEX_CHARS} supported; lower the "
+                            "nesting or the recursion depth")
+        self.memo[key] = out
+        return out
+
+    def node(self, node: Node, active: dict[str, int]) -> _Frag | None:
+        """``node`` as a regex fragment; None when it matches nothing (recursion cut off)."""
+        if isinstance(node, Lit):
+            return escape_literal(node.text), ATOM if len(node.text) <= 1 else CONCAT
+        if isinstance(node, Cls):
+            if node.negated and not node.ranges:
+                return r"(?:[^\n]|\n)", ATOM
+            if not node.negated and len(node.ranges) == 1 and node.ranges[0][0] == node.ranges[0][1]:
+                return escape_literal(chr(node.ranges[0][0])), ATOM
+            parts = "".join(_class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}"
+                            for lo, hi in node.ranges)
+            return f"[{'^' if node.negated else ''}{parts}]", ATOM
+        if isinstance(node, Ref):
+            return self.rule(node.name, active)
+        if isinstance(node, Seq):
+            frags = []
+            for item in node.items:
+                f = self.node(item, active)
+                if f is None:
+                    return None
+                if f[0]:
+                    frags.append(f)
+            if len(frags) <= 1:
+                return frags[0] if frags else ("", ATOM)
+            return "".join(_wrap(f, CONCAT) for f in frags), CONCAT
+        if isinstance(node, Alt):
+            frags = [f for f in (self.node(x, active) for x in node.items) if f is not None]
+            if not frags:
+                return None
+            unique = list({f[0]: f for f in frags}.values())
+            if len(unique) == 1:
+                return unique[0]
+            rest = [f for f in unique if f[0]]
+            if len(rest) < len(unique):  # an empty alternative: the rest is optional
+                inner = rest[0] if len(rest) == 1 else ("|".join(f[0] for f in rest), ALTERNATION)
+                return _wrap(inner, ATOM) + "?", QUANTIFIED
+            return "|".join(f[0] for f in unique), ALTERNATION
+        if isinstance(node, Rep):
+            f = self.node(node.item, active)
+            if f is None:
+                return ("", ATOM) if node.min == 0 else None
+            if not f[0] or (node.min, node.max) == (1, 1):
+                return f
+            q = {(0, None): "*", (1, None): "+", (0, 1): "?"}.get((node.min, node.max))
+            if q is None:
+                hi = "" if node.max is None else node.max
+                q = f"{{{node.min}}}" if node.max == node.min else f"{{{node.min},{hi}}}"
+            if node.max == 0:
+                return "", ATOM
+            return _wrap(f, ATOM) + q, QUANTIFIED
+        raise TypeError(f"not an EBNF node: {node!r}")
+
+
+def ebnf_to_regex(text: str, *, root: str = "root", max_recursion_depth: int = 3) -> str:
+    """The regex (regex_text.py's dialect) matching exactly the outputs ``text`` allows, with
+    nesting recursion unrolled ``max_recursion_depth`` levels (module docstring)."""
+    if max_recursion_depth < 0:
+        raise EbnfError("ebnf: max_recursion_depth must be >= 0")
+    grammar = parse_ebnf(text, root)
+    emitter = _Emitter(grammar, max_recursion_depth)
+    out = emitter.rule(root, {})
+    if out is None:
+        raise EbnfError(f"ebnf: rule {root!r} matches nothing within {max_recursion_depth} levels of recursion "
+                        "(does some rule recurse without a way to stop?)")
+    if not out[0]:
+        raise EbnfError(f"ebnf: rule {root!r} matches only the empty string")
+    if len(out[0]) > MAX_REGEX_CHARS:
+        raise EbnfError(f"ebnf: the grammar unrolled {max_recursion_depth} levels of recursion is a regex of "
+                        f"{len(out[0])} characters, over the {MAX_REGEX_CHARS} supported; lower the nesting "
+                        "or the recursion depth")
+    return out[0]

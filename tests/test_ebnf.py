@@ -1,0 +1,372 @@
+"""EBNF grammars (constrained/ebnf.py): the parser, the regex each grammar becomes checked
+against an independent recognizer of the grammar itself, clear errors, and token-level walks
+through the compiled grammar with the real SmolLM2 vocabulary."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import interegular
+import pytest
+
+from treadle.constrained import GrammarSpec
+from treadle.constrained.ebnf import (
+    Alt, Cls, EbnfError, Lit, Ref, Rep, Seq, ebnf_to_regex, parse_ebnf,
+)
+from json_checks import allowed_ids
+
+# ------------------------------------------------------------------ an independent recognizer
+
+
+def recognizes(grammar, s: str) -> bool:
+    """Whether ``s`` is in the language of the parsed grammar, with unbounded recursion: the
+    least fixpoint of "rule r at position i can end at j", iterated to convergence (left
+    recursion included). Shares nothing with the regex emitter but the parsed tree."""
+    n = len(s)
+    ends: dict[tuple[str, int], frozenset[int]] = {}
+
+    def run(node, i: int) -> set[int]:
+        if isinstance(node, Lit):
+            return {i + len(node.text)} if s.startswith(node.text, i) else set()
+        if isinstance(node, Cls):
+            if i >= n:
+                return set()
+            cp = ord(s[i])
+            inside = any(lo <= cp <= hi for lo, hi in node.ranges)
+            return {i + 1} if inside != node.negated else set()
+        if isinstance(node, Ref):
+            return set(ends.get((node.name, i), ()))
+        if isinstance(node, Seq):
+            cur = {i}
+            for item in node.items:
+                cur = {k for j in cur for k in run(item, j)}
+            return cur
+        if isinstance(node, Alt):
+            return {k for item in node.items for k in run(item, i)}
+        if isinstance(node, Rep):
+            cur, out = {i}, set()
+            for _ in range(node.min):
+                cur = {k for j in cur for k in run(node.item, j)}
+            if node.max is None:
+                seen, todo = set(cur), list(cur)
+                while todo:
+                    j = todo.pop()
+                    for k in run(node.item, j):
+                        if k not in seen:
+                            seen.add(k)
+                            todo.append(k)
+                return seen
+            out |= cur
+            for _ in range(node.max - node.min):
+                cur = {k for j in cur for k in run(node.item, j)}
+                out |= cur
+            return out
+        raise TypeError(node)
+
+    changed = True
+    while changed:
+        changed = False
+        for name, body in grammar.rules.items():
+            for i in range(n + 1):
+                new = frozenset(run(body, i))
+                if new != ends.get((name, i), frozenset()):
+                    ends[(name, i)] = new
+                    changed = True
+    return n in ends.get((grammar.root, 0), ())
+
+
+def derive(grammar, rng: random.Random, budget: int = 6) -> str:
+    """A random sentence of the grammar; recursion stops choosing recursive options once the
+    budget of rule entries along a path runs out (so sentences stay short)."""
+
+    def gen(node, depth: int) -> str:
+        if isinstance(node, Lit):
+            return node.text
+        if isinstance(node, Cls):
+            if node.negated:
+                pool = [c for c in "azAZ09 ,.\n\"é[]" if not any(lo <= ord(c) <= hi for lo, hi in node.ranges)]
+                return rng.choice(pool)
+            lo, hi = rng.choice(node.ranges)
+            return chr(rng.randint(lo, min(hi, lo + 40)))
+        if isinstance(node, Ref):
+            return gen(grammar.rules[node.name], depth + 1)
+        if isinstance(node, Seq):
+            return "".join(gen(x, depth) for x in node.items)
+        if isinstance(node, Alt):
+            options = list(node.items)
+            if depth >= budget:
+                options.sort(key=lambda x: _size(grammar, x, set()))
+                options = options[:1]
+            return gen(rng.choice(options), depth)
+        if isinstance(node, Rep):
+            hi = node.min + 3 if node.max is None else node.max
+            k = node.min if depth >= budget else rng.randint(node.min, min(hi, node.min + 3))
+            return "".join(gen(node.item, depth) for _ in range(k))
+        raise TypeError(node)
+
+    return gen(grammar.rules[grammar.root], 0)
+
+
+def _size(grammar, node, seen: set) -> int:
+    """How much a node expands (references count heavily): picks the least recursive option."""
+    if isinstance(node, Ref):
+        if node.name in seen:
+            return 1000
+        return 10 + _size(grammar, grammar.rules[node.name], seen | {node.name})
+    if isinstance(node, Seq):
+        return sum(_size(grammar, x, seen) for x in node.items)
+    if isinstance(node, Alt):
+        return min(_size(grammar, x, seen) for x in node.items)
+    if isinstance(node, Rep):
+        return 0 if node.min == 0 else node.min * _size(grammar, node.item, seen)
+    return 1
+
+
+def mutations(s: str, rng: random.Random, alphabet: str, count: int) -> list[str]:
+    out = []
+    for _ in range(count):
+        t = list(s)
+        op = rng.randrange(3)
+        if op == 0 and t:
+            del t[rng.randrange(len(t))]
+        elif op == 1:
+            t.insert(rng.randrange(len(t) + 1), rng.choice(alphabet))
+        elif t:
+            t[rng.randrange(len(t))] = rng.choice(alphabet)
+        out.append("".join(t))
+    return out
+
+
+def nesting(s: str, open_: str, close: str) -> int:
+    d = best = 0
+    for c in s:
+        d += c == open_
+        d -= c == close
+        best = max(best, d)
+    return best
+
+
+# Grammars whose recursion is a loop (or absent): the regex is exact.
+EXACT = {
+    "words": 'root ::= word (" " word)*\nword ::= [a-z]+',
+    "right_list": 'root ::= "[" list "]"\nlist ::= item ", " list | item\nitem ::= [a-c]+ | "\\"" [^"]* "\\""',
+    "left_sum": 'root ::= sum\nsum ::= sum "+" num | sum "-" num | num\nnum ::= "0" | [1-9] [0-9]{0,2}',
+    "both_ends": 'root ::= "<" r ">"\nr ::= "a" r | r "b" | "c" # a* c b*',
+    "escapes": 'root ::= "\\t" [\\x41-\\x43] "\\u00e9"? [^\\n\\]]{2,3} "\\\\"',
+    "empty_alt": 'root ::= "x" ( "-" | ) "y"{1,2} ("z" | "w")?',
+    "any_char": 'root ::= "<" . . ">"',
+    "multiline": '''# a key=value config
+root ::= line
+         ("\\n" line)*
+line ::= key "=" value   # a comment after a rule
+key ::= [a-z_]+
+value ::= "\\"" [^"\\n]* "\\"" | [0-9]+ | "true"
+        | "false"''',
+}
+# Grammars that nest: unrolled 3 levels, the regex accepts a subset: every sentence whose
+# brackets nest at most 3 deep where the last field is True (for "binary" a right-nested
+# "+" also costs a level, so only soundness is checked).
+NESTED = {
+    "arith": ('root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= factor (("*" | "/") factor)*\n'
+              'factor ::= [0-9] | "(" expr ")"', "(", ")", True),
+    "mutual": ('root ::= a\na ::= "[" b "]" | "x"\nb ::= a ("," a)*', "[", "]", True),
+    "dyck": ('root ::= "<" e ">"\ne ::= "(" e ")" e | ""', "(", ")", True),
+    "binary": ('root ::= e\ne ::= e "+" e | "(" e ")" | "1"', "(", ")", False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXACT))
+def test_exact_grammars_equal_the_recognizer(name):
+    text = EXACT[name]
+    g = parse_ebnf(text)
+    rx = re.compile(ebnf_to_regex(text))
+    rng = random.Random(name)
+    alphabet = "".join(sorted(set("".join(derive(g, rng) for _ in range(30))))) or "a"
+    checked_in = checked_out = 0
+    for _ in range(60):
+        s = derive(g, rng)
+        assert recognizes(g, s), (name, s)  # the generator and the recognizer agree
+        assert rx.fullmatch(s), (name, s)
+        checked_in += 1
+        for t in mutations(s, rng, alphabet, 4):
+            assert bool(rx.fullmatch(t)) == recognizes(g, t), (name, t)
+            checked_out += not recognizes(g, t)
+    assert checked_in == 60 and checked_out >= 10, checked_out
+
+
+@pytest.mark.parametrize("name", sorted(NESTED))
+def test_nested_grammars_unroll_soundly(name):
+    text, open_, close, complete = NESTED[name]
+    g = parse_ebnf(text)
+    rx = re.compile(ebnf_to_regex(text, max_recursion_depth=3))
+    rng = random.Random(name)
+    alphabet = "".join(sorted(set("".join(derive(g, rng) for _ in range(30)))))
+    shallow = 0
+    for _ in range(80):
+        s = derive(g, rng, budget=9)
+        assert recognizes(g, s), (name, s)
+        if nesting(s, open_, close) <= 3 and complete:
+            assert rx.fullmatch(s), (name, s)  # within the unrolled depth: allowed
+        shallow += bool(rx.fullmatch(s))
+        for t in [s, *mutations(s, rng, alphabet, 4)]:
+            if rx.fullmatch(t):
+                assert recognizes(g, t), (name, t)  # never outside the grammar
+                assert nesting(t, open_, close) <= 4, (name, t)
+    assert shallow > 10
+    inner = {"binary": "1", "mutual": "x", "dyck": "", "arith": "7"}[name]
+    deeper = open_ * 5 + inner + close * 5
+    if name == "dyck":
+        deeper = "<" + deeper + ">"
+    assert recognizes(g, deeper) and not rx.fullmatch(deeper)
+    assert re.fullmatch(ebnf_to_regex(text, max_recursion_depth=5), deeper)
+
+
+def test_loop_rewrite_has_no_depth_limit():
+    rx = ebnf_to_regex('root ::= "[" list "]"\nlist ::= item "," list | item\nitem ::= [0-9]+')
+    assert re.fullmatch(rx, "[" + ",".join(str(i) for i in range(200)) + "]")
+    rx = ebnf_to_regex('root ::= root "+" n | n\nn ::= [0-9]')
+    assert re.fullmatch(rx, "+".join("7" * 300))
+    assert len(rx) < 40, rx
+
+
+def test_parse_tree():
+    g = parse_ebnf('root ::= "ab" [^x-z] | ( r )* r{2,}\nr ::= .?')
+    assert g.root == "root" and set(g.rules) == {"root", "r"}
+    body = g.rules["root"]
+    assert isinstance(body, Alt) and len(body.items) == 2
+    first, second = body.items
+    assert first == Seq((Lit("ab"), Cls(True, ((ord("x"), ord("z")),))))
+    assert isinstance(second, Seq) and second.items[0] == Rep(Ref("r", 1, 26), 0, None)
+    assert second.items[1].min == 2 and second.items[1].max is None
+    assert g.rules["r"] == Rep(Cls(True, ()), 0, 1)
+
+
+def test_regexes_are_in_the_shared_dialect():
+    """Every regex parses in Python re and interegular (Rust's reading is checked by the
+    token-level tests, whose index outlines-core builds from it)."""
+    for text in [*EXACT.values(), *(v[0] for v in NESTED.values())]:
+        rx = ebnf_to_regex(text)
+        re.compile(rx)
+        interegular.parse_pattern(rx).to_fsm()
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("", "empty"),
+    ("   # only a comment\n", "empty"),
+    ('start ::= "a"', "no rule named 'root'"),
+    ('root ::= item', "'item' is used in 'root' but never defined"),
+    ('root ::= "a"\nroot ::= "b"', "line 2 col 1: rule 'root' is defined twice"),
+    ('root ::= "abc', "line 1 col 10: unterminated string literal"),
+    ('root ::= [abc', "unterminated character class"),
+    ('root ::= []', "empty character class"),
+    ('root ::= [z-a]', "reversed"),
+    ('root ::= ("a" | "b"', "expected ')'"),
+    ('root ::= "a"{3,2}', "maximum is below the minimum"),
+    ('root ::= "a"{1000}', "counts above 256"),
+    ('root ::= "a"{x}', "bad quantifier"),
+    ("root ::= 'a'", "double quotes"),
+    ('root ::= "\\q"', "unknown escape"),
+    ('root ::= "\\ud800"', "not a Unicode scalar value"),
+    ('root ::= "\\x4"', "needs 2 hex digits"),
+    ('root ::= "a" (= "b")', "lookahead"),
+    ('root = "a"', "expected '::='"),
+    ('root ::= "(" root ")"', "matches nothing within 3 levels"),
+    ('root ::= ""', "only the empty string"),
+    ('root ::= "a" @', "unexpected '@'"),
+])
+def test_errors_name_the_problem(text, needle):
+    with pytest.raises(EbnfError) as info:
+        ebnf_to_regex(text)
+    assert needle in str(info.value), str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_blow_up_is_refused():
+    # each level doubles: 2^k copies, refused rather than built for minutes
+    text = 'root ::= a\na ::= "(" a a ")" | "x"'
+    assert re.fullmatch(ebnf_to_regex(text, max_recursion_depth=2), "((xx)(xx))")
+    with pytest.raises(EbnfError, match="over the 200000 supported"):
+        ebnf_to_regex(text, max_recursion_depth=20)
+
+
+def test_spec_from_params():
+    assert GrammarSpec.from_params(ebnf='root ::= "a"') == GrammarSpec("ebnf", 'root ::= "a"')
+    with pytest.raises(ValueError, match="at most one"):
+        GrammarSpec.from_params(regex="a", ebnf='root ::= "a"')
+    with pytest.raises(ValueError, match="non-empty string"):
+        GrammarSpec.from_params(ebnf="  ")
+    with pytest.raises(ValueError, match="never defined"):
+        GrammarSpec.from_params(ebnf="root ::= x").to_regex()
+
+
+# ------------------------------------------------------------------ token level, real vocabulary
+
+
+@pytest.fixture(scope="module")
+def compiler(smollm2_tokenizer):
+    from treadle.constrained.compiler import GrammarCompiler
+
+    tok = smollm2_tokenizer
+    c = GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok))
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("name", ["right_list", "left_sum", "multiline", "arith", "mutual", "dyck"])
+def test_random_token_walks_end_in_the_grammar(compiler, smollm2_tokenizer, name):
+    from treadle.constrained.bitmask import allocate_token_bitmask
+
+    text = EXACT[name] if name in EXACT else NESTED[name][0]
+    g = parse_ebnf(text)
+    tok = smollm2_tokenizer
+    eos = tok.eos_token_id
+    cg = compiler.compile_async(GrammarSpec("ebnf", text)).result(timeout=120)
+    bitmask = allocate_token_bitmask(1, len(tok))
+    rng = random.Random(name)
+    ended = 0
+    for _ in range(12):
+        m = cg.matcher()
+        ids: list[int] = []
+        for step in range(80):
+            m.fill_next_token_bitmask(bitmask, 0)
+            allowed = sorted(allowed_ids(bitmask[0].numpy()))
+            assert allowed, tok.decode(ids)
+            if eos in allowed and (step > 20 or len(allowed) == 1 or rng.random() < 0.15):
+                assert m.accept_token(eos)
+                ended += 1
+                break
+            pick = rng.choice([a for a in allowed if a != eos] or allowed)
+            if step > 15:  # steer to an end: a token after which the text is complete, or a closer
+                for a in rng.sample(allowed, min(len(allowed), 200)):
+                    if a != eos and m.accept_token(a):
+                        done = m.can_terminate()
+                        m.rollback(1)
+                        if done:
+                            pick = a
+                            break
+                else:
+                    pick = next((a for a in allowed if tok.decode([a]) in (")", "]", ">", '"')), pick)
+            assert m.accept_token(pick)
+            ids.append(pick)
+        else:
+            continue
+        out = tok.decode(ids)
+        assert recognizes(g, out), (name, out)
+    assert ended >= 6
+
+
+def test_natural_tokenization_is_accepted_and_jumps_are_forced(compiler, smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    text = EXACT["multiline"]
+    cg = compiler.compile_async(GrammarSpec("ebnf", text)).result(timeout=120)
+    doc = 'name="treadle"\nport=30000\ndebug=false'
+    m = cg.matcher()
+    for t in tok.encode(doc, add_special_tokens=False):
+        assert m.accept_token(t), tok.decode([t])
+    assert m.accept_token(tok.eos_token_id)
+    # after "debug=f" the value can only be "false": jump-forward offers the rest
+    m = cg.matcher()
+    for t in tok.encode("debug=f", add_special_tokens=False):
+        assert m.accept_token(t)
+    assert m.find_jump_forward_string() == "alse"
