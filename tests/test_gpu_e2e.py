@@ -119,6 +119,18 @@ def test_constrained_outputs_validate_on_gpu(tmp_path):
             assert all(m.accept_token(t) for t in o["output_ids"]), o
             if o["meta_info"]["finish_reason"]["type"] == "stop":
                 jsonschema.validate(json.loads(o["text"]), tool)
+        # an EBNF grammar whose outputs may end early and go on (index_markers.py): outputs
+        # replay through a fresh matcher; finished ones fullmatch its regex
+        from treadle.constrained.ebnf import ebnf_to_regex
+
+        ebnf = 'root ::= num ("," num)*\nnum ::= "-"? [0-9]+ ("." [0-9]+)?'
+        grammar = e.scheduler.grammar_compiler.compile(GrammarSpec.from_params(ebnf=ebnf))
+        ebnfp = [{"max_new_tokens": 32, "temperature": 1.0, "seed": s, "ebnf": ebnf} for s in range(4)]
+        for o in e.generate(["Numbers:"] * 4, ebnfp):
+            m = grammar.matcher()
+            assert all(m.accept_token(t) for t in o["output_ids"]), o
+            if o["meta_info"]["finish_reason"]["type"] == "stop":
+                assert re.fullmatch(ebnf_to_regex(ebnf), o["text"]), o["text"]
         e.check_integrity()
 
 
