@@ -259,7 +259,7 @@ def bench_grammar_libs(tok, eos_ids: list[int], vocab_size: int, args) -> None:
     # pass, then the same grammars again (rows cached: the steady state of a served schema).
     from treadle.constrained.grammar import CompiledGrammar
 
-    fresh = {n: CompiledGrammar(index=g.index, regex=g.regex, char_fsm=g.char_fsm, vocab_size=g.vocab_size,
+    fresh = {n: CompiledGrammar(index=g.index, regex=g.regex, vocab_size=g.vocab_size,
                                 num_tokens=g.num_tokens, eos_token_ids=g.eos_token_ids, token_bytes=g.token_bytes,
                                 spec=g.spec) for n, g in tre.items()}
     emit({"figure": "mask_time_per_token", "lib": "treadle", "pass": "first (mask rows computed on first visit)",

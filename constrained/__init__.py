@@ -25,7 +25,6 @@ _EXPORTS = {
     "build_vocabulary": "vocabulary",
     "GrammarSpec": "grammar",
     "CompiledGrammar": "grammar",
-    "CharFSM": "grammar",
     "GrammarCompiler": "compiler",
     "GrammarCompileError": "compiler",
     "build_compiled_grammar": "compiler",

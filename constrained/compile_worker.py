@@ -94,7 +94,6 @@ def main() -> None:
     from outlines_core import Index
 
     from treadle.constrained.index_markers import marked
-    from treadle.constrained.grammar import build_char_fsm
 
     _write(stdout, ("ready",))
     while True:
@@ -107,14 +106,13 @@ def main() -> None:
         t0 = time.perf_counter()
         try:
             index = Index(marked(regex), vocab)  # index_markers.py: why the markers
-            char_fsm = build_char_fsm(regex)
         except MemoryError:
             _write(stdout, ("oom", "ran out of memory"))
             continue
         except Exception as e:  # noqa: BLE001 - forwarded to the caller, not swallowed
             _write(stdout, ("error", f"{type(e).__name__}: {e}"))
             continue
-        _write(stdout, ("ok", index, char_fsm, time.perf_counter() - t0))
+        _write(stdout, ("ok", index, time.perf_counter() - t0))
 
 
 if __name__ == "__main__":

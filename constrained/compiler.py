@@ -1,7 +1,7 @@
 """Grammar compiler: spec -> ``CompiledGrammar``, cached, bounded, off the caller's thread.
 
 The spec -> regex translation runs in the caller (schema errors come back at once). The
-token-FSM build (outlines-core ``Index``) and the character FSM (interegular) run in a
+token-FSM build (outlines-core ``Index``) runs in a
 spawned worker *process* whose address space is capped with ``RLIMIT_AS`` and which is
 killed after ``timeout_s``: some real schemas take minutes or tens of GB, and that must
 cost one request a ``GrammarCompileError``, never the scheduler its life. Results and
@@ -24,7 +24,7 @@ from typing import Any
 from treadle.constrained.compile_worker import WorkerProcess
 from treadle.constrained.disk_cache import GrammarDiskCache, vocabulary_fingerprint
 from treadle.constrained.index_markers import check_regex, marked
-from treadle.constrained.grammar import CompiledGrammar, GrammarSpec, build_char_fsm
+from treadle.constrained.grammar import CompiledGrammar, GrammarSpec
 from treadle.constrained.json_any import JsonAnyGrammar, JsonPushdown, json_any_root
 from treadle.constrained.json_holes import HOLE_CHARS, Holes, regex_has_holes, schema_allows_holes
 from treadle.constrained.vocabulary import build_vocabulary
@@ -70,7 +70,6 @@ def build_compiled_grammar(
     return CompiledGrammar(
         index=index,
         regex=regex,
-        char_fsm=build_char_fsm(regex),
         vocab_size=int(vocab_size),
         num_tokens=num_tokens,
         eos_token_ids=eos,
@@ -331,13 +330,13 @@ class GrammarCompiler:
             raise
         self._idle.put(w)
         if self._disk is not None:
-            self._disk.store(regex, result.index, result.char_fsm, result.compile_time_s)
+            self._disk.store(regex, result.index, result.compile_time_s)
         _settle(fut, result)
 
-    def _grammar(self, spec: GrammarSpec, regex: str, index: Any, char_fsm: Any, seconds: float,
+    def _grammar(self, spec: GrammarSpec, regex: str, index: Any, seconds: float,
                  from_disk: bool = False) -> CompiledGrammar:
         holes = _holes_of(spec, regex, index, self._table, self._pushdown) if self._holes(spec) else None
-        return CompiledGrammar(index=index, regex=regex, char_fsm=char_fsm, vocab_size=self._vocab_size,
+        return CompiledGrammar(index=index, regex=regex, vocab_size=self._vocab_size,
                                num_tokens=self._num_tokens, eos_token_ids=self._eos, token_bytes=self._table,
                                spec=spec, compile_time_s=seconds, from_disk=from_disk, holes=holes)
 
@@ -367,8 +366,8 @@ class GrammarCompiler:
                 f"exceeded the memory limit of {self._memory_limit} bytes"
             ) from e
         if reply[0] == "ok":
-            _, index, char_fsm, seconds = reply
-            return self._grammar(spec, regex, index, char_fsm, seconds)
+            _, index, seconds = reply
+            return self._grammar(spec, regex, index, seconds)
         if reply[0] == "oom":
             self._retire(w)
             raise GrammarCompileError(

@@ -2,9 +2,9 @@
 them again (OpenAI's json_object grammar takes 14.6 s on the 2-core dev box; some schemas
 take minutes).
 
-A file holds one index and its character FSM, named by a hash of the regex and of everything
-else the build depends on: the vocabulary (token bytes, EOS ids, logits width) and the
-versions of outlines-core, interegular and this file's format. A file that cannot be read
+A file holds one index, named by a hash of the regex and of everything else the build
+depends on: the vocabulary (token bytes, EOS ids, logits width) and the versions of
+outlines-core, interegular and this file's format. A file that cannot be read
 (another version, truncated, corrupt) is a miss and is removed. The folder is kept under
 `max_bytes` by removing the least recently used files. Writes are atomic (a temporary file
 renamed), so concurrent servers sharing the folder never read half a file.
@@ -21,8 +21,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3  # bump when what is pickled changes (2: vocabularies carry the hole placeholders; 3: indexes are
-# built marked, index_markers.py)
+FORMAT = 4  # bump when what is pickled changes (2: vocabularies carry the hole placeholders; 3: indexes are
+# built marked, index_markers.py; 4: no character FSM)
 
 
 def _version(package: str) -> str:
@@ -51,12 +51,12 @@ class GrammarDiskCache:
         key = hashlib.sha256((self.fingerprint + "\x00" + regex).encode()).hexdigest()
         return os.path.join(self.folder, key[:40] + ".grammar")
 
-    def load(self, regex: str) -> tuple[Any, Any, float] | None:
-        """(index, char_fsm, seconds the build took) for `regex`, or None."""
+    def load(self, regex: str) -> tuple[Any, float] | None:
+        """(index, seconds the build took) for `regex`, or None."""
         path = self.path(regex)
         try:
             with open(path, "rb") as f:
-                fmt, fingerprint, stored_regex, index, char_fsm, seconds = pickle.load(f)
+                fmt, fingerprint, stored_regex, index, seconds = pickle.load(f)
             if (fmt, fingerprint, stored_regex) != (FORMAT, self.fingerprint, regex):
                 raise ValueError("a different grammar under this name")
         except FileNotFoundError:
@@ -73,9 +73,9 @@ class GrammarDiskCache:
         except OSError:
             pass
         log.info("grammar cache: loaded a %.1f s build from %s", seconds, path)
-        return index, char_fsm, seconds
+        return index, seconds
 
-    def store(self, regex: str, index: Any, char_fsm: Any, seconds: float) -> bool:
+    def store(self, regex: str, index: Any, seconds: float) -> bool:
         """Keep a build that took at least min_compile_s; returns whether it was written."""
         if seconds < self.min_compile_s:
             return False
@@ -85,7 +85,7 @@ class GrammarDiskCache:
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-")
             try:
                 with os.fdopen(fd, "wb") as f:
-                    pickle.dump((FORMAT, self.fingerprint, regex, index, char_fsm, seconds), f,
+                    pickle.dump((FORMAT, self.fingerprint, regex, index, seconds), f,
                                 protocol=pickle.HIGHEST_PROTOCOL)
                 os.replace(tmp, path)
             except BaseException:

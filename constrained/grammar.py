@@ -1,7 +1,7 @@
 """Grammar specs (what a request asks for) and compiled grammars (what matchers share).
 
 ``GrammarSpec`` is the hashable cache key. ``CompiledGrammar`` is immutable apart from
-two lazily filled caches (per-state bitmask rows and per-char-state jump strings) that are
+two lazily filled caches (per-state bitmask rows and per-state jump strings) that are
 safe to share between matchers: a row for a token-FSM state is computed once, after which
 filling a request's bitmask for that state is a single row copy.
 
@@ -11,8 +11,9 @@ Importing this module does not import torch (the compile worker process imports 
 from __future__ import annotations
 
 import json
-import logging
 import threading
+
+import numpy as np
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -20,9 +21,11 @@ from treadle.constrained.index_markers import initial_state, marker_token_ids, r
 from treadle.constrained.index_markers import is_final as index_is_final
 from treadle.constrained.json_holes import PLACEHOLDERS
 
-__all__ = ["GrammarSpec", "CharFSM", "CompiledGrammar", "build_char_fsm"]
+_tables_lock = threading.Lock()
+_tables: dict[tuple[int, int], tuple] = {}
 
-logger = logging.getLogger(__name__)
+__all__ = ["GrammarSpec", "CompiledGrammar"]
+
 
 GrammarKind = Literal["regex", "json_schema", "choices", "ebnf"]
 
@@ -105,94 +108,35 @@ class GrammarSpec:
         raise ValueError(f"unknown grammar kind {self.kind!r}")
 
 
-@dataclass(frozen=True, slots=True)
-class CharFSM:
-    """Character-level DFA of the regex, trimmed to live states (used for jump-forward).
-
-    ``symbol_of`` maps a character to its alphabet symbol; characters not in it use
-    ``else_symbol`` (``None`` when the regex never allows "anything else").
-    ``symbol_chars[s]`` is the characters of symbol ``s`` (empty for ``else_symbol``).
-    """
-
-    initial: int
-    finals: frozenset[int]
-    transitions: dict[int, dict[int, int]]
-    symbol_of: dict[str, int]
-    else_symbol: int | None
-    symbol_chars: dict[int, tuple[str, ...]]
-
-    def step(self, state: int | None, ch: str) -> int | None:
-        """Next state after ``ch``; ``None`` for a dead/unknown state."""
-        if state is None:
-            return None
-        sym = self.symbol_of.get(ch, self.else_symbol)
-        if sym is None:
-            return None
-        return self.transitions.get(state, {}).get(sym)
-
-    def forced_char(self, state: int) -> str | None:
-        """The single character a non-final state must emit next, or ``None``."""
-        if state in self.finals:
-            return None
-        out = self.transitions.get(state, {})
-        if len(out) != 1:
-            return None
-        (sym,) = out
-        chars = self.symbol_chars.get(sym, ())
-        if sym == self.else_symbol or len(chars) != 1:
-            return None
-        return chars[0]
+def _byte_tables(table: list[bytes | None], width: int) -> tuple[np.ndarray, list[int]]:
+    """(first byte of each token id below ``width``, -1 for none; a token of exactly each
+    byte, -1 for none) for a bytes table, shared by every grammar of that table."""
+    with _tables_lock:
+        hit = _tables.get((id(table), width))
+        if hit is not None and hit[0] is table:
+            return hit[1], hit[2]
+    first = np.full(width, -1, dtype=np.int16)
+    single = [-1] * 256
+    for i, b in enumerate(table[:width]):
+        if b:
+            first[i] = b[0]
+            if len(b) == 1 and single[b[0]] < 0:
+                single[b[0]] = i
+    with _tables_lock:
+        _tables[(id(table), width)] = (table, first, single)
+    return first, single
 
 
-def build_char_fsm(regex: str) -> CharFSM | None:
-    """Parse ``regex`` with interegular into a ``CharFSM``; ``None`` if interegular can't.
-
-    interegular speaks the Python ``re`` dialect while the token FSM uses Rust's, so a
-    parse failure here only disables jump-forward for this grammar (jumps are re-checked
-    against the token FSM anyway), it is not a compile error.
-    """
-    import interegular
-    from interegular.fsm import anything_else
-
-    try:
-        fsm = interegular.parse_pattern(regex).to_fsm()
-    except Exception as e:  # noqa: BLE001 - a dialect gap only disables jump-forward
-        logger.warning("jump-forward disabled: interegular cannot parse %.80r: %s", regex, e)
-        return None
-    symbol_of: dict[str, int] = {}
-    else_symbol: int | None = None
-    symbol_chars: dict[int, list[str]] = {}
-    for ch, sym in fsm.alphabet._symbol_mapping.items():
-        if ch is anything_else:
-            else_symbol = sym
-            symbol_chars.setdefault(sym, [])
-        else:
-            symbol_of[ch] = sym
-            symbol_chars.setdefault(sym, []).append(ch)
-    # Keep only live states (those that can still reach a final state): an edge into a
-    # dead state would otherwise hide a forced character.
-    rev: dict[int, set[int]] = {}
-    for s, edges in fsm.map.items():
-        for t in edges.values():
-            rev.setdefault(t, set()).add(s)
-    live = set(fsm.finals)
-    stack = list(live)
-    while stack:
-        for p in rev.get(stack.pop(), ()):
-            if p not in live:
-                live.add(p)
-                stack.append(p)
-    transitions = {
-        s: {sym: t for sym, t in edges.items() if t in live} for s, edges in fsm.map.items() if s in live
-    }
-    return CharFSM(
-        initial=fsm.initial,
-        finals=frozenset(fsm.finals),
-        transitions=transitions,
-        symbol_of=symbol_of,
-        else_symbol=else_symbol,
-        symbol_chars={s: tuple(c) for s, c in symbol_chars.items()},
-    )
+def _whole_chars(data: bytes) -> str:
+    """The whole UTF-8 characters ``data`` starts with ("" when it starts mid-character)."""
+    if not data or 0x80 <= data[0] < 0xC0:
+        return ""
+    for cut in range(len(data), max(len(data) - 4, -1), -1):
+        try:
+            return data[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return ""
 
 
 @dataclass(eq=False)
@@ -200,17 +144,16 @@ class CompiledGrammar:
     """A compiled grammar shared by every matcher of the same spec.
 
     ``index`` is the outlines-core token FSM, built for the marked regex (index_markers.py:
-    matchers start at ``initial_state``, ``is_final`` says where the text may end); ``char_fsm`` drives jump-forward (``None``
-    disables it). ``holes`` (json_holes.py) runs the any-JSON values of a schema's
+    matchers start at ``initial_state``, ``is_final`` says where the text may end), and
+    jump-forward reads its forced text off the mask rows (``jump_string``). ``holes`` (json_holes.py) runs the any-JSON values of a schema's
     placeholders on the pushdown automaton. ``num_tokens`` is len(tokenizer): ids in
     [num_tokens, vocab_size) are padding and never allowed. Only the first EOS id is known to the index; the matcher
     treats all ``eos_token_ids`` alike. ``token_bytes`` is the tokenizer's bytes table
-    (shared, read-only) used to replay accepted tokens through ``char_fsm``.
+    (shared, read-only).
     """
 
     index: Any
     regex: str
-    char_fsm: CharFSM | None
     vocab_size: int
     num_tokens: int
     eos_token_ids: tuple[int, ...]
@@ -223,9 +166,7 @@ class CompiledGrammar:
     _jumps: dict[int, str] = field(default_factory=dict, repr=False)
     _finals: dict[int, bool] = field(default_factory=dict, repr=False)
     _initial: int | None = field(default=None, repr=False)
-    # (char state, pending UTF-8 bytes, token) -> (char state, pending): the character-FSM
-    # replay of a token, shared by every matcher of this grammar
-    _char_steps: dict[tuple, tuple] = field(default_factory=dict, repr=False)
+    _reserved: frozenset[int] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -256,7 +197,9 @@ class CompiledGrammar:
     @property
     def reserved_tokens(self) -> frozenset[int]:
         """Real tokens never allowed by the index (index_markers.py)."""
-        return reserved_token_ids(self.token_bytes)
+        if self._reserved is None:
+            self._reserved = reserved_token_ids(self.token_bytes)
+        return self._reserved
 
     def mask_row(self, state: int) -> Any:
         """int32 numpy row ``[ceil(vocab_size/32)]`` of tokens allowed in token-FSM ``state``.
@@ -267,13 +210,11 @@ class CompiledGrammar:
         row = self._rows.get(state)
         if row is not None:
             return row
-        import numpy as np
-
         allowed = np.zeros(self.bitmask_words * 32, dtype=np.bool_)
         ids = np.fromiter(self.index.get_allowed_tokens(state), dtype=np.int64)
         ids = ids[ids < self.num_tokens]
         allowed[ids] = True
-        reserved = reserved_token_ids(self.token_bytes)  # they could spell the end marker
+        reserved = self.reserved_tokens  # they could spell a marker
         if reserved:
             allowed[np.fromiter(reserved, dtype=np.int64)] = False
         # EOS is decided here for all ids (the index's own final states are after the marker).
@@ -287,25 +228,28 @@ class CompiledGrammar:
             self._rows.setdefault(state, packed)
         return self._rows[state]
 
-    def jump_string(self, char_state: int | None) -> str:
-        """Forced text from char-FSM ``char_state`` (chain of forced characters), maybe ""."""
-        if char_state is None or self.char_fsm is None:
-            return ""
-        hit = self._jumps.get(char_state)
+    def jump_string(self, state: int) -> str:
+        """The text the grammar forces from token-FSM ``state`` on, maybe "": while every token
+        allowed starts with one byte (EOS not allowed), that byte, cut to whole characters.
+        Read off the mask rows, so a hole's start (whose values open with many bytes) ends
+        it. Cached per state."""
+        hit = self._jumps.get(state)
         if hit is not None:
             return hit
-        fsm = self.char_fsm
-        out: list[str] = []
-        s: int | None = char_state
+        first, single = _byte_tables(self.token_bytes, self.bitmask_words * 32)
+        out = bytearray()
+        s: int | None = state
         seen: set[int] = set()
         while s is not None and s not in seen:
             seen.add(s)
-            ch = fsm.forced_char(s)
-            if ch is None or (self.holes is not None and ch in PLACEHOLDERS):
-                break  # a hole's value is not forced text
-            out.append(ch)
-            s = fsm.step(s, ch)
-        text = "".join(out)
+            ids = np.flatnonzero(np.unpackbits(self.mask_row(s).view(np.uint8), bitorder="little"))
+            firsts = first[ids]
+            if not firsts.size or firsts[0] < 0 or (firsts != firsts[0]).any():
+                break  # a choice, EOS, or nothing
+            b = int(firsts[0])
+            out.append(b)
+            s = self.index.get_next_state(s, single[b]) if single[b] >= 0 else None
+        text = _whole_chars(bytes(out))
         with self._lock:
-            self._jumps[char_state] = text
+            self._jumps[state] = text
         return text

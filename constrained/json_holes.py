@@ -55,7 +55,6 @@ KINDS = ("value", "object", "array")
 HOLE_CHARS = {"value": "\U0010FFFD", "object": "\U0010FFFC", "array": "\U0010FFFB"}
 CANARY_CHAR = "\U0010FFFA"  # never written into a regex: taking it means "inside a character class"
 PLACEHOLDERS = (*(HOLE_CHARS[k] for k in KINDS), CANARY_CHAR)
-_HOLE_BYTES = tuple(HOLE_CHARS[k].encode() for k in KINDS)
 _LEAD = RESERVED_LEAD  # the first UTF-8 byte of every placeholder (and of the end marker)
 ENTRY_AFTER = frozenset(b":[,")  # a JSON value follows one of these (or starts the text)
 EXIT_AT = frozenset(b",}]")  # and is followed by one of these (or ends it)
@@ -183,24 +182,23 @@ class Holes:
 
     # ------------------------------------------------------------------ the walk
 
-    def walk(self, state: int, hole: tuple | None, data: bytes) -> tuple[int, tuple | None, bytes] | None:
-        """Run one token's bytes from a configuration: (token-FSM state, hole, the regex-side
-        bytes with each entered hole's placeholder in place of its value), or None."""
-        return self._go(data, 0, state, hole, b"")
+    def walk(self, state: int, hole: tuple | None, data: bytes) -> tuple[int, tuple | None] | None:
+        """Run one token's bytes from a configuration: (token-FSM state, hole), or None."""
+        return self._go(data, 0, state, hole)
 
-    def _go(self, data: bytes, i: int, s: int, hole: tuple | None, text: bytes) -> tuple | None:
+    def _go(self, data: bytes, i: int, s: int, hole: tuple | None) -> tuple | None:
         if i == len(data):
-            return s, self.settle(hole), text
+            return s, self.settle(hole)
         pda = self.pda
         if hole is not None:
             p, st = hole
             p2, st2 = pda.run(p, st, data[i:i + 1])
             if p2:
-                r = self._go(data, i + 1, s, (p2, st2), text)
+                r = self._go(data, i + 1, s, (p2, st2))
                 if r is not None:
                     return r
             if pda.is_final(p, st) and (i == 0 or data[i] in EXIT_AT):
-                return self._go(data, i, s, None, text)  # leave the hole; the regex goes on
+                return self._go(data, i, s, None)  # leave the hole; the regex goes on
             return None
         t = self.t
         rest = data[i:]
@@ -209,21 +207,21 @@ class Holes:
             if tid is not None:
                 s2 = self.index.get_next_state(s, tid)
                 if s2 is not None:
-                    return s2, None, text + rest
+                    return s2, None
         ex = self.exits(s)
         b = data[i]
         tb = t.byte_token[b]
-        if tb >= 0 and b != _LEAD:  # the lead byte could spell a placeholder or the end marker
+        if tb >= 0 and b != _LEAD:  # the lead byte could spell a placeholder or an index marker
             s2 = self.index.get_next_state(s, tb)
             if s2 is not None:
-                r = self._go(data, i + 1, s2, None, text + rest[:1])
+                r = self._go(data, i + 1, s2, None)
                 if r is not None:
                     return r
         if ex and (i == 0 or data[i - 1] in ENTRY_AFTER):
             for k, after in ex:
                 p, st = pda.run(t.starts[k], (), rest[:1])
                 if p:
-                    r = self._go(data, i + 1, after, (p, st), text + _HOLE_BYTES[k])
+                    r = self._go(data, i + 1, after, (p, st))
                     if r is not None:
                         return r
         return None

@@ -2,10 +2,8 @@
 
 A matcher is cheap to create (a few fields) and owned by one request; everything heavy
 lives in the shared compiled grammar. ``MatcherBase`` is the contract (EOS, rollback
-history); ``GrammarMatcher`` follows a regex grammar (``CompiledGrammar``): besides the
-token-FSM state it tracks the state of the character FSM (for jump-forward) by replaying
-the decoded bytes of accepted tokens, buffering a multi-byte UTF-8 character split across
-tokens. ``HoleMatcher`` adds the holes of a schema regex (json_holes.py): any-JSON values
+history); ``GrammarMatcher`` follows a regex grammar (``CompiledGrammar``) by its token-FSM
+state, from which the grammar also reads the forced text of jump-forward. ``HoleMatcher`` adds the holes of a schema regex (json_holes.py): any-JSON values
 run on the pushdown automaton. ``JsonAnyMatcher`` follows that automaton alone
 (``JsonAnyGrammar``).
 """
@@ -21,21 +19,6 @@ from treadle.constrained.grammar import CompiledGrammar
 from treadle.constrained.json_any import JsonAnyGrammar
 
 __all__ = ["MatcherBase", "GrammarMatcher", "HoleMatcher", "JsonAnyMatcher", "write_mask_row"]
-
-
-def _split_utf8(data: bytes) -> tuple[bytes, bytes]:
-    """Split ``data`` into (whole characters, trailing incomplete character bytes)."""
-    n = len(data)
-    for i in range(1, min(4, n + 1)):
-        b = data[n - i]
-        if b & 0xC0 == 0x80:
-            continue  # continuation byte: keep looking for its lead
-        if b >= 0xC0:
-            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
-            if need > i:
-                return data[: n - i], data[n - i :]
-        break
-    return data, b""
 
 
 # The last bitmask's numpy view: making one costs more than filling a row. The entry keeps its
@@ -161,10 +144,9 @@ class MatcherBase:
 
 class GrammarMatcher(MatcherBase):
     """Grammar state of one request under a regex grammar (``CompiledGrammar``): the token-FSM
-    state, and the character-FSM state that jump-forward reads, kept by replaying the decoded
-    bytes of accepted tokens."""
+    state."""
 
-    __slots__ = ("_g", "_state", "_char_state", "_pending")
+    __slots__ = ("_g", "_state")
 
     def __new__(cls, grammar: CompiledGrammar, max_rollback: int = 64) -> GrammarMatcher:
         # a grammar with holes needs their matcher, however it is asked for
@@ -176,8 +158,6 @@ class GrammarMatcher(MatcherBase):
         self._init_base(grammar.eos_token_ids, max_rollback)
         self._g = grammar
         self._state: int = grammar.initial_state
-        self._char_state: int | None = grammar.char_fsm.initial if grammar.char_fsm is not None else None
-        self._pending = b""
 
     @property
     def grammar(self) -> CompiledGrammar:
@@ -194,13 +174,10 @@ class GrammarMatcher(MatcherBase):
 
     def find_jump_forward_string(self) -> str:
         """Text the grammar forces from here (longer than one character), else "".
-
-        Nothing is forced in the middle of a multi-byte character or when the character
-        FSM lost track (dialect gap between the two regex engines).
-        """
-        if self._terminated or self._pending or self._char_state is None:
+        Nothing is forced in the middle of a multi-byte character."""
+        if self._terminated:
             return ""
-        text = self._g.jump_string(self._char_state)
+        text = self._g.jump_string(self._state)
         return text if len(text) > 1 else ""
 
     # ------------------------------------------------------------------ internals
@@ -213,17 +190,7 @@ class GrammarMatcher(MatcherBase):
             return False
         self._push()
         self._state = nxt
-        self._replay_token(token_id)
         return True
-
-    def _replay_token(self, token_id: int) -> None:
-        """Move the character FSM over an accepted token (cached per grammar)."""
-        key = (self._char_state, self._pending, token_id)
-        hit = self._g._char_steps.get(key)
-        if hit is None:
-            hit = self._replayed(self._g.token_bytes[token_id] or b"")
-            self._g._char_steps[key] = hit
-        self._char_state, self._pending = hit
 
     def _mask(self) -> np.ndarray:
         return self._g.mask_row(self._state)  # numpy int32 [words], cached per state
@@ -232,36 +199,16 @@ class GrammarMatcher(MatcherBase):
         return self._g.bitmask_words
 
     def _snapshot(self) -> tuple:
-        return self._state, self._char_state, self._pending
+        return (self._state,)
 
     def _restore(self, snap: list) -> None:
-        self._state, self._char_state, self._pending = snap
-
-    def _replayed(self, data: bytes) -> tuple[int | None, bytes]:
-        """(character-FSM state, pending bytes of a split character) after ``data``."""
-        fsm = self._g.char_fsm
-        if fsm is None or self._char_state is None:
-            return self._char_state, self._pending
-        whole, pending = _split_utf8(self._pending + data)
-        try:
-            text = whole.decode("utf-8")
-        except UnicodeDecodeError:
-            # Invalid UTF-8 cannot be matched to characters: stop jump-forward for this
-            # request (the token FSM still enforces the grammar byte by byte).
-            return None, b""
-        s: int | None = self._char_state
-        for ch in text:
-            s = fsm.step(s, ch)
-            if s is None:
-                break
-        return s, pending
+        (self._state,) = snap
 
 
 class HoleMatcher(GrammarMatcher):
     """Grammar state of one request under a regex grammar with holes (json_holes.py): the
-    token-FSM state (inside a hole, the state after its placeholder), the character FSM for
-    jump-forward (fed each entered hole's placeholder instead of its value), and the open
-    hole's automaton state and stack, or None."""
+    token-FSM state (inside a hole, the state after its placeholder) and the open hole's
+    automaton state and stack, or None."""
 
     __slots__ = ("_hole",)
 
@@ -300,7 +247,6 @@ class HoleMatcher(GrammarMatcher):
                 if nxt is not None:
                     self._push()
                     self._state = nxt
-                    self._replay_token(token_id)
                     return True
         else:  # the common case: the whole token inside the hole
             p, st = h.pda.run(*self._hole, data)
@@ -312,9 +258,7 @@ class HoleMatcher(GrammarMatcher):
         if walked is None:
             return False
         self._push()
-        self._state, self._hole, text = walked
-        if text:
-            self._char_state, self._pending = self._replayed(text)
+        self._state, self._hole = walked
         return True
 
     def _mask(self) -> np.ndarray:
@@ -323,10 +267,10 @@ class HoleMatcher(GrammarMatcher):
         return self._g.holes.hole_row(self._state, self._hole, self._g.mask_row)
 
     def _snapshot(self) -> tuple:
-        return self._state, self._char_state, self._pending, self._hole
+        return self._state, self._hole
 
     def _restore(self, snap: list) -> None:
-        self._state, self._char_state, self._pending, self._hole = snap
+        self._state, self._hole = snap
 
 
 class JsonAnyMatcher(MatcherBase):

@@ -173,8 +173,8 @@ def test_disk_cache_serves_a_new_compiler(smol, tmp_path):
     # over max_bytes, the least recently used files go
     cache = GrammarDiskCache(str(tmp_path / "small"), "fp", max_bytes=2500, min_compile_s=0.0)
     for i in range(4):
-        assert cache.store(f"r{i}", b"x" * 1000, None, 0.5)
+        assert cache.store(f"r{i}", b"x" * 1000, 0.5)
         os.utime(cache.path(f"r{i}"), (i, i))
-    assert cache.load("r0") is None and cache.load("r3") == (b"x" * 1000, None, 0.5)
+    assert cache.load("r0") is None and cache.load("r3") == (b"x" * 1000, 0.5)
     assert sum(f.stat().st_size for f in (tmp_path / "small").iterdir()) <= 2500
-    assert not cache.store("slow-enough?", b"", None, -1.0)  # builds under min_compile_s stay off disk
+    assert not cache.store("slow-enough?", b"", -1.0)  # builds under min_compile_s stay off disk

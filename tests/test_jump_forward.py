@@ -10,7 +10,6 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from treadle.constrained import GrammarMatcher, JumpPlan, build_compiled_grammar, plan_jump_forward
-from treadle.constrained.grammar import build_char_fsm
 from treadle.constrained.vocabulary import token_bytes_table
 
 EOS = 2
@@ -87,20 +86,22 @@ def test_jump_is_empty_mid_character_and_resumes(smol):
     assert m.accept_token(cont) and m.find_jump_forward_string() == 'ab"cd'
 
 
-def test_char_fsm_forced_rules():
-    fsm = build_char_fsm(r"ab(c|d)e[x]f.")
-    assert fsm is not None
-    s = fsm.initial
-    assert fsm.forced_char(s) == "a"
-    s = fsm.step(fsm.step(s, "a"), "b")
-    assert fsm.forced_char(s) is None  # c or d
-    s = fsm.step(s, "c")
-    assert fsm.forced_char(s) == "e"
-    s = fsm.step(fsm.step(s, "e"), "x")
-    s = fsm.step(s, "f")
-    assert fsm.forced_char(s) is None  # "." is the anything-else class
-    final = fsm.step(s, "z")
-    assert final in fsm.finals and fsm.forced_char(final) is None
+def test_forced_text_rules(smol):
+    g = build_compiled_grammar(r"ab(c|d)e[x]f.(yz)?", smol, [EOS], vocab_size=V)
+    m = GrammarMatcher(g)
+    assert m.find_jump_forward_string() == "ab"
+    for t in enc(smol, "ab"):
+        assert m.accept_token(t)
+    assert m.find_jump_forward_string() == ""  # c or d
+    assert m.accept_token(enc(smol, "c")[0])
+    assert m.find_jump_forward_string() == "exf"
+    for t in enc(smol, "exf"):
+        assert m.accept_token(t)
+    assert m.find_jump_forward_string() == ""  # "." is any character
+    assert m.accept_token(enc(smol, "q")[0])
+    assert m.can_terminate() and m.find_jump_forward_string() == ""  # "yz" or the end
+    assert m.accept_token(enc(smol, "y")[0]) and m.find_jump_forward_string() == ""  # one character
+    assert g.jump_string(m.state) == "z"
 
 
 def test_plan_merges_with_previous_quote(smol, table):
