@@ -146,7 +146,8 @@ class GrammarCompiler:
     are never allowed). ``max_workers`` compile processes run at most that many builds at
     once. ``whitespace_pattern`` and ``json_schema_mode`` ("strict": declared members only;
     "spec": all that JSON Schema admits) shape every JSON schema this compiler translates,
-    so they are fixed per compiler (the cache is keyed by spec alone). Thread-safe.
+    and ``max_recursion_depth`` how deep recursion unrolls (schema ``$ref`` cycles, nesting
+    EBNF rules), so they are fixed per compiler (the cache is keyed by spec alone). Thread-safe.
     """
 
     def __init__(
@@ -162,6 +163,7 @@ class GrammarCompiler:
         cache_size: int = 512,
         json_schema_mode: str = "strict",
         disk_cache_dir: str | None = None,
+        max_recursion_depth: int = 3,
     ) -> None:
         if vocab_size <= 0 or max_workers < 1 or timeout_s <= 0 or cache_size < 1:
             raise ValueError(
@@ -170,6 +172,8 @@ class GrammarCompiler:
             )
         if json_schema_mode not in ("strict", "spec"):
             raise ValueError(f"json_schema_mode must be 'strict' or 'spec', got {json_schema_mode!r}")
+        if max_recursion_depth < 0:
+            raise ValueError(f"max_recursion_depth must be >= 0, got {max_recursion_depth}")
         self._vocab, self._table = build_vocabulary(tokenizer, list(eos_token_ids))
         self._eos = tuple(int(e) for e in eos_token_ids)
         self._vocab_size = int(vocab_size)
@@ -178,6 +182,7 @@ class GrammarCompiler:
         self._memory_limit = memory_limit_bytes
         self._whitespace_pattern = whitespace_pattern
         self._json_schema_mode = json_schema_mode
+        self._max_recursion_depth = max_recursion_depth
         self._cache_size = cache_size
         # builds of a second or more also go to disk, for the next process (disk_cache.py)
         self._disk = GrammarDiskCache(disk_cache_dir, vocabulary_fingerprint(
@@ -222,7 +227,8 @@ class GrammarCompiler:
             return fut
         try:
             holes = self._holes(spec)
-            regex = spec.to_regex(self._whitespace_pattern, self._json_schema_mode, holes=holes)
+            regex = spec.to_regex(self._whitespace_pattern, self._json_schema_mode, holes=holes,
+                                  max_recursion_depth=self._max_recursion_depth)
             check_regex(regex, frozenset(HOLE_CHARS.values()) if holes else frozenset())
         except ValueError as e:
             _settle(fut, exc=e)

@@ -82,11 +82,13 @@ class GrammarSpec:
         return GrammarSpec("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
 
     def to_regex(self, whitespace_pattern: str | None = None, json_schema_mode: str = "strict",
-                 holes: bool = False) -> str:
+                 holes: bool = False, max_recursion_depth: int = 3) -> str:
         """Translate the spec to the regex the token FSM is built from.
 
         ``json_schema_mode`` ("strict" or "spec") and ``holes`` (placeholders for any-values,
-        json_holes.py) apply to JSON schemas only; see ``json_schema_to_regex``. Raises
+        json_holes.py) apply to JSON schemas only; see ``json_schema_to_regex``.
+        ``max_recursion_depth`` bounds the unrolling of ``$ref`` cycles and of nesting EBNF
+        rules. Raises
         ``ValueError`` (``UnsupportedSchemaError`` for schemas) on anything the regex backend
         cannot represent faithfully.
         """
@@ -100,11 +102,11 @@ class GrammarSpec:
         if self.kind == "choices":
             return choices_to_regex(json.loads(self.value))
         if self.kind == "ebnf":
-            return ebnf_to_regex(self.value)
+            return ebnf_to_regex(self.value, max_recursion_depth=max_recursion_depth)
         if self.kind == "json_schema":
             return json_schema_to_regex(
-                json.loads(self.value), whitespace_pattern=whitespace_pattern, mode=json_schema_mode, holes=holes
-            )
+                json.loads(self.value), whitespace_pattern=whitespace_pattern, mode=json_schema_mode, holes=holes,
+                max_recursion_depth=max_recursion_depth)
         raise ValueError(f"unknown grammar kind {self.kind!r}")
 
 

@@ -59,6 +59,9 @@ class EngineArgs:
     # strict = declared properties only (a model should not invent keys); spec = also the
     # extra members / trailing items JSON Schema admits, format as an annotation, 1.0 integers
     json_schema_mode: Literal["strict", "spec"] = "strict"
+    # how deep nesting recursion unrolls into a regex: EBNF rules (constrained/ebnf.py) and
+    # JSON schema $ref cycles; deeper output is not generated, and the regex grows with it
+    grammar_max_recursion_depth: int = 3
     # speculative decoding of greedy requests (runtime/ngram_draft.py): draft the tokens that
     # followed the latest earlier occurrence of the last speculative_ngram_size tokens
     speculative_algorithm: Literal["none", "ngram"] = field(default="none", metadata={"help": (
@@ -108,6 +111,8 @@ class EngineArgs:
                     raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {getattr(self, f.name)!r}")
         if self.jump_forward_max_batch < -1:
             raise ValueError(f"jump_forward_max_batch must be >= 0 or -1 (auto), got {self.jump_forward_max_batch}")
+        if not 0 <= self.grammar_max_recursion_depth <= 16:
+            raise ValueError(f"grammar_max_recursion_depth must be in [0, 16], got {self.grammar_max_recursion_depth}")
         if self.cuda_graph_extend_max_tokens < 0:
             raise ValueError(f"cuda_graph_extend_max_tokens must be >= 0, got {self.cuda_graph_extend_max_tokens}")
         if self.max_running_requests < 1:

@@ -259,7 +259,8 @@ class Scheduler:
                 timeout_s=self.args.grammar_compile_timeout_s,
                 memory_limit_bytes=self.args.grammar_memory_limit_bytes,
                 whitespace_pattern=self.args.json_whitespace_pattern,
-                json_schema_mode=self.args.json_schema_mode, disk_cache_dir=self.args.grammar_disk_cache_dir())
+                json_schema_mode=self.args.json_schema_mode, disk_cache_dir=self.args.grammar_disk_cache_dir(),
+                max_recursion_depth=self.args.grammar_max_recursion_depth)
         return self._grammar_compiler
 
     def _poll_grammars(self) -> None:

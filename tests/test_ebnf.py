@@ -370,3 +370,29 @@ def test_natural_tokenization_is_accepted_and_jumps_are_forced(compiler, smollm2
     for t in tok.encode("debug=f", add_special_tokens=False):
         assert m.accept_token(t)
     assert m.find_jump_forward_string() == "alse"
+
+
+def test_recursion_depth_is_a_compiler_setting(smollm2_tokenizer):
+    from treadle.constrained.compiler import GrammarCompiler
+    from treadle.runtime.engine_args import EngineArgs
+
+    tok = smollm2_tokenizer
+    text = NESTED["arith"][0]
+    deep = "((((1+2))))*3"  # four levels of parentheses
+    with GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok), max_recursion_depth=4) as c4, \
+            GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok)) as c3:
+        for c, ok in ((c4, True), (c3, False)):
+            m = c.compile(GrammarSpec("ebnf", text)).matcher()
+            accepted = all(m.accept_token(t) for t in tok.encode(deep, add_special_tokens=False))
+            assert accepted == ok and (not ok or m.accept_token(tok.eos_token_id))
+        # it bounds JSON schema $ref cycles too
+        tree = {"$defs": {"n": {"type": "object", "properties": {"c": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+                                "required": ["c"]}}, "$ref": "#/$defs/n"}
+        doc = '{"c":[{"c":[{"c":[{"c":[{"c":[]}]}]}]}]}'
+        for c, ok in ((c4, True), (c3, False)):
+            m = c.compile(GrammarSpec.from_params(json_schema=tree)).matcher()
+            assert all(m.accept_token(t) for t in tok.encode(doc, add_special_tokens=False)) == ok
+    with pytest.raises(ValueError, match="grammar_max_recursion_depth"):
+        EngineArgs(grammar_max_recursion_depth=-1)
+    with pytest.raises(ValueError, match="max_recursion_depth must be >= 0"):
+        GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok), max_recursion_depth=-2)
