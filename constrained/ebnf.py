@@ -399,6 +399,9 @@ def _as_loop(name: str, body: Node) -> Node | None:
     prefixes, bases, suffixes = [], [], []
     for alt in alts:
         items = list(alt.items) if isinstance(alt, Seq) else [alt]
+        if not items:  # an empty alternative
+            bases.append(alt)
+            continue
         first = isinstance(items[0], Ref) and items[0].name == name
         last = isinstance(items[-1], Ref) and items[-1].name == name
         if len(items) == 1 and first:

@@ -156,6 +156,7 @@ EXACT = {
     "escapes": 'root ::= "\\t" [\\x41-\\x43] "\\u00e9"? [^\\n\\]]{2,3} "\\\\"',
     "empty_alt": 'root ::= "x" ( "-" | ) "y"{1,2} ("z" | "w")?',
     "any_char": 'root ::= "<" . . ">"',
+    "empty_first": 'root ::= "[" ws item (ws "," ws item)* ws "]"\nws ::= | " " | "\\n"\nitem ::= [a-z]+',
     "multiline": '''# a key=value config
 root ::= line
          ("\\n" line)*
@@ -173,6 +174,8 @@ NESTED = {
     "mutual": ('root ::= a\na ::= "[" b "]" | "x"\nb ::= a ("," a)*', "[", "]", True),
     "dyck": ('root ::= "<" e ">"\ne ::= "(" e ")" e | ""', "(", ")", True),
     "binary": ('root ::= e\ne ::= e "+" e | "(" e ")" | "1"', "(", ")", False),
+    "spaced_lists": ('root ::= value\nvalue ::= "[" ws (value (ws "," ws value)*)? ws "]" | [0-9]\n'
+                     'ws ::= | " "', "[", "]", True),
 }
 
 
@@ -214,7 +217,7 @@ def test_nested_grammars_unroll_soundly(name):
                 assert recognizes(g, t), (name, t)  # never outside the grammar
                 assert nesting(t, open_, close) <= 4, (name, t)
     assert shallow > 10
-    inner = {"binary": "1", "mutual": "x", "dyck": "", "arith": "7"}[name]
+    inner = {"binary": "1", "mutual": "x", "dyck": "", "arith": "7", "spaced_lists": "1"}[name]
     deeper = open_ * 5 + inner + close * 5
     if name == "dyck":
         deeper = "<" + deeper + ">"
