@@ -399,3 +399,22 @@ def test_recursion_depth_is_a_compiler_setting(smollm2_tokenizer):
         EngineArgs(grammar_max_recursion_depth=-1)
     with pytest.raises(ValueError, match="max_recursion_depth must be >= 0"):
         GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok), max_recursion_depth=-2)
+
+
+def test_any_text_gives_a_regex_or_an_ebnf_error():
+    """Fuzz: grammar-ish text either compiles to a regex Python accepts or raises EbnfError
+    (a ValueError, so a 400), never another exception."""
+    pieces = ['root', ' ::= ', '::=', ' a ', 'b', ' | ', '|', '(', ')', '"x"', '"', '""', '[a-z]', '[^a]', '[',
+              ']', '*', '+', '?', '{2}', '{1,3}', '{,2}', '{', '}', '\n', ' ', '.', '#c\n', '\\n', '\\', 'a ::= ',
+              'b ::= ', '"\\u00e9"', '[\\x00-\\x1f]', '-', '^', 'root ::= a\n', 'a ::= "(" a ")" | ""\n',
+              'b ::= b "x" | ""\n', 'ws ::= | " "\n']
+    rng = random.Random(7)
+    compiled = 0
+    for _ in range(4000):
+        text = rng.choice(["", "root ::= "]) + "".join(rng.choice(pieces) for _ in range(rng.randint(1, 14)))
+        try:
+            re.compile(ebnf_to_regex(text))
+            compiled += 1
+        except EbnfError:
+            pass
+    assert compiled > 50
