@@ -97,6 +97,11 @@ class Scheduler:
         except ValueError as e:
             self._reject(r.rid, str(e), len(r.input_ids or []))
             return
+        except Exception as e:  # noqa: BLE001 - a bug preparing this request stops it, not the scheduler
+            log.exception("preparing request %s failed", r.rid)
+            self._reject(r.rid, f"internal error preparing the request ({type(e).__name__}: {e})",
+                         len(r.input_ids or []), internal=True)
+            return
         self.stats["requests"] += 1
         self._live[req.rid] = req
         if req.params.has_grammar:
@@ -839,11 +844,11 @@ class Scheduler:
         req.sent_len = len(req.output_ids)
         self.outputs.append(out)
 
-    def _reject(self, rid: str, message: str, prompt_tokens: int) -> None:
+    def _reject(self, rid: str, message: str, prompt_tokens: int, internal: bool = False) -> None:
         self._live.pop(rid, None)
         self.outputs.append(ReqOutput(rid=rid, new_ids=[], finished={"type": "abort", "message": message},
                                       prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=0,
-                                      error=message))
+                                      error=message, internal=internal))
 
 
 def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int, num_slots: int) -> None:

@@ -424,6 +424,26 @@ def test_rejections(case):
     assert_idle_clean(sched, runner)
 
 
+def test_a_bug_preparing_one_request_stops_it_alone(monkeypatch):
+    """A non-ValueError raised while preparing a request (a converter bug, say) ends that
+    request with an internal error; the scheduler and the other requests go on."""
+    from treadle.constrained import GrammarSpec
+
+    def broken(**kw):
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(GrammarSpec, "from_params", staticmethod(broken))
+    runner = FakeRunner(num_slots=100, context_len=64)
+    sched, _ = make_scheduler(runner)
+    sched.add_request(req("good", [7, 8, 9], greedy(3)))
+    sched.add_request(req("bad", [5, 6], greedy(3, regex="a+")))
+    res = collect(drain(sched))
+    got, fin = res["bad"]
+    assert got == [] and fin.internal and "IndexError" in fin.error and fin.finished["type"] == "abort"
+    assert res["good"][0] == reference_greedy([7, 8, 9], 3)
+    assert_idle_clean(sched, runner)
+
+
 def test_rejection_output_delivered_while_idle():
     sched, _ = make_scheduler()
     sched.add_request(req("bad", [], greedy(1)))
