@@ -114,12 +114,15 @@ def test_constrained_and_batch_over_http(backend):
         s += f"Q: {q}\nA (a number): "
         s += gen("n", dtype=int, max_tokens=6, temperature=0)
         s += "\nDate: " + gen("d", regex=r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", max_tokens=12, temperature=0)
+        s += "\nSum: " + gen("e", ebnf='root ::= num (" + " num){1,2} " = " num\nnum ::= [0-9]{1,3}', max_tokens=32,
+                              temperature=0)
 
     states = prog.run_batch([{"q": "How many legs does a cat have?"}, {"q": "What is 2+2?"}],
                             backend=backend, progress_bar=False)
     for st in states:
         assert isinstance(st["n"], int)
         assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", st["d"])
+        assert re.fullmatch(r"[0-9]{1,3}( \+ [0-9]{1,3}){1,2} = [0-9]{1,3}", st["e"]), st["e"]
 
 
 def test_streaming_over_http(backend):
