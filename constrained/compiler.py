@@ -23,8 +23,8 @@ from typing import Any
 
 from treadle.constrained.compile_worker import WorkerProcess
 from treadle.constrained.disk_cache import GrammarDiskCache, vocabulary_fingerprint
-from treadle.constrained.index_markers import check_regex, marked
 from treadle.constrained.grammar import CompiledGrammar, GrammarSpec
+from treadle.constrained.index_markers import check_regex, marked
 from treadle.constrained.json_any import JsonAnyGrammar, JsonPushdown, json_any_root
 from treadle.constrained.json_holes import HOLE_CHARS, Holes, regex_has_holes, schema_allows_holes
 from treadle.constrained.vocabulary import build_vocabulary

@@ -12,20 +12,19 @@ from __future__ import annotations
 
 import json
 import threading
-
-import numpy as np
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import numpy as np
 
 from treadle.constrained.index_markers import initial_state, marker_token_ids, reserved_token_ids
 from treadle.constrained.index_markers import is_final as index_is_final
 from treadle.constrained.json_holes import PLACEHOLDERS
 
-_tables_lock = threading.Lock()
-_tables: dict[tuple[int, int], tuple] = {}
-
 __all__ = ["GrammarSpec", "CompiledGrammar"]
 
+_tables_lock = threading.Lock()
+_tables: dict[tuple[int, int], tuple] = {}  # (id(table), width) -> (table, first bytes, single-byte tokens)
 
 GrammarKind = Literal["regex", "json_schema", "choices", "ebnf"]
 
@@ -88,9 +87,8 @@ class GrammarSpec:
         ``json_schema_mode`` ("strict" or "spec") and ``holes`` (placeholders for any-values,
         json_holes.py) apply to JSON schemas only; see ``json_schema_to_regex``.
         ``max_recursion_depth`` bounds the unrolling of ``$ref`` cycles and of nesting EBNF
-        rules. Raises
-        ``ValueError`` (``UnsupportedSchemaError`` for schemas) on anything the regex backend
-        cannot represent faithfully.
+        rules. Raises ``ValueError`` (``UnsupportedSchemaError`` for schemas, ``EbnfError``
+        for grammars) on anything the regex backend cannot represent faithfully.
         """
         # Imported lazily: json_schema.py is a sibling owned separately and pulls more in.
         from treadle.constrained.ebnf import ebnf_to_regex
@@ -147,11 +145,11 @@ class CompiledGrammar:
 
     ``index`` is the outlines-core token FSM, built for the marked regex (index_markers.py:
     matchers start at ``initial_state``, ``is_final`` says where the text may end), and
-    jump-forward reads its forced text off the mask rows (``jump_string``). ``holes`` (json_holes.py) runs the any-JSON values of a schema's
-    placeholders on the pushdown automaton. ``num_tokens`` is len(tokenizer): ids in
-    [num_tokens, vocab_size) are padding and never allowed. Only the first EOS id is known to the index; the matcher
-    treats all ``eos_token_ids`` alike. ``token_bytes`` is the tokenizer's bytes table
-    (shared, read-only).
+    jump-forward reads its forced text off the mask rows (``jump_string``). ``holes``
+    (json_holes.py) runs the any-JSON values of a schema's placeholders on the pushdown
+    automaton. ``num_tokens`` is len(tokenizer): ids in [num_tokens, vocab_size) are padding
+    and never allowed. Only the first EOS id is known to the index; the matcher treats all
+    ``eos_token_ids`` alike. ``token_bytes`` is the tokenizer's bytes table (shared, read-only).
     """
 
     index: Any

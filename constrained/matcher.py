@@ -3,7 +3,8 @@
 A matcher is cheap to create (a few fields) and owned by one request; everything heavy
 lives in the shared compiled grammar. ``MatcherBase`` is the contract (EOS, rollback
 history); ``GrammarMatcher`` follows a regex grammar (``CompiledGrammar``) by its token-FSM
-state, from which the grammar also reads the forced text of jump-forward. ``HoleMatcher`` adds the holes of a schema regex (json_holes.py): any-JSON values
+state, from which the grammar also reads the forced text of jump-forward. ``HoleMatcher``
+adds the holes of a schema regex (json_holes.py): any-JSON values
 run on the pushdown automaton. ``JsonAnyMatcher`` follows that automaton alone
 (``JsonAnyGrammar``).
 """
