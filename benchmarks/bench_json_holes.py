@@ -1,7 +1,7 @@
 """Schemas with any-values inside (free-form tool parameters, arrays of free-form objects,
 untyped members) on CPU, SmolLM2 vocab, in one run, per schema:
 
-1. regex size and time to a usable grammar (token index + character FSM + first mask):
+1. regex size and time to a usable grammar (token index + first mask):
    treadle with holes (constrained/json_holes.py: the any-values run on the pushdown
    automaton) vs the bounded regex it replaced (any-values unrolled two levels deep) vs
    xgrammar's JSON-schema compile;
