@@ -1,6 +1,5 @@
 """Token indexes that took long to build, kept on disk so a restarted server does not build
-them again (OpenAI's json_object grammar takes 14.6 s on the 2-core dev box; some schemas
-take minutes).
+them again (some schemas and nested EBNF grammars take tens of seconds to minutes).
 
 A file holds one index, named by a hash of the regex and of everything else the build
 depends on: the vocabulary (token bytes, EOS ids, logits width) and the versions of
