@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from grammar_walks import stats_us, walk  # benchmarks/grammar_walks.py
+from grammar_walks import stats_us, walk, xgrammar_uncached  # benchmarks/grammar_walks.py
 from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 GRAMMARS = {
@@ -196,14 +196,7 @@ def main() -> None:
     eos, V = [tok.eos_token_id], len(tok)
     bm = allocate_token_bitmask(1, V)
     special = {i for i, t in tok.added_tokens_decoder.items() if t.special and i not in eos}
-    try:
-        import xgrammar as xgr
-
-        xinfo = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=V, stop_token_ids=eos)
-        xcomp = xgr.GrammarCompiler(xinfo, max_threads=2, cache_enabled=False)
-        xbm = xgr.allocate_token_bitmask(1, V)
-    except ImportError:
-        xgr = None
+    xgr, xcomp, xbm = xgrammar_uncached(tok, V, eos)
 
     for name, text in GRAMMARS.items():
         docs = DOCS[name]

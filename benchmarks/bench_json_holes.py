@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from grammar_walks import depth, stats_us, walk  # benchmarks/grammar_walks.py
+from grammar_walks import depth, stats_us, walk, xgrammar_uncached  # benchmarks/grammar_walks.py
 from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 SCHEMAS = {
@@ -79,14 +79,7 @@ def main() -> None:
     t0 = time.perf_counter()
     pda = JsonPushdown(table, len(table), V, tuple(eos))  # once per vocabulary, shared by every grammar
     emit({"figure": "pushdown_vocabulary_setup", "seconds": round(time.perf_counter() - t0, 3)})
-    try:
-        import xgrammar as xgr
-
-        xinfo = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=V, stop_token_ids=eos)
-        xcomp = xgr.GrammarCompiler(xinfo, max_threads=2, cache_enabled=False)
-        xbm = xgr.allocate_token_bitmask(1, V)
-    except ImportError:
-        xgr = None
+    xgr, xcomp, xbm = xgrammar_uncached(tok, V, eos)
 
     for name, schema in SCHEMAS.items():
         spec = GrammarSpec.from_params(json_schema=schema)

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["depth", "stats_us", "walk"]
+__all__ = ["depth", "stats_us", "walk", "xgrammar_uncached"]
 
 
 def depth(v: Any, d: int = 0) -> int:
@@ -17,6 +17,17 @@ def depth(v: Any, d: int = 0) -> int:
     if isinstance(v, list):
         return max([depth(x, d + 1) for x in v], default=d + 1)
     return d
+
+
+def xgrammar_uncached(tok: Any, vocab_size: int, eos: list[int]) -> tuple[Any, Any, Any]:
+    """(xgrammar module, a compiler with its cache off, a 1-row bitmask), or Nones when
+    xgrammar is not installed."""
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        return None, None, None
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab_size, stop_token_ids=eos)
+    return xgr, xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False), xgr.allocate_token_bitmask(1, vocab_size)
 
 
 def stats_us(samples: list[float]) -> dict:

@@ -8,9 +8,24 @@ import random
 
 import numpy as np
 
-__all__ = ["Oracle", "allowed_ids", "random_walk"]
+__all__ = ["Oracle", "allowed_ids", "live_states", "random_walk"]
 
 _CLOSING = (b"}", b"]", b'"', b",", b"0")
+
+
+def live_states(fsm) -> set:
+    """The states of an interegular FSM from which a final state can still be reached."""
+    rev: dict = {}
+    for s, edges in fsm.map.items():
+        for t in edges.values():
+            rev.setdefault(t, set()).add(s)
+    live, todo = set(fsm.finals), list(fsm.finals)
+    while todo:
+        for p in rev.get(todo.pop(), ()):
+            if p not in live:
+                live.add(p)
+                todo.append(p)
+    return live
 
 
 def allowed_ids(row: np.ndarray) -> set[int]:

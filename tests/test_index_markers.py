@@ -11,7 +11,7 @@ import pytest
 from treadle.constrained import GrammarSpec, allocate_token_bitmask
 from treadle.constrained.compiler import GrammarCompiler
 from treadle.constrained.vocabulary import token_bytes_table
-from json_checks import allowed_ids
+from json_checks import allowed_ids, live_states
 
 EOS = 2
 # (regex, texts it matches): each text reaches a complete match before its end
@@ -28,19 +28,8 @@ class Viable:
     """Viable prefixes of an ASCII regex, from interegular's character DFA (no outlines-core)."""
 
     def __init__(self, regex: str) -> None:
-        fsm = interegular.parse_pattern(regex).to_fsm()
-        self.fsm = fsm
-        rev: dict = {}
-        for s, edges in fsm.map.items():
-            for t in edges.values():
-                rev.setdefault(t, set()).add(s)
-        live, todo = set(fsm.finals), list(fsm.finals)
-        while todo:
-            for p in rev.get(todo.pop(), ()):
-                if p not in live:
-                    live.add(p)
-                    todo.append(p)
-        self.live = live
+        self.fsm = interegular.parse_pattern(regex).to_fsm()
+        self.live = live_states(self.fsm)
 
     def run(self, state, text: str):
         for ch in text:

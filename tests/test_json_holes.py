@@ -22,7 +22,7 @@ from treadle.constrained.json_holes import CANARY_CHAR, HOLE_CHARS, KINDS, schem
 from treadle.constrained.json_schema import json_schema_to_regex
 from treadle.constrained.matcher import HoleMatcher
 
-from json_checks import Oracle, allowed_ids, random_walk
+from json_checks import Oracle, allowed_ids, live_states, random_walk
 
 EOS = 2
 V = 49152
@@ -86,17 +86,7 @@ class HoleOracle:
     def __init__(self, regex: str) -> None:
         fsm = interegular.parse_pattern(regex).to_fsm()
         self.fsm = fsm
-        rev: dict = {}
-        for s, edges in fsm.map.items():
-            for t in edges.values():
-                rev.setdefault(t, set()).add(s)
-        live, todo = set(fsm.finals), list(fsm.finals)
-        while todo:
-            for p in rev.get(todo.pop(), ()):
-                if p not in live:
-                    live.add(p)
-                    todo.append(p)
-        self.live = live
+        self.live = live_states(fsm)
         self.configs = [(fsm.initial, b"", None)]
 
     def _sym(self, ch: str):
