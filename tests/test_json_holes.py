@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 
 import interegular
 import jsonschema
@@ -221,12 +222,13 @@ SCHEMA_WALKS = [("tool", TOOL, "strict"), ("list_of_objects", LIST_OF_OBJECTS, "
 def test_random_walks_end_in_schema_valid_json(smol, pda, table, name, schema, mode):
     g = grammar(smol, pda, schema, mode)
     validator = jsonschema.Draft202012Validator(schema)
-    rng = random.Random(hash(name) & 0xFFFF)
+    rng = random.Random(zlib.crc32(name.encode()))  # not hash(): it changes between processes
     bm = allocate_token_bitmask(1, V)
     finished = deepest = 0
     for trial in range(8):
         m = g.matcher()
-        out = random_walk(m, bm, table, EOS, rng, steps=300, stop_p=0.3, free_steps=60, steer_after=100)
+        # at most 600 steps, closers preferred after 80: over 16 seeds every schema finished 5-8 of 8
+        out = random_walk(m, bm, table, EOS, rng, steps=600, stop_p=0.3, free_steps=60, steer_after=80)
         if m.is_terminated():
             value = json.loads(out.decode())
             validator.validate(value)
