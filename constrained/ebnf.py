@@ -317,7 +317,10 @@ def parse_ebnf(text: str, root: str = "root") -> Grammar:
     """Parse ``text``; raises ``EbnfError`` on bad syntax, an undefined rule or no ``root``."""
     if not isinstance(text, str) or not text.strip():
         raise EbnfError("ebnf: the grammar is empty")
-    rules = _Parser(text).grammar()
+    try:
+        rules = _Parser(text).grammar()
+    except RecursionError:
+        raise EbnfError("ebnf: the grammar's groups nest too deeply to parse") from None
     if root not in rules:
         raise EbnfError(f"ebnf: no rule named {root!r} (the output is that rule)")
     for name, body in rules.items():
@@ -534,7 +537,11 @@ def ebnf_to_regex(text: str, *, root: str = "root", max_recursion_depth: int = 3
         raise EbnfError("ebnf: max_recursion_depth must be >= 0")
     grammar = parse_ebnf(text, root)
     emitter = _Emitter(grammar, max_recursion_depth)
-    out = emitter.rule(root, {})
+    try:
+        out = emitter.rule(root, {})
+    except RecursionError:
+        raise EbnfError(f"ebnf: rule {root!r} expands too deeply (rules within rules, with recursion unrolled "
+                        f"{max_recursion_depth} levels); lower the recursion depth or flatten the grammar") from None
     if out is None:
         raise EbnfError(f"ebnf: rule {root!r} matches nothing within {max_recursion_depth} levels of recursion "
                         "(does some rule recurse without a way to stop?)")

@@ -418,3 +418,16 @@ def test_any_text_gives_a_regex_or_an_ebnf_error():
         except EbnfError:
             pass
     assert compiled > 50
+
+
+def test_too_deep_grammars_are_an_ebnf_error():
+    # twelve rules that all call each other, unrolled 16 levels: deeper than Python's stack
+    rules = ["root ::= r0"] + [f'r{i} ::= "x" | ' + " | ".join(f'"{chr(97 + j)}" r{j}' for j in range(12) if j != i)
+                               for i in range(12)]
+    with pytest.raises(EbnfError, match="expands too deeply|over the 200000 supported"):
+        ebnf_to_regex("\n".join(rules), max_recursion_depth=16)
+    with pytest.raises(EbnfError, match="nest too deeply to parse"):
+        ebnf_to_regex("root ::= " + "(" * 5000 + '"a"' + ")" * 5000)
+    chain = ["root ::= r0"] + [f"r{i} ::= \"a\" r{i + 1}" for i in range(3000)] + ['r3000 ::= "z"']
+    with pytest.raises(EbnfError, match="expands too deeply"):
+        ebnf_to_regex("\n".join(chain))
