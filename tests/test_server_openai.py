@@ -127,6 +127,26 @@ def test_extra_body_regex_and_choices(client):
     assert r.choices[0].message.content in ("red", "green")
 
 
+def test_vllm_guided_names(client):
+    r = client.chat.completions.create(model="smol", messages=MSGS, max_tokens=8, temperature=0,
+                                       extra_body={"guided_choice": ["red", "green"]})
+    assert r.choices[0].message.content in ("red", "green")
+    r = client.completions.create(model="smol", prompt="The year is", max_tokens=8, temperature=0,
+                                  extra_body={"guided_regex": "[0-9]{4}"})
+    assert re.fullmatch("[0-9]{4}", r.choices[0].text)
+    r = client.chat.completions.create(model="smol", messages=MSGS, max_tokens=8, temperature=0,
+                                       extra_body={"guided_grammar": 'root ::= "yes" | "no"'})
+    assert r.choices[0].message.content in ("yes", "no")
+    r = client.chat.completions.create(model="smol", messages=MSGS, max_tokens=40, temperature=0,
+                                       extra_body={"guided_json": {"type": "object", "properties": {
+                                           "n": {"type": "integer"}}, "required": ["n"]}})
+    assert isinstance(json.loads(r.choices[0].message.content)["n"], int)
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model="smol", messages=MSGS, max_tokens=4,
+                                       extra_body={"regex": "a", "guided_regex": "b"})
+    assert "not both" in ei.value.body["message"]
+
+
 def test_extra_body_ebnf(client):
     grammar = 'root ::= "The answer is " num "."\nnum ::= [1-9] [0-9]?'
     r = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "What is 6 times 7?"}],

@@ -30,15 +30,17 @@ _PASSED = ("temperature", "top_p", "n", "stop", "seed", "frequency_penalty", "pr
            "top_k", "min_p", "repetition_penalty", "ignore_eos", "regex", "json_schema", "choices", "ebnf",
            "stop_token_ids", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens", "logit_bias")
 _GRAMMAR_PARAMS = ("regex", "json_schema", "choices", "ebnf")
+# vLLM's names for the same constraints (extra_body), accepted so its clients work unchanged
+_GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choices", "guided_grammar": "ebnf"}
 # accepted and without effect here
 _IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream_options", "stream", "logprobs",
             "top_logprobs", "response_format", "echo", "best_of", "rid")
 # response_format json_object: any JSON object, nested to any depth (compiled to the pushdown
 # automaton of constrained/json_any.py; with --json-whitespace-pattern, to a regex)
 JSON_OBJECT_SCHEMA = {"type": "object"}
-_COMPLETION_FIELDS = {"prompt", "suffix", *_RENAMED, *_PASSED, *_IGNORED}
+_COMPLETION_FIELDS = {"prompt", "suffix", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED}
 _CHAT_FIELDS = {"messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
-                "separate_reasoning", *_RENAMED, *_PASSED, *_IGNORED}
+                "separate_reasoning", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED}
 
 
 def register_openai_routes(app: FastAPI, state: ServerState) -> None:
@@ -153,6 +155,11 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
     for name in _PASSED:
         if body.get(name) is not None:
             params[name] = body[name]
+    for alias, name in _GUIDED.items():
+        if body.get(alias) is not None:
+            if params.get(name) is not None:
+                raise APIError.bad_request(f"set {name} or {alias}, not both", alias)
+            params[name] = body[alias]
     for name in ("min_tokens", "max_tokens", "max_completion_tokens"):  # the newer name wins
         if body.get(name) is not None:
             params[_RENAMED[name]] = body[name]
