@@ -95,7 +95,8 @@ def main() -> None:
     args = p.parse_args()
     if torch.cuda.device_count() < args.world_size:
         raise SystemExit(f"needs {args.world_size} GPUs, found {torch.cuda.device_count()}")
-    from machine import machine_info, spawn_ranks, write_figures
+    from figures import write_figures
+    from machine import machine_info, spawn_ranks
 
     meta = {"figure": "meta", **machine_info(), "command": "python " + " ".join(sys.argv),
             "world_size": args.world_size, "hidden": args.hidden, "dtype": args.dtype,

@@ -23,13 +23,13 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from figures import emit, write_results  # benchmarks/figures.py
 from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 SCHEMAS: dict[str, dict] = {
@@ -72,14 +72,6 @@ SCHEMAS: dict[str, dict] = {
         "where": {"anyOf": [{"type": "string", "maxLength": 10}, {"type": "null"}]}},
         "required": ["kind", "day", "who", "where"]},
 }
-
-FIGURES: list[dict] = []
-
-
-def emit(fig: dict) -> None:
-    FIGURES.append(fig)
-    print(json.dumps(fig), flush=True)
-
 
 def stats_us(samples: list[float]) -> dict:
     a = np.asarray(samples) * 1e6
@@ -403,12 +395,9 @@ def main() -> None:
     tok, eos_ids, vocab_size = bench_engine(args)
     bench_grammar_libs(tok, eos_ids, vocab_size, args)
     info["loadavg_end"] = os.getloadavg()
-    result = {"benchmark": "constrained decoding (CPU)", "command": " ".join([sys.executable] + sys.argv),
-              "cwd": os.getcwd(), "machine": info, "model": "SmolLM2-135M-Instruct (embedded GGUF), fp32",
-              "schemas": SCHEMAS, "total_seconds": round(time.perf_counter() - t0, 1), "figures": FIGURES}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    print(json.dumps({"written": args.out, "total_seconds": result["total_seconds"]}), flush=True)
+    write_results(args.out, "constrained decoding (CPU)", cwd=os.getcwd(), machine=info,
+                  model="SmolLM2-135M-Instruct (embedded GGUF), fp32", schemas=SCHEMAS,
+                  total_seconds=round(time.perf_counter() - t0, 1))
 
 
 if __name__ == "__main__":

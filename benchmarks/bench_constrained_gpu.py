@@ -17,11 +17,10 @@ a fresh matcher (they must be accepted), so the figure is of valid work.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from pathlib import Path
 
+from figures import emit, write_results  # benchmarks/figures.py
 from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 SCHEMAS = {
@@ -37,14 +36,6 @@ SCHEMAS = {
         "name": {"type": "string", "maxLength": 16}, "arguments": {"type": "object"}}, "required": ["name", "arguments"]},
     "json_object": {"type": "object"},
 }
-FIGURES: list[dict] = []
-
-
-def emit(fig: dict) -> None:
-    FIGURES.append(fig)
-    print(json.dumps(fig), flush=True)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-path", default="dummy:llama3-8b")
@@ -127,12 +118,8 @@ def main() -> None:
     eng_off.check_integrity()
     eng_on.shutdown()
     eng_off.shutdown()
-    result = {"benchmark": "constrained vs unconstrained decoding (GPU)",
-              "command": " ".join([sys.executable] + sys.argv), "machine": info,
-              "model": args.model_path, "schemas": SCHEMAS, "figures": FIGURES}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    print(json.dumps({"written": args.out}), flush=True)
+    write_results(args.out, "constrained vs unconstrained decoding (GPU)", machine=info, model=args.model_path,
+                  schemas=SCHEMAS)
 
 
 if __name__ == "__main__":

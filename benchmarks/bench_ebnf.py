@@ -20,13 +20,12 @@ JSON-like one with strings spelled as runs of a class, which xgrammar walks much
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
 from pathlib import Path
 
-from grammar_walks import stats_us, walk, xgrammar_uncached  # benchmarks/grammar_walks.py
+from figures import emit, write_results  # benchmarks/figures.py
+from grammar_walks import stats_us, walk, warm_walks, xgrammar_uncached  # benchmarks/grammar_walks.py
 from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 GRAMMARS = {
@@ -111,14 +110,6 @@ DOCS = {
     ],
 }
 DOCS["json_like_runs"] = DOCS["json_like"]
-FIGURES: list[dict] = []
-
-
-def emit(fig: dict) -> None:
-    FIGURES.append(fig)
-    print(json.dumps(fig), flush=True)
-
-
 def nesting(text: str) -> int:
     """Deepest bracket nesting (``( [ {``) outside double-quoted strings."""
     d = best = 0
@@ -236,10 +227,7 @@ def main() -> None:
             refused = {i: refused_at(g.matcher(), paths[i], tok) for i in range(len(paths)) if i not in ok}
             emit({"figure": "per_token", "grammar": name, "lib": "treadle, first walk (rows built)",
                   **stats_us(cold), "documents_accepted": len(ok), "of": len(paths)})
-            warm = []
-            for _ in range(args.reps):
-                for i in ok:
-                    warm += walk(g.matcher, paths[i], bm)
+            warm, _ = warm_walks(g.matcher, [paths[i] for i in ok], bm, args.reps)
             emit({"figure": "per_token", "grammar": name, "lib": "treadle, warm", **stats_us(warm),
                   "documents_accepted": len(ok), "of": len(paths),
                   "refused": {f"doc {i} (nesting {nesting(docs[i])})": f"at {t!r}" for i, t in refused.items()}})
@@ -277,12 +265,9 @@ def main() -> None:
                                                                    "only_xgrammar_special")},
                           "first_other": next(({"doc": i, **d["first_other"]} for i, d in zip(both, diffs)
                                                if d["first_other"]), None)})
-    result = {"benchmark": "EBNF grammars, treadle vs xgrammar (CPU)", "command": " ".join([sys.executable] + sys.argv),
-              "machine": {**info, "loadavg_end": os.getloadavg()}, "vocab": f"SmolLM2-135M-Instruct ({V})",
-              "grammars": GRAMMARS, "documents": DOCS,
-              "figures": FIGURES}
-    Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    print(json.dumps({"written": args.out}), flush=True)
+    write_results(args.out, "EBNF grammars, treadle vs xgrammar (CPU)",
+                  machine={**info, "loadavg_end": os.getloadavg()}, vocab=f"SmolLM2-135M-Instruct ({V})",
+                  grammars=GRAMMARS, documents=DOCS)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ import argparse
 import importlib.util
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-from grammar_walks import depth, stats_us, walk  # benchmarks/grammar_walks.py
+from figures import emit, write_results  # benchmarks/figures.py
+from grammar_walks import depth, stats_us, walk, warm_walks  # benchmarks/grammar_walks.py
 from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 DOCS = [
@@ -33,14 +33,6 @@ DOCS = [
     {"a": {"b": {"c": {"d": {"e": {"f": [1, {"g": "deep"}]}}}}}},
     {"matrix": [[[0.5, -1], [2e-3]], [[7]]], "text": "line\\nbreak \\u0041"},
 ]
-FIGURES: list[dict] = []
-
-
-def emit(fig: dict) -> None:
-    FIGURES.append(fig)
-    print(json.dumps(fig), flush=True)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=3, help="warm walks over the documents")
@@ -77,10 +69,7 @@ def main() -> None:
     emit({"figure": "per_token", "lib": "treadle pushdown, cold mask cache", **stats_us(cold),
           "mask_builds": pda.stats["mask_builds"], "mask_build_mean_ms":
           round(1e3 * pda.stats["mask_build_s"] / max(1, pda.stats["mask_builds"]), 2)})
-    warm = []
-    for _ in range(args.reps):
-        for p in paths:
-            warm += walk(g.matcher, p, bm)
+    warm, _ = warm_walks(g.matcher, paths, bm, args.reps)
     emit({"figure": "per_token", "lib": "treadle pushdown, warm", **stats_us(warm),
           "documents_accepted": len(paths), "deepest_accepted": max(depth(doc) for doc in DOCS)})
 
@@ -98,10 +87,7 @@ def main() -> None:
         emit({"figure": "time_to_grammar", "lib": "regex, 3 levels (outlines-core Index)",
               "seconds": round(time.perf_counter() - t0, 2), "regex_chars": len(rx)})
         fits = [p for doc, p in zip(DOCS, paths) if depth(doc) <= 3]
-        samples = []
-        for _ in range(args.reps):
-            for p in fits:
-                samples += walk(rg.matcher, p, bm)
+        samples, _ = warm_walks(rg.matcher, fits, bm, args.reps)
         refused = sum(walk(rg.matcher, p, bm) is None for doc, p in zip(DOCS, paths) if depth(doc) > 3)
         emit({"figure": "per_token", "lib": "regex, 3 levels, warm", **stats_us(samples),
               "documents_accepted": len(fits), "deeper_documents_refused": refused})
@@ -121,19 +107,10 @@ def main() -> None:
               "tokenizer_info_s": round(t1 - t0, 3)})
         xbm = xgr.allocate_token_bitmask(1, V)
 
-        samples, ok = [], 0
-        for _ in range(args.reps):
-            for p in paths:
-                w = walk(lambda: xgr.GrammarMatcher(xg), p, xbm)
-                if w is not None:
-                    samples += w
-                    ok += 1
+        samples, ok = warm_walks(lambda: xgr.GrammarMatcher(xg), paths, xbm, args.reps)
         emit({"figure": "per_token", "lib": "xgrammar builtin JSON, warm", **stats_us(samples),
-              "documents_accepted": ok // args.reps})
-    result = {"benchmark": "any-JSON grammar (CPU)", "command": " ".join([sys.executable] + sys.argv),
-              "machine": info, "vocab": "SmolLM2-135M-Instruct (49152)", "figures": FIGURES}
-    Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    print(json.dumps({"written": args.out}), flush=True)
+              "documents_accepted": ok})
+    write_results(args.out, "any-JSON grammar (CPU)", machine=info, vocab="SmolLM2-135M-Instruct (49152)")
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ import argparse
 import importlib.util
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-from grammar_walks import depth, stats_us, walk, xgrammar_uncached  # benchmarks/grammar_walks.py
+from figures import emit, write_results  # benchmarks/figures.py
+from grammar_walks import depth, stats_us, walk, warm_walks, xgrammar_uncached  # benchmarks/grammar_walks.py
 from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 SCHEMAS = {
@@ -51,14 +51,6 @@ DOCS = {
         {"id": 9, "tags": ["y", "z"], "payload": [{"k": {"v": {"w": [True, None]}}}], "meta": {"t": {"u": {"v": 1}}}},
     ],
 }
-FIGURES: list[dict] = []
-
-
-def emit(fig: dict) -> None:
-    FIGURES.append(fig)
-    print(json.dumps(fig), flush=True)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=3, help="warm walks over the documents")
@@ -103,10 +95,7 @@ def main() -> None:
             cold += w or []
         emit({"figure": "per_token", "schema": name, "lib": "treadle holes, first walk (rows built)",
               **stats_us(cold), "documents_accepted": ok})
-        warm = []
-        for _ in range(args.reps):
-            for p in paths:
-                warm += walk(g.matcher, p, bm) or []
+        warm, _ = warm_walks(g.matcher, paths, bm, args.reps)
         emit({"figure": "per_token", "schema": name, "lib": "treadle holes, warm", **stats_us(warm),
               "documents_accepted": ok, "of": len(paths)})
 
@@ -119,10 +108,7 @@ def main() -> None:
             emit({"figure": "time_to_grammar", "schema": name, "lib": "bounded regex (2 levels)",
                   "seconds": round(time.perf_counter() - t0, 2), "regex_chars": len(brx)})
             accepted = [p for p in paths if walk(bg.matcher, p, bm) is not None]
-            samples = []
-            for _ in range(args.reps):
-                for p in accepted:
-                    samples += walk(bg.matcher, p, bm)
+            samples, _ = warm_walks(bg.matcher, accepted, bm, args.reps)
             emit({"figure": "per_token", "schema": name, "lib": "bounded regex, warm", **stats_us(samples),
                   "documents_accepted": len(accepted), "of": len(paths)})
 
@@ -135,19 +121,10 @@ def main() -> None:
                                            strict_mode=False)
             emit({"figure": "time_to_grammar", "schema": name, "lib": "xgrammar json schema",
                   "seconds": round(time.perf_counter() - t0, 4)})
-            samples, ok = [], 0
-            for _ in range(args.reps):
-                for p in paths:
-                    w = walk(lambda: xgr.GrammarMatcher(xg), p, xbm)
-                    if w is not None:
-                        samples += w
-                        ok += 1
+            samples, ok = warm_walks(lambda: xgr.GrammarMatcher(xg), paths, xbm, args.reps)
             emit({"figure": "per_token", "schema": name, "lib": "xgrammar, warm", **stats_us(samples),
-                  "documents_accepted": ok // args.reps, "of": len(paths)})
-    result = {"benchmark": "schemas with any-values (CPU)", "command": " ".join([sys.executable] + sys.argv),
-              "machine": info, "vocab": "SmolLM2-135M-Instruct (49152)", "figures": FIGURES}
-    Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    print(json.dumps({"written": args.out}), flush=True)
+                  "documents_accepted": ok, "of": len(paths)})
+    write_results(args.out, "schemas with any-values (CPU)", machine=info, vocab="SmolLM2-135M-Instruct (49152)")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ import shlex
 import sys
 import time
 
-from machine import machine_info, write_figures  # benchmarks/machine.py (scripts run from this folder)
+from figures import write_figures  # benchmarks/figures.py
+from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 PASSAGE = ("The committee met on Tuesday to review the budget for the new library. After a long discussion, "
            "the members agreed to fund the children's reading room, the digital archive, the repair of the "

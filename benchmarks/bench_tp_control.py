@@ -67,7 +67,8 @@ def main() -> None:
     p.add_argument("--n", type=int, default=400)
     p.add_argument("--output", default=None)
     args = p.parse_args()
-    from machine import machine_info, spawn_ranks, write_figures
+    from figures import write_figures
+    from machine import machine_info, spawn_ranks
 
     rows = spawn_ranks(worker, 2, args.n, replies=2, timeout_s=300)
     rows.sort(key=lambda r: (r["message"], r["channel"], r["rank"]))

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["depth", "stats_us", "walk", "xgrammar_uncached"]
+__all__ = ["depth", "stats_us", "walk", "warm_walks", "xgrammar_uncached"]
 
 
 def depth(v: Any, d: int = 0) -> int:
@@ -17,6 +17,19 @@ def depth(v: Any, d: int = 0) -> int:
     if isinstance(v, list):
         return max([depth(x, d + 1) for x in v], default=d + 1)
     return d
+
+
+def warm_walks(make: Callable[[], Any], paths: list[list[int]], bitmask: Any, reps: int) -> tuple[list[float], int]:
+    """``reps`` rounds of ``walk`` over ``paths``: (per-token seconds of the walks that went
+    through, how many of the paths went through)."""
+    samples, ok = [], 0
+    for _ in range(reps):
+        for p in paths:
+            w = walk(make, p, bitmask)
+            if w is not None:
+                samples += w
+                ok += 1
+    return samples, ok // max(reps, 1)
 
 
 def xgrammar_uncached(tok: Any, vocab_size: int, eos: list[int]) -> tuple[Any, Any, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata as md
-import json
 import os
 import platform
 import statistics
@@ -93,11 +92,3 @@ def spawn_ranks(target, world_size: int, *args, replies: int = 1, timeout_s: flo
     for proc in procs:
         proc.join()
     return rows
-
-
-def write_figures(figures: list[dict], output: str | None) -> None:
-    """Write a benchmark's figures to `output` as one JSON list (nothing without `output`)."""
-    if output:
-        with open(output, "w") as f:
-            json.dump(figures, f, indent=1)
-        print("wrote", output)
