@@ -57,6 +57,7 @@ def build_compiled_grammar(
     """
     from outlines_core import Index
 
+    _check_reserved(regex, spec is not None and _holes_apply(spec))
     vocab, table = build_vocabulary(tokenizer, list(eos_token_ids))
     t0 = time.perf_counter()
     try:
@@ -78,6 +79,12 @@ def build_compiled_grammar(
         compile_time_s=time.perf_counter() - t0,
         holes=holes,
     )
+
+
+def _check_reserved(regex: str, holes: bool) -> None:
+    """``ValueError`` when ``regex`` names the reserved code points (index_markers.py); a
+    regex with holes may hold their placeholders."""
+    check_regex(regex, frozenset(HOLE_CHARS.values()) if holes else frozenset())
 
 
 def _holes_apply(spec: GrammarSpec) -> bool:
@@ -229,7 +236,7 @@ class GrammarCompiler:
             holes = self._holes(spec)
             regex = spec.to_regex(self._whitespace_pattern, self._json_schema_mode, holes=holes,
                                   max_recursion_depth=self._max_recursion_depth)
-            check_regex(regex, frozenset(HOLE_CHARS.values()) if holes else frozenset())
+            _check_reserved(regex, holes)
         except ValueError as e:
             _settle(fut, exc=e)
             return fut

@@ -17,8 +17,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from treadle.constrained.index_markers import initial_state, marker_token_ids, reserved_token_ids
+from treadle.constrained.index_markers import initial_state as index_initial_state
 from treadle.constrained.index_markers import is_final as index_is_final
+from treadle.constrained.index_markers import marker_token_ids, reserved_token_ids
 from treadle.constrained.json_holes import PLACEHOLDERS
 
 __all__ = ["GrammarSpec", "CompiledGrammar"]
@@ -165,9 +166,17 @@ class CompiledGrammar:
     _rows: dict[int, Any] = field(default_factory=dict, repr=False)
     _jumps: dict[int, str] = field(default_factory=dict, repr=False)
     _finals: dict[int, bool] = field(default_factory=dict, repr=False)
-    _initial: int | None = field(default=None, repr=False)
-    _reserved: frozenset[int] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # derived from the index and the table (index_markers.py): where matchers start, the
+    # end marker's pseudo-token, and the real tokens the index never allows
+    initial_state: int = field(init=False)
+    end_token: int = field(init=False, repr=False)
+    reserved_tokens: frozenset[int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        start, self.end_token = marker_token_ids(len(self.token_bytes), len(PLACEHOLDERS))
+        self.initial_state = index_initial_state(self.index, start)
+        self.reserved_tokens = reserved_token_ids(self.token_bytes)
 
     @property
     def bitmask_words(self) -> int:
@@ -179,27 +188,13 @@ class CompiledGrammar:
 
         return GrammarMatcher(self, max_rollback)
 
-    @property
-    def initial_state(self) -> int:
-        """The token-FSM state a matcher starts in (after the start marker)."""
-        if self._initial is None:
-            self._initial = initial_state(self.index, marker_token_ids(len(self.token_bytes), len(PLACEHOLDERS))[0])
-        return self._initial
-
     def is_final(self, state: int) -> bool:
         """Whether the text that led to token-FSM ``state`` is a full match (EOS allowed)."""
         hit = self._finals.get(state)
         if hit is None:
-            hit = index_is_final(self.index, state, marker_token_ids(len(self.token_bytes), len(PLACEHOLDERS))[1])
+            hit = index_is_final(self.index, state, self.end_token)
             self._finals[state] = hit
         return hit
-
-    @property
-    def reserved_tokens(self) -> frozenset[int]:
-        """Real tokens never allowed by the index (index_markers.py)."""
-        if self._reserved is None:
-            self._reserved = reserved_token_ids(self.token_bytes)
-        return self._reserved
 
     def mask_row(self, state: int) -> Any:
         """int32 numpy row ``[ceil(vocab_size/32)]`` of tokens allowed in token-FSM ``state``.
