@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from treadle.constrained.regex_text import MAX_REPEAT, escape_literal
+from treadle.constrained.regex_text import MAX_REPEAT, class_literal, escape_literal
 
 __all__ = ["EbnfError", "Grammar", "ebnf_to_regex", "parse_ebnf", "MAX_REGEX_CHARS"]
 
@@ -438,13 +438,6 @@ def _wrap(f: _Frag, need: int) -> str:
     return f[0] if f[1] >= need else f"(?:{f[0]})"
 
 
-def _class_char(cp: int) -> str:
-    ch = chr(cp)
-    if cp < 0x20 or cp == 0x7F:
-        return f"\\x{cp:02x}"
-    return "\\" + ch if ch in "\\][^-&~" else ch
-
-
 class _Emitter:
     def __init__(self, grammar: Grammar, max_depth: int) -> None:
         self.rules = {n: (_as_loop(n, b) or b) for n, b in grammar.rules.items()}
@@ -486,8 +479,8 @@ class _Emitter:
                 return r"(?:[^\n]|\n)", ATOM
             if not node.negated and len(node.ranges) == 1 and node.ranges[0][0] == node.ranges[0][1]:
                 return escape_literal(chr(node.ranges[0][0])), ATOM
-            parts = "".join(_class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}"
-                            for lo, hi in node.ranges)
+            lit = class_literal
+            parts = "".join(lit(chr(lo)) if lo == hi else f"{lit(chr(lo))}-{lit(chr(hi))}" for lo, hi in node.ranges)
             return f"[{'^' if node.negated else ''}{parts}]", ATOM
         if isinstance(node, Ref):
             return self.rule(node.name, active)

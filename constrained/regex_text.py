@@ -88,7 +88,7 @@ def string_regex(min_length: int = 0, max_length: int | None = None) -> str:
 _CLASS_SPECIAL = set("\\][^-&~")
 
 
-def _class_literal(ch: str) -> str:
+def class_literal(ch: str) -> str:
     """``ch`` written for use inside a character class."""
     if ord(ch) < 0x20 or ord(ch) == 0x7F:
         return f"\\x{ord(ch):02x}"
@@ -119,7 +119,7 @@ def excluded_key_regex(names: list[str]) -> str:
 def _not_in_trie(node: dict) -> str:
     """Bodies s (raw safe characters) such that prefix(node) + s is not a name."""
     edges = sorted(ch for ch in node if ch)
-    other = SAFE_RAW_CHAR[:-1] + "".join(_class_literal(ch) for ch in edges) + "]"
+    other = SAFE_RAW_CHAR[:-1] + "".join(class_literal(ch) for ch in edges) + "]"
     alts = [f"{other}{SAFE_RAW_CHAR}*"] + [escape_literal(ch) + _not_in_trie(node[ch]) for ch in edges]
     body = "(?:" + "|".join(alts) + ")"
     return body if "" in node else body + "?"
