@@ -17,6 +17,7 @@ from typing import Any
 
 from treadle.lang import ir
 from treadle.lang.backend import Backend
+from treadle.runtime.sampling_params import GRAMMAR_FIELDS
 
 # dtype -> (regex the runtime constrains to, parser of the matched text)
 DTYPE_REGEX: dict[type, tuple[str, Any]] = {
@@ -168,7 +169,7 @@ class StreamExecutor:
         params = {_PARAM_NAMES.get(k, k): v for k, v in self.defaults.items()}
         params.update({_PARAM_NAMES.get(k, k): v for k, v in gen.params.items() if v is not None})
         if gen.dtype is not None:
-            if any(k in params for k in ("regex", "json_schema", "choices", "ebnf")):
+            if any(k in params for k in GRAMMAR_FIELDS):
                 raise ValueError(f"gen({gen.name!r}): dtype cannot be combined with regex/json_schema/choices/ebnf")
             params["regex"] = DTYPE_REGEX[gen.dtype][0]
         return params

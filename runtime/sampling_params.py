@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Fields a caller may pass in `sampling_params` (native API, Engine). Unknown fields are an error.
-_GRAMMAR_FIELDS = ("regex", "json_schema", "choices", "ebnf")
+GRAMMAR_FIELDS = ("regex", "json_schema", "choices", "ebnf")  # output constraints: at most one
 MAX_N = 128  # parallel samples of one prompt (OpenAI's limit); each is a request of its own
 
 
@@ -135,7 +135,7 @@ class SamplingParams:
                 raise ValueError("sampling_params.logit_bias values must be numbers in [-100, 100]")
             if vocab_size is not None and any(t >= vocab_size for t in b):
                 raise ValueError(f"sampling_params.logit_bias token ids must be < vocab size {vocab_size}")
-        grammars = [f for f in _GRAMMAR_FIELDS if getattr(self, f) is not None]
+        grammars = [f for f in GRAMMAR_FIELDS if getattr(self, f) is not None]
         if len(grammars) > 1:
             raise ValueError(
                 f"sampling_params: at most one of regex, json_schema, choices, ebnf may be set; got {', '.join(grammars)}"
@@ -160,7 +160,7 @@ class SamplingParams:
 
     @property
     def has_grammar(self) -> bool:
-        return any(getattr(self, f) is not None for f in _GRAMMAR_FIELDS)
+        return any(getattr(self, f) is not None for f in GRAMMAR_FIELDS)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

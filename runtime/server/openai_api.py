@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from treadle.runtime.io_struct import TokenizedGenerateReq
+from treadle.runtime.sampling_params import GRAMMAR_FIELDS
 from treadle.runtime.server.http_server import ServerState, read_json
 from treadle.runtime.server.protocol import APIError, finish_reason, matched_stop
 from treadle.runtime.server.reasoning import ReasoningStream, opens_in_prompt
@@ -29,7 +30,6 @@ _PASSED = ("temperature", "top_p", "n", "stop", "seed", "frequency_penalty", "pr
            # treadle / SGLang extras, sent by clients as extra_body
            "top_k", "min_p", "repetition_penalty", "ignore_eos", "regex", "json_schema", "choices", "ebnf",
            "stop_token_ids", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens", "logit_bias")
-_GRAMMAR_PARAMS = ("regex", "json_schema", "choices", "ebnf")
 # vLLM's names for the same constraints (extra_body), accepted so its clients work unchanged
 _GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choices", "guided_grammar": "ebnf"}
 # accepted and without effect here
@@ -169,13 +169,13 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
         params["max_new_tokens"] = room if default_max is None else min(default_max, room)
     schema = _response_format_schema(body.get("response_format"))
     if schema is not None:
-        if any(params.get(k) for k in _GRAMMAR_PARAMS):
+        if any(params.get(k) for k in GRAMMAR_FIELDS):
             raise APIError.bad_request("response_format cannot be combined with regex, json_schema, choices or ebnf",
                                        "response_format")
         params["json_schema"] = schema
     if tools is not None:
         overrides = tools.sampling_overrides(params.get("stop"))
-        if "json_schema" in overrides and any(params.get(k) for k in _GRAMMAR_PARAMS):
+        if "json_schema" in overrides and any(params.get(k) for k in GRAMMAR_FIELDS):
             raise APIError.bad_request(f"tool_choice {tools.choice!r} constrains the reply itself; it cannot be "
                                        "combined with response_format, regex, json_schema, choices or ebnf",
                                        "tool_choice")
