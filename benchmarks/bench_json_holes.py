@@ -1,13 +1,14 @@
 """Schemas with any-values inside (free-form tool parameters, arrays of free-form objects,
-untyped members) on CPU, SmolLM2 vocab, in one run, per schema:
+untyped members) and recursive schemas (a file tree, an expression tree, a comment thread)
+on CPU, SmolLM2 vocab, in one run, per schema:
 
 1. regex size and time to a usable grammar (token index + first mask):
-   treadle with holes (constrained/json_holes.py: the any-values run on the pushdown
-   automaton) vs the bounded regex it replaced (any-values unrolled two levels deep) vs
-   xgrammar's JSON-schema compile;
+   treadle with holes and calls (constrained/json_holes.py: the any-values run on the
+   pushdown automaton, recursive $refs as calls) vs the bounded regex they replaced
+   (any-values unrolled two levels deep, $ref cycles three) vs xgrammar's JSON-schema compile;
 2. per-token time (fill bitmask + accept) walking documents as the tokenizer writes them
-   (tokens crossing hole boundaries included): holes cold (first walk) and warm, the bounded
-   regex warm (only the documents it accepts), xgrammar warm;
+   (tokens crossing hole and call boundaries included): holes cold (first walk) and warm,
+   the bounded regex warm (only the documents it accepts), xgrammar warm;
 3. the documents each accepts (the deep ones exceed the bounded regex).
 
     nice .venv/bin/python benchmarks/bench_json_holes.py [--reps 3] [--no-bounded]
@@ -32,7 +33,37 @@ SCHEMAS = {
     "record_with_any": {"type": "object", "properties": {
         "id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}},
         "payload": {}, "meta": {"type": "object"}}, "required": ["id", "tags", "payload", "meta"]},
+    "file_tree": {"$defs": {"node": {"type": "object", "properties": {
+        "name": {"type": "string"}, "size": {"type": "integer"},
+        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["name", "children"]}},
+        "$ref": "#/$defs/node"},
+    "expression": {"$defs": {"e": {"anyOf": [
+        {"type": "object", "properties": {"op": {"enum": ["+", "-", "*", "/"]},
+                                          "args": {"type": "array", "items": {"$ref": "#/$defs/e"}, "minItems": 2}},
+         "required": ["op", "args"]},
+        {"type": "object", "properties": {"num": {"type": "number"}}, "required": ["num"]},
+        {"type": "object", "properties": {"var": {"type": "string"}}, "required": ["var"]}]}},
+        "$ref": "#/$defs/e"},
+    "comment_thread": {"$defs": {"c": {"type": "object", "properties": {
+        "author": {"type": "string"}, "text": {"type": "string"}, "meta": {"type": "object"},
+        "replies": {"type": "array", "items": {"$ref": "#/$defs/c"}}}, "required": ["author", "text", "replies"]}},
+        "$ref": "#/$defs/c"},
 }
+
+
+def _dir(d: int) -> dict:
+    kids = [{"name": f"f{d}.txt", "size": 10 * d, "children": []}]
+    return {"name": f"d{d}", "children": kids + [_dir(d - 1)] if d else kids}
+
+
+def _expr(d: int) -> dict:
+    return {"op": "+*"[d % 2], "args": [_expr(d - 1), {"num": d / 2}]} if d else {"var": "x"}
+
+
+def _thread(d: int) -> dict:
+    return {"author": f"u{d}", "text": "ok" if d % 2 else "why?", "replies": [_thread(d - 1)] if d else []}
+
+
 DOCS = {
     "tool_call": [
         {"name": "search", "arguments": {"query": "weather in Oslo", "limit": 5}},
@@ -50,6 +81,10 @@ DOCS = {
         {"id": 8, "tags": [], "payload": {"rows": [[1, 2], [3, 4]], "cols": ["a", "b"]}, "meta": {"src": "api"}},
         {"id": 9, "tags": ["y", "z"], "payload": [{"k": {"v": {"w": [True, None]}}}], "meta": {"t": {"u": {"v": 1}}}},
     ],
+    "file_tree": [_dir(1), _dir(3), _dir(8)],
+    "expression": [_expr(1), _expr(3), _expr(7)],
+    "comment_thread": [_thread(1), {"author": "ann", "text": "+1", "meta": {"votes": {"up": 3}}, "replies": [_thread(1)]},
+                       _thread(8)],
 }
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -105,7 +140,7 @@ def main() -> None:
             brx = spec.to_regex(holes=False)
             bg = build_compiled_grammar(brx, tok, eos, vocab_size=V, spec=spec)
             bg.matcher().fill_next_token_bitmask(bm, 0)
-            emit({"figure": "time_to_grammar", "schema": name, "lib": "bounded regex (2 levels)",
+            emit({"figure": "time_to_grammar", "schema": name, "lib": "bounded regex (any-values 2 levels, $ref 3)",
                   "seconds": round(time.perf_counter() - t0, 2), "regex_chars": len(brx)})
             accepted = [p for p in paths if walk(bg.matcher, p, bm) is not None]
             samples, _ = warm_walks(bg.matcher, accepted, bm, args.reps)

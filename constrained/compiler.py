@@ -26,7 +26,7 @@ from treadle.constrained.disk_cache import GrammarDiskCache, vocabulary_fingerpr
 from treadle.constrained.grammar import CompiledGrammar, GrammarSpec
 from treadle.constrained.index_markers import check_regex, marked
 from treadle.constrained.json_any import JsonAnyGrammar, JsonPushdown, json_any_root
-from treadle.constrained.json_holes import HOLE_CHARS, Holes, regex_has_holes, schema_allows_holes
+from treadle.constrained.json_holes import WRITTEN, Holes, regex_has_holes, schema_allows_holes
 from treadle.constrained.vocabulary import build_vocabulary
 
 __all__ = ["GrammarCompiler", "GrammarCompileError", "build_compiled_grammar"]
@@ -84,7 +84,7 @@ def build_compiled_grammar(
 def _check_reserved(regex: str, holes: bool) -> None:
     """``ValueError`` when ``regex`` names the reserved code points (index_markers.py); a
     regex with holes may hold their placeholders."""
-    check_regex(regex, frozenset(HOLE_CHARS.values()) if holes else frozenset())
+    check_regex(regex, WRITTEN if holes else frozenset())
 
 
 def _holes_apply(spec: GrammarSpec) -> bool:

@@ -20,8 +20,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FORMAT = 4  # bump when what is pickled changes (2: vocabularies carry the hole placeholders; 3: indexes are
-# built marked, index_markers.py; 4: no character FSM)
+FORMAT = 5  # bump when what is pickled changes (2: vocabularies carry the hole placeholders; 3: indexes are
+# built marked, index_markers.py; 4: no character FSM; 5: the entry and call placeholders, json_holes.py)
 
 
 def _version(package: str) -> str:

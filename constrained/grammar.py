@@ -162,7 +162,7 @@ class CompiledGrammar:
     spec: GrammarSpec | None = None
     compile_time_s: float = 0.0
     from_disk: bool = False  # loaded from the disk cache (compile_time_s: the original build's)
-    holes: Any = None  # json_holes.Holes when the regex has any-value placeholders
+    holes: Any = None  # json_holes.Holes when the regex has any-value or call placeholders
     _rows: dict[int, Any] = field(default_factory=dict, repr=False)
     _jumps: dict[int, str] = field(default_factory=dict, repr=False)
     _finals: dict[int, bool] = field(default_factory=dict, repr=False)
@@ -177,6 +177,8 @@ class CompiledGrammar:
         start, self.end_token = marker_token_ids(len(self.token_bytes), len(PLACEHOLDERS))
         self.initial_state = index_initial_state(self.index, start)
         self.reserved_tokens = reserved_token_ids(self.token_bytes)
+        if self.holes is not None:
+            self.holes.bind(self)
 
     @property
     def bitmask_words(self) -> int:
@@ -205,6 +207,16 @@ class CompiledGrammar:
         row = self._rows.get(state)
         if row is not None:
             return row
+        packed = self.index_row(state)
+        if self.holes is not None:
+            packed = self.holes.outer_row(state, packed)
+        with self._lock:
+            self._rows.setdefault(state, packed)
+        return self._rows[state]
+
+    def index_row(self, state: int) -> Any:
+        """A fresh int32 row of the tokens the index itself allows at ``state`` (EOS where it is
+        final; no hole or call of json_holes.py)."""
         allowed = np.zeros(self.bitmask_words * 32, dtype=np.bool_)
         ids = np.fromiter(self.index.get_allowed_tokens(state), dtype=np.int64)
         ids = ids[ids < self.num_tokens]
@@ -216,12 +228,7 @@ class CompiledGrammar:
         eos = np.asarray([e for e in self.eos_token_ids if e < allowed.size], dtype=np.int64)
         allowed[eos] = self.is_final(state)
         # Little bit order: bit t%32 of little-endian word t//32 is token t.
-        packed = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32)
-        if self.holes is not None:
-            packed = self.holes.outer_row(state, packed)
-        with self._lock:
-            self._rows.setdefault(state, packed)
-        return self._rows[state]
+        return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32)
 
     def jump_string(self, state: int) -> str:
         """The text the grammar forces from token-FSM ``state`` on, maybe "": while every token

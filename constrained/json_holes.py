@@ -1,4 +1,4 @@
-"""Holes: the any-JSON values inside a schema's regex, run on the pushdown automaton.
+"""Holes and calls: the any-JSON values and the recursive ``$ref``s inside a schema's regex.
 
 A schema that allows any value somewhere (a member ``{}``, a free-form ``{"type": "object"}``
 tool parameter, the items of an untyped array) used to make the regex backend unroll "any
@@ -16,22 +16,37 @@ runs json_any.py's pushdown automaton between entering a hole and leaving it:
 * a value that cannot go on (a closed container, a string, a literal) leaves at once, so
   jump-forward sees the regex's forced text after it.
 
+**Calls.** A recursive ``$ref`` (a tree's ``children``, an expression's ``args``) was unrolled
+the same way, three levels. Now it is a call placeholder (``CALL_CHARS[i]``) and its
+definition is converted once and appended to the regex as a branch no output can take,
+``(?:root)|ENTRY CALL_i (?:definition i)`` (``with_definitions``), so one index holds them
+all. A call pushes the state after its placeholder and goes, without reading, to where the
+index is after ``ENTRY CALL_i``; where the definition is complete (the end marker could
+follow, index_markers.py) the call may return, and it returns at once when its value cannot
+go on. Recursion is as deep as the output; a definition entered again at the same byte
+without reading one is not entered (no endless left recursion).
+
 **Crossing tokens.** A token may cross a boundary mid-token (``":{"`` enters a hole,
-``"},"`` leaves one, ``},{`` does both): ``Holes.walk`` runs its bytes, the regex part one
-byte at a time through the index's single-byte tokens, trying the regex first and the hole
-second wherever both could go on (a depth-first search, so every split is found). In compact
-JSON a value follows ``:``, ``[``, ``,`` or starts the text, and is followed by ``,``, ``}``,
-``]`` or ends it, so a token can only cross where those bytes are: the mask checks just the
-few hundred tokens that hold one (``HoleTables.candidates``) with the walk, and the walk
+``"},"`` leaves one, ``},{`` does both; ``}]}`` returns from two calls): the walk (``_go``)
+runs its bytes, the regex part one byte at a time through the index's single-byte tokens. In
+compact JSON a value follows ``:``, ``[``, ``,`` or starts the text, and is followed by ``,``,
+``}``, ``]`` or ends it, so a token can only cross where those bytes are: the mask checks just
+the few hundred tokens that hold one (``HoleTables.candidates``) with the walk, and the walk
 refuses any other mid-token boundary, so mask and acceptance always agree.
+
+**More than one reading.** A prefix may be read two ways: under ``anyOf`` of a free-form
+object and a declared one, ``{"x":1`` is inside the hole of the first and the regex of the
+second, and only the first allows ``.5`` next. The walk finds every reading (a depth-first
+search over the splits), and a matcher keeps the set of configurations (``Config``), most
+often one; its mask is the union of theirs and EOS is allowed where any is final.
 
 **Soundness.** A string character class of the regex also matches the placeholders, so a
 state that takes the *canary* placeholder (never written) is inside such a class and has no
 exits. A path of real bytes never spells a placeholder where a hole is: the regex side
 refuses the placeholders' shared lead byte (as it refuses it everywhere, index_markers.py;
 tokens holding it go through the walk), while inside a hole a string may hold it. Holes
-are used only for JSON schemas, without a whitespace pattern (the automaton is compact), and
-not when the schema itself contains a placeholder or names that range
+and calls are used only for JSON schemas, without a whitespace pattern (the automaton is
+compact), and not when the schema itself contains a placeholder or names that range
 (``schema_allows_holes``).
 
 Importing this module does not import torch.
@@ -45,25 +60,35 @@ from typing import Any
 import numpy as np
 
 from treadle.constrained.index_markers import RESERVED_LEAD, marker_token_ids
+from treadle.constrained.index_markers import initial_state as index_initial_state
 from treadle.constrained.index_markers import is_final as index_is_final
 from treadle.constrained.json_any import JsonPushdown
 
-__all__ = ["HOLE_CHARS", "Holes", "placeholder_vocabulary", "regex_has_holes", "schema_allows_holes"]
+__all__ = ["CALL_CHARS", "HOLE_CHARS", "Holes", "placeholder_vocabulary", "regex_has_holes", "schema_allows_holes",
+           "with_definitions"]
 
 KINDS = ("value", "object", "array")
 # Supplementary Private Use Area-B, next to the noncharacters U+10FFFE/F
 HOLE_CHARS = {"value": "\U0010FFFD", "object": "\U0010FFFC", "array": "\U0010FFFB"}
 CANARY_CHAR = "\U0010FFFA"  # never written into a regex: taking it means "inside a character class"
-PLACEHOLDERS = (*(HOLE_CHARS[k] for k in KINDS), CANARY_CHAR)
+ENTRY_CHAR = "\U0010FFF7"  # opens a definition's branch: (?:root)|ENTRY CALL_i (?:definition i)|...
+MAX_CALLS = 16  # recursive definitions a regex can call; a schema with more unrolls its $refs
+CALL_CHARS = tuple(chr(0x10FFE0 + i) for i in range(MAX_CALLS))  # a value of definition i
+PLACEHOLDERS = (*(HOLE_CHARS[k] for k in KINDS), CANARY_CHAR, ENTRY_CHAR, *CALL_CHARS)
+WRITTEN = frozenset((*HOLE_CHARS.values(), ENTRY_CHAR, *CALL_CHARS))  # what a regex with holes may hold
 _LEAD = RESERVED_LEAD  # the first UTF-8 byte of every placeholder (and of the index markers)
 ENTRY_AFTER = frozenset(b":[,")  # a JSON value follows one of these (or starts the text)
 EXIT_AT = frozenset(b",}]")  # and is followed by one of these (or ends it)
-_ROWS_MAX = 4096  # cached hole-mode rows per grammar (6 KB each for a 49k vocabulary)
+_ROWS_MAX = 4096  # cached configuration rows per grammar (6 KB each for a 49k vocabulary)
+_STEPS_MAX = 1 << 16  # cached walks per grammar
+
+Hole = tuple[int, tuple[int, ...]]  # the automaton's (state, stack)
+Config = tuple[int, "Hole | None", tuple[int, ...]]  # (token-FSM state, open hole, return states of open calls)
 
 
 def placeholder_token_ids(table_size: int) -> tuple[int, ...]:
-    """Pseudo-token ids of the placeholders (the three kinds, then the canary): after every
-    id of a tokenizer with ``table_size`` tokens, so no mask ever allows one."""
+    """Pseudo-token ids of ``PLACEHOLDERS`` (the three kinds, the canary, the entry, the
+    calls): after every id of a tokenizer with ``table_size`` tokens, so no mask allows one."""
     return tuple(table_size + i for i in range(len(PLACEHOLDERS)))
 
 
@@ -75,11 +100,20 @@ def placeholder_vocabulary(table_size: int) -> dict[bytes, list[int]]:
 def schema_allows_holes(schema_text: str) -> bool:
     """False when a schema (its JSON text) could itself produce a placeholder: it holds one,
     or names the code points near them (a pattern escape such as ``\\u{10FFFD}``)."""
-    return not any(c in schema_text for c in PLACEHOLDERS) and "10fff" not in schema_text.lower()
+    low = schema_text.lower()
+    return not any(c in schema_text for c in PLACEHOLDERS) and "10fff" not in low and "10ffe" not in low
 
 
 def regex_has_holes(regex: str) -> bool:
-    return any(c in regex for c in HOLE_CHARS.values())
+    return any(c in regex for c in WRITTEN)
+
+
+def with_definitions(root: str, definitions: list[str]) -> str:
+    """The regex of a root with the definitions its calls name (``CALL_CHARS[i]`` is a value of
+    ``definitions[i]``): each behind the entry placeholder and its call, where no output goes."""
+    if not definitions:
+        return root
+    return f"(?:{root})" + "".join(f"|{ENTRY_CHAR}{CALL_CHARS[i]}(?:{d})" for i, d in enumerate(definitions))
 
 
 class HoleTables:
@@ -88,6 +122,7 @@ class HoleTables:
     def __init__(self, pda: JsonPushdown) -> None:
         table = pda.token_bytes
         eos = set(pda.eos_token_ids)
+        self.n = pda.num_tokens
         ids = pda.tables.ids
         self.starts = (ids["VALUE"], ids["ROOT_OBJ"], ids["ROOT_ARR"])
         self.start_masks = tuple(pda.mask(s, ()) for s in self.starts)  # no EOS: nothing is final yet
@@ -107,6 +142,7 @@ class HoleTables:
                 cands.append(i)
         self.candidates = tuple(cands)  # may cross a boundary mid-token
         self.lead = frozenset(lead)  # hold the placeholders' lead byte: always walked
+        self.walked = frozenset(cands) | self.lead  # never read whole on a fast path
         allowed = np.ones(pda.bitmask_words * 32, dtype=np.bool_)
         allowed[[e for e in pda.eos_token_ids if e < allowed.size]] = False
         self.not_eos = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32)
@@ -134,132 +170,276 @@ def _set(row: np.ndarray, token_id: int, on: bool) -> None:
 
 
 class Holes:
-    """The holes of one compiled grammar: its index (outlines-core, built over a vocabulary
-    with the placeholder pseudo-tokens), the shared automaton, and per-grammar caches.
+    """The holes and calls of one compiled grammar: its index (outlines-core, built over a
+    vocabulary with the placeholder pseudo-tokens), the shared automaton, and per-grammar
+    caches.
 
-    A configuration is (token-FSM state, hole): ``hole`` is None outside a hole, else the
-    automaton's (state, stack); inside a hole the token-FSM state is the one after its
-    placeholder, where the regex resumes. Thread-safe (caches fill idempotently)."""
+    A configuration (``Config``) is (token-FSM state, hole, calls): ``hole`` is None outside a
+    hole, else the automaton's (state, stack), and the token-FSM state is then the one after
+    its placeholder, where the regex resumes; ``calls`` holds the states after the call
+    placeholders of the open calls, innermost last. A matcher holds a set of them: where a
+    prefix can be read two ways (a free-form object beside a declared one, both after
+    ``{"x":1``), both are kept until one dies. Thread-safe (caches fill idempotently)."""
 
     def __init__(self, pda: JsonPushdown, index: Any, table_size: int) -> None:
         self.pda = pda
         self.index = index
         self.t = hole_tables(pda)
-        *self._kind_ids, self._canary = placeholder_token_ids(table_size)
-        self._end = marker_token_ids(table_size, len(PLACEHOLDERS))[1]
-        self._exits: dict[int, tuple[tuple[int, int], ...]] = {}
+        ids = placeholder_token_ids(table_size)
+        self._kind_ids, self._canary, entry, self._call_ids = ids[:3], ids[3], ids[4], ids[5:]
+        start, self._end = marker_token_ids(table_size, len(PLACEHOLDERS))
+        self.initial = index_initial_state(index, start)
+        e = index.get_next_state(self.initial, entry)
+        # where the value of each definition starts (None: the regex has no such definition)
+        self.entries = tuple(None if e is None else index.get_next_state(e, c) for c in self._call_ids)
+        self._grammar: Any = None  # the CompiledGrammar (bind), for its state rows
+        self._exits: dict[int, tuple] = {}
+        self._finals: dict[int, bool] = {}
+        self._done: dict[int, bool] = {}
         self._continues: dict[int, bool] = {}
-        self._rows: dict[tuple, np.ndarray] = {}
+        self._starts: dict[int, np.ndarray] = {}
+        self._rows: dict[Config, np.ndarray] = {}
+        self._steps: dict[tuple, frozenset[Config]] = {}  # walked tokens: (configs, token) -> configs after
         self._lock = threading.Lock()
+
+    def bind(self, grammar: Any) -> None:
+        """Called once by the ``CompiledGrammar`` that owns these holes."""
+        self._grammar = grammar
+
+    def start(self) -> frozenset[Config]:
+        return frozenset(((self.initial, None, ()),))
 
     # ------------------------------------------------------------------ structure
 
-    def exits(self, state: int) -> tuple[tuple[int, int], ...]:
-        """(kind index, token-FSM state after the placeholder) for each hole starting at ``state``."""
+    def exits(self, state: int) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+        """At ``state``: (kind index, state after the placeholder) for each hole starting
+        there, and (definition, state after the call) for each call."""
         hit = self._exits.get(state)
         if hit is None:
             nxt = self.index.get_next_state
             if nxt(state, self._canary) is not None:
-                hit = ()  # inside a character class that also matches placeholders
+                hit = ((), ())  # inside a character class that also matches placeholders
             else:
-                hit = tuple((k, a) for k, tid in enumerate(self._kind_ids) if (a := nxt(state, tid)) is not None)
+                hit = (tuple((k, a) for k, tid in enumerate(self._kind_ids) if (a := nxt(state, tid)) is not None),
+                       tuple((r, a) for r, tid in enumerate(self._call_ids)
+                             if self.entries[r] is not None and (a := nxt(state, tid)) is not None))
             self._exits[state] = hit
         return hit
 
-    def settle(self, hole: tuple[int, tuple[int, ...]] | None) -> tuple[int, tuple[int, ...]] | None:
-        """``hole``, or None when its value is complete and cannot go on (leave the hole now)."""
-        if hole is None or hole[1] or hole[0] not in self.pda.tables.complete:
-            return hole
-        p = hole[0]
-        cont = self._continues.get(p)
-        if cont is None:
-            cont = bool((self.pda.mask(p, ()) & self.t.not_eos).any())
-            self._continues[p] = cont
-        return hole if cont else None
+    def _final(self, state: int) -> bool:
+        """The regex (the root, or inside a call its definition) may end at ``state``."""
+        hit = self._finals.get(state)
+        if hit is None:
+            hit = self._finals[state] = index_is_final(self.index, state, self._end)
+        return hit
 
-    def is_final(self, state: int, hole: tuple[int, tuple[int, ...]] | None) -> bool:
-        return (hole is None or self.pda.is_final(*hole)) and index_is_final(self.index, state, self._end)
+    def _ended(self, state: int) -> bool:
+        """Final, and nothing can follow (a call's value that is complete and cannot go on)."""
+        hit = self._done.get(state)
+        if hit is None:
+            hit = self._final(state) and self.exits(state) == ((), ()) and \
+                not any(t < self.t.n and t not in self.t.lead for t in self.index.get_allowed_tokens(state))
+            self._done[state] = hit
+        return hit
+
+    def settle(self, c: Config) -> Config:
+        """``c`` with a hole whose value is complete and cannot go on left, and calls whose
+        value is complete and cannot go on returned from, so jump-forward sees what follows."""
+        s, hole, calls = c
+        if hole is not None:
+            if hole[1] or hole[0] not in self.pda.tables.complete:
+                return c
+            p = hole[0]
+            cont = self._continues.get(p)
+            if cont is None:
+                cont = self._continues[p] = bool((self.pda.mask(p, ()) & self.t.not_eos).any())
+            if cont:
+                return c
+            hole = None
+        while calls and self._ended(s):
+            s, calls = calls[-1], calls[:-1]
+        return s, hole, calls
+
+    def config_final(self, c: Config) -> bool:
+        s, hole, calls = c
+        return (hole is None or self.pda.is_final(*hole)) and self._final(s) and all(map(self._final, calls))
+
+    def is_final(self, configs: frozenset[Config]) -> bool:
+        return any(map(self.config_final, configs))
 
     # ------------------------------------------------------------------ the walk
 
-    def walk(self, state: int, hole: tuple | None, data: bytes) -> tuple[int, tuple | None] | None:
-        """Run one token's bytes from a configuration: (token-FSM state, hole), or None."""
-        return self._go(data, 0, state, hole)
+    def advance(self, configs: frozenset[Config], token_id: int, data: bytes) -> frozenset[Config]:
+        """The configurations after one token (``data``: its bytes); empty: it is refused."""
+        if len(configs) == 1 and token_id not in self.t.walked:
+            # the common case: no boundary inside the token, and none at its start
+            ((s, hole, calls),) = configs
+            if hole is None:
+                kinds, defs = self.exits(s)
+                if not (kinds or defs or (calls and self._final(s))):
+                    s2 = self.index.get_next_state(s, token_id)
+                    return _EMPTY if s2 is None else frozenset((self.settle((s2, None, calls)),))
+            elif not self.pda.is_final(*hole):
+                p, st = self.pda.run(*hole, data)
+                return frozenset((self.settle((s, (p, st), calls)),)) if p else _EMPTY
+        key = (configs, token_id)
+        hit = self._steps.get(key)
+        if hit is None:
+            out: set[Config] = set()
+            for s, hole, calls in configs:
+                self._go(data, 0, s, hole, calls, out, ())
+            hit = frozenset(out)
+            with self._lock:
+                if len(self._steps) >= _STEPS_MAX:
+                    self._steps.clear()
+                self._steps[key] = hit
+        return hit
 
-    def _go(self, data: bytes, i: int, s: int, hole: tuple | None) -> tuple | None:
-        if i == len(data):
-            return s, self.settle(hole)
-        pda = self.pda
+    def walk(self, c: Config, data: bytes) -> frozenset[Config]:
+        out: set[Config] = set()
+        self._go(data, 0, *c, out, ())
+        return frozenset(out)
+
+    def _go(self, data: bytes, i: int, s: int, hole: Hole | None, calls: tuple[int, ...], out: set,
+            entered: tuple[int, ...]) -> None:
+        """Every way to read ``data[i:]`` from a configuration, into ``out``: the regex part
+        one byte at a time through the index's single-byte tokens, holes on the automaton,
+        crossing into a hole or call only after ``ENTRY_AFTER`` (or at the token's start) and
+        out of one only at ``EXIT_AT`` (or there). ``entered``: the calls entered at ``i``
+        without reading a byte, never entered again there (no endless left recursion)."""
+        n = len(data)
         if hole is not None:
             p, st = hole
-            p2, st2 = pda.run(p, st, data[i:i + 1])
+            j = i if i == 0 else next((k for k in range(i, n) if data[k] in EXIT_AT), n)
+            if j > i:  # no way out before j: the automaton reads data[i:j] at once
+                p, st = self.pda.run(p, st, data[i:j])
+                if not p:
+                    return
+                i = j
+            if i == n:
+                out.add(self.settle((s, (p, st), calls)))
+                return
+            if self.pda.is_final(p, st):
+                self._go(data, i, s, None, calls, out, entered)  # leave the hole; the regex goes on
+            p2, st2 = self.pda.run(p, st, data[i:i + 1])
             if p2:
-                r = self._go(data, i + 1, s, (p2, st2))
-                if r is not None:
-                    return r
-            if pda.is_final(p, st) and (i == 0 or data[i] in EXIT_AT):
-                return self._go(data, i, s, None)  # leave the hole; the regex goes on
-            return None
+                self._go(data, i + 1, s, (p2, st2), calls, out, ())
+            return
+        if i == n:
+            out.add(self.settle((s, None, calls)))
+            return
         t = self.t
         rest = data[i:]
+        whole = None
         if _LEAD not in rest:  # the whole rest in the regex, as the index runs it
-            tid = t.token_of.get(rest)
-            if tid is not None:
-                s2 = self.index.get_next_state(s, tid)
+            whole = t.token_of.get(rest)
+            if whole is not None:
+                s2 = self.index.get_next_state(s, whole)
                 if s2 is not None:
-                    return s2, None
-        ex = self.exits(s)
-        b = data[i]
-        tb = t.byte_token[b]
-        if tb >= 0 and b != _LEAD:  # the lead byte could spell a placeholder or an index marker
-            s2 = self.index.get_next_state(s, tb)
-            if s2 is not None:
-                r = self._go(data, i + 1, s2, None)
-                if r is not None:
-                    return r
-        if ex and (i == 0 or data[i - 1] in ENTRY_AFTER):
-            for k, after in ex:
-                p, st = pda.run(t.starts[k], (), rest[:1])
+                    out.add(self.settle((s2, None, calls)))
+        if whole is None or _boundary_ahead(data, i):
+            b = data[i]
+            tb = t.byte_token[b]
+            if tb >= 0 and b != _LEAD:  # the lead byte could spell a placeholder or an index marker
+                s2 = self.index.get_next_state(s, tb)
+                if s2 is not None:
+                    self._go(data, i + 1, s2, None, calls, out, ())
+        if i == 0 or data[i - 1] in ENTRY_AFTER:
+            kinds, defs = self.exits(s)
+            for k, after in kinds:
+                p, st = self.pda.run(t.starts[k], (), rest[:1])
                 if p:
-                    r = self._go(data, i + 1, after, (p, st))
-                    if r is not None:
-                        return r
-        return None
+                    self._go(data, i + 1, after, (p, st), calls, out, ())
+            for r, after in defs:
+                if r not in entered:
+                    self._go(data, i, self.entries[r], None, (*calls, after), out, (*entered, r))
+        if calls and (i == 0 or data[i] in EXIT_AT) and self._final(s):
+            self._go(data, i, calls[-1], None, calls[:-1], out, entered)  # return from the call
 
     # ------------------------------------------------------------------ masks
 
     def outer_row(self, state: int, row: np.ndarray) -> np.ndarray:
         """Complete ``row`` (the index's tokens at ``state``, fresh, EOS decided) in place with
-        the tokens that start a hole here or cross into one."""
-        for k, _ in self.exits(state):
+        the tokens that start a hole or a call here or cross into one."""
+        kinds, defs = self.exits(state)
+        for k, _ in kinds:
             row |= self.t.start_masks[k]
-        self._scan(row, state, None)
+        for r, _ in defs:
+            row |= self._start_row(r)
+        self._scan(row, (state, None, ()))
         return row
 
-    def hole_row(self, state: int, hole: tuple, outer_row: Any) -> np.ndarray:
-        """Tokens allowed inside ``hole`` (``state``: after its placeholder); ``outer_row(s)``
-        gives the regex's row at a state. Read-only."""
-        p, st = hole
-        pda = self.pda
-        if len(st) > pda.k:  # no token closes this many containers: nothing can leave
-            return pda.mask(p, st) & self.t.not_eos
-        key = (p, st, state)
-        row = self._rows.get(key)
+    def _start_row(self, r: int) -> np.ndarray:
+        """The tokens a value of definition ``r`` can start with, read whole in the regex or a
+        hole (crossing tokens are the caller's scan): the index rows at its entry and at the
+        entries of the calls it can start with."""
+        row = self._starts.get(r)
         if row is None:
-            row = pda.mask(p, st) & self.t.not_eos
-            if pda.is_final(p, st):
-                row |= outer_row(state)
-            self._scan(row, state, hole)
+            todo, seen = [r], {r}
+            row = np.zeros_like(self.t.not_eos)
+            while todo:
+                e = self.entries[todo.pop()]
+                row |= self._grammar.index_row(e)
+                kinds, defs = self.exits(e)
+                for k, _ in kinds:
+                    row |= self.t.start_masks[k]
+                for r2, _ in defs:
+                    if r2 not in seen:
+                        seen.add(r2)
+                        todo.append(r2)
+            row &= self.t.not_eos
+            with self._lock:
+                row = self._starts.setdefault(r, row)
+        return row
+
+    def row(self, configs: frozenset[Config]) -> np.ndarray:
+        """Tokens allowed from any of ``configs``. Read-only."""
+        if len(configs) == 1:
+            for c in configs:
+                return self.config_row(c)
+        rows = [self.config_row(c) for c in configs]
+        out = rows[0].copy()
+        for r in rows[1:]:
+            out |= r
+        return out
+
+    def config_row(self, c: Config) -> np.ndarray:
+        """Tokens allowed from one configuration (EOS where it is final). Read-only."""
+        s, hole, calls = c
+        if hole is None and not calls:
+            return self._grammar.mask_row(s)
+        pda = self.pda
+        if hole is not None and len(hole[1]) > pda.k:  # no token closes this many containers
+            return pda.mask(*hole) & self.t.not_eos
+        row = self._rows.get(c)
+        if row is None:
+            if hole is not None:
+                row = pda.mask(*hole) & self.t.not_eos
+                if pda.is_final(*hole):
+                    row |= self.config_row((s, None, calls))
+            else:
+                row = self._grammar.mask_row(s) & self.t.not_eos
+                if self._final(s):
+                    row |= self.config_row((calls[-1], None, calls[:-1]))
+            self._scan(row, c)
             with self._lock:
                 if len(self._rows) >= _ROWS_MAX:
                     self._rows.clear()
-                row = self._rows.setdefault(key, row)
+                row = self._rows.setdefault(c, row)
         return row
 
-    def _scan(self, row: np.ndarray, state: int, hole: tuple | None) -> None:
+    def _scan(self, row: np.ndarray, c: Config) -> None:
         table = self.pda.token_bytes
         for tid in self.t.candidates:
-            if self.walk(state, hole, table[tid]) is not None:
+            if self.walk(c, table[tid]):
                 _set(row, tid, True)
         for tid in self.t.lead:  # the walk decides these either way
-            _set(row, tid, self.walk(state, hole, table[tid]) is not None)
+            _set(row, tid, bool(self.walk(c, table[tid])))
+
+
+_EMPTY: frozenset = frozenset()
+
+
+def _boundary_ahead(data: bytes, i: int) -> bool:
+    """Whether a hole or call could begin or end inside ``data[i + 1:]``."""
+    return any(data[j - 1] in ENTRY_AFTER or data[j] in EXIT_AT for j in range(i + 1, len(data)))

@@ -15,7 +15,10 @@ Both keep compact separators, schema key order (extra members come after the dec
 ones), and bounded sizes and nesting, except inside holes: with ``holes=True`` (the
 compiler's choice for compact output) each any-value, and each free-form object or array
 of an untyped schema, is one placeholder character that json_holes.py runs on the pushdown
-automaton, unbounded. A keyword treadle cannot enforce raises ``UnsupportedSchemaError``
+automaton, unbounded; and a recursive ``$ref`` (one met again inside itself) is a call
+placeholder of its definition, converted once and appended to the regex as a branch no
+output can take (``with_definitions``), which json_holes.py runs as a stack of calls, to
+any depth. Without holes, ``$ref`` cycles unroll ``max_recursion_depth`` times. A keyword treadle cannot enforce raises ``UnsupportedSchemaError``
 naming it and its JSON path; nothing is silently ignored.
 """
 
@@ -34,7 +37,7 @@ import referencing.exceptions
 
 from treadle.constrained import regex_numbers as nums
 from treadle.constrained import regex_text as text
-from treadle.constrained.json_holes import HOLE_CHARS, schema_allows_holes
+from treadle.constrained.json_holes import CALL_CHARS, HOLE_CHARS, MAX_CALLS, schema_allows_holes, with_definitions
 from treadle.constrained.json_schema_parts import (
     ANNOTATIONS,
     FAMILIES,
@@ -88,7 +91,8 @@ def json_schema_to_regex(
 
     ``schema`` may be a dict, a bool, or a JSON string. ``whitespace_pattern=None`` gives
     compact output (no whitespace between tokens); pass e.g. ``r"[ ]?"`` to allow bounded
-    whitespace. ``$ref`` cycles unroll at most ``max_recursion_depth`` times. ``mode`` is
+    whitespace. ``$ref`` cycles unroll at most ``max_recursion_depth`` times (with holes they
+    are calls, to any depth, up to ``MAX_CALLS`` recursive definitions). ``mode`` is
     ``"strict"`` (declared members only) or ``"spec"`` (all that 2020-12 admits and a regex
     can express); see the module docstring. ``holes=True`` writes a placeholder character
     for each any-value (and free-form object / array) instead of a bounded regex for it,
@@ -118,7 +122,9 @@ def json_schema_to_regex(
     check_metaschemas(schema, "$")
     holes = holes and not whitespace_pattern and schema_allows_holes(json.dumps(schema, ensure_ascii=False))
     try:
-        return _Converter(schema, whitespace_pattern or "", max_recursion_depth, mode, holes).convert(schema, "$")
+        conv = _Converter(schema, whitespace_pattern or "", max_recursion_depth, mode, holes)
+        root = conv.convert(schema, "$")
+        return with_definitions(root, conv.definitions)
     except RecursionError as exc:
         raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
 
@@ -143,9 +149,12 @@ def _alt(parts: list[str]) -> str:
 class _Converter:
     """One conversion: holds the root (for refs), whitespace, mode and recursion counters."""
 
-    def __init__(self, root: dict | bool, ws: str, max_depth: int, mode: str = "strict", holes: bool = False) -> None:
+    def __init__(self, root: dict | bool, ws: str, max_depth: int, mode: str = "strict", holes: bool = False,
+                 calls: bool = True) -> None:
         self.root = root
         self.holes = holes
+        self.calls = holes and calls  # recursive refs as calls (holes only)
+        self.mode = mode
         self.ws = ws
         self.max_depth = max_depth
         self.spec = mode == "spec"
@@ -154,6 +163,9 @@ class _Converter:
         self.generic_depth = SPEC_GENERIC_DEPTH if self.spec else GENERIC_DEPTH
         self.merger = Merger(root, self.annotations)
         self._active: dict[str, int] = {}  # ref pointer -> times on the current stack
+        self._calls: dict[str, int] = {}  # with holes: recursive ref pointer -> its definition's index
+        self.definitions: list[str] = []  # their regexes (CALL_CHARS[i] is a value of definitions[i])
+        self._failed: dict[str, NoOutput] = {}  # definitions with no possible value
         registry = referencing.Registry(retrieve=_no_retrieve)
         checker = None if self.spec else jsonschema.Draft202012Validator.FORMAT_CHECKER
         self._validator = jsonschema.Draft202012Validator(root, registry=registry, format_checker=checker)
@@ -272,18 +284,54 @@ class _Converter:
         ref = schema["$ref"]
         target = self.merger.resolve(ref, path)
         count = self._active.get(ref, 0)
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        pure = all(k in self.annotations for k in rest)
+        if count and pure and self.calls and (ref in self._calls or len(self._calls) < MAX_CALLS):
+            return self._call(ref, target, path)
         if count >= self.max_depth + 1:
             raise TooDeep(
                 f"json_schema: keyword '$ref' at {path}: recursion deeper than max_recursion_depth={self.max_depth}"
             )
-        rest = {k: v for k, v in schema.items() if k != "$ref"}
         self._active[ref] = count + 1
         try:
-            if all(k in self.annotations for k in rest):
+            if pure:
                 return self.convert(target, path)
             return self.convert(self.merger.merge_all(rest, [target], path), path)
         finally:
             self._active[ref] = count
+
+    def _call(self, ref: str, target: Any, path: str) -> str:
+        """A recursive reference as a call of its definition (json_holes.py), converted the
+        first time with only itself active, so its own recursion is a call too."""
+        if ref in self._failed:
+            raise self._failed[ref]
+        i = self._calls.get(ref)
+        if i is None:
+            i = self._calls[ref] = len(self.definitions)
+            self.definitions.append("")
+            saved, self._active = self._active, {ref: 1}
+            try:
+                self._check_finite(ref, target, path)
+                self.definitions[i] = self.convert(target, path)
+            except NoOutput as exc:
+                self._failed[ref] = exc
+                raise
+            finally:
+                self._active = saved
+        return CALL_CHARS[i]
+
+    def _check_finite(self, ref: str, target: Any, path: str) -> None:
+        """Raise ``NoOutput`` unless a value of ``target`` exists with no definition inside
+        itself: one exists when any finite value does (a value nesting a definition inside
+        itself has a smaller one: the inner copy in place of the outer), and a call of a
+        definition without one could only recurse until the tokens run out."""
+        probe = _Converter(self.root, self.ws, 0, self.mode, self.holes, calls=False)
+        probe._active = {ref: 1}
+        try:
+            probe.convert(target, path)
+        except NoOutput as exc:
+            raise Unsatisfiable(f"json_schema: keyword '$ref' at {path}: '{ref}' has no finite value "
+                                "(every value of it holds another)") from exc
 
     # ------------------------------------------------------------ anyOf / oneOf
     def _alternatives(self, schema: dict, path: str) -> str:

@@ -207,71 +207,68 @@ class GrammarMatcher(MatcherBase):
 
 
 class HoleMatcher(GrammarMatcher):
-    """Grammar state of one request under a regex grammar with holes (json_holes.py): the
-    token-FSM state (inside a hole, the state after its placeholder) and the open hole's
-    automaton state and stack, or None."""
+    """Grammar state of one request under a regex grammar with holes or calls
+    (json_holes.py): the set of configurations (token-FSM state, open hole, open calls) the
+    text so far can be read as, most often one."""
 
-    __slots__ = ("_hole",)
+    __slots__ = ("_configs",)
 
     def __init__(self, grammar: CompiledGrammar, max_rollback: int = 64) -> None:
         super().__init__(grammar, max_rollback)
-        self._hole: tuple[int, tuple[int, ...]] | None = None
+        self._configs = grammar.holes.start()
+
+    @property
+    def state(self) -> frozenset:
+        """The configurations (json_holes.Config) the text so far can be read as."""
+        return self._configs
 
     @property
     def in_hole(self) -> bool:
-        return self._hole is not None
+        return any(c[1] is not None for c in self._configs)
+
+    @property
+    def call_depth(self) -> int:
+        """Open calls of recursive definitions (the deepest reading)."""
+        return max(len(c[2]) for c in self._configs)
 
     def can_terminate(self) -> bool:
-        return self._g.holes.is_final(self._state, self._hole)
+        return self._g.holes.is_final(self._configs)
 
     def find_jump_forward_string(self) -> str:
-        """Outside a hole, the regex's forced text up to the next hole; inside, the rest of a
-        literal (``t`` -> ``rue``)."""
-        if self._hole is None:
-            return super().find_jump_forward_string()
-        if self._terminated:
+        """With one reading: outside a hole, the regex's forced text up to the next hole or
+        call (inside a call, up to where its value could end); inside a hole, the rest of a
+        literal (``t`` -> ``rue``). With more, nothing."""
+        if self._terminated or len(self._configs) != 1:
             return ""
-        text = self._g.holes.pda.tables.forced.get(self._hole[0], "")
+        ((state, hole, _),) = self._configs
+        if hole is None:
+            text = self._g.jump_string(state)
+        else:
+            text = self._g.holes.pda.tables.forced.get(hole[0], "")
         return text if len(text) > 1 else ""
 
     def _advance(self, token_id: int) -> bool:
         g = self._g
-        h = g.holes
         if not 0 <= token_id < g.num_tokens:
             return False
         data = g.token_bytes[token_id]
         if not data:
             return False
-        if self._hole is None:
-            if token_id not in h.t.lead:  # the common case: the whole token in the regex
-                nxt = g.index.get_next_state(self._state, token_id)
-                if nxt is not None:
-                    self._push()
-                    self._state = nxt
-                    return True
-        else:  # the common case: the whole token inside the hole
-            p, st = h.pda.run(*self._hole, data)
-            if p:
-                self._push()
-                self._hole = h.settle((p, st))
-                return True
-        walked = h.walk(self._state, self._hole, data)
-        if walked is None:
+        nxt = g.holes.advance(self._configs, token_id, data)
+        if not nxt:
             return False
         self._push()
-        self._state, self._hole = walked
+        self._configs = nxt
         return True
 
     def _mask(self) -> np.ndarray:
-        if self._hole is None:
-            return self._g.mask_row(self._state)
-        return self._g.holes.hole_row(self._state, self._hole, self._g.mask_row)
+        return self._g.holes.row(self._configs)
 
     def _snapshot(self) -> tuple:
-        return self._state, self._hole
+        return (self._configs,)
 
     def _restore(self, snap: list) -> None:
-        self._state, self._hole = snap
+        (self._configs,) = snap
 
 
 class JsonAnyMatcher(MatcherBase):

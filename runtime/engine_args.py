@@ -59,8 +59,9 @@ class EngineArgs:
     # strict = declared properties only (a model should not invent keys); spec = also the
     # extra members / trailing items JSON Schema admits, format as an annotation, 1.0 integers
     json_schema_mode: Literal["strict", "spec"] = "strict"
-    # how deep nesting recursion unrolls into a regex: EBNF rules (constrained/ebnf.py) and
-    # JSON schema $ref cycles; deeper output is not generated, and the regex grows with it
+    # how deep nesting recursion unrolls into a regex: EBNF rules (constrained/ebnf.py), and
+    # JSON schema $ref cycles under a json_whitespace_pattern (compact output calls them to any
+    # depth, constrained/json_holes.py); deeper output is not generated, and the regex grows with it
     grammar_max_recursion_depth: int = 3
     # speculative decoding of greedy requests (runtime/ngram_draft.py): draft the tokens that
     # followed the latest earlier occurrence of the last speculative_ngram_size tokens

@@ -19,7 +19,7 @@ from interegular.fsm import anything_else
 from treadle.constrained import GrammarCompiler, GrammarSpec, allocate_token_bitmask, build_compiled_grammar
 from treadle.constrained import token_bytes_table
 from treadle.constrained.json_any import JsonPushdown
-from treadle.constrained.json_holes import CANARY_CHAR, HOLE_CHARS, KINDS, schema_allows_holes
+from treadle.constrained.json_holes import CALL_CHARS, CANARY_CHAR, ENTRY_CHAR, HOLE_CHARS, KINDS, schema_allows_holes
 from treadle.constrained.json_schema import json_schema_to_regex
 from treadle.constrained.matcher import HoleMatcher
 
@@ -35,7 +35,23 @@ LIST_OF_OBJECTS = {"type": "array", "items": {"type": "object"}, "minItems": 1}
 UNTYPED = {"type": "object", "properties": {"s": {"minLength": 2}, "n": {"type": "integer"}},
            "required": ["s", "n"]}
 AMBIGUOUS = {"anyOf": [{"type": "string"}, {"type": "object", "properties": {"x": {}}, "required": ["x"]}, {}]}
-SCHEMAS = {"tool": TOOL, "list_of_objects": LIST_OF_OBJECTS, "untyped": UNTYPED}
+# a free-form object beside a declared one: after '{"x":1' both may go on ('.5' only in the first)
+OVERLAP = {"type": "array", "items": {"anyOf": [{"type": "object"}, {"type": "object", "properties": {
+    "x": {"type": "integer"}}, "required": ["x"]}]}}
+# recursive $refs are calls (json_holes.py): any depth, no unrolling
+TREE = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {
+    "type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v", "kids"]}}, "$ref": "#/$defs/node"}
+LINKED = {"$defs": {"list": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {
+    "head": {"type": "integer"}, "tail": {"$ref": "#/$defs/list"}}, "required": ["head", "tail"]}]}},
+    "$ref": "#/$defs/list"}
+# mutual recursion, an any-value inside the recursion, and a free-form object beside a call
+MUTUAL = {"$defs": {
+    "a": {"type": "object", "properties": {"n": {"type": "string"}, "meta": {}, "b": {"$ref": "#/$defs/b"}},
+          "required": ["n", "meta", "b"]},
+    "b": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "object"}]}}},
+    "$ref": "#/$defs/a"}
+SCHEMAS = {"tool": TOOL, "list_of_objects": LIST_OF_OBJECTS, "untyped": UNTYPED, "overlap": OVERLAP,
+           "tree": TREE, "linked": LINKED, "mutual": MUTUAL}
 
 
 @pytest.fixture(scope="module")
@@ -78,17 +94,22 @@ def feed_bytes(m, data: bytes, table) -> None:
 # ------------------------------------------------------------------ the oracle
 
 class HoleOracle:
-    """Viable-prefix NFA for a regex with holes, independent of json_holes.py's walk: the
-    regex runs on interegular's character DFA (bytes gathered into characters), a hole starts
-    wherever the DFA can take its placeholder (and not the canary, which only a character
-    class takes) and runs on ``Oracle``; a hole may end at any byte where its value is complete.
-    Configurations: (DFA state, pending bytes of a character, Oracle or None)."""
+    """Viable-prefix NFA for a regex with holes and calls, independent of json_holes.py's
+    walk: the regex runs on interegular's character DFA (bytes gathered into characters), a
+    hole starts wherever the DFA can take its placeholder (and not the canary, which only a
+    character class takes) and runs on ``Oracle``; a hole may end at any byte where its value
+    is complete. A call placeholder pushes the state after it and goes, without reading, to
+    where the DFA is after the entry and that call's placeholder (its definition's branch);
+    where the definition's text is complete the call may return, also without reading.
+    Configurations: (DFA state, pending bytes of a character, Oracle or None, return states)."""
 
     def __init__(self, regex: str) -> None:
         fsm = interegular.parse_pattern(regex).to_fsm()
         self.fsm = fsm
         self.live = live_states(fsm)
-        self.configs = [(fsm.initial, b"", None)]
+        e = self._step(fsm.initial, ENTRY_CHAR)
+        self.entries = {c: self._step(e, c) if e is not None else None for c in CALL_CHARS}
+        self.configs = [(fsm.initial, b"", None, ())]
 
     def _sym(self, ch: str):
         return self.fsm.alphabet[ch] if ch in self.fsm.alphabet else self.fsm.alphabet[anything_else]
@@ -107,8 +128,8 @@ class HoleOracle:
                    for ch in self.fsm.alphabet)
 
     def _real_step(self, q, ch: str):
-        """A step on a character of the output: where a hole is, its placeholder is not one."""
-        if ch in HOLE_CHARS.values() and self._holes_at(q):
+        """A step on a character of the output: where a hole or call is, its placeholder is not one."""
+        if (ch in HOLE_CHARS.values() or ch in CALL_CHARS) and self._step(q, CANARY_CHAR) is None:
             return None
         return self._step(q, ch)
 
@@ -117,35 +138,54 @@ class HoleOracle:
             return []
         return [(k, a) for k in KINDS if (a := self._step(q, HOLE_CHARS[k])) is not None]
 
-    def _outer(self, q, pend: bytes, b: int, out: list) -> None:
-        buf = pend + bytes([b])
-        try:
-            ch = buf.decode("utf-8")
-            t = self._real_step(q, ch)
-            if t is not None:
-                out.append((t, b"", None))
-        except UnicodeDecodeError as e:
-            if e.reason == "unexpected end of data" and self._some_char_starts(q, buf):
-                out.append((q, buf, None))
-        if not pend:
-            for kind, after in self._holes_at(q):
-                o = Oracle(kind)
-                if o.feed(bytes([b])):
-                    out.append((after, b"", o))
+    def _expand(self, q, calls) -> list:
+        """(q, calls) and what calls and returns reach from it without reading."""
+        out, todo, seen = [], [(q, calls)], set()
+        while todo:
+            q, calls = todo.pop()
+            if (q, calls) in seen:
+                continue
+            seen.add((q, calls))
+            out.append((q, calls))
+            if calls and q in self.fsm.finals:
+                todo.append((calls[-1], calls[:-1]))
+            if self._step(q, CANARY_CHAR) is None and len(calls) < 64:
+                for c in CALL_CHARS:
+                    a = self._step(q, c)
+                    if a is not None and self.entries[c] is not None:
+                        todo.append((self.entries[c], (*calls, a)))
+        return out
+
+    def _outer(self, q0, pend: bytes, b: int, calls0, out: list) -> None:
+        for q, calls in self._expand(q0, calls0) if not pend else [(q0, calls0)]:
+            buf = pend + bytes([b])
+            try:
+                ch = buf.decode("utf-8")
+                t = self._real_step(q, ch)
+                if t is not None:
+                    out.append((t, b"", None, calls))
+            except UnicodeDecodeError as e:
+                if e.reason == "unexpected end of data" and self._some_char_starts(q, buf):
+                    out.append((q, buf, None, calls))
+            if not pend:
+                for kind, after in self._holes_at(q):
+                    o = Oracle(kind)
+                    if o.feed(bytes([b])):
+                        out.append((after, b"", o, calls))
 
     def feed(self, data: bytes) -> bool:
         configs = self.configs
         for b in data:
             nxt: list = []
-            for q, pend, o in configs:
+            for q, pend, o, calls in configs:
                 if o is None:
-                    self._outer(q, pend, b, nxt)
+                    self._outer(q, pend, b, calls, nxt)
                     continue
                 o2 = o.copy()
                 if o2.feed(bytes([b])):
-                    nxt.append((q, b"", o2))
+                    nxt.append((q, b"", o2, calls))
                 if o.final():
-                    self._outer(q, b"", b, nxt)
+                    self._outer(q, b"", b, calls, nxt)
             configs = nxt
             if not configs:
                 self.configs = []
@@ -154,11 +194,13 @@ class HoleOracle:
         return True
 
     def final(self) -> bool:
-        return any(not pend and q in self.fsm.finals and (o is None or o.final()) for q, pend, o in self.configs)
+        return any(not pend and (o is None or o.final()) and any(q in self.fsm.finals and not c for q, c in
+                                                                  self._expand(q0, calls))
+                   for q0, pend, o, calls in self.configs)
 
     def copy(self) -> HoleOracle:
         c = HoleOracle.__new__(HoleOracle)
-        c.fsm, c.live, c.configs = self.fsm, self.live, list(self.configs)
+        c.fsm, c.live, c.entries, c.configs = self.fsm, self.live, self.entries, list(self.configs)
         return c
 
 
@@ -170,6 +212,13 @@ PREFIXES = {
              '{"name":"x","args":{},"tags":[],"v":tr', '{"name":"x","args":{},"tags":[],"v":-1'],
     "list_of_objects": ['[', '[{', '[{"a":1}', '[{"a":{"b":[]}},', '[{"a":"\\u'],
     "untyped": ['{"s":', '{"s":[', '{"s":{"q":', '{"s":[1]', '{"s":"ab"'],
+    "overlap": ['[{"x":', '[{"x":1', '[{"x":1.5', '[{"x":12}', '[{"x":1},{"x":[', '[{"y":'],
+    "tree": ['{"v":1,"kids":[', '{"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[{', '{"v":1,"kids":[{"v":2,"kids":[]}',
+             '{"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[]}]},', '{"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[]}]}]'],
+    "linked": ['{"head":1,"tail":', '{"head":1,"tail":{"head":2,"tail":{"head":3,"tail":n',
+               '{"head":1,"tail":{"head":2,"tail":null}'],
+    "mutual": ['{"n":"x","meta":[1,{"a":', '{"n":"x","meta":2,"b":[', '{"n":"x","meta":2,"b":[{"n":"y","meta":{},"b":[{',
+               '{"n":"x","meta":2,"b":[{"n":"y","meta":{"q":1}', '{"n":"x","meta":2,"b":[{"n":"y","meta":3,"b":[]},'],
 }
 
 
@@ -215,7 +264,9 @@ def test_regex_with_holes_is_small_and_holes_only_where_allowed():
 
 
 SCHEMA_WALKS = [("tool", TOOL, "strict"), ("list_of_objects", LIST_OF_OBJECTS, "strict"),
-                ("untyped", UNTYPED, "strict"), ("ambiguous", AMBIGUOUS, "strict"), ("tool-spec", TOOL, "spec")]
+                ("untyped", UNTYPED, "strict"), ("ambiguous", AMBIGUOUS, "strict"), ("tool-spec", TOOL, "spec"),
+                ("overlap", OVERLAP, "strict"), ("tree", TREE, "strict"), ("linked", LINKED, "strict"),
+                ("mutual", MUTUAL, "strict"), ("mutual-spec", MUTUAL, "spec")]
 
 
 @pytest.mark.parametrize("name,schema,mode", SCHEMA_WALKS, ids=[w[0] for w in SCHEMA_WALKS])
@@ -245,6 +296,18 @@ def _depth(v) -> int:
     return 0
 
 
+def _tree(d: int) -> dict:
+    return {"v": d, "kids": [_tree(d - 1), {"v": -d, "kids": []}] if d else []}
+
+
+def _linked(n: int):
+    return {"head": n, "tail": _linked(n - 1)} if n else None
+
+
+def _mutual(d: int) -> dict:
+    return {"n": f"d{d}", "meta": {"k": [d]}, "b": [_mutual(d - 1), {"free": {"x": 1}}] if d else []}
+
+
 DOCS = [
     ("tool", {"name": "f", "args": {"a": [1, {"b": {"c": {"d": [[["x"]]]}}}], "e": None}, "tags": ["t", {"u": 1}],
               "v": {"deep": [[[[[[[[1]]]]]]]]}}),
@@ -253,6 +316,9 @@ DOCS = [
     ("list_of_objects", [{"a": 1}, {}, {"b": [{"c": {}}]}, {"d": "x"}]),
     ("untyped", {"s": {"x": [1, 2]}, "n": 3}),
     ("untyped", {"s": "ab", "n": -4}),
+    ("tree", _tree(12)),
+    ("linked", _linked(30)),
+    ("mutual", _mutual(8)),
 ]
 
 
@@ -344,3 +410,70 @@ def test_compiler_gives_schemas_with_any_values_holes(smol):
         odd = {"type": "object", "properties": {"a": {"const": "\U0010FFFD"}}, "required": ["a"]}
         with pytest.raises(ValueError, match="U\\+10FFFD is reserved"):
             c.compile(GrammarSpec.from_params(json_schema=odd))
+
+
+# ------------------------------------------------------------------ recursive $refs as calls
+
+def test_recursive_refs_are_calls_not_unrolled():
+    from treadle.constrained.json_holes import MAX_CALLS
+
+    rx = json_schema_to_regex(TREE, holes=True)
+    assert sum(c in rx for c in CALL_CHARS) == 1 and rx.count(ENTRY_CHAR) == 1  # one definition
+    assert len(rx) < 2000 < len(json_schema_to_regex(TREE)), len(rx)
+    # the depth bound only applies without holes (a whitespace pattern keeps the unrolled regex)
+    assert CALL_CHARS[0] in json_schema_to_regex(TREE, holes=True, max_recursion_depth=0)
+    unrolled = json_schema_to_regex(TREE, holes=True, whitespace_pattern="[ ]?", max_recursion_depth=1)
+    assert not any(c in unrolled for c in CALL_CHARS)
+    mutual = json_schema_to_regex(MUTUAL, holes=True)
+    assert CALL_CHARS[0] in mutual and len(mutual) < 4000 < len(json_schema_to_regex(MUTUAL)), len(mutual)
+    # past MAX_CALLS recursive definitions the rest unroll as before
+    many = {"type": "object", "properties": {f"p{i}": {"$ref": f"#/$defs/d{i}"} for i in range(MAX_CALLS + 2)},
+            "required": [], "$defs": {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i}"}, "maxItems": 1}
+                                      for i in range(MAX_CALLS + 2)}}
+    rx = json_schema_to_regex(many, holes=True, max_recursion_depth=1)
+    assert all(c in rx for c in CALL_CHARS) and rx.count(ENTRY_CHAR) == MAX_CALLS
+    # a definition whose every value holds another has no finite value: refused, not run until
+    # the tokens run out; where the recursion is optional it is fine
+    loop = {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}
+    with pytest.raises(ValueError, match="'#' has no finite value"):
+        json_schema_to_regex(loop, holes=True)
+    via = {"$defs": {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}, "required": ["b"]},
+                     "b": {"anyOf": [{"type": "null"}, {"type": "array", "items": {"$ref": "#/$defs/a"}}]}},
+           "$ref": "#/$defs/a"}
+    assert ENTRY_CHAR in json_schema_to_regex(via, holes=True)
+    no_exit = {"$defs": {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}, "required": ["b"]},
+                         "b": {"type": "array", "items": {"$ref": "#/$defs/a"}, "minItems": 1}}, "$ref": "#/$defs/a"}
+    with pytest.raises(ValueError, match="no finite value|no array of that length"):
+        json_schema_to_regex(no_exit, holes=True)
+
+
+def test_calls_return_and_jump_forward_sees_what_follows(smol, pda, table):
+    schema = {"$defs": {"n": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/n"}},
+                                                              "end": {"const": True}}, "required": ["kids", "end"]}},
+              "$ref": "#/$defs/n"}
+    g = grammar(smol, pda, schema)
+    m = g.matcher()
+    assert m.find_jump_forward_string() == '{"kids":['
+    feed_bytes(m, b'{"kids":[{"kids":[{"kids":[', table)
+    assert m.call_depth == 2 and not m.can_terminate()
+    feed_bytes(m, b"]", table)
+    assert m.find_jump_forward_string() == ',"end":true}'  # inside the innermost call
+    feed_bytes(m, b',"end":true}', table)
+    assert m.call_depth == 1  # the call's value cannot go on: returned at once
+    feed_bytes(m, b'],"end":true}]', table)
+    assert m.call_depth == 0 and m.find_jump_forward_string() == ',"end":true}'
+    feed_bytes(m, b',"end":true}', table)
+    assert m.can_terminate() and m.accept_token(EOS)
+
+
+def test_a_value_read_two_ways_keeps_both_until_one_dies(smol, pda, table):
+    """OVERLAP: after '[{"x":1' the free-form object and the declared one both go on; '.5'
+    is valid in the first only, '}' in both."""
+    g = grammar(smol, pda, OVERLAP)
+    m = g.matcher()
+    feed_bytes(m, b'[{"x":1', table)
+    assert len(m.state) == 2 and m.find_jump_forward_string() == ""
+    feed_bytes(m, b".5}", table)
+    assert len(m.state) == 1
+    feed_bytes(m, b"]", table)
+    assert m.accept_token(EOS)
