@@ -119,6 +119,17 @@ def test_constrained_outputs_validate_on_gpu(tmp_path):
             assert all(m.accept_token(t) for t in o["output_ids"]), o
             if o["meta_info"]["finish_reason"]["type"] == "stop":
                 jsonschema.validate(json.loads(o["text"]), tool)
+        # a recursive schema (its $ref a call, json_holes.py): outputs replay; finished ones validate
+        tree = {"$defs": {"n": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {
+            "type": "array", "items": {"$ref": "#/$defs/n"}}}, "required": ["v", "kids"]}}, "$ref": "#/$defs/n"}
+        grammar = e.scheduler.grammar_compiler.compile(GrammarSpec.from_params(json_schema=tree))
+        assert grammar.holes is not None and grammar.holes.entries[0] is not None
+        treep = [{"max_new_tokens": 64, "temperature": 1.0, "seed": s, "json_schema": tree} for s in range(4)]
+        for o in e.generate(["A tree:"] * 4, treep):
+            m = grammar.matcher()
+            assert all(m.accept_token(t) for t in o["output_ids"]), o
+            if o["meta_info"]["finish_reason"]["type"] == "stop":
+                jsonschema.validate(json.loads(o["text"]), tree)
         # an EBNF grammar whose outputs may end early and go on (index_markers.py): outputs
         # replay through a fresh matcher; finished ones fullmatch its regex
         from treadle.constrained.ebnf import ebnf_to_regex
