@@ -77,6 +77,22 @@ def _tiny_with_tokenizer(path) -> str:
     return str(path)
 
 
+def _replay_sampled(e, constraint: dict, prompt: str, check, max_new_tokens: int = 48):
+    """Four sampled outputs under ``constraint`` (the grammar's masks through the fused GPU
+    sampler): each replays through a fresh matcher, and ``check(text)`` is true for the
+    finished ones. Returns the compiled grammar."""
+    from treadle.constrained import GrammarSpec
+
+    grammar = e.scheduler.grammar_compiler.compile(GrammarSpec.from_params(**constraint))
+    params = [{"max_new_tokens": max_new_tokens, "temperature": 1.0, "seed": s, **constraint} for s in range(4)]
+    for o in e.generate([prompt] * 4, params):
+        m = grammar.matcher()
+        assert all(m.accept_token(t) for t in o["output_ids"]), o
+        if o["meta_info"]["finish_reason"]["type"] == "stop":
+            assert check(o["text"]), o["text"]
+    return grammar
+
+
 def test_constrained_outputs_validate_on_gpu(tmp_path):
     import jsonschema
 
@@ -97,51 +113,25 @@ def test_constrained_outputs_validate_on_gpu(tmp_path):
         import re
 
         assert re.fullmatch("[0-9]{3}-[a-c]{2}", regex["text"])
-        # any JSON object (the pushdown grammar's masks through the fused GPU sampler): every
-        # output replays through a fresh matcher; finished ones parse
-        from treadle.constrained import GrammarSpec
-
-        anyp = [{"max_new_tokens": 48, "temperature": 1.0, "seed": s, "json_schema": {"type": "object"}} for s in range(4)]
-        grammar = e.scheduler.grammar_compiler.compile(GrammarSpec.from_params(json_schema={"type": "object"}))
-        for o in e.generate(["A person:"] * 4, anyp):
-            m = grammar.matcher()
-            assert all(m.accept_token(t) for t in o["output_ids"]), o
-            if o["meta_info"]["finish_reason"]["type"] == "stop":
-                assert isinstance(json.loads(o["text"]), dict)
+        # any JSON object (the pushdown grammar's masks through the fused GPU sampler)
+        _replay_sampled(e, {"json_schema": {"type": "object"}}, "A person:", lambda t: isinstance(json.loads(t), dict))
         # a schema with a free-form member (a hole on the pushdown automaton, json_holes.py)
         tool = {"type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "object"}},
                 "required": ["name", "arguments"]}
-        grammar = e.scheduler.grammar_compiler.compile(GrammarSpec.from_params(json_schema=tool))
-        assert grammar.holes is not None
-        holep = [{"max_new_tokens": 48, "temperature": 1.0, "seed": s, "json_schema": tool} for s in range(4)]
-        for o in e.generate(["A call:"] * 4, holep):
-            m = grammar.matcher()
-            assert all(m.accept_token(t) for t in o["output_ids"]), o
-            if o["meta_info"]["finish_reason"]["type"] == "stop":
-                jsonschema.validate(json.loads(o["text"]), tool)
-        # a recursive schema (its $ref a call, json_holes.py): outputs replay; finished ones validate
+        g = _replay_sampled(e, {"json_schema": tool}, "A call:", lambda t: jsonschema.validate(json.loads(t), tool) is None)
+        assert g.holes is not None
+        # a recursive schema (its $ref a call, json_holes.py)
         tree = {"$defs": {"n": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {
             "type": "array", "items": {"$ref": "#/$defs/n"}}}, "required": ["v", "kids"]}}, "$ref": "#/$defs/n"}
-        grammar = e.scheduler.grammar_compiler.compile(GrammarSpec.from_params(json_schema=tree))
-        assert grammar.holes is not None and grammar.holes.entries[0] is not None
-        treep = [{"max_new_tokens": 64, "temperature": 1.0, "seed": s, "json_schema": tree} for s in range(4)]
-        for o in e.generate(["A tree:"] * 4, treep):
-            m = grammar.matcher()
-            assert all(m.accept_token(t) for t in o["output_ids"]), o
-            if o["meta_info"]["finish_reason"]["type"] == "stop":
-                jsonschema.validate(json.loads(o["text"]), tree)
-        # an EBNF grammar whose outputs may end early and go on (index_markers.py): outputs
-        # replay through a fresh matcher; finished ones fullmatch its regex
+        g = _replay_sampled(e, {"json_schema": tree}, "A tree:", lambda t: jsonschema.validate(json.loads(t), tree) is None,
+                            max_new_tokens=64)
+        assert g.holes is not None and g.holes.entries[0] is not None
+        # an EBNF grammar whose outputs may end early and go on (index_markers.py)
         from treadle.constrained.ebnf import ebnf_to_regex
 
         ebnf = 'root ::= num ("," num)*\nnum ::= "-"? [0-9]+ ("." [0-9]+)?'
-        grammar = e.scheduler.grammar_compiler.compile(GrammarSpec.from_params(ebnf=ebnf))
-        ebnfp = [{"max_new_tokens": 32, "temperature": 1.0, "seed": s, "ebnf": ebnf} for s in range(4)]
-        for o in e.generate(["Numbers:"] * 4, ebnfp):
-            m = grammar.matcher()
-            assert all(m.accept_token(t) for t in o["output_ids"]), o
-            if o["meta_info"]["finish_reason"]["type"] == "stop":
-                assert re.fullmatch(ebnf_to_regex(ebnf), o["text"]), o["text"]
+        _replay_sampled(e, {"ebnf": ebnf}, "Numbers:", lambda t: re.fullmatch(ebnf_to_regex(ebnf), t),
+                        max_new_tokens=32)
         e.check_integrity()
 
 
