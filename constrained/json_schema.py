@@ -279,6 +279,10 @@ class _Converter:
             raise Unsatisfiable(f"json_schema: keyword 'enum' at {path}: no listed value is valid")
         return _alt(kept)
 
+    def validator_for(self, schema: Any) -> Any:
+        """A jsonschema validator of ``schema`` (a part of the root: refs resolve in it)."""
+        return self._validator.evolve(schema=schema)
+
     # ------------------------------------------------------------ refs
     def _ref(self, schema: dict, path: str) -> str:
         ref = schema["$ref"]
@@ -562,7 +566,8 @@ _SUPPORTED = {
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     "string": {"minLength", "maxLength", "pattern", "format"},
     "array": {"items", "prefixItems", "minItems", "maxItems", "unevaluatedItems"},
-    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties", "unevaluatedProperties"},
+    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties", "unevaluatedProperties",
+               "propertyNames"},
 }
 
 

@@ -10,6 +10,8 @@ import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+import referencing.exceptions
+
 from treadle.constrained.regex_text import MAX_REPEAT, escape_literal, excluded_key_regex
 
 if TYPE_CHECKING:
@@ -367,6 +369,12 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
     undeclared = schema.get("additionalProperties", schema.get("unevaluatedProperties", True))
     lo = _count(schema, "minProperties", path) or 0
     hi = _count(schema, "maxProperties", path)
+    names = PropertyNames(conv, schema.get("propertyNames", True), path)
+    for name in required:
+        if not names.allows(name):
+            raise Unsatisfiable(f"json_schema: keyword 'propertyNames' at {path}: required property {name!r} "
+                                "is not a valid name")
+    props = {name: sub for name, sub in props.items() if names.allows(name)}  # the others may not appear
     entries: list[list] = []  # [text, required]
     for name, sub in props.items():
         key = escape_literal(json.dumps(name, ensure_ascii=False)) + conv.COLON
@@ -393,7 +401,7 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
     if hi is not None and lo > hi:  # (minProperties would otherwise make too many required)
         raise Unsatisfiable(f"json_schema: keyword 'maxProperties' at {path} is below minProperties")
     if not props and undeclared is not False:
-        return _map_regex(conv, schema, entries, undeclared, lo, hi, path)
+        return _map_regex(conv, schema, entries, undeclared, lo, hi, path, names.key_regex())
     optional = [e for e in entries if not e[1]]
     for e in optional[: max(0, lo - n_req)]:
         e[1] = True  # minProperties: make the first optional ones required
@@ -407,29 +415,95 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
                 budget -= 0 if e[1] else 1
                 kept.append(e)
         entries = kept
-    extra = _extras(conv, list(props) + required, undeclared, value_re, path) if conv.spec else None
+    extra = _extras(conv, list(props) + required, undeclared, value_re, path, names) if conv.spec else None
     n_extra = None if hi is None else min(hi - len(entries), MAX_REPEAT)  # all declared may be present
     if extra is None or n_extra == 0:
         return conv.OPEN_O + _sequence(entries, conv.COMMA) + conv.CLOSE_O
     return conv.OPEN_O + _open_sequence(entries, extra, n_extra, conv.COMMA) + conv.CLOSE_O
 
 
-def _extras(conv: _Converter, names: list[str], undeclared: Any, value_re: str | None, path: str) -> str | None:
+def _extras(conv: _Converter, names: list[str], undeclared: Any, value_re: str | None, path: str,
+            valid: PropertyNames) -> str | None:
     """One extra ``"key":value`` member of an open object (spec mode), or None if none fits.
 
     Its value satisfies additionalProperties (or unevaluatedProperties where that stands
     for it). Its key is written without escapes and is none of ``names`` (declared or
     required): a key repeating a declared one would replace that member's checked value.
-    Two extras may share a key: the object then has fewer members, each one valid.
+    Two extras may share a key: the object then has fewer members, each one valid. Under
+    propertyNames the key is also a valid name (``PropertyNames.extra_key_regex``).
     """
     if undeclared is False:
+        return None
+    key = valid.extra_key_regex(names)
+    if key is None:
         return None
     if value_re is None:
         try:
             value_re = conv.convert(undeclared, f"{path}.additionalProperties")
         except NoOutput:
             return None
-    return excluded_key_regex(names) + conv.COLON + value_re
+    return key + conv.COLON + value_re
+
+
+class PropertyNames:
+    """What ``propertyNames`` allows of an object's keys: whether a declared or required name
+    is valid (jsonschema decides), and the regex of the keys of free members."""
+
+    def __init__(self, conv: _Converter, schema: Any, path: str) -> None:
+        self.conv, self.schema, self.path = conv, schema, path
+        self._check = None
+        if schema is not True and schema != {}:
+            try:
+                self._check = conv.validator_for(schema).is_valid
+            except Exception as exc:  # a malformed subschema: the metaschema check names it
+                raise UnsupportedSchemaError(f"json_schema: keyword 'propertyNames' at {path}: {exc}") from exc
+
+    @property
+    def free(self) -> bool:
+        return self._check is None
+
+    def allows(self, name: str) -> bool:
+        if self._check is None:
+            return True
+        try:
+            return bool(self._check(name))
+        except referencing.exceptions.Unresolvable as exc:
+            raise UnsupportedSchemaError(f"json_schema: keyword 'propertyNames' at {self.path}: cannot resolve {exc}") from exc
+
+    def literals(self) -> list[str] | None:
+        """The names when the schema lists them (enum / const), else None."""
+        s = self.schema
+        if isinstance(s, dict) and ("enum" in s or "const" in s) and all(
+                k in ("enum", "const", "type") or k in self.conv.annotations for k in s):
+            values = ([s["const"]] if "const" in s else []) + list(s.get("enum", []))
+            return list(dict.fromkeys(v for v in values if isinstance(v, str) and self.allows(v)))
+        return None
+
+    def key_regex(self) -> str | None:
+        """A quoted key of a free member, None for the default (any key without escapes), or
+        "" when no key is valid."""
+        if self.free:
+            return None
+        if self.schema is False:
+            return ""
+        try:
+            return self.conv.convert({"allOf": [self.schema, {"type": "string"}]}, f"{self.path}.propertyNames")
+        except NoOutput:
+            return ""
+
+    def extra_key_regex(self, names: list[str]) -> str | None:
+        """A quoted key of an extra member that is none of ``names``, or None when none is
+        possible. A regex cannot take ``names`` out of a pattern's keys, so beside declared
+        names only listed (enum / const) names are written as extras."""
+        if self.free:
+            return excluded_key_regex(names)
+        listed = self.literals()
+        if listed is not None:
+            keys = [escape_literal(json.dumps(k, ensure_ascii=False)) for k in listed if k not in names]
+            return "(?:" + "|".join(keys) + ")" if keys else None
+        if names:
+            return None
+        return self.key_regex() or None
 
 
 def _open_sequence(entries: list[list], extra: str, n_extra: int | None, comma: str) -> str:
@@ -471,20 +545,22 @@ def _sequence(entries: list[list], comma: str, allow_empty: bool = True) -> str:
     return first
 
 
-def _map_regex(conv: _Converter, schema: dict, entries: list[list], undeclared: Any, lo: int, hi: int | None, path: str) -> str:
-    """No declared properties: required keys first, then free ``"key":value`` pairs."""
+def _map_regex(conv: _Converter, schema: dict, entries: list[list], undeclared: Any, lo: int, hi: int | None, path: str,
+               key: str | None = None) -> str:
+    """No declared properties: required keys first, then free ``"key":value`` pairs (their
+    key ``key``: None for any key without escapes, "" for none)."""
     fixed = [e[0] for e in entries]
     if lo > len(fixed):
         raise UnsupportedSchemaError(f"json_schema: keyword 'minProperties' at {path} is not supported without properties")
     try:
-        value = conv.convert(undeclared, f"{path}.additionalProperties")
+        value = conv.convert(undeclared, f"{path}.additionalProperties") if key != "" else None
     except NoOutput:
         value = None
     extra_max = None if hi is None else min(hi - len(fixed), MAX_REPEAT)
     body = conv.COMMA.join(fixed)
     if value is not None and extra_max != 0:
         # Duplicate keys are possible here; every value still satisfies the schema.
-        pair = '"(?:[^"\\\\\\x00-\\x1f]|\\\\["\\\\/bfnrt])*"' + conv.COLON + value
+        pair = (key or '"(?:[^"\\\\\\x00-\\x1f]|\\\\["\\\\/bfnrt])*"') + conv.COLON + value
         if fixed:
             rep = "*" if extra_max is None else f"{{0,{extra_max}}}"
             body += f"(?:{conv.COMMA}{pair}){rep}"

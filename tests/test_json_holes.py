@@ -266,7 +266,9 @@ def test_regex_with_holes_is_small_and_holes_only_where_allowed():
 SCHEMA_WALKS = [("tool", TOOL, "strict"), ("list_of_objects", LIST_OF_OBJECTS, "strict"),
                 ("untyped", UNTYPED, "strict"), ("ambiguous", AMBIGUOUS, "strict"), ("tool-spec", TOOL, "spec"),
                 ("overlap", OVERLAP, "strict"), ("tree", TREE, "strict"), ("linked", LINKED, "strict"),
-                ("mutual", MUTUAL, "strict"), ("mutual-spec", MUTUAL, "spec")]
+                ("mutual", MUTUAL, "strict"), ("mutual-spec", MUTUAL, "spec"),
+                ("named", {"type": "object", "additionalProperties": {}, "propertyNames": {"enum": ["a", "b", "c"]}},
+                 "strict")]
 
 
 @pytest.mark.parametrize("name,schema,mode", SCHEMA_WALKS, ids=[w[0] for w in SCHEMA_WALKS])

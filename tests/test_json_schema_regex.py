@@ -331,9 +331,40 @@ def test_pattern_and_formats() -> None:
     raises_keyword({"type": "string", "format": "hostname"}, "format")
 
 
+def test_property_names() -> None:
+    """propertyNames: declared names it refuses are left out (a required one is an error);
+    free members' keys are the names it allows; beside declared names, only listed ones."""
+    enum_keys = {"type": "object", "additionalProperties": {"type": "integer"}, "propertyNames": {"enum": ["a", "b"]}}
+    pattern_keys = {"type": "object", "additionalProperties": {"type": "integer"},
+                    "propertyNames": {"pattern": "^x_[a-z]+$"}}
+    short = {"type": "object", "propertyNames": {"maxLength": 2},
+             "properties": {"ab": {"type": "integer"}, "abc": {"type": "integer"}}}
+    ref_keys = {"type": "object", "propertyNames": {"$ref": "#/$defs/k"}, "additionalProperties": {"type": "boolean"},
+                "$defs": {"k": {"enum": ["on", "off"]}}}
+    for mode in ("strict", "spec"):
+        for schema, good, bad in [(enum_keys, [{"a": 1}, {"a": 1, "b": 2}, {}], [{"c": 1}, {"a": "s"}]),
+                                  (pattern_keys, [{"x_ab": 1}, {"x_q": 2, "x_r": 3}], [{"y": 1}, {"x_": 1}]),
+                                  (short, [{"ab": 1}, {}], [{"abc": 1}]),
+                                  (ref_keys, [{"on": True}, {"off": False}], [{"x": True}]),
+                                  ({"type": "object", "propertyNames": False}, [{}], [{"a": 1}])]:
+            rx = compile_checked(schema, mode=mode)
+            for v in good:
+                assert rx.fullmatch(dumps(v)), (mode, schema, v)
+            for v in bad:
+                assert not rx.fullmatch(dumps(v)), (mode, schema, v)
+                assert not jsonschema.Draft202012Validator(schema).is_valid(v)
+    # spec mode, declared names beside listed ones: the other listed names are extras
+    mixed = {"type": "object", "properties": {"a": {"type": "string"}}, "propertyNames": {"enum": ["a", "b"]}}
+    rx = compile_checked(mixed, mode="spec")
+    assert rx.fullmatch('{"a":"s","b":[1]}') and not rx.fullmatch('{"a":"s","c":1}') and not rx.fullmatch('{"a":"s","a":1}')
+    with pytest.raises(UnsupportedSchemaError, match="required property 'ab' is not a valid name"):
+        json_schema_to_regex({"type": "object", "propertyNames": {"maxLength": 1}, "properties": {"ab": {}},
+                              "required": ["ab"]})
+
+
 @pytest.mark.parametrize("keyword, value", [
     ("not", {"minimum": 3}), ("if", {"type": "null"}), ("patternProperties", {"a": {}}),
-    ("propertyNames", {"maxLength": 2}), ("dependentRequired", {"a": ["b"]}), ("$dynamicRef", "#x"),
+    ("dependentSchemas", {"a": {}}), ("dependentRequired", {"a": ["b"]}), ("$dynamicRef", "#x"),
     ("contentMediaType", "application/json"), ("unknownKeyword", 1),
 ])
 def test_unsupported_keywords_are_named(keyword: str, value: object) -> None:
