@@ -115,8 +115,9 @@ def json_schema_to_regex(
         ws_fsm = interegular.parse_pattern(whitespace_pattern).to_fsm()
         if not (ws_fsm - interegular.parse_pattern(r"[ \t\n\r]*").to_fsm()).empty():
             raise ValueError(f"json_schema: whitespace_pattern {whitespace_pattern!r} matches non-whitespace text")
-    if "__conj__" in json.dumps(schema):
-        raise UnsupportedSchemaError("json_schema: keyword '__conj__' is reserved by treadle")
+    for reserved in ("__conj__", "__refs__"):
+        if reserved in json.dumps(schema):
+            raise UnsupportedSchemaError(f"json_schema: keyword '{reserved}' is reserved by treadle")
     if max_recursion_depth < 0:
         raise ValueError("json_schema: max_recursion_depth must be >= 0")
     check_metaschemas(schema, "$")
@@ -184,6 +185,8 @@ class _Converter:
             raise Unsatisfiable(f"json_schema: schema at {path} is false: no possible output")
         if not isinstance(schema, dict):
             raise UnsupportedSchemaError(f"json_schema: schema at {path} must be an object or boolean")
+        if "__refs__" in schema:  # merged from resolved refs (Merger.merge_all): inside them
+            return self._inside(schema["__refs__"], {k: v for k, v in schema.items() if k != "__refs__"}, path)
         for key in schema:
             if key not in KNOWN:
                 raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} is not supported")
@@ -203,6 +206,8 @@ class _Converter:
             parts = schema["allOf"]
             if not isinstance(parts, list) or not parts:
                 raise UnsupportedSchemaError(f"json_schema: 'allOf' at {path} must be a non-empty list")
+            if len(parts) == 1 and self._annotations_only(rest):  # a wrapped part ({"allOf": [{"$ref": ...}]})
+                return self.convert(parts[0], path + ".allOf[0]")
             return self.convert(self.merger.merge_all(rest, parts, path + ".allOf"), path)
         if "anyOf" in schema or "oneOf" in schema:
             return self._alternatives(schema, path)
@@ -279,6 +284,24 @@ class _Converter:
             raise Unsatisfiable(f"json_schema: keyword 'enum' at {path}: no listed value is valid")
         return _alt(kept)
 
+    def _annotations_only(self, schema: dict) -> bool:
+        return all(k in self.annotations for k in schema)
+
+    def _inside(self, refs: list[str], schema: dict, path: str) -> str:
+        """Convert ``schema`` as inside each of ``refs`` (resolved into it by a merge): they
+        count toward ``max_recursion_depth`` like a ``$ref``."""
+        for ref in refs:
+            if self._active.get(ref, 0) >= self.max_depth + 1:
+                raise TooDeep(f"json_schema: keyword '$ref' at {path}: recursion deeper than "
+                              f"max_recursion_depth={self.max_depth}")
+        saved = dict(self._active)
+        for ref in refs:
+            self._active[ref] = self._active.get(ref, 0) + 1
+        try:
+            return self.convert(schema, path)
+        finally:
+            self._active = saved
+
     def validator_for(self, schema: Any) -> Any:
         """A jsonschema validator of ``schema`` (a part of the root: refs resolve in it)."""
         return self._validator.evolve(schema=schema)
@@ -350,6 +373,9 @@ class _Converter:
             # Literal oneOf branches are filtered value by value: not valid for any other.
             others = [{"not": b} for j, b in enumerate(branches) if j != i] if literal_only else None
             try:
+                if others is None and self._annotations_only(rest):  # the branch alone ($refs stay refs)
+                    out.append(self.convert(branch, f"{path}.{kind}[{i}]"))
+                    continue
                 merged = self.merger.merge_all(rest, [branch], f"{path}.{kind}[{i}]", others)
                 out.append(self.convert(merged, f"{path}.{kind}[{i}]"))
             except NoOutput as exc:

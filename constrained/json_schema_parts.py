@@ -124,16 +124,22 @@ class Merger:
         return node
 
     def merge_all(self, base: dict, parts: list, path: str, extra_conj: list | None = None) -> dict:
-        """One schema equivalent to ``base`` AND every part (raises where it cannot be)."""
-        result = {k: copy.copy(v) for k, v in base.items() if k != "__conj__"}
+        """One schema equivalent to ``base`` AND every part (raises where it cannot be).
+
+        The refs it resolved are listed under ``__refs__``: converting the result is being
+        inside them, as for a ``$ref`` (the converter counts them toward recursion)."""
+        result = {k: copy.copy(v) for k, v in base.items() if k not in ("__conj__", "__refs__")}
         conj = list(base.get("__conj__", [base]))
+        refs: list[str] = []
         for i, part in enumerate(parts):
             conj.append(part)
-            self._merge_into(result, self._normalize(part, f"{path}[{i}]", 0), f"{path}[{i}]")
+            self._merge_into(result, self._normalize(part, f"{path}[{i}]", 0, refs), f"{path}[{i}]")
         result["__conj__"] = conj + (extra_conj or [])
+        if refs:
+            result["__refs__"] = list(dict.fromkeys(refs))
         return result
 
-    def _normalize(self, part: Any, path: str, hops: int) -> dict:
+    def _normalize(self, part: Any, path: str, hops: int, refs: list[str]) -> dict:
         """A part as a dict with no top-level $ref/allOf, its unevaluated* made local."""
         if hops > _MAX_INLINE:
             raise UnsupportedSchemaError(f"json_schema: keyword '$ref' at {path}: reference chain too long")
@@ -146,12 +152,14 @@ class Merger:
         part = {k: v for k, v in part.items() if k not in self.annotations}
         nested = []
         if "$ref" in part:
-            nested.append(self.resolve(part.pop("$ref"), path))
+            ref = part.pop("$ref")
+            nested.append(self.resolve(ref, path))
+            refs.append(ref)
         if "allOf" in part:
             nested.extend(part.pop("allOf"))
         local = _localize_unevaluated(part, bool(nested) or any(k in part for k in ("anyOf", "oneOf", "not", "if")), path)
         for j, sub in enumerate(nested):
-            self._merge_into(local, self._normalize(sub, f"{path}.allOf[{j}]", hops + 1), path)
+            self._merge_into(local, self._normalize(sub, f"{path}.allOf[{j}]", hops + 1, refs), path)
         return local
 
     def _merge_into(self, r: dict, p: dict, path: str) -> None:

@@ -50,8 +50,14 @@ MUTUAL = {"$defs": {
           "required": ["n", "meta", "b"]},
     "b": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "object"}]}}},
     "$ref": "#/$defs/a"}
+# Pydantic's Optional[Node] and list[Node]: anyOf [$ref, null] and items $ref
+PYDANTIC_NODE = {"$defs": {"Node": {"type": "object", "title": "Node", "properties": {
+    "name": {"type": "string", "title": "Name"},
+    "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}, "default": [], "title": "Children"},
+    "parent": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}], "default": None}}, "required": ["name"]}},
+    "$ref": "#/$defs/Node"}
 SCHEMAS = {"tool": TOOL, "list_of_objects": LIST_OF_OBJECTS, "untyped": UNTYPED, "overlap": OVERLAP,
-           "tree": TREE, "linked": LINKED, "mutual": MUTUAL}
+           "tree": TREE, "linked": LINKED, "mutual": MUTUAL, "pydantic_node": PYDANTIC_NODE}
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +274,7 @@ SCHEMA_WALKS = [("tool", TOOL, "strict"), ("list_of_objects", LIST_OF_OBJECTS, "
                 ("overlap", OVERLAP, "strict"), ("tree", TREE, "strict"), ("linked", LINKED, "strict"),
                 ("mutual", MUTUAL, "strict"), ("mutual-spec", MUTUAL, "spec"),
                 ("named", {"type": "object", "additionalProperties": {}, "propertyNames": {"enum": ["a", "b", "c"]}},
-                 "strict")]
+                 "strict"), ("pydantic_node", PYDANTIC_NODE, "strict")]
 
 
 @pytest.mark.parametrize("name,schema,mode", SCHEMA_WALKS, ids=[w[0] for w in SCHEMA_WALKS])
@@ -321,6 +327,8 @@ DOCS = [
     ("tree", _tree(12)),
     ("linked", _linked(30)),
     ("mutual", _mutual(8)),
+    ("pydantic_node", {"name": "a", "children": [{"name": "b", "parent": {"name": "c", "parent": {"name": "d", "parent": {
+        "name": "e", "children": [{"name": "f"}]}}}}], "parent": None}),
 ]
 
 

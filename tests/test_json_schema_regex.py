@@ -20,6 +20,7 @@ from treadle.constrained.json_schema import (
     json_schema_to_regex,
     validate_regex,
 )
+from treadle.constrained.json_holes import ENTRY_CHAR
 from treadle.constrained.regex_numbers import int_range_regex, number_regex
 from treadle.constrained.regex_text import excluded_key_regex, string_regex
 
@@ -329,6 +330,29 @@ def test_pattern_and_formats() -> None:
         assert accepts({"type": "string", "format": fmt}, ok), fmt
         assert not accepts({"type": "string", "format": fmt}, bad), fmt
     raises_keyword({"type": "string", "format": "hostname"}, "format")
+
+
+def test_recursion_through_anyof_and_allof_is_counted() -> None:
+    """Pydantic writes Optional[Node] as anyOf [$ref, null] and older generators wrap a ref in
+    allOf to describe it: the ref is followed as a $ref (counted toward the depth, or a call
+    with holes), not re-resolved by a merge without end."""
+    node = {"type": "object", "properties": {"name": {"type": "string"}, "parent": None}, "required": ["name"]}
+    optional = {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}], "default": None}
+    wrapped = {"allOf": [{"$ref": "#/$defs/Node"}], "description": "the parent"}
+    merged = {"type": ["object", "null"], "anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]}
+    chain = {"name": "a", "parent": {"name": "b", "parent": {"name": "c"}}}
+    for parent, calls in ((optional, True), (wrapped, True), (merged, False)):
+        schema = {"$defs": {"Node": {**node, "properties": {**node["properties"], "parent": parent}}},
+                  "$ref": "#/$defs/Node"}
+        v = jsonschema.Draft202012Validator(schema)
+        rx = compile_checked(schema, max_recursion_depth=3)
+        assert rx.fullmatch(dumps(chain)) and not rx.fullmatch(dumps({"name": "a", "parent": {"parent": None}}))
+        deep = {"name": "x"}
+        for _ in range(6):
+            deep = {"name": "x", "parent": deep}
+        assert v.is_valid(deep) and not rx.fullmatch(dumps(deep))  # past the unrolled depth
+        with_holes = json_schema_to_regex(schema, holes=True)
+        assert (ENTRY_CHAR in with_holes) == calls, parent
 
 
 def test_property_names() -> None:
