@@ -77,6 +77,8 @@ MODES = ("strict", "spec")
 # spec mode: anyOf beside unevaluated* also generates the conjunctions of 2+ branches (a
 # property evaluated by a second matching branch is then evaluated), up to this many branches.
 ANYOF_COMBINED_MAX = 4
+# OpenAPI string formats that allow any string (Pydantic writes bytes and SecretStr so)
+OPENAPI_ANY_STRING = frozenset({"binary", "password"})
 
 
 def json_schema_to_regex(
@@ -185,6 +187,9 @@ class _Converter:
             raise Unsatisfiable(f"json_schema: schema at {path} is false: no possible output")
         if not isinstance(schema, dict):
             raise UnsupportedSchemaError(f"json_schema: schema at {path} must be an object or boolean")
+        if any(isinstance(k, str) and k.startswith("x-") for k in schema):
+            # vendor extensions (OpenAPI's x-...): unknown keywords, which never change validity
+            schema = {k: v for k, v in schema.items() if not (isinstance(k, str) and k.startswith("x-"))}
         if "__refs__" in schema:  # merged from resolved refs (Merger.merge_all): inside them
             return self._inside(schema["__refs__"], {k: v for k, v in schema.items() if k != "__refs__"}, path)
         for key in schema:
@@ -418,17 +423,46 @@ class _Converter:
         if len(branches) == 1:
             return False
         seen: set[str] = set()
+        tagged: list[dict[str, frozenset[str]]] = []  # the object branches so far: their tags
         for i, branch in enumerate(branches):
             types = schema_types(self.merger, branch) & schema_types(self.merger, rest)
-            if types & seen:
+            tags = self._tags(branch) if "object" in types else {}
+            overlap = types & seen
+            if overlap == {"object"} and all(any(k in t and not (t[k] & v) for k, v in tags.items()) for t in tagged):
+                overlap = set()  # a discriminated union: a required tag tells the objects apart
+            if overlap:
                 if all(isinstance(b, dict) and ("enum" in b or "const" in b) for b in branches):
                     return True
                 raise UnsupportedSchemaError(
                     f"json_schema: keyword 'oneOf' at {path} is not supported: branch {i} may overlap "
-                    "an earlier branch (only branches of disjoint types are supported)"
+                    "an earlier branch (only branches of disjoint types, or objects told apart by a "
+                    "required property's const/enum values, are supported)"
                 )
             seen |= types
+            if "object" in types:
+                tagged.append(tags)
         return False
+
+    def _tags(self, branch: Any) -> dict[str, frozenset[str]]:
+        """Required properties of an object branch whose values are listed (const / enum):
+        name -> their JSON texts. Refs are followed; anything else gives no tags."""
+        def follow(node: Any) -> Any:
+            for _ in range(8):
+                if not (isinstance(node, dict) and "$ref" in node and self._annotations_only(
+                        {k: v for k, v in node.items() if k != "$ref"})):
+                    return node
+                node = self.merger.resolve(node["$ref"], "$")
+            return None
+        node = follow(branch)
+        if not isinstance(node, dict) or not isinstance(node.get("properties"), dict):
+            return {}
+        out = {}
+        for name in node.get("required", []):
+            prop = follow(node["properties"].get(name))
+            if isinstance(prop, dict) and ("const" in prop or "enum" in prop):
+                values = ([prop["const"]] if "const" in prop else []) + list(prop.get("enum", []) if "const" not in prop else [])
+                out[name] = frozenset(json.dumps(v, sort_keys=True) for v in values)
+        return out
 
     # ------------------------------------------------------------ types
     def _typed(self, schema: dict, path: str, excluded: set[str]) -> str:
@@ -531,6 +565,8 @@ class _Converter:
         return object_regex(self, schema, path)
 
     def _string(self, schema: dict, path: str) -> str:
+        if schema.get("format") in OPENAPI_ANY_STRING:
+            schema = {k: v for k, v in schema.items() if k != "format"}  # any string
         lo, hi = schema.get("minLength", 0), schema.get("maxLength")
         for key, value in (("minLength", lo), ("maxLength", hi)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):

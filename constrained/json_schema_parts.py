@@ -37,7 +37,7 @@ class TooDeep(NoOutput):
 # Keywords that never change whether an instance is valid.
 ANNOTATIONS = frozenset(
     "title description $schema $id $comment examples default deprecated readOnly writeOnly "
-    "$anchor $defs definitions $vocabulary".split()
+    "$anchor $defs definitions $vocabulary discriminator".split()
 )
 # Keywords that only constrain values of one type (a value of another type ignores them).
 FAMILIES: dict[str, frozenset[str]] = {

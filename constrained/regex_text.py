@@ -136,8 +136,19 @@ _TIME = (
 )
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 _LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,20}[a-zA-Z0-9])?"
+_N = r"[0-9]{1,4}"  # a bound Pydantic (speedate) can read in every part
+# RFC 3339 appendix A (ISO 8601 durations, no fractions): P1Y2M3DT4H5M6S, PT1H30M, P2W
+_DURATION = (rf"P(?:(?:{_N}D|{_N}M(?:{_N}D)?|{_N}Y(?:{_N}M(?:{_N}D)?)?)(?:T(?:{_N}H(?:{_N}M(?:{_N}S)?)?"
+             rf"|{_N}M(?:{_N}S)?|{_N}S))?|T(?:{_N}H(?:{_N}M(?:{_N}S)?)?|{_N}M(?:{_N}S)?|{_N}S)|{_N}W)")
+_H16 = r"[0-9a-fA-F]{1,4}"
+_HOST_LABEL = r"[a-zA-Z0-9](?:-?[a-zA-Z0-9]){0,20}"
 FORMATS: dict[str, str] = {
     "date": _DATE,
+    "duration": _DURATION,
+    # labels of letters and digits joined by single hyphens (so no "xn--" A-label to check)
+    "hostname": rf"{_HOST_LABEL}(?:\.{_HOST_LABEL}){{0,3}}",
+    # A conservative subset of RFC 4291 addresses: all eight groups, no "::" or embedded IPv4.
+    "ipv6": rf"{_H16}(?::{_H16}){{7}}",
     "time": _TIME,
     "date-time": _DATE + "T" + _TIME,
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",

@@ -326,10 +326,15 @@ def test_pattern_and_formats() -> None:
     raises_keyword({"type": "string", "pattern": "^a$", "maxLength": 3}, "pattern")
     for fmt, ok, bad in [("date", "2024-02-28", "2024-02-30"), ("uuid", "12345678-1234-1234-1234-123456789abc", "x"),
                          ("ipv4", "192.168.0.1", "256.1.1.1"), ("date-time", "2024-01-01T10:00:00Z", "2024-01-01"),
-                         ("email", "a.b@ex.com", "a@b"), ("time", "23:59:59+01:00", "24:00:00Z")]:
+                         ("email", "a.b@ex.com", "a@b"), ("time", "23:59:59+01:00", "24:00:00Z"),
+                         ("duration", "P1DT2H30M", "P1DT"), ("duration", "PT90S", "PT"), ("duration", "P3W", "P3W1D"),
+                         ("hostname", "api.example-1.com", "-a.com"), ("ipv6", "2001:db8:0:0:0:0:0:1", "2001:db8::1")]:
         assert accepts({"type": "string", "format": fmt}, ok), fmt
         assert not accepts({"type": "string", "format": fmt}, bad), fmt
-    raises_keyword({"type": "string", "format": "hostname"}, "format")
+    raises_keyword({"type": "string", "format": "iri"}, "format")
+    # OpenAPI's binary / password formats (Pydantic's bytes, SecretStr) allow any string
+    assert accepts({"type": "string", "format": "binary", "maxLength": 4}, "a\"b") and accepts(
+        {"type": "string", "format": "password"}, "")
 
 
 def test_recursion_through_anyof_and_allof_is_counted() -> None:
@@ -353,6 +358,31 @@ def test_recursion_through_anyof_and_allof_is_counted() -> None:
         assert v.is_valid(deep) and not rx.fullmatch(dumps(deep))  # past the unrolled depth
         with_holes = json_schema_to_regex(schema, holes=True)
         assert (ENTRY_CHAR in with_holes) == calls, parent
+
+
+def test_discriminated_unions_and_vendor_keywords() -> None:
+    """Pydantic's discriminated unions (oneOf of objects with a required const tag, an OpenAPI
+    ``discriminator`` beside) are exclusive by their tags; x-... keywords change nothing."""
+    schema = {"$defs": {
+        "Cat": {"type": "object", "properties": {"pet_type": {"const": "cat", "type": "string"}, "meows": {"type": "integer"}},
+                "required": ["pet_type", "meows"]},
+        "Dog": {"type": "object", "properties": {"pet_type": {"const": "dog", "type": "string"}, "barks": {"type": "number"}},
+                "required": ["pet_type", "barks"]}},
+        "type": "object", "x-order": 1, "properties": {"pet": {
+            "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+            "discriminator": {"propertyName": "pet_type", "mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"}}}},
+        "required": ["pet"]}
+    rx = compile_checked(schema)
+    assert rx.fullmatch(dumps({"pet": {"pet_type": "cat", "meows": 3}}))
+    assert rx.fullmatch(dumps({"pet": {"pet_type": "dog", "barks": 1.5}}))
+    assert not rx.fullmatch(dumps({"pet": {"pet_type": "cat", "barks": 1.5}}))
+    # without a tag told apart by its values, overlapping object branches stay refused
+    same_tag = {"oneOf": [{"type": "object", "properties": {"k": {"enum": ["a", "b"]}}, "required": ["k"]},
+                          {"type": "object", "properties": {"k": {"enum": ["b"]}}, "required": ["k"]}]}
+    raises_keyword(same_tag, "oneOf")
+    optional_tag = {"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}}},
+                              {"type": "object", "properties": {"k": {"const": "b"}}}]}
+    raises_keyword(optional_tag, "oneOf")
 
 
 def test_property_names() -> None:

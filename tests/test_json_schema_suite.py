@@ -25,6 +25,7 @@ import pytest
 
 from treadle.constrained import json_schema
 from treadle.constrained.json_schema import json_schema_to_regex
+from treadle.constrained.regex_text import FORMATS
 
 SUITE = Path(__file__).resolve().parents[2] / "shared" / "data" / "JSON-Schema-Test-Suite" / "tests" / "draft2020-12"
 MODES = ("strict", "spec")
@@ -338,3 +339,18 @@ def test_accepted_suite_regexes_parse_with_interegular(mode: str) -> None:
                 interegular.parse_pattern(pattern).to_fsm()
                 checked += 1
     assert checked > 20, checked
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_formats_refuse_what_the_suite_calls_invalid(fmt: str) -> None:
+    """Every format treadle enforces writes only strings the suite's optional/format tests do
+    not mark invalid (its formats are conservative subsets: some valid strings are not written)."""
+    path = SUITE / "optional" / "format" / f"{fmt}.json"
+    rx = re.compile('"' + FORMATS[fmt] + '"')
+    checked = 0
+    for group in json.loads(path.read_text()):
+        for case in group["tests"]:
+            if isinstance(case["data"], str) and not case["valid"]:
+                assert not rx.fullmatch(json.dumps(case["data"])), (fmt, case["description"], case["data"])
+                checked += 1
+    assert checked, fmt
