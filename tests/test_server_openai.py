@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import re
 
+from typing import Optional
+
 import openai
 import pytest
 import requests
+from pydantic import BaseModel
 
 from treadle.runtime.server.testing import ServerProcess
 
@@ -116,6 +119,25 @@ def test_response_format_json_schema(client):
         max_tokens=60, temperature=0, response_format={"type": "json_object"})
     assert r2.choices[0].finish_reason == "stop", r2.choices[0].message.content
     assert isinstance(json.loads(r2.choices[0].message.content), dict)
+
+
+class TreeNode(BaseModel):
+    name: str
+    children: list[TreeNode]
+    parent: Optional[TreeNode]
+
+
+def test_parse_into_a_recursive_pydantic_model(client):
+    """``client.chat.completions.parse(response_format=Model)``: the openai client sends the
+    model's strict schema (recursive through list and Optional), the output parses into it."""
+    deep = '{"name":"a","children":[],"parent":{"name":"r","children":[],"parent":null}}'
+    msgs = [{"role": "system", "content": "You write JSON."},
+            {"role": "user", "content": "Reply with exactly this JSON: " + deep}]
+    r = client.chat.completions.parse(model="smol", messages=msgs, response_format=TreeNode, max_tokens=200,
+                                      temperature=0)
+    node = r.choices[0].message.parsed
+    assert isinstance(node, TreeNode) and node.name == "a" and node.parent.name == "r", r.choices[0].message.content
+    assert TreeNode.model_validate_json(r.choices[0].message.content) == node
 
 
 def test_extra_body_regex_and_choices(client):
