@@ -132,6 +132,16 @@ def json_schema_to_regex(
         raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
 
 
+def _scalar_key(value: Any) -> tuple | None:
+    """A key under which two scalars are equal exactly when JSON Schema calls them equal
+    (1 and 1.0 are; true and 1 are not); None for containers and non-finite numbers."""
+    if value is None or isinstance(value, (bool, str)):
+        return (type(value).__name__, value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return ("number", Fraction(value))
+    return None
+
+
 def _literal(value: Any) -> str:
     """Compact JSON text of ``value``; numbers in every spelling JSON Schema calls equal."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -423,7 +433,7 @@ class _Converter:
         if len(branches) == 1:
             return False
         seen: set[str] = set()
-        tagged: list[dict[str, frozenset[str]]] = []  # the object branches so far: their tags
+        tagged: list[dict[str, frozenset]] = []  # the object branches so far: their tags
         for i, branch in enumerate(branches):
             types = schema_types(self.merger, branch) & schema_types(self.merger, rest)
             tags = self._tags(branch) if "object" in types else {}
@@ -443,9 +453,9 @@ class _Converter:
                 tagged.append(tags)
         return False
 
-    def _tags(self, branch: Any) -> dict[str, frozenset[str]]:
-        """Required properties of an object branch whose values are listed (const / enum):
-        name -> their JSON texts. Refs are followed; anything else gives no tags."""
+    def _tags(self, branch: Any) -> dict[str, frozenset]:
+        """Required properties of an object branch whose values are listed (const / enum of
+        scalars): name -> their ``_scalar_key``s. Refs are followed; anything else gives no tags."""
         def follow(node: Any) -> Any:
             for _ in range(8):
                 if not (isinstance(node, dict) and "$ref" in node and self._annotations_only(
@@ -460,8 +470,10 @@ class _Converter:
         for name in node.get("required", []):
             prop = follow(node["properties"].get(name))
             if isinstance(prop, dict) and ("const" in prop or "enum" in prop):
-                values = ([prop["const"]] if "const" in prop else []) + list(prop.get("enum", []) if "const" not in prop else [])
-                out[name] = frozenset(json.dumps(v, sort_keys=True) for v in values)
+                values = [prop["const"]] if "const" in prop else prop["enum"]
+                keys = [_scalar_key(v) for v in values] if isinstance(values, list) else [None]
+                if None not in keys:
+                    out[name] = frozenset(keys)
         return out
 
     # ------------------------------------------------------------ types

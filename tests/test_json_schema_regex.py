@@ -383,6 +383,12 @@ def test_discriminated_unions_and_vendor_keywords() -> None:
     optional_tag = {"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}}},
                               {"type": "object", "properties": {"k": {"const": "b"}}}]}
     raises_keyword(optional_tag, "oneOf")
+    equal_numbers = {"oneOf": [{"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]},
+                               {"type": "object", "properties": {"k": {"const": 1.0}}, "required": ["k"]}]}
+    raises_keyword(equal_numbers, "oneOf")  # 1 and 1.0 are one value
+    bool_and_number = {"oneOf": [{"type": "object", "properties": {"k": {"const": True}}, "required": ["k"]},
+                                 {"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]}]}
+    assert accepts(bool_and_number, {"k": True}) and accepts(bool_and_number, {"k": 1})
 
 
 def test_property_names() -> None:
