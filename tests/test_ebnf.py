@@ -388,13 +388,16 @@ def test_recursion_depth_is_a_compiler_setting(smollm2_tokenizer):
             m = c.compile(GrammarSpec("ebnf", text)).matcher()
             accepted = all(m.accept_token(t) for t in tok.encode(deep, add_special_tokens=False))
             assert accepted == ok and (not ok or m.accept_token(tok.eos_token_id))
-        # it bounds JSON schema $ref cycles too
-        tree = {"$defs": {"n": {"type": "object", "properties": {"c": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
-                                "required": ["c"]}}, "$ref": "#/$defs/n"}
-        doc = '{"c":[{"c":[{"c":[{"c":[{"c":[]}]}]}]}]}'
-        for c, ok in ((c4, True), (c3, False)):
+    # JSON schema $ref cycles: calls to any depth in compact output (json_holes.py); under a
+    # whitespace pattern they unroll, and the setting bounds them too
+    tree = {"$defs": {"n": {"type": "object", "properties": {"c": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+                            "required": ["c"]}}, "$ref": "#/$defs/n"}
+    doc = '{"c":[{"c":[{"c":[{"c":[{"c":[]}]}]}]}]}'
+    for ws, depth, ok in ((None, 3, True), (None, 4, True), ("[ ]?", 3, False), ("[ ]?", 4, True)):
+        with GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok), max_recursion_depth=depth,
+                             whitespace_pattern=ws) as c:
             m = c.compile(GrammarSpec.from_params(json_schema=tree)).matcher()
-            assert all(m.accept_token(t) for t in tok.encode(doc, add_special_tokens=False)) == ok
+            assert all(m.accept_token(t) for t in tok.encode(doc, add_special_tokens=False)) == ok, (ws, depth)
     with pytest.raises(ValueError, match="grammar_max_recursion_depth"):
         EngineArgs(grammar_max_recursion_depth=-1)
     with pytest.raises(ValueError, match="max_recursion_depth must be >= 0"):
