@@ -317,6 +317,44 @@ class _Converter:
         finally:
             self._active = saved
 
+    def listed_scalars(self, schema: Any, path: str) -> list | None:
+        """The values of ``schema`` when they are a few listed scalars (enum / const, or the
+        types boolean and null), one per JSON Schema value; None otherwise."""
+        node = schema
+        for _ in range(8):  # a pure $ref (to an enum's definition) is followed
+            if not (isinstance(node, dict) and "$ref" in node and self._annotations_only(
+                    {k: v for k, v in node.items() if k != "$ref"})):
+                break
+            node = self.merger.resolve(node["$ref"], path)
+        if not isinstance(node, dict):
+            return None
+        if "const" in node or "enum" in node:
+            candidates = [node["const"]] if "const" in node else node["enum"]
+        elif set(node) - self.annotations == {"type"}:
+            types = [node["type"]] if isinstance(node["type"], str) else node["type"]
+            if not isinstance(types, list) or not set(types) <= {"boolean", "null"}:
+                return None
+            candidates = ([True, False] if "boolean" in types else []) + ([None] if "null" in types else [])
+        else:
+            return None
+        if not isinstance(candidates, list):
+            return None
+        check = self.validator_for(schema)
+        out, keys = [], set()
+        for v in candidates:
+            key = _scalar_key(v)
+            if key is None:
+                return None
+            if key not in keys and check.is_valid(v):
+                keys.add(key)
+                out.append(v)
+        return out
+
+    @staticmethod
+    def literal_regex(value: Any) -> str:
+        """The compact JSON of ``value`` in every spelling JSON Schema calls equal."""
+        return _literal(value)
+
     def validator_for(self, schema: Any) -> Any:
         """A jsonschema validator of ``schema`` (a part of the root: refs resolve in it)."""
         return self._validator.evolve(schema=schema)
@@ -639,7 +677,7 @@ class _Converter:
 _SUPPORTED = {
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     "string": {"minLength", "maxLength", "pattern", "format"},
-    "array": {"items", "prefixItems", "minItems", "maxItems", "unevaluatedItems"},
+    "array": {"items", "prefixItems", "minItems", "maxItems", "unevaluatedItems", "uniqueItems"},
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties", "unevaluatedProperties",
                "propertyNames"},
 }

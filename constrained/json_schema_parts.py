@@ -309,6 +309,8 @@ def array_regex(conv: _Converter, schema: dict, path: str) -> str:
     """
     lo = _count(schema, "minItems", path) or 0
     hi = _count(schema, "maxItems", path)
+    if schema.get("uniqueItems") is True and (hi is None or hi > 1):
+        return _unique_array_regex(conv, schema, lo, hi, path)
     prefix_schemas = schema.get("prefixItems", [])
     if not isinstance(prefix_schemas, list):
         raise UnsupportedSchemaError(f"json_schema: keyword 'prefixItems' at {path} must be a list")
@@ -362,6 +364,38 @@ def array_regex(conv: _Converter, schema: dict, path: str) -> str:
         piece = ("" if i == 0 else comma) + prefix[i] + body
         body = piece if i < lo else f"(?:{piece})?"
     return conv.OPEN_A + body + conv.CLOSE_A
+
+
+UNIQUE_MAX_VALUES = 6  # uniqueItems over at most this many listed values (1,957 orders at 6)
+
+
+def _unique_array_regex(conv: _Converter, schema: dict, lo: int, hi: int | None, path: str) -> str:
+    """``uniqueItems`` where the items are one of a few listed scalars (``set[Enum]``,
+    ``set[Literal[...]]``, booleans): every order of every subset whose size fits, spelled
+    out (each value is written at most once, in any of its spellings)."""
+    if "prefixItems" in schema:
+        raise UnsupportedSchemaError(f"json_schema: keyword 'uniqueItems' at {path} together with prefixItems is not supported")
+    items = schema.get("items", schema.get("unevaluatedItems", True))
+    values = conv.listed_scalars(items, f"{path}.items")
+    if values is None or len(values) > UNIQUE_MAX_VALUES:
+        raise UnsupportedSchemaError(
+            f"json_schema: keyword 'uniqueItems' at {path} is supported only for items of at most "
+            f"{UNIQUE_MAX_VALUES} listed scalar values (enum, const, boolean, null)")
+    n = len(values)
+    top = n if hi is None else min(hi, n)
+    if lo > top:
+        raise Unsatisfiable(f"json_schema: keyword 'minItems' at {path}: more than the {n} distinct items possible")
+    texts = [conv.literal_regex(v) for v in values]
+
+    def rest(used: frozenset[int], count: int) -> str:
+        if count == top:
+            return ""
+        alts = [("" if count == 0 else conv.COMMA) + texts[i] + rest(used | {i}, count + 1)
+                for i in range(n) if i not in used]
+        body = "(?:" + "|".join(alts) + ")"
+        return body + "?" if count >= lo else body
+
+    return conv.OPEN_A + rest(frozenset(), 0) + conv.CLOSE_A
 
 
 # ---------------------------------------------------------------- objects

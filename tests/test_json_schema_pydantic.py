@@ -1,5 +1,6 @@
 """Schemas as Pydantic writes them (the usual source of a user's JSON schema): discriminated
-unions, recursive models (list[Node], Optional[Node]), dicts keyed by Literal, tuples, Any,
+unions, recursive models (list[Node], Optional[Node]), dicts keyed by Literal, sets of an
+Enum, tuples, Any,
 formats (date-time, duration, uuid, ...). Each must compile, and random walks of its grammar
 over the SmolLM2 vocabulary must end in text that jsonschema accepts and Pydantic parses back
 into the model. (Not Decimal: Pydantic's schema for it, anyOf number or any string, admits
@@ -54,6 +55,7 @@ class Misc(BaseModel):
     dur: datetime.timedelta
     id: uuid.UUID
     kind: Kind
+    kinds: set[Kind]
     scores: dict[Literal["x", "y"], int]
     code: str = Field(pattern=r"^[A-Z]{3}$")
     score: Annotated[int, Field(ge=0, le=100)]

@@ -282,8 +282,30 @@ def test_prefix_items() -> None:
 
 def test_unique_items_and_contains_errors() -> None:
     raises_keyword({"type": "array", "uniqueItems": True}, "uniqueItems")
+    raises_keyword({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems")
+    raises_keyword({"type": "array", "items": {"enum": list("abcdefg")}, "uniqueItems": True}, "uniqueItems")
     raises_keyword({"type": "array", "contains": {"type": "integer"}}, "contains")
     assert accepts({"type": "array", "uniqueItems": False, "items": {"type": "null"}}, [None, None])
+
+
+def test_unique_items_over_listed_values() -> None:
+    """set[Enum] / set[Literal] / set[bool]: every order of every subset, each value once
+    (1 and 1.0 are one value), within minItems / maxItems."""
+    colours = {"type": "array", "items": {"$ref": "#/$defs/C"}, "uniqueItems": True,
+               "$defs": {"C": {"enum": ["r", "g", "b"], "type": "string"}}}
+    all_subsets = [list(p) for k in range(4) for p in itertools.permutations("rgb", k)]
+    for value in all_subsets:
+        assert accepts(colours, value), value
+    for value in (["r", "r"], ["g", "b", "g"], ["x"]):
+        assert not accepts(colours, value), value
+    flags = {"type": "array", "items": {"type": ["boolean", "null"]}, "uniqueItems": True, "minItems": 2, "maxItems": 2}
+    assert accepts(flags, [True, None]) and not accepts(flags, [True]) and not accepts(flags, [False, False])
+    numbers = {"type": "array", "items": {"enum": [1, 1.0, 2]}, "uniqueItems": True}
+    assert compile_checked(numbers).fullmatch("[1.0,2]") and not compile_checked(numbers).fullmatch("[1,1.0]")
+    with pytest.raises(UnsupportedSchemaError, match="more than the 3 distinct items"):
+        json_schema_to_regex({**colours, "minItems": 4})
+    six = json_schema_to_regex({"type": "array", "items": {"enum": list("abcdef")}, "uniqueItems": True})
+    assert re.fullmatch(six, '["f","a","c","e","b","d"]') and not re.fullmatch(six, '["f","a","f"]')
 
 
 # ------------------------------------------------------------------ refs and combinators
