@@ -6,6 +6,7 @@ from typing import Any
 from treadle.lang import ir
 from treadle.lang.backend import CHOICE_METHODS
 from treadle.lang.interpreter import DTYPE_REGEX
+from treadle.runtime.sampling_params import schema_of
 
 
 def gen(name: str | None = None, max_tokens: int | None = None, stop: str | list[str] | None = None,
@@ -13,13 +14,13 @@ def gen(name: str | None = None, max_tokens: int | None = None, stop: str | list
         top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
         presence_penalty: float | None = None, repetition_penalty: float | None = None,
         ignore_eos: bool | None = None, seed: int | None = None, regex: str | None = None,
-        json_schema: str | dict | None = None, choices: list[str] | None = None, ebnf: str | None = None,
+        json_schema: str | dict | type | None = None, choices: list[str] | None = None, ebnf: str | None = None,
         dtype: type | None = None) -> ir.Gen:
     """Generate text into variable `name` (readable as `s[name]`).
 
     Unset arguments fall back to the run() defaults, then to the runtime's. `regex`,
-    `json_schema`, `choices` and `ebnf` (a grammar whose rule `root` is the output)
-    constrain the output (enforced by the runtime);
+    `json_schema` (a dict, its JSON text, or a Pydantic model class), `choices` and `ebnf`
+    (a grammar whose rule `root` is the output) constrain the output (enforced by the runtime);
     `dtype` (int, float, bool or str) constrains it to a literal of that type and stores
     the parsed value."""
     if dtype is not None and dtype not in DTYPE_REGEX:
@@ -28,6 +29,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, stop: str | list
         stop = [stop]
     if regex is not None:
         _check_regex(name, regex)
+    json_schema = schema_of(json_schema)  # a Pydantic model class: its schema
     params = {"max_tokens": max_tokens, "stop": stop, "stop_token_ids": stop_token_ids,
               "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
               "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,

@@ -9,6 +9,14 @@ from typing import Any
 
 # Fields a caller may pass in `sampling_params` (native API, Engine). Unknown fields are an error.
 GRAMMAR_FIELDS = ("regex", "json_schema", "choices", "ebnf")  # output constraints: at most one
+
+
+def schema_of(value: Any) -> Any:
+    """A JSON schema given as a Pydantic model class: its ``model_json_schema()``; anything
+    else as it is."""
+    if isinstance(value, type) and callable(getattr(value, "model_json_schema", None)):
+        return value.model_json_schema()
+    return value
 MAX_N = 128  # parallel samples of one prompt (OpenAI's limit); each is a request of its own
 
 
@@ -69,6 +77,7 @@ class SamplingParams:
             self.stop = []
         if self.stop_token_ids is None:
             self.stop_token_ids = []
+        self.json_schema = schema_of(self.json_schema)
         if isinstance(self.json_schema, (dict, bool)):
             self.json_schema = json.dumps(self.json_schema, separators=(",", ":"))
         if isinstance(self.logit_bias, dict):  # JSON object keys are strings: "1234" -> 1234

@@ -5,6 +5,7 @@ import asyncio
 import re
 
 import pytest
+from pydantic import BaseModel, Field
 
 from treadle.lang import (EngineBackend, assistant, function, gen, select, set_default_backend, system, user)
 from treadle.runtime import Engine
@@ -164,6 +165,25 @@ def test_json_schema_gen(backend):
 
     obj = json.loads(prog.run(backend=backend)["j"])
     assert set(obj) == {"name", "age"} and isinstance(obj["age"], int)
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=12)
+    age: int
+
+
+def test_json_schema_gen_from_a_pydantic_model(engine, backend):
+    """gen(json_schema=Model) and the Engine's {"json_schema": Model} take the model's schema;
+    the output parses into the model."""
+    @function
+    def prog(s):
+        s += "Alice is 31 years old. As JSON: "
+        s += gen("j", json_schema=Person, max_tokens=32, temperature=0)
+
+    person = Person.model_validate_json(prog.run(backend=backend)["j"])
+    out = engine.generate("Alice is 31 years old. As JSON: ", {"json_schema": Person, "max_new_tokens": 32,
+                                                               "temperature": 0})
+    assert Person.model_validate_json(out["text"]) == person
 
 
 def test_unknown_variable_and_nested_role_raise(backend):
