@@ -12,7 +12,10 @@ length; output tok/s, forward steps and the ratios. Constrained outputs are repl
 a fresh matcher (they must be accepted), so the figure is of valid work.
 
     python benchmarks/bench_constrained_gpu.py --model-path dummy:llama3-8b \
-        --tokenizer-path .gpu_assets/smollm2-tokenizer --batch-sizes 1,64
+        --tokenizer-path .gpu_assets/smollm2-tokenizer --batch-sizes 1,64 [--schema-set recursive]
+
+``--schema-set recursive`` runs recursive schemas instead ($ref cycles as calls, nested as
+deep as the model's samples go).
 """
 from __future__ import annotations
 
@@ -36,6 +39,23 @@ SCHEMAS = {
         "name": {"type": "string", "maxLength": 16}, "arguments": {"type": "object"}}, "required": ["name", "arguments"]},
     "json_object": {"type": "object"},
 }
+# --schema-set recursive: $ref cycles as calls (json_holes.py), nested as deep as the model goes
+RECURSIVE = {
+    "file_tree": {"$defs": {"node": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 3}}, "required": ["name", "children"]}},
+        "$ref": "#/$defs/node"},
+    "expression": {"$defs": {"e": {"anyOf": [
+        {"type": "object", "properties": {"op": {"enum": ["+", "*"]},
+                                          "args": {"type": "array", "items": {"$ref": "#/$defs/e"}, "minItems": 2,
+                                                   "maxItems": 2}}, "required": ["op", "args"]},
+        {"type": "object", "properties": {"num": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["num"]}]}},
+        "$ref": "#/$defs/e"},
+    "optional_parent": {"$defs": {"n": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 12}, "parent": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}},
+        "required": ["name", "parent"]}}, "$ref": "#/$defs/n"},
+}
+SCHEMA_SETS = {"mixed": SCHEMAS, "recursive": RECURSIVE}
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-path", default="dummy:llama3-8b")
@@ -46,8 +66,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2, help="timed repetitions (best kept)")
     ap.add_argument("--max-total-tokens", type=int, default=65536, help="KV pool of each engine")
     ap.add_argument("--cuda-graph-extend-max-tokens", type=int, default=256, help="0: extends run eagerly")
+    ap.add_argument("--schema-set", choices=list(SCHEMA_SETS), default="mixed")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "constrained_cuda.json"))
     args = ap.parse_args()
+    schemas = SCHEMA_SETS[args.schema_set]
     from treadle.constrained import GrammarSpec
     from treadle.runtime import Engine
 
@@ -59,9 +81,9 @@ def main() -> None:
     eng_on = Engine(**common, jump_forward_max_batch=1 << 20)  # jumps at every batch size (off by default on CUDA)
     eng_off = Engine(**common, disable_jump_forward=True)
     emit({"figure": "engine_load", "seconds_two_engines": round(time.perf_counter() - t0, 1)})
-    names = list(SCHEMAS)
+    names = list(schemas)
     grammars = {n: eng_on.scheduler.grammar_compiler.compile(GrammarSpec.from_params(json_schema=s))
-                for n, s in SCHEMAS.items()}
+                for n, s in schemas.items()}
 
     def run(eng, prompts, params):
         eng.flush_cache()
@@ -75,7 +97,7 @@ def main() -> None:
     for bs in [int(x) for x in args.batch_sizes.split(",")]:
         sel = [names[i % len(names)] for i in range(bs)]
         prompts = [f"Record {i}: reply in JSON ({n})." for i, n in enumerate(sel)]
-        cp = [{"json_schema": SCHEMAS[n], "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+        cp = [{"json_schema": schemas[n], "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                "seed": 100 + i}
               for i, n in enumerate(sel)]
         for eng in (eng_on, eng_off):  # warm-up: graphs, grammars, kernels for these shapes
@@ -119,7 +141,7 @@ def main() -> None:
     eng_on.shutdown()
     eng_off.shutdown()
     write_results(args.out, "constrained vs unconstrained decoding (GPU)", machine=info, model=args.model_path,
-                  schemas=SCHEMAS)
+                  schema_set=args.schema_set, schemas=schemas)
 
 
 if __name__ == "__main__":
