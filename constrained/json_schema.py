@@ -18,8 +18,14 @@ of an untyped schema, is one placeholder character that json_holes.py runs on th
 automaton, unbounded; and a recursive ``$ref`` (one met again inside itself) is a call
 placeholder of its definition, converted once and appended to the regex as a branch no
 output can take (``with_definitions``), which json_holes.py runs as a stack of calls, to
-any depth. Without holes, ``$ref`` cycles unroll ``max_recursion_depth`` times. A keyword treadle cannot enforce raises ``UnsupportedSchemaError``
-naming it and its JSON path; nothing is silently ignored.
+any depth. Without holes, ``$ref`` cycles unroll ``max_recursion_depth`` times.
+
+A keyword treadle cannot enforce raises ``UnsupportedSchemaError`` naming it and its JSON
+path; nothing is silently ignored. Keywords that never change validity are skipped:
+annotations, OpenAPI's ``discriminator`` and ``x-...`` extensions. Some keywords hold in
+part: ``uniqueItems`` over a few listed values (every order of every subset),
+``propertyNames`` on declared names and free keys, ``oneOf`` over disjoint types or objects
+with a distinguishing required tag; outside that they are refused.
 """
 
 from __future__ import annotations
@@ -464,7 +470,9 @@ class _Converter:
         return out
 
     def _check_exclusive(self, branches: list, rest: dict, path: str) -> bool:
-        """oneOf is anyOf only when no value can satisfy two branches: prove it by types.
+        """oneOf is anyOf only when no value can satisfy two branches: prove it by types, or
+        for objects by a required property whose listed values differ (a discriminated union,
+        ``_tags``).
 
         Returns True when the branches are all literals (enum/const), which are then
         checked value by value instead."""
