@@ -687,7 +687,7 @@ _SUPPORTED = {
     "string": {"minLength", "maxLength", "pattern", "format"},
     "array": {"items", "prefixItems", "minItems", "maxItems", "unevaluatedItems", "uniqueItems"},
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties", "unevaluatedProperties",
-               "propertyNames"},
+               "propertyNames", "patternProperties"},
 }
 
 

@@ -10,9 +10,11 @@ import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+import interegular
 import referencing.exceptions
 
-from treadle.constrained.regex_text import MAX_REPEAT, escape_literal, excluded_key_regex
+from treadle.constrained.fsm_regex import fsm_to_regex
+from treadle.constrained.regex_text import MAX_REPEAT, SAFE_RAW_CHAR, escape_literal, excluded_key_regex, pattern_to_body
 
 if TYPE_CHECKING:
     from treadle.constrained.json_schema import _Converter
@@ -412,6 +414,10 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
     lo = _count(schema, "minProperties", path) or 0
     hi = _count(schema, "maxProperties", path)
     names = PropertyNames(conv, schema.get("propertyNames", True), path)
+    patterns = PatternProperties(conv, schema.get("patternProperties", {}), path)
+    if patterns.active and not names.free:
+        raise UnsupportedSchemaError(f"json_schema: keyword 'patternProperties' at {path} together with "
+                                     "propertyNames is not supported")
     for name in required:
         if not names.allows(name):
             raise Unsatisfiable(f"json_schema: keyword 'propertyNames' at {path}: required property {name!r} "
@@ -421,13 +427,17 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
     for name, sub in props.items():
         key = escape_literal(json.dumps(name, ensure_ascii=False)) + conv.COLON
         try:
-            entries.append([key + conv.convert(sub, f"{path}.properties.{name}"), name in required])
+            entries.append([key + conv.convert(patterns.also(name, sub), f"{path}.properties.{name}"), name in required])
         except NoOutput:
             if name in required:
                 raise
     value_re = None
     for name in required:
         if name in props:
+            continue
+        key = escape_literal(json.dumps(name, ensure_ascii=False)) + conv.COLON
+        if patterns.matching(name):  # its value is the matching patterns', not additionalProperties'
+            entries.append([key + conv.convert(patterns.also(name, True), f"{path}.patternProperties"), True])
             continue
         if undeclared is False:
             raise Unsatisfiable(
@@ -436,13 +446,13 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
             )
         if value_re is None:
             value_re = conv.convert(undeclared, f"{path}.additionalProperties")
-        entries.append([escape_literal(json.dumps(name, ensure_ascii=False)) + conv.COLON + value_re, True])
+        entries.append([key + value_re, True])
     n_req = sum(1 for e in entries if e[1])
     if hi is not None and n_req > hi:
         raise Unsatisfiable(f"json_schema: keyword 'maxProperties' at {path}: fewer than the required properties")
     if hi is not None and lo > hi:  # (minProperties would otherwise make too many required)
         raise Unsatisfiable(f"json_schema: keyword 'maxProperties' at {path} is below minProperties")
-    if not props and undeclared is not False:
+    if not props and undeclared is not False and not patterns.active:
         return _map_regex(conv, schema, entries, undeclared, lo, hi, path, names.key_regex())
     optional = [e for e in entries if not e[1]]
     for e in optional[: max(0, lo - n_req)]:
@@ -457,7 +467,10 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
                 budget -= 0 if e[1] else 1
                 kept.append(e)
         entries = kept
-    extra = _extras(conv, list(props) + required, undeclared, value_re, path, names) if conv.spec else None
+    if patterns.active:  # keys by the patterns they match; the others' only where extras are written
+        extra = patterns.members(list(props) + required, undeclared if conv.spec or not props else False)
+    else:
+        extra = _extras(conv, list(props) + required, undeclared, value_re, path, names) if conv.spec else None
     n_extra = None if hi is None else min(hi - len(entries), MAX_REPEAT)  # all declared may be present
     if extra is None or n_extra == 0:
         return conv.OPEN_O + _sequence(entries, conv.COMMA) + conv.CLOSE_O
@@ -485,6 +498,79 @@ def _extras(conv: _Converter, names: list[str], undeclared: Any, value_re: str |
         except NoOutput:
             return None
     return key + conv.COLON + value_re
+
+
+PATTERNS_MAX = 4  # patternProperties: each set of patterns a key can match is one kind of member
+
+
+class PatternProperties:
+    """``patternProperties``: the schemas a declared name's value must also satisfy
+    (jsonschema decides which patterns match it), and the free members. A free key is
+    written with raw characters; for each set of patterns it can match together, its keys
+    are those matching exactly these (interegular's intersections and differences of the
+    patterns' key sets, written back by fsm_regex.py) and its value satisfies all their
+    schemas; keys matching none take additionalProperties. Declared names are never free
+    keys (a duplicate would replace the declared member's value)."""
+
+    def __init__(self, conv: _Converter, schema: Any, path: str) -> None:
+        if not isinstance(schema, dict):
+            raise UnsupportedSchemaError(f"json_schema: keyword 'patternProperties' at {path} must be an object")
+        if len(schema) > PATTERNS_MAX:
+            raise UnsupportedSchemaError(f"json_schema: keyword 'patternProperties' at {path}: more than "
+                                         f"{PATTERNS_MAX} patterns")
+        self.conv, self.path = conv, path
+        self.items: list[tuple[str, Any, str]] = []
+        for pattern, sub in schema.items():
+            try:
+                body = pattern_to_body(pattern)
+            except ValueError as exc:
+                raise UnsupportedSchemaError(f"json_schema: keyword 'patternProperties' at {path}: {exc}") from exc
+            self.items.append((pattern, sub, body))
+
+    @property
+    def active(self) -> bool:
+        return bool(self.items)
+
+    def matching(self, name: str) -> list[Any]:
+        """The schemas of the patterns that match ``name``."""
+        return [sub for pattern, sub, _ in self.items
+                if self.conv.validator_for({"type": "string", "pattern": pattern}).is_valid(name)]
+
+    def also(self, name: str, sub: Any) -> Any:
+        """``sub`` and the schemas of the patterns matching ``name``."""
+        extra = self.matching(name)
+        return {"allOf": [sub, *extra]} if extra else sub
+
+    def members(self, names: list[str], undeclared: Any) -> str | None:
+        """One free ``"key":value`` member, or None; keys matching no pattern only when
+        ``undeclared`` (additionalProperties) is not False."""
+        fsm = lambda rx: interegular.parse_pattern(rx).to_fsm()  # noqa: E731
+        keys = fsm(SAFE_RAW_CHAR + "*")
+        raw = [escape_literal(n) for n in names if re.fullmatch(SAFE_RAW_CHAR + "*", n)]
+        if raw:
+            keys = keys - fsm("|".join(raw))
+        bodies = [fsm(body) for _, _, body in self.items]
+        alts = []
+        for chosen in range(1 << len(self.items)):
+            if chosen == 0 and undeclared is False:
+                continue
+            k = keys
+            for i, b in enumerate(bodies):
+                k = (k & b) if chosen >> i & 1 else (k - b)
+            try:
+                key = fsm_to_regex(k)
+            except ValueError as exc:
+                raise UnsupportedSchemaError(f"json_schema: keyword 'patternProperties' at {self.path}: {exc}") from exc
+            if key is None:
+                continue
+            subs = [sub for i, (_, sub, _) in enumerate(self.items) if chosen >> i & 1]
+            value_schema = undeclared if chosen == 0 else (subs[0] if len(subs) == 1 else {"allOf": subs})
+            try:
+                value = self.conv.convert(value_schema, f"{self.path}.patternProperties")
+            except NoOutput:
+                continue
+            alts.append(f'"{key}"' + self.conv.COLON + value)
+        return "(?:" + "|".join(alts) + ")" if alts else None
 
 
 class PropertyNames:
@@ -535,17 +621,26 @@ class PropertyNames:
 
     def extra_key_regex(self, names: list[str]) -> str | None:
         """A quoted key of an extra member that is none of ``names``, or None when none is
-        possible. A regex cannot take ``names`` out of a pattern's keys, so beside declared
-        names only listed (enum / const) names are written as extras."""
+        possible. Beside declared names, keys are written with raw characters only (an
+        escape could spell a declared name), the names taken out of the valid keys' FSM."""
         if self.free:
             return excluded_key_regex(names)
         listed = self.literals()
         if listed is not None:
             keys = [escape_literal(json.dumps(k, ensure_ascii=False)) for k in listed if k not in names]
             return "(?:" + "|".join(keys) + ")" if keys else None
-        if names:
-            return None
-        return self.key_regex() or None
+        valid = self.key_regex()
+        if not names or not valid:
+            return valid or None
+        fsm = lambda rx: interegular.parse_pattern(rx).to_fsm()  # noqa: E731
+        keys = fsm(valid) & fsm(f'"{SAFE_RAW_CHAR}*"')
+        raw = ['"' + escape_literal(n) + '"' for n in names if re.fullmatch(SAFE_RAW_CHAR + "*", n)]
+        if raw:
+            keys = keys - fsm("|".join(raw))
+        try:
+            return fsm_to_regex(keys)
+        except ValueError as exc:
+            raise UnsupportedSchemaError(f"json_schema: keyword 'propertyNames' at {self.path}: {exc}") from exc
 
 
 def _open_sequence(entries: list[list], extra: str, n_extra: int | None, comma: str) -> str:

@@ -316,7 +316,7 @@ def pattern_to_body(pattern: str) -> str:
     anchored_start = pattern.startswith("^")
     anchored_end = pattern.endswith("$") and not pattern.endswith("\\$")
     core = pattern[1 if anchored_start else 0 : len(pattern) - 1 if anchored_end else len(pattern)]
-    if (anchored_start or anchored_end) and _has_top_level_alternation(core):
+    if (anchored_start or anchored_end) and has_top_level_alternation(core):
         raise RegexDialectError("pattern: anchors with a top-level '|' bind to one branch only; wrap it in a group")
     if not core:
         translated = ""
@@ -335,7 +335,8 @@ def pattern_to_body(pattern: str) -> str:
     return left + (f"(?:{translated})" if translated else "") + right
 
 
-def _has_top_level_alternation(core: str) -> bool:
+def has_top_level_alternation(core: str) -> bool:
+    """Whether ``core`` has a ``|`` outside every group and class."""
     depth, i, in_class = 0, 0, False
     while i < len(core):
         c = core[i]

@@ -274,7 +274,9 @@ SCHEMA_WALKS = [("tool", TOOL, "strict"), ("list_of_objects", LIST_OF_OBJECTS, "
                 ("overlap", OVERLAP, "strict"), ("tree", TREE, "strict"), ("linked", LINKED, "strict"),
                 ("mutual", MUTUAL, "strict"), ("mutual-spec", MUTUAL, "spec"),
                 ("named", {"type": "object", "additionalProperties": {}, "propertyNames": {"enum": ["a", "b", "c"]}},
-                 "strict"), ("pydantic_node", PYDANTIC_NODE, "strict")]
+                 "strict"), ("pydantic_node", PYDANTIC_NODE, "strict"),
+                ("patterned", {"type": "object", "patternProperties": {"^n_": {"type": "integer"}, "^s_": {}},
+                               "additionalProperties": False}, "strict")]
 
 
 @pytest.mark.parametrize("name,schema,mode", SCHEMA_WALKS, ids=[w[0] for w in SCHEMA_WALKS])

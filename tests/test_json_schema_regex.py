@@ -413,6 +413,31 @@ def test_discriminated_unions_and_vendor_keywords() -> None:
     assert accepts(bool_and_number, {"k": True}) and accepts(bool_and_number, {"k": 1})
 
 
+def test_pattern_properties() -> None:
+    """A free key takes the schemas of exactly the patterns it matches (overlaps included),
+    keys matching none take additionalProperties; declared names add the matching patterns'
+    schemas; the spec mode also writes unmatched keys beside declared ones."""
+    closed = {"type": "object", "patternProperties": {"^x_": {"type": "integer"}}, "additionalProperties": False}
+    two = {"type": "object", "patternProperties": {"^x_": {"type": "integer"}, "a$": {"minimum": 5}},
+           "additionalProperties": {"type": "string"}}
+    declared = {"type": "object", "properties": {"x_id": {"type": "number"}}, "required": ["x_id"],
+                "patternProperties": {"^x_": {"type": "integer"}}}
+    for mode in ("strict", "spec"):
+        for schema, good, bad in [
+                (closed, [{"x_a": 1}, {}, {"x_a": 1, "x_b": 2}], [{"x_a": "s"}, {"y": 1}]),
+                (two, [{"x_b": 1}, {"x_a": 7}, {"ba": 9}, {"q": "s"}, {"ba": "s"}], [{"x_a": 1}, {"ba": 1}, {"q": 1}]),
+                (declared, [{"x_id": 3}], [{"x_id": 3.5}])]:
+            rx = compile_checked(schema, mode=mode)
+            for v in good:
+                assert jsonschema.Draft202012Validator(schema).is_valid(v)
+                assert rx.fullmatch(dumps(v)), (mode, schema, v)
+            for v in bad:
+                assert not rx.fullmatch(dumps(v)), (mode, schema, v)
+    assert compile_checked(declared, mode="spec").fullmatch('{"x_id":3,"x_q":4,"other":[1]}')
+    assert not compile_checked(declared, mode="spec").fullmatch('{"x_id":3,"x_q":4.5}')
+    assert not compile_checked(declared).fullmatch('{"x_id":3,"other":1}')  # strict: no unmatched extras
+
+
 def test_property_names() -> None:
     """propertyNames: declared names it refuses are left out (a required one is an error);
     free members' keys are the names it allows; beside declared names, only listed ones."""
@@ -439,13 +464,19 @@ def test_property_names() -> None:
     mixed = {"type": "object", "properties": {"a": {"type": "string"}}, "propertyNames": {"enum": ["a", "b"]}}
     rx = compile_checked(mixed, mode="spec")
     assert rx.fullmatch('{"a":"s","b":[1]}') and not rx.fullmatch('{"a":"s","c":1}') and not rx.fullmatch('{"a":"s","a":1}')
+    # spec mode, declared names beside a pattern: extras are the other valid names
+    pat = {"type": "object", "properties": {"x_a": {"type": "string"}}, "propertyNames": {"pattern": "^x_"},
+           "additionalProperties": {"type": "integer"}}
+    rx = compile_checked(pat, mode="spec")
+    assert rx.fullmatch('{"x_a":"s","x_b":1}') and rx.fullmatch('{"x_b":1}')
+    assert not rx.fullmatch('{"x_a":"s","x_a":1}') and not rx.fullmatch('{"x_a":"s","y":1}')
     with pytest.raises(UnsupportedSchemaError, match="required property 'ab' is not a valid name"):
         json_schema_to_regex({"type": "object", "propertyNames": {"maxLength": 1}, "properties": {"ab": {}},
                               "required": ["ab"]})
 
 
 @pytest.mark.parametrize("keyword, value", [
-    ("not", {"minimum": 3}), ("if", {"type": "null"}), ("patternProperties", {"a": {}}),
+    ("not", {"minimum": 3}), ("if", {"type": "null"}), ("patternProperties", {c: {} for c in "abcde"}),
     ("dependentSchemas", {"a": {}}), ("dependentRequired", {"a": ["b"]}), ("$dynamicRef", "#x"),
     ("contentMediaType", "application/json"), ("unknownKeyword", 1),
 ])

@@ -1,0 +1,113 @@
+"""A character FSM back to a regex (state elimination), for sets a regex cannot write directly.
+
+JSON schema keys are sometimes sets like "contains a match of p but of no other pattern" or
+"any key but these names": interegular builds their FSMs by intersection and difference
+(``&``, ``-``), and ``fsm_to_regex`` writes one back as a regex the token index can take.
+Dead states are dropped first, and states are eliminated fewest-paths-through first, which
+keeps the regexes of the small key FSMs here small; ``limit`` bounds the result.
+
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from interegular.fsm import anything_else
+
+from treadle.constrained.regex_text import class_literal, has_top_level_alternation
+
+__all__ = ["fsm_to_regex"]
+
+
+def fsm_to_regex(fsm: Any, limit: int = 20_000) -> str | None:
+    """A regex matching exactly the strings ``fsm`` accepts; None when it accepts none.
+    Raises ``ValueError`` when the regex would be longer than ``limit`` characters."""
+    live = _live_states(fsm)
+    if fsm.initial not in live:
+        return None
+    classes = _edge_classes(fsm)
+    start, end = object(), object()
+    edges: dict[Any, dict[Any, str]] = {q: {} for q in (start, *live)}
+    edges[start][fsm.initial] = ""
+    for p in live:
+        by_target: dict[Any, list] = {}
+        for symbol, q in fsm.map.get(p, {}).items():
+            if q in live:
+                by_target.setdefault(q, []).append(symbol)
+        for q, symbols in by_target.items():
+            edges[p][q] = classes(symbols)
+        if p in fsm.finals:
+            edges[p][end] = _alt(edges[p].get(end), "")
+    pending = set(live)
+    while pending:
+        into = {q: [p for p in edges if q in edges[p] and p != q] for q in pending}
+        q = min(pending, key=lambda s: (len(into[s]) * len([r for r in edges[s] if r != s]), str(s)))
+        pending.discard(q)
+        loop = edges[q].pop(q, None)
+        star = f"(?:{loop})*" if loop else ""
+        outs = list(edges.pop(q).items())
+        for p in into[q]:
+            a = edges[p].pop(q)
+            for r, b in outs:
+                edges[p][r] = _alt(edges[p].get(r), _group(a) + star + _group(b))
+                if len(edges[p][r]) > limit:
+                    raise ValueError(f"a key set's regex would exceed {limit} characters")
+    return edges[start].get(end)
+
+
+def _live_states(fsm: Any) -> set:
+    """States reachable from the start that can still reach a final state."""
+    reach, todo = {fsm.initial}, [fsm.initial]
+    while todo:
+        for q in fsm.map.get(todo.pop(), {}).values():
+            if q not in reach:
+                reach.add(q)
+                todo.append(q)
+    back: dict[Any, set] = {}
+    for p, row in fsm.map.items():
+        for q in row.values():
+            back.setdefault(q, set()).add(p)
+    alive, todo = set(fsm.finals) & reach, list(set(fsm.finals) & reach)
+    while todo:
+        for p in back.get(todo.pop(), ()):
+            if p in reach and p not in alive:
+                alive.add(p)
+                todo.append(p)
+    return alive
+
+
+def _edge_classes(fsm: Any):
+    """symbols -> one character class: the characters they stand for, or, with the
+    'anything else' symbol among them, every character but those of the other symbols."""
+    by_symbol = fsm.alphabet.by_transition
+    named = {ch for chars in by_symbol.values() for ch in chars if ch is not anything_else}
+
+    def render(symbols: list) -> str:
+        chars = {ch for s in symbols for ch in by_symbol[s]}
+        if anything_else in chars:
+            others = sorted(named - chars)
+            if not others:
+                raise ValueError("a key set over every character: not written as a class")
+            return "[^" + "".join(class_literal(c) for c in others) + "]"
+        ordered = sorted(chars)
+        return "[" + "".join(class_literal(c) for c in ordered) + "]"
+
+    return render
+
+
+def _alt(a: str | None, b: str) -> str:
+    if a is None:
+        return b
+    if a == b:
+        return a
+    if a == "":
+        return f"(?:{b})?"
+    if b == "":
+        return f"(?:{a})?"
+    return f"(?:{a}|{b})"
+
+
+def _group(x: str) -> str:
+    """``x`` safe to concatenate (its top-level alternatives, if any, enclosed)."""
+    return f"(?:{x})" if has_top_level_alternation(x) else x
