@@ -423,6 +423,11 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
             raise Unsatisfiable(f"json_schema: keyword 'propertyNames' at {path}: required property {name!r} "
                                 "is not a valid name")
     props = {name: sub for name, sub in props.items() if names.allows(name)}  # the others may not appear
+    listed = names.literals()
+    if listed is not None and undeclared is not False and not patterns.active:
+        # a listed key set (dict[Literal[...], T]): each name at most once, as an optional
+        # declared property under additionalProperties, not repeated free keys
+        props = {**props, **{n: undeclared for n in listed if n not in props}}
     entries: list[list] = []  # [text, required]
     for name, sub in props.items():
         key = escape_literal(json.dumps(name, ensure_ascii=False)) + conv.COLON

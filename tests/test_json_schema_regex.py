@@ -460,6 +460,8 @@ def test_property_names() -> None:
             for v in bad:
                 assert not rx.fullmatch(dumps(v)), (mode, schema, v)
                 assert not jsonschema.Draft202012Validator(schema).is_valid(v)
+    # listed names are each written at most once (no endless '"a":1,"a":1,...')
+    assert not compile_checked(enum_keys).fullmatch('{"a":1,"a":2}')
     # spec mode, declared names beside listed ones: the other listed names are extras
     mixed = {"type": "object", "properties": {"a": {"type": "string"}}, "propertyNames": {"enum": ["a", "b"]}}
     rx = compile_checked(mixed, mode="spec")
