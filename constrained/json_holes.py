@@ -59,9 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from treadle.constrained.index_markers import RESERVED_LEAD, marker_token_ids
-from treadle.constrained.index_markers import initial_state as index_initial_state
-from treadle.constrained.index_markers import is_final as index_is_final
+from treadle.constrained.index_markers import RESERVED_LEAD, reserved_token_ids
 from treadle.constrained.json_any import JsonPushdown
 
 __all__ = ["CALL_CHARS", "HOLE_CHARS", "Holes", "placeholder_vocabulary", "regex_has_holes", "schema_allows_holes",
@@ -122,13 +120,14 @@ class HoleTables:
     def __init__(self, pda: JsonPushdown) -> None:
         table = pda.token_bytes
         eos = set(pda.eos_token_ids)
-        self.n = pda.num_tokens
         ids = pda.tables.ids
         self.starts = (ids["VALUE"], ids["ROOT_OBJ"], ids["ROOT_ARR"])
         self.start_masks = tuple(pda.mask(s, ()) for s in self.starts)  # no EOS: nothing is final yet
         self.byte_token = [-1] * 256  # byte -> a token of exactly that byte
         self.token_of: dict[bytes, int] = {}  # bytes -> a token of exactly those bytes
-        cands, lead = [], []
+        # hold the placeholders' lead byte (index_markers.py): always walked
+        self.lead = frozenset(i for i in reserved_token_ids(table) if i < pda.num_tokens and i not in eos)
+        cands = []
         for i in range(pda.num_tokens):
             b = table[i]
             if not b or i in eos:
@@ -136,12 +135,9 @@ class HoleTables:
             self.token_of.setdefault(b, i)
             if len(b) == 1 and self.byte_token[b[0]] < 0:
                 self.byte_token[b[0]] = i
-            if _LEAD in b:
-                lead.append(i)
-            elif any(b[j - 1] in ENTRY_AFTER or b[j] in EXIT_AT for j in range(1, len(b))):
+            if i not in self.lead and any(b[j - 1] in ENTRY_AFTER or b[j] in EXIT_AT for j in range(1, len(b))):
                 cands.append(i)
         self.candidates = tuple(cands)  # may cross a boundary mid-token
-        self.lead = frozenset(lead)  # hold the placeholders' lead byte: always walked
         self.walked = frozenset(cands) | self.lead  # never read whole on a fast path
         allowed = np.ones(pda.bitmask_words * 32, dtype=np.bool_)
         allowed[[e for e in pda.eos_token_ids if e < allowed.size]] = False
@@ -186,15 +182,12 @@ class Holes:
         self.index = index
         self.t = hole_tables(pda)
         ids = placeholder_token_ids(table_size)
-        self._kind_ids, self._canary, entry, self._call_ids = ids[:3], ids[3], ids[4], ids[5:]
-        start, self._end = marker_token_ids(table_size, len(PLACEHOLDERS))
-        self.initial = index_initial_state(index, start)
-        e = index.get_next_state(self.initial, entry)
+        self._kind_ids, self._canary, self._entry, self._call_ids = ids[:3], ids[3], ids[4], ids[5:]
+        # set by bind: the CompiledGrammar (its start state, final states and state rows) and
         # where the value of each definition starts (None: the regex has no such definition)
-        self.entries = tuple(None if e is None else index.get_next_state(e, c) for c in self._call_ids)
-        self._grammar: Any = None  # the CompiledGrammar (bind), for its state rows
+        self._grammar: Any = None
+        self.entries: tuple[int | None, ...] = ()
         self._exits: dict[int, tuple] = {}
-        self._finals: dict[int, bool] = {}
         self._done: dict[int, bool] = {}
         self._continues: dict[int, bool] = {}
         self._starts: dict[int, np.ndarray] = {}
@@ -205,9 +198,12 @@ class Holes:
     def bind(self, grammar: Any) -> None:
         """Called once by the ``CompiledGrammar`` that owns these holes."""
         self._grammar = grammar
+        self._final = grammar.is_final  # the regex (root, or in a call its definition) may end here
+        e = self.index.get_next_state(grammar.initial_state, self._entry)
+        self.entries = tuple(None if e is None else self.index.get_next_state(e, c) for c in self._call_ids)
 
     def start(self) -> frozenset[Config]:
-        return frozenset(((self.initial, None, ()),))
+        return frozenset(((self._grammar.initial_state, None, ()),))
 
     # ------------------------------------------------------------------ structure
 
@@ -226,19 +222,12 @@ class Holes:
             self._exits[state] = hit
         return hit
 
-    def _final(self, state: int) -> bool:
-        """The regex (the root, or inside a call its definition) may end at ``state``."""
-        hit = self._finals.get(state)
-        if hit is None:
-            hit = self._finals[state] = index_is_final(self.index, state, self._end)
-        return hit
-
     def _ended(self, state: int) -> bool:
         """Final, and nothing can follow (a call's value that is complete and cannot go on)."""
         hit = self._done.get(state)
         if hit is None:
             hit = self._final(state) and self.exits(state) == ((), ()) and \
-                not any(t < self.t.n and t not in self.t.lead for t in self.index.get_allowed_tokens(state))
+                not (self._grammar.index_row(state) & self.t.not_eos).any()
             self._done[state] = hit
         return hit
 

@@ -308,6 +308,16 @@ class _Converter:
     def _annotations_only(self, schema: dict) -> bool:
         return all(k in self.annotations for k in schema)
 
+    def _follow(self, node: Any, path: str) -> Any:
+        """``node`` with pure ``$ref``s (nothing beside but annotations) followed to their
+        target; None for a chain longer than 8."""
+        for _ in range(8):
+            if not (isinstance(node, dict) and "$ref" in node
+                    and self._annotations_only({k: v for k, v in node.items() if k != "$ref"})):
+                return node
+            node = self.merger.resolve(node["$ref"], path)
+        return None
+
     def _inside(self, refs: list[str], schema: dict, path: str) -> str:
         """Convert ``schema`` as inside each of ``refs`` (resolved into it by a merge): they
         count toward ``max_recursion_depth`` like a ``$ref``."""
@@ -326,12 +336,7 @@ class _Converter:
     def listed_scalars(self, schema: Any, path: str) -> list | None:
         """The values of ``schema`` when they are a few listed scalars (enum / const, or the
         types boolean and null), one per JSON Schema value; None otherwise."""
-        node = schema
-        for _ in range(8):  # a pure $ref (to an enum's definition) is followed
-            if not (isinstance(node, dict) and "$ref" in node and self._annotations_only(
-                    {k: v for k, v in node.items() if k != "$ref"})):
-                break
-            node = self.merger.resolve(node["$ref"], path)
+        node = self._follow(schema, path)  # a pure $ref (to an enum's definition) is followed
         if not isinstance(node, dict):
             return None
         if "const" in node or "enum" in node:
@@ -371,7 +376,7 @@ class _Converter:
         target = self.merger.resolve(ref, path)
         count = self._active.get(ref, 0)
         rest = {k: v for k, v in schema.items() if k != "$ref"}
-        pure = all(k in self.annotations for k in rest)
+        pure = self._annotations_only(rest)
         if count and pure and self.calls and (ref in self._calls or len(self._calls) < MAX_CALLS):
             return self._call(ref, target, path)
         if count >= self.max_depth + 1:
@@ -502,19 +507,12 @@ class _Converter:
     def _tags(self, branch: Any) -> dict[str, frozenset]:
         """Required properties of an object branch whose values are listed (const / enum of
         scalars): name -> their ``_scalar_key``s. Refs are followed; anything else gives no tags."""
-        def follow(node: Any) -> Any:
-            for _ in range(8):
-                if not (isinstance(node, dict) and "$ref" in node and self._annotations_only(
-                        {k: v for k, v in node.items() if k != "$ref"})):
-                    return node
-                node = self.merger.resolve(node["$ref"], "$")
-            return None
-        node = follow(branch)
+        node = self._follow(branch, "$")
         if not isinstance(node, dict) or not isinstance(node.get("properties"), dict):
             return {}
         out = {}
         for name in node.get("required", []):
-            prop = follow(node["properties"].get(name))
+            prop = self._follow(node["properties"].get(name), "$")
             if isinstance(prop, dict) and ("const" in prop or "enum" in prop):
                 values = [prop["const"]] if "const" in prop else prop["enum"]
                 keys = [_scalar_key(v) for v in values] if isinstance(values, list) else [None]

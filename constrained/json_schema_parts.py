@@ -14,7 +14,7 @@ import interegular
 import referencing.exceptions
 
 from treadle.constrained.fsm_regex import fsm_to_regex
-from treadle.constrained.regex_text import MAX_REPEAT, SAFE_RAW_CHAR, escape_literal, excluded_key_regex, pattern_to_body
+from treadle.constrained.regex_text import MAX_REPEAT, escape_literal, excluded_key_regex, pattern_to_body
 
 if TYPE_CHECKING:
     from treadle.constrained.json_schema import _Converter
@@ -505,6 +505,18 @@ def _extras(conv: _Converter, names: list[str], undeclared: Any, value_re: str |
     return key + conv.COLON + value_re
 
 
+def _fsm(regex: str) -> Any:
+    return interegular.parse_pattern(regex).to_fsm()
+
+
+def _key_regex(keys: Any, keyword: str, path: str) -> str | None:
+    """The regex of a key set's FSM (fsm_regex.py), None when empty; too long is unsupported."""
+    try:
+        return fsm_to_regex(keys)
+    except ValueError as exc:
+        raise UnsupportedSchemaError(f"json_schema: keyword '{keyword}' at {path}: {exc}") from exc
+
+
 PATTERNS_MAX = 4  # patternProperties: each set of patterns a key can match is one kind of member
 
 
@@ -549,12 +561,8 @@ class PatternProperties:
     def members(self, names: list[str], undeclared: Any) -> str | None:
         """One free ``"key":value`` member, or None; keys matching no pattern only when
         ``undeclared`` (additionalProperties) is not False."""
-        fsm = lambda rx: interegular.parse_pattern(rx).to_fsm()  # noqa: E731
-        keys = fsm(SAFE_RAW_CHAR + "*")
-        raw = [escape_literal(n) for n in names if re.fullmatch(SAFE_RAW_CHAR + "*", n)]
-        if raw:
-            keys = keys - fsm("|".join(raw))
-        bodies = [fsm(body) for _, _, body in self.items]
+        keys = _fsm(excluded_key_regex(names))  # quoted, raw characters, no declared name
+        bodies = [_fsm(f'"{body}"') for _, _, body in self.items]
         alts = []
         for chosen in range(1 << len(self.items)):
             if chosen == 0 and undeclared is False:
@@ -562,10 +570,7 @@ class PatternProperties:
             k = keys
             for i, b in enumerate(bodies):
                 k = (k & b) if chosen >> i & 1 else (k - b)
-            try:
-                key = fsm_to_regex(k)
-            except ValueError as exc:
-                raise UnsupportedSchemaError(f"json_schema: keyword 'patternProperties' at {self.path}: {exc}") from exc
+            key = _key_regex(k, "patternProperties", self.path)
             if key is None:
                 continue
             subs = [sub for i, (_, sub, _) in enumerate(self.items) if chosen >> i & 1]
@@ -574,7 +579,7 @@ class PatternProperties:
                 value = self.conv.convert(value_schema, f"{self.path}.patternProperties")
             except NoOutput:
                 continue
-            alts.append(f'"{key}"' + self.conv.COLON + value)
+            alts.append(key + self.conv.COLON + value)
         return "(?:" + "|".join(alts) + ")" if alts else None
 
 
@@ -626,8 +631,8 @@ class PropertyNames:
 
     def extra_key_regex(self, names: list[str]) -> str | None:
         """A quoted key of an extra member that is none of ``names``, or None when none is
-        possible. Beside declared names, keys are written with raw characters only (an
-        escape could spell a declared name), the names taken out of the valid keys' FSM."""
+        possible. Beside declared names, the valid keys' FSM meets that of
+        ``excluded_key_regex`` (raw characters only: an escape could spell a declared name)."""
         if self.free:
             return excluded_key_regex(names)
         listed = self.literals()
@@ -637,15 +642,7 @@ class PropertyNames:
         valid = self.key_regex()
         if not names or not valid:
             return valid or None
-        fsm = lambda rx: interegular.parse_pattern(rx).to_fsm()  # noqa: E731
-        keys = fsm(valid) & fsm(f'"{SAFE_RAW_CHAR}*"')
-        raw = ['"' + escape_literal(n) + '"' for n in names if re.fullmatch(SAFE_RAW_CHAR + "*", n)]
-        if raw:
-            keys = keys - fsm("|".join(raw))
-        try:
-            return fsm_to_regex(keys)
-        except ValueError as exc:
-            raise UnsupportedSchemaError(f"json_schema: keyword 'propertyNames' at {self.path}: {exc}") from exc
+        return _key_regex(_fsm(valid) & _fsm(excluded_key_regex(names)), "propertyNames", self.path)
 
 
 def _open_sequence(entries: list[list], extra: str, n_extra: int | None, comma: str) -> str:
