@@ -80,6 +80,10 @@ EXIT_AT = frozenset(b",}]")  # and is followed by one of these (or ends it)
 _ROWS_MAX = 4096  # cached configuration rows per grammar (6 KB each for a 49k vocabulary)
 _STEPS_MAX = 1 << 16  # cached walks per grammar
 
+_ANY_BYTE = frozenset(range(256))
+# (bytes a value may follow, its first bytes, its last bytes, bytes that may follow it)
+Bounds = tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[int]]
+JSON_BOUNDS: Bounds = (ENTRY_AFTER, _ANY_BYTE, _ANY_BYTE, EXIT_AT)
 Hole = tuple[int, tuple[int, ...]]  # the automaton's (state, stack)
 Config = tuple[int, "Hole | None", tuple[int, ...]]  # (token-FSM state, open hole, return states of open calls)
 
@@ -123,11 +127,11 @@ class HoleTables:
         ids = pda.tables.ids
         self.starts = (ids["VALUE"], ids["ROOT_OBJ"], ids["ROOT_ARR"])
         self.start_masks = tuple(pda.mask(s, ()) for s in self.starts)  # no EOS: nothing is final yet
+        self.pda_ids = pda.ids
         self.byte_token = [-1] * 256  # byte -> a token of exactly that byte
         self.token_of: dict[bytes, int] = {}  # bytes -> a token of exactly those bytes
         # hold the placeholders' lead byte (index_markers.py): always walked
         self.lead = frozenset(i for i in reserved_token_ids(table) if i < pda.num_tokens and i not in eos)
-        cands = []
         for i in range(pda.num_tokens):
             b = table[i]
             if not b or i in eos:
@@ -135,13 +139,34 @@ class HoleTables:
             self.token_of.setdefault(b, i)
             if len(b) == 1 and self.byte_token[b[0]] < 0:
                 self.byte_token[b[0]] = i
-            if i not in self.lead and any(b[j - 1] in ENTRY_AFTER or b[j] in EXIT_AT for j in range(1, len(b))):
-                cands.append(i)
-        self.candidates = tuple(cands)  # may cross a boundary mid-token
-        self.walked = frozenset(cands) | self.lead  # never read whole on a fast path
+        bt = np.asarray(self.byte_token, dtype=np.int64)
+        self.no_byte_token = bt < 0  # a byte with no token of its own: not a filter
+        self.byte_token_index = np.where(bt < 0, 0, bt)
+        # the automaton's byte matrix (real tokens, longest first): the pairs of adjacent bytes
+        m = pda.matrix
+        lens = np.asarray([len(table[i]) for i in pda.ids.tolist()], dtype=np.int64)
+        self._pairs = (m[:, :-1], m[:, 1:], np.arange(max(m.shape[1] - 1, 0))[None, :] + 1 < lens[:, None])
+        self._crossing: dict[Bounds, tuple[tuple[int, ...], frozenset[int]]] = {}
         allowed = np.ones(pda.bitmask_words * 32, dtype=np.bool_)
         allowed[[e for e in pda.eos_token_ids if e < allowed.size]] = False
         self.not_eos = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32)
+
+    def crossing(self, bounds: Bounds) -> tuple[tuple[int, ...], frozenset[int]]:
+        """(the tokens that may cross a boundary mid-token under ``bounds``: two adjacent
+        bytes (before, first) or (last, after) of it; those and the lead-byte tokens, which
+        are never read whole on a fast path). Cached per bounds."""
+        hit = self._crossing.get(bounds)
+        if hit is None:
+            left, right, inside = self._pairs
+            sets = [np.zeros(256, dtype=np.bool_) for _ in bounds]
+            for table, members in zip(sets, bounds):
+                table[list(members)] = True
+            before, first, last, after = sets
+            cross = ((before[left] & first[right]) | (last[left] & after[right])) & inside
+            ids = self.pda_ids[cross.any(axis=1)].tolist()
+            cands = tuple(sorted(i for i in ids if i not in self.lead))
+            hit = self._crossing[bounds] = (cands, frozenset(cands) | self.lead)
+        return hit
 
 
 _tables_lock = threading.Lock()
@@ -177,10 +202,14 @@ class Holes:
     prefix can be read two ways (a free-form object beside a declared one, both after
     ``{"x":1``), both are kept until one dies. Thread-safe (caches fill idempotently)."""
 
-    def __init__(self, pda: JsonPushdown, index: Any, table_size: int) -> None:
+    def __init__(self, pda: JsonPushdown, index: Any, table_size: int, bounds: Bounds = JSON_BOUNDS) -> None:
         self.pda = pda
         self.index = index
         self.t = hole_tables(pda)
+        self.entry_after, self.exit_at = bounds[0], bounds[3]
+        self.candidates, self.walked = self.t.crossing(bounds)
+        cands = np.asarray(self.candidates, dtype=np.int64)
+        self._cands = (cands, np.asarray([self.pda.token_bytes[i][0] for i in self.candidates], dtype=np.int64))
         ids = placeholder_token_ids(table_size)
         self._kind_ids, self._canary, self._entry, self._call_ids = ids[:3], ids[3], ids[4], ids[5:]
         # set by bind: the CompiledGrammar (its start state, final states and state rows) and
@@ -260,7 +289,7 @@ class Holes:
 
     def advance(self, configs: frozenset[Config], token_id: int, data: bytes) -> frozenset[Config]:
         """The configurations after one token (``data``: its bytes); empty: it is refused."""
-        if len(configs) == 1 and token_id not in self.t.walked:
+        if len(configs) == 1 and token_id not in self.walked:
             # the common case: no boundary inside the token, and none at its start
             ((s, hole, calls),) = configs
             if hole is None:
@@ -299,7 +328,7 @@ class Holes:
         n = len(data)
         if hole is not None:
             p, st = hole
-            j = i if i == 0 else next((k for k in range(i, n) if data[k] in EXIT_AT), n)
+            j = i if i == 0 else next((k for k in range(i, n) if data[k] in self.exit_at), n)
             if j > i:  # no way out before j: the automaton reads data[i:j] at once
                 p, st = self.pda.run(p, st, data[i:j])
                 if not p:
@@ -326,23 +355,24 @@ class Holes:
                 s2 = self.index.get_next_state(s, whole)
                 if s2 is not None:
                     out.add(self.settle((s2, None, calls)))
-        if whole is None or _boundary_ahead(data, i):
+        if whole is None or self._boundary_ahead(data, i):
             b = data[i]
             tb = t.byte_token[b]
             if tb >= 0 and b != _LEAD:  # the lead byte could spell a placeholder or an index marker
                 s2 = self.index.get_next_state(s, tb)
                 if s2 is not None:
                     self._go(data, i + 1, s2, None, calls, out, ())
-        if i == 0 or data[i - 1] in ENTRY_AFTER:
+        if i == 0 or data[i - 1] in self.entry_after:
             kinds, defs = self.exits(s)
             for k, after in kinds:
                 p, st = self.pda.run(t.starts[k], (), rest[:1])
                 if p:
                     self._go(data, i + 1, after, (p, st), calls, out, ())
             for r, after in defs:
-                if r not in entered:
-                    self._go(data, i, self.entries[r], None, (*calls, after), out, (*entered, r))
-        if calls and (i == 0 or data[i] in EXIT_AT) and self._final(s):
+                if r not in entered:  # a tail call (nothing can follow it) returns to the caller's caller
+                    inner = calls if self._ended(after) else (*calls, after)
+                    self._go(data, i, self.entries[r], None, inner, out, (*entered, r))
+        if calls and (i == 0 or data[i] in self.exit_at) and self._final(s):
             self._go(data, i, calls[-1], None, calls[:-1], out, entered)  # return from the call
 
     # ------------------------------------------------------------------ masks
@@ -417,18 +447,40 @@ class Holes:
                 row = self._rows.setdefault(c, row)
         return row
 
+    def _dead(self, c: Config, prefix: bytes, memo: dict[bytes, bool]) -> bool:
+        """Whether the walk from ``c`` refuses ``prefix``; then it refuses every token that
+        starts with it (each path through such a token reads the prefix first, under the
+        same conditions, as a token of those bytes does)."""
+        hit = memo.get(prefix)
+        if hit is None:
+            hit = memo[prefix] = not self.walk(c, prefix)
+        return hit
+
+    def _boundary_ahead(self, data: bytes, i: int) -> bool:
+        """Whether a hole or call could begin or end inside ``data[i + 1:]``."""
+        before, after = self.entry_after, self.exit_at
+        return any(data[j - 1] in before or data[j] in after for j in range(i + 1, len(data)))
+
     def _scan(self, row: np.ndarray, c: Config) -> None:
+        """Complete ``row`` (every token read without crossing a boundary mid-token, exact
+        for one-byte tokens) with the crossing tokens the walk accepts. Walked only: those
+        not in the row already whose first byte, as a token of its own, is (a token's walk
+        reads that byte first, along a path the one-byte token has too)."""
         table = self.pda.token_bytes
-        for tid in self.t.candidates:
-            if self.walk(c, table[tid]):
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little").view(np.bool_)
+        firsts = bits[self.t.byte_token_index] | self.t.no_byte_token
+        cands, cand_first = self._cands
+        todo = cands[firsts[cand_first] & ~bits[cands]]
+        dead: dict[bytes, bool] = {}  # a prefix the walk refuses: so it does every token with it
+        for tid in todo.tolist():
+            data = table[tid]
+            if len(data) > 3:
+                if any(self._dead(c, data[:k], dead) for k in (2, 3)):
+                    continue
+            if self.walk(c, data):
                 _set(row, tid, True)
         for tid in self.t.lead:  # the walk decides these either way
             _set(row, tid, bool(self.walk(c, table[tid])))
 
 
 _EMPTY: frozenset = frozenset()
-
-
-def _boundary_ahead(data: bytes, i: int) -> bool:
-    """Whether a hole or call could begin or end inside ``data[i + 1:]``."""
-    return any(data[j - 1] in ENTRY_AFTER or data[j] in EXIT_AT for j in range(i + 1, len(data)))

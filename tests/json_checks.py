@@ -1,14 +1,19 @@
-"""Checks shared by the any-JSON and the schema-hole tests: an independent viable-prefix
+"""Checks shared by the any-JSON, schema-hole and EBNF tests: an independent viable-prefix
 oracle for compact JSON under the regex backend's lexical rules (the same rules json_any.py's
-pushdown automaton implements), and a random walk through a matcher's masks."""
+pushdown automaton implements), one for regexes with holes and calls (``HoleOracle``), and a
+random walk through a matcher's masks."""
 
 from __future__ import annotations
 
 import random
 
+import interegular
 import numpy as np
+from interegular.fsm import anything_else
 
-__all__ = ["Oracle", "allowed_ids", "live_states", "random_walk"]
+from treadle.constrained.json_holes import CALL_CHARS, CANARY_CHAR, ENTRY_CHAR, HOLE_CHARS, KINDS
+
+__all__ = ["HoleOracle", "Oracle", "allowed_ids", "live_states", "random_walk"]
 
 _CLOSING = (b"}", b"]", b'"', b",", b"0")
 
@@ -241,3 +246,118 @@ class Oracle:
             return True
         except UnicodeDecodeError:
             return False
+
+
+class HoleOracle:
+    """Viable-prefix NFA for a regex with holes and calls, independent of json_holes.py's
+    walk: the regex runs on interegular's character DFA (bytes gathered into characters), a
+    hole starts wherever the DFA can take its placeholder (and not the canary, which only a
+    character class takes) and runs on ``Oracle``; a hole may end at any byte where its value
+    is complete. A call placeholder pushes the state after it and goes, without reading, to
+    where the DFA is after the entry and that call's placeholder (its definition's branch);
+    where the definition's text is complete the call may return, also without reading.
+    Configurations: (DFA state, pending bytes of a character, Oracle or None, return states)."""
+
+    def __init__(self, regex: str) -> None:
+        fsm = interegular.parse_pattern(regex).to_fsm()
+        self.fsm = fsm
+        self.live = live_states(fsm)
+        e = self._step(fsm.initial, ENTRY_CHAR)
+        self.entries = {c: self._step(e, c) if e is not None else None for c in CALL_CHARS}
+        self.configs = [(fsm.initial, b"", None, ())]
+
+    def _sym(self, ch: str):
+        return self.fsm.alphabet[ch] if ch in self.fsm.alphabet else self.fsm.alphabet[anything_else]
+
+    def _step(self, q, ch: str):
+        t = self.fsm.map.get(q, {}).get(self._sym(ch))
+        return t if t in self.live else None
+
+    def _some_char_starts(self, q, buf: bytes) -> bool:
+        """Whether the DFA takes some character whose UTF-8 starts with ``buf`` (the characters
+        the regex does not name share one symbol: those exist for any valid prefix). Never
+        one of U+100000-U+10FFFF (lead byte 0xF4), which regex grammars never write."""
+        if buf[0] == 0xF4:
+            return False
+        edges = self.fsm.map.get(q, {})
+        if edges.get(self.fsm.alphabet[anything_else]) in self.live:
+            return True
+        return any(ch is not anything_else and ch.encode().startswith(buf) and self._real_step(q, ch) is not None
+                   for ch in self.fsm.alphabet)
+
+    def _real_step(self, q, ch: str):
+        """A step on a character of the output: never a placeholder or marker (U+100000 on:
+        regex grammars never write those, index_markers.py)."""
+        if ord(ch) >= 0x100000:
+            return None
+        return self._step(q, ch)
+
+    def _holes_at(self, q):
+        if self._step(q, CANARY_CHAR) is not None:
+            return []
+        return [(k, a) for k in KINDS if (a := self._step(q, HOLE_CHARS[k])) is not None]
+
+    def _expand(self, q, calls) -> list:
+        """(q, calls) and what calls and returns reach from it without reading."""
+        out, todo, seen = [], [(q, calls)], set()
+        while todo:
+            q, calls = todo.pop()
+            if (q, calls) in seen:
+                continue
+            seen.add((q, calls))
+            out.append((q, calls))
+            if calls and q in self.fsm.finals:
+                todo.append((calls[-1], calls[:-1]))
+            if self._step(q, CANARY_CHAR) is None and len(calls) < 64:
+                for c in CALL_CHARS:
+                    a = self._step(q, c)
+                    if a is not None and self.entries[c] is not None:
+                        todo.append((self.entries[c], (*calls, a)))
+        return out
+
+    def _outer(self, q0, pend: bytes, b: int, calls0, out: list) -> None:
+        for q, calls in self._expand(q0, calls0) if not pend else [(q0, calls0)]:
+            buf = pend + bytes([b])
+            try:
+                ch = buf.decode("utf-8")
+                t = self._real_step(q, ch)
+                if t is not None:
+                    out.append((t, b"", None, calls))
+            except UnicodeDecodeError as e:
+                if e.reason == "unexpected end of data" and self._some_char_starts(q, buf):
+                    out.append((q, buf, None, calls))
+            if not pend:
+                for kind, after in self._holes_at(q):
+                    o = Oracle(kind)
+                    if o.feed(bytes([b])):
+                        out.append((after, b"", o, calls))
+
+    def feed(self, data: bytes) -> bool:
+        configs = self.configs
+        for b in data:
+            nxt: list = []
+            for q, pend, o, calls in configs:
+                if o is None:
+                    self._outer(q, pend, b, calls, nxt)
+                    continue
+                o2 = o.copy()
+                if o2.feed(bytes([b])):
+                    nxt.append((q, b"", o2, calls))
+                if o.final():
+                    self._outer(q, b"", b, calls, nxt)
+            configs = list(dict.fromkeys(nxt))  # an ambiguous grammar reaches one reading many ways
+            if not configs:
+                self.configs = []
+                return False
+        self.configs = configs
+        return True
+
+    def final(self) -> bool:
+        return any(not pend and (o is None or o.final()) and any(q in self.fsm.finals and not c for q, c in
+                                                                  self._expand(q0, calls))
+                   for q0, pend, o, calls in self.configs)
+
+    def copy(self) -> HoleOracle:
+        c = HoleOracle.__new__(HoleOracle)
+        c.fsm, c.live, c.entries, c.configs = self.fsm, self.live, self.entries, list(self.configs)
+        return c

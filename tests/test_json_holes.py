@@ -11,19 +11,17 @@ import json
 import random
 import zlib
 
-import interegular
 import jsonschema
 import pytest
-from interegular.fsm import anything_else
 
 from treadle.constrained import GrammarCompiler, GrammarSpec, allocate_token_bitmask, build_compiled_grammar
 from treadle.constrained import token_bytes_table
 from treadle.constrained.json_any import JsonPushdown
-from treadle.constrained.json_holes import CALL_CHARS, CANARY_CHAR, ENTRY_CHAR, HOLE_CHARS, KINDS, schema_allows_holes
+from treadle.constrained.json_holes import CALL_CHARS, ENTRY_CHAR, HOLE_CHARS, schema_allows_holes
 from treadle.constrained.json_schema import json_schema_to_regex
 from treadle.constrained.matcher import HoleMatcher
 
-from json_checks import Oracle, allowed_ids, live_states, random_walk
+from json_checks import HoleOracle, allowed_ids, random_walk
 
 EOS = 2
 V = 49152
@@ -97,118 +95,7 @@ def feed_bytes(m, data: bytes, table) -> None:
         assert m.accept_token(one[b]), (data, bytes([b]))
 
 
-# ------------------------------------------------------------------ the oracle
-
-class HoleOracle:
-    """Viable-prefix NFA for a regex with holes and calls, independent of json_holes.py's
-    walk: the regex runs on interegular's character DFA (bytes gathered into characters), a
-    hole starts wherever the DFA can take its placeholder (and not the canary, which only a
-    character class takes) and runs on ``Oracle``; a hole may end at any byte where its value
-    is complete. A call placeholder pushes the state after it and goes, without reading, to
-    where the DFA is after the entry and that call's placeholder (its definition's branch);
-    where the definition's text is complete the call may return, also without reading.
-    Configurations: (DFA state, pending bytes of a character, Oracle or None, return states)."""
-
-    def __init__(self, regex: str) -> None:
-        fsm = interegular.parse_pattern(regex).to_fsm()
-        self.fsm = fsm
-        self.live = live_states(fsm)
-        e = self._step(fsm.initial, ENTRY_CHAR)
-        self.entries = {c: self._step(e, c) if e is not None else None for c in CALL_CHARS}
-        self.configs = [(fsm.initial, b"", None, ())]
-
-    def _sym(self, ch: str):
-        return self.fsm.alphabet[ch] if ch in self.fsm.alphabet else self.fsm.alphabet[anything_else]
-
-    def _step(self, q, ch: str):
-        t = self.fsm.map.get(q, {}).get(self._sym(ch))
-        return t if t in self.live else None
-
-    def _some_char_starts(self, q, buf: bytes) -> bool:
-        """Whether the DFA takes some character whose UTF-8 starts with ``buf`` (the characters
-        the regex does not name share one symbol: those exist for any valid prefix)."""
-        edges = self.fsm.map.get(q, {})
-        if edges.get(self.fsm.alphabet[anything_else]) in self.live:
-            return True
-        return any(ch is not anything_else and ch.encode().startswith(buf) and self._real_step(q, ch) is not None
-                   for ch in self.fsm.alphabet)
-
-    def _real_step(self, q, ch: str):
-        """A step on a character of the output: where a hole or call is, its placeholder is not one."""
-        if (ch in HOLE_CHARS.values() or ch in CALL_CHARS) and self._step(q, CANARY_CHAR) is None:
-            return None
-        return self._step(q, ch)
-
-    def _holes_at(self, q):
-        if self._step(q, CANARY_CHAR) is not None:
-            return []
-        return [(k, a) for k in KINDS if (a := self._step(q, HOLE_CHARS[k])) is not None]
-
-    def _expand(self, q, calls) -> list:
-        """(q, calls) and what calls and returns reach from it without reading."""
-        out, todo, seen = [], [(q, calls)], set()
-        while todo:
-            q, calls = todo.pop()
-            if (q, calls) in seen:
-                continue
-            seen.add((q, calls))
-            out.append((q, calls))
-            if calls and q in self.fsm.finals:
-                todo.append((calls[-1], calls[:-1]))
-            if self._step(q, CANARY_CHAR) is None and len(calls) < 64:
-                for c in CALL_CHARS:
-                    a = self._step(q, c)
-                    if a is not None and self.entries[c] is not None:
-                        todo.append((self.entries[c], (*calls, a)))
-        return out
-
-    def _outer(self, q0, pend: bytes, b: int, calls0, out: list) -> None:
-        for q, calls in self._expand(q0, calls0) if not pend else [(q0, calls0)]:
-            buf = pend + bytes([b])
-            try:
-                ch = buf.decode("utf-8")
-                t = self._real_step(q, ch)
-                if t is not None:
-                    out.append((t, b"", None, calls))
-            except UnicodeDecodeError as e:
-                if e.reason == "unexpected end of data" and self._some_char_starts(q, buf):
-                    out.append((q, buf, None, calls))
-            if not pend:
-                for kind, after in self._holes_at(q):
-                    o = Oracle(kind)
-                    if o.feed(bytes([b])):
-                        out.append((after, b"", o, calls))
-
-    def feed(self, data: bytes) -> bool:
-        configs = self.configs
-        for b in data:
-            nxt: list = []
-            for q, pend, o, calls in configs:
-                if o is None:
-                    self._outer(q, pend, b, calls, nxt)
-                    continue
-                o2 = o.copy()
-                if o2.feed(bytes([b])):
-                    nxt.append((q, b"", o2, calls))
-                if o.final():
-                    self._outer(q, b"", b, calls, nxt)
-            configs = nxt
-            if not configs:
-                self.configs = []
-                return False
-        self.configs = configs
-        return True
-
-    def final(self) -> bool:
-        return any(not pend and (o is None or o.final()) and any(q in self.fsm.finals and not c for q, c in
-                                                                  self._expand(q0, calls))
-                   for q0, pend, o, calls in self.configs)
-
-    def copy(self) -> HoleOracle:
-        c = HoleOracle.__new__(HoleOracle)
-        c.fsm, c.live, c.entries, c.configs = self.fsm, self.live, self.entries, list(self.configs)
-        return c
-
+# ------------------------------------------------------------------ masks against the oracle
 
 PREFIXES = {
     "tool": ['', '{"name":"x"', '{"name":"x","args":', '{"name":"x","args":{', '{"name":"x","args":{"k"',
@@ -247,7 +134,7 @@ def test_masks_equal_the_oracle_over_the_whole_vocabulary(smol, pda, table, name
         assert got == want, (prefix, sorted(table[i] for i in got - want)[:10],
                              sorted(table[i] for i in want - got)[:10])
         # the mask and acceptance agree on every boundary-crossing token
-        for i in g.holes.t.candidates:
+        for i in g.holes.candidates:
             m2 = g.matcher()
             feed_bytes(m2, data, table)
             assert m2.accept_token(i) == (i in got), (prefix, table[i])
