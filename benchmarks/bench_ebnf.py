@@ -1,19 +1,21 @@
 """EBNF grammars (GBNF dialect: constrained/ebnf.py) on CPU, SmolLM2 vocab, treadle vs xgrammar
-in one run, per grammar (arithmetic, a right-recursive list, SQL SELECT, CSV, JSON-like, and the
-JSON-like one with strings spelled as runs of a class, which xgrammar walks much faster):
+in one run, per grammar (arithmetic, a right-recursive list, SQL SELECT, CSV, JSON-like, the
+JSON-like one with strings spelled as runs of a class, which xgrammar walks much faster, JSON
+with whitespace, and s-expressions):
 
-1. time to a usable grammar (compile + first mask), cold: treadle through a fresh
-   ``GrammarCompiler`` per grammar (its worker started beforehand on a trivial regex, so
-   the figure is the grammar's own compile: EBNF -> regex -> token FSM), and the regex's
-   size; xgrammar ``compile_grammar`` with its cache off;
+1. time to a usable grammar (compile + first mask), cold, three ways: treadle as it serves
+   (nesting recursion as calls where it can, ebnf_calls.py; else unrolled), treadle with the
+   recursion unrolled 3 levels (the regex it used before calls, compiled the same way), each
+   through a fresh ``GrammarCompiler`` (its worker started beforehand on a trivial regex, so
+   the figure is the grammar's own compile: EBNF -> regex -> token FSM), with the regex's size;
+   xgrammar ``compile_grammar`` with its cache off;
 2. per-token time (fill bitmask + accept) walking 3 documents per grammar as the tokenizer
    writes them, plus EOS: treadle's first walk (mask rows built lazily) and warm walks over
    the documents it accepts, xgrammar warm;
-3. the documents each accepts, and the text up to the token treadle refuses: treadle unrolls
-   nesting recursion 3 levels (a right- or left-recursive list is an exact loop), so each
-   nesting grammar has one document 5 levels deep that treadle refuses and xgrammar (a
-   pushdown automaton) accepts; and, along the documents both accept, the steps where the
-   two token masks differ (special tokens such as ``<|im_start|>`` counted apart).
+3. the documents each accepts, and the text up to the token treadle refuses: each nesting
+   grammar has one document 5 levels deep, past what the unrolled regex allows; and, along
+   the documents both accept, the steps where the two token masks differ (special tokens
+   such as ``<|im_start|>`` counted apart).
 
     cd benchmarks && nice ../.venv/bin/python bench_ebnf.py [--reps 3]
 """
@@ -79,6 +81,25 @@ GRAMMARS["json_like_runs"] = GRAMMARS["json_like"].replace(
     r'''string ::= "\"" ([^"\\] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))* "\""''',
     r'''string ::= "\"" [^"\\]* ("\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) [^"\\]*)* "\""''')
 assert GRAMMARS["json_like_runs"] != GRAMMARS["json_like"]
+# JSON with whitespace anywhere between tokens (pretty-printed output), and s-expressions (a
+# call may begin after a space with a word: ~20k tokens could cross its boundary, so the
+# compiler unrolls this one)
+GRAMMARS["json_ws"] = r'''
+root   ::= value
+value  ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" ws (member (ws "," ws member)*)? ws "}"
+member ::= string ws ":" ws value
+array  ::= "[" ws (value (ws "," ws value)*)? ws "]"
+string ::= "\"" [^"\\]* "\""
+number ::= "-"? [0-9]+ ("." [0-9]+)?
+ws     ::= [ \t\n]*
+'''
+GRAMMARS["sexp"] = r'''
+root ::= sexp
+sexp ::= atom | "(" ws (sexp (ws sexp)*)? ws ")"
+atom ::= [a-z+*/<>=-]+ | [0-9]+
+ws   ::= [ \n]*
+'''
 _GROCERIES = ["apples", "bread", "eggs", "milk", "rice", "olive oil", "red onions", "tea", "butter", "lemons",
               "green beans", "salt", "flour", "oats", "dark chocolate", "carrots", "honey", "garlic", "pasta", "leeks"]
 DOCS = {
@@ -110,6 +131,16 @@ DOCS = {
     ],
 }
 DOCS["json_like_runs"] = DOCS["json_like"]
+DOCS["json_ws"] = [
+    '{\n  "name": "Ann",\n  "age": 31,\n  "tags": [\n    "a",\n    "b"\n  ]\n}',
+    '[\n  {\n    "id": 1,\n    "pos": [1.5, -2]\n  },\n  {\n    "id": 2,\n    "ok": false\n  }\n]',
+    '{\n  "a": {\n    "b": {\n      "c": {\n        "d": {\n          "e": 1\n        }\n      }\n    }\n  }\n}',
+]
+DOCS["sexp"] = [
+    "(define (square x) (* x x))",
+    "(if (< n 2) 1 (* n (fact (- n 1))))",
+    "(a (b (c (d (e f)))))",  # 5 levels
+]
 def nesting(text: str) -> int:
     """Deepest bracket nesting (``( [ {``) outside double-quoted strings."""
     d = best = 0
@@ -196,41 +227,50 @@ def main() -> None:
               "chars": [len(d) for d in docs], "tokens": [len(p) for p in paths]})
 
         # ------------------------------------------------------------ treadle
-        t0 = time.perf_counter()
-        comp = GrammarCompiler(tok, eos, vocab_size=V, timeout_s=args.timeout)
-        comp.compile(GrammarSpec.from_params(regex="a"))  # the worker process is up and has the vocabulary
-        worker_s = time.perf_counter() - t0
         g = None
-        try:
+        for lib in ("treadle", "treadle, unrolled 3 levels"):
             t0 = time.perf_counter()
-            rx = ebnf_to_regex(text)
-            to_regex_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            g = comp.compile_async(GrammarSpec("ebnf", text)).result()
-            g.matcher().fill_next_token_bitmask(bm, 0)
-            emit({"figure": "time_to_grammar", "grammar": name, "lib": "treadle (EBNF -> regex -> token FSM)",
-                  "seconds": round(time.perf_counter() - t0, 4), "ebnf_to_regex_s": round(to_regex_s, 4),
-                  "index_build_s": round(g.compile_time_s, 4), "regex_chars": len(rx),
-                  "worker_start_s_not_counted": round(worker_s, 2)})
-        except Exception as e:  # a refused, too slow (> --timeout) or too large grammar is a result too
-            emit({"figure": "time_to_grammar", "grammar": name, "lib": "treadle (EBNF -> regex -> token FSM)",
-                  "error": f"{type(e).__name__}: {e}", "seconds": round(time.perf_counter() - t0, 2)})
-        finally:
-            comp.close()
-        if g is not None:
+            comp = GrammarCompiler(tok, eos, vocab_size=V, timeout_s=args.timeout)
+            comp.compile(GrammarSpec.from_params(regex="a"))  # the worker process is up and has the vocabulary
+            worker_s = time.perf_counter() - t0
+            gl = None
+            try:
+                t0 = time.perf_counter()
+                if lib == "treadle":
+                    spec = GrammarSpec("ebnf", text)
+                else:  # the regex treadle built before calls, through the same compiler
+                    spec = GrammarSpec.from_params(regex=ebnf_to_regex(text))
+                gl = comp.compile_async(spec).result()
+                gl.matcher().fill_next_token_bitmask(bm, 0)
+                emit({"figure": "time_to_grammar", "grammar": name, "lib": lib,
+                      "seconds": round(time.perf_counter() - t0, 4), "index_build_s": round(gl.compile_time_s, 4),
+                      "regex_chars": len(gl.regex), "calls": gl.holes is not None,
+                      "tokens_that_can_cross_a_call": len(gl.holes.candidates) if gl.holes else None,
+                      "worker_start_s_not_counted": round(worker_s, 2)})
+            except Exception as e:  # a refused, too slow (> --timeout) or too large grammar is a result too
+                emit({"figure": "time_to_grammar", "grammar": name, "lib": lib,
+                      "error": f"{type(e).__name__}: {e}", "seconds": round(time.perf_counter() - t0, 2)})
+            finally:
+                comp.close()
+            if gl is None:
+                continue
+            if lib == "treadle":
+                g = gl
             cold, ok = [], []
             for i, p in enumerate(paths):
-                w = walk(g.matcher, p, bm)
+                w = walk(gl.matcher, p, bm)
                 if w is not None:
                     ok.append(i)
                 cold += w or []
-            refused = {i: refused_at(g.matcher(), paths[i], tok) for i in range(len(paths)) if i not in ok}
-            emit({"figure": "per_token", "grammar": name, "lib": "treadle, first walk (rows built)",
+            refused = {i: refused_at(gl.matcher(), paths[i], tok) for i in range(len(paths)) if i not in ok}
+            emit({"figure": "per_token", "grammar": name, "lib": f"{lib}, first walk (rows built)",
                   **stats_us(cold), "documents_accepted": len(ok), "of": len(paths)})
-            warm, _ = warm_walks(g.matcher, [paths[i] for i in ok], bm, args.reps)
-            emit({"figure": "per_token", "grammar": name, "lib": "treadle, warm", **stats_us(warm),
+            warm, _ = warm_walks(gl.matcher, [paths[i] for i in ok], bm, args.reps)
+            emit({"figure": "per_token", "grammar": name, "lib": f"{lib}, warm", **stats_us(warm),
                   "documents_accepted": len(ok), "of": len(paths),
                   "refused": {f"doc {i} (nesting {nesting(docs[i])})": f"at {t!r}" for i, t in refused.items()}})
+            if lib == "treadle":
+                ok_treadle = ok
 
         # ------------------------------------------------------------ xgrammar
         if xgr is not None:
@@ -256,7 +296,7 @@ def main() -> None:
                 emit({"figure": "per_token", "grammar": name, "lib": "xgrammar, warm", **stats_us(samples),
                       "documents_accepted": len(ok_x), "of": len(paths)})
                 if g is not None:  # token masks side by side, untimed
-                    both = [i for i in ok_x if i in ok]
+                    both = [i for i in ok_x if i in ok_treadle]
                     diffs = [mask_diff(g.matcher, lambda: xgr.GrammarMatcher(xg), paths[i], bm, xbm, V, special, tok)
                              for i in both]
                     emit({"figure": "mask_agreement", "grammar": name, "documents": both,

@@ -26,11 +26,14 @@ from treadle.constrained.disk_cache import GrammarDiskCache, vocabulary_fingerpr
 from treadle.constrained.grammar import CompiledGrammar, GrammarSpec
 from treadle.constrained.index_markers import check_regex, marked
 from treadle.constrained.json_any import JsonAnyGrammar, JsonPushdown, json_any_root
-from treadle.constrained.json_holes import WRITTEN, Holes, regex_has_holes, schema_allows_holes
+from treadle.constrained.ebnf import call_boundaries
+from treadle.constrained.json_holes import WRITTEN, Holes, hole_tables, regex_has_holes, schema_allows_holes
 from treadle.constrained.vocabulary import build_vocabulary
 
 __all__ = ["GrammarCompiler", "GrammarCompileError", "build_compiled_grammar"]
 
+# An EBNF grammar's calls are used when at most this many tokens can cross their boundaries.
+MAX_CROSSING = 4096
 # A spawned worker imports only this module's light dependencies; this bounds that start.
 _STARTUP_TIMEOUT_S = 120.0
 
@@ -88,15 +91,20 @@ def _check_reserved(regex: str, holes: bool) -> None:
 
 
 def _holes_apply(spec: GrammarSpec) -> bool:
-    """Whether a compact-output compile of ``spec`` writes holes (json_holes.py)."""
+    """Whether a compact-output compile of ``spec`` writes holes or calls (json_holes.py):
+    a schema's any-values and recursive ``$ref``s, an EBNF grammar's nesting recursion."""
+    if spec.kind == "ebnf":
+        return call_boundaries(spec.value) is not None
     return spec.kind == "json_schema" and schema_allows_holes(spec.value)
 
 
 def _holes_of(spec: GrammarSpec | None, regex: str, index: Any, table: list, pda: Any) -> Holes | None:
-    """The holes of a schema's regex, run on ``pda()``; None when it has none. A schema that
+    """The holes and calls of a regex, run on ``pda()``; None when it has none. A schema that
     may not have holes can still hold a placeholder character literally, hence the spec check."""
     if spec is None or not _holes_apply(spec) or not regex_has_holes(regex):
         return None
+    if spec.kind == "ebnf":
+        return Holes(pda(), index, len(table), call_boundaries(spec.value))
     return Holes(pda(), index, len(table))
 
 
@@ -289,7 +297,12 @@ class GrammarCompiler:
 
     def _holes(self, spec: GrammarSpec) -> bool:
         """Any-values of a schema become holes on the pushdown automaton (json_holes.py),
-        for compact output (a whitespace pattern keeps the bounded regex)."""
+        for compact output (a whitespace pattern keeps the bounded regex). An EBNF grammar's
+        nesting recursion becomes calls when at most ``MAX_CROSSING`` tokens of the
+        vocabulary can cross a call's boundary (else every mask would walk too many)."""
+        if spec.kind == "ebnf":
+            bounds = call_boundaries(spec.value)
+            return bounds is not None and len(hole_tables(self._pushdown()).crossing(bounds)[0]) <= MAX_CROSSING
         return self._whitespace_pattern is None and _holes_apply(spec)
 
     def _pushdown(self) -> JsonPushdown:
@@ -348,7 +361,7 @@ class GrammarCompiler:
 
     def _grammar(self, spec: GrammarSpec, regex: str, index: Any, seconds: float,
                  from_disk: bool = False) -> CompiledGrammar:
-        holes = _holes_of(spec, regex, index, self._table, self._pushdown) if self._holes(spec) else None
+        holes = _holes_of(spec, regex, index, self._table, self._pushdown)
         return CompiledGrammar(index=index, regex=regex, vocab_size=self._vocab_size,
                                num_tokens=self._num_tokens, eos_token_ids=self._eos, token_bytes=self._table,
                                spec=spec, compile_time_s=seconds, from_disk=from_disk, holes=holes)

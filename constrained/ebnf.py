@@ -18,17 +18,26 @@ jump-forward, the GPU sampler). The syntax:
 * escapes in literals and classes: ``\\n \\r \\t \\\\ \\" \\' \\[ \\] \\- \\^ \\/``,
   ``\\xHH``, ``\\uHHHH``, ``\\UHHHHHHHH``.
 
-**Recursion.** A regex cannot nest without bound, so recursion is handled in two ways:
+**Recursion.** A regex cannot nest without bound, so recursion is handled in three ways:
 
 * where a rule refers to itself at the very start or the very end of an alternative
   (``list ::= item "," list | item``, ``sum ::= sum "+" num | num``), that recursion is a
   loop: ``r ::= p r | r s | b`` becomes ``p* b s*``, with no depth limit;
 * what recursion is left (nesting such as ``"(" expr ")"``, rules that call each other)
-  unrolls ``max_recursion_depth`` levels (default 3, like JSON schema ``$ref`` cycles): a
-  rule may be entered again at most that many times while it is already being expanded.
-  Deeper nesting is not generated (the regex allows a subset of the grammar, never more); a
-  grammar that cannot finish within the limit is an error, as is one whose unrolled regex
-  grows past ``MAX_REGEX_CHARS``.
+  becomes **calls** (``calls=True``, as the compiler asks): a reference to a rule inside its
+  own expansion is a call placeholder, and the rule's text is appended once as a definition
+  (json_holes.py's ``with_definitions``), which the matcher runs as a stack of calls, so it
+  nests to any depth. A rule with no finite text matches nothing (a grammar left with
+  nothing is an error); a call to a rule that may be empty is optional at its site;
+  ebnf_calls.py computes the bytes around calls, which bound the tokens a mask must walk;
+* where calls cannot run (left recursion through other rules, more than 16 called rules,
+  a literal in the placeholders' code points, or for the compiler, too many tokens able to
+  cross a call's boundary), or without ``calls``, it unrolls ``max_recursion_depth`` levels
+  (default 3, like JSON schema ``$ref`` cycles under a whitespace pattern): a rule may be
+  entered again at most that many times while it is already being expanded. Deeper nesting
+  is not generated (the regex allows a subset of the grammar, never more); a grammar that
+  cannot finish within the limit is an error, as is one whose unrolled regex grows past
+  ``MAX_REGEX_CHARS``.
 
 Every problem is an ``EbnfError`` (a ``ValueError``) naming the line and column or the rule.
 Importing this module does not import torch.
@@ -37,11 +46,13 @@ Importing this module does not import torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Union
 
+from treadle.constrained.json_holes import CALL_CHARS, MAX_CALLS, with_definitions
 from treadle.constrained.regex_text import MAX_REPEAT, class_literal, escape_literal
 
-__all__ = ["EbnfError", "Grammar", "ebnf_to_regex", "parse_ebnf", "MAX_REGEX_CHARS"]
+__all__ = ["EbnfError", "Grammar", "call_boundaries", "ebnf_to_regex", "parse_ebnf", "MAX_REGEX_CHARS"]
 
 MAX_REGEX_CHARS = 200_000  # an unrolled grammar longer than this is refused (its DFA build would take minutes)
 _NAME_START = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
@@ -438,17 +449,64 @@ def _wrap(f: _Frag, need: int) -> str:
     return f[0] if f[1] >= need else f"(?:{f[0]})"
 
 
+class _NoCalls(Exception):
+    """The grammar cannot run its recursion as calls: it unrolls instead."""
+
+
 class _Emitter:
-    def __init__(self, grammar: Grammar, max_depth: int) -> None:
+    def __init__(self, grammar: Grammar, max_depth: int, calls: bool = False) -> None:
         self.rules = {n: (_as_loop(n, b) or b) for n, b in grammar.rules.items()}
         self.max_depth = max_depth
         graph = {n: {r.name for r in _refs(b)} for n, b in self.rules.items()}
         self.scc = _sccs(graph)
-        # rules still recursive after the loop rewrite: they unroll
+        # rules still recursive after the loop rewrite: they unroll, or with calls, are called
         self.unrolled = {n for n in self.rules if len(self.scc[n]) > 1 or n in graph[n]}
         self.memo: dict[tuple, _Frag | None] = {}
+        self.calls = calls and bool(self.unrolled)
+        self.defs: dict[str, int] = {}  # called rule -> its definition's index (CALL_CHARS)
+        if self.calls:
+            from treadle.constrained.ebnf_calls import Analysis
+
+            self.analysis = Analysis(self.rules)
+            if self.analysis.left_recursive(self.unrolled) or _names_reserved(self.rules):
+                raise _NoCalls
+
+    def call(self, name: str, active: dict[str, int]) -> _Frag | None:
+        """A reference to a recursive rule, with calls: a call where the rule is being
+        expanded already, else its body with the rule active. A rule with no finite text
+        matches nothing; a call to one that may be empty is optional at its site."""
+        if name not in self.analysis.productive:
+            return None
+        if active.get(name):
+            i = self.defs.setdefault(name, len(self.defs))
+            if i >= MAX_CALLS:
+                raise _NoCalls
+            return (CALL_CHARS[i] + "?", QUANTIFIED) if name in self.analysis.nullable else (CALL_CHARS[i], ATOM)
+        key = (name, frozenset(r for r in self.scc[name] if active.get(r)))
+        if key in self.memo:
+            return self.memo[key]
+        active[name] = 1
+        try:
+            out = self.node(self.rules[name], active)
+        finally:
+            active[name] = 0
+        self.memo[key] = out
+        return out
+
+    def emit(self, root: str) -> _Frag | None:
+        """The root's regex, with the definitions of the calls it makes appended (json_holes.py)."""
+        out = self.rule(root, {})
+        if out is None or not self.defs:
+            return out
+        texts: list[str] = []
+        while len(texts) < len(self.defs):  # a definition may call rules not called before
+            name = next(n for n, i in self.defs.items() if i == len(texts))
+            texts.append(self.rule(name, {})[0])  # type: ignore[index]  # productive: not None
+        return with_definitions(out[0], texts), ALTERNATION
 
     def rule(self, name: str, active: dict[str, int]) -> _Frag | None:
+        if self.calls and name in self.unrolled:
+            return self.call(name, active)
         comp = self.scc[name] if name in self.unrolled else frozenset()
         key = (name, tuple(sorted((r, active[r]) for r in comp if active.get(r))))
         if key in self.memo:
@@ -523,12 +581,34 @@ class _Emitter:
         raise TypeError(f"not an EBNF node: {node!r}")
 
 
-def ebnf_to_regex(text: str, *, root: str = "root", max_recursion_depth: int = 3) -> str:
+def _names_reserved(rules: dict[str, Node]) -> bool:
+    """Whether a literal or class names a code point of U+100000-U+10FFFF (index_markers.py),
+    where the call placeholders are: such a grammar unrolls, and its regex is refused."""
+    def bad(node: Node) -> bool:
+        if isinstance(node, Lit):
+            return any(ord(c) >= 0x100000 for c in node.text)
+        if isinstance(node, Cls):
+            return any(hi >= 0x100000 for _, hi in node.ranges)
+        if isinstance(node, (Seq, Alt)):
+            return any(map(bad, node.items))
+        if isinstance(node, Rep):
+            return bad(node.item)
+        return False
+
+    return any(map(bad, rules.values()))
+
+
+def ebnf_to_regex(text: str, *, root: str = "root", max_recursion_depth: int = 3, calls: bool = False) -> str:
     """The regex (regex_text.py's dialect) matching exactly the outputs ``text`` allows, with
-    nesting recursion unrolled ``max_recursion_depth`` levels (module docstring)."""
+    nesting recursion unrolled ``max_recursion_depth`` levels, or with ``calls`` run as calls
+    to any depth where the grammar allows (module docstring)."""
     if max_recursion_depth < 0:
         raise EbnfError("ebnf: max_recursion_depth must be >= 0")
     grammar = parse_ebnf(text, root)
+    if calls:
+        out = _with_calls(grammar, root)
+        if out is not None:
+            return out[0]
     emitter = _Emitter(grammar, max_recursion_depth)
     try:
         out = emitter.rule(root, {})
@@ -545,3 +625,36 @@ def ebnf_to_regex(text: str, *, root: str = "root", max_recursion_depth: int = 3
                         f"{len(out[0])} characters, over the {MAX_REGEX_CHARS} supported; lower the nesting "
                         "or the recursion depth")
     return out[0]
+
+
+def _with_calls(grammar: Grammar, root: str) -> tuple[str, tuple[frozenset[int], ...]] | None:
+    """(regex, boundary bytes of its calls: json_holes.Bounds) of a grammar whose nesting
+    recursion runs as calls; None when it has none or cannot (left recursion through other rules, more
+    than ``MAX_CALLS`` called rules, reserved code points): it unrolls then."""
+    try:
+        emitter = _Emitter(grammar, 0, calls=True)
+        if not emitter.calls:
+            return None
+        out = emitter.emit(root)
+    except _NoCalls:
+        return None
+    except RecursionError:
+        raise EbnfError(f"ebnf: rule {root!r} expands too deeply (rules within rules); flatten the grammar") from None
+    if out is None:
+        raise EbnfError(f"ebnf: rule {root!r} matches nothing (does some rule recurse without a way to stop?)")
+    if not emitter.defs:
+        return None  # the recursion is never reached from the root
+    if len(out[0]) > MAX_REGEX_CHARS:
+        raise EbnfError(f"ebnf: the grammar is a regex of {len(out[0])} characters, over the "
+                        f"{MAX_REGEX_CHARS} supported; flatten the grammar")
+    return out[0], emitter.analysis.boundaries(set(emitter.defs))
+
+
+@lru_cache(maxsize=256)
+def call_boundaries(text: str, root: str = "root") -> tuple[frozenset[int], ...] | None:
+    """For a grammar whose ``ebnf_to_regex(calls=True)`` has calls: (the bytes that can come
+    just before a call's text, its first bytes, its last bytes, the bytes that can come just
+    after it), for the matcher's walk (json_holes.Bounds). None when the regex has no calls. Raises ``EbnfError`` like
+    ``ebnf_to_regex``."""
+    out = _with_calls(parse_ebnf(text, root), root)
+    return None if out is None else out[1]

@@ -85,10 +85,11 @@ class GrammarSpec:
                  holes: bool = False, max_recursion_depth: int = 3) -> str:
         """Translate the spec to the regex the token FSM is built from.
 
-        ``json_schema_mode`` ("strict" or "spec") and ``holes`` (placeholders for any-values,
-        json_holes.py) apply to JSON schemas only; see ``json_schema_to_regex``.
+        ``json_schema_mode`` ("strict" or "spec") applies to JSON schemas only; see
+        ``json_schema_to_regex``. ``holes`` writes placeholders (json_holes.py): a schema's
+        any-values and recursive ``$ref``s, an EBNF grammar's nesting recursion as calls.
         ``max_recursion_depth`` bounds the unrolling of ``$ref`` cycles and of nesting EBNF
-        rules. Raises ``ValueError`` (``UnsupportedSchemaError`` for schemas, ``EbnfError``
+        rules where they are not calls. Raises ``ValueError`` (``UnsupportedSchemaError`` for schemas, ``EbnfError``
         for grammars) on anything the regex backend cannot represent faithfully.
         """
         # Imported lazily: json_schema.py is a sibling owned separately and pulls more in.
@@ -101,7 +102,7 @@ class GrammarSpec:
         if self.kind == "choices":
             return choices_to_regex(json.loads(self.value))
         if self.kind == "ebnf":
-            return ebnf_to_regex(self.value, max_recursion_depth=max_recursion_depth)
+            return ebnf_to_regex(self.value, max_recursion_depth=max_recursion_depth, calls=holes)
         if self.kind == "json_schema":
             return json_schema_to_regex(
                 json.loads(self.value), whitespace_pattern=whitespace_pattern, mode=json_schema_mode, holes=holes,

@@ -377,15 +377,20 @@ def test_natural_tokenization_is_accepted_and_jumps_are_forced(compiler, smollm2
 
 def test_recursion_depth_is_a_compiler_setting(smollm2_tokenizer):
     from treadle.constrained.compiler import GrammarCompiler
+    from treadle.constrained.json_holes import ENTRY_CHAR
     from treadle.runtime.engine_args import EngineArgs
 
     tok = smollm2_tokenizer
-    text = NESTED["arith"][0]
-    deep = "((((1+2))))*3"  # four levels of parentheses
+    # s-expressions: a call may begin after a space, with a word, so ~20k tokens (' word')
+    # could cross a call's boundary: the compiler unrolls this grammar instead
+    text = 'root ::= sexp\nsexp ::= [a-z]+ | "(" sexp (" " sexp)* ")"'
+    deep = "(a (b (c (d e))))"  # four levels of parentheses
     with GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok), max_recursion_depth=4) as c4, \
             GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok)) as c3:
         for c, ok in ((c4, True), (c3, False)):
-            m = c.compile(GrammarSpec("ebnf", text)).matcher()
+            cg = c.compile(GrammarSpec("ebnf", text))
+            assert cg.holes is None and ENTRY_CHAR not in cg.regex
+            m = cg.matcher()
             accepted = all(m.accept_token(t) for t in tok.encode(deep, add_special_tokens=False))
             assert accepted == ok and (not ok or m.accept_token(tok.eos_token_id))
     # JSON schema $ref cycles: calls to any depth in compact output (json_holes.py); under a
@@ -434,3 +439,158 @@ def test_too_deep_grammars_are_an_ebnf_error():
     chain = ["root ::= r0"] + [f"r{i} ::= \"a\" r{i + 1}" for i in range(3000)] + ['r3000 ::= "z"']
     with pytest.raises(EbnfError, match="expands too deeply"):
         ebnf_to_regex("\n".join(chain))
+
+
+# ------------------------------------------------------------------ nesting recursion as calls
+
+# compact and spaced JSON-like grammars: calls behind ':' '[' ',' and behind optional whitespace
+JSON_LIKE = ('root ::= value\nvalue ::= object | array | string | number | "true" | "false" | "null"\n'
+             'object ::= "{" (member ("," member)*)? "}"\nmember ::= string ":" value\n'
+             'array ::= "[" (value ("," value)*)? "]"\nstring ::= "\\"" [^"\\\\]* "\\""\nnumber ::= "-"? [0-9]+')
+JSON_WS = ('root ::= value\nvalue ::= object | array | string | number | "true" | "false" | "null"\n'
+           'object ::= "{" ws (member (ws "," ws member)*)? ws "}"\nmember ::= string ws ":" ws value\n'
+           'array ::= "[" ws (value (ws "," ws value)*)? ws "]"\nstring ::= "\\"" [^"\\\\]* "\\""\n'
+           'number ::= "-"? [0-9]+\nws ::= [ \\t\\n]*')
+CALLED = {**{k: v[0] for k, v in NESTED.items()}, "json_like": JSON_LIKE, "json_ws": JSON_WS,
+          # right recursion through another rule: tail calls
+          "tail": 'root ::= a\na ::= "x" b | "y"\nb ::= "z" a'}
+
+
+BRACKETS = ("()", "[]", "{}", "<>")
+DEEP = {  # six levels and more: past what the unrolled regex allows
+    "arith": "(" * 7 + "1+2" + ")" * 7 + "*(3)", "mutual": "[x,[x,[x,[x,[x,[x]]]]]]",
+    "dyck": "<" + "(" * 7 + ")" * 7 + "()>", "binary": "(" * 7 + "1+1" + ")" * 7,
+    "spaced_lists": "[ " * 6 + "1" + " ]" * 6, "json_like": '{"a":' * 6 + '[1,"x"]' + "}" * 6,
+    "json_ws": '{ "a" : ' * 6 + '[1, "x y"]' + " }" * 6, "tail": "xz" * 20 + "y",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALLED))
+def test_calls_are_the_grammar_at_any_depth(name):
+    """With calls, the regex and its definitions, run as a stack of calls by an oracle that
+    knows nothing of json_holes.py (tests/json_checks.py), accept exactly the grammar's
+    sentences, however deep: checked against the recognizer on deep derivations and their
+    mutations."""
+    from json_checks import HoleOracle
+
+    from treadle.constrained.json_holes import CALL_CHARS, ENTRY_CHAR
+
+    text = CALLED[name]
+    g = parse_ebnf(text)
+    rx = ebnf_to_regex(text, calls=True)
+    assert ENTRY_CHAR in rx and CALL_CHARS[0] in rx
+    if name in ("arith", "json_like", "json_ws"):
+        assert len(rx) * 5 < len(ebnf_to_regex(text)), name  # three levels unrolled
+    rng = random.Random(name)
+    alphabet = "".join(sorted(set("".join(derive(g, rng) for _ in range(30))))) + " "
+    deep = DEEP[name]
+    assert recognizes(g, deep) and (name == "tail" or max(nesting(deep, o, c) for o, c in BRACKETS) >= 6)
+    checked_out = 0
+    for s in [deep, *(derive(g, rng, budget=9) for _ in range(25))]:
+        for t in [s, *mutations(s, rng, alphabet, 3)]:
+            o = HoleOracle(rx)
+            inside = recognizes(g, t)
+            assert (o.feed(t.encode()) and o.final()) == inside, (name, t)
+            checked_out += not inside
+    assert checked_out >= 10
+
+
+def test_calls_fall_back_to_unrolling_where_they_cannot_run(compiler):
+    from treadle.constrained.ebnf import call_boundaries
+
+    # left recursion through another rule: a stack of calls cannot nest it at one position
+    left = 'root ::= a\na ::= b "x" | "y"\nb ::= a "z" | "w"'
+    assert call_boundaries(left) is None
+    assert ebnf_to_regex(left, calls=True) == ebnf_to_regex(left)
+    # no recursion, or only loops: nothing to call
+    assert call_boundaries(EXACT["right_list"]) is None
+    # the boundary bytes of arithmetic: after '(' into expr, and out of it before ')'
+    before, first, last, after = call_boundaries(NESTED["arith"][0])
+    assert before == {ord("(")} and after == {ord(")")}
+    assert set(b"(0123456789") <= first and set(b")0123456789") <= last
+    # a grammar naming the reserved code points of the placeholders never has calls; the
+    # compiler refuses it, as before
+    reserved = 'root ::= "(" root ")" | "\\U0010FFE0"'
+    assert call_boundaries(reserved) is None and ebnf_to_regex(reserved, calls=True) == ebnf_to_regex(reserved)
+    with pytest.raises(EbnfError, match="matches nothing \\(does some rule recurse"):
+        ebnf_to_regex('root ::= "(" root ")"', calls=True)
+    with pytest.raises(ValueError, match="reserved"):
+        compiler.compile(GrammarSpec("ebnf", reserved))
+
+
+CALL_PREFIXES = {
+    "arith": ["", "(", "((((", "((((1+(2*", "(1+(2*(3-4)", "((((7))))"],
+    "dyck": ["<", "<((()((", "<(()(", "<((()))"],
+    "json_ws": ['', '{"a": [1, {"b', '{"a": [1, {"b": [[', '[[[[ 1', '{"a": {"b": {"c": "x y"}, ', '[1 ,[2], [[]'],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALL_PREFIXES))
+def test_call_masks_equal_the_oracle_over_the_whole_vocabulary(compiler, smollm2_tokenizer, name):
+    """The compiled grammar's masks, at prefixes inside nested calls, are exactly the tokens
+    the oracle accepts (and EOS where it is final), over all 49k tokens: no token that
+    crosses a call's boundary mid-token is missed, none is let through. The mask and the
+    matcher's own acceptance agree on every token that can cross."""
+    from json_checks import HoleOracle
+
+    from treadle.constrained.bitmask import allocate_token_bitmask
+    from treadle.constrained.compiler import build_compiled_grammar
+
+    tok = smollm2_tokenizer
+    eos = tok.eos_token_id
+    text = CALLED[name]
+    cg = compiler.compile(GrammarSpec("ebnf", text))
+    assert cg.holes is not None and len(cg.holes.candidates) < 4096
+    table = cg.token_bytes
+    one = {b[0]: i for i, b in reversed(list(enumerate(table))) if b and len(b) == 1 and i != eos}
+    bm = allocate_token_bitmask(1, len(tok))
+    # the same grammar built in this process agrees with the compiler's (the regex and holes)
+    assert build_compiled_grammar(cg.regex, tok, [eos], vocab_size=len(tok),
+                                  spec=GrammarSpec("ebnf", text)).holes is not None
+    for prefix in CALL_PREFIXES[name]:
+        data = prefix.encode()
+        m = cg.matcher()
+        for b in data:
+            assert m.accept_token(one[b]), (prefix, bytes([b]))
+        o = HoleOracle(cg.regex)
+        assert o.feed(data), prefix
+        m.fill_next_token_bitmask(bm, 0)
+        got = allowed_ids(bm[0].numpy())
+        want = {eos} if o.final() else set()
+        for i, tb in enumerate(table[:len(tok)]):
+            if tb and i != eos and o.copy().feed(tb):
+                want.add(i)
+        assert got == want, (prefix, sorted(table[i] for i in got - want)[:10],
+                             sorted(table[i] for i in want - got)[:10])
+        for i in cg.holes.candidates:
+            m2 = cg.matcher()
+            for b in data:
+                m2.accept_token(one[b])
+            assert m2.accept_token(i) == (i in got), (prefix, table[i])
+
+
+def test_deep_documents_in_the_models_own_tokens(compiler, smollm2_tokenizer):
+    """Nesting far past the old three unrolled levels, written as the tokenizer writes it
+    (tokens such as '((' and '}]}' cross several calls), is accepted and can end; tail calls
+    keep the stack flat."""
+    tok = smollm2_tokenizer
+    docs = {
+        "arith": "(" * 12 + "1+2" + ")*3" * 1 + ")" * 11,
+        "json_like": '{"a":' * 10 + '[1,{"b":[true,null,"x y"]}]' + "}" * 10,
+        "json_ws": '{\n  "a": [\n    {"b": ' * 8 + '"deep"' + "}\n  ]\n}" * 8,
+        "mutual": "[" * 15 + "x" + ",x]" * 15,
+        "tail": "xz" * 200 + "y",
+    }
+    for name, doc in docs.items():
+        assert recognizes(parse_ebnf(CALLED[name]), doc), name
+        m = compiler.compile(GrammarSpec("ebnf", CALLED[name])).matcher()
+        ids = tok.encode(doc, add_special_tokens=False)
+        assert all(m.accept_token(t) for t in ids), name
+        assert m.accept_token(tok.eos_token_id), name
+        if name == "tail":
+            m = compiler.compile(GrammarSpec("ebnf", CALLED[name])).matcher()
+            for t in ids[:-1]:
+                assert m.accept_token(t)
+                assert m.call_depth <= 1
+        elif name == "arith":  # one token returns from three calls
+            assert "))))" in [tok.decode([t]) for t in ids]

@@ -132,7 +132,23 @@ def test_constrained_outputs_validate_on_gpu(tmp_path):
         ebnf = 'root ::= num ("," num)*\nnum ::= "-"? [0-9]+ ("." [0-9]+)?'
         _replay_sampled(e, {"ebnf": ebnf}, "Numbers:", lambda t: re.fullmatch(ebnf_to_regex(ebnf), t),
                         max_new_tokens=32)
+        # an EBNF grammar that nests (its recursion a call, ebnf_calls.py)
+        arith = 'root ::= e\ne ::= t (("+" | "-") t)*\nt ::= f (("*" | "/") f)*\nf ::= [0-9]+ | "(" e ")"'
+        g = _replay_sampled(e, {"ebnf": arith}, "Sum:", _arithmetic, max_new_tokens=48)
+        assert g.holes is not None and g.holes.entries[0] is not None
         e.check_integrity()
+
+
+def _arithmetic(text: str) -> bool:
+    """Whether ``text`` is in the arithmetic grammar above: innermost groups folded to a number."""
+    import re
+
+    flat = r"[0-9]+(?:[-+*/][0-9]+)*"
+    while (m := re.search(r"\(([^()]*)\)", text)) is not None:
+        if not re.fullmatch(flat, m.group(1)):
+            return False
+        text = text[:m.start()] + "1" + text[m.end():]
+    return re.fullmatch(flat, text) is not None
 
 
 def test_logit_bias_on_gpu(tmp_path):
