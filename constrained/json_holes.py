@@ -220,7 +220,8 @@ class Holes:
         self._done: dict[int, bool] = {}
         self._continues: dict[int, bool] = {}
         self._starts: dict[int, np.ndarray] = {}
-        self._rows: dict[Config, np.ndarray] = {}
+        self._rows: dict[tuple, np.ndarray] = {}  # (state, hole, top calls, more below) -> row
+        self._needs: dict[tuple, tuple[int, ...]] = {}  # (state, hole) -> how many top calls its rows read
         self._steps: dict[tuple, frozenset[Config]] = {}  # walked tokens: (configs, token) -> configs after
         self._lock = threading.Lock()
 
@@ -303,10 +304,10 @@ class Holes:
         key = (configs, token_id)
         hit = self._steps.get(key)
         if hit is None:
-            out: set[Config] = set()
+            w = _Walk(0)
             for s, hole, calls in configs:
-                self._go(data, 0, s, hole, calls, out, ())
-            hit = frozenset(out)
+                self._go(data, 0, s, hole, calls, w, ())
+            hit = frozenset(w.out)
             with self._lock:
                 if len(self._steps) >= _STEPS_MAX:
                     self._steps.clear()
@@ -314,13 +315,26 @@ class Holes:
         return hit
 
     def walk(self, c: Config, data: bytes) -> frozenset[Config]:
-        out: set[Config] = set()
-        self._go(data, 0, *c, out, ())
-        return frozenset(out)
+        w = _Walk(len(c[2]))
+        self._go(data, 0, *c, w, ())
+        return frozenset(w.out)
 
-    def _go(self, data: bytes, i: int, s: int, hole: Hole | None, calls: tuple[int, ...], out: set,
+    def _walk_low(self, c: Config, data: bytes, w: _Walk) -> bool:
+        """Whether the walk from ``c`` accepts ``data``; ``w.low`` takes the fewest calls the
+        stack went down to (the entries below were never read)."""
+        w.out = set()
+        self._go(data, 0, *c, w, ())
+        return bool(w.out)
+
+    def _emit(self, w: _Walk, c: Config) -> None:
+        c = self.settle(c)
+        w.out.add(c)
+        if len(c[2]) < w.low:
+            w.low = len(c[2])
+
+    def _go(self, data: bytes, i: int, s: int, hole: Hole | None, calls: tuple[int, ...], w: _Walk,
             entered: tuple[int, ...]) -> None:
-        """Every way to read ``data[i:]`` from a configuration, into ``out``: the regex part
+        """Every way to read ``data[i:]`` from a configuration, into ``w.out``: the regex part
         one byte at a time through the index's single-byte tokens, holes on the automaton,
         crossing into a hole or call only after ``ENTRY_AFTER`` (or at the token's start) and
         out of one only at ``EXIT_AT`` (or there). ``entered``: the calls entered at ``i``
@@ -335,16 +349,16 @@ class Holes:
                     return
                 i = j
             if i == n:
-                out.add(self.settle((s, (p, st), calls)))
+                self._emit(w, (s, (p, st), calls))
                 return
             if self.pda.is_final(p, st):
-                self._go(data, i, s, None, calls, out, entered)  # leave the hole; the regex goes on
+                self._go(data, i, s, None, calls, w, entered)  # leave the hole; the regex goes on
             p2, st2 = self.pda.run(p, st, data[i:i + 1])
             if p2:
-                self._go(data, i + 1, s, (p2, st2), calls, out, ())
+                self._go(data, i + 1, s, (p2, st2), calls, w, ())
             return
         if i == n:
-            out.add(self.settle((s, None, calls)))
+            self._emit(w, (s, None, calls))
             return
         t = self.t
         rest = data[i:]
@@ -354,26 +368,28 @@ class Holes:
             if whole is not None:
                 s2 = self.index.get_next_state(s, whole)
                 if s2 is not None:
-                    out.add(self.settle((s2, None, calls)))
+                    self._emit(w, (s2, None, calls))
         if whole is None or self._boundary_ahead(data, i):
             b = data[i]
             tb = t.byte_token[b]
             if tb >= 0 and b != _LEAD:  # the lead byte could spell a placeholder or an index marker
                 s2 = self.index.get_next_state(s, tb)
                 if s2 is not None:
-                    self._go(data, i + 1, s2, None, calls, out, ())
+                    self._go(data, i + 1, s2, None, calls, w, ())
         if i == 0 or data[i - 1] in self.entry_after:
             kinds, defs = self.exits(s)
             for k, after in kinds:
                 p, st = self.pda.run(t.starts[k], (), rest[:1])
                 if p:
-                    self._go(data, i + 1, after, (p, st), calls, out, ())
+                    self._go(data, i + 1, after, (p, st), calls, w, ())
             for r, after in defs:
                 if r not in entered:  # a tail call (nothing can follow it) returns to the caller's caller
                     inner = calls if self._ended(after) else (*calls, after)
-                    self._go(data, i, self.entries[r], None, inner, out, (*entered, r))
+                    self._go(data, i, self.entries[r], None, inner, w, (*entered, r))
         if calls and (i == 0 or data[i] in self.exit_at) and self._final(s):
-            self._go(data, i, calls[-1], None, calls[:-1], out, entered)  # return from the call
+            if len(calls) <= w.low:
+                w.low = len(calls) - 1
+            self._go(data, i, calls[-1], None, calls[:-1], w, entered)  # return from the call
 
     # ------------------------------------------------------------------ masks
 
@@ -424,36 +440,61 @@ class Holes:
 
     def config_row(self, c: Config) -> np.ndarray:
         """Tokens allowed from one configuration (EOS where it is final). Read-only."""
+        return self._row(c)[0]
+
+    def _row(self, c: Config) -> tuple[np.ndarray, int]:
+        """(``config_row(c)``, how many of the open calls it depends on: the row holds for
+        every configuration with the same state and hole, those top entries, and more calls
+        below them exactly when ``c`` has). Cached so: a tree's rows at depth 20 are the
+        ones built at depth 2."""
         s, hole, calls = c
         if hole is None and not calls:
-            return self._grammar.mask_row(s)
+            return self._grammar.mask_row(s), 0
         pda = self.pda
         if hole is not None and len(hole[1]) > pda.k:  # no token closes this many containers
-            return pda.mask(*hole) & self.t.not_eos
-        row = self._rows.get(c)
-        if row is None:
-            if hole is not None:
-                row = pda.mask(*hole) & self.t.not_eos
-                if pda.is_final(*hole):
-                    row |= self.config_row((s, None, calls))
-            else:
-                row = self._grammar.mask_row(s) & self.t.not_eos
-                if self._final(s):
-                    row |= self.config_row((calls[-1], None, calls[:-1]))
-            self._scan(row, c)
-            with self._lock:
-                if len(self._rows) >= _ROWS_MAX:
-                    self._rows.clear()
-                row = self._rows.setdefault(c, row)
-        return row
+            return pda.mask(*hole) & self.t.not_eos, 0
+        n = len(calls)
+        if not n:
+            hit = self._rows.get((s, hole, (), False))
+            if hit is not None:
+                return hit, 0
+        else:
+            for k in self._needs.get((s, hole), ()):
+                if k <= n:
+                    hit = self._rows.get((s, hole, calls[n - k:], n > k))
+                    if hit is not None:
+                        return hit, k
+        if hole is not None:
+            row = pda.mask(*hole) & self.t.not_eos
+            need = 0
+            if pda.is_final(*hole):
+                sub, need = self._row((s, None, calls))
+                row |= sub
+        else:
+            row = self._grammar.mask_row(s) & self.t.not_eos
+            need = 0
+            if self._final(s):
+                sub, need = self._row((calls[-1], None, calls[:-1]))
+                row |= sub
+                need += 1
+        need = max(need, self._scan(row, c))
+        with self._lock:
+            if len(self._rows) >= _ROWS_MAX:
+                self._rows.clear()
+                self._needs.clear()
+            row = self._rows.setdefault((s, hole, calls[n - need:], n > need), row)
+            ks = self._needs.get((s, hole), ())
+            if need not in ks:
+                self._needs[(s, hole)] = (*ks, need)
+        return row, need
 
-    def _dead(self, c: Config, prefix: bytes, memo: dict[bytes, bool]) -> bool:
+    def _dead(self, c: Config, prefix: bytes, memo: dict[bytes, bool], w: _Walk) -> bool:
         """Whether the walk from ``c`` refuses ``prefix``; then it refuses every token that
         starts with it (each path through such a token reads the prefix first, under the
         same conditions, as a token of those bytes does)."""
         hit = memo.get(prefix)
         if hit is None:
-            hit = memo[prefix] = not self.walk(c, prefix)
+            hit = memo[prefix] = not self._walk_low(c, prefix, w)
         return hit
 
     def _boundary_ahead(self, data: bytes, i: int) -> bool:
@@ -461,26 +502,40 @@ class Holes:
         before, after = self.entry_after, self.exit_at
         return any(data[j - 1] in before or data[j] in after for j in range(i + 1, len(data)))
 
-    def _scan(self, row: np.ndarray, c: Config) -> None:
+    def _scan(self, row: np.ndarray, c: Config) -> int:
         """Complete ``row`` (every token read without crossing a boundary mid-token, exact
         for one-byte tokens) with the crossing tokens the walk accepts. Walked only: those
         not in the row already whose first byte, as a token of its own, is (a token's walk
-        reads that byte first, along a path the one-byte token has too)."""
+        reads that byte first, along a path the one-byte token has too). Returns how many of
+        ``c``'s open calls the walks read."""
         table = self.pda.token_bytes
         bits = np.unpackbits(row.view(np.uint8), bitorder="little").view(np.bool_)
         firsts = bits[self.t.byte_token_index] | self.t.no_byte_token
         cands, cand_first = self._cands
         todo = cands[firsts[cand_first] & ~bits[cands]]
+        w = _Walk(len(c[2]))
         dead: dict[bytes, bool] = {}  # a prefix the walk refuses: so it does every token with it
         for tid in todo.tolist():
             data = table[tid]
             if len(data) > 3:
-                if any(self._dead(c, data[:k], dead) for k in (2, 3)):
+                if any(self._dead(c, data[:k], dead, w) for k in (2, 3)):
                     continue
-            if self.walk(c, data):
+            if self._walk_low(c, data, w):
                 _set(row, tid, True)
         for tid in self.t.lead:  # the walk decides these either way
-            _set(row, tid, bool(self.walk(c, table[tid])))
+            _set(row, tid, self._walk_low(c, table[tid], w))
+        return len(c[2]) - w.low
+
+
+class _Walk:
+    """What a walk found: the configurations after it, and the fewest open calls the stack
+    went down to on the way (the entries below were never read)."""
+
+    __slots__ = ("out", "low")
+
+    def __init__(self, low: int) -> None:
+        self.out: set[Config] = set()
+        self.low = low
 
 
 _EMPTY: frozenset = frozenset()

@@ -107,7 +107,9 @@ PREFIXES = {
     "untyped": ['{"s":', '{"s":[', '{"s":{"q":', '{"s":[1]', '{"s":"ab"'],
     "overlap": ['[{"x":', '[{"x":1', '[{"x":1.5', '[{"x":12}', '[{"x":1},{"x":[', '[{"y":'],
     "tree": ['{"v":1,"kids":[', '{"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[{', '{"v":1,"kids":[{"v":2,"kids":[]}',
-             '{"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[]}]},', '{"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[]}]}]'],
+             '{"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[]}]},', '{"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[]}]}]',
+             # nine levels deep, after rows were built at shallower depths (rows shared by depth)
+             '{"v":1,"kids":[' * 9 + '{"v":2,"kids":[]}', '{"v":1,"kids":[' * 9 + '{"v":2,"kids":[]}]},'],
     "linked": ['{"head":1,"tail":', '{"head":1,"tail":{"head":2,"tail":{"head":3,"tail":n',
                '{"head":1,"tail":{"head":2,"tail":null}'],
     "mutual": ['{"n":"x","meta":[1,{"a":', '{"n":"x","meta":2,"b":[', '{"n":"x","meta":2,"b":[{"n":"y","meta":{},"b":[{',
@@ -344,6 +346,26 @@ def test_recursive_refs_are_calls_not_unrolled():
                          "b": {"type": "array", "items": {"$ref": "#/$defs/a"}, "minItems": 1}}, "$ref": "#/$defs/a"}
     with pytest.raises(ValueError, match="no finite value|no array of that length"):
         json_schema_to_regex(no_exit, holes=True)
+
+
+def test_mask_rows_are_shared_across_call_depths(smol, pda, table):
+    """A row depends on the open calls only as far as its walks read them, and is cached so:
+    a tree's rows at depth 12 are the ones built at depth 3 (masks at depth are checked
+    against the oracle above)."""
+    spec = GrammarSpec.from_params(json_schema=TREE)
+    g = build_compiled_grammar(spec.to_regex(holes=True), smol, [EOS], vocab_size=V, spec=spec, pda=pda)
+    bm = allocate_token_bitmask(1, V)
+    one = single_byte_tokens(table)
+    m = g.matcher()
+    rows = []
+    for level in range(12):
+        for b in b'{"v":1,"kids":[':
+            m.fill_next_token_bitmask(bm, 0)
+            assert m.accept_token(one[b])
+        m.fill_next_token_bitmask(bm, 0)
+        rows.append(len(g.holes._rows))
+    assert m.call_depth == 11
+    assert rows[11] == rows[3] > 0, rows
 
 
 def test_calls_return_and_jump_forward_sees_what_follows(smol, pda, table):
