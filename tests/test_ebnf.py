@@ -415,17 +415,30 @@ def test_any_text_gives_a_regex_or_an_ebnf_error():
     pieces = ['root', ' ::= ', '::=', ' a ', 'b', ' | ', '|', '(', ')', '"x"', '"', '""', '[a-z]', '[^a]', '[',
               ']', '*', '+', '?', '{2}', '{1,3}', '{,2}', '{', '}', '\n', ' ', '.', '#c\n', '\\n', '\\', 'a ::= ',
               'b ::= ', '"\\u00e9"', '[\\x00-\\x1f]', '-', '^', 'root ::= a\n', 'a ::= "(" a ")" | ""\n',
-              'b ::= b "x" | ""\n', 'ws ::= | " "\n']
+              'b ::= b "x" | ""\n', 'ws ::= | " "\n', 'a ::= "[" a ("," a)* "]" | "x"\n', 'a ::= "{" b a "}" | b\n',
+              'b ::= "<" a ws b ">" | "y"\n']
+    from treadle.constrained.ebnf import call_boundaries
+    from treadle.constrained.json_holes import ENTRY_CHAR
+
     rng = random.Random(7)
-    compiled = 0
+    compiled = called = 0
     for _ in range(4000):
-        text = rng.choice(["", "root ::= "]) + "".join(rng.choice(pieces) for _ in range(rng.randint(1, 14)))
+        start = rng.choice(["", "root ::= ", "root ::= a\na ::= ", "root ::= b\nb ::= \"(\" "])
+        text = start + "".join(rng.choice(pieces) for _ in range(rng.randint(1, 14)))
         try:
             re.compile(ebnf_to_regex(text))
             compiled += 1
         except EbnfError:
             pass
-    assert compiled > 50
+        try:  # with calls: a regex with definitions exactly when there are boundaries, else the same errors
+            rx = ebnf_to_regex(text, calls=True)
+            bounds = call_boundaries(text)
+            assert (ENTRY_CHAR in rx) == (bounds is not None), text
+            interegular.parse_pattern(rx).to_fsm()
+            called += bounds is not None
+        except EbnfError:
+            pass
+    assert compiled > 50 and called > 5, (compiled, called)
 
 
 def test_too_deep_grammars_are_an_ebnf_error():
@@ -453,7 +466,9 @@ JSON_WS = ('root ::= value\nvalue ::= object | array | string | number | "true" 
            'number ::= "-"? [0-9]+\nws ::= [ \\t\\n]*')
 CALLED = {**{k: v[0] for k, v in NESTED.items()}, "json_like": JSON_LIKE, "json_ws": JSON_WS,
           # right recursion through another rule: tail calls
-          "tail": 'root ::= a\na ::= "x" b | "y"\nb ::= "z" a'}
+          "tail": 'root ::= a\na ::= "x" b | "y"\nb ::= "z" a',
+          # a class beside a call at one state: the class must not hide the call
+          "balanced": 'root ::= "(" ([^()] | root)* ")"'}
 
 
 BRACKETS = ("()", "[]", "{}", "<>")
@@ -462,6 +477,7 @@ DEEP = {  # six levels and more: past what the unrolled regex allows
     "dyck": "<" + "(" * 7 + ")" * 7 + "()>", "binary": "(" * 7 + "1+1" + ")" * 7,
     "spaced_lists": "[ " * 6 + "1" + " ]" * 6, "json_like": '{"a":' * 6 + '[1,"x"]' + "}" * 6,
     "json_ws": '{ "a" : ' * 6 + '[1, "x y"]' + " }" * 6, "tail": "xz" * 20 + "y",
+    "balanced": "(a(b c(" + "(" * 5 + "d" + ")" * 5 + "))e)",
 }
 
 
@@ -495,6 +511,73 @@ def test_calls_are_the_grammar_at_any_depth(name):
     assert checked_out >= 10
 
 
+def _random_grammar(rng: random.Random) -> str:
+    """2-3 rules of literals, classes and references to any rule (so recursion of every
+    kind: loops, nesting, mutual, left through other rules), with quantifiers and empties."""
+    names = ["root", "a", "b"][:rng.randint(2, 3)]
+
+    def item(depth: int) -> str:
+        r = rng.random()
+        if r < 0.4:
+            return rng.choice(['"("', '")"', '"x"', '","', '"ab"', '" "', '""'])
+        if r < 0.5:
+            return rng.choice(["[0-9]", "[a-c]", "[^()]"])
+        if r < 0.8 or depth > 0:
+            return rng.choice(names[1:] + names[:1] * (rng.random() < 0.2))
+        return "(" + " | ".join(seq(depth + 1) for _ in range(rng.randint(1, 2))) + ")" + rng.choice(["", "*", "?", "+"])
+
+    def seq(depth: int) -> str:
+        return " ".join(item(depth) for _ in range(rng.randint(1, 3)))
+
+    return "\n".join(f"{n} ::= " + " | ".join(seq(0) for _ in range(rng.randint(1, 2))) for n in names)
+
+
+def test_random_grammars_with_calls_equal_the_recognizer(smollm2_tokenizer):
+    """Random small grammars: with calls, either an EbnfError, the unrolled regex (calls
+    cannot run), or a regex whose calls accept exactly the grammar's sentences, as an
+    oracle runs them (tests/json_checks.py) and as the compiled matcher does, one byte a
+    token and in the tokenizer's own tokens."""
+    from json_checks import HoleOracle
+
+    from treadle.constrained.compiler import build_compiled_grammar
+    from treadle.constrained.ebnf import call_boundaries
+
+    tok = smollm2_tokenizer
+    eos = tok.eos_token_id
+    rng = random.Random(11)
+    called = checked = 0
+    one = None
+    for _ in range(150):
+        text = _random_grammar(rng)
+        try:
+            rx = ebnf_to_regex(text, calls=True)
+        except EbnfError:
+            continue
+        if call_boundaries(text) is None:
+            continue
+        called += 1
+        g = parse_ebnf(text)
+        cg = build_compiled_grammar(rx, tok, [eos], vocab_size=len(tok), spec=GrammarSpec("ebnf", text))
+        if one is None:
+            one = {b[0]: i for i, b in reversed(list(enumerate(cg.token_bytes))) if b and len(b) == 1 and i != eos}
+        for _ in range(3):
+            try:
+                s = derive(g, rng, budget=6)
+            except RecursionError:  # the generator followed a rule with no finite text
+                continue
+            if len(s) > 24:
+                continue
+            for t in [s, *mutations(s, rng, "(),x ab0", 2)]:
+                inside = recognizes(g, t)
+                o = HoleOracle(rx)
+                assert (o.feed(t.encode()) and o.final()) == inside, (text, t)
+                for ids in ([one[b] for b in t.encode()], tok.encode(t, add_special_tokens=False)):
+                    m = cg.matcher()
+                    assert (all(m.accept_token(i) for i in ids) and m.can_terminate()) == inside, (text, t, ids)
+                checked += 1
+    assert called > 10 and checked > 60, (called, checked)
+
+
 def test_calls_fall_back_to_unrolling_where_they_cannot_run(compiler):
     from treadle.constrained.ebnf import call_boundaries
 
@@ -522,6 +605,7 @@ CALL_PREFIXES = {
     "arith": ["", "(", "((((", "((((1+(2*", "(1+(2*(3-4)", "((((7))))"],
     "dyck": ["<", "<((()((", "<(()(", "<((()))"],
     "json_ws": ['', '{"a": [1, {"b', '{"a": [1, {"b": [[', '[[[[ 1', '{"a": {"b": {"c": "x y"}, ', '[1 ,[2], [[]'],
+    "balanced": ["(", "(x(", "(a (b (c", "((()) (", "(((x)))"],
 }
 
 
@@ -580,6 +664,7 @@ def test_deep_documents_in_the_models_own_tokens(compiler, smollm2_tokenizer):
         "json_ws": '{\n  "a": [\n    {"b": ' * 8 + '"deep"' + "}\n  ]\n}" * 8,
         "mutual": "[" * 15 + "x" + ",x]" * 15,
         "tail": "xz" * 200 + "y",
+        "balanced": "(print (map (lambda (x) (* x x)) (list 1 2 3)))",
     }
     for name, doc in docs.items():
         assert recognizes(parse_ebnf(CALLED[name]), doc), name
