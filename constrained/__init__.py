@@ -9,7 +9,8 @@ any JSON (``{}``, ``{"type": "object"}``, ...) compile to a ``JsonAnyGrammar``, 
 automaton with unbounded nesting, whose ``JsonAnyMatcher`` has the same interface;
 ``grammar.matcher()`` makes the right one. Any-values *inside* a schema (a free-form
 ``{"type": "object"}`` member) are holes in its regex, run on that automaton by a
-``HoleMatcher`` (json_holes.py).
+``HoleMatcher`` (json_holes.py); recursive ``$ref``s and an EBNF grammar's nesting rules
+are calls that the same matcher runs as a stack (ebnf_calls.py).
 
 Names are resolved lazily so that importing the package (e.g. in a compile worker
 process) does not import torch.

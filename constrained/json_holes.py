@@ -1,4 +1,5 @@
-"""Holes and calls: the any-JSON values and the recursive ``$ref``s inside a schema's regex.
+"""Holes and calls: the any-JSON values and the recursive ``$ref``s inside a schema's regex
+(and the nesting rules of an EBNF grammar).
 
 A schema that allows any value somewhere (a member ``{}``, a free-form ``{"type": "object"}``
 tool parameter, the items of an untyped array) used to make the regex backend unroll "any
@@ -24,15 +25,22 @@ all. A call pushes the state after its placeholder and goes, without reading, to
 index is after ``ENTRY CALL_i``; where the definition is complete (the end marker could
 follow, index_markers.py) the call may return, and it returns at once when its value cannot
 go on. Recursion is as deep as the output; a definition entered again at the same byte
-without reading one is not entered (no endless left recursion).
+without reading one is not entered (no endless left recursion); a call whose return state is
+complete and cannot go on is a tail call, and pushes nothing. EBNF grammars use calls too
+(ebnf.py): their nesting rules are definitions the same way.
 
 **Crossing tokens.** A token may cross a boundary mid-token (``":{"`` enters a hole,
 ``"},"`` leaves one, ``},{`` does both; ``}]}`` returns from two calls): the walk (``_go``)
 runs its bytes, the regex part one byte at a time through the index's single-byte tokens. In
 compact JSON a value follows ``:``, ``[``, ``,`` or starts the text, and is followed by ``,``,
 ``}``, ``]`` or ends it, so a token can only cross where those bytes are: the mask checks just
-the few hundred tokens that hold one (``HoleTables.candidates``) with the walk, and the walk
-refuses any other mid-token boundary, so mask and acceptance always agree.
+the few hundred tokens that hold one (``Holes.candidates``) with the walk, and the walk
+refuses any other mid-token boundary, so mask and acceptance always agree. Those bytes are
+the grammar's ``Bounds``: for an EBNF grammar, the bytes that can come before, begin, end
+and follow a called rule (ebnf_calls.py), a candidate holding a (before, first) or (last,
+after) pair. A mask row walks only candidates the row lacks whose first byte it allows,
+and skips those whose first two or three bytes the walk refuses; rows are cached by the
+open calls their walks read (``_row``), so deeper nesting reuses them.
 
 **More than one reading.** A prefix may be read two ways: under ``anyOf`` of a free-form
 object and a declared one, ``{"x":1`` is inside the hole of the first and the regex of the
@@ -45,9 +53,10 @@ state that takes the *canary* placeholder (never written) is inside such a class
 exits. A path of real bytes never spells a placeholder where a hole is: the regex side
 refuses the placeholders' shared lead byte (as it refuses it everywhere, index_markers.py;
 tokens holding it go through the walk), while inside a hole a string may hold it. Holes
-and calls are used only for JSON schemas, without a whitespace pattern (the automaton is
+and calls are used for JSON schemas without a whitespace pattern (the automaton is
 compact), and not when the schema itself contains a placeholder or names that range
-(``schema_allows_holes``).
+(``schema_allows_holes``); calls for EBNF grammars that name no code point there, whose
+negated classes leave the placeholders out (so no class hides a call).
 
 Importing this module does not import torch.
 """
