@@ -32,7 +32,8 @@ from treadle.constrained.vocabulary import build_vocabulary
 
 __all__ = ["GrammarCompiler", "GrammarCompileError", "build_compiled_grammar"]
 
-# An EBNF grammar's calls are used when at most this many tokens can cross their boundaries.
+# An EBNF grammar's calls are used when at most this many tokens can cross their boundaries
+# other than by only starting a call.
 MAX_CROSSING = 4096
 # A spawned worker imports only this module's light dependencies; this bounds that start.
 _STARTUP_TIMEOUT_S = 120.0
@@ -299,10 +300,16 @@ class GrammarCompiler:
         """Any-values of a schema become holes on the pushdown automaton (json_holes.py),
         for compact output (a whitespace pattern keeps the bounded regex). An EBNF grammar's
         nesting recursion becomes calls when at most ``MAX_CROSSING`` tokens of the
-        vocabulary can cross a call's boundary (else every mask would walk too many)."""
+        vocabulary can cross a call's boundary other than by only starting it (those are
+        decided in bulk; the others each take a walk in Python per mask row)."""
         if spec.kind == "ebnf":
             bounds = call_boundaries(spec.value)
-            return bounds is not None and len(hole_tables(self._pushdown()).crossing(bounds)[0]) <= MAX_CROSSING
+            if bounds is None:
+                return False
+            tables = hole_tables(self._pushdown())
+            crossing = tables.crossing(bounds)[0]
+            walked = len(crossing) - int(tables.simple_entries(bounds)[1][list(crossing)].sum())
+            return walked <= MAX_CROSSING
         return self._whitespace_pattern is None and _holes_apply(spec)
 
     def _pushdown(self) -> JsonPushdown:

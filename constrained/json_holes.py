@@ -156,6 +156,8 @@ class HoleTables:
         lens = np.asarray([len(table[i]) for i in pda.ids.tolist()], dtype=np.int64)
         self._pairs = (m[:, :-1], m[:, 1:], np.arange(max(m.shape[1] - 1, 0))[None, :] + 1 < lens[:, None])
         self._crossing: dict[Bounds, tuple[tuple[int, ...], frozenset[int]]] = {}
+        self._simple: dict[Bounds, tuple] = {}
+        self.table = table
         allowed = np.ones(pda.bitmask_words * 32, dtype=np.bool_)
         allowed[[e for e in pda.eos_token_ids if e < allowed.size]] = False
         self.not_eos = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32)
@@ -175,6 +177,42 @@ class HoleTables:
             ids = self.pda_ids[cross.any(axis=1)].tolist()
             cands = tuple(sorted(i for i in ids if i not in self.lead))
             hit = self._crossing[bounds] = (cands, frozenset(cands) | self.lead)
+        return hit
+
+    def simple_entries(self, bounds: Bounds) -> tuple[dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]],
+                                                       np.ndarray]:
+        """The crossing tokens under ``bounds`` (not JSON's) whose one boundary is a call's
+        start: a single adjacent pair in them, a (before, first) pair and not a (last,
+        after) one, and every byte after it one a token of its own can read. By the bytes
+        before the pair (the head): their ids, the bytes after it (a zero-padded matrix) and
+        their lengths. And which ids are such. Cached per bounds."""
+        hit = self._simple.get(bounds)
+        if hit is None:
+            before, first, last, after = bounds
+            readable = {b for b in range(256) if self.byte_token[b] >= 0 and b != _LEAD}
+            groups: dict[bytes, tuple[list[int], list[bytes]]] = {}
+            for tid in self.crossing(bounds)[0]:
+                b = self.table[tid]
+                pairs = [j for j in range(1, len(b)) if (b[j - 1] in before and b[j] in first)
+                         or (b[j - 1] in last and b[j] in after)]
+                if len(pairs) != 1 or (b[pairs[0] - 1] in last and b[pairs[0]] in after):
+                    continue
+                j = pairs[0]
+                if not readable.issuperset(b[j:]):
+                    continue
+                ids, rests = groups.setdefault(b[:j], ([], []))
+                ids.append(tid)
+                rests.append(b[j:])
+            simple = np.zeros(len(self.table), dtype=np.bool_)
+            out = {}
+            for head, (ids, rests) in groups.items():
+                lens = np.asarray([len(r) for r in rests], dtype=np.int64)
+                mat = np.zeros((len(rests), int(lens.max())), dtype=np.uint8)
+                for k, r in enumerate(rests):
+                    mat[k, :len(r)] = np.frombuffer(r, dtype=np.uint8)
+                out[head] = (np.asarray(ids, dtype=np.int64), mat, lens)
+                simple[ids] = True
+            hit = self._simple[bounds] = (out, simple)
         return hit
 
 
@@ -219,6 +257,8 @@ class Holes:
         self.candidates, self.walked = self.t.crossing(bounds)
         cands = np.asarray(self.candidates, dtype=np.int64)
         self._cands = (cands, np.asarray([self.pda.token_bytes[i][0] for i in self.candidates], dtype=np.int64))
+        # a grammar's calls (not JSON's holes): tokens that only start a call are decided in bulk
+        self._entries_only = self.t.simple_entries(bounds) if bounds != JSON_BOUNDS else ({}, None)
         ids = placeholder_token_ids(table_size)
         self._kind_ids, self._canary, self._entry, self._call_ids = ids[:3], ids[3], ids[4], ids[5:]
         # set by bind: the CompiledGrammar (its start state, final states and state rows) and
@@ -232,6 +272,9 @@ class Holes:
         self._rows: dict[tuple, np.ndarray] = {}  # (state, hole, top calls, more below) -> row
         self._needs: dict[tuple, tuple[int, ...]] = {}  # (state, hole) -> how many top calls its rows read
         self._steps: dict[tuple, frozenset[Config]] = {}  # walked tokens: (configs, token) -> configs after
+        self._byte_index: dict[int, int] = {}  # _bytes_from: state -> row of _byte_table
+        self._byte_raw: list[dict[int, int]] = []
+        self._byte_table: np.ndarray | None = None
         self._lock = threading.Lock()
 
     def bind(self, grammar: Any) -> None:
@@ -336,7 +379,8 @@ class Holes:
         return bool(w.out)
 
     def _emit(self, w: _Walk, c: Config) -> None:
-        c = self.settle(c)
+        if w.settle:
+            c = self.settle(c)
         w.out.add(c)
         if len(c[2]) < w.low:
             w.low = len(c[2])
@@ -506,6 +550,78 @@ class Holes:
             hit = memo[prefix] = not self._walk_low(c, prefix, w)
         return hit
 
+    def _scan_entries(self, row: np.ndarray, c: Config, groups: dict, need: np.ndarray, w: _Walk) -> None:
+        """Set the bits of the ``need``ed tokens that only start a call (``simple_entries``):
+        head + rest, the head read from ``c`` to a state that calls a definition (as the
+        head's bytes leave it mid-token: nothing returned from at their end), the rest read
+        from that definition's entry (or an entry it calls first) without a boundary, as the
+        index reads it byte by byte. Per head, one walk, then every token at once through a
+        byte table of the index (``_bytes_from``); what the walk of each token would find."""
+        words = row.view(np.uint32)
+        for head, (ids, rests, lens) in groups.items():
+            m = need[ids]
+            if not m.any():
+                continue
+            hw = _Walk(w.low, settle=False)
+            self._go(head, 0, *c, hw, ())
+            w.low = min(w.low, hw.low)
+            entries: set[int] = set()
+            for s2, hole, _ in hw.out:
+                if hole is None:
+                    todo = [r for r, _ in self.exits(s2)[1]]
+                    while todo:  # an entry that calls first: its callee's entry too, at the same byte
+                        e = self.entries[todo.pop()]
+                        if e not in entries:
+                            entries.add(e)
+                            todo.extend(r for r, _ in self.exits(e)[1])
+            if not entries:
+                continue
+            index, table = self._bytes_from(entries)
+            ids, rests, lens = ids[m], rests[m], lens[m]
+            ok = np.zeros(ids.size, dtype=np.bool_)
+            for e in entries:
+                cur = np.full(ids.size, index[e], dtype=np.int64)
+                for col in range(rests.shape[1]):
+                    live = (lens > col) & (cur >= 0)
+                    if not live.any():
+                        break
+                    cur[live] = table[cur[live], rests[live, col]]
+                ok |= cur >= 0
+            hit = ids[ok]
+            if hit.size:
+                np.bitwise_or.at(words, hit >> 5, np.left_shift(np.uint32(1), (hit & 31).astype(np.uint32)))
+
+    def _bytes_from(self, starts: set[int]) -> tuple[dict[int, int], np.ndarray]:
+        """The index one byte at a time, for every state reachable from ``starts`` through
+        one-byte tokens (not the placeholders' lead byte): (state -> row, table[row, byte] ->
+        row, -1 where the byte is refused). Grown as needed; cached."""
+        with self._lock:
+            index, raw = self._byte_index, self._byte_raw
+            todo = [s for s in starts if s not in index]
+            if not todo and self._byte_table is not None:
+                return index, self._byte_table
+            tokens = [(b, t) for b, t in enumerate(self.t.byte_token) if t >= 0 and b != _LEAD]
+            nxt = self.index.get_next_state
+            while todo:
+                st = todo.pop()
+                if st in index:
+                    continue
+                index[st] = len(raw)
+                out = {}
+                for b, t in tokens:
+                    s2 = nxt(st, t)
+                    if s2 is not None:
+                        out[b] = s2
+                        if s2 not in index:
+                            todo.append(s2)
+                raw.append(out)
+            table = np.full((len(raw), 256), -1, dtype=np.int64)
+            for k, out in enumerate(raw):
+                for b, s2 in out.items():
+                    table[k, b] = index[s2]
+            self._byte_table = table
+            return index, table
+
     def _boundary_ahead(self, data: bytes, i: int) -> bool:
         """Whether a hole or call could begin or end inside ``data[i + 1:]``."""
         before, after = self.entry_after, self.exit_at
@@ -523,6 +639,12 @@ class Holes:
         cands, cand_first = self._cands
         todo = cands[firsts[cand_first] & ~bits[cands]]
         w = _Walk(len(c[2]))
+        groups, simple = self._entries_only
+        if groups and todo.size:
+            need = np.zeros(bits.size, dtype=np.bool_)
+            need[todo] = True
+            todo = todo[~simple[todo]]
+            self._scan_entries(row, c, groups, need, w)
         dead: dict[bytes, bool] = {}  # a prefix the walk refuses: so it does every token with it
         for tid in todo.tolist():
             data = table[tid]
@@ -540,11 +662,12 @@ class _Walk:
     """What a walk found: the configurations after it, and the fewest open calls the stack
     went down to on the way (the entries below were never read)."""
 
-    __slots__ = ("out", "low")
+    __slots__ = ("out", "low", "settle")
 
-    def __init__(self, low: int) -> None:
+    def __init__(self, low: int, settle: bool = True) -> None:
         self.out: set[Config] = set()
         self.low = low
+        self.settle = settle  # False: the configurations where the bytes end, as they are mid-token
 
 
 _EMPTY: frozenset = frozenset()
