@@ -1,7 +1,7 @@
 """EBNF grammars (GBNF dialect: constrained/ebnf.py) on CPU, SmolLM2 vocab, treadle vs xgrammar
 in one run, per grammar (arithmetic, a right-recursive list, SQL SELECT, CSV, JSON-like, the
 JSON-like one with strings spelled as runs of a class, which xgrammar walks much faster, JSON
-with whitespace, and s-expressions):
+with whitespace, s-expressions and nested function calls):
 
 1. time to a usable grammar (compile + first mask), cold, three ways: treadle as it serves
    (nesting recursion as calls where it can, ebnf_calls.py; else unrolled), treadle with the
@@ -81,9 +81,9 @@ GRAMMARS["json_like_runs"] = GRAMMARS["json_like"].replace(
     r'''string ::= "\"" ([^"\\] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))* "\""''',
     r'''string ::= "\"" [^"\\]* ("\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) [^"\\]*)* "\""''')
 assert GRAMMARS["json_like_runs"] != GRAMMARS["json_like"]
-# JSON with whitespace anywhere between tokens (pretty-printed output), and s-expressions (a
-# call may begin after a space with a word: ~20k tokens could cross its boundary, so the
-# compiler unrolls this one)
+# JSON with whitespace anywhere between tokens (pretty-printed output), s-expressions and
+# nested function calls (a call may begin after a space with a word: ~21k tokens can cross
+# into one, decided in bulk, json_holes.py's simple_entries)
 GRAMMARS["json_ws"] = r'''
 root   ::= value
 value  ::= object | array | string | number | "true" | "false" | "null"
@@ -96,9 +96,14 @@ ws     ::= [ \t\n]*
 '''
 GRAMMARS["sexp"] = r'''
 root ::= sexp
-sexp ::= atom | "(" ws (sexp (ws sexp)*)? ws ")"
+sexp ::= atom | "(" ws? (sexp (ws sexp)*)? ws? ")"
 atom ::= [a-z+*/<>=-]+ | [0-9]+
-ws   ::= [ \n]*
+ws   ::= [ \n]+
+'''
+GRAMMARS["function_calls"] = r'''
+root ::= expr
+expr ::= name "(" (expr (", " expr)*)? ")" | [0-9]+ | "\"" [^"]* "\""
+name ::= [a-z_]+
 '''
 _GROCERIES = ["apples", "bread", "eggs", "milk", "rice", "olive oil", "red onions", "tea", "butter", "lemons",
               "green beans", "salt", "flour", "oats", "dark chocolate", "carrots", "honey", "garlic", "pasta", "leeks"]
@@ -140,6 +145,11 @@ DOCS["sexp"] = [
     "(define (square x) (* x x))",
     "(if (< n 2) 1 (* n (fact (- n 1))))",
     "(a (b (c (d (e f)))))",  # 5 levels
+]
+DOCS["function_calls"] = [
+    'send_email("ann", subject("hi"), body(greeting("Ann"), 3))',
+    'max(min(1, 2), abs(sub(3, mul(4, 5))))',
+    'a(b(c(d(e(1)))))',  # 5 levels
 ]
 def nesting(text: str) -> int:
     """Deepest bracket nesting (``( [ {``) outside double-quoted strings."""

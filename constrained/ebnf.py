@@ -31,8 +31,8 @@ jump-forward, the GPU sampler). The syntax:
   nothing is an error); a call to a rule that may be empty is optional at its site;
   ebnf_calls.py computes the bytes around calls, which bound the tokens a mask must walk;
 * where calls cannot run (left recursion through other rules, more than 16 called rules,
-  a literal in the placeholders' code points, or for the compiler, too many tokens able to
-  cross a call's boundary), or without ``calls``, it unrolls ``max_recursion_depth`` levels
+  a literal in the placeholders' code points, or for the compiler, too many tokens that
+  would cross a call's boundary other than by only starting it), or without ``calls``, it unrolls ``max_recursion_depth`` levels
   (default 3, like JSON schema ``$ref`` cycles under a whitespace pattern): a rule may be
   entered again at most that many times while it is already being expanded. Deeper nesting
   is not generated (the regex allows a subset of the grammar, never more); a grammar that

@@ -39,7 +39,9 @@ refuses any other mid-token boundary, so mask and acceptance always agree. Those
 the grammar's ``Bounds``: for an EBNF grammar, the bytes that can come before, begin, end
 and follow a called rule (ebnf_calls.py), a candidate holding a (before, first) or (last,
 after) pair. A mask row walks only candidates the row lacks whose first byte it allows,
-and skips those whose first two or three bytes the walk refuses; rows are cached by the
+and skips those whose first two or three bytes the walk refuses; candidates that only start
+a call (`` foo`` after ``(``: ``HoleTables.simple_entries``) are decided in bulk, their rests
+run at once through a byte table of the index (``_scan_entries``). Rows are cached by the
 open calls their walks read (``_row``), so deeper nesting reuses them.
 
 **More than one reading.** A prefix may be read two ways: under ``anyOf`` of a free-form
