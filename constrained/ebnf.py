@@ -32,12 +32,12 @@ jump-forward, the GPU sampler). The syntax:
   ebnf_calls.py computes the bytes around calls, which bound the tokens a mask must walk;
 * where calls cannot run (left recursion through other rules, more than 16 called rules,
   a literal in the placeholders' code points, or for the compiler, too many tokens that
-  would cross a call's boundary other than by only starting it), or without ``calls``, it unrolls ``max_recursion_depth`` levels
-  (default 3, like JSON schema ``$ref`` cycles under a whitespace pattern): a rule may be
-  entered again at most that many times while it is already being expanded. Deeper nesting
-  is not generated (the regex allows a subset of the grammar, never more); a grammar that
-  cannot finish within the limit is an error, as is one whose unrolled regex grows past
-  ``MAX_REGEX_CHARS``.
+  would cross a call's boundary other than by only starting it), or without ``calls``, it
+  unrolls ``max_recursion_depth`` levels (default 3, like JSON schema ``$ref`` cycles under
+  a whitespace pattern): a rule may be entered again at most that many times while it is
+  already being expanded. Deeper nesting is not generated (the regex allows a subset of the
+  grammar, never more); a grammar that cannot finish within the limit is an error, as is
+  one whose unrolled regex grows past ``MAX_REGEX_CHARS``.
 
 Every problem is an ``EbnfError`` (a ``ValueError``) naming the line and column or the rule.
 Importing this module does not import torch.
