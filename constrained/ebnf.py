@@ -612,12 +612,11 @@ def ebnf_to_regex(text: str, *, root: str = "root", max_recursion_depth: int = 3
     to any depth where the grammar allows (module docstring)."""
     if max_recursion_depth < 0:
         raise EbnfError("ebnf: max_recursion_depth must be >= 0")
-    grammar = parse_ebnf(text, root)
     if calls:
-        out = _with_calls(grammar, root)
-        if out is not None:
-            return out[0]
-    emitter = _Emitter(grammar, max_recursion_depth)
+        planned = _with_calls(text, root)
+        if planned is not None:
+            return planned[0]
+    emitter = _Emitter(parse_ebnf(text, root), max_recursion_depth)
     try:
         out = emitter.rule(root, {})
     except RecursionError:
@@ -635,10 +634,13 @@ def ebnf_to_regex(text: str, *, root: str = "root", max_recursion_depth: int = 3
     return out[0]
 
 
-def _with_calls(grammar: Grammar, root: str) -> tuple[str, tuple[frozenset[int], ...]] | None:
+@lru_cache(maxsize=256)
+def _with_calls(text: str, root: str) -> tuple[str, tuple[frozenset[int], ...]] | None:
     """(regex, boundary bytes of its calls: json_holes.Bounds) of a grammar whose nesting
-    recursion runs as calls; None when it has none or cannot (left recursion through other rules, more
-    than ``MAX_CALLS`` called rules, reserved code points): it unrolls then."""
+    recursion runs as calls; None when it has none or cannot (left recursion through other
+    rules, more than ``MAX_CALLS`` called rules, reserved code points): it unrolls then.
+    Cached: a compile asks for the regex and the bounds separately."""
+    grammar = parse_ebnf(text, root)
     try:
         emitter = _Emitter(grammar, 0, calls=True)
         if not emitter.calls:
@@ -658,11 +660,10 @@ def _with_calls(grammar: Grammar, root: str) -> tuple[str, tuple[frozenset[int],
     return out[0], emitter.analysis.boundaries(set(emitter.defs))
 
 
-@lru_cache(maxsize=256)
 def call_boundaries(text: str, root: str = "root") -> tuple[frozenset[int], ...] | None:
     """For a grammar whose ``ebnf_to_regex(calls=True)`` has calls: (the bytes that can come
     just before a call's text, its first bytes, its last bytes, the bytes that can come just
-    after it), for the matcher's walk (json_holes.Bounds). None when the regex has no calls. Raises ``EbnfError`` like
-    ``ebnf_to_regex``."""
-    out = _with_calls(parse_ebnf(text, root), root)
+    after it), for the matcher's walk (json_holes.Bounds). None when the regex has no calls.
+    Raises ``EbnfError`` like ``ebnf_to_regex``."""
+    out = _with_calls(text, root)
     return None if out is None else out[1]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from treadle.constrained.ebnf import Alt, Cls, Lit, Node, Ref, Rep, Seq
 
-__all__ = ["Analysis", "analyse"]
+__all__ = ["Analysis"]
 
 _LEADS = frozenset(range(0xC2, 0xF5))  # UTF-8 lead bytes
 _CONTS = frozenset(range(0x80, 0xC0))  # UTF-8 continuation bytes
@@ -205,7 +205,3 @@ class Analysis:
             for acc, part in zip(out, (self.before[n], self.first[n], self.last[n], self.after[n])):
                 acc |= part
         return tuple(frozenset(x) for x in out)
-
-
-def analyse(rules: dict[str, Node]) -> Analysis:
-    return Analysis(rules)

@@ -150,6 +150,8 @@ class HoleTables:
             self.token_of.setdefault(b, i)
             if len(b) == 1 and self.byte_token[b[0]] < 0:
                 self.byte_token[b[0]] = i
+        # (byte, its token) for the bytes the regex side reads one at a time (_go, _bytes_from)
+        self.byte_steps = tuple((b, t) for b, t in enumerate(self.byte_token) if t >= 0 and b != _LEAD)
         bt = np.asarray(self.byte_token, dtype=np.int64)
         self.no_byte_token = bt < 0  # a byte with no token of its own: not a filter
         self.byte_token_index = np.where(bt < 0, 0, bt)
@@ -191,7 +193,7 @@ class HoleTables:
         hit = self._simple.get(bounds)
         if hit is None:
             before, first, last, after = bounds
-            readable = {b for b in range(256) if self.byte_token[b] >= 0 and b != _LEAD}
+            readable = {b for b, _ in self.byte_steps}
             groups: dict[bytes, tuple[list[int], list[bytes]]] = {}
             for tid in self.crossing(bounds)[0]:
                 b = self.table[tid]
@@ -602,7 +604,7 @@ class Holes:
             todo = [s for s in starts if s not in index]
             if not todo and self._byte_table is not None:
                 return index, self._byte_table
-            tokens = [(b, t) for b, t in enumerate(self.t.byte_token) if t >= 0 and b != _LEAD]
+            tokens = self.t.byte_steps
             nxt = self.index.get_next_state
             while todo:
                 st = todo.pop()
