@@ -45,13 +45,18 @@ class ControlSender:
         data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
         for rank, s in enumerate(self.socks, start=1):
             deadline = time.monotonic() + self.timeout_s
-            while not s.poll(500, zmq.POLLOUT):
+            while True:
+                try:  # never a blocking send: the follower may vanish between a poll and a send
+                    s.send(data, zmq.NOBLOCK, copy=False)
+                    break
+                except zmq.Again:
+                    pass
                 if check is not None:
                     check()
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"tensor-parallel rank {rank} took no control message for "
                                        f"{self.timeout_s:g}s (dist_timeout_s)")
-            s.send(data, copy=False)
+                s.poll(500, zmq.POLLOUT)
 
     def close(self, flush_s: float = 0.0) -> None:
         """Close the sockets, first giving queued messages (the stop) up to `flush_s` to leave."""
