@@ -24,12 +24,18 @@ jump-forward, the GPU sampler). The syntax:
   (``list ::= item "," list | item``, ``sum ::= sum "+" num | num``), that recursion is a
   loop: ``r ::= p r | r s | b`` becomes ``p* b s*``, with no depth limit;
 * what recursion is left (nesting such as ``"(" expr ")"``, rules that call each other)
-  becomes **calls** (``calls=True``, as the compiler asks): a reference to a rule inside its
-  own expansion is a call placeholder, and the rule's text is appended once as a definition
-  (json_holes.py's ``with_definitions``), which the matcher runs as a stack of calls, so it
-  nests to any depth. A rule with no finite text matches nothing (a grammar left with
-  nothing is an error); a call to a rule that may be empty is optional at its site;
-  ebnf_calls.py computes the bytes around calls, which bound the tokens a mask must walk;
+  becomes **calls** (``calls=True``, as the compiler asks): a call target entered again
+  inside its own expansion is a call placeholder, and its text is appended once as a
+  definition (json_holes.py's ``with_definitions``), which the matcher runs as a stack of
+  calls, so it nests to any depth. The targets: a recursive rule whose alternatives do not
+  all nest has those that do split off (``factor ::= [0-9]+ | "(" expr ")"`` calls only
+  ``"(" expr ")"``); then, per group of rules that reach each other, up to three that break
+  every cycle, chosen so that the fewest byte pairs can cross a call's boundary (the other
+  rules expand in place). A token that crosses mid-token costs a walk per mask row, so a
+  call that starts and ends at brackets, not at letters, keeps masks fast. A rule with no
+  finite text matches nothing (a grammar left with nothing is an error); a call to a rule
+  that may be empty is optional at its site; ebnf_calls.py computes the bytes around
+  calls, which bound the tokens a mask must walk;
 * where calls cannot run (left recursion through other rules, more than 16 called rules,
   a literal in the placeholders' code points, or for the compiler, too many tokens that
   would cross a call's boundary other than by only starting it), or without ``calls``, it
@@ -458,9 +464,55 @@ class _NoCalls(Exception):
     """The grammar cannot run its recursion as calls: it unrolls instead."""
 
 
+def _split_recursive(rules: dict[str, Node]) -> dict[str, Node]:
+    """With calls: a recursive rule whose alternatives do not all recurse keeps those that
+    do in a rule of its own, ``n#rec`` (``sexp ::= atom | "(" sexp* ")"`` becomes
+    ``sexp ::= atom | sexp#rec``, ``sexp#rec ::= "(" sexp* ")"``), so that a call can be
+    placed on the part that nests only, whose first and last bytes are few (``(`` and ``)``)."""
+    graph = {n: {r.name for r in _refs(b)} for n, b in rules.items()}
+    scc = _sccs(graph)
+    out = dict(rules)
+    for name, body in rules.items():
+        comp = scc[name]
+        if not isinstance(body, Alt) or (len(comp) == 1 and name not in graph[name]):
+            continue
+        nests = [any(r.name in comp for r in _refs(x)) for x in body.items]
+        if all(nests) or not any(nests):
+            continue
+        rec = tuple(x for x, n in zip(body.items, nests) if n)
+        out[f"{name}#rec"] = rec[0] if len(rec) == 1 else Alt(rec)
+        out[name] = Alt(tuple(x for x, n in zip(body.items, nests) if not n) + (Ref(f"{name}#rec", 0, 0),))
+    return out
+
+
+def _acyclic(graph: dict[str, set[str]], names: set[str]) -> bool:
+    """Whether ``graph`` restricted to ``names`` has no cycle (a rule referring to itself is one)."""
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+    for start in names:
+        if start in state:
+            continue
+        state[start] = 1
+        work = [(start, iter(graph[start] & names))]
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if state.get(w) == 1:
+                    return False
+                if w not in state:
+                    state[w] = 1
+                    work.append((w, iter(graph[w] & names)))
+                    break
+            else:
+                state[v] = 2
+                work.pop()
+    return True
+
+
 class _Emitter:
     def __init__(self, grammar: Grammar, max_depth: int, calls: bool = False) -> None:
         self.rules = {n: (_as_loop(n, b) or b) for n, b in grammar.rules.items()}
+        if calls:
+            self.rules = _split_recursive(self.rules)
         self.max_depth = max_depth
         graph = {n: {r.name for r in _refs(b)} for n, b in self.rules.items()}
         self.scc = _sccs(graph)
@@ -475,6 +527,30 @@ class _Emitter:
             self.analysis = Analysis(self.rules)
             if self.analysis.left_recursive(self.unrolled) or _names_reserved(self.rules):
                 raise _NoCalls
+            self.targets = self._call_targets(graph)
+
+    def _call_targets(self, graph: dict[str, set[str]]) -> set[str]:
+        """The recursive rules that become calls when entered again; the others are expanded
+        in place (every cycle passes a target, so that ends). Per component, of the sets of up
+        to 3 rules that break every cycle, the one whose boundaries let the fewest byte pairs
+        cross (before x first, last x after: the tokens a mask walks, json_holes.py); else
+        the whole component."""
+        from itertools import combinations
+
+        order = {n: i for i, n in enumerate(self.rules)}
+        out: set[str] = set()
+        for comp in {self.scc[n] for n in self.unrolled}:
+            names = sorted(comp, key=order.__getitem__)
+            best: tuple[tuple[int, int], tuple[str, ...]] | None = None
+            for k in range(1, min(3 if len(names) <= 24 else 2, len(names)) + 1):
+                for cut in combinations(names, k):
+                    if _acyclic(graph, comp - set(cut)):
+                        b, f, la, a = self.analysis.boundaries(set(cut))
+                        cost = (len(b) * len(f) + len(la) * len(a), k)
+                        if best is None or cost < best[0]:
+                            best = (cost, cut)
+            out |= set(best[1]) if best is not None else comp
+        return out
 
     def call(self, name: str, active: dict[str, int]) -> _Frag | None:
         """A reference to a recursive rule, with calls: a call where the rule is being
@@ -509,9 +585,18 @@ class _Emitter:
             texts.append(self.rule(name, {})[0])  # type: ignore[index]  # productive: not None
         return with_definitions(out[0], texts), ALTERNATION
 
+    def inline(self, name: str, active: dict[str, int]) -> _Frag | None:
+        """A recursive rule that is not a call target, with calls: its body in place."""
+        if name not in self.analysis.productive:
+            return None
+        key = (name, frozenset(r for r in self.scc[name] if active.get(r)))
+        if key not in self.memo:
+            self.memo[key] = self.node(self.rules[name], active)
+        return self.memo[key]
+
     def rule(self, name: str, active: dict[str, int]) -> _Frag | None:
         if self.calls and name in self.unrolled:
-            return self.call(name, active)
+            return self.call(name, active) if name in self.targets else self.inline(name, active)
         comp = self.scc[name] if name in self.unrolled else frozenset()
         key = (name, tuple(sorted((r, active[r]) for r in comp if active.get(r))))
         if key in self.memo:

@@ -468,9 +468,13 @@ CALLED = {**{k: v[0] for k, v in NESTED.items()}, "json_like": JSON_LIKE, "json_
           "tail": 'root ::= a\na ::= "x" b | "y"\nb ::= "z" a',
           # a class beside a call at one state: the class must not hide the call
           "balanced": 'root ::= "(" ([^()] | root)* ")"',
-          # a call may start after a space with a word: ~21k tokens (' word') cross into one
+          # the call is the alternative that nests, '(' ... ')', not sexp (whose atoms would
+          # let ~21k tokens such as ' word' cross into it)
           "sexp": ('root ::= sexp\nsexp ::= atom | "(" ws? (sexp (ws sexp)*)? ws? ")"\n'
-                   'atom ::= [a-z+*/<>=-]+ | [0-9]+\nws ::= [ \\n]+')}
+                   'atom ::= [a-z+*/<>=-]+ | [0-9]+\nws ::= [ \\n]+'),
+          # items side by side with no separator ('(ab)' is also '(a b)'): 34 tokens cross a
+          # call to the list alternative, ~45k would cross calls to sexp
+          "sexp_juxt": 'root ::= sexp\nsexp ::= atom | "(" sexp* ")"\natom ::= [a-z]+'}
 
 
 BRACKETS = ("()", "[]", "{}", "<>")
@@ -481,6 +485,7 @@ DEEP = {  # six levels and more: past what the unrolled regex allows
     "json_ws": '{ "a" : ' * 6 + '[1, "x y"]' + " }" * 6, "tail": "xz" * 20 + "y",
     "balanced": "(a(b c(" + "(" * 5 + "d" + ")" * 5 + "))e)",
     "sexp": "(a (b (c (d (e (f g 1))))) (+ 2 3))",
+    "sexp_juxt": "(ab(c(d(e(f(gh)i))))(j))",
 }
 
 
@@ -590,10 +595,13 @@ def test_calls_fall_back_to_unrolling_where_they_cannot_run(compiler):
     assert ebnf_to_regex(left, calls=True) == ebnf_to_regex(left)
     # no recursion, or only loops: nothing to call
     assert call_boundaries(EXACT["right_list"]) is None
-    # the boundary bytes of arithmetic: after '(' into expr, and out of it before ')'
+    # the boundary bytes of arithmetic: the call is the alternative of factor that nests,
+    # '(' expr ')', entered after an operator or '(' and left before one or ')'
     before, first, last, after = call_boundaries(NESTED["arith"][0])
-    assert before == {ord("(")} and after == {ord(")")}
-    assert set(b"(0123456789") <= first and set(b")0123456789") <= last
+    assert first == {ord("(")} and last == {ord(")")}
+    assert before == set(b"(+-*/") and after == set(b")+-*/")
+    # where a whole rule nests, it is the call: a digit may start and end it
+    assert call_boundaries('root ::= "[" e "]"\ne ::= [0-9] ("," e)* | "(" e ")"')[1] == set(b"(0123456789")
     # a grammar naming the reserved code points of the placeholders never has calls; the
     # compiler refuses it, as before
     reserved = 'root ::= "(" root ")" | "\\U0010FFE0"'
@@ -602,6 +610,13 @@ def test_calls_fall_back_to_unrolling_where_they_cannot_run(compiler):
         ebnf_to_regex('root ::= "(" root ")"', calls=True)
     with pytest.raises(ValueError, match="reserved"):
         compiler.compile(GrammarSpec("ebnf", reserved))
+    # letters nested in letters: every token of two letters could cross a call, more than
+    # MAX_CROSSING to walk per mask row, so the compiler unrolls this one
+    letters = 'root ::= w\nw ::= [a-z] w? [a-z]'
+    assert call_boundaries(letters) is not None
+    cg = compiler.compile(GrammarSpec("ebnf", letters))
+    assert cg.holes is None and cg.regex == ebnf_to_regex(letters)
+    assert compiler.compile(GrammarSpec("ebnf", CALLED["sexp_juxt"])).holes is not None
 
 
 CALL_PREFIXES = {
@@ -610,6 +625,7 @@ CALL_PREFIXES = {
     "json_ws": ['', '{"a": [1, {"b', '{"a": [1, {"b": [[', '[[[[ 1', '{"a": {"b": {"c": "x y"}, ', '[1 ,[2], [[]'],
     "balanced": ["(x(", "(a (b (c", "(((x)))"],
     "sexp": ["(", "(a (b (c "],
+    "sexp_juxt": ["(", "(ab(c(", "((((x)"],
 }
 
 
@@ -676,6 +692,7 @@ def test_deep_documents_in_the_models_own_tokens(compiler, smollm2_tokenizer):
         "tail": "xz" * 200 + "y",
         "balanced": "(print (map (lambda (x) (* x x)) (list 1 2 3)))",
         "sexp": "(define (fact n)\n  (if (< n 2) 1 (* n (fact (- n (abs (min 1 (max 0 n))))))))",
+        "sexp_juxt": "(print(map(lambda(x)(mul(x)(x)))(list(a(b(c(d(e)))))(two))))",
     }
     for name, doc in docs.items():
         assert recognizes(parse_ebnf(CALLED[name]), doc), name
