@@ -1,7 +1,7 @@
 """EBNF grammars (GBNF dialect: constrained/ebnf.py) on CPU, SmolLM2 vocab, treadle vs xgrammar
 in one run, per grammar (arithmetic, a right-recursive list, SQL SELECT, CSV, JSON-like, the
 JSON-like one with strings spelled as runs of a class, which xgrammar walks much faster, JSON
-with whitespace, s-expressions and nested function calls):
+with whitespace, s-expressions with items apart and side by side, nested function calls):
 
 1. time to a usable grammar (compile + first mask), cold, three ways: treadle as it serves
    (nesting recursion as calls where it can, ebnf_calls.py; else unrolled), treadle with the
@@ -13,7 +13,7 @@ with whitespace, s-expressions and nested function calls):
    writes them, plus EOS: treadle's first walk (mask rows built lazily) and warm walks over
    the documents it accepts, xgrammar warm;
 3. the documents each accepts, and the text up to the token treadle refuses: each nesting
-   grammar has one document 5 levels deep, past what the unrolled regex allows; and, along
+   grammar has one document 5-6 levels deep, past what the unrolled regex allows; and, along
    the documents both accept, the steps where the two token masks differ (special tokens
    such as ``<|im_start|>`` counted apart).
 
@@ -81,9 +81,9 @@ GRAMMARS["json_like_runs"] = GRAMMARS["json_like"].replace(
     r'''string ::= "\"" ([^"\\] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))* "\""''',
     r'''string ::= "\"" [^"\\]* ("\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) [^"\\]*)* "\""''')
 assert GRAMMARS["json_like_runs"] != GRAMMARS["json_like"]
-# JSON with whitespace anywhere between tokens (pretty-printed output), s-expressions and
-# nested function calls (a call may begin after a space with a word: ~21k tokens can cross
-# into one, decided in bulk, json_holes.py's simple_entries)
+# JSON with whitespace anywhere between tokens (pretty-printed output), s-expressions with
+# items apart and side by side, and nested function calls (a call may begin after a space
+# with a word: ~21k tokens can cross into one, decided in bulk, json_holes.py's simple_entries)
 GRAMMARS["json_ws"] = r'''
 root   ::= value
 value  ::= object | array | string | number | "true" | "false" | "null"
@@ -99,6 +99,11 @@ root ::= sexp
 sexp ::= atom | "(" ws? (sexp (ws sexp)*)? ws? ")"
 atom ::= [a-z+*/<>=-]+ | [0-9]+
 ws   ::= [ \n]+
+'''
+GRAMMARS["sexp_juxt"] = r'''
+root ::= sexp
+sexp ::= atom | "(" sexp* ")"
+atom ::= [a-z]+
 '''
 GRAMMARS["function_calls"] = r'''
 root ::= expr
@@ -145,6 +150,11 @@ DOCS["sexp"] = [
     "(define (square x) (* x x))",
     "(if (< n 2) 1 (* n (fact (- n 1))))",
     "(a (b (c (d (e f)))))",  # 5 levels
+]
+DOCS["sexp_juxt"] = [
+    "(define(square(x))(mul(x)(x)))",
+    "(if(lt(n)(two))(one)(mul(n)(fact(sub(n)(one)))))",
+    "(a(b(c(d(e(f))))))",  # 6 levels
 ]
 DOCS["function_calls"] = [
     'send_email("ann", subject("hi"), body(greeting("Ann"), 3))',
