@@ -465,24 +465,51 @@ class _NoCalls(Exception):
 
 
 def _split_recursive(rules: dict[str, Node]) -> dict[str, Node]:
-    """With calls: a recursive rule whose alternatives do not all recurse keeps those that
-    do in a rule of its own, ``n#rec`` (``sexp ::= atom | "(" sexp* ")"`` becomes
-    ``sexp ::= atom | sexp#rec``, ``sexp#rec ::= "(" sexp* ")"``), so that a call can be
-    placed on the part that nests only, whose first and last bytes are few (``(`` and ``)``)."""
+    """With calls, rules of their own for the parts of recursive rules that nest, so that a
+    call can be placed there, where the first and last bytes are few:
+
+    * a rule whose alternatives do not all nest keeps those that do in ``n#rec``
+      (``sexp ::= atom | "(" sexp* ")"`` becomes ``sexp ::= atom | sexp#rec``);
+    * in an alternative that nests, the stretch from the literal before the nesting to the
+      literal after it becomes ``n#inK`` (``expr ::= name "(" args ")"``, ``args`` reaching
+      ``expr``, becomes ``expr ::= name expr#in0``, ``expr#in0 ::= "(" args ")"``)."""
     graph = {n: {r.name for r in _refs(b)} for n, b in rules.items()}
     scc = _sccs(graph)
     out = dict(rules)
     for name, body in rules.items():
         comp = scc[name]
-        if not isinstance(body, Alt) or (len(comp) == 1 and name not in graph[name]):
+        if len(comp) == 1 and name not in graph[name]:
             continue
-        nests = [any(r.name in comp for r in _refs(x)) for x in body.items]
-        if all(nests) or not any(nests):
-            continue
-        rec = tuple(x for x, n in zip(body.items, nests) if n)
-        out[f"{name}#rec"] = rec[0] if len(rec) == 1 else Alt(rec)
-        out[name] = Alt(tuple(x for x, n in zip(body.items, nests) if not n) + (Ref(f"{name}#rec", 0, 0),))
+        alts = body.items if isinstance(body, Alt) else (body,)
+        nests = [any(r.name in comp for r in _refs(x)) for x in alts]
+        alts = tuple(_bracketed(x, comp, name, out) if n else x for x, n in zip(alts, nests))
+        if isinstance(body, Alt) and any(nests) and not all(nests):
+            rec = tuple(x for x, n in zip(alts, nests) if n)
+            out[f"{name}#rec"] = rec[0] if len(rec) == 1 else Alt(rec)
+            out[name] = Alt(tuple(x for x, n in zip(alts, nests) if not n) + (Ref(f"{name}#rec", 0, 0),))
+        elif isinstance(body, Alt):
+            out[name] = Alt(alts)
+        else:
+            out[name] = alts[0]
     return out
+
+
+def _bracketed(alt: Node, comp: frozenset[str], name: str, out: dict[str, Node]) -> Node:
+    """``alt`` with the stretch of its items from the last literal before the first item that
+    nests to the first literal after the last one as a rule of its own (added to ``out``),
+    when that stretch is not the whole of ``alt``."""
+    if not isinstance(alt, Seq):
+        return alt
+    items = alt.items
+    nest = [i for i, x in enumerate(items) if any(r.name in comp for r in _refs(x))]
+    lit = [i for i, x in enumerate(items) if isinstance(x, Lit) and x.text]
+    a = max((i for i in lit if i < nest[0]), default=None)
+    b = min((i for i in lit if i > nest[-1]), default=None)
+    if a is None or b is None or (a, b) == (0, len(items) - 1):
+        return alt
+    inner = f"{name}#in{sum(n.startswith(name + '#in') for n in out)}"
+    out[inner] = Seq(items[a:b + 1])
+    return Seq(items[:a] + (Ref(inner, 0, 0),) + items[b + 1:])
 
 
 def _acyclic(graph: dict[str, set[str]], names: set[str]) -> bool:

@@ -474,7 +474,12 @@ CALLED = {**{k: v[0] for k, v in NESTED.items()}, "json_like": JSON_LIKE, "json_
                    'atom ::= [a-z+*/<>=-]+ | [0-9]+\nws ::= [ \\n]+'),
           # items side by side with no separator ('(ab)' is also '(a b)'): 34 tokens cross a
           # call to the list alternative, ~45k would cross calls to sexp
-          "sexp_juxt": 'root ::= sexp\nsexp ::= atom | "(" sexp* ")"\natom ::= [a-z]+'}
+          "sexp_juxt": 'root ::= sexp\nsexp ::= atom | "(" sexp* ")"\natom ::= [a-z]+',
+          # the call is '(' args ')' of one alternative, not the call expression that
+          # begins with a name (~21.6k tokens such as ' foo' would cross into that)
+          "fn": 'root ::= expr\nexpr ::= name "(" (expr (", " expr)*)? ")" | [0-9]+\nname ::= [a-z_]+',
+          # the call is '>' content '</' (tags are literals inside elem's one alternative)
+          "xml": 'root ::= elem\nelem ::= "<" name ">" (elem | [^<>]+)* "</" name ">"\nname ::= [a-z]+'}
 
 
 BRACKETS = ("()", "[]", "{}", "<>")
@@ -486,6 +491,8 @@ DEEP = {  # six levels and more: past what the unrolled regex allows
     "balanced": "(a(b c(" + "(" * 5 + "d" + ")" * 5 + "))e)",
     "sexp": "(a (b (c (d (e (f g 1))))) (+ 2 3))",
     "sexp_juxt": "(ab(c(d(e(f(gh)i))))(j))",
+    "fn": "f(g(1, h(i(j(k(2), 3)))), m(4))",
+    "xml": "<a><b>x<c><d><e><f>y</f>z</e></d></c></b><g>w</g></a>",
 }
 
 
@@ -508,7 +515,8 @@ def test_calls_are_the_grammar_at_any_depth(name):
     rng = random.Random(name)
     alphabet = "".join(sorted(set("".join(derive(g, rng) for _ in range(30))))) + " "
     deep = DEEP[name]
-    assert recognizes(g, deep) and (name == "tail" or max(nesting(deep, o, c) for o, c in BRACKETS) >= 6)
+    assert recognizes(g, deep) and (name == "tail" or max(nesting(deep, o, c) for o, c in BRACKETS) >= 6
+                                    or deep.count("><") >= 5)
     checked_out = 0
     for s in [deep, *(derive(g, rng, budget=9) for _ in range(25))]:
         for t in [s, *mutations(s, rng, alphabet, 3)]:
@@ -600,6 +608,10 @@ def test_calls_fall_back_to_unrolling_where_they_cannot_run(compiler):
     before, first, last, after = call_boundaries(NESTED["arith"][0])
     assert first == {ord("(")} and last == {ord(")")}
     assert before == set(b"(+-*/") and after == set(b")+-*/")
+    # the stretch of an alternative between the literals around its nesting: '(' args ')'
+    # of a call expression, '>' content '</' of an element
+    assert call_boundaries(CALLED["fn"])[1:3] == ({ord("(")}, {ord(")")})
+    assert call_boundaries(CALLED["xml"])[1:3] == ({ord(">")}, {ord("/")})
     # where a whole rule nests, it is the call: a digit may start and end it
     assert call_boundaries('root ::= "[" e "]"\ne ::= [0-9] ("," e)* | "(" e ")"')[1] == set(b"(0123456789")
     # a grammar naming the reserved code points of the placeholders never has calls; the
@@ -626,6 +638,8 @@ CALL_PREFIXES = {
     "balanced": ["(x(", "(a (b (c", "(((x)))"],
     "sexp": ["(", "(a (b (c "],
     "sexp_juxt": ["(", "(ab(c(", "((((x)"],
+    "fn": ["f(", "f(g(h(1, ", "f(g(h(1))"],
+    "xml": ["<a>", "<a><b>x<c>", "<a><b>x</b>", "<a><b>x</"],
 }
 
 
@@ -693,6 +707,8 @@ def test_deep_documents_in_the_models_own_tokens(compiler, smollm2_tokenizer):
         "balanced": "(print (map (lambda (x) (* x x)) (list 1 2 3)))",
         "sexp": "(define (fact n)\n  (if (< n 2) 1 (* n (fact (- n (abs (min 1 (max 0 n))))))))",
         "sexp_juxt": "(print(map(lambda(x)(mul(x)(x)))(list(a(b(c(d(e)))))(two))))",
+        "fn": "send_email(to(7), subject(greeting(first_name(8), last(name(x(1))))), 42)",
+        "xml": "<html><body><div><ul><li><b>one</b> item</li></ul></div><p>text</p></body></html>",
     }
     for name, doc in docs.items():
         assert recognizes(parse_ebnf(CALLED[name]), doc), name
