@@ -29,7 +29,9 @@ jump-forward, the GPU sampler). The syntax:
   definition (json_holes.py's ``with_definitions``), which the matcher runs as a stack of
   calls, so it nests to any depth. The targets: a recursive rule whose alternatives do not
   all nest has those that do split off (``factor ::= [0-9]+ | "(" expr ")"`` calls only
-  ``"(" expr ")"``); then, per group of rules that reach each other, up to three that break
+  ``"(" expr ")"``), and in an alternative that nests, the stretch between the literals
+  around the nesting is a rule of its own (``name "(" args ")"`` may call ``"(" args
+  ")"``); then, per group of rules that reach each other, up to three that break
   every cycle, chosen so that the fewest byte pairs can cross a call's boundary (the other
   rules expand in place). A token that crosses mid-token costs a walk per mask row, so a
   call that starts and ends at brackets, not at letters, keeps masks fast. A rule with no
