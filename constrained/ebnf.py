@@ -412,6 +412,13 @@ def _sccs(graph: dict[str, set[str]]) -> dict[str, frozenset[str]]:
     return out
 
 
+def _recursion(graph: dict[str, set[str]]) -> tuple[dict[str, frozenset[str]], set[str]]:
+    """Each rule's strongly connected component, and the recursive rules: those in a
+    component of several, or referring to themselves."""
+    scc = _sccs(graph)
+    return scc, {n for n in graph if len(scc[n]) > 1 or n in graph[n]}
+
+
 def _as_loop(name: str, body: Node) -> Node | None:
     """``body`` of rule ``name`` with the recursion at the very start or end of its
     alternatives turned into loops: ``r ::= p r | r s | b`` becomes ``p* b s*``. Other
@@ -475,13 +482,12 @@ def _split_recursive(rules: dict[str, Node]) -> dict[str, Node]:
     * in an alternative that nests, the stretch from the literal before the nesting to the
       literal after it becomes ``n#inK`` (``expr ::= name "(" args ")"``, ``args`` reaching
       ``expr``, becomes ``expr ::= name expr#in0``, ``expr#in0 ::= "(" args ")"``)."""
-    graph = {n: {r.name for r in _refs(b)} for n, b in rules.items()}
-    scc = _sccs(graph)
+    scc, recursive = _recursion({n: {r.name for r in _refs(b)} for n, b in rules.items()})
     out = dict(rules)
     for name, body in rules.items():
-        comp = scc[name]
-        if len(comp) == 1 and name not in graph[name]:
+        if name not in recursive:
             continue
+        comp = scc[name]
         alts = body.items if isinstance(body, Alt) else (body,)
         nests = [any(r.name in comp for r in _refs(x)) for x in alts]
         alts = tuple(_bracketed(x, comp, name, out) if n else x for x, n in zip(alts, nests))
@@ -514,29 +520,6 @@ def _bracketed(alt: Node, comp: frozenset[str], name: str, out: dict[str, Node])
     return Seq(items[:a] + (Ref(inner, 0, 0),) + items[b + 1:])
 
 
-def _acyclic(graph: dict[str, set[str]], names: set[str]) -> bool:
-    """Whether ``graph`` restricted to ``names`` has no cycle (a rule referring to itself is one)."""
-    state: dict[str, int] = {}  # 1 on the path, 2 done
-    for start in names:
-        if start in state:
-            continue
-        state[start] = 1
-        work = [(start, iter(graph[start] & names))]
-        while work:
-            v, it = work[-1]
-            for w in it:
-                if state.get(w) == 1:
-                    return False
-                if w not in state:
-                    state[w] = 1
-                    work.append((w, iter(graph[w] & names)))
-                    break
-            else:
-                state[v] = 2
-                work.pop()
-    return True
-
-
 class _Emitter:
     def __init__(self, grammar: Grammar, max_depth: int, calls: bool = False) -> None:
         self.rules = {n: (_as_loop(n, b) or b) for n, b in grammar.rules.items()}
@@ -544,9 +527,8 @@ class _Emitter:
             self.rules = _split_recursive(self.rules)
         self.max_depth = max_depth
         graph = {n: {r.name for r in _refs(b)} for n, b in self.rules.items()}
-        self.scc = _sccs(graph)
         # rules still recursive after the loop rewrite: they unroll, or with calls, are called
-        self.unrolled = {n for n in self.rules if len(self.scc[n]) > 1 or n in graph[n]}
+        self.scc, self.unrolled = _recursion(graph)
         self.memo: dict[tuple, _Frag | None] = {}
         self.calls = calls and bool(self.unrolled)
         self.defs: dict[str, int] = {}  # called rule -> its definition's index (CALL_CHARS)
@@ -573,7 +555,8 @@ class _Emitter:
             best: tuple[tuple[int, int], tuple[str, ...]] | None = None
             for k in range(1, min(3 if len(names) <= 24 else 2, len(names)) + 1):
                 for cut in combinations(names, k):
-                    if _acyclic(graph, comp - set(cut)):
+                    rest = comp - set(cut)
+                    if not _recursion({n: graph[n] & rest for n in rest})[1]:  # no cycle left
                         b, f, la, a = self.analysis.boundaries(set(cut))
                         cost = (len(b) * len(f) + len(la) * len(a), k)
                         if best is None or cost < best[0]:
