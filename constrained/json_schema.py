@@ -63,6 +63,7 @@ from treadle.constrained.regex_text import choices_to_regex, escape_literal, val
 __all__ = [
     "UnsupportedSchemaError",
     "json_schema_to_regex",
+    "rebase_refs",
     "choices_to_regex",
     "escape_literal",
     "validate_regex",
@@ -136,6 +137,43 @@ def json_schema_to_regex(
         return with_definitions(root, conv.definitions)
     except RecursionError as exc:
         raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
+
+
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # their values are data, not schemas
+# keywords whose value maps names to schemas (a property may be called "const" or "$ref")
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def rebase_refs(schema: Any, pointer: str) -> Any:
+    """``schema`` with its local ``$ref``s (``#`` and ``#/...``) rewritten to point under
+    ``pointer`` (a JSON pointer such as ``/$defs/tool_0``), for embedding it there in a larger
+    schema: a tool's ``{"$ref": "#/$defs/Address"}`` becomes ``#/$defs/tool_0/$defs/Address``.
+    Data (``const``, ``enum``, ``default``, ``examples``), anchors (``#name``) and anything
+    under an ``$id`` (a resource of its own, where ``#`` means that resource) are kept as they
+    are. Returns a new object; ``schema`` is not changed."""
+    if pointer and not pointer.startswith("/"):
+        raise ValueError(f"rebase_refs: pointer must be empty or start with '/', got {pointer!r}")
+
+    def walk(node: Any, top: bool) -> Any:
+        if isinstance(node, list):
+            return [walk(v, False) for v in node]
+        if not isinstance(node, dict) or (not top and "$id" in node):
+            return node
+        out = {}
+        for k, v in node.items():
+            if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):
+                out[k] = "#" + pointer + v[1:]
+            elif k in _DATA_KEYWORDS:
+                out[k] = v
+            elif k in _SCHEMA_MAPS and isinstance(v, dict):
+                out[k] = {name: walk(sub, False) for name, sub in v.items()}
+            else:
+                out[k] = walk(v, False)
+        return out
+
+    if isinstance(schema, dict) and "$id" in schema:
+        return schema
+    return walk(schema, True)
 
 
 def _scalar_key(value: Any) -> tuple | None:

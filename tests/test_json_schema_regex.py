@@ -859,3 +859,32 @@ def test_openai_json_object_grammar() -> None:
         assert re.fullmatch(rx, ok), ok
     for bad in ('[1]', '"x"', '{"a":{"b":{"c":{}}}}', '{"a":1,}'):
         assert not re.fullmatch(rx, bad), bad
+
+def test_rebase_refs_points_local_refs_under_the_embedding() -> None:
+    from treadle.constrained.json_schema import rebase_refs
+    schema = {"type": "object",
+              "properties": {"a": {"$ref": "#/$defs/A"}, "self": {"$ref": "#"}, "anchor": {"$ref": "#here"},
+                             "const": {"$ref": "#/$defs/A"},  # a property named like a data keyword
+                             "remote": {"$ref": "other.json#/x"}},
+              "$defs": {"A": {"type": "array", "items": {"$ref": "#/$defs/A"}, "default": {"$ref": "#/data"},
+                              "examples": [{"$ref": "#/data"}]},
+                        "C": {"enum": [{"$ref": "#/data"}]},
+                        "B": {"$id": "urn:b", "items": {"$ref": "#/x"}}}}
+    out = rebase_refs(schema, "/$defs/t0")
+    p = out["properties"]
+    assert p["a"]["$ref"] == "#/$defs/t0/$defs/A" and p["self"]["$ref"] == "#/$defs/t0"
+    assert p["const"]["$ref"] == "#/$defs/t0/$defs/A"
+    assert p["anchor"]["$ref"] == "#here" and p["remote"]["$ref"] == "other.json#/x"
+    a = out["$defs"]["A"]
+    assert a["items"]["$ref"] == "#/$defs/t0/$defs/A"
+    assert a["default"] == {"$ref": "#/data"} and a["examples"] == [{"$ref": "#/data"}]  # data, kept
+    assert out["$defs"]["C"] == schema["$defs"]["C"]
+    assert out["$defs"]["B"] == schema["$defs"]["B"]  # its own resource
+    assert schema["properties"]["a"]["$ref"] == "#/$defs/A"  # the input is unchanged
+    # embedded where it points, it validates as it did alone
+    outer = {"type": "object", "properties": {"x": {"$ref": "#/$defs/t0"}}, "$defs": {"t0": out}}
+    jsonschema.validate({"x": {"a": [[]], "self": {"a": []}}}, outer)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"x": {"a": [1]}}, outer)
+    with pytest.raises(ValueError, match="pointer"):
+        rebase_refs(schema, "$defs/t0")

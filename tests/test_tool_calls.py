@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import jsonschema
 import pytest
@@ -81,6 +82,43 @@ def test_required_choice_schema_admits_exactly_calls_of_listed_tools(parallel):
     else:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(two, schema)
+
+
+# A Pydantic model's schema: nested models are "#/$defs/..." refs, a recursive one may be "#"
+ORDER = {"type": "function", "function": {"name": "place_order", "parameters": {
+    "type": "object", "properties": {"ship_to": {"$ref": "#/$defs/Address"},
+                                     "items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+    "required": ["ship_to", "items"],
+    "$defs": {"Address": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+              "Item": {"type": "object", "properties": {"sku": {"type": "string"},
+                                                        "parts": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+                       "required": ["sku"]}}}}}
+TREE = {"type": "function", "function": {"name": "make_tree", "parameters": {
+    "type": "object", "properties": {"label": {"type": "string"}, "kids": {"type": "array", "items": {"$ref": "#"}}},
+    "required": ["label"]}}}
+
+
+@pytest.mark.parametrize("tools", [(ORDER,), (ORDER, TREE, WEATHER)])
+def test_required_choice_keeps_the_tools_own_refs(tools):
+    """Each tool's local refs still resolve inside the combined schema (they used to point at
+    its root, which has no such $defs: 'cannot resolve'), and its regex admits real calls."""
+    from treadle.constrained.grammar import GrammarSpec
+    from treadle.constrained.json_schema import json_schema_to_regex
+    text = plan("required", tools=tools).sampling_overrides(None)["json_schema"]
+    schema = json.loads(text)
+    order = {"name": "place_order", "arguments": {"ship_to": {"city": "Oslo"},
+                                                  "items": [{"sku": "a", "parts": [{"sku": "b"}]}]}}
+    tree = {"name": "make_tree", "arguments": {"label": "r", "kids": [{"label": "k", "kids": [{"label": "g"}]}]}}
+    good = [order] + ([tree] if TREE in tools else [])
+    jsonschema.validate(good, schema)
+    bad_order = copy.deepcopy(order)
+    bad_order["arguments"]["items"][0]["parts"] = [{"no_sku": 1}]  # the nested Item's own `required`
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([bad_order], schema)
+    assert GrammarSpec("json_schema", text).to_regex(holes=True)  # recursive refs as calls
+    regex = json_schema_to_regex(text)  # unrolled 3 levels
+    assert re.fullmatch(regex, json.dumps(good, separators=(",", ":")))
+    assert not re.fullmatch(regex, json.dumps([bad_order], separators=(",", ":")))
 
 
 def test_auto_choice_sets_no_constraint_and_one_call_when_not_parallel():

@@ -29,6 +29,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from treadle.constrained.json_schema import rebase_refs
 from treadle.runtime.detokenizer import partial_suffix_len
 from treadle.runtime.server.protocol import APIError
 
@@ -78,10 +79,13 @@ class ToolPlan:
         if self.choice == "named":
             return {"json_schema": json.dumps(self._tool(self.named).parameters)}
         if self.choice == "required":
-            calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                      "required": ["name", "arguments"]} for t in self.tools]
+            # each tool's parameters sit under $defs, their own refs rebased there (a Pydantic
+            # model's nested models are "#/$defs/..." refs of the parameters schema)
+            defs = {f"tool_{i}": rebase_refs(t.parameters, f"/$defs/tool_{i}") for i, t in enumerate(self.tools)}
+            calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": {"$ref": f"#/$defs/{k}"}},
+                      "required": ["name", "arguments"]} for k, t in zip(defs, self.tools)]
             schema: dict = {"type": "array", "minItems": 1,
-                            "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+                            "items": calls[0] if len(calls) == 1 else {"anyOf": calls}, "$defs": defs}
             if not self.parallel:
                 schema["maxItems"] = 1
             return {"json_schema": json.dumps(schema)}
