@@ -28,6 +28,7 @@ from treadle.constrained.index_markers import check_regex, marked
 from treadle.constrained.json_any import JsonAnyGrammar, JsonPushdown, json_any_root
 from treadle.constrained.ebnf import call_boundaries
 from treadle.constrained.json_holes import WRITTEN, Holes, hole_tables, regex_has_holes, schema_allows_holes
+from treadle.constrained.structural_tag import structural_tag_bounds
 from treadle.constrained.vocabulary import build_vocabulary
 
 __all__ = ["GrammarCompiler", "GrammarCompileError", "build_compiled_grammar"]
@@ -96,7 +97,7 @@ def _holes_apply(spec: GrammarSpec) -> bool:
     a schema's any-values and recursive ``$ref``s, an EBNF grammar's nesting recursion."""
     if spec.kind == "ebnf":
         return call_boundaries(spec.value) is not None
-    return spec.kind == "json_schema" and schema_allows_holes(spec.value)
+    return spec.kind in ("json_schema", "structural_tag") and schema_allows_holes(spec.value)
 
 
 def _holes_of(spec: GrammarSpec | None, regex: str, index: Any, table: list, pda: Any) -> Holes | None:
@@ -106,6 +107,8 @@ def _holes_of(spec: GrammarSpec | None, regex: str, index: Any, table: list, pda
         return None
     if spec.kind == "ebnf":
         return Holes(pda(), index, len(table), call_boundaries(spec.value))
+    if spec.kind == "structural_tag":
+        return Holes(pda(), index, len(table), structural_tag_bounds(spec.value, regex))
     return Holes(pda(), index, len(table))
 
 

@@ -27,7 +27,7 @@ __all__ = ["GrammarSpec", "CompiledGrammar"]
 _tables_lock = threading.Lock()
 _tables: dict[tuple[int, int], tuple] = {}  # (id(table), width) -> (table, first bytes, single-byte tokens)
 
-GrammarKind = Literal["regex", "json_schema", "choices", "ebnf"]
+GrammarKind = Literal["regex", "json_schema", "choices", "ebnf", "structural_tag"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,19 +43,26 @@ class GrammarSpec:
         json_schema: dict | str | bool | None = None,
         choices: list[str] | None = None,
         ebnf: str | None = None,
+        structural_tag: dict | str | None = None,
     ) -> GrammarSpec | None:
         """Build a spec from request params; ``None`` when no constraint is set.
 
-        Requires at most one of ``regex``, ``json_schema``, ``choices``, ``ebnf``. A JSON schema given
-        as a dict or string is re-serialized compactly *without* sorting keys, because
-        property order decides the order of fields in the generated output.
+        Requires at most one of ``regex``, ``json_schema``, ``choices``, ``ebnf``,
+        ``structural_tag``. A JSON schema given as a dict or string is re-serialized compactly
+        *without* sorting keys, because property order decides the order of fields in the
+        generated output (a structural tag's schemas likewise).
         """
         given = [n for n, v in (("regex", regex), ("json_schema", json_schema), ("choices", choices),
-                                ("ebnf", ebnf)) if v is not None]
+                                ("ebnf", ebnf), ("structural_tag", structural_tag)) if v is not None]
         if len(given) > 1:
-            raise ValueError(f"set at most one of regex, json_schema, choices, ebnf (got {', '.join(given)})")
+            raise ValueError("set at most one of regex, json_schema, choices, ebnf, structural_tag "
+                             f"(got {', '.join(given)})")
         if not given:
             return None
+        if structural_tag is not None:
+            from treadle.constrained.structural_tag import StructuralTag
+
+            return GrammarSpec("structural_tag", StructuralTag.parse(structural_tag).canonical())
         if ebnf is not None:
             if not isinstance(ebnf, str) or not ebnf.strip():
                 raise ValueError("ebnf must be a non-empty string (a grammar with a 'root' rule)")
@@ -85,7 +92,7 @@ class GrammarSpec:
                  holes: bool = False, max_recursion_depth: int = 3) -> str:
         """Translate the spec to the regex the token FSM is built from.
 
-        ``json_schema_mode`` ("strict" or "spec") applies to JSON schemas only; see
+        ``json_schema_mode`` ("strict" or "spec") applies to JSON schemas (a structural tag's too); see
         ``json_schema_to_regex``. ``holes`` writes placeholders (json_holes.py): a schema's
         any-values and recursive ``$ref``s, an EBNF grammar's nesting recursion as calls.
         ``max_recursion_depth`` bounds the unrolling of ``$ref`` cycles and of nesting EBNF
@@ -103,6 +110,11 @@ class GrammarSpec:
             return choices_to_regex(json.loads(self.value))
         if self.kind == "ebnf":
             return ebnf_to_regex(self.value, max_recursion_depth=max_recursion_depth, calls=holes)
+        if self.kind == "structural_tag":
+            from treadle.constrained.structural_tag import structural_tag_to_regex
+
+            return structural_tag_to_regex(self.value, whitespace_pattern=whitespace_pattern, mode=json_schema_mode,
+                                           holes=holes, max_recursion_depth=max_recursion_depth)
         if self.kind == "json_schema":
             return json_schema_to_regex(
                 json.loads(self.value), whitespace_pattern=whitespace_pattern, mode=json_schema_mode, holes=holes,

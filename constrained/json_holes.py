@@ -261,8 +261,8 @@ class Holes:
         self.candidates, self.walked = self.t.crossing(bounds)
         cands = np.asarray(self.candidates, dtype=np.int64)
         self._cands = (cands, np.asarray([self.pda.token_bytes[i][0] for i in self.candidates], dtype=np.int64))
-        # a grammar's calls (not JSON's holes): tokens that only start a call are decided in bulk
-        self._entries_only = self.t.simple_entries(bounds) if bounds != JSON_BOUNDS else ({}, None)
+        self._bounds = bounds
+        self._entries_only: tuple = ({}, None)  # set by bind
         ids = placeholder_token_ids(table_size)
         self._kind_ids, self._canary, self._entry, self._call_ids = ids[:3], ids[3], ids[4], ids[5:]
         # set by bind: the CompiledGrammar (its start state, final states and state rows) and
@@ -284,6 +284,10 @@ class Holes:
     def bind(self, grammar: Any) -> None:
         """Called once by the ``CompiledGrammar`` that owns these holes."""
         self._grammar = grammar
+        # Tokens that only start a call are decided in bulk, for a grammar's own bounds (not
+        # JSON's) and a regex without holes: the bulk path enters definitions, not holes.
+        if self._bounds != JSON_BOUNDS and not any(c in grammar.regex for c in HOLE_CHARS.values()):
+            self._entries_only = self.t.simple_entries(self._bounds)
         self._final = grammar.is_final  # the regex (root, or in a call its definition) may end here
         e = self.index.get_next_state(grammar.initial_state, self._entry)
         self.entries = tuple(None if e is None else self.index.get_next_state(e, c) for c in self._call_ids)

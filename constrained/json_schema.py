@@ -63,6 +63,7 @@ from treadle.constrained.regex_text import choices_to_regex, escape_literal, val
 __all__ = [
     "UnsupportedSchemaError",
     "json_schema_to_regex",
+    "json_schemas_to_regexes",
     "rebase_refs",
     "choices_to_regex",
     "escape_literal",
@@ -109,6 +110,47 @@ def json_schema_to_regex(
     ignored where ``schema_allows_holes`` says no.
     Raises ``UnsupportedSchemaError`` (a ``ValueError``) for keywords it cannot enforce.
     """
+    schema = _checked(schema, whitespace_pattern, max_recursion_depth, mode)
+    holes = holes and not whitespace_pattern and schema_allows_holes(json.dumps(schema, ensure_ascii=False))
+    try:
+        conv = _Converter(schema, whitespace_pattern or "", max_recursion_depth, mode, holes)
+        root = conv.convert(schema, "$")
+        return with_definitions(root, conv.definitions)
+    except RecursionError as exc:
+        raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
+
+
+def json_schemas_to_regexes(
+    schemas: list,
+    *,
+    whitespace_pattern: str | None = None,
+    max_recursion_depth: int = 3,
+    mode: Literal["strict", "spec"] = "strict",
+    holes: bool = False,
+    paths: list[str] | None = None,
+) -> tuple[list[str], list[str]]:
+    """Several schemas converted together, for a regex that places each one itself (a
+    structural tag's): (the regex of each, the definitions their calls name). Each schema
+    is embedded under ``$defs`` of one root with its local refs rebased (``rebase_refs``),
+    so its refs mean what they meant alone while all recursive refs share one list of
+    definitions (``with_definitions`` appends them to the caller's regex). ``paths`` name
+    the schemas in errors (default ``$[i]``). Same options and errors as
+    ``json_schema_to_regex``."""
+    paths = paths or [f"$[{i}]" for i in range(len(schemas))]
+    checked = [_checked(s, whitespace_pattern, max_recursion_depth, mode) for s in schemas]
+    holes = holes and not whitespace_pattern and schema_allows_holes(json.dumps(checked, ensure_ascii=False))
+    root = {"$defs": {f"s{i}": rebase_refs(s, f"/$defs/s{i}") for i, s in enumerate(checked)}}
+    try:
+        conv = _Converter(root, whitespace_pattern or "", max_recursion_depth, mode, holes)
+        regexes = [conv.convert(root["$defs"][f"s{i}"], path) for i, path in enumerate(paths)]
+        return regexes, conv.definitions
+    except RecursionError as exc:
+        raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
+
+
+def _checked(schema: Any, whitespace_pattern: str | None, max_recursion_depth: int, mode: str) -> dict | bool:
+    """``schema`` parsed (from JSON text) and checked against the options and the
+    metaschema; raises ``ValueError`` / ``UnsupportedSchemaError`` naming the problem."""
     if mode not in MODES:
         raise ValueError(f"json_schema: mode must be 'strict' or 'spec', got {mode!r}")
     if isinstance(schema, str):
@@ -130,13 +172,7 @@ def json_schema_to_regex(
     if max_recursion_depth < 0:
         raise ValueError("json_schema: max_recursion_depth must be >= 0")
     check_metaschemas(schema, "$")
-    holes = holes and not whitespace_pattern and schema_allows_holes(json.dumps(schema, ensure_ascii=False))
-    try:
-        conv = _Converter(schema, whitespace_pattern or "", max_recursion_depth, mode, holes)
-        root = conv.convert(schema, "$")
-        return with_definitions(root, conv.definitions)
-    except RecursionError as exc:
-        raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
+    return schema
 
 
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # their values are data, not schemas

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Fields a caller may pass in `sampling_params` (native API, Engine). Unknown fields are an error.
-GRAMMAR_FIELDS = ("regex", "json_schema", "choices", "ebnf")  # output constraints: at most one
+GRAMMAR_FIELDS = ("regex", "json_schema", "choices", "ebnf", "structural_tag")  # output constraints: at most one
 
 
 def schema_of(value: Any) -> Any:
@@ -43,6 +43,8 @@ class SamplingParams:
     json_schema: str | None = None
     choices: list[str] | None = None
     ebnf: str | None = None  # a GBNF grammar whose rule "root" is the output (constrained/ebnf.py)
+    # free text whose tagged segments follow schemas (constrained/structural_tag.py), as JSON text
+    structural_tag: str | None = None
     # token id -> added to its logit before sampling (OpenAI's logit_bias: -100 bans, 100 forces)
     logit_bias: dict[int, float] | None = None
 
@@ -80,6 +82,8 @@ class SamplingParams:
         self.json_schema = schema_of(self.json_schema)
         if isinstance(self.json_schema, (dict, bool)):
             self.json_schema = json.dumps(self.json_schema, separators=(",", ":"))
+        if isinstance(self.structural_tag, dict):
+            self.structural_tag = json.dumps(self.structural_tag, separators=(",", ":"), ensure_ascii=False)
         if isinstance(self.logit_bias, dict):  # JSON object keys are strings: "1234" -> 1234
             self.logit_bias = {int(k) if isinstance(k, str) and k.isdigit() else k: v
                                for k, v in self.logit_bias.items()} or None
@@ -147,12 +151,22 @@ class SamplingParams:
         grammars = [f for f in GRAMMAR_FIELDS if getattr(self, f) is not None]
         if len(grammars) > 1:
             raise ValueError(
-                f"sampling_params: at most one of regex, json_schema, choices, ebnf may be set; got {', '.join(grammars)}"
+                "sampling_params: at most one of regex, json_schema, choices, ebnf, structural_tag may be set; "
+                f"got {', '.join(grammars)}"
             )
         if self.regex is not None and (not isinstance(self.regex, str) or not self.regex):
             raise ValueError("sampling_params.regex must be a non-empty string")
         if self.ebnf is not None and (not isinstance(self.ebnf, str) or not self.ebnf.strip()):
             raise ValueError("sampling_params.ebnf must be a non-empty string (a grammar with a 'root' rule)")
+        if self.structural_tag is not None:
+            if not isinstance(self.structural_tag, str):
+                raise ValueError("sampling_params.structural_tag must be an object (or its JSON text)")
+            from treadle.constrained.structural_tag import StructuralTag
+
+            try:
+                StructuralTag.parse(self.structural_tag)
+            except ValueError as e:
+                raise ValueError(f"sampling_params.{e}") from None
         if self.choices is not None and (
             not isinstance(self.choices, list) or not self.choices
             or not all(isinstance(c, str) and c for c in self.choices)

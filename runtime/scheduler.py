@@ -248,7 +248,8 @@ class Scheduler:
         if p.has_grammar:
             from treadle.constrained import GrammarSpec
 
-            spec = GrammarSpec.from_params(regex=p.regex, json_schema=p.json_schema, choices=p.choices, ebnf=p.ebnf)
+            spec = GrammarSpec.from_params(regex=p.regex, json_schema=p.json_schema, choices=p.choices, ebnf=p.ebnf,
+                                           structural_tag=p.structural_tag)
             req.grammar_future = self.grammar_compiler.compile_async(spec)
         return req
 

@@ -127,6 +127,31 @@ def test_auto_choice_sets_no_constraint_and_one_call_when_not_parallel():
     assert plan("auto", parallel=False).sampling_overrides(None) == {"stop": ["</tool_call>"]}
 
 
+def test_auto_choice_with_a_strict_tool_constrains_the_calls_only():
+    """A `strict` tool makes "auto" a structural tag: text stays free, a <tool_call> block the
+    model opens must name a listed tool, laid out as the prompt shows, with valid arguments
+    (a non-strict tool's: any JSON object). Parsed back by the usual "auto" parser."""
+    from treadle.constrained.grammar import GrammarSpec
+
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    p = plan("auto", parallel=False, tools=(strict, TIME))
+    over = p.sampling_overrides(None)
+    assert over["stop"] == ["</tool_call>"]
+    regex = re.compile(GrammarSpec.from_params(structural_tag=over["structural_tag"]).to_regex())
+    good = ('Let me look. <tool_call>\n{"name": "get_weather", "arguments": {"city":"Oslo"}}\n</tool_call>'
+            '<tool_call>\n{"name": "get_time", "arguments": {"tz":"UTC","any":[1]}}\n</tool_call>')
+    assert regex.fullmatch(good) and regex.fullmatch("No tools needed.")
+    assert calls_of(p.parse(good, "stop")) == [("get_weather", {"city": "Oslo"}),
+                                               ("get_time", {"tz": "UTC", "any": [1]})]
+    for bad in ('<tool_call>\n{"name": "get_weather", "arguments": {"town":"Oslo"}}\n</tool_call>',
+                '<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call>',
+                '<tool_call>\n{"name": "get_time", "arguments": [1]}\n</tool_call>'):
+        assert not regex.fullmatch(bad), bad
+    assert "structural_tag" not in plan("auto").sampling_overrides(None)  # no strict tool: free as before
+    with pytest.raises(APIError, match="strict must be a boolean"):
+        plan_tools({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]})
+
+
 # ---------------------------------------------------------------- parsing replies
 
 def calls_of(reply):

@@ -29,7 +29,7 @@ _RENAMED = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_to
 _PASSED = ("temperature", "top_p", "n", "stop", "seed", "frequency_penalty", "presence_penalty",
            # treadle / SGLang extras, sent by clients as extra_body
            "top_k", "min_p", "repetition_penalty", "ignore_eos", "regex", "json_schema", "choices", "ebnf",
-           "stop_token_ids", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens", "logit_bias")
+           "structural_tag", "stop_token_ids", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens", "logit_bias")
 # vLLM's names for the same constraints (extra_body), accepted so its clients work unchanged
 _GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choices", "guided_grammar": "ebnf"}
 # accepted and without effect here
@@ -130,22 +130,25 @@ def _echoes(tm: TokenizerManager, prompt: Any, prompts: list[list[int]]) -> list
     return list(zip(texts, prompts))
 
 
-def _response_format_schema(rf: Any) -> str | None:
-    """response_format -> a JSON schema string for constrained decoding (None for text)."""
+def _response_format(rf: Any) -> tuple[str, str] | None:
+    """response_format -> (sampling param, its value) for constrained decoding (None for text):
+    a JSON schema, or a structural tag (SGLang's: free text whose tagged segments follow schemas)."""
     if rf is None:
         return None
-    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
-        raise APIError.bad_request("response_format.type must be text, json_object or json_schema",
-                                   "response_format")
+    kinds = ("text", "json_object", "json_schema", "structural_tag")
+    if not isinstance(rf, dict) or rf.get("type") not in kinds:
+        raise APIError.bad_request(f"response_format.type must be one of {', '.join(kinds)}", "response_format")
     if rf["type"] == "text":
         return None
     if rf["type"] == "json_object":
-        return json.dumps(JSON_OBJECT_SCHEMA)
+        return "json_schema", json.dumps(JSON_OBJECT_SCHEMA)
+    if rf["type"] == "structural_tag":
+        return "structural_tag", json.dumps(rf, ensure_ascii=False)
     spec = rf.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), (dict, bool)):
         raise APIError.bad_request("response_format.json_schema must be an object with a `schema` object",
                                    "response_format")
-    return json.dumps(spec["schema"])
+    return "json_schema", json.dumps(spec["schema"])
 
 
 def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | None,
@@ -167,18 +170,21 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
         # the default fills the rest of the context (chat) or is OpenAI's 16 (completions)
         room = max(1, min(tm.context_len - 1, tm.num_slots) - len(ids))
         params["max_new_tokens"] = room if default_max is None else min(default_max, room)
-    schema = _response_format_schema(body.get("response_format"))
-    if schema is not None:
+    fmt = _response_format(body.get("response_format"))
+    if fmt is not None:
         if any(params.get(k) for k in GRAMMAR_FIELDS):
-            raise APIError.bad_request("response_format cannot be combined with regex, json_schema, choices or ebnf",
-                                       "response_format")
-        params["json_schema"] = schema
+            raise APIError.bad_request("response_format cannot be combined with regex, json_schema, choices, ebnf "
+                                       "or structural_tag", "response_format")
+        params[fmt[0]] = fmt[1]
     if tools is not None:
         overrides = tools.sampling_overrides(params.get("stop"))
-        if "json_schema" in overrides and any(params.get(k) for k in GRAMMAR_FIELDS):
+        own = any(params.get(k) for k in GRAMMAR_FIELDS)
+        if own and tools.choice == "auto":  # the request's own constraint wins; calls are parsed as before
+            overrides.pop("structural_tag", None)
+        if own and set(overrides) & set(GRAMMAR_FIELDS):
             raise APIError.bad_request(f"tool_choice {tools.choice!r} constrains the reply itself; it cannot be "
-                                       "combined with response_format, regex, json_schema, choices or ebnf",
-                                       "tool_choice")
+                                       "combined with response_format, regex, json_schema, choices, ebnf or "
+                                       "structural_tag", "tool_choice")
         params.update(overrides)
     try:
         return tm.make_req(input_ids=ids, params=params, return_logprob=return_logprob, top_logprobs_num=top,

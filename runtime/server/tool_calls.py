@@ -12,7 +12,10 @@ A request with tools runs like any chat request; what changes:
   into `tool_calls` and cannot fail to parse unless cut by `max_tokens`. `"auto"` (the
   default with tools) leaves the model free and parses `<tool_call>{...}</tool_call>` blocks
   (Hermes / Qwen format) or a reply that is a single `{"name", "arguments"|"parameters"}`
-  object (Llama format) naming a listed tool; text outside the calls stays `content`.
+  object (Llama format) naming a listed tool; text outside the calls stays `content`. When a
+  tool is `strict` (OpenAI's `function.strict`), "auto" constrains the `<tool_call>` blocks
+  with a structural tag: a block the model opens names a listed tool and holds arguments
+  valid under a strict tool's schema (any JSON object for the others); the text stays free.
   `"none"` ignores the tools entirely (they are not rendered either).
 - **finish_reason** is "tool_calls" when the reply calls tools (auto / required), "stop" for
   a named function (as OpenAI does), "length" when `max_tokens` cut it.
@@ -45,6 +48,7 @@ class Tool:
     name: str
     parameters: dict  # JSON schema of the arguments object
     spec: dict  # the client's {"type": "function", "function": {...}}, for templates
+    strict: bool = False  # function.strict: its calls must follow `parameters`, under "auto" too
 
 
 @dataclass(frozen=True)
@@ -89,10 +93,22 @@ class ToolPlan:
             if not self.parallel:
                 schema["maxItems"] = 1
             return {"json_schema": json.dumps(schema)}
+        over: dict = {}
+        if any(t.strict for t in self.tools):  # auto: calls are constrained, the text around them free
+            over["structural_tag"] = json.dumps(self.structural_tag(), ensure_ascii=False)
         if not self.parallel:  # auto: end the reply with its first call
             stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
-            return {"stop": [*stops, CLOSE]}
-        return {}
+            over["stop"] = [*stops, CLOSE]
+        return over
+
+    def structural_tag(self) -> dict:
+        """The reply under "auto" as a structural tag (constrained/structural_tag.py): free
+        text, and each `<tool_call>` block a call of a listed tool laid out as the prompt shows
+        it, with arguments valid under its `parameters` (a strict tool's) or any JSON object."""
+        return {"structures": [{"begin": f'{OPEN}\n{{"name": {json.dumps(t.name)}, "arguments": ',
+                                "schema": t.parameters if t.strict else {"type": "object"},
+                                "end": f"}}\n{CLOSE}"} for t in self.tools],
+                "triggers": [OPEN]}
 
     def _tool(self, name: str | None) -> Tool:
         return next(t for t in self.tools if t.name == name)
@@ -233,7 +249,10 @@ def plan_tools(body: dict) -> ToolPlan | None:
             raise APIError.bad_request(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
         if fn.get("description") is not None and not isinstance(fn["description"], str):
             raise APIError.bad_request(f"tools[{i}].function.description must be a string", "tools")
-        tools.append(Tool(name, params, t))
+        strict = fn.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise APIError.bad_request(f"tools[{i}].function.strict must be a boolean", "tools")
+        tools.append(Tool(name, params, t, bool(strict)))
     if choice in (None, "auto"):
         return ToolPlan(tuple(tools), "auto", None, parallel)
     if choice == "none":

@@ -1,0 +1,272 @@
+"""Structural tags (constrained/structural_tag.py): free text whose tagged segments follow
+JSON schemas. The free-text regex against a plain substring check, the whole regex on
+examples, and the compiled grammar on the real SmolLM2 vocabulary: the model's own
+tokenization of replies with calls (free-form, recursive and any-JSON arguments) accepted,
+bad ones refused, the forced text after a trigger jumped, and random token walks that
+open segments checked by an independent parser with jsonschema."""
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import re
+
+import jsonschema
+import numpy as np
+import pytest
+
+from json_checks import allowed_ids
+from treadle.constrained.grammar import GrammarSpec
+from treadle.constrained.structural_tag import StructuralTag, structural_tag_to_regex, trigger_free_regex
+from treadle.runtime.sampling_params import SamplingParams
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+           "required": ["city"]}
+SEARCH = {"type": "object", "properties": {"q": {"type": "string"}, "opts": {"type": "object"}}, "required": ["q"]}
+TREE = {"type": "object", "properties": {"label": {"type": "string"},
+                                         "kids": {"type": "array", "items": {"$ref": "#"}}}, "required": ["label"]}
+ORDER = {"type": "object", "properties": {"ship_to": {"$ref": "#/$defs/Address"}}, "required": ["ship_to"],
+         "$defs": {"Address": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def call(name: str, schema) -> dict:
+    return {"begin": f'<tool_call>\n{{"name": "{name}", "arguments": ', "schema": schema, "end": "}\n</tool_call>"}
+
+
+TOOLS = {"structures": [call("get_weather", WEATHER), call("search", SEARCH), call("tree", TREE),
+                        call("order", ORDER), call("any", {})], "triggers": ["<tool_call>"]}
+FUNCS = {"structures": [{"begin": "<function=get_weather>", "schema": WEATHER, "end": "</function>"},
+                        {"begin": "<function=get_time>", "schema": {"type": "object", "properties": {},
+                                                                     "additionalProperties": False},
+                         "end": "</function>"}],
+         "triggers": ["<function="]}
+
+
+def segments(text: str, tag: dict) -> list[tuple[int, object]] | None:
+    """The (structure, value) of each segment of ``text``, None unless ``text`` is free text
+    and segments as the tag says (one trigger, begins told apart by their text): an
+    independent reading with str.find, json.raw_decode and jsonschema."""
+    (trigger,) = tag["triggers"]
+    out, pos = [], 0
+    while (at := text.find(trigger, pos)) >= 0:
+        for i, s in enumerate(tag["structures"]):
+            if text.startswith(s["begin"], at):
+                break
+        else:
+            return None
+        start = at + len(s["begin"])
+        try:
+            value, end = json.JSONDecoder().raw_decode(text, start)
+        except ValueError:
+            return None
+        if not text.startswith(s["end"], end) or not jsonschema.Draft202012Validator(s["schema"]).is_valid(value):
+            return None
+        out.append((i, value))
+        pos = end + len(s["end"])
+    return out
+
+
+# ------------------------------------------------------------------ spec and errors
+
+@pytest.mark.parametrize("value, words", [
+    ("{", "not valid JSON"),
+    ([], "must be an object"),
+    ({"structures": [call("a", {})]}, "triggers must be a non-empty list"),
+    ({"structures": [call("a", {})], "triggers": [""]}, "triggers must be a non-empty list"),
+    ({"structures": [], "triggers": ["<tool_call>"]}, "structures must be a non-empty list"),
+    ({"structures": [{"begin": "<tool_call>", "schema": {}}], "triggers": ["<tool_call>"]}, "end must be non-empty"),
+    ({"structures": [{**call("a", {}), "extra": 1}], "triggers": ["<tool_call>"]}, "begin, schema and end only"),
+    ({"structures": [{**call("a", {}), "schema": "x"}], "triggers": ["<tool_call>"]}, "schema must be a JSON schema"),
+    ({"structures": [call("a", {})], "triggers": ["<function="]}, "does not start with any of the triggers"),
+    ({"structures": [call("a", {})], "triggers": ["<tool_call>", "<x>"]}, "triggers[1] '<x>' starts no"),
+    ({"structures": [call("a", {})], "triggers": ["<tool_call>"], "tags": []}, "unknown field(s) tags"),
+    ({"type": "json_schema", "structures": [call("a", {})], "triggers": ["<tool_call>"]}, "type must be"),
+    ({"structures": [{**call("a", {}), "end": "\U0010FFF9"}], "triggers": ["<tool_call>"]}, "reserved"),
+])
+def test_bad_tags_are_value_errors_naming_the_problem(value, words):
+    with pytest.raises(ValueError) as e:
+        GrammarSpec.from_params(structural_tag=value)
+    assert words in str(e.value)
+
+
+def test_spec_is_canonical_and_exclusive():
+    a = GrammarSpec.from_params(structural_tag=TOOLS)
+    b = GrammarSpec.from_params(structural_tag=json.dumps({**TOOLS, "type": "structural_tag"}, indent=2))
+    assert a == b and a.kind == "structural_tag"
+    assert [s["begin"] for s in json.loads(a.value)["structures"]] == [s["begin"] for s in TOOLS["structures"]]
+    with pytest.raises(ValueError, match="at most one of"):
+        GrammarSpec.from_params(regex="a", structural_tag=TOOLS)
+    with pytest.raises(ValueError, match="schema at"):  # a bad schema names where it sits
+        GrammarSpec.from_params(structural_tag={"structures": [call("a", False)], "triggers": ["<tool_call>"]}
+                                ).to_regex()
+
+
+def test_sampling_params_take_a_dict_and_check_it():
+    p = SamplingParams.from_dict({"structural_tag": TOOLS})
+    assert isinstance(p.structural_tag, str) and json.loads(p.structural_tag) == TOOLS and p.has_grammar
+    with pytest.raises(ValueError, match="sampling_params.structural_tag.triggers"):
+        SamplingParams.from_dict({"structural_tag": {"structures": TOOLS["structures"]}})
+    with pytest.raises(ValueError, match="at most one of"):
+        SamplingParams.from_dict({"structural_tag": TOOLS, "ebnf": 'root ::= "a"'})
+
+
+# ------------------------------------------------------------------ regexes
+
+def test_trigger_free_regex_is_exactly_the_strings_without_a_trigger():
+    rng = random.Random(0)
+    cases = [["aab"], ["ab", "b"], ["abab", "bab", "aa"], ["a"], ["abc", "bc", "c"], ["ba", "ab"]]
+    cases += [list({"".join(rng.choice("abc") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))})
+              for _ in range(120)]
+    for triggers in cases:
+        free = re.compile(trigger_free_regex(triggers))
+        for n in range(7):
+            for chars in itertools.product("abcd", repeat=n):
+                s = "".join(chars)
+                assert bool(free.fullmatch(s)) == (not any(t in s for t in triggers)), (triggers, s)
+    # special characters are escaped, others left free; `hide` leaves a class out
+    free = re.compile(trigger_free_regex(["[x]", "a.b"], hide="0-9"))
+    assert free.fullmatch("[x a+b ab") and not free.fullmatch("[x]") and not free.fullmatch("a.b")
+    assert not free.fullmatch("7")
+    assert len(trigger_free_regex(["<tool_call>"])) < 400  # grows with the triggers' automaton, not 2^n
+
+
+def test_regex_accepts_free_text_with_valid_segments_only():
+    r = re.compile(GrammarSpec.from_params(structural_tag=FUNCS).to_regex())
+    ok = ["", "hello", "<functio", "<func <fun", "x <function=get_time>{}</function>",
+          'I call <function=get_weather>{"city":"Oslo","unit":"c"}</function> then '
+          '<function=get_time>{}</function><function=get_time>{}</function> bye']
+    bad = ["<function=", "<function=nope>{}</function>", '<function=get_weather>{"unit":"c"}</function>',
+           "<function=get_time>{}", "<function=get_time>{} </function>", 'a <function=get_time>{"x":1}</function>']
+    for s in ok:
+        assert r.fullmatch(s) and segments(s, FUNCS) is not None, s
+    for s in bad:
+        assert not r.fullmatch(s) and segments(s, FUNCS) is None, s
+
+
+def test_structures_convert_together_with_their_own_refs():
+    """Each schema's local refs mean what they meant alone (ORDER's #/$defs, TREE's #), and the
+    recursive ones are calls of one list of definitions."""
+    from treadle.constrained.json_holes import CALL_CHARS, ENTRY_CHAR
+
+    value = GrammarSpec.from_params(structural_tag=TOOLS).value
+    with_calls = structural_tag_to_regex(value, holes=True)
+    assert with_calls.count(ENTRY_CHAR) == 1 and CALL_CHARS[0] in with_calls
+    unrolled = re.compile(structural_tag_to_regex(value))
+    doc = ('<tool_call>\n{"name": "order", "arguments": {"ship_to":{"city":"Rome"}}}\n</tool_call>'
+           '<tool_call>\n{"name": "tree", "arguments": {"label":"a","kids":[{"label":"b"}]}}\n</tool_call>')
+    assert unrolled.fullmatch(doc) and segments(doc, TOOLS) is not None
+
+
+# ------------------------------------------------------------------ the real vocabulary
+
+@pytest.fixture(scope="module")
+def compiled(smollm2_tokenizer):
+    from treadle.constrained.compiler import GrammarCompiler
+
+    tok = smollm2_tokenizer
+    with GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok)) as c:
+        yield {name: c.compile(GrammarSpec.from_params(structural_tag=tag))
+               for name, tag in (("tools", TOOLS), ("funcs", FUNCS))}
+
+
+DOCS = [
+    "No call here, just <tool text and a < sign.",
+    'Sure! <tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","unit":"c"}}\n</tool_call> done',
+    'x<tool_call>\n{"name": "search", "arguments": {"q":"a","opts":{"deep":[1,{"x":null}],"s":"}"}}}\n</tool_call>',
+    '<tool_call>\n{"name": "tree", "arguments": {"label":"a","kids":[{"label":"b","kids":[{"label":"c","kids":'
+    '[{"label":"d","kids":[{"label":"e","kids":[{"label":"f"}]}]}]}]}]}}\n</tool_call>\n',
+    '<tool_call>\n{"name": "any", "arguments": [1,2,{"a":"b"}]}\n</tool_call><tool_call>\n{"name": "order", '
+    '"arguments": {"ship_to":{"city":"Rome"}}}\n</tool_call>',
+]
+
+
+def test_model_tokenizations_of_valid_replies_are_accepted(compiled, smollm2_tokenizer):
+    from treadle.constrained.bitmask import allocate_token_bitmask
+
+    tok = smollm2_tokenizer
+    g = compiled["tools"]
+    assert g.holes is not None  # free-form args are holes, the tree's kids calls
+    bitmask = allocate_token_bitmask(1, len(tok))
+    for doc in DOCS:
+        assert segments(doc, TOOLS) is not None
+        m = g.matcher()
+        for t in tok.encode(doc, add_special_tokens=False):
+            m.fill_next_token_bitmask(bitmask, 0)
+            assert t in allowed_ids(bitmask[0].numpy()), (doc, tok.decode([t]))
+            assert m.accept_token(t), (doc, tok.decode([t]))
+        assert m.accept_token(tok.eos_token_id), doc
+
+
+@pytest.mark.parametrize("bad", [
+    '<tool_call>\n{"name": "nope"',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"town":"x"}}',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city":"x"}} </tool_call>',
+    '<tool_call> {"name": "any"',
+])
+def test_invalid_replies_are_refused(compiled, smollm2_tokenizer, bad):
+    tok = smollm2_tokenizer
+    m = compiled["tools"].matcher()
+    assert not all(m.accept_token(t) for t in tok.encode(bad, add_special_tokens=False))
+
+
+def test_forced_text_after_a_trigger_is_jumped(compiled, smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    m = compiled["tools"].matcher()
+    for t in tok.encode("Let me check. <tool_call>", add_special_tokens=False):
+        assert m.accept_token(t)
+    assert m.find_jump_forward_string() == '\n{"name": "'
+    m = compiled["funcs"].matcher()
+    for t in tok.encode('<function=get_weather>{"city":"Oslo"}', add_special_tokens=False):
+        assert m.accept_token(t)
+    assert m.find_jump_forward_string() == "</function>"
+    assert not m.can_terminate()
+
+
+@pytest.mark.parametrize("name", ["tools", "funcs"])
+def test_random_walks_through_segments_parse_and_validate(compiled, smollm2_tokenizer, name):
+    """Sample allowed tokens; now and then write the trigger (as the model's tokens) to open a
+    segment, and steer to an end after a while. Every text must read back as free text and
+    valid segments, and a refused token never changes the matcher."""
+    from treadle.constrained.bitmask import allocate_token_bitmask
+
+    tok = smollm2_tokenizer
+    tag = TOOLS if name == "tools" else FUNCS
+    trigger = tok.encode(tag["triggers"][0], add_special_tokens=False)
+    g = compiled[name]
+    eos = tok.eos_token_id
+    table = g.token_bytes
+    bitmask = allocate_token_bitmask(1, len(tok))
+    rng = random.Random(name)
+    opened = ended = 0
+    for _ in range(12):
+        m = g.matcher()
+        out = b""
+        for step in range(120):
+            m.fill_next_token_bitmask(bitmask, 0)
+            allowed_set = allowed_ids(bitmask[0].numpy())
+            allowed = sorted(allowed_set)
+            assert allowed, out
+            if eos in allowed_set and (step > 60 or rng.random() < 0.05):
+                assert m.accept_token(eos)
+                ended += 1
+                break
+            if m.can_terminate() and rng.random() < 0.15:  # in free text: open a segment
+                assert all(m.accept_token(t) for t in trigger), out
+                opened += 1
+                out += tag["triggers"][0].encode()
+                continue
+            pick = [a for a in allowed if a != eos]
+            if step > 40:  # steer to an end: closers and the end strings' tokens
+                pick = [a for a in pick if table[a][:1] in (b"}", b"]", b'"', b"\n", b"<", b"/")] or pick
+            t = rng.choice(pick)
+            refused = [i for i in rng.sample(range(len(tok)), 200) if i not in allowed_set]
+            state = m.state
+            if refused:
+                assert not m.accept_token(refused[0]) and m.state == state
+            assert m.accept_token(t), (out, table[t])
+            out += table[t]
+        else:
+            continue
+        text = out.decode("utf-8", errors="strict")
+        assert segments(text, tag) is not None, text
+    assert opened >= 3 and ended >= 6, (opened, ended)
