@@ -12,12 +12,11 @@ import random
 import re
 
 import jsonschema
-import numpy as np
 import pytest
 
 from json_checks import allowed_ids
 from treadle.constrained.grammar import GrammarSpec
-from treadle.constrained.structural_tag import StructuralTag, structural_tag_to_regex, trigger_free_regex
+from treadle.constrained.structural_tag import structural_tag_to_regex, trigger_free_regex
 from treadle.runtime.sampling_params import SamplingParams
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
