@@ -103,6 +103,11 @@ def test_generate_logprobs(url):
     ({"text": PROMPT, "sampling_params": {"regex": "(unclosed", "max_new_tokens": 4}}, "regex"),
     ({"text": PROMPT, "sampling_params": {"ebnf": 'root ::= "a" item', "max_new_tokens": 4}}, "'item'"),
     ({"text": PROMPT, "sampling_params": {"ebnf": 'root ::= "a"', "regex": "a"}}, "at most one"),
+    ({"text": PROMPT, "sampling_params": {"structural_tag": {
+        "structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}], "triggers": ["<b"]}}}, "does not start with"),
+    ({"text": PROMPT, "sampling_params": {"max_new_tokens": 4, "structural_tag": {
+        "structures": [{"begin": "<a>", "schema": {"if": {}, "then": {}}, "end": "</a>"}], "triggers": ["<a"]}}},
+     "'if' at $.structures[0].schema"),
 ])
 def test_bad_input_is_400_naming_the_problem(url, body, needle):
     err = gen(url, body, status=400)["error"]
@@ -115,6 +120,16 @@ def test_generate_with_an_ebnf_grammar(url):
     out = gen(url, {"text": "The capital of France is", "sampling_params": {
         "ebnf": grammar, "max_new_tokens": 8, "temperature": 0}})
     assert out["text"] in ("Paris.", "London.", "Rome.") and out["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+def test_generate_with_a_structural_tag(url):
+    """Free text, and the segment the trigger opens follows its schema: after " Par" the rest
+    of the begin is forced, then a value of the enum, then the end."""
+    tag = {"structures": [{"begin": " Paris is ", "schema": {"enum": ["big", "old"]}, "end": "!"}],
+           "triggers": [" Par"]}
+    out = gen(url, {"text": "The capital of France is", "sampling_params": {
+        "structural_tag": tag, "max_new_tokens": 12, "temperature": 0}})
+    assert out["text"].startswith(' Paris is "big"!') or out["text"].startswith(' Paris is "old"!'), out["text"]
 
 
 def test_malformed_json_and_bad_stream_grammar(url):

@@ -140,6 +140,37 @@ def test_parse_into_a_recursive_pydantic_model(client):
     assert TreeNode.model_validate_json(r.choices[0].message.content) == node
 
 
+QUERY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["C", "F"]}},
+         "required": ["city", "unit"]}
+JSON_BLOCKS = {"type": "structural_tag", "structures": [{"begin": "```json\n", "schema": QUERY, "end": "\n```"}],
+               "triggers": ["```"]}
+
+
+def test_response_format_structural_tag(client):
+    """A free reply in which every code block the model opens is a JSON block holding a valid
+    query (SGLang's structural_tag response format). Read back independently: each ``` opens
+    ```json, a value that validates, and the closing fence."""
+    import jsonschema
+
+    r = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Give the weather query for Paris as a JSON code block."}],
+        response_format=JSON_BLOCKS, max_tokens=80, temperature=0.8, n=6, seed=1)
+    blocks = 0
+    for c in r.choices:
+        text = c.message.content
+        pos = 0
+        while (at := text.find("```", pos)) >= 0:
+            assert text.startswith("```json\n", at), text
+            value, end = json.JSONDecoder().raw_decode(text, at + 8)
+            jsonschema.validate(value, QUERY)
+            if c.finish_reason == "length" and end + 4 > len(text):
+                break  # cut by max_tokens inside the end
+            assert text.startswith("\n```", end), text
+            blocks += 1
+            pos = end + 4
+    assert blocks >= 1, [c.message.content for c in r.choices]
+
+
 def test_extra_body_regex_and_choices(client):
     r = client.completions.create(model="smol", prompt="The year is", max_tokens=8, temperature=0,
                                   extra_body={"regex": "[0-9]{4}"})
@@ -346,6 +377,14 @@ def test_tool_choice_auto_and_a_tool_conversation(client):
         _check_calls(c.message.tool_calls)
     else:
         assert c.message.content and c.finish_reason in ("stop", "length")
+    strict = [{"type": "function", "function": {**t["function"], "strict": True}} for t in TOOLS]
+    r = client.chat.completions.create(model="smol", messages=ASK, tools=strict, max_tokens=40, temperature=0.8,
+                                       n=4, seed=5)  # its <tool_call> blocks run under a structural tag
+    for c in r.choices:
+        if c.message.tool_calls:
+            _check_calls(c.message.tool_calls)
+        else:
+            assert c.message.content and c.finish_reason in ("stop", "length")
     history = ASK + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather",
                                                           "arguments": '{"city": "Paris", "unit": "C"}'}}]},
@@ -384,6 +423,7 @@ def test_bad_tool_requests_are_400(client, server, kwargs, needle):
     ({"extra_body": {"ebnf": 'root ::= "a"'}, "response_format": {"type": "json_object"}}, "ebnf"),
     ({"messages": [{"role": "user", "content": "hi " * 9000}]}, "context length"),
     ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {**JSON_BLOCKS, "triggers": ["~~~"]}}, "does not start with any of the triggers"),
     ({"n": 129}, "n must be in [1, 128]"),
 ])
 def test_bad_requests_are_400(client, server, kwargs, needle):
