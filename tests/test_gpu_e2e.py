@@ -136,7 +136,24 @@ def test_constrained_outputs_validate_on_gpu(tmp_path):
         arith = 'root ::= e\ne ::= t (("+" | "-") t)*\nt ::= f (("*" | "/") f)*\nf ::= [0-9]+ | "(" e ")"'
         g = _replay_sampled(e, {"ebnf": arith}, "Sum:", _arithmetic, max_new_tokens=48)
         assert g.holes is not None and g.holes.entries[0] is not None
+        # a structural tag: free text, each "e" opening a segment "e:<0-99>;" (structural_tag.py)
+        tag = {"structures": [{"begin": "e:", "schema": {"type": "integer", "minimum": 0, "maximum": 99},
+                               "end": ";"}], "triggers": ["e"]}
+        _replay_sampled(e, {"structural_tag": tag}, "hello", _e_segments, max_new_tokens=48)
         e.check_integrity()
+
+
+def _e_segments(text: str) -> bool:
+    """Whether every "e" in ``text`` opens a segment ``e:N;`` with 0 <= N <= 99."""
+    import re
+
+    pos = 0
+    while (at := text.find("e", pos)) >= 0:
+        m = re.match(r"e:(-?[0-9]+);", text[at:])
+        if m is None or not 0 <= int(m.group(1)) <= 99:
+            return False
+        pos = at + m.end()
+    return True
 
 
 def _arithmetic(text: str) -> bool:
