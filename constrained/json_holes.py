@@ -90,6 +90,7 @@ ENTRY_AFTER = frozenset(b":[,")  # a JSON value follows one of these (or starts 
 EXIT_AT = frozenset(b",}]")  # and is followed by one of these (or ends it)
 _ROWS_MAX = 4096  # cached configuration rows per grammar (6 KB each for a 49k vocabulary)
 _STEPS_MAX = 1 << 16  # cached walks per grammar
+_PAIRS_AT = 256  # a scan with more tokens to walk first drops those whose first two bytes the walk refuses
 
 _ANY_BYTE = frozenset(range(256))
 # (bytes a value may follow, its first bytes, its last bytes, bytes that may follow it)
@@ -261,6 +262,12 @@ class Holes:
         self.candidates, self.walked = self.t.crossing(bounds)
         cands = np.asarray(self.candidates, dtype=np.int64)
         self._cands = (cands, np.asarray([self.pda.token_bytes[i][0] for i in self.candidates], dtype=np.int64))
+        # each candidate's first two bytes as one number (-1 for a one-byte token), by token id
+        self._pair_code = np.full(len(self.pda.token_bytes), -1, dtype=np.int64)
+        for i in self.candidates:
+            b = self.pda.token_bytes[i]
+            if len(b) > 1:
+                self._pair_code[i] = b[0] << 8 | b[1]
         self._bounds = bounds
         self._entries_only: tuple = ({}, None)  # set by bind
         ids = placeholder_token_ids(table_size)
@@ -654,6 +661,12 @@ class Holes:
             todo = todo[~simple[todo]]
             self._scan_entries(row, c, groups, need, w)
         dead: dict[bytes, bool] = {}  # a prefix the walk refuses: so it does every token with it
+        if todo.size > _PAIRS_AT:  # many to walk (` foo` where a space may come): by first two bytes first
+            codes = self._pair_code[todo]
+            pairs = np.unique(codes[codes >= 0])
+            refused = [p for p in pairs.tolist() if self._dead(c, bytes((p >> 8, p & 255)), dead, w)]
+            if refused:
+                todo = todo[~np.isin(codes, refused)]
         for tid in todo.tolist():
             data = table[tid]
             if len(data) > 3:
