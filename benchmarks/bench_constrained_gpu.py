@@ -15,7 +15,8 @@ a fresh matcher (they must be accepted), so the figure is of valid work.
         --tokenizer-path .gpu_assets/smollm2-tokenizer --batch-sizes 1,64 [--schema-set recursive]
 
 ``--schema-set recursive`` runs recursive schemas instead ($ref cycles as calls, nested as
-deep as the model's samples go).
+deep as the model's samples go); ``--schema-set tags`` structural tags (free text whose
+segments follow schemas).
 """
 from __future__ import annotations
 
@@ -55,7 +56,22 @@ RECURSIVE = {
         "name": {"type": "string", "maxLength": 12}, "parent": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}},
         "required": ["name", "parent"]}}, "$ref": "#/$defs/n"},
 }
-SCHEMA_SETS = {"mixed": SCHEMAS, "recursive": RECURSIVE}
+# --schema-set tags: structural tags (constrained/structural_tag.py), free text whose segments
+# follow schemas; random weights write a 1-char trigger often, the others seldom (free-text masks)
+_CALL = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
+TAGS = {
+    "letter_e": {"structures": [{"begin": "e:", "schema": {"type": "integer", "minimum": 0, "maximum": 99},
+                                 "end": ";"}], "triggers": ["e"]},
+    "tool_calls": {"structures": [{"begin": f'<tool_call>\n{{"name": "{n}", "arguments": ', "schema": s,
+                                   "end": "}\n</tool_call>"} for n, s in (("get_weather", _CALL), ("search", {}))],
+                   "triggers": ["<tool_call>"]},
+    "json_blocks": {"structures": [{"begin": "```json\n", "schema": _CALL, "end": "\n```"}], "triggers": ["```"]},
+}
+SCHEMA_SETS = {"mixed": SCHEMAS, "recursive": RECURSIVE, "tags": TAGS}
+
+
+def _constraint(schema_set: str, value: dict) -> dict:
+    return {"structural_tag": value} if schema_set == "tags" else {"json_schema": value}
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-path", default="dummy:llama3-8b")
@@ -82,7 +98,7 @@ def main() -> None:
     eng_off = Engine(**common, disable_jump_forward=True)
     emit({"figure": "engine_load", "seconds_two_engines": round(time.perf_counter() - t0, 1)})
     names = list(schemas)
-    grammars = {n: eng_on.scheduler.grammar_compiler.compile(GrammarSpec.from_params(json_schema=s))
+    grammars = {n: eng_on.scheduler.grammar_compiler.compile(GrammarSpec.from_params(**_constraint(args.schema_set, s)))
                 for n, s in schemas.items()}
 
     def run(eng, prompts, params):
@@ -97,7 +113,7 @@ def main() -> None:
     for bs in [int(x) for x in args.batch_sizes.split(",")]:
         sel = [names[i % len(names)] for i in range(bs)]
         prompts = [f"Record {i}: reply in JSON ({n})." for i, n in enumerate(sel)]
-        cp = [{"json_schema": schemas[n], "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+        cp = [{**_constraint(args.schema_set, schemas[n]), "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                "seed": 100 + i}
               for i, n in enumerate(sel)]
         for eng in (eng_on, eng_off):  # warm-up: graphs, grammars, kernels for these shapes
@@ -116,7 +132,7 @@ def main() -> None:
                 raise RuntimeError("unconstrained lengths differ from the constrained ones")
             if "unconstrained" not in best or wall < best["unconstrained"][1]:
                 best["unconstrained"] = (outs, wall, d)
-        replayed = finished = 0
+        replayed = finished = segments = 0
         for label in ("constrained_jf_on", "constrained_jf_off"):
             for n, o in zip(sel, best[label][0]):
                 m = grammars[n].matcher()
@@ -124,6 +140,8 @@ def main() -> None:
                     raise RuntimeError(f"{label} output of {n} is refused by its grammar: {o['text']!r}")
                 replayed += 1
                 finished += o["meta_info"]["finish_reason"]["type"] == "stop"
+                if args.schema_set == "tags":  # segments the output opened
+                    segments += sum(o["text"].count(t) for t in schemas[n]["triggers"])
         row = {}
         for label, (outs, wall, d) in best.items():
             ntok = sum(o["meta_info"]["completion_tokens"] for o in outs)
@@ -135,7 +153,8 @@ def main() -> None:
               "max_new_tokens": args.max_new_tokens, "best_of_reps": args.reps, **row,
               "ratio_jf_off": round(row["constrained_jf_off"]["tok_s"] / u, 3),
               "ratio_jf_on": round(row["constrained_jf_on"]["tok_s"] / u, 3),
-              "outputs_replayed_through_grammar": replayed, "finished_by_stop": finished})
+              "outputs_replayed_through_grammar": replayed, "finished_by_stop": finished,
+              **({"segments_opened": segments} if args.schema_set == "tags" else {})})
     eng_on.check_integrity()
     eng_off.check_integrity()
     eng_on.shutdown()
