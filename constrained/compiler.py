@@ -293,7 +293,7 @@ class GrammarCompiler:
     def _json_any_root(self, spec: GrammarSpec) -> str | None:
         """The root kind when ``spec`` is a schema that asks only for JSON (json_any.py),
         and output is compact (a whitespace pattern goes through the regex backend)."""
-        if spec.kind != "json_schema" or self._whitespace_pattern is not None:
+        if spec.kind != "json_schema" or self._whitespace_pattern is not None or spec.reasoning:
             return None
         import json
 

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Union
 
-from treadle.constrained.json_holes import CALL_CHARS, HOLE_CHARS, MAX_CALLS, with_definitions
+from treadle.constrained.json_holes import CALL_CHARS, MAX_CALLS, PLACEHOLDER_RANGE, with_definitions
 from treadle.constrained.regex_text import MAX_REPEAT, class_literal, escape_literal
 
 __all__ = ["EbnfError", "Grammar", "call_boundaries", "ebnf_to_regex", "parse_ebnf", "MAX_REGEX_CHARS"]
@@ -464,9 +464,6 @@ def _wrap(f: _Frag, need: int) -> str:
     return f[0] if f[1] >= need else f"(?:{f[0]})"
 
 
-# U+10FFE0-U+10FFFD: the call placeholders, the entry, the index markers, the canary and the
-# holes (json_holes.py, index_markers.py), both ends placeholders a regex with calls may name
-_PLACEHOLDER_BLOCK = f"{CALL_CHARS[0]}-{HOLE_CHARS['value']}"
 
 
 class _NoCalls(Exception):
@@ -637,7 +634,7 @@ class _Emitter:
         if isinstance(node, Cls):
             # with calls, no class may match a placeholder: a state where a class and a call
             # are both possible must offer the call (json_holes.py's canary would hide it)
-            hide = _PLACEHOLDER_BLOCK if self.calls and node.negated else ""
+            hide = PLACEHOLDER_RANGE if self.calls and node.negated else ""
             if node.negated and not node.ranges:
                 return rf"(?:[^\n{hide}]|\n)", ATOM
             if not node.negated and len(node.ranges) == 1 and node.ranges[0][0] == node.ranges[0][1]:

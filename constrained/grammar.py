@@ -36,6 +36,9 @@ class GrammarSpec:
 
     kind: GrammarKind
     value: str
+    # a reasoning block before the constrained answer (reasoning_prefix): "" none; "open" the
+    # reply starts inside <think> (the prompt opened it); "maybe" the reply may start with one
+    reasoning: str = ""
 
     @staticmethod
     def from_params(
@@ -44,6 +47,7 @@ class GrammarSpec:
         choices: list[str] | None = None,
         ebnf: str | None = None,
         structural_tag: dict | str | None = None,
+        reasoning: str | None = None,
     ) -> GrammarSpec | None:
         """Build a spec from request params; ``None`` when no constraint is set.
 
@@ -59,6 +63,14 @@ class GrammarSpec:
                              f"(got {', '.join(given)})")
         if not given:
             return None
+        if reasoning:
+            from treadle.constrained.reasoning_prefix import CLOSE, check_mode
+
+            check_mode(reasoning)
+            spec = GrammarSpec.from_params(regex=regex, json_schema=json_schema, choices=choices, ebnf=ebnf,
+                                           structural_tag=structural_tag)
+            # a grammar that names "</think>" writes the block itself: it holds from the start
+            return spec if spec is None or CLOSE in spec.value else GrammarSpec(spec.kind, spec.value, reasoning)
         if structural_tag is not None:
             from treadle.constrained.structural_tag import StructuralTag
 
@@ -99,6 +111,12 @@ class GrammarSpec:
         rules where they are not calls. Raises ``ValueError`` (``UnsupportedSchemaError`` for schemas, ``EbnfError``
         for grammars) on anything the regex backend cannot represent faithfully.
         """
+        if self.reasoning:
+            from treadle.constrained.reasoning_prefix import after_reasoning
+
+            inner = GrammarSpec(self.kind, self.value).to_regex(whitespace_pattern, json_schema_mode, holes=holes,
+                                                                max_recursion_depth=max_recursion_depth)
+            return after_reasoning(inner, self.reasoning)
         # Imported lazily: json_schema.py is a sibling owned separately and pulls more in.
         from treadle.constrained.ebnf import ebnf_to_regex
         from treadle.constrained.json_schema import choices_to_regex, json_schema_to_regex, validate_regex

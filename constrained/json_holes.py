@@ -73,7 +73,7 @@ import numpy as np
 from treadle.constrained.index_markers import RESERVED_LEAD, reserved_token_ids
 from treadle.constrained.json_any import JsonPushdown
 
-__all__ = ["CALL_CHARS", "HOLE_CHARS", "Holes", "placeholder_vocabulary", "regex_has_holes", "schema_allows_holes",
+__all__ = ["CALL_CHARS", "HOLE_CHARS", "PLACEHOLDER_RANGE", "Holes", "placeholder_vocabulary", "regex_has_holes", "schema_allows_holes",
            "with_definitions"]
 
 KINDS = ("value", "object", "array")
@@ -85,6 +85,10 @@ MAX_CALLS = 16  # recursive definitions a regex can call; a schema with more unr
 CALL_CHARS = tuple(chr(0x10FFE0 + i) for i in range(MAX_CALLS))  # a value of definition i
 PLACEHOLDERS = (*(HOLE_CHARS[k] for k in KINDS), CANARY_CHAR, ENTRY_CHAR, *CALL_CHARS)
 WRITTEN = frozenset((*HOLE_CHARS.values(), ENTRY_CHAR, *CALL_CHARS))  # what a regex with holes may hold
+# U+10FFE0-U+10FFFD, all the placeholders (calls, the entry, the index markers, the canary, the
+# holes) as a class range whose ends a regex with holes may name: negated classes that must not
+# take a placeholder (a free-text run beside calls) leave it out
+PLACEHOLDER_RANGE = f"{CALL_CHARS[0]}-{HOLE_CHARS['value']}"
 _LEAD = RESERVED_LEAD  # the first UTF-8 byte of every placeholder (and of the index markers)
 ENTRY_AFTER = frozenset(b":[,")  # a JSON value follows one of these (or starts the text)
 EXIT_AT = frozenset(b",}]")  # and is followed by one of these (or ends it)

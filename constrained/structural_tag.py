@@ -33,11 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from treadle.constrained.json_holes import (
-    CALL_CHARS,
     ENTRY_AFTER,
     EXIT_AT,
-    HOLE_CHARS,
     JSON_BOUNDS,
+    PLACEHOLDER_RANGE,
     WRITTEN,
     Bounds,
     with_definitions,
@@ -46,9 +45,6 @@ from treadle.constrained.regex_text import class_literal, escape_literal
 
 __all__ = ["StructuralTag", "Structure", "structural_tag_bounds", "structural_tag_to_regex", "trigger_free_regex"]
 
-# U+10FFE0-U+10FFFD: the placeholders of calls and holes (json_holes.py). Free text must not
-# take them, or the start of a definition's branch (ENTRY CALL_i) would also be free text.
-_PLACEHOLDER_BLOCK = f"{CALL_CHARS[0]}-{HOLE_CHARS['value']}"
 MAX_STRUCTURES = 64
 MAX_TRIGGER_CHARS = 256  # all triggers together: the free-text regex grows with their automaton
 
@@ -239,7 +235,8 @@ def structural_tag_to_regex(value: str, *, whitespace_pattern: str | None = None
         [s.schema for s in tag.structures], whitespace_pattern=whitespace_pattern, mode=mode, holes=holes,
         max_recursion_depth=max_recursion_depth, paths=[f"$.structures[{i}].schema" for i in range(len(tag.structures))])
     holes = any(c in r for r in (*schemas, *definitions) for c in WRITTEN)
-    free = _group(trigger_free_regex(tag.triggers, _PLACEHOLDER_BLOCK if holes else ""))
+    # free text must not take a placeholder, or a definition's branch (ENTRY CALL_i) would start in it
+    free = _group(trigger_free_regex(tag.triggers, PLACEHOLDER_RANGE if holes else ""))
     branches = []
     for t in tag.triggers:
         segments = [escape_literal(s.begin[len(t):]) + _group(r) + escape_literal(s.end)

@@ -45,6 +45,10 @@ class SamplingParams:
     ebnf: str | None = None  # a GBNF grammar whose rule "root" is the output (constrained/ebnf.py)
     # free text whose tagged segments follow schemas (constrained/structural_tag.py), as JSON text
     structural_tag: str | None = None
+    # a reasoning block (<think>...</think>) comes before the constrained answer, and is free:
+    # "open" (the prompt opened it) or "maybe" (the reply may open one); the chat endpoint sets
+    # it under --reasoning-parser think (constrained/reasoning_prefix.py)
+    grammar_after_reasoning: str | None = None
     # token id -> added to its logit before sampling (OpenAI's logit_bias: -100 bans, 100 forces)
     logit_bias: dict[int, float] | None = None
 
@@ -158,6 +162,9 @@ class SamplingParams:
             raise ValueError("sampling_params.regex must be a non-empty string")
         if self.ebnf is not None and (not isinstance(self.ebnf, str) or not self.ebnf.strip()):
             raise ValueError("sampling_params.ebnf must be a non-empty string (a grammar with a 'root' rule)")
+        if self.grammar_after_reasoning is not None and self.grammar_after_reasoning not in ("open", "maybe"):
+            raise ValueError("sampling_params.grammar_after_reasoning must be 'open' or 'maybe', "
+                             f"got {self.grammar_after_reasoning!r}")
         if self.structural_tag is not None:
             if not isinstance(self.structural_tag, str):
                 raise ValueError("sampling_params.structural_tag must be an object (or its JSON text)")

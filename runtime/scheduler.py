@@ -249,7 +249,7 @@ class Scheduler:
             from treadle.constrained import GrammarSpec
 
             spec = GrammarSpec.from_params(regex=p.regex, json_schema=p.json_schema, choices=p.choices, ebnf=p.ebnf,
-                                           structural_tag=p.structural_tag)
+                                           structural_tag=p.structural_tag, reasoning=p.grammar_after_reasoning)
             req.grammar_future = self.grammar_compiler.compile_async(spec)
         return req
 

@@ -68,3 +68,12 @@ def test_chat_template_kwargs_reach_the_template(smollm2_tokenizer):
     msgs = [{"role": "user", "content": "hi"}]
     assert apply_chat_template(tok, msgs) == "hi"
     assert apply_chat_template(tok, msgs, enable_thinking=False) == "hi<think></think>"
+
+
+def test_model_thinks_when_its_vocabulary_has_the_tags(smollm2_tokenizer):
+    from treadle.runtime.server.reasoning import model_thinks
+
+    assert not model_thinks(smollm2_tokenizer)  # SmolLM2 never thinks: constraints hold from token one
+    tok = copy.deepcopy(smollm2_tokenizer)
+    tok.add_tokens(["<think>", "</think>"])  # as Qwen3's and DeepSeek-R1's tokenizers have them
+    assert model_thinks(tok) and not model_thinks(None)

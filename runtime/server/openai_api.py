@@ -18,7 +18,7 @@ from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS
 from treadle.runtime.server.http_server import ServerState, read_json
 from treadle.runtime.server.protocol import APIError, finish_reason, matched_stop
-from treadle.runtime.server.reasoning import ReasoningStream, opens_in_prompt
+from treadle.runtime.server.reasoning import ReasoningStream, model_thinks, opens_in_prompt
 from treadle.runtime.server.reasoning import split as reasoning_split
 from treadle.runtime.server.tool_calls import ToolPlan, ToolStream, plan_tools
 from treadle.runtime.server.streaming import gather_all, merge_streams, sse, stream_or_error, until_done_or_disconnect
@@ -88,9 +88,14 @@ def register_openai_routes(app: FastAPI, state: ServerState) -> None:
         if not isinstance(separate, bool):
             raise APIError.bad_request("separate_reasoning must be a boolean", "separate_reasoning")
         prompt = tm.chat_prompt(body.get("messages"), tools, body.get("chat_template_kwargs"))
-        think = opens_in_prompt(prompt) if state.args.reasoning_parser == "think" and separate else None
+        opened = opens_in_prompt(prompt)
+        think = opened if state.args.reasoning_parser == "think" and separate else None
+        # a constraint holds for the answer: the reasoning block before it stays free
+        after = None
+        if state.args.reasoning_parser == "think":
+            after = "open" if opened else "maybe" if model_thinks(tm.tokenizer) else None
         reqs = [_make(tm, body, tm.encode(prompt), default_max=None, return_logprob=bool(lp), top=top or 0,
-                      tools=tools)]
+                      tools=tools, grammar_after_reasoning=after)]
         return await _serve(request, state, body, reqs, chat=True, tools=tools, think=think)
 
 
@@ -153,7 +158,7 @@ def _response_format(rf: Any) -> tuple[str, str] | None:
 
 def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | None,
           return_logprob: bool, top: int, tools: ToolPlan | None = None,
-          prompt_logprobs: bool = False) -> TokenizedGenerateReq:
+          prompt_logprobs: bool = False, grammar_after_reasoning: str | None = None) -> TokenizedGenerateReq:
     params: dict[str, Any] = {}
     for name in _PASSED:
         if body.get(name) is not None:
@@ -186,6 +191,8 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
                                        "combined with response_format, regex, json_schema, choices, ebnf or "
                                        "structural_tag", "tool_choice")
         params.update(overrides)
+    if grammar_after_reasoning is not None and any(params.get(k) for k in GRAMMAR_FIELDS):
+        params["grammar_after_reasoning"] = grammar_after_reasoning
     try:
         return tm.make_req(input_ids=ids, params=params, return_logprob=return_logprob, top_logprobs_num=top,
                            logprob_start_len=0 if prompt_logprobs else None, stream=bool(body.get("stream")))

@@ -7,12 +7,30 @@ as `content`, as SGLang and vLLM do; tool calls are parsed from the answer alone
 template that opens the block itself (the prompt ends in `<think>`, as DeepSeek-R1's does)
 starts the reply inside it. A reply cut by `max_tokens` inside the block is all reasoning.
 A request keeps the raw text with `separate_reasoning: false`.
+
+A constraint (response_format, a grammar, a tool choice) then holds for the answer only: the
+block before it stays free (constrained/reasoning_prefix.py), when the template opened the
+block or the model has `<think>` tokens (`model_thinks`); a grammar that names `</think>`
+itself holds from the first token.
 """
 from __future__ import annotations
 
 from treadle.runtime.detokenizer import partial_suffix_len
 
 OPEN, CLOSE = "<think>", "</think>"
+
+
+_thinks: dict[int, tuple[object, bool]] = {}
+
+
+def model_thinks(tokenizer: object) -> bool:
+    """Whether the model writes thinking blocks: its vocabulary has `<think>` and `</think>`
+    as tokens of their own (Qwen3, QwQ and DeepSeek-R1 do). Cached per tokenizer."""
+    hit = _thinks.get(id(tokenizer))
+    if hit is None or hit[0] is not tokenizer:
+        vocab = tokenizer.get_vocab() if tokenizer is not None and hasattr(tokenizer, "get_vocab") else {}
+        hit = _thinks[id(tokenizer)] = (tokenizer, OPEN in vocab and CLOSE in vocab)
+    return hit[1]
 
 
 def opens_in_prompt(prompt: str) -> bool:
