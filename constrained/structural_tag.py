@@ -133,8 +133,7 @@ def _union(a: str | None, b: str | None) -> str | None:
     if b is None:
         return a
     if a == "" or b == "":
-        other = a or b
-        return other if other.endswith("?") and other.startswith("(?:") else f"{_group(other)}?"
+        return f"{_group(a or b)}?"
     return f"(?:{a}|{b})"
 
 

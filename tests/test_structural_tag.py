@@ -127,6 +127,10 @@ def test_trigger_free_regex_is_exactly_the_strings_without_a_trigger():
     assert free.fullmatch("[x a+b ab") and not free.fullmatch("[x]") and not free.fullmatch("a.b")
     assert not free.fullmatch("7")
     assert len(trigger_free_regex(["<tool_call>"])) < 400  # grows with the triggers' automaton, not 2^n
+    # a union with the empty string matches it, whatever the other side looks like
+    from treadle.constrained.structural_tag import _union
+    for other in ("a", "(?:a|b)(?:c)?", "(?:ab)?c", "[^<]"):
+        assert re.fullmatch(_union("", other), "") and re.fullmatch(_union(other, ""), "")
 
 
 def test_regex_accepts_free_text_with_valid_segments_only():
