@@ -64,6 +64,7 @@ __all__ = [
     "UnsupportedSchemaError",
     "json_schema_to_regex",
     "json_schemas_to_regexes",
+    "embedded_defs",
     "rebase_refs",
     "choices_to_regex",
     "escape_literal",
@@ -139,7 +140,7 @@ def json_schemas_to_regexes(
     paths = paths or [f"$[{i}]" for i in range(len(schemas))]
     checked = [_checked(s, whitespace_pattern, max_recursion_depth, mode) for s in schemas]
     holes = holes and not whitespace_pattern and schema_allows_holes(json.dumps(checked, ensure_ascii=False))
-    root = {"$defs": {f"s{i}": rebase_refs(s, f"/$defs/s{i}") for i, s in enumerate(checked)}}
+    root = {"$defs": embedded_defs({f"s{i}": s for i, s in enumerate(checked)})}
     try:
         conv = _Converter(root, whitespace_pattern or "", max_recursion_depth, mode, holes)
         regexes = [conv.convert(root["$defs"][f"s{i}"], path) for i, path in enumerate(paths)]
@@ -178,6 +179,16 @@ def _checked(schema: Any, whitespace_pattern: str | None, max_recursion_depth: i
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # their values are data, not schemas
 # keywords whose value maps names to schemas (a property may be called "const" or "$ref")
 _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def embedded_defs(named: dict[str, Any]) -> dict[str, Any]:
+    """``named`` schemas as the ``$defs`` of a larger schema, each with its local refs rebased
+    there (``rebase_refs``): reference one as ``{"$ref": "#/$defs/<name>"}``. Names must be
+    plain (no ``/`` or ``~``, which a JSON pointer escapes)."""
+    bad = [n for n in named if "/" in n or "~" in n]
+    if bad:
+        raise ValueError(f"embedded_defs: name {bad[0]!r} needs escaping in a JSON pointer")
+    return {name: rebase_refs(schema, f"/$defs/{name}") for name, schema in named.items()}
 
 
 def rebase_refs(schema: Any, pointer: str) -> Any:

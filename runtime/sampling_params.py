@@ -162,16 +162,18 @@ class SamplingParams:
             raise ValueError("sampling_params.regex must be a non-empty string")
         if self.ebnf is not None and (not isinstance(self.ebnf, str) or not self.ebnf.strip()):
             raise ValueError("sampling_params.ebnf must be a non-empty string (a grammar with a 'root' rule)")
-        if self.grammar_after_reasoning is not None and self.grammar_after_reasoning not in ("open", "maybe"):
-            raise ValueError("sampling_params.grammar_after_reasoning must be 'open' or 'maybe', "
-                             f"got {self.grammar_after_reasoning!r}")
-        if self.structural_tag is not None:
-            if not isinstance(self.structural_tag, str):
-                raise ValueError("sampling_params.structural_tag must be an object (or its JSON text)")
+        if self.structural_tag is not None and not isinstance(self.structural_tag, str):
+            raise ValueError("sampling_params.structural_tag must be an object (or its JSON text)")
+        if self.structural_tag is not None or self.grammar_after_reasoning is not None:
+            # checked where they are defined (constrained/), named as sampling params here
+            from treadle.constrained.reasoning_prefix import check_mode
             from treadle.constrained.structural_tag import StructuralTag
 
             try:
-                StructuralTag.parse(self.structural_tag)
+                if self.structural_tag is not None:
+                    StructuralTag.parse(self.structural_tag)
+                if self.grammar_after_reasoning is not None:
+                    check_mode(self.grammar_after_reasoning)
             except ValueError as e:
                 raise ValueError(f"sampling_params.{e}") from None
         if self.choices is not None and (

@@ -888,3 +888,7 @@ def test_rebase_refs_points_local_refs_under_the_embedding() -> None:
         jsonschema.validate({"x": {"a": [1]}}, outer)
     with pytest.raises(ValueError, match="pointer"):
         rebase_refs(schema, "$defs/t0")
+    from treadle.constrained.json_schema import embedded_defs
+    assert embedded_defs({"t0": schema}) == {"t0": out}
+    with pytest.raises(ValueError, match="escaping"):
+        embedded_defs({"a/b": schema})

@@ -32,7 +32,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from treadle.constrained.json_schema import rebase_refs
+from treadle.constrained.json_schema import embedded_defs
 from treadle.runtime.detokenizer import partial_suffix_len
 from treadle.runtime.server.protocol import APIError
 
@@ -85,7 +85,7 @@ class ToolPlan:
         if self.choice == "required":
             # each tool's parameters sit under $defs, their own refs rebased there (a Pydantic
             # model's nested models are "#/$defs/..." refs of the parameters schema)
-            defs = {f"tool_{i}": rebase_refs(t.parameters, f"/$defs/tool_{i}") for i, t in enumerate(self.tools)}
+            defs = embedded_defs({f"tool_{i}": t.parameters for i, t in enumerate(self.tools)})
             calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": {"$ref": f"#/$defs/{k}"}},
                       "required": ["name", "arguments"]} for k, t in zip(defs, self.tools)]
             schema: dict = {"type": "array", "minItems": 1,
