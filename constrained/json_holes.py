@@ -166,6 +166,7 @@ class HoleTables:
         self._pairs = (m[:, :-1], m[:, 1:], np.arange(max(m.shape[1] - 1, 0))[None, :] + 1 < lens[:, None])
         self._crossing: dict[Bounds, tuple[tuple[int, ...], frozenset[int]]] = {}
         self._simple: dict[Bounds, tuple] = {}
+        self._pairs_by_bounds: dict[Bounds, np.ndarray] = {}
         self.table = table
         allowed = np.ones(pda.bitmask_words * 32, dtype=np.bool_)
         allowed[[e for e in pda.eos_token_ids if e < allowed.size]] = False
@@ -186,6 +187,19 @@ class HoleTables:
             ids = self.pda_ids[cross.any(axis=1)].tolist()
             cands = tuple(sorted(i for i in ids if i not in self.lead))
             hit = self._crossing[bounds] = (cands, frozenset(cands) | self.lead)
+        return hit
+
+    def pair_codes(self, bounds: Bounds) -> np.ndarray:
+        """By token id: the first two bytes of each crossing token under ``bounds`` as one
+        number (``b0 << 8 | b1``), -1 for the others and one-byte tokens. Cached per bounds."""
+        hit = self._pairs_by_bounds.get(bounds)
+        if hit is None:
+            hit = np.full(len(self.table), -1, dtype=np.int64)
+            for i in self.crossing(bounds)[0]:
+                b = self.table[i]
+                if len(b) > 1:
+                    hit[i] = b[0] << 8 | b[1]
+            hit = self._pairs_by_bounds.setdefault(bounds, hit)
         return hit
 
     def simple_entries(self, bounds: Bounds) -> tuple[dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]],
@@ -266,12 +280,7 @@ class Holes:
         self.candidates, self.walked = self.t.crossing(bounds)
         cands = np.asarray(self.candidates, dtype=np.int64)
         self._cands = (cands, np.asarray([self.pda.token_bytes[i][0] for i in self.candidates], dtype=np.int64))
-        # each candidate's first two bytes as one number (-1 for a one-byte token), by token id
-        self._pair_code = np.full(len(self.pda.token_bytes), -1, dtype=np.int64)
-        for i in self.candidates:
-            b = self.pda.token_bytes[i]
-            if len(b) > 1:
-                self._pair_code[i] = b[0] << 8 | b[1]
+        self._pair_code = self.t.pair_codes(bounds)
         self._bounds = bounds
         self._entries_only: tuple = ({}, None)  # set by bind
         ids = placeholder_token_ids(table_size)
