@@ -6,7 +6,8 @@ history); ``GrammarMatcher`` follows a regex grammar (``CompiledGrammar``) by it
 state, from which the grammar also reads the forced text of jump-forward. ``HoleMatcher``
 adds the holes of a schema regex (json_holes.py): any-JSON values
 run on the pushdown automaton. ``JsonAnyMatcher`` follows that automaton alone
-(``JsonAnyGrammar``).
+(``JsonAnyGrammar``). A matcher of a JSON grammar also keeps the keys each open object has
+had, and its mask leaves out tokens that would repeat one (json_keys.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from treadle.constrained.grammar import CompiledGrammar
 from treadle.constrained.json_any import JsonAnyGrammar
+from treadle.constrained.json_keys import START, KeyIndex, feed, key_index, wants_unique_keys
 
 __all__ = ["MatcherBase", "GrammarMatcher", "HoleMatcher", "JsonAnyMatcher", "write_mask_row"]
 
@@ -75,18 +77,24 @@ class MatcherBase:
     nothing; the last ``max_rollback`` tokens can be undone. Subclasses keep their own state
     and provide ``can_terminate``, ``find_jump_forward_string``, ``_advance`` (a non-EOS
     token: check it, call ``_push()`` and move, or return False), ``_mask`` (the allowed-token
-    row of the current state), ``_snapshot`` / ``_restore`` and ``_words`` (bitmask width)."""
+    row of the current state), ``_snapshot`` / ``_restore`` and ``_words`` (bitmask width).
 
-    __slots__ = ("_eos", "_terminated", "_history", "_num_accepted")
+    With a ``KeyIndex`` (a JSON grammar, json_keys.py) the matcher also follows the keys of
+    the open objects: the mask leaves out the tokens that would repeat one, and
+    ``accept_token`` refuses the same tokens."""
 
-    def _init_base(self, eos_token_ids: tuple[int, ...], max_rollback: int) -> None:
+    __slots__ = ("_eos", "_terminated", "_history", "_num_accepted", "_key_index", "_keys")
+
+    def _init_base(self, eos_token_ids: tuple[int, ...], max_rollback: int, keys: KeyIndex | None = None) -> None:
         if max_rollback < 0:
             raise ValueError(f"max_rollback must be >= 0, got {max_rollback}")
         self._eos = frozenset(eos_token_ids)
         self._terminated = False
-        # a snapshot taken *before* each accepted token: (*_snapshot(), terminated)
+        # a snapshot taken *before* each accepted token: (*_snapshot(), keys, terminated)
         self._history: deque[tuple] = deque(maxlen=max_rollback)
         self._num_accepted = 0
+        self._key_index = keys
+        self._keys = START
 
     @property
     def num_accepted(self) -> int:
@@ -108,7 +116,17 @@ class MatcherBase:
             self._push()
             self._terminated = True
             return True
-        return self._advance(token_id)
+        index = self._key_index
+        if index is None:
+            return self._advance(token_id)
+        data = index.table[token_id] if 0 <= token_id < len(index.table) else None
+        keys, repeated = feed(self._keys, data) if data else (self._keys, False)
+        if repeated and index.refuses(self._keys, self._mask(), token_id):
+            return False
+        if not self._advance(token_id):
+            return False
+        self._keys = keys
+        return True
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into ``bitmask[row]`` (overwriting the row).
@@ -117,7 +135,18 @@ class MatcherBase:
         of word ``t // 32`` set means token t is allowed. A terminated matcher allows only
         EOS so padded decode steps stay harmless.
         """
-        write_mask_row(bitmask, row, self._words(), None if self._terminated else self._mask(), self._eos)
+        if self._terminated:
+            write_mask_row(bitmask, row, self._words(), None, self._eos)
+            return
+        mask = self._mask()
+        if self._key_index is not None and self._keys[0]:  # an open container
+            mask = self._key_index.filter(self._keys, mask)
+        write_mask_row(bitmask, row, self._words(), mask, self._eos)
+
+    @property
+    def keys_unique(self) -> bool:
+        """Whether the mask leaves out tokens that would repeat an object's key (json_keys.py)."""
+        return self._key_index is not None
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens (requires <= the retained history)."""
@@ -130,7 +159,7 @@ class MatcherBase:
             return
         for _ in range(num_tokens - 1):
             self._history.pop()
-        *snap, self._terminated = self._history.pop()
+        *snap, self._keys, self._terminated = self._history.pop()
         self._restore(snap)
         self._num_accepted -= num_tokens
 
@@ -139,7 +168,7 @@ class MatcherBase:
         self.__init__(self._g, self._history.maxlen or 0)  # type: ignore[misc,attr-defined]
 
     def _push(self) -> None:
-        self._history.append((*self._snapshot(), self._terminated))
+        self._history.append((*self._snapshot(), self._keys, self._terminated))
         self._num_accepted += 1
 
 
@@ -156,7 +185,8 @@ class GrammarMatcher(MatcherBase):
         return object.__new__(cls)
 
     def __init__(self, grammar: CompiledGrammar, max_rollback: int = 64) -> None:
-        self._init_base(grammar.eos_token_ids, max_rollback)
+        keys = key_index(grammar.token_bytes, grammar.num_tokens) if wants_unique_keys(grammar) else None
+        self._init_base(grammar.eos_token_ids, max_rollback, keys)
         self._g = grammar
         self._state: int = grammar.initial_state
 
@@ -278,7 +308,8 @@ class JsonAnyMatcher(MatcherBase):
     __slots__ = ("_g", "_pda", "_state", "_stack")
 
     def __init__(self, grammar: JsonAnyGrammar, max_rollback: int = 64) -> None:
-        self._init_base(grammar.eos_token_ids, max_rollback)
+        keys = key_index(grammar.pda.token_bytes, grammar.num_tokens) if wants_unique_keys(grammar) else None
+        self._init_base(grammar.eos_token_ids, max_rollback, keys)
         self._g = grammar
         self._pda = grammar.pda
         self._state = grammar.initial

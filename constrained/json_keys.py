@@ -1,0 +1,203 @@
+"""Unique keys: a JSON grammar's mask leaves out the tokens that would repeat a key of the
+object being written.
+
+Neither a regex nor the any-JSON pushdown automaton remembers which keys an open map
+(``additionalProperties``, ``patternProperties``, a free-form object) has had, so a model
+that loops writes ``{"tags":123,"tags":123,...}`` until ``max_tokens`` (SmolLM2 does, under
+a Pydantic ``dict[str, int]``), and a parser keeps only the last of them. Declared
+properties cannot repeat: the schema's regex writes each at most once and keeps declared
+names out of the free keys. Free keys can, so a matcher of a JSON grammar (matcher.py) also
+runs a small lexer over its output (``KeyState``: the open containers, each object with the
+keys it has had, and the string being written), and its mask leaves out every token that
+would close a key its object already has. Two kinds of token can:
+
+* one that finishes the key being written: the rest of a key already seen, then its closing
+  quote (``"tag`` then ``s"``, ``"tags`` then ``":``), found from the token's *stem* (the
+  bytes before that quote: ``s``, empty), by the seen keys or by the stems, whichever are
+  fewer;
+* one that holds a whole key between two of its quotes (``","`` holds the key ``,``), found
+  in a map from the text between any two quotes of a token to the tokens.
+
+Each candidate the grammar's row allows is run through the lexer, so the mask leaves out
+exactly the tokens that repeat a key, and ``accept_token`` refuses exactly those. Where that
+would leave no token at all (``propertyNames`` of two names under ``minProperties: 3``), the
+grammar alone decides: unique keys give way to the grammar, never the other way round.
+
+Keys compare as written (``"a"`` and ``"\\u0061"`` are two keys here). Importing this module
+does not import torch.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+import numpy as np
+
+__all__ = ["KeyIndex", "KeyState", "START", "feed", "key_index"]
+
+# (open containers, innermost last: (keys the object has had, a key may come next) for an
+#  object, (None, False) for an array; 0 outside a string, 1 in one, 2 after its backslash;
+#  the key being written, None when the string being written is not a key)
+KeyState = tuple[tuple[tuple["frozenset[bytes] | None", bool], ...], int, "bytes | None"]
+START: KeyState = ((), 0, None)
+
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_OPEN_OBJ, _OPEN_ARR, _CLOSE = ord("{"), ord("["), frozenset(b"}]")
+_COLON, _COMMA = ord(":"), ord(",")
+_STRUCTURE = re.compile(rb'[{}\[\]":,]')  # the bytes that change anything outside a string
+_STRING_END = re.compile(rb'["\\]')  # and inside one
+_EMPTY: frozenset[bytes] = frozenset()
+
+
+def feed(state: KeyState, data: bytes) -> tuple[KeyState, bool]:
+    """The lexer's state after ``data``, and whether ``data`` closed a key its object had had."""
+    frames, mode, key = state
+    if mode == 0 and not _STRUCTURE.search(data):
+        return state, False
+    if mode == 1 and not _STRING_END.search(data):
+        return ((frames, 1, key + data) if key is not None else state), False
+    stack = list(frames)
+    repeated = False
+    for b in data:
+        if mode == 1:
+            if b == _QUOTE:
+                mode = 0
+                if key is not None:
+                    keys = stack[-1][0]
+                    repeated |= key in keys
+                    stack[-1] = (keys | {key}, False)
+                    key = None
+                continue
+            if b == _BACKSLASH:
+                mode = 2
+        elif mode == 2:
+            mode = 1
+        else:
+            if b == _QUOTE:
+                mode = 1
+                if stack and stack[-1][0] is not None and stack[-1][1]:
+                    key = b""
+            elif b == _OPEN_OBJ:
+                stack.append((_EMPTY, True))
+            elif b == _OPEN_ARR:
+                stack.append((None, False))
+            elif b in _CLOSE:
+                if stack:
+                    stack.pop()
+            elif (b == _COLON or b == _COMMA) and stack and stack[-1][0] is not None:
+                stack[-1] = (stack[-1][0], b == _COMMA)
+            continue
+        if key is not None:
+            key += bytes((b,))
+    return (tuple(stack), mode, key), repeated
+
+
+def _stem(data: bytes, escaped: int) -> bytes | None:
+    """The bytes of ``data`` before its first quote that ends a string (inside one, after a
+    backslash when ``escaped``); None when no quote does."""
+    for j, c in enumerate(data):
+        if escaped:
+            escaped = 0
+        elif c == _BACKSLASH:
+            escaped = 1
+        elif c == _QUOTE:
+            return data[:j]
+    return None
+
+
+class KeyIndex:
+    """The tokens of one vocabulary that can close a key: by their *stem* (the bytes before the
+    quote that would close a key being written, for a key that is not and one that is after a
+    backslash), and by the text between any two of their quotes (a whole key inside)."""
+
+    def __init__(self, table: list[bytes | None], num_tokens: int) -> None:
+        self.table = table
+        self._stems: tuple[dict[bytes, list[int]], dict[bytes, list[int]]] = ({}, {})
+        self._inside: dict[bytes, list[int]] = {}
+        self._two_keys: list[int] = []  # four quotes or more: two keys of one new object, maybe
+        for i, b in enumerate(table[:num_tokens]):
+            if not b or _QUOTE not in b:
+                continue
+            for escaped, stems in enumerate(self._stems):
+                stem = _stem(b, escaped)
+                if stem is not None:
+                    stems.setdefault(stem, []).append(i)
+            at = [j for j, c in enumerate(b) if c == _QUOTE]
+            if len(at) >= 4:
+                self._two_keys.append(i)
+            for n, lo in enumerate(at):
+                for hi in at[n + 1:]:
+                    self._inside.setdefault(b[lo + 1:hi], []).append(i)
+        self._inside_keys = frozenset(self._inside)
+
+    def repeaters(self, state: KeyState, row: np.ndarray) -> list[int]:
+        """The tokens ``row`` (an int32 mask row) allows that would repeat a key from ``state``."""
+        frames, mode, key = state
+        closing: list[int] = []  # they finish the key being written as one its object had
+        if key is not None and frames[-1][0]:
+            keys, n = frames[-1][0], len(key)
+            stems = self._stems[mode - 1]
+            if len(keys) <= len(stems):
+                for k in keys:
+                    if k.startswith(key):
+                        closing += stems.get(k[n:], ())
+            else:
+                for stem, ids in stems.items():
+                    if key + stem in keys:
+                        closing += ids
+        inside: list[int] = self._two_keys  # they hold a key whole: run through the lexer
+        for keys, _ in frames:
+            if keys and not keys.isdisjoint(self._inside_keys):
+                for k in keys & self._inside_keys:
+                    inside = inside + self._inside[k]
+        if not closing and not inside:
+            return []
+        words = row.view(np.uint32)
+        size = words.size
+        out = [t for t in closing if t >> 5 < size and int(words[t >> 5]) >> (t & 31) & 1]
+        out += [t for t in set(inside).difference(out)
+                if t >> 5 < size and int(words[t >> 5]) >> (t & 31) & 1 and feed(state, self.table[t])[1]]
+        return out
+
+    def filter(self, state: KeyState, row: np.ndarray) -> np.ndarray:
+        """``row`` without the tokens that would repeat a key (a copy; ``row`` itself, a shared
+        read-only row, when none would or when that would leave no token)."""
+        drop = self.repeaters(state, row)
+        if not drop:
+            return row
+        out = row.copy()
+        words = out.view(np.uint32)
+        for t in drop:
+            words[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+        return out if words.any() else row
+
+    def refuses(self, state: KeyState, row: np.ndarray, token_id: int) -> bool:
+        """Whether the filtered row leaves ``token_id`` out (it repeats a key, and other tokens
+        remain)."""
+        filtered = self.filter(state, row)
+        return filtered is not row and not int(filtered.view(np.uint32)[token_id >> 5]) >> (token_id & 31) & 1
+
+
+_lock = threading.Lock()
+_indexes: dict[tuple[int, int], KeyIndex] = {}  # (id(table), num_tokens); the index keeps its table alive
+
+
+def key_index(table: list[bytes | None], num_tokens: int) -> KeyIndex:
+    """The ``KeyIndex`` of a bytes table (built once per table)."""
+    with _lock:
+        hit = _indexes.get((id(table), num_tokens))
+        if hit is not None and hit.table is table:
+            return hit
+    index = KeyIndex(table, num_tokens)
+    with _lock:
+        _indexes[(id(table), num_tokens)] = index
+    return index
+
+
+def wants_unique_keys(grammar: Any) -> bool:
+    """Whether a compiled grammar writes JSON from its first byte: a JSON schema's (not after a
+    reasoning block, not a structural tag's free text) or any JSON's."""
+    spec = getattr(grammar, "spec", None)
+    return spec is not None and spec.kind == "json_schema" and not spec.reasoning
