@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from treadle.constrained.json_holes import ENTRY_CHAR, PLACEHOLDER_RANGE, WRITTEN
 from treadle.constrained.regex_text import escape_literal
-from treadle.constrained.structural_tag import trigger_free_regex
+from treadle.constrained.free_text import trigger_free_regex
 
 __all__ = ["MODES", "after_reasoning", "check_mode"]
 

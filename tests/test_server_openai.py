@@ -171,6 +171,31 @@ def test_response_format_structural_tag(client):
     assert blocks >= 1, [c.message.content for c in r.choices]
 
 
+def test_response_format_structural_tag_format_tree(client):
+    """xgrammar's ``format`` form: a reply that is one JSON block and a one-line comment after
+    it (``sequence`` of a ``tag`` and an ``any_text`` tag). Read back independently."""
+    import jsonschema
+
+    fmt = {"type": "sequence", "elements": [
+        {"type": "tag", "begin": "```json\n", "content": {"type": "json_schema", "json_schema": QUERY}, "end": "\n```"},
+        {"type": "tag", "begin": "\nNote: ", "content": {"type": "any_text"}, "end": "."}]}
+    r = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Give the weather query for Paris as a JSON code block."}],
+        response_format={"type": "structural_tag", "format": fmt}, max_tokens=120, temperature=0)
+    text = r.choices[0].message.content
+    assert text.startswith("```json\n"), text
+    value, end = json.JSONDecoder().raw_decode(text, 8)
+    jsonschema.validate(value, QUERY)
+    assert text.startswith("\n```\nNote: ", end), text
+    if r.choices[0].finish_reason == "stop":
+        assert text.endswith(".") and text.count(".", end) == 1, text
+    bad = {"type": "structural_tag", "format": {"type": "sequence", "elements": [{"type": "any_text"},
+                                                                                 {"type": "json_schema", "json_schema": QUERY}]}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smol", messages=MSGS, response_format=bad, max_tokens=4)
+    assert "must begin with fixed text" in str(e.value)
+
+
 def test_extra_body_regex_and_choices(client):
     r = client.completions.create(model="smol", prompt="The year is", max_tokens=8, temperature=0,
                                   extra_body={"regex": "[0-9]{4}"})

@@ -92,7 +92,7 @@ def test_spec_is_canonical_and_exclusive():
     a = GrammarSpec.from_params(structural_tag=TOOLS)
     b = GrammarSpec.from_params(structural_tag=json.dumps({**TOOLS, "type": "structural_tag"}, indent=2))
     assert a == b and a.kind == "structural_tag"
-    assert [s["begin"] for s in json.loads(a.value)["structures"]] == [s["begin"] for s in TOOLS["structures"]]
+    assert [t["begin"] for t in json.loads(a.value)["format"]["tags"]] == [s["begin"] for s in TOOLS["structures"]]
     with pytest.raises(ValueError, match="at most one of"):
         GrammarSpec.from_params(regex="a", structural_tag=TOOLS)
     with pytest.raises(ValueError, match="schema at"):  # a bad schema names where it sits
@@ -128,7 +128,7 @@ def test_trigger_free_regex_is_exactly_the_strings_without_a_trigger():
     assert not free.fullmatch("7")
     assert len(trigger_free_regex(["<tool_call>"])) < 400  # grows with the triggers' automaton, not 2^n
     # a union with the empty string matches it, whatever the other side looks like
-    from treadle.constrained.structural_tag import _union
+    from treadle.constrained.free_text import _union
     for other in ("a", "(?:a|b)(?:c)?", "(?:ab)?c", "[^<]"):
         assert re.fullmatch(_union("", other), "") and re.fullmatch(_union(other, ""), "")
 
@@ -273,3 +273,141 @@ def test_random_walks_through_segments_parse_and_validate(compiled, smollm2_toke
         text = out.decode("utf-8", errors="strict")
         assert segments(text, tag) is not None, text
     assert opened >= 3 and ended >= 6, (opened, ended)
+
+
+# ------------------------------------------------------------------ xgrammar's format tree
+
+INT = {"type": "json_schema", "json_schema": {"type": "integer"}}
+F_TAG = {"type": "tag", "begin": "<f>", "content": INT, "end": "</f>"}
+A_TEXT = {"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": "</a>"}
+
+
+def fmt(f: dict) -> dict:
+    return {"type": "structural_tag", "format": f}
+
+
+# (format, {text: "complete" | "prefix" | "reject"}): each verdict as xgrammar 0.2.9 gave it
+# for the same format and text (its GrammarMatcher.accept_string, then EOS), and the same here
+FORMAT_CASES = {
+    "triggered": ({"type": "triggered_tags", "triggers": ["<f"], "tags": [F_TAG]},
+                  {"hi <f>1</f> x <f>22</f>": "complete", "hi": "complete", "hi <f>x": "reject", "<f>1": "prefix"}),
+    "at_least_one": ({"type": "triggered_tags", "triggers": ["<f"], "tags": [F_TAG], "at_least_one": True},
+                     {"hi <f>1</f>": "reject", "<f>1</f> bye": "complete", "hi": "reject", "": "prefix"}),
+    "stop_after_first": ({"type": "triggered_tags", "triggers": ["<f"], "tags": [F_TAG], "stop_after_first": True},
+                         {"hi <f>1</f>": "complete", "hi <f>1</f> x": "reject", "hi": "complete", "": "complete"}),
+    "one_tag_only": ({"type": "triggered_tags", "triggers": ["<f"], "tags": [F_TAG], "stop_after_first": True,
+                      "at_least_one": True}, {"hi <f>1</f>": "reject", "<f>1</f>": "complete", "hi": "reject"}),
+    "excludes": ({"type": "triggered_tags", "triggers": ["<f"], "tags": [F_TAG], "excludes": ["NO"]},
+                 {"a<f>1</f>b": "complete", "aNOb": "reject", "<f>1</f>NO": "reject"}),
+    "any_text_tag": (A_TEXT, {"<a>x</a>": "complete", "<a>x</a>y</a>": "reject", "<a>x": "prefix"}),
+    "ends": ({"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": ["</a>", "</b>"]},
+             {"<a>x</b>": "complete", "<a>x</a>": "complete", "<a>x</a>y": "reject"}),
+    "any_then_const": ({"type": "sequence", "elements": [{"type": "any_text"}, {"type": "const_string", "value": "END"}]},
+                       {"abEND": "complete", "abENDxEND": "complete", "END": "complete"}),
+    "triggered_then_const": ({"type": "sequence", "elements": [
+        {"type": "triggered_tags", "triggers": ["<f"], "tags": [F_TAG]}, {"type": "const_string", "value": "END"}]},
+        {"ab<f>1</f>cEND": "complete", "abEND": "complete", "aEND<f>1</f>END": "complete"}),
+    "separator": ({"type": "tags_with_separator", "tags": [F_TAG], "separator": ","},
+                  {"": "complete", "<f>1</f>": "complete", "<f>1</f>,<f>2</f>": "complete", "<f>1</f>,": "prefix",
+                   "<f>1</f><f>2</f>": "reject"}),
+    "any_text": ({"type": "any_text"}, {"": "complete", "abc\n<x>": "complete"}),
+    "any_text_excludes": ({"type": "any_text", "excludes": ["bad"]}, {"good": "complete", "a bad b": "reject"}),
+    "or": ({"type": "or", "elements": [{"type": "const_string", "value": "yes"}, INT]},
+           {"yes": "complete", "12": "complete", "no": "reject"}),
+    "triggered_in_tag": ({"type": "tag", "begin": "<r>", "content": {"type": "triggered_tags", "triggers": ["<f"],
+                                                                     "tags": [F_TAG]}, "end": "</r>"},
+                         {"<r>a<f>1</f>b</r>": "complete", "<r></r>": "complete", "<r>a</r>b": "reject"}),
+    "seq_any_in_tag": ({"type": "tag", "begin": "<a>", "content": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "k:"}, {"type": "any_text"}]}, "end": "</a>"},
+        {"<a>k:x</a>": "complete", "<a>k:x</a>y</a>": "reject"}),
+    "star": ({"type": "star", "content": A_TEXT}, {"<a>x</a><a>y</a>": "complete", "": "complete"}),
+    "plus": ({"type": "plus", "content": {"type": "const_string", "value": "ab"}},
+             {"ab": "complete", "abab": "complete", "": "prefix"}),
+    "repeat": ({"type": "repeat", "min": 1, "max": 2, "content": {"type": "const_string", "value": "ab"}},
+               {"ab": "complete", "abab": "complete", "ababab": "reject"}),
+    "regex_grammar": ({"type": "sequence", "elements": [{"type": "regex", "pattern": "[a-c]+"},
+                                                        {"type": "grammar", "grammar": 'root ::= "x" | "y"'}]},
+                      {"abx": "complete", "ay": "complete", "x": "reject"}),
+    "any_text_in_triggered_tag": ({"type": "triggered_tags", "triggers": ["<a"], "tags": [A_TEXT]},
+                                  {"x<a>y</a>z": "complete", "x<a>y</a>z</a>": "complete"}),
+    # free-form JSON (a hole) between a begin and an end: tokens cross ">{" and "}<"
+    "hole_in_tag": ({"type": "tags_with_separator", "separator": "\n", "at_least_one": True, "tags": [
+        {"begin": "<call>", "content": {"type": "json_schema", "json_schema": {"type": "object"}}, "end": "</call>"}]},
+        {'<call>{"a":[1,{"b":{}}]}</call>\n<call>{}</call>': "complete", "<call>[]</call>": "reject"}),
+}
+
+
+@pytest.fixture(scope="module")
+def format_grammars(smollm2_tokenizer):
+    from treadle.constrained.compiler import GrammarCompiler
+
+    tok = smollm2_tokenizer
+    with GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok)) as c:
+        yield {name: c.compile(GrammarSpec.from_params(structural_tag=fmt(f))) for name, (f, _) in FORMAT_CASES.items()}
+
+
+def verdict(g, tok, text: str) -> str:
+    m = g.matcher()
+    if not all(m.accept_token(t) for t in tok.encode(text, add_special_tokens=False)):
+        return "reject"
+    return "complete" if m.accept_token(tok.eos_token_id) else "prefix"
+
+
+@pytest.mark.parametrize("name", FORMAT_CASES)
+def test_formats_accept_what_xgrammar_accepts(format_grammars, smollm2_tokenizer, name):
+    _, texts = FORMAT_CASES[name]
+    got = {text: verdict(format_grammars[name], smollm2_tokenizer, text) for text in texts}
+    assert got == texts
+    if name == "hole_in_tag":
+        assert format_grammars[name].holes is not None
+
+
+def test_legacy_form_is_a_triggered_tags_format():
+    legacy = GrammarSpec.from_params(structural_tag=FUNCS)
+    tags = [{"begin": s["begin"], "content": {"type": "json_schema", "json_schema": s["schema"]}, "end": s["end"]}
+            for s in FUNCS["structures"]]
+    new = GrammarSpec.from_params(structural_tag=fmt({"type": "triggered_tags", "triggers": FUNCS["triggers"],
+                                                      "tags": tags}))
+    assert legacy == new  # one canonical form: one cache entry, one regex
+
+
+def test_format_bounds_are_the_bytes_around_json_values():
+    from treadle.constrained.json_holes import ENTRY_AFTER, EXIT_AT
+    from treadle.constrained.structural_tag import structural_tag_bounds
+
+    f = fmt({"type": "sequence", "elements": [
+        {"type": "tag", "begin": "<x>", "content": {"type": "json_schema", "json_schema": {}}, "end": ["|", "</x>"]},
+        {"type": "const_string", "value": "="}, {"type": "json_schema", "json_schema": {"type": "object"}}]})
+    value = GrammarSpec.from_params(structural_tag=f).value
+    regex = structural_tag_to_regex(value, holes=True)
+    before, _, _, after = structural_tag_bounds(value, regex)
+    assert before == ENTRY_AFTER | {ord(">"), ord("=")}
+    assert after == EXIT_AT | {ord("|"), ord("<")}  # the last value ends the text: nothing after it
+
+
+@pytest.mark.parametrize("f, words", [
+    ({"type": "token", "token": 5}, "type 'token' is not supported"),
+    ({"type": "const_string", "value": "a", "x": 1}, "unknown field(s) x"),
+    ({"type": "json_schema", "json_schema": {}, "style": "qwen_xml"}, "style = 'qwen_xml' is not supported"),
+    ({"type": "json_schema", "json_schema": "x"}, "format.json_schema must be a JSON schema"),
+    ({"type": "triggered_tags", "triggers": ["<", "<f"], "tags": [F_TAG]}, "more than one of the triggers"),
+    ({"type": "triggered_tags", "triggers": ["<g"], "tags": [F_TAG]}, "tags[0].begin '<f>' does not start with any"),
+    ({"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": ""}, "needs a non-empty end"),
+    ({"type": "tag", "begin": "<a>", "content": INT}, "end must be a string or a non-empty list"),
+    ({"type": "repeat", "min": 3, "max": 2, "content": INT}, "max >= min"),
+    ({"type": "repeat", "min": 0, "max": 1000, "content": INT}, "at most 32"),
+    ({"type": "sequence", "elements": []}, "elements must be a non-empty list"),
+    ({"type": "regex", "pattern": "(a"}, "format.pattern"),
+    ({"type": "const_string", "value": "\U0010FFFD"}, "reserved"),
+    ({"type": "any_text", "max_tokens": 5}, "max_tokens = 5 is not supported"),
+    # xgrammar takes these two; their token index would blow up here
+    ({"type": "sequence", "elements": [{"type": "any_text"}, INT]}, "must begin with fixed text"),
+    ({"type": "star", "content": {"type": "any_text"}}, "cannot repeat"),
+    ("x", "format must be an object"),
+])
+def test_bad_formats_are_value_errors_naming_the_problem(f, words):
+    with pytest.raises(ValueError) as e:
+        GrammarSpec.from_params(structural_tag=fmt(f))
+    assert words in str(e.value)
+    with pytest.raises(ValueError, match="unknown field"):
+        GrammarSpec.from_params(structural_tag={**fmt(INT), "structures": []})
