@@ -23,8 +23,9 @@ exactly the tokens that repeat a key, and ``accept_token`` refuses exactly those
 would leave no token at all (``propertyNames`` of two names under ``minProperties: 3``), the
 grammar alone decides: unique keys give way to the grammar, never the other way round.
 
-Keys compare as written (``"a"`` and ``"\\u0061"`` are two keys here). Importing this module
-does not import torch.
+After a reasoning block (reasoning_prefix.py) the lexer starts at ``</think>``. Keys compare
+as written (``"a"`` and ``"\\u0061"`` are two keys here). Importing this module does not
+import torch.
 """
 
 from __future__ import annotations
@@ -35,13 +36,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KeyIndex", "KeyState", "START", "feed", "key_index"]
+__all__ = ["KeyIndex", "KeyState", "START", "feed", "key_index", "unique_keys_start"]
 
 # (open containers, innermost last: (keys the object has had, a key may come next) for an
-#  object, (None, False) for an array; 0 outside a string, 1 in one, 2 after its backslash;
-#  the key being written, None when the string being written is not a key)
+#  object, (None, False) for an array; 0 outside a string, 1 in one, 2 after its backslash,
+#  3 in a reasoning block before the JSON, 4 before a reasoning block or the JSON; the key
+#  being written, None when the string being written is not a key, in a reasoning block
+#  its last bytes)
 KeyState = tuple[tuple[tuple["frozenset[bytes] | None", bool], ...], int, "bytes | None"]
 START: KeyState = ((), 0, None)
+_THINKING: dict[str, KeyState] = {"open": ((), 3, b""), "maybe": ((), 4, None)}  # reasoning_prefix.py's modes
+_THINK_END = b"</think>"
 
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _OPEN_OBJ, _OPEN_ARR, _CLOSE = ord("{"), ord("["), frozenset(b"}]")
@@ -54,6 +59,18 @@ _EMPTY: frozenset[bytes] = frozenset()
 def feed(state: KeyState, data: bytes) -> tuple[KeyState, bool]:
     """The lexer's state after ``data``, and whether ``data`` closed a key its object had had."""
     frames, mode, key = state
+    if mode >= 3:  # the JSON comes after "</think>" (reasoning_prefix.py); it cannot start with "<"
+        if mode == 4:
+            if not data:
+                return state, False
+            if data[0] != ord("<"):
+                return feed(START, data)
+            key = b""
+        seen = key + data
+        at = seen.find(_THINK_END)
+        if at < 0:
+            return ((), 3, seen[-(len(_THINK_END) - 1):]), False
+        return feed(START, seen[at + len(_THINK_END):])
     if mode == 0 and not _STRUCTURE.search(data):
         return state, False
     if mode == 1 and not _STRING_END.search(data):
@@ -135,6 +152,8 @@ class KeyIndex:
     def repeaters(self, state: KeyState, row: np.ndarray) -> list[int]:
         """The tokens ``row`` (an int32 mask row) allows that would repeat a key from ``state``."""
         frames, mode, key = state
+        if mode >= 3:
+            return []
         closing: list[int] = []  # they finish the key being written as one its object had
         if key is not None and frames[-1][0]:
             keys, n = frames[-1][0], len(key)
@@ -196,8 +215,11 @@ def key_index(table: list[bytes | None], num_tokens: int) -> KeyIndex:
     return index
 
 
-def wants_unique_keys(grammar: Any) -> bool:
-    """Whether a compiled grammar writes JSON from its first byte: a JSON schema's (not after a
-    reasoning block, not a structural tag's free text) or any JSON's."""
+def unique_keys_start(grammar: Any) -> KeyState | None:
+    """Where a compiled grammar's key check starts, None for no check: a JSON schema's grammar
+    (any JSON's too) writes JSON from its first byte, or after a reasoning block; a structural
+    tag's JSON sits in free text, which the lexer cannot tell apart."""
     spec = getattr(grammar, "spec", None)
-    return spec is not None and spec.kind == "json_schema" and not spec.reasoning
+    if spec is None or spec.kind != "json_schema":
+        return None
+    return _THINKING[spec.reasoning] if spec.reasoning else START

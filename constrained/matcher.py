@@ -19,7 +19,7 @@ import torch
 
 from treadle.constrained.grammar import CompiledGrammar
 from treadle.constrained.json_any import JsonAnyGrammar
-from treadle.constrained.json_keys import START, KeyIndex, feed, key_index, wants_unique_keys
+from treadle.constrained.json_keys import START, KeyIndex, KeyState, feed, key_index, unique_keys_start
 
 __all__ = ["MatcherBase", "GrammarMatcher", "HoleMatcher", "JsonAnyMatcher", "write_mask_row"]
 
@@ -85,7 +85,8 @@ class MatcherBase:
 
     __slots__ = ("_eos", "_terminated", "_history", "_num_accepted", "_key_index", "_keys")
 
-    def _init_base(self, eos_token_ids: tuple[int, ...], max_rollback: int, keys: KeyIndex | None = None) -> None:
+    def _init_base(self, eos_token_ids: tuple[int, ...], max_rollback: int, keys: KeyIndex | None = None,
+                   keys_start: KeyState = START) -> None:
         if max_rollback < 0:
             raise ValueError(f"max_rollback must be >= 0, got {max_rollback}")
         self._eos = frozenset(eos_token_ids)
@@ -94,7 +95,7 @@ class MatcherBase:
         self._history: deque[tuple] = deque(maxlen=max_rollback)
         self._num_accepted = 0
         self._key_index = keys
-        self._keys = START
+        self._keys = keys_start
 
     @property
     def num_accepted(self) -> int:
@@ -185,8 +186,9 @@ class GrammarMatcher(MatcherBase):
         return object.__new__(cls)
 
     def __init__(self, grammar: CompiledGrammar, max_rollback: int = 64) -> None:
-        keys = key_index(grammar.token_bytes, grammar.num_tokens) if wants_unique_keys(grammar) else None
-        self._init_base(grammar.eos_token_ids, max_rollback, keys)
+        start = unique_keys_start(grammar)
+        keys = key_index(grammar.token_bytes, grammar.num_tokens) if start is not None else None
+        self._init_base(grammar.eos_token_ids, max_rollback, keys, start or START)
         self._g = grammar
         self._state: int = grammar.initial_state
 
@@ -308,8 +310,9 @@ class JsonAnyMatcher(MatcherBase):
     __slots__ = ("_g", "_pda", "_state", "_stack")
 
     def __init__(self, grammar: JsonAnyGrammar, max_rollback: int = 64) -> None:
-        keys = key_index(grammar.pda.token_bytes, grammar.num_tokens) if wants_unique_keys(grammar) else None
-        self._init_base(grammar.eos_token_ids, max_rollback, keys)
+        start = unique_keys_start(grammar)
+        keys = key_index(grammar.pda.token_bytes, grammar.num_tokens) if start is not None else None
+        self._init_base(grammar.eos_token_ids, max_rollback, keys, start or START)
         self._g = grammar
         self._pda = grammar.pda
         self._state = grammar.initial

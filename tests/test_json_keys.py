@@ -189,9 +189,23 @@ def test_grammar_wins_where_unique_keys_leave_nothing(compiler, smol):
 
 
 def test_not_for_text_grammars(compiler):
-    for spec in (GrammarSpec.from_params(regex=r'\{"a":1,"a":2\}'),
-                 GrammarSpec.from_params(json_schema=MAP, reasoning="maybe")):
+    tag = {"structures": [{"begin": "<j>", "schema": MAP, "end": "</j>"}], "triggers": ["<j>"]}
+    for spec in (GrammarSpec.from_params(regex=r'\{"a":1,"a":2\}'), GrammarSpec.from_params(structural_tag=tag)):
         assert not compiler.compile(spec).matcher().keys_unique
+
+
+@pytest.mark.parametrize("mode, block", [("open", 'I think {"x":1} "tam_" fits.</think>\n'),
+                                         ("maybe", '<think>{"tam_":1,"tam_":2}</think>'), ("maybe", "")])
+def test_after_a_reasoning_block(compiler, smol, mode, block):
+    """The block is free text (keys in it count for nothing); the answer's keys are checked."""
+    g = compiler.compile(GrammarSpec.from_params(json_schema=MAP, reasoning=mode))
+    m = g.matcher()
+    assert m.keys_unique
+    drive(m, smol, block + '{"name":"x","tags":{"tam_":1,"tam')
+    under = [t for t in range(len(smol)) if smol.decode([t]) == "_"]
+    assert m.accept_token(under[0])
+    close = smol.convert_tokens_to_ids('"')
+    assert close not in allowed(m, len(smol)) and not m.accept_token(close)
 
 
 def test_model_loop_no_longer_repeats_keys():
