@@ -169,13 +169,12 @@ class _Parser:
             raise ValueError(f"{where}.{name} must be a boolean")
         return f
 
-    def node(self, v: Any, where: str, depth: int = 0, kind: str | None = None) -> Any:
+    def node(self, v: Any, where: str, depth: int = 0) -> Any:
         if not isinstance(v, dict):
             raise ValueError(f"{where} must be an object (a format)")
-        t = v.get("type", kind)
-        if t not in _FIELDS or (kind is not None and t != kind):
-            raise ValueError(f"{where}.type must be {kind!r}" if kind else
-                             f"{where}.type {t!r} is not supported; supported: {', '.join(_FIELDS)}")
+        t = v.get("type")
+        if t not in _FIELDS:
+            raise ValueError(f"{where}.type {t!r} is not supported; supported: {', '.join(_FIELDS)}")
         extra = sorted(set(v) - _FIELDS[t] - {"type"})
         if extra:
             raise ValueError(f"{where}: unknown field(s) {', '.join(extra)} for a {t!r} format")
