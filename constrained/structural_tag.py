@@ -359,6 +359,20 @@ def _walk(node: Any):
         yield from _walk(k)
 
 
+def _json_paths(node: Any, path: str):
+    """(node, its path in the format) of every json_schema node, in ``_walk``'s order."""
+    if isinstance(node, Json):
+        yield node, f"{path}.json_schema"
+    elif isinstance(node, (Seq, Or)):
+        for i, e in enumerate(node.elements):
+            yield from _json_paths(e, f"{path}.elements[{i}]")
+    elif isinstance(node, (Repeat, Tag)):
+        yield from _json_paths(node.content, f"{path}.content")
+    elif isinstance(node, (Triggered, Separated)):
+        for i, t in enumerate(node.tags):
+            yield from _json_paths(t, f"{path}.tags[{i}]")
+
+
 @dataclass(frozen=True)
 class StructuralTag:
     format: Any  # the root node
@@ -468,14 +482,17 @@ def structural_tag_to_regex(value: str, *, whitespace_pattern: str | None = None
 
     root = StructuralTag.parse(value).format
     nodes = list(_walk(root))
-    jsons = [n for n in nodes if isinstance(n, Json)]
+    jsons = [(n, path) for n, path in _json_paths(root, "$.format")]
+    if isinstance(root, Triggered) and not (root.at_least_one or root.stop_after_first or root.excludes) and all(
+            isinstance(t.content, Json) and len(t.ends) == 1 and t.ends[0] for t in root.tags):
+        jsons = [(n, f"$.structures[{i}].schema") for i, (n, _) in enumerate(jsons)]  # the legacy form's names
     holes = holes and not any(isinstance(n, (Regex, Grammar)) for n in nodes)
     regexes, definitions = json_schemas_to_regexes(
-        [n.schema for n in jsons], whitespace_pattern=whitespace_pattern, mode=mode, holes=holes,
-        max_recursion_depth=max_recursion_depth, paths=[f"$.structural_tag.json_schema[{i}]" for i in range(len(jsons))])
+        [n.schema for n, _ in jsons], whitespace_pattern=whitespace_pattern, mode=mode, holes=holes,
+        max_recursion_depth=max_recursion_depth, paths=[path for _, path in jsons])
     written = any(c in r for r in (*regexes, *definitions) for c in WRITTEN)
     # free text must not take a placeholder, or a definition's branch (ENTRY CALL_i) would start in it
-    emitter = _Emitter({id(n): r for n, r in zip(jsons, regexes)}, PLACEHOLDER_RANGE if written else "",
+    emitter = _Emitter({id(n): r for (n, _), r in zip(jsons, regexes)}, PLACEHOLDER_RANGE if written else "",
                        max_recursion_depth)
     return with_definitions(emitter.emit(root), definitions)
 

@@ -411,3 +411,14 @@ def test_bad_formats_are_value_errors_naming_the_problem(f, words):
     assert words in str(e.value)
     with pytest.raises(ValueError, match="unknown field"):
         GrammarSpec.from_params(structural_tag={**fmt(INT), "structures": []})
+
+
+def test_schema_errors_name_the_node():
+    bad = {"type": "integer", "if": {"minimum": 1}, "then": {"maximum": 5}}
+    f = fmt({"type": "sequence", "elements": [{"type": "const_string", "value": "x"},
+                                              {"type": "or", "elements": [INT, {"type": "json_schema", "json_schema": bad}]}]})
+    with pytest.raises(ValueError, match=r"'if' at \$\.format\.elements\[1\]\.elements\[1\]\.json_schema"):
+        GrammarSpec.from_params(structural_tag=f).to_regex()
+    legacy = {"structures": [call("a", WEATHER), call("b", bad)], "triggers": ["<tool_call>"]}
+    with pytest.raises(ValueError, match=r"'if' at \$\.structures\[1\]\.schema"):
+        GrammarSpec.from_params(structural_tag=legacy).to_regex()
