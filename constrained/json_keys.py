@@ -133,7 +133,7 @@ class KeyIndex:
         self.table = table
         self._stems: tuple[dict[bytes, list[int]], dict[bytes, list[int]]] = ({}, {})
         self._inside: dict[bytes, list[int]] = {}
-        self._two_keys: list[int] = []  # four quotes or more: two keys of one new object, maybe
+        self.two_keys: list[int] = []  # four quotes or more: two keys of one new object, maybe
         for i, b in enumerate(table[:num_tokens]):
             if not b or _QUOTE not in b:
                 continue
@@ -143,7 +143,7 @@ class KeyIndex:
                     stems.setdefault(stem, []).append(i)
             at = [j for j, c in enumerate(b) if c == _QUOTE]
             if len(at) >= 4:
-                self._two_keys.append(i)
+                self.two_keys.append(i)
             for n, lo in enumerate(at):
                 for hi in at[n + 1:]:
                     self._inside.setdefault(b[lo + 1:hi], []).append(i)
@@ -166,7 +166,7 @@ class KeyIndex:
                 for stem, ids in stems.items():
                     if key + stem in keys:
                         closing += ids
-        inside: list[int] = self._two_keys  # they hold a key whole: run through the lexer
+        inside: list[int] = self.two_keys  # they hold a key whole: run through the lexer
         for keys, _ in frames:
             if keys and not keys.isdisjoint(self._inside_keys):
                 for k in keys & self._inside_keys:

@@ -140,8 +140,9 @@ class MatcherBase:
             write_mask_row(bitmask, row, self._words(), None, self._eos)
             return
         mask = self._mask()
-        if self._key_index is not None and self._keys[0]:  # an open container
-            mask = self._key_index.filter(self._keys, mask)
+        index = self._key_index
+        if index is not None and (self._keys[0] or index.two_keys):  # an open container, or a token that opens one
+            mask = index.filter(self._keys, mask)
         write_mask_row(bitmask, row, self._words(), mask, self._eos)
 
     @property
