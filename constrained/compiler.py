@@ -13,6 +13,7 @@ Programs that create a ``GrammarCompiler`` must guard their entry point with
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -28,6 +29,7 @@ from treadle.constrained.index_markers import check_regex, marked
 from treadle.constrained.json_any import JsonAnyGrammar, JsonPushdown, json_any_root
 from treadle.constrained.ebnf import call_boundaries
 from treadle.constrained.json_holes import WRITTEN, Holes, hole_tables, regex_has_holes, schema_allows_holes
+from treadle.constrained.json_keys import schema_has_free_keys
 from treadle.constrained.structural_tag import structural_tag_bounds
 from treadle.constrained.vocabulary import build_vocabulary
 
@@ -372,9 +374,12 @@ class GrammarCompiler:
     def _grammar(self, spec: GrammarSpec, regex: str, index: Any, seconds: float,
                  from_disk: bool = False) -> CompiledGrammar:
         holes = _holes_of(spec, regex, index, self._table, self._pushdown)
+        free_keys = spec.kind != "json_schema" or self._json_schema_mode != "strict" or \
+            schema_has_free_keys(json.loads(spec.value))
         return CompiledGrammar(index=index, regex=regex, vocab_size=self._vocab_size,
                                num_tokens=self._num_tokens, eos_token_ids=self._eos, token_bytes=self._table,
-                               spec=spec, compile_time_s=seconds, from_disk=from_disk, holes=holes)
+                               spec=spec, compile_time_s=seconds, from_disk=from_disk, holes=holes,
+                               free_keys=free_keys)
 
     def _compile_in(self, w: _Worker, spec: GrammarSpec, regex: str) -> CompiledGrammar:
         """Run one build in worker ``w``; on a broken worker, replace it before raising."""

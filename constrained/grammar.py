@@ -194,6 +194,7 @@ class CompiledGrammar:
     compile_time_s: float = 0.0
     from_disk: bool = False  # loaded from the disk cache (compile_time_s: the original build's)
     holes: Any = None  # json_holes.Holes when the regex has any-value or call placeholders
+    free_keys: bool = True  # its output may hold object keys it does not name (json_keys.py checks them)
     _rows: dict[int, Any] = field(default_factory=dict, repr=False)
     _jumps: dict[int, str] = field(default_factory=dict, repr=False)
     _finals: dict[int, bool] = field(default_factory=dict, repr=False)

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KeyIndex", "KeyState", "START", "feed", "key_index", "unique_keys_start"]
+__all__ = ["KeyIndex", "KeyState", "START", "feed", "key_index", "schema_has_free_keys", "unique_keys_start"]
 
 # (open containers, innermost last: (keys the object has had, a key may come next) for an
 #  object, (None, False) for an array; 0 outside a string, 1 in one, 2 after its backslash,
@@ -215,11 +215,44 @@ def key_index(table: list[bytes | None], num_tokens: int) -> KeyIndex:
     return index
 
 
+_ONE = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "additionalItems", "contains",
+        "propertyNames", "not", "if", "then", "else")  # keywords whose value is a subschema
+_MANY = ("prefixItems", "anyOf", "oneOf", "allOf")  # a list of them
+_NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # a name -> subschema map
+_OPEN = ("additionalProperties", "unevaluatedProperties", "patternProperties", "propertyNames")
+
+
+def schema_has_free_keys(schema: Any) -> bool:
+    """Whether a JSON schema's output under strict mode may hold an object key the schema does
+    not name (a map, a free-form object, any value): where it cannot, no key can repeat and the
+    check is skipped. True wherever unsure: an untyped schema, an open keyword."""
+    if schema is True:
+        return True
+    if not isinstance(schema, dict):
+        return False  # False: no output at all
+    types = schema.get("type")
+    types = {types} if isinstance(types, str) else set(types) if isinstance(types, list) else None
+    if types is None and not any(k in schema for k in ("enum", "const", "$ref", "anyOf", "oneOf", "allOf")):
+        return True  # any value
+    if any(k in schema and schema[k] is not False for k in _OPEN):
+        return True
+    if types is not None and "object" in types and not (isinstance(schema.get("properties"), dict) and schema["properties"]) \
+            and schema.get("additionalProperties", True) is not False:
+        return True  # a free-form object
+    if types is not None and "array" in types and "items" not in schema and "prefixItems" not in schema:
+        return True  # items of any value
+    subs = [schema[k] for k in _ONE if k in schema]
+    subs += [x for k in _MANY if isinstance(schema.get(k), list) for x in schema[k]]
+    subs += [x for k in _NAMED if isinstance(schema.get(k), dict) for x in schema[k].values()]
+    return any(schema_has_free_keys(x) for x in subs)
+
+
 def unique_keys_start(grammar: Any) -> KeyState | None:
     """Where a compiled grammar's key check starts, None for no check: a JSON schema's grammar
-    (any JSON's too) writes JSON from its first byte, or after a reasoning block; a structural
-    tag's JSON sits in free text, which the lexer cannot tell apart."""
+    (any JSON's too) writes JSON from its first byte, or after a reasoning block; one whose
+    objects have declared keys only (``free_keys`` False: the compiler's verdict) cannot
+    repeat one; a structural tag's JSON sits in free text, which the lexer cannot tell apart."""
     spec = getattr(grammar, "spec", None)
-    if spec is None or spec.kind != "json_schema":
+    if spec is None or spec.kind != "json_schema" or not getattr(grammar, "free_keys", True):
         return None
     return _THINKING[spec.reasoning] if spec.reasoning else START

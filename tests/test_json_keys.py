@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from treadle.constrained import GrammarCompiler, GrammarSpec, allocate_token_bitmask, bitmask_to_bool
-from treadle.constrained.json_keys import START, KeyIndex, feed
+from treadle.constrained.json_keys import START, KeyIndex, feed, schema_has_free_keys
 
 
 def run(text: bytes, cut: int = 3):
@@ -186,6 +186,33 @@ def test_grammar_wins_where_unique_keys_leave_nothing(compiler, smol):
     assert allowed(m, len(smol))  # the repeat is all the grammar allows: allowed
     drive(m, smol, '":2}')
     assert m.can_terminate()
+
+
+DECLARED = {"type": "object", "properties": {
+    "name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
+    "home": {"anyOf": [{"$ref": "#/$defs/Address"}, {"type": "null"}]},
+    "shape": {"enum": [{"kind": "circle", "r": 1}, "none"]}}, "required": ["name"],
+    "$defs": {"Address": {"type": "object", "properties": {"city": {"type": "string"}}, "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("schema, free", [
+    (DECLARED, False), (False, False), ({"type": "object", "properties": {}, "additionalProperties": False}, False),
+    (MAP, True), ({"type": "object"}, True), ({}, True), (True, True), ({"type": "array"}, True),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "patternProperties": {"^x": {}}}, True),
+    ({"properties": {"a": {"type": "integer"}}}, True),  # untyped: any value
+    ({**DECLARED, "$defs": {"Address": {"type": "object", "additionalProperties": {"type": "string"}}}}, True),
+    ({"type": "array", "items": {"oneOf": [{"type": "integer"}, {"type": "object", "properties": {"p": {}}}]}}, True),
+])
+def test_schemas_with_free_keys(schema, free):
+    assert schema_has_free_keys(schema) == free
+
+
+def test_declared_keys_only_skip_the_check(compiler, smol):
+    assert not compiler.compile(GrammarSpec.from_params(json_schema=DECLARED)).matcher().keys_unique
+    assert compiler.compile(GrammarSpec.from_params(json_schema=MAP)).matcher().keys_unique
+    # spec mode admits extra members after the declared ones: checked
+    with GrammarCompiler(smol, [smol.eos_token_id], vocab_size=len(smol), json_schema_mode="spec") as c:
+        assert c.compile(GrammarSpec.from_params(json_schema=DECLARED)).matcher().keys_unique
 
 
 def test_not_for_text_grammars(compiler):
