@@ -297,8 +297,6 @@ class GrammarCompiler:
         and output is compact (a whitespace pattern goes through the regex backend)."""
         if spec.kind != "json_schema" or self._whitespace_pattern is not None or spec.reasoning:
             return None
-        import json
-
         return json_any_root(json.loads(spec.value))
 
     def _holes(self, spec: GrammarSpec) -> bool:

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from treadle.constrained.reasoning_prefix import CLOSE, MODES
+
 __all__ = ["KeyIndex", "KeyState", "START", "feed", "key_index", "schema_has_free_keys", "unique_keys_start"]
 
 # (open containers, innermost last: (keys the object has had, a key may come next) for an
@@ -45,8 +47,8 @@ __all__ = ["KeyIndex", "KeyState", "START", "feed", "key_index", "schema_has_fre
 #  its last bytes)
 KeyState = tuple[tuple[tuple["frozenset[bytes] | None", bool], ...], int, "bytes | None"]
 START: KeyState = ((), 0, None)
-_THINKING: dict[str, KeyState] = {"open": ((), 3, b""), "maybe": ((), 4, None)}  # reasoning_prefix.py's modes
-_THINK_END = b"</think>"
+_THINKING: dict[str, KeyState] = dict(zip(MODES, (((), 3, b""), ((), 4, None))))  # reasoning_prefix.py's modes
+_THINK_END = CLOSE.encode()
 
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _OPEN_OBJ, _OPEN_ARR, _CLOSE = ord("{"), ord("["), frozenset(b"}]")

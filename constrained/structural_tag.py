@@ -350,27 +350,24 @@ def _dump(node: Any) -> dict:
             "at_least_one": node.at_least_one, "stop_after_first": node.stop_after_first}
 
 
-def _walk(node: Any):
-    """Every node of the tree, depth first, parents before children."""
-    yield node
-    kids = node.elements if isinstance(node, (Seq, Or)) else (node.content,) if isinstance(node, (Repeat, Tag)) \
-        else node.tags if isinstance(node, (Triggered, Separated)) else ()
-    for k in kids:
-        yield from _walk(k)
-
-
-def _json_paths(node: Any, path: str):
-    """(node, its path in the format) of every json_schema node, in ``_walk``'s order."""
-    if isinstance(node, Json):
-        yield node, f"{path}.json_schema"
-    elif isinstance(node, (Seq, Or)):
-        for i, e in enumerate(node.elements):
-            yield from _json_paths(e, f"{path}.elements[{i}]")
+def _walk(node: Any, path: str = "$.format"):
+    """(node, its path in the format) for every node of the tree, depth first, parents first."""
+    yield node, path
+    if isinstance(node, (Seq, Or)):
+        kids = [(e, f"{path}.elements[{i}]") for i, e in enumerate(node.elements)]
     elif isinstance(node, (Repeat, Tag)):
-        yield from _json_paths(node.content, f"{path}.content")
+        kids = [(node.content, f"{path}.content")]
     elif isinstance(node, (Triggered, Separated)):
-        for i, t in enumerate(node.tags):
-            yield from _json_paths(t, f"{path}.tags[{i}]")
+        kids = [(t, f"{path}.tags[{i}]") for i, t in enumerate(node.tags)]
+    else:
+        kids = []
+    for k, at in kids:
+        yield from _walk(k, at)
+
+
+def _as_seq(tag: Tag) -> Seq:
+    """A tag as the sequence it is: its begin, its content, one of its ends."""
+    return Seq((Const(tag.begin), tag.content, Or(tuple(map(Const, tag.ends)))))
 
 
 @dataclass(frozen=True)
@@ -481,8 +478,8 @@ def structural_tag_to_regex(value: str, *, whitespace_pattern: str | None = None
     from treadle.constrained.json_schema import json_schemas_to_regexes
 
     root = StructuralTag.parse(value).format
-    nodes = list(_walk(root))
-    jsons = [(n, path) for n, path in _json_paths(root, "$.format")]
+    nodes = [n for n, _ in _walk(root)]
+    jsons = [(n, f"{path}.json_schema") for n, path in _walk(root) if isinstance(n, Json)]
     if isinstance(root, Triggered) and not (root.at_least_one or root.stop_after_first or root.excludes) and all(
             isinstance(t.content, Json) and len(t.ends) == 1 and t.ends[0] for t in root.tags):
         jsons = [(n, f"$.structures[{i}].schema") for i, (n, _) in enumerate(jsons)]  # the legacy form's names
@@ -511,7 +508,7 @@ def _edges(node: Any) -> tuple[frozenset[int], frozenset[int], bool]:
     if isinstance(node, (Regex, Grammar, AnyText)):
         return _ANY, _ANY, True
     if isinstance(node, Tag):
-        return _edges(Seq((Const(node.begin), node.content, Or(tuple(map(Const, node.ends))))))
+        return _edges(_as_seq(node))
     if isinstance(node, Seq):
         first, last = frozenset(), frozenset()
         parts = [_edges(e) for e in node.elements]
@@ -544,7 +541,7 @@ def _around(node: Any, before: frozenset[int], after: frozenset[int], out: list)
     if isinstance(node, Json):
         out.append((before, after))
     elif isinstance(node, Tag):
-        _around(Seq((Const(node.begin), node.content, Or(tuple(map(Const, node.ends))))), before, after, out)
+        _around(_as_seq(node), before, after, out)
     elif isinstance(node, Seq):
         parts = [_edges(e) for e in node.elements]
         for i, e in enumerate(node.elements):

@@ -15,10 +15,8 @@ itself holds from the first token.
 """
 from __future__ import annotations
 
+from treadle.constrained.reasoning_prefix import CLOSE, OPEN
 from treadle.runtime.detokenizer import partial_suffix_len
-
-OPEN, CLOSE = "<think>", "</think>"
-
 
 _thinks: dict[int, tuple[object, bool]] = {}
 
