@@ -46,6 +46,9 @@ class Engine:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._error: BaseException | None = None
+        self._exit_lock = threading.Lock()  # orders the thread's exit against shutdown giving up on it
+        self._exited = False
+        self._left_running = False
         self._thread = threading.Thread(target=self._loop, name="treadle-engine", daemon=True)
         self._thread.start()
 
@@ -121,17 +124,33 @@ class Engine:
         """Raise AssertionError if any KV slot is leaked or double-owned."""
         self._call(lambda s: s.check_integrity())
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Stop the engine thread, then release what it used. A thread still in a step after
+        `timeout_s` keeps its CUDA graphs, tensor-parallel sockets and process group, since
+        closing them under it is undefined: its followers are killed now (a collective it waits
+        in then fails) and the thread releases the rest itself when it returns."""
         if self._stopped.is_set():
             return
         self._stopped.set()
         self._inbox.put(("stop", None))
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=timeout_s)
         if self.scheduler._grammar_compiler is not None:
             self.scheduler._grammar_compiler.close()
+        with self._exit_lock:
+            if not self._exited:
+                self._left_running = True
+                log.error("the engine thread is still running %gs after shutdown; it releases its "
+                          "resources when its step returns", timeout_s)
+                if self._tp is not None:
+                    self._tp.followers.kill()
+                return
+        self._release()
+
+    def _release(self) -> None:
+        """Free what the engine thread used; called once it has returned."""
         if self._tp is not None:  # the loop has returned: this thread may broadcast now
             self.runner.release_graphs()
-            self._tp.close(healthy=self._error is None and not self._thread.is_alive())
+            self._tp.close(healthy=self._error is None and not self._left_running)
 
     def __enter__(self) -> "Engine":
         return self
@@ -334,6 +353,12 @@ class Engine:
             with self._lock:
                 for box in self._outboxes.values():
                     box.put(e)
+        finally:
+            with self._exit_lock:
+                self._exited = True
+                abandoned = self._left_running
+            if abandoned:
+                self._release()
 
     def _dispatch(self, outs: list[ReqOutput]) -> None:
         for out in outs:

@@ -270,6 +270,12 @@ class Followers:
                                    f"not ready after {timeout_s:g}s")
             time.sleep(0.05)
 
+    def kill(self) -> None:
+        """Kill every follower now, without waiting (join reaps them later)."""
+        for p in self.procs.values():
+            if p.is_alive():
+                p.kill()
+
     def join(self, timeout_s: float) -> None:
         """Wait for the processes to exit; kill those that do not in time."""
         deadline = time.monotonic() + timeout_s

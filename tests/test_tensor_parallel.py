@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -144,6 +146,31 @@ def test_dead_worker_makes_engine_raise():
             e.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 1})
     assert tp_children() == []
     assert not dist.is_initialized()
+
+
+def test_shutdown_does_not_close_sockets_under_a_stuck_step():
+    """A step that outlives shutdown's wait keeps its control sockets and process group (closing
+    them under it is undefined); the followers die at once and the thread frees the rest on return."""
+    e = engine("dummy:tiny-llama", 2, max_total_tokens=1024)
+    e.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
+    (child,) = tp_children()
+    channel = e._tp.scheduler.channel
+    gate = threading.Event()
+    e._inbox.put(("call", (lambda s: gate.wait(), queue.Queue())))  # the engine thread blocks here
+    t0 = time.monotonic()
+    e.shutdown(timeout_s=1.0)
+    assert time.monotonic() - t0 < 10
+    child.join(10)
+    assert child.exitcode == -signal.SIGKILL
+    assert e._thread.is_alive()
+    assert not any(s.closed for s in channel.socks) and dist.is_initialized()
+    gate.set()
+    e._thread.join(10)
+    assert not e._thread.is_alive()
+    assert all(s.closed for s in channel.socks) and not dist.is_initialized()
+    assert tp_children() == []
+    with pytest.raises(EngineDeadError):
+        e.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 1})
 
 
 def test_tp_size_not_dividing_heads_fails_before_spawning():
