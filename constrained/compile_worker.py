@@ -83,6 +83,27 @@ class WorkerProcess:
         return self.proc.poll()
 
 
+def _regex_job(spec: Any, whitespace_pattern: str | None, mode: str, holes: bool, depth: int) -> tuple:
+    """A spec's regex, as ``GrammarCompiler`` asks for it: ("regex", text), ("invalid", the
+    ValueError naming the grammar's problem), ("oom", why) or ("error", what went wrong)."""
+    from treadle.constrained.compiler import _check_reserved
+
+    try:
+        regex = spec.to_regex(whitespace_pattern, mode, holes=holes, max_recursion_depth=depth)
+        _check_reserved(regex, holes)
+    except MemoryError:
+        return ("oom", "ran out of memory")
+    except ValueError as e:
+        try:  # the parent raises this very error when it survives the trip
+            pickle.loads(pickle.dumps(e))
+        except Exception:  # noqa: BLE001 - an exception class that does not pickle
+            e = ValueError(str(e))
+        return ("invalid", e)
+    except Exception as e:  # noqa: BLE001 - forwarded to the caller, not swallowed
+        return ("error", f"{type(e).__name__}: {e}")
+    return ("regex", regex)
+
+
 def main() -> None:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # stray prints must not corrupt the protocol
@@ -103,6 +124,9 @@ def main() -> None:
             return  # parent went away
         if regex is None:
             return
+        if isinstance(regex, tuple):  # ("regex", spec, ...): the spec -> regex step
+            _write(stdout, _regex_job(*regex[1:]))
+            continue
         t0 = time.perf_counter()
         try:
             index = Index(marked(regex), vocab)  # index_markers.py: why the markers

@@ -1,10 +1,10 @@
 """Grammar compiler: spec -> ``CompiledGrammar``, cached, bounded, off the caller's thread.
 
-The spec -> regex translation runs in the caller (schema errors come back at once). The
-token-FSM build (outlines-core ``Index``) runs in a
-spawned worker *process* whose address space is capped with ``RLIMIT_AS`` and which is
-killed after ``timeout_s``: some real schemas take minutes or tens of GB, and that must
-cost one request a ``GrammarCompileError``, never the scheduler its life. Results and
+Both steps, the spec -> regex translation (whose regex checks can take seconds on a large
+pattern) and the token-FSM build (outlines-core ``Index``), run in a worker *process* whose
+address space is capped with ``RLIMIT_AS`` and which is killed after ``timeout_s``: some real
+schemas take minutes or tens of GB, and that must cost one request a ``GrammarCompileError``
+(or the ``ValueError`` naming what is wrong with it), never the scheduler a step. Results and
 failures are cached by spec in an LRU, so a repeated spec costs a dict lookup.
 
 Programs that create a ``GrammarCompiler`` must guard their entry point with
@@ -14,6 +14,7 @@ Programs that create a ``GrammarCompiler`` must guard their entry point with
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
@@ -34,6 +35,8 @@ from treadle.constrained.structural_tag import structural_tag_bounds
 from treadle.constrained.vocabulary import build_vocabulary
 
 __all__ = ["GrammarCompiler", "GrammarCompileError", "build_compiled_grammar"]
+
+log = logging.getLogger("treadle")
 
 # An EBNF grammar's calls are used when at most this many tokens can cross their boundaries
 # other than by only starting a call.
@@ -225,9 +228,9 @@ class GrammarCompiler:
     def compile_async(self, spec: GrammarSpec) -> Future[CompiledGrammar]:
         """Start (or reuse) the compile of ``spec``; returns a future of the grammar.
 
-        Never blocks on the index build. The spec -> regex step runs here, so an invalid
-        or unsupported schema gives an already-failed future (``ValueError``). Futures are
-        cached by spec, including failed ones.
+        Never blocks on either step (see the module docstring): an invalid or unsupported
+        grammar fails the future with a ``ValueError`` naming the problem. Futures are cached
+        by spec, including failed ones.
         """
         if not isinstance(spec, GrammarSpec):
             raise ValueError(f"compile needs a GrammarSpec, got {type(spec).__name__}")
@@ -246,21 +249,7 @@ class GrammarCompiler:
         if root is not None:  # "any JSON": the pushdown automaton, nothing to build
             _settle(fut, JsonAnyGrammar(self._pushdown(), root, spec=spec))
             return fut
-        try:
-            holes = self._holes(spec)
-            regex = spec.to_regex(self._whitespace_pattern, self._json_schema_mode, holes=holes,
-                                  max_recursion_depth=self._max_recursion_depth)
-            _check_reserved(regex, holes)
-        except ValueError as e:
-            _settle(fut, exc=e)
-            return fut
-        except BaseException as e:
-            # Not a user error: don't cache it, fail this future and propagate.
-            with self._lock:
-                self._cache.pop(spec, None)
-            _settle(fut, exc=e)
-            raise
-        self._pool.submit(self._run, spec, regex, fut)
+        self._pool.submit(self._run, spec, fut)
         return fut
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
@@ -337,37 +326,68 @@ class GrammarCompiler:
         if not closed:
             self._idle.put(self._new_worker())
 
-    def _run(self, spec: GrammarSpec, regex: str, fut: Future[CompiledGrammar]) -> None:
-        if self._disk is not None:
-            hit = self._disk.load(regex)
-            if hit is not None:
-                _settle(fut, self._grammar(spec, regex, *hit, from_disk=True))
+    def _run(self, spec: GrammarSpec, fut: Future[CompiledGrammar]) -> None:
+        """A pool thread: the spec's regex, then its index (disk cache first), each in a worker."""
+        try:
+            holes = self._holes(spec)
+            regex = self._in_worker(fut, lambda w: self._regex_in(w, spec, holes))
+            if regex is None:
                 return
+            if self._disk is not None:
+                hit = self._disk.load(regex)
+                if hit is not None:
+                    _settle(fut, self._grammar(spec, regex, *hit, from_disk=True))
+                    return
+            result = self._in_worker(fut, lambda w: self._compile_in(w, spec, regex))
+        except ValueError as e:  # the grammar's fault (GrammarCompileError included): cached
+            _settle(fut, exc=e)
+            return
+        except BaseException as e:  # not the grammar's fault: not cached
+            log.exception("compiling a %s grammar failed", spec.kind)
+            with self._lock:
+                if self._cache.get(spec) is fut:
+                    del self._cache[spec]
+            _settle(fut, exc=GrammarCompileError(f"internal error compiling the grammar: {type(e).__name__}: {e}"))
+            return
+        if result is None:
+            return
+        if self._disk is not None:
+            self._disk.store(regex, result.index, result.compile_time_s)
+        _settle(fut, result)
+
+    def _in_worker(self, fut: Future, job: Any) -> Any:
+        """Run ``job(worker)`` on an idle worker; None when ``fut`` was settled meanwhile (close)."""
         while True:
             if fut.done():
-                return
+                return None
             try:
                 w = self._idle.get(timeout=0.5)
                 break
             except queue.Empty:
                 if self._closed:
                     _settle(fut, exc=GrammarCompileError("GrammarCompiler was closed before the compile started"))
-                    return
+                    return None
         try:
-            result = self._compile_in(w, spec, regex)
-        except GrammarCompileError as e:
+            out = job(w)
+        except GrammarCompileError:
             if not w.broken:
                 self._idle.put(w)
-            _settle(fut, exc=e)
-            return
-        except BaseException as e:
+            raise
+        except BaseException:
             self._retire(w)
-            _settle(fut, exc=e)
             raise
         self._idle.put(w)
-        if self._disk is not None:
-            self._disk.store(regex, result.index, result.compile_time_s)
-        _settle(fut, result)
+        return out
+
+    def _regex_in(self, w: _Worker, spec: GrammarSpec, holes: bool) -> str:
+        """The spec -> regex step in worker ``w``: the regex, or the ``ValueError`` it raised."""
+        reply = self._ask(w, ("regex", spec, self._whitespace_pattern, self._json_schema_mode, holes,
+                              self._max_recursion_depth), f"{spec.kind} grammar (its regex)")
+        if reply[0] == "regex":
+            return reply[1]
+        if reply[0] == "invalid":
+            raise reply[1] if isinstance(reply[1], ValueError) else ValueError(str(reply[1]))
+        raise GrammarCompileError(f"translating the {spec.kind} grammar to a regex failed: {reply[1]}")
 
     def _grammar(self, spec: GrammarSpec, regex: str, index: Any, seconds: float,
                  from_disk: bool = False) -> CompiledGrammar:
@@ -380,11 +400,20 @@ class GrammarCompiler:
                                free_keys=free_keys)
 
     def _compile_in(self, w: _Worker, spec: GrammarSpec, regex: str) -> CompiledGrammar:
-        """Run one build in worker ``w``; on a broken worker, replace it before raising."""
+        """Build the index of ``regex`` in worker ``w``."""
         what = f"{spec.kind} grammar (regex of {len(regex)} chars)"
+        reply = self._ask(w, regex, what)
+        if reply[0] == "ok":
+            _, index, seconds = reply
+            return self._grammar(spec, regex, index, seconds)
+        raise GrammarCompileError(f"compile of {what} was rejected: {reply[1]}")
+
+    def _ask(self, w: _Worker, job: Any, what: str) -> tuple:
+        """Send ``job`` to worker ``w`` and return its reply. A worker that is unavailable,
+        times out, crashes or runs out of memory is replaced before GrammarCompileError."""
         try:
             w.wait_ready()
-            w.conn.send(regex)
+            w.conn.send(job)
         except (GrammarCompileError, OSError, EOFError) as e:
             self._retire(w)
             raise GrammarCompileError(f"compile of {what} failed: worker unavailable: {e}") from e
@@ -404,12 +433,9 @@ class GrammarCompiler:
                 f"compile of {what} crashed the compile worker (exit code {code}); most likely it "
                 f"exceeded the memory limit of {self._memory_limit} bytes"
             ) from e
-        if reply[0] == "ok":
-            _, index, seconds = reply
-            return self._grammar(spec, regex, index, seconds)
         if reply[0] == "oom":
             self._retire(w)
             raise GrammarCompileError(
                 f"compile of {what} ran out of memory (limit {self._memory_limit} bytes)"
             )
-        raise GrammarCompileError(f"compile of {what} was rejected: {reply[1]}")
+        return reply

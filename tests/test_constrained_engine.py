@@ -418,6 +418,27 @@ def test_bad_grammar_in_batch_leaves_others_and_engine_intact(engine):
     engine.check_integrity()
 
 
+def test_a_slow_grammar_does_not_stall_other_requests():
+    """A regex whose checks take interegular a minute (4,000 alternatives; it ends in a reserved
+    code point, so it fails once they are done) compiles off the scheduler: a plain request
+    queued right after it is served before that failure, which the old scheduler, blocked in
+    the check, had sent before it even admitted the plain request."""
+    slow = "(" + "|".join(f"zz{i}[a-z]{{0,5}}" for i in range(4000)) + ")\U0010FFF9"
+    with Engine(max_total_tokens=4096, grammar_compile_timeout_s=600) as e:
+        e.generate("Hi", {"max_new_tokens": 1, "regex": "ok"})  # the compile worker is up
+        (r_slow,), _ = e._build("Hi", None, {"regex": slow, "max_new_tokens": 4}, False, None, 0, False, "slow")
+        (r_plain,), _ = e._build("The weather today", None, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+                                 False, None, 0, False, "plain")
+        slow_box = e._submit(r_slow)
+        plain = e._collect(r_plain, e._submit(r_plain))
+        assert plain["meta_info"]["completion_tokens"] == 8
+        assert slow_box.empty(), "the slow grammar's outcome came first: the scheduler waited on it"
+        e.abort("slow")
+        out = e._collect(r_slow, slow_box)
+        assert out["meta_info"]["finish_reason"]["type"] == "abort"
+        e.check_integrity()
+
+
 # ------------------------------------------------------------------ jump-forward
 
 
