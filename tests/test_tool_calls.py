@@ -213,12 +213,32 @@ def test_stream_auto_holds_back_a_possible_tool_call_start():
     p = plan()
     deltas, reason = stream(p, ["Hello <to", "ol_c", "all>", '{"name": "get_time", "arguments": {}}', "</tool_call>"])
     content = "".join(d.get("content", "") for d in deltas)
-    assert deltas[0] == {"content": "Hello "} and deltas[1] == {} and content == "Hello "
+    assert deltas[0] == {"content": "Hello"} and deltas[1] == {} and content == "Hello"
     assert [c["function"]["name"] for c in deltas[-1]["tool_calls"]] == ["get_time"] and reason == "tool_calls"
     # "<to" that turns out to be text is sent once it cannot begin a call
     deltas, reason = stream(p, ["a <to", "p> b"])
     assert "".join(d.get("content", "") for d in deltas) == "a <top> b" and reason == "stop"
     assert not any("tool_calls" in d for d in deltas)
+
+
+@pytest.mark.parametrize("text", [
+    ' {"name": "get_weather", "parameters": {"city": "Lima"}}',  # Llama format: no content at all
+    '{"answer": 42}',  # a JSON reply that is no call: content, sent at the end
+    '{"name": "get_weather"',  # cut short
+    'Sure. \n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\nDone.  ',
+    '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>',
+    "  Plain text, then spaces  ",
+    "a <top> b { c",
+])
+def test_stream_auto_adds_up_to_the_unstreamed_reply(text):
+    p = plan()
+    want = p.parse(text, "stop")
+    for size in (1, 2, 5):
+        deltas, reason = stream(p, [text[i:i + size] for i in range(0, len(text), size)])
+        content = "".join(d.get("content", "") for d in deltas) or None
+        calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                 for d in deltas for c in d.get("tool_calls", [])]
+        assert (content, calls, reason) == (want.content, calls_of(want), want.finish_reason), size
 
 
 def test_stream_required_sends_calls_at_the_end():

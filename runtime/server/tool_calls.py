@@ -22,7 +22,9 @@ A request with tools runs like any chat request; what changes:
 
 Streaming: a named function's arguments stream as they are decoded; "required" replies
 arrive in one delta at the end; "auto" streams content and holds back anything that may
-begin a `<tool_call>` block, whose calls are sent when the reply ends.
+begin a `<tool_call>` block, whose calls are sent when the reply ends, and a reply that
+starts as a JSON object (a Llama-format call, or content sent at the end); the deltas add up
+to the reply the same request gets unstreamed.
 """
 from __future__ import annotations
 
@@ -194,13 +196,17 @@ class ToolStream:
             return {"tool_calls": [{"index": 0, "function": {"arguments": new}}]} if new else {}
         if self.plan.choice == "required" or self.in_call:
             return {}
+        if self.sent == 0 and text.lstrip()[:1] in ("", "{"):
+            return {}  # the reply may be a Llama-format call, a lone JSON object: decided at the end
         at = text.find(OPEN, self.sent)
         if at >= 0:
             self.in_call = True
             end = at
         else:  # hold back a tail that may be the start of "<tool_call>"
             end = len(text) - partial_suffix_len(text, OPEN)
-        new, self.sent = text[self.sent:end], max(self.sent, end)
+        # and trailing whitespace: before a call, the reply's content ends without it
+        end = max(self.sent, len(text[:end].rstrip()))
+        new, self.sent = text[self.sent:end], end
         return {"content": new} if new else {}
 
     def finish(self, text: str, finish: str | None) -> tuple[dict, str | None]:
