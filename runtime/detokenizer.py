@@ -1,6 +1,7 @@
 """Incremental detokenization: turn a growing list of output ids into text deltas that never
-end inside a UTF-8 character, and trim stop strings (holding back text that might be the start
-of one while streaming)."""
+end inside a UTF-8 character, and trim stops: a stop string (holding back text that might be the
+start of one while streaming) and the stop token that finished the request (a `stop_token_ids`
+entry or EOS, as SGLang trims it; `output_ids` keep it). `no_stop_trim` keeps both."""
 from __future__ import annotations
 
 from typing import Any
@@ -28,8 +29,12 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
-    def add(self, new_ids: list[int], finished: bool = False) -> str:
-        """Append token ids; return the new text that is safe to show."""
+    def add(self, new_ids: list[int], finished: dict | None = None) -> str:
+        """Append token ids; return the new text that is safe to show. ``finished`` is the
+        request's finish reason on its last output (a stop token is its last new id)."""
+        if finished is not None and isinstance(finished.get("matched"), int) and not self.no_stop_trim:
+            new_ids = new_ids[:-1]
+        finished = finished is not None
         self.ids.extend(new_ids)
         if len(self.ids) > self.read_offset:
             prefix_text = self._decode(self.ids[self.prefix_offset: self.read_offset])

@@ -271,7 +271,7 @@ class Engine:
         while True:
             out = self._next(box)
             acc.add(out)
-            detok.add(out.new_ids, finished=out.finished is not None)
+            detok.add(out.new_ids, out.finished)
             if out.finished is not None:
                 self._done(r.rid)
                 return acc.result(r.rid, detok.output_text)
@@ -284,7 +284,7 @@ class Engine:
             while True:
                 out = self._next(box)
                 acc.add(out)
-                delta = detok.add(out.new_ids, finished=out.finished is not None)
+                delta = detok.add(out.new_ids, out.finished)
                 if out.error:
                     raise (RuntimeError if out.internal else ValueError)(out.error)
                 if delta or out.finished is not None:
@@ -369,7 +369,7 @@ class Engine:
 
 
 class _NoText:
-    def add(self, ids: list[int], finished: bool = False) -> str:
+    def add(self, ids: list[int], finished: dict | None = None) -> str:
         return ""
 
     output_text = ""

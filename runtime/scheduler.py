@@ -672,20 +672,20 @@ class Scheduler:
         if req.grammar is not None and req.grammar.is_terminated():
             req.finish("stop", matched=token)
             return
+        if p.stop and n_out >= p.min_new_tokens and self.tokenizer is not None:
+            longest = max(len(s) for s in p.stop)
+            # a stop string can end in this token's text: look at enough trailing tokens
+            tail = self.tokenizer.decode(req.output_ids[-(longest + 2):], skip_special_tokens=p.skip_special_tokens)
+            for s in p.stop:
+                if s in tail:  # before the length checks: a stop on the last allowed token is a stop
+                    req.finish("stop", matched=s)
+                    return
         if n_out >= p.max_new_tokens:
             req.finish("length", length=n_out)
             return
         if req.seq_len >= self.context_len:
             req.finish("length", length=n_out)
             return
-        if p.stop and n_out >= p.min_new_tokens and self.tokenizer is not None:
-            longest = max(len(s) for s in p.stop)
-            # a stop string can end in this token's text: look at enough trailing tokens
-            tail = self.tokenizer.decode(req.output_ids[-(longest + 2):], skip_special_tokens=p.skip_special_tokens)
-            for s in p.stop:
-                if s in tail:
-                    req.finish("stop", matched=s)
-                    return
 
     @staticmethod
     def _verifies_jumps(req: Req) -> bool:

@@ -108,6 +108,35 @@ def test_stop_string_is_trimmed(engine, prompts):
     assert word not in out["text"] and full.startswith(out["text"])
 
 
+def test_stop_string_on_the_last_allowed_token_is_a_stop(engine, prompts):
+    ids = engine.generate(prompts[3], GREEDY)["output_ids"]
+    k = next(i for i in range(3, len(ids)) if engine.tokenizer.decode(ids[i:i + 1]).strip())
+    word = engine.tokenizer.decode(ids[k:k + 1])  # the text of output token k alone
+    out = engine.generate(prompts[3], {**GREEDY, "max_new_tokens": k + 1, "stop": [word]})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
+    assert out["text"] == engine.tokenizer.decode(ids[:k])
+
+
+def test_stop_token_is_trimmed_from_the_text(engine, prompts):
+    """As in SGLang: the matched stop token (stop_token_ids, EOS) stays in output_ids, not in the
+    text; no_stop_trim keeps it, streaming gives the same text."""
+    tok = engine.tokenizer
+    ids = engine.generate(prompts[3], GREEDY)["output_ids"]
+    k = next(i for i in range(2, len(ids)) if tok.decode(ids[i:i + 1]).strip() and ids[i] not in ids[:i])
+    p = {**GREEDY, "stop_token_ids": [ids[k]]}
+    out = engine.generate(prompts[3], p)
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": ids[k]}
+    assert out["output_ids"] == ids[:k + 1] and out["text"] == tok.decode(ids[:k])
+    assert "".join(c["text"] for c in engine.generate(prompts[3], p, stream=True)) == out["text"]
+    assert engine.generate(prompts[3], {**p, "no_stop_trim": True})["text"] == tok.decode(ids[:k + 1])
+    eos = {"max_new_tokens": 64, "temperature": 0, "skip_special_tokens": False}
+    out = engine.generate(prompts[1], eos)
+    assert out["meta_info"]["finish_reason"]["type"] == "stop" and out["output_ids"][-1] == tok.eos_token_id
+    assert out["text"] == tok.decode(out["output_ids"][:-1], skip_special_tokens=False)
+    kept = engine.generate(prompts[1], {**eos, "no_stop_trim": True})["text"]
+    assert kept == out["text"] + tok.decode(out["output_ids"][-1:], skip_special_tokens=False)
+
+
 def test_logprobs(engine, prompts):
     out = engine.generate(prompts[1], {"max_new_tokens": 4, "temperature": 0}, return_logprob=True,
                           logprob_start_len=3, top_logprobs_num=2)

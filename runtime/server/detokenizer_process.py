@@ -47,15 +47,14 @@ class DetokenizerManager:
         return out
 
     def _detok(self, r: ReqOutput) -> StrOutput:
-        finished = r.finished is not None
         if self.tokenizer is None:  # a dummy model without a tokenizer: ids only
             return StrOutput(r, "")
         state = self.states.get(r.rid)
         if state is None:  # defensive: an output whose init we never saw renders with defaults
             log.warning("output for unknown request %s; using default detokenization", r.rid)
             state = self.states[r.rid] = IncrementalDetokenizer(self.tokenizer)
-        delta = state.add(r.new_ids, finished=finished)
-        if finished:
+        delta = state.add(r.new_ids, r.finished)
+        if r.finished is not None:
             del self.states[r.rid]
         return StrOutput(r, delta)
 
