@@ -122,8 +122,7 @@ class GrammarSpec:
         from treadle.constrained.json_schema import choices_to_regex, json_schema_to_regex, validate_regex
 
         if self.kind == "regex":
-            validate_regex(self.value)
-            return self.value
+            return validate_regex(self.value)
         if self.kind == "choices":
             return choices_to_regex(json.loads(self.value))
         if self.kind == "ebnf":

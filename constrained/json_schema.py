@@ -162,7 +162,7 @@ def _checked(schema: Any, whitespace_pattern: str | None, max_recursion_depth: i
     if not isinstance(schema, (dict, bool)):
         raise ValueError(f"json_schema: expected an object or boolean schema, got {type(schema).__name__}")
     if whitespace_pattern:
-        validate_regex(whitespace_pattern)
+        whitespace_pattern = validate_regex(whitespace_pattern)
         # Whatever it matches is spliced between tokens: it must be JSON whitespace only.
         ws_fsm = interegular.parse_pattern(whitespace_pattern).to_fsm()
         if not (ws_fsm - interegular.parse_pattern(r"[ \t\n\r]*").to_fsm()).empty():

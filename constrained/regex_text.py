@@ -2,8 +2,11 @@
 
 Every regex produced here is written in the small dialect that means the same thing in
 Python ``re``, Rust ``regex`` (outlines-core's DFA) and interegular: ASCII character
-classes only (no ``\\d \\w \\s \\b``), no lookaround, no backreferences, no lazy or
-possessive quantifiers, no named groups, no inline flags, no anchors.
+classes only, no ``\\b``, no lookaround, no backreferences, no lazy or possessive
+quantifiers, no named groups, no inline flags, no anchors. A user's regex may also write
+``\\d \\w \\s`` and their negations, read with their ASCII meanings as outlines reads them
+(``[0-9]``, ``[a-zA-Z0-9_]``, ``[ \\t\\n\\r\\f\\v]``), and any escaped punctuation; it is
+translated into the dialect (``translate_regex``).
 """
 
 from __future__ import annotations
@@ -162,15 +165,24 @@ FORMATS: dict[str, str] = {
 
 # ---------------------------------------------------------------- dialect checking
 _ALLOWED_ESCAPES = set("nrtfv")
-_SHORTHAND = {"d": "[0-9]", "w": "[a-zA-Z0-9_]"}  # ECMA-262 meanings (ASCII), for `pattern`
+# \d \w \s as class bodies, with their ASCII meanings (Python's and Rust's are Unicode-wide,
+# interegular's and outlines' ASCII); their capitals are the negations
+_SHORTHAND = {"d": "0-9", "w": "a-zA-Z0-9_", "s": " \\t\\n\\r\\f\\v"}
+
+
+def _shorthand_body(letter: str, ecma: bool) -> str:
+    """A class body for ``\\<letter>``; in a JSON string body (``ecma``) ``\\s`` narrows to the
+    space, the one whitespace character JSON writes raw."""
+    return " " if ecma and letter == "s" else _SHORTHAND[letter]
 
 
 def _scan(pattern: str, *, ecma: bool) -> str:
     """Check ``pattern`` against the dialect and return it (translated when ``ecma``).
 
-    With ``ecma`` (JSON Schema ``pattern``), ``\\d``/``\\w`` become their ASCII classes,
-    ``.`` and negated classes are narrowed to characters that need no JSON escaping, and
-    the anchors are expected to have been stripped by the caller.
+    ``\\d \\w \\s`` (and capitals) become their ASCII classes and escaped punctuation its
+    literal. With ``ecma`` (JSON Schema ``pattern``), ``.``, ``\\s`` and negated classes are
+    narrowed to characters that need no JSON escaping, and the anchors are expected to
+    have been stripped by the caller.
     """
     out: list[str] = []
     i, n = 0, len(pattern)
@@ -183,7 +195,7 @@ def _scan(pattern: str, *, ecma: bool) -> str:
             if i + 1 >= n:
                 raise RegexDialectError("regex: trailing backslash")
             nxt = pattern[i + 1]
-            if nxt in _SPECIAL or nxt in "/-\"' #&~,:=<>!@%`;":
+            if not (nxt.isascii() and nxt.isalnum()):  # escaped punctuation (or any non-letter): itself
                 out.append(("\\" + nxt) if nxt in _SPECIAL else escape_literal(nxt))
                 i += 2
             elif nxt in _ALLOWED_ESCAPES:
@@ -192,8 +204,12 @@ def _scan(pattern: str, *, ecma: bool) -> str:
             elif nxt == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[i + 2 : i + 4]):
                 out.append(pattern[i : i + 4])
                 i += 4
-            elif ecma and nxt in _SHORTHAND:
-                out.append(_SHORTHAND[nxt])
+            elif nxt.lower() in _SHORTHAND:
+                body = _shorthand_body(nxt.lower(), ecma)
+                if nxt.isupper():
+                    out.append("[^" + body + (_JSON_UNSAFE_CLASS_BODY if ecma else "") + "]")
+                else:
+                    out.append("[" + body + "]")
                 i += 2
             else:
                 raise RegexDialectError(
@@ -215,17 +231,17 @@ def _scan(pattern: str, *, ecma: bool) -> str:
             while j < n and pattern[j] != "]":
                 if pattern[j] == "\\":
                     e = pattern[j + 1 : j + 2]
-                    if ecma and e == "d":
-                        body_parts.append("0-9")
-                    elif ecma and e == "w":
-                        body_parts.append("a-zA-Z0-9_")
+                    if e in _SHORTHAND:
+                        body_parts.append(_shorthand_body(e, ecma))
                     elif e == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[j + 2 : j + 4]):
                         body_parts.append(pattern[j : j + 4])
                         j += 2
-                    elif e.isalnum() and e not in _ALLOWED_ESCAPES or not e:
+                    elif e.isascii() and e.isalnum() and e not in _ALLOWED_ESCAPES or not e:
                         raise RegexDialectError(f"regex: escape '\\{e}' inside a class at offset {j} is not supported")
-                    else:
+                    elif e in _ALLOWED_ESCAPES:
                         body_parts.append("\\" + e)
+                    else:
+                        body_parts.append(class_literal(e))
                     j += 2
                     continue
                 if pattern[j] == "[":
@@ -289,22 +305,30 @@ def _scan(pattern: str, *, ecma: bool) -> str:
     return "".join(out)
 
 
-def validate_regex(pattern: str) -> None:
-    """Raise ``ValueError`` naming the problem if ``pattern`` is outside treadle's dialect.
-
-    The dialect is what Python ``re``, Rust ``regex`` and interegular read the same way.
-    """
+def translate_regex(pattern: str) -> str:
+    """A user's regex written in the dialect (the module docstring): ``\\d`` as ``[0-9]``,
+    ``.`` as ``[^\\n]``, escaped punctuation as its literal; ``ValueError`` naming the first
+    construct outside it. Linear in the pattern, unlike ``validate_regex``."""
     if not isinstance(pattern, str) or not pattern:
         raise ValueError("regex: the pattern is empty")
-    _scan(pattern, ecma=False)
+    out = _scan(pattern, ecma=False)
     try:
-        re.compile(pattern)
+        re.compile(out)
     except re.error as exc:
         raise RegexDialectError(f"regex: does not compile with Python re: {exc}") from exc
+    return out
+
+
+def validate_regex(pattern: str) -> str:
+    """``translate_regex``, then interegular's parse of the translation (which takes seconds
+    to minutes on a pattern of thousands of alternatives: the compile worker runs it).
+    Returns the translation; raises ``ValueError`` naming the problem."""
+    out = translate_regex(pattern)
     try:
-        interegular.parse_pattern(pattern).to_fsm()
+        interegular.parse_pattern(out).to_fsm()
     except Exception as exc:  # interegular raises several unrelated exception types
         raise RegexDialectError(f"regex: interegular cannot parse it: {exc}") from exc
+    return out
 
 
 def pattern_to_body(pattern: str) -> str:

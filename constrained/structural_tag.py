@@ -53,7 +53,7 @@ from typing import Any
 
 from treadle.constrained.free_text import group, trigger_free_regex
 from treadle.constrained.json_holes import ENTRY_AFTER, EXIT_AT, JSON_BOUNDS, PLACEHOLDER_RANGE, WRITTEN, Bounds, with_definitions
-from treadle.constrained.regex_text import escape_literal, validate_regex
+from treadle.constrained.regex_text import escape_literal, translate_regex, validate_regex
 
 __all__ = ["StructuralTag", "structural_tag_bounds", "structural_tag_to_regex", "trigger_free_regex"]
 
@@ -194,8 +194,8 @@ class _Parser:
             return Json(schema)
         if t == "regex":
             pattern = self.string(v.get("pattern"), f"{where}.pattern")
-            try:
-                validate_regex(pattern)
+            try:  # the linear checks here; interegular's, which can take minutes, in the compile worker
+                translate_regex(pattern)
             except ValueError as e:
                 raise ValueError(f"{where}.pattern: {e}") from e
             return Regex(pattern)
@@ -432,7 +432,7 @@ class _Emitter:
         if isinstance(node, Json):
             return group(self.schemas[id(node)])
         if isinstance(node, Regex):
-            return group(node.pattern)
+            return group(validate_regex(node.pattern))
         if isinstance(node, Grammar):
             from treadle.constrained.ebnf import ebnf_to_regex
 

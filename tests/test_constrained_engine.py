@@ -120,7 +120,7 @@ SCHEMAS: dict[str, dict] = {
 }
 
 REGEXES = [
-    r"[0-9]{3}-[0-9]{4}",
+    r"\d{3}-\d{4}",  # shorthands mean their ASCII classes (hence re.ASCII below)
     r"(19|20)[0-9][0-9]-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
     r"[A-Z][a-z]{1,8}( [A-Z][a-z]{1,8})?",
     r"((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])",
@@ -280,7 +280,7 @@ def test_regex_outputs_fullmatch(engine, temperature):
                            params + [{"max_new_tokens": 16, "temperature": temperature, "seed": 3}])
     for rx, out in zip(REGEXES, outs):
         assert out["meta_info"]["finish_reason"]["type"] == "stop", (rx, out)
-        assert re.fullmatch(rx, out["text"]), (rx, out["text"])
+        assert re.fullmatch(rx, out["text"], re.ASCII), (rx, out["text"])
     _unconstrained_ok(outs[-1])
 
 

@@ -67,7 +67,8 @@ def test_choices_to_regex() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["", "a(?=b)", "(?<=a)b", r"(a)\1", r"\d+", r"\w", r"\s", r"a\b", "a*?", "a+?", "(?P<n>a)", "(?i)a", "[[a]]", "[a&&b]", "a{,3}", "x{", "^a$"]
+    "bad", ["", "a(?=b)", "(?<=a)b", r"(a)\1", r"a\b", r"[\S]", "a*?", "a+?", "(?P<n>a)", "(?i)a", "[[a]]", "[a&&b]",
+            "a{,3}", "x{", "^a$", r"\p{L}"]
 )
 def test_validate_regex_rejects_dialect_differences(bad: str) -> None:
     with pytest.raises(ValueError):
@@ -77,6 +78,25 @@ def test_validate_regex_rejects_dialect_differences(bad: str) -> None:
 def test_validate_regex_accepts_common_dialect() -> None:
     for ok in [r"[a-z]+(?:x|y){2,3}", r"\.\*[0-9]?", r"(ab)*c", r"[^\n]"]:
         validate_regex(ok)
+
+
+@pytest.mark.parametrize("pattern, want", [
+    (r"\d{3}-\w+\s?", r"[0-9]{3}-[a-zA-Z0-9_]+[ \t\n\r\f\v]?"),
+    (r"\D\W\S", r"[^0-9][^a-zA-Z0-9_][^ \t\n\r\f\v]"),
+    (r"[\d_.-]+", r"[0-9_.-]+"),
+    (re.escape("a b\n.c#"), r"a b\x0a\.c#"),  # Python's re.escape escapes the space and the newline
+    (r"\!\@\,", "!@,"),
+    ("a.b", r"a[^\n]b"),
+])
+def test_shorthands_and_escaped_punctuation_translate_to_the_dialect(pattern, want) -> None:
+    assert validate_regex(pattern) == want
+    assert validate_regex(want) == want  # the translation is a fixed point
+    ascii_digits = "".join(chr(c) for c in range(128))
+    for text in (ascii_digits, "\u0663", "\u00a0", "\u00e9"):  # ASCII, an Arabic-Indic 3, NBSP, é
+        for ch in text:
+            py = re.fullmatch(want, ch) is not None
+            ie = interegular.parse_pattern(want).to_fsm().accepts(ch)
+            assert py == ie, (pattern, ch)
 
 
 # ------------------------------------------------------------------ scalars
@@ -342,6 +362,9 @@ def test_any_of_all_of_one_of() -> None:
 def test_pattern_and_formats() -> None:
     assert accepts({"type": "string", "pattern": "^[a-z]{2}[0-9]$"}, "ab1")
     assert not accepts({"type": "string", "pattern": "^[a-z]{2}[0-9]$"}, "ab12")
+    name = {"type": "string", "pattern": r"^\w+\s\S+$"}  # \s narrows to the space JSON writes raw
+    assert accepts(name, "Ada Lovelace") and not accepts(name, "Ada\tLovelace") and not accepts(name, "Ada")
+    assert not accepts(name, 'Ada "L"')  # \S never writes a character JSON escapes
     unanchored = {"type": "string", "pattern": "ab"}
     assert accepts(unanchored, "xxabyy") and not accepts(unanchored, "xbay")
     raises_keyword({"type": "string", "pattern": "^(?=a)"}, "pattern")

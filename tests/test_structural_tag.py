@@ -328,6 +328,7 @@ FORMAT_CASES = {
     "regex_grammar": ({"type": "sequence", "elements": [{"type": "regex", "pattern": "[a-c]+"},
                                                         {"type": "grammar", "grammar": 'root ::= "x" | "y"'}]},
                       {"abx": "complete", "ay": "complete", "x": "reject"}),
+    "regex_shorthands": ({"type": "regex", "pattern": r"\d{2}\s\w"}, {"12 a": "complete", "12": "prefix", "1a": "reject"}),
     "any_text_in_triggered_tag": ({"type": "triggered_tags", "triggers": ["<a"], "tags": [A_TEXT]},
                                   {"x<a>y</a>z": "complete", "x<a>y</a>z</a>": "complete"}),
     # free-form JSON (a hole) between a begin and an end: tokens cross ">{" and "}<"
