@@ -21,7 +21,7 @@ from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import OutputAccum, ReqOutput, TokenizedGenerateReq
 from treadle.runtime.model_runner import ModelRunner
 from treadle.runtime.sampling_params import SamplingParams
-from treadle.runtime.scheduler import Scheduler, validate_request
+from treadle.runtime.scheduler import Scheduler, check_context, validate_request
 from treadle.runtime.tokenizer import load_tokenizer
 
 log = logging.getLogger("treadle")
@@ -183,9 +183,10 @@ class Engine:
         if isinstance(sampling_params, list):
             if len(sampling_params) != len(ids_list):
                 raise ValueError(f"{len(sampling_params)} sampling_params for {len(ids_list)} prompts")
-            plist = [SamplingParams.from_dict(dict(p or {})) for p in sampling_params]
+            given = list(sampling_params)
         else:
-            plist = [SamplingParams.from_dict(dict(sampling_params or {})) for _ in ids_list]
+            given = [sampling_params] * len(ids_list)
+        plist = [SamplingParams.from_dict(dict(p or {})) for p in given]
         start = -1 if logprob_start_len is None else int(logprob_start_len)
         if return_logprob and logprob_start_len is None:
             start = -1
@@ -195,6 +196,7 @@ class Engine:
             r = TokenizedGenerateReq(rid=f"{base}-{i}" if len(ids_list) > 1 or p.n > 1 else base,
                                      input_ids=ids, sampling_params=p, return_logprob=return_logprob,
                                      logprob_start_len=start, top_logprobs_num=top_logprobs_num, stream=stream)
+            check_context(len(ids), given[i], self.runner.context_len)
             validate_request(r, self.runner.config.vocab_size, self.runner.context_len, self.runner.allocator.num_slots)
             reqs.extend(self._expand_n(r))
         return reqs, single

@@ -852,6 +852,17 @@ class Scheduler:
                                       error=message, internal=internal))
 
 
+def check_context(prompt_tokens: int, params: Any, context_len: int) -> None:
+    """A max_new_tokens the caller set (in the ``params`` dict) that the context cannot hold is
+    a ValueError, as in SGLang and vLLM; one left to its default is cut by the context."""
+    m = params.get("max_new_tokens") if isinstance(params, dict) else None
+    if isinstance(m, int) and not isinstance(m, bool) and prompt_tokens < context_len < prompt_tokens + m:
+        raise ValueError(
+            f"sampling_params.max_new_tokens ({m}) + the prompt ({prompt_tokens} tokens) exceed the context "
+            f"length {context_len}: at most {context_len - prompt_tokens} new tokens fit; lower it or shorten "
+            "the prompt")
+
+
 def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int, num_slots: int) -> None:
     """Raise ValueError naming the problem with a request before it touches any KV."""
     p = r.sampling_params

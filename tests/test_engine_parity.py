@@ -10,6 +10,7 @@ import torch
 from treadle.runtime import Engine
 from treadle.runtime.model_config import DUMMY_CONFIGS
 from treadle.runtime.model_source import embedded_model_path
+from treadle.runtime.scheduler import check_context
 from treadle.runtime.tokenizer import apply_chat_template
 
 QUESTIONS = [
@@ -111,6 +112,10 @@ def test_bad_input_raises_value_error(engine):
         engine.generate("hi", {"max_new_tokens": -1})
     with pytest.raises(ValueError, match="context length"):
         engine.generate(input_ids=[5] * (engine.runner.context_len + 1), sampling_params={"max_new_tokens": 1})
+    ctx = engine.runner.context_len
+    with pytest.raises(ValueError, match=f"at most {ctx - 10} new tokens fit"):  # set by the caller: no silent cap
+        engine.generate(input_ids=[5] * 10, sampling_params={"max_new_tokens": ctx - 9})
+    check_context(10, {"max_new_tokens": ctx - 10}, ctx)  # exactly fills the context: fine
     with pytest.raises(ValueError, match="unknown sampling_params"):
         engine.generate("hi", {"max_tokens": 3})
     # the engine is unaffected and leaks nothing

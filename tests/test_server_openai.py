@@ -447,6 +447,8 @@ def test_bad_tool_requests_are_400(client, server, kwargs, needle):
     ({"extra_body": {"ebnf": "root ::= [z-a]"}}, "reversed"),
     ({"extra_body": {"ebnf": 'root ::= "a"'}, "response_format": {"type": "json_object"}}, "ebnf"),
     ({"messages": [{"role": "user", "content": "hi " * 9000}]}, "context length"),
+    ({"max_tokens": 8180}, "max_tokens (8180) + the prompt"),  # as vLLM and SGLang: no silent cap
+    ({"max_completion_tokens": 8180}, "max_completion_tokens (8180) + the prompt"),
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"response_format": {**JSON_BLOCKS, "triggers": ["~~~"]}}, "does not start with any of the triggers"),
     ({"n": 129}, "n must be in [1, 128]"),

@@ -21,7 +21,7 @@ import zmq.asyncio
 from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import AbortReq, ControlOut, ControlReq, OutputAccum, TokenizedGenerateReq
 from treadle.runtime.sampling_params import SamplingParams
-from treadle.runtime.scheduler import validate_request
+from treadle.runtime.scheduler import check_context, validate_request
 from treadle.runtime.server.ipc import IpcPaths, StrOutput
 from treadle.runtime.server.metrics import ServerMetrics
 from treadle.runtime.server import tool_calls
@@ -220,6 +220,7 @@ class TokenizerManager:
                                  logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
                                  top_logprobs_num=top_logprobs_num or 0, stream=stream)
         try:
+            check_context(len(ids), params, self.context_len)
             validate_request(r, self.vocab_size, self.context_len, self.num_slots)
         except (ValueError, TypeError) as e:
             raise APIError.bad_request(e) from e
