@@ -23,6 +23,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, stop: str | list
     (a grammar whose rule `root` is the output) constrain the output (enforced by the runtime);
     `dtype` (int, float, bool or str) constrains it to a literal of that type and stores
     the parsed value."""
+    _check_name("gen", name)
     if dtype is not None and dtype not in DTYPE_REGEX:
         raise ValueError(f"gen({name!r}): dtype must be one of int, float, bool, str; got {dtype!r}")
     if isinstance(stop, str):
@@ -55,6 +56,7 @@ def select(name: str | None = None, choices: list[str] | None = None,
     All choices are scored in one batched request from the prompt logprobs of
     `text + choice`; `choices_method` is "token_length_normalized" (mean logprob, default),
     "sum", or "greedy_token"."""
+    _check_name("select", name)
     if not choices or not isinstance(choices, (list, tuple)) or not all(isinstance(c, str) and c for c in choices):
         raise ValueError(f"select({name!r}) needs a non-empty list of non-empty strings, got {choices!r}")
     if choices_method not in CHOICE_METHODS:
@@ -78,11 +80,17 @@ def assistant(content: Any = "") -> ir.Role:
     return ir.Role("assistant", [ir.to_expr(content)])
 
 
+def _check_name(what: str, name: Any) -> None:
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"{what}(): the variable name must be a string, got {name!r}")
+
+
 def _check_regex(name: str | None, regex: str) -> None:
-    """Reject a regex Python cannot even parse here, at the gen() call, naming the variable."""
-    import re
+    """Reject a regex outside the runtime's dialect (constrained/regex_text.py) here, at the
+    gen() call, naming the variable."""
+    from treadle.constrained.regex_text import translate_regex
 
     try:
-        re.compile(regex)
-    except re.error as e:
+        translate_regex(regex)
+    except ValueError as e:
         raise ValueError(f"gen({name!r}): invalid regex {regex!r}: {e}") from e

@@ -126,7 +126,14 @@ def _split_args(batch_kwargs: list[dict]) -> tuple[dict, set[str]]:
 
 
 def _defaults(args: dict) -> dict:
-    return {k: args[k] for k in SAMPLING_DEFAULTS if args.get(k) is not None}
+    """run()'s sampling defaults, checked now (ValueError naming the field) rather than by the
+    runtime at the first gen that uses them, or never when every gen sets its own."""
+    from treadle.runtime.sampling_params import SamplingParams
+
+    given = {k: args[k] for k in SAMPLING_DEFAULTS if args.get(k) is not None}
+    stop = given.get("stop")
+    SamplingParams.from_dict({**given, **({"stop": [stop]} if isinstance(stop, str) else {})}).validate()
+    return given
 
 
 def _progress(total: int) -> Any:

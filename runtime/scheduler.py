@@ -880,6 +880,9 @@ def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int,
         raise ValueError(
             f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) can never fit the KV pool "
             f"of {num_slots} slots; lower max_new_tokens")
+    if r.logprob_start_len < -1:
+        raise ValueError(f"logprob_start_len must be -1 (no prompt logprobs) or a prompt position >= 0, "
+                         f"got {r.logprob_start_len}")
     if r.return_logprob and r.logprob_start_len >= len(ids):
         raise ValueError(f"logprob_start_len {r.logprob_start_len} must be < the prompt length {len(ids)}")
     if r.top_logprobs_num < 0:

@@ -209,11 +209,27 @@ def test_invalid_regex_raises(backend):
         gen("x", regex="(unclosed")
 
     @function
-    def prog(s):  # valid for Python, rejected by the runtime's grammar compiler (no lookaround)
+    def prog(s):  # valid for Python, outside the runtime's dialect (no lookaround): gen() says so
         s += "x" + gen("x", regex=r"(?=a)a", max_tokens=2, temperature=0)
 
     with pytest.raises(ValueError, match="not supported"):
         prog.run(backend=backend)
+
+
+def test_bad_arguments_raise_at_the_call(backend):
+    with pytest.raises(ValueError, match="variable name must be a string"):
+        gen(5)
+    with pytest.raises(ValueError, match="variable name must be a string"):
+        select(["a"], ["b", "c"])
+
+    @function
+    def prog(s):
+        s += "x" + gen("x", max_tokens=2)
+
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):  # even if no gen would use it
+        prog.run(backend=backend, max_new_tokens=-1)
+    with pytest.raises(ValueError, match="top_p"):
+        prog.run_batch([{}], backend=backend, top_p=3.0)
 
 
 def test_run_batch_isolates_errors_and_uses_the_prefix(engine, backend):
@@ -224,21 +240,21 @@ def test_run_batch_isolates_errors_and_uses_the_prefix(engine, backend):
         s += select("label", [" positive", " negative"])
         if text == "BOOM":
             raise RuntimeError("boom in program")
-        if text == "BADREGEX":
-            s += gen("why", regex=r"(?=x)x", max_tokens=2)
+        if text == "BADGRAMMAR":  # rejected by the runtime's grammar compiler
+            s += gen("why", ebnf='root ::= "a" item', max_tokens=2)
 
     assert classify.trace_prefix(backend).endswith("Review: ")
-    texts = ["Great fun!", "BOOM", "Awful, just awful.", "BADREGEX"]
+    texts = ["Great fun!", "BOOM", "Awful, just awful.", "BADGRAMMAR"]
     states = classify.run_batch([{"text": t} for t in texts], backend=backend, progress_bar=False)
     assert states[0]["label"] in (" positive", " negative")
     assert states[2]["label"] in (" positive", " negative")
     with pytest.raises(RuntimeError, match="boom in program"):
         states[1].text()
     assert isinstance(states[1].error(), RuntimeError)
-    with pytest.raises(ValueError, match="not supported"):
+    with pytest.raises(ValueError, match="'item'"):
         states[3]["why"]
     assert states[3]["label"] in (" positive", " negative")  # set before the failing call
-    with pytest.raises(ValueError, match="not supported"):
+    with pytest.raises(ValueError, match="'item'"):
         states[3].text()
     assert states[0].get_meta_info("label")["cached_tokens"] > 0
 

@@ -98,6 +98,7 @@ def test_generate_logprobs(url):
     ({"text": PROMPT, "sampling_params": {"max_new_tokens": 100000}}, "max_new_tokens"),
     ({"text": "hello " * 9000, "sampling_params": {"max_new_tokens": 4}}, "context length"),
     ({"text": PROMPT, "sampling_params": {"max_new_tokens": 8190}}, "exceed the context length 8192"),
+    ({"text": PROMPT, "return_logprob": True, "logprob_start_len": -5}, "logprob_start_len must be -1"),
     ({"text": PROMPT, "input_ids": [1, 2]}, "exactly one"),
     ({"input_ids": [1, "x"]}, "input_ids"),
     ({"text": PROMPT, "colour": 1}, "colour"),
