@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 
 from treadle.runtime import Engine
+from treadle.runtime.io_struct import TokenizedGenerateReq
+from treadle.runtime.sampling_params import SamplingParams
+from treadle.runtime.scheduler import validate_request
 from treadle.runtime.tokenizer import apply_chat_template
 
 QUESTIONS = ["Name a fruit.", "What is 2 + 2?", "Tell me about the moon in one sentence.",
@@ -190,9 +193,13 @@ def test_out_of_range_params_raise(engine):
                        ({"top_p": float("inf")}, "finite"), ({"regex": "a", "choices": ["a"]}, "at most one")]:
         with pytest.raises(ValueError, match=field):
             engine.generate("hi", bad)
-    with pytest.raises(ValueError, match="never fit"):
+    with pytest.raises(ValueError, match="exceed the context length"):
         engine.generate("hi", {"max_new_tokens": 10**6})
     engine.check_integrity()
+    # a KV pool smaller than the context: what fits the context may still never fit the pool
+    r = TokenizedGenerateReq("x", [1, 2], SamplingParams(max_new_tokens=100))
+    with pytest.raises(ValueError, match="never fit the KV pool of 50 slots"):
+        validate_request(r, vocab_size=100, context_len=1000, num_slots=50)
 
 
 def test_integers_beyond_int64_are_served(engine, prompts):
