@@ -262,13 +262,17 @@ def extend_attention_ref(
         slots = req_to_token[row, :seq].long()
         k = k_buffer.index_select(0, slots).transpose(0, 1)  # [Hk, seq, D] (index_select: fast on CPU)
         v = v_buffer.index_select(0, slots).transpose(0, 1)
-        if prefix == 0 and q.device.type == "cpu":
-            # no cached prefix: plain causal attention, which SDPA computes without a mask
-            # tensor and skips the masked half of (CPU runtime path; 10-30% faster at 200-400
-            # tokens on the 2-core dev box)
-            out = F.scaled_dot_product_attention(q[start: start + ext].transpose(0, 1).float(), k.float(), v.float(),
-                                                 is_causal=True, scale=sm_scale, enable_gqa=group > 1)
-            o[start: start + ext] = out.transpose(0, 1).to(o.dtype)
+        if q.device.type == "cpu":
+            # The CPU runtime's path. 4-D inputs, which SDPA runs in its fused (flash) CPU
+            # kernel; 3-D ones fall to its math path, which materializes every score: 5x
+            # slower at 1,800 tokens on the 2-core dev box. Without a cached prefix the
+            # attention is plain causal (no mask tensor, and the masked half skipped).
+            qi = q[start: start + ext].transpose(0, 1)[None].float()  # [1, Hq, ext, D]
+            mask = None if prefix == 0 else \
+                torch.arange(seq, device=q.device)[None, :] <= torch.arange(prefix, seq, device=q.device)[:, None]
+            out = F.scaled_dot_product_attention(qi, k[None].float(), v[None].float(), attn_mask=mask,
+                                                 is_causal=prefix == 0, scale=sm_scale, enable_gqa=group > 1)
+            o[start: start + ext] = out[0].transpose(0, 1).to(o.dtype)
             continue
         qi = q[start: start + ext].transpose(0, 1).reshape(num_kv_heads, group * ext, -1)  # [Hk, G*ext, D]
         # query i sits at position prefix + i and may see keys 0 .. prefix + i
