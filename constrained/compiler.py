@@ -369,7 +369,7 @@ class GrammarCompiler:
                     return None
         try:
             out = job(w)
-        except GrammarCompileError:
+        except ValueError:  # the grammar's (a GrammarCompileError too): a sound worker goes on
             if not w.broken:
                 self._idle.put(w)
             raise
