@@ -137,7 +137,13 @@ class Sampler:
         results = [ids, logprobs]
         if want:
             k = max(reqs[i].top_logprobs_num for i in want)
-            top = torch.log_softmax(logits[want], dim=-1).topk(k, dim=-1)
+            rows = torch.tensor(want, device=logits.device)
+            lsm = torch.log_softmax(logits[rows], dim=-1)
+            top = lsm.topk(k, dim=-1)
+            # these rows' chosen logprobs from the same log-softmax, so that a chosen token listed
+            # among the top ones shows the same value (the sampler's own differs in the last bits)
+            results[1] = logprobs.index_copy(0, rows, lsm.gather(1, ids[rows].long()[:, None]).squeeze(1)
+                                             .to(logprobs.dtype))
             results += [top.values, top.indices]
         done = None
         if logits.is_cuda:

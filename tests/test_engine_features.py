@@ -147,7 +147,13 @@ def test_logprobs(engine, prompts):
     assert len(m["output_token_logprobs"]) == m["completion_tokens"]
     # greedy: the chosen token is the top alternative
     for (lp, tok), tops in zip(m["output_token_logprobs"], m["output_top_logprobs"]):
-        assert tops[0][1] == tok and abs(tops[0][0] - lp) < 1e-4 and lp <= 0
+        assert tops[0][1] == tok and tops[0][0] == lp and lp <= 0
+    # sampled: a chosen token listed among the top ones shows the very same value
+    sampled = engine.generate(prompts[1], {"max_new_tokens": 12, "temperature": 1.0, "seed": 3}, return_logprob=True,
+                              top_logprobs_num=5)["meta_info"]
+    listed = [(lp, dict((t, v) for v, t in tops)[tok]) for (lp, tok), tops in
+              zip(sampled["output_token_logprobs"], sampled["output_top_logprobs"]) if tok in {t for _, t in tops}]
+    assert listed and all(a == b for a, b in listed), listed
     assert len(m["input_token_logprobs"]) == m["prompt_tokens"] - 3
     assert all(lp <= 0 for lp in m["input_token_logprobs"])
 
