@@ -86,11 +86,10 @@ class WorkerProcess:
 def _regex_job(spec: Any, whitespace_pattern: str | None, mode: str, holes: bool, depth: int) -> tuple:
     """A spec's regex, as ``GrammarCompiler`` asks for it: ("regex", text), ("invalid", the
     ValueError naming the grammar's problem), ("oom", why) or ("error", what went wrong)."""
-    from treadle.constrained.compiler import _check_reserved
+    from treadle.constrained.compiler import spec_regex
 
     try:
-        regex = spec.to_regex(whitespace_pattern, mode, holes=holes, max_recursion_depth=depth)
-        _check_reserved(regex, holes)
+        regex = spec_regex(spec, whitespace_pattern, mode, holes, depth)
     except MemoryError:
         return ("oom", "ran out of memory")
     except ValueError as e:

@@ -97,6 +97,14 @@ def _check_reserved(regex: str, holes: bool) -> None:
     check_regex(regex, WRITTEN if holes else frozenset())
 
 
+def spec_regex(spec: GrammarSpec, whitespace_pattern: str | None, mode: str, holes: bool, depth: int) -> str:
+    """The regex of ``spec`` as the token index gets it (the compile worker's first step);
+    ``ValueError`` naming what is wrong with the grammar."""
+    regex = spec.to_regex(whitespace_pattern, mode, holes=holes, max_recursion_depth=depth)
+    _check_reserved(regex, holes)
+    return regex
+
+
 def _holes_apply(spec: GrammarSpec) -> bool:
     """Whether a compact-output compile of ``spec`` writes holes or calls (json_holes.py):
     a schema's any-values and recursive ``$ref``s, an EBNF grammar's nesting recursion."""

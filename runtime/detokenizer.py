@@ -32,18 +32,18 @@ class IncrementalDetokenizer:
     def add(self, new_ids: list[int], finished: dict | None = None) -> str:
         """Append token ids; return the new text that is safe to show. ``finished`` is the
         request's finish reason on its last output (a stop token is its last new id)."""
-        if finished is not None and isinstance(finished.get("matched"), int) and not self.no_stop_trim:
+        done = finished is not None
+        if done and isinstance(finished.get("matched"), int) and not self.no_stop_trim:
             new_ids = new_ids[:-1]
-        finished = finished is not None
         self.ids.extend(new_ids)
         if len(self.ids) > self.read_offset:
             prefix_text = self._decode(self.ids[self.prefix_offset: self.read_offset])
             full = self._decode(self.ids[self.prefix_offset:])
-            if finished or not full.endswith(_REPLACEMENT):
+            if done or not full.endswith(_REPLACEMENT):
                 self.text += full[len(prefix_text):]
                 self.read_offset = len(self.ids)
                 self.prefix_offset = max(0, self.read_offset - _CONTEXT_TOKENS)
-        return self._visible_delta(finished)
+        return self._visible_delta(done)
 
     def _visible_delta(self, finished: bool) -> str:
         visible = self.text
