@@ -136,7 +136,7 @@ class Sampler:
         want = [i for i, r in enumerate(reqs) if r.return_logprob and r.top_logprobs_num > 0]
         results = [ids, logprobs]
         if want:
-            k = max(reqs[i].top_logprobs_num for i in want)
+            k = min(max(reqs[i].top_logprobs_num for i in want), logits.shape[-1])
             rows = torch.tensor(want, device=logits.device)
             lsm = torch.log_softmax(logits[rows], dim=-1)
             top = lsm.topk(k, dim=-1)

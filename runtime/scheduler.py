@@ -37,6 +37,9 @@ INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.0
 JUMP_LOOKBACK = 3  # output tokens re-encoded at a jump-forward boundary
 IN_BATCH_PREFIX_MIN = 32  # shared uncached tokens that make a request wait for another's prefill
 MAX_FAILED_STEPS = 3  # consecutive failed steps after which the error is raised (see _recover)
+# the most top logprobs a token may ask for (vLLM's max_logprobs default, OpenAI's limit): each
+# prompt position with logprobs keeps that many (id, logprob) pairs as Python objects
+MAX_TOP_LOGPROBS = 20
 
 
 class Scheduler:
@@ -885,8 +888,8 @@ def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int,
                          f"got {r.logprob_start_len}")
     if r.return_logprob and r.logprob_start_len >= len(ids):
         raise ValueError(f"logprob_start_len {r.logprob_start_len} must be < the prompt length {len(ids)}")
-    if r.top_logprobs_num < 0:
-        raise ValueError("top_logprobs_num must be >= 0")
+    if not 0 <= r.top_logprobs_num <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {r.top_logprobs_num}")
 
 
 def _common_prefix_len(a: list[int], b: list[int]) -> int:

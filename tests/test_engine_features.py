@@ -201,6 +201,11 @@ def test_out_of_range_params_raise(engine):
             engine.generate("hi", bad)
     with pytest.raises(ValueError, match="exceed the context length"):
         engine.generate("hi", {"max_new_tokens": 10**6})
+    # more top logprobs than the limit (here more than the vocabulary: topk would fail the
+    # whole batch step) is the caller's error, raised before anything is queued
+    for top in (21, 50_000, -1):
+        with pytest.raises(ValueError, match=r"top_logprobs_num must be in \[0, 20\]"):
+            engine.generate("hi", {"max_new_tokens": 2}, return_logprob=True, top_logprobs_num=top)
     engine.check_integrity()
     # a KV pool smaller than the context: what fits the context may still never fit the pool
     r = TokenizedGenerateReq("x", [1, 2], SamplingParams(max_new_tokens=100))

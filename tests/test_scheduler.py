@@ -403,6 +403,7 @@ BAD = {
     "stop_id_out_of_vocab": ([5, 6], greedy(4, stop_token_ids=[VOCAB]), {}),
     "logprob_start_past_prompt": ([5, 6], greedy(4), {"return_logprob": True, "logprob_start_len": 2}),
     "negative_top_logprobs": ([5, 6], greedy(4), {"return_logprob": True, "top_logprobs_num": -1}),
+    "too_many_top_logprobs": ([5, 6], greedy(4), {"return_logprob": True, "top_logprobs_num": VOCAB + 1}),
 }
 
 

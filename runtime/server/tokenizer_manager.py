@@ -211,8 +211,6 @@ class TokenizerManager:
         for name, v in (("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise APIError.bad_request(f"{name} must be an integer", name)
-        if top_logprobs_num and top_logprobs_num > 20:
-            raise APIError.bad_request("top_logprobs_num must be <= 20", "top_logprobs_num")
         if rid is not None and not isinstance(rid, str):
             raise APIError.bad_request("rid must be a string", "rid")
         r = TokenizedGenerateReq(rid=rid or uuid.uuid4().hex, input_ids=ids, sampling_params=sp,
