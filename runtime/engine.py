@@ -92,11 +92,26 @@ class Engine:
         results = self._run(reqs)
         return self._shape(results, reqs, single)
 
-    async def async_generate(self, *args: Any, **kwargs: Any):
-        """asyncio form of `generate`; with stream=True an async iterator of chunks."""
-        if kwargs.get("stream"):
-            return self._astream(*args, **kwargs)
-        return await asyncio.to_thread(self.generate, *args, **kwargs)
+    async def async_generate(self, prompt: str | list[str] | None = None,
+                             sampling_params: dict | list[dict] | None = None,
+                             input_ids: list[int] | list[list[int]] | None = None, *, return_logprob: bool = False,
+                             logprob_start_len: int | None = None, top_logprobs_num: int = 0, stream: bool = False,
+                             rid: str | None = None):
+        """asyncio form of `generate`; with stream=True an async iterator of chunks. Cancelling
+        the awaiting task aborts its requests (their KV is freed at once)."""
+        if stream:
+            return self._astream(prompt, sampling_params, input_ids, return_logprob=return_logprob,
+                                 logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+                                 stream=True, rid=rid)
+        reqs, single = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
+                                   top_logprobs_num, stream, rid)
+        try:
+            results = await asyncio.to_thread(self._run, reqs)
+        except asyncio.CancelledError:
+            for r in reqs:  # the thread then collects their abort and returns
+                self.abort(r.rid)
+            raise
+        return self._shape(results, reqs, single)
 
     async def _astream(self, *args: Any, **kwargs: Any):
         it = self.generate(*args, **kwargs)
@@ -222,9 +237,14 @@ class Engine:
 
     # ================================================================== running
 
+    def _check_running(self) -> None:
+        if self._error is not None:
+            raise EngineDeadError(f"the engine loop died: {self._error!r}") from self._error
+        if self._stopped.is_set():
+            raise EngineDeadError("the engine is shut down")
+
     def _submit(self, r: TokenizedGenerateReq) -> queue.Queue:
-        if self._error is not None or self._stopped.is_set():
-            raise EngineDeadError(f"the engine is not running: {self._error!r}")
+        self._check_running()
         box: queue.Queue = queue.Queue()
         with self._lock:
             if r.rid in self._outboxes:
@@ -259,10 +279,12 @@ class Engine:
         while True:
             try:
                 item = box.get(timeout=1.0)
-            except queue.Empty:
-                if self._error is not None:
-                    raise EngineDeadError(f"the engine loop died: {self._error!r}") from self._error
+            except queue.Empty:  # a box the loop's exit missed (it raced with the exit)
+                if self._error is not None or self._exited:
+                    self._check_running()
                 continue
+            if isinstance(item, _Shutdown):
+                raise EngineDeadError("the engine was shut down before this request finished")
             if isinstance(item, BaseException):
                 raise EngineDeadError(f"the engine loop died: {item!r}") from item
             return item
@@ -311,6 +333,7 @@ class Engine:
 
     def _call(self, fn):
         """Run fn(scheduler) on the engine thread and return its result."""
+        self._check_running()
         box: queue.Queue = queue.Queue()
         self._inbox.put(("call", (fn, box)))
         res = self._next(box)
@@ -349,13 +372,14 @@ class Engine:
                 else:
                     self._dispatch(sched.outputs)
                     sched.outputs = []
-        except BaseException as e:  # surface to every waiting caller, never hang them
+        except BaseException as e:
             log.exception("engine loop died")
             self._error = e
+        finally:
+            # every caller still waiting hears why, never hangs: the loop's error, or the shutdown
             with self._lock:
                 for box in self._outboxes.values():
-                    box.put(e)
-        finally:
+                    box.put(self._error if self._error is not None else _Shutdown())
             with self._exit_lock:
                 self._exited = True
                 abandoned = self._left_running
@@ -368,6 +392,10 @@ class Engine:
                 box = self._outboxes.get(out.rid)
             if box is not None:
                 box.put(out)
+
+
+class _Shutdown(Exception):
+    """Put in the box of a request still running when the engine stops."""
 
 
 class _NoText:

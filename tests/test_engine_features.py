@@ -286,3 +286,67 @@ def test_a_failed_step_fails_its_requests_and_the_engine_serves_on(engine, promp
     # a request's own bad input is still a ValueError
     with pytest.raises(ValueError):
         engine.generate(prompts[0], {"max_new_tokens": 4, "temperature": -1})
+
+
+def _wait_running(engine, n: int, timeout_s: float = 60.0) -> None:
+    import time
+
+    end = time.monotonic() + timeout_s
+    while engine.get_server_info()["num_running"] != n:
+        assert time.monotonic() < end, f"never {n} running"
+        time.sleep(0.05)
+
+
+def test_cancelling_async_generate_aborts_its_requests(engine, prompts):
+    """A cancelled non-streamed async_generate frees its KV at once rather than decoding on
+    for nobody (a cancelled stream already aborted)."""
+    import asyncio
+
+    async def main():
+        task = asyncio.create_task(engine.async_generate(prompts[:2], {"max_new_tokens": 2000,
+                                                                       "ignore_eos": True}))
+        await asyncio.to_thread(_wait_running, engine, 2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.to_thread(_wait_running, engine, 0, 10.0)  # 2000 tokens would take minutes
+
+    asyncio.run(main())
+    info = engine.get_server_info()
+    assert info["free_slots"] + info["evictable_slots"] == info["total_slots"]
+    engine.check_integrity()
+    out = engine.generate(prompts[0], GREEDY)  # and it serves on
+    assert out["meta_info"]["completion_tokens"] == GREEDY["max_new_tokens"]
+
+
+def test_shutdown_ends_every_caller_still_waiting():
+    """Requests in flight when the engine shuts down (a blocking call in another thread, a
+    stream half read) raise EngineDeadError instead of waiting forever; so does every call
+    after it, the control calls included."""
+    import threading
+
+    from treadle.runtime.engine import EngineDeadError
+
+    e = Engine(max_total_tokens=4096)
+    got: list = []
+
+    def blocking():
+        try:
+            got.append(e.generate("Count to a thousand:", {"max_new_tokens": 3000, "ignore_eos": True}))
+        except Exception as exc:  # what the caller sees
+            got.append(exc)
+
+    t = threading.Thread(target=blocking)
+    t.start()
+    stream = e.generate("Tell me a long story.", {"max_new_tokens": 3000, "ignore_eos": True}, stream=True)
+    next(stream)
+    _wait_running(e, 2)
+    e.shutdown()
+    t.join(timeout=30)
+    assert not t.is_alive(), "the blocked caller still waits"
+    assert isinstance(got[0], EngineDeadError) and "shut down" in str(got[0])
+    with pytest.raises(EngineDeadError, match="shut down"):
+        list(stream)
+    for call in (e.get_server_info, e.flush_cache, e.check_integrity, lambda: e.generate("hi")):
+        with pytest.raises(EngineDeadError, match="the engine is shut down"):
+            call()
