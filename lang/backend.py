@@ -6,8 +6,10 @@ A backend turns prompt text into results; it knows nothing of program states:
 - `cache_prefix(text)` compute and cache a prompt without generating (before a fork or
                        a batch, so the branches hit the radix cache)
 - `generate(text, params)` / `generate_stream(...)` one generation call
-- `choice_logprobs(text, choices)` logprobs of each choice's tokens after `text`, in one
-                       batched request; `select` turns them into a decision here
+- `encode(texts)` / `context_token()` / `prompt_logprobs(ids, start)` token ids, and the
+                       prompt logprobs of a batch of token sequences (max_new_tokens=0);
+                       `choice_logprobs` scores `select`'s choices with them, here, the same
+                       way for every backend
 """
 from __future__ import annotations
 
@@ -59,8 +61,44 @@ class Backend(ABC):
         """Like `generate`, yielding (text delta, meta_info so far) as tokens arrive."""
 
     @abstractmethod
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """The token ids of each text, as the runtime tokenizes a prompt."""
+
+    @abstractmethod
+    def context_token(self) -> int | None:
+        """A token to put before a sequence whose first token must be scored (BOS, else EOS)."""
+
+    @abstractmethod
+    def prompt_logprobs(self, seqs: list[list[int]], start: int) -> list[dict]:
+        """Prefill each token sequence (max_new_tokens=0) in one batched request; returns each
+        one's meta_info, whose input_token_logprobs cover positions start.. of its sequence.
+        With start = 0 only the prefill is wanted (the sequence is cached for what follows)."""
+
     def choice_logprobs(self, text: str, choices: list[str]) -> ChoiceScores:
-        """Score every `text + choice` in one batched request (max_new_tokens=0)."""
+        """Per choice, the logprobs of the tokens that spell it after `text`: tokenize the
+        prefix and each prefix + choice, find where each choice starts (`choice_start`),
+        compute the shared prefix once, then read every choice's prompt logprobs from one
+        batched request. A choice whose tokens start the sequence (an empty `text`, or a one-
+        token `text` merged into the choice's first token) has no context for its first
+        token: then every sequence gets the context token in front, so all are scored alike."""
+        ids = self.encode([text] + [text + c for c in choices])
+        prefix_ids, fulls = ids[0], ids[1:]
+        starts = [choice_start(prefix_ids, full) for full in fulls]
+        if min(starts) == 0:
+            ctx = self.context_token()
+            if ctx is None:
+                raise ValueError("select cannot score a choice's first token with no text before it: this "
+                                 "tokenizer has no BOS or EOS token to stand in; put some text before the select")
+            prefix_ids, fulls, starts = [ctx] + prefix_ids, [[ctx] + f for f in fulls], [s + 1 for s in starts]
+        if prefix_ids:  # the choices share this prefix: compute it once
+            self.prompt_logprobs([prefix_ids], 0)
+        first = min(starts)
+        metas = self.prompt_logprobs(fulls, first)
+        logprobs = [[float(lp) for lp in m["input_token_logprobs"][start - first:]]  # aligned with ids[first:]
+                    for m, start in zip(metas, starts)]
+        return ChoiceScores(logprobs, {"prompt_tokens": sum(m["prompt_tokens"] for m in metas),
+                                       "cached_tokens": sum(m.get("cached_tokens", 0) for m in metas),
+                                       "completion_tokens": 0, "finish_reason": None})
 
     def get_server_info(self) -> dict:
         """Cache statistics of the runtime (prompt/cached token counters, ...)."""
@@ -90,14 +128,15 @@ def pick_choice(token_logprobs: list[list[float]], method: str) -> tuple[int, li
 
     token_length_normalized: mean logprob (long choices are not penalised for length);
     sum: total logprob; greedy_token: compare first-token logprobs, ties broken by the
-    following tokens (the choice a greedy decoder would start with)."""
+    following tokens (the choice a greedy decoder would start with), a shorter choice's
+    missing tokens counting as its own mean logprob (as SGLang's greedy selection)."""
     if method == "sum":
         values = [sum(lp) for lp in token_logprobs]
     elif method == "token_length_normalized":
         values = [sum(lp) / max(len(lp), 1) for lp in token_logprobs]
     elif method == "greedy_token":
         width = max(len(lp) for lp in token_logprobs)
-        keys = [tuple(lp) + (-math.inf,) * (width - len(lp)) for lp in token_logprobs]
+        keys = [tuple(lp) + (sum(lp) / len(lp),) * (width - len(lp)) for lp in token_logprobs]
         best = max(range(len(keys)), key=lambda i: keys[i])
         return best, [lp[0] if lp else -math.inf for lp in token_logprobs]
     else:
@@ -110,12 +149,13 @@ def choice_start(prefix_ids: list[int], full_ids: list[int]) -> int:
 
     Normally the prefix tokens come first unchanged and this is len(prefix_ids). When the
     last prefix tokens merge with the start of the choice ("is " + "Paris" -> "is", " Paris"),
-    scoring starts at the first token that differs, so the merged token is counted."""
+    scoring starts at the first token that differs, so the merged token is counted. 0 means
+    the choice's first scored token is the sequence's first, which has no logprob."""
     n = 0
     limit = min(len(prefix_ids), len(full_ids) - 1)  # always score at least one token
     while n < limit and prefix_ids[n] == full_ids[n]:
         n += 1
-    return max(n, 1)  # position 0 has no logprob
+    return n
 
 
 # ---------------------------------------------------------------- default backend

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from treadle.lang.backend import Backend, ChoiceScores, choice_start
+from treadle.lang.backend import Backend
 from treadle.lang.chat_template import ChatTemplate
 
 _ZERO = {"max_new_tokens": 0}
@@ -44,23 +44,17 @@ class EngineBackend(Backend):
         for chunk in self.engine.generate(text, dict(params), stream=True):
             yield chunk["text"], chunk["meta_info"]
 
-    def choice_logprobs(self, text: str, choices: list[str]) -> ChoiceScores:
-        """Tokenize prefix and each prefix+choice, find where each choice starts (see
-        `choice_start`), and read the choices' prompt logprobs from one batched request."""
-        prefix_ids = self.engine.encode(text)
-        fulls = [self.engine.encode(text + c) for c in choices]
-        starts = [choice_start(prefix_ids, ids) for ids in fulls]
-        if prefix_ids:  # the choices share this prefix: compute it once
-            self.engine.generate(input_ids=prefix_ids, sampling_params=dict(_ZERO))
-        first = min(starts)
-        outs = self.engine.generate(input_ids=fulls, sampling_params=[dict(_ZERO) for _ in fulls],
-                                    return_logprob=True, logprob_start_len=first)
-        logprobs = []
-        for out, start in zip(outs, starts):
-            lps = out["meta_info"]["input_token_logprobs"][start - first:]  # aligned with ids[first:]
-            assert all(lp is not None for lp in lps), "scoring starts past position 0"
-            logprobs.append([float(lp) for lp in lps])
-        return ChoiceScores(logprobs, _sum_meta([o["meta_info"] for o in outs]))
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return [self.engine.encode(t) for t in texts]
+
+    def context_token(self) -> int | None:
+        tok = self.engine.tokenizer
+        return tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+
+    def prompt_logprobs(self, seqs: list[list[int]], start: int) -> list[dict]:
+        outs = self.engine.generate(input_ids=seqs, sampling_params=[dict(_ZERO) for _ in seqs],
+                                    return_logprob=start > 0, logprob_start_len=start if start > 0 else None)
+        return [o["meta_info"] for o in outs]
 
     def get_server_info(self) -> dict:
         return self.engine.get_server_info()
@@ -73,8 +67,3 @@ class EngineBackend(Backend):
         if self._owned:
             self.engine.shutdown()
 
-
-def _sum_meta(metas: list[dict]) -> dict:
-    return {"prompt_tokens": sum(m["prompt_tokens"] for m in metas),
-            "cached_tokens": sum(m.get("cached_tokens", 0) for m in metas),
-            "completion_tokens": 0, "finish_reason": None}

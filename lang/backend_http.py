@@ -7,13 +7,10 @@ from typing import Any, Iterator
 
 import requests
 
-from treadle.lang.backend import Backend, ChoiceScores
+from treadle.lang.backend import Backend
 from treadle.lang.chat_template import ChatTemplate, jinja_renderer
 
 _ZERO = {"max_new_tokens": 0}
-# two logprobs of the same token in the same context agree to float noise; a different
-# (merged) token at the boundary essentially never lands this close
-_SAME_TOKEN_TOL = 1e-3
 
 
 class RuntimeEndpoint(Backend):
@@ -84,30 +81,18 @@ class RuntimeEndpoint(Backend):
                     raise ValueError(f"the server at {self.url} failed the request: {chunk['error']}")
                 yield chunk["text"], chunk["meta_info"]
 
-    def choice_logprobs(self, text: str, choices: list[str]) -> ChoiceScores:
-        """Score the choices without a local tokenizer.
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return self._request("POST", "/tokenize", json={"prompt": texts}).json()["tokens"]
 
-        First cache the prefix (which also gives its token count P). Then one batch scores
-        the prefix and every prefix+choice from position P-1. For the prefix that entry is
-        its last token's logprob; a choice whose entry matches it tokenized the boundary the
-        same way (drop the entry), one whose entry differs merged its start into the last
-        prefix token (keep it: the merged token spells the choice's beginning)."""
-        n_prefix = self.cache_prefix(text)["prompt_tokens"]
-        start = n_prefix - 1 if n_prefix >= 2 else max(n_prefix, 1)
-        outs = self._generate({"text": [text] + [text + c for c in choices],
-                               "sampling_params": [dict(_ZERO) for _ in range(len(choices) + 1)],
-                               "return_logprob": True, "logprob_start_len": start}).json()
-        ref = outs[0]["meta_info"]["input_token_logprobs"]
-        logprobs = []
-        for out in outs[1:]:
-            lps = [float(x) for x in out["meta_info"]["input_token_logprobs"] if x is not None]
-            if start == n_prefix - 1 and ref and len(lps) > 1 and abs(lps[0] - float(ref[0])) < _SAME_TOKEN_TOL:
-                lps = lps[1:]
-            logprobs.append(lps)
-        metas = [o["meta_info"] for o in outs[1:]]
-        return ChoiceScores(logprobs, {"prompt_tokens": sum(m["prompt_tokens"] for m in metas),
-                                       "cached_tokens": sum(m.get("cached_tokens", 0) for m in metas),
-                                       "completion_tokens": 0, "finish_reason": None})
+    def context_token(self) -> int | None:
+        info = self.model_info
+        return info["bos_token_id"] if info.get("bos_token_id") is not None else info.get("eos_token_id")
+
+    def prompt_logprobs(self, seqs: list[list[int]], start: int) -> list[dict]:
+        payload: dict[str, Any] = {"input_ids": seqs, "sampling_params": [dict(_ZERO) for _ in seqs]}
+        if start > 0:
+            payload.update(return_logprob=True, logprob_start_len=start)
+        return [o["meta_info"] for o in self._generate(payload).json()]
 
     def get_server_info(self) -> dict:
         return self._get("/get_server_info")

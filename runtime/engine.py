@@ -22,7 +22,7 @@ from treadle.runtime.io_struct import OutputAccum, ReqOutput, TokenizedGenerateR
 from treadle.runtime.model_runner import ModelRunner
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.scheduler import Scheduler, check_context, validate_request
-from treadle.runtime.tokenizer import load_tokenizer
+from treadle.runtime.tokenizer import encode_prompt, load_tokenizer
 
 log = logging.getLogger("treadle")
 
@@ -178,7 +178,7 @@ class Engine:
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer: pass input_ids instead of text")
-        return self.tokenizer.encode(text)
+        return encode_prompt(self.tokenizer, text)
 
     def _build(self, prompt, input_ids, sampling_params, return_logprob, logprob_start_len, top_logprobs_num,
                stream, rid) -> tuple[list[TokenizedGenerateReq], bool]:

@@ -65,6 +65,17 @@ def clear_tokenizer_cache() -> None:
         _CACHE.clear()
 
 
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """The token ids of a prompt text. A text that already begins with the BOS token (a
+    rendered chat template: Llama 2/3's write it) gets no second one from a tokenizer that
+    adds BOS itself; a doubled BOS is a prompt the model never saw in training."""
+    ids = tokenizer.encode(text)
+    bos, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)
+    if bos and bos_id is not None and len(ids) >= 2 and ids[0] == ids[1] == bos_id and text.startswith(bos):
+        del ids[0]
+    return ids
+
+
 def get_chat_template(tokenizer: Any) -> str | None:
     """The tokenizer's chat template (the "default" one when it has several), or None."""
     template = getattr(tokenizer, "chat_template", None)

@@ -126,6 +126,42 @@ def test_select_obvious_cases(backend):
         assert cap2.run(backend=backend)["city"] == " Paris"
 
 
+def test_select_with_no_text_or_one_merged_token_before_it(backend, engine):
+    """A choice whose first token starts the sequence (no text before the select, or a one-
+    token text merged into the choice) is scored after the BOS/EOS token, for every choice."""
+    ctx = backend.context_token()
+    assert ctx is not None
+    for text, choices in [("", ["Hello", "Zyzzyva quibble", "The"]), ("x", ["y", "yz"]),
+                          ("Hi", [" there", "!", "gh"])]:
+        scores = backend.choice_logprobs(text, choices).token_logprobs
+        for choice, lps in zip(choices, scores):
+            ids = engine.encode(text + choice)
+            start = 0 if not text else next((i for i, (a, b) in enumerate(zip(engine.encode(text), ids)) if a != b),
+                                            min(len(engine.encode(text)), len(ids) - 1))
+            want = engine.generate(input_ids=[ctx] + ids, sampling_params={"max_new_tokens": 0}, return_logprob=True,
+                                   logprob_start_len=start + 1)["meta_info"]["input_token_logprobs"]
+            assert len(lps) == len(ids) - start > 0
+            assert lps == pytest.approx([float(x) for x in want], abs=1e-4), (text, choice)
+
+    @function
+    def first(s):
+        s += select("c", choices=["Hello", "Zyzzyva quibble", "The"])
+        s += " world"
+
+    st = first.run(backend=backend)
+    assert st["c"] in ("Hello", "Zyzzyva quibble", "The") and st.text() == st["c"] + " world"
+
+
+def test_greedy_token_pads_a_short_choice_with_its_mean():
+    """As SGLang: a shorter choice's missing tokens count as its own mean logprob, so a
+    longer choice sharing its first token does not win by default."""
+    from treadle.lang.backend import pick_choice
+
+    assert pick_choice([[-1.0], [-1.0, -5.0], [-2.0]], "greedy_token")[0] == 0
+    assert pick_choice([[-1.0], [-1.0, -0.5], [-2.0]], "greedy_token")[0] == 1
+    assert pick_choice([[-3.0], [-1.0, -9.0]], "greedy_token")[0] == 1  # the first token decides
+
+
 def test_gen_with_an_ebnf_grammar(backend):
     grammar = 'root ::= item (", " item){2}\nitem ::= "red" | "green" | "blue" | "yellow"'
 

@@ -92,6 +92,49 @@ def test_select_over_http(backend):
     assert (good["label"], bad["label"]) == (" positive", " negative")
 
 
+def test_select_scores_equal_the_engine_backends(backend):
+    """The endpoint tokenizes on the server (/tokenize) and scores as the Engine backend does:
+    the same token logprobs, also with no text before the select, a one-token text, and a
+    text merged into the choice's first token."""
+    from treadle.lang import EngineBackend
+    from treadle.runtime import Engine
+
+    cases = [("", ["Hello", "Zyzzyva quibble", "The"]), ("Hi", [" there", "!", "gh"]), ("x", ["y", "yz"]),
+             ("The capital of France is ", ["Paris", "London"]), ("The capital of France is", [" Paris", " London"])]
+    with Engine(max_total_tokens=4096) as engine:
+        local = EngineBackend(engine)
+        for text, choices in cases:
+            want = local.choice_logprobs(text, choices).token_logprobs
+            got = backend.choice_logprobs(text, choices).token_logprobs
+            assert [len(x) for x in got] == [len(x) for x in want], (text, choices)
+            assert sum(got, []) == pytest.approx(sum(want, []), abs=1e-3), (text, choices)
+
+    @function
+    def first(s):
+        s += select("c", choices=["Hello", "Zyzzyva quibble", "The"])
+
+    assert first.run(backend=backend)["c"] in ("Hello", "Zyzzyva quibble", "The")
+
+
+def test_tokenize_and_detokenize(server):
+    text = "<|im_start|>user\nHi there<|im_end|>"
+    r = requests.post(server + "/tokenize", json={"prompt": text})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["count"] == len(body["tokens"]) > 0 and body["max_model_len"] > 0
+    assert requests.post(server + "/detokenize", json={"tokens": body["tokens"]}).json()["prompt"] == text
+    many = requests.post(server + "/tokenize", json={"prompt": [text, "Hi"]}).json()
+    assert many["tokens"][0] == body["tokens"] and many["count"] == [len(body["tokens"]), len(many["tokens"][1])]
+    info = requests.get(server + "/get_model_info").json()
+    assert info["eos_token_id"] == requests.post(server + "/tokenize", json={"prompt": info["eos_token"]}).json()["tokens"][0]
+    for path, payload, field in [("/tokenize", {"prompt": 5}, "prompt"), ("/tokenize", {"prompt": []}, "prompt"),
+                                 ("/tokenize", {"prompt": "a", "add_special_tokens": "no"}, "add_special_tokens"),
+                                 ("/tokenize", {"text": "a"}, "text"), ("/detokenize", {"tokens": [1, "a"]}, "tokens"),
+                                 ("/detokenize", {"tokens": [10**9]}, "tokens")]:
+        r = requests.post(server + path, json=payload)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (path, payload, r.text)
+
+
 def test_roles_and_fork_over_http(backend):
     @function
     def chat(s):

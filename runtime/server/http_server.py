@@ -1,4 +1,4 @@
-"""The FastAPI app: native endpoints (/generate, health, info, cache, abort, metrics), the
+"""The FastAPI app: native endpoints (/generate, (de)tokenize, health, info, cache, abort, metrics), the
 API-key / draining gate, and error rendering. OpenAI routes live in `openai_api.py`.
 
 Bodies are parsed by hand (not pydantic models) so every problem is a 400 in the OpenAI
@@ -139,7 +139,44 @@ def create_app(state: ServerState) -> FastAPI:
                 # clients (the DSL's RuntimeEndpoint) render roles with the server's template
                 "chat_template": getattr(tm.tokenizer, "chat_template", None),
                 "bos_token": getattr(tm.tokenizer, "bos_token", None),
-                "eos_token": getattr(tm.tokenizer, "eos_token", None)}
+                "eos_token": getattr(tm.tokenizer, "eos_token", None),
+                "bos_token_id": getattr(tm.tokenizer, "bos_token_id", None),
+                "eos_token_id": getattr(tm.tokenizer, "eos_token_id", None)}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        """vLLM's /tokenize: {"prompt": text} (or a list of texts) -> {"tokens", "count",
+        "max_model_len"}, the ids /generate would see for that text; `add_special_tokens`
+        false leaves out what the tokenizer adds (BOS)."""
+        obj = await read_json(request)
+        _no_unknown(obj, {"model", "prompt", "add_special_tokens"})
+        prompt, add = obj.get("prompt"), obj.get("add_special_tokens", True)
+        single = isinstance(prompt, str)
+        texts = [prompt] if single else prompt
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise APIError.bad_request("prompt must be a string or a non-empty list of strings", "prompt")
+        if not isinstance(add, bool):
+            raise APIError.bad_request("add_special_tokens must be a boolean", "add_special_tokens")
+        if tm.tokenizer is None:
+            raise APIError.bad_request("this model has no tokenizer", "prompt")
+        ids = [tm.encode(t) if add else tm.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        return {"tokens": ids[0] if single else ids, "count": len(ids[0]) if single else [len(x) for x in ids],
+                "max_model_len": state.model_info["context_len"]}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        """vLLM's /detokenize: {"tokens": [ids]} -> {"prompt": text}."""
+        obj = await read_json(request)
+        _no_unknown(obj, {"model", "tokens"})
+        ids, vocab = obj.get("tokens"), state.model_info["vocab_size"]
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise APIError.bad_request("tokens must be a list of integers", "tokens")
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise APIError.bad_request(f"tokens must be in [0, {vocab}); got {bad[0]}", "tokens")
+        if tm.tokenizer is None:
+            raise APIError.bad_request("this model has no tokenizer", "tokens")
+        return {"prompt": tm.tokenizer.decode(ids)}
 
     @app.get("/get_server_info")
     async def get_server_info() -> dict:
@@ -188,13 +225,17 @@ def create_app(state: ServerState) -> FastAPI:
     return app
 
 
+def _no_unknown(obj: dict, accepted: set[str]) -> None:
+    unknown = sorted(set(obj) - accepted)
+    if unknown:
+        raise APIError.bad_request(f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(sorted(accepted))}",
+                                   unknown[0])
+
+
 def build_native(tm: TokenizerManager, obj: dict) -> tuple[list[TokenizedGenerateReq], bool]:
     """The /generate body -> requests (batch items and n samples expanded), and whether the
     input was a single prompt."""
-    unknown = sorted(set(obj) - _GENERATE_FIELDS)
-    if unknown:
-        raise APIError.bad_request(f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(sorted(_GENERATE_FIELDS))}",
-                                   unknown[0])
+    _no_unknown(obj, _GENERATE_FIELDS)
     text, ids = obj.get("text"), obj.get("input_ids")
     if (text is None) == (ids is None):
         raise APIError.bad_request("give exactly one of text or input_ids", "text")

@@ -140,7 +140,9 @@ class TokenizerManager:
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise APIError.bad_request("this model has no tokenizer: send input_ids instead of text", "text")
-        return self.tokenizer.encode(text)
+        from treadle.runtime.tokenizer import encode_prompt
+
+        return encode_prompt(self.tokenizer, text)
 
     def chat_prompt(self, messages: Any, tools: tool_calls.ToolPlan | None = None,
                     template_kwargs: Any = None) -> str:
