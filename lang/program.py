@@ -38,14 +38,14 @@ class Program:
             presence_penalty: float | None = None, repetition_penalty: float | None = None,
             stop: Any = None, ignore_eos: bool | None = None, seed: int | None = None,
             **kwargs: Any) -> ProgramState:
-        """Run once and return the state. Without stream, waits for the program to finish and
-        raises its error if it failed; with stream=True it returns at once (read the text
-        with `state.text_iter()`)."""
+        """Run once and return the state; what the function returned is `state.ret_value`.
+        Without stream, waits for the program to finish and raises its error if it failed;
+        with stream=True it returns at once (read the text with `state.text_iter()`)."""
         defaults = _defaults(locals())
         be = as_backend(backend)
         state = ProgramState(StreamExecutor(be, defaults, stream=stream))
         try:
-            self.fn(state, *args, **{**self.bound, **kwargs})
+            state.ret_value = self.fn(state, *args, **{**self.bound, **kwargs})
         finally:
             state._ex.end()
         if not stream:
@@ -53,7 +53,7 @@ class Program:
         return state
 
     def run_batch(self, batch_kwargs: list[dict], *, backend: Any = None, num_threads: int | str = "auto",
-                  progress_bar: bool = True, max_new_tokens: int | None = None,
+                  progress_bar: bool = False, max_new_tokens: int | None = None,
                   temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
                   min_p: float | None = None, frequency_penalty: float | None = None,
                   presence_penalty: float | None = None, repetition_penalty: float | None = None,
@@ -81,7 +81,7 @@ class Program:
         def one(i: int) -> None:
             s = states[i]
             try:
-                self.fn(s, **{**self.bound, **batch_kwargs[i]})
+                s.ret_value = self.fn(s, **{**self.bound, **batch_kwargs[i]})
             except BaseException as e:  # kept on this state only; reading it raises e
                 s._ex.fail(e)
             finally:

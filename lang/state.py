@@ -20,6 +20,7 @@ class ProgramState:
         self._ex = executor
         self._role: str | None = executor.role
         self._names: set[str] = set(executor.variables)  # names known to exist or be coming
+        self.ret_value: Any = None  # what the program function returned (run / run_batch)
 
     # ------------------------------------------------------------ writing
 
@@ -187,16 +188,40 @@ class _RoleScope:
 class ForkGroup(list):
     """The branches returned by `s.fork(n)` (a list of ProgramState)."""
 
+    # SGLang's mode names are accepted beside treadle's
+    _MODES = {"gather": "gather", "gather_variable": "gather", "concat": "concat", "concate_and_append": "concat"}
+
     def __init__(self, parent: ProgramState, branches: list[ProgramState]) -> None:
         super().__init__(branches)
         self.parent = parent
+        self._joined = False
 
-    def join(self, mode: str = "gather") -> ir.Join:
-        """Wait for every branch. The returned node, added to the parent (`s += forks.join()`),
-        gathers each variable the branches created into a list ("gather") or appends every
-        branch's new text ("concat")."""
-        if mode not in ("gather", "concat"):
-            raise ValueError(f"join mode must be 'gather' or 'concat', got {mode!r}")
+    def __iadd__(self, other: Any) -> "ForkGroup":
+        """`forks += x` adds x to every branch, as SGLang: one item per branch from a list or
+        tuple, `f(i)` from a function of the branch index."""
+        if isinstance(other, (list, tuple)):
+            if len(other) != len(self):
+                raise ValueError(f"{len(other)} items for {len(self)} branches: give one per branch")
+            parts = list(other)
+        elif callable(other) and not isinstance(other, ir.Expr):
+            parts = [other(i) for i in range(len(self))]
+        else:
+            parts = [other] * len(self)
+        for branch, part in zip(self, parts):
+            branch += part
+        return self
+
+    def join(self, mode: str = "gather") -> ir.Expr:
+        """Wait for every branch and bring them into the parent, as SGLang's `forks.join()`:
+        "gather" (or "gather_variable") makes each variable the branches created a list in the
+        parent; "concat" (or "concate_and_append") appends every branch's new text in order.
+        Returns an empty text, so `s += forks.join()` does the same."""
+        if mode not in self._MODES:
+            raise ValueError(f"join mode must be one of {', '.join(self._MODES)}; got {mode!r}")
+        if self._joined:
+            raise ValueError("these branches are already joined")
         for br in self:
             br.sync()
-        return ir.Join([br._ex for br in self], mode)
+        self._joined = True
+        self.parent += ir.Join([br._ex for br in self], self._MODES[mode])
+        return ir.Constant("")

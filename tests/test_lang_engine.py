@@ -97,6 +97,39 @@ def test_fork_branches_share_the_prefix(backend):
     assert all(m["cached_tokens"] > 0 for m in branch_metas)
 
 
+def test_fork_written_as_in_sglang(backend):
+    """SGLang's forms: `forks += expr` adds to every branch (a function of the branch index, or
+    a list, one item each), `forks.join()` as a statement brings the branches back (its mode
+    names too), and the program's return value is `state.ret_value`."""
+    @function
+    def tips(s, mode):
+        s += "Two tips for staying healthy: 1. Sleep. 2. Exercise.\n"
+        forks = s.fork(2)
+        forks += lambda i: f"Expand tip {i + 1}:"
+        forks += gen("tip", max_tokens=5, temperature=0)
+        forks += ["\n(a)", "\n(b)"]
+        forks.join(mode)
+        with pytest.raises(ValueError, match="already joined"):
+            forks.join(mode)
+        return [f.text() for f in forks]
+
+    st = tips.run(mode="gather_variable", backend=backend)
+    branch_texts = st.ret_value
+    assert isinstance(st["tip"], list) and len(st["tip"]) == 2
+    for i, (text, tip) in enumerate(zip(branch_texts, st["tip"])):
+        assert text.endswith(f"Expand tip {i + 1}:{tip}\n({'ab'[i]})")
+    st = tips.run(mode="concate_and_append", backend=backend)
+    fork_at = len("Two tips for staying healthy: 1. Sleep. 2. Exercise.\n")
+    assert st.text() == st.ret_value[0] + st.ret_value[1][fork_at:]
+    with pytest.raises(ValueError, match="one per branch"):
+        @function
+        def wrong(s):
+            forks = s.fork(2)
+            forks += ["only one"]
+
+        wrong.run(backend=backend)
+
+
 def test_select_obvious_cases(backend):
     @function
     def capital(s):
