@@ -76,7 +76,7 @@ async def one_request(client: httpx.AsyncClient, args: argparse.Namespace, promp
     path, body = request_for(args, prompt, max_tokens)
     res = Result(ok=False, prompt_len=n_in)
     t0 = last = time.perf_counter()
-    chunks = 0
+    chunks = seen = 0
     try:
         async with client.stream("POST", args.base_url + path, json=body) as r:
             if r.status_code != 200:
@@ -89,8 +89,9 @@ async def one_request(client: httpx.AsyncClient, args: argparse.Namespace, promp
                 if "error" in obj:
                     res.error = str(obj["error"])[:200]
                     return res
-                if args.backend == "native":
-                    text, res.output_tokens = obj["text"], obj["meta_info"]["completion_tokens"]
+                if args.backend == "native":  # text so far (SGLang's native stream)
+                    text, seen = obj["text"][seen:], len(obj["text"])
+                    res.output_tokens = obj["meta_info"]["completion_tokens"]
                 else:
                     if obj.get("usage"):
                         res.output_tokens = obj["usage"]["completion_tokens"]

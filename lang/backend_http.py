@@ -25,6 +25,7 @@ class RuntimeEndpoint(Backend):
         if api_key:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
         self.model_info = self._get("/get_model_info")
+        self._incremental: bool | None = None
 
     # ------------------------------------------------------------ HTTP helpers
 
@@ -68,7 +69,10 @@ class RuntimeEndpoint(Backend):
         return out["text"], out["meta_info"]
 
     def generate_stream(self, text: str, params: dict) -> Iterator[tuple[str, dict]]:
+        if self._incremental is None:  # how the server streams /generate (SGLang's default: all so far)
+            self._incremental = bool(self._get("/get_server_info")["engine_args"].get("incremental_streaming_output"))
         resp = self._generate({"text": text, "sampling_params": dict(params), "stream": True}, stream=True)
+        sent = 0
         with resp:
             for line in resp.iter_lines(decode_unicode=True):
                 if not line or not line.startswith("data:"):
@@ -79,7 +83,11 @@ class RuntimeEndpoint(Backend):
                 chunk = json.loads(data)
                 if "error" in chunk:
                     raise ValueError(f"the server at {self.url} failed the request: {chunk['error']}")
-                yield chunk["text"], chunk["meta_info"]
+                if self._incremental:
+                    yield chunk["text"], chunk["meta_info"]
+                else:
+                    yield chunk["text"][sent:], chunk["meta_info"]
+                    sent = len(chunk["text"])
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         return self._request("POST", "/tokenize", json={"prompt": texts}).json()["tokens"]

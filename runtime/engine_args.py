@@ -99,6 +99,10 @@ class EngineArgs:
     reasoning_parser: Literal["none", "think"] = field(default="none", metadata={"help": (
         "think: return a reasoning model's <think>...</think> as reasoning_content, apart from "
         "the answer, on /v1/chat/completions (Qwen3, QwQ, DeepSeek-R1)")})
+    incremental_streaming_output: bool = field(default=False, metadata={"help": (
+        "/generate streams: each chunk's text and output_ids are only what is new; by default "
+        "(SGLang's) they are everything so far. The OpenAI endpoints and Engine.generate(stream=True) "
+        "always send what is new")})
     log_level: str = "info"
     shutdown_grace_s: float = 10.0
 

@@ -1,6 +1,7 @@
 """A subset of the DSL through RuntimeEndpoint against a real server subprocess."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -133,6 +134,20 @@ def test_tokenize_and_detokenize(server):
                                  ("/detokenize", {"tokens": [10**9]}, "tokens")]:
         r = requests.post(server + path, json=payload)
         assert r.status_code == 400 and r.json()["error"]["param"] == field, (path, payload, r.text)
+
+
+def test_generate_streams_the_text_so_far(server):
+    """SGLang's native stream: every chunk carries the whole output so far (the server's
+    default; --incremental-streaming-output sends only what is new, test_server_native.py)."""
+    body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8, "temperature": 0,
+                                                                    "ignore_eos": True}}
+    full = requests.post(server + "/generate", json=body, timeout=120).json()
+    with requests.post(server + "/generate", json={**body, "stream": True}, stream=True, timeout=120) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True) if line.startswith("data: {")]
+    assert len(chunks) >= 2
+    for a, b in zip(chunks, chunks[1:]):
+        assert b["text"].startswith(a["text"]) and b["output_ids"][:len(a["output_ids"])] == a["output_ids"]
+    assert (chunks[-1]["text"], chunks[-1]["output_ids"]) == (full["text"], full["output_ids"])
 
 
 def test_roles_and_fork_over_http(backend):

@@ -158,7 +158,7 @@ def test_streaming_through_router(router, replicas):
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = sse_events(r)
     chunks = [e for e in events if e != "[DONE]"]
-    assert len(chunks) >= 2 and sum(len(c["output_ids"]) for c in chunks) == 5
+    assert len(chunks) >= 2 and len(chunks[-1]["output_ids"]) == 5  # cumulative, as SGLang streams
     with requests.post(router.url + "/v1/chat/completions", stream=True, timeout=T, json={
             "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0,
             "stream": True}) as r:

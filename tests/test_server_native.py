@@ -16,7 +16,8 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def url():
-    srv = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"])
+    # chunks of what is new (the default, all so far, is checked in test_lang_http.py)
+    srv = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning", "--incremental-streaming-output"])
     yield srv.url
     srv.close()
 

@@ -214,7 +214,9 @@ def create_app(state: ServerState) -> FastAPI:
         stream = bool(obj.get("stream", False))
         tm.check_capacity(len(reqs))
         if stream:
-            return await stream_or_error(request, native_stream(tm, reqs), _render_native(single and len(reqs) == 1))
+            return await stream_or_error(request, native_stream(tm, reqs),
+                                         _render_native(single and len(reqs) == 1,
+                                                        state.args.incremental_streaming_output))
         results = await until_done_or_disconnect(request, run_native(tm, reqs))
         return JSONResponse(results[0] if single and len(results) == 1 else results)
 
@@ -301,16 +303,18 @@ async def native_stream(tm: TokenizerManager, reqs: list[TokenizedGenerateReq]):
         yield item
 
 
-def _render_native(single: bool):
-    """Native stream chunks mirror Engine.generate(stream=True): `text` and `output_ids` are
-    what is new, `meta_info` is cumulative; batches add `index`."""
+def _render_native(single: bool, incremental: bool):
+    """Native stream chunks as SGLang's: `text` and `output_ids` are the whole output so far
+    (with --incremental-streaming-output, only what is new, as Engine.generate(stream=True)
+    gives); `meta_info` is cumulative; batches add `index`."""
     def render(item: tuple[int, Any]) -> list[str]:
         i, chunk = item
         if not chunk.text and not chunk.ids and not chunk.finished:
             return []
         res = chunk.acc.result()
-        res["text"] = chunk.text
-        res["output_ids"] = list(chunk.ids)
+        if incremental:
+            res["text"] = chunk.text
+            res["output_ids"] = list(chunk.ids)
         if not single:
             res["index"] = i
         return [sse(res)]
