@@ -879,6 +879,9 @@ def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int,
         raise ValueError(
             f"the prompt has {len(ids)} tokens, more than the context length {context_len} allows "
             f"(at most {context_len - 1}); shorten it")
+    if len(ids) + min(p.max_new_tokens, 1) > num_slots:
+        raise ValueError(f"the prompt ({len(ids)} tokens) can never fit the KV pool of {num_slots} slots with a "
+                         "token to generate; shorten it")
     if len(ids) + p.max_new_tokens > num_slots:
         raise ValueError(
             f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) can never fit the KV pool "

@@ -211,6 +211,9 @@ def test_out_of_range_params_raise(engine):
     r = TokenizedGenerateReq("x", [1, 2], SamplingParams(max_new_tokens=100))
     with pytest.raises(ValueError, match="never fit the KV pool of 50 slots"):
         validate_request(r, vocab_size=100, context_len=1000, num_slots=50)
+    r = TokenizedGenerateReq("x", list(range(1, 61)), SamplingParams(max_new_tokens=1))
+    with pytest.raises(ValueError, match=r"the prompt \(60 tokens\) can never fit the KV pool of 50 slots.*shorten it"):
+        validate_request(r, vocab_size=100, context_len=1000, num_slots=50)
 
 
 def test_integers_beyond_int64_are_served(engine, prompts):
