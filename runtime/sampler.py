@@ -27,10 +27,9 @@ class Sampler:
         self._mask_buf = torch.empty((0, self.words), dtype=torch.int32)
 
     def _bitmask(self, reqs: list[Req]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """int32 [B, words] with grammar rows filled by their matcher and rows still under
-        min_new_tokens with their stop tokens cleared; None when no row is constrained."""
-        rows = [i for i, r in enumerate(reqs)
-                if r.grammar is not None or len(r.output_ids) < r.params.min_new_tokens]
+        """int32 [B, words] with grammar rows filled by their matcher; None when no row has a
+        grammar (min_new_tokens is a logits ban, see `_biased`)."""
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
         if not rows:
             return None, None
         if self._mask_buf.shape[0] < len(reqs):  # one host buffer, reused across steps
@@ -44,7 +43,6 @@ class Sampler:
             r = reqs[i]
             if r.grammar is not None:
                 r.grammar.fill_next_token_bitmask(mask, i)
-            self.forbid_early_stop(mask, i, r, len(r.output_ids))
         has = [False] * len(reqs)
         for i in rows:
             has[i] = True
@@ -56,25 +54,34 @@ class Sampler:
         ``num_output`` output tokens is still under its min_new_tokens."""
         if num_output >= req.params.min_new_tokens:
             return
-        stops = set(req.params.stop_token_ids)
-        if not req.params.ignore_eos:
-            stops |= set(self.eos_token_ids)
-        for t in stops:
-            if t < self.vocab_size:
-                # clear bit t % 32 of word t // 32 (int32 arithmetic: wrap the sign bit)
-                w = int(mask[row, t // 32]) & ~(1 << (t % 32))
-                mask[row, t // 32] = w - (1 << 32) if w >= (1 << 31) else w
+        for t in self._stop_ids(req):
+            # clear bit t % 32 of word t // 32 (int32 arithmetic: wrap the sign bit)
+            w = int(mask[row, t // 32]) & ~(1 << (t % 32))
+            mask[row, t // 32] = w - (1 << 32) if w >= (1 << 31) else w
 
-    def _biased(self, logits: torch.Tensor, ps: list) -> torch.Tensor:
-        """`logits` plus the rows' logit_bias (a new tensor; the same one when nobody has one)."""
+    def _stop_ids(self, req: Req) -> list[int]:
+        """The tokens that would end ``req``: banned while it is under min_new_tokens."""
+        stops = set(req.params.stop_token_ids) | (set() if req.params.ignore_eos else set(self.eos_token_ids))
+        return sorted(t for t in stops if t < self.vocab_size)
+
+    def _biased(self, logits: torch.Tensor, reqs: list[Req], ban_early_stops: bool) -> torch.Tensor:
+        """`logits` plus the rows' logit_bias, and -inf at the stop tokens of rows still under
+        min_new_tokens (when `ban_early_stops`): a new tensor, the same one when no row has
+        either. The ban as logits keeps an all-greedy batch on the plain argmax."""
         rows: list[int] = []
         cols: list[int] = []
         vals: list[float] = []
-        for i, p in enumerate(ps):
+        for i, r in enumerate(reqs):
+            p = r.params
             if p.logit_bias:
                 rows += [i] * len(p.logit_bias)
                 cols += p.logit_bias.keys()
                 vals += p.logit_bias.values()
+            if ban_early_stops and len(r.output_ids) < p.min_new_tokens:
+                stops = self._stop_ids(r)
+                rows += [i] * len(stops)
+                cols += stops
+                vals += [-float("inf")] * len(stops)
         if not rows:
             return logits
         idx = to_device(rows + cols, logits.device).view(2, -1)
@@ -103,7 +110,8 @@ class Sampler:
         (the overlap scheduler feeds them to the next forward) until :meth:`finish`."""
         dev = self.device
         ps = [r.params for r in reqs]
-        logits = self._biased(logits, ps)
+        # draft verification's masks already clear early stops, position by position
+        logits = self._biased(logits, reqs, ban_early_stops=masks is None)
         if masks is None:
             bitmask, mask_rows = self._bitmask(reqs)
         else:

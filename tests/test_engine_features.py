@@ -193,6 +193,20 @@ def test_penalties_and_min_tokens(engine, prompts):
     assert engine.tokenizer.eos_token_id not in out["output_ids"]
 
 
+def test_min_tokens_on_the_greedy_path(engine, prompts):
+    """min_new_tokens bans the stop tokens as a logits ban, so an all-greedy batch keeps the
+    plain argmax: a reply that would end early goes on as if EOS were biased away."""
+    eos = engine.tokenizer.eos_token_id
+    short = engine.generate(prompts[1], {"max_new_tokens": 40, "temperature": 0})
+    n = short["meta_info"]["completion_tokens"]
+    assert n < 20 and short["meta_info"]["finish_reason"]["type"] == "stop"
+    held = engine.generate(prompts[1], {"max_new_tokens": 40, "min_new_tokens": 20, "temperature": 0})
+    biased = engine.generate(prompts[1], {"max_new_tokens": 20, "temperature": 0, "logit_bias": {eos: -100}})
+    assert held["meta_info"]["completion_tokens"] >= 20
+    assert held["output_ids"][:20] == biased["output_ids"]
+    assert held["output_ids"][:n - 1] == short["output_ids"][:n - 1]  # the same until the EOS
+
+
 def test_out_of_range_params_raise(engine):
     for bad, field in [({"temperature": -1}, "temperature"), ({"top_p": 1.5}, "top_p"), ({"top_k": 0}, "top_k"),
                        ({"n": 0}, "n"), ({"n": 129}, "n"), ({"temperature": float("nan")}, "finite"),
