@@ -1,7 +1,8 @@
 """CPU engine vs HF transformers `generate` on the embedded SmolLM2-135M-Instruct, fp32.
 
 In one run, on the same token ids and the same weights (the embedded GGUF):
-- batch_1:  one chat prompt, --new-tokens (64) new tokens, greedy, ignore_eos;
+- batch_1:  one chat prompt, --new-tokens (64) new tokens, greedy, EOS banned on both sides
+  (min_new_tokens = max_new_tokens);
 - batch_16: 16 different chat prompts in one call (HF: one left-padded batch, pad = eos);
 - mixed_32: 32 prompts of --min-prompt..--max-prompt tokens (20..400) with 16..128 output tokens,
   against HF as one left-padded batch AND HF one prompt at a time (no padding)
@@ -115,7 +116,9 @@ def hf_generate_each(model, prompts: list[list[int]], new_tokens: list[int], pad
 
 def engine_generate(engine, prompts: list[list[int]], new_tokens: list[int]) -> tuple[float, list[dict]]:
     engine.flush_cache()
-    params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in new_tokens]
+    # min_new_tokens bans EOS as HF's min_new_tokens does (ignore_eos would let the model emit
+    # EOS and go on, and the two greedy outputs would part there)
+    params = [{"max_new_tokens": n, "min_new_tokens": n, "temperature": 0} for n in new_tokens]
     t0 = time.perf_counter()
     outs = engine.generate(input_ids=prompts, sampling_params=params)
     return time.perf_counter() - t0, outs
@@ -215,8 +218,8 @@ def main() -> None:
     result = {"benchmark": "engine_cpu", "model": "SmolLM2-135M-Instruct (embedded GGUF), fp32",
               "machine": machine_info(),
               "command": "nice " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, ROOT)] + sys.argv),
-              "notes": "Engine and HF get the same token ids; greedy; exactly the requested new tokens (ignore_eos "
-                       "for the Engine, min_new_tokens for HF). tok/s = useful output tokens / wall time. HF pads "
+              "notes": "Engine and HF get the same token ids; greedy; exactly the requested new tokens (EOS banned "
+                       "on both sides by min_new_tokens). tok/s = useful output tokens / wall time. HF pads "
                        "each batch on the left (pad = eos) and decodes the batch's max output length for every row.",
               "engine_forward_steps": info.get("forward_steps"),
               "results": rows}
