@@ -25,7 +25,8 @@ class RuntimeEndpoint(Backend):
         if api_key:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
         self.model_info = self._get("/get_model_info")
-        self._incremental: bool | None = None
+        # how the server streams /generate: the whole output so far (SGLang's default) or what is new
+        self._incremental = bool(self.model_info.get("incremental_streaming_output"))
 
     # ------------------------------------------------------------ HTTP helpers
 
@@ -69,8 +70,6 @@ class RuntimeEndpoint(Backend):
         return out["text"], out["meta_info"]
 
     def generate_stream(self, text: str, params: dict) -> Iterator[tuple[str, dict]]:
-        if self._incremental is None:  # how the server streams /generate (SGLang's default: all so far)
-            self._incremental = bool(self._get("/get_server_info")["engine_args"].get("incremental_streaming_output"))
         resp = self._generate({"text": text, "sampling_params": dict(params), "stream": True}, stream=True)
         sent = 0
         with resp:

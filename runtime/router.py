@@ -4,7 +4,7 @@
         --port 30000 --policy cache_aware
     python -m treadle.runtime.router --launch-replicas 2 --port 30000 [server flags ...]
 
-Forwards POST /generate, /v1/completions and /v1/chat/completions (SSE relayed byte for
+Forwards POST /generate, /v1/completions, /v1/chat/completions, /tokenize and /detokenize (SSE relayed byte for
 byte; a client that disconnects closes the upstream stream, so the replica aborts), and
 serves GET /health (its own), /v1/models, /get_model_info, /get_server_info (replicas
 aggregated + router stats), POST /flush_cache and /abort_request (broadcast).
@@ -302,7 +302,7 @@ def create_router_app(args: RouterArgs) -> FastAPI:
     async def _client_gone(_: Request, e: ClientGone) -> Response:
         return Response(status_code=499)
 
-    for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+    for path in ("/generate", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
         async def post(request: Request, _path: str = path) -> Response:
             return await router.forward(request, _path)
 

@@ -172,6 +172,27 @@ def test_streaming_through_router(router, replicas):
 
 
 @pytest.mark.parametrize("router", ["cache_aware"], indirect=True)
+def test_dsl_through_router(router, replicas):
+    """A DSL program pointed at the router: select tokenizes through the forwarded /tokenize,
+    and a streamed gen reads the replicas' /generate stream as their model info says."""
+    from treadle.lang import RuntimeEndpoint, function, gen, select
+
+    @function
+    def prog(s):
+        s += "The capital of France is "
+        s += select("city", ["Paris", "London", "banana"])
+        s += ". Count: one, two,"
+        s += gen("more", max_tokens=6, temperature=0)
+
+    be = RuntimeEndpoint(router.url)
+    st = prog.run(backend=be, stream=True)
+    pieces = list(st.text_iter("more"))
+    assert st["city"] == "Paris" and "".join(pieces) == st["more"] and st["more"]
+    assert requests.post(router.url + "/detokenize", json={"tokens": be.encode(["Hi there"])[0]},
+                         timeout=T).json()["prompt"] == "Hi there"
+
+
+@pytest.mark.parametrize("router", ["cache_aware"], indirect=True)
 def test_stream_disconnect_aborts_on_replica(router, replicas):
     r = requests.post(router.url + "/generate", stream=True, timeout=T, json={
         "text": "Write a very long story about a dragon.", "stream": True,

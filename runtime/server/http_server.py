@@ -141,7 +141,9 @@ def create_app(state: ServerState) -> FastAPI:
                 "bos_token": getattr(tm.tokenizer, "bos_token", None),
                 "eos_token": getattr(tm.tokenizer, "eos_token", None),
                 "bos_token_id": getattr(tm.tokenizer, "bos_token_id", None),
-                "eos_token_id": getattr(tm.tokenizer, "eos_token_id", None)}
+                "eos_token_id": getattr(tm.tokenizer, "eos_token_id", None),
+                # how /generate streams: whole output so far (SGLang's default) or what is new
+                "incremental_streaming_output": state.args.incremental_streaming_output}
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict:
