@@ -105,8 +105,12 @@ class Engine:
                                  stream=True, rid=rid)
         reqs, single = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
                                    top_logprobs_num, stream, rid)
+        await asyncio.to_thread(self._warm_prefix, reqs)
+        # submitted here, between awaits: a cancel can only come after, so its aborts queue
+        # behind the requests they abort
+        boxes = [self._submit(r) for r in reqs]
         try:
-            results = await asyncio.to_thread(self._run, reqs)
+            results = await asyncio.to_thread(self._gather, reqs, boxes)
         except asyncio.CancelledError:
             for r in reqs:  # the thread then collects their abort and returns
                 self.abort(r.rid)
@@ -265,7 +269,10 @@ class Engine:
 
     def _run(self, reqs: list[TokenizedGenerateReq]) -> list[dict]:
         self._warm_prefix(reqs)
-        boxes = [self._submit(r) for r in reqs]
+        return self._gather(reqs, [self._submit(r) for r in reqs])
+
+    def _gather(self, reqs: list[TokenizedGenerateReq], boxes: list[queue.Queue]) -> list[dict]:
+        """Wait for every submitted request; a failed one raises (see below)."""
         results = [self._collect(r, b) for r, b in zip(reqs, boxes)]
         errors = [res["meta_info"]["finish_reason"].get("message") for res in results
                   if res["meta_info"].get("error")]

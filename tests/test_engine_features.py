@@ -327,6 +327,15 @@ def test_cancelling_async_generate_aborts_its_requests(engine, prompts):
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.to_thread(_wait_running, engine, 0, 10.0)  # 2000 tokens would take minutes
+        # cancelled as soon as it starts: nothing may be submitted behind the aborts
+        task = asyncio.create_task(engine.async_generate(prompts[2], {"max_new_tokens": 2000, "ignore_eos": True}))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(_wait_running, engine, 0, 10.0)
+        assert engine.get_server_info()["num_waiting"] == 0
 
     asyncio.run(main())
     info = engine.get_server_info()
