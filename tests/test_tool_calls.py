@@ -228,6 +228,8 @@ def test_stream_auto_holds_back_a_possible_tool_call_start():
     'Sure. \n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\nDone.  ',
     '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>',
     "  Plain text, then spaces  ",
+    '  Sure. <tool_call>{"name": "get_time", "arguments": {}}</tool_call>',  # leading spaces, then a call
+    '\n<tool_call>{"name": "get_time", "arguments": {}}</tool_call>',
     "a <top> b { c",
 ])
 def test_stream_auto_adds_up_to_the_unstreamed_reply(text):

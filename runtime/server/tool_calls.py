@@ -130,7 +130,9 @@ class ToolPlan:
         content, calls = self.parse_auto(text)
         if not calls:
             return Reply(text, (), finish)
-        return Reply(content.strip() or None, calls, "tool_calls" if finish == "stop" else finish)
+        # trailing whitespace (before the call) goes; leading stays, as in a reply without calls,
+        # so the streamed content (sent before anyone knows a call follows) adds up to this
+        return Reply(content.rstrip() or None, calls, "tool_calls" if finish == "stop" else finish)
 
     def parse_auto(self, text: str) -> tuple[str, tuple[ToolCall, ...]]:
         """The calls in a free reply, and the text around them (unstripped: the text before
