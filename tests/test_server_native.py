@@ -100,6 +100,7 @@ def test_generate_logprobs(url):
     ({"text": "hello " * 9000, "sampling_params": {"max_new_tokens": 4}}, "context length"),
     ({"text": PROMPT, "sampling_params": {"max_new_tokens": 8190}}, "exceed the context length 8192"),
     ({"text": PROMPT, "return_logprob": True, "logprob_start_len": -5}, "logprob_start_len must be -1"),
+    ({"text": PROMPT, "return_logprob": True, "top_logprobs_num": 21}, "top_logprobs_num must be in [0, 20]"),
     ({"text": PROMPT, "input_ids": [1, 2]}, "exactly one"),
     ({"input_ids": [1, "x"]}, "input_ids"),
     ({"text": PROMPT, "colour": 1}, "colour"),
@@ -115,6 +116,8 @@ def test_generate_logprobs(url):
 def test_bad_input_is_400_naming_the_problem(url, body, needle):
     err = gen(url, body, status=400)["error"]
     assert needle in err["message"] and err["type"] == "invalid_request_error"
+    if needle.startswith(("logprob_start_len", "top_logprobs_num")):  # the field is named in `param` too
+        assert err["param"] == needle.split()[0]
     assert requests.get(url + "/health", timeout=T).status_code == 200
 
 

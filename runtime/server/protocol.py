@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_PARAM_RE = re.compile(r"sampling_params\.(\w+)|sampling_params field\(s\): (\w+)")
+_PARAM_RE = re.compile(r"sampling_params\.(\w+)|sampling_params field\(s\): (\w+)"
+                       r"|^(top_logprobs_num|logprob_start_len|input_ids)\b")
 
 
 class APIError(Exception):
@@ -32,7 +33,7 @@ class APIError(Exception):
         if param is None:
             m = _PARAM_RE.search(msg)
             if m:
-                param = m.group(1) or m.group(2)
+                param = next(g for g in m.groups() if g)
         return cls(msg, 400, "invalid_request_error", param, None)
 
     def body(self) -> dict[str, Any]:
