@@ -40,12 +40,8 @@ class Sampler:
         mask = self._mask_buf[: len(reqs)]
         mask.fill_(-1)
         for i in rows:
-            r = reqs[i]
-            if r.grammar is not None:
-                r.grammar.fill_next_token_bitmask(mask, i)
-        has = [False] * len(reqs)
-        for i in rows:
-            has[i] = True
+            reqs[i].grammar.fill_next_token_bitmask(mask, i)
+        has = [r.grammar is not None for r in reqs]
         # the CPU path reads the buffer in place; it is refilled only at the next step
         return mask.to(self.device, non_blocking=True), to_device(has, self.device, torch.bool)
 
