@@ -404,7 +404,9 @@ def _unique_array_regex(conv: _Converter, schema: dict, lo: int, hi: int | None,
 def object_regex(conv: _Converter, schema: dict, path: str) -> str:
     """``{...}``: declared properties in schema order, required ones always present.
 
-    The spec mode then admits extra members (see ``_extras``); strict mode does not.
+    The spec mode then admits extra members (see ``_extras``); strict mode does not. Without
+    declared properties the object is a map of free members, except in strict mode where
+    ``"properties": {}`` stands in the schema (no member declared, none written).
     """
     props = schema.get("properties", {})
     required = schema.get("required", [])
@@ -457,7 +459,11 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
         raise Unsatisfiable(f"json_schema: keyword 'maxProperties' at {path}: fewer than the required properties")
     if hi is not None and lo > hi:  # (minProperties would otherwise make too many required)
         raise Unsatisfiable(f"json_schema: keyword 'maxProperties' at {path} is below minProperties")
-    if not props and undeclared is not False and not patterns.active:
+    # strict mode: an explicit `"properties": {}` declares no member (xgrammar's strict mode
+    # writes `{}` too); with no `properties` at all, or extras allowed in so many words, a map
+    declares_none = not conv.spec and "properties" in schema and not (
+        "additionalProperties" in schema or "unevaluatedProperties" in schema)
+    if not props and undeclared is not False and not patterns.active and not declares_none:
         return _map_regex(conv, schema, entries, undeclared, lo, hi, path, names.key_regex())
     optional = [e for e in entries if not e[1]]
     for e in optional[: max(0, lo - n_req)]:

@@ -274,6 +274,22 @@ def test_additional_properties_map_and_required_extras() -> None:
                    "required")
 
 
+def test_declared_empty_properties_close_the_object_in_strict_mode() -> None:
+    """``"properties": {}`` declares no member, so strict mode writes ``{}`` (as xgrammar's
+    strict mode does; a function tool without parameters says it this way). It stays a map
+    without ``properties``, with an explicit additionalProperties, and in spec mode."""
+    empty = {"type": "object", "properties": {}}
+    for holes in (False, True):
+        rx = compile_checked(empty, holes=holes)
+        assert rx.fullmatch("{}") and not rx.fullmatch('{"a":1}') and not rx.fullmatch('{"type":{}}')
+    assert compile_checked(empty, mode="spec").fullmatch('{"a":1}')
+    assert accepts({"type": "object"}, {"a": 1})
+    typed = {**empty, "additionalProperties": {"type": "integer"}}
+    assert accepts(typed, {"a": 1}) and not accepts(typed, {"a": "x"})
+    needs = {**empty, "required": ["z"]}
+    assert accepts(needs, {"z": [1]}) and not accepts(needs, {}) and not accepts(needs, {"z": 1, "y": 2})
+
+
 def test_min_max_properties() -> None:
     schema = {**_obj([]), "minProperties": 1, "maxProperties": 2}
     rx = compile_checked(schema)

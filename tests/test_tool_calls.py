@@ -64,7 +64,24 @@ def test_named_choice_constrains_to_the_functions_arguments():
     over = plan({"type": "function", "function": {"name": "get_weather"}}).sampling_overrides(None)
     assert json.loads(over["json_schema"]) == WEATHER["function"]["parameters"]
     over = plan({"type": "function", "function": {"name": "get_time"}}).sampling_overrides(None)
-    assert json.loads(over["json_schema"]) == {"type": "object", "properties": {}}
+    assert json.loads(over["json_schema"]) == {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+@pytest.mark.parametrize("mode, parameters", [("strict", None), ("spec", None),
+                                              ("strict", {"type": "object", "properties": {}})])
+def test_a_function_without_parameters_is_called_with_empty_arguments(mode, parameters):
+    """OpenAI: an omitted `parameters` is an empty parameter list, so the arguments are `{}`
+    (they used to be any JSON object, and the model nested `{"type": {"type": ...` on). An
+    explicit `"properties": {}` means the same in the default strict mode."""
+    from treadle.constrained.grammar import GrammarSpec
+    fn = {"name": "ping"} if parameters is None else {"name": "ping", "parameters": parameters}
+    tools = ({"type": "function", "function": fn}, WEATHER)
+    for choice, empty, other in [
+            ({"type": "function", "function": {"name": "ping"}}, "{}", '{"type":"function"}'),
+            ("required", '[{"name":"ping","arguments":{}}]', '[{"name":"ping","arguments":{"a":1}}]')]:
+        text = plan(choice, tools=tools).sampling_overrides(None)["json_schema"]
+        regex = GrammarSpec("json_schema", text).to_regex(json_schema_mode=mode)
+        assert re.fullmatch(regex, empty) and not re.fullmatch(regex, other), choice
 
 
 @pytest.mark.parametrize("parallel", [True, False])

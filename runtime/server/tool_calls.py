@@ -41,7 +41,7 @@ from treadle.runtime.server.protocol import APIError
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # an omitted `parameters` means a function without arguments (OpenAI's definition)
-NO_PARAMETERS: dict = {"type": "object", "properties": {}}
+NO_PARAMETERS: dict = {"type": "object", "properties": {}, "additionalProperties": False}  # `{}` in any mode
 _BLOCK_RE = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|$)", re.S)
 
 
