@@ -27,8 +27,9 @@ class Sampler:
         self._mask_buf = torch.empty((0, self.words), dtype=torch.int32)
 
     def _bitmask(self, reqs: list[Req]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """int32 [B, words] with grammar rows filled by their matcher; None when no row has a
-        grammar (min_new_tokens is a logits ban, see `_biased`)."""
+        """int32 [B, words] with grammar rows filled by their matcher, their stop tokens cleared
+        under min_new_tokens (`forbid_early_stop`); None when no row has a grammar (the other
+        rows' min_new_tokens is a logits ban, see `_biased`)."""
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
         if not rows:
             return None, None
@@ -41,19 +42,25 @@ class Sampler:
         mask.fill_(-1)
         for i in rows:
             reqs[i].grammar.fill_next_token_bitmask(mask, i)
+            self.forbid_early_stop(mask, i, reqs[i], len(reqs[i].output_ids))
         has = [r.grammar is not None for r in reqs]
         # the CPU path reads the buffer in place; it is refilled only at the next step
         return mask.to(self.device, non_blocking=True), to_device(has, self.device, torch.bool)
 
     def forbid_early_stop(self, mask: torch.Tensor, row: int, req: Req, num_output: int) -> None:
         """Clear the stop tokens of ``mask[row]`` (host int32) while a request with
-        ``num_output`` output tokens is still under its min_new_tokens."""
+        ``num_output`` output tokens is still under its min_new_tokens, unless the row allows
+        nothing else: a grammar that can only end here ends (its end wins over min_new_tokens;
+        an empty row would draw a token the grammar refuses)."""
         if num_output >= req.params.min_new_tokens:
             return
+        kept = mask[row].clone()
         for t in self._stop_ids(req):
             # clear bit t % 32 of word t // 32 (int32 arithmetic: wrap the sign bit)
             w = int(mask[row, t // 32]) & ~(1 << (t % 32))
             mask[row, t // 32] = w - (1 << 32) if w >= (1 << 31) else w
+        if not bool(mask[row].any()):
+            mask[row] = kept
 
     def _stop_ids(self, req: Req) -> list[int]:
         """The tokens that would end ``req``: banned while it is under min_new_tokens."""
@@ -61,9 +68,10 @@ class Sampler:
         return sorted(t for t in stops if t < self.vocab_size)
 
     def _biased(self, logits: torch.Tensor, reqs: list[Req], ban_early_stops: bool) -> torch.Tensor:
-        """`logits` plus the rows' logit_bias, and -inf at the stop tokens of rows still under
-        min_new_tokens (when `ban_early_stops`): a new tensor, the same one when no row has
-        either. The ban as logits keeps an all-greedy batch on the plain argmax."""
+        """`logits` plus the rows' logit_bias, and -inf at the stop tokens of rows without a
+        grammar still under min_new_tokens (when `ban_early_stops`; grammar rows have it in
+        their mask): a new tensor, the same one when no row has either. The ban as logits
+        keeps an all-greedy batch on the plain argmax."""
         rows: list[int] = []
         cols: list[int] = []
         vals: list[float] = []
@@ -73,7 +81,7 @@ class Sampler:
                 rows += [i] * len(p.logit_bias)
                 cols += p.logit_bias.keys()
                 vals += p.logit_bias.values()
-            if ban_early_stops and len(r.output_ids) < p.min_new_tokens:
+            if ban_early_stops and r.grammar is None and len(r.output_ids) < p.min_new_tokens:
                 stops = self._stop_ids(r)
                 rows += [i] * len(stops)
                 cols += stops

@@ -23,7 +23,7 @@ MAX_N = 128  # parallel samples of one prompt (OpenAI's limit); each is a reques
 @dataclass(slots=True)
 class SamplingParams:
     max_new_tokens: int = 128
-    min_new_tokens: int = 0
+    min_new_tokens: int = 0  # stop tokens banned until then; a grammar that can only end still ends
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1

@@ -285,6 +285,29 @@ def test_regex_outputs_fullmatch(engine, temperature):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_grammar_that_can_only_end_wins_over_min_new_tokens(engine, temperature):
+    """min_new_tokens bans the stop tokens, but where the grammar allows nothing but its end the
+    end wins: the reply is complete and finishes "stop" (every token used to be masked, token 0
+    was drawn and the grammar aborted the request). Where the grammar can go on, the ban holds.
+    A batch of 4 takes CPU jump-forward drafts (their masks too); one request alone as well."""
+    prompt = _chat(engine.tokenizer, "Is the sky blue? Answer yes or no.")
+    params = [{"regex": "(yes|no)", "min_new_tokens": 5}, {"choices": ["yes", "no"], "min_new_tokens": 5},
+              {"json_schema": {"type": "boolean"}, "min_new_tokens": 4},
+              {"regex": "[a-z ]{1,60}", "min_new_tokens": 6}]
+    params = [{**p, "max_new_tokens": 16, "temperature": temperature, "seed": 50 + i} for i, p in enumerate(params)]
+    for outs in (engine.generate([prompt] * 4, params), [engine.generate(prompt, params[1])]):
+        for p, out in zip(params, outs):
+            info = out["meta_info"]
+            if "regex" in p and "60" in p["regex"]:
+                assert info["finish_reason"]["type"] in ("stop", "length") and info["completion_tokens"] >= 6, info
+                assert re.fullmatch("[a-z ]{1,60}", out["text"]), out["text"]
+            else:
+                assert info["finish_reason"]["type"] == "stop", (p, info)
+                assert out["text"] in ("yes", "no", "true", "false"), out["text"]
+    engine.check_integrity()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_choices_outputs_are_one_of_the_choices(engine, temperature):
     tok = engine.tokenizer
     questions = ["Is 'I love it' positive, negative or neutral?", "What do you drink in the morning?",
