@@ -60,6 +60,22 @@ def test_chat_stream_equals_non_stream(client):
     assert reasons[-1] in ("stop", "length") and usage is not None and usage.completion_tokens > 0
 
 
+@pytest.mark.parametrize("slots", [100_000, 240])
+def test_default_max_tokens_fills_the_context(slots):
+    """Left out, max_tokens is what the context (or the KV pool) holds after the prompt, as in
+    vLLM: a 231-token prompt in a 256-token context gets 25, as an explicit 25 does (it got
+    24); completions cap it at OpenAI's 16. The pool can hold less than the context. (A stand-in for the tokenizer manager: only
+    `_make`'s arithmetic is under test.)"""
+    from types import SimpleNamespace
+    from treadle.runtime.server.openai_api import _make
+    tm = SimpleNamespace(context_len=256, num_slots=slots, make_req=lambda **kw: kw["params"])
+    ids = list(range(231))
+    room = min(256, slots) - 231
+    assert _make(tm, {}, ids, default_max=None, return_logprob=False, top=0)["max_new_tokens"] == room
+    assert _make(tm, {}, ids, default_max=16, return_logprob=False, top=0)["max_new_tokens"] == min(16, room)
+    assert _make(tm, {"max_tokens": 7}, ids, default_max=None, return_logprob=False, top=0)["max_new_tokens"] == 7
+
+
 def test_completions_and_n(client):
     r = client.completions.create(model="smol", prompt="1, 2, 3,", max_tokens=6, temperature=0)
     assert r.object == "text_completion" and r.choices[0].text

@@ -173,7 +173,7 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
             params[_RENAMED[name]] = body[name]
     if "max_new_tokens" not in params:
         # the default fills the rest of the context (chat) or is OpenAI's 16 (completions)
-        room = max(1, min(tm.context_len - 1, tm.num_slots) - len(ids))
+        room = max(1, min(tm.context_len, tm.num_slots) - len(ids))
         params["max_new_tokens"] = room if default_max is None else min(default_max, room)
     fmt = _response_format(body.get("response_format"))
     if fmt is not None:
