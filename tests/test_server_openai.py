@@ -112,6 +112,12 @@ def test_logprobs(client):
     lp = rc.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == 4 and all(len(t) <= 2 for t in lp.top_logprobs)
     assert "".join(lp.tokens) == rc.choices[0].text
+    # completions list the sampled token among its step's top_logprobs too (OpenAI: up to
+    # logprobs + 1 entries), however unlikely a hot temperature made it
+    hot = client.completions.create(model="smol", prompt="1, 2, 3,", max_tokens=12, temperature=2.0, seed=3,
+                                    logprobs=1).choices[0].logprobs
+    for tok, tlp, tops in zip(hot.tokens, hot.token_logprobs, hot.top_logprobs):
+        assert 1 <= len(tops) <= 2 and tops[tok] == tlp, (tok, tlp, tops)
 
 
 def test_usage_cached_tokens_on_repeat(client):

@@ -284,10 +284,13 @@ class _Shaper:
             offsets.append(off)
             off += len(s)
         self.text_offset[i] = off
+        # each step's top tokens and the chosen one (OpenAI: up to logprobs + 1 entries, vLLM
+        # too), even at logprobs=0; an echoed prompt's first token has no score
         return {"tokens": toks, "token_logprobs": list(lps), "text_offset": offsets,
-                "top_logprobs": [None if lps[k] is None else  # an echoed prompt's first token has no score
-                                 {self._tok(tt): tlp for tlp, tt in (tops[k] if k < len(tops) else [])}
-                                 for k in range(len(ids))] if tops else None}
+                "top_logprobs": [None if lps[k] is None else
+                                 {**{self._tok(tt): tlp for tlp, tt in (tops[k] if k < len(tops) else [])},
+                                  toks[k]: lps[k]}
+                                 for k in range(len(ids))]}
 
     def with_echo(self, i: int, acc: Accum, text: str, ids: list[int], lps: list, tops: list) -> tuple:
         """Choice i's output piece with its prompt in front, the first time (completions with
