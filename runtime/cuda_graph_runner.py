@@ -18,6 +18,8 @@ and padding requests (extend length 0, so attention skips them), write their K/V
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -34,6 +36,20 @@ log = logging.getLogger("treadle")
 
 _LADDER = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512]
 _EXTEND_WIDTHS = (4, 8, 16, 32, 64)  # tokens per request slot in an extend graph
+
+
+@contextlib.contextmanager
+def _no_collection():
+    """No automatic garbage collection while a graph is captured: an object it frees may make
+    a CUDA call that invalidates the capture (an earlier engine's CUDA graph being reset, in
+    tests that run several engines in one process). torch.cuda.graph collects just before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class CudaGraphRunner:
@@ -111,11 +127,21 @@ class CudaGraphRunner:
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=mem_pool, stream=stream):
+            with _no_collection(), torch.cuda.graph(g, pool=mem_pool, stream=stream):
                 out = self._forward(fb)
             mem_pool = g.pool()
             self.graphs[bs], self.outputs[bs] = g, out
         torch.cuda.synchronize()
+
+    def close(self) -> None:
+        """Free every captured graph now, not whenever the garbage collector reaches them
+        (perhaps while another engine in this process captures)."""
+        torch.cuda.synchronize()
+        for g in [*self.graphs.values(), *self.ext_graphs.values()]:
+            g.reset()
+        self.graphs.clear()
+        self.outputs.clear()
+        self.ext_graphs.clear()
 
     def can_run(self, fb: ForwardBatch) -> bool:
         if fb.mode is ForwardMode.DECODE:
@@ -194,7 +220,7 @@ class CudaGraphRunner:
                                           device=warm.device)
         del warm
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self._ext_pool, stream=stream):
+        with _no_collection(), torch.cuda.graph(g, pool=self._ext_pool, stream=stream):
             # the graph's own logits are scratch in the shared pool, copied out before it ends
             self.ext_logits[:pbs * e].copy_(self._forward(fb))
         self._ext_pool = g.pool()

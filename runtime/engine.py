@@ -167,8 +167,8 @@ class Engine:
 
     def _release(self) -> None:
         """Free what the engine thread used; called once it has returned."""
+        self.runner.release_graphs()  # now, not when a later engine in this process captures
         if self._tp is not None:  # the loop has returned: this thread may broadcast now
-            self.runner.release_graphs()
             self._tp.close(healthy=self._error is None and not self._left_running)
 
     def __enter__(self) -> "Engine":

@@ -128,10 +128,12 @@ class ModelRunner:
         return TokenToKVPool.slots_for_budget(budget, cfg.num_layers, kv_heads, cfg.head_dim, self.kv_dtype)
 
     def release_graphs(self) -> None:
-        """Drop the captured decode graphs (before leaving a tensor-parallel group: NCCL
-        must not tear down a communicator that live CUDA graphs still launch kernels on)."""
+        """Free the captured CUDA graphs: at shutdown, and before leaving a tensor-parallel
+        group (NCCL must not tear down a communicator that live CUDA graphs still launch
+        kernels on)."""
         if self.graph_runner is None:
             return
+        self.graph_runner.close()
         self.graph_runner = None
         if self.device.type == "cuda":
             import gc
