@@ -160,6 +160,44 @@ def test_abort_request_ends_a_stream(url):
     assert rest[-1]["meta_info"]["completion_tokens"] < 3000
 
 
+def test_abort_request_ends_that_request_and_its_parts_only(url):
+    """/abort_request {"rid": "job"} ends "job", the parts of a batch or of n samples sent as
+    one rid ("batch-0-1", ...), and nothing else: another client's "job-7" runs on (it used
+    to end too, its rid beginning with "job-")."""
+    import concurrent.futures as cf
+    import time
+
+    def run(body):
+        return requests.post(url + "/generate", json=body, timeout=T).json()
+
+    def running(n):
+        for _ in range(400):
+            if requests.get(url + "/get_server_info", timeout=T).json()["num_running"] == n:
+                return True
+            time.sleep(0.05)
+        return False
+
+    long = greedy(3000)
+    bodies = {"job": {"text": PROMPT, "rid": "job", "sampling_params": long},
+              "job-7": {"text": PROMPT, "rid": "job-7", "sampling_params": long},
+              "batch": {"text": [PROMPT, "Hi"], "rid": "batch", "sampling_params": {**long, "n": 2}}}
+    with cf.ThreadPoolExecutor(3) as ex:
+        futs = {k: ex.submit(run, b) for k, b in bodies.items()}
+        assert running(6)
+        for name in ("job", "batch"):
+            assert requests.post(url + "/abort_request", json={"rid": name}, timeout=T).json()["success"] is True
+        assert running(1)  # job-7 alone
+        job = futs["job"].result(timeout=T)
+        assert futs["batch"].result(timeout=T) and not futs["job-7"].done()
+        assert requests.post(url + "/abort_request", json={"rid": "batch-0-1"}, timeout=T).json()["success"] is False
+        assert requests.post(url + "/abort_request", json={"rid": "job-7"}, timeout=T).json()["success"] is True
+        out = {"job": job, "batch": futs["batch"].result(), "job-7": futs["job-7"].result(timeout=T)}
+    assert out["job"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert [o["meta_info"]["finish_reason"]["type"] for o in out["batch"]] == ["abort"] * 4
+    assert out["job-7"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert out["job-7"]["meta_info"]["completion_tokens"] > out["job"]["meta_info"]["completion_tokens"]
+
+
 def test_admin_endpoints(url):
     info = requests.get(url + "/get_model_info", timeout=T).json()
     assert info["vocab_size"] > 0 and info["context_length"] == 8192

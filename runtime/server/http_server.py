@@ -200,9 +200,7 @@ def create_app(state: ServerState) -> FastAPI:
         rid = obj.get("rid")
         if not isinstance(rid, str):
             raise APIError.bad_request("rid must be a string", "rid")
-        # a batch / n>1 request's parts are "<rid>-<i>": abort those too
-        hits = [r for r in list(tm.states) if r == rid or r.startswith(rid + "-")]
-        return {"success": any([tm.abort(r) for r in hits])}
+        return {"success": tm.abort_named(rid)}  # a batch's or n samples' parts too
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -212,14 +210,14 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         obj = await read_json(request)
-        reqs, single = build_native(tm, obj)
+        reqs, single, aliases = build_native(tm, obj)
         stream = bool(obj.get("stream", False))
         tm.check_capacity(len(reqs))
         if stream:
-            return await stream_or_error(request, native_stream(tm, reqs),
+            return await stream_or_error(request, native_stream(tm, reqs, aliases),
                                          _render_native(single and len(reqs) == 1,
                                                         state.args.incremental_streaming_output))
-        results = await until_done_or_disconnect(request, run_native(tm, reqs))
+        results = await until_done_or_disconnect(request, run_native(tm, reqs, aliases))
         return JSONResponse(results[0] if single and len(results) == 1 else results)
 
     from treadle.runtime.server.openai_api import register_openai_routes
@@ -236,9 +234,10 @@ def _no_unknown(obj: dict, accepted: set[str]) -> None:
                                    unknown[0])
 
 
-def build_native(tm: TokenizerManager, obj: dict) -> tuple[list[TokenizedGenerateReq], bool]:
-    """The /generate body -> requests (batch items and n samples expanded), and whether the
-    input was a single prompt."""
+def build_native(tm: TokenizerManager, obj: dict) -> tuple[list[TokenizedGenerateReq], bool, dict[str, tuple]]:
+    """The /generate body -> requests (batch items and n samples expanded), whether the input
+    was a single prompt, and the other rids /abort_request reaches each part by (the batch's
+    rid, the rid of the item its n samples came from)."""
     _no_unknown(obj, _GENERATE_FIELDS)
     text, ids = obj.get("text"), obj.get("input_ids")
     if (text is None) == (ids is None):
@@ -276,21 +275,24 @@ def build_native(tm: TokenizerManager, obj: dict) -> tuple[list[TokenizedGenerat
     stream = obj.get("stream", False)
     if not isinstance(stream, bool):
         raise APIError.bad_request("stream must be a boolean", "stream")
-    reqs = []
+    reqs, aliases = [], {}
+    batch_name = (rid,) if isinstance(rid, str) and not single else ()
     for p, sparams, r in zip(prompts, params, rids):
         req = tm.make_req(**p, params=sparams, return_logprob=obj.get("return_logprob", False),
                           logprob_start_len=obj.get("logprob_start_len"),
                           top_logprobs_num=obj.get("top_logprobs_num", 0), stream=stream, rid=r)
-        reqs.extend(tm.expand_n(req))
+        for part in tm.expand_n(req):
+            reqs.append(part)
+            aliases[part.rid] = batch_name + ((req.rid,) if part is not req else ())
     if len({r.rid for r in reqs}) != len(reqs):
         raise APIError.bad_request("request ids must be unique", "rid")
-    return reqs, single
+    return reqs, single, aliases
 
 
-async def run_native(tm: TokenizerManager, reqs: list[TokenizedGenerateReq]) -> list[dict]:
+async def run_native(tm: TokenizerManager, reqs: list[TokenizedGenerateReq], aliases: dict[str, tuple]) -> list[dict]:
     async def one(r: TokenizedGenerateReq) -> dict:
         last = None
-        async for chunk in tm.generate(r):
+        async for chunk in tm.generate(r, aliases[r.rid]):
             last = chunk
         return last.acc.result()
 
@@ -298,10 +300,10 @@ async def run_native(tm: TokenizerManager, reqs: list[TokenizedGenerateReq]) -> 
     return await gather_all([one(r) for r in reqs])
 
 
-async def native_stream(tm: TokenizerManager, reqs: list[TokenizedGenerateReq]):
+async def native_stream(tm: TokenizerManager, reqs: list[TokenizedGenerateReq], aliases: dict[str, tuple]):
     """(index, chunk) pairs of all requests; the prompt is warmed first when shared."""
     await tm.warm_prefixes(reqs)
-    async for item in merge_streams([tm.generate(r) for r in reqs]):
+    async for item in merge_streams([tm.generate(r, aliases[r.rid]) for r in reqs]):
         yield item
 
 

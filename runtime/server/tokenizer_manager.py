@@ -59,6 +59,7 @@ class ReqState:
     queue: asyncio.Queue
     created: float
     last_token: float | None = None
+    aliases: tuple[str, ...] = ()  # the other rids /abort_request reaches it by (its batch's, ...)
 
 
 class SchedulerDied(Exception):
@@ -268,12 +269,13 @@ class TokenizerManager:
                 async for _ in self.generate(warm):
                     pass
 
-    async def generate(self, r: TokenizedGenerateReq) -> AsyncIterator[Chunk]:
+    async def generate(self, r: TokenizedGenerateReq, aliases: tuple[str, ...] = ()) -> AsyncIterator[Chunk]:
         """Send `r` and yield its progress. Stops after the finished chunk; raises APIError on
-        a scheduler-side rejection. If the consumer stops early, the request is aborted."""
+        a scheduler-side rejection. If the consumer stops early, the request is aborted.
+        ``aliases``: other rids `abort_named` stops it by (the batch or n samples it is part of)."""
         if r.rid in self.states:
             raise APIError.bad_request(f"request id {r.rid!r} is already in use", "rid")
-        st = ReqState(asyncio.Queue(), time.perf_counter())
+        st = ReqState(asyncio.Queue(), time.perf_counter(), aliases=aliases)
         self.states[r.rid] = st
         self._push.send_pyobj([r])
         acc = Accum(r.rid)
@@ -305,6 +307,12 @@ class TokenizerManager:
             return False
         self._push.send_pyobj([AbortReq(rid)])
         return True
+
+    def abort_named(self, name: str) -> bool:
+        """Abort the request `name` and the parts of a batch or of n samples sent as `name`
+        (exactly those: another request's "<name>-1" is not one of them)."""
+        hits = [rid for rid, st in self.states.items() if rid == name or name in st.aliases]
+        return any([self.abort(rid) for rid in hits])
 
     def abort_all(self) -> int:
         for rid in list(self.states):
