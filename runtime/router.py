@@ -14,6 +14,10 @@ polls every replica's /health; a dead one leaves the rotation until it answers a
 request whose connection to a replica cannot be opened (so no byte reached it) is retried on
 another replica; once sent, it is never replayed. Every response names the replica in the
 `X-Treadle-Replica` header.
+
+SIGTERM / SIGINT: the router takes no new connection and gives open responses
+`--shutdown-grace-s` to end, then closes them (their replicas see the client gone and abort)
+and exits, stopping the replicas it launched.
 """
 from __future__ import annotations
 
@@ -426,6 +430,8 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--balance-abs", type=int, default=c.balance_abs,
                    help="in-flight spread above which requests go to the least loaded replica")
     p.add_argument("--max-tree-chars", type=int, default=c.max_tree_chars, help="prefix tree bound per replica")
+    p.add_argument("--shutdown-grace-s", type=float, default=10.0,
+                   help="on SIGTERM, how long open responses may run before they are closed")
     p.add_argument("--log-level", default="warning")
 
 
@@ -456,7 +462,11 @@ def run(ns: argparse.Namespace, server_argv: list[str]) -> None:
                           health_interval_s=ns.health_interval_s,
                           cache=CacheAwareConfig(ns.cache_match_ratio, ns.cache_match_chars, ns.balance_abs,
                                                  ns.max_tree_chars))
-        uvicorn.run(create_router_app(args), host=args.host, port=args.port, log_level=ns.log_level)
+        if ns.shutdown_grace_s < 0:
+            raise SystemExit("--shutdown-grace-s must be >= 0")
+        # without a bound uvicorn's shutdown waits for every open stream, as long as its client reads
+        uvicorn.run(create_router_app(args), host=args.host, port=args.port, log_level=ns.log_level,
+                    timeout_graceful_shutdown=ns.shutdown_grace_s)
     finally:
         stop_replicas(procs)
 

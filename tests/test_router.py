@@ -212,6 +212,37 @@ def test_stream_disconnect_aborts_on_replica(router, replicas):
     assert all(x["in_flight"] == 0 for x in router.info()["replicas"])
 
 
+def test_sigterm_closes_open_streams_after_the_grace(replicas):
+    """SIGTERM with a stream open and its client reading: the router closes it once
+    --shutdown-grace-s has passed and exits (it used to relay on for as long as the client
+    read), and the replica aborts the request whose client went."""
+    router = RouterProcess([replicas[0].url], "round_robin", ["--shutdown-grace-s", "1"])
+    try:
+        r = requests.post(router.url + "/generate", stream=True, timeout=T, json={
+            "text": "Write a very long story about a knight.", "stream": True,
+            "sampling_params": {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}})
+        lines = r.iter_lines()
+        next(lines)  # generation has started on the replica
+        t0 = time.monotonic()
+        router.proc.send_signal(signal.SIGTERM)
+        try:
+            for _ in lines:  # the client reads on until the router closes the stream
+                assert time.monotonic() - t0 < 60, "the router kept the stream open"
+        except requests.RequestException:
+            pass  # closed mid-stream
+        router.proc.wait(timeout=30)
+        assert time.monotonic() - t0 < 30
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            info = requests.get(replicas[0].url + "/get_server_info", timeout=T).json()
+            if info["num_running"] == 0:
+                break
+            time.sleep(0.25)
+        assert info["num_running"] == 0, info
+    finally:
+        router.close()
+
+
 def test_no_healthy_replica_is_503():
     dead = f"http://127.0.0.1:{free_port()}"
     r = RouterProcess([dead], "cache_aware")
