@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from treadle.runtime.router_policy import CacheAwarePolicy, TextPrefixTree
-from treadle.runtime.server.testing import ServerProcess, free_port, sse_events
+from treadle.runtime.server.testing import ServerProcess, free_port, sse_events, wait_idle
 
 pytestmark = pytest.mark.slow
 T = 120
@@ -201,13 +201,7 @@ def test_stream_disconnect_aborts_on_replica(router, replicas):
     replica = r.headers[HEADER]
     next(r.iter_lines())  # generation has started on the replica
     r.close()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        info = requests.get(replica + "/get_server_info", timeout=T).json()
-        if info["num_running"] == 0 and info["num_waiting"] == 0:
-            break
-        time.sleep(0.25)
-    assert info["num_running"] == 0 and info["num_waiting"] == 0, info
+    info = wait_idle(replica, timeout_s=30)
     assert info["generated_tokens"] < 2000
     assert all(x["in_flight"] == 0 for x in router.info()["replicas"])
 
@@ -232,13 +226,7 @@ def test_sigterm_closes_open_streams_after_the_grace(replicas):
             pass  # closed mid-stream
         router.proc.wait(timeout=30)
         assert time.monotonic() - t0 < 30
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            info = requests.get(replicas[0].url + "/get_server_info", timeout=T).json()
-            if info["num_running"] == 0:
-                break
-            time.sleep(0.25)
-        assert info["num_running"] == 0, info
+        wait_idle(replicas[0].url, timeout_s=30)  # the replica aborted the request its client left
     finally:
         router.close()
 

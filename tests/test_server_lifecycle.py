@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from treadle.runtime.server.testing import ServerProcess, free_port
+from treadle.runtime.server.testing import ServerProcess, free_port, wait_idle
 
 pytestmark = pytest.mark.slow
 T = 180
@@ -43,17 +43,6 @@ def info(url: str) -> dict:
     r = requests.get(url + "/get_server_info", timeout=T)
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def wait_idle(url: str, timeout_s: float = 90) -> dict:
-    """Poll until the server holds no request; return its info then."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        i = info(url)
-        if i["num_in_flight"] == 0 and i["num_running"] == 0 and i["num_waiting"] == 0:
-            return i
-        assert time.monotonic() < deadline, f"server not idle after {timeout_s}s: {i}"
-        time.sleep(0.2)
 
 
 def assert_no_leaked_kv(url: str) -> None:

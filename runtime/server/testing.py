@@ -90,3 +90,16 @@ def sse_events(resp: requests.Response) -> list:
             data = line[len("data: "):]
             events.append(data if data == "[DONE]" else json.loads(data))
     return events
+
+
+def wait_idle(url: str, timeout_s: float = 90) -> dict:
+    """Poll a server's /get_server_info until it holds no request; return that info."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = requests.get(url + "/get_server_info", timeout=30)
+        assert r.status_code == 200, r.text
+        i = r.json()
+        if i["num_in_flight"] == 0 and i["num_running"] == 0 and i["num_waiting"] == 0:
+            return i
+        assert time.monotonic() < deadline, f"server not idle after {timeout_s}s: {i}"
+        time.sleep(0.2)
