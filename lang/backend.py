@@ -94,7 +94,7 @@ class Backend(ABC):
             self.prompt_logprobs([prefix_ids], 0)
         first = min(starts)
         metas = self.prompt_logprobs(fulls, first)
-        logprobs = [[float(lp) for lp in m["input_token_logprobs"][start - first:]]  # aligned with ids[first:]
+        logprobs = [[float(lp) for lp, _, _ in m["input_token_logprobs"][start - first:]]  # aligned with ids[first:]
                     for m, start in zip(metas, starts)]
         return ChoiceScores(logprobs, {"prompt_tokens": sum(m["prompt_tokens"] for m in metas),
                                        "cached_tokens": sum(m.get("cached_tokens", 0) for m in metas),

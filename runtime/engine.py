@@ -10,6 +10,8 @@ list of them; `stream=True` yields incremental chunks; `async_generate` is the a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
 import queue
 import threading
@@ -22,7 +24,7 @@ from treadle.runtime.io_struct import OutputAccum, ReqOutput, TokenizedGenerateR
 from treadle.runtime.model_runner import ModelRunner
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.scheduler import Scheduler, check_context, validate_request
-from treadle.runtime.tokenizer import encode_prompt, load_tokenizer
+from treadle.runtime.tokenizer import encode_prompt, load_tokenizer, token_texts
 
 log = logging.getLogger("treadle")
 
@@ -79,12 +81,14 @@ class Engine:
 
     def generate(self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,
                  input_ids: list[int] | list[list[int]] | None = None, *, return_logprob: bool = False,
-                 logprob_start_len: int | None = None, top_logprobs_num: int = 0, stream: bool = False,
+                 logprob_start_len: int | None = None, top_logprobs_num: int = 0,
+                 return_text_in_logprobs: bool = False, stream: bool = False,
                  rid: str | None = None) -> dict | list | Iterator[dict]:
         """Generate for one prompt (returns a dict; a list of n dicts when n > 1) or a batch
-        (returns a list). Invalid input raises ValueError before anything is queued."""
+        (returns a list). Invalid input raises ValueError before anything is queued. Logprobs
+        are `(logprob, token_id, text)` triples in meta_info, as SGLang's (io_struct.OutputAccum)."""
         reqs, single = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
-                                   top_logprobs_num, stream, rid)
+                                   top_logprobs_num, stream, rid, return_text_in_logprobs)
         if stream:
             if not single or len(reqs) != 1:
                 raise ValueError("stream=True takes one prompt with n=1")
@@ -95,16 +99,17 @@ class Engine:
     async def async_generate(self, prompt: str | list[str] | None = None,
                              sampling_params: dict | list[dict] | None = None,
                              input_ids: list[int] | list[list[int]] | None = None, *, return_logprob: bool = False,
-                             logprob_start_len: int | None = None, top_logprobs_num: int = 0, stream: bool = False,
+                             logprob_start_len: int | None = None, top_logprobs_num: int = 0,
+                             return_text_in_logprobs: bool = False, stream: bool = False,
                              rid: str | None = None):
         """asyncio form of `generate`; with stream=True an async iterator of chunks. Cancelling
         the awaiting task aborts its requests (their KV is freed at once)."""
         if stream:
             return self._astream(prompt, sampling_params, input_ids, return_logprob=return_logprob,
                                  logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                                 stream=True, rid=rid)
+                                 return_text_in_logprobs=return_text_in_logprobs, stream=True, rid=rid)
         reqs, single = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
-                                   top_logprobs_num, stream, rid)
+                                   top_logprobs_num, stream, rid, return_text_in_logprobs)
         await asyncio.to_thread(self._warm_prefix, reqs)
         # submitted here, between awaits: a cancel can only come after, so its aborts queue
         # behind the requests they abort
@@ -185,7 +190,7 @@ class Engine:
         return encode_prompt(self.tokenizer, text)
 
     def _build(self, prompt, input_ids, sampling_params, return_logprob, logprob_start_len, top_logprobs_num,
-               stream, rid) -> tuple[list[TokenizedGenerateReq], bool]:
+               stream, rid, return_text_in_logprobs=False) -> tuple[list[TokenizedGenerateReq], bool]:
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt (text) or input_ids")
         if prompt is not None:
@@ -207,14 +212,17 @@ class Engine:
             given = [sampling_params] * len(ids_list)
         plist = [SamplingParams.from_dict(dict(p or {})) for p in given]
         start = -1 if logprob_start_len is None else int(logprob_start_len)
-        if return_logprob and logprob_start_len is None:
-            start = -1
+        if not isinstance(return_text_in_logprobs, bool):
+            raise ValueError("return_text_in_logprobs must be a boolean")
+        if return_text_in_logprobs and self.tokenizer is None:
+            raise ValueError("this model has no tokenizer to give token texts (return_text_in_logprobs)")
         reqs: list[TokenizedGenerateReq] = []
         base = rid or uuid.uuid4().hex
         for i, (ids, p) in enumerate(zip(ids_list, plist)):
             r = TokenizedGenerateReq(rid=f"{base}-{i}" if len(ids_list) > 1 or p.n > 1 else base,
                                      input_ids=ids, sampling_params=p, return_logprob=return_logprob,
-                                     logprob_start_len=start, top_logprobs_num=top_logprobs_num, stream=stream)
+                                     logprob_start_len=start, top_logprobs_num=top_logprobs_num, stream=stream,
+                                     return_text_in_logprobs=return_text_in_logprobs)
             check_context(len(ids), given[i], self.runner.context_len)
             validate_request(r, self.runner.config.vocab_size, self.runner.context_len, self.runner.allocator.num_slots)
             reqs.extend(self._expand_n(r))
@@ -230,8 +238,7 @@ class Engine:
         for j in range(p.n):
             q = SamplingParams.from_dict({**p.to_dict(), "n": 1,
                                           "seed": None if p.seed is None else p.seed + j})
-            out.append(TokenizedGenerateReq(f"{r.rid}-{j}", r.input_ids, q, r.return_logprob,
-                                            r.logprob_start_len, r.top_logprobs_num, r.stream))
+            out.append(dataclasses.replace(r, rid=f"{r.rid}-{j}", sampling_params=q))
         return out
 
     def _shape(self, results: list[dict], reqs: list[TokenizedGenerateReq], single: bool):
@@ -298,7 +305,7 @@ class Engine:
 
     def _collect(self, r: TokenizedGenerateReq, box: queue.Queue) -> dict:
         detok = self._detokenizer(r)
-        acc = OutputAccum()
+        acc = OutputAccum(r, functools.partial(token_texts, self.tokenizer))
         while True:
             out = self._next(box)
             acc.add(out)
@@ -310,7 +317,7 @@ class Engine:
     def _stream(self, r: TokenizedGenerateReq) -> Iterator[dict]:
         box = self._submit(r)
         detok = self._detokenizer(r)
-        acc = OutputAccum()
+        acc = OutputAccum(r, functools.partial(token_texts, self.tokenizer))
         try:
             while True:
                 out = self._next(box)

@@ -3,6 +3,7 @@ processes for the server). Plain dataclasses: picklable and cheap."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from treadle.runtime.sampling_params import SamplingParams
 
@@ -16,6 +17,7 @@ class TokenizedGenerateReq:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     stream: bool = False
+    return_text_in_logprobs: bool = False  # read where the result is made; the scheduler ignores it
 
 
 @dataclass(slots=True)
@@ -56,9 +58,18 @@ class ReqOutput:
 
 class OutputAccum:
     """A request's ReqOutputs so far, and the native result object (/generate, Engine) they
-    make. Prompt logprobs come once, as soon as the prompt is computed."""
+    make. Prompt logprobs come once, as soon as the prompt is computed.
 
-    def __init__(self) -> None:
+    Logprobs in the result are SGLang's: with `return_logprob`, `input_token_logprobs` and
+    `output_token_logprobs` are lists of `(logprob, token_id, text)` (the first prompt token
+    has logprob None; text is None unless `return_text_in_logprobs`), and with
+    `top_logprobs_num` > 0, `input_top_logprobs` / `output_top_logprobs` hold one list of such
+    triples a position (None where there is none: the first prompt token)."""
+
+    def __init__(self, req: TokenizedGenerateReq, decode: Callable[[list[int]], list[str]] | None = None) -> None:
+        self.req = req
+        self.decode = decode if req.return_text_in_logprobs else None
+        self.texts: dict[int, str] = {}  # token id -> its text, for return_text_in_logprobs
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.tops: list = []
@@ -74,6 +85,24 @@ class OutputAccum:
             self.input_logprobs, self.input_tops = out.input_logprobs, out.input_top_logprobs
         self.last = out
 
+    def _triples(self, pairs: list[tuple]) -> list[tuple]:
+        if self.decode is None:
+            return [(lp, t, None) for lp, t in pairs]
+        new = list({t for _, t in pairs if t not in self.texts})
+        self.texts.update(zip(new, self.decode(new)))
+        return [(lp, t, self.texts[t]) for lp, t in pairs]
+
+    def _logprob_meta(self) -> dict:
+        r = self.req
+        scored = self.input_logprobs or []
+        prompt = r.input_ids[len(r.input_ids) - len(scored):] if scored else []
+        meta = {"input_token_logprobs": self._triples(list(zip(scored, prompt))),
+                "output_token_logprobs": self._triples(list(zip(self.logprobs, self.ids)))}
+        if r.top_logprobs_num > 0:
+            meta["input_top_logprobs"] = [self._triples(t) if t else None for t in (self.input_tops or [])]
+            meta["output_top_logprobs"] = [self._triples(t) if t else None for t in self.tops]
+        return meta
+
     def result(self, rid: str, text: str) -> dict:
         o = self.last
         meta: dict = {"id": rid, "prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
@@ -82,11 +111,6 @@ class OutputAccum:
             meta["error"] = o.error
             if o.internal:
                 meta["internal_error"] = True
-        if self.logprobs:
-            meta["output_token_logprobs"] = list(zip(self.logprobs, self.ids))
-            if self.tops:
-                meta["output_top_logprobs"] = self.tops
-        if self.input_logprobs is not None:
-            meta["input_token_logprobs"] = self.input_logprobs
-            meta["input_top_logprobs"] = self.input_tops
+        if self.req.return_logprob:
+            meta.update(self._logprob_meta())
         return {"text": text, "output_ids": list(self.ids), "meta_info": meta}

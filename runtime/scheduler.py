@@ -821,8 +821,8 @@ class Scheduler:
         req.output_ids.extend(new_ids)
         if req.return_logprob:  # forced tokens were not sampled: probability 1 under the grammar
             req.output_logprobs.extend([0.0] * len(new_ids))
-            if req.top_logprobs_num:
-                req.output_top_logprobs.extend([[]] * len(new_ids))
+            if req.top_logprobs_num:  # the grammar's only choice
+                req.output_top_logprobs.extend([[(0.0, t)] for t in new_ids])
         req.num_jump_tokens += len(new_ids)
         self.stats["jump_tokens"] += len(new_ids)
         if m.is_terminated() or len(req.output_ids) >= req.params.max_new_tokens:

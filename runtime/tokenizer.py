@@ -106,3 +106,8 @@ def apply_chat_template(tokenizer: Any, messages: list[dict], add_generation_pro
         messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
         **({"tools": tools} if tools else {}), **template_kwargs,
     )
+
+
+def token_texts(tokenizer: Any, ids: list[int]) -> list[str]:
+    """Each token's own text, as logprob entries show it (return_text_in_logprobs)."""
+    return tokenizer.batch_decode([[t] for t in ids])

@@ -498,8 +498,8 @@ def test_jump_forward_on_vs_off_greedy(engine, engine_nojf):
         assert a["output_ids"] == b["output_ids"], (g, a["text"], b["text"])
         assert a["text"] == b["text"]
         # jumped tokens carry their real logprob (the logits were computed in the extend)
-        lp_on = [lp for lp, _ in a["meta_info"]["output_token_logprobs"]]
-        lp_off = [lp for lp, _ in b["meta_info"]["output_token_logprobs"]]
+        lp_on = [lp for lp, _, _ in a["meta_info"]["output_token_logprobs"]]
+        lp_off = [lp for lp, _, _ in b["meta_info"]["output_token_logprobs"]]
         assert lp_on == pytest.approx(lp_off, abs=1e-3)
     # Jump-forward tokens count as completion tokens, and outputs still decode to the text.
     for a in on:
@@ -580,7 +580,7 @@ def test_retokenization_at_jump_boundaries_sampled(engine):
     # is jumped (unverified jumps report logprob 0.0: probability 1 under the grammar).
     lit = on[3]
     assert lit["text"] == "Ünïcödé ✓ done"
-    assert sum(lp == 0.0 for lp, _ in lit["meta_info"]["output_token_logprobs"]) >= len(lit["output_ids"]) - 3
+    assert sum(lp == 0.0 for lp, _, _ in lit["meta_info"]["output_token_logprobs"]) >= len(lit["output_ids"]) - 3
     engine.check_integrity()
 
 

@@ -146,16 +146,30 @@ def test_logprobs(engine, prompts):
     m = out["meta_info"]
     assert len(m["output_token_logprobs"]) == m["completion_tokens"]
     # greedy: the chosen token is the top alternative
-    for (lp, tok), tops in zip(m["output_token_logprobs"], m["output_top_logprobs"]):
-        assert tops[0][1] == tok and tops[0][0] == lp and lp <= 0
+    for (lp, tok, text), tops in zip(m["output_token_logprobs"], m["output_top_logprobs"]):
+        assert tops[0][1] == tok and tops[0][0] == lp and lp <= 0 and text is None
     # sampled: a chosen token listed among the top ones shows the very same value
     sampled = engine.generate(prompts[1], {"max_new_tokens": 12, "temperature": 1.0, "seed": 3}, return_logprob=True,
                               top_logprobs_num=5)["meta_info"]
-    listed = [(lp, dict((t, v) for v, t in tops)[tok]) for (lp, tok), tops in
-              zip(sampled["output_token_logprobs"], sampled["output_top_logprobs"]) if tok in {t for _, t in tops}]
+    listed = [(lp, dict((t, v) for v, t, _ in tops)[tok]) for (lp, tok, _), tops in
+              zip(sampled["output_token_logprobs"], sampled["output_top_logprobs"]) if tok in {t for _, t, _ in tops}]
     assert listed and all(a == b for a, b in listed), listed
     assert len(m["input_token_logprobs"]) == m["prompt_tokens"] - 3
-    assert all(lp <= 0 for lp in m["input_token_logprobs"])
+    assert all(lp <= 0 for lp, _, _ in m["input_token_logprobs"])
+    ids = engine.encode(prompts[1])
+    assert [t for _, t, _ in m["input_token_logprobs"]] == ids[3:]
+
+
+def test_logprobs_with_token_texts(engine, prompts):
+    out = engine.generate(prompts[1], {"max_new_tokens": 6, "temperature": 0}, return_logprob=True,
+                          logprob_start_len=0, top_logprobs_num=2, return_text_in_logprobs=True)
+    m = out["meta_info"]
+    assert "".join(text for _, _, text in m["output_token_logprobs"]) == out["text"]
+    assert "".join(text for _, _, text in m["input_token_logprobs"]) == prompts[1]
+    assert m["input_token_logprobs"][0][0] is None and m["input_top_logprobs"][0] is None
+    assert all(isinstance(e[2], str) for t in m["output_top_logprobs"] + m["input_top_logprobs"][1:] for e in t)
+    with pytest.raises(ValueError, match="return_text_in_logprobs"):
+        engine.generate(prompts[1], {"max_new_tokens": 2}, return_logprob=True, return_text_in_logprobs=1)
 
 
 def test_prompt_logprobs_arrive_with_the_first_streamed_chunk(engine, prompts):
@@ -163,8 +177,9 @@ def test_prompt_logprobs_arrive_with_the_first_streamed_chunk(engine, prompts):
     full = engine.generate(prompts[1], {"max_new_tokens": 4, "temperature": 0}, **kw)["meta_info"]
     chunks = list(engine.generate(prompts[1], {"max_new_tokens": 4, "temperature": 0}, stream=True, **kw))
     first = chunks[0]["meta_info"]["input_token_logprobs"]
-    assert len(chunks) > 1 and len(first) == full["prompt_tokens"] and first[0] is None
-    assert first[1:] == pytest.approx(full["input_token_logprobs"][1:], abs=1e-3)
+    assert len(chunks) > 1 and len(first) == full["prompt_tokens"] and first[0][0] is None
+    assert [lp for lp, _, _ in first[1:]] == pytest.approx([lp for lp, _, _ in full["input_token_logprobs"][1:]],
+                                                           abs=1e-3)
     assert chunks[-1]["meta_info"]["input_token_logprobs"] == first
 
 
@@ -269,7 +284,7 @@ def test_overlap_schedule_matches_plain_path(prompts):
             info = e.get_server_info()
             assert info["num_running"] == 0 and info["free_slots"] + info["evictable_slots"] == info["total_slots"]
             outs[mode] = ([(o["output_ids"], o["meta_info"]["finish_reason"]) for o in res],
-                          [[t for _, t in o["meta_info"]["output_token_logprobs"]] for o in res], streamed)
+                          [[t for _, t, _ in o["meta_info"]["output_token_logprobs"]] for o in res], streamed)
     assert outs["on"][0] == outs["off"][0]
     assert outs["on"][1] == outs["off"][1]
     assert outs["on"][2] == outs["off"][2]

@@ -95,8 +95,8 @@ def test_tiny_random_models_match_hf(name, tmp_path):
         with torch.no_grad():
             logits = hf(torch.tensor([ids])).logits[0].float()
         ref_lp = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
-        got = torch.tensor(o["meta_info"]["input_token_logprobs"][1:])
-        assert o["meta_info"]["input_token_logprobs"][0] is None
+        got = torch.tensor([lp for lp, _, _ in o["meta_info"]["input_token_logprobs"][1:]])
+        assert o["meta_info"]["input_token_logprobs"][0] == (None, ids[0], None)
         # fp32 on both sides; the paged attention sums in another order: 1e-4 absolute
         torch.testing.assert_close(got, ref_lp, atol=1e-4, rtol=1e-4)
         with torch.no_grad():

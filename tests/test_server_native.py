@@ -81,14 +81,35 @@ def test_generate_logprobs(url):
     out = gen(url, {"text": PROMPT, "sampling_params": greedy(5), "return_logprob": True,
                     "top_logprobs_num": 3, "logprob_start_len": 0})
     meta = out["meta_info"]
+    # SGLang's shapes: [logprob, token_id, text] entries, text null unless asked for
     lps = meta["output_token_logprobs"]
-    assert [tid for _, tid in lps] == out["output_ids"]
-    assert all(lp <= 0 for lp, _ in lps)
+    assert [tid for _, tid, _ in lps] == out["output_ids"]
+    assert all(lp <= 0 and text is None for lp, _, text in lps)
     tops = meta["output_top_logprobs"]
-    assert len(tops) == 5 and all(len(t) == 3 for t in tops)
+    assert len(tops) == 5 and all(len(t) == 3 and all(len(e) == 3 for e in t) for t in tops)
     assert [t[0][1] for t in tops] == out["output_ids"]  # greedy picks the top-1 token
-    assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"]
-    assert meta["input_token_logprobs"][0] is None
+    inp = meta["input_token_logprobs"]
+    assert len(inp) == meta["prompt_tokens"] and inp[0][0] is None
+    assert all(lp <= 0 for lp, _, _ in inp[1:])
+    assert meta["input_top_logprobs"][0] is None and all(len(t) == 3 for t in meta["input_top_logprobs"][1:])
+    ids = [tid for _, tid, _ in inp]  # the prompt's own tokens, in order
+    again = gen(url, {"input_ids": ids, "sampling_params": greedy(5)})
+    assert again["output_ids"] == out["output_ids"]
+
+
+def test_generate_logprobs_with_token_texts(url):
+    out = gen(url, {"text": PROMPT, "sampling_params": greedy(5), "return_logprob": True, "top_logprobs_num": 2,
+                    "logprob_start_len": 2, "return_text_in_logprobs": True})
+    meta = out["meta_info"]
+    assert "".join(text for _, _, text in meta["output_token_logprobs"]) == out["text"]
+    assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"] - 2
+    assert all(isinstance(text, str) and lp <= 0 for lp, _, text in meta["input_token_logprobs"])
+    assert all(isinstance(e[2], str) for t in meta["output_top_logprobs"] for e in t)
+    plain = gen(url, {"text": PROMPT, "sampling_params": greedy(5), "return_logprob": True})["meta_info"]
+    assert plain["input_token_logprobs"] == [] and "output_top_logprobs" not in plain
+    bad = requests.post(url + "/generate", json={"text": PROMPT, "return_logprob": True,
+                                                 "return_text_in_logprobs": "yes"}, timeout=T)
+    assert bad.status_code == 400 and "return_text_in_logprobs" in bad.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("body,needle", [

@@ -67,8 +67,8 @@ def test_greedy_output_is_unchanged_in_fewer_steps(overlap):
     for a, b in zip(plain, spec):
         assert b["output_ids"] == a["output_ids"] and b["text"] == a["text"]
         assert b["meta_info"]["finish_reason"] == a["meta_info"]["finish_reason"]
-        lp_a = [x for x, _ in a["meta_info"]["output_token_logprobs"]]
-        lp_b = [x for x, _ in b["meta_info"]["output_token_logprobs"]]
+        lp_a = [x for x, _, _ in a["meta_info"]["output_token_logprobs"]]
+        lp_b = [x for x, _, _ in b["meta_info"]["output_token_logprobs"]]
         assert lp_b == pytest.approx(lp_a, abs=1e-3)
     assert "reading" not in spec[2]["text"] and spec[2]["meta_info"]["finish_reason"]["type"] == "stop"
     assert s1["spec_accepted_tokens"] > 20 and s0["spec_draft_tokens"] == 0

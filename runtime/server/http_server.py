@@ -30,7 +30,7 @@ from treadle.runtime.server.tokenizer_manager import TokenizerManager
 log = logging.getLogger("treadle.server")
 
 _GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "return_logprob", "logprob_start_len",
-                    "top_logprobs_num", "rid"}
+                    "top_logprobs_num", "return_text_in_logprobs", "rid"}
 # reachable while draining / without a key: liveness must never need credentials
 _OPEN_PATHS = {"/health"}
 HEALTH_GENERATE_TIMEOUT_S = 30.0
@@ -280,7 +280,8 @@ def build_native(tm: TokenizerManager, obj: dict) -> tuple[list[TokenizedGenerat
     for p, sparams, r in zip(prompts, params, rids):
         req = tm.make_req(**p, params=sparams, return_logprob=obj.get("return_logprob", False),
                           logprob_start_len=obj.get("logprob_start_len"),
-                          top_logprobs_num=obj.get("top_logprobs_num", 0), stream=stream, rid=r)
+                          top_logprobs_num=obj.get("top_logprobs_num", 0),
+                          return_text_in_logprobs=obj.get("return_text_in_logprobs", False), stream=stream, rid=r)
         for part in tm.expand_n(req):
             reqs.append(part)
             aliases[part.rid] = batch_name + ((req.rid,) if part is not req else ())

@@ -7,6 +7,8 @@ consumer goes away (client disconnect, cancelled task) is aborted so its KV is f
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import inspect
 import itertools
 import logging
@@ -21,6 +23,7 @@ import zmq.asyncio
 from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import AbortReq, ControlOut, ControlReq, OutputAccum, TokenizedGenerateReq
 from treadle.runtime.sampling_params import SamplingParams
+from treadle.runtime.tokenizer import token_texts
 from treadle.runtime.scheduler import check_context, validate_request
 from treadle.runtime.server.ipc import IpcPaths, StrOutput
 from treadle.runtime.server.metrics import ServerMetrics
@@ -44,9 +47,9 @@ class Chunk:
 class Accum(OutputAccum):
     """A request's output so far, with its text (the detokenizer's deltas)."""
 
-    def __init__(self, rid: str) -> None:
-        super().__init__()
-        self.rid = rid
+    def __init__(self, req: TokenizedGenerateReq, decode=None) -> None:
+        super().__init__(req, decode)
+        self.rid = req.rid
         self.text = ""
 
     def result(self, rid: str | None = None, text: str | None = None) -> dict:
@@ -193,7 +196,8 @@ class TokenizerManager:
 
     def make_req(self, *, text: str | None = None, input_ids: Any = None, params: Any = None,
                  return_logprob: bool = False, logprob_start_len: int | None = None,
-                 top_logprobs_num: int = 0, stream: bool = False, rid: str | None = None) -> TokenizedGenerateReq:
+                 top_logprobs_num: int = 0, return_text_in_logprobs: bool = False, stream: bool = False,
+                 rid: str | None = None) -> TokenizedGenerateReq:
         """Validate everything the scheduler would and build the request; raises APIError(400)."""
         if text is not None:
             if not isinstance(text, str):
@@ -209,8 +213,12 @@ class TokenizerManager:
             sp = SamplingParams.from_dict(dict(params) if isinstance(params, dict) else params)
         except (ValueError, TypeError) as e:
             raise APIError.bad_request(e) from e
-        if not isinstance(return_logprob, bool):
-            raise APIError.bad_request("return_logprob must be a boolean", "return_logprob")
+        for name, v in (("return_logprob", return_logprob), ("return_text_in_logprobs", return_text_in_logprobs)):
+            if not isinstance(v, bool):
+                raise APIError.bad_request(f"{name} must be a boolean", name)
+        if return_text_in_logprobs and self.tokenizer is None:
+            raise APIError.bad_request("this model has no tokenizer to give token texts",
+                                       "return_text_in_logprobs")
         for name, v in (("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise APIError.bad_request(f"{name} must be an integer", name)
@@ -219,7 +227,8 @@ class TokenizerManager:
         r = TokenizedGenerateReq(rid=rid or uuid.uuid4().hex, input_ids=ids, sampling_params=sp,
                                  return_logprob=return_logprob,
                                  logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
-                                 top_logprobs_num=top_logprobs_num or 0, stream=stream)
+                                 top_logprobs_num=top_logprobs_num or 0, stream=stream,
+                                 return_text_in_logprobs=return_text_in_logprobs)
         try:
             check_context(len(ids), params, self.context_len)
             validate_request(r, self.vocab_size, self.context_len, self.num_slots)
@@ -238,8 +247,7 @@ class TokenizerManager:
         out = []
         for j in range(p.n):
             q = SamplingParams.from_dict({**p.to_dict(), "n": 1, "seed": None if p.seed is None else p.seed + j})
-            out.append(TokenizedGenerateReq(f"{r.rid}-{j}", r.input_ids, q, r.return_logprob,
-                                            r.logprob_start_len, r.top_logprobs_num, r.stream))
+            out.append(dataclasses.replace(r, rid=f"{r.rid}-{j}", sampling_params=q))
         return out
 
     # ================================================================== running requests
@@ -278,7 +286,7 @@ class TokenizerManager:
         st = ReqState(asyncio.Queue(), time.perf_counter(), aliases=aliases)
         self.states[r.rid] = st
         self._push.send_pyobj([r])
-        acc = Accum(r.rid)
+        acc = Accum(r, functools.partial(token_texts, self.tokenizer))
         finished = False
         try:
             while True:
