@@ -56,10 +56,12 @@ class StreamExecutor:
         self.ended = False
         self.deltas: list[tuple[str | None, str]] = []  # (variable or None, text) in order, for streaming
         self._pending: collections.deque = collections.deque()
+        self._running: ir.Expr | None = None  # the node the worker thread is running
         self._busy = False
         self._cv = threading.Condition()
         self._anon = 0
-        self.fork_point: tuple[int, set[str]] = (0, set())  # (text length, variable names) at fork
+        self.fork_len = 0  # a branch: the text's length at the fork
+        self.written: dict[str, None] = {}  # names set on this state (a branch: since the fork), in order
 
     # ------------------------------------------------------------ queueing
 
@@ -81,7 +83,7 @@ class StreamExecutor:
                     self._busy = False
                     self._cv.notify_all()
                     return
-                expr = self._pending.popleft()
+                expr = self._running = self._pending.popleft()
             self._run_one(expr)
 
     def _run_one(self, expr: ir.Expr) -> None:
@@ -92,6 +94,7 @@ class StreamExecutor:
         except BaseException as e:  # recorded, not swallowed: every later read raises it
             self.fail(e)
         with self._cv:
+            self._running = None
             self._cv.notify_all()
 
     def sync(self) -> None:
@@ -117,11 +120,17 @@ class StreamExecutor:
             raise self.error
 
     def wait_var(self, name: str) -> None:
+        """Wait until no queued or running node will (re)set `name`: a name generated again
+        reads its new value, as the program text says, not the one before."""
         with self._cv:
-            self._cv.wait_for(lambda: name in self.variables or self.error is not None
-                              or (not self._pending and not self._busy))
-        if name not in self.variables:  # values set before a failure stay readable
-            self.raise_if_failed()
+            self._cv.wait_for(lambda: self.error is not None or not self._will_set(name))
+        if name not in self.variables or self.error is not None and self._will_set(name):
+            self.raise_if_failed()  # values set before a failure stay readable
+
+    def _will_set(self, name: str) -> bool:
+        nodes = [*self._pending, self._running] if self._running is not None else self._pending
+        return any(isinstance(e, (ir.Gen, ir.Select)) and e.name == name
+                   or isinstance(e, ir.Join) and e.mode != "concat" for e in nodes)
 
     def new_name(self) -> str:
         self._anon += 1
@@ -137,7 +146,7 @@ class StreamExecutor:
         ex.meta = dict(self.meta)
         ex.messages_ = [dict(m) for m in self.messages_]
         ex.role, ex.role_start, ex.roles_used = self.role, self.role_start, self.roles_used
-        ex.fork_point = (len(self.text_), set(self.variables))
+        ex.fork_len = len(self.text_)  # ex.written starts empty
         return ex
 
     # ------------------------------------------------------------ execution
@@ -209,6 +218,7 @@ class StreamExecutor:
         with self._cv:
             self.variables[name] = value
             self.meta[name] = meta
+            self.written[name] = None
             self._cv.notify_all()
 
     def _role_begin(self, role: str) -> None:
@@ -228,12 +238,11 @@ class StreamExecutor:
     def _join(self, join: ir.Join) -> None:
         if join.mode == "concat":
             for br in join.branches:
-                self._append(br.text_[br.fork_point[0]:])
+                self._append(br.text_[br.fork_len:])
             return
-        # gather: every variable a branch created becomes a list over branches
-        names = []
-        for br in join.branches:
-            names += [n for n in br.variables if n not in br.fork_point[1] and n not in names]
+        # gather: every variable a branch set (created, or generated again) becomes a list
+        # over branches; a branch that did not set it gives the value it inherited, if any
+        names = dict.fromkeys(n for br in join.branches for n in br.written)
         for n in names:
             self._set_var(n, [br.variables.get(n) for br in join.branches],
                           {"branches": [br.meta.get(n) for br in join.branches]})

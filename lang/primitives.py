@@ -9,21 +9,33 @@ from treadle.lang.interpreter import DTYPE_REGEX
 from treadle.runtime.sampling_params import schema_of
 
 
-def gen(name: str | None = None, max_tokens: int | None = None, stop: str | list[str] | None = None,
+# SGLang's names for select's choices_method values
+token_length_normalized = "token_length_normalized"
+greedy_token_selection = "greedy_token"
+
+
+def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
+        stop: str | list[str] | None = None,
         stop_token_ids: list[int] | None = None, temperature: float | None = None, top_p: float | None = None,
         top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
         presence_penalty: float | None = None, repetition_penalty: float | None = None,
         ignore_eos: bool | None = None, seed: int | None = None, regex: str | None = None,
         json_schema: str | dict | type | None = None, choices: list[str] | None = None, ebnf: str | None = None,
-        dtype: type | None = None) -> ir.Gen:
+        dtype: type | None = None, choices_method: str = token_length_normalized) -> ir.Gen | ir.Select:
     """Generate text into variable `name` (readable as `s[name]`).
 
     Unset arguments fall back to the run() defaults, then to the runtime's. `regex`,
-    `json_schema` (a dict, its JSON text, or a Pydantic model class), `choices` and `ebnf`
-    (a grammar whose rule `root` is the output) constrain the output (enforced by the runtime);
-    `dtype` (int, float, bool or str) constrains it to a literal of that type and stores
-    the parsed value."""
+    `json_schema` (a dict, its JSON text, or a Pydantic model class) and `ebnf` (a grammar
+    whose rule `root` is the output) constrain the output (enforced by the runtime); `dtype`
+    (int, float, bool or str) constrains it to a literal of that type and stores the parsed
+    value. With `choices` it is `select(name, choices, temperature, choices_method)`, as in
+    SGLang: every choice is scored and the best one taken (for a grammar over the choices,
+    decoded token by token, use `regex`)."""
     _check_name("gen", name)
+    if choices is not None:
+        if regex is not None or json_schema is not None or ebnf is not None or dtype is not None:
+            raise ValueError(f"gen({name!r}): choices cannot be combined with regex/json_schema/ebnf/dtype")
+        return select(name, choices, 0.0 if temperature is None else temperature, choices_method)
     if dtype is not None and dtype not in DTYPE_REGEX:
         raise ValueError(f"gen({name!r}): dtype must be one of int, float, bool, str; got {dtype!r}")
     if isinstance(stop, str):
@@ -31,11 +43,11 @@ def gen(name: str | None = None, max_tokens: int | None = None, stop: str | list
     if regex is not None:
         _check_regex(name, regex)
     json_schema = schema_of(json_schema)  # a Pydantic model class: its schema
-    params = {"max_tokens": max_tokens, "stop": stop, "stop_token_ids": stop_token_ids,
+    params = {"max_tokens": max_tokens, "min_new_tokens": min_tokens, "stop": stop, "stop_token_ids": stop_token_ids,
               "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
               "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
               "repetition_penalty": repetition_penalty, "ignore_eos": ignore_eos, "seed": seed,
-              "regex": regex, "json_schema": json_schema, "choices": choices, "ebnf": ebnf}
+              "regex": regex, "json_schema": json_schema, "ebnf": ebnf}
     return ir.Gen(name, {k: v for k, v in params.items() if v is not None}, dtype)
 
 
@@ -49,14 +61,17 @@ def gen_string(name: str | None = None, **kwargs: Any) -> ir.Gen:
     return gen(name, dtype=str, **kwargs)
 
 
-def select(name: str | None = None, choices: list[str] | None = None,
-           choices_method: str = "token_length_normalized") -> ir.Select:
+def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
+           choices_method: str = token_length_normalized) -> ir.Select:
     """Append the choice the model scores highest after the current text, into `name`.
 
     All choices are scored in one batched request from the prompt logprobs of
     `text + choice`; `choices_method` is "token_length_normalized" (mean logprob, default),
-    "sum", or "greedy_token"."""
+    "sum", or "greedy_token". The pick is the best score: `temperature` is 0, as in SGLang's
+    runtime backend."""
     _check_name("select", name)
+    if temperature != 0:
+        raise ValueError(f"select({name!r}) takes the best-scored choice: temperature must be 0, got {temperature!r}")
     if not choices or not isinstance(choices, (list, tuple)) or not all(isinstance(c, str) and c for c in choices):
         raise ValueError(f"select({name!r}) needs a non-empty list of non-empty strings, got {choices!r}")
     if choices_method not in CHOICE_METHODS:
@@ -78,6 +93,31 @@ def user(content: Any = "") -> ir.Role:
 def assistant(content: Any = "") -> ir.Role:
     """An assistant message: `s += assistant(gen("answer", max_tokens=32))`."""
     return ir.Role("assistant", [ir.to_expr(content)])
+
+
+def system_begin() -> ir.RoleBegin:
+    """`s += system_begin()`; ... `s += system_end()` (SGLang's form of `with s.system():`)."""
+    return ir.RoleBegin("system")
+
+
+def system_end() -> ir.RoleEnd:
+    return ir.RoleEnd("system")
+
+
+def user_begin() -> ir.RoleBegin:
+    return ir.RoleBegin("user")
+
+
+def user_end() -> ir.RoleEnd:
+    return ir.RoleEnd("user")
+
+
+def assistant_begin() -> ir.RoleBegin:
+    return ir.RoleBegin("assistant")
+
+
+def assistant_end() -> ir.RoleEnd:
+    return ir.RoleEnd("assistant")
 
 
 def _check_name(what: str, name: Any) -> None:

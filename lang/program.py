@@ -13,7 +13,7 @@ from treadle.lang.tracer import extract_prefix
 
 # run()/run_batch() keywords that set default sampling parameters for every gen
 SAMPLING_DEFAULTS = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
-                     "presence_penalty", "repetition_penalty", "stop", "ignore_eos", "seed")
+                     "presence_penalty", "repetition_penalty", "stop", "stop_token_ids", "ignore_eos", "seed")
 
 
 class Program:
@@ -36,8 +36,8 @@ class Program:
             temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
             min_p: float | None = None, frequency_penalty: float | None = None,
             presence_penalty: float | None = None, repetition_penalty: float | None = None,
-            stop: Any = None, ignore_eos: bool | None = None, seed: int | None = None,
-            **kwargs: Any) -> ProgramState:
+            stop: Any = None, stop_token_ids: list[int] | None = None, ignore_eos: bool | None = None,
+            seed: int | None = None, **kwargs: Any) -> ProgramState:
         """Run once and return the state; what the function returned is `state.ret_value`.
         Without stream, waits for the program to finish and raises its error if it failed;
         with stream=True it returns at once (read the text with `state.text_iter()`)."""
@@ -57,7 +57,8 @@ class Program:
                   temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
                   min_p: float | None = None, frequency_penalty: float | None = None,
                   presence_penalty: float | None = None, repetition_penalty: float | None = None,
-                  stop: Any = None, ignore_eos: bool | None = None, seed: int | None = None) -> list[ProgramState]:
+                  stop: Any = None, stop_token_ids: list[int] | None = None, ignore_eos: bool | None = None,
+                  seed: int | None = None) -> list[ProgramState]:
         """Run once per kwargs dict, concurrently; returns the states in input order.
 
         The program's constant prefix (found by tracing) is cached once first. A program

@@ -99,6 +99,7 @@ class ProgramState:
         if self._ex.tracing:
             raise StopTracing  # a value depending on generation: the constant prefix ends here
         if name not in self._names:
+            self._ex.raise_if_failed()  # a failed program may have stopped before naming it
             raise KeyError(f"no variable {name!r} in this program; known variables: "
                            f"{', '.join(sorted(self._names)) or '(none)'}")
 
@@ -128,8 +129,8 @@ class ProgramState:
         self._ex.sync()
         return self._ex.error
 
-    def text_iter(self, name: str | None = None) -> Iterator[str]:
-        """Yield text as it is produced (all of it, or only variable `name`'s) until the
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """Yield text as it is produced (all of it, or only variable `var_name`'s) until the
         program ends. Token-level deltas need run(..., stream=True)."""
         ex, i = self._ex, 0
         while True:
@@ -139,16 +140,16 @@ class ProgramState:
                 batch, i = ex.deltas[i:], len(ex.deltas)
                 done = ex.ended and not ex._pending and not ex._busy
             for var, delta in batch:
-                if name is None or var == name:
+                if var_name is None or var == var_name:
                     yield delta
             if not batch:
                 ex.raise_if_failed()
                 if done:
                     return
 
-    async def text_async_iter(self, name: str | None = None):
+    async def text_async_iter(self, var_name: str | None = None):
         """Async form of `text_iter` (the blocking waits run in a worker thread)."""
-        it = self.text_iter(name)
+        it = self.text_iter(var_name)
         end = object()
         while True:
             delta = await asyncio.to_thread(next, it, end)

@@ -7,7 +7,9 @@ import re
 import pytest
 from pydantic import BaseModel, Field
 
-from treadle.lang import (EngineBackend, assistant, function, gen, select, set_default_backend, system, user)
+from treadle.lang import (EngineBackend, assistant, assistant_begin, assistant_end, function, gen,
+                          greedy_token_selection, select, set_default_backend, system, system_begin, system_end,
+                          user, user_begin, user_end)
 from treadle.runtime import Engine
 from treadle.runtime.tokenizer import apply_chat_template
 
@@ -97,6 +99,34 @@ def test_fork_branches_share_the_prefix(backend):
     assert all(m["cached_tokens"] > 0 for m in branch_metas)
 
 
+def test_a_name_generated_again_reads_its_new_value(backend):
+    """Reading a variable waits for the queued gen that sets it again (an agent loop reusing a
+    name), on the state and in fork branches; a gather join lists what each branch set,
+    also for a name the parent had before the fork."""
+    @function
+    def loop(s):
+        seen = []
+        for topic in ("a fruit", "a color", "a planet"):
+            s += f"\nName {topic}:" + gen("step", max_tokens=4, temperature=0)
+            value = s["step"]  # read before anything syncs the state
+            assert s.text().endswith(value)
+            seen.append(value)
+        s += "\nName an animal:" + gen("ans", max_tokens=3, temperature=0)
+        forks = s.fork(2)
+        for f, country in zip(forks, ("France", "Japan")):
+            f += f"\nThe capital of {country} is" + gen("ans", max_tokens=3, temperature=0)
+            assert f.text().endswith(f["ans"])
+        branch_values = [f["ans"] for f in forks]
+        forks.join()
+        return seen, branch_values
+
+    st = loop.run(backend=backend)
+    seen, branch_values = st.ret_value
+    assert len(set(seen)) == 3, seen
+    assert st["step"] == seen[-1]
+    assert st["ans"] == branch_values and len(set(branch_values)) == 2
+
+
 def test_fork_written_as_in_sglang(backend):
     """SGLang's forms: `forks += expr` adds to every branch (a function of the branch index, or
     a list, one item each), `forks.join()` as a statement brings the branches back (its mode
@@ -157,6 +187,44 @@ def test_select_obvious_cases(backend):
             s += select("city", [" Paris", " London", " banana"], choices_method=method)
 
         assert cap2.run(backend=backend)["city"] == " Paris"
+
+
+def test_sglang_spellings(backend, engine):
+    """SGLang's API forms: gen(choices=...) is a select, role begin/end expressions, the
+    choices_method names, gen(min_tokens=...), text_iter(var_name=...), run(stop_token_ids=...)."""
+    @function
+    def pick(s, how):
+        s += "The capital of France is"
+        s += how("city", choices=[" Paris", " London", " banana"], choices_method=greedy_token_selection)
+
+    st = pick.run(how=gen, backend=backend)
+    assert st["city"] == pick.run(how=select, backend=backend)["city"] == " Paris"
+    assert "choices" in st.get_meta_info("city") or "token_logprobs" in st.get_meta_info("city")
+    with pytest.raises(ValueError, match="temperature must be 0"):
+        select("x", [" a", " b"], temperature=0.7)
+    with pytest.raises(ValueError, match="choices cannot be combined"):
+        gen("x", choices=["a"], regex="a")
+
+    @function
+    def chat(s, min_tokens):
+        s += system_begin() + "Be brief." + system_end()
+        s += user_begin() + "What is the capital of France?" + user_end()
+        s += assistant_begin() + gen("reply", max_tokens=12, min_tokens=min_tokens, temperature=0) + assistant_end()
+
+    free, forced = chat.run(min_tokens=None, backend=backend), chat.run(min_tokens=12, backend=backend)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": free["reply"]}]
+    assert free.messages() == msgs
+    assert free.text() == apply_chat_template(engine.tokenizer, msgs, add_generation_prompt=False)
+    assert free.get_meta_info("reply")["completion_tokens"] < 12  # the model stops early on its own
+    assert forced.get_meta_info("reply")["completion_tokens"] == 12
+
+    @function
+    def two(s):
+        s += "Count: one," + gen("a", max_tokens=3, temperature=0) + " and" + gen("b", max_tokens=3, temperature=0)
+
+    st = two.run(stream=True, backend=backend, stop_token_ids=[engine.tokenizer.eos_token_id])
+    assert "".join(st.text_iter(var_name="b")) == st["b"]
 
 
 def test_select_with_no_text_or_one_merged_token_before_it(backend, engine):
@@ -306,6 +374,8 @@ def test_run_batch_isolates_errors_and_uses_the_prefix(engine, backend):
     def classify(s, text):
         s += "Classify the sentiment of movie reviews as positive or negative.\n" * 3
         s += f"Review: {text}\nSentiment:"
+        if text == "EARLY":  # fails before the select is ever added: reading "label" raises this
+            raise TypeError("early failure")
         s += select("label", [" positive", " negative"])
         if text == "BOOM":
             raise RuntimeError("boom in program")
@@ -313,7 +383,7 @@ def test_run_batch_isolates_errors_and_uses_the_prefix(engine, backend):
             s += gen("why", ebnf='root ::= "a" item', max_tokens=2)
 
     assert classify.trace_prefix(backend).endswith("Review: ")
-    texts = ["Great fun!", "BOOM", "Awful, just awful.", "BADGRAMMAR"]
+    texts = ["Great fun!", "BOOM", "Awful, just awful.", "BADGRAMMAR", "EARLY"]
     states = classify.run_batch([{"text": t} for t in texts], backend=backend, progress_bar=False)
     assert states[0]["label"] in (" positive", " negative")
     assert states[2]["label"] in (" positive", " negative")
@@ -326,6 +396,8 @@ def test_run_batch_isolates_errors_and_uses_the_prefix(engine, backend):
     with pytest.raises(ValueError, match="'item'"):
         states[3].text()
     assert states[0].get_meta_info("label")["cached_tokens"] > 0
+    with pytest.raises(TypeError, match="early failure"):
+        states[4]["label"]
 
 
 def test_streaming(backend):
