@@ -7,7 +7,8 @@
 Forwards POST /generate, /v1/completions, /v1/chat/completions, /tokenize and /detokenize (SSE relayed byte for
 byte; a client that disconnects closes the upstream stream, so the replica aborts), and
 serves GET /health (its own), /v1/models, /get_model_info, /get_server_info (replicas
-aggregated + router stats), POST /flush_cache and /abort_request (broadcast).
+aggregated + router stats), /metrics (the router's own, per replica: `router_metrics.py`),
+POST /flush_cache and /abort_request (broadcast).
 
 Which replica gets a request is the policy's choice (`router_policy.py`). A background task
 polls every replica's /health; a dead one leaves the rotation until it answers again. A
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import logging
 import shlex
@@ -30,7 +32,7 @@ import subprocess
 import sys
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import httpx
@@ -38,6 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from treadle.runtime.router_metrics import RouterMetrics
 from treadle.runtime.router_policy import CacheAwareConfig, make_policy
 from treadle.runtime.server.protocol import APIError, error_body
 from treadle.runtime.server.streaming import AbortOnDisconnectStream, ClientGone, error_response, until_done_or_disconnect
@@ -71,6 +74,7 @@ class Replica:
     times_dropped: int = 0  # how often it left the rotation
     prompt_chars: int = 0  # of the requests routed here
     matched_chars: int = 0  # of those, chars the router's tree had seen here before
+    responses: collections.Counter = field(default_factory=collections.Counter)  # relayed, by HTTP status
 
     def stats(self) -> dict:
         return {"url": self.url, "healthy": self.healthy, "in_flight": self.in_flight, "routed": self.routed,
@@ -125,6 +129,7 @@ class Router:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
         self.started = time.time()
+        self.no_replica = 0  # requests refused with 503: no healthy replica left to try
 
     # ---- health ----
 
@@ -177,6 +182,7 @@ class Router:
         while True:
             cands = [i for i, r in enumerate(self.replicas) if r.healthy and i not in tried]
             if not cands:
+                self.no_replica += 1
                 raise APIError("no healthy replica to serve the request" + (" (tried all)" if tried else ""),
                                503, "server_overloaded", None, "no_healthy_replica")
             idx, matched = self.policy.choose(text, cands, [r.in_flight for r in self.replicas])
@@ -207,6 +213,7 @@ class Router:
                 rep.in_flight -= 1
                 continue
             rep.routed += 1
+            rep.responses[resp.status_code] += 1
             rep.prompt_chars += len(text)
             rep.matched_chars += matched
             return await self._relay(request, resp, rep, stream)
@@ -327,6 +334,12 @@ def create_router_app(args: RouterArgs) -> FastAPI:
     @app.get("/get_server_info")
     async def get_server_info() -> dict:
         return await router.server_info()
+
+    metrics = RouterMetrics(router)
+
+    @app.get("/metrics")
+    async def get_metrics() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
 
     @app.post("/flush_cache")
     async def flush_cache() -> JSONResponse:

@@ -148,6 +148,12 @@ def test_round_robin_alternates(router, replicas):
         seen.append(r.headers[HEADER])
     assert seen[0] != seen[1] and seen[0::2] == [seen[0]] * 2 and seen[1::2] == [seen[1]] * 2, seen
     assert {x["routed"] for x in router.info()["replicas"]} == {2}
+    metrics = requests.get(router.url + "/metrics", timeout=T).text
+    for rep in replicas:
+        assert f'treadle_router_requests_total{{replica="{rep.url}",status="200"}} 2.0' in metrics, metrics
+        assert f'treadle_router_replica_healthy{{replica="{rep.url}"}} 1.0' in metrics
+        assert f'treadle_router_replica_in_flight_requests{{replica="{rep.url}"}} 0.0' in metrics
+    assert "treadle_router_no_replica_total 0.0" in metrics
 
 
 @pytest.mark.parametrize("router", ["cache_aware"], indirect=True)
@@ -239,6 +245,9 @@ def test_no_healthy_replica_is_503():
         resp = generate(r.url, "hi")
         assert resp.status_code == 503
         assert resp.json()["error"]["code"] == "no_healthy_replica"
+        metrics = requests.get(r.url + "/metrics", timeout=T).text
+        assert "treadle_router_no_replica_total 1.0" in metrics
+        assert f'treadle_router_replica_healthy{{replica="{dead}"}} 0.0' in metrics
     finally:
         r.close()
 
