@@ -52,12 +52,14 @@ class Backend(ABC):
         Returns the request's meta_info."""
 
     @abstractmethod
-    def generate(self, text: str, params: dict) -> tuple[str, dict]:
+    def generate(self, text: str, params: dict, logprob: dict | None = None) -> tuple[str, dict]:
         """Generate after `text` with sampling `params`; returns (output text, meta_info).
+        `logprob`: return_logprob / logprob_start_len / top_logprobs_num /
+        return_text_in_logprobs, as the runtime takes them (the logprobs land in meta_info).
         Raises ValueError for a request the runtime rejects (bad regex, ...)."""
 
     @abstractmethod
-    def generate_stream(self, text: str, params: dict) -> Iterator[tuple[str, dict]]:
+    def generate_stream(self, text: str, params: dict, logprob: dict | None = None) -> Iterator[tuple[str, dict]]:
         """Like `generate`, yielding (text delta, meta_info so far) as tokens arrive."""
 
     @abstractmethod

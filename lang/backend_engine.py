@@ -36,12 +36,12 @@ class EngineBackend(Backend):
     def cache_prefix(self, text: str) -> dict:
         return self.engine.generate(text, dict(_ZERO))["meta_info"]
 
-    def generate(self, text: str, params: dict) -> tuple[str, dict]:
-        out = self.engine.generate(text, dict(params))
+    def generate(self, text: str, params: dict, logprob: dict | None = None) -> tuple[str, dict]:
+        out = self.engine.generate(text, dict(params), **(logprob or {}))
         return out["text"], out["meta_info"]
 
-    def generate_stream(self, text: str, params: dict) -> Iterator[tuple[str, dict]]:
-        for chunk in self.engine.generate(text, dict(params), stream=True):
+    def generate_stream(self, text: str, params: dict, logprob: dict | None = None) -> Iterator[tuple[str, dict]]:
+        for chunk in self.engine.generate(text, dict(params), stream=True, **(logprob or {})):
             yield chunk["text"], chunk["meta_info"]
 
     def encode(self, texts: list[str]) -> list[list[int]]:

@@ -65,12 +65,13 @@ class RuntimeEndpoint(Backend):
     def cache_prefix(self, text: str) -> dict:
         return self._generate({"text": text, "sampling_params": dict(_ZERO)}).json()["meta_info"]
 
-    def generate(self, text: str, params: dict) -> tuple[str, dict]:
-        out = self._generate({"text": text, "sampling_params": dict(params)}).json()
+    def generate(self, text: str, params: dict, logprob: dict | None = None) -> tuple[str, dict]:
+        out = self._generate({"text": text, "sampling_params": dict(params), **(logprob or {})}).json()
         return out["text"], out["meta_info"]
 
-    def generate_stream(self, text: str, params: dict) -> Iterator[tuple[str, dict]]:
-        resp = self._generate({"text": text, "sampling_params": dict(params), "stream": True}, stream=True)
+    def generate_stream(self, text: str, params: dict, logprob: dict | None = None) -> Iterator[tuple[str, dict]]:
+        resp = self._generate({"text": text, "sampling_params": dict(params), "stream": True, **(logprob or {})},
+                              stream=True)
         sent = 0
         with resp:
             for line in resp.iter_lines(decode_unicode=True):

@@ -191,11 +191,11 @@ class StreamExecutor:
         name = gen.name or self.new_name()
         if self.stream:
             out, meta = "", {}
-            for delta, meta in self.backend.generate_stream(self.text_, params):
+            for delta, meta in self.backend.generate_stream(self.text_, params, gen.logprob):
                 out += delta
                 self._append(delta, name)
         else:
-            out, meta = self.backend.generate(self.text_, params)
+            out, meta = self.backend.generate(self.text_, params, gen.logprob)
             self._append(out, name)
         value: Any = out
         if gen.dtype is not None:

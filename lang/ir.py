@@ -43,6 +43,7 @@ class Gen(Expr):
     name: str | None
     params: dict[str, Any]
     dtype: type | None = None
+    logprob: dict[str, Any] = field(default_factory=dict)  # return_logprob etc., as the runtime takes them
 
 
 @dataclass(eq=False)

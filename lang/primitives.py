@@ -21,7 +21,9 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         presence_penalty: float | None = None, repetition_penalty: float | None = None,
         ignore_eos: bool | None = None, seed: int | None = None, regex: str | None = None,
         json_schema: str | dict | type | None = None, choices: list[str] | None = None, ebnf: str | None = None,
-        dtype: type | None = None, choices_method: str = token_length_normalized) -> ir.Gen | ir.Select:
+        dtype: type | None = None, choices_method: str = token_length_normalized,
+        return_logprob: bool | None = None, logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None) -> ir.Gen | ir.Select:
     """Generate text into variable `name` (readable as `s[name]`).
 
     Unset arguments fall back to the run() defaults, then to the runtime's. `regex`,
@@ -30,7 +32,9 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     (int, float, bool or str) constrains it to a literal of that type and stores the parsed
     value. With `choices` it is `select(name, choices, temperature, choices_method)`, as in
     SGLang: every choice is scored and the best one taken (for a grammar over the choices,
-    decoded token by token, use `regex`)."""
+    decoded token by token, use `regex`). `return_logprob` (with `logprob_start_len`,
+    `top_logprobs_num`, `return_text_in_logprobs`) puts the logprobs in
+    `s.get_meta_info(name)`, as the runtime's meta_info has them."""
     _check_name("gen", name)
     if choices is not None:
         if regex is not None or json_schema is not None or ebnf is not None or dtype is not None:
@@ -48,7 +52,10 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
               "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
               "repetition_penalty": repetition_penalty, "ignore_eos": ignore_eos, "seed": seed,
               "regex": regex, "json_schema": json_schema, "ebnf": ebnf}
-    return ir.Gen(name, {k: v for k, v in params.items() if v is not None}, dtype)
+    logprob = {"return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
+               "top_logprobs_num": top_logprobs_num, "return_text_in_logprobs": return_text_in_logprobs}
+    return ir.Gen(name, {k: v for k, v in params.items() if v is not None}, dtype,
+                  {k: v for k, v in logprob.items() if v is not None})
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> ir.Gen:

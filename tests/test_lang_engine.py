@@ -226,6 +226,15 @@ def test_sglang_spellings(backend, engine):
     st = two.run(stream=True, backend=backend, stop_token_ids=[engine.tokenizer.eos_token_id])
     assert "".join(st.text_iter(var_name="b")) == st["b"]
 
+    @function
+    def scored(s):
+        s += "The capital of France is" + gen("x", max_tokens=4, temperature=0, return_logprob=True,
+                                              top_logprobs_num=2, return_text_in_logprobs=True)
+
+    meta = scored.run(backend=backend).get_meta_info("x")
+    assert "".join(text for _, _, text in meta["output_token_logprobs"]) == scored.run(backend=backend)["x"]
+    assert [t[0][1] for t in meta["output_top_logprobs"]] == [t for _, t, _ in meta["output_token_logprobs"]]
+
 
 def test_select_with_no_text_or_one_merged_token_before_it(backend, engine):
     """A choice whose first token starts the sequence (no text before the select, or a one-

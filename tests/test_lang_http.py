@@ -192,3 +192,11 @@ def test_streaming_over_http(backend):
     st = prog.run(backend=backend, stream=True)
     pieces = list(st.text_iter("rest"))
     assert len(pieces) > 1 and "".join(pieces) == st["rest"]
+
+    @function
+    def scored(s):  # logprobs asked for in gen reach the server and come back in the meta
+        s += "Count: one, two," + gen("rest", max_tokens=4, temperature=0, return_logprob=True,
+                                      return_text_in_logprobs=True)
+
+    st = scored.run(backend=backend)
+    assert "".join(text for _, _, text in st.get_meta_info("rest")["output_token_logprobs"]) == st["rest"]
