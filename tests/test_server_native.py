@@ -7,7 +7,7 @@ import json
 import pytest
 import requests
 
-from treadle.runtime.server.testing import ServerProcess, sse_events
+from treadle.runtime.server.testing import ServerProcess, sse_events, wait_idle
 
 pytestmark = pytest.mark.slow
 T = 120  # generous per-request timeout: CI machines are shared and slow
@@ -217,6 +217,29 @@ def test_abort_request_ends_that_request_and_its_parts_only(url):
     assert [o["meta_info"]["finish_reason"]["type"] for o in out["batch"]] == ["abort"] * 4
     assert out["job-7"]["meta_info"]["finish_reason"]["type"] == "abort"
     assert out["job-7"]["meta_info"]["completion_tokens"] > out["job"]["meta_info"]["completion_tokens"]
+
+
+def test_abort_request_while_the_shared_prompt_is_warmed(url):
+    """n samples of a long prompt first prefill it once (a warm-up request of its own): an
+    /abort_request by the request's rid in that phase ends the warm-up and all samples,
+    unsent (it used to answer success: false, and the samples then ran to the end)."""
+    import concurrent.futures as cf
+    import time
+
+    prompt = " ".join(f"item{i} is number {i * 7919 % 1000}." for i in range(160))  # ~1,300 tokens, uncached
+    body = {"text": prompt, "rid": "warm-job", "sampling_params": {**greedy(64), "n": 3}}
+    with cf.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(lambda: requests.post(url + "/generate", json=body, timeout=T).json())
+        for _ in range(400):  # held from arrival (warm-up first, then the samples)
+            if requests.get(url + "/get_server_info", timeout=T).json()["num_in_flight"] >= 1:
+                break
+            time.sleep(0.02)
+        ok = requests.post(url + "/abort_request", json={"rid": "warm-job"}, timeout=T).json()
+        out = fut.result(timeout=T)
+    assert ok["success"] is True
+    assert [o["meta_info"]["finish_reason"]["type"] for o in out] == ["abort"] * 3
+    assert all(o["meta_info"]["completion_tokens"] < 64 for o in out)
+    wait_idle(url, timeout_s=30)
 
 
 def test_admin_endpoints(url):

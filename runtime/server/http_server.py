@@ -297,15 +297,17 @@ async def run_native(tm: TokenizerManager, reqs: list[TokenizedGenerateReq], ali
             last = chunk
         return last.acc.result()
 
-    await tm.warm_prefixes(reqs)
-    return await gather_all([one(r) for r in reqs])
+    with tm.reserve(reqs, aliases):
+        await tm.warm_prefixes(reqs, aliases)
+        return await gather_all([one(r) for r in reqs])
 
 
 async def native_stream(tm: TokenizerManager, reqs: list[TokenizedGenerateReq], aliases: dict[str, tuple]):
     """(index, chunk) pairs of all requests; the prompt is warmed first when shared."""
-    await tm.warm_prefixes(reqs)
-    async for item in merge_streams([tm.generate(r, aliases[r.rid]) for r in reqs]):
-        yield item
+    with tm.reserve(reqs, aliases):
+        await tm.warm_prefixes(reqs, aliases)
+        async for item in merge_streams([tm.generate(r, aliases[r.rid]) for r in reqs]):
+            yield item
 
 
 def _render_native(single: bool, incremental: bool):

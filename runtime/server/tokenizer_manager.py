@@ -7,6 +7,7 @@ consumer goes away (client disconnect, cancelled task) is aborted so its KV is f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -21,7 +22,7 @@ import zmq
 import zmq.asyncio
 
 from treadle.runtime.engine_args import EngineArgs
-from treadle.runtime.io_struct import AbortReq, ControlOut, ControlReq, OutputAccum, TokenizedGenerateReq
+from treadle.runtime.io_struct import AbortReq, ControlOut, ControlReq, OutputAccum, ReqOutput, TokenizedGenerateReq
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.tokenizer import token_texts
 from treadle.runtime.scheduler import check_context, validate_request
@@ -63,6 +64,8 @@ class ReqState:
     created: float
     last_token: float | None = None
     aliases: tuple[str, ...] = ()  # the other rids /abort_request reaches it by (its batch's, ...)
+    sent: bool = False  # False while reserved (see `reserve`): not in the scheduler yet
+    aborted: bool = False  # aborted while reserved: it will be finished as aborted, unsent
 
 
 class SchedulerDied(Exception):
@@ -262,31 +265,58 @@ class TokenizerManager:
             raise overloaded(f"too many requests in flight ({self.num_in_flight}, limit {self.max_in_flight}); "
                              "retry later")
 
-    async def warm_prefixes(self, reqs: list[TokenizedGenerateReq]) -> None:
+    async def warm_prefixes(self, reqs: list[TokenizedGenerateReq],
+                            aliases: dict[str, tuple[str, ...]] | None = None) -> None:
         """Before several samples of one prompt, prefill it once (max_new_tokens=0) so the
-        samples share its KV through the radix cache instead of each computing it."""
+        samples share its KV through the radix cache instead of each computing it. The
+        warm-up answers to the names of the requests it serves (their rids and `aliases`):
+        an /abort_request for them stops it too (with `reserve`, they then never start)."""
         if self.args.disable_radix_cache:
             return
-        seen: dict[tuple, int] = {}
+        groups: dict[tuple, list[TokenizedGenerateReq]] = {}
         for r in reqs:
-            key = tuple(r.input_ids)
-            seen[key] = seen.get(key, 0) + 1
-        for key, count in seen.items():
-            if count > 1:
+            groups.setdefault(tuple(r.input_ids), []).append(r)
+        for key, group in groups.items():
+            if len(group) > 1:
+                names = tuple(dict.fromkeys(n for r in group for n in (r.rid, *(aliases or {}).get(r.rid, ()))))
                 warm = TokenizedGenerateReq(uuid.uuid4().hex, list(key), SamplingParams(max_new_tokens=0))
-                async for _ in self.generate(warm):
+                async for _ in self.generate(warm, names):
                     pass
+
+    @contextlib.contextmanager
+    def reserve(self, reqs: list[TokenizedGenerateReq], aliases: dict[str, tuple[str, ...]]):
+        """Hold the rids of `reqs` from now on (before their prompt is warmed), so that
+        /abort_request finds them before they are sent: `generate` then finishes an aborted
+        one as aborted without sending it. Whatever was not sent is released on exit."""
+        if any(r.rid in self.states for r in reqs):
+            raise APIError.bad_request(f"request id {next(r.rid for r in reqs if r.rid in self.states)!r} is "
+                                       "already in use", "rid")
+        held = {r.rid: ReqState(asyncio.Queue(), time.perf_counter(), aliases=aliases.get(r.rid, ())) for r in reqs}
+        self.states.update(held)
+        try:
+            yield
+        finally:
+            for rid, st in held.items():
+                if not st.sent and self.states.get(rid) is st:
+                    del self.states[rid]
 
     async def generate(self, r: TokenizedGenerateReq, aliases: tuple[str, ...] = ()) -> AsyncIterator[Chunk]:
         """Send `r` and yield its progress. Stops after the finished chunk; raises APIError on
         a scheduler-side rejection. If the consumer stops early, the request is aborted.
         ``aliases``: other rids `abort_named` stops it by (the batch or n samples it is part of)."""
-        if r.rid in self.states:
+        st = self.states.get(r.rid)
+        if st is None:
+            st = self.states[r.rid] = ReqState(asyncio.Queue(), time.perf_counter(), aliases=aliases)
+        elif st.sent:
             raise APIError.bad_request(f"request id {r.rid!r} is already in use", "rid")
-        st = ReqState(asyncio.Queue(), time.perf_counter(), aliases=aliases)
-        self.states[r.rid] = st
-        self._push.send_pyobj([r])
         acc = Accum(r, functools.partial(token_texts, self.tokenizer))
+        if st.aborted:  # reserved, then aborted before it was sent
+            del self.states[r.rid]
+            acc.add(ReqOutput(r.rid, [], {"type": "abort", "message": "aborted"}, len(r.input_ids), 0, 0))
+            yield Chunk("", [], [], [], acc, True)
+            return
+        st.sent = True
+        self._push.send_pyobj([r])
         finished = False
         try:
             while True:
@@ -311,8 +341,12 @@ class TokenizerManager:
 
     def abort(self, rid: str) -> bool:
         """Ask the scheduler to stop `rid` (its finished output then removes the state)."""
-        if rid not in self.states or self.dead:
+        st = self.states.get(rid)
+        if st is None or self.dead:
             return False
+        if not st.sent:  # reserved: generate() finishes it as aborted instead of sending it
+            st.aborted = True
+            return True
         self._push.send_pyobj([AbortReq(rid)])
         return True
 
