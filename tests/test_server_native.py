@@ -124,6 +124,7 @@ def test_generate_logprobs_with_token_texts(url):
     ({"text": PROMPT, "return_logprob": True, "top_logprobs_num": 21}, "top_logprobs_num must be in [0, 20]"),
     ({"text": PROMPT, "input_ids": [1, 2]}, "exactly one"),
     ({"input_ids": [1, "x"]}, "input_ids"),
+    ({"input_ids": []}, "the prompt is empty"),
     ({"text": PROMPT, "colour": 1}, "colour"),
     ({"text": PROMPT, "sampling_params": {"regex": "(unclosed", "max_new_tokens": 4}}, "regex"),
     ({"text": PROMPT, "sampling_params": {"ebnf": 'root ::= "a" item', "max_new_tokens": 4}}, "'item'"),
@@ -139,6 +140,10 @@ def test_bad_input_is_400_naming_the_problem(url, body, needle):
     assert needle in err["message"] and err["type"] == "invalid_request_error"
     if needle.startswith(("logprob_start_len", "top_logprobs_num")):  # the field is named in `param` too
         assert err["param"] == needle.split()[0]
+    # also where the scheduler's checks or the grammar compiler find the problem
+    param = {"context length": "text", "'item'": "ebnf", "regex": "regex", "input_ids": "input_ids",
+             "the prompt is empty": "input_ids"}.get(needle)
+    assert param is None or err["param"] == param, err
     assert requests.get(url + "/health", timeout=T).status_code == 200
 
 

@@ -481,6 +481,8 @@ def test_bad_requests_are_400(client, server, kwargs, needle):
         client.chat.completions.create(**kw)
     body = ei.value.body
     assert needle in body["message"] and body["type"] == "invalid_request_error"
+    param = {"context length": "messages", "reversed": "ebnf", "regex": "regex"}.get(needle)
+    assert param is None or body["param"] == param, body
     assert requests.get(server.url + "/health", timeout=T).status_code == 200
 
 

@@ -203,6 +203,8 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
             if e.param == ours:
                 e.param = theirs
         e.message = e.message.replace("sampling_params.", "")
+        if e.param == "input_ids":  # the prompt: what the client sent it as
+            e.param = "messages" if "messages" in body else "prompt"
         raise
 
 

@@ -23,7 +23,7 @@ import zmq.asyncio
 
 from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import AbortReq, ControlOut, ControlReq, OutputAccum, ReqOutput, TokenizedGenerateReq
-from treadle.runtime.sampling_params import SamplingParams
+from treadle.runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
 from treadle.runtime.tokenizer import token_texts
 from treadle.runtime.scheduler import check_context, validate_request
 from treadle.runtime.server.ipc import IpcPaths, StrOutput
@@ -236,7 +236,10 @@ class TokenizerManager:
             check_context(len(ids), params, self.context_len)
             validate_request(r, self.vocab_size, self.context_len, self.num_slots)
         except (ValueError, TypeError) as e:
-            raise APIError.bad_request(e) from e
+            err = APIError.bad_request(e)
+            if err.param is None and str(e).startswith(("the prompt", "prompt (")):
+                err.param = "text" if text is not None else "input_ids"
+            raise err from e
         return r
 
     def expand_n(self, r: TokenizedGenerateReq) -> list[TokenizedGenerateReq]:
@@ -328,7 +331,9 @@ class TokenizerManager:
                 if out.error:
                     if out.internal:  # a failed batch step: the server's fault, not the request's
                         raise APIError(out.error, 500, "server_error", None, "internal_error")
-                    raise APIError.bad_request(out.error)
+                    grammar = [f for f in GRAMMAR_FIELDS if getattr(r.sampling_params, f) is not None]
+                    raise APIError.bad_request(out.error, grammar[0] if grammar and
+                                               out.error.startswith("grammar") else None)
                 self._observe(st, out, finished)
                 acc.text += m.text_delta
                 acc.add(out)
