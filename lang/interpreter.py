@@ -189,14 +189,17 @@ class StreamExecutor:
             return
         params = self._sampling_params(gen)
         name = gen.name or self.new_name()
-        if self.stream:
-            out, meta = "", {}
-            for delta, meta in self.backend.generate_stream(self.text_, params, gen.logprob):
-                out += delta
-                self._append(delta, name)
-        else:
-            out, meta = self.backend.generate(self.text_, params, gen.logprob)
-            self._append(out, name)
+        try:
+            if self.stream:
+                out, meta = "", {}
+                for delta, meta in self.backend.generate_stream(self.text_, params, gen.logprob):
+                    out += delta
+                    self._append(delta, name)
+            else:
+                out, meta = self.backend.generate(self.text_, params, gen.logprob)
+                self._append(out, name)
+        except ValueError as e:  # the runtime refused it: say which gen
+            raise ValueError(f"gen({name!r}): {e}") from e
         value: Any = out
         if gen.dtype is not None:
             try:

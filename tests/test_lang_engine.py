@@ -362,6 +362,15 @@ def test_invalid_regex_raises(backend):
         prog.run(backend=backend)
 
 
+def test_a_gen_the_runtime_refuses_is_named(backend):
+    @function
+    def prog(s):
+        s += "Hi" + gen("first", max_tokens=2, temperature=0) + gen("second", max_tokens=2, temperature=-1)
+
+    with pytest.raises(ValueError, match=r"gen\('second'\): .*temperature"):
+        prog.run(backend=backend)
+
+
 def test_bad_arguments_raise_at_the_call(backend):
     with pytest.raises(ValueError, match="variable name must be a string"):
         gen(5)
