@@ -88,7 +88,8 @@ class EngineArgs:
     dist_init_addr: str | None = None  # host:port rendezvous; None = a free port on 127.0.0.1 (one node)
     custom_all_reduce: bool = field(default=True, metadata={"help": (
         "tensor parallel on one host's GPUs: all-reduce decode-sized tensors (<= 4 MiB) through "
-        "peer (NVLink) memory, 1.6-3x faster a call than NCCL on two H200s; "
+        "peer (NVLink) memory, 1.5-2.1x faster a call than NCCL on two H200s "
+        "(benchmarks/results/all_reduce_cuda.json; 1.5-3x across runs); "
         "--no-custom-all-reduce keeps NCCL for every all-reduce")})
     dist_timeout_s: float = 60.0  # rendezvous and per-collective timeout: a dead or absent rank errors after it
     # server
