@@ -50,6 +50,19 @@ def test_generate_batch_matches_single(url):
         assert o["text"] == gen(url, {"text": p, "sampling_params": greedy(6)})["text"]
 
 
+def test_logprob_options_per_prompt(url):
+    """As SGLang: return_logprob / logprob_start_len / top_logprobs_num take one value per prompt."""
+    outs = gen(url, {"text": [PROMPT, "One, two, three,"], "sampling_params": greedy(3),
+                     "return_logprob": [True, False], "top_logprobs_num": [2, 0], "logprob_start_len": [1, -1]})
+    first, second = (o["meta_info"] for o in outs)
+    assert len(first["output_token_logprobs"]) == 3 and all(len(t) == 2 for t in first["output_top_logprobs"])
+    assert len(first["input_token_logprobs"]) == first["prompt_tokens"] - 1
+    assert "output_token_logprobs" not in second and "input_token_logprobs" not in second
+    bad = requests.post(url + "/generate", json={"text": [PROMPT, PROMPT], "return_logprob": [True]}, timeout=T)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "return_logprob"
+    assert "1 values of return_logprob for 2 prompts" in bad.json()["error"]["message"]
+
+
 def test_generate_input_ids(url):
     first = gen(url, {"text": PROMPT, "sampling_params": greedy(4)})
     ids = first["output_ids"]

@@ -275,13 +275,18 @@ def build_native(tm: TokenizerManager, obj: dict) -> tuple[list[TokenizedGenerat
     stream = obj.get("stream", False)
     if not isinstance(stream, bool):
         raise APIError.bad_request("stream must be a boolean", "stream")
+    # logprob options: one value for all, or (as SGLang) a list with one per prompt
+    per_prompt = {}
+    for name, default in (("return_logprob", False), ("logprob_start_len", None), ("top_logprobs_num", 0),
+                          ("return_text_in_logprobs", False)):
+        v = obj.get(name, default)
+        if isinstance(v, list) and len(v) != len(prompts):
+            raise APIError.bad_request(f"{len(v)} values of {name} for {len(prompts)} prompts", name)
+        per_prompt[name] = v if isinstance(v, list) else [v] * len(prompts)
     reqs, aliases = [], {}
     batch_name = (rid,) if isinstance(rid, str) and not single else ()
-    for p, sparams, r in zip(prompts, params, rids):
-        req = tm.make_req(**p, params=sparams, return_logprob=obj.get("return_logprob", False),
-                          logprob_start_len=obj.get("logprob_start_len"),
-                          top_logprobs_num=obj.get("top_logprobs_num", 0),
-                          return_text_in_logprobs=obj.get("return_text_in_logprobs", False), stream=stream, rid=r)
+    for i, (p, sparams, r) in enumerate(zip(prompts, params, rids)):
+        req = tm.make_req(**p, params=sparams, **{k: v[i] for k, v in per_prompt.items()}, stream=stream, rid=r)
         for part in tm.expand_n(req):
             reqs.append(part)
             aliases[part.rid] = batch_name + ((req.rid,) if part is not req else ())
