@@ -10,7 +10,6 @@ list of them; `stream=True` yields incremental chunks; `async_generate` is the a
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import queue
@@ -20,7 +19,7 @@ from typing import Any, Iterator
 
 from treadle.runtime.detokenizer import IncrementalDetokenizer
 from treadle.runtime.engine_args import EngineArgs
-from treadle.runtime.io_struct import OutputAccum, ReqOutput, TokenizedGenerateReq
+from treadle.runtime.io_struct import OutputAccum, ReqOutput, TokenizedGenerateReq, split_samples
 from treadle.runtime.model_runner import ModelRunner
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.scheduler import Scheduler, check_context, validate_request
@@ -225,21 +224,8 @@ class Engine:
                                      return_text_in_logprobs=return_text_in_logprobs)
             check_context(len(ids), given[i], self.runner.context_len)
             validate_request(r, self.runner.config.vocab_size, self.runner.context_len, self.runner.allocator.num_slots)
-            reqs.extend(self._expand_n(r))
+            reqs.extend(split_samples(r))  # the prompt is warmed once first (_warm_prefix)
         return reqs, single
-
-    def _expand_n(self, r: TokenizedGenerateReq) -> list[TokenizedGenerateReq]:
-        """n parallel samples: the prompt is prefilled once (a max_new_tokens=0 request that
-        caches it), then n requests share its KV through the radix cache."""
-        p = r.sampling_params
-        if p.n == 1:
-            return [r]
-        out = []
-        for j in range(p.n):
-            q = SamplingParams.from_dict({**p.to_dict(), "n": 1,
-                                          "seed": None if p.seed is None else p.seed + j})
-            out.append(dataclasses.replace(r, rid=f"{r.rid}-{j}", sampling_params=q))
-        return out
 
     def _shape(self, results: list[dict], reqs: list[TokenizedGenerateReq], single: bool):
         if single:

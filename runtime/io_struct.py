@@ -2,6 +2,7 @@
 processes for the server). Plain dataclasses: picklable and cheap."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -18,6 +19,19 @@ class TokenizedGenerateReq:
     top_logprobs_num: int = 0
     stream: bool = False
     return_text_in_logprobs: bool = False  # read where the result is made; the scheduler ignores it
+
+
+def split_samples(r: TokenizedGenerateReq) -> list[TokenizedGenerateReq]:
+    """n parallel samples become n requests "<rid>-<j>" (seeds seed, seed+1, ...) sharing the
+    prompt, whose KV they share through the radix cache once it is warmed."""
+    p = r.sampling_params
+    if p.n == 1:
+        return [r]
+    out = []
+    for j in range(p.n):
+        q = SamplingParams.from_dict({**p.to_dict(), "n": 1, "seed": None if p.seed is None else p.seed + j})
+        out.append(dataclasses.replace(r, rid=f"{r.rid}-{j}", sampling_params=q))
+    return out
 
 
 @dataclass(slots=True)

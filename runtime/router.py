@@ -68,7 +68,6 @@ class Replica:
     url: str
     healthy: bool = False
     in_flight: int = 0  # requests sent and not yet answered / streamed to the end
-    routed: int = 0
     connect_failures: int = 0
     health_failures: int = 0  # consecutive failed (not refused) health checks
     times_dropped: int = 0  # how often it left the rotation
@@ -76,10 +75,18 @@ class Replica:
     matched_chars: int = 0  # of those, chars the router's tree had seen here before
     responses: collections.Counter = field(default_factory=collections.Counter)  # relayed, by HTTP status
 
+    @property
+    def routed(self) -> int:
+        return sum(self.responses.values())
+
+    @property
+    def prefix_match_rate(self) -> float:
+        return self.matched_chars / max(1, self.prompt_chars)
+
     def stats(self) -> dict:
         return {"url": self.url, "healthy": self.healthy, "in_flight": self.in_flight, "routed": self.routed,
                 "connect_failures": self.connect_failures, "times_dropped": self.times_dropped,
-                "prefix_match_rate": self.matched_chars / max(1, self.prompt_chars)}
+                "prefix_match_rate": self.prefix_match_rate}
 
 
 def routing_text(path: str, obj: Any) -> str:
@@ -212,7 +219,6 @@ class Router:
                 await resp.aclose()  # overloaded or draining: it ran nothing, so another may take it
                 rep.in_flight -= 1
                 continue
-            rep.routed += 1
             rep.responses[resp.status_code] += 1
             rep.prompt_chars += len(text)
             rep.matched_chars += matched

@@ -13,7 +13,7 @@ _GAUGES = (
     ("treadle_router_replica_in_flight_requests", "Requests sent to the replica and not yet answered",
      lambda r: r.in_flight),
     ("treadle_router_prefix_match_rate", "Prompt characters routed to the replica that the router's prefix "
-     "tree had seen there before / all routed there", lambda r: r.matched_chars / max(1, r.prompt_chars)),
+     "tree had seen there before / all routed there", lambda r: r.prefix_match_rate),
 )
 _COUNTERS = (
     ("treadle_router_connect_failures", "Requests the replica refused before they reached it (retried "

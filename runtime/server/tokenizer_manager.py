@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import inspect
 import itertools
@@ -22,7 +21,8 @@ import zmq
 import zmq.asyncio
 
 from treadle.runtime.engine_args import EngineArgs
-from treadle.runtime.io_struct import AbortReq, ControlOut, ControlReq, OutputAccum, ReqOutput, TokenizedGenerateReq
+from treadle.runtime.io_struct import (AbortReq, ControlOut, ControlReq, OutputAccum, ReqOutput,
+                                       TokenizedGenerateReq, split_samples)
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
 from treadle.runtime.tokenizer import token_texts
 from treadle.runtime.scheduler import check_context, validate_request
@@ -243,18 +243,12 @@ class TokenizerManager:
         return r
 
     def expand_n(self, r: TokenizedGenerateReq) -> list[TokenizedGenerateReq]:
-        """n parallel samples become n requests (seeds seed, seed+1, ...) sharing the prompt."""
-        p = r.sampling_params
-        if p.n == 1:
-            return [r]
-        if p.n > self.max_in_flight:  # could never all be admitted: not worth a retry
-            raise APIError.bad_request(f"n={p.n} is more than this server holds at once ({self.max_in_flight} "
+        """n parallel samples become n requests (io_struct.split_samples), if they can all be held."""
+        n = r.sampling_params.n
+        if n > self.max_in_flight:  # could never all be admitted: not worth a retry
+            raise APIError.bad_request(f"n={n} is more than this server holds at once ({self.max_in_flight} "
                                        "requests running and queued)", "n")
-        out = []
-        for j in range(p.n):
-            q = SamplingParams.from_dict({**p.to_dict(), "n": 1, "seed": None if p.seed is None else p.seed + j})
-            out.append(dataclasses.replace(r, rid=f"{r.rid}-{j}", sampling_params=q))
-        return out
+        return split_samples(r)
 
     # ================================================================== running requests
 
