@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import operator
 import queue
 import threading
 import uuid
@@ -199,8 +200,10 @@ class Engine:
                 raise ValueError("prompt must be a string or a list of strings")
             ids_list = [self.encode(p) for p in prompts]
         else:
-            single = not input_ids or not isinstance(input_ids[0], list)
-            ids_list = [list(input_ids)] if single else [list(x) for x in input_ids]
+            if not isinstance(input_ids, (list, tuple)):
+                raise ValueError("input_ids must be a list of token ids or a list of such lists")
+            single = not input_ids or not isinstance(input_ids[0], (list, tuple))
+            ids_list = [_token_ids(input_ids)] if single else [_token_ids(x) for x in input_ids]
         if not ids_list:
             raise ValueError("the batch is empty")
         if isinstance(sampling_params, list):
@@ -210,17 +213,16 @@ class Engine:
         else:
             given = [sampling_params] * len(ids_list)
         plist = [SamplingParams.from_dict(dict(p or {})) for p in given]
-        start = -1 if logprob_start_len is None else int(logprob_start_len)
-        if not isinstance(return_text_in_logprobs, bool):
-            raise ValueError("return_text_in_logprobs must be a boolean")
-        if return_text_in_logprobs and self.tokenizer is None:
+        start = -1 if logprob_start_len is None else logprob_start_len  # its type: validate_request
+        if return_text_in_logprobs is True and self.tokenizer is None:
             raise ValueError("this model has no tokenizer to give token texts (return_text_in_logprobs)")
         reqs: list[TokenizedGenerateReq] = []
         base = rid or uuid.uuid4().hex
         for i, (ids, p) in enumerate(zip(ids_list, plist)):
             r = TokenizedGenerateReq(rid=f"{base}-{i}" if len(ids_list) > 1 or p.n > 1 else base,
                                      input_ids=ids, sampling_params=p, return_logprob=return_logprob,
-                                     logprob_start_len=start, top_logprobs_num=top_logprobs_num, stream=stream,
+                                     logprob_start_len=start,
+                                     top_logprobs_num=0 if top_logprobs_num is None else top_logprobs_num, stream=stream,
                                      return_text_in_logprobs=return_text_in_logprobs)
             check_context(len(ids), given[i], self.runner.context_len)
             validate_request(r, self.runner.config.vocab_size, self.runner.context_len, self.runner.allocator.num_slots)
@@ -392,6 +394,20 @@ class Engine:
                 box = self._outboxes.get(out.rid)
             if box is not None:
                 box.put(out)
+
+
+def _token_ids(x: Any) -> list[int]:
+    """A prompt's token ids as Python ints (numpy / torch integer scalars accepted); anything
+    else, booleans and floats included, is a ValueError."""
+    if not isinstance(x, (list, tuple)):
+        raise ValueError(f"input_ids must be a list of token ids (or a list of such lists), got {type(x).__name__}")
+    try:
+        if any(isinstance(t, bool) for t in x):
+            raise TypeError
+        return [operator.index(t) for t in x]
+    except TypeError:
+        bad = next(t for t in x if isinstance(t, bool) or not hasattr(t, "__index__"))
+        raise ValueError(f"input_ids must be integers; got {bad!r}") from None
 
 
 class _Shutdown(Exception):

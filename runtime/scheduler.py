@@ -871,6 +871,8 @@ def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int,
     p = r.sampling_params
     p.validate(vocab_size)
     ids = r.input_ids
+    if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+        raise ValueError("input_ids must be a list of integer token ids")
     if not ids:
         raise ValueError("the prompt is empty: give at least one token")
     if min(ids) < 0 or max(ids) >= vocab_size:
@@ -886,6 +888,13 @@ def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int,
         raise ValueError(
             f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) can never fit the KV pool "
             f"of {num_slots} slots; lower max_new_tokens")
+    for name in ("return_logprob", "return_text_in_logprobs"):
+        if not isinstance(getattr(r, name), bool):
+            raise ValueError(f"{name} must be a boolean, got {getattr(r, name)!r}")
+    for name in ("logprob_start_len", "top_logprobs_num"):
+        v = getattr(r, name)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name} must be an integer, got {v!r}")
     if r.logprob_start_len < -1:
         raise ValueError(f"logprob_start_len must be -1 (no prompt logprobs) or a prompt position >= 0, "
                          f"got {r.logprob_start_len}")

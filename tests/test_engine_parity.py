@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -118,6 +119,19 @@ def test_bad_input_raises_value_error(engine):
     check_context(10, {"max_new_tokens": ctx - 10}, ctx)  # exactly fills the context: fine
     with pytest.raises(ValueError, match="unknown sampling_params"):
         engine.generate("hi", {"max_tokens": 3})
+    for ids in ([1.5, 2], [True, 5], ["a"], [[1, 2], [None]], 7):  # floats were truncated, bools taken as ids
+        with pytest.raises(ValueError, match="input_ids must be"):
+            engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1})
+    assert engine.generate(input_ids=(np.int64(5), 6), sampling_params={"max_new_tokens": 1})["output_ids"]
+    # logprob options of the wrong type: named, and refused before they reach a batch step (a
+    # boolean top_logprobs_num used to fail the whole step as an internal error)
+    for kw, field in ((dict(return_logprob="yes"), "return_logprob must be a boolean"),
+                      (dict(return_logprob=True, top_logprobs_num=True), "top_logprobs_num must be an integer"),
+                      (dict(return_logprob=True, top_logprobs_num="2"), "top_logprobs_num must be an integer"),
+                      (dict(return_logprob=True, logprob_start_len=1.5), "logprob_start_len must be an integer"),
+                      (dict(return_logprob=True, return_text_in_logprobs=1), "return_text_in_logprobs must be")):
+        with pytest.raises(ValueError, match=field):
+            engine.generate("hi there", {"max_new_tokens": 2}, **kw)
     # the engine is unaffected and leaks nothing
     assert engine.generate("hi", {"max_new_tokens": 2, "temperature": 0})["meta_info"]["completion_tokens"] == 2
     engine.check_integrity()

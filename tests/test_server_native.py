@@ -135,6 +135,8 @@ def test_generate_logprobs_with_token_texts(url):
     ({"text": PROMPT, "sampling_params": {"max_new_tokens": 8190}}, "exceed the context length 8192"),
     ({"text": PROMPT, "return_logprob": True, "logprob_start_len": -5}, "logprob_start_len must be -1"),
     ({"text": PROMPT, "return_logprob": True, "top_logprobs_num": 21}, "top_logprobs_num must be in [0, 20]"),
+    ({"text": PROMPT, "return_logprob": "yes"}, "return_logprob must be a boolean"),
+    ({"text": PROMPT, "return_logprob": True, "top_logprobs_num": True}, "top_logprobs_num must be an integer"),
     ({"text": PROMPT, "input_ids": [1, 2]}, "exactly one"),
     ({"input_ids": [1, "x"]}, "input_ids"),
     ({"input_ids": []}, "the prompt is empty"),
@@ -151,7 +153,7 @@ def test_generate_logprobs_with_token_texts(url):
 def test_bad_input_is_400_naming_the_problem(url, body, needle):
     err = gen(url, body, status=400)["error"]
     assert needle in err["message"] and err["type"] == "invalid_request_error"
-    if needle.startswith(("logprob_start_len", "top_logprobs_num")):  # the field is named in `param` too
+    if needle.startswith(("logprob_start_len", "top_logprobs_num", "return_logprob")):  # the field is named in `param` too
         assert err["param"] == needle.split()[0]
     # also where the scheduler's checks or the grammar compiler find the problem
     param = {"context length": "text", "'item'": "ebnf", "regex": "regex", "input_ids": "input_ids",

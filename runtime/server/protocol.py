@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 _PARAM_RE = re.compile(r"sampling_params\.(\w+)|sampling_params field\(s\): (\w+)"
-                       r"|^(top_logprobs_num|logprob_start_len|input_ids)\b")
+                       r"|^(top_logprobs_num|logprob_start_len|input_ids|return_logprob|return_text_in_logprobs)\b")
 
 
 class APIError(Exception):

@@ -216,21 +216,15 @@ class TokenizerManager:
             sp = SamplingParams.from_dict(dict(params) if isinstance(params, dict) else params)
         except (ValueError, TypeError) as e:
             raise APIError.bad_request(e) from e
-        for name, v in (("return_logprob", return_logprob), ("return_text_in_logprobs", return_text_in_logprobs)):
-            if not isinstance(v, bool):
-                raise APIError.bad_request(f"{name} must be a boolean", name)
-        if return_text_in_logprobs and self.tokenizer is None:
+        if return_text_in_logprobs is True and self.tokenizer is None:
             raise APIError.bad_request("this model has no tokenizer to give token texts",
                                        "return_text_in_logprobs")
-        for name, v in (("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-                raise APIError.bad_request(f"{name} must be an integer", name)
         if rid is not None and not isinstance(rid, str):
             raise APIError.bad_request("rid must be a string", "rid")
         r = TokenizedGenerateReq(rid=rid or uuid.uuid4().hex, input_ids=ids, sampling_params=sp,
                                  return_logprob=return_logprob,
                                  logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
-                                 top_logprobs_num=top_logprobs_num or 0, stream=stream,
+                                 top_logprobs_num=0 if top_logprobs_num is None else top_logprobs_num, stream=stream,
                                  return_text_in_logprobs=return_text_in_logprobs)
         try:
             check_context(len(ids), params, self.context_len)
