@@ -90,6 +90,13 @@ class OutputAccum:
         self.input_logprobs: list | None = None
         self.input_tops: list | None = None
         self.last: ReqOutput | None = None
+        # the result's logprob lists, built as outputs arrive (a stream's chunks then cost
+        # O(new tokens) each to make, not O(all tokens so far))
+        self.meta: dict = {}
+        if req.return_logprob:
+            self.meta = {"input_token_logprobs": [], "output_token_logprobs": []}
+            if req.top_logprobs_num > 0:
+                self.meta.update(input_top_logprobs=[], output_top_logprobs=[])
 
     def add(self, out: ReqOutput) -> None:
         self.ids.extend(out.new_ids)
@@ -98,6 +105,8 @@ class OutputAccum:
         if out.input_logprobs is not None:
             self.input_logprobs, self.input_tops = out.input_logprobs, out.input_top_logprobs
         self.last = out
+        if self.meta:
+            self._add_logprob_meta(out)
 
     def _triples(self, pairs: list[tuple]) -> list[tuple]:
         if self.decode is None:
@@ -106,16 +115,17 @@ class OutputAccum:
         self.texts.update(zip(new, self.decode(new)))
         return [(lp, t, self.texts[t]) for lp, t in pairs]
 
-    def _logprob_meta(self) -> dict:
-        r = self.req
-        scored = self.input_logprobs or []
-        prompt = r.input_ids[len(r.input_ids) - len(scored):] if scored else []
-        meta = {"input_token_logprobs": self._triples(list(zip(scored, prompt))),
-                "output_token_logprobs": self._triples(list(zip(self.logprobs, self.ids)))}
+    def _add_logprob_meta(self, out: ReqOutput) -> None:
+        meta, r = self.meta, self.req
+        if out.input_logprobs is not None:
+            scored = out.input_logprobs
+            prompt = r.input_ids[len(r.input_ids) - len(scored):] if scored else []
+            meta["input_token_logprobs"] = self._triples(list(zip(scored, prompt)))
+            if r.top_logprobs_num > 0:
+                meta["input_top_logprobs"] = [self._triples(t) if t else None for t in (out.input_top_logprobs or [])]
+        meta["output_token_logprobs"] += self._triples(list(zip(out.output_logprobs, out.new_ids)))
         if r.top_logprobs_num > 0:
-            meta["input_top_logprobs"] = [self._triples(t) if t else None for t in (self.input_tops or [])]
-            meta["output_top_logprobs"] = [self._triples(t) if t else None for t in self.tops]
-        return meta
+            meta["output_top_logprobs"] += [self._triples(t) if t else None for t in out.output_top_logprobs]
 
     def result(self, rid: str, text: str) -> dict:
         o = self.last
@@ -125,6 +135,5 @@ class OutputAccum:
             meta["error"] = o.error
             if o.internal:
                 meta["internal_error"] = True
-        if self.req.return_logprob:
-            meta.update(self._logprob_meta())
+        meta.update((k, list(v)) for k, v in self.meta.items())  # copies: later outputs extend ours
         return {"text": text, "output_ids": list(self.ids), "meta_info": meta}

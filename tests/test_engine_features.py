@@ -181,6 +181,10 @@ def test_prompt_logprobs_arrive_with_the_first_streamed_chunk(engine, prompts):
     assert [lp for lp, _, _ in first[1:]] == pytest.approx([lp for lp, _, _ in full["input_token_logprobs"][1:]],
                                                            abs=1e-3)
     assert chunks[-1]["meta_info"]["input_token_logprobs"] == first
+    # each chunk's output lists hold what was made so far, and stay as they were handed out
+    outs = [c["meta_info"]["output_token_logprobs"] for c in chunks]
+    assert all(outs[-1][:len(o)] == o for o in outs) and len(outs[-1]) == full["completion_tokens"]
+    assert len(outs[0]) < len(outs[-1])
 
 
 def test_logit_bias(engine, prompts, reference):
