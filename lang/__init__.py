@@ -18,11 +18,13 @@ from treadle.lang.backend_http import RuntimeEndpoint
 from treadle.lang.chat_template import ChatTemplate
 from treadle.lang.primitives import (assistant, assistant_begin, assistant_end, gen, gen_int, gen_string,
                                      greedy_token_selection, select, system, system_begin, system_end,
-                                     token_length_normalized, user, user_begin, user_end)
+                                     token_length_normalized, unconditional_likelihood_normalized, user,
+                                     user_begin, user_end)
 from treadle.lang.program import Program, function
 from treadle.lang.state import ForkGroup, ProgramState
 
 __all__ = ["Backend", "ChatTemplate", "EngineBackend", "ForkGroup", "Program", "ProgramState", "RuntimeEndpoint",
            "assistant", "assistant_begin", "assistant_end", "function", "gen", "gen_int", "gen_string",
            "get_default_backend", "greedy_token_selection", "select", "set_default_backend", "system",
-           "system_begin", "system_end", "token_length_normalized", "user", "user_begin", "user_end"]
+           "system_begin", "system_end", "token_length_normalized", "unconditional_likelihood_normalized", "user",
+           "user_begin", "user_end"]

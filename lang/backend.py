@@ -21,7 +21,7 @@ from typing import Any, Iterator, NamedTuple
 
 from treadle.lang.chat_template import ChatTemplate
 
-CHOICE_METHODS = ("token_length_normalized", "greedy_token", "sum")
+CHOICE_METHODS = ("token_length_normalized", "greedy_token", "sum", "unconditional_likelihood_normalized")
 
 
 class ChoiceScores(NamedTuple):
@@ -29,6 +29,7 @@ class ChoiceScores(NamedTuple):
 
     token_logprobs: list[list[float]]
     meta: dict[str, Any]
+    token_ids: list[list[int]]  # the tokens scored, as they follow the text
 
 
 class Backend(ABC):
@@ -100,7 +101,18 @@ class Backend(ABC):
                     for m, start in zip(metas, starts)]
         return ChoiceScores(logprobs, {"prompt_tokens": sum(m["prompt_tokens"] for m in metas),
                                        "cached_tokens": sum(m.get("cached_tokens", 0) for m in metas),
-                                       "completion_tokens": 0, "finish_reason": None})
+                                       "completion_tokens": 0, "finish_reason": None},
+                            [full[start:] for full, start in zip(fulls, starts)])
+
+    def unconditional_logprobs(self, token_ids: list[list[int]]) -> list[list[float]]:
+        """Each choice's tokens scored with nothing before them but the context token (BOS,
+        else EOS): how likely the model finds the choice anywhere."""
+        ctx = self.context_token()
+        if ctx is None:
+            raise ValueError("unconditional_likelihood_normalized needs a BOS or EOS token to score a choice "
+                             "on its own, and this tokenizer has neither")
+        metas = self.prompt_logprobs([[ctx] + ids for ids in token_ids], 1)
+        return [[float(lp) for lp, _, _ in m["input_token_logprobs"]] for m in metas]
 
     def get_server_info(self) -> dict:
         """Cache statistics of the runtime (prompt/cached token counters, ...)."""
@@ -118,21 +130,33 @@ class Backend(ABC):
         if method not in CHOICE_METHODS:
             raise ValueError(f"unknown choices_method {method!r}; use one of {', '.join(CHOICE_METHODS)}")
         scores = self.choice_logprobs(text, choices)
-        best, values = pick_choice(scores.token_logprobs, method)
         meta = dict(scores.meta)
+        uncond = None
+        if method == "unconditional_likelihood_normalized":
+            meta["unconditional_token_logprobs"] = uncond = self.unconditional_logprobs(scores.token_ids)
+        best, values = pick_choice(scores.token_logprobs, method, uncond)
         meta.update({"choices": list(choices), "scores": values, "method": method,
                      "token_logprobs": scores.token_logprobs})
         return choices[best], meta
 
 
-def pick_choice(token_logprobs: list[list[float]], method: str) -> tuple[int, list[float]]:
+def pick_choice(token_logprobs: list[list[float]], method: str,
+                unconditional: list[list[float]] | None = None) -> tuple[int, list[float]]:
     """Index of the winning choice and each choice's score under `method`.
 
     token_length_normalized: mean logprob (long choices are not penalised for length);
     sum: total logprob; greedy_token: compare first-token logprobs, ties broken by the
     following tokens (the choice a greedy decoder would start with), a shorter choice's
-    missing tokens counting as its own mean logprob (as SGLang's greedy selection)."""
-    if method == "sum":
+    missing tokens counting as its own mean logprob (as SGLang's greedy selection);
+    unconditional_likelihood_normalized: the mean, over the choice's tokens, of its logprob
+    after the text minus its logprob with no text (`unconditional`): how much the text raises
+    the choice over its own prior, so a common word does not win for being common."""
+    if method == "unconditional_likelihood_normalized":
+        if unconditional is None or [len(u) for u in unconditional] != [len(c) for c in token_logprobs]:
+            raise ValueError("unconditional_likelihood_normalized needs each choice's unconditional logprobs")
+        values = [sum(c - u for c, u in zip(cs, us)) / max(len(cs), 1)
+                  for cs, us in zip(token_logprobs, unconditional)]
+    elif method == "sum":
         values = [sum(lp) for lp in token_logprobs]
     elif method == "token_length_normalized":
         values = [sum(lp) / max(len(lp), 1) for lp in token_logprobs]

@@ -129,7 +129,7 @@ class StreamExecutor:
 
     def _will_set(self, name: str) -> bool:
         nodes = [*self._pending, self._running] if self._running is not None else self._pending
-        return any(isinstance(e, (ir.Gen, ir.Select)) and e.name == name
+        return any(isinstance(e, (ir.Gen, ir.Select, ir.SetVar)) and e.name == name
                    or isinstance(e, ir.Join) and e.mode != "concat" for e in nodes)
 
     def new_name(self) -> str:
@@ -171,6 +171,8 @@ class StreamExecutor:
             self._role_end(expr.role)
         elif isinstance(expr, ir.Join):
             self._join(expr)
+        elif isinstance(expr, ir.SetVar):
+            self._set_var(expr.name, expr.value, {})
         else:
             raise TypeError(f"the executor cannot run {type(expr).__name__} nodes")
 

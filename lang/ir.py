@@ -84,6 +84,14 @@ class Join(Expr):
     mode: str
 
 
+@dataclass(eq=False)
+class SetVar(Expr):
+    """`s["name"] = value` / `s.set_var(name, value)`: set a variable in program order."""
+
+    name: str
+    value: Any
+
+
 def to_expr(x: Any) -> Expr:
     """Coerce text (or a list of parts) to a node; anything else is a TypeError."""
     if isinstance(x, Expr):

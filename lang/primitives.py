@@ -12,6 +12,7 @@ from treadle.runtime.sampling_params import schema_of
 # SGLang's names for select's choices_method values
 token_length_normalized = "token_length_normalized"
 greedy_token_selection = "greedy_token"
+unconditional_likelihood_normalized = "unconditional_likelihood_normalized"
 
 
 def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
@@ -74,7 +75,8 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
 
     All choices are scored in one batched request from the prompt logprobs of
     `text + choice`; `choices_method` is "token_length_normalized" (mean logprob, default),
-    "sum", or "greedy_token". The pick is the best score: `temperature` is 0, as in SGLang's
+    "sum", "greedy_token", or "unconditional_likelihood_normalized" (the mean gain of each
+    token's logprob over the choice scored alone: one more batched request). The pick is the best score: `temperature` is 0, as in SGLang's
     runtime backend."""
     _check_name("select", name)
     if temperature != 0:

@@ -76,6 +76,17 @@ class ProgramState:
             self._ex.backend.cache_prefix(self._ex.text_)
         return ForkGroup(self, [ProgramState(self._ex.copy()) for _ in range(n)])
 
+    def __setitem__(self, name: str, value: Any) -> None:
+        """Set variable `name` (as SGLang's `s[name] = value`), in program order: a read after
+        this line sees `value`, a gen of the same name queued after it replaces it."""
+        self.set_var(name, value)
+
+    def set_var(self, name: str, value: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a variable name must be a non-empty string, got {name!r}")
+        self._names.add(name)
+        self._ex.submit(ir.SetVar(name, value))
+
     # ------------------------------------------------------------ reading
 
     def __getitem__(self, name: str) -> Any:

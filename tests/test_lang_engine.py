@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from treadle.lang import (EngineBackend, assistant, assistant_begin, assistant_end, function, gen,
                           greedy_token_selection, select, set_default_backend, system, system_begin, system_end,
-                          user, user_begin, user_end)
+                          unconditional_likelihood_normalized, user, user_begin, user_end)
 from treadle.runtime import Engine
 from treadle.runtime.tokenizer import apply_chat_template
 
@@ -270,6 +270,57 @@ def test_greedy_token_pads_a_short_choice_with_its_mean():
     assert pick_choice([[-1.0], [-1.0, -5.0], [-2.0]], "greedy_token")[0] == 0
     assert pick_choice([[-1.0], [-1.0, -0.5], [-2.0]], "greedy_token")[0] == 1
     assert pick_choice([[-3.0], [-1.0, -9.0]], "greedy_token")[0] == 1  # the first token decides
+
+
+def test_unconditional_likelihood_normalized(backend, engine):
+    """SGLang's fourth choices_method: the mean gain of each choice token's logprob after the
+    text over its logprob with only the BOS/EOS token before it (computed here again, apart)."""
+    @function
+    def cap(s):
+        s += "The capital of France is"
+        s += select("city", [" Paris", " London", " the"], choices_method=unconditional_likelihood_normalized)
+
+    st = cap.run(backend=backend)
+    meta = st.get_meta_info("city")
+    assert st["city"] == " Paris" and meta["method"] == "unconditional_likelihood_normalized"
+    ctx = backend.context_token()
+    for choice, cond, uncond, score in zip(meta["choices"], meta["token_logprobs"],
+                                          meta["unconditional_token_logprobs"], meta["scores"]):
+        ids = engine.encode("The capital of France is" + choice)[-len(cond):]
+        alone = engine.generate(input_ids=[ctx] + ids, sampling_params={"max_new_tokens": 0}, return_logprob=True,
+                                logprob_start_len=1)["meta_info"]["input_token_logprobs"]
+        assert [t for _, t, _ in alone] == ids
+        assert uncond == pytest.approx([lp for lp, _, _ in alone], abs=1e-3)
+        assert score == pytest.approx(sum(c - u for c, u in zip(cond, uncond)) / len(cond), abs=1e-6)
+
+
+def test_variables_set_in_program_order(backend):
+    """`s[name] = value` / `s.set_var(name, value)`, as SGLang: a read sees the value the
+    program text says; a gen of that name queued after a set replaces it, and a set after a
+    gen replaces the gen's value; fork branches that set a name gather it into a list."""
+    @function
+    def prog(s):
+        s["steps"] = 0
+        s += "Count to three:"
+        for _ in range(3):
+            s += gen("word", max_tokens=2, temperature=0)
+            s["steps"] = s["steps"] + 1  # read while the gen may still run
+        s.set_var("config", {"k": 1})
+        s["word"] = "replaced"
+        s["late"] = "set"
+        s += gen("late", max_tokens=2, temperature=0)
+        forks = s.fork(2)
+        for i, f in enumerate(forks):
+            f["branch"] = i
+        forks.join()
+
+    st = prog.run(backend=backend)
+    assert st["steps"] == 3 and st["config"] == {"k": 1} and st["word"] == "replaced"
+    assert st["late"] != "set" and st.text().endswith(st["late"])
+    assert st["branch"] == [0, 1]
+    with pytest.raises(ValueError, match="non-empty string"):
+        prog2 = function(lambda s: s.set_var("", 1))
+        prog2.run(backend=backend).sync()
 
 
 def test_gen_with_an_ebnf_grammar(backend):
