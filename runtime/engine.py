@@ -10,6 +10,7 @@ list of them; `stream=True` yields incremental chunks; `async_generate` is the a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import operator
@@ -46,6 +47,10 @@ class Engine:
         self._inbox: queue.Queue = queue.Queue()
         self._outboxes: dict[str, queue.Queue] = {}
         self._lock = threading.Lock()
+        # a caller's rid -> the group of requests it stands for (a batch's or n samples' parts,
+        # their prompt's warm-up), so that abort(rid) reaches them all, even before they are sent
+        self._groups: dict[str, _Group] = {}
+        self._group_of: dict[str, _Group] = {}
         self._stopped = threading.Event()
         self._error: BaseException | None = None
         self._exit_lock = threading.Lock()  # orders the thread's exit against shutdown giving up on it
@@ -87,13 +92,14 @@ class Engine:
         """Generate for one prompt (returns a dict; a list of n dicts when n > 1) or a batch
         (returns a list). Invalid input raises ValueError before anything is queued. Logprobs
         are `(logprob, token_id, text)` triples in meta_info, as SGLang's (io_struct.OutputAccum)."""
-        reqs, single = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
-                                   top_logprobs_num, stream, rid, return_text_in_logprobs)
+        reqs, single, base = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
+                                         top_logprobs_num, stream, rid, return_text_in_logprobs)
         if stream:
             if not single or len(reqs) != 1:
                 raise ValueError("stream=True takes one prompt with n=1")
             return self._stream(reqs[0])
-        results = self._run(reqs)
+        with self._grouped(base, reqs):
+            results = self._run(reqs)
         return self._shape(results, reqs, single)
 
     async def async_generate(self, prompt: str | list[str] | None = None,
@@ -108,18 +114,23 @@ class Engine:
             return self._astream(prompt, sampling_params, input_ids, return_logprob=return_logprob,
                                  logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
                                  return_text_in_logprobs=return_text_in_logprobs, stream=True, rid=rid)
-        reqs, single = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
-                                   top_logprobs_num, stream, rid, return_text_in_logprobs)
-        await asyncio.to_thread(self._warm_prefix, reqs)
-        # submitted here, between awaits: a cancel can only come after, so its aborts queue
-        # behind the requests they abort
-        boxes = [self._submit(r) for r in reqs]
-        try:
-            results = await asyncio.to_thread(self._gather, reqs, boxes)
-        except asyncio.CancelledError:
-            for r in reqs:  # the thread then collects their abort and returns
-                self.abort(r.rid)
-            raise
+        reqs, single, base = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
+                                         top_logprobs_num, stream, rid, return_text_in_logprobs)
+        with self._grouped(base, reqs) as group:
+            try:
+                await asyncio.to_thread(self._warm_prefix, reqs)
+                # submitted here, between awaits: a cancel can only come after, so its aborts
+                # queue behind the requests they abort
+                boxes = [self._submit(r) for r in reqs]
+                results = await asyncio.to_thread(self._gather, reqs, boxes)
+            except asyncio.CancelledError:
+                # the threads then collect their abort and return (a warm-up still running
+                # included: the parts are then never sent)
+                if group is not None:
+                    self._abort_group(group)
+                else:
+                    self.abort(reqs[0].rid)
+                raise
         return self._shape(results, reqs, single)
 
     async def _astream(self, *args: Any, **kwargs: Any):
@@ -132,7 +143,44 @@ class Engine:
             yield chunk
 
     def abort(self, rid: str) -> None:
-        self._inbox.put(("abort", rid))
+        """Stop request `rid`: a single request by its id, a batch or n samples by the rid
+        given for them (or read back from a result's meta_info id without its "-<j>"), parts
+        not yet sent and their prompt's warm-up included. Aborted requests finish with
+        finish_reason "abort" and free their KV at once."""
+        with self._lock:
+            group = self._groups.get(rid)
+        if group is not None:
+            self._abort_group(group)
+        else:
+            self._inbox.put(("abort", rid))
+
+    def _abort_group(self, group: "_Group") -> None:
+        with self._lock:  # ordered against _submit: a part is either sent before the aborts or never
+            group.aborted = True
+            for r in group.rids:
+                self._inbox.put(("abort", r))
+
+    @contextlib.contextmanager
+    def _grouped(self, base: str, reqs: list[TokenizedGenerateReq]):
+        """Register `reqs` under the caller's rid `base` while they run (not needed for one
+        request under its own rid). Yields the group, or None."""
+        if len(reqs) == 1 and reqs[0].rid == base:
+            yield None
+            return
+        group = _Group([r.rid for r in reqs])
+        with self._lock:
+            if base in self._groups or base in self._outboxes:
+                raise ValueError(f"request id {base!r} is already in use")
+            self._groups[base] = group
+            for r in reqs:
+                self._group_of[r.rid] = group
+        try:
+            yield group
+        finally:
+            with self._lock:
+                del self._groups[base]
+                for r in reqs:
+                    self._group_of.pop(r.rid, None)
 
     def flush_cache(self) -> bool:
         """Drop the radix cache (only when idle). Returns whether it was flushed."""
@@ -190,7 +238,7 @@ class Engine:
         return encode_prompt(self.tokenizer, text)
 
     def _build(self, prompt, input_ids, sampling_params, return_logprob, logprob_start_len, top_logprobs_num,
-               stream, rid, return_text_in_logprobs=False) -> tuple[list[TokenizedGenerateReq], bool]:
+               stream, rid, return_text_in_logprobs=False) -> tuple[list[TokenizedGenerateReq], bool, str]:
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt (text) or input_ids")
         if prompt is not None:
@@ -227,7 +275,7 @@ class Engine:
             check_context(len(ids), given[i], self.runner.context_len)
             validate_request(r, self.runner.config.vocab_size, self.runner.context_len, self.runner.allocator.num_slots)
             reqs.extend(split_samples(r))  # the prompt is warmed once first (_warm_prefix)
-        return reqs, single
+        return reqs, single, base
 
     def _shape(self, results: list[dict], reqs: list[TokenizedGenerateReq], single: bool):
         if single:
@@ -242,14 +290,23 @@ class Engine:
         if self._stopped.is_set():
             raise EngineDeadError("the engine is shut down")
 
-    def _submit(self, r: TokenizedGenerateReq) -> queue.Queue:
+    def _submit(self, r: TokenizedGenerateReq, group: "_Group | None" = None) -> queue.Queue:
+        """Send `r` to the engine thread and return the box its outputs arrive in. A request
+        of an aborted group (or the warm-up of one, `group`) is not sent: it finishes as
+        aborted at once."""
         self._check_running()
         box: queue.Queue = queue.Queue()
         with self._lock:
             if r.rid in self._outboxes:
                 raise ValueError(f"request id {r.rid!r} is already in use")
+            group = group or self._group_of.get(r.rid)
+            if group is not None and group.aborted:
+                box.put(ReqOutput(r.rid, [], {"type": "abort", "message": "aborted"}, len(r.input_ids), 0, 0))
+                return box
+            if group is not None and r.rid not in group.rids:
+                group.rids.append(r.rid)  # a warm-up: aborted with its group
             self._outboxes[r.rid] = box
-        self._inbox.put(("add", r))
+            self._inbox.put(("add", r))
         return box
 
     def _warm_prefix(self, reqs: list[TokenizedGenerateReq]) -> None:
@@ -257,10 +314,10 @@ class Engine:
         groups = {}
         for r in reqs:
             groups.setdefault(tuple(r.input_ids), []).append(r)
-        for ids, group in groups.items():
-            if len(group) > 1 and not self.args.disable_radix_cache:
+        for ids, same in groups.items():
+            if len(same) > 1 and not self.args.disable_radix_cache:
                 warm = TokenizedGenerateReq(uuid.uuid4().hex, list(ids), SamplingParams(max_new_tokens=0))
-                self._collect(warm, self._submit(warm))
+                self._collect(warm, self._submit(warm, self._group_of.get(same[0].rid)))
 
     def _run(self, reqs: list[TokenizedGenerateReq]) -> list[dict]:
         self._warm_prefix(reqs)
@@ -408,6 +465,14 @@ def _token_ids(x: Any) -> list[int]:
     except TypeError:
         bad = next(t for t in x if isinstance(t, bool) or not hasattr(t, "__index__"))
         raise ValueError(f"input_ids must be integers; got {bad!r}") from None
+
+
+class _Group:
+    """The requests one caller's rid stands for; `aborted` once abort(rid) was called."""
+
+    def __init__(self, rids: list[str]) -> None:
+        self.rids = rids
+        self.aborted = False
 
 
 class _Shutdown(Exception):

@@ -3,6 +3,8 @@ and off, with chunked prefill and under forced retraction; cache hits; seeds; st
 stop strings; logprobs; no leaked KV slot afterwards."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from treadle.runtime import Engine
@@ -362,6 +364,38 @@ def test_cancelling_async_generate_aborts_its_requests(engine, prompts):
     engine.check_integrity()
     out = engine.generate(prompts[0], GREEDY)  # and it serves on
     assert out["meta_info"]["completion_tokens"] == GREEDY["max_new_tokens"]
+
+
+def test_abort_by_the_rid_given_for_a_batch_or_n_samples(engine, prompts):
+    """As the server's /abort_request: abort(rid) reaches every part of the batch or of the n
+    samples sent as `rid`, parts not yet sent (their shared prompt still being warmed) too.
+    Before, only an exact part id ("<rid>-0") was found and the rest ran to the end."""
+    import threading
+
+    long_prompt = " ".join(prompts) * 6  # a warm-up long enough to abort in
+    for rid, args in (("nsamp", (long_prompt, {"max_new_tokens": 2000, "ignore_eos": True, "n": 3,
+                                              "temperature": 1.0})),
+                      ("pair", (prompts[:2], {"max_new_tokens": 2000, "ignore_eos": True}))):
+        for wait_for_decode in (False, True):
+            out = []
+            t = threading.Thread(target=lambda: out.append(engine.generate(*args, rid=rid)))
+            t.start()
+            deadline = time.time() + 30
+            while rid not in engine._groups and time.time() < deadline:
+                time.sleep(0.001)
+            while wait_for_decode and engine.get_server_info()["num_running"] < 2:
+                assert time.time() < deadline, "never decoding"
+                time.sleep(0.05)
+            engine.abort(rid)
+            t.join(60)
+            assert not t.is_alive(), "aborted requests still running"
+            assert [o["meta_info"]["finish_reason"]["type"] for o in out[0]] == ["abort"] * len(out[0])
+            assert all(o["meta_info"]["completion_tokens"] < 2000 for o in out[0])
+            assert rid not in engine._groups
+    _wait_running(engine, 0, 10.0)
+    engine.check_integrity()
+    info = engine.get_server_info()
+    assert info["free_slots"] + info["evictable_slots"] == info["total_slots"]
 
 
 def test_shutdown_ends_every_caller_still_waiting():
