@@ -1,7 +1,11 @@
 """Incremental detokenization: turn a growing list of output ids into text deltas that never
 end inside a UTF-8 character, and trim stops: a stop string (holding back text that might be the
 start of one while streaming) and the stop token that finished the request (a `stop_token_ids`
-entry or EOS, as SGLang trims it; `output_ids` keep it). `no_stop_trim` keeps both."""
+entry or EOS, as SGLang trims it; `output_ids` keep it). `no_stop_trim` keeps both.
+
+With `min_new_tokens`, a stop string counts only if it ends in the text of token number
+min_new_tokens or a later one, as the scheduler decides (Scheduler._check_finished): one
+written before that is ordinary text."""
 from __future__ import annotations
 
 from typing import Any
@@ -14,8 +18,11 @@ _CONTEXT_TOKENS = 5
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = True, stop: list[str] | None = None,
-                 no_stop_trim: bool = False, spaces_between_special_tokens: bool = True) -> None:
+                 no_stop_trim: bool = False, spaces_between_special_tokens: bool = True,
+                 min_new_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
+        self.min_new_tokens = min_new_tokens
+        self._stops_from: int | None = 0 if min_new_tokens <= 1 else None  # see _stop_search_start
         self.skip_special_tokens = skip_special_tokens
         self.stop = [s for s in (stop or []) if s]
         self.no_stop_trim = no_stop_trim
@@ -48,8 +55,11 @@ class IncrementalDetokenizer:
     def _visible_delta(self, finished: bool) -> str:
         visible = self.text
         hold = 0
-        if self.stop and not self.no_stop_trim:
-            cut = min((i for i in (visible.find(s) for s in self.stop) if i >= 0), default=-1)
+        start = self._stop_search_start() if self.stop and not self.no_stop_trim else None
+        if start is not None:
+            # the first stop string that ends at or after `start`
+            cut = min((i for i in (visible.find(s, max(0, start - len(s) + 1)) for s in self.stop) if i >= 0),
+                      default=-1)
             if cut >= 0:
                 visible, self.stopped = visible[:cut], True
             elif not finished:
@@ -62,6 +72,14 @@ class IncrementalDetokenizer:
         delta = visible[self.sent:]
         self.sent = len(visible)
         return delta
+
+    def _stop_search_start(self) -> int | None:
+        """Where in the text a stop string may end: after the text of the first
+        min_new_tokens - 1 tokens; None while there are fewer tokens than that (nothing is
+        held back or cut then)."""
+        if self._stops_from is None and len(self.ids) >= self.min_new_tokens:
+            self._stops_from = len(self._decode(self.ids[:self.min_new_tokens - 1]))
+        return self._stops_from
 
     @property
     def output_text(self) -> str:

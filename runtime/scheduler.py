@@ -678,9 +678,16 @@ class Scheduler:
         if p.stop and n_out >= p.min_new_tokens and self.tokenizer is not None:
             longest = max(len(s) for s in p.stop)
             # a stop string can end in this token's text: look at enough trailing tokens
-            tail = self.tokenizer.decode(req.output_ids[-(longest + 2):], skip_special_tokens=p.skip_special_tokens)
+            window = req.output_ids[-(longest + 2):]
+            tail = self.tokenizer.decode(window, skip_special_tokens=p.skip_special_tokens)
+            new_from = None  # with min_new_tokens: where this token's text starts in `tail`
             for s in p.stop:
                 if s in tail:  # before the length checks: a stop on the last allowed token is a stop
+                    if p.min_new_tokens > 1:
+                        if new_from is None:
+                            new_from = len(self.tokenizer.decode(window[:-1], skip_special_tokens=p.skip_special_tokens))
+                        if tail.find(s, max(0, new_from - len(s) + 1)) < 0:
+                            continue  # it ended in an earlier token, one before min_new_tokens: text
                     req.finish("stop", matched=s)
                     return
         if n_out >= p.max_new_tokens:

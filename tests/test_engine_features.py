@@ -122,6 +122,28 @@ def test_stop_string_on_the_last_allowed_token_is_a_stop(engine, prompts):
     assert out["text"] == engine.tokenizer.decode(ids[:k])
 
 
+def test_a_stop_string_before_min_new_tokens_is_text(engine):
+    """A stop string counts only if it ends in token min_new_tokens or later (SGLang's rule);
+    one written before is ordinary text, in the text as in the finish reason, streamed or
+    not. Before, the scheduler went on past it while the text was cut there ('2 ' with the
+    reply '2 + 2 = 4' and finish_reason EOS)."""
+    chat = apply_chat_template(engine.tokenizer, [{"role": "user", "content": "What is 2+2? Answer with a "
+                                                   "number only."}])
+    base = {"max_new_tokens": 16, "temperature": 0}
+    plain = engine.generate(chat, base)
+    tokens = [engine.tokenizer.decode([t]) for t in plain["output_ids"]]
+    assert tokens[:7] == ["2", " +", " ", "2", " =", " ", "4"], tokens  # what the cases below rely on
+    for stop, m, text, matched in ((["+"], 5, "2 + 2 = 4", plain["meta_info"]["finish_reason"]["matched"]),
+                                   (["="], 3, "2 + 2 ", "="),  # ends in token 5: counts
+                                   (["2"], 2, "2 + ", "2"),  # the first "2" is before; the second counts
+                                   (["2"], 0, "", "2"),
+                                   (["+", "4"], 3, "2 + 2 = ", "4")):
+        sp = {**base, "stop": stop, "min_new_tokens": m}
+        out = engine.generate(chat, sp)
+        assert (out["text"], out["meta_info"]["finish_reason"]["matched"]) == (text, matched), (stop, m, out)
+        assert "".join(c["text"] for c in engine.generate(chat, sp, stream=True)) == text
+
+
 def test_stop_token_is_trimmed_from_the_text(engine, prompts):
     """As in SGLang: the matched stop token (stop_token_ids, EOS) stays in output_ids, not in the
     text; no_stop_trim keeps it, streaming gives the same text."""

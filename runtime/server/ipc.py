@@ -50,6 +50,7 @@ class DetokInit:
     stop: list[str]
     no_stop_trim: bool
     spaces_between_special_tokens: bool
+    min_new_tokens: int = 0  # stop strings count only from there (IncrementalDetokenizer)
 
 
 @dataclass(slots=True)
