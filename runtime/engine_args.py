@@ -108,13 +108,21 @@ class EngineArgs:
     shutdown_grace_s: float = 10.0
 
     def __post_init__(self) -> None:
-        # every Literal-typed field takes only its listed values (the CLI's choices too)
+        # every Literal-typed field takes only its listed values (the CLI's choices too), and
+        # every plain field a value of its type (an int where a float goes; never a bool for
+        # a number), so a mistyped keyword fails here with its name, not deep in the runtime
         hints = typing.get_type_hints(type(self))
         for f in fields(self):
+            _check_type(f.name, getattr(self, f.name), hints[f.name])
             if get_origin(hints[f.name]) is Literal:
                 choices = get_args(hints[f.name])
                 if getattr(self, f.name) not in choices:
                     raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {getattr(self, f.name)!r}")
+        for name in ("context_length", "max_total_tokens"):  # None: derived from the model / memory
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (or left unset), got {getattr(self, name)}")
+        if self.kv_cache_bytes < 1 or self.cuda_graph_max_bs < 1 or self.max_queued_requests < 1:
+            raise ValueError("kv_cache_bytes, cuda_graph_max_bs and max_queued_requests must be >= 1")
         if self.jump_forward_max_batch < -1:
             raise ValueError(f"jump_forward_max_batch must be >= 0 or -1 (auto), got {self.jump_forward_max_batch}")
         if not 0 <= self.grammar_max_recursion_depth <= 16:
@@ -180,3 +188,19 @@ class EngineArgs:
 
     def replace(self, **changes: Any) -> "EngineArgs":
         return dataclasses.replace(self, **changes)
+
+
+def _check_type(name: str, value: Any, tp: Any) -> None:
+    """ValueError unless `value` is of the field's plain type (int, float, bool, str, or one
+    of them or None); other annotations (Literal, ...) are checked elsewhere."""
+    args = get_args(tp)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), tp) if args and get_origin(tp) is not Literal else tp
+    if base not in (int, float, bool, str) or value is None and optional:
+        return
+    ok = (isinstance(value, bool) if base is bool else
+          isinstance(value, (int, float)) and not isinstance(value, bool) if base is float else
+          isinstance(value, int) and not isinstance(value, bool) if base is int else isinstance(value, str))
+    if not ok:
+        want = {int: "an integer", float: "a number", bool: "a boolean", str: "a string"}[base]
+        raise ValueError(f"{name} must be {want}{' or None' if optional else ''}, got {value!r}")

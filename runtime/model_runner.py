@@ -3,6 +3,7 @@ token table, per-layer K/V pool) and runs one forward of a ForwardBatch to logit
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import torch
@@ -26,7 +27,10 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"device {name!r} is not a device torch knows (use auto, cpu, cuda or cuda:N)") from e
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {name!r} requested but CUDA is not available; use --device cpu")
@@ -74,6 +78,10 @@ class ModelRunner:
         self.source = resolve_model_source(args.model_path, tokenizer_path=args.tokenizer_path)
         self.config = cfg = self.source.config
         self.context_len = args.context_length or min(cfg.max_position_embeddings, 8192)
+        if self.context_len > cfg.max_position_embeddings and os.environ.get("TREADLE_ALLOW_LONGER_CONTEXT") != "1":
+            raise ValueError(f"context_length {self.context_len} is more than the model's max_position_embeddings "
+                             f"{cfg.max_position_embeddings}: positions past it were never trained and their output "
+                             "is unreliable. Lower it, or set TREADLE_ALLOW_LONGER_CONTEXT=1 to run it anyway")
 
         t0 = time.perf_counter()
         self.load_report = LoadReport()
