@@ -10,6 +10,7 @@ list of them; `stream=True` yields incremental chunks; `async_generate` is the a
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import logging
@@ -17,6 +18,7 @@ import operator
 import queue
 import threading
 import uuid
+import weakref
 from typing import Any, Iterator
 
 from treadle.runtime.detokenizer import IncrementalDetokenizer
@@ -58,6 +60,10 @@ class Engine:
         self._left_running = False
         self._thread = threading.Thread(target=self._loop, name="treadle-engine", daemon=True)
         self._thread.start()
+        # an engine never shut down is shut down at interpreter exit (a request still running
+        # then would otherwise be torn down mid-step, aborting the process)
+        self._at_exit = functools.partial(_shutdown_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
 
     def _start_tensor_parallel(self) -> None:
         """Spawn ranks 1..tp_size-1 (followers, see tp_worker.py) and become rank 0."""
@@ -98,8 +104,12 @@ class Engine:
             if not single or len(reqs) != 1:
                 raise ValueError("stream=True takes one prompt with n=1")
             return self._stream(reqs[0])
-        with self._grouped(base, reqs):
-            results = self._run(reqs)
+        with self._grouped(base, reqs) as group:
+            try:
+                results = self._run(reqs)
+            except BaseException:  # e.g. KeyboardInterrupt: stop them and free their ids
+                self._abandon(reqs, group)
+                raise
         return self._shape(results, reqs, single)
 
     async def async_generate(self, prompt: str | list[str] | None = None,
@@ -154,6 +164,16 @@ class Engine:
         else:
             self._inbox.put(("abort", rid))
 
+    def _abandon(self, reqs: list[TokenizedGenerateReq], group: "_Group | None") -> None:
+        """The caller stopped waiting (an exception in its thread): abort what may still run
+        and drop the outboxes, whose later outputs are then discarded."""
+        if group is not None:
+            self._abort_group(group)
+        for r in reqs:
+            if group is None:
+                self.abort(r.rid)
+            self._done(r.rid)
+
     def _abort_group(self, group: "_Group") -> None:
         with self._lock:  # ordered against _submit: a part is either sent before the aborts or never
             group.aborted = True
@@ -204,6 +224,7 @@ class Engine:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        atexit.unregister(self._at_exit)
         self._inbox.put(("stop", None))
         self._thread.join(timeout=timeout_s)
         if self.scheduler._grammar_compiler is not None:
@@ -243,6 +264,8 @@ class Engine:
             raise ValueError("give exactly one of prompt (text) or input_ids")
         if prompt is not None:
             single = isinstance(prompt, str)
+            if not single and not isinstance(prompt, (list, tuple)):
+                raise ValueError(f"prompt must be a string or a list of strings, got {type(prompt).__name__}")
             prompts = [prompt] if single else list(prompt)
             if not all(isinstance(p, str) for p in prompts):
                 raise ValueError("prompt must be a string or a list of strings")
@@ -260,6 +283,11 @@ class Engine:
             given = list(sampling_params)
         else:
             given = [sampling_params] * len(ids_list)
+        for p in given:
+            if p is not None and not isinstance(p, (dict, SamplingParams)):
+                raise ValueError(f"sampling_params must be a dict (or a SamplingParams, or a list of one per "
+                                 f"prompt), got {type(p).__name__}")
+        given = [p.to_dict() if isinstance(p, SamplingParams) else p for p in given]  # a copy each
         plist = [SamplingParams.from_dict(dict(p or {})) for p in given]
         start = -1 if logprob_start_len is None else logprob_start_len  # its type: validate_request
         if return_text_in_logprobs is True and self.tokenizer is None:
@@ -452,6 +480,12 @@ class Engine:
                 box = self._outboxes.get(out.rid)
             if box is not None:
                 box.put(out)
+
+
+def _shutdown_at_exit(ref: "weakref.ref[Engine]") -> None:
+    engine = ref()
+    if engine is not None:
+        engine.shutdown()
 
 
 def _token_ids(x: Any) -> list[int]:

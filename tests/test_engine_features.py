@@ -420,6 +420,52 @@ def test_abort_by_the_rid_given_for_a_batch_or_n_samples(engine, prompts):
     assert info["free_slots"] + info["evictable_slots"] == info["total_slots"]
 
 
+def test_an_interrupted_generate_aborts_and_frees_its_ids(engine, prompts):
+    """A blocking generate stopped by an exception in its thread (Ctrl-C in a notebook: here
+    a timer signal) aborts its requests and releases their ids. Before, they decoded on to
+    max_new_tokens and the rid stayed "already in use" for the engine's life."""
+    import signal
+
+    class Interrupt(Exception):
+        pass
+
+    def interrupt(*_):
+        raise Interrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(Interrupt):
+            engine.generate(prompts[:2], {"max_new_tokens": 2000, "ignore_eos": True}, rid="interrupted")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    _wait_running(engine, 0, 10.0)  # 2000 tokens would take minutes
+    assert not engine._outboxes and not engine._groups
+    out = engine.generate(prompts[0], GREEDY, rid="interrupted")  # the id is free again
+    assert out["meta_info"]["completion_tokens"] == GREEDY["max_new_tokens"]
+    engine.check_integrity()
+
+
+def test_exit_without_shutdown_while_a_request_runs_is_clean(tmp_path):
+    """An Engine never shut down is shut down at interpreter exit. Before, a stream left open
+    at exit took the process down with SIGABRT ("terminate called without an active
+    exception") as the engine thread was torn down mid-step."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "leave.py"
+    script.write_text(
+        "from treadle.runtime import Engine\n"
+        "e = Engine(max_total_tokens=4096)\n"
+        "it = e.generate('Tell me a long story.', {'max_new_tokens': 2000, 'ignore_eos': True}, stream=True)\n"
+        "next(it); next(it)\n"
+        "print('leaving', flush=True)\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "leaving" in run.stdout, (run.returncode, run.stderr[-2000:])
+    assert "terminate called" not in run.stderr
+
+
 def test_shutdown_ends_every_caller_still_waiting():
     """Requests in flight when the engine shuts down (a blocking call in another thread, a
     stream half read) raise EngineDeadError instead of waiting forever; so does every call

@@ -3,6 +3,7 @@ SmolLM2 GGUF (ragged batch and one by one) and tiny random Llama / Qwen2 / Qwen3
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 from treadle.runtime import Engine
 from treadle.runtime.model_config import DUMMY_CONFIGS
 from treadle.runtime.model_source import embedded_model_path
+from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.scheduler import check_context
 from treadle.runtime.tokenizer import apply_chat_template
 
@@ -119,6 +121,13 @@ def test_bad_input_raises_value_error(engine):
     check_context(10, {"max_new_tokens": ctx - 10}, ctx)  # exactly fills the context: fine
     with pytest.raises(ValueError, match="unknown sampling_params"):
         engine.generate("hi", {"max_tokens": 3})
+    for bad in ("greedy", 5, [1]):  # a SamplingParams object is taken (below), other things named
+        with pytest.raises(ValueError, match="sampling_params must be a dict"):
+            engine.generate("hi", bad)
+    with pytest.raises(ValueError, match="prompt must be a string or a list"):
+        engine.generate(5)
+    params = SamplingParams(max_new_tokens=2, temperature=0)
+    assert engine.generate("hi", params)["output_ids"] == engine.generate("hi", params.to_dict())["output_ids"]
     for ids in ([1.5, 2], [True, 5], ["a"], [[1, 2], [None]], 7):  # floats were truncated, bools taken as ids
         with pytest.raises(ValueError, match="input_ids must be"):
             engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1})
@@ -135,6 +144,22 @@ def test_bad_input_raises_value_error(engine):
     # the engine is unaffected and leaks nothing
     assert engine.generate("hi", {"max_new_tokens": 2, "temperature": 0})["meta_info"]["completion_tokens"] == 2
     engine.check_integrity()
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"context_length": 0}, "context_length must be >= 1"),  # was the default, silently
+    ({"context_length": -5}, "context_length must be >= 1"),  # was "max_positions must be positive"
+    ({"max_total_tokens": 0}, "max_total_tokens must be >= 1"),
+    ({"chunked_prefill_size": "x"}, "chunked_prefill_size must be an integer"),  # was a TypeError
+    ({"context_length": 4096.0}, "context_length must be an integer"),
+    ({"cuda_graph": 1}, "cuda_graph must be a boolean"),
+    ({"device": "bogus"}, "device 'bogus'"),  # was torch's RuntimeError
+    ({"context_length": 100000}, "more than the model's max_position_embeddings 8192"),  # was accepted
+    ({"random_seed": 1}, "unknown engine argument"),
+])
+def test_bad_engine_arguments_are_named(kwargs, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        Engine(**kwargs)
 
 
 def test_bad_model_path_raises_value_error(tmp_path):
