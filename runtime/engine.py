@@ -153,10 +153,11 @@ class Engine:
             yield chunk
 
     def abort(self, rid: str) -> None:
-        """Stop request `rid`: a single request by its id, a batch or n samples by the rid
-        given for them (or read back from a result's meta_info id without its "-<j>"), parts
-        not yet sent and their prompt's warm-up included. Aborted requests finish with
-        finish_reason "abort" and free their KV at once."""
+        """Stop request `rid`: one request by its id, a batch or n samples by the rid given
+        for them (the parts are "<rid>-<i>" for the prompts of a batch, "<rid>-<j>" for the
+        samples of one prompt, as the server names them), parts not yet sent and their prompt's
+        warm-up included. Aborted requests finish with finish_reason "abort" and free their KV
+        at once."""
         with self._lock:
             group = self._groups.get(rid)
         if group is not None:
@@ -295,7 +296,7 @@ class Engine:
         reqs: list[TokenizedGenerateReq] = []
         base = rid or uuid.uuid4().hex
         for i, (ids, p) in enumerate(zip(ids_list, plist)):
-            r = TokenizedGenerateReq(rid=f"{base}-{i}" if len(ids_list) > 1 or p.n > 1 else base,
+            r = TokenizedGenerateReq(rid=f"{base}-{i}" if len(ids_list) > 1 else base,
                                      input_ids=ids, sampling_params=p, return_logprob=return_logprob,
                                      logprob_start_len=start,
                                      top_logprobs_num=0 if top_logprobs_num is None else top_logprobs_num, stream=stream,

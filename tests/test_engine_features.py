@@ -413,6 +413,8 @@ def test_abort_by_the_rid_given_for_a_batch_or_n_samples(engine, prompts):
             assert not t.is_alive(), "aborted requests still running"
             assert [o["meta_info"]["finish_reason"]["type"] for o in out[0]] == ["abort"] * len(out[0])
             assert all(o["meta_info"]["completion_tokens"] < 2000 for o in out[0])
+            # named as the server names them: "<rid>-<j>" for samples too (was "<rid>-0-<j>")
+            assert [o["meta_info"]["id"] for o in out[0]] == [f"{rid}-{j}" for j in range(len(out[0]))]
             assert rid not in engine._groups
     _wait_running(engine, 0, 10.0)
     engine.check_integrity()
