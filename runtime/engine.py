@@ -17,6 +17,7 @@ import logging
 import operator
 import queue
 import threading
+import time
 import uuid
 import weakref
 from typing import Any, Iterator
@@ -126,13 +127,14 @@ class Engine:
                                  return_text_in_logprobs=return_text_in_logprobs, stream=True, rid=rid)
         reqs, single, base = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
                                          top_logprobs_num, stream, rid, return_text_in_logprobs)
+        t0 = time.perf_counter()
         with self._grouped(base, reqs) as group:
             try:
                 await asyncio.to_thread(self._warm_prefix, reqs)
                 # submitted here, between awaits: a cancel can only come after, so its aborts
                 # queue behind the requests they abort
                 boxes = [self._submit(r) for r in reqs]
-                results = await asyncio.to_thread(self._gather, reqs, boxes)
+                results = await asyncio.to_thread(self._gather, reqs, boxes, t0)
             except asyncio.CancelledError:
                 # the threads then collect their abort and return (a warm-up still running
                 # included: the parts are then never sent)
@@ -349,12 +351,13 @@ class Engine:
                 self._collect(warm, self._submit(warm, self._group_of.get(same[0].rid)))
 
     def _run(self, reqs: list[TokenizedGenerateReq]) -> list[dict]:
+        t0 = time.perf_counter()
         self._warm_prefix(reqs)
-        return self._gather(reqs, [self._submit(r) for r in reqs])
+        return self._gather(reqs, [self._submit(r) for r in reqs], t0)
 
-    def _gather(self, reqs: list[TokenizedGenerateReq], boxes: list[queue.Queue]) -> list[dict]:
+    def _gather(self, reqs: list[TokenizedGenerateReq], boxes: list[queue.Queue], t0: float) -> list[dict]:
         """Wait for every submitted request; a failed one raises (see below)."""
-        results = [self._collect(r, b) for r, b in zip(reqs, boxes)]
+        results = [self._collect(r, b, t0) for r, b in zip(reqs, boxes)]
         errors = [res["meta_info"]["finish_reason"].get("message") for res in results
                   if res["meta_info"].get("error")]
         if errors:
@@ -377,9 +380,11 @@ class Engine:
                 raise EngineDeadError(f"the engine loop died: {item!r}") from item
             return item
 
-    def _collect(self, r: TokenizedGenerateReq, box: queue.Queue) -> dict:
+    def _collect(self, r: TokenizedGenerateReq, box: queue.Queue, t0: float | None = None) -> dict:
+        """Wait for `r`'s outputs and make its result; `t0`: when the call began (e2e_latency)."""
         detok = self._detokenizer(r)
         acc = OutputAccum(r, functools.partial(token_texts, self.tokenizer))
+        acc.created = acc.created if t0 is None else t0
         while True:
             out = self._next(box)
             acc.add(out)

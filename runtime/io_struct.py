@@ -3,6 +3,7 @@ processes for the server). Plain dataclasses: picklable and cheap."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -90,6 +91,7 @@ class OutputAccum:
         self.input_logprobs: list | None = None
         self.input_tops: list | None = None
         self.last: ReqOutput | None = None
+        self.created = time.perf_counter()  # for e2e_latency, as SGLang's meta_info
         # the result's logprob lists, built as outputs arrive (a stream's chunks then cost
         # O(new tokens) each to make, not O(all tokens so far))
         self.meta: dict = {}
@@ -131,6 +133,8 @@ class OutputAccum:
         o = self.last
         meta: dict = {"id": rid, "prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
                       "cached_tokens": o.cached_tokens, "finish_reason": o.finished}
+        if o.finished is not None:  # seconds from the request's arrival to its end
+            meta["e2e_latency"] = round(time.perf_counter() - self.created, 6)
         if o.error:
             meta["error"] = o.error
             if o.internal:

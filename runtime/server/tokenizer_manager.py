@@ -301,6 +301,7 @@ class TokenizerManager:
         elif st.sent:
             raise APIError.bad_request(f"request id {r.rid!r} is already in use", "rid")
         acc = Accum(r, functools.partial(token_texts, self.tokenizer))
+        acc.created = st.created  # its arrival (a shared prompt's warm-up may come first)
         if st.aborted:  # reserved, then aborted before it was sent
             del self.states[r.rid]
             acc.add(ReqOutput(r.rid, [], {"type": "abort", "message": "aborted"}, len(r.input_ids), 0, 0))
