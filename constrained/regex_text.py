@@ -204,6 +204,10 @@ def _scan(pattern: str, *, ecma: bool) -> str:
             elif nxt == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[i + 2 : i + 4]):
                 out.append(pattern[i : i + 4])
                 i += 4
+            elif nxt in "uU":  # \uXXXX / \UXXXXXXXX (Python re and Rust regex alike): the character
+                ch_, size = _code_point_escape(pattern, i)
+                out.append(escape_literal(ch_))
+                i += size
             elif nxt.lower() in _SHORTHAND:
                 body = _shorthand_body(nxt.lower(), ecma)
                 if nxt.isupper():
@@ -236,6 +240,11 @@ def _scan(pattern: str, *, ecma: bool) -> str:
                     elif e == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[j + 2 : j + 4]):
                         body_parts.append(pattern[j : j + 4])
                         j += 2
+                    elif e in ("u", "U"):
+                        ch_, size = _code_point_escape(pattern, j)
+                        body_parts.append(class_literal(ch_))
+                        j += size
+                        continue
                     elif e.isascii() and e.isalnum() and e not in _ALLOWED_ESCAPES or not e:
                         raise RegexDialectError(f"regex: escape '\\{e}' inside a class at offset {j} is not supported")
                     elif e in _ALLOWED_ESCAPES:
@@ -305,12 +314,44 @@ def _scan(pattern: str, *, ecma: bool) -> str:
     return "".join(out)
 
 
+def _code_point_escape(pattern: str, i: int) -> tuple[str, int]:
+    """The character of the ``\\uXXXX`` or ``\\UXXXXXXXX`` escape at ``i``, and its length."""
+    size = 6 if pattern[i + 1] == "u" else 10
+    digits = pattern[i + 2 : i + size]
+    if not re.fullmatch(r"[0-9a-fA-F]+", digits) or len(digits) != size - 2:
+        raise RegexDialectError(f"regex: escape '\\{pattern[i + 1]}' at offset {i} needs exactly {size - 2} hex digits")
+    code = int(digits, 16)
+    if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
+        raise RegexDialectError(f"regex: escape '{pattern[i:i + size]}' at offset {i} is not a Unicode scalar value")
+    return chr(code), size
+
+
+def _ends_with_anchor(pattern: str) -> bool:
+    """Whether ``pattern`` ends in an unescaped ``$`` (an even run of backslashes before it)."""
+    if not pattern.endswith("$"):
+        return False
+    k = len(pattern) - 1
+    while k > 0 and pattern[k - 1] == "\\":
+        k -= 1
+    return (len(pattern) - 1 - k) % 2 == 0
+
+
 def translate_regex(pattern: str) -> str:
     """A user's regex written in the dialect (the module docstring): ``\\d`` as ``[0-9]``,
     ``.`` as ``[^\\n]``, escaped punctuation as its literal; ``ValueError`` naming the first
-    construct outside it. Linear in the pattern, unlike ``validate_regex``."""
+    construct outside it. Linear in the pattern, unlike ``validate_regex``.
+
+    Matching is whole-string, so a ``^`` that starts the pattern and a ``$`` that ends it
+    are no-ops, as in outlines and xgrammar (the pattern means what ``re.fullmatch`` does
+    with them); anchors anywhere else are refused."""
     if not isinstance(pattern, str) or not pattern:
         raise ValueError("regex: the pattern is empty")
+    if pattern.startswith("^"):
+        pattern = pattern[1:]
+    if _ends_with_anchor(pattern):
+        pattern = pattern[:-1]
+    if not pattern:
+        raise ValueError("regex: the pattern matches only the empty string")
     out = _scan(pattern, ecma=False)
     try:
         re.compile(out)
@@ -338,7 +379,7 @@ def pattern_to_body(pattern: str) -> str:
     which satisfies ``pattern``. Raises ``RegexDialectError`` when it cannot be sound.
     """
     anchored_start = pattern.startswith("^")
-    anchored_end = pattern.endswith("$") and not pattern.endswith("\\$")
+    anchored_end = _ends_with_anchor(pattern)
     core = pattern[1 if anchored_start else 0 : len(pattern) - 1 if anchored_end else len(pattern)]
     if (anchored_start or anchored_end) and has_top_level_alternation(core):
         raise RegexDialectError("pattern: anchors with a top-level '|' bind to one branch only; wrap it in a group")

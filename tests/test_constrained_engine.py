@@ -122,9 +122,10 @@ SCHEMAS: dict[str, dict] = {
 REGEXES = [
     r"\d{3}-\d{4}",  # shorthands mean their ASCII classes (hence re.ASCII below)
     r"(19|20)[0-9][0-9]-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
-    r"[A-Z][a-z]{1,8}( [A-Z][a-z]{1,8})?",
+    r"^[A-Z][a-z]{1,8}( [A-Z][a-z]{1,8})?$",  # boundary anchors: no-ops, as in outlines
     r"((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])",
     r"(yes|no), because [a-z ]{1,20}\.",
+    r"[\u4e00-\u9fff]{2,4}",  # \uXXXX escapes in a class
 ]
 
 CHOICES = [
@@ -273,7 +274,8 @@ def test_schemas_with_free_form_members_nest_to_any_depth(engine, temperature):
 def test_regex_outputs_fullmatch(engine, temperature):
     tok = engine.tokenizer
     prompts = [_chat(tok, q) for q in ("Give a phone number.", "Give a date.", "Name a person.",
-                                         "Give an IP address.", "Is the sky blue? Explain.")]
+                                         "Give an IP address.", "Is the sky blue? Explain.",
+                                         "Write a word in Chinese.")]
     params = [{"regex": rx, "max_new_tokens": MAX_NEW, "temperature": temperature, "seed": 20 + i}
               for i, rx in enumerate(REGEXES)]
     outs = engine.generate(prompts + ["Once upon a time"],

@@ -68,7 +68,7 @@ def test_choices_to_regex() -> None:
 
 @pytest.mark.parametrize(
     "bad", ["", "a(?=b)", "(?<=a)b", r"(a)\1", r"a\b", r"[\S]", "a*?", "a+?", "(?P<n>a)", "(?i)a", "[[a]]", "[a&&b]",
-            "a{,3}", "x{", "^a$", r"\p{L}"]
+            "a{,3}", "x{", "a^b", "a$b", "a|^b", "^$", r"\u12", r"\ud800", r"[\u00e]", r"\p{L}"]
 )
 def test_validate_regex_rejects_dialect_differences(bad: str) -> None:
     with pytest.raises(ValueError):
@@ -87,6 +87,15 @@ def test_validate_regex_accepts_common_dialect() -> None:
     (re.escape("a b\n.c#"), r"a b\x0a\.c#"),  # Python's re.escape escapes the space and the newline
     (r"\!\@\,", "!@,"),
     ("a.b", r"a[^\n]b"),
+    # a leading ^ and a trailing $ are no-ops under whole-string matching, as in outlines/xgrammar
+    ("^[A-Z][a-z]+$", "[A-Z][a-z]+"),
+    ("^a|b$", "a|b"),  # what re.fullmatch makes of it
+    (r"a\$", r"a\$"),  # an escaped $ is a literal
+    ("a\\\\$", "a\\\\"),  # an escaped backslash, then the anchor
+    # \uXXXX / \UXXXXXXXX mean the character in Python re and Rust regex alike
+    (r"[\u4e00-\u9fff]{2,4}", "[\u4e00-\u9fff]{2,4}"),
+    (r"\u00e9t\u00e9\U0001F600", "\u00e9t\u00e9\U0001F600"),
+    (r"\u002a[\u002d\u0041]", r"\*[\-A]"),
 ])
 def test_shorthands_and_escaped_punctuation_translate_to_the_dialect(pattern, want) -> None:
     assert validate_regex(pattern) == want
