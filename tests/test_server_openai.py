@@ -368,6 +368,13 @@ def test_tool_choice_named_and_required(client):
     for c in r.choices:
         assert c.finish_reason == "tool_calls" and c.message.content is None and len(c.message.tool_calls) == 1
         _check_calls(c.message.tool_calls)
+    # cut short by max_tokens: no content (it was the wrapper array, '[{"name":...'), the call
+    # as far as it got once its name is whole
+    for n in (6, 12):
+        c = client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice="required",
+                                           max_tokens=n, temperature=0).choices[0]
+        assert c.finish_reason == "length" and c.message.content is None, c.message
+        assert all(t.function.name == "get_weather" for t in c.message.tool_calls or [])
 
 
 SEARCH = {"type": "function", "function": {

@@ -181,8 +181,16 @@ def test_parse_named_and_required():
     r = plan("required").parse('[{"name": "get_time", "arguments": {}}, '
                                '{"name": "get_weather", "arguments": {"city": "Rome"}}]', "stop")
     assert calls_of(r) == [("get_time", {}), ("get_weather", {"city": "Rome"})] and r.finish_reason == "tool_calls"
-    cut = plan("required").parse('[{"name": "get_wea', "length")  # max_tokens cut it: stays text
-    assert (cut.content, cut.calls, cut.finish_reason) == ('[{"name": "get_wea', (), "length")
+    # max_tokens cut it: the calls so far, the last with its arguments as far as they got, and
+    # never the wrapper array as content (as a named call cut short, and OpenAI's)
+    cut = plan("required").parse('[{"name": "get_wea', "length")
+    assert (cut.content, cut.calls, cut.finish_reason) == (None, (), "length")
+    cut = plan("required").parse('[{"name":"get_time","arguments":{}}, {"name":"get_weather","arguments":{"ci',
+                                 "length")
+    assert cut.content is None and cut.finish_reason == "length"
+    assert [(c.name, c.arguments) for c in cut.calls] == [("get_time", "{}"), ("get_weather", '{"ci')]
+    # arguments come out compact whichever way tool_choice went (named calls are as generated)
+    assert r.calls[1].arguments == '{"city":"Rome"}'
 
 
 def test_parse_auto_hermes_blocks_and_text_around_them():

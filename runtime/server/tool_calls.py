@@ -125,7 +125,9 @@ class ToolPlan:
                 items = json.loads(text)
                 calls = tuple(ToolCall(it["name"], _dump(it["arguments"])) for it in items)
             except (ValueError, TypeError, KeyError):  # cut short by max_tokens
-                return Reply(text, (), finish)
+                # as a named call cut short (and OpenAI's): the calls so far, the last one's
+                # arguments as far as they got; the wrapper array is never shown as content
+                return Reply(None, _calls_so_far(text), finish)
             return Reply(None, calls, "tool_calls" if finish == "stop" else finish)
         content, calls = self.parse_auto(text)
         if not calls:
@@ -157,9 +159,36 @@ class ToolPlan:
 
 
 def _dump(args: Any) -> str:
+    """Arguments as compact JSON, as the grammar of a named call writes them."""
     if not isinstance(args, dict):
         raise TypeError("arguments must be an object")
-    return json.dumps(args, ensure_ascii=False)
+    return json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+
+
+_ITEM_GAP_RE = re.compile(r"\s*,?\s*")
+_CALL_HEAD_RE = re.compile(r'\s*,?\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+
+
+def _calls_so_far(text: str) -> tuple[ToolCall, ...]:
+    """The calls of a `required` reply cut short: each whole `{"name", "arguments"}` item,
+    then the last one begun, with its arguments text as far as it got (the grammar writes
+    the name first). Nothing when not even a name is whole."""
+    dec, calls = json.JSONDecoder(), []
+    pos = text.find("[") + 1
+    if pos == 0:
+        return ()
+    while True:
+        start = _ITEM_GAP_RE.match(text, pos).end()
+        try:
+            item, end = dec.raw_decode(text, start)
+            calls.append(ToolCall(item["name"], _dump(item["arguments"])))
+            pos = end
+        except (ValueError, TypeError, KeyError):
+            break
+    head = _CALL_HEAD_RE.match(text, pos)
+    if head is not None:
+        calls.append(ToolCall(json.loads(head.group(1)), text[head.end():]))
+    return tuple(calls)
 
 
 def _as_call(text: str, known: set[str]) -> ToolCall | None:
