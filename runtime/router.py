@@ -5,7 +5,8 @@
     python -m treadle.runtime.router --launch-replicas 2 --port 30000 [server flags ...]
 
 Forwards POST /generate, /v1/completions, /v1/chat/completions, /tokenize and /detokenize (SSE relayed byte for
-byte; a client that disconnects closes the upstream stream, so the replica aborts), and
+byte; a client that disconnects, streamed or not, closes the upstream request, so the
+replica aborts), and
 serves GET /health (its own), /v1/models, /get_model_info, /get_server_info (replicas
 aggregated + router stats), /metrics (the router's own, per replica: `router_metrics.py`),
 POST /flush_cache and /abort_request (broadcast).
@@ -200,8 +201,8 @@ class Router:
             # prefix arriving meanwhile must see it (a failed connect clears this tree anyway)
             self.policy.on_routed(idx, text)
             try:
-                resp = await self.client.send(
-                    self.client.build_request("POST", rep.url + path, content=body, headers=headers), stream=True)
+                resp = await self._send_watching_client(
+                    request, self.client.build_request("POST", rep.url + path, content=body, headers=headers))
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                 # nothing reached the replica: safe to place the request elsewhere
                 rep.in_flight -= 1
@@ -223,6 +224,19 @@ class Router:
             rep.prompt_chars += len(text)
             rep.matched_chars += matched
             return await self._relay(request, resp, rep, stream)
+
+    async def _send_watching_client(self, request: Request, req: httpx.Request) -> httpx.Response:
+        """Send `req` and wait for the replica's response headers, but give up (ClientGone) if
+        the client disconnects meanwhile. A non-streamed replica sends its headers only when
+        the answer is done, so without this the replica would generate on for a client long
+        gone; cancelling the send closes the upstream connection, and the replica aborts."""
+        task = asyncio.ensure_future(self.client.send(req, stream=True))
+        try:
+            return await until_done_or_disconnect(request, task)
+        except ClientGone:
+            if task.done() and not task.cancelled() and task.exception() is None:
+                await task.result().aclose()  # the headers came just as the client left
+            raise
 
     async def _relay(self, request: Request, resp: httpx.Response, rep: Replica, stream: bool) -> Response:
         released = False

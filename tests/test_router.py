@@ -5,8 +5,10 @@ The replica killed in the last test is the module fixture's second one, so that 
 runs last (pytest keeps file order)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -210,6 +212,47 @@ def test_stream_disconnect_aborts_on_replica(router, replicas):
     info = wait_idle(replica, timeout_s=30)
     assert info["generated_tokens"] < 2000
     assert all(x["in_flight"] == 0 for x in router.info()["replicas"])
+
+
+STORY = "Write a very long story about a castle."
+LONG = {"temperature": 0, "ignore_eos": True}
+
+
+def _busy_replica(router: RouterProcess, timeout_s: float = 60) -> str:
+    """The URL of the replica the router has a request in flight on, once it is decoding."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for x in router.info()["replicas"]:
+            if x["in_flight"] == 1 and (x["server_info"] or {}).get("num_running") == 1:
+                return x["url"]
+        assert time.monotonic() < deadline, "the request never started on a replica"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("router", ["cache_aware"], indirect=True)
+@pytest.mark.parametrize("path,body", [
+    ("/generate", {"text": STORY, "sampling_params": {"max_new_tokens": 2000, **LONG}}),
+    ("/v1/completions", {"prompt": STORY, "max_tokens": 2000, **LONG}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": STORY}], "max_tokens": 2000, **LONG}),
+], ids=["generate", "completions", "chat"])
+def test_non_streamed_disconnect_aborts_on_replica(router, replicas, path, body):
+    """A client that hangs up on a non-streamed request while the replica generates: the
+    router closes the upstream request, so the replica aborts it and the router's in-flight
+    count drops (it used to notice only at the replica's response headers, which a
+    non-streamed answer sends at the end: the replica generated every token)."""
+    before = {x["url"]: x["server_info"]["generated_tokens"] for x in router.info()["replicas"]}
+    payload = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", router.port), timeout=T) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        replica = _busy_replica(router)
+        time.sleep(1.0)  # the client waits a little, then hangs up
+    info = wait_idle(replica, timeout_s=20)  # 2000 tokens take far longer on this CPU model
+    assert info["generated_tokens"] - before[replica] < 2000
+    deadline = time.monotonic() + 5
+    while any(x["in_flight"] for x in router.info()["replicas"]):
+        assert time.monotonic() < deadline, router.info()["replicas"]
+        time.sleep(0.1)
 
 
 def test_sigterm_closes_open_streams_after_the_grace(replicas):
