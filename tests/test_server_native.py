@@ -187,10 +187,34 @@ def test_generate_with_a_structural_tag(url):
 def test_malformed_json_and_bad_stream_grammar(url):
     r = requests.post(url + "/generate", data=b"{not json", timeout=T)
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = requests.post(url + "/generate", data=b"[" * 100_000, timeout=T)  # was a 500 (RecursionError)
+    assert r.status_code == 400 and "nests too deeply" in r.json()["error"]["message"]
     r = requests.post(url + "/generate", json={"text": "x", "stream": True,
                                                "sampling_params": {"regex": "(", "max_new_tokens": 2}}, timeout=T)
     assert r.status_code == 400 and "regex" in r.json()["error"]["message"]
     assert requests.get(url + "/health_generate", timeout=T).status_code == 200
+
+
+def _metric(url: str, series: str) -> float:
+    for line in requests.get(url + "/metrics", timeout=T).text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_request_whose_client_left_is_counted(url):
+    """A stream whose client hangs up is aborted and still counted in /metrics (it was not:
+    its finished output arrived after the handler had gone)."""
+    series = 'treadle_requests_total{finish_reason="abort"}'
+    before, tokens_before = _metric(url, series), _metric(url, "treadle_prompt_tokens_total")
+    with requests.post(url + "/generate", json={"text": PROMPT, "stream": True, "sampling_params": greedy(3000)},
+                       stream=True, timeout=T) as r:
+        next(line for line in r.iter_lines(decode_unicode=True) if line.startswith("data: "))
+    wait_idle(url, timeout_s=30)
+    deadline = time.time() + 10
+    while _metric(url, series) < before + 1 and time.time() < deadline:
+        time.sleep(0.1)
+    assert _metric(url, series) == before + 1 and _metric(url, "treadle_prompt_tokens_total") > tokens_before
 
 
 def test_abort_request_ends_a_stream(url):

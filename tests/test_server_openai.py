@@ -516,3 +516,13 @@ def test_api_key(server):
     r = requests.post(server.url + "/generate", json={"text": "x"}, timeout=T)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert requests.get(server.url + "/health", timeout=T).status_code == 200  # liveness needs no key
+    # nor do the other probes and scrapes (as SGLang); the rest does
+    for path in ("/health_generate", "/metrics", "/version"):
+        assert requests.get(server.url + path, timeout=T).status_code == 200, path
+    for path in ("/get_server_info", "/v1/models"):
+        assert requests.get(server.url + path, timeout=T).status_code == 401, path
+    # unknown paths and methods answer in the OpenAI error shape (FastAPI's was {"detail": ...})
+    r = requests.get(server.url + "/v1/nope", headers={"Authorization": f"Bearer {KEY}"}, timeout=T)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = requests.get(server.url + "/generate", headers={"Authorization": f"Bearer {KEY}"}, timeout=T)
+    assert r.status_code == 405 and "error" in r.json()

@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from treadle.runtime.engine_args import EngineArgs
@@ -32,7 +33,8 @@ log = logging.getLogger("treadle.server")
 _GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "return_logprob", "logprob_start_len",
                     "top_logprobs_num", "return_text_in_logprobs", "rid"}
 # reachable while draining / without a key: liveness must never need credentials
-_OPEN_PATHS = {"/health"}
+# without the API key, as SGLang: probes and scrapes (no request content in any of them)
+_OPEN_PATHS = {"/health", "/health_generate", "/metrics", "/version"}
 HEALTH_GENERATE_TIMEOUT_S = 30.0
 
 
@@ -52,7 +54,8 @@ class ServerState:
 
 class Gate:
     """Pure ASGI middleware (so streaming and disconnect detection pass through untouched):
-    Bearer auth on everything but /health, and 503 for new requests while draining."""
+    Bearer auth on everything but the probes and scrapes (_OPEN_PATHS), and 503 for new requests
+    while draining."""
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app = app
@@ -83,6 +86,8 @@ async def read_json(request: Request) -> dict:
         obj = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError.bad_request(f"the request body is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise APIError.bad_request("the request body nests too deeply") from e
     if not isinstance(obj, dict):
         raise APIError.bad_request(f"the request body must be a JSON object, got {type(obj).__name__}")
     return obj
@@ -96,6 +101,12 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
         return error_response(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        # 404 / 405 in the OpenAI error shape, as every other error here
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(e.detail), kind), e.status_code, headers=getattr(e, "headers", None))
 
     @app.exception_handler(ClientGone)
     async def _client_gone(_: Request, e: ClientGone) -> Response:
@@ -115,9 +126,10 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/health_generate")
     async def health_generate() -> Response:
         """A real one-token generation through the whole pipeline."""
+        # not held to the in-flight limit: a busy server is a healthy one (draining and a dead
+        # child are 503s all the same)
         r = TokenizedGenerateReq(f"health-{os.urandom(6).hex()}", [0],
                                  SamplingParams(max_new_tokens=1, temperature=0.0))
-        tm.check_capacity(1)
 
         async def run() -> None:
             async for _ in tm.generate(r):
@@ -128,6 +140,10 @@ def create_app(state: ServerState) -> FastAPI:
         except asyncio.TimeoutError as e:
             raise APIError(f"no token within {HEALTH_GENERATE_TIMEOUT_S}s", 503, "server_error") from e
         return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": _version()}
 
     @app.get("/get_model_info")
     async def get_model_info() -> dict:
@@ -225,6 +241,15 @@ def create_app(state: ServerState) -> FastAPI:
     register_openai_routes(app, state)
     app.add_middleware(Gate, state=state)
     return app
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("treadle")
+    except PackageNotFoundError:  # run from a checkout without installing
+        return "unknown"
 
 
 def _no_unknown(obj: dict, accepted: set[str]) -> None:

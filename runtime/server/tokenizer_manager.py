@@ -140,6 +140,8 @@ class TokenizerManager:
                     continue  # output of a request already given up on
                 if m.out.finished is not None:
                     del self.states[m.out.rid]  # its KV is released once it is finished
+                    # counted here, not by the handler: one whose client left is gone by now
+                    self.metrics.on_finish(m.out, time.perf_counter() - st.created)
                 st.queue.put_nowait(m)
 
     # ================================================================== building requests
@@ -314,7 +316,7 @@ class TokenizerManager:
             while True:
                 m = await st.queue.get()
                 if isinstance(m, SchedulerDied):
-                    raise APIError(f"the scheduler died: {m}", 503, "server_error", None, "scheduler_died")
+                    raise APIError(f"a server process died: {m}", 503, "server_error", None, "server_process_died")
                 out = m.out
                 finished = out.finished is not None
                 if out.error:
@@ -358,7 +360,7 @@ class TokenizerManager:
     async def control(self, kind: str, timeout: float = 30.0) -> Any:
         """Run a control request in the scheduler and return its result."""
         if self.dead:
-            raise APIError(f"the scheduler died: {self.dead}", 503, "server_error", None, "scheduler_died")
+            raise APIError(f"a server process died: {self.dead}", 503, "server_error", None, "server_process_died")
         req_id = next(self.control_ids)
         fut = asyncio.get_running_loop().create_future()
         self.control_futs[req_id] = fut
@@ -368,7 +370,7 @@ class TokenizerManager:
         except asyncio.TimeoutError as e:
             raise APIError(f"the scheduler did not answer {kind} within {timeout}s", 503, "server_error") from e
         except SchedulerDied as e:
-            raise APIError(f"the scheduler died: {e}", 503, "server_error", None, "scheduler_died") from e
+            raise APIError(f"a server process died: {e}", 503, "server_error", None, "server_process_died") from e
         finally:
             self.control_futs.pop(req_id, None)
 
@@ -382,5 +384,4 @@ class TokenizerManager:
                 for _ in out.new_ids:
                     self.metrics.itl.observe(gap)
             st.last_token = now
-        if finished:
-            self.metrics.on_finish(out, now - st.created)
+
