@@ -31,7 +31,8 @@ class EngineArgs:
     # scheduling
     max_running_requests: int = 256
     max_prefill_tokens: int = 16384
-    chunked_prefill_size: int = 8192  # <= 0 disables chunking
+    chunked_prefill_size: int = field(default=8192, metadata={"help": (
+        "prefill long prompts in chunks of at most this many tokens; <= 0 disables chunking")})
     schedule_policy: Literal["lpm", "fcfs"] = "lpm"
     starvation_bound_s: float = 10.0  # a request waiting longer is admitted first
     disable_radix_cache: bool = False
@@ -104,7 +105,8 @@ class EngineArgs:
         "/generate streams: each chunk's text and output_ids are only what is new; by default "
         "(SGLang's) they are everything so far. The OpenAI endpoints and Engine.generate(stream=True) "
         "always send what is new")})
-    log_level: str = "info"
+    # the names both logging (upper-cased) and uvicorn take (uvicorn's "trace" is no logging level)
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     shutdown_grace_s: float = 10.0
 
     def __post_init__(self) -> None:
@@ -147,6 +149,8 @@ class EngineArgs:
             raise ValueError("speculative_num_draft_tokens and speculative_ngram_size must be >= 1")
         if self.dist_timeout_s <= 0:
             raise ValueError("dist_timeout_s must be > 0")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
 
     def grammar_disk_cache_dir(self) -> str | None:
         if self.grammar_cache_dir is None:
