@@ -108,6 +108,12 @@ class EngineArgs:
     # the names both logging (upper-cased) and uvicorn take (uvicorn's "trace" is no logging level)
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     shutdown_grace_s: float = 10.0
+    # the server kills a scheduler that has sent nothing this long (it reports between steps
+    # every 0.5 s: one step has hung, in a kernel, a collective or a stopped process) and
+    # exits non-zero, for an orchestrator to restart it, as SGLang's; 0 turns it off
+    watchdog_timeout: float = field(default=300.0, metadata={"help": (
+        "seconds without a word from the scheduler (a hung step) after which the server kills "
+        "it and exits non-zero; 0 = never")})
 
     def __post_init__(self) -> None:
         # every Literal-typed field takes only its listed values (the CLI's choices too), and
@@ -147,6 +153,8 @@ class EngineArgs:
             raise ValueError("nnodes > 1 needs --dist-init-addr host:port (node 0's address, reachable by every node)")
         if self.speculative_num_draft_tokens < 1 or self.speculative_ngram_size < 1:
             raise ValueError("speculative_num_draft_tokens and speculative_ngram_size must be >= 1")
+        if self.watchdog_timeout < 0:
+            raise ValueError(f"watchdog_timeout must be >= 0 (0 turns it off), got {self.watchdog_timeout}")
         if self.dist_timeout_s <= 0:
             raise ValueError("dist_timeout_s must be > 0")
         if not 0 <= self.port <= 65535:

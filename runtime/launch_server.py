@@ -1,20 +1,14 @@
-"""`python -m treadle.runtime.launch_server [--flags]`: start the HTTP server (same flags as
-`treadle serve`)."""
+"""`python -m treadle.runtime.launch_server [--flags]`: start the HTTP server; the same as
+`treadle serve [--flags]`, with the same checks (runtime/cli.py)."""
 from __future__ import annotations
 
-import argparse
-
-from treadle.runtime.engine_args import EngineArgs
+from treadle.runtime.cli import main as cli_main
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m treadle.runtime.launch_server",
-                                     description="Serve a model over HTTP (native and OpenAI-compatible API).")
-    EngineArgs.add_cli_args(parser)
-    ns = parser.parse_args(argv)
-    from treadle.runtime.server.launcher import main_from_args
+    import sys
 
-    main_from_args(EngineArgs.from_cli_args(ns))
+    cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

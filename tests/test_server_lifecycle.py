@@ -177,6 +177,30 @@ def test_scheduler_death_exits_nonzero(server_b):
     assert code != 0 and time.monotonic() - t0 < 10, (code, server_b.log_tail())
 
 
+def test_a_hung_scheduler_is_killed_and_the_server_exits():
+    """A scheduler that sends nothing for --watchdog-timeout seconds (here stopped with
+    SIGSTOP, as a step stuck in a kernel or a collective would be) is killed, and the server
+    exits non-zero, so an orchestrator restarts it (before, /health stayed 200 and requests
+    hung forever). Meanwhile /metrics answers at once from the scheduler's last snapshot."""
+    srv = ServerProcess(["--max-total-tokens", "4096", "--watchdog-timeout", "4", "--log-level", "warning"])
+    try:
+        pid = info(srv.url)["pids"]["scheduler"]
+        time.sleep(1.0)  # a snapshot has come
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        r = requests.get(srv.url + "/metrics", timeout=T)
+        assert r.status_code == 200 and "treadle_num_running_requests" in r.text and time.monotonic() - t0 < 3
+        code = srv.proc.wait(timeout=60)
+        assert code != 0 and time.monotonic() - t0 < 30, (code, srv.log_tail())
+        assert "has sent nothing" in srv.log_tail()
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        srv.close()
+
+
 def test_a_failed_batch_step_is_a_500_and_the_server_serves_on():
     """Forward calls 2 and 4 of the real scheduler process raise (runtime/fault_injection.py):
     the non-streamed request of the failed step gets a 500 naming the failure, the streamed

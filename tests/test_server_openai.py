@@ -476,6 +476,7 @@ def test_bad_tool_requests_are_400(client, server, kwargs, needle):
     ({"extra_body": {"ebnf": "root ::= [z-a]"}}, "reversed"),
     ({"extra_body": {"ebnf": 'root ::= "a"'}, "response_format": {"type": "json_object"}}, "ebnf"),
     ({"messages": [{"role": "user", "content": "hi " * 9000}]}, "context length"),
+    ({"messages": [{"role": "user", "content": "x" * 2_000_000}]}, "in any tokenization"),
     ({"max_tokens": 8180}, "max_tokens (8180) + the prompt"),  # as vLLM and SGLang: no silent cap
     ({"max_completion_tokens": 8180}, "max_completion_tokens (8180) + the prompt"),
     ({"response_format": {"type": "xml"}}, "response_format"),
@@ -488,7 +489,8 @@ def test_bad_requests_are_400(client, server, kwargs, needle):
         client.chat.completions.create(**kw)
     body = ei.value.body
     assert needle in body["message"] and body["type"] == "invalid_request_error"
-    param = {"context length": "messages", "reversed": "ebnf", "regex": "regex"}.get(needle)
+    param = {"context length": "messages", "in any tokenization": "messages", "reversed": "ebnf",
+             "regex": "regex"}.get(needle)
     assert param is None or body["param"] == param, body
     assert requests.get(server.url + "/health", timeout=T).status_code == 200
 

@@ -198,7 +198,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/get_server_info")
     async def get_server_info() -> dict:
-        sched = await tm.control("get_info")
+        sched = await tm.scheduler_info()
         return {**sched, "engine_args": {k: v for k, v in vars(state.args).items() if k != "api_key"},
                 "num_in_flight": tm.num_in_flight, "model_load_s": state.model_info["model_load_s"],
                 "pids": {"server": os.getpid(), **state.child_pids}, "uptime_s": round(time.time() - state.started, 1)}
@@ -220,7 +220,9 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        info = await tm.control("get_info")
+        # the scheduler's latest snapshot: a scrape never waits for a step (a long prefill
+        # on a CPU takes a minute, longer than Prometheus's 10 s scrape timeout)
+        info = tm.sched_info or await tm.control("get_info")
         return Response(state.metrics.render(info, tm.num_in_flight), media_type=state.metrics.content_type)
 
     @app.post("/generate")

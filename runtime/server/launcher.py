@@ -4,7 +4,9 @@ both to report ready, then serve HTTP in this process until told to stop.
 Lifecycle guarantees:
 - a child that dies during start-up (e.g. the model fails to load) ends the launch with an
   error naming the child and its traceback, within the start-up timeout;
-- a child that dies while serving makes the server exit non-zero within seconds (watchdog);
+- a child that dies while serving makes the server exit non-zero within seconds (watchdog),
+  and so does a scheduler that has sent nothing for `--watchdog-timeout` seconds (a step
+  that hangs: a stuck kernel or collective, a stopped process): it is killed first;
 - SIGTERM / SIGINT drain: new requests get 503, running ones have `shutdown_grace_s` to
   finish, the rest are aborted, and the process exits 0; a second signal forces the exit;
 - children are always torn down, and they exit by themselves if this process vanishes.
@@ -140,7 +142,16 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
     async def watchdog(self) -> None:
+        timeout = self.state.args.watchdog_timeout
         while not self.should_exit:
+            silent = time.monotonic() - self.state.tm.sched_heard
+            if timeout > 0 and silent > timeout and self.children.procs["scheduler"].is_alive():
+                # it sends a snapshot between steps every STATS_PERIOD_S: one step has hung
+                p = self.children.procs["scheduler"]
+                log.error("the scheduler (pid %d) has sent nothing for %.0fs (--watchdog-timeout %gs): a step "
+                          "hangs; killing it", p.pid, silent, timeout)
+                p.kill()
+                p.join(5)
             dead = self.children.dead()
             if dead is not None:
                 name, p = dead

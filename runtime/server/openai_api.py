@@ -94,7 +94,7 @@ def register_openai_routes(app: FastAPI, state: ServerState) -> None:
         after = None
         if state.args.reasoning_parser == "think":
             after = "open" if opened else "maybe" if model_thinks(tm.tokenizer) else None
-        reqs = [_make(tm, body, tm.encode(prompt), default_max=None, return_logprob=bool(lp), top=top or 0,
+        reqs = [_make(tm, body, tm.encode(prompt, "messages"), default_max=None, return_logprob=bool(lp), top=top or 0,
                       tools=tools, grammar_after_reasoning=after)]
         return await _serve(request, state, body, reqs, chat=True, tools=tools, think=think)
 
@@ -116,10 +116,10 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
 def _completion_prompts(tm: TokenizerManager, prompt: Any) -> list[list[int]]:
     """prompt: a string, a list of strings, a list of token ids, or a list of such lists."""
     if isinstance(prompt, str):
-        return [tm.encode(prompt)]
+        return [tm.encode(prompt, "prompt")]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return [tm.encode(p) for p in prompt]
+            return [tm.encode(p, "prompt") for p in prompt]
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return [list(prompt)]
         if all(isinstance(p, list) for p in prompt):

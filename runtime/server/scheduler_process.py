@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -25,6 +26,9 @@ log = logging.getLogger("treadle.scheduler")
 
 # While idle, block on the input socket this long before re-checking that the parent lives.
 IDLE_POLL_MS = 500
+# How often, between steps, the scheduler sends its info() snapshot: what /metrics serves
+# without waiting for a step, and the heartbeat the server's watchdog listens for.
+STATS_PERIOD_S = 0.5
 
 
 def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, ppid: int) -> None:
@@ -95,6 +99,7 @@ def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, p
 def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = None) -> None:
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
+    last_stats = 0.0
     while True:
         # busy: take whatever arrived without waiting; idle: sleep on the socket
         timeout = 0 if sched.has_work() else IDLE_POLL_MS
@@ -118,6 +123,9 @@ def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = N
         else:  # aborts of waiting requests and rejections are emitted without a step
             to_send.extend(sched.outputs)
             sched.outputs = []
+        if time.monotonic() - last_stats >= STATS_PERIOD_S:
+            last_stats = time.monotonic()
+            to_send.append(ControlOut("stats", 0, {**sched.info(), "pid": os.getpid()}))
         if to_send:
             push.send_pyobj(to_send)
 

@@ -90,6 +90,10 @@ class TokenizerManager:
         self.control_ids = itertools.count(1)
         self.draining = False
         self.dead: str | None = None
+        # the scheduler's latest info() snapshot (sent every STATS_PERIOD_S between steps) and
+        # when anything last came from it: what /metrics serves, what the watchdog checks
+        self.sched_info: dict | None = None
+        self.sched_heard = time.monotonic()
         self._push_ctx = zmq.Context(1)
         self._push = self._push_ctx.socket(zmq.PUSH)
         self._push.connect(paths.scheduler_in)
@@ -128,7 +132,11 @@ class TokenizerManager:
     async def _recv_loop(self) -> None:
         while True:
             msgs = await self._pull.recv_pyobj()
+            self.sched_heard = time.monotonic()
             for m in msgs:
+                if isinstance(m, ControlOut) and m.kind == "stats":
+                    self.sched_info = m.result
+                    continue
                 if isinstance(m, ControlOut):
                     fut = self.control_futs.pop(m.req_id, None)
                     if fut is not None and not fut.done():
@@ -146,12 +154,30 @@ class TokenizerManager:
 
     # ================================================================== building requests
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, param: str = "text") -> list[int]:
+        """The prompt's token ids; a text too long to fit the context whatever its tokens is a
+        400 before any tokenizing (which runs on the event loop: a 10 MB prompt held every
+        other request for seconds). `param`: the field the text came in."""
         if self.tokenizer is None:
-            raise APIError.bad_request("this model has no tokenizer: send input_ids instead of text", "text")
+            raise APIError.bad_request("this model has no tokenizer: send input_ids instead of text", param)
+        if len(text) > self.max_prompt_chars:
+            raise APIError.bad_request(
+                f"the prompt has {len(text)} characters, more than the context length {self.context_len} can "
+                f"hold in any tokenization (at most {self.max_prompt_chars}); shorten it", param)
         from treadle.runtime.tokenizer import encode_prompt
 
         return encode_prompt(self.tokenizer, text)
+
+    @functools.cached_property
+    def max_prompt_chars(self) -> int:
+        """Characters beyond which a text has more tokens than the context: the context length
+        times the longest token's spelling (a byte-level or sentencepiece vocabulary key is at
+        least as long as the text it stands for)."""
+        try:
+            longest = max(len(t) for t in self.tokenizer.get_vocab())
+        except Exception:  # a tokenizer without a vocabulary listing: no bound
+            return 1 << 62
+        return longest * self.context_len
 
     def chat_prompt(self, messages: Any, tools: tool_calls.ToolPlan | None = None,
                     template_kwargs: Any = None) -> str:
@@ -356,6 +382,17 @@ class TokenizerManager:
         for rid in list(self.states):
             self.abort(rid)
         return len(self.states)
+
+    async def scheduler_info(self, wait_s: float = 5.0) -> dict:
+        """The scheduler's info(): asked for now, or, when a long step keeps it from answering
+        within `wait_s`, its last snapshot with `stale_s` (how old it is)."""
+        snapshot, heard = self.sched_info, self.sched_heard
+        try:
+            return await self.control("get_info", timeout=wait_s if snapshot is not None else 30.0)
+        except APIError:
+            if snapshot is None or self.dead:
+                raise
+            return {**snapshot, "stale_s": round(time.monotonic() - heard, 3)}
 
     async def control(self, kind: str, timeout: float = 30.0) -> Any:
         """Run a control request in the scheduler and return its result."""
