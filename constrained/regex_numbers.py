@@ -76,11 +76,15 @@ def nonneg_range_regex(lo: int, hi: int) -> str:
 
 
 def int_range_regex(lo: int | None, hi: int | None, limit: int = INT_LIMIT) -> str:
-    """Regex for JSON integers in ``[lo, hi]``; a missing side stops at ``limit`` digits-wise."""
-    lo = -limit if lo is None else max(lo, -limit)
-    hi = limit if hi is None else min(hi, limit)
+    """Regex for JSON integers in ``[lo, hi]``. A given bound is exact at any size (a 64-bit
+    id's ``minimum``); a missing side stops at ``limit``, or, past a given bound beyond it,
+    at the largest number with as many digits as that bound."""
+    if lo is None:
+        lo = -max(limit, 10 ** len(str(abs(hi))) - 1) if hi is not None and hi < -limit else -limit
+    if hi is None:
+        hi = max(limit, 10 ** len(str(abs(lo))) - 1) if lo > limit else limit
     if lo > hi:
-        raise BoundsError("minimum", f"integer range [{lo}, {hi}] is empty within ±{limit}")
+        raise BoundsError("minimum", f"integer range [{lo}, {hi}] is empty")
     parts = []
     if lo < 0:
         # -n for n in [max(1, -hi), -lo]

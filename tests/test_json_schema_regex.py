@@ -940,3 +940,35 @@ def test_rebase_refs_points_local_refs_under_the_embedding() -> None:
     assert embedded_defs({"t0": schema}) == {"t0": out}
     with pytest.raises(ValueError, match="escaping"):
         embedded_defs({"a/b": schema})
+
+
+def test_integer_bounds_beyond_15_digits_are_exact():
+    """A given bound holds at any size (64-bit ids, nanosecond timestamps); only a missing
+    side stops, at 15 digits, or at the given bound's digit count past that. A minimum of
+    1e18 used to be a 400 ("empty within ±999999999999999")."""
+    snowflake = json_schema_to_regex({"type": "integer", "minimum": 10**18})
+    assert re.fullmatch(snowflake, "1234567890123456789") and re.fullmatch(snowflake, str(10**19 - 1))
+    assert not re.fullmatch(snowflake, str(10**18 - 1)) and not re.fullmatch(snowflake, "42")
+    int64 = json_schema_to_regex({"type": "integer", "minimum": -2**63, "maximum": 2**63 - 1})
+    for n in (-2**63, -1, 0, 2**62, 2**63 - 1):
+        assert re.fullmatch(int64, str(n)), n
+    for n in (-2**63 - 1, 2**63):
+        assert not re.fullmatch(int64, str(n)), n
+    plain = json_schema_to_regex({"type": "integer"})  # unbounded: 15 digits, as before
+    assert re.fullmatch(plain, str(10**15 - 1)) and not re.fullmatch(plain, str(10**15))
+
+
+def test_date_format_is_every_real_calendar_date():
+    """format "date" admits exactly the dates Python's calendar has: Feb 29 in leap years
+    (by 4; centuries by 400) too. It never admitted Feb 29, so a leap day could not be written."""
+    import datetime
+
+    rx = json_schema_to_regex({"type": "string", "format": "date"})
+    for y in (1, 4, 100, 400, 1900, 1999, 2000, 2023, 2024, 2100, 2400, 2800, 9996, 9999):
+        for md in ("01-31", "02-28", "02-29", "02-30", "04-30", "04-31", "12-31", "13-01", "00-10"):
+            text = f"{y:04d}-{md}"
+            try:
+                real = datetime.date.fromisoformat(text) is not None
+            except ValueError:
+                real = False
+            assert bool(re.fullmatch(rx, json.dumps(text))) == real, text
