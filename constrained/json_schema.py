@@ -719,9 +719,18 @@ class _Converter:
         special = [k for k in ("pattern", "format") if k in schema]
         if len(special) == 2:
             raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with 'format' is not supported")
+        if special == ["pattern"] and ("minLength" in schema or "maxLength" in schema):
+            try:
+                body = text.pattern_with_length(schema["pattern"], lo, hi)
+            except ValueError as exc:
+                raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
+            if body is not None:
+                return '"' + body + '"'
         if special and ("minLength" in schema or "maxLength" in schema):
             raise UnsupportedSchemaError(
-                f"json_schema: keyword '{special[0]}' at {path} together with minLength/maxLength is not supported"
+                f"json_schema: keyword '{special[0]}' at {path} together with minLength/maxLength is not supported "
+                "(except a pattern that repeats one character, as '^[A-Z0-9]+$'); write the length into the "
+                "pattern instead"
             )
         if "format" in schema:
             fmt = schema["format"]

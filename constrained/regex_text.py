@@ -402,6 +402,39 @@ def pattern_to_body(pattern: str) -> str:
     return left + (f"(?:{translated})" if translated else "") + right
 
 
+# `^ATOM QUANT?$`: one character (a class, an escape, `.` or a literal), repeated
+_ONE_CHAR_RUN_RE = re.compile(r"\^((?:\[(?:\\.|[^\]\\])+\]|\\.|[^\\^$.|?*+()\[\]{}]|\.))"
+                              r"([*+?]|\{[0-9]+(?:,[0-9]*)?\})?\$")
+
+
+def pattern_with_length(pattern: str, min_length: int, max_length: int | None) -> str | None:
+    """A string body for ``pattern`` and ``minLength``/``maxLength`` together, when the pattern
+    is one character repeated over the whole string (``^[A-Z0-9]+$``, ``^\\d{3,}$``, as
+    Pydantic's ``constr(pattern=..., max_length=...)`` writes it): the repetition bounds
+    and the length bounds intersect. None for any other pattern (where counting characters
+    across the pattern is beyond a regex). Raises ValueError when the two never meet."""
+    m = _ONE_CHAR_RUN_RE.fullmatch(pattern)
+    if m is None:
+        return None
+    atom, quant = m.group(1), m.group(2) or "{1}"
+    lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}.get(quant, (None, None))
+    if lo is None:
+        a, _, b = quant[1:-1].partition(",")
+        lo, hi = int(a), (int(a) if not _ else int(b) if b else None)
+    lo = max(lo, min_length)
+    hi = max_length if hi is None else hi if max_length is None else min(hi, max_length)
+    if hi is not None and hi < lo:
+        raise ValueError(f"the pattern's {quant} repetition and the length bounds {min_length}..{max_length} "
+                         "never meet")
+    if lo > MAX_REPEAT:
+        raise ValueError(f"minLength {lo} exceeds the supported {MAX_REPEAT}")
+    one = pattern_to_body("^" + atom + "$")  # checked and made JSON-safe as any pattern
+    if hi is None:
+        return f"{one}{{{lo},}}"
+    hi = min(hi, MAX_REPEAT)  # clamping the upper bound only removes outputs: still sound
+    return f"{one}{{{lo}}}" if hi == lo else f"{one}{{{lo},{hi}}}"
+
+
 def has_top_level_alternation(core: str) -> bool:
     """Whether ``core`` has a ``|`` outside every group and class."""
     depth, i, in_class = 0, 0, False

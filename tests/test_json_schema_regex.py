@@ -393,7 +393,7 @@ def test_pattern_and_formats() -> None:
     unanchored = {"type": "string", "pattern": "ab"}
     assert accepts(unanchored, "xxabyy") and not accepts(unanchored, "xbay")
     raises_keyword({"type": "string", "pattern": "^(?=a)"}, "pattern")
-    raises_keyword({"type": "string", "pattern": "^a$", "maxLength": 3}, "pattern")
+    raises_keyword({"type": "string", "pattern": "^a|b$", "maxLength": 3}, "pattern")
     for fmt, ok, bad in [("date", "2024-02-28", "2024-02-30"), ("uuid", "12345678-1234-1234-1234-123456789abc", "x"),
                          ("ipv4", "192.168.0.1", "256.1.1.1"), ("date-time", "2024-01-01T10:00:00Z", "2024-01-01"),
                          ("email", "a.b@ex.com", "a@b"), ("time", "23:59:59+01:00", "24:00:00Z"),
@@ -972,3 +972,27 @@ def test_date_format_is_every_real_calendar_date():
             except ValueError:
                 real = False
             assert bool(re.fullmatch(rx, json.dumps(text))) == real, text
+
+
+def test_a_one_character_pattern_with_length_bounds():
+    """Pydantic's constr(pattern="^[A-Z0-9]+$", max_length=8): a pattern that repeats one
+    character over the whole string takes minLength/maxLength (the bounds intersect); other
+    patterns with lengths stay a 400 naming the keyword. Both forms used to be a 400."""
+    from pydantic import BaseModel, Field
+
+    class Sku(BaseModel):
+        sku: str = Field(pattern=r"^[A-Z0-9]+$", max_length=8)
+        digits: str = Field(pattern=r"^\d{3,}$", min_length=4, max_length=5)
+
+    rx = json_schema_to_regex(Sku.model_json_schema())
+    assert re.fullmatch(rx, '{"sku":"AB12CD34","digits":"1234"}')
+    for bad in ('{"sku":"AB12CD345","digits":"1234"}', '{"sku":"","digits":"1234"}',
+                '{"sku":"ab","digits":"1234"}', '{"sku":"A","digits":"123"}', '{"sku":"A","digits":"123456"}'):
+        assert not re.fullmatch(rx, bad), bad
+    for sch, text in (({"pattern": "^.{2,}$", "maxLength": 3}, "é中x"), ({"pattern": "^a?$", "minLength": 1}, "a")):
+        assert re.fullmatch(json_schema_to_regex({"type": "string", **sch}), json.dumps(text, ensure_ascii=False))
+    for sch, needle in (({"pattern": "^[A-Z]+-[0-9]+$", "maxLength": 8}, "together with minLength/maxLength"),
+                        ({"pattern": "[A-Z]+", "maxLength": 8}, "together with minLength/maxLength"),  # unanchored
+                        ({"pattern": "^a{5}$", "maxLength": 3}, "never meet")):
+        with pytest.raises(ValueError, match=needle):
+            json_schema_to_regex({"type": "string", **sch})
