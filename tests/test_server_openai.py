@@ -451,6 +451,11 @@ def test_tool_choice_auto_and_a_tool_conversation(client):
     assert r.usage.prompt_tokens > alone + 20  # the call and its result are part of the prompt
 
 
+def odd_tool(properties: dict) -> dict:
+    return {"type": "function", "function": {"name": "odd", "parameters": {"type": "object", "properties": properties,
+                                                                          "required": list(properties)}}}
+
+
 @pytest.mark.parametrize("kwargs,needle", [
     ({"tools": [{"type": "function", "function": {"name": "x y"}}]}, "tools[0].function.name"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "launch"}}}, "not in tools"),
@@ -458,12 +463,23 @@ def test_tool_choice_auto_and_a_tool_conversation(client):
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "cannot be combined"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}],
       "tools": TOOLS}, "messages[0].tool_calls[0]"),
+    # a schema keyword the grammar cannot enforce, located in the request's tools (it read
+    # "$.items.properties.arguments.properties.n", the grammar's wrapper)
+    ({"tools": [odd_tool({"n": {"type": "integer", "multipleOf": 7}})], "tool_choice": "required"},
+     "'multipleOf' at tools[0].function.parameters.properties.n"),
+    ({"tools": [*TOOLS, odd_tool({"n": {"type": "integer", "multipleOf": 7}})], "tool_choice": "required"},
+     f"'multipleOf' at tools[{len(TOOLS)}].function.parameters.properties.n"),
+    ({"tools": [*TOOLS, odd_tool({"n": {"type": "integer", "multipleOf": 7}})],
+      "tool_choice": {"type": "function", "function": {"name": "odd"}}},
+     f"'multipleOf' at tools[{len(TOOLS)}].function.parameters.properties.n"),
 ])
 def test_bad_tool_requests_are_400(client, server, kwargs, needle):
     kw = {"model": "smol", "messages": ASK, "max_tokens": 4, **kwargs}
     with pytest.raises(openai.BadRequestError) as ei:
         client.chat.completions.create(**kw)
-    assert needle in ei.value.body["message"]
+    assert needle in ei.value.body["message"], ei.value.body
+    if "multipleOf" in needle:
+        assert ei.value.body["param"] == "tools"
     assert requests.get(server.url + "/health", timeout=T).status_code == 200
 
 

@@ -6,6 +6,7 @@ as /generate, and the results are shaped like OpenAI's, streaming included.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -216,6 +217,10 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
     tm = state.tm
     reqs = [r for b in base for r in tm.expand_n(b)]  # choice index = prompt * n + sample
     tm.check_capacity(len(reqs))
+
+    def generate(r: TokenizedGenerateReq):
+        return tm.generate(r) if tools is None else _tool_errors(tm.generate(r), tools)
+
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     shaper = _Shaper(tm, rid, state.model_name, chat, int(time.time()), len(reqs) // len(base), tools, echoes,
                      think)
@@ -224,7 +229,7 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
 
         async def items():
             await tm.warm_prefixes(reqs)
-            async for item in merge_streams([tm.generate(r) for r in reqs]):
+            async for item in merge_streams([generate(r) for r in reqs]):
                 yield item
 
         return await stream_or_error(request, items(), shaper.render_chunk,
@@ -233,7 +238,7 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
     async def run() -> list[Accum]:
         async def one(r: TokenizedGenerateReq) -> Accum:
             last = None
-            async for c in tm.generate(r):
+            async for c in generate(r):
                 last = c
             return last.acc
 
@@ -247,6 +252,19 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
     choices = [shaper.choice(i, acc) for i, acc in enumerate(accs)]
     return JSONResponse({"id": rid, "object": obj, "created": shaper.created, "model": shaper.model,
                          "choices": choices, "usage": shaper.usage()})
+
+
+async def _tool_errors(chunks, tools: ToolPlan):
+    """`chunks`, with a grammar error of the tools' schemas located in the request's `tools`
+    (the grammar is built around them: its paths would name that wrapper)."""
+    async with contextlib.aclosing(chunks):
+        try:
+            async for c in chunks:
+                yield c
+        except APIError as e:
+            if e.param in GRAMMAR_FIELDS:
+                e.message, e.param = tools.locate(e.message), "tools"
+            raise
 
 
 class _Shaper:

@@ -112,6 +112,21 @@ class ToolPlan:
                                 "end": f"}}\n{CLOSE}"} for t in self.tools],
                 "triggers": [OPEN]}
 
+    def locate(self, message: str) -> str:
+        """A grammar error's schema path (`at $...`) restated in the request's terms: the
+        grammar wraps the tools' parameters (an array of calls, a structural tag), whose
+        paths the client never wrote."""
+        def tool(i: int) -> str:
+            return f"tools[{i}].function.parameters"
+
+        named = next((i for i, t in enumerate(self.tools) if t.name == self.named), 0)
+        message = re.sub(r"\$\.items(?:\.anyOf\[(\d+)\])?\.properties\.arguments",
+                         lambda m: tool(int(m.group(1) or 0)), message)
+        message = re.sub(r"\$\.structures\[(\d+)\]\.schema", lambda m: tool(int(m.group(1))), message)
+        if self.choice == "named":
+            message = re.sub(r"\$(?=[.\[\s]|$)", tool(named), message)
+        return message
+
     def _tool(self, name: str | None) -> Tool:
         return next(t for t in self.tools if t.name == name)
 
