@@ -108,6 +108,9 @@ class EngineArgs:
     # the names both logging (upper-cased) and uvicorn take (uvicorn's "trace" is no logging level)
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     shutdown_grace_s: float = 10.0
+    log_requests: bool = field(default=False, metadata={"help": (
+        "log a line per finished request (id, prompt / cached / generated tokens, finish reason, "
+        "latency); never the prompt or output text")})
     # the server kills a scheduler that has sent nothing this long (it reports between steps
     # every 0.5 s: one step has hung, in a kernel, a collective or a stopped process) and
     # exits non-zero, for an orchestrator to restart it, as SGLang's; 0 turns it off

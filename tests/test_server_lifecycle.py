@@ -182,8 +182,13 @@ def test_a_hung_scheduler_is_killed_and_the_server_exits():
     SIGSTOP, as a step stuck in a kernel or a collective would be) is killed, and the server
     exits non-zero, so an orchestrator restarts it (before, /health stayed 200 and requests
     hung forever). Meanwhile /metrics answers at once from the scheduler's last snapshot."""
-    srv = ServerProcess(["--max-total-tokens", "4096", "--watchdog-timeout", "4", "--log-level", "warning"])
+    srv = ServerProcess(["--max-total-tokens", "4096", "--watchdog-timeout", "4", "--log-requests"])
     try:
+        # --log-requests: a line per finished request, without its text
+        body = {"text": "A secret prompt", "rid": "log-me", "sampling_params": {"max_new_tokens": 3}}
+        assert requests.post(srv.url + "/generate", json=body, timeout=T).status_code == 200
+        line = next(x for x in srv.log_tail().splitlines() if "request log-me:" in x)
+        assert "generated, finish length" in line and "secret" not in srv.log_tail(), line
         pid = info(srv.url)["pids"]["scheduler"]
         time.sleep(1.0)  # a snapshot has come
         os.kill(pid, signal.SIGSTOP)

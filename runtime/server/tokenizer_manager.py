@@ -149,7 +149,13 @@ class TokenizerManager:
                 if m.out.finished is not None:
                     del self.states[m.out.rid]  # its KV is released once it is finished
                     # counted here, not by the handler: one whose client left is gone by now
-                    self.metrics.on_finish(m.out, time.perf_counter() - st.created)
+                    latency = time.perf_counter() - st.created
+                    self.metrics.on_finish(m.out, latency)
+                    if self.args.log_requests:
+                        o = m.out
+                        log.info("request %s: %d prompt tokens (%d cached), %d generated, finish %s, %.3fs",
+                                 o.rid, o.prompt_tokens, o.cached_tokens, o.completion_tokens,
+                                 (o.finished or {}).get("type"), latency)
                 st.queue.put_nowait(m)
 
     # ================================================================== building requests
