@@ -169,6 +169,27 @@ def test_queue_full_is_503(server_b):
     assert_no_leaked_kv(url)
 
 
+def test_a_burst_is_held_to_the_in_flight_limit(server_b):
+    """10 requests at once against a limit of 2 in flight (1 running + 1 queued): exactly 2
+    are taken, the rest get a 503. The limit is checked where requests are registered; the
+    early check alone let a burst through (17 taken against a limit of 12)."""
+    url = server_b.url
+    body = {"text": "Keep going:", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
+    with ThreadPoolExecutor(10) as ex:
+        futs = [ex.submit(requests.post, url + "/generate", json={**body, "rid": f"burst-{i}"}, timeout=T)
+                for i in range(10)]
+        deadline = time.monotonic() + T
+        while sum(f.done() for f in futs) < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # a 9th answer would have come by now
+        done = sum(f.done() for f in futs)
+        for i in range(10):  # end the ones taken
+            requests.post(url + "/abort_request", json={"rid": f"burst-{i}"}, timeout=T)
+        codes = sorted(f.result().status_code for f in futs)
+    assert done == 8 and codes == [200, 200] + [503] * 8, (done, codes)
+    assert_no_leaked_kv(url)
+
+
 def test_scheduler_death_exits_nonzero(server_b):
     pid = info(server_b.url)["pids"]["scheduler"]
     t0 = time.monotonic()

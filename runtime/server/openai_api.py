@@ -228,9 +228,10 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         async def items():
-            await tm.warm_prefixes(reqs)
-            async for item in merge_streams([generate(r) for r in reqs]):
-                yield item
+            with tm.reserve(reqs, {}):
+                await tm.warm_prefixes(reqs)
+                async for item in merge_streams([generate(r) for r in reqs]):
+                    yield item
 
         return await stream_or_error(request, items(), shaper.render_chunk,
                                      lambda: [sse(shaper.usage_chunk())] if include_usage else [])
@@ -242,8 +243,9 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
                 last = c
             return last.acc
 
-        await tm.warm_prefixes(reqs)
-        return await gather_all([one(r) for r in reqs])
+        with tm.reserve(reqs, {}):
+            await tm.warm_prefixes(reqs)
+            return await gather_all([one(r) for r in reqs])
 
     accs = await until_done_or_disconnect(request, run())
     for i, acc in enumerate(accs):

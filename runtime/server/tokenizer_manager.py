@@ -312,10 +312,14 @@ class TokenizerManager:
     def reserve(self, reqs: list[TokenizedGenerateReq], aliases: dict[str, tuple[str, ...]]):
         """Hold the rids of `reqs` from now on (before their prompt is warmed), so that
         /abort_request finds them before they are sent: `generate` then finishes an aborted
-        one as aborted without sending it. Whatever was not sent is released on exit."""
+        one as aborted without sending it. Whatever was not sent is released on exit. A 503
+        when they would overflow the in-flight limit (`check_capacity`)."""
         if any(r.rid in self.states for r in reqs):
             raise APIError.bad_request(f"request id {next(r.rid for r in reqs if r.rid in self.states)!r} is "
                                        "already in use", "rid")
+        # checked again where they are registered, with no await between: the handlers'
+        # early check can pass for many requests of a burst before any of them is held
+        self.check_capacity(len(reqs))
         held = {r.rid: ReqState(asyncio.Queue(), time.perf_counter(), aliases=aliases.get(r.rid, ())) for r in reqs}
         self.states.update(held)
         try:
