@@ -3,17 +3,21 @@
 ``TREADLE_FAULT_FORWARD_CALLS="2,4"`` makes the model runner's 2nd and 4th forward calls
 raise, so a failed batch step (the scheduler's recovery, an HTTP 500 or an SSE error event for
 the requests of that step, the server serving on) can be exercised end to end, where no test
-can reach into the scheduler process. Unset (the normal case), nothing is wrapped.
+can reach into the scheduler process. ``TREADLE_FAULT_SLOW_FORWARD="1:12"`` makes forward
+call 1 sleep 12 s first: a step longer than any timeout around it (the shutdown drain).
+Unset (the normal case), nothing is wrapped.
 """
 from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
-__all__ = ["FAULT_ENV", "install_forward_faults"]
+__all__ = ["FAULT_ENV", "SLOW_ENV", "install_forward_faults"]
 
 FAULT_ENV = "TREADLE_FAULT_FORWARD_CALLS"
+SLOW_ENV = "TREADLE_FAULT_SLOW_FORWARD"
 log = logging.getLogger(__name__)
 
 
@@ -21,14 +25,19 @@ def install_forward_faults(runner: Any, spec: str | None = None) -> bool:
     """Wrap ``runner.forward`` to raise at the 1-based call numbers in ``spec`` (default: the
     environment variable); returns whether it did. Raises ``ValueError`` on a bad spec."""
     spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
-    if not spec.strip():
+    slow = os.environ.get(SLOW_ENV, "")
+    if not spec.strip() and not slow.strip():
         return False
     try:
         calls = {int(x) for x in spec.split(",") if x.strip()}
     except ValueError:
         raise ValueError(f"{FAULT_ENV} must be comma-separated forward call numbers, got {spec!r}") from None
-    if not calls or min(calls) < 1:
+    if calls and min(calls) < 1:
         raise ValueError(f"{FAULT_ENV} call numbers start at 1, got {spec!r}")
+    try:
+        slow_call, slow_s = (int(slow.split(":")[0]), float(slow.split(":")[1])) if slow.strip() else (0, 0.0)
+    except (ValueError, IndexError):
+        raise ValueError(f"{SLOW_ENV} must be '<call>:<seconds>', got {slow!r}") from None
     real = runner.forward
     count = [0]
 
@@ -36,8 +45,11 @@ def install_forward_faults(runner: Any, spec: str | None = None) -> bool:
         count[0] += 1
         if count[0] in calls:
             raise RuntimeError(f"injected fault ({FAULT_ENV}) at forward call {count[0]}")
+        if count[0] == slow_call:
+            time.sleep(slow_s)
         return real(*args, **kwargs)
 
     runner.forward = forward
-    log.warning("%s=%s: forward calls %s will raise (fault injection for tests)", FAULT_ENV, spec, sorted(calls))
+    log.warning("fault injection for tests: forward calls %s raise; call %s sleeps %gs", sorted(calls), slow_call,
+                slow_s)
     return True

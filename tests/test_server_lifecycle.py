@@ -227,6 +227,34 @@ def test_a_hung_scheduler_is_killed_and_the_server_exits():
         srv.close()
 
 
+def test_sigterm_during_a_long_step_ends_its_requests_as_aborted():
+    """SIGTERM while the scheduler is in a long prefill (seconds on a CPU, longer than the
+    grace period and the 5 s the drain waits for aborts): the request still gets a JSON
+    answer, finish_reason "abort", and the server exits 0. It got uvicorn's plain-text 500
+    (its handler cancelled mid-response), with tracebacks in the log."""
+    # its first forward call (the prefill) takes 15 s (runtime/fault_injection.py)
+    srv = ServerProcess(["--max-total-tokens", "8192", "--shutdown-grace-s", "0.5"],
+                        env={"TREADLE_FAULT_SLOW_FORWARD": "1:15"})
+    try:
+        out: list = []
+        t = threading.Thread(target=lambda: out.append(requests.post(
+            srv.url + "/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 4}}, timeout=T)))
+        t.start()
+        deadline = time.monotonic() + 30
+        while info(srv.url)["num_in_flight"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)  # the prefill step has begun
+        srv.proc.send_signal(signal.SIGTERM)
+        t.join(T)
+        r = out[0]
+        assert r.status_code == 200 and r.json()["meta_info"]["finish_reason"]["type"] == "abort", (r.text, srv.log_tail())
+        assert srv.proc.wait(timeout=60) == 0, srv.log_tail()
+        assert "Traceback" not in srv.log_tail()
+    finally:
+        srv.close()
+
+
 def test_a_failed_batch_step_is_a_500_and_the_server_serves_on():
     """Forward calls 2 and 4 of the real scheduler process raise (runtime/fault_injection.py):
     the non-streamed request of the failed step gets a 500 naming the failure, the streamed

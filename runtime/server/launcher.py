@@ -120,6 +120,8 @@ class _Server(uvicorn.Server):
         # would turn a clean drain into death-by-SIGTERM
         if self.draining or self.loop is None:
             log.warning("second signal: exiting now")
+            if self.loop is not None:  # what still runs ends as aborted, not cancelled mid-response
+                self.loop.call_soon_threadsafe(self.state.tm.end_all, "aborted: the server is exiting now")
             self.should_exit = self.force_exit = True
             return
         self.draining = True
@@ -138,7 +140,10 @@ class _Server(uvicorn.Server):
             end = time.monotonic() + 5
             while tm.num_in_flight and time.monotonic() < end:
                 await asyncio.sleep(0.05)
-        await asyncio.sleep(0.1)  # let the handlers write their final responses
+        if tm.num_in_flight:  # the scheduler is in a long step: end them here, as aborted
+            log.warning("the scheduler did not end %d aborted request(s) in 5s; ending them now",
+                        tm.end_all("aborted: the server is shutting down"))
+        await asyncio.sleep(0.2)  # let the handlers write their final responses
         self.should_exit = True
 
     async def watchdog(self) -> None:

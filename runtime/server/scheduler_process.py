@@ -80,6 +80,7 @@ def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, p
         "model_kind": runner.source.kind,
         "architecture": runner.config.architecture,
         "model_load_s": round(runner.load_s, 3),
+        "stats": {**sched.info(), "pid": os.getpid()},  # the first snapshot (see STATS_PERIOD_S)
     }))
     conn.close()
     healthy = False
@@ -118,14 +119,16 @@ def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = N
                 return
             if tp is not None:  # idle: make sure the other ranks are still there
                 tp.heartbeat()
+        if time.monotonic() - last_stats >= STATS_PERIOD_S:  # sent before a step that may be long
+            last_stats = time.monotonic()
+            to_send.append(ControlOut("stats", 0, {**sched.info(), "pid": os.getpid()}))
+            push.send_pyobj(to_send)
+            to_send = []
         if sched.has_work():
             to_send.extend(sched.step())
         else:  # aborts of waiting requests and rejections are emitted without a step
             to_send.extend(sched.outputs)
             sched.outputs = []
-        if time.monotonic() - last_stats >= STATS_PERIOD_S:
-            last_stats = time.monotonic()
-            to_send.append(ControlOut("stats", 0, {**sched.info(), "pid": os.getpid()}))
         if to_send:
             push.send_pyobj(to_send)
 

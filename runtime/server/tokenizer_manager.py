@@ -72,6 +72,11 @@ class SchedulerDied(Exception):
     pass
 
 
+class ServerStopping(Exception):
+    """Put in the queue of a request the scheduler could not end before the server exits
+    (`end_all`): the request ends as aborted, with what it has so far."""
+
+
 class TokenizerManager:
     def __init__(self, args: EngineArgs, tokenizer: Any, model_info: dict, paths: IpcPaths,
                  metrics: ServerMetrics) -> None:
@@ -92,7 +97,7 @@ class TokenizerManager:
         self.dead: str | None = None
         # the scheduler's latest info() snapshot (sent every STATS_PERIOD_S between steps) and
         # when anything last came from it: what /metrics serves, what the watchdog checks
-        self.sched_info: dict | None = None
+        self.sched_info: dict | None = model_info.get("stats")
         self.sched_heard = time.monotonic()
         self._push_ctx = zmq.Context(1)
         self._push = self._push_ctx.socket(zmq.PUSH)
@@ -124,6 +129,16 @@ class TokenizerManager:
         for fut in self.control_futs.values():
             if not fut.done():
                 fut.set_exception(SchedulerDied(reason))
+
+    def end_all(self, reason: str) -> int:
+        """End every request still waiting on the scheduler as aborted now (the server is
+        exiting and the scheduler, in a long step, has not processed their aborts): their
+        handlers answer normally instead of being cancelled mid-response. Returns how many."""
+        states = list(self.states.items())
+        self.states.clear()
+        for _, st in states:
+            st.queue.put_nowait(ServerStopping(reason))
+        return len(states)
 
     @property
     def num_in_flight(self) -> int:
@@ -353,6 +368,11 @@ class TokenizerManager:
                 m = await st.queue.get()
                 if isinstance(m, SchedulerDied):
                     raise APIError(f"a server process died: {m}", 503, "server_error", None, "server_process_died")
+                if isinstance(m, ServerStopping):
+                    last = acc.last
+                    m = StrOutput(ReqOutput(r.rid, [], {"type": "abort", "message": str(m)},
+                                            last.prompt_tokens if last else len(r.input_ids), len(acc.ids),
+                                            last.cached_tokens if last else 0), "")
                 out = m.out
                 finished = out.finished is not None
                 if out.error:
