@@ -76,8 +76,8 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
     All choices are scored in one batched request from the prompt logprobs of
     `text + choice`; `choices_method` is "token_length_normalized" (mean logprob, default),
     "sum", "greedy_token", or "unconditional_likelihood_normalized" (the mean gain of each
-    token's logprob over the choice scored alone: one more batched request). The pick is the best score: `temperature` is 0, as in SGLang's
-    runtime backend."""
+    token's logprob over the choice scored alone: one more batched request). The pick is
+    the best score: `temperature` is 0, as in SGLang's runtime backend."""
     _check_name("select", name)
     if temperature != 0:
         raise ValueError(f"select({name!r}) takes the best-scored choice: temperature must be 0, got {temperature!r}")

@@ -301,7 +301,8 @@ class Engine:
             r = TokenizedGenerateReq(rid=f"{base}-{i}" if len(ids_list) > 1 else base,
                                      input_ids=ids, sampling_params=p, return_logprob=return_logprob,
                                      logprob_start_len=start,
-                                     top_logprobs_num=0 if top_logprobs_num is None else top_logprobs_num, stream=stream,
+                                     top_logprobs_num=0 if top_logprobs_num is None else top_logprobs_num,
+                                     stream=stream,
                                      return_text_in_logprobs=return_text_in_logprobs)
             check_context(len(ids), given[i], self.runner.context_len)
             validate_request(r, self.runner.config.vocab_size, self.runner.context_len, self.runner.allocator.num_slots)

@@ -685,7 +685,8 @@ class Scheduler:
                 if s in tail:  # before the length checks: a stop on the last allowed token is a stop
                     if p.min_new_tokens > 1:
                         if new_from is None:
-                            new_from = len(self.tokenizer.decode(window[:-1], skip_special_tokens=p.skip_special_tokens))
+                            new_from = len(self.tokenizer.decode(window[:-1],
+                                                                 skip_special_tokens=p.skip_special_tokens))
                         if tail.find(s, max(0, new_from - len(s) + 1)) < 0:
                             continue  # it ended in an earlier token, one before min_new_tokens: text
                     req.finish("stop", matched=s)
