@@ -451,8 +451,8 @@ def test_a_slow_grammar_does_not_stall_other_requests():
     slow = "(" + "|".join(f"zz{i}[a-z]{{0,5}}" for i in range(4000)) + ")\U0010FFF9"
     with Engine(max_total_tokens=4096, grammar_compile_timeout_s=600) as e:
         e.generate("Hi", {"max_new_tokens": 1, "regex": "ok"})  # the compile worker is up
-        (r_slow,), _ = e._build("Hi", None, {"regex": slow, "max_new_tokens": 4}, False, None, 0, False, "slow")
-        (r_plain,), _ = e._build("The weather today", None, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+        (r_slow,), _, _ = e._build("Hi", None, {"regex": slow, "max_new_tokens": 4}, False, None, 0, False, "slow")
+        (r_plain,), _, _ = e._build("The weather today", None, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
                                  False, None, 0, False, "plain")
         slow_box = e._submit(r_slow)
         plain = e._collect(r_plain, e._submit(r_plain))
