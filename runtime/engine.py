@@ -121,10 +121,12 @@ class Engine:
                              rid: str | None = None):
         """asyncio form of `generate`; with stream=True an async iterator of chunks. Cancelling
         the awaiting task aborts its requests (their KV is freed at once)."""
-        if stream:
-            return self._astream(prompt, sampling_params, input_ids, return_logprob=return_logprob,
-                                 logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                                 return_text_in_logprobs=return_text_in_logprobs, stream=True, rid=rid)
+        if stream:  # checked now (a ValueError at the call, as unstreamed); run as iterated
+            return self._astream(self.generate(prompt, sampling_params, input_ids, return_logprob=return_logprob,
+                                               logprob_start_len=logprob_start_len,
+                                               top_logprobs_num=top_logprobs_num,
+                                               return_text_in_logprobs=return_text_in_logprobs, stream=True,
+                                               rid=rid))
         reqs, single, base = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
                                          top_logprobs_num, stream, rid, return_text_in_logprobs)
         t0 = time.perf_counter()
@@ -145,8 +147,7 @@ class Engine:
                 raise
         return self._shape(results, reqs, single)
 
-    async def _astream(self, *args: Any, **kwargs: Any):
-        it = self.generate(*args, **kwargs)
+    async def _astream(self, it: Iterator[dict]):
         sentinel = object()
         while True:
             chunk = await asyncio.to_thread(next, it, sentinel)

@@ -474,6 +474,20 @@ def test_exit_without_shutdown_while_a_request_runs_is_clean(tmp_path):
     assert "terminate called" not in run.stderr
 
 
+def test_async_stream_checks_its_input_at_the_call(engine, prompts):
+    """async_generate(stream=True) raises a bad input's ValueError when called, as the
+    unstreamed call does (it raised only once iterated), and streams what generate streams."""
+    import asyncio
+
+    async def main():
+        with pytest.raises(ValueError, match="temperature"):
+            await engine.async_generate(prompts[0], {"temperature": -1}, stream=True)
+        it = await engine.async_generate(prompts[0], GREEDY, stream=True)
+        return "".join([c["text"] async for c in it])
+
+    assert asyncio.run(main()) == engine.generate(prompts[0], GREEDY)["text"]
+
+
 def test_shutdown_ends_every_caller_still_waiting():
     """Requests in flight when the engine shuts down (a blocking call in another thread, a
     stream half read) raise EngineDeadError instead of waiting forever; so does every call
