@@ -140,10 +140,7 @@ class Engine:
             except asyncio.CancelledError:
                 # the threads then collect their abort and return (a warm-up still running
                 # included: the parts are then never sent)
-                if group is not None:
-                    self._abort_group(group)
-                else:
-                    self.abort(reqs[0].rid)
+                self._abort_reqs(reqs, group)
                 raise
         return self._shape(results, reqs, single)
 
@@ -168,14 +165,19 @@ class Engine:
         else:
             self._inbox.put(("abort", rid))
 
+    def _abort_reqs(self, reqs: list[TokenizedGenerateReq], group: "_Group | None") -> None:
+        """Abort one call's requests: through their group when they have one."""
+        if group is not None:
+            self._abort_group(group)
+        else:
+            for r in reqs:
+                self.abort(r.rid)
+
     def _abandon(self, reqs: list[TokenizedGenerateReq], group: "_Group | None") -> None:
         """The caller stopped waiting (an exception in its thread): abort what may still run
         and drop the outboxes, whose later outputs are then discarded."""
-        if group is not None:
-            self._abort_group(group)
+        self._abort_reqs(reqs, group)
         for r in reqs:
-            if group is None:
-                self.abort(r.rid)
             self._done(r.rid)
 
     def _abort_group(self, group: "_Group") -> None:

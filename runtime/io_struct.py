@@ -92,13 +92,12 @@ class OutputAccum:
         self.input_tops: list | None = None
         self.last: ReqOutput | None = None
         self.created = time.perf_counter()  # for e2e_latency, as SGLang's meta_info
-        # the result's logprob lists, built as outputs arrive (a stream's chunks then cost
-        # O(new tokens) each to make, not O(all tokens so far))
+        # the result's logprob triples, made from the lists above when a result is asked for,
+        # from where the last one stopped (a stream's chunk costs O(new tokens), and callers
+        # that read only the raw lists, as the OpenAI shaper, never pay for them)
         self.meta: dict = {}
-        if req.return_logprob:
-            self.meta = {"input_token_logprobs": [], "output_token_logprobs": []}
-            if req.top_logprobs_num > 0:
-                self.meta.update(input_top_logprobs=[], output_top_logprobs=[])
+        self._made = 0  # output positions already in self.meta
+        self._input_made: list | None = None  # the input_logprobs list they were made from
 
     def add(self, out: ReqOutput) -> None:
         self.ids.extend(out.new_ids)
@@ -107,8 +106,6 @@ class OutputAccum:
         if out.input_logprobs is not None:
             self.input_logprobs, self.input_tops = out.input_logprobs, out.input_top_logprobs
         self.last = out
-        if self.meta:
-            self._add_logprob_meta(out)
 
     def _triples(self, pairs: list[tuple]) -> list[tuple]:
         if self.decode is None:
@@ -117,17 +114,26 @@ class OutputAccum:
         self.texts.update(zip(new, self.decode(new)))
         return [(lp, t, self.texts[t]) for lp, t in pairs]
 
-    def _add_logprob_meta(self, out: ReqOutput) -> None:
-        meta, r = self.meta, self.req
-        if out.input_logprobs is not None:
-            scored = out.input_logprobs
+    def _logprob_meta(self) -> dict:
+        """The logprob triples so far, made only for what arrived since the last call."""
+        r, meta, tops = self.req, self.meta, self.req.top_logprobs_num > 0
+        if not meta:
+            meta.update(input_token_logprobs=[], output_token_logprobs=[])
+            if tops:
+                meta.update(input_top_logprobs=[], output_top_logprobs=[])
+        if self.input_logprobs is not None and self.input_logprobs is not self._input_made:
+            scored = self.input_logprobs
             prompt = r.input_ids[len(r.input_ids) - len(scored):] if scored else []
             meta["input_token_logprobs"] = self._triples(list(zip(scored, prompt)))
-            if r.top_logprobs_num > 0:
-                meta["input_top_logprobs"] = [self._triples(t) if t else None for t in (out.input_top_logprobs or [])]
-        meta["output_token_logprobs"] += self._triples(list(zip(out.output_logprobs, out.new_ids)))
-        if r.top_logprobs_num > 0:
-            meta["output_top_logprobs"] += [self._triples(t) if t else None for t in out.output_top_logprobs]
+            if tops:
+                meta["input_top_logprobs"] = [self._triples(t) if t else None for t in (self.input_tops or [])]
+            self._input_made = self.input_logprobs
+        new = slice(self._made, len(self.logprobs))
+        meta["output_token_logprobs"] += self._triples(list(zip(self.logprobs[new], self.ids[new])))
+        if tops:
+            meta["output_top_logprobs"] += [self._triples(t) if t else None for t in self.tops[new]]
+        self._made = len(self.logprobs)
+        return meta
 
     def result(self, rid: str, text: str) -> dict:
         o = self.last
@@ -139,5 +145,6 @@ class OutputAccum:
             meta["error"] = o.error
             if o.internal:
                 meta["internal_error"] = True
-        meta.update((k, list(v)) for k, v in self.meta.items())  # copies: later outputs extend ours
+        if self.req.return_logprob:  # copies: later outputs extend ours
+            meta.update((k, list(v)) for k, v in self._logprob_meta().items())
         return {"text": text, "output_ids": list(self.ids), "meta_info": meta}
