@@ -117,6 +117,9 @@ class EngineArgs:
     watchdog_timeout: float = field(default=300.0, metadata={"help": (
         "seconds without a word from the scheduler (a hung step) after which the server kills "
         "it and exits non-zero; 0 = never")})
+    max_request_bytes: int = field(default=64 << 20, metadata={"help": (
+        "the largest HTTP request body the server reads; a larger one is a 413 before it is "
+        "read whole")})
 
     def __post_init__(self) -> None:
         # every Literal-typed field takes only its listed values (the CLI's choices too), and
@@ -160,6 +163,8 @@ class EngineArgs:
             raise ValueError(f"watchdog_timeout must be >= 0 (0 turns it off), got {self.watchdog_timeout}")
         if self.dist_timeout_s <= 0:
             raise ValueError("dist_timeout_s must be > 0")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
 

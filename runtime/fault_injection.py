@@ -5,6 +5,9 @@ raise, so a failed batch step (the scheduler's recovery, an HTTP 500 or an SSE e
 the requests of that step, the server serving on) can be exercised end to end, where no test
 can reach into the scheduler process. ``TREADLE_FAULT_SLOW_FORWARD="1:12"`` makes forward
 call 1 sleep 12 s first: a step longer than any timeout around it (the shutdown drain).
+``TREADLE_FAULT_HOLD_TOKENIZE=<path>`` makes the server's tokenizer wait, for a text that
+contains ``HOLD_MARKER``, until a file exists at ``<path>`` (it creates ``<path>.held`` as it
+starts waiting): a tokenization as long as the test wants, to show that nothing else waits for it.
 Unset (the normal case), nothing is wrapped.
 """
 from __future__ import annotations
@@ -14,10 +17,13 @@ import os
 import time
 from typing import Any
 
-__all__ = ["FAULT_ENV", "SLOW_ENV", "install_forward_faults"]
+__all__ = ["FAULT_ENV", "HOLD_ENV", "HOLD_MARKER", "SLOW_ENV", "install_forward_faults", "install_tokenize_hold"]
 
 FAULT_ENV = "TREADLE_FAULT_FORWARD_CALLS"
 SLOW_ENV = "TREADLE_FAULT_SLOW_FORWARD"
+HOLD_ENV = "TREADLE_FAULT_HOLD_TOKENIZE"
+HOLD_MARKER = "treadle-hold-tokenize"
+HOLD_MAX_S = 300.0
 log = logging.getLogger(__name__)
 
 
@@ -52,4 +58,25 @@ def install_forward_faults(runner: Any, spec: str | None = None) -> bool:
     runner.forward = forward
     log.warning("fault injection for tests: forward calls %s raise; call %s sleeps %gs", sorted(calls), slow_call,
                 slow_s)
+    return True
+
+
+def install_tokenize_hold(tokenizer: Any) -> bool:
+    """Wrap ``tokenizer.encode`` so that a text containing HOLD_MARKER waits (at most
+    HOLD_MAX_S) for the file named by the environment variable; returns whether it did."""
+    path = os.environ.get(HOLD_ENV, "")
+    if not path or tokenizer is None:
+        return False
+    real = tokenizer.encode
+
+    def encode(text: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(text, str) and HOLD_MARKER in text:
+            open(path + ".held", "w").close()  # tells the test the hold has begun
+            deadline = time.monotonic() + HOLD_MAX_S
+            while not os.path.exists(path) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return real(text, *args, **kwargs)
+
+    tokenizer.encode = encode
+    log.warning("fault injection for tests: texts containing %r wait for %s before tokenizing", HOLD_MARKER, path)
     return True

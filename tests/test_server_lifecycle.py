@@ -277,3 +277,64 @@ def test_a_failed_batch_step_is_a_500_and_the_server_serves_on():
         assert srv.proc.poll() is None
     finally:
         srv.close()
+
+
+def test_a_held_tokenization_holds_nothing_else_and_bodies_are_bounded(tmp_path):
+    """Requests are parsed, tokenized and built on threads, not on the event loop. While one
+    prompt's tokenization is held (runtime/fault_injection.py: until the test makes a file),
+    a stream already running goes on to its end, /health answers, and other requests, by text
+    and by input_ids, are served; then the held one is. Before, the event loop tokenized: a
+    600k-character prompt held every stream, probe and request for the half second it took,
+    and here everything would wait for the release. A body larger than --max-request-bytes
+    is a 413 naming the limit, whether its length is declared or it comes in chunks; one just
+    under it is served."""
+    from treadle.runtime.fault_injection import HOLD_ENV, HOLD_MARKER
+
+    release = tmp_path / "release"
+    srv = ServerProcess(["--max-total-tokens", "8192", "--max-request-bytes", "100000", "--log-level", "warning"],
+                        env={HOLD_ENV: str(release)})
+    try:
+        held: list = []
+        waiter = threading.Thread(target=lambda: held.append(requests.post(
+            srv.url + "/v1/completions", json={"prompt": f"{HOLD_MARKER}: once upon a time", "max_tokens": 4},
+            timeout=T)))
+        greedy = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+        chunks = []
+        with requests.post(srv.url + "/generate", json={"text": "Count to ten:", "sampling_params": greedy,
+                                                         "stream": True}, stream=True, timeout=T) as r:
+            assert r.status_code == 200, r.text
+            for line in r.iter_lines(decode_unicode=True):
+                if not line.startswith("data: {"):
+                    continue
+                chunks.append(json.loads(line[6:]))
+                if len(chunks) == 1:  # the stream has begun: now hold a tokenization
+                    waiter.start()
+                    deadline = time.monotonic() + 60
+                    while not (tmp_path / "release.held").exists():
+                        assert time.monotonic() < deadline, srv.log_tail()
+                        time.sleep(0.02)
+        assert chunks[-1]["meta_info"]["completion_tokens"] == 24, chunks[-1]
+        assert requests.get(srv.url + "/health", timeout=T).status_code == 200
+        for prompt in ({"text": "Hello"}, {"input_ids": [1, 2, 3, 4]}):
+            r = requests.post(srv.url + "/generate", json={**prompt, "sampling_params": {"max_new_tokens": 2}},
+                              timeout=T)
+            assert r.status_code == 200, r.text
+        assert waiter.is_alive() and not held  # still tokenizing
+        release.touch()
+        waiter.join(T)
+        assert held[0].status_code == 200 and held[0].json()["usage"]["completion_tokens"] == 4, held[0].text
+
+        for body in (json.dumps({"text": "x" * 200_000}).encode(),  # declared length
+                     iter([b'{"text": "', b"x" * 150_000, b'"}'])):  # chunked, no length
+            r = requests.post(srv.url + "/generate", data=body, headers={"Content-Type": "application/json"},
+                              timeout=T)
+            assert r.status_code == 413, r.text
+            err = r.json()["error"]
+            assert err["code"] == "request_too_large" and "100000" in err["message"], err
+        padded = json.dumps({"text": "Hi", "sampling_params": {"max_new_tokens": 1}}) + " " * 99_000
+        r = requests.post(srv.url + "/generate", data=padded, headers={"Content-Type": "application/json"}, timeout=T)
+        assert r.status_code == 200, r.text
+        assert_no_leaked_kv(srv.url)
+    finally:
+        release.touch()
+        srv.close()

@@ -80,8 +80,29 @@ class Gate:
 
 
 async def read_json(request: Request) -> dict:
-    """The body as a JSON object, or a 400 saying what is wrong with it."""
-    raw = await request.body()
+    """The body as a JSON object, or a 400 saying what is wrong with it (a 413 past
+    --max-request-bytes, before the rest is read). Parsed on a builder thread: a body of
+    megabytes takes a while."""
+    state: ServerState = request.app.state.server
+    limit = state.args.max_request_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:  # chunked, or more than it declared
+            raise _too_large(size, limit)
+        parts.append(part)
+    return await state.tm.off_loop(parse_json_object, b"".join(parts))
+
+
+def _too_large(size: int, limit: int) -> APIError:
+    return APIError(f"the request body has {size} bytes or more, more than this server reads ({limit}, "
+                    "--max-request-bytes)", 413, "invalid_request_error", None, "request_too_large")
+
+
+def parse_json_object(raw: bytes) -> dict:
     try:
         obj = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -177,7 +198,7 @@ def create_app(state: ServerState) -> FastAPI:
             raise APIError.bad_request("add_special_tokens must be a boolean", "add_special_tokens")
         if tm.tokenizer is None:
             raise APIError.bad_request("this model has no tokenizer", "prompt")
-        ids = [tm.encode(t) if add else tm.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        ids = await tm.off_loop(lambda: [tm.encode(t, "prompt", add_special_tokens=add) for t in texts])
         return {"tokens": ids[0] if single else ids, "count": len(ids[0]) if single else [len(x) for x in ids],
                 "max_model_len": state.model_info["context_len"]}
 
@@ -228,7 +249,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         obj = await read_json(request)
-        reqs, single, aliases = build_native(tm, obj)
+        reqs, single, aliases = await tm.off_loop(build_native, tm, obj)
         stream = bool(obj.get("stream", False))
         tm.check_capacity(len(reqs))
         if stream:

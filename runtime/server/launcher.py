@@ -199,6 +199,9 @@ def launch_server(args: EngineArgs, on_ready: Callable[[str], None] | None = Non
     tm = None
     try:
         tokenizer = load_tokenizer(source)  # meanwhile the children load the model
+        from treadle.runtime.fault_injection import install_tokenize_hold
+
+        install_tokenize_hold(tokenizer)  # tests only: a no-op unless TREADLE_FAULT_HOLD_TOKENIZE is set
         infos = children.wait_ready(STARTUP_TIMEOUT_S)
         info = {**infos["scheduler"], "tokenizer_path": source.tokenizer_path}
         tm = TokenizerManager(args, tokenizer, info, paths, ServerMetrics())

@@ -55,49 +55,67 @@ def register_openai_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = await read_json(request)
-        _check_fields(body, _COMPLETION_FIELDS)
-        echo = body.get("echo", False)
-        if echo is not None and not isinstance(echo, bool):
-            raise APIError.bad_request("echo must be a boolean", "echo")
-        for name, ok in (("suffix", body.get("suffix") is None),
-                         ("best_of", body.get("best_of") in (None, body.get("n", 1)))):
-            if not ok:
-                raise APIError.bad_request(f"{name} is not supported by this server", name)
-        lp = body.get("logprobs")
-        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
-            raise APIError.bad_request("logprobs must be an integer in [0, 20]", "logprobs")
-        prompts = _completion_prompts(tm, body.get("prompt"))
-        # echo with logprobs scores the prompt too (logprob_start_len 0): loglikelihood requests
-        reqs = [_make(tm, body, ids, default_max=16, return_logprob=lp is not None, top=lp or 0,
-                      prompt_logprobs=bool(echo) and lp is not None) for ids in prompts]
-        echoes = _echoes(tm, body.get("prompt"), prompts) if echo else None
+        reqs, echoes = await tm.off_loop(_build_completion, tm, body)
         return await _serve(request, state, body, reqs, chat=False, echoes=echoes)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request)
-        _check_fields(body, _CHAT_FIELDS)
-        tools = plan_tools(body)
-        lp, top = body.get("logprobs", False), body.get("top_logprobs")
-        if lp is not None and not isinstance(lp, bool):
-            raise APIError.bad_request("logprobs must be a boolean", "logprobs")
-        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
-            raise APIError.bad_request("top_logprobs must be an integer in [0, 20]", "top_logprobs")
-        if top and not lp:
-            raise APIError.bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-        separate = body.get("separate_reasoning", True)
-        if not isinstance(separate, bool):
-            raise APIError.bad_request("separate_reasoning must be a boolean", "separate_reasoning")
-        prompt = tm.chat_prompt(body.get("messages"), tools, body.get("chat_template_kwargs"))
-        opened = opens_in_prompt(prompt)
-        think = opened if state.args.reasoning_parser == "think" and separate else None
-        # a constraint holds for the answer: the reasoning block before it stays free
-        after = None
-        if state.args.reasoning_parser == "think":
-            after = "open" if opened else "maybe" if model_thinks(tm.tokenizer) else None
-        reqs = [_make(tm, body, tm.encode(prompt, "messages"), default_max=None, return_logprob=bool(lp), top=top or 0,
-                      tools=tools, grammar_after_reasoning=after)]
+        reqs, tools, think = await tm.off_loop(_build_chat, state, body)
         return await _serve(request, state, body, reqs, chat=True, tools=tools, think=think)
+
+
+# ====================================================================== building requests
+# (on a builder thread, TokenizerManager.off_loop: they tokenize)
+
+def _build_completion(tm: TokenizerManager, body: dict) -> tuple[list[TokenizedGenerateReq],
+                                                                  list[tuple[str, list[int]]] | None]:
+    """A /v1/completions body -> its requests (one per prompt) and, with echo, the prompts."""
+    _check_fields(body, _COMPLETION_FIELDS)
+    echo = body.get("echo", False)
+    if echo is not None and not isinstance(echo, bool):
+        raise APIError.bad_request("echo must be a boolean", "echo")
+    for name, ok in (("suffix", body.get("suffix") is None),
+                     ("best_of", body.get("best_of") in (None, body.get("n", 1)))):
+        if not ok:
+            raise APIError.bad_request(f"{name} is not supported by this server", name)
+    lp = body.get("logprobs")
+    if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
+        raise APIError.bad_request("logprobs must be an integer in [0, 20]", "logprobs")
+    prompts = _completion_prompts(tm, body.get("prompt"))
+    # echo with logprobs scores the prompt too (logprob_start_len 0): loglikelihood requests
+    reqs = [_make(tm, body, ids, default_max=16, return_logprob=lp is not None, top=lp or 0,
+                  prompt_logprobs=bool(echo) and lp is not None) for ids in prompts]
+    echoes = _echoes(tm, body.get("prompt"), prompts) if echo else None
+    return reqs, echoes
+
+
+def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateReq], ToolPlan | None, bool | None]:
+    """A /v1/chat/completions body -> its request, its tools and whether the reply's
+    reasoning is split off (True: the prompt opened the <think> block)."""
+    tm = state.tm
+    _check_fields(body, _CHAT_FIELDS)
+    tools = plan_tools(body)
+    lp, top = body.get("logprobs", False), body.get("top_logprobs")
+    if lp is not None and not isinstance(lp, bool):
+        raise APIError.bad_request("logprobs must be a boolean", "logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+        raise APIError.bad_request("top_logprobs must be an integer in [0, 20]", "top_logprobs")
+    if top and not lp:
+        raise APIError.bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    separate = body.get("separate_reasoning", True)
+    if not isinstance(separate, bool):
+        raise APIError.bad_request("separate_reasoning must be a boolean", "separate_reasoning")
+    prompt = tm.chat_prompt(body.get("messages"), tools, body.get("chat_template_kwargs"))
+    opened = opens_in_prompt(prompt)
+    think = opened if state.args.reasoning_parser == "think" and separate else None
+    # a constraint holds for the answer: the reasoning block before it stays free
+    after = None
+    if state.args.reasoning_parser == "think":
+        after = "open" if opened else "maybe" if model_thinks(tm.tokenizer) else None
+    reqs = [_make(tm, body, tm.encode(prompt, "messages"), default_max=None, return_logprob=bool(lp), top=top or 0,
+                  tools=tools, grammar_after_reasoning=after)]
+    return reqs, tools, think
 
 
 # ====================================================================== request mapping

@@ -7,6 +7,7 @@ consumer goes away (client disconnect, cancelled task) is aborted so its KV is f
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import inspect
@@ -15,7 +16,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -32,6 +33,8 @@ from treadle.runtime.server import tool_calls
 from treadle.runtime.server.protocol import APIError, overloaded
 
 log = logging.getLogger("treadle.server")
+T = TypeVar("T")
+BUILD_THREADS = 4  # threads that build requests (TokenizerManager.off_loop)
 
 
 @dataclass
@@ -106,6 +109,12 @@ class TokenizerManager:
         self._pull = self._pull_ctx.socket(zmq.PULL)
         self._pull.bind(paths.tokenizer_in)
         self._recv_task: asyncio.Task | None = None
+        # requests are built (tokenized, chat templates applied, checked) on these threads, not
+        # on the event loop: a 600k-character prompt takes half a second to tokenize, and every
+        # stream, probe and other request would wait for it. The Rust tokenizer lets go of the
+        # GIL while it works, and encoding without truncation or padding changes no tokenizer
+        # state, so several may run at once.
+        self._builders = concurrent.futures.ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="treadle-build")
 
     # ================================================================== lifecycle
 
@@ -116,6 +125,7 @@ class TokenizerManager:
     def close(self) -> None:
         if self._recv_task is not None:
             self._recv_task.cancel()
+        self._builders.shutdown(wait=False, cancel_futures=True)
         self._push.close(linger=0)
         self._pull.close(linger=0)
         self._push_ctx.term()
@@ -175,16 +185,23 @@ class TokenizerManager:
 
     # ================================================================== building requests
 
-    def encode(self, text: str, param: str = "text") -> list[int]:
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on a builder thread (its exceptions raised here): for work that
+        tokenizes, which must not hold the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._builders, functools.partial(fn, *args))
+
+    def encode(self, text: str, param: str = "text", add_special_tokens: bool = True) -> list[int]:
         """The prompt's token ids; a text too long to fit the context whatever its tokens is a
-        400 before any tokenizing (which runs on the event loop: a 10 MB prompt held every
-        other request for seconds). `param`: the field the text came in."""
+        400 before any tokenizing (a 10 MB prompt took seconds). `param`: the field the text
+        came in; `add_special_tokens` false leaves out what the tokenizer adds (BOS)."""
         if self.tokenizer is None:
             raise APIError.bad_request("this model has no tokenizer: send input_ids instead of text", param)
         if len(text) > self.max_prompt_chars:
             raise APIError.bad_request(
                 f"the prompt has {len(text)} characters, more than the context length {self.context_len} can "
                 f"hold in any tokenization (at most {self.max_prompt_chars}); shorten it", param)
+        if not add_special_tokens:
+            return self.tokenizer.encode(text, add_special_tokens=False)
         from treadle.runtime.tokenizer import encode_prompt
 
         return encode_prompt(self.tokenizer, text)
