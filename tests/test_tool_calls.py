@@ -274,6 +274,19 @@ def test_stream_required_sends_calls_at_the_end():
     assert [c["function"]["name"] for c in deltas[-1]["tool_calls"]] == ["get_time"]
 
 
+@pytest.mark.parametrize("text", ['[{"name":"get_weather","arguments', '[{"name": "get_wea', "",
+                                  '[{"name":"get_time","arguments":{}}, {"name":"get_weather","arguments":{"ci'])
+def test_stream_required_cut_short_adds_up_to_the_unstreamed_reply(text):
+    """max_tokens cut a required call: the stream sends what the unstreamed reply has (the
+    calls so far), never the wrapper array as content (it sent the cut JSON as content)."""
+    p = plan("required")
+    want = p.parse(text, "length")
+    deltas, reason = stream(p, [text[i:i + 3] for i in range(0, len(text), 3)], "length")
+    assert not any("content" in d for d in deltas) and want.content is None
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for d in deltas for c in d.get("tool_calls", [])]
+    assert calls == [(c.name, c.arguments) for c in want.calls] and reason == "length"
+
+
 # ---------------------------------------------------------------- prompts
 
 CONVERSATION = [

@@ -261,8 +261,8 @@ class ToolStream:
             return self.feed(text), finish
         reply = self.plan.parse(text, finish)
         delta: dict = {}
-        if not reply.calls:
-            rest = text[self.sent:]
+        if not reply.calls:  # what is content: the whole reply (auto), never a cut `required` array
+            rest = (reply.content or "")[self.sent:]
         else:
             delta["tool_calls"] = [c.as_openai(i) for i, c in enumerate(reply.calls)]
             rest = self.plan.parse_auto(text)[0][self.sent:].rstrip() if self.plan.choice == "auto" else ""
