@@ -117,6 +117,9 @@ class EngineArgs:
     watchdog_timeout: float = field(default=300.0, metadata={"help": (
         "seconds without a word from the scheduler (a hung step) after which the server kills "
         "it and exits non-zero; 0 = never")})
+    allowed_origins: str = field(default="*", metadata={"help": (
+        "CORS: the origins (comma-separated, * = any) whose browser pages may call the API, as "
+        "vLLM's and SGLang's default; an empty string sends no CORS headers")})
     max_request_bytes: int = field(default=64 << 20, metadata={"help": (
         "the largest HTTP request body the server reads; a larger one is a 413 before it is "
         "read whole")})

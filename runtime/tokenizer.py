@@ -85,10 +85,12 @@ def get_chat_template(tokenizer: Any) -> str | None:
 
 
 def apply_chat_template(tokenizer: Any, messages: list[dict], add_generation_prompt: bool = True,
-                        tools: list[dict] | None = None, **template_kwargs: Any) -> str:
+                        tools: list[dict] | None = None, continue_final_message: bool = False,
+                        **template_kwargs: Any) -> str:
     """Render `messages` ([{"role": ..., "content": ...}, ...]) with the tokenizer's template
     (and `tools`, OpenAI function specs, for a template that takes them; `template_kwargs` are
-    further template variables).
+    further template variables). `continue_final_message`: the prompt ends inside the last
+    message (an assistant reply begun by the caller), without its end-of-turn.
 
     Returns the prompt text (not token ids). Raises ValueError when the tokenizer has no
     chat template or a message lacks "role"/"content".
@@ -104,7 +106,8 @@ def apply_chat_template(tokenizer: Any, messages: list[dict], add_generation_pro
             raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {m!r}; fix the messages list")
     return tokenizer.apply_chat_template(
         messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
-        **({"tools": tools} if tools else {}), **template_kwargs,
+        **({"tools": tools} if tools else {}), **({"continue_final_message": True} if continue_final_message else {}),
+        **template_kwargs,
     )
 
 

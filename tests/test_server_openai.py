@@ -498,6 +498,13 @@ def test_bad_tool_requests_are_400(client, server, kwargs, needle):
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"response_format": {**JSON_BLOCKS, "triggers": ["~~~"]}}, "does not start with any of the triggers"),
     ({"n": 129}, "n must be in [1, 128]"),
+    ({"stream_options": {"include_usage": True}}, "stream_options is only allowed with stream: true"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}},
+     "json_schema.name must be"),
+    ({"extra_body": {"continue_final_message": True}}, "set add_generation_prompt false"),
+    ({"extra_body": {"continue_final_message": True, "add_generation_prompt": False}},
+     "needs an assistant message last"),
+    ({"extra_body": {"rid": 7}}, "rid must be"),
 ])
 def test_bad_requests_are_400(client, server, kwargs, needle):
     kw = {"model": "smol", "messages": MSGS, "max_tokens": 4, **kwargs}
@@ -544,3 +551,100 @@ def test_api_key(server):
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     r = requests.get(server.url + "/generate", headers={"Authorization": f"Bearer {KEY}"}, timeout=T)
     assert r.status_code == 405 and "error" in r.json()
+
+
+def test_model_names(client, server):
+    """The served name and SGLang's customary "default" reach the model; another name is a
+    404 model_not_found (OpenAI's and vLLM's answer: it was served by this model regardless).
+    /v1/models/{id} answers for the served name."""
+    assert client.models.retrieve("smol").id == "smol"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
+    for name in ("smol", "default"):
+        assert client.chat.completions.create(model=name, messages=MSGS, max_tokens=1).choices[0].message.content
+    with pytest.raises(openai.NotFoundError) as ei:
+        client.chat.completions.create(model="gpt-4o", messages=MSGS, max_tokens=1)
+    assert ei.value.body["code"] == "model_not_found" and ei.value.body["param"] == "model", ei.value.body
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="smol2", prompt="hi", max_tokens=1)
+
+
+def test_continue_final_message_and_developer_messages(client):
+    """continue_final_message (vLLM's, with add_generation_prompt false) ends the prompt
+    inside the assistant's begun reply: the prompt is the open turn plus its text, so the
+    model continues it. A developer message is a system message to a template without the
+    role (OpenAI's meaning): the same prompt, token for token."""
+    begun = [{"role": "user", "content": "Count from 1 to 5."}, {"role": "assistant", "content": "1, 2, 3,"}]
+    cont = client.chat.completions.create(model="smol", messages=begun, max_tokens=3, temperature=0,
+                                          extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    fresh = client.chat.completions.create(model="smol", messages=begun[:1], max_tokens=1, temperature=0)
+    tokens = requests.post(client.base_url.scheme + "://" + client.base_url.netloc.decode() + "/tokenize",
+                           json={"prompt": "1, 2, 3,", "add_special_tokens": False}, timeout=T,
+                           headers={"Authorization": f"Bearer {KEY}"}).json()["count"]
+    # the fresh prompt ends with the opened assistant turn; the continued one adds its text
+    # after the user turn's end and that opening (no end of turn, no second opening)
+    assert cont.usage.prompt_tokens == fresh.usage.prompt_tokens + tokens, (cont.usage, fresh.usage, tokens)
+    assert cont.choices[0].message.content.lstrip().startswith("4"), cont.choices[0].message.content
+    usage = [client.chat.completions.create(model="smol", messages=[{"role": role, "content": "Be brief."}, *MSGS],
+                                            max_tokens=1, temperature=0).usage.prompt_tokens
+             for role in ("system", "developer")]
+    assert usage[0] == usage[1], usage
+
+
+def test_rid_names_an_openai_request_for_abort_request(server):
+    """SGLang's `rid` on the OpenAI routes: /abort_request ends the request by it, and the n
+    samples of a request with it (it was accepted and ignored)."""
+    import concurrent.futures as cf
+    import time
+
+    auth = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "smol", "messages": MSGS, "max_tokens": 1500, "temperature": 0, "ignore_eos": True,
+            "rid": "oai-job", "n": 2}
+    with cf.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(lambda: requests.post(server.url + "/v1/chat/completions", json=body, headers=auth,
+                                              timeout=T))
+        deadline = time.monotonic() + 60
+        while requests.get(server.url + "/get_server_info", headers=auth, timeout=T).json()["num_running"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        ok = requests.post(server.url + "/abort_request", json={"rid": "oai-job"}, headers=auth, timeout=T).json()
+        r = fut.result(timeout=T)
+    assert ok["success"] is True and r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert [c["finish_reason"] for c in choices] == ["abort", "abort"], choices
+    assert r.json()["usage"]["completion_tokens"] < 3000
+
+
+def test_stream_usage_is_null_until_the_last_chunk_and_logprob_bytes_are_whole(server):
+    """With include_usage, every chunk carries "usage": null but the last, as OpenAI's. A
+    token that is a piece of a multi-byte character has its own bytes in `bytes` (they were
+    those of U+FFFD, its decoded text), so the pieces join into the character."""
+    from treadle.runtime.server.testing import sse_events
+
+    auth = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "smol", "messages": MSGS, "max_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with requests.post(server.url + "/v1/chat/completions", json=body, headers=auth, stream=True, timeout=T) as r:
+        events = [e for e in sse_events(r) if e != "[DONE]"]
+    assert all(e["usage"] is None for e in events[:-1]) and events[-1]["usage"]["completion_tokens"] == 4, events
+    tok = requests.post(server.url + "/tokenize", json={"prompt": "🌻", "add_special_tokens": False}, headers=auth,
+                        timeout=T).json()["tokens"]
+    assert len(tok) > 1  # the sunflower is byte pieces in SmolLM2's vocabulary
+    r = requests.post(server.url + "/v1/chat/completions", headers=auth, timeout=T, json={
+        "model": "smol", "messages": MSGS, "max_tokens": len(tok), "logprobs": True, "temperature": 0,
+        "regex": "🌻"}).json()
+    content = r["choices"][0]["logprobs"]["content"]
+    assert bytes(b for e in content for b in e["bytes"]).decode() == "🌻", content
+
+
+def test_cors_preflight_needs_no_key(server):
+    """Browser pages may call the API (--allowed-origins, default any, as vLLM's and SGLang's):
+    a preflight is answered without the key (a browser sends none), and answers carry the
+    CORS header, a 401 too."""
+    origin = {"Origin": "http://app.example"}
+    r = requests.options(server.url + "/v1/chat/completions", timeout=T, headers={
+        **origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"})
+    assert r.status_code == 200 and r.headers.get("access-control-allow-origin") in ("*", origin["Origin"]), r.headers
+    for auth, status in (({"Authorization": f"Bearer {KEY}"}, 200), ({}, 401)):
+        r = requests.get(server.url + "/v1/models", headers={**origin, **auth}, timeout=T)
+        assert r.status_code == status and r.headers.get("access-control-allow-origin"), r.headers

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -50,6 +51,16 @@ class ServerState:
     @property
     def model_name(self) -> str:
         return self.args.served_model_name or self.args.model_path or "SmolLM2-135M-Instruct"
+
+    def check_model(self, model: Any) -> None:
+        """A request's `model`: this server's name, SGLang's customary "default", or left out;
+        another name is a 404 (OpenAI's and vLLM's answer), not another model's reply."""
+        if model is None or model in (self.model_name, "default"):
+            return
+        if not isinstance(model, str):
+            raise APIError.bad_request("model must be a string", "model")
+        raise APIError(f"the model {model!r} does not exist: this server serves {self.model_name!r} (or send "
+                       '"default")', 404, "invalid_request_error", "model", "model_not_found")
 
 
 class Gate:
@@ -189,6 +200,7 @@ def create_app(state: ServerState) -> FastAPI:
         false leaves out what the tokenizer adds (BOS)."""
         obj = await read_json(request)
         _no_unknown(obj, {"model", "prompt", "add_special_tokens"})
+        state.check_model(obj.get("model"))
         prompt, add = obj.get("prompt"), obj.get("add_special_tokens", True)
         single = isinstance(prompt, str)
         texts = [prompt] if single else prompt
@@ -207,6 +219,7 @@ def create_app(state: ServerState) -> FastAPI:
         """vLLM's /detokenize: {"tokens": [ids]} -> {"prompt": text}."""
         obj = await read_json(request)
         _no_unknown(obj, {"model", "tokens"})
+        state.check_model(obj.get("model"))
         ids, vocab = obj.get("tokens"), state.model_info["vocab_size"]
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise APIError.bad_request("tokens must be a list of integers", "tokens")
@@ -263,6 +276,9 @@ def create_app(state: ServerState) -> FastAPI:
 
     register_openai_routes(app, state)
     app.add_middleware(Gate, state=state)
+    origins = [o.strip() for o in state.args.allowed_origins.split(",") if o.strip()]
+    if origins:  # outside the gate: a browser's preflight carries no key, and errors need the headers too
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
     return app
 
 

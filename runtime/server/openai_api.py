@@ -21,7 +21,7 @@ from treadle.runtime.server.http_server import ServerState, read_json
 from treadle.runtime.server.protocol import APIError, finish_reason, matched_stop
 from treadle.runtime.server.reasoning import ReasoningStream, model_thinks, opens_in_prompt
 from treadle.runtime.server.reasoning import split as reasoning_split
-from treadle.runtime.server.tool_calls import ToolPlan, ToolStream, plan_tools
+from treadle.runtime.server.tool_calls import NAME_RE, ToolPlan, ToolStream, plan_tools
 from treadle.runtime.server.streaming import gather_all, merge_streams, sse, stream_or_error, until_done_or_disconnect
 from treadle.runtime.server.tokenizer_manager import Accum, Chunk, TokenizerManager
 
@@ -34,28 +34,37 @@ _PASSED = ("temperature", "top_p", "n", "stop", "seed", "frequency_penalty", "pr
 # vLLM's names for the same constraints (extra_body), accepted so its clients work unchanged
 _GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choices", "guided_grammar": "ebnf"}
 # accepted and without effect here
-_IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream_options", "stream", "logprobs",
-            "top_logprobs", "response_format", "echo", "best_of", "rid")
+_IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "stream_options", "stream", "logprobs",
+            "top_logprobs", "response_format", "echo", "best_of")
 # response_format json_object: any JSON object, nested to any depth (compiled to the pushdown
 # automaton of constrained/json_any.py; with --json-whitespace-pattern, to a regex)
 JSON_OBJECT_SCHEMA = {"type": "object"}
-_COMPLETION_FIELDS = {"prompt", "suffix", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED}
-_CHAT_FIELDS = {"messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+_COMPLETION_FIELDS = {"model", "rid", "prompt", "suffix", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED}
+_CHAT_FIELDS = {"model", "rid", "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+                "add_generation_prompt", "continue_final_message",
                 "separate_reasoning", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED}
 
 
 def register_openai_routes(app: FastAPI, state: ServerState) -> None:
     tm = state.tm
 
+    def card() -> dict:
+        return {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "treadle",
+                "max_model_len": state.model_info["context_len"]}
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": int(state.started),
-                                            "owned_by": "treadle", "max_model_len": state.model_info["context_len"]}]}
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict:
+        state.check_model(model)
+        return card()
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = await read_json(request)
-        reqs, echoes = await tm.off_loop(_build_completion, tm, body)
+        reqs, echoes = await tm.off_loop(_build_completion, state, body)
         return await _serve(request, state, body, reqs, chat=False, echoes=echoes)
 
     @app.post("/v1/chat/completions")
@@ -68,10 +77,12 @@ def register_openai_routes(app: FastAPI, state: ServerState) -> None:
 # ====================================================================== building requests
 # (on a builder thread, TokenizerManager.off_loop: they tokenize)
 
-def _build_completion(tm: TokenizerManager, body: dict) -> tuple[list[TokenizedGenerateReq],
-                                                                  list[tuple[str, list[int]]] | None]:
+def _build_completion(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateReq],
+                                                               list[tuple[str, list[int]]] | None]:
     """A /v1/completions body -> its requests (one per prompt) and, with echo, the prompts."""
+    tm = state.tm
     _check_fields(body, _COMPLETION_FIELDS)
+    state.check_model(body.get("model"))
     echo = body.get("echo", False)
     if echo is not None and not isinstance(echo, bool):
         raise APIError.bad_request("echo must be a boolean", "echo")
@@ -84,8 +95,9 @@ def _build_completion(tm: TokenizerManager, body: dict) -> tuple[list[TokenizedG
         raise APIError.bad_request("logprobs must be an integer in [0, 20]", "logprobs")
     prompts = _completion_prompts(tm, body.get("prompt"))
     # echo with logprobs scores the prompt too (logprob_start_len 0): loglikelihood requests
+    rids = _rids(body, len(prompts))
     reqs = [_make(tm, body, ids, default_max=16, return_logprob=lp is not None, top=lp or 0,
-                  prompt_logprobs=bool(echo) and lp is not None) for ids in prompts]
+                  prompt_logprobs=bool(echo) and lp is not None, rid=rid) for ids, rid in zip(prompts, rids)]
     echoes = _echoes(tm, body.get("prompt"), prompts) if echo else None
     return reqs, echoes
 
@@ -95,6 +107,7 @@ def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateR
     reasoning is split off (True: the prompt opened the <think> block)."""
     tm = state.tm
     _check_fields(body, _CHAT_FIELDS)
+    state.check_model(body.get("model"))
     tools = plan_tools(body)
     lp, top = body.get("logprobs", False), body.get("top_logprobs")
     if lp is not None and not isinstance(lp, bool):
@@ -106,7 +119,14 @@ def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateR
     separate = body.get("separate_reasoning", True)
     if not isinstance(separate, bool):
         raise APIError.bad_request("separate_reasoning must be a boolean", "separate_reasoning")
-    prompt = tm.chat_prompt(body.get("messages"), tools, body.get("chat_template_kwargs"))
+    gen, cont = body.get("add_generation_prompt", True), body.get("continue_final_message", False)
+    for name, v in (("add_generation_prompt", gen), ("continue_final_message", cont)):
+        if not isinstance(v, bool):
+            raise APIError.bad_request(f"{name} must be a boolean", name)
+    if gen and cont:
+        raise APIError.bad_request("continue_final_message continues the last message: set add_generation_prompt "
+                                   "false with it", "continue_final_message")
+    prompt = tm.chat_prompt(body.get("messages"), tools, body.get("chat_template_kwargs"), gen, cont)
     opened = opens_in_prompt(prompt)
     think = opened if state.args.reasoning_parser == "think" and separate else None
     # a constraint holds for the answer: the reasoning block before it stays free
@@ -114,11 +134,22 @@ def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateR
     if state.args.reasoning_parser == "think":
         after = "open" if opened else "maybe" if model_thinks(tm.tokenizer) else None
     reqs = [_make(tm, body, tm.encode(prompt, "messages"), default_max=None, return_logprob=bool(lp), top=top or 0,
-                  tools=tools, grammar_after_reasoning=after)]
+                  tools=tools, grammar_after_reasoning=after, rid=_rids(body, 1)[0])]
     return reqs, tools, think
 
 
 # ====================================================================== request mapping
+
+def _rids(body: dict, n: int) -> list[str | None]:
+    """SGLang's `rid` (the name /abort_request ends the request by): one prompt's, or
+    "<rid>-<i>" for a list of prompts; None (a fresh id) when not given."""
+    rid = body.get("rid")
+    if rid is None:
+        return [None] * n
+    if not isinstance(rid, str) or not rid:
+        raise APIError.bad_request("rid must be a non-empty string", "rid")
+    return [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
+
 
 def _check_fields(body: dict, allowed: set[str]) -> None:
     unknown = sorted(set(body) - allowed)
@@ -128,8 +159,14 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
     if stream is not None and not isinstance(stream, bool):
         raise APIError.bad_request("stream must be a boolean", "stream")
     so = body.get("stream_options")
-    if so is not None and not isinstance(so, dict):
-        raise APIError.bad_request("stream_options must be an object", "stream_options")
+    if so is not None:  # as OpenAI's and vLLM's
+        if stream is not True:
+            raise APIError.bad_request("stream_options is only allowed with stream: true", "stream_options")
+        if not isinstance(so, dict):
+            raise APIError.bad_request("stream_options must be an object", "stream_options")
+        bad = sorted(set(so) - {"include_usage"})
+        if bad or not isinstance(so.get("include_usage", False), bool):
+            raise APIError.bad_request("stream_options takes only include_usage, a boolean", "stream_options")
 
 
 def _completion_prompts(tm: TokenizerManager, prompt: Any) -> list[list[int]]:
@@ -172,12 +209,19 @@ def _response_format(rf: Any) -> tuple[str, str] | None:
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), (dict, bool)):
         raise APIError.bad_request("response_format.json_schema must be an object with a `schema` object",
                                    "response_format")
+    # OpenAI's rules (vLLM and SGLang require the name too)
+    if not isinstance(spec.get("name"), str) or not NAME_RE.match(spec["name"]):
+        raise APIError.bad_request("response_format.json_schema.name must be 1-64 letters, digits, _ or -",
+                                   "response_format")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise APIError.bad_request("response_format.json_schema.strict must be a boolean", "response_format")
     return "json_schema", json.dumps(spec["schema"])
 
 
 def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | None,
           return_logprob: bool, top: int, tools: ToolPlan | None = None,
-          prompt_logprobs: bool = False, grammar_after_reasoning: str | None = None) -> TokenizedGenerateReq:
+          prompt_logprobs: bool = False, grammar_after_reasoning: str | None = None,
+          rid: str | None = None) -> TokenizedGenerateReq:
     params: dict[str, Any] = {}
     for name in _PASSED:
         if body.get(name) is not None:
@@ -214,7 +258,8 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
         params["grammar_after_reasoning"] = grammar_after_reasoning
     try:
         return tm.make_req(input_ids=ids, params=params, return_logprob=return_logprob, top_logprobs_num=top,
-                           logprob_start_len=0 if prompt_logprobs else None, stream=bool(body.get("stream")))
+                           logprob_start_len=0 if prompt_logprobs else None, stream=bool(body.get("stream")),
+                           rid=rid)
     except APIError as e:  # report the OpenAI field name the client actually sent
         for ours, theirs in (("max_new_tokens", "max_completion_tokens" if "max_completion_tokens" in body
                               else "max_tokens"), ("min_new_tokens", "min_tokens")):
@@ -233,21 +278,29 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
                  chat: bool, tools: ToolPlan | None = None,
                  echoes: list[tuple[str, list[int]]] | None = None, think: bool | None = None) -> Response:
     tm = state.tm
-    reqs = [r for b in base for r in tm.expand_n(b)]  # choice index = prompt * n + sample
+    # choice index = prompt * n + sample; /abort_request reaches each part by the request's
+    # rid and by its prompt's ("<rid>-<i>" of a list of prompts)
+    name = body.get("rid")
+    reqs, aliases = [], {}
+    for b in base:
+        for r in tm.expand_n(b):
+            reqs.append(r)
+            aliases[r.rid] = tuple(dict.fromkeys(x for x in (name, b.rid) if x is not None and x != r.rid))
     tm.check_capacity(len(reqs))
 
     def generate(r: TokenizedGenerateReq):
-        return tm.generate(r) if tools is None else _tool_errors(tm.generate(r), tools)
+        chunks = tm.generate(r, aliases[r.rid])
+        return chunks if tools is None else _tool_errors(chunks, tools)
 
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     shaper = _Shaper(tm, rid, state.model_name, chat, int(time.time()), len(reqs) // len(base), tools, echoes,
                      think)
     if body.get("stream"):
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        include_usage = shaper.include_usage = (body.get("stream_options") or {}).get("include_usage") is True
 
         async def items():
-            with tm.reserve(reqs, {}):
-                await tm.warm_prefixes(reqs)
+            with tm.reserve(reqs, aliases):
+                await tm.warm_prefixes(reqs, aliases)
                 async for item in merge_streams([generate(r) for r in reqs]):
                     yield item
 
@@ -261,8 +314,8 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
                 last = c
             return last.acc
 
-        with tm.reserve(reqs, {}):
-            await tm.warm_prefixes(reqs)
+        with tm.reserve(reqs, aliases):
+            await tm.warm_prefixes(reqs, aliases)
             return await gather_all([one(r) for r in reqs])
 
     accs = await until_done_or_disconnect(request, run())
@@ -305,6 +358,7 @@ class _Shaper:
         self.accs: dict[int, Accum] = {}
         self.role_sent: set[int] = set()
         self.text_offset: dict[int, int] = {}
+        self.include_usage = False  # stream_options.include_usage
 
     def _tok(self, tid: int) -> str:
         return self.tm.tokenizer.decode([tid]) if self.tm.tokenizer is not None else str(tid)
@@ -315,7 +369,7 @@ class _Shaper:
         if self.chat:
             def entry(tid: int, lp: float) -> dict:
                 s = self._tok(tid)
-                return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+                return {"token": s, "logprob": lp, "bytes": list(self.tm.token_bytes(tid) or s.encode("utf-8"))}
             return {"content": [{**entry(t, lp), "top_logprobs": [entry(tt, tlp) for tlp, tt in (tops[k] if k < len(tops) else [])]}
                                 for k, (t, lp) in enumerate(zip(ids, lps))]}
         toks = [self._tok(t) for t in ids]
@@ -406,6 +460,8 @@ class _Shaper:
         out: list[str] = []
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         head = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        if self.include_usage:  # as OpenAI's: null on every chunk but the last, which has the usage
+            head["usage"] = None
         if self.chat and i not in self.role_sent:
             self.role_sent.add(i)
             out.append(sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},

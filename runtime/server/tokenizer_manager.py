@@ -121,6 +121,21 @@ class TokenizerManager:
     def start(self) -> None:
         """Start routing outputs; call from inside the server's event loop."""
         self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop())
+        self._builders.submit(lambda: self._token_table)  # a tenth of a second, before anyone asks
+
+    @functools.cached_property
+    def _token_table(self) -> list[bytes | None]:
+        if self.tokenizer is None:
+            return []
+        from treadle.constrained.vocabulary import token_bytes_table
+
+        return token_bytes_table(self.tokenizer)
+
+    def token_bytes(self, tid: int) -> bytes | None:
+        """The bytes token `tid` adds to a text, whole (its decoded text turns a piece of a
+        multi-byte character into U+FFFD); None for a special token, or with no tokenizer."""
+        table = self._token_table
+        return table[tid] if 0 <= tid < len(table) else None
 
     def close(self) -> None:
         if self._recv_task is not None:
@@ -218,9 +233,12 @@ class TokenizerManager:
         return longest * self.context_len
 
     def chat_prompt(self, messages: Any, tools: tool_calls.ToolPlan | None = None,
-                    template_kwargs: Any = None) -> str:
+                    template_kwargs: Any = None, add_generation_prompt: bool = True,
+                    continue_final_message: bool = False) -> str:
         """The prompt text for OpenAI-style `messages` (and the request's tools, see tool_calls.py;
-        `template_kwargs`: extra template variables, e.g. Qwen3's enable_thinking)."""
+        `template_kwargs`: extra template variables, e.g. Qwen3's enable_thinking). As vLLM's:
+        `add_generation_prompt` opens the assistant's turn; `continue_final_message` ends the
+        prompt inside the last message, an assistant reply the model continues."""
         from treadle.runtime.tokenizer import apply_chat_template, get_chat_template
 
         if not isinstance(messages, list) or not messages:
@@ -239,12 +257,14 @@ class TokenizerManager:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise APIError.bad_request(f"messages[{i}] must be an object with a string 'role'", "messages")
             content = m.get("content")
-            if isinstance(content, list):  # content parts: only text parts carry meaning here
+            if isinstance(content, list):  # content parts: only text (and an assistant's refusal) carry meaning here
                 texts = []
                 for part in content:
-                    if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                        raise APIError.bad_request(f"messages[{i}].content: only text parts are supported", "messages")
-                    texts.append(part["text"])
+                    kind = part.get("type") if isinstance(part, dict) else None
+                    if kind not in ("text", "refusal") or not isinstance(part.get(kind), str):
+                        raise APIError.bad_request(f"messages[{i}].content: only text parts (and refusal parts) "
+                                                   "are supported", "messages")
+                    texts.append(part[kind])
                 content = "".join(texts)
             if content is None:
                 content = ""
@@ -254,12 +274,20 @@ class TokenizerManager:
             tool_calls.check_message_tool_fields(i, m)
             norm.append({**{k: m[k] for k in ("tool_calls", "tool_call_id", "name") if m.get(k) is not None},
                          "role": m["role"], "content": content})
-        native = tool_calls.template_knows_tools(get_chat_template(self.tokenizer))
+        if continue_final_message and norm[-1]["role"] != "assistant":
+            raise APIError.bad_request("continue_final_message needs an assistant message last (the reply to "
+                                       "continue)", "continue_final_message")
+        template = get_chat_template(self.tokenizer)
+        if template is not None and "developer" not in template:
+            # OpenAI's developer messages take the place of system ones; a template that does
+            # not know the role would show it as a turn the model never saw in training
+            norm = [{**m, "role": "system"} if m["role"] == "developer" else m for m in norm]
+        native = tool_calls.template_knows_tools(template)
         norm = tool_calls.render_messages(norm, tools, native)
         try:
-            return apply_chat_template(self.tokenizer, norm,
+            return apply_chat_template(self.tokenizer, norm, add_generation_prompt=add_generation_prompt,
                                        tools=[t.spec for t in tools.tools] if tools is not None and native else None,
-                                       **(template_kwargs or {}))
+                                       continue_final_message=continue_final_message, **(template_kwargs or {}))
         except Exception as e:  # a template error is the caller's input problem (e.g. role order)
             raise APIError.bad_request(f"cannot apply the chat template: {e}", "messages") from e
 
