@@ -55,15 +55,16 @@ class IncrementalDetokenizer:
     def _visible_delta(self, finished: bool) -> str:
         visible = self.text
         hold = 0
-        start = self._stop_search_start() if self.stop and not self.no_stop_trim else None
-        if start is not None:
-            # the first stop string that ends at or after `start`
-            cut = min((i for i in (visible.find(s, max(0, start - len(s) + 1)) for s in self.stop) if i >= 0),
-                      default=-1)
+        if self.stop and not self.no_stop_trim:
+            start = self._stop_search_start()
+            # the first stop string that ends at or after `start` (none before min_new_tokens)
+            cut = -1 if start is None else min(
+                (i for i in (visible.find(s, max(0, start - len(s) + 1)) for s in self.stop) if i >= 0), default=-1)
             if cut >= 0:
                 visible, self.stopped = visible[:cut], True
             elif not finished:
-                # keep back a tail that could still grow into a stop string
+                # keep back a tail that could still grow into a stop string (before
+                # min_new_tokens too: the stop may end in a token that counts)
                 hold = max(partial_suffix_len(visible, s) for s in self.stop)
         if hold:
             visible = visible[:-hold]
@@ -76,7 +77,7 @@ class IncrementalDetokenizer:
     def _stop_search_start(self) -> int | None:
         """Where in the text a stop string may end: after the text of the first
         min_new_tokens - 1 tokens; None while there are fewer tokens than that (nothing is
-        held back or cut then)."""
+        cut then)."""
         if self._stops_from is None and len(self.ids) >= self.min_new_tokens:
             self._stops_from = len(self._decode(self.ids[:self.min_new_tokens - 1]))
         return self._stops_from

@@ -408,7 +408,9 @@ class Engine:
                 delta = detok.add(out.new_ids, out.finished)
                 if out.error:
                     raise (RuntimeError if out.internal else ValueError)(out.error)
-                if delta or out.finished is not None:
+                # new ids without new text too (a piece of a character, a tail held back as a
+                # possible stop string): the chunks' output_ids add up to the output's
+                if delta or out.new_ids or out.finished is not None:
                     chunk = acc.result(r.rid, delta)
                     chunk["output_ids"] = out.new_ids
                     yield chunk

@@ -58,6 +58,8 @@ class Scheduler:
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(int(tokenizer.eos_token_id))
         self.eos_ids = frozenset(eos)
+        # what decoding with skip_special_tokens leaves out (stop-string windows widen past them)
+        self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
         self.sampler = Sampler(cfg.vocab_size, runner.device, tuple(sorted(self.eos_ids)))
         self.seed_rng = random.Random(args.seed)
         self.chunk_size = args.chunked_prefill_size if args.chunked_prefill_size > 0 else None
@@ -676,9 +678,7 @@ class Scheduler:
             req.finish("stop", matched=token)
             return
         if p.stop and n_out >= p.min_new_tokens and self.tokenizer is not None:
-            longest = max(len(s) for s in p.stop)
-            # a stop string can end in this token's text: look at enough trailing tokens
-            window = req.output_ids[-(longest + 2):]
+            window = req.output_ids[-self._stop_window(req):]
             tail = self.tokenizer.decode(window, skip_special_tokens=p.skip_special_tokens)
             new_from = None  # with min_new_tokens: where this token's text starts in `tail`
             for s in p.stop:
@@ -697,6 +697,23 @@ class Scheduler:
         if req.seq_len >= self.context_len:
             req.finish("length", length=n_out)
             return
+
+    def _stop_window(self, req: Req) -> int:
+        """How many trailing tokens hold any stop string that ends in the last one: a token
+        adds at least a byte (a CJK character or an emoji is often 2-4 tokens: a window in
+        characters missed them), plus one for a token that begins before the string, plus
+        the special tokens among them that decoding skips."""
+        p = req.params
+        need = max(len(s.encode("utf-8", "surrogatepass")) for s in p.stop) + 2
+        if not p.skip_special_tokens or not self.special_ids:
+            return need
+        k = need
+        while k < len(req.output_ids):  # widen by the skipped ones until the window holds `need` others
+            skipped = sum(t in self.special_ids for t in req.output_ids[-k:])
+            if k - skipped >= need:
+                break
+            k = need + skipped
+        return k
 
     @staticmethod
     def _verifies_jumps(req: Req) -> bool:

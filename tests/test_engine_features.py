@@ -143,11 +143,33 @@ def test_a_stop_string_before_min_new_tokens_is_text(engine):
                                    (["="], 3, "2 + 2 ", "="),  # ends in token 5: counts
                                    (["2"], 2, "2 + ", "2"),  # the first "2" is before; the second counts
                                    (["2"], 0, "", "2"),
-                                   (["+", "4"], 3, "2 + 2 = ", "4")):
+                                   (["+", "4"], 3, "2 + 2 = ", "4"),
+                                   # begins in token 4, before min_new_tokens, and ends in token 5:
+                                   # counts, and its "2" was streamed before it ended
+                                   (["2 ="], 5, "2 + ", "2 =")):
         sp = {**base, "stop": stop, "min_new_tokens": m}
         out = engine.generate(chat, sp)
         assert (out["text"], out["meta_info"]["finish_reason"]["matched"]) == (text, matched), (stop, m, out)
         assert "".join(c["text"] for c in engine.generate(chat, sp, stream=True)) == text
+
+
+def test_a_stop_string_of_multibyte_characters_is_a_stop(engine):
+    """An emoji is several byte tokens: a stop string of two of them spans 6 tokens, more than
+    the window the scheduler decoded (its length in characters + 2), so it never matched and
+    the request ran to max_new_tokens, finish_reason "length", while the text was cut at it.
+    Streamed, the chunks' output_ids add up to the output's (chunks without new text dropped
+    theirs: a piece of a character has none)."""
+    prompt, greedy = "Emoji story: 🐶🐱🐭", {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    plain = engine.generate(prompt, greedy)
+    assert plain["text"].startswith("🐧🐧🐧"), plain["text"]  # what the case relies on
+    per = len(engine.tokenizer.encode("🐧", add_special_tokens=False))
+    assert per >= 2
+    out = engine.generate(prompt, {**greedy, "stop": ["🐧🐧"]})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": "🐧🐧"}, out["meta_info"]
+    assert out["text"] == "" and out["meta_info"]["completion_tokens"] == 2 * per
+    chunks = list(engine.generate(prompt, greedy, stream=True))
+    assert [t for c in chunks for t in c["output_ids"]] == plain["output_ids"]
+    assert "".join(c["text"] for c in chunks) == plain["text"]
 
 
 def test_stop_token_is_trimmed_from_the_text(engine, prompts):
