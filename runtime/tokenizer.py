@@ -65,10 +65,22 @@ def clear_tokenizer_cache() -> None:
         _CACHE.clear()
 
 
+def check_text(text: str) -> None:
+    """Raise ValueError for a text that is no Unicode a tokenizer takes: one with a lone
+    surrogate (JSON's "\\ud83d" escape parses to one; a client that cut a string inside an
+    emoji sends it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"the text has a lone surrogate (U+{ord(text[e.start]):04X}) at character {e.start}, "
+                         "half of a character: send whole characters") from None
+
+
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     """The token ids of a prompt text. A text that already begins with the BOS token (a
     rendered chat template: Llama 2/3's write it) gets no second one from a tokenizer that
     adds BOS itself; a doubled BOS is a prompt the model never saw in training."""
+    check_text(text)
     ids = tokenizer.encode(text)
     bos, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)
     if bos and bos_id is not None and len(ids) >= 2 and ids[0] == ids[1] == bos_id and text.startswith(bos):

@@ -138,6 +138,7 @@ def test_generate_logprobs_with_token_texts(url):
     ({"text": PROMPT, "sampling_params": {"max_new_tokens": 100000}}, "max_new_tokens"),
     ({"text": "hello " * 9000, "sampling_params": {"max_new_tokens": 4}}, "context length"),
     ({"text": "x" * 2_000_000}, "in any tokenization"),  # refused before tokenizing
+    ({"text": "a\ud83db"}, "lone surrogate (U+D83D) at character 1"),  # JSON's escape for half an emoji: a 500
     ({"text": PROMPT, "sampling_params": {"max_new_tokens": 8190}}, "exceed the context length 8192"),
     ({"text": PROMPT, "return_logprob": True, "logprob_start_len": -5}, "logprob_start_len must be -1"),
     ({"text": PROMPT, "return_logprob": True, "top_logprobs_num": 21}, "top_logprobs_num must be in [0, 20]"),
@@ -162,7 +163,8 @@ def test_bad_input_is_400_naming_the_problem(url, body, needle):
     if needle.startswith(("logprob_start_len", "top_logprobs_num", "return_logprob")):  # the field is named in `param` too
         assert err["param"] == needle.split()[0]
     # also where the scheduler's checks or the grammar compiler find the problem
-    param = {"context length": "text", "in any tokenization": "text", "'item'": "ebnf", "regex": "regex",
+    param = {"context length": "text", "in any tokenization": "text", "lone surrogate (U+D83D) at character 1": "text",
+             "'item'": "ebnf", "regex": "regex",
              "input_ids": "input_ids", "the prompt is empty": "input_ids"}.get(needle)
     assert param is None or err["param"] == param, err
     assert requests.get(url + "/health", timeout=T).status_code == 200

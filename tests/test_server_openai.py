@@ -524,6 +524,19 @@ def test_malformed_json_is_400(server):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_a_lone_surrogate_is_400(server):
+    """JSON's "\\ud83d" escape parses to half a character (a client that cut a string inside
+    an emoji sends it; the openai client cannot): a 400 naming the field, it was a 500."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for path, body, param in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "cut \ud83d"}]},
+                               "messages"),
+                              ("/v1/completions", {"prompt": "a\udc00"}, "prompt"),
+                              ("/tokenize", {"prompt": "a\ud800b"}, "prompt")):
+        r = requests.post(server.url + path, json=body, headers=auth, timeout=T)  # ensure_ascii: the escape
+        assert r.status_code == 400 and "lone surrogate" in r.json()["error"]["message"], r.text
+        assert r.json()["error"]["param"] == param, r.text
+
+
 def test_non_finite_numbers_are_400(server):
     # JSON parsers (Python's too) accept NaN / Infinity literals; the openai client will not send them
     for body in (b'{"model": "smol", "prompt": "hi", "max_tokens": 2, "temperature": NaN}',

@@ -215,10 +215,14 @@ class TokenizerManager:
             raise APIError.bad_request(
                 f"the prompt has {len(text)} characters, more than the context length {self.context_len} can "
                 f"hold in any tokenization (at most {self.max_prompt_chars}); shorten it", param)
+        from treadle.runtime.tokenizer import check_text, encode_prompt
+
+        try:
+            check_text(text)
+        except ValueError as e:
+            raise APIError.bad_request(e, param) from e
         if not add_special_tokens:
             return self.tokenizer.encode(text, add_special_tokens=False)
-        from treadle.runtime.tokenizer import encode_prompt
-
         return encode_prompt(self.tokenizer, text)
 
     @functools.cached_property
