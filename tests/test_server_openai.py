@@ -661,3 +661,16 @@ def test_cors_preflight_needs_no_key(server):
     for auth, status in (({"Authorization": f"Bearer {KEY}"}, 200), ({}, 401)):
         r = requests.get(server.url + "/v1/models", headers={**origin, **auth}, timeout=T)
         assert r.status_code == status and r.headers.get("access-control-allow-origin"), r.headers
+
+
+def test_logprob_tokens_of_character_pieces(client):
+    """A token that is a piece of a multi-byte character is OpenAI's "bytes:\\xe6\\x97" in
+    logprobs (its text alone was U+FFFD for every piece, so a completions top_logprobs dict
+    lost entries), and text_offset counts characters (each piece had counted one: every later
+    offset was off)."""
+    prompt = "日本 means Japan."
+    lp = client.completions.create(model="smol", prompt=prompt, max_tokens=0, echo=True, logprobs=1).choices[0].logprobs
+    assert "\ufffd" not in "".join(lp.tokens) and any(t.startswith("bytes:") for t in lp.tokens), lp.tokens
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] + len(lp.tokens[-1]) == len(prompt)
+    for tok, off in zip(lp.tokens, lp.text_offset):
+        assert tok.startswith("bytes:") or prompt[off:].startswith(tok), (tok, off, lp.text_offset)

@@ -6,6 +6,7 @@ as /generate, and the results are shaped like OpenAI's, streaming included.
 """
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import time
@@ -357,27 +358,39 @@ class _Shaper:
         self.tool_streams: dict[int, ToolStream] = {}
         self.accs: dict[int, Accum] = {}
         self.role_sent: set[int] = set()
-        self.text_offset: dict[int, int] = {}
+        self.text_offset: dict[int, tuple[int, Any]] = {}  # per choice: characters so far, their decoder
         self.include_usage = False  # stream_options.include_usage
 
     def _tok(self, tid: int) -> str:
-        return self.tm.tokenizer.decode([tid]) if self.tm.tokenizer is not None else str(tid)
+        """A token's text in logprobs: its own bytes as text, or, for a piece of a character,
+        OpenAI's "bytes:\\xe6\\x97" (decoding it alone gave U+FFFD, the same for every piece)."""
+        raw = self.tm.token_bytes(tid)
+        if raw is None:  # a special token (or no tokenizer)
+            return self.tm.tokenizer.decode([tid]) if self.tm.tokenizer is not None else str(tid)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
     def logprobs(self, i: int, ids: list[int], lps: list[float], tops: list) -> dict | None:
         if not lps:
             return None
         if self.chat:
             def entry(tid: int, lp: float) -> dict:
-                s = self._tok(tid)
-                return {"token": s, "logprob": lp, "bytes": list(self.tm.token_bytes(tid) or s.encode("utf-8"))}
+                s, raw = self._tok(tid), self.tm.token_bytes(tid)
+                return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8") if raw is None else raw)}
             return {"content": [{**entry(t, lp), "top_logprobs": [entry(tt, tlp) for tlp, tt in (tops[k] if k < len(tops) else [])]}
                                 for k, (t, lp) in enumerate(zip(ids, lps))]}
         toks = [self._tok(t) for t in ids]
-        offsets, off = [], self.text_offset.get(i, 0)
-        for s in toks:
+        # where each token's text begins, in characters: the pieces of a character all begin
+        # where it does (an incremental decoder counts whole characters)
+        off, dec = self.text_offset.get(i) or (0, codecs.getincrementaldecoder("utf-8")("replace"))
+        offsets = []
+        for t, s in zip(ids, toks):
             offsets.append(off)
-            off += len(s)
-        self.text_offset[i] = off
+            raw = self.tm.token_bytes(t)
+            off += len(dec.decode(s.encode("utf-8") if raw is None else raw))
+        self.text_offset[i] = (off, dec)
         # each step's top tokens and the chosen one (OpenAI: up to logprobs + 1 entries, vLLM
         # too), even at logprobs=0; an echoed prompt's first token has no score
         return {"tokens": toks, "token_logprobs": list(lps), "text_offset": offsets,
