@@ -32,6 +32,7 @@ import shlex
 import subprocess
 import sys
 import time
+import urllib.parse
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -344,6 +345,10 @@ def create_router_app(args: RouterArgs) -> FastAPI:
             return await router.get_any(_path)
 
         app.add_api_route(path, get, methods=["GET"])
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> Response:
+        return await router.get_any("/v1/models/" + urllib.parse.quote(model, safe="/"))
 
     @app.get("/health")
     async def health() -> Response:

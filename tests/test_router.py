@@ -175,6 +175,9 @@ def test_streaming_through_router(router, replicas):
     assert events[-1] == "[DONE]" and all(e["object"] == "chat.completion.chunk" for e in events[:-1])
     models = requests.get(router.url + "/v1/models", timeout=T)
     assert models.status_code == 200 and models.json()["data"]
+    name = models.json()["data"][0]["id"]
+    assert requests.get(router.url + "/v1/models/" + name, timeout=T).json()["id"] == name
+    assert requests.get(router.url + "/v1/models/no-such-model", timeout=T).status_code == 404
     bad = requests.post(router.url + "/v1/completions", json={"prompt": "x", "max_tokens": -3}, timeout=T)
     assert bad.status_code == 400 and "error" in bad.json()  # the replica's 400 comes back as is
 

@@ -598,6 +598,12 @@ def test_continue_final_message_and_developer_messages(client):
     # after the user turn's end and that opening (no end of turn, no second opening)
     assert cont.usage.prompt_tokens == fresh.usage.prompt_tokens + tokens, (cont.usage, fresh.usage, tokens)
     assert cont.choices[0].message.content.lstrip().startswith("4"), cont.choices[0].message.content
+    # /tokenize with messages (vLLM's) gives the ids chat makes of them
+    url = client.base_url.scheme + "://" + client.base_url.netloc.decode() + "/tokenize"
+    for body, usage in (({"messages": begun, "add_generation_prompt": False, "continue_final_message": True},
+                         cont.usage), ({"messages": begun[:1]}, fresh.usage)):
+        r = requests.post(url, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=T)
+        assert r.json()["count"] == usage.prompt_tokens, (r.text, usage)
     usage = [client.chat.completions.create(model="smol", messages=[{"role": role, "content": "Be brief."}, *MSGS],
                                             max_tokens=1, temperature=0).usage.prompt_tokens
              for role in ("system", "developer")]

@@ -197,19 +197,34 @@ def create_app(state: ServerState) -> FastAPI:
     async def tokenize(request: Request) -> dict:
         """vLLM's /tokenize: {"prompt": text} (or a list of texts) -> {"tokens", "count",
         "max_model_len"}, the ids /generate would see for that text; `add_special_tokens`
-        false leaves out what the tokenizer adds (BOS)."""
+        false leaves out what the tokenizer adds (BOS). {"messages": [...]} (with
+        add_generation_prompt, continue_final_message, chat_template_kwargs): the ids of the
+        prompt /v1/chat/completions would make of them."""
         obj = await read_json(request)
-        _no_unknown(obj, {"model", "prompt", "add_special_tokens"})
+        _no_unknown(obj, {"model", "prompt", "add_special_tokens", "messages", "add_generation_prompt",
+                          "continue_final_message", "chat_template_kwargs"})
         state.check_model(obj.get("model"))
-        prompt, add = obj.get("prompt"), obj.get("add_special_tokens", True)
-        single = isinstance(prompt, str)
-        texts = [prompt] if single else prompt
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise APIError.bad_request("prompt must be a string or a non-empty list of strings", "prompt")
+        add = obj.get("add_special_tokens", True)
         if not isinstance(add, bool):
             raise APIError.bad_request("add_special_tokens must be a boolean", "add_special_tokens")
         if tm.tokenizer is None:
             raise APIError.bad_request("this model has no tokenizer", "prompt")
+        if ("prompt" in obj) == ("messages" in obj):
+            raise APIError.bad_request("give exactly one of prompt or messages", "prompt")
+        if "messages" in obj:
+            gen, cont = obj.get("add_generation_prompt", True), obj.get("continue_final_message", False)
+            if not isinstance(gen, bool) or not isinstance(cont, bool):
+                raise APIError.bad_request("add_generation_prompt and continue_final_message must be booleans",
+                                           "add_generation_prompt")
+            ids = await tm.off_loop(lambda: tm.encode(
+                tm.chat_prompt(obj["messages"], None, obj.get("chat_template_kwargs"), gen, cont), "messages",
+                add_special_tokens=add))
+            return {"tokens": ids, "count": len(ids), "max_model_len": state.model_info["context_len"]}
+        prompt = obj["prompt"]
+        single = isinstance(prompt, str)
+        texts = [prompt] if single else prompt
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise APIError.bad_request("prompt must be a string or a non-empty list of strings", "prompt")
         ids = await tm.off_loop(lambda: [tm.encode(t, "prompt", add_special_tokens=add) for t in texts])
         return {"tokens": ids[0] if single else ids, "count": len(ids[0]) if single else [len(x) for x in ids],
                 "max_model_len": state.model_info["context_len"]}
