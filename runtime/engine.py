@@ -102,9 +102,7 @@ class Engine:
         reqs, single, base = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
                                          top_logprobs_num, stream, rid, return_text_in_logprobs)
         if stream:
-            if not single or len(reqs) != 1:
-                raise ValueError("stream=True takes one prompt with n=1")
-            return self._stream(reqs[0])
+            return self._stream(reqs, base, indexed=not single or len(reqs) > 1)
         with self._grouped(base, reqs) as group:
             try:
                 results = self._run(reqs)
@@ -325,12 +323,13 @@ class Engine:
         if self._stopped.is_set():
             raise EngineDeadError("the engine is shut down")
 
-    def _submit(self, r: TokenizedGenerateReq, group: "_Group | None" = None) -> queue.Queue:
-        """Send `r` to the engine thread and return the box its outputs arrive in. A request
-        of an aborted group (or the warm-up of one, `group`) is not sent: it finishes as
-        aborted at once."""
+    def _submit(self, r: TokenizedGenerateReq, group: "_Group | None" = None,
+                box: queue.Queue | None = None) -> queue.Queue:
+        """Send `r` to the engine thread and return the box its outputs arrive in (`box`: one
+        several requests share; their outputs carry their rids). A request of an aborted
+        group (or the warm-up of one, `group`) is not sent: it finishes as aborted at once."""
         self._check_running()
-        box: queue.Queue = queue.Queue()
+        box = queue.Queue() if box is None else box
         with self._lock:
             if r.rid in self._outboxes:
                 raise ValueError(f"request id {r.rid!r} is already in use")
@@ -397,29 +396,41 @@ class Engine:
                 self._done(r.rid)
                 return acc.result(r.rid, detok.output_text)
 
-    def _stream(self, r: TokenizedGenerateReq) -> Iterator[dict]:
-        box = self._submit(r)
-        detok = self._detokenizer(r)
-        acc = OutputAccum(r, functools.partial(token_texts, self.tokenizer))
-        try:
-            while True:
-                out = self._next(box)
-                acc.add(out)
-                delta = detok.add(out.new_ids, out.finished)
-                if out.error:
-                    raise (RuntimeError if out.internal else ValueError)(out.error)
-                # new ids without new text too (a piece of a character, a tail held back as a
-                # possible stop string): the chunks' output_ids add up to the output's
-                if delta or out.new_ids or out.finished is not None:
-                    chunk = acc.result(r.rid, delta)
-                    chunk["output_ids"] = out.new_ids
-                    yield chunk
-                if out.finished is not None:
-                    return
-        finally:
-            if r.rid in self._outboxes:  # the consumer stopped early: abort the request
-                self.abort(r.rid)
-                self._done(r.rid)
+    def _stream(self, reqs: list[TokenizedGenerateReq], base: str, indexed: bool) -> Iterator[dict]:
+        """Chunks of `reqs` as their outputs arrive, in one shared box: each chunk's text and
+        output_ids are what is new, meta_info is cumulative; with `indexed` (a batch, n
+        samples) each carries the index of its result in the unstreamed list, as SGLang's."""
+        with self._grouped(base, reqs) as group:
+            box: queue.Queue = queue.Queue()
+            where = {r.rid: i for i, r in enumerate(reqs)}
+            left = set(where)
+            try:
+                self._warm_prefix(reqs)
+                state = {r.rid: (self._detokenizer(r), OutputAccum(r, functools.partial(token_texts, self.tokenizer)))
+                         for r in reqs}
+                for r in reqs:
+                    self._submit(r, box=box)
+                while left:
+                    out = self._next(box)
+                    detok, acc = state[out.rid]
+                    acc.add(out)
+                    delta = detok.add(out.new_ids, out.finished)
+                    if out.error:
+                        raise (RuntimeError if out.internal else ValueError)(out.error)
+                    # new ids without new text too (a piece of a character, a tail held back as
+                    # a possible stop string): the chunks' output_ids add up to the output's
+                    if delta or out.new_ids or out.finished is not None:
+                        chunk = acc.result(out.rid, delta)
+                        chunk["output_ids"] = out.new_ids
+                        if indexed:
+                            chunk["index"] = where[out.rid]
+                        yield chunk
+                    if out.finished is not None:
+                        left.discard(out.rid)
+                        self._done(out.rid)
+            finally:
+                if left:  # the consumer stopped early (or one failed): abort the rest
+                    self._abandon([r for r in reqs if r.rid in left], group)
 
     def _detokenizer(self, r: TokenizedGenerateReq) -> IncrementalDetokenizer:
         p = r.sampling_params

@@ -105,6 +105,35 @@ def test_stream_yields_the_same_text(engine, prompts):
     assert all(spent / 2 < o["meta_info"]["e2e_latency"] <= spent for o in both), (spent, both)
 
 
+def test_a_batch_and_n_samples_stream(engine, prompts):
+    """stream=True takes a batch and n samples too (it took one prompt with n=1): the chunks
+    of all arrive as they are made, each with the index of its result in the unstreamed list,
+    and each index's texts and ids add up to that result. A consumer that stops early aborts
+    the rest."""
+    params = [GREEDY, {**GREEDY, "max_new_tokens": 12}]
+    full = engine.generate(prompts[:2], params)
+    chunks = list(engine.generate(prompts[:2], params, stream=True))
+    for i, want in enumerate(full):
+        mine = [c for c in chunks if c["index"] == i]
+        assert "".join(c["text"] for c in mine) == want["text"]
+        assert [t for c in mine for t in c["output_ids"]] == want["output_ids"]
+        assert mine[-1]["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
+    last = {c["index"]: k for k, c in enumerate(chunks)}
+    assert last[1] < last[0]  # the shorter one ended first: they ran side by side
+    twice = engine.generate(prompts[0], {**GREEDY, "n": 2}, stream=True)
+    got = {}
+    for c in twice:
+        got[c["index"]] = got.get(c["index"], "") + c["text"]
+    assert got == {0: full[0]["text"], 1: full[0]["text"]}
+    it = engine.generate(prompts[:2], {**GREEDY, "max_new_tokens": 400}, stream=True, rid="cut")
+    first = next(it)
+    it.close()  # the consumer stops: both are aborted and their slots freed
+    assert first["meta_info"]["id"] in ("cut-0", "cut-1")
+    engine.check_integrity()
+    info = engine.get_server_info()
+    assert info["num_running"] == 0 and info["num_waiting"] == 0, info
+
+
 def test_n_samples_share_the_prompt(engine, prompts):
     outs = engine.generate(prompts[5], {"max_new_tokens": 8, "temperature": 1.0, "n": 3, "seed": 5})
     assert len(outs) == 3
