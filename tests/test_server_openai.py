@@ -245,6 +245,11 @@ def test_vllm_guided_names(client):
         client.chat.completions.create(model="smol", messages=MSGS, max_tokens=4,
                                        extra_body={"regex": "a", "guided_regex": "b"})
     assert "not both" in ei.value.body["message"]
+    # include_stop_str_in_output: the matched stop string stays in the text
+    kw = dict(model="smol", prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=["7"])
+    cut = client.completions.create(**kw).choices[0]
+    kept = client.completions.create(**kw, extra_body={"include_stop_str_in_output": True}).choices[0]
+    assert kept.text == cut.text + "7" and kept.finish_reason == cut.finish_reason == "stop", (kept, cut)
 
 
 def test_extra_body_ebnf(client):

@@ -32,8 +32,9 @@ _PASSED = ("temperature", "top_p", "n", "stop", "seed", "frequency_penalty", "pr
            # treadle / SGLang extras, sent by clients as extra_body
            "top_k", "min_p", "repetition_penalty", "ignore_eos", "regex", "json_schema", "choices", "ebnf",
            "structural_tag", "stop_token_ids", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens", "logit_bias")
-# vLLM's names for the same constraints (extra_body), accepted so its clients work unchanged
-_GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choices", "guided_grammar": "ebnf"}
+# vLLM's names for the same constraints and options (extra_body), accepted so its clients work unchanged
+_GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choices", "guided_grammar": "ebnf",
+           "include_stop_str_in_output": "no_stop_trim"}
 # accepted and without effect here
 _IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "stream_options", "stream", "logprobs",
             "top_logprobs", "response_format", "echo", "best_of")
