@@ -102,12 +102,15 @@ class Engine:
         reqs, single, base = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
                                          top_logprobs_num, stream, rid, return_text_in_logprobs)
         if stream:
+            with self._lock:  # now, as unstreamed (checked again when it starts)
+                self._check_free(base, reqs)
             return self._stream(reqs, base, indexed=not single or len(reqs) > 1)
         with self._grouped(base, reqs) as group:
+            sent: set[str] = set()
             try:
-                results = self._run(reqs)
+                results = self._run(reqs, sent)
             except BaseException:  # e.g. KeyboardInterrupt: stop them and free their ids
-                self._abandon(reqs, group)
+                self._abandon([r for r in reqs if r.rid in sent], group)  # not another caller's
                 raise
         return self._shape(results, reqs, single)
 
@@ -129,16 +132,20 @@ class Engine:
                                          top_logprobs_num, stream, rid, return_text_in_logprobs)
         t0 = time.perf_counter()
         with self._grouped(base, reqs) as group:
+            sent: set[str] = set()
             try:
                 await asyncio.to_thread(self._warm_prefix, reqs)
                 # submitted here, between awaits: a cancel can only come after, so its aborts
                 # queue behind the requests they abort
-                boxes = [self._submit(r) for r in reqs]
+                boxes = self._submit_all(reqs, sent)
                 results = await asyncio.to_thread(self._gather, reqs, boxes, t0)
             except asyncio.CancelledError:
                 # the threads then collect their abort and return (a warm-up still running
                 # included: the parts are then never sent)
-                self._abort_reqs(reqs, group)
+                self._abort_reqs([r for r in reqs if r.rid in sent], group)
+                raise
+            except BaseException:  # a request id in use: stop what was sent (not another caller's)
+                self._abandon([r for r in reqs if r.rid in sent], group)
                 raise
         return self._shape(results, reqs, single)
 
@@ -184,6 +191,14 @@ class Engine:
             for r in group.rids:
                 self._inbox.put(("abort", r))
 
+    def _check_free(self, base: str, reqs: list[TokenizedGenerateReq]) -> None:
+        """ValueError when the call's rid or a part's is another running call's (its parts
+        too: another caller's "<rid>-0" is not to be taken over). Call with the lock held."""
+        taken = [x for x in dict.fromkeys((base, *(r.rid for r in reqs)))
+                 if x in self._groups or x in self._outboxes or x in self._group_of]
+        if taken:
+            raise ValueError(f"request id {taken[0]!r} is already in use")
+
     @contextlib.contextmanager
     def _grouped(self, base: str, reqs: list[TokenizedGenerateReq]):
         """Register `reqs` under the caller's rid `base` while they run (not needed for one
@@ -193,8 +208,7 @@ class Engine:
             return
         group = _Group([r.rid for r in reqs])
         with self._lock:
-            if base in self._groups or base in self._outboxes:
-                raise ValueError(f"request id {base!r} is already in use")
+            self._check_free(base, reqs)
             self._groups[base] = group
             for r in reqs:
                 self._group_of[r.rid] = group
@@ -353,10 +367,20 @@ class Engine:
                 warm = TokenizedGenerateReq(uuid.uuid4().hex, list(ids), SamplingParams(max_new_tokens=0))
                 self._collect(warm, self._submit(warm, self._group_of.get(same[0].rid)))
 
-    def _run(self, reqs: list[TokenizedGenerateReq]) -> list[dict]:
+    def _run(self, reqs: list[TokenizedGenerateReq], sent: set[str]) -> list[dict]:
         t0 = time.perf_counter()
         self._warm_prefix(reqs)
-        return self._gather(reqs, [self._submit(r) for r in reqs], t0)
+        return self._gather(reqs, self._submit_all(reqs, sent), t0)
+
+    def _submit_all(self, reqs: list[TokenizedGenerateReq], sent: set[str],
+                    box: queue.Queue | None = None) -> list[queue.Queue]:
+        """Submit `reqs` in order, adding each rid to `sent` once it is this call's (a rid in
+        use raises ValueError, and what was sent before it is the caller's to abort)."""
+        boxes = []
+        for r in reqs:
+            boxes.append(self._submit(r, box=box))
+            sent.add(r.rid)
+        return boxes
 
     def _gather(self, reqs: list[TokenizedGenerateReq], boxes: list[queue.Queue], t0: float) -> list[dict]:
         """Wait for every submitted request; a failed one raises (see below)."""
@@ -403,13 +427,12 @@ class Engine:
         with self._grouped(base, reqs) as group:
             box: queue.Queue = queue.Queue()
             where = {r.rid: i for i, r in enumerate(reqs)}
-            left = set(where)
+            left, sent = set(where), set()
             try:
                 self._warm_prefix(reqs)
                 state = {r.rid: (self._detokenizer(r), OutputAccum(r, functools.partial(token_texts, self.tokenizer)))
                          for r in reqs}
-                for r in reqs:
-                    self._submit(r, box=box)
+                self._submit_all(reqs, sent, box)
                 while left:
                     out = self._next(box)
                     detok, acc = state[out.rid]
@@ -429,8 +452,8 @@ class Engine:
                         left.discard(out.rid)
                         self._done(out.rid)
             finally:
-                if left:  # the consumer stopped early (or one failed): abort the rest
-                    self._abandon([r for r in reqs if r.rid in left], group)
+                if left:  # the consumer stopped early (or one failed): abort the rest of what was sent
+                    self._abandon([r for r in reqs if r.rid in left and r.rid in sent], group)
 
     def _detokenizer(self, r: TokenizedGenerateReq) -> IncrementalDetokenizer:
         p = r.sampling_params

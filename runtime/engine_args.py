@@ -117,9 +117,10 @@ class EngineArgs:
     watchdog_timeout: float = field(default=300.0, metadata={"help": (
         "seconds without a word from the scheduler (a hung step) after which the server kills "
         "it and exits non-zero; 0 = never")})
-    allowed_origins: str = field(default="*", metadata={"help": (
-        "CORS: the origins (comma-separated, * = any) whose browser pages may call the API, as "
-        "vLLM's and SGLang's default; an empty string sends no CORS headers")})
+    allowed_origins: str | None = field(default=None, metadata={"help": (
+        "CORS: the origins (comma-separated, * = any) whose browser pages may call the API; "
+        "default: any when --api-key is set (pages then need the key), none without one (any "
+        "page a user opens could otherwise drive and read an open server); '' = none")})
     max_request_bytes: int = field(default=64 << 20, metadata={"help": (
         "the largest HTTP request body the server reads; a larger one is a 413 before it is "
         "read whole")})

@@ -270,11 +270,13 @@ class Router:
             await release()  # on a disconnect this closes the upstream connection: the replica aborts
         return Response(data, status_code=resp.status_code, media_type=ctype, headers=hdrs)
 
-    async def get_any(self, path: str) -> Response:
-        """A read-only GET answered by the first healthy replica that responds."""
+    async def get_any(self, path: str, request: Request | None = None) -> Response:
+        """A read-only GET answered by the first healthy replica that responds (with the
+        client's forwarded headers: its API key)."""
+        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS} if request else {}
         for r in [r for r in self.replicas if r.healthy]:
             try:
-                resp = await self.client.get(r.url + path, timeout=10.0)
+                resp = await self.client.get(r.url + path, timeout=10.0, headers=headers)
             except httpx.HTTPError:
                 continue
             return Response(resp.content, resp.status_code, media_type=resp.headers.get("content-type"),
@@ -341,14 +343,15 @@ def create_router_app(args: RouterArgs) -> FastAPI:
         app.add_api_route(path, post, methods=["POST"])
 
     for path in ("/v1/models", "/get_model_info"):
-        async def get(_path: str = path) -> Response:
-            return await router.get_any(_path)
+        async def get(request: Request, _path: str = path) -> Response:
+            return await router.get_any(_path, request)
 
         app.add_api_route(path, get, methods=["GET"])
 
     @app.get("/v1/models/{model:path}")
-    async def model(model: str) -> Response:
-        return await router.get_any("/v1/models/" + urllib.parse.quote(model, safe="/"))
+    async def model(model: str, request: Request) -> Response:
+        # quoted whole: "../" in a name must not walk out of /v1/models on the replica
+        return await router.get_any("/v1/models/" + urllib.parse.quote(model, safe=""), request)
 
     @app.get("/health")
     async def health() -> Response:

@@ -58,8 +58,11 @@ class Scheduler:
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(int(tokenizer.eos_token_id))
         self.eos_ids = frozenset(eos)
-        # what decoding with skip_special_tokens leaves out (stop-string windows widen past them)
-        self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
+        # what decoding with skip_special_tokens leaves out (stop-string windows widen past them):
+        # the named special tokens and every added token marked special (SmolLM2's <file_sep>, ...)
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", None) or ()) | frozenset(
+            i for i, t in added.items() if getattr(t, "special", False))
         self.sampler = Sampler(cfg.vocab_size, runner.device, tuple(sorted(self.eos_ids)))
         self.seed_rng = random.Random(args.seed)
         self.chunk_size = args.chunked_prefill_size if args.chunked_prefill_size > 0 else None

@@ -134,6 +134,37 @@ def test_a_batch_and_n_samples_stream(engine, prompts):
     assert info["num_running"] == 0 and info["num_waiting"] == 0, info
 
 
+def test_a_request_id_in_use_is_refused_without_harm_to_its_owner(engine, prompts):
+    """A call whose rid (or a part's, "<rid>-0") another running call holds is a ValueError,
+    streamed or not, and the other call finishes normally: the refused call used to abort
+    the owner's request and drop its outbox, so the owner waited forever."""
+    import threading
+
+    long = {**GREEDY, "max_new_tokens": 80}
+    owner: dict = {}
+    threads = [threading.Thread(target=lambda: owner.update(x=engine.generate(prompts[0], long, rid="x"))),
+               threading.Thread(target=lambda: owner.update(y=engine.generate(prompts[:2], long, rid="y")))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while engine.get_server_info()["num_running"] < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    for kw in ({"rid": "x"}, {"rid": "x", "stream": True}, {"rid": "y-0"}, {"rid": "y-1", "stream": True}):
+        with pytest.raises(ValueError, match="already in use"):
+            out = engine.generate(prompts[1], {"max_new_tokens": 2}, **kw)
+            list(out) if kw.get("stream") else out
+    with pytest.raises(ValueError, match="'y' is already in use"):  # a batch again under the batch's rid
+        engine.generate(prompts[:2], {"max_new_tokens": 2}, rid="y")
+    with pytest.raises(ValueError, match="'x' is already in use"):  # n samples whose prompt id is x
+        engine.generate(prompts[1], {"max_new_tokens": 2, "n": 2}, rid="x")
+    for t in threads:
+        t.join(120)
+    assert owner["x"]["meta_info"]["completion_tokens"] == 80, owner["x"]["meta_info"]
+    assert [o["meta_info"]["completion_tokens"] for o in owner["y"]] == [80, 80]
+    engine.check_integrity()
+
+
 def test_n_samples_share_the_prompt(engine, prompts):
     outs = engine.generate(prompts[5], {"max_new_tokens": 8, "temperature": 1.0, "n": 3, "seed": 5})
     assert len(outs) == 3

@@ -711,3 +711,21 @@ def test_mixed_chunk_advances_running_requests_during_prefill():
         else:
             assert not any(riders) and sched.stats["mixed_steps"] == 0
         assert_idle_clean(sched, runner)
+
+
+def test_the_stop_string_window_holds_multibyte_stops_and_skipped_special_tokens(smollm2_tokenizer):
+    """The trailing tokens the scheduler decodes to find a stop string ending in the last one
+    (Scheduler._stop_window) hold the whole string: two emoji are 6 byte tokens (the window,
+    in characters + 2, held 4), and special tokens that decoding skips, added ones such as
+    SmolLM2's <file_sep> (not in all_special_ids) included, do not count against it."""
+    from types import SimpleNamespace
+
+    tok = smollm2_tokenizer
+    sched = Scheduler(EngineArgs(), FakeRunner(), tok)
+    file_sep = tok.convert_tokens_to_ids("<file_sep>")
+    assert file_sep not in tok.all_special_ids and file_sep in sched.special_ids
+    enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
+    for stop, out in (("🐧🐧", enc("Once 🐧🐧")), ("ab", enc("x a") + [file_sep] * 5 + enc("b"))):
+        r = SimpleNamespace(params=SamplingParams(stop=[stop]), output_ids=out)
+        window = out[-sched._stop_window(r):]
+        assert stop in tok.decode(window, skip_special_tokens=True), (stop, window)

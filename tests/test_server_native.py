@@ -307,3 +307,14 @@ def test_admin_endpoints(url):
                  "treadle_generation_tokens_total", "treadle_cache_hit_rate", "treadle_token_usage"):
         assert name in metrics
     assert requests.get(url + "/health_generate", timeout=T).status_code == 200
+
+
+def test_no_cors_headers_without_an_api_key(url):
+    """A server without --api-key sends no CORS headers unless --allowed-origins asks for
+    them: any page a user opens could otherwise drive it and read its answers (with a key,
+    the default is any origin, see test_server_openai.py)."""
+    origin = {"Origin": "http://app.example"}
+    r = requests.options(url + "/generate", headers={**origin, "Access-Control-Request-Method": "POST"}, timeout=T)
+    assert "access-control-allow-origin" not in r.headers, r.headers
+    r = requests.get(url + "/v1/models", headers=origin, timeout=T)
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers, r.headers

@@ -646,8 +646,8 @@ def test_stream_usage_is_null_until_the_last_chunk_and_logprob_bytes_are_whole(s
     from treadle.runtime.server.testing import sse_events
 
     auth = {"Authorization": f"Bearer {KEY}"}
-    body = {"model": "smol", "messages": MSGS, "max_tokens": 4, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"model": "smol", "messages": MSGS, "max_tokens": 4, "stream": True,  # the other keys: taken, no effect
+            "stream_options": {"include_usage": True, "continuous_usage_stats": False, "include_obfuscation": False}}
     with requests.post(server.url + "/v1/chat/completions", json=body, headers=auth, stream=True, timeout=T) as r:
         events = [e for e in sse_events(r) if e != "[DONE]"]
     assert all(e["usage"] is None for e in events[:-1]) and events[-1]["usage"]["completion_tokens"] == 4, events

@@ -37,6 +37,7 @@ _GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "return_lo
 # without the API key, as SGLang: probes and scrapes (no request content in any of them)
 _OPEN_PATHS = {"/health", "/health_generate", "/metrics", "/version"}
 HEALTH_GENERATE_TIMEOUT_S = 30.0
+INLINE_PARSE_BYTES = 1 << 20  # bodies below this are parsed on the event loop (read_json)
 
 
 @dataclass
@@ -105,7 +106,10 @@ async def read_json(request: Request) -> dict:
         if size > limit:  # chunked, or more than it declared
             raise _too_large(size, limit)
         parts.append(part)
-    return await state.tm.off_loop(parse_json_object, b"".join(parts))
+    raw = b"".join(parts)
+    # a megabyte or more takes milliseconds to parse: a builder thread's work (an abort or a
+    # probe, small, never waits behind the builders)
+    return parse_json_object(raw) if size < INLINE_PARSE_BYTES else await state.tm.off_loop(parse_json_object, raw)
 
 
 def _too_large(size: int, limit: int) -> APIError:
@@ -291,7 +295,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     register_openai_routes(app, state)
     app.add_middleware(Gate, state=state)
-    origins = [o.strip() for o in state.args.allowed_origins.split(",") if o.strip()]
+    allowed = state.args.allowed_origins
+    if allowed is None:
+        allowed = "*" if state.args.api_key else ""
+    origins = [o.strip() for o in allowed.split(",") if o.strip()]
     if origins:  # outside the gate: a browser's preflight carries no key, and errors need the headers too
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
     return app

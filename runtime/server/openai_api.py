@@ -166,9 +166,10 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
             raise APIError.bad_request("stream_options is only allowed with stream: true", "stream_options")
         if not isinstance(so, dict):
             raise APIError.bad_request("stream_options must be an object", "stream_options")
-        bad = sorted(set(so) - {"include_usage"})
-        if bad or not isinstance(so.get("include_usage", False), bool):
-            raise APIError.bad_request("stream_options takes only include_usage, a boolean", "stream_options")
+        # include_usage is what it does; others (vLLM's continuous_usage_stats, OpenAI's
+        # include_obfuscation) are taken and without effect
+        if not isinstance(so.get("include_usage", False), bool):
+            raise APIError.bad_request("stream_options.include_usage must be a boolean", "stream_options")
 
 
 def _completion_prompts(tm: TokenizerManager, prompt: Any) -> list[list[int]]:

@@ -115,21 +115,16 @@ class TokenizerManager:
         # GIL while it works, and encoding without truncation or padding changes no tokenizer
         # state, so several may run at once.
         self._builders = concurrent.futures.ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="treadle-build")
+        from treadle.constrained.vocabulary import token_bytes_table
+
+        # each token's bytes (logprob entries): a tenth of a second, once, at start-up
+        self._token_table: list[bytes | None] = token_bytes_table(tokenizer) if tokenizer is not None else []
 
     # ================================================================== lifecycle
 
     def start(self) -> None:
         """Start routing outputs; call from inside the server's event loop."""
         self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop())
-        self._builders.submit(lambda: self._token_table)  # a tenth of a second, before anyone asks
-
-    @functools.cached_property
-    def _token_table(self) -> list[bytes | None]:
-        if self.tokenizer is None:
-            return []
-        from treadle.constrained.vocabulary import token_bytes_table
-
-        return token_bytes_table(self.tokenizer)
 
     def token_bytes(self, tid: int) -> bytes | None:
         """The bytes token `tid` adds to a text, whole (its decoded text turns a piece of a

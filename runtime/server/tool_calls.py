@@ -38,7 +38,7 @@ from treadle.constrained.json_schema import embedded_defs
 from treadle.runtime.detokenizer import partial_suffix_len
 from treadle.runtime.server.protocol import APIError
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")  # \Z: "$" admits a trailing newline
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # an omitted `parameters` means a function without arguments (OpenAI's definition)
 NO_PARAMETERS: dict = {"type": "object", "properties": {}, "additionalProperties": False}  # `{}` in any mode
