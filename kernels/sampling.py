@@ -3,11 +3,13 @@ min-p -> draw, in one Triton launch with no sort, no host sync and no [B, V] int
 
 Semantics (shared by :func:`fused_sample` and :func:`fused_sample_ref`), per row:
 
-1. penalties on tokens with ``count > 0`` (counts of the row's *output* tokens so far):
+1. penalties on tokens with ``count > 0`` (counts of the row's *output* tokens so far; vLLM's
+   and HF's repetition penalty also count the prompt's):
    HF repetition penalty (positive logit divided, negative multiplied), then
    ``logit -= frequency * count + presence``;
 2. grammar bitmask (rows with ``mask_rows[b]`` False, or no bitmask at all, are unmasked);
-3. ``temperature <= 0`` (or no allowed token) -> greedy: the first argmax;
+3. ``temperature < MIN_TEMPERATURE`` (1e-5, vLLM's bound; 0 included), or no allowed token
+   -> greedy: the first argmax (1 / T of a tiny T overflowed float32: NaN probabilities);
 4. otherwise ``s = (logit - max) / T`` and the kept set is ``{s >= tau}`` with
    ``tau = min(0, max(tau_k, tau_p, log(min_p)))``: top-k keeps every token whose
    strictly-greater count is ``< k``, top-p (on the top-k-renormalised distribution) every
@@ -29,7 +31,10 @@ so a seeded request draws the same token for the same logits whatever batch it i
 whatever its row index. Draws are Gumbel-max, ``argmax s + g`` with ``g = -log(-log u)``,
 which needs no normalisation. The 24-bit ``u`` bounds ``g`` to [-2.8, 16.6]: a token more
 than 19.4 nats below the best of its draw region is never drawn (true probability < 4e-9
-of the best's, each).
+of the best's, each), and the coarse top end of ``g`` already under-draws tokens from about
+14 nats below (2M draws over a 128k-token row: 267 of 383 expected at 14-16 nats below, 0
+of 14 beyond; about 1e-4 of the mass moved to likelier tokens). The CPU reference draws
+exactly.
 
 * pass 1: raw max / sum-exp (online, one exp per token; for the logprob), the first argmax
   of the processed logits (the greedy answer, and the max that defines ``s``), and a
@@ -68,7 +73,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["SamplingBatch", "make_sampling_batch", "fused_sample", "fused_sample_ref"]
+__all__ = ["MIN_TEMPERATURE", "SamplingBatch", "make_sampling_batch", "fused_sample", "fused_sample_ref"]
+
+MIN_TEMPERATURE = 1e-5  # below it a row is greedy (vLLM's bound); the kernel writes it as a literal
 
 S_MIN = -40.0  # lowest kept scaled logit when top-k / top-p is on (p / p_max = 4e-18)
 _MAX_ROUNDS = 32  # rejection rounds after pass 1 (then: the argmax)
@@ -85,7 +92,7 @@ IDX_MAX = tl.constexpr(2147483647)
 class SamplingBatch(NamedTuple):
     """Per-row sampling parameters, all on the logits' device (B = batch rows, V = vocab)."""
 
-    temperatures: torch.Tensor  # f32 [B]; <= 0 means greedy
+    temperatures: torch.Tensor  # f32 [B]; < MIN_TEMPERATURE means greedy
     top_ps: torch.Tensor  # f32 [B]; 1 = off
     top_ks: torch.Tensor  # int32 [B]; <= 0 or >= V = off
     min_ps: torch.Tensor  # f32 [B]; 0 = off
@@ -380,7 +387,8 @@ def _fused_sample_kernel(
         rep = tl.load(rep_ptr + row)
     temp = tl.load(temp_ptr + row)
     row_key = _row_key(tl.load(seed_ptr + row), tl.load(step_ptr + row))
-    inv_t = 1.0 / tl.where(temp > 0, temp, 1.0)
+    sampling = temp >= 1e-5  # MIN_TEMPERATURE
+    inv_t = 1.0 / tl.where(sampling, temp, 1.0)
     lanes = tl.arange(0, BLOCK)
 
     # ---- pass 1: raw log-sum-exp, first argmax, Gumbel-max draw over allowed tokens ----
@@ -414,7 +422,7 @@ def _fused_sample_kernel(
     lse = rmax + tl.log(tl.sum(raw_s * tl.exp(raw_m - rmax), axis=0))
     x_max, greedy_tok = _first_argmax(best_x, best_xi)
     _, tok = _first_argmax(best_g, best_gi)
-    sampled = (temp > 0) & (x_max > float("-inf"))
+    sampled = sampling & (x_max > float("-inf"))
     row_max = tl.where(sampled, x_max, 0.0)
     _, x_c = _logits(row_ptr, mask_row_ptr, counts_row_ptr, tok, vocab, use_mask, freq, pres, rep,
                      HAS_MASK, HAS_PEN)
@@ -699,7 +707,7 @@ def fused_sample_ref(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.
     lse = torch.logsumexp(raw, dim=-1)
     x = processed_logits_ref(logits, batch)
     row_max, tokens = x.max(dim=-1)
-    sampled = (batch.temperatures > 0) & (row_max > float("-inf"))
+    sampled = (batch.temperatures >= MIN_TEMPERATURE) & (row_max > float("-inf"))
     idx = sampled.nonzero().squeeze(1)
     if idx.numel() > 0:
         inv_t = 1.0 / batch.temperatures[idx]

@@ -184,7 +184,9 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        # a temperature below 1e-5 is greedy, as vLLM's (kernels.sampling.MIN_TEMPERATURE): 1 / T
+        # of a tiny one overflowed float32, which failed the whole batch step on a CPU
+        return self.temperature < 1e-5 or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:

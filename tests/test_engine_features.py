@@ -165,6 +165,15 @@ def test_a_request_id_in_use_is_refused_without_harm_to_its_owner(engine, prompt
     engine.check_integrity()
 
 
+def test_a_tiny_temperature_is_greedy_and_harms_no_batch(engine, prompts):
+    """temperature 1e-40 is greedy (below 1e-5, as vLLM's): it made NaN probabilities, and
+    torch.multinomial failed the whole batch step, every other request in it included."""
+    params = [{"max_new_tokens": 8, "temperature": t} for t in (0.0, 1e-40, 2e-39, 0.7)]
+    outs = engine.generate([prompts[1]] * 4, params)
+    assert outs[0]["output_ids"] == outs[1]["output_ids"] == outs[2]["output_ids"]
+    assert all(o["meta_info"]["completion_tokens"] >= 1 for o in outs)
+
+
 def test_n_samples_share_the_prompt(engine, prompts):
     outs = engine.generate(prompts[5], {"max_new_tokens": 8, "temperature": 1.0, "n": 3, "seed": 5})
     assert len(outs) == 3

@@ -180,6 +180,20 @@ def test_no_allowed_token_falls_back_to_greedy() -> None:
     torch.testing.assert_close(lp, torch.log_softmax(logits, -1)[[0, 1], [0, 69]])
 
 
+def test_a_tiny_temperature_is_greedy() -> None:
+    """Temperatures below MIN_TEMPERATURE (1e-5) are greedy rows: 1 / T of 1e-40 overflowed
+    float32, so the reference drew from NaN probabilities (torch.multinomial raised, failing
+    the CPU runtime's whole batch step) and the kernel returned a wrong token."""
+    V = 1030
+    logits = (torch.randn(4, V, generator=torch.Generator().manual_seed(3)) * 2.5).to(DEV)
+    batch = make_sampling_batch(4, DEV, temperatures=[1e-40, 3e-38, 1e-6, 0.0], seeds=[1, 2, 3, 4], steps=0)
+    want = logits.argmax(-1).tolist()
+    for impl in (fused_sample, fused_sample_ref):
+        tok, lp = impl(logits, batch)
+        assert tok.tolist() == want, impl.__name__
+        torch.testing.assert_close(lp, torch.log_softmax(logits, -1)[torch.arange(4), tok.cpu()].to(lp.device))
+
+
 @triton.jit
 def _noise_kernel(seed_ptr, step_ptr, rnd_ptr, m_ptr, key_ptr, bits_ptr, g_ptr, N: tl.constexpr, FAST: tl.constexpr):
     i = tl.arange(0, N)
