@@ -126,7 +126,8 @@ def test_bad_input_raises_value_error(engine):
             engine.generate("hi", bad)
     with pytest.raises(ValueError, match="prompt must be a string or a list"):
         engine.generate(5)
-    with pytest.raises(ValueError, match=r"lone surrogate \(U\+D83D\) at character 3"):  # a TypeError, deep in the tokenizer
+    # half an emoji (a lone surrogate): a TypeError from deep in the tokenizer before
+    with pytest.raises(ValueError, match=r"lone surrogate \(U\+D83D\) at character 3"):
         engine.generate("cut\ud83d", {"max_new_tokens": 1})
     params = SamplingParams(max_new_tokens=2, temperature=0)
     assert engine.generate("hi", params)["output_ids"] == engine.generate("hi", params.to_dict())["output_ids"]

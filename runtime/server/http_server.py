@@ -93,8 +93,8 @@ class Gate:
 
 async def read_json(request: Request) -> dict:
     """The body as a JSON object, or a 400 saying what is wrong with it (a 413 past
-    --max-request-bytes, before the rest is read). Parsed on a builder thread: a body of
-    megabytes takes a while."""
+    --max-request-bytes, before the rest is read). A body of a megabyte or more is parsed on
+    a builder thread (TokenizerManager.off_loop)."""
     state: ServerState = request.app.state.server
     limit = state.args.max_request_bytes
     declared = request.headers.get("content-length", "")

@@ -36,8 +36,8 @@ _PASSED = ("temperature", "top_p", "n", "stop", "seed", "frequency_penalty", "pr
 _GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choices", "guided_grammar": "ebnf",
            "include_stop_str_in_output": "no_stop_trim"}
 # accepted and without effect here
-_IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "stream_options", "stream", "logprobs",
-            "top_logprobs", "response_format", "echo", "best_of")
+_IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "stream_options",
+            "stream", "logprobs", "top_logprobs", "response_format", "echo", "best_of")
 # response_format json_object: any JSON object, nested to any depth (compiled to the pushdown
 # automaton of constrained/json_any.py; with --json-whitespace-pattern, to a regex)
 JSON_OBJECT_SCHEMA = {"type": "object"}

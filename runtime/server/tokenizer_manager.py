@@ -118,7 +118,12 @@ class TokenizerManager:
         from treadle.constrained.vocabulary import token_bytes_table
 
         # each token's bytes (logprob entries): a tenth of a second, once, at start-up
-        self._token_table: list[bytes | None] = token_bytes_table(tokenizer) if tokenizer is not None else []
+        self._token_table: list[bytes | None] = []
+        if tokenizer is not None:
+            try:
+                self._token_table = token_bytes_table(tokenizer)
+            except Exception as e:  # a vocabulary it cannot read: logprob entries use the token's text
+                log.warning("no token byte table (%s: %s); logprob bytes are the token texts'", type(e).__name__, e)
 
     # ================================================================== lifecycle
 
