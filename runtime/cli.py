@@ -105,6 +105,8 @@ def _check_router_args(ns: argparse.Namespace) -> None:
                          f"(choose from {', '.join(map(repr, LOG_LEVELS))})")
     if ns.shutdown_grace_s < 0:
         raise ValueError("--shutdown-grace-s must be >= 0")
+    if ns.max_request_bytes < 1:
+        raise ValueError(f"--max-request-bytes must be >= 1, got {ns.max_request_bytes}")
 
 
 # name -> function adding the subparser (which sets `func`, and `build_args` if its flags need

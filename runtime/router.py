@@ -44,7 +44,7 @@ from starlette.types import Receive, Scope, Send
 
 from treadle.runtime.router_metrics import RouterMetrics
 from treadle.runtime.router_policy import CacheAwareConfig, make_policy
-from treadle.runtime.server.protocol import APIError, error_body
+from treadle.runtime.server.protocol import APIError, add_cors, error_body, read_body
 from treadle.runtime.server.streaming import AbortOnDisconnectStream, ClientGone, error_response, until_done_or_disconnect
 
 log = logging.getLogger("treadle.router")
@@ -63,6 +63,8 @@ class RouterArgs:
     policy: str = "cache_aware"
     health_interval_s: float = 1.0
     cache: CacheAwareConfig = CacheAwareConfig()
+    max_request_bytes: int = 64 << 20  # a larger body is a 413, before the router holds it whole
+    allowed_origins: str = ""  # CORS, as the server's --allowed-origins; none by default
 
 
 @dataclass(slots=True)
@@ -179,7 +181,7 @@ class Router:
     # ---- forwarding ----
 
     async def forward(self, request: Request, path: str) -> Response:
-        body = await request.body()
+        body = await read_body(request, self.args.max_request_bytes)
         try:
             obj = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -378,9 +380,10 @@ def create_router_app(args: RouterArgs) -> FastAPI:
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> dict:
-        res = await router.broadcast("POST", "/abort_request", await request.body())
+        res = await router.broadcast("POST", "/abort_request", await read_body(request, args.max_request_bytes))
         return {"success": any(x is not None and x.status_code == 200 and x.json().get("success") for x in res)}
 
+    add_cors(app, args.allowed_origins)
     return app
 
 
@@ -471,6 +474,11 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--balance-abs", type=int, default=c.balance_abs,
                    help="in-flight spread above which requests go to the least loaded replica")
     p.add_argument("--max-tree-chars", type=int, default=c.max_tree_chars, help="prefix tree bound per replica")
+    p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes,
+                   help="the largest request body the router reads; a larger one is a 413")
+    p.add_argument("--allowed-origins", default=d.allowed_origins,
+                   help="CORS: origins (comma-separated, * = any) whose browser pages may call the router; "
+                        "default none (the replicas' own setting is not relayed)")
     p.add_argument("--shutdown-grace-s", type=float, default=10.0,
                    help="on SIGTERM, how long open responses may run before they are closed")
     p.add_argument("--log-level", default="warning")
@@ -502,9 +510,12 @@ def run(ns: argparse.Namespace, server_argv: list[str]) -> None:
         args = RouterArgs(workers=tuple(workers), host=ns.host, port=ns.port, policy=ns.policy,
                           health_interval_s=ns.health_interval_s,
                           cache=CacheAwareConfig(ns.cache_match_ratio, ns.cache_match_chars, ns.balance_abs,
-                                                 ns.max_tree_chars))
+                                                 ns.max_tree_chars),
+                          max_request_bytes=ns.max_request_bytes, allowed_origins=ns.allowed_origins)
         if ns.shutdown_grace_s < 0:
             raise SystemExit("--shutdown-grace-s must be >= 0")
+        if ns.max_request_bytes < 1:
+            raise SystemExit("--max-request-bytes must be >= 1")
         # without a bound uvicorn's shutdown waits for every open stream, as long as its client reads
         uvicorn.run(create_router_app(args), host=args.host, port=args.port, log_level=ns.log_level,
                     timeout_graceful_shutdown=ns.shutdown_grace_s)

@@ -158,6 +158,43 @@ def test_round_robin_alternates(router, replicas):
     assert "treadle_router_no_replica_total 0.0" in metrics
 
 
+def test_body_limit_and_cors(replicas):
+    """The router refuses a body past --max-request-bytes with a 413 before a replica sees it
+    (declared or chunked), and sends CORS headers only for the origins it is given."""
+    page = {"Origin": "http://app.example"}
+    preflight = {**page, "Access-Control-Request-Method": "POST"}
+    plain = RouterProcess([s.url for s in replicas], "round_robin")
+    try:
+        r = requests.options(plain.url + "/generate", headers=preflight, timeout=T)
+        assert "access-control-allow-origin" not in r.headers, r.headers
+        resp = requests.post(plain.url + "/generate", headers=page, timeout=T,
+                             json={"text": "Hi", "sampling_params": {"max_new_tokens": 1}})
+        assert resp.status_code == 200 and "access-control-allow-origin" not in resp.headers, resp.headers
+    finally:
+        plain.close()
+    r = RouterProcess([s.url for s in replicas], "round_robin",
+                      ["--max-request-bytes", "100000", "--allowed-origins", "http://app.example"])
+    try:
+        for body in (json.dumps({"text": "x" * 200_000}).encode(),  # declared length
+                     iter([b'{"text": "', b"x" * 150_000, b'"}'])):  # chunked, no length
+            resp = requests.post(r.url + "/generate", data=body, headers={"Content-Type": "application/json"},
+                                 timeout=T)
+            assert resp.status_code == 413, resp.text
+            assert resp.json()["error"]["code"] == "request_too_large", resp.text
+            assert HEADER not in resp.headers  # no replica was asked
+        assert {x["routed"] for x in r.info()["replicas"]} == {0}
+        pre = requests.options(r.url + "/v1/chat/completions", headers=preflight, timeout=T)
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://app.example"
+        ok = requests.post(r.url + "/generate", headers=page, timeout=T,
+                           json={"text": "Hi", "sampling_params": {"max_new_tokens": 1}})
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://app.example", ok.text
+        other = requests.options(r.url + "/generate", headers={**preflight, "Origin": "http://evil.example"},
+                                 timeout=T)
+        assert other.headers.get("access-control-allow-origin") != "http://evil.example"
+    finally:
+        r.close()
+
+
 @pytest.mark.parametrize("router", ["cache_aware"], indirect=True)
 def test_streaming_through_router(router, replicas):
     with requests.post(router.url + "/generate", stream=True, timeout=T, json={

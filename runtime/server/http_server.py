@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -24,7 +23,7 @@ from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.server.metrics import ServerMetrics
-from treadle.runtime.server.protocol import APIError, error_body, unauthorized
+from treadle.runtime.server.protocol import APIError, add_cors, error_body, read_body, unauthorized
 from treadle.runtime.server.streaming import (ClientGone, error_response, gather_all, merge_streams, sse,
                                               stream_or_error, until_done_or_disconnect)
 from treadle.runtime.server.tokenizer_manager import TokenizerManager
@@ -96,25 +95,10 @@ async def read_json(request: Request) -> dict:
     --max-request-bytes, before the rest is read). A body of a megabyte or more is parsed on
     a builder thread (TokenizerManager.off_loop)."""
     state: ServerState = request.app.state.server
-    limit = state.args.max_request_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _too_large(int(declared), limit)
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:  # chunked, or more than it declared
-            raise _too_large(size, limit)
-        parts.append(part)
-    raw = b"".join(parts)
+    raw = await read_body(request, state.args.max_request_bytes)
     # a megabyte or more takes milliseconds to parse: a builder thread's work (an abort or a
     # probe, small, never waits behind the builders)
-    return parse_json_object(raw) if size < INLINE_PARSE_BYTES else await state.tm.off_loop(parse_json_object, raw)
-
-
-def _too_large(size: int, limit: int) -> APIError:
-    return APIError(f"the request body has {size} bytes or more, more than this server reads ({limit}, "
-                    "--max-request-bytes)", 413, "invalid_request_error", None, "request_too_large")
+    return parse_json_object(raw) if len(raw) < INLINE_PARSE_BYTES else await state.tm.off_loop(parse_json_object, raw)
 
 
 def parse_json_object(raw: bytes) -> dict:
@@ -296,11 +280,7 @@ def create_app(state: ServerState) -> FastAPI:
     register_openai_routes(app, state)
     app.add_middleware(Gate, state=state)
     allowed = state.args.allowed_origins
-    if allowed is None:
-        allowed = "*" if state.args.api_key else ""
-    origins = [o.strip() for o in allowed.split(",") if o.strip()]
-    if origins:  # outside the gate: a browser's preflight carries no key, and errors need the headers too
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
+    add_cors(app, ("*" if state.args.api_key else "") if allowed is None else allowed)
     return app
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+
 _PARAM_RE = re.compile(r"sampling_params\.(\w+)|sampling_params field\(s\): (\w+)"
                        r"|^(top_logprobs_num|logprob_start_len|input_ids|return_logprob|return_text_in_logprobs)\b")
 
@@ -64,3 +67,31 @@ def finish_reason(finished: dict | None) -> str | None:
 
 def matched_stop(finished: dict | None) -> object:
     return None if finished is None else finished.get("matched")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or a 413 once it is known to pass `limit` bytes: from its
+    Content-Length before reading, or while reading (chunked, or longer than declared)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(int(declared), limit)
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_large(size, limit)
+        parts.append(part)
+    return b"".join(parts)
+
+
+def too_large(size: int, limit: int) -> APIError:
+    return APIError(f"the request body has {size} bytes or more, more than this server reads ({limit}, "
+                    "--max-request-bytes)", 413, "invalid_request_error", None, "request_too_large")
+
+
+def add_cors(app: FastAPI, allowed: str) -> None:
+    """Let browser pages of these origins (comma-separated, * = any; "" = none) call the app.
+    Add it last, outside any key gate: a preflight carries no key, and errors need the headers too."""
+    origins = [o.strip() for o in allowed.split(",") if o.strip()]
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
