@@ -64,10 +64,10 @@ class EngineArgs:
     # JSON schema $ref cycles under a json_whitespace_pattern (compact output calls them to any
     # depth, constrained/json_holes.py); deeper output is not generated, and the regex grows with it
     grammar_max_recursion_depth: int = 3
-    # speculative decoding of greedy requests (runtime/ngram_draft.py): draft the tokens that
+    # speculative decoding (runtime/ngram_draft.py): draft the tokens that
     # followed the latest earlier occurrence of the last speculative_ngram_size tokens
     speculative_algorithm: Literal["none", "ngram"] = field(default="none", metadata={"help": (
-        "ngram: greedy requests draft up to --speculative-num-draft-tokens tokens from their own "
+        "ngram: requests draft up to --speculative-num-draft-tokens tokens from their own "
         "prompt and output (prompt lookup) and verify them in one extend step; same outputs")})
     speculative_num_draft_tokens: int = 8
     speculative_ngram_size: int = 3

@@ -1,11 +1,12 @@
 """N-gram speculative decoding ("prompt lookup"): drafts taken from the request's own text.
 
-When the last `n` tokens of a greedy request (prompt + output) occurred earlier in it, the
+When the last `n` tokens of a request (prompt + output) occurred earlier in it, the
 tokens that followed that occurrence are a likely continuation: summaries, extraction, code
 edits and RAG answers copy spans of their input. They are proposed as a draft and verified
 like a verified jump-forward (scheduler `_verify_draft`): one extend step computes the logits
-after each draft token, the draft is kept up to the first token the greedy sampler would not
-have chosen, and the output is token for token what decoding one step at a time gives.
+after each draft token, the draft is kept up to the first token the sampler would not have
+chosen (greedy, or its own seeded draw at that position), and the output is token for token
+what decoding one step at a time gives.
 No draft model, no extra weights; a step with a rejected draft costs an extend of k + 1
 tokens instead of a decode of one.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 class NgramIndex:
     """One request's n-grams -> the position after their latest occurrence, kept up to date
-    as output tokens are appended (the prompt and output of a greedy request only grow)."""
+    as output tokens are appended (a request's prompt and output only grow)."""
 
     def __init__(self, n: int) -> None:
         if n < 1:

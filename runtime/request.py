@@ -42,9 +42,9 @@ class Req:
     grammar: Any = None  # GrammarMatcher once compiled
     grammar_future: Any = None
     num_jump_tokens: int = 0  # tokens appended by jump-forward (not drawn by the sampler)
-    # Verified jump-forward (greedy requests): forced tokens proposed after the last output
-    # token, computed in the next extend and kept only as far as the model's own greedy
-    # choice agrees. Not output yet: never streamed, never in output_ids.
+    # Verified jump-forward (and n-gram speculation): tokens proposed after the last output
+    # token, computed in the next extend and kept only as far as the sampler's own choice
+    # agrees. Not output yet: never streamed, never in output_ids.
     draft: list[int] = field(default_factory=list)
     draft_masks: Any = None  # int32 [len(draft) + 1, words]: the grammar mask at each draft position
     draft_kind: str = ""  # "jump" (a grammar's forced text) or "ngram" (speculative)

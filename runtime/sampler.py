@@ -91,36 +91,42 @@ class Sampler:
         idx = to_device(rows + cols, logits.device).view(2, -1)
         return logits.index_put((idx[0], idx[1]), to_device(vals, logits.device, torch.float32), accumulate=True)
 
-    def _penalty_counts(self, reqs: list[Req]) -> torch.Tensor | None:
+    def _penalty_counts(self, reqs: list[Req], outputs: list[list[int]]) -> torch.Tensor | None:
         if not any(r.params.has_penalties for r in reqs):
             return None
         counts = torch.zeros(len(reqs), self.vocab_size, dtype=torch.int32)
-        for i, r in enumerate(reqs):
-            if r.output_ids:
-                ids = torch.tensor(r.output_ids, dtype=torch.int64)
+        for i, out in enumerate(outputs):
+            if out:
+                ids = torch.tensor(out, dtype=torch.int64)
                 counts[i].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
         return counts.to(self.device, non_blocking=True)
 
-    def sample(self, logits: torch.Tensor, reqs: list[Req], masks: torch.Tensor | None = None) -> SampleResult:
+    def sample(self, logits: torch.Tensor, reqs: list[Req], masks: torch.Tensor | None = None,
+               draft: list[int] | None = None) -> SampleResult:
         """logits: float32 [B, vocab] for `reqs` in order. Draws one token per request (does not
         change the requests). Row i's RNG stream is (seed, output position), so a seeded
         request gets the same tokens whatever batch it runs in. ``masks``: a host int32
-        bitmask [B, words] to use instead of the requests' grammar state (jump-forward
-        verification passes the mask at each draft position, one row per position)."""
-        return self.finish(self.launch(logits, reqs, masks))
+        bitmask [B, words] to use instead of the requests' grammar state. ``draft``: the rows
+        are one request's next k + 1 positions, row j after its output and ``draft[:j]`` (the
+        RNG position and the penalties' counts move on with it), as draft verification needs:
+        each row then draws what decoding one token at a time would."""
+        return self.finish(self.launch(logits, reqs, masks, draft))
 
-    def launch(self, logits: torch.Tensor, reqs: list[Req], masks: torch.Tensor | None = None) -> "PendingSample":
+    def launch(self, logits: torch.Tensor, reqs: list[Req], masks: torch.Tensor | None = None,
+               draft: list[int] | None = None) -> "PendingSample":
         """:meth:`sample` without waiting for the device: the tokens stay a device tensor
         (the overlap scheduler feeds them to the next forward) until :meth:`finish`."""
         dev = self.device
         ps = [r.params for r in reqs]
+        outputs = [r.output_ids for r in reqs] if draft is None else \
+            [reqs[0].output_ids + draft[:j] for j in range(len(reqs))]
         # draft verification's masks already clear early stops, position by position
         logits = self._biased(logits, reqs, ban_early_stops=masks is None)
         if masks is None:
             bitmask, mask_rows = self._bitmask(reqs)
         else:
             bitmask, mask_rows = masks.to(dev, non_blocking=True), None
-        counts = self._penalty_counts(reqs)
+        counts = self._penalty_counts(reqs, outputs)
         if bitmask is None and counts is None and all(p.is_greedy for p in ps):
             # all-greedy and unconstrained: an argmax is all there is to do (one read of the logits)
             ids = logits.argmax(dim=-1)
@@ -137,7 +143,7 @@ class Sampler:
                             dev, torch.float32).view(6, B)
             # top_k >= vocab is no cut (the kernels' int32 must not see a larger value)
             i64 = to_device([min(p.top_k, self.vocab_size) for p in ps] + [r.seed for r in reqs]
-                            + [len(r.output_ids) for r in reqs], dev).view(3, B)
+                            + [len(out) for out in outputs], dev).view(3, B)
             batch = sk.SamplingBatch(
                 temperatures=f32[0], top_ps=f32[1], top_ks=i64[0].to(torch.int32), min_ps=f32[2],
                 seeds=i64[1], steps=i64[2], bitmask=bitmask, mask_rows=mask_rows, token_counts=counts,

@@ -655,11 +655,8 @@ class Scheduler:
             drafted = False
             n = len(self.running)
             if req.grammar is not None and not self.args.disable_jump_forward and n <= self.jump_max_batch:
-                if self._verifies_jumps(req):
-                    drafted = self._propose_draft(req)
-                else:
-                    self._jump_forward(req)
-            if not drafted and self.ngram_drafts and n <= self.draft_max_batch and self._verifies_jumps(req):
+                drafted = self._propose_draft(req)
+            if not drafted and self.ngram_drafts and n <= self.draft_max_batch:
                 self._propose_ngram_draft(req)
         if req.finished is not None:
             if req in self.running or req.req_pool_idx is not None:
@@ -717,12 +714,6 @@ class Scheduler:
                 break
             k = need + skipped
         return k
-
-    @staticmethod
-    def _verifies_jumps(req: Req) -> bool:
-        """Greedy requests without penalties take verified jumps (their output is then the
-        same as without jump-forward); the others take the canonical re-tokenized jump."""
-        return req.params.is_greedy and not req.params.has_penalties
 
     def _propose_draft(self, req: Req) -> bool:
         """Verified jump-forward, step 1: propose the grammar's forced text as draft tokens
@@ -786,15 +777,16 @@ class Scheduler:
     def _verify_draft(self, req: Req, logits: torch.Tensor) -> None:
         """Verified jump-forward, step 2: ``logits`` [k + 1, vocab] were computed after the
         last output token and after each of the k draft tokens. Keep the draft up to the first
-        token the greedy sampler would not have chosen, take the sampler's choice there (or
-        after the whole draft), and free the KV of the rest: the output is token for token
+        token the sampler would not have chosen, take the sampler's choice there (or after the
+        whole draft), and free the KV of the rest: the output, its logprobs and, for a sampled
+        request, its random draws (each row at its own output position) are token for token
         what decoding one step at a time gives, in one forward step."""
         draft, masks = req.draft, req.draft_masks
         req.draft, req.draft_masks = [], None
         k = len(draft)
         # the sampler itself, on the draft positions' masks: its choices are by construction
         # the ones decoding one token at a time would make
-        res = self.sampler.sample(logits, [req] * (k + 1), masks)
+        res = self.sampler.sample(logits, [req] * (k + 1), masks, draft)
         a = 0
         while a < k and res.token_ids[a] == draft[a]:
             a += 1
@@ -809,52 +801,6 @@ class Scheduler:
             self._process_token(req, token, res.logprobs[j], res.top_logprobs[j], replay=j < a)
             if req.finished is not None:
                 break
-
-    def _jump_forward(self, req: Req) -> None:
-        """Append the grammar's forced text as canonical tokens, rolling back tail tokens whose
-        tokenization changes. Only tokens not yet streamed and not in the locked prefix may be
-        rolled back."""
-        from treadle.constrained import plan_jump_forward
-
-        jump = req.grammar.find_jump_forward_string()
-        if not jump:
-            return
-        n_out = len(req.output_ids)
-        lookback = min(JUMP_LOOKBACK, n_out - req.sent_len, req.seq_len - max(req.prefix_len, len(req.input_ids)))
-        tail = req.output_ids[n_out - lookback:] if lookback > 0 else []
-        plan = plan_jump_forward(self.tokenizer, self.grammar_compiler.token_bytes, tail, jump)
-        new_ids = plan.new_token_ids[: max(0, req.params.max_new_tokens - (n_out - plan.num_rollback))]
-        if not new_ids:
-            return
-        m = req.grammar
-        removed = req.output_ids[n_out - plan.num_rollback:] if plan.num_rollback else []
-        m.rollback(plan.num_rollback)
-        accepted = 0
-        for t in new_ids:
-            if not m.accept_token(t):
-                break
-            accepted += 1
-        if accepted < len(new_ids):  # not a valid path after all: restore the old state
-            m.rollback(accepted)
-            for t in removed:
-                ok = m.accept_token(t)
-                assert ok, "re-accepting previously accepted tokens cannot fail"
-            return
-        if plan.num_rollback:
-            del req.output_ids[n_out - plan.num_rollback:]
-            if req.return_logprob:
-                del req.output_logprobs[len(req.output_ids):]
-                del req.output_top_logprobs[len(req.output_ids):]
-            self._truncate_kv(req, req.seq_len)  # rolled-back tokens had KV: return their slots
-        req.output_ids.extend(new_ids)
-        if req.return_logprob:  # forced tokens were not sampled: probability 1 under the grammar
-            req.output_logprobs.extend([0.0] * len(new_ids))
-            if req.top_logprobs_num:  # the grammar's only choice
-                req.output_top_logprobs.extend([[(0.0, t)] for t in new_ids])
-        req.num_jump_tokens += len(new_ids)
-        self.stats["jump_tokens"] += len(new_ids)
-        if m.is_terminated() or len(req.output_ids) >= req.params.max_new_tokens:
-            req.finish("length" if not m.is_terminated() else "stop", length=len(req.output_ids))
 
     def _emit(self, req: Req, error: str | None = None) -> None:
         """Queue the request's new tokens (and its end); ``error``: an internal error ends it."""

@@ -1,6 +1,6 @@
-"""N-gram speculative decoding: the lookup against a brute-force reference, and greedy
-outputs of the real SmolLM2 identical with and without it, in fewer forward steps when the
-reply copies its prompt."""
+"""N-gram speculative decoding: the lookup against a brute-force reference, and greedy and
+seeded sampled outputs of the real SmolLM2 identical with and without it, in fewer forward
+steps when the reply copies its prompt."""
 from __future__ import annotations
 
 import random
@@ -96,6 +96,20 @@ def test_json_extraction_drafts_values_from_the_prompt():
     assert s1["spec_accepted_tokens"] > 20 and s1["forward_steps"] < s0["forward_steps"] * 0.5, (s0, s1)
 
 
-def test_sampled_requests_do_not_draft():
-    outs, stats = run([COPY], [{"max_new_tokens": 12, "temperature": 0.7, "seed": 1}], speculative_algorithm="ngram")
-    assert stats["spec_draft_tokens"] == 0 and outs[0]["meta_info"]["completion_tokens"] == 12
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_seeded_sampled_output_is_unchanged(overlap):
+    """A sampled request drafts too: a draft token is kept when the request's own draw at that
+    output position (its seed's stream, penalties counting the draft tokens before it) is
+    that token, so a seeded request writes the same tokens with and without drafts."""
+    sampled = {"max_new_tokens": 40, "temperature": 0.7, "top_p": 0.9}
+    prompts = [COPY, COPY, FREE]
+    params = [{**sampled, "seed": 1}, {**sampled, "seed": 2, "frequency_penalty": 0.4, "repetition_penalty": 1.1},
+              {**sampled, "seed": 3, "top_k": 20}]
+    plain, s0 = run(prompts, params, overlap_schedule=overlap)
+    spec, s1 = run(prompts, params, overlap_schedule=overlap, speculative_algorithm="ngram")
+    for a, b in zip(plain, spec):
+        assert b["output_ids"] == a["output_ids"], (a["text"], b["text"])
+        lp_a = [x for x, _, _ in a["meta_info"]["output_token_logprobs"]]
+        lp_b = [x for x, _, _ in b["meta_info"]["output_token_logprobs"]]
+        assert lp_b == pytest.approx(lp_a, abs=1e-3)
+    assert s1["spec_accepted_tokens"] > 10 and s0["spec_draft_tokens"] == 0, (s0, s1)
