@@ -24,6 +24,7 @@ import torch
 from .allocator import TokenSlotAllocator
 
 _EMPTY_KEY: tuple[int, ...] = ()
+_BLOCK = 64  # tokens compared at a time while looking for where two runs part
 
 
 class TreeNode:
@@ -113,7 +114,9 @@ class RadixCache:
             return 0
         node, matched, _ = self._walk(key)
         if matched < len(key):
-            self._add_leaf(node, key[matched:], slots.reshape(-1)[matched:].clone())
+            # a copy on the tree's device (the allocator's, the host): a caller may pass a slice
+            # of a GPU table, and a match must never cat slots of two devices
+            self._add_leaf(node, key[matched:], slots.reshape(-1)[matched:].to(self.device, torch.int64, copy=True))
         return matched
 
     def inc_lock_ref(self, node: TreeNode) -> int:
@@ -248,10 +251,16 @@ class RadixCache:
 
     @staticmethod
     def _match_len(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-        """Length of the common prefix of two token runs (page size 1: token granularity)."""
+        """Length of the common prefix of two token runs (page size 1: token granularity).
+        Slices compare in C: a node matched whole (a long shared system prompt) costs one
+        comparison, a mismatch a run of 64-token blocks and at most 63 single steps."""
         n = min(len(a), len(b))
+        if a[:n] == b[:n]:
+            return n
         i = 0
-        while i < n and a[i] == b[i]:
+        while a[i: i + _BLOCK] == b[i: i + _BLOCK]:  # the mismatch is before n: this ends
+            i += _BLOCK
+        while a[i] == b[i]:
             i += 1
         return i
 

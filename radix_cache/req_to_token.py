@@ -22,6 +22,7 @@ class ReqToTokenPool:
         self.max_requests = int(max_requests)
         self.max_context_len = int(max_context_len)
         self.device = torch.device(device)
+        self._reserved: list[int] = []  # rows taken for good (reserve()): clear() keeps them
         # [max_requests, max_context_len]; int32 halves the bytes the attention kernels read
         self.req_to_token = torch.zeros(
             (self.max_requests, self.max_context_len), dtype=torch.int32, device=self.device
@@ -36,6 +37,14 @@ class ReqToTokenPool:
         self._is_free[row] = False
         return row
 
+    def reserve(self) -> int | None:
+        """Take a free row for good (CUDA-graph padding): never handed out again, even after
+        :meth:`clear`. None when all rows are in use."""
+        row = self.alloc()
+        if row is not None:
+            self._reserved.append(row)
+        return row
+
     def free(self, row: int) -> None:
         """Return `row` to the free list. Requires that it is currently allocated."""
         assert 0 <= row < self.max_requests, f"row {row} is out of range 0..{self.max_requests - 1}"
@@ -43,12 +52,19 @@ class ReqToTokenPool:
         self._is_free[row] = True
         self._free_rows.append(row)
 
+    def free_rows(self) -> list[int]:
+        return list(self._free_rows)
+
+    def reserved_rows(self) -> list[int]:
+        return list(self._reserved)
+
     def available_size(self) -> int:
         """Number of free rows."""
         return len(self._free_rows)
 
     def clear(self) -> None:
-        """Mark every row free (table contents are left as they are: stale, never read)."""
+        """Mark every row free but the reserved ones (table contents are left as they are:
+        stale, never read; a reserved row's are its owner's)."""
         # reversed so that pop() hands out row 0 first, which keeps tests readable
-        self._free_rows: list[int] = list(range(self.max_requests - 1, -1, -1))
-        self._is_free: list[bool] = [True] * self.max_requests
+        self._free_rows: list[int] = [r for r in range(self.max_requests - 1, -1, -1) if r not in self._reserved]
+        self._is_free: list[bool] = [r not in self._reserved for r in range(self.max_requests)]

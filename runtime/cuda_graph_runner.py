@@ -59,7 +59,7 @@ class CudaGraphRunner:
         n = self.sizes[-1]
         dev = runner.device
         pool = runner.req_to_token_pool
-        self.dummy_row = pool.alloc()
+        self.dummy_row = pool.reserve()  # kept through a failed step's recovery (pool.clear())
         assert self.dummy_row is not None, "the request table keeps a spare row for graph padding"
         pool.req_to_token[self.dummy_row].zero_()  # every position -> dummy slot 0
         i64 = dict(dtype=torch.int64, device=dev)

@@ -27,7 +27,7 @@ from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import OutputAccum, ReqOutput, TokenizedGenerateReq, split_samples
 from treadle.runtime.model_runner import ModelRunner
 from treadle.runtime.sampling_params import SamplingParams
-from treadle.runtime.scheduler import Scheduler, check_context, validate_request
+from treadle.runtime.scheduler import GRAMMAR_POLL_S, Scheduler, check_context, validate_request
 from treadle.runtime.tokenizer import encode_prompt, load_tokenizer, token_texts
 
 log = logging.getLogger("treadle")
@@ -479,8 +479,13 @@ class Engine:
         sched = self.scheduler
         try:
             while True:
-                try:  # block only when there is nothing to run
-                    item = self._inbox.get_nowait() if sched.has_work() else self._wait_inbox()
+                try:  # block only when there is nothing to run (only grammars compiling: briefly)
+                    if sched.has_runnable_work():
+                        item = self._inbox.get_nowait()
+                    elif sched.has_work():
+                        item = self._inbox.get(timeout=GRAMMAR_POLL_S)
+                    else:
+                        item = self._wait_inbox()
                 except queue.Empty:
                     item = None
                 while item is not None:

@@ -34,6 +34,7 @@ log = logging.getLogger("treadle")
 # decoding goes well and jumps back up after a retraction.
 RESERVE_CLIP = 4096
 INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
+GRAMMAR_POLL_S = 0.005  # how often a loop whose only work is compiling grammars looks at them
 JUMP_LOOKBACK = 3  # output tokens re-encoded at a jump-forward boundary
 IN_BATCH_PREFIX_MIN = 32  # shared uncached tokens that make a request wait for another's prefill
 MAX_FAILED_STEPS = 3  # consecutive failed steps after which the error is raised (see _recover)
@@ -143,6 +144,13 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.grammar_queue or self.running or self.chunked or self.inflight)
 
+    def has_runnable_work(self) -> bool:
+        """Whether a step would do anything now: not while the only work is grammars still
+        compiling (a loop then looks again every GRAMMAR_POLL_S instead of spinning on steps
+        that do nothing, taking a core from the compile)."""
+        return bool(self.waiting or self.running or self.chunked or self.inflight) or \
+            any(r.grammar_future is None or r.grammar_future.done() for r in self.grammar_queue)
+
     def step(self) -> list[ReqOutput]:
         """Run one batch and return the outputs it produced. An exception inside the step
         stops the requests the step touched, with an internal error, instead of the
@@ -221,10 +229,15 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """Every KV slot is free, in exactly one tree node, or owned by one active request
-        (a step in flight included: its slots are owned by its requests)."""
+        (a step in flight included: its slots are owned by its requests); every request-table
+        row is free, reserved, or held by one active request."""
         active = self.running + ([self.chunked] if self.chunked else [])
         owned = [self.req_to_token[r.req_pool_idx, r.prefix_len:r.kv_len].long().cpu() for r in active]
         self.tree.check_integrity(owned=owned)
+        pool = self.req_to_token_pool
+        held = sorted(r.req_pool_idx for r in active)
+        in_use = sorted(set(range(pool.max_requests)) - set(pool.free_rows()) - set(pool.reserved_rows()))
+        assert held == in_use, f"request rows in use {in_use}, held by active requests {held}"
 
     def info(self) -> dict:
         prompt = max(1, self.stats["prompt_tokens"])
@@ -331,8 +344,7 @@ class Scheduler:
                 break
             match = self.tree.match_prefix(match_key(req))
             prefix = len(match.slots)
-            if admitted and not self.tree.disable and \
-                    max(_common_prefix_len(req.fill_ids, a) for a in admitted) - prefix >= IN_BATCH_PREFIX_MIN:
+            if admitted and not self.tree.disable and _shares_uncached_prefix(req.fill_ids, admitted, prefix):
                 # it shares a long uncached prefix with a request admitted this step: wait one
                 # step and reuse that KV instead of computing the same prefix twice
                 continue
@@ -413,11 +425,11 @@ class Scheduler:
         if self.tree.disable:
             return
         row = req.req_pool_idx
-        kv = self.req_to_token[row, : req.kv_len].long()
+        kv = self.req_to_token[row, : req.kv_len].long().cpu()  # the tree and the allocator are on the host
         key = req.fill_ids[: req.kv_len]
         dup_end = self.tree.insert(key, kv)
         if dup_end > req.prefix_len:  # someone cached these tokens meanwhile: ours are duplicates
-            self.allocator.free(kv[req.prefix_len:dup_end].cpu())
+            self.allocator.free(kv[req.prefix_len:dup_end])
         match = self.tree.match_prefix(key)
         assert len(match.slots) == req.kv_len
         self.req_to_token[row, req.prefix_len: req.kv_len] = match.slots[req.prefix_len:].to(self.req_to_token)
@@ -878,9 +890,12 @@ def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int,
         raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {r.top_logprobs_num}")
 
 
-def _common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def _shares_uncached_prefix(ids: list[int], admitted: list[list[int]], cached: int) -> bool:
+    """Whether ``ids`` shares its first ``cached`` + IN_BATCH_PREFIX_MIN tokens with one of
+    ``admitted``: the window past the cached part first (one short C comparison for prompts
+    that part there, as questions after a cached system prompt do), the cached part after."""
+    end = cached + IN_BATCH_PREFIX_MIN
+    if len(ids) < end:
+        return False
+    window = ids[cached:end]
+    return any(a[cached:end] == window and a[:cached] == ids[:cached] for a in admitted)

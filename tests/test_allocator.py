@@ -118,6 +118,16 @@ def test_req_to_token_rows_reused() -> None:
     assert p.available_size() == 2
 
 
+def test_req_to_token_reserved_row_survives_clear() -> None:
+    p = ReqToTokenPool(3, 4)
+    spare = p.reserve()
+    assert spare == 0 and p.reserved_rows() == [0] and p.available_size() == 2
+    p.alloc()
+    p.clear()  # a failed step's recovery: every row free but the reserved one
+    assert p.available_size() == 2 and sorted(p.free_rows()) == [1, 2]
+    assert {p.alloc(), p.alloc()} == {1, 2} and p.alloc() is None
+
+
 # ---------------------------------------------------------------- TokenToKVPool
 
 

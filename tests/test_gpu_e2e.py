@@ -224,6 +224,49 @@ def test_ngram_speculation_keeps_greedy_output_on_gpu(tmp_path):
     assert stats["ngram"]["spec_draft_tokens"] > 0 and stats["none"]["spec_draft_tokens"] == 0
 
 
+def test_a_prompt_continuing_an_earlier_reply_reuses_its_kv_on_gpu(tmp_path):
+    """Turn 2 of a chat: the prompt is turn 1's prompt, its reply and more. The match crosses
+    the prompt's nodes (cached while it ran, from the GPU request table) and the reply's
+    (cached at its end): it reuses both, and turn 2 writes what it writes uncached."""
+    path = _tiny_with_tokenizer(tmp_path)
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    prompt = list(range(3, 60))
+    with Engine(model_path=path, device="cuda", dtype="float32", max_total_tokens=8192) as e:
+        first = e.generate(input_ids=prompt, sampling_params=params)
+        turn2 = prompt + first["output_ids"] + [7, 8, 9]
+        cached = e.generate(input_ids=turn2, sampling_params=params)
+        assert cached["meta_info"]["finish_reason"]["type"] == "length", cached["meta_info"]
+        assert cached["meta_info"]["cached_tokens"] >= len(prompt) + len(first["output_ids"]) - 1, cached["meta_info"]
+        assert {n.value.device.type for n in e.scheduler.tree._iter_nodes()} == {"cpu"}
+        e.check_integrity()
+        e.flush_cache()
+        fresh = e.generate(input_ids=turn2, sampling_params=params)
+        assert fresh["meta_info"]["cached_tokens"] == 0
+    assert cached["output_ids"] == fresh["output_ids"]
+
+
+def test_seeded_sampling_is_unchanged_by_drafts_on_gpu(tmp_path):
+    """The fused sampler draws row j of a draft verification at output position len + j: a
+    seeded sampled request writes the same tokens with jump-forward and n-gram drafts as without."""
+    path = _tiny_with_tokenizer(tmp_path)
+    prompts = ["A person:", "hello world hello world hello", "Tags:", "the quick brown fox the quick brown"]
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"]}
+    sampled = {"max_new_tokens": 32, "temperature": 0.8, "top_p": 0.95}
+    params = [{**sampled, "seed": 1, "json_schema": schema}, {**sampled, "seed": 2, "ignore_eos": True},
+              {**sampled, "seed": 3, "regex": "(ab|cd){2,5}!"},
+              {**sampled, "seed": 4, "ignore_eos": True, "frequency_penalty": 0.5}]
+    outs, stats = {}, {}
+    for name, kw in (("plain", {"disable_jump_forward": True}),
+                     ("drafts", {"jump_forward_max_batch": 64, "speculative_algorithm": "ngram",
+                                 "speculative_ngram_size": 2})):
+        with Engine(model_path=path, device="cuda", dtype="float32", max_total_tokens=8192, **kw) as e:
+            outs[name] = [o["output_ids"] for o in e.generate(prompts, params)]
+            stats[name] = e.get_server_info()
+            e.check_integrity()
+    assert outs["drafts"] == outs["plain"]
+    assert stats["drafts"]["jump_tokens"] > 0 and stats["plain"]["jump_tokens"] == 0
+
+
 def test_extend_cuda_graphs_keep_greedy_output_on_gpu(tmp_path):
     """Short extends (short prompts, verified jump-forward and n-gram drafts) replay CUDA graphs
     captured per (batch, tokens per request) on first use (cuda_graph_runner.py): greedy

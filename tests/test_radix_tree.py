@@ -46,6 +46,20 @@ def test_insert_returns_already_cached_length() -> None:
     c.check_integrity()
 
 
+def test_insert_stores_copies_on_the_tree_device() -> None:
+    """The scheduler inserts slices of its request table (int32, on the GPU there): the tree
+    keeps int64 copies on its own device, so a match spanning nodes from different callers
+    concatenates tensors of one device and the caller's later writes do not reach the tree."""
+    c = RadixCache(None)
+    table = torch.tensor([[11, 12, 13, 14, 15]], dtype=torch.int32)
+    c.insert([1, 2, 3], table[0, :3])
+    c.insert([1, 2, 3, 4, 5], table[0, :5].long())
+    table.zero_()
+    m = c.match_prefix([1, 2, 3, 4, 5])
+    assert m.slots.tolist() == [11, 12, 13, 14, 15] and m.slots.dtype == torch.int64
+    assert {(n.value.device, n.value.dtype) for n in c._iter_nodes()} == {(c.device, torch.int64)}
+
+
 def test_insert_length_mismatch_raises() -> None:
     c = RadixCache(None)
     with pytest.raises(ValueError, match="one slot per token"):
@@ -228,3 +242,19 @@ def test_realistic_request_cycle_with_allocator() -> None:
         c.dec_lock_ref(m.last_node)
         c.check_integrity()
     assert c.total_size() == 6 and alloc.available_size() == 10
+
+
+def test_match_len_agrees_with_a_token_by_token_scan() -> None:
+    import random
+
+    rng = random.Random(3)
+    for _ in range(2000):
+        n = rng.randrange(0, 300)
+        a = tuple(rng.randrange(3) for _ in range(n))
+        b = a[: rng.randrange(0, n + 1)] + tuple(rng.randrange(3) for _ in range(rng.randrange(0, 200)))
+        if rng.random() < 0.5:
+            a, b = b, a
+        expect = 0
+        while expect < min(len(a), len(b)) and a[expect] == b[expect]:
+            expect += 1
+        assert RadixCache._match_len(a, b) == expect

@@ -29,7 +29,8 @@ def assert_idle_clean(sched, runner: FakeRunner) -> None:
     assert not sched.has_work()
     assert sched.tree.protected_size() == 0, "a finished request left its prefix locked"
     assert runner.allocator.available_size() + sched.tree.evictable_size() == runner.allocator.num_slots
-    assert runner.req_to_token_pool.available_size() == runner.req_to_token_pool.max_requests
+    pool = runner.req_to_token_pool
+    assert pool.available_size() == pool.max_requests - len(pool.reserved_rows())
 
 
 def workload(seed: int = 0):
@@ -660,6 +661,33 @@ def test_a_failed_step_stops_its_requests_not_the_scheduler():
     assert not sched._live
 
 
+def test_recovery_keeps_reserved_rows_and_integrity_counts_rows():
+    """A failed step's recovery frees every request row but a reserved one (the CUDA graphs'
+    padding row, whose table row must stay all zeros), and check_integrity notices a row that
+    no active request holds."""
+    runner = FailingRunner(fail_at={1}, max_running=3)
+    spare = runner.req_to_token_pool.reserve()
+    sched, _ = make_scheduler(runner, recover=True)
+    sched.add_request(req("a", [3, 4, 5], greedy(4)))
+    outs = sched.step() + sched.step()  # call 1 fails: the pool is cleared
+    assert any(o.rid == "a" and o.error for o in outs)
+    assert spare not in runner.req_to_token_pool.free_rows()
+    rows = []
+    for rid in ("b", "c", "d"):  # all the other rows at once
+        sched.add_request(req(rid, [6, 7, 8, 9], greedy(5)))
+    for _ in range(3):
+        sched.step()
+        rows += [r.req_pool_idx for r in sched.running]
+        sched.check_integrity()
+    assert len(set(rows)) == 3 and spare not in rows
+    drain(sched, check_each_step=True)
+    assert_idle_clean(sched, runner)
+    leaked = runner.req_to_token_pool.alloc()  # a row nobody holds: the check names it
+    with pytest.raises(AssertionError, match="request rows in use"):
+        sched.check_integrity()
+    runner.req_to_token_pool.free(leaked)
+
+
 def test_steps_that_keep_failing_raise():
     runner = FailingRunner(fail_from=0, max_running=1)
     sched, _ = make_scheduler(runner, recover=True)
@@ -729,3 +757,24 @@ def test_the_stop_string_window_holds_multibyte_stops_and_skipped_special_tokens
         r = SimpleNamespace(params=SamplingParams(stop=[stop]), output_ids=out)
         window = out[-sched._stop_window(r):]
         assert stop in tok.decode(window, skip_special_tokens=True), (stop, window)
+
+
+def test_shares_uncached_prefix_is_a_common_prefix_past_the_cached_part():
+    from treadle.runtime.scheduler import IN_BATCH_PREFIX_MIN, _shares_uncached_prefix
+
+    rng = random.Random(4)
+    for _ in range(500):
+        base = [rng.randrange(2) for _ in range(rng.randrange(0, 80))]
+        ids = base + [rng.randrange(2) for _ in range(rng.randrange(0, 60))]
+        admitted = [base[: rng.randrange(0, len(base) + 1)] + [rng.randrange(2) for _ in range(rng.randrange(0, 60))]
+                    for _ in range(rng.randrange(1, 4))]
+        cached = rng.randrange(0, len(ids) + 1)
+
+        def common(a, b):
+            i = 0
+            while i < min(len(a), len(b)) and a[i] == b[i]:
+                i += 1
+            return i
+
+        expect = max(common(ids, a) for a in admitted) - cached >= IN_BATCH_PREFIX_MIN
+        assert _shares_uncached_prefix(ids, admitted, cached) == expect

@@ -98,12 +98,16 @@ def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, p
 
 
 def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = None) -> None:
+    from treadle.runtime.scheduler import GRAMMAR_POLL_S
+
+    grammar_poll_ms = int(GRAMMAR_POLL_S * 1000)
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
     last_stats = 0.0
     while True:
         # busy: take whatever arrived without waiting; idle: sleep on the socket
-        timeout = 0 if sched.has_work() else IDLE_POLL_MS
+        # (only grammars compiling: look again shortly)
+        timeout = 0 if sched.has_runnable_work() else grammar_poll_ms if sched.has_work() else IDLE_POLL_MS
         to_send: list = []
         if poller.poll(timeout):
             while True:
