@@ -15,6 +15,8 @@ Prints one JSON object per figure and writes them all, with machine info and the
 command, to benchmarks/results/constrained_cpu.json.
 
     nice .venv/bin/python benchmarks/bench_constrained.py
+    nice .venv/bin/python benchmarks/bench_constrained.py --temperature 1.0 --engine-only \
+        --out benchmarks/results/constrained_cpu_t1.0.json   # sampled, seeded
 """
 from __future__ import annotations
 
@@ -299,7 +301,9 @@ def bench_engine(args) -> None:
                                           f"Reply with JSON matching this schema:{who} " + json.dumps(SCHEMAS[name])}])
 
     def cparams(name: str) -> dict:
-        return {"json_schema": SCHEMAS[name], "max_new_tokens": 64, "temperature": 0}
+        # sampled runs are seeded per schema: jump-forward on and off then draw alike
+        return {"json_schema": SCHEMAS[name], "max_new_tokens": 64, "temperature": args.temperature,
+                "seed": names.index(name)}
 
     def run(eng, prompts, params, batch: int) -> tuple[list[dict], float, dict]:
         """Run in chunks of ``batch`` requests; returns outputs, wall seconds, stat deltas."""
@@ -329,7 +333,7 @@ def bench_engine(args) -> None:
         on, off = rows["on"], rows["off"]
         same = sum(a["text"] == b["text"] and a["output_ids"] == b["output_ids"] for a, b in zip(on[0], off[0]))
         valid = all(o["meta_info"]["finish_reason"]["type"] == "stop" for o in on[0] + off[0])
-        emit({"figure": "jump_forward", "batch": batch, "requests": len(names),
+        emit({"figure": "jump_forward", "batch": batch, "requests": len(names), "temperature": args.temperature,
               "policy": "jump at every batch size" if eng_jf is eng_any else "default (CPU: jump while <= 4 run)",
               "on": {"forward_steps": on[2]["forward_steps"], "decode_steps": on[2]["decode_steps"],
                      "jump_tokens": on[2]["jump_tokens"], "draft_tokens_proposed": on[2]["draft_tokens"],
@@ -387,13 +391,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2, help="throughput repetitions (best is kept)")
     ap.add_argument("--bs1-requests", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.0, help="of the constrained requests (seeded)")
+    ap.add_argument("--engine-only", action="store_true", help="skip the grammar-library comparisons")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "constrained_cpu.json"))
     args = ap.parse_args()
     t0 = time.perf_counter()
     info = machine_info(("torch", "outlines_core", "xgrammar", "transformers"))
     print(json.dumps({"machine": info}), flush=True)
     tok, eos_ids, vocab_size = bench_engine(args)
-    bench_grammar_libs(tok, eos_ids, vocab_size, args)
+    if not args.engine_only:
+        bench_grammar_libs(tok, eos_ids, vocab_size, args)
     info["loadavg_end"] = os.getloadavg()
     write_results(args.out, "constrained decoding (CPU)", cwd=os.getcwd(), machine=info,
                   model="SmolLM2-135M-Instruct (embedded GGUF), fp32", schemas=SCHEMAS,

@@ -47,7 +47,7 @@ class EngineArgs:
     # extend that computes the forced tokens: nearly free while a step is bound by reading
     # the weights, a throughput cost once it is bound by per-token compute (a CPU at batch
     # 16: 0.74x of plain decoding). On the H200 (llama3-8b, bf16, extends in CUDA graphs)
-    # jumps gained 1.21x sampled and 0.99x greedy at batch 1, and lost at batch 4-64
+    # jumps gained 0.91x sampled (random weights) and 0.99x greedy at batch 1, and lost at batch 4-64
     # (0.34-0.92x): a batch steps as often as its longest reply anyway
     # (benchmarks/bench_constrained_gpu.py)
     jump_forward_max_batch: int = -1
