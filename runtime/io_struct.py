@@ -69,6 +69,9 @@ class ReqOutput:
     input_top_logprobs: list[list[tuple[float, int]]] | None = None
     error: str | None = None  # set when the request was rejected (finished type "abort")
     internal: bool = False  # the error is the server's (a failed step), not the request's
+    # time.monotonic() (system-wide on Linux: comparable across the server's processes) of the
+    # first output token: a request's TTFT even when its output arrives only at the end
+    first_token_at: float | None = None
 
 
 class OutputAccum:

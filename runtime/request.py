@@ -56,6 +56,7 @@ class Req:
     input_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs_sent: bool = False
     sent_len: int = 0  # output tokens already reported to the caller
+    first_token_at: float | None = None  # time.monotonic() of its first output token (TTFT)
 
     @property
     def fill_ids(self) -> list[int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import deque
 from typing import Any
 
@@ -655,6 +656,8 @@ class Scheduler:
         streaming). ``replay``: an accepted draft token, followed by more tokens this step:
         no jump-forward and no stream chunk for it yet."""
         req.output_ids.append(token)
+        if req.first_token_at is None:
+            req.first_token_at = time.monotonic()
         self.stats["generated_tokens"] += 1
         if req.return_logprob:
             req.output_logprobs.append(logprob)
@@ -821,7 +824,8 @@ class Scheduler:
             rid=req.rid, new_ids=new, finished=req.finished, prompt_tokens=len(req.input_ids),
             completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
             output_logprobs=req.output_logprobs[req.sent_len:],
-            output_top_logprobs=req.output_top_logprobs[req.sent_len:], error=error, internal=error is not None)
+            output_top_logprobs=req.output_top_logprobs[req.sent_len:], error=error, internal=error is not None,
+            first_token_at=req.first_token_at)
         if req.finished is not None:
             self._live.pop(req.rid, None)
         if req.wants_prompt_logprobs and not req.input_logprobs_sent and (req.finished is not None or new):

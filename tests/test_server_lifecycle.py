@@ -162,6 +162,14 @@ def test_queue_full_is_503(server_b):
             time.sleep(0.1)
         r = requests.post(url + "/generate", json={"text": "one too many"}, timeout=T)
         assert r.status_code == 503 and "too many requests" in r.json()["error"]["message"]
+        # the refusal is counted; a health probe waiting behind the busy batch sees the
+        # others' tokens and answers 200 (it was a 503 after 30 s: a liveness probe would
+        # have restarted a working server)
+        assert 'treadle_http_responses_total{route="/generate",status="503"} 1.0' in \
+            requests.get(url + "/metrics", timeout=T).text
+        t0 = time.monotonic()
+        assert requests.get(url + "/health_generate", timeout=T).status_code == 200
+        assert time.monotonic() - t0 < 20
     finally:
         stop.set()
         for t in threads:

@@ -294,6 +294,30 @@ def test_abort_request_while_the_shared_prompt_is_warmed(url):
     wait_idle(url, timeout_s=30)
 
 
+def test_metrics_time_first_tokens_and_count_refusals_not_probes(url):
+    """TTFT is when the scheduler made the first token (a request that is not streamed gets
+    its whole output at the end: its TTFT was its e2e latency); refused requests are counted
+    by route and status; health probes are not requests."""
+    ttft, e2e = "treadle_time_to_first_token_seconds_sum", "treadle_e2e_request_latency_seconds_sum"
+    t0, e0 = _metric(url, ttft), _metric(url, e2e)
+    gen(url, {"text": PROMPT, "sampling_params": greedy(64)})
+    t1, e1 = _metric(url, ttft), _metric(url, e2e)
+    assert 0 < t1 - t0 < (e1 - e0) / 2, (t1 - t0, e1 - e0)
+    refused = 'treadle_http_responses_total{route="/generate",status="400"}'
+    missing = 'treadle_http_responses_total{route="/v1/chat/completions",status="404"}'
+    r0, m0 = _metric(url, refused), _metric(url, missing)
+    gen(url, {"text": PROMPT, "sampling_params": {"temperature": -1}}, status=400)
+    r = requests.post(url + "/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user",
+                                                                                           "content": "hi"}]},
+                      timeout=T)
+    assert r.status_code == 404
+    assert _metric(url, refused) == r0 + 1 and _metric(url, missing) == m0 + 1
+    finished = 'treadle_requests_total{finish_reason="length"}'
+    before = _metric(url, finished)
+    assert requests.get(url + "/health_generate", timeout=T).status_code == 200
+    assert _metric(url, finished) == before
+
+
 def test_admin_endpoints(url):
     info = requests.get(url + "/get_model_info", timeout=T).json()
     assert info["vocab_size"] > 0 and info["context_length"] == 8192

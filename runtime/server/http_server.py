@@ -35,7 +35,12 @@ _GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "return_lo
 # reachable while draining / without a key: liveness must never need credentials
 # without the API key, as SGLang: probes and scrapes (no request content in any of them)
 _OPEN_PATHS = {"/health", "/health_generate", "/metrics", "/version"}
+# the paths /metrics counts responses of by name (treadle_http_responses_total); others are "other"
+_COUNTED_PATHS = {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize",
+                  "/abort_request", "/flush_cache", "/health", "/health_generate", "/metrics", "/version",
+                  "/get_server_info", "/get_model_info"}
 HEALTH_GENERATE_TIMEOUT_S = 30.0
+HEALTH_GENERATE_POLL_S = 0.5  # how often a waiting probe looks for other requests' output
 INLINE_PARSE_BYTES = 1 << 20  # bodies below this are parsed on the event loop (read_json)
 
 
@@ -76,6 +81,14 @@ class Gate:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
+        route = path if path in _COUNTED_PATHS else "other"  # a bounded label set
+        metrics, raw_send = self.state.metrics, send
+
+        async def send(message: dict) -> None:  # counts every response by its status
+            if message["type"] == "http.response.start":
+                metrics.http_responses.labels(route=route, status=str(message["status"])).inc()
+            await raw_send(message)
+
         key = self.state.args.api_key
         if key and path not in _OPEN_PATHS:
             headers = dict(scope["headers"])
@@ -145,20 +158,32 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health_generate")
     async def health_generate() -> Response:
-        """A real one-token generation through the whole pipeline."""
+        """A real one-token generation through the whole pipeline, or, on a busy server whose
+        probe waits its turn, any other request's output meanwhile (as SGLang's)."""
         # not held to the in-flight limit: a busy server is a healthy one (draining and a dead
         # child are 503s all the same)
         r = TokenizedGenerateReq(f"health-{os.urandom(6).hex()}", [0],
                                  SamplingParams(max_new_tokens=1, temperature=0.0))
+        start = time.monotonic()
 
         async def run() -> None:
-            async for _ in tm.generate(r):
+            async for _ in tm.generate(r, internal=True):
                 pass
 
+        probe = asyncio.ensure_future(run())
         try:
-            await asyncio.wait_for(run(), HEALTH_GENERATE_TIMEOUT_S)
-        except asyncio.TimeoutError as e:
-            raise APIError(f"no token within {HEALTH_GENERATE_TIMEOUT_S}s", 503, "server_error") from e
+            while not probe.done():
+                await asyncio.wait([probe], timeout=HEALTH_GENERATE_POLL_S)
+                if tm.last_output_at > start:
+                    break  # the server generates: healthy (the probe is aborted below)
+                if time.monotonic() - start > HEALTH_GENERATE_TIMEOUT_S:
+                    raise APIError(f"no token within {HEALTH_GENERATE_TIMEOUT_S}s", 503, "server_error")
+            if probe.done():
+                probe.result()  # its error (a dead child: 503)
+        finally:
+            if not probe.done():
+                probe.cancel()  # generate() aborts the probe in the scheduler
+                await asyncio.gather(probe, return_exceptions=True)
         return Response(status_code=200)
 
     @app.get("/version")

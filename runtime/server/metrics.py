@@ -31,6 +31,9 @@ class ServerMetrics:
         self.generation_tokens = Counter("treadle_generation_tokens", "Output tokens generated", registry=r)
         self.requests = Counter("treadle_requests", "Finished requests by finish reason", ["finish_reason"],
                                 registry=r)
+        # refused ones too (400, 401, 404, 413, 503 ...), which never reach the scheduler
+        self.http_responses = Counter("treadle_http_responses", "HTTP responses by route and status",
+                                      ["route", "status"], registry=r)
         self.running = Gauge("treadle_num_running_requests", "Requests in the running batch", registry=r)
         self.queued = Gauge("treadle_num_queued_requests", "Requests waiting for admission", registry=r)
         self.in_flight = Gauge("treadle_num_in_flight_requests", "Requests the HTTP server waits on", registry=r)

@@ -109,6 +109,7 @@ def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = N
         # (only grammars compiling: look again shortly)
         timeout = 0 if sched.has_runnable_work() else grammar_poll_ms if sched.has_work() else IDLE_POLL_MS
         to_send: list = []
+        arrived = False
         if poller.poll(timeout):
             while True:
                 try:
@@ -116,6 +117,7 @@ def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = N
                 except zmq.Again:
                     break
                 for msg in msgs:
+                    arrived |= isinstance(msg, TokenizedGenerateReq)
                     _handle(sched, msg, to_send)
         elif not sched.has_work():
             if not parent_alive(ppid):
@@ -123,7 +125,9 @@ def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = N
                 return
             if tp is not None:  # idle: make sure the other ranks are still there
                 tp.heartbeat()
-        if time.monotonic() - last_stats >= STATS_PERIOD_S:  # sent before a step that may be long
+        # sent before a step that may be long, and as requests arrive (their long prefill then
+        # shows as queued, not as an idle server)
+        if arrived or time.monotonic() - last_stats >= STATS_PERIOD_S:
             last_stats = time.monotonic()
             to_send.append(ControlOut("stats", 0, {**sched.info(), "pid": os.getpid()}))
             push.send_pyobj(to_send)

@@ -15,7 +15,7 @@ import itertools
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 import zmq
@@ -66,6 +66,8 @@ class ReqState:
     queue: asyncio.Queue
     created: float
     last_token: float | None = None
+    created_mono: float = field(default_factory=time.monotonic)  # the clock of ReqOutput.first_token_at
+    internal: bool = False  # a health probe: not in the request metrics
     aliases: tuple[str, ...] = ()  # the other rids /abort_request reaches it by (its batch's, ...)
     sent: bool = False  # False while reserved (see `reserve`): not in the scheduler yet
     aborted: bool = False  # aborted while reserved: it will be finished as aborted, unsent
@@ -102,6 +104,7 @@ class TokenizerManager:
         # when anything last came from it: what /metrics serves, what the watchdog checks
         self.sched_info: dict | None = model_info.get("stats")
         self.sched_heard = time.monotonic()
+        self.last_output_at = 0.0  # time.monotonic() of the last request output (a busy server's pulse)
         self._push_ctx = zmq.Context(1)
         self._push = self._push_ctx.socket(zmq.PUSH)
         self._push.connect(paths.scheduler_in)
@@ -183,6 +186,7 @@ class TokenizerManager:
                         fut.set_result(m.result)
                     continue
                 assert isinstance(m, StrOutput), f"unexpected message {type(m).__name__}"
+                self.last_output_at = time.monotonic()
                 st = self.states.get(m.out.rid)
                 if st is None:
                     continue  # output of a request already given up on
@@ -190,12 +194,13 @@ class TokenizerManager:
                     del self.states[m.out.rid]  # its KV is released once it is finished
                     # counted here, not by the handler: one whose client left is gone by now
                     latency = time.perf_counter() - st.created
-                    self.metrics.on_finish(m.out, latency)
-                    if self.args.log_requests:
+                    if not st.internal:
+                        self.metrics.on_finish(m.out, latency)
+                    if self.args.log_requests and not st.internal:
                         o = m.out
                         log.info("request %s: %d prompt tokens (%d cached), %d generated, finish %s, %.3fs",
                                  o.rid, o.prompt_tokens, o.cached_tokens, o.completion_tokens,
-                                 (o.finished or {}).get("type"), latency)
+                                 f"error ({o.error})" if o.error else (o.finished or {}).get("type"), latency)
                 st.queue.put_nowait(m)
 
     # ================================================================== building requests
@@ -369,6 +374,7 @@ class TokenizerManager:
             if len(group) > 1:
                 names = tuple(dict.fromkeys(n for r in group for n in (r.rid, *(aliases or {}).get(r.rid, ()))))
                 warm = TokenizedGenerateReq(uuid.uuid4().hex, list(key), SamplingParams(max_new_tokens=0))
+                # counted in the metrics (a prefill the scheduler did), unlike a health probe
                 async for _ in self.generate(warm, names):
                     pass
 
@@ -393,13 +399,16 @@ class TokenizerManager:
                 if not st.sent and self.states.get(rid) is st:
                     del self.states[rid]
 
-    async def generate(self, r: TokenizedGenerateReq, aliases: tuple[str, ...] = ()) -> AsyncIterator[Chunk]:
+    async def generate(self, r: TokenizedGenerateReq, aliases: tuple[str, ...] = (),
+                       internal: bool = False) -> AsyncIterator[Chunk]:
         """Send `r` and yield its progress. Stops after the finished chunk; raises APIError on
         a scheduler-side rejection. If the consumer stops early, the request is aborted.
-        ``aliases``: other rids `abort_named` stops it by (the batch or n samples it is part of)."""
+        ``aliases``: other rids `abort_named` stops it by (the batch or n samples it is part of).
+        ``internal``: the server's own probe, left out of the metrics."""
         st = self.states.get(r.rid)
         if st is None:
-            st = self.states[r.rid] = ReqState(asyncio.Queue(), time.perf_counter(), aliases=aliases)
+            st = self.states[r.rid] = ReqState(asyncio.Queue(), time.perf_counter(), aliases=aliases,
+                                               internal=internal)
         elif st.sent:
             raise APIError.bad_request(f"request id {r.rid!r} is already in use", "rid")
         acc = Accum(r, functools.partial(token_texts, self.tokenizer))
@@ -492,9 +501,12 @@ class TokenizerManager:
 
     def _observe(self, st: ReqState, out: Any, finished: bool) -> None:
         now = time.perf_counter()
-        if out.new_ids:
+        if out.new_ids and not st.internal:
             if st.last_token is None:
-                self.metrics.ttft.observe(now - st.created)
+                # when the scheduler made the first token, not when it arrived here: a request
+                # that is not streamed gets all its output at the end
+                first = out.first_token_at
+                self.metrics.ttft.observe(now - st.created if first is None else max(0.0, first - st.created_mono))
             else:
                 gap = (now - st.last_token) / len(out.new_ids)
                 for _ in out.new_ids:
