@@ -1,4 +1,5 @@
-"""Few-shot prefix sharing on CPU: radix cache on vs off, and the hit rate vs an ideal cache.
+"""Prefix sharing, few-shot and multi-turn chat: radix cache on vs off, and the hit rate vs
+an ideal cache (CPU by default; --device cuda --model-path dummy:llama3-8b on a GPU).
 
 --requests (64) requests share one long few-shot prefix (--shots, default 21, headline ->
 topic examples; about 600-1000 tokens), each followed by a distinct short headline to
@@ -11,9 +12,15 @@ off, the speed-up (off time / on time), the cache hit rate (cached / prompt toke
 get_server_info deltas) and the ideal hit rate for that trace: the prompts replayed in
 submission order through an infinite prefix trie, each prompt hitting its longest prefix
 seen before, capped at len-1 (the last prompt token is always computed).
+Multi-turn (--conversations 16, --turns 4): each conversation's next prompt is its last
+prompt, the reply it got and a new user message, so every turn after the first continues
+into the previous reply's KV; a turn of all conversations is one generate call.
 Prints one JSON line per figure and writes benchmarks/results/prefix_cache_cpu.json.
 
     nice .venv/bin/python benchmarks/bench_prefix_cache.py [--requests 64] [--waves 4] [--shots 20]
+    python bench_prefix_cache.py --device cuda --dtype bfloat16 --model-path dummy:llama3-8b \
+        --tokenizer-path ../.gpu_assets/smollm2-tokenizer --requests 256 --new-tokens 64 \
+        --conversations 64 --out results/prefix_cache_cuda.json
 """
 from __future__ import annotations
 
@@ -105,11 +112,13 @@ def build_trace(engine, n: int, shots: int) -> tuple[list[int], list[list[int]]]
     return prefix, prompts
 
 
-def ideal_hit_rate(prompts: list[list[int]]) -> float:
-    """Infinite prefix trie over token ids, prompts in submission order; hit capped at len-1."""
+def ideal_hit_rate(prompts: list[list[int]], outputs: list[list[int]] | None = None) -> float:
+    """Infinite prefix trie over token ids, prompts in submission order; hit capped at len-1.
+    With `outputs`, each prompt's output is cached after it too (a multi-turn trace), but its
+    last token: no forward ever computed that one's KV."""
     root: dict = {}
     hit = total = 0
-    for ids in prompts:
+    for i, ids in enumerate(prompts):
         node, n = root, 0
         for t in ids:
             if t not in node:
@@ -118,9 +127,38 @@ def ideal_hit_rate(prompts: list[list[int]]) -> float:
         hit += min(n, len(ids) - 1)
         total += len(ids)
         node = root
-        for t in ids:
+        for t in ids + (outputs[i][:-1] if outputs else []):
             node = node.setdefault(t, {})
     return hit / max(total, 1)
+
+
+USER_TURNS = ["Tell me more about that.", "Can you give an example?", "Why does that matter?",
+              "Summarize it in one sentence.", "What would you do next?", "Is there another view?"]
+
+
+def multi_turn(engine, conversations: int, turns: int, new_tokens: int) -> dict:
+    """Every conversation's turn k + 1 prompt = its turn k prompt + reply + a user message."""
+    engine.flush_cache()
+    before = engine.get_server_info()
+    params = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+    prompts = [engine.encode(f"Conversation {c}: you are a helpful assistant.\nUser: Hello, who are you?\n")
+               for c in range(conversations)]
+    sent, outs = [], []
+    t0 = time.perf_counter()
+    for k in range(turns):
+        res = engine.generate(input_ids=prompts, sampling_params=[params] * len(prompts))
+        sent += prompts
+        outs += [r["output_ids"] for r in res]
+        if k + 1 < turns:
+            user = engine.encode(f"\nUser: {USER_TURNS[k % len(USER_TURNS)]}\n")
+            prompts = [p + r["output_ids"] + user for p, r in zip(prompts, res)]
+    dt = time.perf_counter() - t0
+    after = engine.get_server_info()
+    prompt_tokens = after["prompt_tokens"] - before["prompt_tokens"]
+    cached = after["cached_tokens"] - before["cached_tokens"]
+    return {"seconds": dt, "prompt_tokens": prompt_tokens, "cached_tokens": cached, "prompts": sent,
+            "output_tokens": sum(len(o) for o in outs), "hit_rate": cached / max(prompt_tokens, 1),
+            "output_ids": outs}
 
 
 def timed_run(engine, prompts: list[list[int]], waves: int, new_tokens: int) -> dict:
@@ -150,6 +188,13 @@ def main() -> None:
     ap.add_argument("--shots", type=int, default=21, help="few-shot examples in the shared prefix")
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--conversations", type=int, default=16, help="multi-turn: conversations at once")
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2")
+    ap.add_argument("--tokenizer-path", default=None)
+    ap.add_argument("--max-total-tokens", type=int, default=None)
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "prefix_cache_cpu.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -162,8 +207,11 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    on = Engine(None, dtype="float32", device="cpu")
-    off = Engine(None, dtype="float32", device="cpu", disable_radix_cache=True)
+    kw = {"dtype": args.dtype, "device": args.device, "tokenizer_path": args.tokenizer_path}
+    if args.max_total_tokens:
+        kw["max_total_tokens"] = args.max_total_tokens
+    on = Engine(args.model_path, **kw)
+    off = Engine(args.model_path, disable_radix_cache=True, **kw)
     prefix, prompts = build_trace(on, args.requests, args.shots)
     lens = [len(p) for p in prompts]
     print(json.dumps({"prefix_tokens": len(prefix), "prompt_tokens_range": [min(lens), max(lens)],
@@ -194,9 +242,22 @@ def main() -> None:
               "hit_rate_off": round(r_off["hit_rate"], 4),
               "outputs_identical_on_off": f"{same}/{n}"})
 
+    m_on = multi_turn(on, args.conversations, args.turns, args.new_tokens)
+    m_off = multi_turn(off, args.conversations, args.turns, args.new_tokens)
+    same = sum(a == b for a, b in zip(m_on["output_ids"], m_off["output_ids"]))
+    total_tokens = m_on["prompt_tokens"] + m_on["output_tokens"]
+    emit({"figure": "multi_turn_prefix", "conversations": args.conversations, "turns": args.turns,
+          "requests": args.conversations * args.turns, "prompt_tokens": m_on["prompt_tokens"],
+          "output_tokens": m_on["output_tokens"], "on_s": round(m_on["seconds"], 3), "off_s": round(m_off["seconds"], 3),
+          "on_tok_s": round(total_tokens / m_on["seconds"], 1), "off_tok_s": round(total_tokens / m_off["seconds"], 1),
+          "speedup": round(m_off["seconds"] / m_on["seconds"], 2), "hit_rate": round(m_on["hit_rate"], 4),
+          "ideal_hit_rate": round(ideal_hit_rate(m_on["prompts"], m_on["output_ids"]), 4), "hit_rate_off": round(m_off["hit_rate"], 4),
+          "outputs_identical_on_off": f"{same}/{len(m_on['output_ids'])}"})
+
     on.shutdown()
     off.shutdown()
-    result = {"benchmark": "prefix_cache_cpu", "model": "SmolLM2-135M-Instruct (embedded GGUF), fp32",
+    result = {"benchmark": f"prefix_cache_{args.device}",
+              "model": f"{args.model_path or 'SmolLM2-135M-Instruct (embedded GGUF)'}, {args.dtype}",
               "machine": machine_info(),
               "command": "nice " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, ROOT)] + sys.argv),
               "notes": "tok/s counts prompt + output tokens; speedup = off time / on time; hit_rate = cached / prompt "
