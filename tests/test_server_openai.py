@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 
 from typing import Optional
 
@@ -125,6 +126,15 @@ def test_usage_cached_tokens_on_repeat(client):
     client.chat.completions.create(model="smol", messages=msgs, max_tokens=2, temperature=0)
     r = client.chat.completions.create(model="smol", messages=msgs, max_tokens=2, temperature=0)
     assert r.usage.prompt_tokens_details.cached_tokens > 0
+    # n samples of a prompt never sent: the shared prefill they start with is not a cache hit
+    # of the request (it reported all but one prompt token cached); streamed the same
+    fresh = [{"role": "user", "content": f"Name a colour ({uuid.uuid4().hex})."}]
+    r = client.chat.completions.create(model="smol", messages=fresh, max_tokens=2, temperature=1.0, n=3)
+    assert r.usage.prompt_tokens_details.cached_tokens < r.usage.prompt_tokens // 2, r.usage
+    again = client.chat.completions.create(model="smol", messages=fresh, max_tokens=2, temperature=1.0, n=3,
+                                           stream=True, stream_options={"include_usage": True})
+    usage = [c.usage for c in again if c.usage is not None][-1]
+    assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 1, usage  # now it was cached
 
 
 def test_response_format_json_schema(client):

@@ -303,7 +303,7 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
 
         async def items():
             with tm.reserve(reqs, aliases):
-                await tm.warm_prefixes(reqs, aliases)
+                shaper.warm_cached = await tm.warm_prefixes(reqs, aliases)
                 async for item in merge_streams([generate(r) for r in reqs]):
                     yield item
 
@@ -318,7 +318,7 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
             return last.acc
 
         with tm.reserve(reqs, aliases):
-            await tm.warm_prefixes(reqs, aliases)
+            shaper.warm_cached = await tm.warm_prefixes(reqs, aliases)
             return await gather_all([one(r) for r in reqs])
 
     accs = await until_done_or_disconnect(request, run())
@@ -359,6 +359,7 @@ class _Shaper:
         self.echoed: set[int] = set()
         self.tool_streams: dict[int, ToolStream] = {}
         self.accs: dict[int, Accum] = {}
+        self.warm_cached: dict[str, int] = {}  # rid -> cached prompt tokens before its warm-up (n > 1)
         self.role_sent: set[int] = set()
         self.text_offset: dict[int, tuple[int, Any]] = {}  # per choice: characters so far, their decoder
         self.include_usage = False  # stream_options.include_usage
@@ -440,7 +441,9 @@ class _Shaper:
         prompt = sum(o.prompt_tokens for o in firsts)
         completion = sum(a.last.completion_tokens for a in self.accs.values())
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": sum(o.cached_tokens for o in firsts)}}
+                # what the cache held before this request: n samples first prefill their prompt once
+                "prompt_tokens_details": {"cached_tokens": sum(self.warm_cached.get(o.rid, o.cached_tokens)
+                                                               for o in firsts)}}
 
     def usage_chunk(self) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"

@@ -360,13 +360,16 @@ class TokenizerManager:
                              "retry later")
 
     async def warm_prefixes(self, reqs: list[TokenizedGenerateReq],
-                            aliases: dict[str, tuple[str, ...]] | None = None) -> None:
+                            aliases: dict[str, tuple[str, ...]] | None = None) -> dict[str, int]:
         """Before several samples of one prompt, prefill it once (max_new_tokens=0) so the
         samples share its KV through the radix cache instead of each computing it. The
         warm-up answers to the names of the requests it serves (their rids and `aliases`):
-        an /abort_request for them stops it too (with `reserve`, they then never start)."""
+        an /abort_request for them stops it too (with `reserve`, they then never start).
+        Returns, for each request warmed, the prompt tokens the cache held before its warm-up
+        (what its usage reports as cached: its own count is the warm-up's doing)."""
+        cached: dict[str, int] = {}
         if self.args.disable_radix_cache:
-            return
+            return cached
         groups: dict[tuple, list[TokenizedGenerateReq]] = {}
         for r in reqs:
             groups.setdefault(tuple(r.input_ids), []).append(r)
@@ -375,8 +378,12 @@ class TokenizerManager:
                 names = tuple(dict.fromkeys(n for r in group for n in (r.rid, *(aliases or {}).get(r.rid, ()))))
                 warm = TokenizedGenerateReq(uuid.uuid4().hex, list(key), SamplingParams(max_new_tokens=0))
                 # counted in the metrics (a prefill the scheduler did), unlike a health probe
-                async for _ in self.generate(warm, names):
-                    pass
+                last = None
+                async for c in self.generate(warm, names):
+                    last = c
+                if last is not None and last.acc.last is not None:
+                    cached.update((r.rid, last.acc.last.cached_tokens) for r in group)
+        return cached
 
     @contextlib.contextmanager
     def reserve(self, reqs: list[TokenizedGenerateReq], aliases: dict[str, tuple[str, ...]]):
