@@ -18,7 +18,8 @@ another replica; once sent, it is never replayed. Every response names the repli
 `X-Treadle-Replica` header.
 
 SIGTERM / SIGINT: the router takes no new connection and gives open responses
-`--shutdown-grace-s` to end, then closes them (their replicas see the client gone and abort)
+`--shutdown-grace-s` to end, then ends them itself (a stream with an error event and [DONE], a
+request still waiting with a 503; their replicas see the upstream request gone and abort)
 and exits, stopping the replicas it launched.
 """
 from __future__ import annotations
@@ -53,6 +54,7 @@ REPLICA_HEADER = "X-Treadle-Replica"
 _FORWARDED_HEADERS = ("content-type", "authorization")
 HEALTH_TIMEOUT_S = 5.0
 HEALTH_FAILURES_TO_DROP = 3
+CLOSE_MARGIN_S = 2.0  # after the grace, how long responses get to end before uvicorn cancels them
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,9 @@ class Router:
                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
         self.started = time.time()
         self.no_replica = 0  # requests refused with 503: no healthy replica left to try
+        # set once a SIGTERM's grace period is over: open responses end themselves (a stream
+        # with an error event and [DONE], a wait with a 503) before uvicorn would cancel them
+        self.closing = asyncio.Event()
 
     # ---- health ----
 
@@ -235,7 +240,7 @@ class Router:
         gone; cancelling the send closes the upstream connection, and the replica aborts."""
         task = asyncio.ensure_future(self.client.send(req, stream=True))
         try:
-            return await until_done_or_disconnect(request, task)
+            return await until_done_or_disconnect(request, self._unless_closing(task))
         except ClientGone:
             if task.done() and not task.cancelled() and task.exception() is None:
                 await task.result().aclose()  # the headers came just as the client left
@@ -254,23 +259,56 @@ class Router:
         hdrs = {REPLICA_HEADER: rep.url}
         ctype = resp.headers.get("content-type", "application/json")
         if stream and resp.status_code == 200:
+            def last_event(message: str, type_: str) -> bytes:
+                return f"data: {json.dumps(error_body(message, type_))}\n\ndata: [DONE]\n\n".encode()
+
             async def relay():
+                chunks = resp.aiter_raw().__aiter__()
+                closing = asyncio.ensure_future(self.closing.wait())
+                nxt = None
                 try:
-                    async for chunk in resp.aiter_raw():
-                        yield chunk
+                    while True:
+                        nxt = asyncio.ensure_future(chunks.__anext__())
+                        await asyncio.wait((nxt, closing), return_when=asyncio.FIRST_COMPLETED)
+                        if not nxt.done():  # shutting down: end the stream as a stream ends
+                            nxt.cancel()
+                            yield last_event("the router is shutting down", "server_overloaded")
+                            return
+                        try:
+                            yield nxt.result()
+                        except StopAsyncIteration:
+                            return
                 except httpx.HTTPError as e:  # the replica died mid-stream
-                    body = error_body(f"replica {rep.url} failed mid-stream: {type(e).__name__}", "server_error")
-                    yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+                    yield last_event(f"replica {rep.url} failed mid-stream: {type(e).__name__}", "server_error")
+                finally:  # also when the client left (the relay is closed mid-wait)
+                    closing.cancel()
+                    if nxt is not None and not nxt.done():
+                        nxt.cancel()
 
             return _RelayStream(relay(), release, status_code=200, media_type=ctype,
                                 headers={**hdrs, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            data = await until_done_or_disconnect(request, resp.aread())
+            data = await until_done_or_disconnect(request, self._unless_closing(resp.aread()))
         except httpx.HTTPError as e:
             raise APIError(f"replica {rep.url} failed: {type(e).__name__}: {e}", 502, "server_error") from e
         finally:
             await release()  # on a disconnect this closes the upstream connection: the replica aborts
         return Response(data, status_code=resp.status_code, media_type=ctype, headers=hdrs)
+
+    async def _unless_closing(self, aw: Awaitable[Any]) -> Any:
+        """``aw``'s result, or a 503 once the router closes (``aw`` is cancelled: its upstream
+        connection closes, and the replica aborts); ``aw`` is cancelled too when this is (the
+        client left)."""
+        task, closing = asyncio.ensure_future(aw), asyncio.ensure_future(self.closing.wait())
+        try:
+            await asyncio.wait((task, closing), return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            raise APIError("the router is shutting down", 503, "server_overloaded", None, "server_overloaded")
+        finally:
+            closing.cancel()
+            if not task.done():
+                task.cancel()
 
     async def get_any(self, path: str, request: Request | None = None) -> Response:
         """A read-only GET answered by the first healthy replica that responds (with the
@@ -317,7 +355,8 @@ def create_router_app(args: RouterArgs) -> FastAPI:
     router = Router(args)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI):
+    async def lifespan(app_: FastAPI):
+        app_.state.loop = asyncio.get_running_loop()  # for the SIGTERM handler (run)
         await router.check_health()  # know who is up before the first request
         task = asyncio.create_task(router.health_loop())
         try:
@@ -329,6 +368,7 @@ def create_router_app(args: RouterArgs) -> FastAPI:
 
     app = FastAPI(title="treadle-router", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.router = router
+    app.state.loop = None
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
@@ -516,9 +556,21 @@ def run(ns: argparse.Namespace, server_argv: list[str]) -> None:
             raise SystemExit("--shutdown-grace-s must be >= 0")
         if ns.max_request_bytes < 1:
             raise SystemExit("--max-request-bytes must be >= 1")
-        # without a bound uvicorn's shutdown waits for every open stream, as long as its client reads
-        uvicorn.run(create_router_app(args), host=args.host, port=args.port, log_level=ns.log_level,
-                    timeout_graceful_shutdown=ns.shutdown_grace_s)
+        app = create_router_app(args)
+        grace = ns.shutdown_grace_s
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                # the router ends what is open once the grace is over; uvicorn's own bound (without
+                # one its shutdown waits for every open stream, as long as its client reads) a
+                # little later only cancels what still would not end
+                loop = app.state.loop
+                if loop is not None and not self.should_exit:
+                    loop.call_soon_threadsafe(loop.call_later, grace, app.state.router.closing.set)
+                super().handle_exit(sig, frame)
+
+        Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=ns.log_level,
+                              timeout_graceful_shutdown=grace + CLOSE_MARGIN_S)).run()
     finally:
         stop_replicas(procs)
 

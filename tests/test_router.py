@@ -304,18 +304,26 @@ def test_sigterm_closes_open_streams_after_the_grace(replicas):
         r = requests.post(router.url + "/generate", stream=True, timeout=T, json={
             "text": "Write a very long story about a knight.", "stream": True,
             "sampling_params": {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}})
-        lines = r.iter_lines()
+        lines = r.iter_lines(decode_unicode=True)
         next(lines)  # generation has started on the replica
+        waiting = ThreadPoolExecutor(1).submit(requests.post, router.url + "/generate", timeout=T, json={
+            "text": "Another long story.", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}})
+        time.sleep(1.0)  # the non-streamed request is on its replica
         t0 = time.monotonic()
         router.proc.send_signal(signal.SIGTERM)
-        try:
-            for _ in lines:  # the client reads on until the router closes the stream
-                assert time.monotonic() - t0 < 60, "the router kept the stream open"
-        except requests.RequestException:
-            pass  # closed mid-stream
+        tail = []
+        for line in lines:  # the client reads on until the router ends the stream
+            assert time.monotonic() - t0 < 60, "the router kept the stream open"
+            if line:
+                tail = (tail + [line])[-2:]
+        # ended as a stream ends: an error event, then [DONE] (it was cut mid-stream)
+        assert tail[-1] == "data: [DONE]" and "the router is shutting down" in tail[0], tail
+        late = waiting.result(timeout=T)
+        assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"], late.text
         router.proc.wait(timeout=30)
         assert time.monotonic() - t0 < 30
-        wait_idle(replicas[0].url, timeout_s=30)  # the replica aborted the request its client left
+        assert "Exception in ASGI application" not in router.tail(), router.tail()
+        wait_idle(replicas[0].url, timeout_s=30)  # the replica aborted the requests whose client went
     finally:
         router.close()
 
