@@ -8,6 +8,8 @@ call 1 sleep 12 s first: a step longer than any timeout around it (the shutdown 
 ``TREADLE_FAULT_HOLD_TOKENIZE=<path>`` makes the server's tokenizer wait, for a text that
 contains ``HOLD_MARKER``, until a file exists at ``<path>`` (it creates ``<path>.held`` as it
 starts waiting): a tokenization as long as the test wants, to show that nothing else waits for it.
+``TREADLE_FAULT_RECV_CALLS="3"`` makes the server's 3rd receive that carries request output
+raise: its output loop fails (the server must then exit, not leave every request waiting).
 Unset (the normal case), nothing is wrapped.
 """
 from __future__ import annotations
@@ -17,12 +19,14 @@ import os
 import time
 from typing import Any
 
-__all__ = ["FAULT_ENV", "HOLD_ENV", "HOLD_MARKER", "SLOW_ENV", "install_forward_faults", "install_tokenize_hold"]
+__all__ = ["FAULT_ENV", "HOLD_ENV", "HOLD_MARKER", "RECV_ENV", "SLOW_ENV", "install_forward_faults",
+           "install_recv_fault", "install_tokenize_hold"]
 
 FAULT_ENV = "TREADLE_FAULT_FORWARD_CALLS"
 SLOW_ENV = "TREADLE_FAULT_SLOW_FORWARD"
 HOLD_ENV = "TREADLE_FAULT_HOLD_TOKENIZE"
 HOLD_MARKER = "treadle-hold-tokenize"
+RECV_ENV = "TREADLE_FAULT_RECV_CALLS"
 HOLD_MAX_S = 300.0
 log = logging.getLogger(__name__)
 
@@ -79,4 +83,28 @@ def install_tokenize_hold(tokenizer: Any) -> bool:
 
     tokenizer.encode = encode
     log.warning("fault injection for tests: texts containing %r wait for %s before tokenizing", HOLD_MARKER, path)
+    return True
+
+
+def install_recv_fault(tm: Any) -> bool:
+    """Wrap the TokenizerManager's output socket so that its receive number ``RECV_ENV`` among
+    those carrying request output (not the scheduler's stats) raises; returns whether it did."""
+    spec = os.environ.get(RECV_ENV, "").strip()
+    if not spec:
+        return False
+    if not spec.isdigit() or int(spec) < 1:
+        raise ValueError(f"{RECV_ENV} must be a receive number >= 1, got {spec!r}")
+    nth, count, sock = int(spec), [0], tm._pull
+    real = sock.recv_pyobj
+
+    async def recv_pyobj(*args: Any, **kwargs: Any) -> Any:
+        msgs = await real(*args, **kwargs)
+        if any(type(m).__name__ == "StrOutput" for m in msgs):
+            count[0] += 1
+            if count[0] == nth:
+                raise RuntimeError(f"injected fault ({RECV_ENV}) at output receive {nth}")
+        return msgs
+
+    sock.recv_pyobj = recv_pyobj
+    log.warning("fault injection for tests: output receive %d raises", nth)
     return True

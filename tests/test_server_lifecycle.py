@@ -263,6 +263,23 @@ def test_sigterm_during_a_long_step_ends_its_requests_as_aborted():
         srv.close()
 
 
+def test_a_failed_output_loop_fails_its_requests_and_exits_nonzero():
+    """The server's loop that routes scheduler output to requests raises
+    (runtime/fault_injection.py): the request waiting on it gets a 503 within seconds and the
+    server exits non-zero (it used to leave every request waiting and serve on, deaf)."""
+    srv = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"],
+                        env={"TREADLE_FAULT_RECV_CALLS": "1"})
+    try:
+        t0 = time.monotonic()
+        r = requests.post(srv.url + "/generate", timeout=T,
+                          json={"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
+        assert r.status_code == 503 and "output loop failed" in r.json()["error"]["message"], r.text
+        assert srv.proc.wait(timeout=30) != 0
+        assert time.monotonic() - t0 < 30, srv.log_tail()
+    finally:
+        srv.close()
+
+
 def test_a_failed_batch_step_is_a_500_and_the_server_serves_on():
     """Forward calls 2 and 4 of the real scheduler process raise (runtime/fault_injection.py):
     the non-streamed request of the failed step gets a 500 naming the failure, the streamed

@@ -158,9 +158,13 @@ class _Server(uvicorn.Server):
                 p.kill()
                 p.join(5)
             dead = self.children.dead()
-            if dead is not None:
-                name, p = dead
-                msg = f"the {name} process (pid {p.pid}) died with exit code {p.exitcode}"
+            failure = self.state.tm.recv_failure()
+            if dead is not None or failure is not None:
+                if dead is not None:
+                    name, p = dead
+                    msg = f"the {name} process (pid {p.pid}) died with exit code {p.exitcode}"
+                else:  # its outputs can reach no request any more: every request would wait forever
+                    msg = f"the server's output loop failed ({failure})"
                 log.error("%s; shutting the server down", msg)
                 self.state.tm.fail_all(msg)
                 self.exit_code = 1
@@ -205,6 +209,9 @@ def launch_server(args: EngineArgs, on_ready: Callable[[str], None] | None = Non
         infos = children.wait_ready(STARTUP_TIMEOUT_S)
         info = {**infos["scheduler"], "tokenizer_path": source.tokenizer_path}
         tm = TokenizerManager(args, tokenizer, info, paths, ServerMetrics())
+        from treadle.runtime.fault_injection import install_recv_fault
+
+        install_recv_fault(tm)  # tests only: a no-op unless TREADLE_FAULT_RECV_CALLS is set
         state = ServerState(args, tm, tm.metrics, info,
                             child_pids={name: p.pid for name, p in children.procs.items()})
         config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level=args.log_level,

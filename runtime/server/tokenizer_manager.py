@@ -134,6 +134,14 @@ class TokenizerManager:
         """Start routing outputs; call from inside the server's event loop."""
         self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop())
 
+    def recv_failure(self) -> str | None:
+        """Why the output loop ended, if it failed (nothing then reaches a waiting request)."""
+        t = self._recv_task
+        if t is None or not t.done() or t.cancelled() or t.exception() is None:
+            return None
+        e = t.exception()
+        return f"{type(e).__name__}: {e}"
+
     def token_bytes(self, tid: int) -> bytes | None:
         """The bytes token `tid` adds to a text, whole (its decoded text turns a piece of a
         multi-byte character into U+FFFD); None for a special token, or with no tokenizer."""
