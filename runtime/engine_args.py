@@ -52,6 +52,9 @@ class EngineArgs:
     # (benchmarks/bench_constrained_gpu.py)
     jump_forward_max_batch: int = -1
     grammar_compile_timeout_s: float = 60.0
+    # compile processes: a slow grammar (seconds to a minute) holds one, and new grammars of
+    # other requests compile on the others meanwhile
+    grammar_compile_workers: int = 2
     grammar_memory_limit_bytes: int = 4 << 30
     # token indexes that took a second or more to build are kept here for the next process
     # (constrained/disk_cache.py); None = <cache root>/grammars, "" = off
@@ -141,6 +144,8 @@ class EngineArgs:
                 raise ValueError(f"{name} must be >= 1 (or left unset), got {getattr(self, name)}")
         if self.kv_cache_bytes < 1 or self.cuda_graph_max_bs < 1 or self.max_queued_requests < 1:
             raise ValueError("kv_cache_bytes, cuda_graph_max_bs and max_queued_requests must be >= 1")
+        if self.grammar_compile_workers < 1:
+            raise ValueError(f"grammar_compile_workers must be >= 1, got {self.grammar_compile_workers}")
         if self.jump_forward_max_batch < -1:
             raise ValueError(f"jump_forward_max_batch must be >= 0 or -1 (auto), got {self.jump_forward_max_batch}")
         if not 0 <= self.grammar_max_recursion_depth <= 16:

@@ -284,7 +284,7 @@ class Scheduler:
                 raise ValueError("constrained decoding needs a tokenizer; this model has none")
             self._grammar_compiler = GrammarCompiler(
                 self.tokenizer, sorted(self.eos_ids), vocab_size=self.vocab_size,
-                timeout_s=self.args.grammar_compile_timeout_s,
+                timeout_s=self.args.grammar_compile_timeout_s, max_workers=self.args.grammar_compile_workers,
                 memory_limit_bytes=self.args.grammar_memory_limit_bytes,
                 whitespace_pattern=self.args.json_whitespace_pattern,
                 json_schema_mode=self.args.json_schema_mode, disk_cache_dir=self.args.grammar_disk_cache_dir(),
