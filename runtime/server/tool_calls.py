@@ -181,13 +181,14 @@ def _dump(args: Any) -> str:
 
 
 _ITEM_GAP_RE = re.compile(r"\s*,?\s*")
-_CALL_HEAD_RE = re.compile(r'\s*,?\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+# an item begun: its name whole, then (if it got that far) the arguments key
+_CALL_HEAD_RE = re.compile(r'\s*,?\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")(\s*,\s*"arguments"\s*:\s*)?')
 
 
 def _calls_so_far(text: str) -> tuple[ToolCall, ...]:
     """The calls of a `required` reply cut short: each whole `{"name", "arguments"}` item,
-    then the last one begun, with its arguments text as far as it got (the grammar writes
-    the name first). Nothing when not even a name is whole."""
+    then the last one begun, with its arguments text as far as it got (empty when the cut
+    came before them: the grammar writes the name first). Nothing when not even a name is whole."""
     dec, calls = json.JSONDecoder(), []
     pos = text.find("[") + 1
     if pos == 0:
@@ -202,7 +203,7 @@ def _calls_so_far(text: str) -> tuple[ToolCall, ...]:
             break
     head = _CALL_HEAD_RE.match(text, pos)
     if head is not None:
-        calls.append(ToolCall(json.loads(head.group(1)), text[head.end():]))
+        calls.append(ToolCall(json.loads(head.group(1)), text[head.end():] if head.group(2) else ""))
     return tuple(calls)
 
 
