@@ -77,3 +77,15 @@ def test_model_thinks_when_its_vocabulary_has_the_tags(smollm2_tokenizer):
     tok = copy.deepcopy(smollm2_tokenizer)
     tok.add_tokens(["<think>", "</think>"])  # as Qwen3's and DeepSeek-R1's tokenizers have them
     assert model_thinks(tok) and not model_thinks(None)
+
+
+def test_a_continued_message_inside_its_block_opens_the_reply():
+    """continue_final_message on an assistant message that is partway into its reasoning: the
+    reply continues the reasoning (the grammar of a response_format waits for its end; it was
+    applied from the first token, writing JSON inside the block)."""
+    assert opens_in_prompt("<|im_start|>assistant\n<think>\n")
+    assert opens_in_prompt("...<think>\nLet me think.", "<think>\nLet me think.")
+    assert not opens_in_prompt("...<think>\nLet me think.")  # not continued: the text is the template's
+    assert not opens_in_prompt("...<think>a</think>b", "<think>a</think>b")
+    assert not opens_in_prompt("... no tags", "no tags")
+    assert opens_in_prompt("...", "<think>x</think> then <think>again")

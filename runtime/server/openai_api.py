@@ -129,7 +129,11 @@ def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateR
         raise APIError.bad_request("continue_final_message continues the last message: set add_generation_prompt "
                                    "false with it", "continue_final_message")
     prompt = tm.chat_prompt(body.get("messages"), tools, body.get("chat_template_kwargs"), gen, cont)
-    opened = opens_in_prompt(prompt)
+    last = (body.get("messages") or [{}])[-1]
+    continued = last.get("content") if cont and isinstance(last, dict) else None
+    if isinstance(continued, list):  # content parts: their text
+        continued = "".join(p.get("text", "") for p in continued if isinstance(p, dict))
+    opened = opens_in_prompt(prompt, continued if isinstance(continued, str) else None)
     think = opened if state.args.reasoning_parser == "think" and separate else None
     # a constraint holds for the answer: the reasoning block before it stays free
     after = None

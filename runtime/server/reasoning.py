@@ -31,9 +31,12 @@ def model_thinks(tokenizer: object) -> bool:
     return hit[1]
 
 
-def opens_in_prompt(prompt: str) -> bool:
-    """The template opened the block: the reply starts inside it."""
-    return prompt.rstrip().endswith(OPEN)
+def opens_in_prompt(prompt: str, continued: str | None = None) -> bool:
+    """The reply starts inside the block: the template opened it, or the assistant message
+    the reply continues (``continued``, with continue_final_message) left one open."""
+    if prompt.rstrip().endswith(OPEN):
+        return True
+    return continued is not None and continued.rfind(OPEN) > continued.rfind(CLOSE)
 
 
 def split(text: str, started: bool) -> tuple[str | None, str]:
