@@ -351,6 +351,16 @@ class Router:
                 "replicas": reps}
 
 
+def _flush_failure(resp: httpx.Response | None) -> str:
+    if resp is None:
+        return "no answer"
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    return str(body.get("message") if isinstance(body, dict) and body.get("message") else f"HTTP {resp.status_code}")
+
+
 def create_router_app(args: RouterArgs) -> FastAPI:
     router = Router(args)
 
@@ -415,8 +425,11 @@ def create_router_app(args: RouterArgs) -> FastAPI:
     async def flush_cache() -> JSONResponse:
         res = await router.broadcast("POST", "/flush_cache")
         router.policy.reset()
-        ok = all(x is not None and x.status_code == 200 for x, r in zip(res, router.replicas) if r.healthy)
-        return JSONResponse({"success": ok}, 200 if ok else 400)
+        failed = [f"{r.url}: {_flush_failure(x)}" for x, r in zip(res, router.replicas)
+                  if r.healthy and (x is None or x.status_code != 200)]
+        if failed:  # which replica said no, and why (one still running requests, one down)
+            return JSONResponse({"success": False, "message": "not flushed on " + "; ".join(failed)}, 400)
+        return JSONResponse({"success": True})
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> dict:

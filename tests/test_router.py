@@ -295,6 +295,26 @@ def test_non_streamed_disconnect_aborts_on_replica(router, replicas, path, body)
         time.sleep(0.1)
 
 
+@pytest.mark.parametrize("router", ["cache_aware"], indirect=True)
+def test_flush_cache_names_the_replica_that_refused(router, replicas):
+    """/flush_cache is broadcast: idle replicas flush (200); while one still runs a request
+    it refuses, and the router's 400 says which replica and why (it was a bare
+    {"success": false})."""
+    ok = requests.post(router.url + "/flush_cache", timeout=T)
+    assert ok.status_code == 200 and ok.json() == {"success": True}
+    with requests.post(router.url + "/generate", stream=True, timeout=T, json={
+            "text": STORY, "stream": True, "sampling_params": {"max_new_tokens": 2000, **LONG}}) as r:
+        assert r.status_code == 200
+        busy = _busy_replica(router)
+        refused = requests.post(router.url + "/flush_cache", timeout=T)
+    assert refused.status_code == 400 and refused.json()["success"] is False
+    message = refused.json()["message"]
+    assert busy in message and "still running" in message, message
+    assert [u for u in (s.url for s in replicas) if u != busy][0] not in message  # the idle one flushed
+    wait_idle(busy, timeout_s=30)
+    assert requests.post(router.url + "/flush_cache", timeout=T).status_code == 200
+
+
 def test_sigterm_closes_open_streams_after_the_grace(replicas):
     """SIGTERM with a stream open and its client reading: the router closes it once
     --shutdown-grace-s has passed and exits (it used to relay on for as long as the client
