@@ -43,6 +43,12 @@ log = logging.getLogger("treadle")
 MAX_CROSSING = 4096
 # A spawned worker imports only this module's light dependencies; this bounds that start.
 _STARTUP_TIMEOUT_S = 120.0
+# How often a compile in progress looks whether it was cancelled.
+_CANCEL_POLL_S = 0.05
+
+
+class _Cancelled(Exception):
+    """The compile's future was cancelled while a worker built it (GrammarCompiler.cancel)."""
 
 
 class GrammarCompileError(ValueError):
@@ -246,7 +252,7 @@ class GrammarCompiler:
             if self._closed:
                 raise ValueError("GrammarCompiler is closed")
             fut = self._cache.get(spec)
-            if fut is not None:
+            if fut is not None and not fut.cancelled():
                 self._cache.move_to_end(spec)
                 return fut
             fut = Future()
@@ -263,6 +269,22 @@ class GrammarCompiler:
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         """Blocking ``compile_async(spec).result()``; raises ``ValueError`` on failure."""
         return self.compile_async(spec).result()
+
+    def cancel(self, fut: Future[CompiledGrammar]) -> bool:
+        """Give up a compile that no one waits for any more (its requests were aborted): the
+        worker building it is stopped and replaced at once, instead of building on for up to
+        ``timeout_s`` while every other new grammar queues for a worker; the spec leaves the
+        cache, so asking for it again compiles it afresh. The caller must know that no other
+        holder of ``fut`` (the cache hands one future to every asker of a spec) still needs
+        it. False when the compile had already finished (its outcome stands)."""
+        if not fut.cancel():
+            return False
+        with self._lock:
+            for spec, f in self._cache.items():
+                if f is fut:
+                    del self._cache[spec]
+                    break
+        return True
 
     def close(self) -> None:
         """Stop the workers and fail compiles still pending. Idempotent."""
@@ -338,7 +360,7 @@ class GrammarCompiler:
         """A pool thread: the spec's regex, then its index (disk cache first), each in a worker."""
         try:
             holes = self._holes(spec)
-            regex = self._in_worker(fut, lambda w: self._regex_in(w, spec, holes))
+            regex = self._in_worker(fut, lambda w: self._regex_in(w, spec, holes, fut))
             if regex is None:
                 return
             if self._disk is not None:
@@ -346,7 +368,9 @@ class GrammarCompiler:
                 if hit is not None:
                     _settle(fut, self._grammar(spec, regex, *hit, from_disk=True))
                     return
-            result = self._in_worker(fut, lambda w: self._compile_in(w, spec, regex))
+            result = self._in_worker(fut, lambda w: self._compile_in(w, spec, regex, fut))
+        except _Cancelled:  # its worker was stopped and replaced (_in_worker)
+            return
         except ValueError as e:  # the grammar's fault (GrammarCompileError included): cached
             _settle(fut, exc=e)
             return
@@ -364,7 +388,9 @@ class GrammarCompiler:
         _settle(fut, result)
 
     def _in_worker(self, fut: Future, job: Any) -> Any:
-        """Run ``job(worker)`` on an idle worker; None when ``fut`` was settled meanwhile (close)."""
+        """Run ``job(worker)`` on an idle worker; None when ``fut`` was settled meanwhile
+        (close, cancel). A worker whose job raised anything but the grammar's ValueError
+        (a crash, a timeout, a cancel) is replaced."""
         while True:
             if fut.done():
                 return None
@@ -387,10 +413,10 @@ class GrammarCompiler:
         self._idle.put(w)
         return out
 
-    def _regex_in(self, w: _Worker, spec: GrammarSpec, holes: bool) -> str:
+    def _regex_in(self, w: _Worker, spec: GrammarSpec, holes: bool, fut: Future) -> str:
         """The spec -> regex step in worker ``w``: the regex, or the ``ValueError`` it raised."""
         reply = self._ask(w, ("regex", spec, self._whitespace_pattern, self._json_schema_mode, holes,
-                              self._max_recursion_depth), f"{spec.kind} grammar (its regex)")
+                              self._max_recursion_depth), f"{spec.kind} grammar (its regex)", fut)
         if reply[0] == "regex":
             return reply[1]
         if reply[0] == "invalid":
@@ -407,25 +433,31 @@ class GrammarCompiler:
                                spec=spec, compile_time_s=seconds, from_disk=from_disk, holes=holes,
                                free_keys=free_keys)
 
-    def _compile_in(self, w: _Worker, spec: GrammarSpec, regex: str) -> CompiledGrammar:
+    def _compile_in(self, w: _Worker, spec: GrammarSpec, regex: str, fut: Future) -> CompiledGrammar:
         """Build the index of ``regex`` in worker ``w``."""
         what = f"{spec.kind} grammar (regex of {len(regex)} chars)"
-        reply = self._ask(w, regex, what)
+        reply = self._ask(w, regex, what, fut)
         if reply[0] == "ok":
             _, index, seconds = reply
             return self._grammar(spec, regex, index, seconds)
         raise GrammarCompileError(f"compile of {what} was rejected: {reply[1]}")
 
-    def _ask(self, w: _Worker, job: Any, what: str) -> tuple:
+    def _ask(self, w: _Worker, job: Any, what: str, fut: Future) -> tuple:
         """Send ``job`` to worker ``w`` and return its reply. A worker that is unavailable,
-        times out, crashes or runs out of memory is replaced before GrammarCompileError."""
+        times out, crashes or runs out of memory is replaced before GrammarCompileError;
+        _Cancelled (the worker is replaced by ``_in_worker``) once ``fut`` is cancelled."""
         try:
             w.wait_ready()
             w.conn.send(job)
         except (GrammarCompileError, OSError, EOFError) as e:
             self._retire(w)
             raise GrammarCompileError(f"compile of {what} failed: worker unavailable: {e}") from e
-        if not w.conn.poll(self._timeout_s):
+        deadline = time.monotonic() + self._timeout_s
+        while not w.conn.poll(max(0.0, min(_CANCEL_POLL_S, deadline - time.monotonic()))):
+            if fut.cancelled():
+                raise _Cancelled(what)
+            if time.monotonic() < deadline:
+                continue
             self._retire(w)
             raise GrammarCompileError(
                 f"compile of {what} timed out after {self._timeout_s:g}s; simplify the grammar "

@@ -126,6 +126,11 @@ class Scheduler:
             for req in q:
                 if req.rid == rid:
                     q.remove(req)
+                    fut = req.grammar_future
+                    if fut is not None and not fut.done() and \
+                            not any(r.grammar_future is fut for r in self.grammar_queue):
+                        # no one else waits for it: free its compile worker for the next grammar
+                        self.grammar_compiler.cancel(fut)
                     req.finish("abort", message="aborted")
                     self._emit(req)
                     return True
@@ -301,7 +306,7 @@ class Scheduler:
                 still.append(req)
                 continue
             req.grammar_future = None
-            err = fut.exception()
+            err = "cancelled" if fut.cancelled() else fut.exception()
             if err is not None:
                 self._reject(req.rid, f"grammar compilation failed: {err}", len(req.input_ids))
                 continue

@@ -115,7 +115,8 @@ class TPScheduler(Scheduler):
                 self._peers_checked = now
             bound = self.args.starvation_bound_s
             msg = StepInputs(self._ops, run_step=run_step, stop=stop)
-            msg.ready = {r.rid: r.grammar_future.exception() is None for r in self.grammar_queue
+            msg.ready = {r.rid: not r.grammar_future.cancelled() and r.grammar_future.exception() is None
+                         for r in self.grammar_queue
                          if r.grammar_future.done()}
             msg.starved = {r.rid for q in (self.waiting, self.grammar_queue) for r in q if now - r.arrival > bound}
             self._ops = []
@@ -161,7 +162,7 @@ class TPScheduler(Scheduler):
                 continue
             fut, req.grammar_future = req.grammar_future, None
             if not self._ready[req.rid]:
-                err = fut.exception() if self.leader else "failed on rank 0"
+                err = ("cancelled" if fut.cancelled() else fut.exception()) if self.leader else "failed on rank 0"
                 self._reject(req.rid, f"grammar compilation failed: {err}", len(req.input_ids))
                 continue
             try:  # a follower may still be compiling what rank 0 has

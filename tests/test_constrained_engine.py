@@ -477,6 +477,41 @@ def test_a_slow_grammar_does_not_stall_other_requests():
         e.check_integrity()
 
 
+def test_aborting_a_request_whose_grammar_compiles_frees_its_worker():
+    """One compile worker, busy with a grammar that takes a minute; its request is aborted:
+    the compile is cancelled (the worker killed and replaced), so the next request's new
+    grammar compiles at once. Before, the worker built the aborted grammar to its end while
+    every new grammar waited (173 s in a run with the slowest one of the test above)."""
+    slow = "(" + "|".join(f"zz{i}[a-z]{{0,5}}" for i in range(4000)) + ")\U0010FFF9"
+    with Engine(max_total_tokens=4096, grammar_compile_timeout_s=600, grammar_compile_workers=1) as e:
+        e.generate("Hi", {"max_new_tokens": 1, "regex": "ok"})  # the compile worker is up
+        compiler = e.scheduler.grammar_compiler
+        before = [w.proc.proc.pid for w in compiler._workers]
+        (r_slow,), _, _ = e._build("Hi", None, {"regex": slow, "max_new_tokens": 4}, False, None, 0, False, "slow")
+        box = e._submit(r_slow)
+        import time
+
+        deadline = time.monotonic() + 60
+        while compiler._idle.qsize():  # until the worker has taken the slow grammar
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        e.abort("slow")
+        assert e._collect(r_slow, box)["meta_info"]["finish_reason"]["type"] == "abort"
+        small = e.generate("Pick a number:", {"regex": "[0-9]{3}q", "max_new_tokens": 8})
+        assert re.fullmatch("[0-9]{3}q", small["text"]), small
+        after = [w.proc.proc.pid for w in compiler._workers]
+        assert len(after) == 1 and after != before, (before, after)
+        # a grammar two requests wait for (its checks take seconds) survives the abort of one
+        mid = "(" + "|".join(f"zz{i}[a-z]{{0,5}}" for i in range(400)) + ")"
+        both = [e._build("Hi", None, {"regex": mid, "max_new_tokens": 8}, False, None, 0, False, rid)[0][0]
+                for rid in ("a", "b")]
+        box_a, box_b = e._submit(both[0]), e._submit(both[1])
+        e.abort("a")
+        assert e._collect(both[0], box_a)["meta_info"]["finish_reason"]["type"] == "abort"
+        assert re.fullmatch(mid, e._collect(both[1], box_b)["text"])
+        e.check_integrity()
+
+
 # ------------------------------------------------------------------ jump-forward
 
 

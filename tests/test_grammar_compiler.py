@@ -143,6 +143,41 @@ def test_timeout_kills_worker_and_recovers(smol):
         assert accepts(g, smol, "yes")
 
 
+# interegular's checks of this regex take about a minute (it then fails on the reserved code point)
+SLOW = "(" + "|".join(f"zz{i}[a-z]{{0,5}}" for i in range(4000)) + ")\U0010FFF9"
+
+
+def _busy(c: GrammarCompiler, timeout_s: float = 60) -> None:
+    """Wait until the only worker has taken a job."""
+    deadline = time.monotonic() + timeout_s
+    while c._idle.qsize():
+        assert time.monotonic() < deadline, "the compile never reached the worker"
+        time.sleep(0.05)
+
+
+def test_cancel_stops_the_compile_and_frees_its_worker(smol):
+    """A compile that no one waits for any more (its requests aborted) is cancelled: the worker
+    building it is killed and replaced, so the next grammar does not queue behind it for the
+    rest of its build (up to timeout_s), and the spec leaves the cache."""
+    with GrammarCompiler(smol, [EOS], vocab_size=V, max_workers=1, timeout_s=600) as c:
+        c.compile(GrammarSpec.from_params(regex="ok"))  # the worker is up
+        (old,) = [w.proc.proc.pid for w in c._workers]
+        spec = GrammarSpec.from_params(regex=SLOW)
+        fut = c.compile_async(spec)
+        _busy(c)
+        assert c.cancel(fut) and fut.cancelled()
+        g = c.compile_async(GrammarSpec.from_params(regex="(yes|no)")).result(timeout=120)
+        assert accepts(g, smol, "yes")
+        assert old not in [w.proc.proc.pid for w in c._workers] and len(c._workers) == 1
+        with pytest.raises(ProcessLookupError):
+            os.kill(old, 0)  # killed and reaped
+        again = c.compile_async(spec)
+        assert again is not fut and not again.done()  # asked again: compiled afresh
+        assert c.cancel(again)
+        done = c.compile_async(GrammarSpec.from_params(regex="(yes|no)"))
+        assert done.result(timeout=120) is g and not c.cancel(done)  # a finished compile stands
+
+
 def test_out_of_memory_is_a_compile_error(smol):
     with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=120, memory_limit_bytes=400 << 20) as c:
         with pytest.raises(GrammarCompileError, match="memory"):
