@@ -30,8 +30,10 @@ DTYPE_REGEX: dict[type, tuple[str, Any]] = {
 _PARAM_NAMES = {"max_tokens": "max_new_tokens"}
 
 
-class StopTracing(Exception):
-    """Raised inside a traced program when it reaches a part that depends on generation."""
+class StopTracing(BaseException):
+    """Raised inside a traced program when it reaches a part that depends on generation. A
+    BaseException, so that a program's own `except Exception` (a retry loop around a gen)
+    does not swallow it and run on forever while tracing."""
 
 
 class StreamExecutor:
@@ -62,6 +64,7 @@ class StreamExecutor:
         self._anon = 0
         self.fork_len = 0  # a branch: the text's length at the fork
         self.written: dict[str, None] = {}  # names set on this state (a branch: since the fork), in order
+        self.branches: list[StreamExecutor] = []  # forked from this one: they end when it does
 
     # ------------------------------------------------------------ queueing
 
@@ -103,10 +106,14 @@ class StreamExecutor:
             self._cv.wait_for(lambda: not self._pending and not self._busy)
 
     def end(self) -> None:
-        """The program body returned: no more nodes (ends streaming iterators)."""
+        """The program body returned (or, for a branch, it was joined): no more nodes (ends
+        streaming iterators, this state's and its branches')."""
         with self._cv:
             self.ended = True
             self._cv.notify_all()
+            branches = list(self.branches)
+        for br in branches:
+            br.end()
 
     def fail(self, e: BaseException) -> None:
         with self._cv:
@@ -147,6 +154,8 @@ class StreamExecutor:
         ex.messages_ = [dict(m) for m in self.messages_]
         ex.role, ex.role_start, ex.roles_used = self.role, self.role_start, self.roles_used
         ex.fork_len = len(self.text_)  # ex.written starts empty
+        with self._cv:
+            self.branches.append(ex)
         return ex
 
     # ------------------------------------------------------------ execution
@@ -207,8 +216,14 @@ class StreamExecutor:
             try:
                 value = DTYPE_REGEX[gen.dtype][1](out)
             except ValueError as e:
+                reason = (meta or {}).get("finish_reason") or {}
+                kind = reason.get("type") if isinstance(reason, dict) else reason
+                why = ("it stopped at max_tokens before the value was complete; raise max_tokens" if kind == "length"
+                       else f"the stop string {reason.get('matched')!r} ended it before the value was complete"
+                       if kind == "stop" and isinstance(reason, dict) and isinstance(reason.get("matched"), str)
+                       else "is constrained decoding enabled on the backend?")
                 raise ValueError(f"gen({name!r}, dtype={gen.dtype.__name__}) produced {out!r}, which does not "
-                                 f"parse (is constrained decoding enabled on the backend?)") from e
+                                 f"parse: {why}") from e
         self._set_var(name, value, meta)
 
     def _select(self, sel: ir.Select) -> None:

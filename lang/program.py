@@ -118,12 +118,25 @@ def _split_args(batch_kwargs: list[dict]) -> tuple[dict, set[str]]:
     for kwargs in batch_kwargs:
         varying.update(k for k in kwargs if k not in first)
     for k, v in first.items():
-        same = all(k in b and type(b[k]) is type(v) and b[k] == v for b in batch_kwargs[1:])
-        if same is True:
+        if all(k in b and _same_value(b[k], v) for b in batch_kwargs[1:]):
             constants[k] = v
         else:
             varying.add(k)
     return constants, varying
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two arguments are surely equal: an `==` that does not give a plain bool (a numpy
+    array's elementwise answer, a tensor) or raises counts as different (traced as varying)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        eq = a == b
+    except Exception:  # noqa: BLE001 - any object may be an argument
+        return False
+    return eq is True
 
 
 def _defaults(args: dict) -> dict:

@@ -191,9 +191,12 @@ class _RoleScope:
         return self.state
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
+        tracing_stopped = exc_type is not None and issubclass(exc_type, StopTracing)
+        if self.state._role == self.role and not tracing_stopped:
+            # closed on an exception too: a program that catches it and goes on writes a
+            # well-formed prompt (the message so far, ended), not one with a dangling role
             self.state += ir.RoleEnd(self.role)
-        else:  # leave the body's exception as is; just forget the open role
+        else:  # a traced prefix ends where tracing stopped: nothing may follow it
             self.state._role = None
 
 
@@ -236,4 +239,6 @@ class ForkGroup(list):
             br.sync()
         self._joined = True
         self.parent += ir.Join([br._ex for br in self], self._MODES[mode])
+        for br in self:  # joined: the branches' streams (text_iter) end
+            br._ex.end()
         return ir.Constant("")

@@ -485,3 +485,97 @@ def test_streaming(backend):
         return [d async for d in st2.text_async_iter("rest")]
 
     assert "".join(asyncio.run(collect())) == st2["rest"]
+
+
+def _in_thread(fn, timeout_s: float = 60):
+    """fn()'s result, or a failure naming the hang (a blocked text_iter must not hang pytest)."""
+    import threading
+
+    box: list = []
+    t = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert not t.is_alive(), f"still blocked after {timeout_s}s"
+    return box[0]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_fork_branch_stream_ends_when_it_is_joined(backend, stream):
+    """A branch's text_iter ended only with an end() that nothing ever called on a branch: it
+    blocked forever, even after join. Joined (or when the program ends), it ends."""
+    @function
+    def prog(s, join):
+        s += "Fruits:"
+        forks = s.fork(2)
+        forks += gen("x", max_tokens=5, temperature=0)
+        if join:
+            forks.join()
+        return forks
+
+    for join in (True, False):
+        st = prog.run(join=join, backend=backend, stream=stream)
+        branch = st.ret_value[0]
+        pieces = _in_thread(lambda: list(branch.text_iter()))
+        assert "".join(pieces) == branch.text()[len("Fruits:"):] and branch["x"]
+        assert _in_thread(lambda: "".join(branch.text_iter("x"))) == branch["x"]
+
+
+def test_run_batch_with_arguments_whose_equality_is_not_a_bool(backend):
+    """An argument whose == answers elementwise (a numpy array) made run_batch raise while it
+    looked for arguments equal in every run; such an argument now counts as varying."""
+    np = pytest.importorskip("numpy")  # a dependency of torch; always here
+
+    @function
+    def prog(s, arr, q):
+        s += f"Data: {arr.tolist()}\nQ: {q}\nA:" + gen("a", max_tokens=3, temperature=0)
+
+    args = [{"arr": np.array([1, 2]), "q": "sum?"}, {"arr": np.array([1, 2]), "q": "max?"}]
+    states = prog.run_batch(args, backend=backend, progress_bar=False)
+    assert [s["a"] for s in states] == [prog.run(**a, backend=backend)["a"] for a in args]
+
+
+def test_run_batch_traces_a_retry_loop_that_catches_exception(backend):
+    """The prefix tracer stops a program by raising at its first generated value; that was an
+    Exception, so a retry loop's `except Exception` swallowed it and tracing ran forever."""
+    @function
+    def prog(s, q):
+        s += "Answer with a number. " + q
+        while True:
+            try:
+                s += gen("n", regex=r"[0-9]+", max_tokens=4, temperature=0)
+                return int(s["n"])
+            except Exception:  # noqa: BLE001 - the retry loop under test
+                s += "\nPlease, only a number: "
+
+    assert _in_thread(lambda: prog.trace_prefix(backend), 30) == "Answer with a number. "
+    states = _in_thread(lambda: prog.run_batch([{"q": "2+2?"}, {"q": "3+3?"}], backend=backend,
+                                               progress_bar=False))
+    assert all(isinstance(s.ret_value, int) for s in states)
+
+
+def test_a_role_scope_left_by_an_exception_is_closed(backend, engine):
+    """An exception leaving `with s.user():` forgot the role on the state but left it open in
+    the prompt: a program that caught it wrote the next message inside the user's."""
+    @function
+    def prog(s):
+        try:
+            with s.user():
+                s += "Hello"
+                raise KeyError("x")
+        except KeyError:
+            pass
+        s += assistant("ok")
+
+    st = prog.run(backend=backend)
+    msgs = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "ok"}]
+    assert st.messages() == msgs
+    assert st.text() == apply_chat_template(engine.tokenizer, msgs, add_generation_prompt=False)
+
+
+def test_a_typed_gen_cut_by_max_tokens_says_so(backend):
+    @function
+    def prog(s):
+        s += "Q: Name a fruit.\nA: " + gen("t", dtype=str, max_tokens=3, temperature=0)
+
+    with pytest.raises(ValueError, match="stopped at max_tokens before the value was complete"):
+        prog.run(backend=backend)["t"]
