@@ -69,14 +69,15 @@ class Program:
             raise ValueError("run_batch takes a list of dicts of keyword arguments, one per run")
         if not batch_kwargs:
             return []
-        constants, varying = _split_args(batch_kwargs)
-        prefix = extract_prefix(self.fn, be, {**self.bound, **constants}, varying)
-        if prefix and len(batch_kwargs) > 1:
-            be.cache_prefix(prefix)
         if num_threads == "auto":
             num_threads = min(len(batch_kwargs), max(64, 4 * (os.cpu_count() or 1)))
-        if not isinstance(num_threads, int) or num_threads < 1:
+        if not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1:
             raise ValueError(f"num_threads must be 'auto' or a positive int, got {num_threads!r}")
+        if len(batch_kwargs) > 1:  # one run has no one to share a prefix with: no tracing run
+            constants, varying = _split_args(batch_kwargs)
+            prefix = extract_prefix(self.fn, be, {**self.bound, **constants}, varying)
+            if prefix:
+                be.cache_prefix(prefix)
         states = [ProgramState(StreamExecutor(be, defaults)) for _ in batch_kwargs]
 
         def one(i: int) -> None:

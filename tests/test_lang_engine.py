@@ -579,3 +579,19 @@ def test_a_typed_gen_cut_by_max_tokens_says_so(backend):
 
     with pytest.raises(ValueError, match="stopped at max_tokens before the value was complete"):
         prog.run(backend=backend)["t"]
+
+
+def test_run_batch_of_one_runs_the_body_once_and_checks_num_threads_first(backend):
+    calls = []
+
+    @function
+    def prog(s, q):
+        calls.append(q)  # a side effect: the prefix-tracing run would repeat it
+        s += q + gen("a", max_tokens=1, temperature=0)
+
+    for bad in (0, True, "many"):
+        with pytest.raises(ValueError, match="num_threads"):
+            prog.run_batch([{"q": "Hi"}, {"q": "Ho"}], backend=backend, num_threads=bad)
+    assert calls == []  # refused before anything ran, tracing included
+    prog.run_batch([{"q": "Hi"}], backend=backend)
+    assert calls == ["Hi"]
