@@ -173,7 +173,8 @@ def _settle(fut: Future, result: Any = None, exc: BaseException | None = None) -
 
 
 def _shutdown_workers(workers: list[_Worker]) -> None:
-    for w in workers:
+    # a copy: a compile thread whose worker dies now removes it from the list (_retire)
+    for w in list(workers):
         w.kill()
 
 
@@ -352,9 +353,12 @@ class GrammarCompiler:
         with self._lock:
             if w in self._workers:
                 self._workers.remove(w)
-            closed = self._closed
-        if not closed:
-            self._idle.put(self._new_worker())
+            if self._closed:
+                return
+            # listed under the lock that close() takes to mark itself closed: a close() racing
+            # this either finds the replacement in the list or is seen here first
+            new = self._new_worker()
+        self._idle.put(new)
 
     def _run(self, spec: GrammarSpec, fut: Future[CompiledGrammar]) -> None:
         """A pool thread: the spec's regex, then its index (disk cache first), each in a worker."""

@@ -178,6 +178,52 @@ def test_cancel_stops_the_compile_and_frees_its_worker(smol):
         assert done.result(timeout=120) is g and not c.cancel(done)  # a finished compile stands
 
 
+def _my_compile_workers() -> list[int]:
+    """Live compile worker processes whose parent is this process."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and b"compile_worker" in cmd:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(pid))
+    return found
+
+
+@pytest.mark.parametrize("cancel_delay", [None, 0.0, 0.06, 0.1], ids=["busy", "cancel+0", "cancel+60ms", "cancel+100ms"])
+def test_close_stops_every_worker(smol, cancel_delay):
+    """close() while a compile runs, or right after a cancel: no worker may outlive it. A
+    worker killed mid-loop left the list under close's iteration (the next one was skipped),
+    and a cancel's replacement could join the list after close had read it."""
+    others = set(_my_compile_workers())  # the module fixture's
+    c = GrammarCompiler(smol, [EOS], vocab_size=V, max_workers=2, timeout_s=600)
+    try:
+        # one after the other: both workers have started, and the slow grammar then takes the
+        # first worker of the list (the one whose removal made close() skip the next)
+        c.compile(GrammarSpec.from_params(regex="(yes|no)"))
+        c.compile(GrammarSpec.from_params(regex="(yes|no|maybe)"))
+        fut = c.compile_async(GrammarSpec.from_params(regex=SLOW))
+        deadline = time.monotonic() + 60
+        while c._idle.qsize() != 1:  # one worker has taken the slow grammar
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        if cancel_delay is not None:
+            c.cancel(fut)
+            time.sleep(cancel_delay)
+    finally:
+        c.close()
+    deadline = time.monotonic() + 5  # the pool thread may still be reaping the killed one
+    while set(_my_compile_workers()) - others:
+        assert time.monotonic() < deadline, set(_my_compile_workers()) - others
+        time.sleep(0.05)
+
+
 def test_out_of_memory_is_a_compile_error(smol):
     with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=120, memory_limit_bytes=400 << 20) as c:
         with pytest.raises(GrammarCompileError, match="memory"):
