@@ -92,21 +92,9 @@ def _add_router(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_router_args(ns: argparse.Namespace) -> None:
-    """What `router.run` would find only late: as a traceback (no replica, a bad --port or
-    --log-level) or after launching the replicas (--shutdown-grace-s)."""
-    if ns.launch_replicas < 0:
-        raise ValueError("--launch-replicas must be >= 0")
-    if not ns.workers and not ns.launch_replicas:
-        raise ValueError("the router needs at least one replica: pass --worker URL (or --launch-replicas N)")
-    if not 0 <= ns.port <= 65535:
-        raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
-    if ns.log_level not in LOG_LEVELS:
-        raise ValueError(f"argument --log-level: invalid choice: {ns.log_level!r} "
-                         f"(choose from {', '.join(map(repr, LOG_LEVELS))})")
-    if ns.shutdown_grace_s < 0:
-        raise ValueError("--shutdown-grace-s must be >= 0")
-    if ns.max_request_bytes < 1:
-        raise ValueError(f"--max-request-bytes must be >= 1, got {ns.max_request_bytes}")
+    from treadle.runtime.router import check_router_args
+
+    check_router_args(ns, LOG_LEVELS)
 
 
 # name -> function adding the subparser (which sets `func`, and `build_args` if its flags need

@@ -45,8 +45,8 @@ from starlette.types import Receive, Scope, Send
 
 from treadle.runtime.router_metrics import RouterMetrics
 from treadle.runtime.router_policy import CacheAwareConfig, make_policy
-from treadle.runtime.server.protocol import APIError, add_cors, error_body, read_body
-from treadle.runtime.server.streaming import AbortOnDisconnectStream, ClientGone, error_response, until_done_or_disconnect
+from treadle.runtime.server.protocol import APIError, add_cors, add_error_handlers, error_body, parse_json_object, read_body
+from treadle.runtime.server.streaming import AbortOnDisconnectStream, ClientGone, until_done_or_disconnect
 
 log = logging.getLogger("treadle.router")
 
@@ -191,9 +191,11 @@ class Router:
             obj = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError):
             obj = None  # a replica answers it with a proper 400
+        except RecursionError as e:  # as a replica would say (it could not be parsed here either)
+            raise APIError.bad_request("the request body nests too deeply") from e
         text = routing_text(path, obj)
         stream = isinstance(obj, dict) and obj.get("stream") is True
-        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS}
+        headers = forwarded_headers(request)
         tried: set[int] = set()
         while True:
             cands = [i for i, r in enumerate(self.replicas) if r.healthy and i not in tried]
@@ -259,10 +261,15 @@ class Router:
         hdrs = {REPLICA_HEADER: rep.url}
         ctype = resp.headers.get("content-type", "application/json")
         if stream and resp.status_code == 200:
-            def last_event(message: str, type_: str) -> bytes:
-                return f"data: {json.dumps(error_body(message, type_))}\n\ndata: [DONE]\n\n".encode()
+            tail = b""  # the last bytes relayed: does the stream stand between two events?
+
+            def last_event(message: str, type_: str, code: str) -> bytes:
+                # a replica cut off inside an event: end that one first, so the error is an event
+                sep = b"" if tail in (b"", b"\n\n") else b"\n\n"
+                return sep + f"data: {json.dumps(error_body(message, type_, None, code))}\n\ndata: [DONE]\n\n".encode()
 
             async def relay():
+                nonlocal tail
                 chunks = resp.aiter_raw().__aiter__()
                 closing = asyncio.ensure_future(self.closing.wait())
                 nxt = None
@@ -272,14 +279,18 @@ class Router:
                         await asyncio.wait((nxt, closing), return_when=asyncio.FIRST_COMPLETED)
                         if not nxt.done():  # shutting down: end the stream as a stream ends
                             nxt.cancel()
-                            yield last_event("the router is shutting down", "server_overloaded")
+                            yield last_event("the router is shutting down", "server_overloaded", "server_overloaded")
                             return
                         try:
-                            yield nxt.result()
+                            chunk = nxt.result()
                         except StopAsyncIteration:
                             return
+                        if chunk:
+                            tail = (tail + chunk)[-2:]
+                        yield chunk
                 except httpx.HTTPError as e:  # the replica died mid-stream
-                    yield last_event(f"replica {rep.url} failed mid-stream: {type(e).__name__}", "server_error")
+                    yield last_event(f"replica {rep.url} failed mid-stream: {type(e).__name__}", "server_error",
+                                     "replica_failed")
                 finally:  # also when the client left (the relay is closed mid-wait)
                     closing.cancel()
                     if nxt is not None and not nxt.done():
@@ -313,7 +324,7 @@ class Router:
     async def get_any(self, path: str, request: Request | None = None) -> Response:
         """A read-only GET answered by the first healthy replica that responds (with the
         client's forwarded headers: its API key)."""
-        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS} if request else {}
+        headers = forwarded_headers(request) if request else {}
         for r in [r for r in self.replicas if r.healthy]:
             try:
                 resp = await self.client.get(r.url + path, timeout=10.0, headers=headers)
@@ -323,21 +334,24 @@ class Router:
                             headers={REPLICA_HEADER: r.url})
         raise APIError("no healthy replica to answer", 503, "server_overloaded", None, "no_healthy_replica")
 
-    async def broadcast(self, method: str, path: str, body: bytes = b"") -> list[httpx.Response | None]:
-        """Send to every healthy replica; None where it failed (or the replica is out)."""
+    async def broadcast(self, method: str, path: str, body: bytes = b"",
+                        request: Request | None = None) -> list[httpx.Response | None]:
+        """Send to every healthy replica (with the client's forwarded headers: its API key);
+        None where it failed (or the replica is out)."""
+        headers = {"content-type": "application/json", **(forwarded_headers(request) if request else {})}
+
         async def one(r: Replica) -> httpx.Response | None:
             if not r.healthy:
                 return None
             try:
-                return await self.client.request(method, r.url + path, content=body, timeout=30.0,
-                                                 headers={"content-type": "application/json"})
+                return await self.client.request(method, r.url + path, content=body, timeout=30.0, headers=headers)
             except httpx.HTTPError:
                 return None
 
         return list(await asyncio.gather(*(one(r) for r in self.replicas)))
 
-    async def server_info(self) -> dict:
-        infos = await self.broadcast("GET", "/get_server_info")
+    async def server_info(self, request: Request | None = None) -> dict:
+        infos = await self.broadcast("GET", "/get_server_info", request=request)
         reps = []
         for r, resp in zip(self.replicas, infos):
             info = resp.json() if resp is not None and resp.status_code == 200 else None
@@ -349,6 +363,11 @@ class Router:
                 "router": {"policy": self.policy.name, "num_healthy": sum(r.healthy for r in self.replicas),
                            "uptime_s": round(time.time() - self.started, 1)},
                 "replicas": reps}
+
+
+def forwarded_headers(request: Request) -> dict[str, str]:
+    """The client's headers a replica needs too (its API key, the body's type)."""
+    return {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS}
 
 
 def _flush_failure(resp: httpx.Response | None) -> str:
@@ -380,9 +399,7 @@ def create_router_app(args: RouterArgs) -> FastAPI:
     app.state.router = router
     app.state.loop = None
 
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, e: APIError) -> JSONResponse:
-        return error_response(e)
+    add_error_handlers(app)  # APIError, 404 / 405 in the OpenAI error shape, as a replica's
 
     @app.exception_handler(ClientGone)
     async def _client_gone(_: Request, e: ClientGone) -> Response:
@@ -412,8 +429,8 @@ def create_router_app(args: RouterArgs) -> FastAPI:
         return Response(status_code=200)
 
     @app.get("/get_server_info")
-    async def get_server_info() -> dict:
-        return await router.server_info()
+    async def get_server_info(request: Request) -> dict:
+        return await router.server_info(request)
 
     metrics = RouterMetrics(router)
 
@@ -422,18 +439,25 @@ def create_router_app(args: RouterArgs) -> FastAPI:
         return Response(metrics.render(), media_type=metrics.content_type)
 
     @app.post("/flush_cache")
-    async def flush_cache() -> JSONResponse:
-        res = await router.broadcast("POST", "/flush_cache")
+    async def flush_cache(request: Request) -> JSONResponse:
+        if not any(r.healthy for r in router.replicas):
+            raise APIError("no healthy replica to flush", 503, "server_overloaded", None, "no_healthy_replica")
+        res = await router.broadcast("POST", "/flush_cache", request=request)
         router.policy.reset()
         failed = [f"{r.url}: {_flush_failure(x)}" for x, r in zip(res, router.replicas)
                   if r.healthy and (x is None or x.status_code != 200)]
         if failed:  # which replica said no, and why (one still running requests, one down)
             return JSONResponse({"success": False, "message": "not flushed on " + "; ".join(failed)}, 400)
-        return JSONResponse({"success": True})
+        skipped = [r.url for r in router.replicas if not r.healthy]  # its cache is gone if it restarts
+        return JSONResponse({"success": True, **({"skipped_out_of_rotation": skipped} if skipped else {})})
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> dict:
-        res = await router.broadcast("POST", "/abort_request", await read_body(request, args.max_request_bytes))
+        body = await read_body(request, args.max_request_bytes)
+        rid = parse_json_object(body).get("rid")  # a 400 as a replica's, before asking them all
+        if not isinstance(rid, str):
+            raise APIError.bad_request("rid must be a string", "rid")
+        res = await router.broadcast("POST", "/abort_request", body, request)
         return {"success": any(x is not None and x.status_code == 200 and x.json().get("success") for x in res)}
 
     add_cors(app, args.allowed_origins)
@@ -537,6 +561,30 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="warning")
 
 
+def check_router_args(ns: argparse.Namespace, log_levels: tuple[str, ...]) -> None:
+    """What `run` would find only late: as a traceback (no replica, a bad --port or
+    --log-level), after launching the replicas, or never (a health check with no pause)."""
+    if ns.launch_replicas < 0:
+        raise ValueError("--launch-replicas must be >= 0")
+    if not ns.workers and not ns.launch_replicas:
+        raise ValueError("the router needs at least one replica: pass --worker URL (or --launch-replicas N)")
+    if not 0 <= ns.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {ns.port}")
+    if ns.log_level not in log_levels:
+        raise ValueError(f"argument --log-level: invalid choice: {ns.log_level!r} "
+                         f"(choose from {', '.join(map(repr, log_levels))})")
+    for flag, value, ok, bound in (
+            ("--shutdown-grace-s", ns.shutdown_grace_s, ns.shutdown_grace_s >= 0, ">= 0"),
+            ("--max-request-bytes", ns.max_request_bytes, ns.max_request_bytes >= 1, ">= 1"),
+            ("--health-interval-s", ns.health_interval_s, ns.health_interval_s > 0, "> 0"),
+            ("--max-tree-chars", ns.max_tree_chars, ns.max_tree_chars >= 1, ">= 1"),
+            ("--cache-match-ratio", ns.cache_match_ratio, 0 <= ns.cache_match_ratio <= 1, "in [0, 1]"),
+            ("--cache-match-chars", ns.cache_match_chars, ns.cache_match_chars >= 0, ">= 0"),
+            ("--balance-abs", ns.balance_abs, ns.balance_abs >= 0, ">= 0")):
+        if not ok:
+            raise ValueError(f"{flag} must be {bound}, got {value}")
+
+
 def add_router_subcommand(sub: argparse._SubParsersAction) -> None:
     """Register `treadle router` on the `treadle` command's subparsers."""
     p = sub.add_parser("router", help="route requests over data-parallel replica servers",
@@ -552,8 +600,6 @@ def run(ns: argparse.Namespace, server_argv: list[str]) -> None:
     server_argv = [*shlex.split(ns.server_args), *server_argv]
     if server_argv and not ns.launch_replicas:
         raise SystemExit(f"unknown router flag(s) {' '.join(server_argv)} (server flags need --launch-replicas)")
-    if ns.launch_replicas < 0:
-        raise SystemExit("--launch-replicas must be >= 0")
     procs: list[subprocess.Popen] = []
     try:
         workers = list(ns.workers)
@@ -565,10 +611,6 @@ def run(ns: argparse.Namespace, server_argv: list[str]) -> None:
                           cache=CacheAwareConfig(ns.cache_match_ratio, ns.cache_match_chars, ns.balance_abs,
                                                  ns.max_tree_chars),
                           max_request_bytes=ns.max_request_bytes, allowed_origins=ns.allowed_origins)
-        if ns.shutdown_grace_s < 0:
-            raise SystemExit("--shutdown-grace-s must be >= 0")
-        if ns.max_request_bytes < 1:
-            raise SystemExit("--max-request-bytes must be >= 1")
         app = create_router_app(args)
         grace = ns.shutdown_grace_s
 
@@ -594,6 +636,12 @@ def main(argv: list[str] | None = None) -> None:
                                      allow_abbrev=False)
     add_router_args(parser)
     ns, rest = parser.parse_known_args(argv)
+    from treadle.runtime.cli import LOG_LEVELS
+
+    try:
+        check_router_args(ns, LOG_LEVELS)
+    except ValueError as e:
+        parser.error(str(e))
     run(ns, rest)
 
 

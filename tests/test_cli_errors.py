@@ -84,9 +84,26 @@ _WORKER = "http://127.0.0.1:32999"  # nothing listens: the router must fail befo
     (["--worker", _WORKER, "--port", "70000"], ["port", "70000"]),
     (["--worker", _WORKER, "--log-level", "bogus"], ["--log-level", "bogus", "invalid choice"]),
     (["--worker", _WORKER, "--bogus-flag"], ["unrecognized arguments", "--bogus-flag"]),
-], ids=["no-replica", "port", "log-level", "unknown-flag"])
+    (["--worker", _WORKER, "--health-interval-s", "0"], ["--health-interval-s must be > 0"]),
+    (["--worker", _WORKER, "--max-tree-chars", "0"], ["--max-tree-chars must be >= 1"]),
+], ids=["no-replica", "port", "log-level", "unknown-flag", "health-interval", "tree-chars"])
 def test_router_bad_flag_is_a_usage_error(argv, expected):
     assert_usage_error(argv, "router", *expected)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], "at least one replica"),
+    (["--worker", _WORKER, "--health-interval-s", "-1"], "--health-interval-s must be > 0"),
+], ids=["no-replica", "health-interval"])
+def test_router_module_entry_point_checks_flags_too(argv, expected):
+    """`python -m treadle.runtime.router` (the README's other spelling) ended in a traceback
+    on a missing --worker and took a health interval of 0 (checks back to back)."""
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "treadle.runtime.router", *argv], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "usage:" in proc.stderr and "error: " in proc.stderr and expected in proc.stderr, proc.stderr
+    assert time.monotonic() - t0 < FAST_S
 
 
 # ---- in process: the same checks through build_parser()

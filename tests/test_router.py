@@ -363,6 +363,90 @@ def test_no_healthy_replica_is_503():
         r.close()
 
 
+def test_router_errors_are_shaped_as_a_replicas():
+    """What the router answers itself: a body nesting past the parser's depth (was a bare 500
+    from a RecursionError), a bad /abort_request body (was 200 {"success": false}), a flush
+    with no replica to flush (was 200 success), unknown paths and methods (were {"detail"})."""
+    r = RouterProcess([f"http://127.0.0.1:{free_port()}"], "cache_aware")
+    try:
+        deep = b'{"text": ' + b"[" * 100000 + b"]" * 100000 + b"}"
+        for path in ("/generate", "/v1/chat/completions"):
+            resp = requests.post(r.url + path, data=deep, headers={"content-type": "application/json"}, timeout=T)
+            assert resp.status_code == 400 and "nests too deeply" in resp.json()["error"]["message"], resp.text
+        for body, says in ((b"{bad", "not valid JSON"), (b'{"rid": 123}', "rid must be a string"),
+                           (b"{}", "rid must be a string"), (b"[1]", "must be a JSON object")):
+            resp = requests.post(r.url + "/abort_request", data=body, timeout=T)
+            assert resp.status_code == 400 and says in resp.json()["error"]["message"], (body, resp.text)
+        resp = requests.post(r.url + "/flush_cache", timeout=T)
+        assert resp.status_code == 503 and resp.json()["error"]["code"] == "no_healthy_replica", resp.text
+        resp = requests.get(r.url + "/no/such/path", timeout=T)
+        assert resp.status_code == 404 and resp.json()["error"]["type"] == "not_found_error", resp.text
+        resp = requests.get(r.url + "/generate", timeout=T)
+        assert resp.status_code == 405 and "error" in resp.json(), resp.text
+        assert "Traceback" not in r.tail(), r.tail()
+    finally:
+        r.close()
+
+
+class _CutStreamReplica:
+    """A fake replica (this test isolates the router's relay): healthy, and every stream it
+    starts breaks off in the middle of an SSE event (a chunked body that never ends)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for part in (b'data: {"text": "one"}\n\n', b'data: {"text": "one tw'):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                    self.wfile.flush()
+                    time.sleep(0.2)
+                self.close_connection = True  # cut: no last chunk
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_stream_cut_inside_an_event_ends_with_a_whole_error_event():
+    """The router's error event after a replica broke off mid-event was written straight after
+    the half event (`... "one twdata: {"error": ...}`): clients failed to parse it."""
+    fake = _CutStreamReplica()
+    r = RouterProcess([fake.url], "round_robin")
+    try:
+        with requests.post(r.url + "/generate", json={"text": "x", "stream": True}, stream=True, timeout=T) as resp:
+            assert resp.status_code == 200
+            raw = resp.raw.read().decode()
+        events = [e for e in raw.split("\n\n") if e.strip()]
+        assert events[0] == 'data: {"text": "one"}' and events[-1] == "data: [DONE]", raw
+        error = json.loads(events[-2][len("data: "):])["error"]
+        assert error["code"] == "replica_failed" and "mid-stream" in error["message"], raw
+        assert events[1] == 'data: {"text": "one tw', raw  # the broken event stands apart
+    finally:
+        r.close()
+        fake.close()
+
+
 def test_killed_replica_loses_no_request(replicas):
     victim, survivor = replicas[1], replicas[0]
     # a long poll interval: the router learns of the death only by failing to connect
@@ -409,3 +493,37 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_broadcasts_carry_the_clients_api_key():
+    """/abort_request, /flush_cache and /get_server_info go to every replica: without the
+    client's Authorization header, replicas started with --api-key refused them (401), so an
+    abort did nothing, a flush failed, and server info showed every replica as idle."""
+    key = {"Authorization": "Bearer sk-router-test"}
+    srv = ServerProcess(["--max-total-tokens", "2048", "--log-level", "warning", "--api-key", "sk-router-test"])
+    router = RouterProcess([srv.url], "cache_aware")
+    try:
+        info = requests.get(router.url + "/get_server_info", headers=key, timeout=T).json()
+        assert info["replicas"][0]["server_info"] is not None, info
+        flush = requests.post(router.url + "/flush_cache", headers=key, timeout=T)
+        assert flush.status_code == 200 and flush.json()["success"], flush.text
+        with requests.post(router.url + "/generate", headers=key, stream=True, timeout=T, json={
+                "text": STORY, "stream": True, "rid": "keyed-story",
+                "sampling_params": {"max_new_tokens": 2000, **LONG}}) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines(decode_unicode=True)
+            next(lines)  # generating
+            ab = requests.post(router.url + "/abort_request", headers=key, json={"rid": "keyed-story"}, timeout=T)
+            assert ab.status_code == 200 and ab.json()["success"] is True, ab.text
+            events = [line[len("data: "):] for line in lines if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["meta_info"]["finish_reason"]["type"] == "abort"
+        deadline = time.monotonic() + 30
+        while True:  # the replica ends idle (its /get_server_info needs the key too)
+            rep = requests.get(router.url + "/get_server_info", headers=key, timeout=T).json()["replicas"][0]
+            if rep["server_info"]["num_running"] == 0 and rep["server_info"]["num_waiting"] == 0:
+                break
+            assert time.monotonic() < deadline, rep
+            time.sleep(0.2)
+    finally:
+        router.close()
+        srv.close()

@@ -7,7 +7,6 @@ error shape that names the field, never FastAPI's 422.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -16,15 +15,15 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.server.metrics import ServerMetrics
-from treadle.runtime.server.protocol import APIError, add_cors, error_body, read_body, unauthorized
-from treadle.runtime.server.streaming import (ClientGone, error_response, gather_all, merge_streams, sse,
+from treadle.runtime.server.protocol import (APIError, add_cors, add_error_handlers, error_body, parse_json_object,
+                                             read_body, unauthorized)
+from treadle.runtime.server.streaming import (ClientGone, gather_all, merge_streams, sse,
                                               stream_or_error, until_done_or_disconnect)
 from treadle.runtime.server.tokenizer_manager import TokenizerManager
 
@@ -114,32 +113,12 @@ async def read_json(request: Request) -> dict:
     return parse_json_object(raw) if len(raw) < INLINE_PARSE_BYTES else await state.tm.off_loop(parse_json_object, raw)
 
 
-def parse_json_object(raw: bytes) -> dict:
-    try:
-        obj = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError.bad_request(f"the request body is not valid JSON: {e}") from e
-    except RecursionError as e:
-        raise APIError.bad_request("the request body nests too deeply") from e
-    if not isinstance(obj, dict):
-        raise APIError.bad_request(f"the request body must be a JSON object, got {type(obj).__name__}")
-    return obj
-
-
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="treadle", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
     tm = state.tm
 
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, e: APIError) -> JSONResponse:
-        return error_response(e)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        # 404 / 405 in the OpenAI error shape, as every other error here
-        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(e.detail), kind), e.status_code, headers=getattr(e, "headers", None))
+    add_error_handlers(app)  # APIError, 404 / 405 in the OpenAI error shape
 
     @app.exception_handler(ClientGone)
     async def _client_gone(_: Request, e: ClientGone) -> Response:

@@ -6,11 +6,14 @@ error is a 4xx naming the problem and never a 500.
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 _PARAM_RE = re.compile(r"sampling_params\.(\w+)|sampling_params field\(s\): (\w+)"
                        r"|^(top_logprobs_num|logprob_start_len|input_ids|return_logprob|return_text_in_logprobs)\b")
@@ -87,6 +90,31 @@ async def read_body(request: Request, limit: int) -> bytes:
 def too_large(size: int, limit: int) -> APIError:
     return APIError(f"the request body has {size} bytes or more, more than this server reads ({limit}, "
                     "--max-request-bytes)", 413, "invalid_request_error", None, "request_too_large")
+
+
+def parse_json_object(raw: bytes) -> dict:
+    """A request body as a JSON object, or a 400 saying what is wrong with it."""
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError.bad_request(f"the request body is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise APIError.bad_request("the request body nests too deeply") from e
+    if not isinstance(obj, dict):
+        raise APIError.bad_request(f"the request body must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """APIError, and the framework's own 404 / 405, in the OpenAI error shape."""
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(e.detail), kind), e.status_code, headers=getattr(e, "headers", None))
 
 
 def add_cors(app: FastAPI, allowed: str) -> None:
