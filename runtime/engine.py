@@ -130,7 +130,7 @@ class Engine:
                                                rid=rid))
         reqs, single, base = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
                                          top_logprobs_num, stream, rid, return_text_in_logprobs)
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         with self._grouped(base, reqs) as group:
             sent: set[str] = set()
             try:
@@ -368,7 +368,7 @@ class Engine:
                 self._collect(warm, self._submit(warm, self._group_of.get(same[0].rid)))
 
     def _run(self, reqs: list[TokenizedGenerateReq], sent: set[str]) -> list[dict]:
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         self._warm_prefix(reqs)
         return self._gather(reqs, self._submit_all(reqs, sent), t0)
 

@@ -94,7 +94,7 @@ class OutputAccum:
         self.input_logprobs: list | None = None
         self.input_tops: list | None = None
         self.last: ReqOutput | None = None
-        self.created = time.perf_counter()  # for e2e_latency, as SGLang's meta_info
+        self.created = time.monotonic()  # for e2e_latency, as SGLang's meta_info (the scheduler's clock)
         # the result's logprob triples, made from the lists above when a result is asked for,
         # from where the last one stopped (a stream's chunk costs O(new tokens), and callers
         # that read only the raw lists, as the OpenAI shaper, never pay for them)
@@ -143,7 +143,7 @@ class OutputAccum:
         meta: dict = {"id": rid, "prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
                       "cached_tokens": o.cached_tokens, "finish_reason": o.finished}
         if o.finished is not None:  # seconds from the request's arrival to its end
-            meta["e2e_latency"] = round(time.perf_counter() - self.created, 6)
+            meta["e2e_latency"] = round(time.monotonic() - self.created, 6)
         if o.error:
             meta["error"] = o.error
             if o.internal:

@@ -15,7 +15,7 @@ import itertools
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 import zmq
@@ -64,9 +64,8 @@ class Accum(OutputAccum):
 @dataclass
 class ReqState:
     queue: asyncio.Queue
-    created: float
+    created: float  # time.monotonic(), the clock of ReqOutput.first_token_at
     last_token: float | None = None
-    created_mono: float = field(default_factory=time.monotonic)  # the clock of ReqOutput.first_token_at
     internal: bool = False  # a health probe: not in the request metrics
     aliases: tuple[str, ...] = ()  # the other rids /abort_request reaches it by (its batch's, ...)
     sent: bool = False  # False while reserved (see `reserve`): not in the scheduler yet
@@ -201,7 +200,7 @@ class TokenizerManager:
                 if m.out.finished is not None:
                     del self.states[m.out.rid]  # its KV is released once it is finished
                     # counted here, not by the handler: one whose client left is gone by now
-                    latency = time.perf_counter() - st.created
+                    latency = time.monotonic() - st.created
                     if not st.internal:
                         self.metrics.on_finish(m.out, latency)
                     if self.args.log_requests and not st.internal:
@@ -405,7 +404,7 @@ class TokenizerManager:
         # checked again where they are registered, with no await between: the handlers'
         # early check can pass for many requests of a burst before any of them is held
         self.check_capacity(len(reqs))
-        held = {r.rid: ReqState(asyncio.Queue(), time.perf_counter(), aliases=aliases.get(r.rid, ())) for r in reqs}
+        held = {r.rid: ReqState(asyncio.Queue(), time.monotonic(), aliases=aliases.get(r.rid, ())) for r in reqs}
         self.states.update(held)
         try:
             yield
@@ -422,7 +421,7 @@ class TokenizerManager:
         ``internal``: the server's own probe, left out of the metrics."""
         st = self.states.get(r.rid)
         if st is None:
-            st = self.states[r.rid] = ReqState(asyncio.Queue(), time.perf_counter(), aliases=aliases,
+            st = self.states[r.rid] = ReqState(asyncio.Queue(), time.monotonic(), aliases=aliases,
                                                internal=internal)
         elif st.sent:
             raise APIError.bad_request(f"request id {r.rid!r} is already in use", "rid")
@@ -515,13 +514,13 @@ class TokenizerManager:
             self.control_futs.pop(req_id, None)
 
     def _observe(self, st: ReqState, out: Any, finished: bool) -> None:
-        now = time.perf_counter()
+        now = time.monotonic()
         if out.new_ids and not st.internal:
             if st.last_token is None:
                 # when the scheduler made the first token, not when it arrived here: a request
                 # that is not streamed gets all its output at the end
                 first = out.first_token_at
-                self.metrics.ttft.observe(now - st.created if first is None else max(0.0, first - st.created_mono))
+                self.metrics.ttft.observe(max(0.0, (now if first is None else first) - st.created))
             else:
                 gap = (now - st.last_token) / len(out.new_ids)
                 for _ in out.new_ids:
