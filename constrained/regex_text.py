@@ -5,8 +5,9 @@ Python ``re``, Rust ``regex`` (outlines-core's DFA) and interegular: ASCII chara
 classes only, no ``\\b``, no lookaround, no backreferences, no lazy or possessive
 quantifiers, no named groups, no inline flags, no anchors. A user's regex may also write
 ``\\d \\w \\s`` and their negations, read with their ASCII meanings as outlines reads them
-(``[0-9]``, ``[a-zA-Z0-9_]``, ``[ \\t\\n\\r\\f\\v]``), and any escaped punctuation; it is
-translated into the dialect (``translate_regex``).
+(``[0-9]``, ``[a-zA-Z0-9_]``, ``[ \\t\\n\\r\\f\\v]``), also inside a class (``[\\s\\S]``,
+``[^\\S\\n]``), and any escaped punctuation; it is translated into the dialect
+(``translate_regex``).
 """
 
 from __future__ import annotations
@@ -229,6 +230,7 @@ def _scan(pattern: str, *, ecma: bool) -> str:
             if negated:
                 j += 1
             body_parts: list[str] = []
+            negated_shorthands: list[str] = []
             if j < n and pattern[j] == "]":
                 if ecma:  # ECMA reads '[]' as an empty class, Python/Rust as a literal ']'
                     raise RegexDialectError(f"regex: ']' first in a class at offset {j} is ambiguous; escape it")
@@ -239,6 +241,8 @@ def _scan(pattern: str, *, ecma: bool) -> str:
                     e = pattern[j + 1 : j + 2]
                     if e in _SHORTHAND:
                         body_parts.append(_shorthand_body(e, ecma))
+                    elif e.lower() in _SHORTHAND and e.isupper():  # \S \D \W: resolved below
+                        negated_shorthands.append(e.lower())
                     elif e == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[j + 2 : j + 4]):
                         body_parts.append(pattern[j : j + 4])
                         j += 2
@@ -264,9 +268,12 @@ def _scan(pattern: str, *, ecma: bool) -> str:
             if j >= n:
                 raise RegexDialectError(f"regex: unterminated character class at offset {i}")
             body = "".join(body_parts)
-            if ecma and negated:
-                body += _JSON_UNSAFE_CLASS_BODY
-            out.append("[" + ("^" if negated else "") + body + "]")
+            if negated_shorthands:
+                out.append(_class_with_negated_shorthands(body, negated, negated_shorthands, ecma, i))
+            else:
+                if ecma and negated:
+                    body += _JSON_UNSAFE_CLASS_BODY
+                out.append("[" + ("^" if negated else "") + body + "]")
             i = j + 1
             can_quantify = True
         elif ch == "(":
@@ -314,6 +321,33 @@ def _scan(pattern: str, *, ecma: bool) -> str:
             i += 1
         prev_quant = quant
     return "".join(out)
+
+
+def _class_with_negated_shorthands(body: str, negated: bool, letters: list[str], ecma: bool, offset: int) -> str:
+    """A class holding ``\\S``, ``\\D`` or ``\\W`` (``[\\s\\S]``, ``[^\\S\\n]``), which the
+    dialect cannot nest: ``body`` is the rest of the class. The negated shorthands together
+    leave out a finite set F of ASCII characters (the intersection of their positive sets),
+    so ``[X\\S]`` is ``[^F-X]`` and ``[^X\\S]`` is ``[F-X]``; F - X is listed character by
+    character (X read by Python re, in which the body is written)."""
+    common = set.intersection(*(set(_shorthand_chars(letter, ecma)) for letter in letters))
+    rest = re.compile("[" + body + "]") if body else None
+    left = "".join(class_literal(c) for c in sorted(common) if rest is None or not rest.fullmatch(c))
+    if negated:  # in F and not in X
+        if not left:
+            raise RegexDialectError(f"regex: the class at offset {offset} matches no character")
+        return "[" + left + "]"
+    if ecma:  # any character JSON writes raw, but F - X
+        return "[^" + left + _JSON_UNSAFE_CLASS_BODY + "]"
+    return "[^" + left + "]" if left else "(?:[^\\n]|\\n)"  # the latter: any character
+
+
+def _shorthand_chars(letter: str, ecma: bool) -> str:
+    """The characters of ``\\<letter>`` (lower case), as ``_shorthand_body`` writes them."""
+    if letter == "d":
+        return "0123456789"
+    if letter == "w":
+        return "".join(chr(c) for c in range(128) if chr(c).isalnum()) + "_"
+    return " " if ecma else " \t\n\r\f\v"
 
 
 def _code_point_escape(pattern: str, i: int) -> tuple[str, int]:

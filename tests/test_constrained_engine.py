@@ -124,7 +124,7 @@ REGEXES = [
     r"(19|20)[0-9][0-9]-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
     r"^[A-Z][a-z]{1,8}( [A-Z][a-z]{1,8})?$",  # boundary anchors: no-ops, as in outlines
     r"((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])",
-    r"(yes|no), because [a-z ]{1,20}\.",
+    r"(yes|no), because[^\S\n][a-z ]{1,20}\.",  # [^\S\n]: whitespace but the newline
     r"[\u4e00-\u9fff]{2,4}",  # \uXXXX escapes in a class
 ]
 

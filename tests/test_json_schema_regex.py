@@ -67,7 +67,7 @@ def test_choices_to_regex() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["", "a(?=b)", "(?<=a)b", r"(a)\1", r"a\b", r"[\S]", "a*?", "a+?", "(?P<n>a)", "(?i)a", "[[a]]", "[a&&b]",
+    "bad", ["", "a(?=b)", "(?<=a)b", r"(a)\1", r"a\b", r"[^\d\D]", r"[^\s\S]", "a*?", "a+?", "(?P<n>a)", "(?i)a", "[[a]]", "[a&&b]",
             "a{,3}", "x{", "a^b", "a$b", "a|^b", "^$", r"\u12", r"\ud800", r"[\u00e]", r"\p{L}"]
 )
 def test_validate_regex_rejects_dialect_differences(bad: str) -> None:
@@ -106,6 +106,37 @@ def test_shorthands_and_escaped_punctuation_translate_to_the_dialect(pattern, wa
             py = re.fullmatch(want, ch) is not None
             ie = interegular.parse_pattern(want).to_fsm().accepts(ch)
             assert py == ie, (pattern, ch)
+
+
+@pytest.mark.parametrize("cls", [
+    r"[\S]", r"[\s\S]", r"[^\S\n]", r"[^\S\r\n]", r"[\Sx]", r"[\W\d]", r"[^\D]", r"[^\W_]", r"[\D\S]",
+    r"[a\S-]", r"[\S\n]", r"[^\Sa-z]", r"[^\W\d]", r"[\w\W]", r"[^\D5-7]",
+])
+def test_negated_shorthands_inside_a_class(cls: str) -> None:
+    """[\\s\\S] (any character), [^\\S\\n] (horizontal whitespace): the same characters as Python's
+    re reads with ASCII shorthands, and the same in interegular; in a JSON pattern the class
+    narrows to characters JSON writes raw."""
+    out = validate_regex(cls)
+    assert validate_regex(out) == out
+    fsm = interegular.parse_pattern(out).to_fsm()
+    chars = [chr(c) for c in range(256)] + ["\u0663", "\u2028", "\u4e00", "\U0001F600"]
+    for ch in chars:
+        want = re.fullmatch(cls, ch, re.ASCII) is not None
+        assert (re.fullmatch(out, ch) is not None) == want, (cls, out, ch)
+        assert fsm.accepts(ch) == want, (cls, out, ch)
+    body = re.compile(json_schema_to_regex({"type": "string", "pattern": "^" + cls + "$"}))
+    for ch in chars:
+        text = json.dumps(ch, ensure_ascii=False)
+        if body.fullmatch(text):
+            assert re.fullmatch(cls, ch, re.ASCII) and text == '"' + ch + '"', (cls, ch)
+
+
+def test_negated_shorthands_inside_a_class_in_a_json_pattern() -> None:
+    any_raw = {"type": "string", "pattern": r"^[\s\S]{2}$"}
+    assert accepts(any_raw, "a b"[:2]) and accepts(any_raw, "\u00e9!") and not accepts(any_raw, "a\n")
+    assert not accepts(any_raw, 'a"')  # never a character JSON escapes
+    horizontal = {"type": "string", "pattern": r"^x[^\S\n]y$"}  # JSON's raw whitespace is the space
+    assert accepts(horizontal, "x y") and not accepts(horizontal, "x\ty") and not accepts(horizontal, "xzy")
 
 
 # ------------------------------------------------------------------ scalars
