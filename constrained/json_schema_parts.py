@@ -695,12 +695,18 @@ def _map_regex(conv: _Converter, schema: dict, entries: list[list], undeclared: 
     """No declared properties: required keys first, then free ``"key":value`` pairs (their
     key ``key``: None for any key without escapes, "" for none)."""
     fixed = [e[0] for e in entries]
-    if lo > len(fixed):
-        raise UnsupportedSchemaError(f"json_schema: keyword 'minProperties' at {path} is not supported without properties")
+    # free keys may repeat, so a count of distinct members beyond the fixed ones is sound only
+    # for one free member with nothing fixed: minProperties 1, a map that is not empty
+    one_free = lo == 1 and not fixed
+    if lo > len(fixed) and not one_free:
+        raise UnsupportedSchemaError(f"json_schema: keyword 'minProperties' at {path} is not supported without "
+                                     "properties (above 1: free keys may repeat)")
     try:
         value = conv.convert(undeclared, f"{path}.additionalProperties") if key != "" else None
     except NoOutput:
         value = None
+    if one_free and (value is None or hi == 0):
+        raise Unsatisfiable(f"json_schema: keyword 'minProperties' at {path}: no member can be written")
     extra_max = None if hi is None else min(hi - len(fixed), MAX_REPEAT)
     body = conv.COMMA.join(fixed)
     if value is not None and extra_max != 0:
@@ -711,5 +717,5 @@ def _map_regex(conv: _Converter, schema: dict, entries: list[list], undeclared: 
             body += f"(?:{conv.COMMA}{pair}){rep}"
         else:
             rep = "*" if extra_max is None else f"{{0,{extra_max - 1}}}"
-            body = f"(?:{pair}(?:{conv.COMMA}{pair}){rep})?"
+            body = f"(?:{pair}(?:{conv.COMMA}{pair}){rep})" + ("" if one_free else "?")
     return conv.OPEN_O + body + conv.CLOSE_O

@@ -340,6 +340,25 @@ def test_min_max_properties() -> None:
     raises_keyword({"type": "object", "minProperties": 2}, "minProperties")
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "minProperties": 1},
+    {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 3},
+    {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}, "minProperties": 1},
+])
+def test_a_map_with_min_properties_one_is_not_empty(schema: dict) -> None:
+    """A non-empty map (Pydantic's dict with min_length=1): one free member is one distinct
+    property whatever its key; above 1 free keys could repeat, so that stays a 400."""
+    rx = compile_checked(schema)
+    assert not rx.fullmatch("{}")
+    for value in ({"a": 1}, {"a": 1, "b": 2}, {"a": 1, "aa": 2, "b": 3}):
+        assert rx.fullmatch(dumps(value)), value
+    for value in ({"a": 1, "b": 2, "c": 3, "d": 4},):
+        assert (rx.fullmatch(dumps(value)) is not None) == ("maxProperties" not in schema), value
+    if "propertyNames" in schema:
+        assert not rx.fullmatch(dumps({"A": 1}))
+    raises_keyword({**schema, "minProperties": 2}, "minProperties")
+
+
 # ------------------------------------------------------------------ arrays
 def test_array_items_and_bounds() -> None:
     schema = {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3}
