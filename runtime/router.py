@@ -79,7 +79,8 @@ class Replica:
     times_dropped: int = 0  # how often it left the rotation
     prompt_chars: int = 0  # of the requests routed here
     matched_chars: int = 0  # of those, chars the router's tree had seen here before
-    responses: collections.Counter = field(default_factory=collections.Counter)  # relayed, by HTTP status
+    responses: collections.Counter = field(default_factory=collections.Counter)  # answered, by HTTP status
+    failures: int = 0  # requests it failed after taking them: answered 502, or a stream ended by an error event
 
     @property
     def routed(self) -> int:
@@ -91,7 +92,8 @@ class Replica:
 
     def stats(self) -> dict:
         return {"url": self.url, "healthy": self.healthy, "in_flight": self.in_flight, "routed": self.routed,
-                "connect_failures": self.connect_failures, "times_dropped": self.times_dropped,
+                "connect_failures": self.connect_failures, "failures": self.failures,
+                "times_dropped": self.times_dropped,
                 "prefix_match_rate": self.prefix_match_rate}
 
 
@@ -224,13 +226,12 @@ class Router:
             except BaseException as e:
                 rep.in_flight -= 1
                 if isinstance(e, httpx.HTTPError):
-                    raise APIError(f"replica {rep.url} failed: {type(e).__name__}: {e}", 502, "server_error") from e
+                    raise self._failed(rep, e) from e
                 raise
             if resp.status_code == 503 and any(r.healthy and i not in tried for i, r in enumerate(self.replicas)):
                 await resp.aclose()  # overloaded or draining: it ran nothing, so another may take it
                 rep.in_flight -= 1
                 continue
-            rep.responses[resp.status_code] += 1
             rep.prompt_chars += len(text)
             rep.matched_chars += matched
             return await self._relay(request, resp, rep, stream)
@@ -289,6 +290,7 @@ class Router:
                             tail = (tail + chunk)[-2:]
                         yield chunk
                 except httpx.HTTPError as e:  # the replica died mid-stream
+                    rep.failures += 1
                     yield last_event(f"replica {rep.url} failed mid-stream: {type(e).__name__}", "server_error",
                                      "replica_failed")
                 finally:  # also when the client left (the relay is closed mid-wait)
@@ -296,15 +298,24 @@ class Router:
                     if nxt is not None and not nxt.done():
                         nxt.cancel()
 
+            rep.responses[200] += 1
             return _RelayStream(relay(), release, status_code=200, media_type=ctype,
                                 headers={**hdrs, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             data = await until_done_or_disconnect(request, self._unless_closing(resp.aread()))
         except httpx.HTTPError as e:
-            raise APIError(f"replica {rep.url} failed: {type(e).__name__}: {e}", 502, "server_error") from e
+            raise self._failed(rep, e) from e
         finally:
             await release()  # on a disconnect this closes the upstream connection: the replica aborts
+        rep.responses[resp.status_code] += 1
         return Response(data, status_code=resp.status_code, media_type=ctype, headers=hdrs)
+
+    @staticmethod
+    def _failed(rep: Replica, e: httpx.HTTPError) -> APIError:
+        """The 502 for a request `rep` took and failed (counted among its answers and failures)."""
+        rep.failures += 1
+        rep.responses[502] += 1
+        return APIError(f"replica {rep.url} failed: {type(e).__name__}: {e}", 502, "server_error")
 
     async def _unless_closing(self, aw: Awaitable[Any]) -> Any:
         """``aw``'s result, or a 503 once the router closes (``aw`` is cancelled: its upstream
@@ -354,7 +365,7 @@ class Router:
         infos = await self.broadcast("GET", "/get_server_info", request=request)
         reps = []
         for r, resp in zip(self.replicas, infos):
-            info = resp.json() if resp is not None and resp.status_code == 200 else None
+            info = _json_object(resp) if resp is not None and resp.status_code == 200 else None
             reps.append({**r.stats(), "server_info": info})
         live = [x["server_info"] for x in reps if x["server_info"]]
         total = {k: sum(i.get(k, 0) for i in live) for k in ("prompt_tokens", "cached_tokens", "num_running",
@@ -370,14 +381,21 @@ def forwarded_headers(request: Request) -> dict[str, str]:
     return {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS}
 
 
-def _flush_failure(resp: httpx.Response | None) -> str:
-    if resp is None:
-        return "no answer"
+def _json_object(resp: httpx.Response) -> dict | None:
+    """The replica's JSON object body; None for anything else (one that is not a treadle server,
+    or that broke off), so one odd replica does not fail a broadcast's answer."""
     try:
         body = resp.json()
     except ValueError:
-        body = None
-    return str(body.get("message") if isinstance(body, dict) and body.get("message") else f"HTTP {resp.status_code}")
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _flush_failure(resp: httpx.Response | None) -> str:
+    if resp is None:
+        return "no answer"
+    body = _json_object(resp)
+    return str(body.get("message") if body and body.get("message") else f"HTTP {resp.status_code}")
 
 
 def create_router_app(args: RouterArgs) -> FastAPI:
@@ -458,7 +476,8 @@ def create_router_app(args: RouterArgs) -> FastAPI:
         if not isinstance(rid, str):
             raise APIError.bad_request("rid must be a string", "rid")
         res = await router.broadcast("POST", "/abort_request", body, request)
-        return {"success": any(x is not None and x.status_code == 200 and x.json().get("success") for x in res)}
+        return {"success": any(x is not None and x.status_code == 200 and (_json_object(x) or {}).get("success")
+                               for x in res)}
 
     add_cors(app, args.allowed_origins)
     return app

@@ -19,6 +19,8 @@ _COUNTERS = (
     ("treadle_router_connect_failures", "Requests the replica refused before they reached it (retried "
      "elsewhere)", lambda r: r.connect_failures),
     ("treadle_router_replica_dropped", "Times the replica left the rotation", lambda r: r.times_dropped),
+    ("treadle_router_replica_failures", "Requests the replica failed after taking them (the router answered "
+     "502, or ended the stream with an error event)", lambda r: r.failures),
 )
 
 
@@ -38,8 +40,9 @@ class RouterCollector:
             for r in reps:
                 c.add_metric([r.url], get(r))
             yield c
-        routed = CounterMetricFamily("treadle_router_requests", "Requests relayed, by replica and the HTTP "
-                                     "status it answered", labels=["replica", "status"])
+        routed = CounterMetricFamily("treadle_router_requests", "Requests routed, by replica and the HTTP "
+                                     "status the client got (502: the replica failed before its answer was "
+                                     "whole)", labels=["replica", "status"])
         for r in reps:
             for status, n in sorted(r.responses.items()):
                 routed.add_metric([r.url, str(status)], n)

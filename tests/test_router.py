@@ -430,7 +430,8 @@ class _CutStreamReplica:
 
 def test_a_stream_cut_inside_an_event_ends_with_a_whole_error_event():
     """The router's error event after a replica broke off mid-event was written straight after
-    the half event (`... "one twdata: {"error": ...}`): clients failed to parse it."""
+    the half event (`... "one twdata: {"error": ...}`): clients failed to parse it. The
+    router's metrics count such failures (they counted the 502 it made as a relayed 200)."""
     fake = _CutStreamReplica()
     r = RouterProcess([fake.url], "round_robin")
     try:
@@ -442,6 +443,17 @@ def test_a_stream_cut_inside_an_event_ends_with_a_whole_error_event():
         error = json.loads(events[-2][len("data: "):])["error"]
         assert error["code"] == "replica_failed" and "mid-stream" in error["message"], raw
         assert events[1] == 'data: {"text": "one tw', raw  # the broken event stands apart
+        # unstreamed, the same cut is a 502; both count as the replica's failures in the
+        # router's metrics, the stream under the 200 its client got, the other under 502
+        resp = requests.post(r.url + "/generate", json={"text": "x"}, timeout=T)
+        assert resp.status_code == 502 and fake.url in resp.json()["error"]["message"], resp.text
+        (rep,) = r.info()["replicas"]
+        assert rep["failures"] == 2 and rep["routed"] == 2, rep
+        metrics = requests.get(r.url + "/metrics", timeout=T).text
+        for line in (f'treadle_router_replica_failures_total{{replica="{fake.url}"}} 2.0',
+                     f'treadle_router_requests_total{{replica="{fake.url}",status="200"}} 1.0',
+                     f'treadle_router_requests_total{{replica="{fake.url}",status="502"}} 1.0'):
+            assert line in metrics.splitlines(), (line, metrics)
     finally:
         r.close()
         fake.close()
