@@ -25,8 +25,17 @@ benchmarks/results/one_batch_<device>.json):
 - hf (per HF batch size): HF `generate` (greedy, min_new_tokens = max_new_tokens = output_len)
   on an HF LlamaForCausalLM whose random weights are loaded into treadle before any timing, so
   both sides run the same weights. One untimed full warm-up per batch size, as for treadle.
+- compute_peak: FLOP/s of one large square matmul in the model dtype (median of several): the
+  prefill's ceiling, measured in the same run.
+- bound (per batch size, in the treadle record): the fastest any engine could run the same
+  batch on this device: the prefill at the compute peak (2 FLOPs per linear weight per prompt
+  token, the causal attention's QK and PV, the lm_head once per request) and each of the
+  output_len - 1 decode steps at max(its bytes / copy bandwidth, its FLOPs / compute peak), the
+  KV read growing a token per step. bound_output_tok_s = bs * output_len / bound_s;
+  pct_of_output_bound = output tok/s / bound_output_tok_s; in the hf record bound_over_hf =
+  bound_output_tok_s / HF output tok/s: the largest ratio over HF any engine could show.
 - summary: table of bs, treadle output tok/s, decode tok/s, HF tok/s, ratio, % of roofline at bs 1,
-  % of the step roofline.
+  % of the step roofline, % of the output bound, the bound over HF.
 """
 from __future__ import annotations
 
@@ -40,7 +49,7 @@ import time
 
 import torch
 
-from machine import copy_bandwidth, cpu_model, machine_info  # benchmarks/machine.py (scripts run from this folder)
+from machine import copy_bandwidth, cpu_model, machine_info, matmul_flops  # benchmarks/machine.py (scripts run from this folder)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -100,6 +109,26 @@ def emit(rec: dict) -> dict:
 def sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+
+
+def linear_params(model: torch.nn.Module) -> int:
+    """Weights of the linears every token runs through (the decoder layers' matrices)."""
+    return sum(p.numel() for n, p in model.named_parameters() if n.startswith("layers.") and p.dim() == 2)
+
+
+def batch_bound_s(bs: int, args, cfg, tp: int, per_token: int, wb: int, kv_token_bytes: int, bw: float,
+                  peak: float) -> float:
+    """Seconds the batch takes at best on this device (the module docstring's `bound`)."""
+    heads_dim, layers = cfg.num_heads // tp * cfg.head_dim, cfg.num_layers
+    head = cfg.vocab_size * cfg.hidden_size // tp
+    n = args.input_len
+    prefill_flops = bs * (2 * per_token * n + 2 * head + 4 * layers * heads_dim * n * (n + 1) // 2)
+    t = max(prefill_flops / peak, (wb + bs * n * kv_token_bytes) / bw)
+    for step in range(1, args.output_len):
+        ctx = n + step  # keys the step's query attends to
+        flops = bs * (2 * per_token + 2 * head + 4 * layers * heads_dim * ctx)
+        t += max(flops / peak, (wb + bs * ctx * kv_token_bytes) / bw)
+    return t
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -259,11 +288,16 @@ def main() -> None:
     roof = bw / wb
     pool = engine.runner.kv_pool  # (rank 0's shard with tensor parallelism, like wb)
     kv_token_bytes = 2 * pool.num_layers * pool.k_buffers[0][0].nbytes  # K and V, every layer
+    per_token = linear_params(engine.runner.model)
+    peak_n = 8192 if dev.type == "cuda" else 1024
+    peak = matmul_flops(dev, dtype, peak_n)
     # with tensor parallelism, rank 0's shard: each GPU streams its own shard at the same time
     emit({"figure": "roofline", "weight_bytes": wb, "weight_gb": round(wb / 1e9, 3),
           "copy_gb_s": round(bw / 1e9, 1), "bs1_decode_roofline_tok_s": round(roof, 2),
           "engine_load_s": round(load_s, 2), "kv_slots": engine.runner.num_slots,
           "kv_bytes_per_token": kv_token_bytes})
+    emit({"figure": "compute_peak", "matmul_tflops": round(peak / 1e12, 3), "n": peak_n, "dtype": str(dtype),
+          "linear_params_per_token": per_token})
 
     hf = None
     if args.hf_batch_sizes:
@@ -284,6 +318,10 @@ def main() -> None:
                 step_bytes = wb + bs * (args.input_len + args.output_len / 2) * kv_token_bytes
                 rec["step_roofline_ms"] = round(step_bytes / bw * 1e3, 3)
                 rec["pct_of_step_roofline"] = round(100 * step_bytes / bw * 1e3 / rec["itl_ms"], 1)
+            bound = batch_bound_s(bs, args, cfg, args.tp_size, per_token, wb, kv_token_bytes, bw, peak)
+            rec["bound_s"] = round(bound, 4)
+            rec["bound_output_tok_s"] = round(bs * args.output_len / bound, 1)
+            rec["pct_of_output_bound"] = round(100 * rec["output_tok_s"] / rec["bound_output_tok_s"], 1)
             first = rec.pop("_first_ids")
             if bs == 1:
                 rec["pct_of_roofline"] = round(100 * rec["decode_tok_s"] / roof, 1) if rec["decode_tok_s"] else None
@@ -311,6 +349,7 @@ def main() -> None:
                 if bs in tre and "output_tok_s" in rec:
                     rec["treadle_output_tok_s"] = tre[bs]["output_tok_s"]
                     rec["treadle_over_hf"] = round(tre[bs]["output_tok_s"] / rec["output_tok_s"], 2)
+                    rec["bound_over_hf"] = round(tre[bs]["bound_output_tok_s"] / rec["output_tok_s"], 2)
                     if rec.get("decode_tok_s") and tre[bs].get("decode_tok_s"):
                         rec["treadle_decode_tok_s"] = tre[bs]["decode_tok_s"]
                         rec["treadle_decode_over_hf_decode"] = round(tre[bs]["decode_tok_s"] / rec["decode_tok_s"], 2)
@@ -334,6 +373,9 @@ def main() -> None:
         if ("hf_static", bs) in hfr:
             row["hf_static_output_tok_s"] = hfr[("hf_static", bs)].get("output_tok_s")
         row["pct_of_step_roofline"] = t.get("pct_of_step_roofline")
+        row["bound_output_tok_s"] = t.get("bound_output_tok_s")
+        row["pct_of_output_bound"] = t.get("pct_of_output_bound")
+        row["bound_over_hf"] = h.get("bound_over_hf")
         if bs == 1:
             row["pct_of_roofline"] = t.get("pct_of_roofline")
         rows.append(row)
@@ -350,13 +392,17 @@ def main() -> None:
         return f"{x:>{w}}" if x is not None else f"{'-':>{w}}"
 
     print(f"\nroofline (bs 1 decode) = {bw / 1e9:.1f} GB/s / {wb / 1e9:.2f} GB = {roof:.1f} tok/s")
+    print(f"compute peak = {peak / 1e12:.2f} TFLOP/s ({peak_n}^3 {dtype} matmul); bound: the fastest any engine "
+          "could run the batch here; bound/HF: the largest ratio over HF it allows")
     print(f"{'bs':>5} {'out tok/s':>10} {'dec tok/s':>10} {'prefill s':>10} {'HF tok/s':>10} {'ratio':>7}"
-          f" {'HF dec':>10} {'dec ratio':>9} {'%roof':>6} {'%step':>6}")
+          f" {'HF dec':>10} {'dec ratio':>9} {'%roof':>6} {'%step':>6} {'bound':>10} {'%bound':>6}"
+          f" {'bound/HF':>8}")
     for r in rows:
         print(f"{r['bs']:>5} {f(r['treadle_output_tok_s'])} {f(r['treadle_decode_tok_s'])} {f(r['treadle_prefill_s'])}"
               f" {f(r['hf_output_tok_s'])} {f(r['treadle_over_hf'], 7)} {f(r['hf_decode_tok_s'])}"
               f" {f(r['treadle_decode_over_hf_decode'], 9)} {f(r.get('pct_of_roofline'), 6)}"
-              f" {f(r.get('pct_of_step_roofline'), 6)}")
+              f" {f(r.get('pct_of_step_roofline'), 6)} {f(r['bound_output_tok_s'])} {f(r['pct_of_output_bound'], 6)}"
+              f" {f(r['bound_over_hf'], 8)}")
     print(f"wrote {out}")
 
 

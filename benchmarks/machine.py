@@ -72,6 +72,34 @@ def copy_bandwidth(dev, mib: int, reps: int = 10) -> float:
     return 2 * n / statistics.median(times)
 
 
+def matmul_flops(dev, dtype, n: int, reps: int = 10) -> float:
+    """FLOP/s of one square n x n x n matmul in `dtype` (2 n^3 FLOPs), median of `reps`: the
+    compute peak a dense model's prefill can reach on this device, measured, not the data sheet's."""
+    import torch
+
+    dev = torch.device(dev)
+    g = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn(n, n, device=dev, dtype=dtype, generator=g)
+    b = torch.randn(n, n, device=dev, dtype=dtype, generator=g)
+    for _ in range(3):
+        c = a @ b
+    times = []
+    for _ in range(reps):
+        if dev.type == "cuda":
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            c = a @ b
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1) * 1e-3)
+        else:
+            t0 = time.perf_counter()
+            c = a @ b
+            times.append(time.perf_counter() - t0)
+    del a, b, c
+    return 2 * n**3 / statistics.median(times)
+
+
 def spawn_ranks(target, world_size: int, *args, replies: int = 1, timeout_s: float = 600.0) -> list:
     """Run `target(rank, port, queue, *args)` in `world_size` spawned processes (`port`: a free
     one for their process group); return the lists they put on `queue` (`replies` of them),
