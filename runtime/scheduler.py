@@ -876,12 +876,15 @@ def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int,
         raise ValueError(
             f"the prompt has {len(ids)} tokens, more than the context length {context_len} allows "
             f"(at most {context_len - 1}); shorten it")
-    if len(ids) + min(p.max_new_tokens, 1) > num_slots:
+    # what the request can write: the scheduler ends it at the context (a default max_new_tokens
+    # is cut there; one the caller set past it was refused by check_context)
+    new = min(p.max_new_tokens, context_len - len(ids))
+    if len(ids) + min(new, 1) > num_slots:
         raise ValueError(f"the prompt ({len(ids)} tokens) can never fit the KV pool of {num_slots} slots with a "
                          "token to generate; shorten it")
-    if len(ids) + p.max_new_tokens > num_slots:
+    if len(ids) + new > num_slots:
         raise ValueError(
-            f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) can never fit the KV pool "
+            f"prompt ({len(ids)} tokens) + max_new_tokens ({new}) can never fit the KV pool "
             f"of {num_slots} slots; lower max_new_tokens")
     for name in ("return_logprob", "return_text_in_logprobs"):
         if not isinstance(getattr(r, name), bool):

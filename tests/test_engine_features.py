@@ -368,6 +368,25 @@ def test_out_of_range_params_raise(engine):
     r = TokenizedGenerateReq("x", list(range(1, 61)), SamplingParams(max_new_tokens=1))
     with pytest.raises(ValueError, match=r"the prompt \(60 tokens\) can never fit the KV pool of 50 slots.*shorten it"):
         validate_request(r, vocab_size=100, context_len=1000, num_slots=50)
+    # the default max_new_tokens (128) is cut by the context, so it needs only what the context holds
+    validate_request(TokenizedGenerateReq("x", list(range(1, 41)), SamplingParams()), 100, context_len=80,
+                     num_slots=100)
+    with pytest.raises(ValueError, match=r"max_new_tokens \(60\) can never fit the KV pool of 80 slots"):
+        validate_request(TokenizedGenerateReq("x", list(range(1, 41)), SamplingParams()), 100, context_len=100,
+                         num_slots=80)
+
+
+def test_a_default_max_new_tokens_is_cut_by_the_context_on_a_small_pool():
+    """A pool smaller than prompt + the default 128 new tokens, but not than the context: the
+    request runs to the context (it was refused as "can never fit the KV pool")."""
+    with Engine(max_total_tokens=200, context_length=160) as e:
+        ids = list(range(1000, 1100))
+        out = e.generate(input_ids=ids, sampling_params={"temperature": 0, "ignore_eos": True})
+        assert out["meta_info"]["completion_tokens"] == 60, out["meta_info"]
+        assert out["meta_info"]["finish_reason"]["type"] == "length"
+        with pytest.raises(ValueError, match="exceed the context length"):  # set by the caller: refused
+            e.generate(input_ids=ids, sampling_params={"max_new_tokens": 61})
+        e.check_integrity()
 
 
 def test_integers_beyond_int64_are_served(engine, prompts):
