@@ -698,7 +698,8 @@ class _Converter:
             if t == "number":
                 return nums.number_regex(schema)
         except nums.BoundsError as exc:
-            raise Unsatisfiable(f"json_schema: keyword '{exc.keyword}' at {path}: {exc}") from exc
+            error = UnsupportedSchemaError if exc.unsupported else Unsatisfiable
+            raise error(f"json_schema: keyword '{exc.keyword}' at {path}: {exc}") from exc
         if t == "string":
             return self._string(schema, path)
         if t == "array":

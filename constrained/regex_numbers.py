@@ -32,11 +32,13 @@ NUMBER = r"-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,16})?(?:[eE][+-]?[0-9]{1,3})?"
 
 
 class BoundsError(ValueError):
-    """Numeric keywords that cannot be enforced; ``keyword`` names the culprit."""
+    """Numeric keywords that cannot be enforced; ``keyword`` names the culprit. ``unsupported``:
+    values exist but none can be written (the bounds are not empty)."""
 
-    def __init__(self, keyword: str, reason: str) -> None:
+    def __init__(self, keyword: str, reason: str, unsupported: bool = False) -> None:
         super().__init__(reason)
         self.keyword = keyword
+        self.unsupported = unsupported
 
 
 def _same_length(a: str, b: str) -> str:
@@ -99,7 +101,7 @@ def _bound(schema: dict[str, Any], key: str) -> Fraction | None:
         return None
     value = schema[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BoundsError(key, f"'{key}' must be a finite number, got {value!r}")
+        raise BoundsError(key, f"'{key}' must be a finite number, got {value!r}", unsupported=True)
     return Fraction(value)
 
 
@@ -146,7 +148,9 @@ def number_regex(schema: dict[str, Any]) -> str:
     """Regex for the ``number`` type under the schema's bounds (a sound subset).
 
     A bounded number is written ``-?I(.F)?`` with ``|I| <= NUM_LIMIT`` and at most
-    ``FRAC_DIGITS`` fraction digits: the texts form a grid of step 1e-6. A bound is read as
+    ``FRAC_DIGITS`` fraction digits: the texts form a grid of step 1e-6. Past the grid, up to
+    ``INT_LIMIT``, integer texts only (exact as doubles below 2**53, so the integer bounds
+    hold after parsing): a millisecond timestamp's ``minimum: 1e12`` has values. A bound is read as
     the shortest decimal that parses back to the same double (so ``minimum: 1.1`` admits
     "1.1"), rounded inward to the grid. Why that is exact after parsing: below 1e9 a double's
     ulp is at most 2**-23 < 1e-6, so two distinct grid values, or a grid value and a bound
@@ -157,16 +161,27 @@ def number_regex(schema: dict[str, Any]) -> str:
     (lo, lo_inc), (hi, hi_inc) = _lower(schema), _upper(schema)
     if lo is None and hi is None:
         return NUMBER
+    key = next(k for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum") if k in schema)
+    if lo is not None and hi is not None and (lo > hi or lo == hi and not (lo_inc and hi_inc)):
+        raise BoundsError(key, f"number bounds {_bounds_text(schema)} are empty")
     span = (NUM_LIMIT + 1) * _SCALE - 1  # largest magnitude on the grid, in grid steps
     a = -span if lo is None else max(-span, _grid_lower(_raw_bound(schema, "minimum", lo), lo_inc))
     b = span if hi is None else min(span, _grid_upper(_raw_bound(schema, "maximum", hi), hi_inc))
-    if a > b:
-        raise BoundsError("minimum", f"number bounds {_bounds_text(schema)} leave no value within ±{NUM_LIMIT}")
     alts = []
-    if b >= 0:
+    if a <= b and b >= 0:
         alts.append(_magnitude_regex(max(a, 0), b))
-    if a < 0:  # "-x" for x >= 1e-6 (zero is written "0", never "-0")
+    if a <= b and a < 0:  # "-x" for x >= 1e-6 (zero is written "0", never "-0")
         alts.append("-" + _magnitude_regex(max(-b, 1), -a))
+    ilo, ihi = integer_bounds(schema)  # past the grid: integers, up to INT_LIMIT
+    ilo = -INT_LIMIT if ilo is None else max(ilo, -INT_LIMIT)
+    ihi = INT_LIMIT if ihi is None else min(ihi, INT_LIMIT)
+    if max(ilo, NUM_LIMIT + 1) <= ihi:
+        alts.append(nonneg_range_regex(max(ilo, NUM_LIMIT + 1), ihi))
+    if ilo <= min(ihi, -(NUM_LIMIT + 1)):
+        alts.append("-" + nonneg_range_regex(-min(ihi, -(NUM_LIMIT + 1)), -ilo))
+    if not alts:
+        raise BoundsError(key, f"number bounds {_bounds_text(schema)}: no value on the grid of 1e-6 steps within "
+                          f"±{NUM_LIMIT}, nor an integer within ±{INT_LIMIT}", unsupported=True)
     return "(?:" + "|".join(alts) + ")"
 
 

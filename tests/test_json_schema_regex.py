@@ -1008,6 +1008,34 @@ def test_integer_bounds_beyond_15_digits_are_exact():
     assert re.fullmatch(plain, str(10**15 - 1)) and not re.fullmatch(plain, str(10**15))
 
 
+@pytest.mark.parametrize("schema, ok, bad", [
+    ({"minimum": 1e12}, ["1700000000000", "1000000000000", "999999999999999"], ["999999999999", "5", "-3"]),
+    ({"maximum": -1e10}, ["-10000000000", "-123456789012"], ["-9999999999", "0", "-1.5"]),
+    ({"minimum": 2e9, "maximum": 3e9}, ["2000000000", "3000000000", "2500000001"], ["1999999999", "3000000001"]),
+    ({"exclusiveMinimum": 2e9, "exclusiveMaximum": 3e9}, ["2000000001", "2999999999"], ["2000000000", "3000000000"]),
+    ({"minimum": 5e8, "maximum": 2e9}, ["500000000", "999999999.5", "1000000000", "2000000000"],
+     ["499999999.9", "2000000001", "1000000000.5"]),
+])
+def test_number_bounds_past_the_fraction_grid_take_integers(schema: dict, ok: list[str], bad: list[str]) -> None:
+    """Bounds past ±1e9 (a millisecond timestamp's minimum 1e12) were a 400 saying no value
+    exists; past the 1e-6 grid integer texts are written, exact as doubles up to 1e15."""
+    rx = compile_checked({"type": "number", **schema})
+    for text in ok:
+        assert rx.fullmatch(text), text
+        assert jsonschema.Draft202012Validator({"type": "number", **schema}).is_valid(json.loads(text)), text
+    for text in bad:
+        assert not rx.fullmatch(text), text
+
+
+def test_number_bounds_no_text_can_meet_name_their_keyword() -> None:
+    with pytest.raises(UnsupportedSchemaError, match="keyword 'maximum'.*nor an integer"):
+        json_schema_to_regex({"type": "number", "maximum": -1e16})
+    with pytest.raises(UnsupportedSchemaError, match="no value on the grid"):
+        json_schema_to_regex({"type": "number", "exclusiveMinimum": 1e-7, "exclusiveMaximum": 2e-7})
+    with pytest.raises(ValueError, match="keyword 'minimum'.*empty"):
+        json_schema_to_regex({"type": "number", "minimum": 3, "exclusiveMaximum": 3})
+
+
 def test_date_format_is_every_real_calendar_date():
     """format "date" admits exactly the dates Python's calendar has: Feb 29 in leap years
     (by 4; centuries by 400) too. It never admitted Feb 29, so a leap day could not be written."""
