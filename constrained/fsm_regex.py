@@ -17,7 +17,7 @@ from interegular.fsm import anything_else
 
 from treadle.constrained.regex_text import class_literal, has_top_level_alternation
 
-__all__ = ["fsm_to_regex"]
+__all__ = ["fsm_to_regex", "length_range"]
 
 
 def fsm_to_regex(fsm: Any, limit: int = 20_000) -> str | None:
@@ -54,6 +54,48 @@ def fsm_to_regex(fsm: Any, limit: int = 20_000) -> str | None:
                 if len(edges[p][r]) > limit:
                     raise ValueError(f"a key set's regex would exceed {limit} characters")
     return edges[start].get(end)
+
+
+def length_range(fsm: Any) -> tuple[int, int | None] | None:
+    """The fewest and the most characters of a string ``fsm`` accepts (None for the most when
+    a loop makes them unbounded); None when it accepts nothing."""
+    live = _live_states(fsm)
+    if fsm.initial not in live:
+        return None
+    succ = {p: [q for q in fsm.map.get(p, {}).values() if q in live] for p in live}
+    indeg = dict.fromkeys(live, 0)
+    for p in live:
+        for q in succ[p]:
+            indeg[q] += 1
+    # Kahn's order from the start: every live state is reachable from it, so a state left
+    # unordered lies on a loop
+    order, todo = [], [p for p in live if indeg[p] == 0]
+    while todo:
+        p = todo.pop()
+        order.append(p)
+        for q in succ[p]:
+            indeg[q] -= 1
+            if indeg[q] == 0:
+                todo.append(q)
+    shortest = {fsm.initial: 0}
+    frontier = [fsm.initial]
+    while frontier:  # breadth first
+        nxt = []
+        for p in frontier:
+            for q in succ[p]:
+                if q not in shortest:
+                    shortest[q] = shortest[p] + 1
+                    nxt.append(q)
+        frontier = nxt
+    low = min(shortest[q] for q in live & set(fsm.finals))
+    if len(order) < len(live):
+        return low, None
+    longest = dict.fromkeys(live, -1)
+    longest[fsm.initial] = 0
+    for p in order:
+        for q in succ[p]:
+            longest[q] = max(longest[q], longest[p] + 1)
+    return low, max(longest[q] for q in live & set(fsm.finals))
 
 
 def _live_states(fsm: Any) -> set:

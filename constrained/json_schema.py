@@ -43,6 +43,7 @@ import referencing.exceptions
 
 from treadle.constrained import regex_numbers as nums
 from treadle.constrained import regex_text as text
+from treadle.constrained.fsm_regex import fsm_to_regex, length_range
 from treadle.constrained.json_holes import CALL_CHARS, HOLE_CHARS, MAX_CALLS, schema_allows_holes, with_definitions
 from treadle.constrained.json_schema_parts import (
     ANNOTATIONS,
@@ -727,6 +728,8 @@ class _Converter:
                 raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
             if body is not None:
                 return '"' + body + '"'
+        if special == ["format"] and schema["format"] in text.FORMATS and ("minLength" in schema or "maxLength" in schema):
+            return '"' + _format_with_length(schema["format"], lo, hi, path) + '"'
         if special and ("minLength" in schema or "maxLength" in schema):
             raise UnsupportedSchemaError(
                 f"json_schema: keyword '{special[0]}' at {path} together with minLength/maxLength is not supported "
@@ -782,6 +785,37 @@ _SUPPORTED = {
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties", "unevaluatedProperties",
                "propertyNames", "patternProperties"},
 }
+
+
+_FORMAT_INTERSECT_STATES = 100  # date, time, date-time, duration, ipv4, ipv6, uuid
+
+
+def _format_with_length(fmt: str, lo: int, hi: int | None, path: str) -> str:
+    """A format's regex under minLength / maxLength (Pydantic's AnyUrl: format uri, minLength 1;
+    HttpUrl adds maxLength 2083). A format writes ASCII only, a code point a character, so the
+    bounds are plain lengths: bounds all its strings meet are dropped, others intersect its FSM
+    with the length range."""
+    rx = text.FORMATS[fmt]
+    fsm = interegular.parse_pattern(rx).to_fsm()
+    shortest, longest = length_range(fsm)
+    if lo <= shortest and (hi is None or longest is not None and hi >= longest):
+        return rx
+    if hi is not None and hi < shortest or longest is not None and lo > longest:
+        raise Unsatisfiable(f"json_schema: keyword 'format' at {path}: {fmt!r} strings have {shortest} to "
+                            f"{longest} characters, outside minLength/maxLength {lo}..{hi}")
+    if len(fsm.states) > _FORMAT_INTERSECT_STATES:  # uri, email, hostname: the product is too slow to write
+        raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path}: {fmt!r} with minLength/maxLength "
+                                     f"{lo}..{hi} is not supported: its strings have {shortest} to {longest} "
+                                     "characters, and only bounds that cut none of them off are")
+    length = interegular.parse_pattern(f"[\\x00-\\x7f]{{{lo},{'' if hi is None else hi}}}").to_fsm()
+    try:
+        out = fsm_to_regex(fsm & length)
+    except ValueError as exc:  # the intersection's regex is too long
+        raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path} together with minLength/maxLength "
+                                     f"{lo}..{hi} is not supported: {exc}") from exc
+    if out is None:
+        raise Unsatisfiable(f"json_schema: keyword 'format' at {path}: no {fmt!r} string has {lo}..{hi} characters")
+    return out
 
 
 def _is_lone_if(schema: dict) -> bool:

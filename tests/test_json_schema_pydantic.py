@@ -1,7 +1,7 @@
 """Schemas as Pydantic writes them (the usual source of a user's JSON schema): discriminated
 unions, recursive models (list[Node], Optional[Node]), dicts keyed by Literal, sets of an
 Enum, tuples, Any,
-formats (date-time, duration, uuid, ...). Each must compile, and random walks of its grammar
+formats (date-time, duration, uuid, URLs with their lengths, ...). Each must compile, and random walks of its grammar
 over the SmolLM2 vocabulary must end in text that jsonschema accepts and Pydantic parses back
 into the model. (Not Decimal: Pydantic's schema for it, anyOf number or any string, admits
 strings its own parser refuses.)"""
@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 import jsonschema
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import AnyUrl, BaseModel, Field, HttpUrl
 
 from treadle.constrained import GrammarSpec, allocate_token_bitmask, build_compiled_grammar, token_bytes_table
 from treadle.constrained.json_any import JsonPushdown
@@ -71,7 +71,16 @@ class Node(BaseModel):
     parent: Optional[Node] = None
 
 
-MODELS = {"discriminated": Owner, "misc": Misc, "recursive": Node}
+class Links(BaseModel):
+    """Keywords Pydantic writes that were 400s: a URL's format with minLength (maxLength 2083
+    for HttpUrl), a non-empty dict's minProperties 1, a float bound past 1e9."""
+    home: HttpUrl
+    docs: AnyUrl
+    tags: Annotated[dict[str, int], Field(min_length=1)]
+    at_ms: Annotated[float, Field(ge=1e12, le=4e12)]
+
+
+MODELS = {"discriminated": Owner, "misc": Misc, "recursive": Node, "links": Links}
 
 
 @pytest.fixture(scope="module")

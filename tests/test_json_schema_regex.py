@@ -1036,6 +1036,26 @@ def test_number_bounds_no_text_can_meet_name_their_keyword() -> None:
         json_schema_to_regex({"type": "number", "minimum": 3, "exclusiveMaximum": 3})
 
 
+def test_formats_take_length_bounds() -> None:
+    """Pydantic's AnyUrl / HttpUrl write format uri with minLength 1 (and maxLength 2083): bounds
+    every string of the format meets are dropped; bounds that cut into a small format's
+    lengths intersect it; bounds no string meets are unsatisfiable; cutting into uri's, email's
+    or hostname's lengths stays a 400 naming the format."""
+    for schema in ({"format": "uri", "minLength": 1}, {"format": "uri", "minLength": 1, "maxLength": 2083},
+                   {"format": "date", "minLength": 10, "maxLength": 10}):
+        full = {"type": "string", **schema}
+        assert json_schema_to_regex(full) == json_schema_to_regex({"type": "string", "format": schema["format"]})
+    short_ip = {"type": "string", "format": "ipv4", "maxLength": 12}
+    assert accepts(short_ip, "10.0.0.1") and accepts(short_ip, "192.168.1.10")
+    assert not accepts(short_ip, "192.168.100.1") and not accepts(short_ip, "10.0.0")
+    long_time = {"type": "string", "format": "time", "minLength": 12}
+    assert accepts(long_time, "10:00:00.5+01:00") and not accepts(long_time, "10:00:00Z")
+    with pytest.raises(ValueError, match="36 to 36 characters"):
+        json_schema_to_regex({"type": "string", "format": "uuid", "maxLength": 10})
+    raises_keyword({"type": "string", "format": "uri", "maxLength": 40}, "format")
+    raises_keyword({"type": "string", "format": "email", "minLength": 8}, "format")
+
+
 def test_date_format_is_every_real_calendar_date():
     """format "date" admits exactly the dates Python's calendar has: Feb 29 in leap years
     (by 4; centuries by 400) too. It never admitted Feb 29, so a leap day could not be written."""
