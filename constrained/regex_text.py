@@ -159,6 +159,8 @@ FORMATS: dict[str, str] = {
     "date-time": _DATE + "T" + _TIME,
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "ipv4": rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}",
+    # Pydantic's IPvAnyAddress: either
+    "ipvanyaddress": rf"(?:{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}|{_H16}(?::{_H16}){{7}})",
     # A conservative subset of RFC 5321 addresses: dot-atoms of alphanumerics.
     "email": rf"[a-zA-Z0-9_]{{1,20}}(?:[.+-][a-zA-Z0-9_]{{1,20}}){{0,3}}@{_LABEL}(?:\.{_LABEL}){{1,3}}",
     # A conservative subset of RFC 3986 absolute URIs: scheme://host/path of unreserved chars.

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 import jsonschema
 import pytest
-from pydantic import AnyUrl, BaseModel, Field, HttpUrl
+from pydantic import AnyUrl, BaseModel, Field, HttpUrl, IPvAnyAddress
 
 from treadle.constrained import GrammarSpec, allocate_token_bitmask, build_compiled_grammar, token_bytes_table
 from treadle.constrained.json_any import JsonPushdown
@@ -73,11 +73,12 @@ class Node(BaseModel):
 
 class Links(BaseModel):
     """Keywords Pydantic writes that were 400s: a URL's format with minLength (maxLength 2083
-    for HttpUrl), a non-empty dict's minProperties 1, a float bound past 1e9."""
+    for HttpUrl), a non-empty dict's minProperties 1, a float bound past 1e9, format ipvanyaddress."""
     home: HttpUrl
     docs: AnyUrl
     tags: Annotated[dict[str, int], Field(min_length=1)]
     at_ms: Annotated[float, Field(ge=1e12, le=4e12)]
+    addr: IPvAnyAddress
 
 
 MODELS = {"discriminated": Owner, "misc": Misc, "recursive": Node, "links": Links}
