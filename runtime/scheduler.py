@@ -700,17 +700,15 @@ class Scheduler:
         if p.stop and n_out >= p.min_new_tokens and self.tokenizer is not None:
             window = req.output_ids[-self._stop_window(req):]
             tail = self.tokenizer.decode(window, skip_special_tokens=p.skip_special_tokens)
-            new_from = None  # with min_new_tokens: where this token's text starts in `tail`
-            for s in p.stop:
-                if s in tail:  # before the length checks: a stop on the last allowed token is a stop
-                    if p.min_new_tokens > 1:
-                        if new_from is None:
-                            new_from = len(self.tokenizer.decode(window[:-1],
-                                                                 skip_special_tokens=p.skip_special_tokens))
-                        if tail.find(s, max(0, new_from - len(s) + 1)) < 0:
-                            continue  # it ended in an earlier token, one before min_new_tokens: text
-                    req.finish("stop", matched=s)
-                    return
+            new_from = 0  # with min_new_tokens: where this token's text starts in `tail`
+            if p.min_new_tokens > 1 and any(s in tail for s in p.stop):
+                new_from = len(self.tokenizer.decode(window[:-1], skip_special_tokens=p.skip_special_tokens))
+            # a stop ending in an earlier token, one before min_new_tokens, is text; of those
+            # found, the one the detokenizer cuts the text at: the first in the text
+            found = [(at, s) for s in p.stop if s in tail and (at := tail.find(s, max(0, new_from - len(s) + 1))) >= 0]
+            if found:  # before the length checks: a stop on the last allowed token is a stop
+                req.finish("stop", matched=min(found, key=lambda f: f[0])[1])
+                return
         if n_out >= p.max_new_tokens:
             req.finish("length", length=n_out)
             return

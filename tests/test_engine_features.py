@@ -197,6 +197,24 @@ def test_stop_string_on_the_last_allowed_token_is_a_stop(engine, prompts):
     assert out["text"] == engine.tokenizer.decode(ids[:k])
 
 
+def test_two_stops_ending_in_one_token_name_the_one_the_text_is_cut_at(engine, prompts):
+    """Stops ["he", " the"] completing in the token " the": the text is cut at the earlier one,
+    " the", and matched names it (the scheduler named the first stop of the list)."""
+    tok = engine.tokenizer
+    ids = engine.generate(prompts[3], GREEDY)["output_ids"]
+    full = tok.decode(ids)
+    for k in range(1, len(ids)):
+        start, piece = len(tok.decode(ids[:k])), tok.decode(ids[k:k + 1])
+        inner = piece[1:]
+        if len(piece) >= 3 and full.find(piece) == start and full.find(inner) == start + 1:
+            break
+    else:
+        pytest.fail(f"no token of {full!r} has text found nowhere earlier")
+    out = engine.generate(prompts[3], {**GREEDY, "stop": [inner, piece]})
+    assert out["text"] == full[:start], (out["text"], piece)
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": piece}
+
+
 def test_a_stop_string_before_min_new_tokens_is_text(engine):
     """A stop string counts only if it ends in token min_new_tokens or later (SGLang's rule);
     one written before is ordinary text, in the text as in the finish reason, streamed or
