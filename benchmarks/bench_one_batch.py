@@ -49,7 +49,8 @@ import time
 
 import torch
 
-from machine import copy_bandwidth, cpu_model, machine_info, matmul_flops  # benchmarks/machine.py (scripts run from this folder)
+# benchmarks/machine.py (scripts run from this folder)
+from machine import copy_bandwidth, cpu_model, machine_info, matmul_flops
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -728,7 +728,8 @@ class _Converter:
                 raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
             if body is not None:
                 return '"' + body + '"'
-        if special == ["format"] and schema["format"] in text.FORMATS and ("minLength" in schema or "maxLength" in schema):
+        lengths = "minLength" in schema or "maxLength" in schema
+        if special == ["format"] and schema["format"] in text.FORMATS and lengths:
             return '"' + _format_with_length(schema["format"], lo, hi, path) + '"'
         if special and ("minLength" in schema or "maxLength" in schema):
             raise UnsupportedSchemaError(
