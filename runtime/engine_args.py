@@ -95,6 +95,9 @@ class EngineArgs:
         "peer (NVLink) memory, 1.5-2.1x faster a call than NCCL on two H200s "
         "(benchmarks/results/all_reduce_cuda.json; 1.5-3x across runs); "
         "--no-custom-all-reduce keeps NCCL for every all-reduce")})
+    enable_expert_parallel: bool = field(default=False, metadata={"help": (
+        "mixture-of-experts models with tp_size > 1: place whole experts on ranks (tp_size must "
+        "divide the number of experts) instead of splitting every expert's columns over the ranks")})
     dist_timeout_s: float = 60.0  # rendezvous and per-collective timeout: a dead or absent rank errors after it
     # server
     host: str = "127.0.0.1"

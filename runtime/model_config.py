@@ -13,8 +13,11 @@ import dataclasses
 from typing import Any, Mapping
 
 SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(
-    {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+    {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+     "Qwen3MoeForCausalLM", "MixtralForCausalLM"}
 )
+# mixtures of experts (runtime/models/moe.py): their MLPs are routed experts
+MOE_ARCHITECTURES: frozenset[str] = frozenset({"Qwen3MoeForCausalLM", "MixtralForCausalLM"})
 
 # HF `model_type` for each architecture (used when `architectures` is missing, and by
 # `to_hf_dict` so `AutoConfig.for_model` picks the right config class).
@@ -23,6 +26,8 @@ _MODEL_TYPES: dict[str, str] = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
 }
 _ARCH_BY_MODEL_TYPE: dict[str, str] = {v: k for k, v in _MODEL_TYPES.items()}
 
@@ -63,6 +68,11 @@ class ModelConfig:
     `rope_scaling` is None for plain RoPE, else a sorted tuple of (key, value) items that
     includes "rope_type" ("linear" or "llama3"); pass a dict and it is frozen for you.
     `rope_scaling_dict` gives it back as a dict. `eos_token_ids` lists every stop id.
+
+    Mixtures of experts (num_experts > 0): a layer's MLP is num_experts experts of
+    moe_intermediate_size, num_experts_per_tok of them per token, their weights renormalised
+    to sum to 1 when norm_topk_prob; layers in mlp_only_layers, or not on the
+    decoder_sparse_step grid, keep a dense MLP of intermediate_size (Qwen3-MoE's fields).
     """
 
     architecture: str
@@ -83,6 +93,12 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     hidden_act: str = "silu"
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check_architecture(self.architecture)
@@ -99,6 +115,18 @@ class ModelConfig:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "head_dim"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}; fix the model config")
+        object.__setattr__(self, "mlp_only_layers", tuple(int(i) for i in self.mlp_only_layers))
+        if self.architecture in MOE_ARCHITECTURES:
+            if not 0 < self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(f"a mixture of experts needs 0 < num_experts_per_tok <= num_experts, got "
+                                 f"{self.num_experts_per_tok} of {self.num_experts}; fix the model config")
+            if self.moe_intermediate_size <= 0 or self.decoder_sparse_step <= 0:
+                raise ValueError("moe_intermediate_size and decoder_sparse_step must be positive; fix the model config")
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        """Whether layer `layer_id`'s MLP is the routed experts (else a dense MLP)."""
+        return (self.num_experts > 0 and layer_id not in self.mlp_only_layers
+                and (layer_id + 1) % self.decoder_sparse_step == 0)
 
     @property
     def rope_scaling_dict(self) -> dict[str, Any] | None:
@@ -149,10 +177,11 @@ class ModelConfig:
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v biases; the others say so in `attention_bias`.
             attention_bias=arch == "Qwen2ForCausalLM" or bool(d.get("attention_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             hidden_act=str(d.get("hidden_act", "silu")),
+            **_moe_from_hf(arch, d),
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
@@ -180,13 +209,36 @@ class ModelConfig:
             "eos_token_id": eos,
             "hidden_act": self.hidden_act,
         }
-        if self.architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
+        if self.architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
             d["attention_bias"] = self.attention_bias
-        if self.architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        if self.architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
             d["use_sliding_window"] = False
-        if self.architecture == "MistralForCausalLM":
+        if self.architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
             d["sliding_window"] = None
+        if self.architecture == "Qwen3MoeForCausalLM":
+            d.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
+                     moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=self.norm_topk_prob,
+                     decoder_sparse_step=self.decoder_sparse_step, mlp_only_layers=list(self.mlp_only_layers))
+        if self.architecture == "MixtralForCausalLM":
+            d.update(num_local_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok)
         return d
+
+
+def _moe_from_hf(arch: str, d: Mapping[str, Any]) -> dict[str, Any]:
+    """The mixture-of-experts fields of an HF config (none for a dense architecture).
+    Mixtral's experts are intermediate_size wide, on every layer, always renormalised."""
+    if arch == "Qwen3MoeForCausalLM":
+        return dict(num_experts=int(d.get("num_experts") or d.get("num_local_experts") or 0),
+                    num_experts_per_tok=int(d.get("num_experts_per_tok", 0)),
+                    moe_intermediate_size=int(d.get("moe_intermediate_size", 0)),
+                    norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+                    decoder_sparse_step=int(d.get("decoder_sparse_step", 1)),
+                    mlp_only_layers=tuple(d.get("mlp_only_layers") or ()))
+    if arch == "MixtralForCausalLM":
+        return dict(num_experts=int(d.get("num_local_experts") or 0),
+                    num_experts_per_tok=int(d.get("num_experts_per_tok", 0)),
+                    moe_intermediate_size=int(d["intermediate_size"]), norm_topk_prob=True)
+    return {}
 
 
 def _check_rope(params: Mapping[str, Any]) -> None:
@@ -273,4 +325,26 @@ DUMMY_CONFIGS: dict[str, ModelConfig] = {
                        rms_norm_eps=1e-6, tie_word_embeddings=True),
     "tiny-qwen2": _cfg("Qwen2ForCausalLM", **_TINY, attention_bias=True, rms_norm_eps=1e-6,
                        tie_word_embeddings=True),
+    # mixtures of experts: Qwen3-30B-A3B (128 experts, 8 a token, 3.3B of 30.5B parameters
+    # active) and Mixtral-8x7B (8 experts, 2 a token)
+    "qwen3-30b-a3b": _cfg(
+        "Qwen3MoeForCausalLM", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+        num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128, rope_theta=1000000.0,
+        qk_norm=True, rms_norm_eps=1e-6, max_position_embeddings=40960, tie_word_embeddings=False,
+        bos_token_id=151643, eos_token_ids=(151645, 151643), num_experts=128, num_experts_per_tok=8,
+        moe_intermediate_size=768, norm_topk_prob=True),
+    "mixtral-8x7b": _cfg(
+        "MixtralForCausalLM", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+        num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=1000000.0,
+        max_position_embeddings=32768, tie_word_embeddings=False, bos_token_id=1, eos_token_ids=(2,),
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336, norm_topk_prob=True),
+    # tiny: layer 1 of tiny-qwen3-moe keeps a dense MLP, and its top-k weights are not
+    # renormalised (norm_topk_prob False), so both paths of the family are exercised
+    "tiny-qwen3-moe": _cfg("Qwen3MoeForCausalLM", **{**_TINY, "head_dim": 32}, qk_norm=True,
+                           rms_norm_eps=1e-6, tie_word_embeddings=False, num_experts=8,
+                           num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False,
+                           mlp_only_layers=(1,)),
+    "tiny-mixtral": _cfg("MixtralForCausalLM", **{**_TINY, "intermediate_size": 64},
+                         tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=64, norm_topk_prob=True),
 }

@@ -73,6 +73,8 @@ class ModelRunner:
             from treadle.runtime.p2p_all_reduce import create_p2p_all_reduce
 
             self.ctx = ctx = ctx._replace(p2p=create_p2p_all_reduce(ctx, self.device, args.nnodes))
+        if args.enable_expert_parallel:
+            self.ctx = ctx = ctx._replace(expert_parallel=True)
         self.dtype = resolve_dtype(args.dtype, self.device)
         self.kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
         self.source = resolve_model_source(args.model_path, tokenizer_path=args.tokenizer_path)

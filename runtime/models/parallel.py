@@ -22,6 +22,8 @@ class ParallelContext(NamedTuple):
     group: object | None = None  # torch.distributed ProcessGroup when size > 1
     # small CUDA tensors go through peer memory when the ranks share a host (p2p_all_reduce.py)
     p2p: object | None = None
+    # --enable-expert-parallel: MoE layers place whole experts on ranks (models/moe.py)
+    expert_parallel: bool = False
 
 
 SINGLE = ParallelContext()

@@ -13,6 +13,9 @@ _REGISTRY = {
     "MistralForCausalLM": ("treadle.runtime.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("treadle.runtime.models.llama", "LlamaForCausalLM"),
     "Qwen3ForCausalLM": ("treadle.runtime.models.llama", "LlamaForCausalLM"),
+    # mixtures of experts: the Llama pieces with a routed-experts MLP (moe.py)
+    "Qwen3MoeForCausalLM": ("treadle.runtime.models.qwen3_moe", "Qwen3MoeForCausalLM"),
+    "MixtralForCausalLM": ("treadle.runtime.models.mixtral", "MixtralForCausalLM"),
 }
 
 

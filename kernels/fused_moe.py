@@ -1,0 +1,376 @@
+"""Fused mixture-of-experts: routing, then each token's chosen experts in two grouped GEMMs.
+
+Shapes (T tokens, H hidden, E experts on this rank, I expert width on this rank, K experts a
+token):
+    x            [T, H]        the MoE layer's input
+    w13          [E, 2I, H]    gate rows [0, I), then up rows [I, 2I) (HF's gate_up_proj layout)
+    w2           [E, H, I]     down projection
+    topk_weights [T, K] fp32   routing weights
+    topk_ids     [T, K] int32  expert of each (token, k) pair in [0, E]; E = "not on this rank"
+                               (expert parallelism), such pairs add nothing
+    out[t] = sum_k topk_weights[t, k] * w2[e] @ (silu(gate_e @ x[t]) * (up_e @ x[t])), e = topk_ids[t, k]
+
+`moe_route` turns router logits into (topk_weights, topk_ids): softmax over all experts, the
+top K, renormalised to sum to 1 when asked (Qwen3-MoE's norm_topk_prob; Mixtral always, which
+equals a softmax over its top-K logits).
+
+`fused_moe` picks one of two paths, both with a fixed launch shape for a given T (so CUDA graphs
+capture them) and no per-expert Python loop:
+- decode (T == 1, or T*K <= E/2: few pairs, experts rarely shared): one program per (pair,
+  column block) computes gate and up rows and the SiLU product; then one program per (token,
+  column block) runs the down projection of the token's K experts, weights and sums them.
+- grouped: the (token, k) pairs are sorted by expert and each expert's run padded to the block
+  size M (`moe_align`); one grouped GEMM computes gate and up with the SiLU product in its
+  epilogue, another the down projection with the routing weight in its epilogue, and the K
+  rows of a token are summed.
+`fused_moe_ref` is the same computation in torch (gathered expert weights, batched matmul): the
+CPU path.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["moe_route", "moe_route_ref", "moe_align", "fused_moe", "fused_moe_ref"]
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+# ------------------------------------------------------------------------------- routing
+
+@triton.jit
+def _route_kernel(
+    logits_ptr, weights_ptr, ids_ptr,
+    num_experts, expert_start, num_local,
+    stride_l,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr,
+):
+    # grid: (T,); one program = one token: softmax over the experts, K rounds of argmax
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_E)
+    mask = offs < num_experts
+    x = tl.load(logits_ptr + t * stride_l + offs, mask=mask, other=-float("inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = tl.where(mask, p, 0.0)
+    p = p / tl.sum(p, axis=0)
+    left = tl.where(mask, p, -1.0)
+    ks = tl.arange(0, K_PAD)
+    w = tl.zeros([K_PAD], dtype=tl.float32)
+    ids = tl.zeros([K_PAD], dtype=tl.int32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(left, axis=0)
+        idx = tl.min(tl.where(left == best, offs, BLOCK_E), axis=0)  # the lowest index of a tie
+        w = tl.where(ks == k, best, w)
+        ids = tl.where(ks == k, idx, ids)
+        left = tl.where(offs == idx, -1.0, left)
+    if RENORM:
+        w = w / tl.sum(w, axis=0)
+    local = ids - expert_start
+    local = tl.where((local >= 0) & (local < num_local), local, num_local)
+    tl.store(weights_ptr + t * TOP_K + ks, w, mask=ks < TOP_K)
+    tl.store(ids_ptr + t * TOP_K + ks, local, mask=ks < TOP_K)
+
+
+def _check_route(logits: torch.Tensor, top_k: int, expert_start: int, num_local: int | None) -> int:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError("router logits must be a [T, E] tensor")
+    e = logits.shape[1]
+    if not 0 < top_k <= e:
+        raise ValueError(f"top_k must be in [1, {e}], got {top_k}")
+    num_local = e if num_local is None else num_local
+    if not (0 <= expert_start and 0 < num_local and expert_start + num_local <= e):
+        raise ValueError(f"local experts [{expert_start}, {expert_start + num_local}) are not within [0, {e})")
+    return num_local
+
+
+def moe_route(logits: torch.Tensor, top_k: int, renormalize: bool, expert_start: int = 0,
+              num_local: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] -> (weights [T, K] fp32, ids [T, K] int32), ids relative to this rank's
+    experts [expert_start, expert_start + num_local); an expert elsewhere is num_local (Triton)."""
+    num_local = _check_route(logits, top_k, expert_start, num_local)
+    if logits.device.type != "cuda" and not _interpreting():
+        raise ValueError(f"logits must be on a CUDA device (got {logits.device}); use moe_route_ref on CPU")
+    if logits.stride(1) != 1:
+        raise ValueError("logits must be contiguous in the expert dimension")
+    t, e = logits.shape
+    weights = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((t, top_k), dtype=torch.int32, device=logits.device)
+    if t:
+        _route_kernel[(t,)](logits, weights, ids, e, expert_start, num_local, logits.stride(0),
+                            TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
+                            BLOCK_E=triton.next_power_of_2(e), RENORM=renormalize, num_warps=1 if e <= 256 else 4)
+    return weights, ids
+
+
+def moe_route_ref(logits: torch.Tensor, top_k: int, renormalize: bool, expert_start: int = 0,
+                  num_local: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure-torch `moe_route` (any device): softmax in fp32, top-k, optional renormalisation."""
+    num_local = _check_route(logits, top_k, expert_start, num_local)
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    local = ids - expert_start
+    local = torch.where((local >= 0) & (local < num_local), local, num_local)
+    return weights, local.to(torch.int32)
+
+
+# ------------------------------------------------------------------------------- alignment
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Group the P = T*K (token, k) pairs by expert, each expert's run padded to block_m.
+
+    Returns (sorted_ids [S] int32, block_expert [S / block_m] int32, num_padded [1] int32):
+    sorted_ids lists pair indices (t*K + k) expert by expert, padding entries = P; block b holds
+    sorted_ids[b*M : (b+1)*M], all of expert block_expert[b]; blocks at or past num_padded are
+    unused. S = P + min(E, P) * (M - 1) rounded up to M bounds every routing, so the shapes (and
+    the GEMM grids) depend on T alone: no host sync, CUDA-graph safe. Pairs of expert E (not on
+    this rank) are left out.
+
+        experts   0 0 0 | 1 | 3 3      (P = 6, M = 4)
+        sorted    a b c P | d P P P | e f P P      num_padded = 12
+    """
+    flat = topk_ids.reshape(-1)
+    p = flat.numel()
+    dev = flat.device
+    size = -(-(p + min(num_experts, p) * (block_m - 1)) // block_m) * block_m
+    e_idx = flat.long()
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)
+    counts.scatter_add_(0, e_idx, torch.ones_like(e_idx))
+    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)  # [E] end of each expert's run in sorted_ids
+    order = torch.argsort(flat, stable=True)  # pairs by expert; pairs of expert E come last
+    sorted_e = e_idx[order]
+    first = torch.cumsum(counts, 0) - counts  # [E + 1] where each expert's pairs start in `order`
+    rank = torch.arange(p, device=dev) - first[sorted_e]  # position within its expert
+    starts = torch.cat([ends - padded, ends.new_full((1,), size)])
+    dest = torch.where(sorted_e < num_experts, starts[sorted_e] + rank, size)  # expert E -> a trash slot
+    sorted_ids = torch.full((size + 1,), p, dtype=torch.int32, device=dev)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    block_starts = torch.arange(0, size, block_m, device=dev)
+    block_expert = torch.searchsorted(ends, block_starts, right=True).to(torch.int32)
+    return sorted_ids[:size], block_expert, ends[-1:].to(torch.int32)
+
+
+# ------------------------------------------------------------------------------- kernels
+
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr, w_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
+    n_out, k_in, num_pairs,
+    stride_am, stride_we, stride_wn, stride_cm,
+    A_DIV: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # grid: (blocks of sorted pairs * column blocks,). c[pair, n] = a[pair // A_DIV] @ w[e, n]^T,
+    # GATED: silu(rows n) * (rows n + n_out) of w; WEIGHTED: times the pair's routing weight
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(n_out, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_ids_ptr + offs_m)
+    mask_m = pairs < num_pairs
+    rows = (pairs // A_DIV).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < n_out
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
+    b_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [K, N]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, tl.cdiv(k_in, BLOCK_K)):
+        mask_k = offs_k < k_in - k0 * BLOCK_K
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        if GATED:
+            b_up = tl.load(b_ptrs + n_out * stride_wn, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            if IEEE:
+                acc_up = tl.dot(a, b_up, acc_up, input_precision="ieee")
+            else:
+                acc_up = tl.dot(a, b_up, acc_up)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    if GATED:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+    if WEIGHTED:
+        acc = acc * tl.load(topk_w_ptr + pairs, mask=mask_m, other=0.0)[:, None]
+    c_ptrs = c_ptr + pairs[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _moe_gemv_up_kernel(
+    x_ptr, w13_ptr, ids_ptr, act_ptr,
+    hidden, inter, num_experts,
+    stride_xt, stride_we, stride_wn, stride_at,
+    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # grid: (T*K, cdiv(I, BLOCK_N)); act[pair, n] = silu(gate_e[n] . x[t]) * (up_e[n] . x[t])
+    pair = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    e = tl.load(ids_ptr + pair)
+    valid = e < num_experts  # an expert on another rank: nothing is read, the row is never used
+    mask_n = (offs_n < inter) & (offs_n * 0 + e < num_experts)
+    w_gate = w13_ptr + tl.where(valid, e, 0).to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+    w_up = w_gate + inter * stride_wn
+    x_row = x_ptr + (pair // TOP_K) * stride_xt
+    acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < hidden
+        xv = tl.load(x_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        m = mask_n[:, None] & mask_k[None, :]
+        g = tl.load(w_gate + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
+        u = tl.load(w_up + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
+        acc_g += tl.sum(g * xv[None, :], axis=1)
+        acc_u += tl.sum(u * xv[None, :], axis=1)
+    y = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    tl.store(act_ptr + pair * stride_at + offs_n, y.to(act_ptr.dtype.element_ty), mask=mask_n)
+
+
+@triton.jit
+def _moe_gemv_down_kernel(
+    act_ptr, w2_ptr, ids_ptr, topk_w_ptr, out_ptr,
+    hidden, inter, num_experts,
+    stride_at, stride_we, stride_wn, stride_ot,
+    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # grid: (T, cdiv(H, BLOCK_N)); out[t, n] = sum_k w[t, k] * (w2_e[n] . act[t*K + k])
+    t = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < hidden
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k in range(TOP_K):
+        pair = t * TOP_K + k
+        e = tl.load(ids_ptr + pair)
+        valid = e < num_experts
+        w_rows = w2_ptr + tl.where(valid, e, 0).to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+        part = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, inter, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = (offs_k < inter) & (offs_k * 0 + e < num_experts)
+            a = tl.load(act_ptr + pair * stride_at + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+            part += tl.sum(w * a[None, :], axis=1)
+        acc += tl.load(topk_w_ptr + pair) * part
+    tl.store(out_ptr + t * stride_ot + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+# ------------------------------------------------------------------------------- wrappers
+
+def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+           topk_ids: torch.Tensor) -> None:
+    for name, t in (("x", x), ("w13", w13), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor")
+    if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
+        raise ValueError(f"need x [T, H], w13 [E, 2I, H], w2 [E, H, I]; got {tuple(x.shape)}, "
+                         f"{tuple(w13.shape)}, {tuple(w2.shape)}")
+    e, two_i, h = w13.shape
+    if h != x.shape[1] or two_i % 2 or tuple(w2.shape) != (e, h, two_i // 2):
+        raise ValueError(f"shapes do not agree: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}")
+    if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"topk_ids and topk_weights must both be [T, K] with T = {x.shape[0]}")
+    if topk_ids.dtype != torch.int32 or topk_weights.dtype != torch.float32:
+        raise ValueError("topk_ids must be int32 and topk_weights float32")
+    if x.dtype not in _DTYPES or w13.dtype != x.dtype or w2.dtype != x.dtype:
+        raise ValueError(f"x, w13 and w2 must share one of fp32/fp16/bf16, got {x.dtype}, {w13.dtype}, {w2.dtype}")
+
+
+def _use_decode_path(t: int, top_k: int, num_experts: int) -> bool:
+    return t == 1 or t * top_k <= num_experts // 2
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, decode_path: bool | None = None) -> torch.Tensor:
+    """The module docstring's `out` [T, H] in x's dtype (Triton). decode_path None picks the
+    path from the sizes; True / False forces one (tests)."""
+    _check(x, w13, w2, topk_weights, topk_ids)
+    if x.device.type != "cuda" and not _interpreting():
+        raise ValueError(f"x must be on a CUDA device (got {x.device}); use fused_moe_ref on CPU")
+    if not (x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous()
+            and topk_ids.is_contiguous() and topk_weights.is_contiguous()):
+        raise ValueError("x must be contiguous in its last dimension, the other tensors contiguous")
+    t, h = x.shape
+    e, two_i, _ = w13.shape
+    inter, top_k = two_i // 2, topk_ids.shape[1]
+    out = torch.empty((t, h), dtype=x.dtype, device=x.device)
+    if t == 0:
+        return out
+    if decode_path if decode_path is not None else _use_decode_path(t, top_k, e):
+        act = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
+        bn_up = 16 if inter >= 1024 else 8
+        _moe_gemv_up_kernel[(t * top_k, triton.cdiv(inter, bn_up))](
+            x, w13, topk_ids, act, h, inter, e, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+            TOP_K=top_k, BLOCK_N=bn_up, BLOCK_K=min(512, triton.next_power_of_2(h)), num_warps=4)
+        bn_down = 16 if h * t >= 4096 else 8
+        _moe_gemv_down_kernel[(t, triton.cdiv(h, bn_down))](
+            act, w2, topk_ids, topk_weights, out, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
+            out.stride(0), TOP_K=top_k, BLOCK_N=bn_down, BLOCK_K=min(512, triton.next_power_of_2(inter)),
+            num_warps=4)
+        return out
+    pairs = t * top_k
+    if pairs <= 16 * e:  # few pairs an expert (decode batches): small row blocks waste less
+        bm, bn, bk, warps = 16, 64, 128, 4
+    else:
+        bm, bn, bk, warps = 64, 128, 64, 8
+    if _interpreting():
+        bn, bk = 32, 32
+    sorted_ids, block_expert, num_padded = moe_align(topk_ids, e, bm)
+    ieee = x.dtype == torch.float32
+    act = torch.empty((pairs, inter), dtype=x.dtype, device=x.device)
+    blocks = block_expert.numel()
+    _moe_gemm_kernel[(blocks * triton.cdiv(inter, bn),)](
+        x, w13, act, topk_weights, sorted_ids, block_expert, num_padded, inter, h, pairs,
+        x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+        A_DIV=top_k, GATED=True, WEIGHTED=False, IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+    # pairs of experts on other ranks are never written: they must read as zeros
+    down = torch.zeros((pairs, h), dtype=x.dtype, device=x.device)
+    _moe_gemm_kernel[(blocks * triton.cdiv(h, bn),)](
+        act, w2, down, topk_weights, sorted_ids, block_expert, num_padded, h, inter, pairs,
+        act.stride(0), w2.stride(0), w2.stride(1), down.stride(0),
+        A_DIV=1, GATED=False, WEIGHTED=True, IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+    torch.sum(down.view(t, top_k, h), dim=1, out=out)
+    return out
+
+
+def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor, decode_path: bool | None = None) -> torch.Tensor:
+    """Pure-torch `fused_moe` (any device): each pair's expert weights gathered and applied
+    with a batched matmul, in chunks of pairs that bound the gathered bytes (no loop over
+    experts). decode_path is accepted for the same signature and ignored."""
+    _check(x, w13, w2, topk_weights, topk_ids)
+    t, h = x.shape
+    e, two_i, _ = w13.shape
+    inter, top_k = two_i // 2, topk_ids.shape[1]
+    ids = topk_ids.reshape(-1).long()
+    valid = ids < e
+    wts = (topk_weights.reshape(-1) * valid).to(x.dtype)  # [P]; experts elsewhere weigh 0
+    ids = torch.where(valid, ids, 0)
+    down = torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
+    chunk = max(1, (256 << 20) // max(1, 3 * inter * h * x.element_size()))
+    for s in range(0, t * top_k, chunk):
+        sel = ids[s : s + chunk]
+        xs = x[torch.arange(s, s + sel.numel(), device=x.device) // top_k].unsqueeze(2)  # [p, H, 1]
+        gu = torch.bmm(w13[sel], xs).squeeze(2)  # [p, 2I]
+        act = (torch.nn.functional.silu(gu[:, :inter].float()) * gu[:, inter:].float()).to(x.dtype)
+        y = torch.bmm(w2[sel], act.unsqueeze(2)).squeeze(2)  # [p, H]
+        down[s : s + sel.numel()] = y * wts[s : s + sel.numel(), None]
+    return down.view(t, top_k, h).sum(dim=1)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"

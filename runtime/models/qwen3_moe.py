@@ -1,0 +1,120 @@
+"""Qwen3-MoE: the Qwen3 decoder (q/k RMSNorm attention, from llama.py) with a routed
+mixture of experts for its MLP (moe.py). Layers listed in mlp_only_layers, or off the
+decoder_sparse_step grid, keep a dense MLP. Mixtral (mixtral.py) is this model with other
+checkpoint names and always-renormalised routing."""
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from treadle.runtime.model_config import ModelConfig
+from treadle.runtime.models.llama import (
+    LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, RMSNorm,
+)
+from treadle.runtime.models.moe import SparseMoeBlock
+from treadle.runtime.models.parallel import (
+    SINGLE, ParallelContext, ParallelLMHead, VocabParallelEmbedding, default_weight_loader,
+)
+
+
+class MoeDecoderLayer(LlamaDecoderLayer):
+    """LlamaDecoderLayer (its forward unchanged) whose MLP is a SparseMoeBlock where the
+    config says so."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, ctx: ParallelContext) -> None:
+        nn.Module.__init__(self)  # not LlamaDecoderLayer's: it would build a dense MLP first
+        self.self_attn = LlamaAttention(cfg, layer_id, ctx)
+        if cfg.is_moe_layer(layer_id):
+            self.mlp = SparseMoeBlock(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size,
+                                      cfg.moe_intermediate_size, cfg.norm_topk_prob, ctx, ctx.expert_parallel)
+        else:
+            self.mlp = LlamaMLP(cfg, ctx)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+# one expert's tensor in a checkpoint: layers.{L}.mlp.experts.{e}.{gate,up,down}_proj.weight
+_EXPERT = re.compile(r"^(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+class Qwen3MoeForCausalLM(LlamaForCausalLM):
+    """Forward, logits and rope from LlamaForCausalLM; the layers and the weight names differ."""
+
+    # checkpoint name fragment -> treadle's (subclasses rename theirs onto Qwen3-MoE's)
+    _RENAME: tuple[tuple[str, str], ...] = ()
+
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext = SINGLE) -> None:
+        nn.Module.__init__(self)
+        self.config = cfg
+        self.ctx = ctx
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
+        self.layers = nn.ModuleList(MoeDecoderLayer(cfg, i, ctx) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("cos_sin", torch.empty(0), persistent=False)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into this rank's parameters: experts one by one
+        (`...experts.{e}.gate_proj.weight`, as checkpoints store them) or fused
+        (`...experts.gate_up_proj` [E, 2I, H], as an HF model's state_dict holds them).
+        Every parameter must be filled exactly once; a missing or unknown name is an error."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        filled: set[str] = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            for old, new in self._RENAME:
+                name = name.replace(old, new)
+            if (name.startswith("lm_head.") and self.config.tie_word_embeddings) or "rotary_emb" in name:
+                continue
+            m = _EXPERT.match(name)
+            if m:
+                experts = self.get_submodule(m.group(1))
+                e, part = int(m.group(2)), m.group(3)
+                if not 0 <= e < experts.num_experts:
+                    raise ValueError(f"checkpoint tensor {name!r} names expert {e} of {experts.num_experts}")
+                experts.load_expert(tensor.to(experts.down_proj.dtype), e, part)
+                filled.add(f"{m.group(1)}/{e}/{part}")
+                continue
+            shard = None
+            for frag, (merged, sid) in self._MERGED.items():
+                if frag in name:
+                    name, shard = name.replace(frag, merged), sid
+                    break
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
+            p = params[name]
+            with torch.no_grad():
+                getattr(p, "weight_loader", default_weight_loader)(p, tensor.to(p.dtype), shard)
+            if name.endswith(".experts.gate_up_proj") or name.endswith(".experts.down_proj"):
+                base = name.rsplit(".", 1)[0]
+                parts = ("gate", "up") if name.endswith("gate_up_proj") else ("down",)
+                n = self.get_submodule(base).num_experts
+                filled |= {f"{base}/{e}/{part}" for e in range(n) for part in parts}
+            else:
+                filled.add(name if shard is None else f"{name}/{shard}")
+        missing = sorted(self._expected() - filled)
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+
+    def _expected(self) -> set[str]:
+        expected = set()
+        for name, _ in self.named_parameters(remove_duplicate=False):
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            if ".qkv_proj." in name:
+                expected |= {f"{name}/{s}" for s in "qkv"}
+            elif ".gate_up_proj." in name:
+                expected |= {f"{name}/0", f"{name}/1"}
+            elif name.endswith(".experts.gate_up_proj") or name.endswith(".experts.down_proj"):
+                base = name.rsplit(".", 1)[0]
+                parts = ("gate", "up") if name.endswith("gate_up_proj") else ("down",)
+                expected |= {f"{base}/{e}/{part}" for e in range(self.get_submodule(base).num_experts)
+                             for part in parts}
+            else:
+                expected.add(name)
+        return expected
