@@ -34,6 +34,12 @@ benchmarks/results/one_batch_<device>.json):
   KV read growing a token per step. bound_output_tok_s = bs * output_len / bound_s;
   pct_of_output_bound = output tok/s / bound_output_tok_s; in the hf record bound_over_hf =
   bound_output_tok_s / HF output tok/s: the largest ratio over HF any engine could show.
+- mixtures of experts (--model dummy:qwen3-30b-a3b, dummy:mixtral-8x7b): "weight bytes" in the
+  roofline, the step roofline and the bound are the bytes a forward over n tokens actually
+  reads: every parameter except the experts and an untied embedding table, the embedding rows
+  of the n tokens, and per MoE layer the experts the n tokens activate, E (1 - (1 - K/E)^n)
+  (the expectation under uniform routing, which random routers are close to; exactly K for one
+  token); the FLOPs per token count K experts. The roofline record gives both figures.
 - summary: table of bs, treadle output tok/s, decode tok/s, HF tok/s, ratio, % of roofline at bs 1,
   % of the step roofline, % of the output bound, the bound over HF.
 """
@@ -113,23 +119,55 @@ def sync(dev: torch.device) -> None:
 
 
 def linear_params(model: torch.nn.Module) -> int:
-    """Weights of the linears every token runs through (the decoder layers' matrices)."""
-    return sum(p.numel() for n, p in model.named_parameters() if n.startswith("layers.") and p.dim() == 2)
+    """Weights of the linears every token runs through (the decoder layers' matrices; in a
+    mixture of experts, the K experts a token is routed to)."""
+    dense = sum(p.numel() for n, p in model.named_parameters() if n.startswith("layers.") and p.dim() == 2)
+    k = getattr(model.config, "num_experts_per_tok", 0)
+    return dense + sum(k * (m.gate_up_proj[0].numel() + m.down_proj[0].numel()) for m in moe_experts(model))
 
 
-def batch_bound_s(bs: int, args, cfg, tp: int, per_token: int, wb: int, kv_token_bytes: int, bw: float,
+def batch_bound_s(bs: int, args, cfg, tp: int, per_token: int, wb, kv_token_bytes: int, bw: float,
                   peak: float) -> float:
     """Seconds the batch takes at best on this device (the module docstring's `bound`)."""
     heads_dim, layers = cfg.num_heads // tp * cfg.head_dim, cfg.num_layers
     head = cfg.vocab_size * cfg.hidden_size // tp
     n = args.input_len
     prefill_flops = bs * (2 * per_token * n + 2 * head + 4 * layers * heads_dim * n * (n + 1) // 2)
-    t = max(prefill_flops / peak, (wb + bs * n * kv_token_bytes) / bw)
+    # wb(tokens): weight bytes a forward over that many tokens reads
+    t = max(prefill_flops / peak, (wb(bs * n) + bs * n * kv_token_bytes) / bw)
     for step in range(1, args.output_len):
         ctx = n + step  # keys the step's query attends to
         flops = bs * (2 * per_token + 2 * head + 4 * layers * heads_dim * ctx)
-        t += max(flops / peak, (wb + bs * ctx * kv_token_bytes) / bw)
+        t += max(flops / peak, (wb(bs) + bs * ctx * kv_token_bytes) / bw)
     return t
+
+
+def moe_experts(model: torch.nn.Module) -> list:
+    from treadle.runtime.models.moe import FusedExperts
+
+    return [m for m in model.modules() if isinstance(m, FusedExperts)]
+
+
+def step_weight_bytes(model: torch.nn.Module, cfg):
+    """n tokens -> the weight bytes a forward over them reads (the module docstring's MoE
+    paragraph); a dense model reads every parameter once whatever n."""
+    wb = weight_bytes(model)
+    experts = moe_experts(model)
+    if not experts:
+        return lambda n: wb
+    expert_bytes = sum(m.gate_up_proj.nbytes + m.down_proj.nbytes for m in experts)
+    emb = model.embed_tokens.weight
+    untied = not cfg.tie_word_embeddings
+    base = wb - expert_bytes - (emb.nbytes if untied else 0)
+    e, k = cfg.num_experts, cfg.num_experts_per_tok
+
+    def read(n: int) -> float:
+        active = e * (1 - (1 - k / e) ** n)  # experts of a layer n tokens activate
+        rows = min(n, emb.shape[0]) * emb[0].nbytes if untied else 0
+        return base + rows + sum(active * m.num_local / e * (m.gate_up_proj[0].nbytes + m.down_proj[0].nbytes)
+                                 for m in experts)
+
+    return read
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -285,15 +323,17 @@ def main() -> None:
                     tp_size=args.tp_size, custom_all_reduce=args.custom_all_reduce)
     load_s = time.perf_counter() - t0
     cfg = engine.runner.config
-    wb = weight_bytes(engine.runner.model)
-    roof = bw / wb
+    wb_all = weight_bytes(engine.runner.model)
+    wb = step_weight_bytes(engine.runner.model, cfg)  # tokens -> bytes a forward reads
+    roof = bw / wb(1)
     pool = engine.runner.kv_pool  # (rank 0's shard with tensor parallelism, like wb)
     kv_token_bytes = 2 * pool.num_layers * pool.k_buffers[0][0].nbytes  # K and V, every layer
     per_token = linear_params(engine.runner.model)
     peak_n = 8192 if dev.type == "cuda" else 1024
     peak = matmul_flops(dev, dtype, peak_n)
     # with tensor parallelism, rank 0's shard: each GPU streams its own shard at the same time
-    emit({"figure": "roofline", "weight_bytes": wb, "weight_gb": round(wb / 1e9, 3),
+    emit({"figure": "roofline", "weight_bytes": wb_all, "weight_gb": round(wb_all / 1e9, 3),
+          "bs1_step_weight_bytes": round(wb(1)), "bs1_step_weight_gb": round(wb(1) / 1e9, 3),
           "copy_gb_s": round(bw / 1e9, 1), "bs1_decode_roofline_tok_s": round(roof, 2),
           "engine_load_s": round(load_s, 2), "kv_slots": engine.runner.num_slots,
           "kv_bytes_per_token": kv_token_bytes})
@@ -316,7 +356,8 @@ def main() -> None:
             if rec["itl_ms"] > 0:
                 # a decode step reads the weights once and each request's KV once; over the run
                 # the context averages input_len + output_len / 2 tokens
-                step_bytes = wb + bs * (args.input_len + args.output_len / 2) * kv_token_bytes
+                step_bytes = wb(bs) + bs * (args.input_len + args.output_len / 2) * kv_token_bytes
+                rec["step_weight_gb"] = round(wb(bs) / 1e9, 3)
                 rec["step_roofline_ms"] = round(step_bytes / bw * 1e3, 3)
                 rec["pct_of_step_roofline"] = round(100 * step_bytes / bw * 1e3 / rec["itl_ms"], 1)
             bound = batch_bound_s(bs, args, cfg, args.tp_size, per_token, wb, kv_token_bytes, bw, peak)
@@ -392,7 +433,7 @@ def main() -> None:
     def f(x, w=10):
         return f"{x:>{w}}" if x is not None else f"{'-':>{w}}"
 
-    print(f"\nroofline (bs 1 decode) = {bw / 1e9:.1f} GB/s / {wb / 1e9:.2f} GB = {roof:.1f} tok/s")
+    print(f"\nroofline (bs 1 decode) = {bw / 1e9:.1f} GB/s / {wb(1) / 1e9:.2f} GB = {roof:.1f} tok/s")
     print(f"compute peak = {peak / 1e12:.2f} TFLOP/s ({peak_n}^3 {dtype} matmul); bound: the fastest any engine "
           "could run the batch here; bound/HF: the largest ratio over HF it allows")
     print(f"{'bs':>5} {'out tok/s':>10} {'dec tok/s':>10} {'prefill s':>10} {'HF tok/s':>10} {'ratio':>7}"

@@ -34,9 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["moe_route", "moe_route_ref", "moe_align", "fused_moe", "fused_moe_ref"]
+__all__ = ["moe_route", "moe_route_ref", "moe_align", "pick_config", "fused_moe", "fused_moe_ref"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_ONE_HOT_MAX = 1 << 21  # moe_align: pairs x (experts + 1) up to this use the one-hot count
 
 
 # ------------------------------------------------------------------------------- routing
@@ -139,14 +140,23 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
     dev = flat.device
     size = -(-(p + min(num_experts, p) * (block_m - 1)) // block_m) * block_m
     e_idx = flat.long()
-    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)
-    counts.scatter_add_(0, e_idx, torch.ones_like(e_idx))
+    if p * (num_experts + 1) <= _ONE_HOT_MAX:
+        # decode-sized: a pair's place within its expert from a running count over a one-hot
+        # table (one cumsum; no sort)
+        onehot = (e_idx[:, None] == torch.arange(num_experts + 1, device=dev)[None, :]).to(torch.int32)
+        running = torch.cumsum(onehot, 0)  # [P, E + 1]
+        counts = running[-1].long()
+        rank = running.gather(1, e_idx[:, None]).squeeze(1).long() - 1
+        sorted_e, order = e_idx, torch.arange(p, device=dev)
+    else:
+        counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)
+        counts.scatter_add_(0, e_idx, torch.ones_like(e_idx))
+        order = torch.argsort(flat, stable=True)  # pairs by expert; pairs of expert E come last
+        sorted_e = e_idx[order]
+        first = torch.cumsum(counts, 0) - counts  # [E + 1] where each expert's pairs start in `order`
+        rank = torch.arange(p, device=dev) - first[sorted_e]  # position within its expert
     padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)  # [E] end of each expert's run in sorted_ids
-    order = torch.argsort(flat, stable=True)  # pairs by expert; pairs of expert E come last
-    sorted_e = e_idx[order]
-    first = torch.cumsum(counts, 0) - counts  # [E + 1] where each expert's pairs start in `order`
-    rank = torch.arange(p, device=dev) - first[sorted_e]  # position within its expert
     starts = torch.cat([ends - padded, ends.new_full((1,), size)])
     dest = torch.where(sorted_e < num_experts, starts[sorted_e] + rank, size)  # expert E -> a trash slot
     sorted_ids = torch.full((size + 1,), p, dtype=torch.int32, device=dev)
@@ -290,14 +300,28 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: t
         raise ValueError(f"x, w13 and w2 must share one of fp32/fp16/bf16, got {x.dtype}, {w13.dtype}, {w2.dtype}")
 
 
-def _use_decode_path(t: int, top_k: int, num_experts: int) -> bool:
-    return t == 1 or t * top_k <= num_experts // 2
+def pick_config(t: int, top_k: int, num_experts: int, hidden: int, inter: int) -> dict:
+    """Launch parameters for T tokens: `decode` True = the GEMV path (bn_up / bk_up for gate
+    and up, bn_down / bk_down for down), False = the grouped GEMMs (block_m / block_n / block_k,
+    warps, stages)."""
+    if t == 1 or t * top_k <= num_experts // 2:
+        return dict(decode=True, bn_up=16 if inter >= 1024 else 8, bk_up=min(512, triton.next_power_of_2(hidden)),
+                    bn_down=16 if hidden * t >= 4096 else 8, bk_down=min(512, triton.next_power_of_2(inter)),
+                    warps=4)
+    if t * top_k <= 16 * num_experts:  # few pairs an expert (decode batches): small row blocks waste less
+        cfg = dict(decode=False, block_m=16, block_n=64, block_k=128, warps=4, stages=3)
+    else:
+        cfg = dict(decode=False, block_m=64, block_n=128, block_k=64, warps=8, stages=3)
+    if _interpreting():
+        cfg.update(block_n=32, block_k=32)
+    return cfg
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, decode_path: bool | None = None) -> torch.Tensor:
+              topk_ids: torch.Tensor, decode_path: bool | None = None, config: dict | None = None) -> torch.Tensor:
     """The module docstring's `out` [T, H] in x's dtype (Triton). decode_path None picks the
-    path from the sizes; True / False forces one (tests)."""
+    path from the sizes, True / False forces one (tests); config overrides `pick_config`'s
+    launch parameters (benchmarks)."""
     _check(x, w13, w2, topk_weights, topk_ids)
     if x.device.type != "cuda" and not _interpreting():
         raise ValueError(f"x must be on a CUDA device (got {x.device}); use fused_moe_ref on CPU")
@@ -310,25 +334,22 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)
     if t == 0:
         return out
-    if decode_path if decode_path is not None else _use_decode_path(t, top_k, e):
+    cfg = pick_config(t, top_k, e, h, inter)
+    if decode_path is not None and decode_path != cfg["decode"]:
+        cfg = pick_config(1 if decode_path else max(t, e), top_k, e, h, inter)
+    cfg.update(config or {})
+    if cfg["decode"]:
         act = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
-        bn_up = 16 if inter >= 1024 else 8
-        _moe_gemv_up_kernel[(t * top_k, triton.cdiv(inter, bn_up))](
+        _moe_gemv_up_kernel[(t * top_k, triton.cdiv(inter, cfg["bn_up"]))](
             x, w13, topk_ids, act, h, inter, e, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-            TOP_K=top_k, BLOCK_N=bn_up, BLOCK_K=min(512, triton.next_power_of_2(h)), num_warps=4)
-        bn_down = 16 if h * t >= 4096 else 8
-        _moe_gemv_down_kernel[(t, triton.cdiv(h, bn_down))](
+            TOP_K=top_k, BLOCK_N=cfg["bn_up"], BLOCK_K=cfg["bk_up"], num_warps=cfg["warps"])
+        _moe_gemv_down_kernel[(t, triton.cdiv(h, cfg["bn_down"]))](
             act, w2, topk_ids, topk_weights, out, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
-            out.stride(0), TOP_K=top_k, BLOCK_N=bn_down, BLOCK_K=min(512, triton.next_power_of_2(inter)),
-            num_warps=4)
+            out.stride(0), TOP_K=top_k, BLOCK_N=cfg["bn_down"], BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"])
         return out
     pairs = t * top_k
-    if pairs <= 16 * e:  # few pairs an expert (decode batches): small row blocks waste less
-        bm, bn, bk, warps = 16, 64, 128, 4
-    else:
-        bm, bn, bk, warps = 64, 128, 64, 8
-    if _interpreting():
-        bn, bk = 32, 32
+    bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]
+    launch = dict(num_warps=cfg["warps"]) if _interpreting() else dict(num_warps=cfg["warps"], num_stages=cfg["stages"])
     sorted_ids, block_expert, num_padded = moe_align(topk_ids, e, bm)
     ieee = x.dtype == torch.float32
     act = torch.empty((pairs, inter), dtype=x.dtype, device=x.device)
@@ -336,22 +357,22 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     _moe_gemm_kernel[(blocks * triton.cdiv(inter, bn),)](
         x, w13, act, topk_weights, sorted_ids, block_expert, num_padded, inter, h, pairs,
         x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        A_DIV=top_k, GATED=True, WEIGHTED=False, IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+        A_DIV=top_k, GATED=True, WEIGHTED=False, IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **launch)
     # pairs of experts on other ranks are never written: they must read as zeros
     down = torch.zeros((pairs, h), dtype=x.dtype, device=x.device)
     _moe_gemm_kernel[(blocks * triton.cdiv(h, bn),)](
         act, w2, down, topk_weights, sorted_ids, block_expert, num_padded, h, inter, pairs,
         act.stride(0), w2.stride(0), w2.stride(1), down.stride(0),
-        A_DIV=1, GATED=False, WEIGHTED=True, IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+        A_DIV=1, GATED=False, WEIGHTED=True, IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **launch)
     torch.sum(down.view(t, top_k, h), dim=1, out=out)
     return out
 
 
 def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor, decode_path: bool | None = None) -> torch.Tensor:
+                  topk_ids: torch.Tensor, decode_path: bool | None = None, config: dict | None = None) -> torch.Tensor:
     """Pure-torch `fused_moe` (any device): each pair's expert weights gathered and applied
     with a batched matmul, in chunks of pairs that bound the gathered bytes (no loop over
-    experts). decode_path is accepted for the same signature and ignored."""
+    experts). decode_path and config are accepted for the same signature and ignored."""
     _check(x, w13, w2, topk_weights, topk_ids)
     t, h = x.shape
     e, two_i, _ = w13.shape

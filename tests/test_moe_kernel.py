@@ -45,7 +45,11 @@ def _case(t: int, e: int, k: int, h: int, inter: int, dtype=torch.float32, devic
     return x, w13, w2, logits
 
 
-def test_align_groups_pairs_by_expert_with_padding():
+@pytest.mark.parametrize("one_hot_max", [1 << 21, 0], ids=["one-hot", "sort"])
+def test_align_groups_pairs_by_expert_with_padding(one_hot_max, monkeypatch):
+    from treadle.kernels import fused_moe
+
+    monkeypatch.setattr(fused_moe, "_ONE_HOT_MAX", one_hot_max)
     ids = torch.tensor([[3, 0], [0, 1], [3, 0], [4, 4]], dtype=torch.int32)  # expert 4 = elsewhere
     sorted_ids, block_expert, num_padded = moe_align(ids, num_experts=4, block_m=4)
     # expert 0: pairs 1, 2, 5; expert 1: pair 3; expert 3: pairs 0, 4; pairs 6, 7 left out

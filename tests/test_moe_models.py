@@ -148,3 +148,19 @@ def test_server_serves_a_moe_model_with_json_schema():
             temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": DIGIT}})
         doc = json.loads(r.choices[0].message.content)
         assert 0 <= doc["n"] <= 9 and isinstance(doc["ok"], bool)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_cover_moe_decode():
+    """Decode batches of 1 (the GEMV path) and 5 (the grouped GEMMs) replayed from CUDA graphs
+    give the eager launches' tokens (fp32)."""
+    prompts = [[1, 5, 9, 200, 31], [1], list(range(3, 60)), [1, 17] * 11, [7] * 9]
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    out = {}
+    for graphs in (False, True):
+        with Engine(model_path="dummy:tiny-qwen3-moe", device="cuda", dtype="float32", cuda_graph=graphs,
+                    max_total_tokens=4096) as e:
+            assert (e.runner.graph_runner is not None) == graphs
+            out[graphs] = ([o["output_ids"] for o in e.generate(input_ids=prompts, sampling_params=params)],
+                           e.generate(input_ids=prompts[0], sampling_params=params)["output_ids"])
+    assert out[True] == out[False]
