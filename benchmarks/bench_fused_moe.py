@@ -31,16 +31,19 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--tokens", default="1,2,4,8,32,128,512,4096")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--sweep", action="store_true", help="also time other launch configurations")
+    p.add_argument("--write-config", default=None,
+                   help="with --sweep: write the fastest config per token count here, in the form "
+                        "TREADLE_FUSED_MOE_CONFIG reads (kernels/fused_moe.py pick_config)")
     p.add_argument("--output", default=None)
     return p.parse_args()
 
 
 def sweep_configs(decode: bool) -> list[dict]:
     if decode:
-        return [dict(bn_up=a, bk_up=b, bn_down=c, warps=4)
-                for a, b, c in itertools.product((8, 16, 32), (256, 512), (4, 8, 16))]
-    return [dict(block_m=m, block_n=n, block_k=k, warps=4, stages=s)
-            for m, n, k, s in itertools.product((16, 32), (64, 128), (64, 128), (3, 4))]
+        return [dict(decode=True, bn_up=a, bk_up=512, bn_down=c, bk_down=512, split_down=sp, warps=4)
+                for a, c, sp in itertools.product((4, 8, 16), (4, 8, 16), (False, True)) if not (sp and c == 4)]
+    return [dict(decode=False, block_m=m, block_n=n, block_k=k, warps=w, stages=3)
+            for m, n, k, w in itertools.product((16, 32), (64, 128), (128, 256), (4, 8))]
 
 
 def main() -> None:
@@ -96,11 +99,12 @@ def main() -> None:
         del graph
         return sorted(times)[len(times) // 2]
 
+    tuned: dict[int, dict] = {}
     for t in [int(x) for x in args.tokens.split(",")]:
         active = e * (1 - (1 - k / e) ** t)
         read = active * expert_bytes
         base = pick_config(t, k, e, h, inter)
-        configs = [None] + (sweep_configs(base["decode"]) if args.sweep and t in (1, 32, 128) else [])
+        configs = [None] + (sweep_configs(base["decode"]) if args.sweep and t <= 512 else [])
         best = None
         for c in configs:
             try:
@@ -119,6 +123,11 @@ def main() -> None:
         if len(configs) > 1:
             records.append({"figure": "best", **best})
             print(json.dumps(records[-1]), flush=True)
+            tuned[t] = {k: v for k, v in best["config"].items() if k != "default"}
+    if args.write_config and tuned:
+        with open(args.write_config, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(dev), "model": args.model, "shape": [e, k, h, inter],
+                       "command": records[0]["command"], "configs": tuned}, f, indent=1)
 
     out = args.output or os.path.join(HERE, "results", f"fused_moe_{args.model}_cuda.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -302,12 +302,19 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: t
 
 def pick_config(t: int, top_k: int, num_experts: int, hidden: int, inter: int) -> dict:
     """Launch parameters for T tokens: `decode` True = the GEMV path (bn_up / bk_up for gate
-    and up, bn_down / bk_down for down), False = the grouped GEMMs (block_m / block_n / block_k,
-    warps, stages)."""
+    and up; bn_down / bk_down for down, split_down: one program per pair and column block, the
+    K partial rows summed after, instead of a program looping over a token's K experts),
+    False = the grouped GEMMs (block_m / block_n / block_k, warps, stages). A JSON file named
+    by TREADLE_FUSED_MOE_CONFIG (benchmarks/bench_fused_moe.py --write-config writes one)
+    overrides these for its own shape: its entry for the smallest token count >= T (past its
+    largest, these defaults)."""
+    fits = [n for n in (_tuned(num_experts, top_k, hidden, inter) or {}) if n >= t]
+    if fits:
+        return dict(_TUNED_BY_SHAPE[(num_experts, top_k, hidden, inter)][min(fits)])
     if t == 1 or t * top_k <= num_experts // 2:
-        return dict(decode=True, bn_up=16 if inter >= 1024 else 8, bk_up=min(512, triton.next_power_of_2(hidden)),
-                    bn_down=16 if hidden * t >= 4096 else 8, bk_down=min(512, triton.next_power_of_2(inter)),
-                    warps=4)
+        # H200, qwen3-30b-a3b, one token: bn_down 4 (more programs in flight) 36 us a layer, 8 43 us
+        return dict(decode=True, bn_up=8, bk_up=min(512, triton.next_power_of_2(hidden)),
+                    bn_down=4, bk_down=min(512, triton.next_power_of_2(inter)), split_down=False, warps=4)
     if t * top_k <= 16 * num_experts:  # few pairs an expert (decode batches): small row blocks waste less
         cfg = dict(decode=False, block_m=16, block_n=64, block_k=128, warps=4, stages=3)
     else:
@@ -315,6 +322,30 @@ def pick_config(t: int, top_k: int, num_experts: int, hidden: int, inter: int) -
     if _interpreting():
         cfg.update(block_n=32, block_k=32)
     return cfg
+
+
+_TUNED: dict[tuple, dict[int, dict] | None] = {}
+_TUNED_BY_SHAPE: dict[tuple, dict[int, dict]] = {}
+
+
+def _tuned(num_experts: int, top_k: int, hidden: int, inter: int) -> dict[int, dict] | None:
+    """{token count: config} from TREADLE_FUSED_MOE_CONFIG for this shape, or None."""
+    path = os.environ.get("TREADLE_FUSED_MOE_CONFIG")
+    if not path:
+        return None
+    key = (path, num_experts, top_k, hidden, inter)
+    if key not in _TUNED:
+        import json
+
+        with open(path) as f:
+            d = json.load(f)
+        if list(d.get("shape", ())) != [num_experts, top_k, hidden, inter]:
+            _TUNED[key] = None
+        else:
+            _TUNED[key] = {int(n): c for n, c in d["configs"].items()}
+    if _TUNED[key]:
+        _TUNED_BY_SHAPE[key[1:]] = _TUNED[key]
+    return _TUNED[key]
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -343,6 +374,13 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         _moe_gemv_up_kernel[(t * top_k, triton.cdiv(inter, cfg["bn_up"]))](
             x, w13, topk_ids, act, h, inter, e, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
             TOP_K=top_k, BLOCK_N=cfg["bn_up"], BLOCK_K=cfg["bk_up"], num_warps=cfg["warps"])
+        if cfg.get("split_down"):  # each pair on its own programs: K partial rows, summed after
+            part = torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
+            _moe_gemv_down_kernel[(t * top_k, triton.cdiv(h, cfg["bn_down"]))](
+                act, w2, topk_ids, topk_weights, part, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
+                part.stride(0), TOP_K=1, BLOCK_N=cfg["bn_down"], BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"])
+            torch.sum(part.view(t, top_k, h), dim=1, out=out)
+            return out
         _moe_gemv_down_kernel[(t, triton.cdiv(h, cfg["bn_down"]))](
             act, w2, topk_ids, topk_weights, out, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
             out.stride(0), TOP_K=top_k, BLOCK_N=cfg["bn_down"], BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"])

@@ -84,8 +84,8 @@ def test_fused_moe_matches_definition_both_paths(t, e, k):
         mine = (w13[start : start + local].contiguous(), w2[start : start + local].contiguous())
         want = _per_pair(x, *mine, weights, ids)
         torch.testing.assert_close(fused_moe_ref(x, *mine, weights, ids).double().cpu(), want, atol=1e-5, rtol=1e-5)
-        for decode in (True, False):
-            got = fused_moe(x, *mine, weights, ids, decode_path=decode)
+        for decode, config in ((True, None), (True, {"split_down": True, "bn_down": 16}), (False, None)):
+            got = fused_moe(x, *mine, weights, ids, decode_path=decode, config=config)
             torch.testing.assert_close(got.double().cpu(), want, atol=1e-4, rtol=1e-4)
 
 
@@ -115,8 +115,8 @@ def test_fused_moe_gpu_bf16_layer_shapes(shape, t):
     x, w13, w2, logits = _case(t, e, k, h, inter, dtype=torch.bfloat16, device="cuda")
     weights, ids = moe_route(logits, k, True)
     ref = fused_moe_ref(x, w13, w2, weights, ids).float()
-    for decode in (True, False):
-        got = fused_moe(x, w13, w2, weights, ids, decode_path=decode).float()
+    for decode, config in ((True, None), (True, {"split_down": True}), (False, None)):
+        got = fused_moe(x, w13, w2, weights, ids, decode_path=decode, config=config).float()
         torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
 
 
