@@ -1,7 +1,11 @@
 """Shared by the examples: pick the backend from the command line.
 
-No arguments: an in-process Engine with the embedded model. `--url http://127.0.0.1:30000`:
-a running treadle server."""
+Run an example from this folder. With no arguments it starts an in-process Engine with the
+embedded model; with `--url http://127.0.0.1:30000` it runs against a treadle server (start
+one with `make serve`). examples/README.md lists the examples and what each prints.
+
+    cd examples && ../.venv/bin/python json_extraction.py [--url http://127.0.0.1:30000]
+"""
 from __future__ import annotations
 
 import argparse
