@@ -714,9 +714,15 @@ def fused_sample_ref(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.
         s = (x[idx] - row_max[idx, None]) * inv_t[:, None]  # [n, V], max 0
         tau = kept_threshold_ref(s, batch.top_ks[idx], batch.top_ps[idx], batch.min_ps[idx])
         probs = torch.where(s >= tau[:, None], s.exp(), 0.0)
+        # a row of NaN / inf logits has no distribution: it keeps its argmax (as the kernel,
+        # the caller must not use it) instead of failing the whole batch in multinomial
+        drawable = ((probs < float("inf")).all(-1) & (probs.sum(-1) > 0)).tolist()
         gen = torch.Generator(device=logits.device)
         drawn = []
         for j, (seed, step) in enumerate(zip(batch.seeds[idx].tolist(), batch.steps[idx].tolist())):
+            if not drawable[j]:
+                drawn.append(tokens[idx[j]].view(1))
+                continue
             gen.manual_seed(_mix_seed(seed, step))
             drawn.append(torch.multinomial(probs[j], 1, generator=gen))
         tokens = tokens.clone()

@@ -39,7 +39,11 @@ class EngineArgs:
     # running requests' next tokens ride along in prefill steps (so their streams do not stall
     # while prompts are prefilled); the chunk budget shrinks by the running count; tp_size 1
     enable_mixed_chunk: bool = False
-    max_queued_requests: int = 4096
+    max_queued_requests: int = field(default=4096, metadata={"help": (
+        "requests the server holds beyond the running batch's capacity: it takes at most "
+        "--max-running-requests + --max-queued-requests requests at once (running, waiting, or "
+        "compiling a grammar); past that a new request is a 503 with Retry-After, answered "
+        "before its body is read, and a batch larger than the sum is a 400")})
     # constrained decoding
     disable_jump_forward: bool = False
     # jump only while at most this many requests run (-1 = auto: 4 on CPU, 1 on CUDA; n-gram
@@ -127,6 +131,10 @@ class EngineArgs:
         "CORS: the origins (comma-separated, * = any) whose browser pages may call the API; "
         "default: any when --api-key is set (pages then need the key), none without one (any "
         "page a user opens could otherwise drive and read an open server); '' = none")})
+    allowed_hosts: str | None = field(default=None, metadata={"help": (
+        "without --api-key: the Host names (comma-separated, * = any) the server answers to, "
+        "besides IP addresses; default: localhost and --host. A request for another name is a "
+        "403 (a DNS-rebinding web page reaches a local server through a name of its own)")})
     max_request_bytes: int = field(default=64 << 20, metadata={"help": (
         "the largest HTTP request body the server reads; a larger one is a 413 before it is "
         "read whole")})

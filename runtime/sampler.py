@@ -13,7 +13,7 @@ from treadle.runtime.request import Req
 
 
 class SampleResult(NamedTuple):
-    token_ids: list[int]
+    token_ids: list[int]  # -1 for a row whose logits were not finite (its request must fail)
     logprobs: list[float]
     top_logprobs: list[list[tuple[float, int]] | None]
 
@@ -151,8 +151,17 @@ class Sampler:
             )
             fn = sk.fused_sample if logits.is_cuda else sk.fused_sample_ref
             ids, logprobs = fn(logits, batch)
+        # a row whose logits hold a NaN or +inf (the model's, or a penalty's overflow) has no
+        # distribution: its request fails alone (the scheduler sees token -1), the others draw
+        # as usual. Computed on the device and copied with the tokens: no extra host sync. Its
+        # device token becomes 0, so that an overlapped next step embeds a valid id.
+        ok = (logits < float("inf")).all(dim=-1)  # False where NaN or +inf
+        if counts is not None:  # a seen positive logit is divided by the repetition penalty
+            rep = to_device([p.repetition_penalty for p in ps], dev, torch.float32)
+            ok &= logits.amax(dim=-1).clamp_min(0) / rep < float("inf")
+        ids = torch.where(ok, ids, torch.zeros_like(ids))
         want = [i for i, r in enumerate(reqs) if r.return_logprob and r.top_logprobs_num > 0]
-        results = [ids, logprobs]
+        results = [ids, logprobs, ok]
         if want:
             k = min(max(reqs[i].top_logprobs_num for i in want), logits.shape[-1])
             rows = torch.tensor(want, device=logits.device)
@@ -181,7 +190,8 @@ class Sampler:
         """Wait for a launched sample's copies and read them on the host."""
         if p.done is not None:
             p.done.synchronize()
-        ids, logprobs, *top_t = (t.tolist() for t in p.host)
+        ids, logprobs, ok, *top_t = (t.tolist() for t in p.host)
+        ids = [t if good else -1 for t, good in zip(ids, ok)]
         top: list[list[tuple[float, int]] | None] = [None] * len(p.top_n)
         if p.want:
             vals, idx = top_t
@@ -193,7 +203,7 @@ class Sampler:
 
 class PendingSample(NamedTuple):
     token_ids: torch.Tensor  # int64 [B] on the device (the overlap scheduler's next input)
-    host: list[torch.Tensor]  # ids, logprobs[, top values, top indices]: host copies on CUDA
+    host: list[torch.Tensor]  # ids, logprobs, finite rows[, top values, top indices]: host copies on CUDA
     done: Any  # torch.cuda.Event recorded after the copies (None on CPU)
     want: list[int]  # rows that asked for top logprobs
     top_n: list[int]  # per row: how many top logprobs

@@ -18,6 +18,8 @@ def schema_of(value: Any) -> Any:
         return value.model_json_schema()
     return value
 MAX_N = 128  # parallel samples of one prompt (OpenAI's limit); each is a request of its own
+MAX_TEMPERATURE = 100.0  # far past any useful one (OpenAI allows 2); 1e300 was inf in float32
+MIN_REPETITION_PENALTY = 0.01  # a seen logit grows at most 100x; 1e-40 made it inf and failed the batch
 
 
 @dataclass(slots=True)
@@ -106,8 +108,12 @@ class SamplingParams:
         for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
                      "repetition_penalty"):
             check_type(name, (int, float))
-            if not math.isfinite(getattr(self, name)):  # JSON parsers accept NaN / Infinity
-                raise ValueError(f"sampling_params.{name} must be a finite number, got {getattr(self, name)}")
+            v = getattr(self, name)
+            if isinstance(v, int) and v.bit_length() > 1000:  # past float's range: math.isfinite overflows
+                raise ValueError(f"sampling_params.{name} must be a finite number, got an integer of "
+                                 f"{v.bit_length()} bits")
+            if not math.isfinite(v):  # JSON parsers accept NaN / Infinity
+                raise ValueError(f"sampling_params.{name} must be a finite number, got {v}")
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
             check_type(name, (bool,))
         if self.max_new_tokens < 0:
@@ -117,8 +123,12 @@ class SamplingParams:
                 f"sampling_params.min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
                 f"got {self.min_new_tokens}"
             )
-        if self.temperature < 0:
-            raise ValueError(f"sampling_params.temperature must be >= 0, got {self.temperature}")
+        # the kernels compute in float32: 1 / temperature past MAX_TEMPERATURE, and a logit over
+        # repetition_penalty under MIN_REPETITION_PENALTY, could leave its range and turn the
+        # request's logits non-finite
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"sampling_params.temperature must be in [0, {MAX_TEMPERATURE}], "
+                             f"got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"sampling_params.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1 or self.top_k == 0:
@@ -128,10 +138,9 @@ class SamplingParams:
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ValueError(f"sampling_params.{name} must be in [-2, 2], got {getattr(self, name)}")
-        if not 0 < self.repetition_penalty <= 2:
-            raise ValueError(
-                f"sampling_params.repetition_penalty must be in (0, 2], got {self.repetition_penalty}"
-            )
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= 2:
+            raise ValueError(f"sampling_params.repetition_penalty must be in [{MIN_REPETITION_PENALTY}, 2], "
+                             f"got {self.repetition_penalty}")
         if not 1 <= self.n <= MAX_N:
             raise ValueError(f"sampling_params.n must be in [1, {MAX_N}], got {self.n}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
@@ -164,6 +173,7 @@ class SamplingParams:
             raise ValueError("sampling_params.ebnf must be a non-empty string (a grammar with a 'root' rule)")
         if self.structural_tag is not None and not isinstance(self.structural_tag, str):
             raise ValueError("sampling_params.structural_tag must be an object (or its JSON text)")
+        self._check_nesting()
         if self.structural_tag is not None or self.grammar_after_reasoning is not None:
             # checked where they are defined (constrained/), named as sampling params here
             from treadle.constrained.reasoning_prefix import check_mode
@@ -181,6 +191,20 @@ class SamplingParams:
             or not all(isinstance(c, str) and c for c in self.choices)
         ):
             raise ValueError("sampling_params.choices must be a non-empty list of non-empty strings")
+
+    def _check_nesting(self) -> None:
+        """A grammar text nesting past nesting.MAX_GRAMMAR_NESTING is a ValueError here, where the
+        request is validated, not a RecursionError where it is compiled."""
+        from treadle.runtime import nesting
+
+        if isinstance(self.json_schema, str):
+            nesting.check_json_text(self.json_schema, "json_schema")
+        if isinstance(self.structural_tag, str):
+            nesting.check_json_text(self.structural_tag, "structural_tag")
+        if isinstance(self.ebnf, str):
+            nesting.check_grammar_text(self.ebnf, "ebnf")
+        if isinstance(self.regex, str):
+            nesting.check_grammar_text(self.regex, "regex", nesting.REGEX_LITERALS)
 
     @property
     def is_greedy(self) -> bool:

@@ -95,7 +95,8 @@ class Scheduler:
         self._grammar_compiler = None
         self.check_integrity_at_idle = True
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "jump_tokens": 0,
-                      "draft_tokens": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0, "overlap_steps": 0, "mixed_steps": 0, "retractions": 0, "forward_steps": 0, "decode_steps": 0, "requests": 0}
+                      "draft_tokens": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0, "overlap_steps": 0, "mixed_steps": 0, "retractions": 0, "forward_steps": 0, "decode_steps": 0, "requests": 0,
+                      "failed_rows": 0}  # requests stopped alone for non-finite logits
 
     # ================================================================== public API
 
@@ -659,7 +660,11 @@ class Scheduler:
     def _process_token(self, req: Req, token: int, logprob: float, top: list | None, replay: bool = False) -> None:
         """Append one output token and act on it (grammar, finish checks, jump-forward,
         streaming). ``replay``: an accepted draft token, followed by more tokens this step:
-        no jump-forward and no stream chunk for it yet."""
+        no jump-forward and no stream chunk for it yet. Token -1 (the sampler found its
+        logits row non-finite) fails this request alone."""
+        if token < 0:
+            self._fail_alone(req)
+            return
         req.output_ids.append(token)
         if req.first_token_at is None:
             req.first_token_at = time.monotonic()
@@ -684,6 +689,21 @@ class Scheduler:
             self._emit(req)
         elif req.stream and not replay:
             self._emit(req)
+
+    def _fail_alone(self, req: Req) -> None:
+        """End a request whose logits were not finite (NaN or inf) with an error of its own;
+        the rest of its batch goes on. Its KV past what the tree already holds is freed, not
+        cached: values that made NaN logits must not be shared."""
+        message = ("internal error: this request's logits were not finite (NaN or inf) and no token could be "
+                   "drawn; the request was stopped")
+        log.error("request %s: non-finite logits; stopping it alone", req.rid)
+        self.stats["failed_rows"] += 1
+        req.finish("abort", message=message)
+        if req.req_pool_idx is not None:
+            req.draft, req.draft_masks = [], None
+            self._truncate_kv(req, req.prefix_len)
+            self._release(req)
+        self._emit(req, error=message)
 
     def _check_finished(self, req: Req, token: int) -> None:
         p = req.params

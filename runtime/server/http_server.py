@@ -21,8 +21,8 @@ from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.server.metrics import ServerMetrics
-from treadle.runtime.server.protocol import (APIError, add_cors, add_error_handlers, error_body, parse_json_object,
-                                             read_body, unauthorized)
+from treadle.runtime.server.protocol import (APIError, add_cors, add_error_handlers, error_body, overloaded,
+                                             parse_json_object, read_body, unauthorized)
 from treadle.runtime.server.streaming import (ClientGone, gather_all, merge_streams, sse,
                                               stream_or_error, until_done_or_disconnect)
 from treadle.runtime.server.tokenizer_manager import TokenizerManager
@@ -68,13 +68,17 @@ class ServerState:
 
 
 class Gate:
-    """Pure ASGI middleware (so streaming and disconnect detection pass through untouched):
-    Bearer auth on everything but the probes and scrapes (_OPEN_PATHS), and 503 for new requests
-    while draining."""
+    """Pure ASGI middleware (so streaming and disconnect detection pass through untouched), in
+    this order: without an API key, the browser checks (`_browser_refusal`); Bearer auth on
+    everything but the probes and scrapes (_OPEN_PATHS); 503 for new requests while draining,
+    and for new generation requests once the in-flight limit is reached, before their body is
+    read (an overloaded server answers in microseconds, not after tokenizing); and a 500 for
+    an error no handler caught, answered here so the connection stays usable."""
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app = app
         self.state = state
+        self.hosts = allowed_hosts(state.args)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -82,24 +86,102 @@ class Gate:
         path = scope["path"]
         route = path if path in _COUNTED_PATHS else "other"  # a bounded label set
         metrics, raw_send = self.state.metrics, send
+        started = False
 
         async def send(message: dict) -> None:  # counts every response by its status
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 metrics.http_responses.labels(route=route, status=str(message["status"])).inc()
             await raw_send(message)
 
-        key = self.state.args.api_key
-        if key and path not in _OPEN_PATHS:
+        key, tm = self.state.args.api_key, self.state.tm
+        refusal = None if key else _browser_refusal(scope, self.hosts, self.state.args.allowed_origins)
+        if refusal is None and key and path not in _OPEN_PATHS:
             headers = dict(scope["headers"])
             auth = headers.get(b"authorization", b"").decode("latin-1")
             if auth != f"Bearer {key}":
-                e = unauthorized()
-                return await JSONResponse(e.body(), e.status)(scope, receive, send)
-        if self.state.tm.draining and path != "/metrics":
-            body = error_body("the server is shutting down and accepts no new requests", "server_overloaded",
-                              None, "server_overloaded")
-            return await JSONResponse(body, 503)(scope, receive, send)
-        await self.app(scope, receive, send)
+                refusal = unauthorized()
+        if refusal is None and tm.draining and path != "/metrics":
+            refusal = overloaded("the server is shutting down and accepts no new requests")
+        if refusal is None and path in _GENERATION_PATHS and tm.num_in_flight >= tm.max_in_flight:
+            refusal = overloaded(f"too many requests in flight ({tm.num_in_flight}, limit {tm.max_in_flight}); "
+                                 "retry later")
+        if refusal is not None:
+            return await JSONResponse(refusal.body(), refusal.status, headers=refusal.headers)(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        except Exception as e:
+            if started:
+                raise  # a response under way (a stream renders its own error event): nothing to add
+            # answered here, not by the app's catch-all, which re-raises to the server: uvicorn
+            # then dropped the keep-alive connection without a `Connection: close`, and the
+            # client's next request on it was reset
+            log.exception("internal error on %s", path)
+            body = error_body(f"internal server error: {type(e).__name__}: {e}", "server_error")
+            await JSONResponse(body, 500)(scope, receive, send)
+
+
+# the routes that start generation: refused before their body is read when the server is full
+_GENERATION_PATHS = {"/generate", "/v1/completions", "/v1/chat/completions"}
+# the media types a browser page of another origin can send without asking first (a CORS
+# "simple request"): refused on a keyless server, which cannot tell such a page from a client
+_JSON_TYPES = ("application/json",)
+
+
+def allowed_hosts(args: EngineArgs) -> set[str] | None:
+    """The `Host` names a keyless server answers to (None = any): --allowed-hosts when given
+    ("*" = any); else localhost and the bound host. IP literals are always taken (a DNS-
+    rebinding page reaches the server only through a name it controls)."""
+    given = getattr(args, "allowed_hosts", None)
+    if given is not None:
+        names = {h.strip().lower() for h in given.split(",") if h.strip()}
+        return None if "*" in names else names
+    return {"localhost", args.host.lower()}
+
+
+def _host_name(host: str) -> str:
+    """A Host header without its port ("[::1]:8000" -> "::1", "a.b:80" -> "a.b")."""
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _is_ip(name: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
+def _browser_refusal(scope: Scope, hosts: set[str] | None, allowed_origins: str | None) -> APIError | None:
+    """On a server without an API key, the requests a web page of another site could make it
+    run: a `Host` that is not one of the server's names (DNS rebinding: 403), a POST whose
+    content type is not JSON (a form or text/plain post needs no CORS preflight: 415), and a
+    POST from a browser `Origin` that --allowed-origins does not list (403)."""
+    headers = dict(scope["headers"])
+    host = _host_name(headers.get(b"host", b"").decode("latin-1").strip().lower())
+    if hosts is not None and host and host not in hosts and not _is_ip(host) and not host.endswith(".localhost"):
+        return APIError(f"this server answers to {', '.join(sorted(hosts))} and IP addresses, not the Host "
+                        f"{host!r}: start it with --allowed-hosts {host} (or an --api-key) to serve that name",
+                        403, "invalid_request_error", None, "host_not_allowed")
+    if scope["method"] != "POST":
+        return None
+    ctype = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+    if ctype and ctype not in _JSON_TYPES and not ctype.endswith("+json"):
+        return APIError(f"the request body must be JSON (Content-Type: application/json), got {ctype!r}", 415,
+                        "invalid_request_error", None, "unsupported_media_type")
+    origin = headers.get(b"origin", b"").decode("latin-1").strip()
+    if origin:
+        allowed = {o.strip() for o in (allowed_origins or "").split(",") if o.strip()}
+        if "*" not in allowed and origin not in allowed:
+            return APIError(f"requests from the web page origin {origin!r} are refused: a server without an API "
+                            "key serves only the origins --allowed-origins lists", 403, "invalid_request_error",
+                            None, "origin_not_allowed")
+    return None
 
 
 async def read_json(request: Request) -> dict:
@@ -135,12 +217,22 @@ def create_app(state: ServerState) -> FastAPI:
             return JSONResponse(error_body(tm.dead, "server_error"), 503)
         return Response(status_code=200)
 
+    probing: list[asyncio.Task] = []  # the probe under way, which every concurrent caller waits on
+
     @app.get("/health_generate")
     async def health_generate() -> Response:
         """A real one-token generation through the whole pipeline, or, on a busy server whose
-        probe waits its turn, any other request's output meanwhile (as SGLang's)."""
+        probe waits its turn, any other request's output meanwhile (as SGLang's). One probe runs
+        at a time, whoever asks: callers meanwhile share its answer, so probes (open without a
+        key) hold at most one generation slot, never the slots of paying requests."""
         # not held to the in-flight limit: a busy server is a healthy one (draining and a dead
         # child are 503s all the same)
+        if not probing or probing[0].done():
+            probing[:] = [asyncio.ensure_future(_probe())]
+        await asyncio.shield(probing[0])
+        return Response(status_code=200)
+
+    async def _probe() -> None:
         r = TokenizedGenerateReq(f"health-{os.urandom(6).hex()}", [0],
                                  SamplingParams(max_new_tokens=1, temperature=0.0))
         start = time.monotonic()
@@ -163,7 +255,6 @@ def create_app(state: ServerState) -> FastAPI:
             if not probe.done():
                 probe.cancel()  # generate() aborts the probe in the scheduler
                 await asyncio.gather(probe, return_exceptions=True)
-        return Response(status_code=200)
 
     @app.get("/version")
     async def version() -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,13 +24,14 @@ class APIError(Exception):
     """An error the client should see, with its HTTP status and OpenAI error fields."""
 
     def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers  # the response's extra headers (a 503's Retry-After)
 
     @classmethod
     def bad_request(cls, e: Exception | str, param: str | None = None) -> "APIError":
@@ -56,8 +58,12 @@ def unauthorized() -> APIError:
                     "invalid_request_error", None, "invalid_api_key")
 
 
+RETRY_AFTER_S = 1  # what a 503 for a full or draining server tells the client to wait
+
+
 def overloaded(message: str) -> APIError:
-    return APIError(message, 503, "server_overloaded", None, "server_overloaded")
+    return APIError(message, 503, "server_overloaded", None, "server_overloaded",
+                    {"Retry-After": str(RETRY_AFTER_S)})
 
 
 def finish_reason(finished: dict | None) -> str | None:
@@ -100,16 +106,30 @@ def parse_json_object(raw: bytes) -> dict:
         raise APIError.bad_request(f"the request body is not valid JSON: {e}") from e
     except RecursionError as e:
         raise APIError.bad_request("the request body nests too deeply") from e
+    except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        field = _field_of_huge_int(raw)
+        raise APIError.bad_request(f"{field or 'a field'}: an integer of more than {sys.get_int_max_str_digits()} "
+                                   f"digits is not a number this server takes ({e})", field) from e
     if not isinstance(obj, dict):
         raise APIError.bad_request(f"the request body must be a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def _field_of_huge_int(raw: bytes) -> str | None:
+    """The name of the member that holds the first over-long integer of a JSON body: the
+    nearest key before it (for a list of numbers, the list's)."""
+    m = re.search(rb"\d{%d,}" % (sys.get_int_max_str_digits() + 1), raw)
+    if m is None:
+        return None
+    keys = re.findall(rb'"((?:[^"\\]|\\.){1,200})"\s*:', raw[max(0, m.start() - 100_000): m.start()])
+    return keys[-1].decode("utf-8", "replace") if keys else None
 
 
 def add_error_handlers(app: FastAPI) -> None:
     """APIError, and the framework's own 404 / 405, in the OpenAI error shape."""
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), e.status)
+        return JSONResponse(e.body(), e.status, headers=e.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:

@@ -357,7 +357,13 @@ class TokenizerManager:
     # ================================================================== running requests
 
     def check_capacity(self, n: int) -> None:
-        """Raise 503 when draining, dead, or `n` more requests would overflow the queue."""
+        """Raise 503 when draining, dead, or `n` more requests would overflow the queue; 400
+        when `n` is more than the server ever holds at once (a retry would never help)."""
+        if n > self.max_in_flight:
+            raise APIError.bad_request(
+                f"the request makes {n} requests (prompts times n), more than this server holds at once "
+                f"({self.max_in_flight}: --max-running-requests + --max-queued-requests); it could never be "
+                "admitted: split it")
         if self.dead:
             raise overloaded(f"the server is shutting down: {self.dead}")
         if self.draining:
