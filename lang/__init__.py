@@ -1,30 +1,51 @@
-"""treadle.lang: the structured-generation DSL.
+"""treadle.lang: the structured-generation DSL, under SGLang's frontend names.
 
-    from treadle.lang import function, gen, select, user, assistant, set_default_backend
+    import treadle.lang as sgl          # an SGLang program ports by changing its import
 
-    @function
+    @sgl.function
     def qa(s, question):
-        s += user(question)
-        s += assistant(gen("answer", max_tokens=32))
+        s += sgl.user(question)
+        s += sgl.assistant(sgl.gen("answer", max_tokens=32))
 
-    set_default_backend(engine_or_url)
-    print(qa.run(question="Why is the sky blue?", temperature=0)["answer"])
+    sgl.set_default_backend(sgl.Runtime())   # or an Engine, or "http://127.0.0.1:30000"
+    print(qa(question="Why is the sky blue?", temperature=0)["answer"])
+
+docs/porting-from-sglang.md lists what differs from SGLang.
 """
 from __future__ import annotations
 
-from treadle.lang.backend import Backend, get_default_backend, set_default_backend
+from typing import Any
+
+from treadle.lang import ir
+from treadle.lang.backend import (Backend, flush_cache, get_default_backend, get_server_info,
+                                  set_default_backend)
 from treadle.lang.backend_engine import EngineBackend
 from treadle.lang.backend_http import RuntimeEndpoint
 from treadle.lang.chat_template import ChatTemplate
+from treadle.lang.global_config import GlobalConfig, global_config
+from treadle.lang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 from treadle.lang.primitives import (assistant, assistant_begin, assistant_end, gen, gen_int, gen_string,
-                                     greedy_token_selection, select, system, system_begin, system_end,
+                                     greedy_token_selection, image, select, system, system_begin, system_end,
                                      token_length_normalized, unconditional_likelihood_normalized, user,
-                                     user_begin, user_end)
+                                     user_begin, user_end, video)
 from treadle.lang.program import Program, function
+from treadle.lang.runtime_process import Runtime
 from treadle.lang.state import ForkGroup, ProgramState
 
-__all__ = ["Backend", "ChatTemplate", "EngineBackend", "ForkGroup", "Program", "ProgramState", "RuntimeEndpoint",
-           "assistant", "assistant_begin", "assistant_end", "function", "gen", "gen_int", "gen_string",
-           "get_default_backend", "greedy_token_selection", "select", "set_default_backend", "system",
-           "system_begin", "system_end", "token_length_normalized", "unconditional_likelihood_normalized", "user",
-           "user_begin", "user_end"]
+__all__ = ["Backend", "ChatTemplate", "Engine", "EngineBackend", "ForkGroup", "GlobalConfig", "Program",
+           "ProgramState", "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "Runtime", "RuntimeEndpoint",
+           "assistant", "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int",
+           "gen_string", "get_default_backend", "get_server_info", "global_config", "greedy_token_selection",
+           "image", "ir", "select", "set_default_backend", "system", "system_begin", "system_end",
+           "token_length_normalized", "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
+           "video"]
+
+
+def __getattr__(name: str) -> Any:
+    """`sgl.Engine`: treadle's in-process Engine (loaded on first use); here it is also a
+    backend: `sgl.set_default_backend(sgl.Engine())`."""
+    if name == "Engine":
+        from treadle.runtime import Engine
+
+        return Engine
+    raise AttributeError(f"module 'treadle.lang' has no attribute {name!r}")

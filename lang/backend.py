@@ -198,6 +198,13 @@ def set_default_backend(backend: Any) -> Backend:
         return _default
 
 
+def clear_default_backend() -> None:
+    """Forget the default backend (`global_config.default_backend = None`)."""
+    global _default
+    with _default_lock:
+        _default = None
+
+
 def get_default_backend() -> Backend:
     if _default is None:
         raise ValueError("no backend: pass backend=... to run()/run_batch() or call set_default_backend() "
@@ -205,12 +212,30 @@ def get_default_backend() -> Backend:
     return _default
 
 
+def flush_cache(backend: Any = None) -> bool:
+    """Empty the runtime's prefix cache (SGLang's `sgl.flush_cache`): `backend`'s, else the
+    default backend's. False when there is no backend at all, as SGLang."""
+    be = as_backend(backend) if backend is not None else _default
+    return False if be is None else be.flush_cache()
+
+
+def get_server_info(backend: Any = None) -> dict | None:
+    """The runtime's /get_server_info (cache counters, ...) for `backend`, else the default
+    backend. None when there is no backend at all, as SGLang."""
+    be = as_backend(backend) if backend is not None else _default
+    return None if be is None else be.get_server_info()
+
+
 def as_backend(obj: Any) -> Backend:
-    """Accept a Backend, an in-process Engine, or an "http://host:port" URL."""
+    """Accept a Backend, an in-process Engine, a `Runtime` (its endpoint), or an
+    "http://host:port" URL."""
     if obj is None:
         return get_default_backend()
     if isinstance(obj, Backend):
         return obj
+    runtime_mod = sys.modules.get("treadle.lang.runtime_process")
+    if runtime_mod is not None and isinstance(obj, runtime_mod.Runtime):
+        return obj.endpoint
     if isinstance(obj, str):
         from treadle.lang.backend_http import RuntimeEndpoint
 
@@ -220,4 +245,4 @@ def as_backend(obj: Any) -> Backend:
         from treadle.lang.backend_engine import EngineBackend
 
         return EngineBackend(obj)
-    raise TypeError(f"not a backend: {obj!r}; pass an Engine, EngineBackend, RuntimeEndpoint or URL")
+    raise TypeError(f"not a backend: {obj!r}; pass an Engine, EngineBackend, RuntimeEndpoint, Runtime or URL")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any, Iterator
 
 import requests
@@ -16,17 +17,31 @@ _ZERO = {"max_new_tokens": 0}
 class RuntimeEndpoint(Backend):
     """Backend over a running server at `url` (e.g. "http://127.0.0.1:30000").
 
+    SGLang's keywords: `verify` is requests' TLS verification (a CA bundle path, or False);
+    `chat_template_name` is not used (roles always render through the served model's own chat
+    template, read from /get_model_info) and warns when given.
     Raises ConnectionError naming the URL when the server cannot be reached."""
 
-    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0) -> None:
-        self.url = url.rstrip("/")
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0, verify: Any = None,
+                 chat_template_name: str | None = None) -> None:
+        if chat_template_name is not None:
+            warnings.warn(f"RuntimeEndpoint(chat_template_name={chat_template_name!r}) is ignored: treadle renders "
+                          "roles with the served model's own chat template", stacklevel=2)
+        self.url = self.base_url = url.rstrip("/")
+        self.api_key = api_key
         self.timeout_s = timeout_s
         self.session = requests.Session()
+        if verify is not None:
+            self.session.verify = verify
         if api_key:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
         self.model_info = self._get("/get_model_info")
         # how the server streams /generate: the whole output so far (SGLang's default) or what is new
         self._incremental = bool(self.model_info.get("incremental_streaming_output"))
+
+    def get_model_name(self) -> str:
+        """The served model's path, as SGLang's RuntimeEndpoint.get_model_name."""
+        return self.model_info.get("model_path") or ""
 
     # ------------------------------------------------------------ HTTP helpers
 

@@ -19,12 +19,27 @@ from treadle.lang import ir
 from treadle.lang.backend import Backend
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS
 
-# dtype -> (regex the runtime constrains to, parser of the matched text)
-DTYPE_REGEX: dict[type, tuple[str, Any]] = {
-    int: (r"[-+]?(0|[1-9][0-9]{0,17})", int),
-    float: (r"[-+]?(0|[1-9][0-9]{0,15})(\.[0-9]{1,15})?", float),
-    bool: (r"(True|False)", lambda t: t == "True"),
-    str: (r'"[^"\\\n]{0,200}"', json.loads),
+def _parse_bool(text: str) -> bool:
+    if text not in ("True", "False"):
+        raise ValueError(f"not True or False: {text!r}")
+    return text == "True"
+
+
+# dtype -> (regex the runtime constrains to, check that the text parses, stop strings added).
+# As in SGLang, the variable holds the generated text ('24', 'True', '"Paris"' with its quotes).
+# A number ends where the model writes a space or a newline (an int also a period), as with
+# SGLang's REGEX_INT and its stop strings; but here whatever the model writes after that
+# character is allowed too, and the stop string cuts it off at once: a model that wants to
+# write "24 hours" writes the token " hours" and stops with "24". (SGLang's regex allows only
+# more spaces and newlines after the digits, which a small model rarely picks: it writes digits
+# until max_tokens, "24000000000000000000".) The string regex is wider than SGLang's REGEX_STR
+# (any character but a quote, backslash or newline, not only word characters and spaces), so
+# the value is always a JSON string literal.
+DTYPE_REGEX: dict[type, tuple[str, Any, tuple[str, ...]]] = {
+    int: (r"[-+]?[0-9]+([ \n.][\s\S]*)?", int, (" ", "\n", ".")),
+    float: (r"[-+]?[0-9]*\.?[0-9]+([ \n][\s\S]*)?", float, (" ", "\n")),
+    bool: (ir.REGEX_BOOL, _parse_bool, ()),
+    str: (r'"[^"\\\n]{0,200}"', json.loads, ()),
 }
 # DSL keyword -> runtime sampling_params field
 _PARAM_NAMES = {"max_tokens": "max_new_tokens"}
@@ -40,9 +55,10 @@ class StreamExecutor:
     """Owns a state's text, variables, messages and meta info; see the module docstring."""
 
     def __init__(self, backend: Backend, defaults: dict | None = None, stream: bool = False,
-                 threaded: bool = True, tracing: bool = False) -> None:
+                 threaded: bool = True, tracing: bool = False, logprob: dict | None = None) -> None:
         self.backend = backend
         self.defaults = dict(defaults or {})  # run(temperature=...) etc., below per-gen values
+        self.logprob = dict(logprob or {})  # run(return_logprob=...) etc., below per-gen values
         self.stream = stream
         self.threaded = threaded
         self.tracing = tracing
@@ -56,7 +72,9 @@ class StreamExecutor:
         self.error: BaseException | None = None
         self.trace_stopped = False
         self.ended = False
-        self.deltas: list[tuple[str | None, str]] = []  # (variable or None, text) in order, for streaming
+        # (variable or None, text, its gen's meta_info so far or None) in order, for streaming
+        self.deltas: list[tuple[str | None, str, dict | None]] = []
+        self.scope_starts: dict[str, int] = {}  # open var_scope name -> where its text starts
         self._pending: collections.deque = collections.deque()
         self._running: ir.Expr | None = None  # the node the worker thread is running
         self._busy = False
@@ -136,7 +154,7 @@ class StreamExecutor:
 
     def _will_set(self, name: str) -> bool:
         nodes = [*self._pending, self._running] if self._running is not None else self._pending
-        return any(isinstance(e, (ir.Gen, ir.Select, ir.SetVar)) and e.name == name
+        return any(isinstance(e, (ir.Gen, ir.Select, ir.SetVar, ir.VarScopeEnd)) and e.name == name
                    or isinstance(e, ir.Join) and e.mode != "concat" for e in nodes)
 
     def new_name(self) -> str:
@@ -147,24 +165,25 @@ class StreamExecutor:
 
     def copy(self) -> "StreamExecutor":
         """A branch starting from this state's current (synced) text, variables and role."""
-        ex = StreamExecutor(self.backend, self.defaults, self.stream, self.threaded, self.tracing)
+        ex = StreamExecutor(self.backend, self.defaults, self.stream, self.threaded, self.tracing, self.logprob)
         ex.text_ = self.text_
         ex.variables = dict(self.variables)
         ex.meta = dict(self.meta)
         ex.messages_ = [dict(m) for m in self.messages_]
         ex.role, ex.role_start, ex.roles_used = self.role, self.role_start, self.roles_used
         ex.fork_len = len(self.text_)  # ex.written starts empty
+        ex.scope_starts = dict(self.scope_starts)
         with self._cv:
             self.branches.append(ex)
         return ex
 
     # ------------------------------------------------------------ execution
 
-    def _append(self, text: str, var: str | None = None) -> None:
+    def _append(self, text: str, var: str | None = None, meta: dict | None = None) -> None:
         with self._cv:
             self.text_ += text
             if text:
-                self.deltas.append((var, text))
+                self.deltas.append((var, text, meta))
             self._cv.notify_all()
 
     def _execute(self, expr: ir.Expr) -> None:
@@ -182,16 +201,27 @@ class StreamExecutor:
             self._join(expr)
         elif isinstance(expr, ir.SetVar):
             self._set_var(expr.name, expr.value, {})
+        elif isinstance(expr, ir.VarScopeBegin):
+            self.scope_starts[expr.name] = len(self.text_)
+        elif isinstance(expr, ir.VarScopeEnd):
+            self._set_var(expr.name, self.text_[self.scope_starts.pop(expr.name):], {})
         else:
             raise TypeError(f"the executor cannot run {type(expr).__name__} nodes")
 
     def _sampling_params(self, gen: ir.Gen) -> dict:
-        params = {_PARAM_NAMES.get(k, k): v for k, v in self.defaults.items()}
+        from treadle.lang.global_config import global_config
+
+        params = {**global_config.output_params(), **{_PARAM_NAMES.get(k, k): v for k, v in self.defaults.items()}}
         params.update({_PARAM_NAMES.get(k, k): v for k, v in gen.params.items() if v is not None})
         if gen.dtype is not None:
             if any(k in params for k in GRAMMAR_FIELDS):
                 raise ValueError(f"gen({gen.name!r}): dtype cannot be combined with regex/json_schema/choices/ebnf")
-            params["regex"] = DTYPE_REGEX[gen.dtype][0]
+            regex, _, stops = DTYPE_REGEX[gen.dtype]
+            params["regex"] = regex
+            if stops:
+                stop = params.get("stop") or []
+                stop = [stop] if isinstance(stop, str) else list(stop)
+                params["stop"] = stop + [t for t in stops if t not in stop]
         return params
 
     def _gen(self, gen: ir.Gen) -> None:
@@ -199,22 +229,22 @@ class StreamExecutor:
             self.trace_stopped = True
             return
         params = self._sampling_params(gen)
+        logprob = {**self.logprob, **gen.logprob}
         name = gen.name or self.new_name()
         try:
             if self.stream:
                 out, meta = "", {}
-                for delta, meta in self.backend.generate_stream(self.text_, params, gen.logprob):
+                for delta, meta in self.backend.generate_stream(self.text_, params, logprob):
                     out += delta
-                    self._append(delta, name)
+                    self._append(delta, name, meta)
             else:
-                out, meta = self.backend.generate(self.text_, params, gen.logprob)
+                out, meta = self.backend.generate(self.text_, params, logprob)
                 self._append(out, name)
         except ValueError as e:  # the runtime refused it: say which gen
             raise ValueError(f"gen({name!r}): {e}") from e
-        value: Any = out
-        if gen.dtype is not None:
+        if gen.dtype is not None:  # the value stays the text, as SGLang's; it must parse
             try:
-                value = DTYPE_REGEX[gen.dtype][1](out)
+                DTYPE_REGEX[gen.dtype][1](out)
             except ValueError as e:
                 reason = (meta or {}).get("finish_reason") or {}
                 kind = reason.get("type") if isinstance(reason, dict) else reason
@@ -224,7 +254,7 @@ class StreamExecutor:
                        else "is constrained decoding enabled on the backend?")
                 raise ValueError(f"gen({name!r}, dtype={gen.dtype.__name__}) produced {out!r}, which does not "
                                  f"parse: {why}") from e
-        self._set_var(name, value, meta)
+        self._set_var(name, out, meta)
 
     def _select(self, sel: ir.Select) -> None:
         if self.tracing:

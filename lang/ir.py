@@ -11,6 +11,14 @@ from typing import Any, Iterator
 
 ROLES = ("system", "user", "assistant")
 
+# SGLang's regexes for typed generation (sglang.lang.ir has them under these names; programs
+# import them from there or from the top level). The trailing `[ \n]*` of the numbers is how
+# a model ends one: gen(dtype=int) also stops at " " or "\n", so "24 hours" gives "24".
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
+
 
 class Expr:
     """Base of every node. `a + b` concatenates, so `s += "Q: " + gen("a")` works."""
@@ -90,6 +98,20 @@ class SetVar(Expr):
 
     name: str
     value: Any
+
+
+@dataclass(eq=False)
+class VarScopeBegin(Expr):
+    """`with s.var_scope(name):` opens: the variable will hold the text written from here."""
+
+    name: str
+
+
+@dataclass(eq=False)
+class VarScopeEnd(Expr):
+    """The scope closes: variable `name` is set to the text written since its VarScopeBegin."""
+
+    name: str
 
 
 def to_expr(x: Any) -> Expr:

@@ -9,6 +9,8 @@ from treadle.lang.interpreter import DTYPE_REGEX
 from treadle.runtime.sampling_params import schema_of
 
 
+_DTYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str}
+
 # SGLang's names for select's choices_method values
 token_length_normalized = "token_length_normalized"
 greedy_token_selection = "greedy_token"
@@ -16,31 +18,40 @@ unconditional_likelihood_normalized = "unconditional_likelihood_normalized"
 
 
 def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
-        stop: str | list[str] | None = None,
+        n: int | None = None, stop: str | list[str] | None = None,
         stop_token_ids: list[int] | None = None, temperature: float | None = None, top_p: float | None = None,
         top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
         presence_penalty: float | None = None, repetition_penalty: float | None = None,
         ignore_eos: bool | None = None, seed: int | None = None, regex: str | None = None,
         json_schema: str | dict | type | None = None, choices: list[str] | None = None, ebnf: str | None = None,
-        dtype: type | None = None, choices_method: str = token_length_normalized,
+        dtype: type | str | None = None, choices_method: str | None = None,
         return_logprob: bool | None = None, logprob_start_len: int | None = None,
-        top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None) -> ir.Gen | ir.Select:
+        top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
+        stop_regex: str | list[str] | None = None) -> ir.Gen | ir.Select:
     """Generate text into variable `name` (readable as `s[name]`).
 
     Unset arguments fall back to the run() defaults, then to the runtime's. `regex`,
     `json_schema` (a dict, its JSON text, or a Pydantic model class) and `ebnf` (a grammar
     whose rule `root` is the output) constrain the output (enforced by the runtime); `dtype`
-    (int, float, bool or str) constrains it to a literal of that type and stores the parsed
-    value. With `choices` it is `select(name, choices, temperature, choices_method)`, as in
+    (int, float, bool or str, or their names) constrains it to a literal of that type and, as
+    SGLang, stores its text: '24', 'True', '"Paris"' (a string keeps its JSON quotes); a number
+    ends at a space or newline (REGEX_INT / REGEX_FLOAT, with " " and "\\n" as stop strings),
+    and text that does not parse (cut by max_tokens) is a ValueError. `n` (1 only) and
+    `stop_regex` (none only) are SGLang's, refused otherwise.
+    With `choices` it is `select(name, choices, temperature, choices_method)`, as in
     SGLang: every choice is scored and the best one taken (for a grammar over the choices,
     decoded token by token, use `regex`). `return_logprob` (with `logprob_start_len`,
     `top_logprobs_num`, `return_text_in_logprobs`) puts the logprobs in
     `s.get_meta_info(name)`, as the runtime's meta_info has them."""
     _check_name("gen", name)
+    check_n_and_stop_regex(f"gen({name!r})", n, stop_regex)
     if choices is not None:
         if regex is not None or json_schema is not None or ebnf is not None or dtype is not None:
             raise ValueError(f"gen({name!r}): choices cannot be combined with regex/json_schema/ebnf/dtype")
-        return select(name, choices, 0.0 if temperature is None else temperature, choices_method)
+        return select(name, choices, 0.0 if temperature is None else temperature,
+                      token_length_normalized if choices_method is None else choices_method)
+    if isinstance(dtype, str):
+        dtype = _DTYPE_NAMES.get(dtype, dtype)
     if dtype is not None and dtype not in DTYPE_REGEX:
         raise ValueError(f"gen({name!r}): dtype must be one of int, float, bool, str; got {dtype!r}")
     if isinstance(stop, str):
@@ -60,13 +71,36 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> ir.Gen:
-    """gen(..., dtype=int)."""
+    """gen(..., dtype=int): an integer's text ('24'), ended by a space or newline."""
     return gen(name, dtype=int, **kwargs)
 
 
 def gen_string(name: str | None = None, **kwargs: Any) -> ir.Gen:
-    """gen(..., dtype=str): a JSON string literal, stored without its quotes."""
+    """gen(..., dtype=str): a JSON string literal, stored with its quotes ('"Paris"'), as SGLang;
+    json.loads(s[name]) gives the string."""
     return gen(name, dtype=str, **kwargs)
+
+
+def image(path: Any) -> ir.Expr:
+    """SGLang's image input. treadle serves text-only models: always a ValueError."""
+    raise ValueError(f"image({path!r}): treadle serves text-only models, so a program cannot add an image; "
+                     "describe it in text, or run this program on SGLang with a vision model")
+
+
+def video(path: Any, num_frames: int = 0) -> ir.Expr:
+    """SGLang's video input. treadle serves text-only models: always a ValueError."""
+    raise ValueError(f"video({path!r}): treadle serves text-only models, so a program cannot add a video; "
+                     "run this program on SGLang with a vision model")
+
+
+def check_n_and_stop_regex(where: str, n: Any, stop_regex: Any) -> None:
+    """SGLang's `n` and `stop_regex`: here a gen makes one sample and stops at strings only."""
+    if n is not None and n != 1:
+        raise ValueError(f"{where}: n={n!r}: a gen makes one sample here; for several, use s.fork(n) and a gen "
+                         "in each branch")
+    if stop_regex:
+        raise ValueError(f"{where}: stop_regex is not supported; use stop strings (stop=[...]) or a regex "
+                         "constraint (regex=...)")
 
 
 def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,

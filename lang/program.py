@@ -3,83 +3,149 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import inspect
 import os
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Iterator
 
 from treadle.lang.backend import Backend, as_backend
 from treadle.lang.interpreter import StreamExecutor
+from treadle.lang.primitives import check_n_and_stop_regex
 from treadle.lang.state import ProgramState
 from treadle.lang.tracer import extract_prefix
 
 # run()/run_batch() keywords that set default sampling parameters for every gen
 SAMPLING_DEFAULTS = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
                      "presence_penalty", "repetition_penalty", "stop", "stop_token_ids", "ignore_eos", "seed")
+# run()/run_batch() keywords that set every gen's logprob options (as gen(...) takes them)
+LOGPROB_DEFAULTS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
 
 class Program:
     """A DSL program: a function whose first parameter is the state `s`."""
 
-    def __init__(self, fn: Callable, bind: dict[str, Any] | None = None) -> None:
+    def __init__(self, fn: Callable, bind: dict[str, Any] | None = None,
+                 num_api_spec_tokens: int | None = None) -> None:
         self.fn = fn
         self.bound = dict(bind or {})
+        self.num_api_spec_tokens = num_api_spec_tokens
         functools.update_wrapper(self, fn)
+        self.arg_names = [p.name for p in list(inspect.signature(fn).parameters.values())[1:]
+                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
     def bind(self, **kwargs: Any) -> "Program":
         """A copy with some arguments fixed (they also count as constant when tracing)."""
-        return Program(self.fn, {**self.bound, **kwargs})
+        return Program(self.fn, {**self.bound, **kwargs}, self.num_api_spec_tokens)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Call from inside another program: `sub(s, ...)` runs on the same state."""
-        return self.fn(*args, **{**self.bound, **kwargs})
+        """`prog(question="...", temperature=0)` runs the program, as `prog.run(...)` (sampling
+        keywords, `stream=True` and `backend=` included) and returns its state, as SGLang's.
+        Called with a state first, from inside another program (`sub(s, ...)`), it runs the body
+        on that state and returns what the body returns."""
+        if args and isinstance(args[0], ProgramState):
+            return self.fn(*args, **{**self.bound, **kwargs})
+        return self.run(*args, **kwargs)
 
     def run(self, *args: Any, backend: Any = None, stream: bool = False, max_new_tokens: int | None = None,
             temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
             min_p: float | None = None, frequency_penalty: float | None = None,
             presence_penalty: float | None = None, repetition_penalty: float | None = None,
             stop: Any = None, stop_token_ids: list[int] | None = None, ignore_eos: bool | None = None,
-            seed: int | None = None, **kwargs: Any) -> ProgramState:
+            seed: int | None = None, n: int | None = None, stop_regex: Any = None,
+            return_logprob: bool | None = None, logprob_start_len: int | None = None,
+            top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
+            use_thread: bool = True, **kwargs: Any) -> ProgramState:
         """Run once and return the state; what the function returned is `state.ret_value`.
         Without stream, waits for the program to finish and raises its error if it failed;
-        with stream=True it returns at once (read the text with `state.text_iter()`)."""
-        defaults = _defaults(locals())
+        with stream=True the body runs on a thread of its own and this returns at once (read
+        the text with `state.text_iter()`; a failure is raised by the state's reads). With
+        use_thread=False every gen runs in the caller's thread, in turn."""
+        defaults, logprob = _defaults(locals())
         be = as_backend(backend)
-        state = ProgramState(StreamExecutor(be, defaults, stream=stream))
-        try:
-            state.ret_value = self.fn(state, *args, **{**self.bound, **kwargs})
-        finally:
-            state._ex.end()
-        if not stream:
-            state.sync()
+        state = ProgramState(StreamExecutor(be, defaults, stream=stream, threaded=use_thread, logprob=logprob))
+        call_kwargs = {**self.bound, **kwargs}
+        if stream:
+            state._body = threading.Thread(target=self._run_body, args=(state, args, call_kwargs, True),
+                                           name="treadle-program", daemon=True)
+            state._body.start()
+            return state
+        self._run_body(state, args, call_kwargs, False)
+        state.sync()
+        _maybe_print(state)
         return state
 
-    def run_batch(self, batch_kwargs: list[dict], *, backend: Any = None, num_threads: int | str = "auto",
-                  progress_bar: bool = False, max_new_tokens: int | None = None,
-                  temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-                  min_p: float | None = None, frequency_penalty: float | None = None,
+    def _run_body(self, state: ProgramState, args: tuple, kwargs: dict, keep_error: bool) -> None:
+        try:
+            state.ret_value = self.fn(state, *args, **kwargs)
+        except BaseException as e:
+            if not keep_error:
+                raise
+            state._ex.fail(e)  # a streamed run: the state's reads raise it
+        finally:
+            state._ex.end()
+        if keep_error:
+            _maybe_print(state)
+
+    def run_batch(self, batch_kwargs: list[dict] | list[tuple], *, backend: Any = None,
+                  num_threads: int | str = "auto", progress_bar: bool = False, generator_style: bool = False,
+                  max_new_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
+                  top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
                   presence_penalty: float | None = None, repetition_penalty: float | None = None,
                   stop: Any = None, stop_token_ids: list[int] | None = None, ignore_eos: bool | None = None,
-                  seed: int | None = None) -> list[ProgramState]:
-        """Run once per kwargs dict, concurrently; returns the states in input order.
+                  seed: int | None = None, n: int | None = None, stop_regex: Any = None,
+                  return_logprob: bool | None = None, logprob_start_len: int | None = None,
+                  top_logprobs_num: int | None = None,
+                  return_text_in_logprobs: bool | None = None) -> list[ProgramState] | Iterator[ProgramState]:
+        """Run once per item, concurrently; returns the states in input order. An item is a
+        dict of keyword arguments, or (as SGLang) a list/tuple of the arguments in order.
 
         The program's constant prefix (found by tracing) is cached once first. A program
-        that fails does not affect the others: its state raises the error when read."""
-        defaults = _defaults(locals())
+        that fails does not affect the others: its state raises the error when read. With
+        `generator_style=True` it returns an iterator yielding each state, in input order, as
+        soon as it has finished (arguments are checked, and the prefix cached, before it
+        returns); `progress_bar` draws a tqdm bar of finished programs."""
+        defaults, logprob = _defaults(locals())
         be = as_backend(backend)
-        if not isinstance(batch_kwargs, (list, tuple)) or not all(isinstance(k, dict) for k in batch_kwargs):
-            raise ValueError("run_batch takes a list of dicts of keyword arguments, one per run")
+        batch_kwargs = self._batch_kwargs(batch_kwargs)
         if not batch_kwargs:
-            return []
+            return iter([]) if generator_style else []
         if num_threads == "auto":
             num_threads = min(len(batch_kwargs), max(64, 4 * (os.cpu_count() or 1)))
         if not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1:
             raise ValueError(f"num_threads must be 'auto' or a positive int, got {num_threads!r}")
-        if len(batch_kwargs) > 1:  # one run has no one to share a prefix with: no tracing run
+        from treadle.lang.global_config import global_config
+
+        # one run has no one to share a prefix with: no tracing run
+        if len(batch_kwargs) > 1 and global_config.enable_precache_with_tracing:
             constants, varying = _split_args(batch_kwargs)
             prefix = extract_prefix(self.fn, be, {**self.bound, **constants}, varying)
             if prefix:
                 be.cache_prefix(prefix)
-        states = [ProgramState(StreamExecutor(be, defaults)) for _ in batch_kwargs]
+        states = [ProgramState(StreamExecutor(be, defaults, logprob=logprob)) for _ in batch_kwargs]
+        results = self._run_states(states, batch_kwargs, num_threads, progress_bar)
+        return results if generator_style else list(results)
 
+    def _batch_kwargs(self, batch: Any) -> list[dict]:
+        if not isinstance(batch, (list, tuple)):
+            raise ValueError("run_batch takes a list of dicts of keyword arguments (or of argument tuples), "
+                             "one per run")
+        out = []
+        for item in batch:
+            if isinstance(item, dict):
+                out.append(item)
+            elif isinstance(item, (list, tuple)):
+                if len(item) > len(self.arg_names):
+                    raise ValueError(f"run_batch: {len(item)} arguments {item!r} for a program taking "
+                                     f"{len(self.arg_names)} ({', '.join(self.arg_names)})")
+                out.append(dict(zip(self.arg_names, item)))
+            else:
+                raise ValueError("run_batch takes a list of dicts of keyword arguments (or of argument tuples), "
+                                 f"one per run; got an item {item!r}")
+        return out
+
+    def _run_states(self, states: list[ProgramState], batch_kwargs: list[dict], num_threads: int,
+                    progress_bar: bool) -> Iterator[ProgramState]:
+        """Run the batch on a thread pool, yielding the states in input order as they finish."""
         def one(i: int) -> None:
             s = states[i]
             try:
@@ -89,27 +155,48 @@ class Program:
             finally:
                 s._ex.end()
             s._ex.sync()
+            _maybe_print(s)
 
         bar = _progress(len(states)) if progress_bar else None
-        with concurrent.futures.ThreadPoolExecutor(num_threads, thread_name_prefix="treadle-batch") as pool:
-            for fut in concurrent.futures.as_completed([pool.submit(one, i) for i in range(len(states))]):
-                fut.result()  # `one` never raises; this only propagates interpreter bugs
+        try:
+            with concurrent.futures.ThreadPoolExecutor(num_threads, thread_name_prefix="treadle-batch") as pool:
+                futures = [pool.submit(one, i) for i in range(len(states))]
                 if bar is not None:
-                    bar.update(1)
-        if bar is not None:
-            bar.close()
-        return states
+                    for fut in futures:
+                        fut.add_done_callback(lambda _: bar.update(1))
+                for state, fut in zip(states, futures):
+                    fut.result()  # `one` never raises; this only propagates interpreter bugs
+                    yield state
+        finally:
+            if bar is not None:
+                bar.close()
 
     def trace_prefix(self, backend: Backend | Any = None) -> str:
         """The constant text every run starts with (what run_batch caches up front)."""
         return extract_prefix(self.fn, as_backend(backend), self.bound)
 
+    def cache(self, backend: Backend | Any = None) -> str:
+        """Cache the program's constant prefix on the backend now (SGLang's `prog.cache()`);
+        returns it ("" when there is none)."""
+        be = as_backend(backend)
+        prefix = extract_prefix(self.fn, be, self.bound)
+        if prefix:
+            be.cache_prefix(prefix)
+        return prefix
 
-def function(fn: Callable | None = None) -> Any:
-    """Decorator turning `def prog(s, ...)` into a Program (`@function` or `@function()`)."""
+
+def function(fn: Callable | None = None, num_api_spec_tokens: int | None = None) -> Any:
+    """Decorator turning `def prog(s, ...)` into a Program (`@function` or `@function(...)`).
+
+    `num_api_spec_tokens` (SGLang's speculative execution for API models behind a chat-only
+    interface) is accepted and kept as `prog.num_api_spec_tokens`; it changes nothing here, as
+    treadle has no API backends: every gen is its own request to the runtime."""
+    if num_api_spec_tokens is not None and (isinstance(num_api_spec_tokens, bool)
+                                            or not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1):
+        raise ValueError(f"num_api_spec_tokens must be a positive int or None, got {num_api_spec_tokens!r}")
     if fn is None:
-        return lambda f: Program(f)
-    return Program(fn)
+        return lambda f: Program(f, num_api_spec_tokens=num_api_spec_tokens)
+    return Program(fn, num_api_spec_tokens=num_api_spec_tokens)
 
 
 def _split_args(batch_kwargs: list[dict]) -> tuple[dict, set[str]]:
@@ -140,15 +227,25 @@ def _same_value(a: Any, b: Any) -> bool:
     return eq is True
 
 
-def _defaults(args: dict) -> dict:
-    """run()'s sampling defaults, checked now (ValueError naming the field) rather than by the
-    runtime at the first gen that uses them, or never when every gen sets its own."""
+def _defaults(args: dict) -> tuple[dict, dict]:
+    """run()'s sampling defaults and logprob defaults, checked now (ValueError naming the
+    field) rather than by the runtime at the first gen that uses them, or never when every gen
+    sets its own. SGLang's `n` (1 only) and `stop_regex` (none only) are checked too."""
     from treadle.runtime.sampling_params import SamplingParams
 
+    check_n_and_stop_regex("run()", args.get("n"), args.get("stop_regex"))
     given = {k: args[k] for k in SAMPLING_DEFAULTS if args.get(k) is not None}
     stop = given.get("stop")
     SamplingParams.from_dict({**given, **({"stop": [stop]} if isinstance(stop, str) else {})}).validate()
-    return given
+    return given, {k: args[k] for k in LOGPROB_DEFAULTS if args.get(k) is not None}
+
+
+def _maybe_print(state: ProgramState) -> None:
+    """global_config.verbosity >= 2: print the program's text after a run that finished, as SGLang."""
+    from treadle.lang.global_config import global_config
+
+    if global_config.verbosity >= 2 and state._ex.error is None:
+        print(state._ex.text_)
 
 
 def _progress(total: int) -> Any:

@@ -6,7 +6,9 @@ line that caused it; the work itself is queued on the state's StreamExecutor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import threading
 from typing import Any, Iterator
 
 from treadle.lang import ir
@@ -20,7 +22,18 @@ class ProgramState:
         self._ex = executor
         self._role: str | None = executor.role
         self._names: set[str] = set(executor.variables)  # names known to exist or be coming
-        self.ret_value: Any = None  # what the program function returned (run / run_batch)
+        self._ret: Any = None
+        self._body: threading.Thread | None = None  # run(stream=True): the thread running the program body
+
+    @property
+    def ret_value(self) -> Any:
+        """What the program function returned (run / run_batch; after a streamed run's body ends)."""
+        self._wait_body()
+        return self._ret
+
+    @ret_value.setter
+    def ret_value(self, value: Any) -> None:
+        self._ret = value
 
     # ------------------------------------------------------------ writing
 
@@ -63,9 +76,34 @@ class ProgramState:
         """`with s.assistant(): s += gen(...)` (or `s.assistant("...")`)."""
         return _RoleScope(self, "assistant", content)
 
-    def fork(self, n: int) -> "ForkGroup":
-        """n branches that continue from the current text. The shared prefix is computed
-        once (cached by the runtime) before the branches send their own requests."""
+    def var_scope(self, name: str) -> "_VarScope":
+        """`with s.var_scope("x"): s += ...`: variable `x` holds the text written inside the
+        block (generated or not), as SGLang's. Readable after the block; a block left by an
+        exception still sets it to the text written so far."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a variable name must be a non-empty string, got {name!r}")
+        return _VarScope(self, name)
+
+    @contextlib.contextmanager
+    def copy(self, position_ids_offset: Any = None) -> Iterator["ProgramState"]:
+        """`with s.copy() as c: c += ...`: one fork branch, joined ("gather") when the block ends."""
+        group = self.fork(1, position_ids_offset)
+        try:
+            yield group[0]
+        finally:
+            group.join()
+
+    def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ForkGroup":
+        """`size` branches that continue from the current text. The shared prefix is computed
+        once (cached by the runtime) before the branches send their own requests.
+        `position_ids_offset` (SGLang's) is accepted only as None: treadle branches always
+        continue the parent's positions."""
+        if position_ids_offset is not None:
+            raise ValueError("fork(position_ids_offset=...) is not supported: branches continue the parent's "
+                             "positions; leave it out")
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise ValueError(f"fork needs an int size >= 1, got {size!r}")
+        n = size
         if n < 1:
             raise ValueError(f"fork needs n >= 1, got {n}")
         if self._ex.tracing:
@@ -106,9 +144,22 @@ class ProgramState:
         self[name]
         return self._ex.meta[name]
 
+    def __contains__(self, name: str) -> bool:
+        """Whether variable `name` has a value now (does not wait), as SGLang's `name in s`."""
+        return name in self._ex.variables
+
+    def _wait_body(self) -> None:
+        """A state returned by run(stream=True) whose body still runs on its own thread: wait
+        for the body, so reads see everything it wrote (not from the body's own thread)."""
+        body = self._body
+        if body is not None and body is not threading.current_thread():
+            body.join()
+
     def _known(self, name: str) -> None:
         if self._ex.tracing:
             raise StopTracing  # a value depending on generation: the constant prefix ends here
+        if name not in self._names:
+            self._wait_body()
         if name not in self._names:
             self._ex.raise_if_failed()  # a failed program may have stopped before naming it
             raise KeyError(f"no variable {name!r} in this program; known variables: "
@@ -132,17 +183,24 @@ class ProgramState:
 
     def sync(self) -> None:
         """Wait for all queued work; raise the state's error if it failed."""
+        self._wait_body()
         self._ex.sync()
         self._ex.raise_if_failed()
 
     def error(self) -> BaseException | None:
         """The exception that stopped this state, or None (waits for queued work)."""
+        self._wait_body()
         self._ex.sync()
         return self._ex.error
 
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
         """Yield text as it is produced (all of it, or only variable `var_name`'s) until the
         program ends. Token-level deltas need run(..., stream=True)."""
+        for delta, _ in self._deltas(var_name):
+            yield delta
+
+    def _deltas(self, var_name: str | None) -> Iterator[tuple[str, dict | None]]:
+        """(text, meta_info of the gen that wrote it so far, or None) as the text is produced."""
         ex, i = self._ex, 0
         while True:
             with ex._cv:
@@ -150,26 +208,43 @@ class ProgramState:
                                 or (ex.ended and not ex._pending and not ex._busy))
                 batch, i = ex.deltas[i:], len(ex.deltas)
                 done = ex.ended and not ex._pending and not ex._busy
-            for var, delta in batch:
+            for var, delta, meta in batch:
                 if var_name is None or var == var_name:
-                    yield delta
+                    yield delta, meta
             if not batch:
                 ex.raise_if_failed()
                 if done:
                     return
 
-    async def text_async_iter(self, var_name: str | None = None):
-        """Async form of `text_iter` (the blocking waits run in a worker thread)."""
-        it = self.text_iter(var_name)
+    async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False):
+        """Async form of `text_iter` (the blocking waits run in a worker thread). With
+        `return_meta_data`, yields (text, meta_info so far of the gen that wrote it), as SGLang."""
+        it = self._deltas(var_name)
         end = object()
         while True:
-            delta = await asyncio.to_thread(next, it, end)
-            if delta is end:
+            item = await asyncio.to_thread(next, it, end)
+            if item is end:
                 return
-            yield delta
+            yield item if return_meta_data else item[0]
 
     def __repr__(self) -> str:
         return f"ProgramState(text={self._ex.text_[-60:]!r}, variables={sorted(self._ex.variables)})"
+
+
+class _VarScope:
+    """Returned by s.var_scope(name): the text written inside the block becomes variable `name`."""
+
+    def __init__(self, state: ProgramState, name: str) -> None:
+        self.state, self.name = state, name
+
+    def __enter__(self) -> ProgramState:
+        self.state._names.add(self.name)
+        self.state._ex.submit(ir.VarScopeBegin(self.name))
+        return self.state
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None or not issubclass(exc_type, StopTracing):  # tracing: nothing may follow
+            self.state._ex.submit(ir.VarScopeEnd(self.name))
 
 
 class _RoleScope:

@@ -344,7 +344,7 @@ def test_dtype_int_and_regex(backend):
         s += gen("date", regex=r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", max_tokens=16, temperature=0)
 
     st = prog.run(backend=backend)
-    assert isinstance(st["n"], int)
+    assert re.fullmatch(r"[-+]?[0-9]+", st["n"]), st["n"]  # the text, as SGLang's; it parses
     assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", st["date"])
 
 

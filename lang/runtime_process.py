@@ -1,0 +1,169 @@
+"""`Runtime`: a treadle server in a child process, as a DSL backend (SGLang's `sgl.Runtime`).
+
+    runtime = Runtime(model_path="...", port=30000)   # starts `treadle serve`, waits until healthy
+    set_default_backend(runtime)
+    ...
+    runtime.shutdown()
+
+Keyword arguments are the server's flags (EngineArgs field names: `model_path`, `tp_size`,
+`max_total_tokens`, ...); an unknown one is a ValueError before anything starts.
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, AsyncIterator
+
+import requests
+
+from treadle.lang.backend_http import RuntimeEndpoint
+
+
+class Runtime:
+    """A server process started from Python, stopped by `shutdown()` (also at interpreter exit).
+
+    `set_default_backend(runtime)` or `run(backend=runtime)` run programs on it through
+    `runtime.endpoint`, a RuntimeEndpoint. `log_level` is the server's (default "error", so it
+    prints only errors); `launch_timeout` bounds the wait for it to become healthy. Without a
+    `port`, the first free port from 30000 is taken, as SGLang."""
+
+    def __init__(self, log_level: str = "error", launch_timeout: float = 300.0, **kwargs: Any) -> None:
+        from treadle.runtime.engine_args import EngineArgs
+
+        self.pid: int | None = None
+        self._proc: subprocess.Popen | None = None
+        if "port" not in kwargs:
+            kwargs["port"] = _free_port_from(30000, kwargs.get("host", "127.0.0.1"))
+        self.server_args = EngineArgs.from_kwargs(log_level=log_level, **kwargs)  # ValueError: a bad argument
+        host = self.server_args.host
+        self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{self.server_args.port}"
+        self.generate_url = self.url + "/generate"
+        cmd = [sys.executable, "-m", "treadle.runtime.launch_server", *_flags({"log_level": log_level, **kwargs})]
+        self._proc = subprocess.Popen(cmd, start_new_session=True,
+                                      env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        self.pid = self._proc.pid
+        atexit.register(self.shutdown)
+        try:
+            self._wait_healthy(launch_timeout)
+            self.endpoint = RuntimeEndpoint(self.url, api_key=self.server_args.api_key)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                raise RuntimeError(f"the treadle server exited with status {code} while starting; "
+                                   "its error is printed above (pass log_level='info' for more)")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the treadle server at {self.url} did not become healthy within {timeout_s} s")
+            time.sleep(0.5)
+
+    def shutdown(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL to its process group after 30 s). Idempotent."""
+        proc, self._proc = self._proc, None
+        self.pid = None
+        if proc is None:
+            return
+        atexit.unregister(self.shutdown)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        if getattr(self, "_proc", None) is not None:
+            self.shutdown()
+
+    # ------------------------------------------------------------ SGLang's helpers
+
+    def cache_prefix(self, prefix: str) -> None:
+        self.endpoint.cache_prefix(prefix)
+
+    def flush_cache(self) -> bool:
+        return self.endpoint.flush_cache()
+
+    def get_server_info(self) -> dict:
+        return self.endpoint.get_server_info()
+
+    def get_tokenizer(self) -> Any:
+        """The served model's tokenizer, loaded in this process."""
+        from treadle.runtime.model_source import resolve_model_source
+        from treadle.runtime.tokenizer import load_tokenizer
+
+        args = self.server_args
+        return load_tokenizer(resolve_model_source(args.model_path, tokenizer_path=args.tokenizer_path))
+
+    def generate(self, prompt: str | list[str], sampling_params: dict | None = None, return_logprob: Any = False,
+                 logprob_start_len: Any = None, top_logprobs_num: Any = None) -> str:
+        """POST /generate and return the response body as JSON text (SGLang's Runtime.generate).
+        A request the server refuses is a ValueError naming its message."""
+        body = {"text": prompt, "sampling_params": sampling_params or {}, "return_logprob": return_logprob}
+        if logprob_start_len is not None:
+            body["logprob_start_len"] = logprob_start_len
+        if top_logprobs_num is not None:
+            body["top_logprobs_num"] = top_logprobs_num
+        return json.dumps(self.endpoint._generate(body).json())
+
+    async def async_generate(self, prompt: str, sampling_params: dict | None = None) -> AsyncIterator[str]:
+        """Stream one generation's text deltas (SGLang's Runtime.async_generate / add_request)."""
+        it = self.endpoint.generate_stream(prompt, dict(sampling_params or {}))
+        end = object()
+        while True:
+            item = await asyncio.to_thread(next, it, end)
+            if item is end:
+                return
+            yield item[0]
+
+    add_request = async_generate
+
+
+def _flags(kwargs: dict[str, Any]) -> list[str]:
+    """EngineArgs keywords as `treadle serve` flags (booleans as --x / --no-x; None left out)."""
+    out: list[str] = []
+    for name, value in kwargs.items():
+        flag = "--" + name.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + name.replace("_", "-"))
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def _free_port_from(start: int, host: str) -> int:
+    for port in range(start, 40000):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host if host not in ("", "::") else "0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {start}..39999 on {host}")
