@@ -44,11 +44,13 @@ import referencing.exceptions
 from treadle.constrained import regex_numbers as nums
 from treadle.constrained import regex_text as text
 from treadle.constrained.fsm_regex import fsm_to_regex, length_range
+from treadle.constrained.json_schema_dialects import to_2020_12
+from treadle.constrained.json_schema_logic import complement, conditional_branches, contains_as_prefix, dependencies_as_anyof
 from treadle.constrained.json_holes import CALL_CHARS, HOLE_CHARS, MAX_CALLS, schema_allows_holes, with_definitions
 from treadle.constrained.json_schema_parts import (
     ANNOTATIONS,
+    DYNAMIC_REFS,
     FAMILIES,
-    KNOWN,
     NoOutput,
     TooDeep,
     Unsatisfiable,
@@ -78,6 +80,7 @@ GENERIC_DEPTH = 2  # nesting of arrays/objects inside a `true` (any value) schem
 # (1: arrays/objects of scalars), which keeps such a regex small (a depth-2 any-value
 # regex is ~15k chars and its token index takes seconds). Deeper values are not produced.
 OTHER_TYPES_DEPTH = 1
+DEPENDENCIES = ("dependentRequired", "dependentSchemas")
 # The spec mode goes one level deeper (the suite's arrays of nested objects need 3). Its
 # containers list their members as (?:(?:V,)*V)? rather than V(?:,V)*: the two copies of V
 # then run in lock-step, so the DFA (outlines-core and interegular alike, neither
@@ -87,6 +90,12 @@ MODES = ("strict", "spec")
 # spec mode: anyOf beside unevaluated* also generates the conjunctions of 2+ branches (a
 # property evaluated by a second matching branch is then evaluated), up to this many branches.
 ANYOF_COMBINED_MAX = 4
+# The formats a validator may check (JSON Schema's, drafts 3 to 2020-12): one of these that
+# treadle cannot write is refused; any other format is an annotation (OpenAPI's int32, byte).
+ASSERTED_FORMATS = frozenset(
+    "date-time date time duration email idn-email hostname idn-hostname ipv4 ipv6 uri uri-reference iri "
+    "iri-reference uuid uri-template json-pointer relative-json-pointer regex color host-name ip-address "
+    "utc-millisec".split())
 # OpenAPI string formats that allow any string (Pydantic writes bytes and SecretStr so)
 OPENAPI_ANY_STRING = frozenset({"binary", "password"})
 
@@ -168,13 +177,13 @@ def _checked(schema: Any, whitespace_pattern: str | None, max_recursion_depth: i
         ws_fsm = interegular.parse_pattern(whitespace_pattern).to_fsm()
         if not (ws_fsm - interegular.parse_pattern(r"[ \t\n\r]*").to_fsm()).empty():
             raise ValueError(f"json_schema: whitespace_pattern {whitespace_pattern!r} matches non-whitespace text")
-    for reserved in ("__conj__", "__refs__"):
+    for reserved in ("__conj__", "__refs__", "__not_in__"):
         if reserved in json.dumps(schema):
             raise UnsupportedSchemaError(f"json_schema: keyword '{reserved}' is reserved by treadle")
     if max_recursion_depth < 0:
         raise ValueError("json_schema: max_recursion_depth must be >= 0")
     check_metaschemas(schema, "$")
-    return schema
+    return to_2020_12(schema)
 
 
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # their values are data, not schemas
@@ -273,7 +282,7 @@ class _Converter:
         self._failed: dict[str, NoOutput] = {}  # definitions with no possible value
         registry = referencing.Registry(retrieve=_no_retrieve)
         checker = None if self.spec else jsonschema.Draft202012Validator.FORMAT_CHECKER
-        self._validator = jsonschema.Draft202012Validator(root, registry=registry, format_checker=checker)
+        self._validator = _Validator(root, registry=registry, format_checker=checker)
         self._generic: dict[int, str] = {}  # depth -> any-value regex
         w = ws
         self.OPEN_O, self.CLOSE_O = r"\{" + w, w + r"\}"
@@ -289,17 +298,15 @@ class _Converter:
             raise Unsatisfiable(f"json_schema: schema at {path} is false: no possible output")
         if not isinstance(schema, dict):
             raise UnsupportedSchemaError(f"json_schema: schema at {path} must be an object or boolean")
-        if any(isinstance(k, str) and k.startswith("x-") for k in schema):
-            # vendor extensions (OpenAPI's x-...): unknown keywords, which never change validity
-            schema = {k: v for k, v in schema.items() if not (isinstance(k, str) and k.startswith("x-"))}
         if "__refs__" in schema:  # merged from resolved refs (Merger.merge_all): inside them
             return self._inside(schema["__refs__"], {k: v for k, v in schema.items() if k != "__refs__"}, path)
-        for key in schema:
-            if key not in KNOWN:
+        # Annotations (every keyword that is not an assertion, whatever its name) never change
+        # validity: leave them out (in the spec mode `format` is one of them).
+        schema = {k: v for k, v in schema.items() if k not in self.annotations}
+        for key in DYNAMIC_REFS:
+            if key in schema:
                 raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} is not supported")
-        if self.spec and "format" in schema:
-            schema = {k: v for k, v in schema.items() if k != "format"}
-        if self.spec and all(k in self.annotations or k == "__conj__" for k in schema):
+        if self.spec and all(k == "__conj__" for k in schema):
             # Any value, as for `true` (built per type, it would nest one level deeper).
             return self.generic()
         if "enum" in schema or "const" in schema:
@@ -308,6 +315,12 @@ class _Converter:
             return self._lone_if(schema, path)
         if "$ref" in schema:
             return self._ref(schema, path)
+        if not all(self._trivial(k, schema[k], schema, "object") for k in DEPENDENCIES if k in schema):
+            self._no_unevaluated(schema, "dependentSchemas" if "dependentSchemas" in schema else "dependentRequired", path)
+            rest, parts = dependencies_as_anyof(schema, path)
+            if not parts:
+                return self.convert(rest, path)
+            return self.convert(self.merger.merge_all(rest, parts, path + ".dependentSchemas"), path)
         if "allOf" in schema:
             rest = {k: v for k, v in schema.items() if k != "allOf"}
             parts = schema["allOf"]
@@ -318,13 +331,54 @@ class _Converter:
             return self.convert(self.merger.merge_all(rest, parts, path + ".allOf"), path)
         if "anyOf" in schema or "oneOf" in schema:
             return self._alternatives(schema, path)
+        branches = conditional_branches(schema, lambda ref: self.merger.resolve(ref, path))
+        if branches is not None:
+            self._no_unevaluated(schema, "if", path)
+            rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
+            return self._some_of(rest, branches, path + ".if", "if")
+        schema = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}  # alone, they never decide
+        if "not" in schema and not self._negates_types(schema["not"]):
+            self._no_unevaluated(schema, "not", path)
+            broken = complement(schema["not"], lambda ref: self.merger.resolve(ref, path))
+            rest = {k: v for k, v in schema.items() if k != "not"}
+            return self._some_of(rest, broken, path + ".not", "not")
         excluded = self._negated_types(schema, path)
-        for key in ("if", "then", "else"):
-            if key in schema and not (key == "if" and "then" not in schema and "else" not in schema):
-                if key in ("then", "else") and "if" not in schema:
-                    continue  # then/else without if have no effect
-                raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} is not supported")
         return self._typed(schema, path, excluded)
+
+    @staticmethod
+    def _no_unevaluated(schema: dict, keyword: str, path: str) -> None:
+        """The rewrites of json_schema_logic.py move properties between subschemas, which
+        changes what unevaluated* sees: refuse them there."""
+        for key in ("unevaluatedProperties", "unevaluatedItems"):
+            if key in schema and schema[key] is not True and schema[key] != {}:
+                raise UnsupportedSchemaError(f"json_schema: keyword '{keyword}' at {path} beside {key} is not supported")
+
+    def _negates_types(self, neg: Any) -> bool:
+        """Whether ``not: neg`` only excludes whole types (or nothing, or everything)."""
+        return neg is True or neg is False or isinstance(neg, dict) and all(
+            k in self.annotations or k == "type" for k in neg)
+
+    def _some_of(self, rest: dict, branches: list, path: str, keyword: str) -> str:
+        """``rest`` and any of ``branches``, each a subset of what a keyword allows (its
+        rewrite, json_schema_logic.py): a branch that cannot be built only narrows the
+        output, so it is left out; none at all refuses the keyword."""
+        out, first_error = [], None
+        for i, branch in enumerate(branches):
+            where = f"{path}[{i}]"
+            try:
+                out.append(self.convert(self.merger.merge_all(rest, [branch], where), where))
+            except UnsupportedSchemaError as exc:
+                first_error = first_error or exc
+        if out:
+            return _alt(out)
+        if not branches:
+            raise UnsupportedSchemaError(f"json_schema: keyword '{keyword}' at {path.rsplit('.', 1)[0]} is not "
+                                         "supported: treadle cannot write the values it excludes")
+        if isinstance(first_error, NoOutput):
+            raise Unsatisfiable(f"json_schema: keyword '{keyword}' at {path.rsplit('.', 1)[0]}: no output "
+                                "treadle can write satisfies it") from first_error
+        raise UnsupportedSchemaError(f"json_schema: keyword '{keyword}' at {path.rsplit('.', 1)[0]} is not "
+                                     f"supported here: {first_error}") from first_error
 
     def _negated_types(self, schema: dict, path: str) -> set[str]:
         """``not`` is supported when it only excludes whole types (or nothing/everything)."""
@@ -623,7 +677,8 @@ class _Converter:
                 continue
             self._reject_unsupported(schema, t, path)
             try:
-                parts.append(self._one_type(t, schema, path))
+                part = self._one_type(t, schema, path)
+                parts.append(self._not_listed(part, t, schema["__not_in__"], path) if "__not_in__" in schema else part)
             except NoOutput as exc:
                 if not untyped:
                     raise
@@ -632,6 +687,30 @@ class _Converter:
             assert first_error is not None
             raise first_error
         return _alt(parts)
+
+    def _not_listed(self, part: str, t: str, listed: list, path: str) -> str:
+        """``part`` (the regex of type ``t``) without the texts of ``listed`` values. Equal
+        values must have one spelling for that: strings are written with raw characters only,
+        numbers with at most 9 integer and 6 fraction digits and no exponent (distinct texts
+        are then distinct doubles), and no negative zero."""
+        mine = [v for v in listed if _scalar_key(v) is not None and _type_of_scalar(v) == ("number" if t == "integer" else t)]
+        if not mine:
+            return part
+        if t in ("null", "boolean"):
+            out = [w for w in (["null"] if t == "null" else ["true", "false"]) if w not in {json.dumps(v) for v in mine}]
+            if not out:
+                raise Unsatisfiable(f"json_schema: keyword 'not' at {path}: every {t} value is excluded")
+            return _alt(out)
+        one = _ONE_SPELLING[t]
+        fsm = interegular.parse_pattern(part).to_fsm() & interegular.parse_pattern(one).to_fsm()
+        drop = _alt([_literal(v) for v in mine])
+        try:
+            out = fsm_to_regex(fsm - interegular.parse_pattern(drop).to_fsm())
+        except ValueError as exc:
+            raise UnsupportedSchemaError(f"json_schema: keyword 'not' at {path} is not supported: {exc}") from exc
+        if out is None:
+            raise Unsatisfiable(f"json_schema: keyword 'not' at {path}: every {t} value is excluded")
+        return out
 
     def _other_type(self, t: str) -> str:
         """Any value of type ``t``: scalars exactly, containers OTHER_TYPES_DEPTH deep."""
@@ -708,8 +787,12 @@ class _Converter:
         return object_regex(self, schema, path)
 
     def _string(self, schema: dict, path: str) -> str:
-        if schema.get("format") in OPENAPI_ANY_STRING:
-            schema = {k: v for k, v in schema.items() if k != "format"}  # any string
+        fmt = schema.get("format")
+        if fmt in OPENAPI_ANY_STRING or fmt not in text.FORMATS and fmt not in ASSERTED_FORMATS:
+            # any string: a format no validator checks is an annotation (int32, byte, ...)
+            schema = {k: v for k, v in schema.items() if k != "format"}
+        if "format" in schema and "pattern" in schema:
+            return '"' + self._format_and_pattern(schema, path) + '"'
         lo, hi = schema.get("minLength", 0), schema.get("maxLength")
         for key, value in (("minLength", lo), ("maxLength", hi)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
@@ -719,8 +802,6 @@ class _Converter:
         if hi is not None and hi < lo:
             raise Unsatisfiable(f"json_schema: keyword 'maxLength' at {path} is below minLength")
         special = [k for k in ("pattern", "format") if k in schema]
-        if len(special) == 2:
-            raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with 'format' is not supported")
         if special == ["pattern"] and ("minLength" in schema or "maxLength" in schema):
             try:
                 body = text.pattern_with_length(schema["pattern"], lo, hi)
@@ -751,6 +832,30 @@ class _Converter:
             return text.string_regex(lo, hi)
         except ValueError as exc:
             raise UnsupportedSchemaError(f"json_schema: keyword 'minLength' at {path}: {exc}") from exc
+
+    def _format_and_pattern(self, schema: dict, path: str) -> str:
+        """A string body that is of the format and matches the pattern (and the length
+        bounds): the three automata intersected, written back as a regex."""
+        fmt = schema["format"]
+        if fmt not in text.FORMATS:
+            raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path}: format {fmt!r} is not supported")
+        try:
+            body = text.pattern_to_body(schema["pattern"])
+        except ValueError as exc:
+            raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
+        fsm = interegular.parse_pattern(text.FORMATS[fmt]).to_fsm() & interegular.parse_pattern(body).to_fsm()
+        if "minLength" in schema or "maxLength" in schema:
+            lo, hi = math.ceil(schema.get("minLength", 0)), schema.get("maxLength")
+            hi_text = "" if hi is None else str(math.floor(hi))
+            fsm = fsm & interegular.parse_pattern(f"[\\x00-\\x7f]{{{lo},{hi_text}}}").to_fsm()
+        try:
+            out = fsm_to_regex(fsm)
+        except ValueError as exc:  # the intersection's regex is too long
+            raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with format {fmt!r} "
+                                         f"is not supported: {exc}") from exc
+        if out is None:
+            raise Unsatisfiable(f"json_schema: keyword 'pattern' at {path}: no {fmt!r} string matches it")
+        return out
 
     # ------------------------------------------------------------ any value
     def generic(self, depth: int | None = None) -> str:
@@ -819,6 +924,22 @@ def _format_with_length(fmt: str, lo: int, hi: int | None, path: str) -> str:
     return out
 
 
+# texts where equal values are equal texts (see _Converter._not_listed)
+_ONE_SPELLING = {
+    "string": '"' + text.SAFE_RAW_CHAR + '*"',
+    "number": r"(?:0|-?[1-9][0-9]{0,8})(?:\.[0-9]{1,6})?",
+    "integer": r"(?:0|-?[1-9][0-9]{0,8})(?:\.0{1,6})?",
+}
+
+
+def _type_of_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return "string" if isinstance(value, str) else "number"
+
+
 def _is_lone_if(schema: dict) -> bool:
     return "if" in schema and "then" not in schema and "else" not in schema
 
@@ -831,6 +952,15 @@ def _has_nonfinite(value: Any) -> bool:
     if isinstance(value, dict):
         return any(_has_nonfinite(v) for v in value.values())
     return False
+
+
+def _not_in(validator: Any, listed: Any, instance: Any, schema: Any) -> Any:
+    """treadle's ``__not_in__`` (json_schema_logic.py): the instance is none of ``listed``."""
+    yield from jsonschema.Draft202012Validator.VALIDATORS["not"](validator, {"enum": listed}, instance, schema)
+
+
+# 2020-12 and treadle's own keyword, for the checks of listed values (enum, const, names)
+_Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"__not_in__": _not_in})
 
 
 def _no_retrieve(uri: str) -> Any:

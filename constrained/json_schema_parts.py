@@ -36,15 +36,10 @@ class TooDeep(NoOutput):
     """A recursive ``$ref`` went past ``max_recursion_depth``."""
 
 
-# Keywords that never change whether an instance is valid.
-ANNOTATIONS = frozenset(
-    "title description $schema $id $comment examples default deprecated readOnly writeOnly "
-    "$anchor $defs definitions $vocabulary discriminator".split()
-)
 # Keywords that only constrain values of one type (a value of another type ignores them).
 FAMILIES: dict[str, frozenset[str]] = {
     "number": frozenset("minimum maximum exclusiveMinimum exclusiveMaximum multipleOf".split()),
-    "string": frozenset("minLength maxLength pattern format contentMediaType contentEncoding contentSchema".split()),
+    "string": frozenset("minLength maxLength pattern format".split()),
     "array": frozenset(
         "items prefixItems minItems maxItems uniqueItems contains minContains maxContains unevaluatedItems".split()
     ),
@@ -53,8 +48,34 @@ FAMILIES: dict[str, frozenset[str]] = {
         "propertyNames dependentRequired dependentSchemas unevaluatedProperties".split()
     ),
 }
-_APPLICATORS = frozenset("type enum const $ref allOf anyOf oneOf not if then else __conj__".split())
-KNOWN = ANNOTATIONS | _APPLICATORS | frozenset().union(*FAMILIES.values())
+# (__conj__ and __not_in__ are treadle's own: the parts merged, and scalars an instance is none of)
+_APPLICATORS = frozenset("type enum const $ref allOf anyOf oneOf not if then else __conj__ __not_in__".split())
+# refs to dynamic scopes, which treadle does not follow: refused wherever they stand
+DYNAMIC_REFS = ("$dynamicRef", "$recursiveRef")
+# The 2020-12 assertions and applicators the converter reads (json_schema_dialects.py first
+# rewrites other drafts into them); every other keyword is an annotation.
+ASSERTING = _APPLICATORS | frozenset(DYNAMIC_REFS) | frozenset().union(*FAMILIES.values())
+
+
+class Annotations:
+    """The annotation keywords: every keyword except ``assertions``, whatever its name
+    (vendor metadata, typos, editor hints). Supports ``in``, ``| {...}`` (more annotations)
+    and ``set(keys) - annotations`` (the keys that assert)."""
+
+    def __init__(self, assertions: frozenset[str]) -> None:
+        self.assertions = assertions
+
+    def __contains__(self, key: object) -> bool:
+        return key not in self.assertions
+
+    def __or__(self, more: set[str] | frozenset[str]) -> Annotations:
+        return Annotations(self.assertions - frozenset(more))
+
+    def __rsub__(self, keys: set[str] | frozenset[str]) -> set[str]:
+        return {k for k in keys if k in self.assertions}
+
+
+ANNOTATIONS = Annotations(ASSERTING)
 ALL_TYPES = frozenset({"null", "boolean", "number", "string", "array", "object"})
 _MINS = {"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains"}
 _MAXS = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties", "maxContains"}
@@ -99,7 +120,7 @@ def check_metaschemas(schema: Any, path: str) -> None:
 class Merger:
     """Resolves in-document ``$ref`` pointers and merges ``allOf`` parts into one schema."""
 
-    def __init__(self, root: Any, annotations: frozenset[str] = ANNOTATIONS) -> None:
+    def __init__(self, root: Any, annotations: Annotations = ANNOTATIONS) -> None:
         self.root = root
         self.annotations = annotations  # keywords dropped from merged parts
         # A nested $id changes the base URI of the refs below it; we resolve against the
@@ -152,6 +173,10 @@ class Merger:
         if not isinstance(part, dict):
             raise UnsupportedSchemaError(f"json_schema: schema at {path} must be an object or boolean")
         part = {k: v for k, v in part.items() if k not in self.annotations}
+        if "then" not in part and "else" not in part:
+            part.pop("if", None)  # a lone if never decides validity (nor do then/else without it)
+        elif "if" not in part:
+            part = {k: v for k, v in part.items() if k not in ("then", "else")}
         nested = []
         if "$ref" in part:
             ref = part.pop("$ref")
@@ -186,6 +211,8 @@ class Merger:
                 r[key] = min(r[key], value)
             elif key in ("enum", "const"):
                 pass  # the literal path re-checks every candidate against all parts
+            elif key == "__not_in__":
+                r[key] = list(r[key]) + list(value)
             elif r[key] == value:
                 pass
             elif key in ("items", "prefixItems"):

@@ -361,3 +361,32 @@ class HoleOracle:
         c = HoleOracle.__new__(HoleOracle)
         c.fsm, c.live, c.entries, c.configs = self.fsm, self.live, self.entries, list(self.configs)
         return c
+
+
+def sample_regex(fsm, rng: random.Random, *, steps: int = 400, stop_p: float = 0.3) -> str | None:
+    """A random string of an interegular FSM (a walk over its live states, stopping at a final
+    state with chance ``stop_p``, always once ``steps`` are spent and a final state is
+    reached); None when the walk cannot finish. ``anything_else`` is written as a character
+    the alphabet does not list."""
+    live = live_states(fsm)
+    if fsm.initial not in live:
+        return None
+    by_key: dict = {}
+    for ch, key in fsm.alphabet.items():
+        by_key.setdefault(key, []).append(ch)
+    other = next(c for c in "é€ж~ 界" if c not in fsm.alphabet)
+    state, out = fsm.initial, []
+    for step in range(steps * 2):
+        if state in fsm.finals and (rng.random() < stop_p or step >= steps):
+            return "".join(out)
+        edges = [(k, t) for k, t in fsm.map.get(state, {}).items() if t in live]
+        if not edges:
+            return "".join(out) if state in fsm.finals else None
+        if step >= steps:  # head for a final state: prefer edges into one
+            near = [e for e in edges if e[1] in fsm.finals]
+            edges = near or edges
+        key, state = rng.choice(edges)
+        chars = by_key.get(key, [])
+        ch = rng.choice(chars) if chars else other
+        out.append(other if ch is anything_else else ch)
+    return "".join(out) if state in fsm.finals else None
