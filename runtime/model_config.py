@@ -333,8 +333,9 @@ DUMMY_CONFIGS: dict[str, ModelConfig] = {
         qk_norm=True, rms_norm_eps=1e-6, max_position_embeddings=40960, tie_word_embeddings=False,
         bos_token_id=151643, eos_token_ids=(151645, 151643), num_experts=128, num_experts_per_tok=8,
         moe_intermediate_size=768, norm_topk_prob=True),
+    # vocab 32000 padded to SmolLM2's 49152, so the embedded tokenizer's ids fit (as every dummy's)
     "mixtral-8x7b": _cfg(
-        "MixtralForCausalLM", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+        "MixtralForCausalLM", vocab_size=49152, hidden_size=4096, intermediate_size=14336,
         num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=1000000.0,
         max_position_embeddings=32768, tie_word_embeddings=False, bos_token_id=1, eos_token_ids=(2,),
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336, norm_topk_prob=True),
