@@ -11,6 +11,7 @@ import time
 import pytest
 import requests
 
+from test_hostile_batch import GREEDY, PROMPTS, SAMPLED, run_concurrently
 from treadle.runtime.server.testing import ServerProcess, wait_idle
 
 pytestmark = pytest.mark.slow
@@ -142,6 +143,62 @@ def test_keep_alive_connection_survives_bad_requests(srv):
     conn.close()
 
 
+def test_gate_answers_an_unhandled_error_and_keeps_the_connection():
+    """The server's Gate around a route that raises (no client request reaches one any more, so
+    the failure is made here): a 500 in the error shape, and the same keep-alive connection
+    then serves the next request (uvicorn used to drop it unannounced)."""
+    import types
+
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from treadle.runtime.engine_args import EngineArgs
+    from treadle.runtime.server.http_server import Gate
+    from treadle.runtime.server.metrics import ServerMetrics
+    from treadle.runtime.server.protocol import error_body
+    from treadle.runtime.server.testing import free_port
+
+    app = FastAPI()
+
+    @app.exception_handler(Exception)  # as the server's app: renders the error, then re-raises it
+    async def internal(_, e: Exception):
+        return JSONResponse(error_body(f"internal server error: {type(e).__name__}: {e}", "server_error"), 500)
+
+    @app.get("/boom")
+    async def boom():
+        raise RuntimeError("a bug")
+
+    @app.get("/fine")
+    async def fine():
+        return {"ok": True}
+
+    state = types.SimpleNamespace(args=EngineArgs(), metrics=ServerMetrics(),
+                                  tm=types.SimpleNamespace(draining=False, num_in_flight=0, max_in_flight=1))
+    app.add_middleware(Gate, state=state)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=T)
+        for _ in range(3):
+            conn.request("GET", "/boom")
+            resp = conn.getresponse()
+            assert resp.status == 500 and "RuntimeError: a bug" in json.loads(resp.read())["error"]["message"]
+            conn.request("GET", "/fine")
+            resp = conn.getresponse()
+            assert resp.status == 200 and json.loads(resp.read()) == {"ok": True}
+        conn.close()
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
 # ---------------------------------------------------------------- 6. overload answers fast
 
 
@@ -236,3 +293,85 @@ def test_keyless_server_checks_the_host_header(srv):
         r = requests.get(srv.url + "/get_model_info", headers={"Host": host}, timeout=T)
         assert r.status_code == 200, (host, r.status_code)
     assert requests.get(srv.url + "/health", headers={"Host": "evil.example"}, timeout=T).status_code == 403
+
+
+# ---------------------------------------------------------------- bystanders of each poison
+# (a non-finite logits row deep in a batch: test_hostile_batch.py, in the Engine)
+
+def gen_http(srv, body: dict) -> requests.Response:
+    return requests.post(srv.url + "/generate", json=body, timeout=T)
+
+
+POISONS = {
+    "repetition_penalty": {"text": PROMPTS[0], "sampling_params": {**SAMPLED, "repetition_penalty": 1e-40}},
+    "deep-json_schema": {"text": PROMPTS[0], "sampling_params": {**GREEDY, "json_schema": "[" * DEEP}},
+    "deep-structural_tag": {"text": PROMPTS[0], "sampling_params": {**GREEDY, "structural_tag":
+                                                                    '{"a":' * DEEP + "1" + "}" * DEEP}},
+    "deep-ebnf": {"text": PROMPTS[0], "sampling_params": {**GREEDY, "ebnf": "root ::= " + "(" * DEEP + '"a"'
+                                                          + ")" * DEEP}},
+    # passes the HTTP checks, fails in the scheduler's compile worker
+    "compile-fails": {"text": PROMPTS[0], "sampling_params": {**GREEDY, "regex": "(?=a)b"}},
+}
+
+
+@pytest.fixture(scope="module")
+def alone(srv):
+    """Each bystander's output sent alone."""
+    return [gen_http(srv, {"text": p, "sampling_params": sp}).json()["output_ids"]
+            for p in PROMPTS for sp in (GREEDY, SAMPLED)]
+
+
+def test_bystanders_unaffected_by_poison_requests(srv, alone):
+    """Ordinary requests sent together with one of each poison: the same outputs as alone; each
+    poison a 400 of its own; nothing failed in a batch step, nothing left in flight."""
+    fns = [lambda p=p, sp=sp: gen_http(srv, {"text": p, "sampling_params": sp})
+           for p in PROMPTS for sp in (GREEDY, SAMPLED)]
+    fns += [lambda body=body: gen_http(srv, body) for body in POISONS.values()]
+    res = run_concurrently(fns)
+    together, poisons = res[:len(alone)], res[len(alone):]
+    assert [r.status_code for r in together] == [200] * len(together)
+    assert [r.json()["output_ids"] for r in together] == alone
+    for kind, p in zip(POISONS, poisons):
+        assert p.status_code == 400, (kind, p.status_code, p.text[:300])
+        assert p.json()["error"]["message"]
+    wait_idle(srv.url)
+    info = requests.get(srv.url + "/get_server_info", timeout=T).json()
+    assert info["failed_rows"] == 0
+
+
+# ---------------------------------------------------------------- fuzz: every route
+
+
+FUZZ_EXAMPLES = 150
+
+
+def test_fuzz_every_route_no_5xx_no_hang(srv):
+    """Hypothesis-generated hostile requests on every route (tests/hostile_requests.py), one at
+    a time: never a 5xx, never a hang (a 60 s timeout each); afterwards the server is healthy,
+    idle, and answers an ordinary request as before."""
+    from hypothesis import HealthCheck, given, settings
+
+    from hostile_requests import Hostile, requests_
+
+    before = post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(4)}, 200).json()["output_ids"]
+    seen: dict[int, int] = {}
+
+    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(requests_)
+    def one(h: Hostile) -> None:
+        headers = {"Content-Type": h.content_type} if h.content_type else {}
+        r = requests.request(h.method, srv.url + h.path, data=h.body, headers=headers, timeout=60)
+        body = r.content  # a stream is read to its end
+        seen[r.status_code] = seen.get(r.status_code, 0) + 1
+        assert r.status_code < 500, (h.method, h.path, (h.body or b"")[:300], r.status_code, body[:300])
+        if r.status_code >= 400 and r.status_code != 404:
+            assert r.json()["error"]["message"], body[:300]
+
+    one()
+    assert requests.get(srv.url + "/health", timeout=T).status_code == 200
+    assert requests.get(srv.url + "/health_generate", timeout=T).status_code == 200
+    info = wait_idle(srv.url)
+    assert info["failed_rows"] == 0 and info["protected_slots"] == 0
+    assert post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(4)}, 200).json()["output_ids"] == before
+    assert seen.get(200) and seen.get(400), seen  # the fuzz reached both the handlers and the checks
