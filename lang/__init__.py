@@ -41,11 +41,26 @@ __all__ = ["Backend", "ChatTemplate", "Engine", "EngineBackend", "ForkGroup", "G
            "video"]
 
 
+_API_BACKENDS = ("OpenAI", "Anthropic", "VertexAI", "LiteLLM", "Crusoe")
+
+
+def _api_backend(name: str) -> Any:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError(f"sgl.{name}(...): treadle has no API backends; serve a model with sgl.Runtime(model_path=...)"
+                         " or connect to a treadle server with sgl.RuntimeEndpoint(url)")
+
+    refuse.__name__ = refuse.__qualname__ = name
+    return refuse
+
+
 def __getattr__(name: str) -> Any:
     """`sgl.Engine`: treadle's in-process Engine (loaded on first use); here it is also a
-    backend: `sgl.set_default_backend(sgl.Engine())`."""
+    backend: `sgl.set_default_backend(sgl.Engine())`. SGLang's API backends (`sgl.OpenAI`, ...)
+    exist only to say, when called, that treadle has none."""
     if name == "Engine":
         from treadle.runtime import Engine
 
         return Engine
+    if name in _API_BACKENDS:
+        return _api_backend(name)
     raise AttributeError(f"module 'treadle.lang' has no attribute {name!r}")
