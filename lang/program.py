@@ -19,6 +19,7 @@ SAMPLING_DEFAULTS = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p",
                      "presence_penalty", "repetition_penalty", "stop", "stop_token_ids", "ignore_eos", "seed")
 # run()/run_batch() keywords that set every gen's logprob options (as gen(...) takes them)
 LOGPROB_DEFAULTS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+RUN_KEYWORDS = frozenset(SAMPLING_DEFAULTS + LOGPROB_DEFAULTS + ("n", "stop_regex"))
 
 
 class Program:
@@ -30,8 +31,11 @@ class Program:
         self.bound = dict(bind or {})
         self.num_api_spec_tokens = num_api_spec_tokens
         functools.update_wrapper(self, fn)
-        self.arg_names = [p.name for p in list(inspect.signature(fn).parameters.values())[1:]
-                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = list(inspect.signature(fn).parameters.values())[1:]
+        self.arg_names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        # run() keywords that are also the program's own parameters go to the program (a
+        # program taking `n` or `seed` gets it, rather than it becoming a sampling default)
+        self._own_keywords = {p.name for p in params} & RUN_KEYWORDS
 
     def bind(self, **kwargs: Any) -> "Program":
         """A copy with some arguments fixed (they also count as constant when tracing)."""
@@ -60,10 +64,12 @@ class Program:
         with stream=True the body runs on a thread of its own and this returns at once (read
         the text with `state.text_iter()`; a failure is raised by the state's reads). With
         use_thread=False every gen runs in the caller's thread, in turn."""
-        defaults, logprob = _defaults(locals())
+        given = dict(locals())
+        own = {k: given.pop(k) for k in self._own_keywords if given.get(k) is not None}
+        defaults, logprob = _defaults(given)
         be = as_backend(backend)
         state = ProgramState(StreamExecutor(be, defaults, stream=stream, threaded=use_thread, logprob=logprob))
-        call_kwargs = {**self.bound, **kwargs}
+        call_kwargs = {**self.bound, **own, **kwargs}
         if stream:
             state._body = threading.Thread(target=self._run_body, args=(state, args, call_kwargs, True),
                                            name="treadle-program", daemon=True)
@@ -104,9 +110,11 @@ class Program:
         `generator_style=True` it returns an iterator yielding each state, in input order, as
         soon as it has finished (arguments are checked, and the prefix cached, before it
         returns); `progress_bar` draws a tqdm bar of finished programs."""
-        defaults, logprob = _defaults(locals())
+        given = dict(locals())
+        own = {k: given.pop(k) for k in self._own_keywords if given.get(k) is not None}
+        defaults, logprob = _defaults(given)
         be = as_backend(backend)
-        batch_kwargs = self._batch_kwargs(batch_kwargs)
+        batch_kwargs = [{**own, **kw} for kw in self._batch_kwargs(batch_kwargs)]
         if not batch_kwargs:
             return iter([]) if generator_style else []
         if num_threads == "auto":

@@ -595,3 +595,18 @@ def test_run_batch_of_one_runs_the_body_once_and_checks_num_threads_first(backen
     assert calls == []  # refused before anything ran, tracing included
     prog.run_batch([{"q": "Hi"}], backend=backend)
     assert calls == ["Hi"]
+
+
+def test_run_keywords_the_program_takes_go_to_the_program(backend):
+    @function
+    def prog(s, n, seed=None):  # parameters sharing names with run()'s sampling keywords
+        s += "Count:" + " one" * n + gen("next", max_tokens=1, temperature=0)
+        return seed
+
+    st = prog.run(n=2, seed=7, backend=backend)
+    assert st.text().startswith("Count: one one") and st.ret_value == 7
+    states = prog.run_batch([{"n": 1}, (3,)], seed=5, backend=backend)
+    assert [st.text()[:-len(st["next"])] for st in states] == ["Count: one", "Count: one one one"]
+    assert [st.ret_value for st in states] == [5, 5]
+    with pytest.raises(ValueError, match="n=2"):
+        gen("x", n=2)  # SGLang's gen(n=) is refused: one sample per gen
