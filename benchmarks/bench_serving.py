@@ -9,6 +9,12 @@ OpenAI-compatible server, reporting throughput and latency as one JSON object.
     # and HF `generate` over the same prompts and output lengths as a floor (offline batches)
     python benchmarks/bench_serving.py --launch --hf-floor --hf-batch 8 --output results/serving_cpu.json
 
+    # 10x overload: 80 clients at once against a server that holds 8 requests (4 running + 4
+    # queued); "overload" reports the 503s' latency (p50 / p99 / max), whether they carry
+    # Retry-After, and the goodput of the admitted requests
+    python benchmarks/bench_serving.py --launch --server-args "--max-total-tokens 16384 \
+        --max-running-requests 4 --max-queued-requests 4" --num-prompts 400 --max-concurrency 80
+
 Prompts are random words (about one token each) drawn with --seed, so a run is repeatable.
 Every request streams; TTFT is the time to the first chunk with text, ITL the gaps between
 later chunks.
@@ -43,6 +49,8 @@ class Result:
     itls: list[float] = field(default_factory=list)
     latency: float = 0.0
     error: str | None = None
+    status: int | None = None  # the HTTP status (None: no response)
+    retry_after: str | None = None  # a refusal's Retry-After header
 
 
 def make_workload(args: argparse.Namespace) -> list[tuple[str, int, int]]:
@@ -79,8 +87,11 @@ async def one_request(client: httpx.AsyncClient, args: argparse.Namespace, promp
     chunks = seen = 0
     try:
         async with client.stream("POST", args.base_url + path, json=body) as r:
+            res.status = r.status_code
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                res.latency = time.perf_counter() - t0  # how long a refusal took
+                res.retry_after = r.headers.get("retry-after")
                 return res
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -161,6 +172,19 @@ def summarize(args: argparse.Namespace, results: list[Result], duration: float) 
     itls = [x for r in ok for x in r.itls]
     out_tokens = sum(r.output_tokens for r in ok)
     errors = [r.error for r in results if not r.ok]
+    refused = [r for r in results if r.status == 503]
+    overload = {}
+    if refused:  # the server's in-flight limit was reached: how fast, and how, it said no
+        overload = {"overload": {
+            "refused_503": len(refused), "admitted": len(results) - len(refused),
+            "refusal_ms": {"p50": _pct([r.latency for r in refused], 0.5),
+                           "p99": _pct([r.latency for r in refused], 0.99),
+                           "max": round(1000 * max(r.latency for r in refused), 2)},
+            "refusals_with_retry_after": sum(r.retry_after is not None for r in refused),
+            # goodput: what the admitted requests got done (a refused request takes nothing)
+            "goodput_requests_per_s": round(len(ok) / duration, 3),
+            "goodput_output_tokens_per_s": round(out_tokens / duration, 2),
+            "admitted_failed": sum(1 for r in results if not r.ok and r.status != 503)}}
     return {
         "backend": args.backend, "base_url": args.base_url, "num_prompts": len(results),
         "request_rate": args.request_rate if args.request_rate != float("inf") else "inf",
@@ -173,6 +197,7 @@ def summarize(args: argparse.Namespace, results: list[Result], duration: float) 
                     "p50": _pct(ttfts, 0.5), "p99": _pct(ttfts, 0.99)},
         "itl_ms": {"p50": _pct(itls, 0.5), "p99": _pct(itls, 0.99)},
         "e2e_ms": {"p50": _pct([r.latency for r in ok], 0.5), "p99": _pct([r.latency for r in ok], 0.99)},
+        **overload,
     }
 
 
