@@ -571,7 +571,10 @@ class _Converter:
         if not isinstance(branches, list) or not branches:
             raise UnsupportedSchemaError(f"json_schema: '{kind}' at {path} must be a non-empty list")
         rest = {k: v for k, v in schema.items() if k != kind}
-        literal_only = kind == "oneOf" and self._check_exclusive(branches, rest, path)
+        try:
+            literal_only = kind == "oneOf" and self._check_exclusive(branches, rest, path)
+        except UnsupportedSchemaError as exc:  # branches may overlap
+            return self._made_exclusive(branches, rest, path, exc)
         out, first_error = [], None
         for i, branch in enumerate(branches):
             # Literal oneOf branches are filtered value by value: not valid for any other.
@@ -590,6 +593,30 @@ class _Converter:
             assert first_error is not None
             raise first_error
         return _alt(out)
+
+    def _made_exclusive(self, branches: list, rest: dict, path: str, overlap: UnsupportedSchemaError) -> str:
+        """oneOf whose branches may overlap: each branch written where every other one fails,
+        as the branch and, per other branch, any schema of its ``complement``
+        (json_schema_logic.py). A branch whose exclusion cannot be said is left out (that
+        only narrows); with none left, ``overlap`` is raised."""
+        self._no_unevaluated(rest, "oneOf", path)
+        broken = [complement(b, lambda ref: self.merger.resolve(ref, path)) for b in branches]
+        out, first_error = [], None
+        for i, branch in enumerate(branches):
+            if any(not broken[j] for j in range(len(branches)) if j != i):
+                continue
+            parts = [branch] + [{"anyOf": broken[j]} for j in range(len(branches)) if j != i]
+            where = f"{path}.oneOf[{i}]"
+            try:
+                out.append(self.convert(self.merger.merge_all(rest, parts, where), where))
+            except UnsupportedSchemaError as exc:
+                first_error = first_error or exc
+        if out:
+            return _alt(out)
+        if isinstance(first_error, NoOutput):
+            raise Unsatisfiable(f"json_schema: keyword 'oneOf' at {path}: no value treadle can write satisfies "
+                                f"exactly one branch ({first_error})") from first_error
+        raise overlap
 
     def _combined_branches(self, branches: list, rest: dict, path: str) -> list[str]:
         """spec mode: outputs that satisfy two or more anyOf branches at once.
@@ -783,6 +810,8 @@ class _Converter:
         if t == "string":
             return self._string(schema, path)
         if t == "array":
+            if "contains" in schema:
+                schema = contains_as_prefix(schema, path)
             return array_regex(self, schema, path)
         return object_regex(self, schema, path)
 
@@ -809,6 +838,7 @@ class _Converter:
                 raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
             if body is not None:
                 return '"' + body + '"'
+            return '"' + self._pattern_with_length(schema["pattern"], lo, hi, path) + '"'
         lengths = "minLength" in schema or "maxLength" in schema
         if special == ["format"] and schema["format"] in text.FORMATS and lengths:
             return '"' + _format_with_length(schema["format"], lo, hi, path) + '"'
@@ -832,6 +862,39 @@ class _Converter:
             return text.string_regex(lo, hi)
         except ValueError as exc:
             raise UnsupportedSchemaError(f"json_schema: keyword 'minLength' at {path}: {exc}") from exc
+
+    @staticmethod
+    def _pattern_with_length(pattern: str, lo: int, hi: int | None, path: str) -> str:
+        """A pattern's string body under minLength / maxLength: the pattern's automaton
+        intersected with the lengths' (its body writes raw characters, a code point each;
+        a maxLength past MAX_REPEAT is cut there, which only narrows)."""
+        if lo > text.MAX_REPEAT:
+            raise UnsupportedSchemaError(f"json_schema: keyword 'minLength' at {path}: {lo} exceeds the supported "
+                                         f"{text.MAX_REPEAT}")
+        try:
+            body = text.pattern_to_body(pattern)
+        except ValueError as exc:
+            raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
+        pattern_fsm = interegular.parse_pattern(body).to_fsm()
+        top = text.MAX_REPEAT if hi is None else min(hi, text.MAX_REPEAT)
+        error: Exception | None = None
+        # a long range counts every length in the automaton: where that is too big, fewer
+        # lengths are written (down to lo + 16), which only narrows
+        for cap in dict.fromkeys(max(lo, c) for c in (top, min(top, lo + 64), min(top, lo + 16))):
+            fsm = pattern_fsm & interegular.parse_pattern(f"{text.SAFE_RAW_CHAR}{{{lo},{cap}}}").to_fsm()
+            if len(fsm.states) > _LENGTH_STATES:
+                continue
+            try:
+                out = fsm_to_regex(fsm)
+            except ValueError as exc:  # the intersection's regex is too long
+                error = exc
+                continue
+            if out is None:
+                raise Unsatisfiable(f"json_schema: keyword 'pattern' at {path}: no string of {lo}..{hi} characters "
+                                    "matches it")
+            return out
+        raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with minLength/maxLength "
+                                     f"{lo}..{hi} is not supported: {error or 'the automaton is too large'}")
 
     def _format_and_pattern(self, schema: dict, path: str) -> str:
         """A string body that is of the format and matches the pattern (and the length
@@ -887,12 +950,14 @@ class _Converter:
 _SUPPORTED = {
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     "string": {"minLength", "maxLength", "pattern", "format"},
-    "array": {"items", "prefixItems", "minItems", "maxItems", "unevaluatedItems", "uniqueItems"},
+    "array": {"items", "prefixItems", "minItems", "maxItems", "unevaluatedItems", "uniqueItems", "contains",
+              "minContains", "maxContains"},
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties", "unevaluatedProperties",
                "propertyNames", "patternProperties"},
 }
 
 
+_LENGTH_STATES = 400  # a pattern's automaton under a length range: beyond this, fewer lengths
 _FORMAT_INTERSECT_STATES = 100  # date, time, date-time, duration, ipv4, ipv6, uuid
 
 
@@ -904,6 +969,10 @@ def _format_with_length(fmt: str, lo: int, hi: int | None, path: str) -> str:
     rx = text.FORMATS[fmt]
     fsm = interegular.parse_pattern(rx).to_fsm()
     shortest, longest = length_range(fsm)
+    if longest is None and hi is not None and fmt in text.BOUNDED_FORMATS:
+        rx = text.BOUNDED_FORMATS[fmt]  # (a subset: narrower, and its lengths end)
+        fsm = interegular.parse_pattern(rx).to_fsm()
+        shortest, longest = length_range(fsm)
     if lo <= shortest and (hi is None or longest is not None and hi >= longest):
         return rx
     if hi is not None and hi < shortest or longest is not None and lo > longest:

@@ -61,7 +61,7 @@ _PLAIN = "plain"  # no $schema: 2020-12 with the older spellings that mean one t
 
 def dialect_of(schema: Any) -> str:
     """The draft ``schema`` names in its root ``$schema`` (one of ``DIALECTS``), or "plain"
-    when it names none. A non-standard ``$schema`` is refused by ``check_metaschemas``."""
+    when it names none or another metaschema (read as 2020-12: see ``check_metaschemas``)."""
     uri = schema.get("$schema") if isinstance(schema, dict) else None
     m = _DIALECT_URI.fullmatch(uri) if isinstance(uri, str) else None
     if m is None:

@@ -90,11 +90,13 @@ _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "d
 
 
 def check_metaschemas(schema: Any, path: str) -> None:
-    """Refuse a ``$schema`` that is not a standard metaschema, anywhere in ``schema``.
+    """Refuse a ``$schema`` that names a json-schema.org draft treadle does not read (draft-03,
+    a misspelt URI) or is not a string, anywhere in ``schema``.
 
-    A custom metaschema can switch vocabularies off (so that, say, ``minimum`` is no
-    longer an assertion); treadle does not read vocabularies and would enforce keywords
-    the schema does not, so such a schema is unsupported rather than misread.
+    Any other metaschema (a vendor's, as CloudFormation's) is read as 2020-12, as a validator
+    that does not know it does (jsonschema's ``validator_for`` falls back to the latest draft):
+    its unknown keywords are annotations, and where it switches a vocabulary off, enforcing
+    that vocabulary's keywords only narrows the output.
     """
     if isinstance(schema, list):
         for i, sub in enumerate(schema):
@@ -103,10 +105,10 @@ def check_metaschemas(schema: Any, path: str) -> None:
     if not isinstance(schema, dict):
         return
     uri = schema.get("$schema")
-    if uri is not None and not (isinstance(uri, str) and _METASCHEMA.fullmatch(uri)):
+    if uri is not None and not (isinstance(uri, str) and (_METASCHEMA.fullmatch(uri) or "json-schema.org" not in uri)):
         raise UnsupportedSchemaError(
-            f"json_schema: keyword '$schema' at {path}: {uri!r} is not a standard json-schema.org "
-            "metaschema (custom vocabularies are not supported)"
+            f"json_schema: keyword '$schema' at {path}: {uri!r} is not a json-schema.org draft treadle reads "
+            "(draft-04, -06, -07, 2019-09, 2020-12)"
         )
     for key in _SUBSCHEMAS:
         if key in schema:
@@ -402,14 +404,18 @@ def _unique_array_regex(conv: _Converter, schema: dict, lo: int, hi: int | None,
     """``uniqueItems`` where the items are one of a few listed scalars (``set[Enum]``,
     ``set[Literal[...]]``, booleans): every order of every subset whose size fits, spelled
     out (each value is written at most once, in any of its spellings)."""
-    if "prefixItems" in schema:
-        raise UnsupportedSchemaError(f"json_schema: keyword 'uniqueItems' at {path} together with prefixItems is not supported")
     items = schema.get("items", schema.get("unevaluatedItems", True))
-    values = conv.listed_scalars(items, f"{path}.items")
+    values = None if "prefixItems" in schema else conv.listed_scalars(items, f"{path}.items")
     if values is None or len(values) > UNIQUE_MAX_VALUES:
+        if not conv.spec and lo <= 1:
+            # strict mode: at most one item, which is always unique (objects, strings, any items)
+            capped = {k: v for k, v in schema.items() if k != "uniqueItems"}
+            capped["maxItems"] = 1
+            return array_regex(conv, capped, path)
         raise UnsupportedSchemaError(
             f"json_schema: keyword 'uniqueItems' at {path} is supported only for items of at most "
-            f"{UNIQUE_MAX_VALUES} listed scalar values (enum, const, boolean, null)")
+            f"{UNIQUE_MAX_VALUES} listed scalar values (enum, const, boolean, null), or in strict mode "
+            "with minItems at most 1 (then at most one item is written)")
     n = len(values)
     top = n if hi is None else min(hi, n)
     if lo > top:
@@ -492,17 +498,17 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
         "additionalProperties" in schema or "unevaluatedProperties" in schema)
     if not props and undeclared is not False and not patterns.active and not declares_none:
         return _map_regex(conv, schema, entries, undeclared, lo, hi, path, names.key_regex())
-    optional = [e for e in entries if not e[1]]
-    for e in optional[: max(0, lo - n_req)]:
-        e[1] = True  # minProperties: make the first optional ones required
     if lo > len(entries):
         raise UnsupportedSchemaError(f"json_schema: keyword 'minProperties' at {path}: more than the declared properties")
+    need = max(0, lo - n_req)  # minProperties: optional members that must be present (any of them)
+    budget = None if hi is None else hi - n_req  # maxProperties: optional members that may be present
+    declared = entries
     if hi is not None:
-        budget = hi - sum(1 for e in entries if e[1])
+        left = budget
         kept = []
         for e in entries:
-            if e[1] or budget > 0:
-                budget -= 0 if e[1] else 1
+            if e[1] or left > 0:
+                left -= 0 if e[1] else 1
                 kept.append(e)
         entries = kept
     if patterns.active:  # keys by the patterns they match; the others' only where extras are written
@@ -510,9 +516,60 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
     else:
         extra = _extras(conv, list(props) + required, undeclared, value_re, path, names) if conv.spec else None
     n_extra = None if hi is None else min(hi - len(entries), MAX_REPEAT)  # all declared may be present
+    if (need or len(entries) < len(declared)) and (extra is None or n_extra == 0):
+        body = _counted_sequence(declared, conv.COMMA, need, budget)
+        if body is not None:
+            return conv.OPEN_O + body + conv.CLOSE_O
+    if need:
+        optional = [e for e in entries if not e[1]]
+        if len(optional) < need:
+            raise Unsatisfiable(f"json_schema: keyword 'minProperties' at {path}: fewer properties can be written")
+        for e in optional[:need]:
+            e[1] = True  # too many choices to spell out: the first optional ones are required (narrower)
     if extra is None or n_extra == 0:
         return conv.OPEN_O + _sequence(entries, conv.COMMA) + conv.CLOSE_O
     return conv.OPEN_O + _open_sequence(entries, extra, n_extra, conv.COMMA) + conv.CLOSE_O
+
+
+COUNTED_MAX = 20_000  # characters of a counted sequence spelt out (min/maxProperties over optional members)
+
+
+def _counted_sequence(entries: list[list], comma: str, need: int, budget: int | None) -> str | None:
+    """Entries in order as ``_sequence`` writes them, with at least ``need`` and at most
+    ``budget`` (None: any number) of the optional ones present, whichever they are; None when
+    that regex would pass ``COUNTED_MAX`` characters (an optional value is spelt once per
+    count it can be reached with)."""
+    memo: dict[tuple, str | None] = {}
+
+    def rest(i: int, c: int, b: int | None, emitted: bool) -> str | None:
+        key = (i, c, b, emitted)
+        if key in memo:
+            return memo[key]
+        if i == len(entries):
+            out = "" if c == 0 else None
+        else:
+            text, req = entries[i]
+            sep = comma if emitted else ""
+            take = None
+            if req or b is None or b > 0:
+                after = rest(i + 1, c if req else max(c - 1, 0), b if req or b is None else b - 1, True)
+                take = None if after is None else sep + text + after
+            skip = None if req else rest(i + 1, c, b, emitted)
+            alts = [a for a in (take, skip) if a is not None]
+            out = None if not alts else alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        if out is not None and len(out) > COUNTED_MAX:
+            raise _TooLong
+        memo[key] = out
+        return out
+
+    try:
+        return rest(0, need, budget, False)
+    except _TooLong:
+        return None
+
+
+class _TooLong(Exception):
+    pass
 
 
 def _extras(conv: _Converter, names: list[str], undeclared: Any, value_re: str | None, path: str,

@@ -148,6 +148,16 @@ _DURATION = (rf"P(?:(?:{_N}D|{_N}M(?:{_N}D)?|{_N}Y(?:{_N}M(?:{_N}D)?)?)(?:T(?:{_
              rf"|{_N}M(?:{_N}S)?|{_N}S))?|T(?:{_N}H(?:{_N}M(?:{_N}S)?)?|{_N}M(?:{_N}S)?|{_N}S)|{_N}W)")
 _H16 = r"[0-9a-fA-F]{1,4}"
 _HOST_LABEL = r"[a-zA-Z0-9](?:-?[a-zA-Z0-9]){0,20}"
+_PCHAR = r"(?:[a-zA-Z0-9._~!$&'()*+,;=:@-]|%[0-9a-fA-F]{2})"
+# RFC 3986: scheme "://" reg-name [":" port] path-abempty ["?" query] ["#" fragment], the
+# reg-name without sub-delimiters or escapes (hyphenated hosts, IPv4 addresses); repetitions
+# unbounded as the grammar's are (bounded counts multiply the automaton's states)
+_URI = (r"[a-zA-Z][a-zA-Z0-9+.-]*://[a-zA-Z0-9][a-zA-Z0-9._~-]*(?::[0-9]{1,5})?"
+        rf"(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?")
+# formats whose strings have no longest one, as written under a maxLength: a subset that has
+BOUNDED_FORMATS: dict[str, str] = {
+    "uri": rf"(?:https?|ftp)://{_LABEL}(?:\.{_LABEL}){{0,3}}(?::[0-9]{{1,5}})?(?:/[a-zA-Z0-9._~-]{{0,20}}){{0,5}}",
+}
 FORMATS: dict[str, str] = {
     "date": _DATE,
     "duration": _DURATION,
@@ -163,8 +173,9 @@ FORMATS: dict[str, str] = {
     "ipvanyaddress": rf"(?:{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}|{_H16}(?::{_H16}){{7}})",
     # A conservative subset of RFC 5321 addresses: dot-atoms of alphanumerics.
     "email": rf"[a-zA-Z0-9_]{{1,20}}(?:[.+-][a-zA-Z0-9_]{{1,20}}){{0,3}}@{_LABEL}(?:\.{_LABEL}){{1,3}}",
-    # A conservative subset of RFC 3986 absolute URIs: scheme://host/path of unreserved chars.
-    "uri": rf"https?://{_LABEL}(?:\.{_LABEL}){{0,3}}(?:/[a-zA-Z0-9._~-]{{0,20}}){{0,5}}",
+    # A subset of RFC 3986 absolute URIs as real data holds them: scheme://host[:port], path
+    # segments, query and fragment of unreserved characters, sub-delimiters and percent-escapes
+    "uri": _URI,
 }
 
 

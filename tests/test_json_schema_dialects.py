@@ -157,3 +157,54 @@ def test_older_drafts_read_in_their_own_draft_stay_sound() -> None:
         "y": {"type": "array", "items": {"type": "integer"}, "contains": {"const": 1}}}, "required": ["x", "y"]}
     rx = walks_validate(schema)
     assert not rx.fullmatch('{"x":5,"y":[]}') and rx.fullmatch('{"x":4,"y":[]}')
+
+
+def test_strict_uri_takes_the_uris_real_data_holds() -> None:
+    """format uri: ports, hyphenated hosts, long path segments, queries, fragments and other
+    schemes; random strings of it are URIs to rfc3987 (jsonschema's uri checker)."""
+    assert "uri" in jsonschema.FormatChecker().checkers, "rfc3987 (the test extra) checks format uri"
+    rx = walks_validate({"type": "string", "format": "uri"}, n=300)
+    for uri in ("http://mesos-master:5050", "https://example.com/a-path-segment-longer-than-twenty/x?q=1&r=%20#top",
+                "ftp://files.example.org/pub", "s3://bucket/key/part", "http://10.0.0.1:8080/"):
+        assert rx.fullmatch(json.dumps(uri)), uri
+    for bad in ("http://a b", "mesos-master:5050", "http://", "//x"):
+        assert not rx.fullmatch(json.dumps(bad)), bad
+
+
+def test_unique_items_of_any_items_in_strict_mode() -> None:
+    schema = {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string"}}},
+              "uniqueItems": True}
+    rx = walks_validate(schema)
+    assert rx.fullmatch('[{"a":"x"}]') and rx.fullmatch("[]") and not rx.fullmatch('[{"a":"x"},{"a":"x"}]')
+    with pytest.raises(UnsupportedSchemaError, match="'uniqueItems'"):
+        json_schema_to_regex({**schema, "minItems": 2})
+
+
+def test_min_and_max_properties_count_any_declared_property() -> None:
+    props = {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "null"}}
+    one = walks_validate({"type": "object", "properties": props, "minProperties": 1})
+    assert one.fullmatch('{"b":1}') and one.fullmatch('{"c":null}') and not one.fullmatch("{}")
+    two = walks_validate({"type": "object", "properties": props, "minProperties": 2, "maxProperties": 2})
+    assert two.fullmatch('{"a":1,"c":null}') and two.fullmatch('{"b":1,"c":null}')
+    assert not two.fullmatch('{"a":1,"b":1,"c":null}') and not two.fullmatch('{"a":1}')
+
+
+def test_contains_with_min_and_max_contains() -> None:
+    schema = {"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5}, "minContains": 2,
+              "maxContains": 3}
+    rx = walks_validate(schema)
+    assert rx.fullmatch("[5,6]") and not rx.fullmatch("[5]") and not rx.fullmatch("[1,2]")
+    assert walks_validate({"type": "array", "contains": {"const": "x"}}).fullmatch('["x"]')
+
+
+def test_oneof_with_overlapping_branches_is_made_exclusive() -> None:
+    props = {"a": {"type": "integer"}, "b": {"type": "string"}}
+    rx = walks_validate({"type": "object", "properties": props, "oneOf": [{"required": ["a"]}, {"required": ["b"]}]})
+    assert rx.fullmatch('{"a":1}') and rx.fullmatch('{"b":"x"}') and not rx.fullmatch('{"a":1,"b":"x"}')
+    nums = walks_validate({"oneOf": [{"type": "integer", "minimum": 3}, {"type": "number", "maximum": 5}]}, n=80)
+    assert nums.fullmatch("7") and nums.fullmatch("2.5") and not nums.fullmatch("4")
+
+
+def test_pattern_with_lengths_intersects() -> None:
+    rx = walks_validate({"type": "string", "pattern": "^[a-z][a-z0-9-]*$", "minLength": 3, "maxLength": 8})
+    assert rx.fullmatch('"abc"') and not rx.fullmatch('"ab"') and not rx.fullmatch('"abcdefghi"')

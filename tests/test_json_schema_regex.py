@@ -22,7 +22,7 @@ from treadle.constrained.json_schema import (
 )
 from treadle.constrained.json_holes import ENTRY_CHAR
 from treadle.constrained.regex_numbers import int_range_regex, number_regex
-from treadle.constrained.regex_text import excluded_key_regex, string_regex
+from treadle.constrained.regex_text import BOUNDED_FORMATS, excluded_key_regex, string_regex
 
 
 def dumps(value: object, **kw: object) -> str:
@@ -376,10 +376,16 @@ def test_prefix_items() -> None:
 
 
 def test_unique_items_and_contains_errors() -> None:
-    raises_keyword({"type": "array", "uniqueItems": True}, "uniqueItems")
-    raises_keyword({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems")
-    raises_keyword({"type": "array", "items": {"enum": list("abcdefg")}, "uniqueItems": True}, "uniqueItems")
-    raises_keyword({"type": "array", "contains": {"type": "integer"}}, "contains")
+    # strict mode writes at most one item of items it cannot tell apart (always unique) ...
+    capped = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    assert accepts(capped, []) and accepts(capped, [1]) and not accepts(capped, [1, 2])
+    # ... which minItems 2 rules out, and the spec mode does not narrow so
+    raises_keyword({**capped, "minItems": 2}, "uniqueItems")
+    raises_keyword({"type": "array", "items": {"enum": list("abcdefg")}, "uniqueItems": True, "minItems": 2},
+                   "uniqueItems")
+    with pytest.raises(UnsupportedSchemaError, match="'uniqueItems'"):
+        json_schema_to_regex(capped, mode="spec")
+    assert accepts({"type": "array", "contains": {"type": "integer"}}, [1])
     assert accepts({"type": "array", "uniqueItems": False, "items": {"type": "null"}}, [None, None])
 
 
@@ -429,7 +435,10 @@ def test_any_of_all_of_one_of() -> None:
                         {"properties": {"a": {"minimum": 5}}}]}
     assert accepts(merged, {"a": 5}) and not accepts(merged, {"a": 4})
     assert accepts({"oneOf": [{"type": "string"}, {"type": "integer"}]}, "x")
-    raises_keyword({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, "oneOf")
+    # overlapping branches: each written where the others fail (integers below 2; numbers from 2 on
+    # that are not integers cannot be written apart from integers, so that branch is left out)
+    overlap = {"oneOf": [{"type": "integer"}, {"minimum": 2}]}
+    assert accepts(overlap, 1) and not accepts(overlap, 3) and accepts(overlap, "x")
     literal = {"oneOf": [{"enum": [1, 2]}, {"enum": [2, 3]}]}
     assert accepts(literal, 1) and accepts(literal, 3) and not accepts(literal, 2)
 
@@ -496,13 +505,14 @@ def test_discriminated_unions_and_vendor_keywords() -> None:
     assert rx.fullmatch(dumps({"pet": {"pet_type": "cat", "meows": 3}}))
     assert rx.fullmatch(dumps({"pet": {"pet_type": "dog", "barks": 1.5}}))
     assert not rx.fullmatch(dumps({"pet": {"pet_type": "cat", "barks": 1.5}}))
-    # without a tag told apart by its values, overlapping object branches stay refused
+    # without a tag told apart by its values, overlapping object branches are each written
+    # where the others fail ("b" is valid under both, {} too)
     same_tag = {"oneOf": [{"type": "object", "properties": {"k": {"enum": ["a", "b"]}}, "required": ["k"]},
                           {"type": "object", "properties": {"k": {"enum": ["b"]}}, "required": ["k"]}]}
-    raises_keyword(same_tag, "oneOf")
+    assert accepts(same_tag, {"k": "a"}) and not accepts(same_tag, {"k": "b"})
     optional_tag = {"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}}},
                               {"type": "object", "properties": {"k": {"const": "b"}}}]}
-    raises_keyword(optional_tag, "oneOf")
+    assert accepts(optional_tag, {"k": "a"}) and accepts(optional_tag, {"k": "b"}) and not accepts(optional_tag, {})
     equal_numbers = {"oneOf": [{"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]},
                                {"type": "object", "properties": {"k": {"const": 1.0}}, "required": ["k"]}]}
     raises_keyword(equal_numbers, "oneOf")  # 1 and 1.0 are one value
@@ -868,17 +878,30 @@ def test_standard_metaschemas_are_accepted(uri: str, mode: str) -> None:
 
 
 @pytest.mark.parametrize("schema", [
-    {"$schema": "http://localhost:1234/draft2020-12/metaschema-no-validation.json", "type": "number"},
     {"$schema": "https://json-schema.org/draft/2020-12/schema/", "type": "number"},
     {"$schema": "https://json-schema.org/draft-03/schema#", "type": "number"},
     {"$schema": 7},
-    {"type": "object", "properties": {"a": {"$schema": "urn:custom", "type": "integer"}}},
-    {"$defs": {"x": {"$schema": "urn:custom"}}, "type": "null"},
+    {"type": "object", "properties": {"a": {"$schema": "http://json-schema.org/draft-03/schema", "type": "integer"}}},
 ])
 @pytest.mark.parametrize("mode", ["strict", "spec"])
-def test_custom_metaschemas_are_refused(schema: dict, mode: str) -> None:
+def test_unread_json_schema_org_drafts_are_refused(schema: dict, mode: str) -> None:
     with pytest.raises(UnsupportedSchemaError, match="'\\$schema'"):
         json_schema_to_regex(schema, mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["strict", "spec"])
+def test_vendor_metaschemas_are_read_as_2020_12(mode: str) -> None:
+    # CloudFormation's resource schemas name their own provider metaschema
+    cfn = {"$schema": "https://raw.githubusercontent.com/aws-cloudformation/cloudformation-resource-schema/blob/master/"
+                      "src/main/resources/schema/provider.definition.schema.v1.json",
+           "typeName": "AWS::X::Y", "type": "object", "properties": {"n": {"type": "integer", "minimum": 3}},
+           "required": ["n"], "primaryIdentifier": ["/properties/n"], "additionalProperties": False}
+    rx = compile_checked(cfn, mode=mode)
+    assert rx.fullmatch('{"n":3}') and not rx.fullmatch('{"n":2}')
+    # a metaschema switching validation off: enforcing minimum anyway only narrows
+    off = {"$schema": "http://localhost:1234/draft2020-12/metaschema-no-validation.json", "minimum": 3,
+           "type": "integer"}
+    assert not compile_checked(off, mode=mode).fullmatch("2")
 
 
 def test_spec_lone_if_annotations_reach_unevaluated() -> None:
@@ -1040,10 +1063,12 @@ def test_formats_take_length_bounds() -> None:
     every string of the format meets are dropped; bounds that cut into a small format's
     lengths intersect it; bounds no string meets are unsatisfiable; cutting into uri's, email's
     or hostname's lengths stays a 400 naming the format."""
-    for schema in ({"format": "uri", "minLength": 1}, {"format": "uri", "minLength": 1, "maxLength": 2083},
-                   {"format": "date", "minLength": 10, "maxLength": 10}):
+    for schema in ({"format": "uri", "minLength": 1}, {"format": "date", "minLength": 10, "maxLength": 10}):
         full = {"type": "string", **schema}
         assert json_schema_to_regex(full) == json_schema_to_regex({"type": "string", "format": schema["format"]})
+    # uri strings have no longest one: under a maxLength its bounded subset is written, which fits
+    assert json_schema_to_regex({"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083}) == \
+        '"' + BOUNDED_FORMATS["uri"] + '"'
     short_ip = {"type": "string", "format": "ipv4", "maxLength": 12}
     assert accepts(short_ip, "10.0.0.1") and accepts(short_ip, "192.168.1.10")
     assert not accepts(short_ip, "192.168.100.1") and not accepts(short_ip, "10.0.0")
@@ -1088,8 +1113,10 @@ def test_a_one_character_pattern_with_length_bounds():
         assert not re.fullmatch(rx, bad), bad
     for sch, text in (({"pattern": "^.{2,}$", "maxLength": 3}, "é中x"), ({"pattern": "^a?$", "minLength": 1}, "a")):
         assert re.fullmatch(json_schema_to_regex({"type": "string", **sch}), json.dumps(text, ensure_ascii=False))
-    for sch, needle in (({"pattern": "^[A-Z]+-[0-9]+$", "maxLength": 8}, "together with minLength/maxLength"),
-                        ({"pattern": "[A-Z]+", "maxLength": 8}, "together with minLength/maxLength"),  # unanchored
-                        ({"pattern": "^a{5}$", "maxLength": 3}, "never meet")):
-        with pytest.raises(ValueError, match=needle):
-            json_schema_to_regex({"type": "string", **sch})
+    # any other pattern: its automaton intersected with the lengths'
+    rx = json_schema_to_regex({"type": "string", "pattern": "^[A-Z]+-[0-9]+$", "maxLength": 8})
+    assert re.fullmatch(rx, '"AB-12"') and not re.fullmatch(rx, '"ABCD-1234"')
+    with pytest.raises(ValueError, match="together with minLength/maxLength"):  # unanchored: too long a regex
+        json_schema_to_regex({"type": "string", "pattern": "[A-Z]+", "maxLength": 8})
+    with pytest.raises(ValueError, match="never meet"):
+        json_schema_to_regex({"type": "string", "pattern": "^a{5}$", "maxLength": 3})
