@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from fractions import Fraction
 from typing import Any, Literal
 
@@ -65,6 +66,7 @@ from treadle.constrained.regex_text import choices_to_regex, escape_literal, val
 
 __all__ = [
     "UnsupportedSchemaError",
+    "drop_unenforceable",
     "json_schema_to_regex",
     "json_schemas_to_regexes",
     "embedded_defs",
@@ -129,6 +131,78 @@ def json_schema_to_regex(
         return with_definitions(root, conv.definitions)
     except RecursionError as exc:
         raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
+
+
+LENIENT_MAX_DROPS = 64  # keywords one lenient translation may drop before it gives up
+_NAMED = re.compile(r"keyword '([^']+)' at (\$[^\s:]*)")
+
+
+def drop_unenforceable(schema: dict | str | bool, *, whitespace_pattern: str | None = None,
+                       max_recursion_depth: int = 3, mode: Literal["strict", "spec"] = "strict",
+                       holes: bool = True) -> tuple[dict | bool, list[dict[str, str]]]:
+    """The opt-in leniency: ``schema`` (in the 2020-12 spelling treadle reads) without the
+    assertion keywords treadle cannot enforce, and what was dropped, as
+    ``[{"keyword": ..., "path": ...}]`` (empty when it compiles as it is). Each round translates
+    the schema as ``json_schema_to_regex`` does (same options) and removes the keyword its
+    refusal names, at the JSON path it names (or, where merging moved it, its first place in
+    the schema). A schema no value satisfies, or one still refused after
+    ``LENIENT_MAX_DROPS`` drops, raises as the strict translation does."""
+    root = _checked(schema, whitespace_pattern, max_recursion_depth, mode)
+    if isinstance(root, dict):
+        root = {k: v for k, v in root.items() if k != "$schema"}  # already rewritten: read it as is
+    dropped: list[dict[str, str]] = []
+    while True:
+        try:
+            json_schema_to_regex(root, whitespace_pattern=whitespace_pattern, max_recursion_depth=max_recursion_depth,
+                                 mode=mode, holes=holes)
+            return root, dropped
+        except NoOutput:
+            raise
+        except UnsupportedSchemaError as exc:
+            named = _NAMED.search(str(exc))
+            if named is None or len(dropped) >= LENIENT_MAX_DROPS:
+                raise
+            keyword, path = named.groups()
+            where = _drop(root, keyword, path)
+            if where is None:
+                raise
+            dropped.append({"keyword": keyword, "path": where, "reason": str(exc)})
+
+
+def _drop(root: Any, keyword: str, path: str) -> str | None:
+    """Remove ``keyword`` from the subschema at JSON path ``path`` (``$.properties.a.items``,
+    ``$.anyOf[0]``), else from its first place in ``root``; the path it was removed at, or None."""
+    node, rest = root, path[1:]
+    while rest and isinstance(node, (dict, list)):
+        m = re.match(r"\[(\d+)\]", rest)
+        if m and isinstance(node, list) and int(m.group(1)) < len(node):
+            node, rest = node[int(m.group(1))], rest[m.end():]
+            continue
+        keys = [k for k in node if isinstance(k, str) and rest.startswith("." + k)
+                and rest[len(k) + 1:len(k) + 2] in ("", ".", "[")] if isinstance(node, dict) else []
+        if not keys:
+            break
+        key = max(keys, key=len)
+        node, rest = node[key], rest[len(key) + 1:]
+    if not rest and isinstance(node, dict) and keyword in node:
+        del node[keyword]
+        return path
+
+    def search(n: Any, at: str) -> str | None:
+        if isinstance(n, dict):
+            if keyword in n:
+                del n[keyword]
+                return at
+            for k, v in n.items():
+                if k not in _DATA_KEYWORDS and (found := search(v, f"{at}.{k}")) is not None:
+                    return found
+        elif isinstance(n, list):
+            for i, v in enumerate(n):
+                if (found := search(v, f"{at}[{i}]")) is not None:
+                    return found
+        return None
+
+    return search(root, "$")
 
 
 def json_schemas_to_regexes(

@@ -307,6 +307,10 @@ class Engine:
                                  f"prompt), got {type(p).__name__}")
         given = [p.to_dict() if isinstance(p, SamplingParams) else p for p in given]  # a copy each
         plist = [SamplingParams.from_dict(dict(p or {})) for p in given]
+        for p in plist:  # json_schema_lenient: the keywords dropped are in meta_info
+            p.apply_leniency(self.args.json_schema_lenient, mode=self.args.json_schema_mode,
+                             whitespace_pattern=self.args.json_whitespace_pattern,
+                             max_recursion_depth=self.args.grammar_max_recursion_depth)
         start = -1 if logprob_start_len is None else logprob_start_len  # its type: validate_request
         if return_text_in_logprobs is True and self.tokenizer is None:
             raise ValueError("this model has no tokenizer to give token texts (return_text_in_logprobs)")

@@ -67,6 +67,9 @@ class EngineArgs:
     # strict = declared properties only (a model should not invent keys); spec = also the
     # extra members / trailing items JSON Schema admits, format as an annotation, 1.0 integers
     json_schema_mode: Literal["strict", "spec"] = "strict"
+    # the default of each request's json_schema_lenient: drop the assertion keywords treadle cannot
+    # enforce instead of refusing the schema, and list them in meta_info (docs/json-schema.md)
+    json_schema_lenient: bool = False
     # how deep nesting recursion unrolls into a regex: EBNF rules (constrained/ebnf.py), and
     # JSON schema $ref cycles under a json_whitespace_pattern (compact output calls them to any
     # depth, constrained/json_holes.py); deeper output is not generated, and the regex grows with it

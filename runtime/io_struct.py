@@ -144,6 +144,8 @@ class OutputAccum:
                       "cached_tokens": o.cached_tokens, "finish_reason": o.finished}
         if o.finished is not None:  # seconds from the request's arrival to its end
             meta["e2e_latency"] = round(time.monotonic() - self.created, 6)
+        if self.req.sampling_params.json_schema_dropped is not None:  # json_schema_lenient: never silent
+            meta["json_schema_dropped"] = self.req.sampling_params.json_schema_dropped
         if o.error:
             meta["error"] = o.error
             if o.internal:

@@ -53,6 +53,12 @@ class SamplingParams:
     grammar_after_reasoning: str | None = None
     # token id -> added to its logit before sampling (OpenAI's logit_bias: -100 bans, 100 forces)
     logit_bias: dict[int, float] | None = None
+    # opt-in leniency (docs/json-schema.md): json_schema's assertion keywords treadle cannot
+    # enforce are dropped instead of refused (None: the server's --json-schema-lenient) ...
+    json_schema_lenient: bool | None = None
+    # ... and listed here, [{"keyword", "path", "reason"}], by treadle (never by the client):
+    # meta_info and the OpenAI response carry it
+    json_schema_dropped: list[dict] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
@@ -71,6 +77,8 @@ class SamplingParams:
                 f"unknown sampling_params field(s): {', '.join(unknown)}; "
                 f"accepted: {', '.join(sorted(known))}"
             )
+        if d.get("json_schema_dropped") is not None:
+            raise ValueError("sampling_params.json_schema_dropped is set by treadle (set json_schema_lenient instead)")
         kwargs = {k: v for k, v in d.items() if v is not None or k in ("seed",)}
         p = cls(**kwargs)
         p.normalize()
@@ -116,6 +124,8 @@ class SamplingParams:
                 raise ValueError(f"sampling_params.{name} must be a finite number, got {v}")
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
             check_type(name, (bool,))
+        if self.json_schema_lenient is not None and not isinstance(self.json_schema_lenient, bool):
+            raise ValueError(f"sampling_params.json_schema_lenient must be a boolean, got {self.json_schema_lenient!r}")
         if self.max_new_tokens < 0:
             raise ValueError(f"sampling_params.max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:
@@ -191,6 +201,24 @@ class SamplingParams:
             or not all(isinstance(c, str) and c for c in self.choices)
         ):
             raise ValueError("sampling_params.choices must be a non-empty list of non-empty strings")
+
+    def apply_leniency(self, default: bool, *, mode: str = "strict", whitespace_pattern: str | None = None,
+                       max_recursion_depth: int = 3) -> None:
+        """With leniency on (json_schema_lenient, else ``default``, the server's flag): json_schema
+        rewritten without the assertion keywords treadle cannot enforce, and json_schema_dropped
+        set to what was dropped (``[]`` when nothing was). Once per request; the options are the
+        grammar compiler's. Raises ValueError (naming the keyword) where leniency cannot help."""
+        lenient = default if self.json_schema_lenient is None else self.json_schema_lenient
+        if not lenient or self.json_schema is None or self.json_schema_dropped is not None:
+            return
+        from treadle.constrained.json_schema import drop_unenforceable
+
+        schema, dropped = drop_unenforceable(self.json_schema, mode=mode, whitespace_pattern=whitespace_pattern,
+                                             max_recursion_depth=max_recursion_depth,
+                                             holes=whitespace_pattern is None)
+        if dropped:
+            self.json_schema = json.dumps(schema, separators=(",", ":"))
+        self.json_schema_dropped = dropped
 
     def _check_nesting(self) -> None:
         """A grammar text nesting past nesting.MAX_GRAMMAR_NESTING is a ValueError here, where the

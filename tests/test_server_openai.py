@@ -153,6 +153,32 @@ def test_response_format_json_schema(client):
     assert isinstance(json.loads(r2.choices[0].message.content), dict)
 
 
+def test_json_schema_lenient_drops_and_reports(client, server):
+    """A keyword treadle cannot enforce (multipleOf 0.5 on a number) is a 400 naming it and its
+    path; with json_schema_lenient it is dropped and listed, in the OpenAI response and in the
+    native meta_info."""
+    schema = {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0.5}}, "required": ["x"]}
+    rf = {"type": "json_schema", "json_schema": {"name": "half", "schema": schema}}
+    ask = dict(model="smol", messages=[{"role": "user", "content": "Give x as JSON."}], max_tokens=40,
+               temperature=0, response_format=rf)
+    with pytest.raises(openai.BadRequestError, match=r"multipleOf' at \$\.properties\.x"):
+        client.chat.completions.create(**ask)
+    r = client.chat.completions.create(**ask, extra_body={"json_schema_lenient": True})
+    dropped = r.model_extra["json_schema_dropped"]
+    assert [(d["keyword"], d["path"]) for d in dropped] == [("multipleOf", "$.properties.x")], dropped
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content)["x"], (int, float))
+    native = requests.post(server.url + "/generate", headers={"Authorization": f"Bearer {KEY}"}, timeout=T, json={
+        "text": "x =", "sampling_params": {"json_schema": schema, "json_schema_lenient": True, "max_new_tokens": 8,
+                                           "temperature": 0}})
+    assert native.status_code == 200, native.text
+    assert native.json()["meta_info"]["json_schema_dropped"][0]["keyword"] == "multipleOf"
+    off = requests.post(server.url + "/generate", headers={"Authorization": f"Bearer {KEY}"}, timeout=T, json={
+        "text": "x =", "sampling_params": {"json_schema": {"type": "integer"}, "json_schema_lenient": True,
+                                           "max_new_tokens": 4}})
+    assert off.json()["meta_info"]["json_schema_dropped"] == []  # lenient, nothing to drop: said so
+
+
 class TreeNode(BaseModel):
     name: str
     children: list[TreeNode]

@@ -31,7 +31,8 @@ _RENAMED = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_to
 _PASSED = ("temperature", "top_p", "n", "stop", "seed", "frequency_penalty", "presence_penalty",
            # treadle / SGLang extras, sent by clients as extra_body
            "top_k", "min_p", "repetition_penalty", "ignore_eos", "regex", "json_schema", "choices", "ebnf",
-           "structural_tag", "stop_token_ids", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens", "logit_bias")
+           "structural_tag", "stop_token_ids", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens", "logit_bias",
+           "json_schema_lenient")
 # vLLM's names for the same constraints and options (extra_body), accepted so its clients work unchanged
 _GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choices", "guided_grammar": "ebnf",
            "include_stop_str_in_output": "no_stop_trim"}
@@ -302,6 +303,7 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     shaper = _Shaper(tm, rid, state.model_name, chat, int(time.time()), len(reqs) // len(base), tools, echoes,
                      think)
+    shaper.json_schema_dropped = reqs[0].sampling_params.json_schema_dropped
     if body.get("stream"):
         include_usage = shaper.include_usage = (body.get("stream_options") or {}).get("include_usage") is True
 
@@ -330,8 +332,11 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
         shaper.accs[i] = acc
     obj = "chat.completion" if chat else "text_completion"
     choices = [shaper.choice(i, acc) for i, acc in enumerate(accs)]
-    return JSONResponse({"id": rid, "object": obj, "created": shaper.created, "model": shaper.model,
-                         "choices": choices, "usage": shaper.usage()})
+    out = {"id": rid, "object": obj, "created": shaper.created, "model": shaper.model, "choices": choices,
+           "usage": shaper.usage()}
+    if shaper.json_schema_dropped is not None:  # json_schema_lenient: the keywords dropped, never silently
+        out["json_schema_dropped"] = shaper.json_schema_dropped
+    return JSONResponse(out)
 
 
 async def _tool_errors(chunks, tools: ToolPlan):
@@ -367,6 +372,7 @@ class _Shaper:
         self.role_sent: set[int] = set()
         self.text_offset: dict[int, tuple[int, Any]] = {}  # per choice: characters so far, their decoder
         self.include_usage = False  # stream_options.include_usage
+        self.json_schema_dropped: list | None = None  # json_schema_lenient's list, on every chunk
 
     def _tok(self, tid: int) -> str:
         """A token's text in logprobs: its own bytes as text, or, for a piece of a character,
@@ -484,6 +490,8 @@ class _Shaper:
         head = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
         if self.include_usage:  # as OpenAI's: null on every chunk but the last, which has the usage
             head["usage"] = None
+        if self.json_schema_dropped is not None:
+            head["json_schema_dropped"] = self.json_schema_dropped
         if self.chat and i not in self.role_sent:
             self.role_sent.add(i)
             out.append(sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},

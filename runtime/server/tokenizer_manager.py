@@ -324,6 +324,9 @@ class TokenizerManager:
             ids = list(input_ids)
         try:
             sp = SamplingParams.from_dict(dict(params) if isinstance(params, dict) else params)
+            sp.apply_leniency(self.args.json_schema_lenient, mode=self.args.json_schema_mode,
+                              whitespace_pattern=self.args.json_whitespace_pattern,
+                              max_recursion_depth=self.args.grammar_max_recursion_depth)
         except (ValueError, TypeError) as e:
             raise APIError.bad_request(e) from e
         if return_text_in_logprobs is True and self.tokenizer is None:
