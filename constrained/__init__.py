@@ -28,6 +28,7 @@ _EXPORTS = {
     "CompiledGrammar": "grammar",
     "GrammarCompiler": "compiler",
     "GrammarCompileError": "compiler",
+    "GrammarTooLarge": "compiler",
     "build_compiled_grammar": "compiler",
     "GrammarMatcher": "matcher",
     "HoleMatcher": "matcher",

@@ -46,13 +46,16 @@ class WorkerProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "treadle.constrained.compile_worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         _write(self.proc.stdin, (vocab, memory_limit_bytes))
+        self.last_bytes = 0
 
     # Connection-like
     def send(self, obj: Any) -> None:
         _write(self.proc.stdin, obj)
 
     def recv(self) -> Any:
-        return _read(self.proc.stdout)
+        (n,) = _HEADER.unpack(_read_exact(self.proc.stdout, _HEADER.size))
+        self.last_bytes = n  # a built index's pickle size: the compiler's cache counts it
+        return pickle.loads(_read_exact(self.proc.stdout, n))
 
     def poll(self, timeout: float) -> bool:
         r, _, _ = select.select([self.proc.stdout], [], [], timeout)
@@ -83,13 +86,15 @@ class WorkerProcess:
         return self.proc.poll()
 
 
-def _regex_job(spec: Any, whitespace_pattern: str | None, mode: str, holes: bool, depth: int) -> tuple:
+def _regex_job(spec: Any, whitespace_pattern: str | None, mode: str, holes: bool, depth: int,
+               max_size: int | None = None) -> tuple:
     """A spec's regex, as ``GrammarCompiler`` asks for it: ("regex", text), ("invalid", the
-    ValueError naming the grammar's problem), ("oom", why) or ("error", what went wrong)."""
+    ValueError naming the grammar's problem, a GrammarTooLarge past ``max_size``), ("oom", why)
+    or ("error", what went wrong)."""
     from treadle.constrained.compiler import spec_regex
 
     try:
-        regex = spec_regex(spec, whitespace_pattern, mode, holes, depth)
+        regex = spec_regex(spec, whitespace_pattern, mode, holes, depth, max_size)
     except MemoryError:
         return ("oom", "ran out of memory")
     except ValueError as e:
@@ -114,6 +119,12 @@ def main() -> None:
     from outlines_core import Index
 
     from treadle.constrained.index_markers import marked
+
+    # what the regex step imports (the schema and EBNF translators, jsonschema, interegular) is
+    # loaded now, so that no grammar's time limit pays for it
+    import treadle.constrained.ebnf  # noqa: F401
+    import treadle.constrained.json_schema  # noqa: F401
+    from treadle.constrained.compiler import spec_regex  # noqa: F401
 
     _write(stdout, ("ready",))
     while True:

@@ -2,10 +2,15 @@
 
 Both steps, the spec -> regex translation (whose regex checks can take seconds on a large
 pattern) and the token-FSM build (outlines-core ``Index``), run in a worker *process* whose
-address space is capped with ``RLIMIT_AS`` and which is killed after ``timeout_s``: some real
-schemas take minutes or tens of GB, and that must cost one request a ``GrammarCompileError``
-(or the ``ValueError`` naming what is wrong with it), never the scheduler a step. Results and
-failures are cached by spec in an LRU, so a repeated spec costs a dict lookup.
+address space is capped with ``RLIMIT_AS`` and which is killed once the compile (both steps
+together) has run ``timeout_s``: some real schemas take minutes or tens of GB, and that must
+cost one request a ``GrammarCompileError`` (or the ``ValueError`` naming what is wrong with it),
+never the scheduler a step. A grammar whose token index would be too large
+(grammar_size.py) is refused before it is built, with a ``GrammarTooLarge`` naming the cap: a
+regex at once, a JSON schema with too many optional properties before its translation, any
+other grammar as soon as its regex is written. Results and failures are cached by spec in an
+LRU bounded in bytes (``cache_bytes``: the specs, the indexes and the mask rows they grew),
+so a repeated spec costs a dict lookup and a server fed many large grammars stays bounded.
 
 Programs that create a ``GrammarCompiler`` must guard their entry point with
 ``if __name__ == "__main__":`` (the spawn start method re-imports ``__main__``).
@@ -26,6 +31,7 @@ from typing import Any
 from treadle.constrained.compile_worker import WorkerProcess
 from treadle.constrained.disk_cache import GrammarDiskCache, vocabulary_fingerprint
 from treadle.constrained.grammar import CompiledGrammar, GrammarSpec
+from treadle.constrained.grammar_size import regex_size, schema_size
 from treadle.constrained.index_markers import check_regex, marked
 from treadle.constrained.json_any import JsonAnyGrammar, JsonPushdown, json_any_root
 from treadle.constrained.ebnf import call_boundaries
@@ -34,7 +40,7 @@ from treadle.constrained.json_keys import schema_has_free_keys
 from treadle.constrained.structural_tag import structural_tag_bounds
 from treadle.constrained.vocabulary import build_vocabulary
 
-__all__ = ["GrammarCompiler", "GrammarCompileError", "build_compiled_grammar"]
+__all__ = ["GrammarCompiler", "GrammarCompileError", "GrammarTooLarge", "build_compiled_grammar"]
 
 log = logging.getLogger("treadle")
 
@@ -53,6 +59,27 @@ class _Cancelled(Exception):
 
 class GrammarCompileError(ValueError):
     """A grammar could not be compiled (rejected, timed out, or out of memory)."""
+
+
+class GrammarTooLarge(GrammarCompileError):
+    """A grammar's token index would exceed ``max_grammar_size`` (grammar_size.py); refused
+    before it was built."""
+
+
+# The default bound of a grammar's estimated size (grammar_size.regex_size): what builds in about
+# 30 s on a busy 2-core box ([a-z]{0,1000}, 26,000, took 4 s; real schemas of 30,000-85,000 took
+# 10-45 s there, bench_schema_corpus.py); 4,000 alternatives zz<i>[a-z]{0,5} (543,000) took a minute.
+MAX_GRAMMAR_SIZE = 150_000
+# Bytes an index holds in memory per byte of its pickle (outlines-core's hash maps); measured
+# ~1.5-2 on SmolLM2's vocabulary, so the cache's count errs on the large side.
+_INDEX_MEMORY_FACTOR = 2
+
+
+def too_large(what: str, size: int, cap: int) -> GrammarTooLarge:
+    return GrammarTooLarge(
+        f"{what} is too large to compile: its estimated size {size:,} exceeds max_grammar_size {cap:,} "
+        "(a regex's automaton positions, a character class weighted by its width, a repetition {m,n} "
+        "by n; an object's optional properties squared); simplify the grammar or raise max_grammar_size")
 
 
 def build_compiled_grammar(
@@ -103,12 +130,33 @@ def _check_reserved(regex: str, holes: bool) -> None:
     check_regex(regex, WRITTEN if holes else frozenset())
 
 
-def spec_regex(spec: GrammarSpec, whitespace_pattern: str | None, mode: str, holes: bool, depth: int) -> str:
+def spec_regex(spec: GrammarSpec, whitespace_pattern: str | None, mode: str, holes: bool, depth: int,
+               max_size: int | None = None) -> str:
     """The regex of ``spec`` as the token index gets it (the compile worker's first step);
-    ``ValueError`` naming what is wrong with the grammar."""
+    ``ValueError`` naming what is wrong with the grammar, ``GrammarTooLarge`` when the regex's
+    estimated size passes ``max_size``."""
     regex = spec.to_regex(whitespace_pattern, mode, holes=holes, max_recursion_depth=depth)
+    if max_size is not None:
+        size = regex_size(regex)
+        if size > max_size:
+            raise too_large(f"the {spec.kind} grammar (a regex of {len(regex):,} chars)", size, max_size)
     _check_reserved(regex, holes)
     return regex
+
+
+def precheck(spec: GrammarSpec, max_size: int) -> None:
+    """``GrammarTooLarge`` when ``spec`` is too large to compile, judged before any work
+    (milliseconds): a regex by its estimated size, a JSON schema by its optional properties
+    (grammar_size.py). Other grammars are judged by their regex, in the worker."""
+    if spec.kind == "regex":
+        size = regex_size(spec.value)
+        if size > max_size:
+            raise too_large(f"the regex ({len(spec.value):,} chars)", size, max_size)
+    elif spec.kind == "json_schema":
+        size, where = schema_size(json.loads(spec.value))
+        if size > max_size:
+            raise too_large(f"the json_schema (the object at {where}, {round(size ** 0.5):,} optional "
+                            "properties)", size, max_size)
 
 
 def _holes_apply(spec: GrammarSpec) -> bool:
@@ -183,7 +231,10 @@ class GrammarCompiler:
 
     ``vocab_size`` is the model's logits width (may exceed len(tokenizer); the extra ids
     are never allowed). ``max_workers`` compile processes run at most that many builds at
-    once. ``whitespace_pattern`` and ``json_schema_mode`` ("strict": declared members only;
+    once, each for at most ``timeout_s`` (its regex and its index together) in at most
+    ``memory_limit_bytes`` of address space; ``max_grammar_size`` bounds a grammar's estimated
+    size (grammar_size.py) before it is built. The cache keeps at most ``cache_size`` specs
+    and ``cache_bytes`` bytes (``cache_info``). ``whitespace_pattern`` and ``json_schema_mode`` ("strict": declared members only;
     "spec": all that JSON Schema admits) shape every JSON schema this compiler translates,
     and ``max_recursion_depth`` how deep recursion unrolls (schema ``$ref`` cycles, nesting
     EBNF rules), so they are fixed per compiler (the cache is keyed by spec alone). Thread-safe.
@@ -199,15 +250,19 @@ class GrammarCompiler:
         timeout_s: float = 60.0,
         memory_limit_bytes: int | None = 4 << 30,
         whitespace_pattern: str | None = None,
-        cache_size: int = 512,
+        cache_size: int = 4096,
         json_schema_mode: str = "strict",
         disk_cache_dir: str | None = None,
         max_recursion_depth: int = 3,
+        cache_bytes: int = 1 << 30,
+        max_grammar_size: int = MAX_GRAMMAR_SIZE,
     ) -> None:
-        if vocab_size <= 0 or max_workers < 1 or timeout_s <= 0 or cache_size < 1:
+        if vocab_size <= 0 or max_workers < 1 or timeout_s <= 0 or cache_size < 1 or cache_bytes < 1 \
+                or max_grammar_size < 1:
             raise ValueError(
-                "need vocab_size > 0, max_workers >= 1, timeout_s > 0 and cache_size >= 1 "
-                f"(got {vocab_size}, {max_workers}, {timeout_s}, {cache_size})"
+                "need vocab_size > 0, max_workers >= 1, timeout_s > 0, cache_size >= 1, cache_bytes >= 1 and "
+                f"max_grammar_size >= 1 (got {vocab_size}, {max_workers}, {timeout_s}, {cache_size}, "
+                f"{cache_bytes}, {max_grammar_size})"
             )
         if json_schema_mode not in ("strict", "spec"):
             raise ValueError(f"json_schema_mode must be 'strict' or 'spec', got {json_schema_mode!r}")
@@ -223,6 +278,9 @@ class GrammarCompiler:
         self._json_schema_mode = json_schema_mode
         self._max_recursion_depth = max_recursion_depth
         self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
+        self._max_size = max_grammar_size
+        self._index_bytes: dict[GrammarSpec, int] = {}  # the built index's pickle size, per cached spec
         # builds of a second or more also go to disk, for the next process (disk_cache.py)
         self._disk = GrammarDiskCache(disk_cache_dir, vocabulary_fingerprint(
             self._table, self._eos, self._vocab_size)) if disk_cache_dir else None
@@ -258,8 +316,12 @@ class GrammarCompiler:
                 return fut
             fut = Future()
             self._cache[spec] = fut
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            self._evict()
+        try:
+            precheck(spec, self._max_size)  # milliseconds: a grammar too large fails before any work
+        except ValueError as e:
+            _settle(fut, exc=e)
+            return fut
         root = self._json_any_root(spec)
         if root is not None:  # "any JSON": the pushdown automaton, nothing to build
             _settle(fut, JsonAnyGrammar(self._pushdown(), root, spec=spec))
@@ -284,8 +346,19 @@ class GrammarCompiler:
             for spec, f in self._cache.items():
                 if f is fut:
                     del self._cache[spec]
+                    self._index_bytes.pop(spec, None)
                     break
         return True
+
+    def cache_info(self) -> dict:
+        """What the cache holds: ``entries`` (specs, failed ones included), ``compiled`` (of
+        them, grammars built), ``bytes`` (the estimate the cap is kept by: each spec's text, each
+        index, the mask rows its matchers computed so far) and the caps ``cap_bytes`` and
+        ``cap_entries``."""
+        with self._lock:
+            compiled = sum(1 for f in self._cache.values() if f.done() and not f.cancelled() and f.exception() is None)
+            return {"entries": len(self._cache), "compiled": compiled, "bytes": self._total_bytes(),
+                    "cap_bytes": self._cache_bytes, "cap_entries": self._cache_size}
 
     def close(self) -> None:
         """Stop the workers and fail compiles still pending. Idempotent."""
@@ -311,6 +384,30 @@ class GrammarCompiler:
         return self._table
 
     # ------------------------------------------------------------------ internals
+
+    def _entry_bytes(self, spec: GrammarSpec, fut: Future) -> int:
+        """The cache's estimate of one entry: the spec's text, its index, its mask rows."""
+        n = 2 * len(spec.value) + 200
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            g = fut.result()
+            n += _INDEX_MEMORY_FACTOR * self._index_bytes.get(spec, 0)
+            rows = getattr(g, "_rows", None)
+            if rows:
+                n += len(rows) * (4 * g.bitmask_words + 120)
+            n += len(getattr(g, "regex", "") or "")
+        return n
+
+    def _total_bytes(self) -> int:
+        return sum(self._entry_bytes(s, f) for s, f in self._cache.items())
+
+    def _evict(self) -> None:
+        """Drop least recently used entries until the cache is within both caps (the lock held).
+        A grammar in use stays alive in its matchers; a later ask for its spec builds it again."""
+        total = self._total_bytes()
+        while self._cache and (total > self._cache_bytes or len(self._cache) > self._cache_size):
+            spec, fut = self._cache.popitem(last=False)
+            total -= self._entry_bytes(spec, fut)
+            self._index_bytes.pop(spec, None)
 
     def _json_any_root(self, spec: GrammarSpec) -> str | None:
         """The root kind when ``spec`` is a schema that asks only for JSON (json_any.py),
@@ -361,18 +458,24 @@ class GrammarCompiler:
         self._idle.put(new)
 
     def _run(self, spec: GrammarSpec, fut: Future[CompiledGrammar]) -> None:
-        """A pool thread: the spec's regex, then its index (disk cache first), each in a worker."""
+        """A pool thread: the spec's regex, then its index (disk cache first), each in a worker,
+        both within one ``timeout_s`` of work (time spent waiting for a worker not counted)."""
+        budget = [self._timeout_s]
+        index_bytes = 0
         try:
             holes = self._holes(spec)
-            regex = self._in_worker(fut, lambda w: self._regex_in(w, spec, holes, fut))
+            regex = self._in_worker(fut, lambda w: self._regex_in(w, spec, holes, fut, budget))
             if regex is None:
                 return
             if self._disk is not None:
                 hit = self._disk.load(regex)
                 if hit is not None:
+                    with self._lock:
+                        self._index_bytes[spec] = self._disk.size(regex)
                     _settle(fut, self._grammar(spec, regex, *hit, from_disk=True))
+                    self._settled_grammar()
                     return
-            result = self._in_worker(fut, lambda w: self._compile_in(w, spec, regex, fut))
+            result = self._in_worker(fut, lambda w: self._compile_in(w, spec, regex, fut, budget))
         except _Cancelled:  # its worker was stopped and replaced (_in_worker)
             return
         except ValueError as e:  # the grammar's fault (GrammarCompileError included): cached
@@ -387,9 +490,19 @@ class GrammarCompiler:
             return
         if result is None:
             return
+        grammar, index_bytes = result
         if self._disk is not None:
-            self._disk.store(regex, result.index, result.compile_time_s)
-        _settle(fut, result)
+            self._disk.store(regex, grammar.index, grammar.compile_time_s)
+        with self._lock:
+            if self._cache.get(spec) is fut:
+                self._index_bytes[spec] = index_bytes
+        _settle(fut, grammar)
+        self._settled_grammar()
+
+    def _settled_grammar(self) -> None:
+        """A grammar joined the cache: its bytes now count (it may push others out, or itself)."""
+        with self._lock:
+            self._evict()
 
     def _in_worker(self, fut: Future, job: Any) -> Any:
         """Run ``job(worker)`` on an idle worker; None when ``fut`` was settled meanwhile
@@ -417,10 +530,12 @@ class GrammarCompiler:
         self._idle.put(w)
         return out
 
-    def _regex_in(self, w: _Worker, spec: GrammarSpec, holes: bool, fut: Future) -> str:
-        """The spec -> regex step in worker ``w``: the regex, or the ``ValueError`` it raised."""
+    def _regex_in(self, w: _Worker, spec: GrammarSpec, holes: bool, fut: Future, budget: list[float]) -> str:
+        """The spec -> regex step in worker ``w``: the regex, or the ``ValueError`` it raised
+        (``GrammarTooLarge`` when the regex passes ``max_grammar_size``)."""
         reply = self._ask(w, ("regex", spec, self._whitespace_pattern, self._json_schema_mode, holes,
-                              self._max_recursion_depth), f"{spec.kind} grammar (its regex)", fut)
+                              self._max_recursion_depth, self._max_size), f"{spec.kind} grammar (its regex)", fut,
+                          budget)
         if reply[0] == "regex":
             return reply[1]
         if reply[0] == "invalid":
@@ -437,17 +552,19 @@ class GrammarCompiler:
                                spec=spec, compile_time_s=seconds, from_disk=from_disk, holes=holes,
                                free_keys=free_keys)
 
-    def _compile_in(self, w: _Worker, spec: GrammarSpec, regex: str, fut: Future) -> CompiledGrammar:
-        """Build the index of ``regex`` in worker ``w``."""
+    def _compile_in(self, w: _Worker, spec: GrammarSpec, regex: str, fut: Future,
+                    budget: list[float]) -> tuple[CompiledGrammar, int]:
+        """Build the index of ``regex`` in worker ``w``: (the grammar, its index's pickle size)."""
         what = f"{spec.kind} grammar (regex of {len(regex)} chars)"
-        reply = self._ask(w, regex, what, fut)
+        reply = self._ask(w, regex, what, fut, budget)
         if reply[0] == "ok":
             _, index, seconds = reply
-            return self._grammar(spec, regex, index, seconds)
+            return self._grammar(spec, regex, index, seconds), w.conn.last_bytes
         raise GrammarCompileError(f"compile of {what} was rejected: {reply[1]}")
 
-    def _ask(self, w: _Worker, job: Any, what: str, fut: Future) -> tuple:
-        """Send ``job`` to worker ``w`` and return its reply. A worker that is unavailable,
+    def _ask(self, w: _Worker, job: Any, what: str, fut: Future, budget: list[float]) -> tuple:
+        """Send ``job`` to worker ``w`` and return its reply, taking the time it ran from
+        ``budget[0]`` (seconds of the compile's ``timeout_s`` left). A worker that is unavailable,
         times out, crashes or runs out of memory is replaced before GrammarCompileError;
         _Cancelled (the worker is replaced by ``_in_worker``) once ``fut`` is cancelled."""
         try:
@@ -456,7 +573,8 @@ class GrammarCompiler:
         except (GrammarCompileError, OSError, EOFError) as e:
             self._retire(w)
             raise GrammarCompileError(f"compile of {what} failed: worker unavailable: {e}") from e
-        deadline = time.monotonic() + self._timeout_s
+        start = time.monotonic()
+        deadline = start + budget[0]
         while not w.conn.poll(max(0.0, min(_CANCEL_POLL_S, deadline - time.monotonic()))):
             if fut.cancelled():
                 raise _Cancelled(what)
@@ -467,6 +585,7 @@ class GrammarCompiler:
                 f"compile of {what} timed out after {self._timeout_s:g}s; simplify the grammar "
                 "(fewer alternatives / bounded repetitions) or raise the compile timeout"
             )
+        budget[0] -= time.monotonic() - start
         try:
             reply = w.conn.recv()
         except (EOFError, OSError) as e:

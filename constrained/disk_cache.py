@@ -74,6 +74,14 @@ class GrammarDiskCache:
         log.info("grammar cache: loaded a %.1f s build from %s", seconds, path)
         return index, seconds
 
+    def size(self, regex: str) -> int:
+        """Bytes of the file holding ``regex``'s index (0 when there is none): what the index
+        weighs, as the compiler's memory cache counts it."""
+        try:
+            return os.path.getsize(self.path(regex))
+        except OSError:
+            return 0
+
     def store(self, regex: str, index: Any, seconds: float) -> bool:
         """Keep a build that took at least min_compile_s; returns whether it was written."""
         if seconds < self.min_compile_s:

@@ -60,6 +60,12 @@ class EngineArgs:
     # other requests compile on the others meanwhile
     grammar_compile_workers: int = 2
     grammar_memory_limit_bytes: int = 4 << 30
+    # the compiled-grammar cache is kept under this many bytes (specs, token indexes, mask rows;
+    # /get_server_info's "grammar_cache" says what it holds)
+    grammar_cache_bytes: int = 1 << 30
+    # a grammar whose token index would be larger than this estimate (constrained/grammar_size.py)
+    # is a 400 naming it, before it is built
+    grammar_max_size: int = 150_000
     # token indexes that took a second or more to build are kept here for the next process
     # (constrained/disk_cache.py); None = <cache root>/grammars, "" = off
     grammar_cache_dir: str | None = None
@@ -158,6 +164,9 @@ class EngineArgs:
                 raise ValueError(f"{name} must be >= 1 (or left unset), got {getattr(self, name)}")
         if self.kv_cache_bytes < 1 or self.cuda_graph_max_bs < 1 or self.max_queued_requests < 1:
             raise ValueError("kv_cache_bytes, cuda_graph_max_bs and max_queued_requests must be >= 1")
+        if self.grammar_cache_bytes < 1 or self.grammar_max_size < 1:
+            raise ValueError(f"grammar_cache_bytes and grammar_max_size must be >= 1, got "
+                             f"{self.grammar_cache_bytes} and {self.grammar_max_size}")
         if self.grammar_compile_workers < 1:
             raise ValueError(f"grammar_compile_workers must be >= 1, got {self.grammar_compile_workers}")
         if self.jump_forward_max_batch < -1:

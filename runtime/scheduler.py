@@ -261,6 +261,9 @@ class Scheduler:
             "evicted_tokens": self.tree.num_evicted_tokens,
             "new_token_ratio": self.new_token_ratio,
             "context_length": self.context_len,
+            # what the compiled-grammar cache holds (entries, bytes, its caps)
+            "grammar_cache": self._grammar_compiler.cache_info() if self._grammar_compiler is not None else
+            {"entries": 0, "compiled": 0, "bytes": 0, "cap_bytes": self.args.grammar_cache_bytes},
         }
 
     # ================================================================== admission
@@ -294,7 +297,8 @@ class Scheduler:
                 memory_limit_bytes=self.args.grammar_memory_limit_bytes,
                 whitespace_pattern=self.args.json_whitespace_pattern,
                 json_schema_mode=self.args.json_schema_mode, disk_cache_dir=self.args.grammar_disk_cache_dir(),
-                max_recursion_depth=self.args.grammar_max_recursion_depth)
+                max_recursion_depth=self.args.grammar_max_recursion_depth,
+                cache_bytes=self.args.grammar_cache_bytes, max_grammar_size=self.args.grammar_max_size)
         return self._grammar_compiler
 
     def _poll_grammars(self) -> None:

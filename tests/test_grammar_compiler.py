@@ -8,7 +8,7 @@ import time
 import pytest
 from tokenizers import Tokenizer, models
 
-from treadle.constrained import GrammarCompiler, GrammarCompileError, GrammarMatcher, GrammarSpec
+from treadle.constrained import GrammarCompiler, GrammarCompileError, GrammarMatcher, GrammarSpec, GrammarTooLarge
 
 EOS = 2
 V = 49152
@@ -79,7 +79,8 @@ def test_json_schema_mode_reaches_the_compiler(compiler, smol):
 def test_bad_specs_fail_fast_and_are_cached(compiler):
     for spec in (
         GrammarSpec.from_params(regex="("),
-        GrammarSpec.from_params(json_schema={"type": "object", "dependentRequired": {"a": ["b"]}}),
+        # a $ref to another document: treadle resolves in-document refs only
+        GrammarSpec.from_params(json_schema={"type": "object", "properties": {"a": {"$ref": "https://example.com/a"}}}),
     ):
         with pytest.raises(ValueError) as first:
             compiler.compile(spec)
@@ -87,7 +88,7 @@ def test_bad_specs_fail_fast_and_are_cached(compiler):
         with pytest.raises(ValueError) as second:
             compiler.compile(spec)
         assert second.value is first.value
-    assert "dependentRequired" in str(first.value)
+    assert "$ref" in str(first.value)
 
 
 def test_regex_step_runs_in_the_worker_not_the_caller(compiler, smol):
@@ -159,7 +160,8 @@ def test_cancel_stops_the_compile_and_frees_its_worker(smol):
     """A compile that no one waits for any more (its requests aborted) is cancelled: the worker
     building it is killed and replaced, so the next grammar does not queue behind it for the
     rest of its build (up to timeout_s), and the spec leaves the cache."""
-    with GrammarCompiler(smol, [EOS], vocab_size=V, max_workers=1, timeout_s=600) as c:
+    # SLOW is past the default max_grammar_size: lifted, so that its regex step keeps the worker busy
+    with GrammarCompiler(smol, [EOS], vocab_size=V, max_workers=1, timeout_s=600, max_grammar_size=10**9) as c:
         c.compile(GrammarSpec.from_params(regex="ok"))  # the worker is up
         (old,) = [w.proc.proc.pid for w in c._workers]
         spec = GrammarSpec.from_params(regex=SLOW)
@@ -202,7 +204,7 @@ def test_close_stops_every_worker(smol, cancel_delay):
     worker killed mid-loop left the list under close's iteration (the next one was skipped),
     and a cancel's replacement could join the list after close had read it."""
     others = set(_my_compile_workers())  # the module fixture's
-    c = GrammarCompiler(smol, [EOS], vocab_size=V, max_workers=2, timeout_s=600)
+    c = GrammarCompiler(smol, [EOS], vocab_size=V, max_workers=2, timeout_s=600, max_grammar_size=10**9)
     try:
         # one after the other: both workers have started, and the slow grammar then takes the
         # first worker of the list (the one whose removal made close() skip the next)
@@ -277,3 +279,49 @@ def test_disk_cache_serves_a_new_compiler(smol, tmp_path):
     assert cache.load("r0") is None and cache.load("r3") == (b"x" * 1000, 0.5)
     assert sum(f.stat().st_size for f in (tmp_path / "small").iterdir()) <= 2500
     assert not cache.store("slow-enough?", b"", -1.0)  # builds under min_compile_s stay off disk
+
+
+# 5,000 alternatives of a word and a short class: its token index takes about a minute and
+# hundreds of MB to build (#32: 42-64 s); its estimated size (grammar_size.py) is past the cap
+HUGE_REGEX = "(" + "|".join(f"zz{i}[a-z]{{0,5}}" for i in range(5000)) + ")"
+
+
+def test_too_large_regex_is_refused_before_any_work(compiler):
+    fut = compiler.compile_async(GrammarSpec.from_params(regex=HUGE_REGEX))
+    assert fut.done()  # decided inside compile_async: no worker, no regex check, no build
+    with pytest.raises(GrammarTooLarge, match="estimated size 678,890 exceeds max_grammar_size 150,000"):
+        fut.result()
+
+
+def test_schema_of_many_optional_properties_is_refused_before_translation(compiler):
+    # strict mode writes N optional properties as ~N^2 pieces: 10,000 of them drove a worker to 3.9 GB
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(10_000)}}
+    fut = compiler.compile_async(GrammarSpec.from_params(json_schema=schema))
+    assert fut.done()
+    with pytest.raises(GrammarTooLarge, match=r"object at \$, 10,000 optional properties.*max_grammar_size 150,000"):
+        fut.result()
+
+
+def test_translated_regex_too_large_is_refused_before_its_index(smol):
+    strings = {f"s{i}": {"type": "string", "maxLength": 50} for i in range(3)}
+    schema = {"type": "object", "properties": strings, "required": list(strings)}
+    with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=120, max_grammar_size=2000) as c:
+        with pytest.raises(GrammarTooLarge, match=r"json_schema grammar \(a regex of .* exceeds max_grammar_size 2,000"):
+            c.compile(GrammarSpec.from_params(json_schema=schema))
+        assert accepts(c.compile(GrammarSpec.from_params(json_schema={"enum": ["a", "b"]})), smol, '"b"')
+
+
+def test_cache_is_bounded_in_bytes(smol):
+    """The cache counts what its grammars hold (each [a-z]{0,60} index is ~8 MB), not entries:
+    past ``cache_bytes`` the least recently used go, and asking again builds afresh."""
+    cap = 20 << 20
+    with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=120, cache_bytes=cap) as c:
+        sizes = []
+        for n in range(4):
+            c.compile(GrammarSpec.from_params(regex=f"x{n}[a-z]{{0,60}}"))
+            info = c.cache_info()
+            assert info["cap_bytes"] == cap and 0 < info["bytes"] <= cap, info
+            sizes.append(info["entries"])
+        assert sizes[0] == 1 and sizes[-1] < 4, sizes  # the oldest went
+        assert accepts(c.compile(GrammarSpec.from_params(regex="x0[a-z]{0,60}")), smol, "x0abc")
+        assert c.cache_info()["bytes"] <= cap
