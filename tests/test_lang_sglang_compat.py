@@ -69,12 +69,14 @@ def test_calling_a_program_runs_it(backend):
     @sgl.function(num_api_spec_tokens=64)  # accepted; nothing to speculate without an API backend
     def outer(s):
         qa(s, "What is the capital of France?")  # a program called on a state runs on that state
-        s += sgl.user("Thanks!")
+        s += sgl.user_begin() + "Thanks!" + sgl.user_end()
+        s += sgl.assistant_begin() + sgl.gen("bye", max_tokens=3) + sgl.assistant_end()
         return len(s["answer"])
 
     state = outer(temperature=0)
     assert state["answer"] == answer and state.ret_value == len(answer)
-    assert [m["role"] for m in state.messages()] == ["system", "user", "assistant", "user"]
+    assert state.messages()[3:] == [{"role": "user", "content": "Thanks!"},
+                                    {"role": "assistant", "content": state["bye"]}]
     assert outer.num_api_spec_tokens == 64
 
 
@@ -122,6 +124,9 @@ def test_var_scope_fork_and_copy(backend):
             c += "Summary:" + sgl.gen("summary", max_tokens=5, stop="\n")
 
     state = plan(topic="baking bread", temperature=0)
+    state.sync()
+    state.set_var("topic_seen", "baking bread")
+    assert state.get_var("topic_seen") == "baking bread" and state.get_var("step") == state["step"]
     assert state["first_step"] == "Step 1:" + state["step"] + "\n"
     assert state.text().endswith(state["first_step"])  # branches and the copy add variables, not text
     assert len(state["idea"]) == 2 and all(isinstance(x, str) and x for x in state["idea"])
@@ -213,20 +218,25 @@ def test_global_config_server_info_and_flush_cache(backend, capsys):
 
     @sgl.function
     def hello(s):
-        s += "Hello," + sgl.gen("x", max_tokens=2)
+        s += sgl.system_begin() + "Be brief." + sgl.system_end()
+        s += "Hello," + sgl.gen("x")
 
     sgl.global_config.verbosity = 2  # prints each program's text after it runs
     try:
-        state = hello(temperature=0)
+        state = hello(temperature=0, max_new_tokens=2)
     finally:
         sgl.global_config.verbosity = 0
     assert state.text() in capsys.readouterr().out
+    assert state.messages() == [{"role": "system", "content": "Be brief."}]
+    assert state.get_meta_info("x")["completion_tokens"] <= 2
 
 
 def test_runtime_endpoint_and_bad_runtime_arguments(runtime):
+    @sgl.function
+    def capital(s):
+        s += "The capital of France is" + sgl.gen("city", max_tokens=3)
+
     endpoint = sgl.RuntimeEndpoint(runtime.url)
-    state = qa.run(question="What is the capital of France?", temperature=0, backend=endpoint)
-    assert state["answer"] == qa.run(question="What is the capital of France?", temperature=0,
-                                     backend=runtime)["answer"]
+    assert capital.run(temperature=0, backend=endpoint)["city"] == capital.run(temperature=0, backend=runtime)["city"]
     with pytest.raises(ValueError, match="no_such_flag"):
         sgl.Runtime(no_such_flag=1)  # refused before any process starts
