@@ -153,7 +153,11 @@ def precheck(spec: GrammarSpec, max_size: int) -> None:
         if size > max_size:
             raise too_large(f"the regex ({len(spec.value):,} chars)", size, max_size)
     elif spec.kind == "json_schema":
-        size, where = schema_size(json.loads(spec.value))
+        try:
+            schema = json.loads(spec.value)
+        except RecursionError as e:  # a ValueError (a 400), not an error of the caller's thread
+            raise ValueError("json_schema nests too deeply to compile") from e
+        size, where = schema_size(schema)
         if size > max_size:
             raise too_large(f"the json_schema (the object at {where}, {round(size ** 0.5):,} optional "
                             "properties)", size, max_size)

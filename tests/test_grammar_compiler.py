@@ -325,3 +325,11 @@ def test_cache_is_bounded_in_bytes(smol):
         assert sizes[0] == 1 and sizes[-1] < 4, sizes  # the oldest went
         assert accepts(c.compile(GrammarSpec.from_params(regex="x0[a-z]{0,60}")), smol, "x0abc")
         assert c.cache_info()["bytes"] <= cap
+
+
+def test_deeply_nested_schema_text_is_a_value_error(compiler):
+    # a spec built without from_params (whose parse would refuse it first): the size check's own
+    # parse must not raise RecursionError on the caller's (the scheduler's) thread
+    fut = compiler.compile_async(GrammarSpec("json_schema", "[" * 100_000 + "]" * 100_000))
+    with pytest.raises(ValueError, match="nests too deeply"):
+        fut.result()
