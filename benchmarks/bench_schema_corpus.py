@@ -237,17 +237,19 @@ class TreadleRunner:
 
 def _reason(engine: str, msg: str) -> str:
     """A refusal grouped by the keyword it names (or its message with the specifics cut)."""
+    if "max_grammar_size" in msg:
+        return "too large (max_grammar_size)"
     m = re.search(r"keyword '([^']+)'", msg)
     if m:
         return m.group(1)
-    if engine == "xgrammar":
-        m = re.search(r"(?:Unsupported|not supported)[^:]*?['\"]?(\$?\w+)['\"]?", msg)
-    elif engine == "outlines":
-        m = re.search(r"Unsupported JSON Schema structure \{?\"?(\$?\w+)|unsupported.*?['\"`](\$?\w+)", msg, re.I)
+    m = re.search(r"Unsupported JSON Schema structure (\{\"(\$?\w+)\"|\w+|\[)", msg)  # outlines-core
     if m:
-        return next(g for g in m.groups() if g)
-    m = re.sub(r"at \$\S*|'[^']*'|\"[^\"]*\"|\d+", "_", msg.split("\n")[0])
-    return m[:100]
+        return "structure " + (m.group(2) or m.group(1))
+    m = re.search(r"Format (\S+) is not supported", msg)
+    if m:
+        return "format " + re.sub(r"^AWS::.*", "AWS::...", m.group(1))
+    msg = re.sub(r"^\w+Error: (\[[\d:]+\] \S+:\d+: )?", "", msg.split("\n")[0])  # xgrammar's source location
+    return re.sub(r"at \$\S*|'[^']*'|\"[^\"]*\"|\d+", "_", msg)[:80]
 
 
 def _pct(a: list[float], q: float) -> float | None:
