@@ -108,6 +108,13 @@ def _check(block: Block, res: subprocess.CompletedProcess) -> None:
     assert '"error"' not in res.stdout, f"{where} printed an error body:\n{res.stdout[-2000:]}"
 
 
+def test_readme_is_a_front_page():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "make serve" in text and "make test" in text, "README.md must show the two commands"
+    n = len(text.splitlines())
+    assert n <= 160, f"README.md has {n} lines: move details to a page in docs/ (a front page reads in five minutes)"
+
+
 def test_doc_files_exist():
     missing = [str(f.relative_to(ROOT)) for f in doc_files() if not f.exists()]
     assert not missing, f"missing: {missing}"
