@@ -950,11 +950,32 @@ class _Converter:
         except ValueError as exc:
             raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
         pattern_fsm = interegular.parse_pattern(body).to_fsm()
+        shortest, longest = length_range(pattern_fsm)
+        if lo <= shortest and (hi is not None and longest is not None and longest <= hi):
+            return body  # the pattern's strings all have an allowed length
+        anchored = not body.startswith(text.SAFE_RAW_CHAR + "*") and not body.endswith(text.SAFE_RAW_CHAR + "*")
+        if hi is not None and lo <= shortest and anchored:
+            # only the upper bound cuts: bound the pattern's repetitions, as far as its longest
+            # string still fits (an unanchored pattern's padding makes that automaton explode)
+            best = None
+            for most in (1, 2, 4, 8, 16, 32, 64):
+                bounded = text.bounded_repetitions(body, most)
+                b_fsm = interegular.parse_pattern(bounded).to_fsm()
+                b_long = length_range(b_fsm)[1]
+                if b_long is None or b_long > hi or len(b_fsm.states) > _LENGTH_STATES:
+                    break
+                best = bounded
+            if best is not None:
+                return best
         top = text.MAX_REPEAT if hi is None else min(hi, text.MAX_REPEAT)
         error: Exception | None = None
-        # a long range counts every length in the automaton: where that is too big, fewer
-        # lengths are written (down to lo + 16), which only narrows
-        for cap in dict.fromkeys(max(lo, c) for c in (top, min(top, lo + 64), min(top, lo + 16))):
+        # a long range counts every length in the automaton (states x lengths, each product
+        # built in Python): where that is too big, fewer lengths are written (down to 16 past
+        # the shortest allowed), which only narrows
+        start = max(lo, shortest)
+        for cap in dict.fromkeys(max(lo, c) for c in (top, min(top, start + 64), min(top, start + 16))):
+            if len(pattern_fsm.states) * (cap + 1) > _LENGTH_PRODUCT:
+                continue
             fsm = pattern_fsm & interegular.parse_pattern(f"{text.SAFE_RAW_CHAR}{{{lo},{cap}}}").to_fsm()
             if len(fsm.states) > _LENGTH_STATES:
                 continue
@@ -963,10 +984,11 @@ class _Converter:
             except ValueError as exc:  # the intersection's regex is too long
                 error = exc
                 continue
-            if out is None:
+            if out is None and cap == top:
                 raise Unsatisfiable(f"json_schema: keyword 'pattern' at {path}: no string of {lo}..{hi} characters "
                                     "matches it")
-            return out
+            if out is not None:
+                return out
         raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with minLength/maxLength "
                                      f"{lo}..{hi} is not supported: {error or 'the automaton is too large'}")
 
@@ -1032,6 +1054,7 @@ _SUPPORTED = {
 
 
 _LENGTH_STATES = 400  # a pattern's automaton under a length range: beyond this, fewer lengths
+_LENGTH_PRODUCT = 3000  # ... and a product of its states and lengths past this is not built
 _FORMAT_INTERSECT_STATES = 100  # date, time, date-time, duration, ipv4, ipv6, uuid
 
 

@@ -148,15 +148,17 @@ _DURATION = (rf"P(?:(?:{_N}D|{_N}M(?:{_N}D)?|{_N}Y(?:{_N}M(?:{_N}D)?)?)(?:T(?:{_
              rf"|{_N}M(?:{_N}S)?|{_N}S))?|T(?:{_N}H(?:{_N}M(?:{_N}S)?)?|{_N}M(?:{_N}S)?|{_N}S)|{_N}W)")
 _H16 = r"[0-9a-fA-F]{1,4}"
 _HOST_LABEL = r"[a-zA-Z0-9](?:-?[a-zA-Z0-9]){0,20}"
-_PCHAR = r"(?:[a-zA-Z0-9._~!$&'()*+,;=:@-]|%[0-9a-fA-F]{2})"
+# (no ',' or ';': rare in real URIs, and where a URI ends a ',' more often follows it in the JSON)
+_PCHAR = r"(?:[a-zA-Z0-9._~!$&'()*+=:@-]|%[0-9a-fA-F]{2})"
 # RFC 3986: scheme "://" reg-name [":" port] path-abempty ["?" query] ["#" fragment], the
 # reg-name without sub-delimiters or escapes (hyphenated hosts, IPv4 addresses); repetitions
 # unbounded as the grammar's are (bounded counts multiply the automaton's states)
-_URI = (r"[a-zA-Z][a-zA-Z0-9+.-]*://[a-zA-Z0-9][a-zA-Z0-9._~-]*(?::[0-9]{1,5})?"
+_URI = (r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}://[a-zA-Z0-9][a-zA-Z0-9._~-]*(?::[0-9]{1,5})?"
         rf"(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?")
 # formats whose strings have no longest one, as written under a maxLength: a subset that has
 BOUNDED_FORMATS: dict[str, str] = {
-    "uri": rf"(?:https?|ftp)://{_LABEL}(?:\.{_LABEL}){{0,3}}(?::[0-9]{{1,5}})?(?:/[a-zA-Z0-9._~-]{{0,20}}){{0,5}}",
+    # (http and https only, as before: Pydantic's HttpUrl, which writes maxLength 2083, takes no other)
+    "uri": rf"https?://{_LABEL}(?:\.{_LABEL}){{0,3}}(?::[0-9]{{1,5}})?(?:/[a-zA-Z0-9._~-]{{0,20}}){{0,5}}",
 }
 FORMATS: dict[str, str] = {
     "date": _DATE,
@@ -480,6 +482,42 @@ def pattern_with_length(pattern: str, min_length: int, max_length: int | None) -
         return f"{one}{{{lo},}}"
     hi = min(hi, MAX_REPEAT)  # clamping the upper bound only removes outputs: still sound
     return f"{one}{{{lo}}}" if hi == lo else f"{one}{{{lo},{hi}}}"
+
+
+def bounded_repetitions(body: str, most: int) -> str:
+    """``body`` (a translated regex) with every unbounded repetition bounded: ``*`` is
+    ``{0,most}``, ``+`` is ``{1,most}``, ``{n,}`` is ``{n,n+most}``. Its strings are some of
+    ``body``'s (a subset: sound wherever ``body`` is), now of bounded length."""
+    out, i = [], 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\":
+            out.append(body[i:i + 2])
+            i += 2
+            continue
+        if c == "[":  # a class: copied whole (its * and + are characters)
+            j = i + 1
+            if j < len(body) and body[j] == "^":
+                j += 1
+            if j < len(body) and body[j] == "]":
+                j += 1
+            while j < len(body) and body[j] != "]":
+                j += 2 if body[j] == "\\" else 1
+            out.append(body[i:j + 1])
+            i = j + 1
+            continue
+        if c == "*":
+            out.append(f"{{0,{most}}}")
+        elif c == "+":
+            out.append(f"{{1,{most}}}")
+        elif c == "{" and (m := re.match(r"\{(\d+),\}", body[i:])):
+            out.append(f"{{{m.group(1)},{int(m.group(1)) + most}}}")
+            i += m.end()
+            continue
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def has_top_level_alternation(core: str) -> bool:

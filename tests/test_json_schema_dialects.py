@@ -208,3 +208,30 @@ def test_oneof_with_overlapping_branches_is_made_exclusive() -> None:
 def test_pattern_with_lengths_intersects() -> None:
     rx = walks_validate({"type": "string", "pattern": "^[a-z][a-z0-9-]*$", "minLength": 3, "maxLength": 8})
     assert rx.fullmatch('"abc"') and not rx.fullmatch('"ab"') and not rx.fullmatch('"abcdefghi"')
+
+
+def test_long_max_length_bounds_the_patterns_repetitions() -> None:
+    """CloudFormation's ARNs: an anchored pattern with unbounded parts under maxLength 128 is
+    written with its repetitions bounded so its longest string fits (a subset of the pattern),
+    in well under a second (the product automaton took 23 s)."""
+    arn = {"type": "string", "maxLength": 128,
+           "pattern": "^(arn:aws[-a-z]*:s3files:[0-9a-z-:]+:file-system/fs-[0-9a-f]{17,40}|fs-[0-9a-f]{17,40})$"}
+    rx = walks_validate(arn)
+    assert rx.fullmatch('"fs-0123456789abcdef01"')
+    with pytest.raises(UnsupportedSchemaError, match="'pattern'"):  # unanchored: refused, quickly
+        json_schema_to_regex({"type": "string", "pattern": "a+b", "maxLength": 10})
+
+
+def test_lenient_translation_drops_and_names() -> None:
+    from treadle.constrained.json_schema import drop_unenforceable
+
+    schema = {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.5},
+                                               "s": {"type": "string", "not": {"pattern": "^x"}}},
+              "required": ["n", "s"]}
+    rewritten, dropped = drop_unenforceable(schema)
+    assert [(d["keyword"], d["path"]) for d in dropped] == [("multipleOf", "$.properties.n"),
+                                                           ("not", "$.properties.s")]
+    assert json_schema_to_regex(rewritten)
+    assert drop_unenforceable({"type": "integer"})[1] == []
+    with pytest.raises(UnsupportedSchemaError, match="no possible output|false"):
+        drop_unenforceable({"type": "object", "properties": {"a": False}, "required": ["a"]})
