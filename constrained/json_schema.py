@@ -83,6 +83,8 @@ GENERIC_DEPTH = 2  # nesting of arrays/objects inside a `true` (any value) schem
 # regex is ~15k chars and its token index takes seconds). Deeper values are not produced.
 OTHER_TYPES_DEPTH = 1
 DEPENDENCIES = ("dependentRequired", "dependentSchemas")
+# oneOf made exclusive: at most this many ways for one branch to fail all the others
+EXCLUSIVE_CHOICES = 4
 # The spec mode goes one level deeper (the suite's arrays of nested objects need 3). Its
 # containers list their members as (?:(?:V,)*V)? rather than V(?:,V)*: the two copies of V
 # then run in lock-step, so the DFA (outlines-core and interegular alike, neither
@@ -679,6 +681,8 @@ class _Converter:
         for i, branch in enumerate(branches):
             if any(not broken[j] for j in range(len(branches)) if j != i):
                 continue
+            if math.prod(len(broken[j]) for j in range(len(branches)) if j != i) > EXCLUSIVE_CHOICES:
+                continue  # each choice converts the branch again (a pod spec 64 times ran out of memory)
             parts = [branch] + [{"anyOf": broken[j]} for j in range(len(branches)) if j != i]
             where = f"{path}.oneOf[{i}]"
             try:
