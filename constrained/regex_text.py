@@ -438,7 +438,10 @@ def pattern_to_body(pattern: str) -> str:
         translated = ""
     else:
         translated = _scan(core, ecma=True)
-        re.compile(translated)
+        try:
+            re.compile(translated)
+        except re.error as exc:  # e.g. a class range out of order ("[_-.]"): the schema's, a 400
+            raise RegexDialectError(f"pattern: {exc}") from exc
         # The narrowed pattern must never emit a raw character that JSON has to escape.
         fsm = interegular.parse_pattern(translated).to_fsm()
         safe = interegular.parse_pattern(SAFE_RAW_CHAR + "*").to_fsm()

@@ -235,3 +235,9 @@ def test_lenient_translation_drops_and_names() -> None:
     assert drop_unenforceable({"type": "integer"})[1] == []
     with pytest.raises(UnsupportedSchemaError, match="no possible output|false"):
         drop_unenforceable({"type": "object", "properties": {"a": False}, "required": ["a"]})
+
+
+def test_a_pattern_python_cannot_compile_is_a_400() -> None:
+    # found by the corpus run (AWS::ConnectCampaignsV2::Campaign): re.error escaped as a crash
+    with pytest.raises(UnsupportedSchemaError, match="'pattern' at \\$: pattern: bad character range"):
+        json_schema_to_regex({"type": "string", "pattern": "^[a-z_-.]+$"})
