@@ -449,7 +449,8 @@ def test_a_slow_grammar_does_not_stall_other_requests():
     queued right after it is served before that failure, which the old scheduler, blocked in
     the check, had sent before it even admitted the plain request."""
     slow = "(" + "|".join(f"zz{i}[a-z]{{0,5}}" for i in range(4000)) + ")\U0010FFF9"
-    with Engine(max_total_tokens=4096, grammar_compile_timeout_s=600) as e:
+    # grammar_max_size lifted: the default cap refuses this regex before any work (test_grammar_limits)
+    with Engine(max_total_tokens=4096, grammar_compile_timeout_s=600, grammar_max_size=10**9) as e:
         e.generate("Hi", {"max_new_tokens": 1, "regex": "ok"})  # the compile worker is up
         (r_slow,), _, _ = e._build("Hi", None, {"regex": slow, "max_new_tokens": 4}, False, None, 0, False, "slow")
         (r_plain,), _, _ = e._build("The weather today", None, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
@@ -483,7 +484,8 @@ def test_aborting_a_request_whose_grammar_compiles_frees_its_worker():
     grammar compiles at once. Before, the worker built the aborted grammar to its end while
     every new grammar waited (173 s in a run with the slowest one of the test above)."""
     slow = "(" + "|".join(f"zz{i}[a-z]{{0,5}}" for i in range(4000)) + ")\U0010FFF9"
-    with Engine(max_total_tokens=4096, grammar_compile_timeout_s=600, grammar_compile_workers=1) as e:
+    with Engine(max_total_tokens=4096, grammar_compile_timeout_s=600, grammar_compile_workers=1,
+                grammar_max_size=10**9) as e:  # the default cap would refuse the slow regex at once
         e.generate("Hi", {"max_new_tokens": 1, "regex": "ok"})  # the compile worker is up
         compiler = e.scheduler.grammar_compiler
         before = [w.proc.proc.pid for w in compiler._workers]
