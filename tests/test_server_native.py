@@ -154,8 +154,9 @@ def test_generate_logprobs_with_token_texts(url):
     ({"text": PROMPT, "sampling_params": {"structural_tag": {
         "structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}], "triggers": ["<b"]}}}, "does not start with"),
     ({"text": PROMPT, "sampling_params": {"max_new_tokens": 4, "structural_tag": {
-        "structures": [{"begin": "<a>", "schema": {"if": {}, "then": {}}, "end": "</a>"}], "triggers": ["<a"]}}},
-     "'if' at $.structures[0].schema"),
+        "structures": [{"begin": "<a>", "schema": {"type": "number", "multipleOf": 0.5}, "end": "</a>"}],
+        "triggers": ["<a"]}}},
+     "'multipleOf' at $.structures[0].schema"),
 ])
 def test_bad_input_is_400_naming_the_problem(url, body, needle):
     err = gen(url, body, status=400)["error"]
