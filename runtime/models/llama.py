@@ -96,12 +96,14 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Also serves Mistral, Qwen2 and Qwen3: their differences are config flags."""
 
+    decoder_layer: type[nn.Module] = LlamaDecoderLayer  # a model whose layers differ (MoE) names its own
+
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
         self.config = cfg
         self.ctx = ctx
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, ctx) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(self.decoder_layer(cfg, i, ctx) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
         if cfg.tie_word_embeddings:

@@ -15,9 +15,7 @@ from treadle.runtime.models.llama import (
     LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, RMSNorm,
 )
 from treadle.runtime.models.moe import SparseMoeBlock
-from treadle.runtime.models.parallel import (
-    SINGLE, ParallelContext, ParallelLMHead, VocabParallelEmbedding, default_weight_loader,
-)
+from treadle.runtime.models.parallel import ParallelContext, default_weight_loader
 
 
 class MoeDecoderLayer(LlamaDecoderLayer):
@@ -45,18 +43,7 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
 
     # checkpoint name fragment -> treadle's (subclasses rename theirs onto Qwen3-MoE's)
     _RENAME: tuple[tuple[str, str], ...] = ()
-
-    def __init__(self, cfg: ModelConfig, ctx: ParallelContext = SINGLE) -> None:
-        nn.Module.__init__(self)
-        self.config = cfg
-        self.ctx = ctx
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
-        self.layers = nn.ModuleList(MoeDecoderLayer(cfg, i, ctx) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-        self.register_buffer("cos_sin", torch.empty(0), persistent=False)
+    decoder_layer = MoeDecoderLayer
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into this rank's parameters: experts one by one
