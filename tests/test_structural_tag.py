@@ -415,11 +415,11 @@ def test_bad_formats_are_value_errors_naming_the_problem(f, words):
 
 
 def test_schema_errors_name_the_node():
-    bad = {"type": "integer", "if": {"minimum": 1}, "then": {"maximum": 5}}
+    bad = {"type": "number", "multipleOf": 0.5}  # a decimal multipleOf is still refused (if/then is enforced)
     f = fmt({"type": "sequence", "elements": [{"type": "const_string", "value": "x"},
                                               {"type": "or", "elements": [INT, {"type": "json_schema", "json_schema": bad}]}]})
-    with pytest.raises(ValueError, match=r"'if' at \$\.format\.elements\[1\]\.elements\[1\]\.json_schema"):
+    with pytest.raises(ValueError, match=r"'multipleOf' at \$\.format\.elements\[1\]\.elements\[1\]\.json_schema"):
         GrammarSpec.from_params(structural_tag=f).to_regex()
     legacy = {"structures": [call("a", WEATHER), call("b", bad)], "triggers": ["<tool_call>"]}
-    with pytest.raises(ValueError, match=r"'if' at \$\.structures\[1\]\.schema"):
+    with pytest.raises(ValueError, match=r"'multipleOf' at \$\.structures\[1\]\.schema"):
         GrammarSpec.from_params(structural_tag=legacy).to_regex()
