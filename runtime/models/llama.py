@@ -3,7 +3,7 @@ Qwen3 (per-head q/k RMSNorm). One file read top to bottom; parameter names are t
 checkpoints load without renaming beyond the merged qkv / gate_up projections."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -146,17 +146,7 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if "rotary_emb" in name:
                 continue
-            shard = None
-            for frag, (merged, sid) in self._MERGED.items():
-                if frag in name:
-                    name, shard = name.replace(frag, merged), sid
-                    break
-            if name not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
-            p = params[name]
-            loader = getattr(p, "weight_loader", default_weight_loader)
-            with torch.no_grad():
-                loader(p, tensor.to(p.dtype), shard)
+            name, shard = self._load_one(params, name, tensor)
             filled.add(name if shard is None else f"{name}/{shard}")
         expected = set()
         for name, p in params.items():
@@ -171,3 +161,18 @@ class LlamaForCausalLM(nn.Module):
         missing = sorted(expected - filled)
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+
+    def _load_one(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> tuple[str, Any]:
+        """Copy one checkpoint tensor (its name without the "model." prefix) into its parameter,
+        q/k/v and gate/up into their merged ones; returns (parameter name, shard id or None)."""
+        shard = None
+        for frag, (merged, sid) in self._MERGED.items():
+            if frag in name:
+                name, shard = name.replace(frag, merged), sid
+                break
+        if name not in params:
+            raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
+        p = params[name]
+        with torch.no_grad():
+            getattr(p, "weight_loader", default_weight_loader)(p, tensor.to(p.dtype), shard)
+        return name, shard

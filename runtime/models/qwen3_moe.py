@@ -15,7 +15,7 @@ from treadle.runtime.models.llama import (
     LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, RMSNorm,
 )
 from treadle.runtime.models.moe import SparseMoeBlock
-from treadle.runtime.models.parallel import ParallelContext, default_weight_loader
+from treadle.runtime.models.parallel import ParallelContext
 
 
 class MoeDecoderLayer(LlamaDecoderLayer):
@@ -67,16 +67,7 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
                 experts.load_expert(tensor.to(experts.down_proj.dtype), e, part)
                 filled.add(f"{m.group(1)}/{e}/{part}")
                 continue
-            shard = None
-            for frag, (merged, sid) in self._MERGED.items():
-                if frag in name:
-                    name, shard = name.replace(frag, merged), sid
-                    break
-            if name not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
-            p = params[name]
-            with torch.no_grad():
-                getattr(p, "weight_loader", default_weight_loader)(p, tensor.to(p.dtype), shard)
+            name, shard = self._load_one(params, name, tensor)
             if name.endswith(".experts.gate_up_proj") or name.endswith(".experts.down_proj"):
                 base = name.rsplit(".", 1)[0]
                 parts = ("gate", "up") if name.endswith("gate_up_proj") else ("down",)
