@@ -1,0 +1,197 @@
+"""4-bit weight-only (W4A16) linear: ``y = x @ dequant(w) (+ bias)`` in the one packed layout
+treadle keeps at run time (AWQ and GPTQ checkpoints are repacked to it at load,
+runtime/quantization/int4.py).
+
+Layout (K input features, N outputs, G the group size, K % G == 0, G % 8 == 0, N % 8 == 0):
+    qweight  [K // 8, N]  int32: bits 4j..4j+3 of qweight[r, n] hold the 4-bit q of
+                          input k = 8r + j (k runs along the packed int, as GPTQ packs)
+    scales   [K // G, N]  fp16 / bf16 / fp32
+    qzeros   [K // G, N // 8] int32: bits 4j..4j+3 of qzeros[g, c] hold the zero of column 8c + j
+    w[k, n] = (q[k, n] - zero[k // G, n]) * scales[k // G, n]      (w is [K, N]: y = x @ w)
+
+GPTQ's act-order (g_idx) is not in the kernel: rows are sorted by group at load and the
+caller permutes x's columns the same way (one gather of a [M, K] activation).
+
+``int4_linear`` picks a GEMV for M <= GEMV_MAX_M rows (each program a column block, the
+products reduced in registers: the weight is streamed once, half a byte an element) and a
+dequantizing GEMM for more (tile of w dequantized in registers, then ``tl.dot``);
+``int4_linear_ref`` dequantizes the whole weight and multiplies in fp32.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["GEMV_MAX_M", "int4_linear", "int4_linear_ref", "dequantize_ref", "unpack_rows", "pack_rows",
+           "unpack_cols", "pack_cols"]
+
+GEMV_MAX_M = 8
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble j sits at bits 4j
+
+
+# ------------------------------------------------------------------------- packing helpers
+
+def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
+    """int32 [R, N] with 8 nibbles an int along the rows -> uint8 values [8R, N] (row 8r + j = nibble j)."""
+    q = (packed[:, None, :] >> _SHIFTS.to(packed.device)[None, :, None]) & 0xF  # [R, 8, N]
+    return q.reshape(-1, packed.shape[1]).to(torch.uint8)
+
+
+def pack_rows(q: torch.Tensor) -> torch.Tensor:
+    """`unpack_rows`'s inverse: values in [0, 15], [8R, N] -> int32 [R, N]."""
+    if q.shape[0] % 8:
+        raise ValueError(f"need a multiple of 8 rows to pack, got {q.shape[0]}")
+    q = q.to(torch.int64).reshape(-1, 8, q.shape[1]) << _SHIFTS.to(q.device, torch.int64)[None, :, None]
+    return _to_int32(q.sum(dim=1, dtype=torch.int64))
+
+
+def unpack_cols(packed: torch.Tensor) -> torch.Tensor:
+    """int32 [R, C] with 8 nibbles an int along the columns -> uint8 [R, 8C] (column 8c + j = nibble j)."""
+    q = (packed[:, :, None] >> _SHIFTS.to(packed.device)[None, None, :]) & 0xF  # [R, C, 8]
+    return q.reshape(packed.shape[0], -1).to(torch.uint8)
+
+
+def pack_cols(q: torch.Tensor) -> torch.Tensor:
+    """`unpack_cols`'s inverse: values in [0, 15], [R, 8C] -> int32 [R, C]."""
+    if q.shape[1] % 8:
+        raise ValueError(f"need a multiple of 8 columns to pack, got {q.shape[1]}")
+    q = q.to(torch.int64).reshape(q.shape[0], -1, 8) << _SHIFTS.to(q.device, torch.int64)[None, None, :]
+    return _to_int32(q.sum(dim=2, dtype=torch.int64))
+
+
+def _to_int32(v: torch.Tensor) -> torch.Tensor:
+    # the sum of 8 shifted nibbles is in [0, 2^32): wrap to int32 (the top nibble is the sign bits)
+    return torch.where(v >= 2**31, v - 2**32, v).to(torch.int32)
+
+
+def dequantize_ref(qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The fp32 weight [K, N] of the packed layout (see the module docstring)."""
+    q = unpack_rows(qweight).float()  # [K, N]
+    z = unpack_cols(qzeros).float()  # [K // G, N]
+    g = torch.arange(q.shape[0], device=q.device) // group_size
+    return (q - z[g]) * scales.float()[g]
+
+
+# ------------------------------------------------------------------------- kernel
+
+@triton.jit
+def _int4_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr,
+    M, N, K,
+    stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); a [BLOCK_K, BLOCK_N] tile of w is dequantized
+    # in registers each step: q from its packed row k // 8 (nibble k % 8), zero and scale from
+    # group row k // GROUP (the same row for a whole tile when BLOCK_K divides GROUP)
+    ms = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = ms < M
+    nmask = ns < N
+    ks = tl.arange(0, BLOCK_K)
+    zshift = ((ns % 8) * 4)[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + ks
+        kmask = k < K
+        wmask = kmask[:, None] & nmask[None, :]
+        packed = tl.load(qw_ptr + (k // 8).to(tl.int64)[:, None] * stride_qk + ns[None, :], mask=wmask, other=0,
+                         eviction_policy="evict_first")  # [BLOCK_K, BLOCK_N] int32
+        q = (packed >> ((k % 8) * 4)[:, None]) & 0xF
+        g = (k // GROUP)[:, None]
+        s = tl.load(s_ptr + g * stride_sg + ns[None, :], mask=wmask, other=0.0).to(tl.float32)
+        zp = tl.load(z_ptr + g * stride_zg + (ns // 8)[None, :], mask=wmask, other=0)
+        w = (q - ((zp >> zshift) & 0xF)).to(tl.float32) * s  # [BLOCK_K, BLOCK_N]
+        x = tl.load(x_ptr + ms[:, None] * stride_xm + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+        if USE_DOT:
+            if IEEE:  # fp32 x, or the interpreter (whose tl.dot multiplies bf16 bit patterns as integers)
+                acc += tl.dot(x.to(tl.float32), w, input_precision="ieee")
+            else:
+                acc += tl.dot(x, w.to(x.dtype))
+        else:
+            acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + ns, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + ms[:, None] * stride_ym + ns[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=mmask[:, None] & nmask[None, :])
+
+
+def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor, group_size: int,
+           bias: torch.Tensor | None, out_dtype: torch.dtype | None) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in _DTYPES:
+        raise ValueError("x must be an fp32/fp16/bf16 [M, K] tensor")
+    m, k = x.shape
+    if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
+        raise ValueError(f"qweight and qzeros must be int32, got {qweight.dtype} and {qzeros.dtype}")
+    if qweight.dim() != 2 or qweight.shape[0] * 8 != k:
+        raise ValueError(f"qweight must be [K // 8 = {k // 8}, N], got {tuple(qweight.shape)}")
+    n = qweight.shape[1]
+    if group_size <= 0 or group_size % 8 or k % group_size:
+        raise ValueError(f"group_size must be a positive multiple of 8 dividing K = {k}, got {group_size}")
+    if scales.shape != (k // group_size, n) or scales.dtype not in _DTYPES:
+        raise ValueError(f"scales must be float [K // G = {k // group_size}, N = {n}], got {scales.dtype} "
+                         f"{tuple(scales.shape)}")
+    if n % 8 or qzeros.shape != (k // group_size, n // 8):
+        raise ValueError(f"qzeros must be [K // G, N // 8] = [{k // group_size}, {n // 8}] (N a multiple of 8), "
+                         f"got {tuple(qzeros.shape)}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
+        raise ValueError(f"bias must be [N={n}], got {tuple(bias.shape)}")
+    if out_dtype is not None and out_dtype not in _DTYPES:
+        raise ValueError(f"out_dtype must be fp32/fp16/bf16, got {out_dtype}")
+    for name, t in (("qweight", qweight), ("scales", scales), ("qzeros", qzeros)) + ((("bias", bias),) if bias is not None else ()):
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+
+
+def pick_config(m: int, n: int, k: int, group_size: int) -> tuple[int, int, int, int, bool]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, use_dot). Untuned: no H200 was available when this
+    was written; BLOCK_K divides the group size so a tile's scales are one row."""
+    block_k = min(group_size, 128 if m <= GEMV_MAX_M else 64, triton.next_power_of_2(k))
+    while group_size % block_k:
+        block_k //= 2
+    if m <= GEMV_MAX_M:
+        return max(2, triton.next_power_of_2(m)), 64, block_k, 4, False
+    return (64 if m <= 64 else 128), 128, block_k, 8, True
+
+
+def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
+                group_size: int, bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+                config: tuple[int, int, int, int, bool] | None = None) -> torch.Tensor:
+    """``x [M, K] @ dequant(qweight) [K, N] (+ bias)`` -> [M, N] in out_dtype (default x's)."""
+    _check(x, qweight, scales, qzeros, group_size, bias, out_dtype)
+    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"x must be on a CUDA device (got {x.device}); use int4_linear_ref on CPU")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    n = qweight.shape[1]
+    y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return y
+    bm, bn, bk, warps, use_dot = config or pick_config(m, n, k, group_size)
+    if use_dot and bm < 16:
+        raise ValueError("a tl.dot tile needs BLOCK_M >= 16")
+    qweight, scales, qzeros = qweight.contiguous(), scales.contiguous(), qzeros.contiguous()
+    _int4_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+        x, qweight, scales, qzeros, bias if bias is not None else scales, y,
+        m, n, k, x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), y.stride(0),
+        GROUP=group_size, HAS_BIAS=bias is not None, USE_DOT=use_dot, IEEE=x.dtype == torch.float32 or x.device.type != "cuda",
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+    )
+    return y
+
+
+def int4_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
+                    group_size: int, bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+                    config: tuple[int, int, int, int, bool] | None = None) -> torch.Tensor:
+    """Pure-torch reference with the same signature: dequantize to fp32, multiply, round once."""
+    _check(x, qweight, scales, qzeros, group_size, bias, out_dtype)
+    y = x.float() @ dequantize_ref(qweight, scales, qzeros, group_size)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype or x.dtype)
