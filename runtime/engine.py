@@ -228,7 +228,8 @@ class Engine:
         """Cache statistics (hit rate, evictions, free slots) and the engine arguments."""
         info = self._call(lambda s: s.info())
         return {**info, "engine_args": {k: v for k, v in vars(self.args).items()},
-                "model_load_s": round(self.runner.load_s, 3)}
+                "model_load_s": round(self.runner.load_s, 3),
+                "quantization": self.runner.quantization.describe() if self.runner.quantization else None}
 
     def check_integrity(self) -> None:
         """Raise AssertionError if any KV slot is leaked or double-owned."""

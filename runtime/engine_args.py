@@ -16,6 +16,10 @@ class EngineArgs:
     model_path: str | None = None  # None = the embedded SmolLM2-135M-Instruct GGUF
     tokenizer_path: str | None = None  # HF tokenizer dir or .gguf; None = the model's own
     dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+    gguf_dequantize: bool = field(default=False, metadata={"help": (
+        "GGUF models on the CPU run from their quantized blocks (Q4_0, Q4_1, Q8_0: about a fifth of "
+        "the float32 bytes, 3-4x the batch-1 decode speed; docs/quantization.md); --gguf-dequantize "
+        "loads every weight dequantized to float32 instead (the reference path, as on the GPU)")})
     device: str = "auto"  # auto = cuda when available, else cpu
     seed: int = 0  # seeds dummy weights and the per-request seed generator
     context_length: int | None = None  # default: the model's max positions, capped at 8192
@@ -28,6 +32,11 @@ class EngineArgs:
         "KV cache storage dtype: auto = the model dtype; fp8_e5m2 stores K/V as float8_e5m2 "
         "(no scales), halving KV memory (about 2x the token slots vs bf16) and the bytes decode "
         "attention reads; compute stays in the model dtype, but outputs change slightly")})
+    quantization: Literal["auto", "fp8", "awq", "gptq"] = field(default="auto", metadata={"help": (
+        "weights: auto = as the checkpoint is (a quantized one's config.json names its format: "
+        "compressed-tensors or fbgemm_fp8 FP8, awq, gptq); fp8 quantizes float weights at load to FP8 "
+        "(a scale per row; the GPU also quantizes activations per token); awq / gptq round them to "
+        "4 bits at load in that format's layout (groups of 128, or 64/32 where 128 does not divide)")})
     # scheduling
     max_running_requests: int = 256
     max_prefill_tokens: int = 16384

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from treadle.runtime.quantization.config import QuantConfig, parse_quantization_config
+
 SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(
     {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
      "Qwen3MoeForCausalLM", "MixtralForCausalLM"}
@@ -99,6 +101,9 @@ class ModelConfig:
     norm_topk_prob: bool = True
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # the checkpoint's own quantization (config.json's quantization_config), None for float
+    # weights; --quantization can still quantize those at load (runtime/quantization)
+    quantization: QuantConfig | None = None
 
     def __post_init__(self) -> None:
         check_architecture(self.architecture)
@@ -181,6 +186,7 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             hidden_act=str(d.get("hidden_act", "silu")),
+            quantization=parse_quantization_config(d.get("quantization_config")),
             **_moe_from_hf(arch, d),
         )
 

@@ -9,6 +9,7 @@ import time
 import torch
 
 from treadle.radix_cache import ReqToTokenPool, TokenSlotAllocator, TokenToKVPool
+from treadle.runtime import gguf_packed
 from treadle.runtime.attention_backend import create_attention_backend
 from treadle.runtime.distributed import dummy_checkpoint, min_across_ranks
 from treadle.runtime.engine_args import EngineArgs
@@ -16,6 +17,8 @@ from treadle.runtime.forward_batch import ForwardBatch
 from treadle.runtime.model_source import resolve_model_source
 from treadle.runtime.models.parallel import SINGLE, ParallelContext
 from treadle.runtime.models.registry import build_model
+from treadle.runtime.quantization import resolve_quantization
+from treadle.runtime.quantization.base import finish_model, prepare_model
 from treadle.runtime.weights import LoadReport, init_dummy_weights, load_weights
 
 log = logging.getLogger("treadle")
@@ -85,24 +88,35 @@ class ModelRunner:
                              f"{cfg.max_position_embeddings}: positions past it were never trained and their output "
                              "is unreliable. Lower it, or set TREADLE_ALLOW_LONGER_CONTEXT=1 to run it anyway")
 
+        # the checkpoint's quantization, or --quantization's (quantized at load); None = float
+        self.quantization = resolve_quantization(cfg, args.quantization, ctx.size)
         t0 = time.perf_counter()
         self.load_report = LoadReport()
-        weights = load_weights(self.source, torch.float32 if self.dtype == torch.float32 else self.dtype,
-                               self.load_report)
+        # a Q4/Q8 GGUF on the CPU runs from its packed blocks unless --gguf-dequantize (gguf_packed.py)
+        packed_gguf = gguf_packed.wanted(args, self.source, self.device, self.dtype, ctx)
+        weights = iter(()) if packed_gguf else load_weights(
+            self.source, torch.float32 if self.dtype == torch.float32 else self.dtype, self.load_report)
         with torch.device(self.device):
             torch.manual_seed(args.seed)
             model = build_model(cfg, ctx).to(self.dtype)
+        if self.quantization is not None:  # after .to(): it would cast FP8 weights and fp32 scales
+            prepare_model(model, self.quantization)
         if self.source.kind == "dummy" and ctx.size > 1:  # draw tp_size=1's weights, keep this rank's slice
             model.load_weights(dummy_checkpoint(cfg, self.dtype, self.device, args.seed))
         elif self.source.kind == "dummy":
             init_dummy_weights(model, seed=args.seed)
+        elif packed_gguf:
+            gguf_packed.load_packed(model, self.source.path, cfg)
         else:
             model.load_weights(weights)
+        if self.quantization is not None:
+            finish_model(model, self.quantization)
         model.init_rope(self.context_len)
         self.model = model.eval()
         self.load_s = time.perf_counter() - t0
-        log.info("loaded %s (%s) in %.1fs (convert %.1fs, from cache: %s)", self.source.path,
-                 self.source.kind, self.load_s, self.load_report.convert_s, self.load_report.from_cache)
+        log.info("loaded %s (%s) in %.1fs (convert %.1fs, from cache: %s)%s", self.source.path,
+                 self.source.kind, self.load_s, self.load_report.convert_s, self.load_report.from_cache,
+                 f", weights {self.quantization.describe()}" if self.quantization else "")
 
         self.num_slots = min_across_ranks(self._pool_size(), ctx, self.device)  # ranks schedule alike
         self.kv_pool = TokenToKVPool(self.num_slots, cfg.num_layers, model.layers[0].self_attn.num_kv_heads,

@@ -52,7 +52,8 @@ def gguf_cache_path(source: ModelSource) -> str:
 def load_weights(
     source: ModelSource, dtype: torch.dtype, report: LoadReport | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF parameter name, tensor cast to `dtype`) for every weight of `source`.
+    """Yield (HF parameter name, tensor cast to `dtype`) for every weight of `source`
+    (a quantized checkpoint's packed, FP8 and scale tensors keep their dtype).
 
     Tensors are on CPU. `lm_head.weight` is skipped when embeddings are tied and rotary
     `inv_freq` buffers are skipped. Pass a `LoadReport` to receive timings. Raises
@@ -80,7 +81,7 @@ def _stream(
         t0 = time.perf_counter()
         item = next(pairs, None)
         if item is not None:
-            item = (item[0], item[1].to(dtype))
+            item = (item[0], _cast(item[0], item[1], dtype))
         report.load_s += time.perf_counter() - t0
         if item is None:
             return
@@ -89,6 +90,17 @@ def _stream(
             continue
         report.num_tensors += 1
         yield item
+
+
+# quantized checkpoints' scales keep their own dtype (the layer's loader casts them, to fp32
+# for FP8); packed integer and FP8 tensors are never cast
+_KEEP_DTYPE_SUFFIXES = (".weight_scale", ".input_scale", ".scales")
+
+
+def _cast(name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if not t.is_floating_point() or t.element_size() == 1 or name.endswith(_KEEP_DTYPE_SUFFIXES):
+        return t
+    return t.to(dtype)
 
 
 def load_state_dict(source: ModelSource, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], LoadReport]:

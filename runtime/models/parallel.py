@@ -3,6 +3,11 @@ each parameter carries its own `weight_loader(param, loaded, shard_id)` that cop
 slice out of a full checkpoint tensor, so the model loader stays a dozen lines.
 
 With tp_size == 1 (the default, and CPU) these are plain layers with no communication.
+
+A linear layer may hold a quantization method (`quant`, runtime/quantization/base.py): it
+then owns the layer's weight parameters and its matmul. Quantized parameters are tagged with
+the dimensions their outputs and inputs run along (and how many each element packs), which
+is all the loaders below need to cut a rank's slice of them.
 """
 from __future__ import annotations
 
@@ -48,6 +53,32 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: o
     param.data.copy_(loaded)
 
 
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if dst.shape != src.shape:
+        raise ValueError(f"checkpoint tensor slice {tuple(src.shape)} does not fit parameter slice {tuple(dst.shape)}")
+    dst.copy_(src)
+
+
+def _load_output_slice(param: nn.Parameter, loaded: torch.Tensor, shard: int, start: int, offset: int,
+                       size: int) -> None:
+    """Column layers: the checkpoint's outputs [start, start + size) go to the parameter's
+    outputs [offset, offset + size) (sizes in outputs; a packed dimension divides them)."""
+    if getattr(param, "per_shard", False):  # one value per merged part (a per-tensor scale)
+        param.data[shard].copy_(loaded.reshape(()))
+        return
+    dim = getattr(param, "output_dim", 0)
+    if dim is None:  # not split by outputs (GPTQ's g_idx): the parts share one tensor
+        seen = getattr(param, "parts_seen", 0)
+        if seen and not torch.equal(param.data, loaded.to(param.device)):
+            raise ValueError(f"merged projections carry different {tuple(param.shape)} tensors (e.g. g_idx); "
+                             "treadle runs them as one matmul and needs them equal")
+        param.parts_seen = seen + 1  # type: ignore[attr-defined]
+        _copy(param.data, loaded)
+        return
+    pack = getattr(param, "output_pack", 1)
+    _copy(param.data.narrow(dim, offset // pack, size // pack), loaded.narrow(dim, start // pack, size // pack))
+
+
 class ColumnParallelLinear(nn.Module):
     """y = x W^T with W's output rows split evenly across ranks. Several logical outputs
     (gate and up) can be merged into one matmul: `output_sizes` lists them, and shard_id
@@ -62,6 +93,8 @@ class ColumnParallelLinear(nn.Module):
         self.ctx = ctx
         self.local_sizes = [s // ctx.size for s in output_sizes]
         out = sum(self.local_sizes)
+        self.in_local, self.out_local, self.shard_sizes = in_features, out, self.local_sizes
+        self.quant = None  # a QuantMethod once quantized (runtime/quantization)
         self.weight = nn.Parameter(torch.empty(out, in_features), requires_grad=False)
         _set_loader(self.weight, self._load)
         self.bias = None
@@ -72,11 +105,15 @@ class ColumnParallelLinear(nn.Module):
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None = None) -> None:
         shard = 0 if shard_id is None else int(shard_id)
         size = self.local_sizes[shard]
-        offset = sum(self.local_sizes[:shard])
-        piece = loaded.narrow(0, self.ctx.rank * size, size)
-        param.data.narrow(0, offset, size).copy_(piece)
+        _load_output_slice(param, loaded, shard, self.ctx.rank * size, sum(self.local_sizes[:shard]), size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None:
+            return self.quant.apply(self, x, self.bias)
         return ops.linear(x, self.weight, self.bias)
 
 
@@ -105,11 +142,9 @@ class QKVParallelLinear(ColumnParallelLinear):
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
         idx = {"q": 0, "k": 1, "v": 2}[shard_id] if isinstance(shard_id, str) else int(shard_id)
         size = self.local_sizes[idx]
-        offset = sum(self.local_sizes[:idx])
         # KV shards: rank r reads KV head block r // kv_replicas
         block = self.ctx.rank if idx == 0 else self.ctx.rank // self.kv_replicas
-        piece = loaded.narrow(0, block * size, size)
-        param.data.narrow(0, offset, size).copy_(piece)
+        _load_output_slice(param, loaded, idx, block * size, sum(self.local_sizes[:idx]), size)
 
 
 class RowParallelLinear(nn.Module):
@@ -122,6 +157,8 @@ class RowParallelLinear(nn.Module):
             raise ValueError(f"input size {in_features} is not divisible by tp_size {ctx.size}")
         self.ctx = ctx
         self.local_in = in_features // ctx.size
+        self.in_local, self.out_local, self.shard_sizes = self.local_in, out_features, [out_features]
+        self.quant = None  # a QuantMethod once quantized (runtime/quantization)
         self.weight = nn.Parameter(torch.empty(out_features, self.local_in), requires_grad=False)
         _set_loader(self.weight, self._load)
         self.bias = None
@@ -130,10 +167,20 @@ class RowParallelLinear(nn.Module):
             _set_loader(self.bias, default_weight_loader)
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        param.data.copy_(loaded.narrow(1, self.ctx.rank * self.local_in, self.local_in))
+        dim = getattr(param, "input_dim", 1)
+        if dim is None:  # not split by inputs (a per-channel or per-tensor scale)
+            _copy(param.data, loaded.reshape(param.shape))
+            return
+        n = self.local_in // getattr(param, "input_pack", 1)
+        _copy(param.data, loaded.narrow(dim, self.ctx.rank * n, n))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(ops.linear(x, self.weight), self.ctx)
+        y = self.quant.apply(self, x, None) if self.quant is not None else ops.linear(x, self.weight)
+        y = all_reduce(y, self.ctx)
         return y + self.bias if self.bias is not None else y
 
 

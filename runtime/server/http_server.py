@@ -333,6 +333,7 @@ def create_app(state: ServerState) -> FastAPI:
         sched = await tm.scheduler_info()
         return {**sched, "engine_args": {k: v for k, v in vars(state.args).items() if k != "api_key"},
                 "num_in_flight": tm.num_in_flight, "model_load_s": state.model_info["model_load_s"],
+                "quantization": state.model_info.get("quantization"),
                 "pids": {"server": os.getpid(), **state.child_pids}, "uptime_s": round(time.time() - state.started, 1)}
 
     @app.post("/flush_cache")

@@ -80,6 +80,7 @@ def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, p
         "model_kind": runner.source.kind,
         "architecture": runner.config.architecture,
         "model_load_s": round(runner.load_s, 3),
+        "quantization": runner.quantization.describe() if runner.quantization else None,
         "stats": {**sched.info(), "pid": os.getpid()},  # the first snapshot (see STATS_PERIOD_S)
     }))
     conn.close()

@@ -1,0 +1,139 @@
+"""The quantized-linear interface and the two model-level steps that use it.
+
+A `QuantMethod` owns one linear layer's weight: the parameters a checkpoint of its format
+fills (`create_weights`, each tagged with how tensor parallelism splits it), the repacking
+into the layout its kernel reads (`process_after_loading`), quantizing a float weight at
+load (`quantize_loaded`), the matmul (`apply`) and the fp32 weight it stands for
+(`dequantize`, for references and tests). The linear layers of runtime/models/parallel.py
+call `apply` when they hold a method; without one they stay the plain float layers.
+
+Loading a quantized checkpoint: `prepare_model` (before `load_weights`), then `finish_model`.
+Quantizing at load: the model loads its float weights as usual, then `finish_model`.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from treadle.runtime.quantization.config import QuantConfig
+
+# parameter tags read by the linear layers' loaders (runtime/models/parallel.py)
+#   output_dim / input_dim: the tensor dimension along which the layer's outputs / inputs run
+#       (None: not split that way); output_pack / input_pack: outputs or inputs an element
+#       covers along it (8 for nibbles packed in an int32, G for a group's scale row)
+#   per_shard: one value per merged part (q/k/v, gate/up): a per-tensor scale
+
+
+def new_param(layer: nn.Module, name: str, shape: tuple[int, ...], dtype: torch.dtype, *,
+              output_dim: int | None = None, input_dim: int | None = None, output_pack: int = 1,
+              input_pack: int = 1, per_shard: bool = False) -> nn.Parameter:
+    """Register a zero-filled parameter on `layer`, tagged for its loader, on the layer's device."""
+    p = nn.Parameter(torch.zeros(shape, dtype=dtype, device=layer.device), requires_grad=False)
+    p.output_dim, p.input_dim = output_dim, input_dim  # type: ignore[attr-defined]
+    p.output_pack, p.input_pack, p.per_shard = output_pack, input_pack, per_shard  # type: ignore[attr-defined]
+    p.weight_loader = layer._load  # type: ignore[attr-defined]
+    if hasattr(layer, name):
+        delattr(layer, name)
+    layer.register_parameter(name, p)
+    return p
+
+
+def replace_param(layer: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Swap (or add) a run-time parameter, dropping the previous tensor's memory."""
+    if hasattr(layer, name):
+        delattr(layer, name)
+    layer.register_parameter(name, nn.Parameter(value, requires_grad=False))
+
+
+class QuantMethod:
+    """One linear layer's quantized weight. The layer gives `in_local` (its input width on
+    this rank), `out_local` (its output width), `shard_sizes` (the merged parts' local widths)
+    and `device`."""
+
+    name = ""
+
+    def __init__(self, qc: QuantConfig) -> None:
+        self.qc = qc
+
+    def create_weights(self, layer: nn.Module) -> None:
+        """Replace the layer's float `weight` with the checkpoint format's parameters (zeros)."""
+        raise NotImplementedError
+
+    def process_after_loading(self, layer: nn.Module) -> None:
+        """Turn the loaded checkpoint parameters into the run-time layout `apply` reads."""
+        raise NotImplementedError
+
+    def quantize_loaded(self, layer: nn.Module) -> None:
+        """Quantize the layer's loaded float `weight` into the run-time layout (frees it)."""
+        raise NotImplementedError
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [T, in_local] -> [T, out_local] in x's dtype."""
+        raise NotImplementedError
+
+    def dequantize(self, layer: nn.Module) -> torch.Tensor:
+        """The fp32 weight [out_local, in_local] this layer multiplies by (its reference)."""
+        raise NotImplementedError
+
+
+def make_method(qc: QuantConfig) -> QuantMethod:
+    if qc.method == "fp8":
+        from treadle.runtime.quantization.fp8 import Fp8Method
+
+        return Fp8Method(qc)
+    from treadle.runtime.quantization.int4 import Int4Method
+
+    return Int4Method(qc)
+
+
+# HF projection names a merged layer stands for
+_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def quantized_linears(model: nn.Module, qc: QuantConfig) -> Iterator[tuple[str, nn.Module]]:
+    """(name, layer) of every linear layer the config quantizes: the decoder layers' column-
+    and row-parallel linears, less the ones the checkpoint leaves unquantized."""
+    from treadle.runtime.models.parallel import ColumnParallelLinear, RowParallelLinear
+
+    for name, m in model.named_modules():
+        if not isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
+            continue
+        head, _, leaf = name.rpartition(".")
+        hf = [f"model.{head}.{p}" for p in _PARTS.get(leaf, (leaf,))]
+        skipped = [qc.skips(n) for n in hf]
+        if all(skipped):
+            continue
+        if any(skipped):
+            raise ValueError(f"the checkpoint quantizes only some of {hf}, which treadle runs as one merged matmul")
+        yield name, m
+
+
+def prepare_model(model: nn.Module, qc: QuantConfig) -> None:
+    """Before loading a checkpoint of `qc`'s format: give each quantized linear its method and
+    the format's parameters, for `load_weights` to fill. A no-op when quantizing at load."""
+    if not qc.from_checkpoint:
+        return
+    for _, layer in quantized_linears(model, qc):
+        layer.quant = make_method(qc)
+        layer.quant.create_weights(layer)
+
+
+def finish_model(model: nn.Module, qc: QuantConfig) -> None:
+    """After loading: repack the checkpoint's tensors, or quantize the loaded float weights."""
+    for _, layer in quantized_linears(model, qc):
+        if qc.from_checkpoint:
+            layer.quant.process_after_loading(layer)
+        else:
+            layer.quant = make_method(qc)
+            layer.quant.quantize_loaded(layer)
+    if model.parameters().__next__().is_cuda:
+        torch.cuda.empty_cache()
+
+
+def dequantized_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """{parameter name: fp32 weight} for every quantized linear: what a float model must hold
+    to compute what the quantized one computes (the reference of the tests)."""
+    return {f"{name}.weight": m.quant.dequantize(m) for name, m in model.named_modules()
+            if getattr(m, "quant", None) is not None}
