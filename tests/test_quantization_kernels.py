@@ -1,0 +1,148 @@
+"""kernels/fp8_linear.py and kernels/int4_linear.py vs their dequantize-then-matmul references:
+small ragged shapes here (TRITON_INTERPRET=1 on CPU), llama3-8b shapes on the GPU (gpu marker);
+the 4-bit packings (treadle's, AWQ's interleave) round-trip."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from treadle.kernels.fp8_linear import (
+    FP8_DTYPE, fp8_gemv, fp8_gemv_ref, fp8_linear, fp8_linear_ref, per_token_quant, per_token_quant_ref,
+    quantize_weight_ref,
+)
+from treadle.kernels.int4_linear import (
+    int4_linear, int4_linear_ref, pack_cols, pack_rows, unpack_cols, unpack_rows,
+)
+from treadle.runtime.quantization.int4 import awq_pack, awq_unpack, quantize_rtn
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+needs_kernel = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+
+
+def _g(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _int4(k: int, n: int, group: int, seed: int, device: str = DEV):
+    g = _g(seed)
+    qweight = pack_rows(torch.randint(0, 16, (k, n), generator=g))
+    qzeros = pack_cols(torch.randint(0, 16, (k // group, n), generator=g))
+    scales = (torch.rand(k // group, n, generator=g) * 0.05 + 0.01).half()
+    return qweight.to(device), scales.to(device), qzeros.to(device)
+
+
+def test_packings_round_trip() -> None:
+    q = torch.randint(0, 16, (24, 40), generator=_g(0), dtype=torch.uint8)
+    assert torch.equal(unpack_rows(pack_rows(q)), q)
+    assert torch.equal(unpack_cols(pack_cols(q)), q)
+    assert torch.equal(awq_unpack(awq_pack(q)), q)
+    # AWQ's interleave, written out: nibble j of int c holds column 8c + (0, 2, 4, 6, 1, 3, 5, 7)[j]
+    row = torch.arange(8, dtype=torch.uint8)[None]  # column i holds value i
+    assert [(int(awq_pack(row)[0, 0]) >> (4 * j)) & 0xF for j in range(8)] == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert int(pack_rows(row.T)[0, 0]) == 0x76543210
+
+
+@pytest.mark.parametrize("sym", [False, True])
+def test_quantize_rtn_error_is_within_half_a_step(sym: bool) -> None:
+    w = torch.randn(48, 64, generator=_g(1))
+    q, z, s = quantize_rtn(w, 32, sym)
+    g = torch.arange(64) // 32
+    back = (q.float() - z.float()[g]) * s.float()[g]  # [K, N]
+    # half a step, and a little for the fp16 scale (GPTQ's symmetric grid reaches +amax only to 7 of 7.5 steps)
+    assert ((back - w.T).abs() <= s.float()[g] * 0.51 + 1e-6).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_token_quant_matches_ref(dtype: torch.dtype) -> None:
+    # rows from 1e-4 to 1e3 in scale: subnormal and normal fp8 values, a zero row, a clamped row
+    x = (torch.randn(12, 300, generator=_g(2)) * torch.logspace(-4, 3, 12)[:, None]).to(dtype)
+    x[0] = 0
+    for ub in (None, 5.0):
+        xq, s = per_token_quant(x.to(DEV), ub)
+        xr, sr = per_token_quant_ref(x.to(DEV), ub)
+        assert xq.dtype == FP8_DTYPE and torch.equal(xq.float(), xr.float())
+        torch.testing.assert_close(s, sr, rtol=0, atol=0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("n,k", [(40, 96), (24, 1000)])
+def test_fp8_gemv_matches_ref(m: int, n: int, k: int) -> None:
+    g = _g(3)
+    w, ws = quantize_weight_ref(torch.randn(n, k, generator=g).to(DEV))
+    xq, xs = per_token_quant_ref(torch.randn(m, k, generator=g).to(DEV))
+    b = torch.randn(n, generator=g).to(DEV)
+    for out in (torch.float32, torch.bfloat16):
+        tol = dict(atol=1e-4, rtol=1e-4) if out == torch.float32 else dict(atol=3e-2, rtol=2e-2)
+        torch.testing.assert_close(fp8_gemv(xq, xs, w, ws, b, out_dtype=out), fp8_gemv_ref(xq, xs, w, ws, b, out_dtype=out),
+                                   **tol)
+    y = fp8_gemv(xq, xs, w, ws, config=(4, 64, 2), out_dtype=torch.float32)  # masked tiles
+    torch.testing.assert_close(y, fp8_gemv_ref(xq, xs, w, ws, out_dtype=torch.float32), atol=1e-4, rtol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [2, 33])  # the GEMV, and torch._scaled_mm above 16 rows
+def test_fp8_linear_matches_ref(m: int) -> None:
+    g = _g(4)
+    w, ws = quantize_weight_ref(torch.randn(48, 64, generator=g).to(DEV))
+    x, b = torch.randn(m, 64, generator=g).to(DEV), torch.randn(48, generator=g).to(DEV)
+    y = fp8_linear(x, w, ws, b, out_dtype=torch.float32)
+    torch.testing.assert_close(y, fp8_linear_ref(x, w, ws, b, out_dtype=torch.float32), atol=1e-3, rtol=1e-3)
+    # and the W8A8 product is close to the float one (the quantization is sane)
+    exact = x @ (w.float() * ws[:, None]).T + b
+    assert (y - exact).abs().max() < 0.05 * exact.abs().max()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 3, 8, 20])  # GEMV up to 8 rows, tl.dot GEMM above
+@pytest.mark.parametrize("k,n,group", [(64, 24, 32), (256, 40, 128)])
+def test_int4_linear_matches_ref(dtype: torch.dtype, m: int, k: int, n: int, group: int) -> None:
+    qweight, scales, qzeros = _int4(k, n, group, seed=5)
+    g = _g(6)
+    x, b = torch.randn(m, k, generator=g).to(dtype).to(DEV), torch.randn(n, generator=g).to(dtype).to(DEV)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=6e-2, rtol=2e-2)
+    ref = int4_linear_ref(x, qweight, scales, qzeros, group, b)
+    torch.testing.assert_close(int4_linear(x, qweight, scales, qzeros, group, b), ref, **tol)
+    if m >= 16:  # a smaller dot tile: masked rows and columns
+        torch.testing.assert_close(int4_linear(x, qweight, scales, qzeros, group, b, config=(16, 16, 16, 4, True)),
+                                   ref, **tol)
+
+
+def test_kernel_wrappers_refuse_bad_arguments() -> None:
+    qweight, scales, qzeros = _int4(64, 24, 32, seed=7, device="cpu")
+    x = torch.randn(2, 64)
+    with pytest.raises(ValueError, match="group_size"):
+        int4_linear_ref(x, qweight, scales, qzeros, 48)
+    with pytest.raises(ValueError, match="qweight"):
+        int4_linear_ref(torch.randn(2, 72), qweight, scales, qzeros, 32)
+    with pytest.raises(ValueError, match="qzeros"):
+        int4_linear_ref(x, qweight, scales, qzeros[:, :2], 32)
+    w, ws = quantize_weight_ref(torch.randn(16, 64))
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        fp8_linear_ref(x, w.float(), ws)
+    with pytest.raises(ValueError, match="w_scale"):
+        fp8_gemv_ref(*per_token_quant_ref(x), w, ws[:8])
+
+
+# ------------------------------------------------------------------------------ GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 4, 16, 128, 512])
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)])  # llama3-8b's linears
+def test_gpu_llama3_shapes(m: int, n: int, k: int) -> None:
+    g = _g(8)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+    w, ws = quantize_weight_ref(torch.randn(n, k, generator=g).cuda() * 0.02)
+    ref = fp8_linear_ref(x, w, ws, out_dtype=torch.float32)
+    torch.testing.assert_close(fp8_linear(x, w, ws, out_dtype=torch.float32), ref, atol=2e-2, rtol=2e-2)
+    qweight, scales, qzeros = _int4(k, n, 128, seed=9, device="cuda")
+    ref = int4_linear_ref(x, qweight, scales, qzeros, 128, out_dtype=torch.float32)
+    torch.testing.assert_close(int4_linear(x, qweight, scales, qzeros, 128, out_dtype=torch.float32), ref,
+                               atol=0.5, rtol=2e-2)
