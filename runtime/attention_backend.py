@@ -16,6 +16,7 @@ from treadle.kernels import decode_attention as dec
 from treadle.kernels import extend_attention as ext
 from treadle.kernels import kv_store
 from treadle.radix_cache import TokenToKVPool
+from treadle.runtime import cpu_ops
 from treadle.runtime.forward_batch import ForwardBatch, ForwardMode
 
 
@@ -41,7 +42,12 @@ class TorchAttentionBackend:
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         kv_store.store_kv_ref(k_buf, v_buf, fb.out_cache_loc, k, v)
         o = torch.empty_like(q)
-        if fb.mode is ForwardMode.DECODE:
+        if fb.mode is ForwardMode.DECODE and cpu_ops.usable(q, k_buf) and q.stride(1) == q.shape[2] \
+                and q.stride(2) == 1 and self.req_to_token.dtype == torch.int32:
+            # float32 CPU: one C pass (runtime/cpu_ops.c) instead of the ref's dozen tensor ops
+            cpu_ops.decode_attention(q, k_buf, v_buf, o, self.req_to_token, fb.req_pool_indices,
+                                     fb.seq_lens, scale)
+        elif fb.mode is ForwardMode.DECODE:
             dec.decode_attention_ref(q, k_buf, v_buf, o, self.req_to_token, fb.req_pool_indices,
                                      fb.seq_lens, scale)
         else:

@@ -6,7 +6,7 @@ consecutive weights of a row):
   kind "q8" (Q8_0):          qs int8 [N, K],    d float32 [N, K/32];       w = q * d
 (nibble order as in GGUF: byte j of a block holds weight j low and weight j + 16 high).
 
-The kernels are `cpu_quant.c`, compiled at first use with the machine's instruction set
+The kernels are `cpu_quant.c` (and the per-layer ops of `cpu_ops.c`, same library), compiled at first use with the machine's instruction set
 (`gcc -O3 -march=native -fopenmp`, about a second) into `<cache root>/cpu_kernels/` and called
 through ctypes; `$CC` picks the compiler. Each kernel has a pure-torch `*_ref` of the same
 signature (dequantize, then matmul) that the tests compare against. Where no compiler works,
@@ -28,8 +28,12 @@ import torch
 
 log = logging.getLogger("treadle")
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_quant.c")
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# (source, extra flags): cpu_ops.c's float sums may be reordered (vectorized); cpu_quant.c's are
+# written out in vectors already and keep one order, so each row's result is batch-invariant
+_SOURCES = [(os.path.join(_HERE, "cpu_quant.c"), []),
+            (os.path.join(_HERE, "cpu_ops.c"), ["-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"])]
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=gnu11"]
 _lock = threading.Lock()
 _cached: dict[str, ctypes.CDLL | None] = {}
 
@@ -97,38 +101,67 @@ def _build(cc: str, cache_dir: str) -> ctypes.CDLL | None:
                     "packed (install gcc, or set CC)", cc)
         return None
     try:
-        with open(_SOURCE, "rb") as f:
-            source = f.read()
+        sources = []
+        for src, _ in _SOURCES:
+            with open(src, "rb") as f:
+                sources.append(f.read())
     except OSError as e:
-        log.warning("the CPU kernel source %s is missing (%s): GGUF weights are dequantized to float32", _SOURCE, e)
+        log.warning("a CPU kernel source is missing (%s): GGUF weights are dequantized to float32", e)
         return None
     try:
         version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("C compiler %r does not run (%s): GGUF weights are dequantized to float32", cc, e)
         return None
-    ident = b"|".join([source, " ".join(_FLAGS).encode(), version.encode(), _cpu_signature().encode()])
-    path = os.path.join(cache_dir, f"cpu_quant-{hashlib.sha256(ident).hexdigest()[:20]}.so")
-    if not os.path.isfile(path):
-        os.makedirs(cache_dir, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        proc = subprocess.run([exe, *_FLAGS, "-o", tmp, _SOURCE], capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0:
-            log.warning("compiling %s with %r failed: GGUF weights are dequantized to float32 instead.\n%s",
-                        _SOURCE, cc, proc.stderr[-2000:])
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            return None
-        os.replace(tmp, path)  # atomic: another process may be building the same file
+    ident = b"|".join([*sources, repr((_FLAGS, _SOURCES)).encode(), version.encode(), _cpu_signature().encode()])
+    path = os.path.join(cache_dir, f"cpu_kernels-{hashlib.sha256(ident).hexdigest()[:20]}.so")
+    if not os.path.isfile(path) and not _compile(exe, path):
+        return None
     lib = ctypes.CDLL(path)
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.q4_matmul.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i32]
     lib.q8_matmul.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i32]
     lib.q4_dequantize.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i32]
     lib.q8_dequantize.argtypes = [ptr, ptr, i64, i64, ptr, i32]
-    for fn in (lib.q4_matmul, lib.q8_matmul, lib.q4_dequantize, lib.q8_dequantize):
+    lib.cpu_rmsnorm.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
+    lib.cpu_fused_add_rmsnorm.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
+    lib.cpu_silu_and_mul.argtypes = [ptr, ptr, i64, i64]
+    lib.cpu_rope.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, ptr]
+    lib.cpu_decode_attention.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64,
+                                         ctypes.c_float, i32]
+    for fn in (lib.q4_matmul, lib.q8_matmul, lib.q4_dequantize, lib.q8_dequantize, lib.cpu_rmsnorm,
+               lib.cpu_fused_add_rmsnorm, lib.cpu_silu_and_mul, lib.cpu_rope, lib.cpu_decode_attention):
         fn.restype = None
     return lib
+
+
+def _compile(exe: str, path: str) -> bool:
+    """Build the library at `path` (objects, then link, in a temporary folder beside it; the
+    final rename is atomic, as another process may be building the same file). False on failure."""
+    import tempfile
+
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as tmp:
+        objects = []
+        for src, extra in _SOURCES:
+            obj = os.path.join(tmp, os.path.basename(src) + ".o")
+            cmds = [exe, *_FLAGS, *extra, "-c", "-o", obj, src]
+            proc = subprocess.run(cmds, capture_output=True, text=True, timeout=300)
+            if proc.returncode != 0:
+                log.warning("compiling %s failed: GGUF weights are dequantized to float32 instead.\n%s",
+                            src, proc.stderr[-2000:])
+                return False
+            objects.append(obj)
+        lib = os.path.join(tmp, "lib.so")
+        proc = subprocess.run([exe, "-shared", "-fopenmp", "-o", lib, *objects], capture_output=True, text=True,
+                              timeout=300)
+        if proc.returncode != 0:
+            log.warning("linking the CPU kernels failed: GGUF weights are dequantized to float32 instead.\n%s",
+                        proc.stderr[-2000:])
+            return False
+        os.replace(lib, path)
+    return True
 
 
 # ---- kernels and their references ------------------------------------------------------------

@@ -137,3 +137,49 @@ def test_no_compiler_falls_back_to_float32(tmp_path, monkeypatch):
     ids = encode_prompt(tok, "The capital of France is")
     logits = _logits(runner, ids, chunk=len(ids))
     assert tok.decode([int(logits[-1].argmax())]).strip() == "Paris"
+
+
+def test_cpu_ops_match_their_references():
+    from treadle.kernels import activation, decode_attention, rmsnorm, rope
+    from treadle.runtime import cpu_ops
+
+    assert cpu_ops.lib() is not None
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for t in (1, 3):
+            x, w = torch.randn(t, 576, generator=g), torch.randn(576, generator=g)
+            torch.testing.assert_close(cpu_ops.rmsnorm(x, w, 1e-5), rmsnorm.rmsnorm_ref(x, w, 1e-5))
+            res = torch.randn(t, 576, generator=g)
+            xa, ra, xb, rb = x.clone(), res.clone(), x.clone(), res.clone()
+            cpu_ops.fused_add_rmsnorm(xa, ra, w, 1e-5)
+            rmsnorm.fused_add_rmsnorm_ref(xb, rb, w, 1e-5)
+            torch.testing.assert_close((xa, ra), (xb, rb))
+            h = torch.randn(t, 2 * 96, generator=g) * 4
+            torch.testing.assert_close(cpu_ops.silu_and_mul(h), activation.silu_and_mul_ref(h))
+            # q and k as the model has them: strided views of one qkv row
+            qkv = torch.randn(t, (9 + 2 * 3) * 64, generator=g)
+            cs = rope.build_cos_sin_cache(64, 100, 10000.0)
+            pos = torch.tensor([5, 99, 0][:t])
+            pairs = []
+            for _ in range(2):
+                q, k, _v = qkv.clone().split([9 * 64, 3 * 64, 3 * 64], dim=-1)
+                pairs.append((q.view(t, 9, 64), k.view(t, 3, 64)))
+            assert cpu_ops.rope_layout_ok(*pairs[0])
+            cpu_ops.apply_rope(*pairs[0], pos, cs)
+            rope.apply_rope_ref(*pairs[1], pos, cs)
+            torch.testing.assert_close(pairs[0], pairs[1])
+        # decode attention over a paged pool: 3 requests of 1, 17 and 40 tokens, GQA 9 / 3 heads
+        kb, vb = torch.randn(80, 3, 64, generator=g), torch.randn(80, 3, 64, generator=g)
+        table = torch.zeros(4, 64, dtype=torch.int32)
+        lens = [1, 17, 40]
+        perm = torch.randperm(79, generator=g) + 1
+        at = 0
+        for r, n in zip((2, 0, 3), lens):
+            table[r, :n] = perm[at:at + n].to(torch.int32)
+            at += n
+        q = torch.randn(3, 9, 64, generator=g)
+        o1, o2 = torch.empty_like(q), torch.empty_like(q)
+        args = (table, torch.tensor([2, 0, 3]), torch.tensor(lens), 0.125)
+        cpu_ops.decode_attention(q, kb, vb, o1, *args)
+        decode_attention.decode_attention_ref(q, kb, vb, o2, *args)
+        torch.testing.assert_close(o1, o2)

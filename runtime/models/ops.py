@@ -1,4 +1,5 @@
-"""Elementwise ops for the model: the Triton kernel on CUDA, its pure-torch `*_ref` elsewhere.
+"""Elementwise ops for the model: the Triton kernel on CUDA, a C pass on float32 CPU tensors
+(runtime/cpu_ops.py), its pure-torch `*_ref` elsewhere.
 Chosen per call from the tensor's device, so importing this works on any machine."""
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import torch
 import torch.nn.functional as F
 
 from treadle.kernels import activation, gemv as gemv_k, rmsnorm as rmsnorm_k, rope
+from treadle.runtime import cpu_ops  # float32 CPU: one C pass an op (runtime/cpu_ops.c)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.is_cuda:
         return rmsnorm_k.rmsnorm(x, weight, eps)
+    if cpu_ops.usable(x, weight):
+        return cpu_ops.rmsnorm(x, weight, eps)
     return rmsnorm_k.rmsnorm_ref(x, weight, eps)
 
 
@@ -18,6 +22,8 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     """In place: residual += x; x = rmsnorm(residual)."""
     if x.is_cuda:
         rmsnorm_k.fused_add_rmsnorm(x, residual, weight, eps)
+    elif cpu_ops.usable(x, residual, weight) and x.is_contiguous() and residual.is_contiguous():
+        cpu_ops.fused_add_rmsnorm(x, residual, weight, eps)
     else:
         rmsnorm_k.fused_add_rmsnorm_ref(x, residual, weight, eps)
 
@@ -25,6 +31,8 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
 def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
     if q.is_cuda:
         rope.apply_rope(q, k, positions, cos_sin)
+    elif cpu_ops.usable(q, k, cos_sin) and cpu_ops.rope_layout_ok(q, k):
+        cpu_ops.apply_rope(q, k, positions, cos_sin)
     else:
         rope.apply_rope_ref(q, k, positions, cos_sin)
 
@@ -32,6 +40,8 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_si
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x.is_cuda:
         return activation.silu_and_mul(x)
+    if cpu_ops.usable(x) and x.dim() == 2:
+        return cpu_ops.silu_and_mul(x)
     return activation.silu_and_mul_ref(x)
 
 
