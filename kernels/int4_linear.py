@@ -30,50 +30,53 @@ __all__ = ["GEMV_MAX_M", "int4_linear", "int4_linear_ref", "dequantize_ref", "un
 
 GEMV_MAX_M = 8
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble j sits at bits 4j
 
 
 # ------------------------------------------------------------------------- packing helpers
 
+# (one broadcast shift over a [R, 8, N] int32 view: ~10x faster on the CPU than writing each
+# nibble plane; int32 shifts wrap, so the top nibble lands in the sign bit as it should)
+
 def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
-    """int32 [R, N] with 8 nibbles an int along the rows -> uint8 values [8R, N] (row 8r + j = nibble j)."""
-    q = (packed[:, None, :] >> _SHIFTS.to(packed.device)[None, :, None]) & 0xF  # [R, 8, N]
-    return q.reshape(-1, packed.shape[1]).to(torch.uint8)
+    """int32 [R, N] with 8 nibbles an int along the rows -> int32 values [8R, N] (row 8r + j = nibble j)."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    return ((packed[:, None, :] >> shifts[None, :, None]) & 0xF).view(-1, packed.shape[1])
 
 
 def pack_rows(q: torch.Tensor) -> torch.Tensor:
     """`unpack_rows`'s inverse: values in [0, 15], [8R, N] -> int32 [R, N]."""
     if q.shape[0] % 8:
         raise ValueError(f"need a multiple of 8 rows to pack, got {q.shape[0]}")
-    q = q.to(torch.int64).reshape(-1, 8, q.shape[1]) << _SHIFTS.to(q.device, torch.int64)[None, :, None]
-    return _to_int32(q.sum(dim=1, dtype=torch.int64))
+    q = q.to(torch.int32).reshape(-1, 8, q.shape[1])
+    acc = q[:, 0].clone()
+    for j in range(1, 8):
+        acc |= q[:, j] << (4 * j)
+    return acc
 
 
 def unpack_cols(packed: torch.Tensor) -> torch.Tensor:
-    """int32 [R, C] with 8 nibbles an int along the columns -> uint8 [R, 8C] (column 8c + j = nibble j)."""
-    q = (packed[:, :, None] >> _SHIFTS.to(packed.device)[None, None, :]) & 0xF  # [R, C, 8]
-    return q.reshape(packed.shape[0], -1).to(torch.uint8)
+    """int32 [R, C] with 8 nibbles an int along the columns -> int32 values [R, 8C] (column 8c + j = nibble j)."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    return ((packed[:, :, None] >> shifts[None, None, :]) & 0xF).view(packed.shape[0], -1)
 
 
 def pack_cols(q: torch.Tensor) -> torch.Tensor:
     """`unpack_cols`'s inverse: values in [0, 15], [R, 8C] -> int32 [R, C]."""
     if q.shape[1] % 8:
         raise ValueError(f"need a multiple of 8 columns to pack, got {q.shape[1]}")
-    q = q.to(torch.int64).reshape(q.shape[0], -1, 8) << _SHIFTS.to(q.device, torch.int64)[None, None, :]
-    return _to_int32(q.sum(dim=2, dtype=torch.int64))
-
-
-def _to_int32(v: torch.Tensor) -> torch.Tensor:
-    # the sum of 8 shifted nibbles is in [0, 2^32): wrap to int32 (the top nibble is the sign bits)
-    return torch.where(v >= 2**31, v - 2**32, v).to(torch.int32)
+    q = q.to(torch.int32).reshape(q.shape[0], -1, 8)
+    acc = q[:, :, 0].clone()
+    for j in range(1, 8):
+        acc |= q[:, :, j] << (4 * j)
+    return acc
 
 
 def dequantize_ref(qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor, group_size: int) -> torch.Tensor:
     """The fp32 weight [K, N] of the packed layout (see the module docstring)."""
-    q = unpack_rows(qweight).float()  # [K, N]
-    z = unpack_cols(qzeros).float()  # [K // G, N]
-    g = torch.arange(q.shape[0], device=q.device) // group_size
-    return (q - z[g]) * scales.float()[g]
+    k, n = qweight.shape[0] * 8, qweight.shape[1]
+    q = unpack_rows(qweight).view(k // group_size, group_size, n).float()  # [groups, G, N]
+    z = unpack_cols(qzeros).float()  # [groups, N]
+    return ((q - z[:, None, :]) * scales.float()[:, None, :]).view(k, n)
 
 
 # ------------------------------------------------------------------------- kernel

@@ -37,7 +37,7 @@ def awq_pack(q: torch.Tensor) -> torch.Tensor:
 
 
 def awq_unpack(packed: torch.Tensor) -> torch.Tensor:
-    """AWQ's int32 [R, N/8] -> values [R, N] (uint8)."""
+    """AWQ's int32 [R, N/8] -> values [R, N] (int32)."""
     v = unpack_cols(packed)
     r, n = v.shape
     return v.reshape(r, n // 8, 8)[:, :, list(_AWQ_INVERSE)].reshape(r, n)
@@ -86,7 +86,7 @@ class Int4Method(QuantMethod):
             q, z = awq_unpack(layer.qweight.data), awq_unpack(layer.qzeros.data)
         else:
             q = unpack_rows(layer.qweight.data)
-            z = (unpack_cols(layer.qzeros.data).to(torch.int32) + self.qc.zero_offset) & 0xF
+            z = (unpack_cols(layer.qzeros.data) + self.qc.zero_offset) & 0xF
             g_idx = layer.g_idx.data.long()
             delattr(layer, "g_idx")
             sequential = torch.arange(q.shape[0], device=q.device) // g
@@ -99,28 +99,19 @@ class Int4Method(QuantMethod):
         self._store(layer, q, z, layer.scales.data)
 
     def _store(self, layer: nn.Module, q: torch.Tensor, z: torch.Tensor, scales: torch.Tensor) -> None:
+        group = self._group(layer)
         replace_param(layer, "qweight", pack_rows(q).contiguous())
         replace_param(layer, "qzeros", pack_cols(z).contiguous())
         replace_param(layer, "scales", scales.to(SCALE_DTYPE).contiguous())
-        layer.group_size = self._group(layer)
+        layer.group_size = group
 
     def quantize_loaded(self, layer: nn.Module) -> None:
-        """Round to nearest, written in the format's own checkpoint layout and read back
-        through `process_after_loading`, as a checkpoint of that format would be."""
-        w = layer.weight.data
-        g = self._group(layer)
-        q, z, s = quantize_rtn(w, g, self.qc.sym)
-        self.create_weights(layer)
-        if self.qc.method == "awq":
-            layer.qweight.data.copy_(awq_pack(q))
-            layer.qzeros.data.copy_(awq_pack(z))
-        else:
-            layer.qweight.data.copy_(pack_rows(q))
-            layer.qzeros.data.copy_(pack_cols((z.to(torch.int32) - self.qc.zero_offset) & 0xF))
-            layer.g_idx.data.copy_(torch.arange(q.shape[0], device=q.device) // g)
-        layer.scales.data.copy_(s)
-        del w
-        self.process_after_loading(layer)
+        """Round to nearest with the format's zero convention (AWQ asymmetric, GPTQ symmetric),
+        stored straight in the run-time layout (the checkpoint layouts' round trips are the
+        loaders' tests)."""
+        q, z, s = quantize_rtn(layer.weight.data, self._group(layer), self.qc.sym)
+        delattr(layer, "weight")
+        self._store(layer, q, z, s)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.is_cuda:
