@@ -42,6 +42,14 @@ benchmarks/results/one_batch_<device>.json):
   token); the FLOPs per token count K experts. The roofline record gives both figures.
 - summary: table of bs, treadle output tok/s, decode tok/s, HF tok/s, ratio, % of roofline at bs 1,
   % of the step roofline, % of the output bound, the bound over HF.
+- --quantization fp8|awq|gptq: after the float (bf16) engine, the same dummy model runs again with
+  its linears quantized at load (random weights, the format's real packed layout), in the same
+  run, and every treadle figure is repeated for it ("figure": "treadle_quantized"): its
+  roofline uses that format's weight bytes (packed weights, scales and zeros; the embeddings
+  and lm_head stay bf16) over the same copy bandwidth, and its bound those bytes and the
+  matmul peak of what its matmuls run on (fp8: a measured torch._scaled_mm FP8 peak,
+  "fp8_compute_peak"; awq/gptq dequantize to bf16: the bf16 peak). "quantized_vs_float" gives,
+  per batch size, quantized / float output tok/s and each one's % of its own roofline and bound.
 """
 from __future__ import annotations
 
@@ -93,6 +101,8 @@ def _parse() -> argparse.Namespace:
                    help="tensor-parallel GPUs (> 1 skips HF: its weights are loaded into rank 0 only)")
     p.add_argument("--custom-all-reduce", action=argparse.BooleanOptionalAction, default=True,
                    help="tp > 1: decode-sized all-reduces through peer memory (--no-custom-all-reduce: NCCL only)")
+    p.add_argument("--quantization", default=None, choices=["fp8", "awq", "gptq"],
+                   help="also run the model quantized at load in this format, beside the float run")
     p.add_argument("--output", default=None)
     a = p.parse_args()
     a.batch_sizes = _ints(a.batch_sizes)
@@ -140,6 +150,31 @@ def batch_bound_s(bs: int, args, cfg, tp: int, per_token: int, wb, kv_token_byte
         flops = bs * (2 * per_token + 2 * head + 4 * layers * heads_dim * ctx)
         t += max(flops / peak, (wb(bs) + bs * ctx * kv_token_bytes) / bw)
     return t
+
+
+def fp8_matmul_flops(dev: torch.device, n: int, reps: int = 10) -> float:
+    """FLOP/s of one n x n x n float8_e4m3fn matmul through torch._scaled_mm (row-wise scales,
+    bf16 out, as the FP8 linears run it above 16 rows), median of `reps`."""
+    g = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn(n, n, device=dev, generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=dev, generator=g).to(torch.float8_e4m3fn).T  # column-major, as cuBLAS wants
+    sa = torch.ones(n, 1, device=dev)
+    sb = torch.ones(1, n, device=dev)
+    out = torch.bfloat16 if dev.type == "cuda" else torch.float32
+
+    def mm():
+        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out)
+
+    for _ in range(3):
+        mm()
+    times = []
+    for _ in range(reps):
+        sync(dev)
+        t0 = time.perf_counter()
+        mm()
+        sync(dev)
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times)
 
 
 def moe_experts(model: torch.nn.Module) -> list:
@@ -289,6 +324,85 @@ def bench_treadle(engine, bs: int, args, vocab: int, dev: torch.device) -> dict:
     return rec
 
 
+def run_batches(engine, args, cfg, wb, kv_token_bytes: int, bw: float, peak: float, per_token: int,
+                dev: torch.device, figure: str) -> dict[int, dict]:
+    """Time every batch size on `engine`; emit and return its records (figure names them)."""
+    roof = bw / wb(1)
+    tre: dict[int, dict] = {}
+    for bs in args.batch_sizes:
+        rec = bench_treadle(engine, bs, args, cfg.vocab_size, dev)
+        rec["figure"] = figure
+        if rec["itl_ms"] > 0:
+            # a decode step reads the weights once and each request's KV once; over the run
+            # the context averages input_len + output_len / 2 tokens
+            step_bytes = wb(bs) + bs * (args.input_len + args.output_len / 2) * kv_token_bytes
+            rec["step_weight_gb"] = round(wb(bs) / 1e9, 3)
+            rec["step_roofline_ms"] = round(step_bytes / bw * 1e3, 3)
+            rec["pct_of_step_roofline"] = round(100 * step_bytes / bw * 1e3 / rec["itl_ms"], 1)
+        bound = batch_bound_s(bs, args, cfg, args.tp_size, per_token, wb, kv_token_bytes, bw, peak)
+        rec["bound_s"] = round(bound, 4)
+        rec["bound_output_tok_s"] = round(bs * args.output_len / bound, 1)
+        rec["pct_of_output_bound"] = round(100 * rec["output_tok_s"] / rec["bound_output_tok_s"], 1)
+        first = rec.pop("_first_ids")
+        if bs == 1:
+            rec["pct_of_roofline"] = round(100 * rec["decode_tok_s"] / roof, 1) if rec["decode_tok_s"] else None
+            rec["_first_ids"] = first
+        tre[bs] = rec
+        emit({k: v for k, v in rec.items() if not k.startswith("_")})
+    return tre
+
+
+def run_quantized(args, dev: torch.device, dtype: torch.dtype, bw: float, peak: float, per_token: int,
+                  float_recs: dict[int, dict]) -> None:
+    """The same dummy model quantized at load (--quantization): its roofline, bound and batches,
+    beside the float run's (the module docstring's --quantization paragraph)."""
+    from treadle.runtime.engine import Engine
+
+    max_bs, seq = max(args.batch_sizes), args.input_len + args.output_len
+    t0 = time.perf_counter()
+    engine = Engine(model_path=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
+                    quantization=args.quantization,
+                    max_total_tokens=max_bs * seq + 2 * seq, max_running_requests=max_bs,
+                    chunked_prefill_size=max(8192, args.input_len), max_prefill_tokens=args.max_prefill_tokens,
+                    attention_backend=args.attention_backend, kv_cache_dtype=args.kv_cache_dtype,
+                    cuda_graph=args.cuda_graph, overlap_schedule=args.overlap_schedule, context_length=seq + 16,
+                    tp_size=args.tp_size, custom_all_reduce=args.custom_all_reduce)
+    load_s = time.perf_counter() - t0
+    try:
+        cfg = engine.runner.config
+        wb_all = weight_bytes(engine.runner.model)  # packed weights, scales, zeros; bf16 embeddings
+        wb = step_weight_bytes(engine.runner.model, cfg)
+        pool = engine.runner.kv_pool
+        kv_token_bytes = 2 * pool.num_layers * pool.k_buffers[0][0].nbytes
+        peak_q = peak
+        if args.quantization == "fp8":
+            n = 8192 if dev.type == "cuda" else 1024
+            peak_q = fp8_matmul_flops(dev, n)
+            emit({"figure": "fp8_compute_peak", "matmul_tflops": round(peak_q / 1e12, 3), "n": n,
+                  "over_float_peak": round(peak_q / peak, 2)})
+        emit({"figure": "roofline_quantized", "quantization": engine.runner.quantization.describe(),
+              "weight_bytes": wb_all, "weight_gb": round(wb_all / 1e9, 3), "copy_gb_s": round(bw / 1e9, 1),
+              "bs1_decode_roofline_tok_s": round(bw / wb(1), 2), "engine_load_s": round(load_s, 2),
+              "matmul_peak_tflops": round(peak_q / 1e12, 3)})
+        recs = run_batches(engine, args, cfg, wb, kv_token_bytes, bw, peak_q, per_token, dev, "treadle_quantized")
+    finally:
+        engine.shutdown()
+    rows = []
+    for bs, q in recs.items():
+        f = float_recs.get(bs, {})
+        rows.append({"bs": bs, "float_output_tok_s": f.get("output_tok_s"), "quantized_output_tok_s": q["output_tok_s"],
+                     "quantized_over_float": round(q["output_tok_s"] / f["output_tok_s"], 2) if f else None,
+                     "float_pct_of_roofline": f.get("pct_of_roofline"), "quantized_pct_of_roofline": q.get("pct_of_roofline"),
+                     "float_pct_of_output_bound": f.get("pct_of_output_bound"),
+                     "quantized_pct_of_output_bound": q["pct_of_output_bound"],
+                     "quantized_bound_output_tok_s": q["bound_output_tok_s"]})
+    emit({"figure": "quantized_vs_float", "quantization": args.quantization, "rows": rows})
+    if dev.type == "cuda":
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 # ------------------------------------------------------------------------------ main
 
 def main() -> None:
@@ -307,7 +421,7 @@ def main() -> None:
           "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats,
           "attention_backend": args.attention_backend, "kv_cache_dtype": args.kv_cache_dtype,
           "cuda_graph": args.cuda_graph, "overlap_schedule": args.overlap_schedule, "tp_size": args.tp_size,
-          "custom_all_reduce": args.custom_all_reduce})
+          "custom_all_reduce": args.custom_all_reduce, "quantization": args.quantization})
 
     bw = copy_bandwidth(dev, args.copy_mib or (2048 if dev.type == "cuda" else 256))
     emit({"figure": "copy_bandwidth", "gb_s": round(bw / 1e9, 1)})
@@ -349,33 +463,16 @@ def main() -> None:
         emit({"figure": "hf_weights_loaded_into_treadle", "s": round(time.perf_counter() - t0, 2),
               "hf_weight_bytes": weight_bytes(hf)})
 
-    tre: dict[int, dict] = {}
     try:
-        for bs in args.batch_sizes:
-            rec = bench_treadle(engine, bs, args, cfg.vocab_size, dev)
-            if rec["itl_ms"] > 0:
-                # a decode step reads the weights once and each request's KV once; over the run
-                # the context averages input_len + output_len / 2 tokens
-                step_bytes = wb(bs) + bs * (args.input_len + args.output_len / 2) * kv_token_bytes
-                rec["step_weight_gb"] = round(wb(bs) / 1e9, 3)
-                rec["step_roofline_ms"] = round(step_bytes / bw * 1e3, 3)
-                rec["pct_of_step_roofline"] = round(100 * step_bytes / bw * 1e3 / rec["itl_ms"], 1)
-            bound = batch_bound_s(bs, args, cfg, args.tp_size, per_token, wb, kv_token_bytes, bw, peak)
-            rec["bound_s"] = round(bound, 4)
-            rec["bound_output_tok_s"] = round(bs * args.output_len / bound, 1)
-            rec["pct_of_output_bound"] = round(100 * rec["output_tok_s"] / rec["bound_output_tok_s"], 1)
-            first = rec.pop("_first_ids")
-            if bs == 1:
-                rec["pct_of_roofline"] = round(100 * rec["decode_tok_s"] / roof, 1) if rec["decode_tok_s"] else None
-                rec["_first_ids"] = first
-            tre[bs] = rec
-            emit({k: v for k, v in rec.items() if not k.startswith("_")})
+        tre = run_batches(engine, args, cfg, wb, kv_token_bytes, bw, peak, per_token, dev, "treadle")
     finally:
         engine.shutdown()
     if dev.type == "cuda":
         del engine
         gc.collect()
         torch.cuda.empty_cache()
+    if args.quantization:
+        run_quantized(args, dev, dtype, bw, peak, per_token, tre)
 
     hfr: dict[tuple[str, int], dict] = {}
     if hf is not None:
