@@ -198,13 +198,14 @@ def fp8_gemv(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: 
     y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0 or n == 0:
         return y
-    # untuned (no H200 this session): 8 rows x 512 bytes a step on 4 warps
-    block_n, block_k, warps = config or (8 if m <= 4 else 16, min(512 if m <= 4 else 128, triton.next_power_of_2(k)), 4)
+    block_m = max(2, triton.next_power_of_2(m))
+    # untuned (no H200 this session): 8 weight rows a program, and a K step that keeps the
+    # [BLOCK_M, BLOCK_N, BLOCK_K] product at 8K fp32 values (64 registers a thread on 4 warps)
+    block_n, block_k, warps = config or (8, min(8192 // (block_m * 8), triton.next_power_of_2(k)), 4)
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         xq, x_scale, w, w_scale, bias if bias is not None else w_scale, y,
         m, n, k, xq.stride(0), w.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=max(2, triton.next_power_of_2(m)), BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=warps,
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
     )
     return y
 

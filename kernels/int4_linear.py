@@ -154,12 +154,17 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros:
 def pick_config(m: int, n: int, k: int, group_size: int) -> tuple[int, int, int, int, bool]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, use_dot). Untuned: no H200 was available when this
     was written; BLOCK_K divides the group size so a tile's scales are one row."""
-    block_k = min(group_size, 128 if m <= GEMV_MAX_M else 64, triton.next_power_of_2(k))
+    gemv = m <= GEMV_MAX_M
+    block_m = max(2, triton.next_power_of_2(m)) if gemv else (64 if m <= 64 else 128)
+    # the GEMV's [BLOCK_M, BLOCK_K, BLOCK_N] product is kept at 8K fp32 values (64 registers
+    # a thread on 4 warps); the GEMM's dequantized tile feeds tl.dot
+    block_k = min(group_size, 8192 // (block_m * 64) if gemv else 64, triton.next_power_of_2(k))
+    block_k = max(block_k, 8)
     while group_size % block_k:
         block_k //= 2
-    if m <= GEMV_MAX_M:
-        return max(2, triton.next_power_of_2(m)), 64, block_k, 4, False
-    return (64 if m <= 64 else 128), 128, block_k, 8, True
+    if gemv:
+        return block_m, 64, block_k, 4, False
+    return block_m, 128, block_k, 8, True
 
 
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,

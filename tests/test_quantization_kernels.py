@@ -146,3 +146,42 @@ def test_gpu_llama3_shapes(m: int, n: int, k: int) -> None:
     ref = int4_linear_ref(x, qweight, scales, qzeros, 128, out_dtype=torch.float32)
     torch.testing.assert_close(int4_linear(x, qweight, scales, qzeros, 128, out_dtype=torch.float32), ref,
                                atol=0.5, rtol=2e-2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("method", ["fp8", "awq", "gptq-act"])
+def test_quantized_layer_kernel_path_matches_its_dequantized_weight(method: str) -> None:
+    """A merged linear's GPU branch (the kernels, act-order's input permutation) run here under
+    the interpreter, against x @ dequantize().T: what the CPU branch and the reference compute."""
+    from treadle.runtime.models.parallel import ColumnParallelLinear
+    from treadle.runtime.quantization.base import make_method
+    from treadle.runtime.quantization.config import QuantConfig
+
+    g = _g(10)
+    layer = ColumnParallelLinear(64, [32, 16], bias=True)
+    with torch.no_grad():
+        layer.weight.normal_(0, 0.1, generator=g)
+        layer.bias.normal_(generator=g)
+    layer = layer.to(DEV)
+    if method == "gptq-act":
+        qc = QuantConfig("gptq", "gptq", group_size=32, desc_act=True, sym=True, zero_offset=1)
+        layer.quant = make_method(qc)
+        layer.quant.create_weights(layer)
+        g_idx = torch.empty(64, dtype=torch.int32)
+        g_idx[torch.randperm(64, generator=g)] = torch.arange(64, dtype=torch.int32) // 32
+        with torch.no_grad():
+            layer.qweight.copy_(pack_rows(torch.randint(0, 16, (64, 48), generator=g)))
+            layer.qzeros.copy_(pack_cols(torch.randint(0, 16, (2, 48), generator=g)))
+            layer.scales.copy_(torch.rand(2, 48, generator=g) * 0.05)
+            layer.g_idx.copy_(g_idx)
+        layer.quant.process_after_loading(layer)
+        assert layer.perm is not None
+    else:
+        layer.quant = make_method(QuantConfig(method, "load", group_size=32))
+        layer.quant.quantize_loaded(layer)
+    layer.quant.use_kernels = True
+    for m in (1, 20):
+        x = torch.randn(m, 64, generator=g).to(DEV)
+        want = x @ layer.quant.dequantize(layer).T + layer.bias
+        tol = 0.05 * want.abs().max().item() if method == "fp8" else 1e-4  # fp8 also quantizes x on this path
+        torch.testing.assert_close(layer(x), want, atol=tol, rtol=0)

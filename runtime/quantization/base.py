@@ -56,6 +56,12 @@ class QuantMethod:
 
     def __init__(self, qc: QuantConfig) -> None:
         self.qc = qc
+        # the Triton kernels run on CUDA tensors; tests set True to run them under
+        # TRITON_INTERPRET=1 on the CPU (else the CPU dequantizes and runs the float matmul)
+        self.use_kernels: bool | None = None
+
+    def kernels(self, x: torch.Tensor) -> bool:
+        return x.is_cuda if self.use_kernels is None else self.use_kernels
 
     def create_weights(self, layer: nn.Module) -> None:
         """Replace the layer's float `weight` with the checkpoint format's parameters (zeros)."""

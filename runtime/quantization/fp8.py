@@ -52,7 +52,7 @@ class Fp8Method(QuantMethod):
         replace_param(layer, "weight_scale", scale)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if x.is_cuda:
+        if self.kernels(x):
             return fp8_linear(x, layer.weight, layer.weight_scale, bias, self.qc.activation_scale_ub)
         # the float path's own matmul, so a float model of the dequantized weights is exact
         return ops.linear(x, self.dequantize(layer).to(x.dtype), bias)

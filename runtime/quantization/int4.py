@@ -114,7 +114,7 @@ class Int4Method(QuantMethod):
         self._store(layer, q, z, s)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if x.is_cuda:
+        if self.kernels(x):
             perm = getattr(layer, "perm", None)
             if perm is not None:
                 x = x.index_select(1, perm)
