@@ -228,3 +228,16 @@ def test_server_reports_its_quantization():
         assert info["engine_args"]["quantization"] == "gptq"
         r = requests.post(srv.url + "/generate", json={"input_ids": PROMPTS[0], "sampling_params": GREEDY}, timeout=60)
         assert r.status_code == 200 and len(r.json()["output_ids"]) == 8
+
+
+@pytest.mark.slow
+def test_tensor_parallel_cuts_packed_tensors_per_rank(tmp_path, reference_engine):
+    """tp_size 2 (gloo): every rank loads its slice of a GPTQ checkpoint (packed along K in the
+    row-parallel layers, whose g_idx then starts past group 0) and the ranks give the tp 1 tokens."""
+    path, want = _quantized_checkpoint("gptq", tmp_path)
+    with Engine(model_path=path, max_total_tokens=1024, tp_size=2) as e:
+        out = e.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    reference_engine.runner.model.load_weights(want.items())
+    assert reference_engine.flush_cache()
+    ref = reference_engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in out] == [o["output_ids"] for o in ref]

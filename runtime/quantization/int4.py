@@ -88,6 +88,7 @@ class Int4Method(QuantMethod):
             q = unpack_rows(layer.qweight.data)
             z = (unpack_cols(layer.qzeros.data) + self.qc.zero_offset) & 0xF
             g_idx = layer.g_idx.data.long()
+            g_idx = g_idx - g_idx.min()  # a row-parallel rank's inputs start at group rank * K_local / G
             delattr(layer, "g_idx")
             sequential = torch.arange(q.shape[0], device=q.device) // g
             if not torch.equal(g_idx, sequential):  # act-order: sort the inputs by group
