@@ -17,6 +17,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from treadle.runtime.models.parallel import ColumnParallelLinear, RowParallelLinear
 from treadle.runtime.quantization.config import QuantConfig
 
 # parameter tags read by the linear layers' loaders (runtime/models/parallel.py)
@@ -101,8 +102,6 @@ _PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_pro
 def quantized_linears(model: nn.Module, qc: QuantConfig) -> Iterator[tuple[str, nn.Module]]:
     """(name, layer) of every linear layer the config quantizes: the decoder layers' column-
     and row-parallel linears, less the ones the checkpoint leaves unquantized."""
-    from treadle.runtime.models.parallel import ColumnParallelLinear, RowParallelLinear
-
     for name, m in model.named_modules():
         if not isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
             continue
@@ -134,8 +133,8 @@ def finish_model(model: nn.Module, qc: QuantConfig) -> None:
         else:
             layer.quant = make_method(qc)
             layer.quant.quantize_loaded(layer)
-    if model.parameters().__next__().is_cuda:
-        torch.cuda.empty_cache()
+    if next(model.parameters()).is_cuda:
+        torch.cuda.empty_cache()  # the float weights just freed go to the KV pool
 
 
 def dequantized_weights(model: nn.Module) -> dict[str, torch.Tensor]:
