@@ -1,6 +1,10 @@
-"""CPU engine vs HF transformers `generate` on the embedded SmolLM2-135M-Instruct, fp32.
+"""CPU engine vs HF transformers `generate` and llama.cpp on the embedded SmolLM2-135M-Instruct.
 
-In one run, on the same token ids and the same weights (the embedded GGUF):
+treadle runs twice: from the GGUF's packed Q4_1/Q8_0 blocks (`packed`, the default) and with
+every weight dequantized to float32 (`fp32`, --gguf-dequantize); HF transformers dequantizes the
+same GGUF to float32; llama.cpp (llama-cpp-python, the `bench` extra) runs the same GGUF file on
+batch_1 only, loaded with use_extra_bufts=False (its weight repacking crashes on the 2-core
+dev box). In one run, on the same token ids and the same weights (the embedded GGUF):
 - batch_1:  one chat prompt, --new-tokens (64) new tokens, greedy, EOS banned on both sides
   (min_new_tokens = max_new_tokens);
 - batch_16: 16 different chat prompts in one call (HF: one left-padded batch, pad = eos);
@@ -13,7 +17,11 @@ Both sides are warmed up first (one short generate); the radix cache is flushed 
 Engine measurement so no workload reuses an earlier one's prompts. Prints one JSON line per
 figure and writes benchmarks/results/engine_cpu.json (machine, versions, command).
 
+batch_1 runs --repeats times per side, interleaved (packed, fp32, llama.cpp, ...): its figures
+are medians, with every run listed (the dev box is shared; load averages are recorded).
+
     nice .venv/bin/python benchmarks/bench_engine_cpu.py [--new-tokens 64] [--mixed 32] [--seed 0]
+        [--engines packed,fp32] [--figures batch_1,batch_16,mixed] [--repeats 3] [--no-llama-cpp]
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ import json
 import os
 import random
 import shlex
+import statistics
 import sys
 import time
 
@@ -124,6 +133,36 @@ def engine_generate(engine, prompts: list[list[int]], new_tokens: list[int]) -> 
     return time.perf_counter() - t0, outs
 
 
+def llama_cpp_model(path: str, threads: int):
+    """llama.cpp on the GGUF file, or None when llama-cpp-python is not installed."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    return Llama(model_path=path, n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                 use_extra_bufts=False, verbose=False, seed=0)
+
+
+def llama_cpp_generate(llm, prompt: list[int], new_tokens: int, eos: int) -> tuple[float, list[int]]:
+    """Greedy (top-1) new_tokens tokens after `prompt`, EOS banned as min_new_tokens bans it.
+    Returns (seconds, ids)."""
+    import numpy as np
+
+    def ban_eos(_ids, logits):
+        logits[eos] = -np.inf
+        return logits
+
+    llm.reset()
+    out: list[int] = []
+    t0 = time.perf_counter()
+    for tok in llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True,
+                            logits_processor=[ban_eos]):
+        out.append(int(tok))
+        if len(out) == new_tokens:
+            break
+    return time.perf_counter() - t0, out
+
+
 def agreement(a: list[int], b: list[int]) -> int:
     """Length of the common prefix of two greedy outputs."""
     n = 0
@@ -144,11 +183,16 @@ def main() -> None:
     ap.add_argument("--min-out", type=int, default=16)
     ap.add_argument("--max-out", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--engines", default="packed,fp32", help="treadle weight paths to run: packed, fp32")
+    ap.add_argument("--figures", default="batch_1,batch_16,mixed")
+    ap.add_argument("--repeats", type=int, default=3, help="batch_1 runs per side (medians reported)")
+    ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
     ap.add_argument("--no-hf-sequential", action="store_true", help="skip HF one prompt at a time on the mixed set")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "engine_cpu.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    figures = set(args.figures.split(","))
 
     from transformers import AutoModelForCausalLM
 
@@ -161,68 +205,106 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    t0 = time.perf_counter()
-    engine = Engine(None, dtype="float32", device="cpu")
-    engine_load = time.perf_counter() - t0
+    loads = {"load_avg_start": os.getloadavg()}
+    engines = {}
+    for name in args.engines.split(","):
+        t0 = time.perf_counter()
+        engines[name] = Engine(None, dtype="float32", device="cpu", gguf_dequantize=(name == "fp32"))
+        loads[f"{name}_load_s"] = round(time.perf_counter() - t0, 2)
     gguf = embedded_model_path()
     t0 = time.perf_counter()
     hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
                                               dtype=torch.float32).eval()
-    hf_load = time.perf_counter() - t0
-    eos = engine.tokenizer.eos_token_id
-    print(json.dumps({"engine_load_s": round(engine_load, 2), "hf_load_s": round(hf_load, 2)}), flush=True)
+    loads["hf_load_s"] = round(time.perf_counter() - t0, 2)
+    llm = None if args.no_llama_cpp else llama_cpp_model(gguf, args.threads)
+    any_engine = next(iter(engines.values()))
+    eos = any_engine.tokenizer.eos_token_id
+    print(json.dumps(loads), flush=True)
 
     # warm-up: one short generate each
-    warm = chat_ids(engine, "Hello!")
-    engine_generate(engine, [warm], [8])
+    warm = chat_ids(any_engine, "Hello!")
+    for engine in engines.values():
+        engine_generate(engine, [warm], [8])
     hf_generate(hf, [warm], 8, eos)
+    if llm is not None:
+        llama_cpp_generate(llm, warm, 8, eos)
 
     def compare(name: str, prompts: list[list[int]], outs: list[int], extra: dict | None = None) -> None:
         useful = sum(outs)
-        t_eng, res = engine_generate(engine, prompts, outs)
-        got = sum(r["meta_info"]["completion_tokens"] for r in res)
-        assert got == useful, f"{name}: engine produced {got} tokens, expected {useful}"
+        row = {"figure": name, "batch": len(prompts), "prompt_tokens": sum(len(p) for p in prompts),
+               "useful_output_tokens": useful, "hf_decoded_tokens": len(prompts) * max(outs)}
+        results = {}
+        for ename, engine in engines.items():
+            t_eng, res = engine_generate(engine, prompts, outs)
+            got = sum(r["meta_info"]["completion_tokens"] for r in res)
+            assert got == useful, f"{name}: engine {ename} produced {got} tokens, expected {useful}"
+            results[ename] = res
+            row[f"{ename}_s"] = round(t_eng, 3)
+            row[f"{ename}_tok_s"] = round(useful / t_eng, 2)
         t_hf, hf_out = hf_generate(hf, prompts, max(outs), eos)
-        # greedy fp32 on both: how far do the outputs agree (tokens of the common prefix)?
-        agree = sum(agreement(r["output_ids"], h[:n]) for r, h, n in zip(res, hf_out, outs))
-        emit({"figure": name, "batch": len(prompts), "prompt_tokens": sum(len(p) for p in prompts),
-              "useful_output_tokens": useful, "hf_decoded_tokens": len(prompts) * max(outs),
-              "engine_s": round(t_eng, 3), "hf_s": round(t_hf, 3),
-              "engine_tok_s": round(useful / t_eng, 2), "hf_tok_s": round(useful / t_hf, 2),
-              "speedup": round(t_hf / t_eng, 2), "greedy_agreement": round(agree / useful, 3), **(extra or {})})
+        row.update(hf_s=round(t_hf, 3), hf_tok_s=round(useful / t_hf, 2))
+        for ename, res in results.items():
+            # greedy on both: how far do the outputs agree (tokens of the common prefix)?
+            agree = sum(agreement(r["output_ids"], h[:n]) for r, h, n in zip(res, hf_out, outs))
+            row[f"{ename}_speedup_vs_hf"] = round(t_hf / row[f"{ename}_s"], 2)
+            row[f"{ename}_greedy_agreement_hf"] = round(agree / useful, 3)
+        emit({**row, **(extra or {})})
 
-    # (a) batch 1
-    compare("batch_1", [chat_ids(engine, QUESTIONS[0])], [args.new_tokens])
-    # (b) batch of different chat prompts
-    bs = min(args.batch, len(QUESTIONS))
-    compare(f"batch_{bs}", [chat_ids(engine, q) for q in QUESTIONS[:bs]], [args.new_tokens] * bs)
-    # (c) mixed lengths
-    prompts, outs = mixed_prompts(engine, args.mixed, args.min_prompt, args.max_prompt, args.min_out, args.max_out,
-                                  args.seed)
-    extra = {"prompt_len_range": [min(map(len, prompts)), max(map(len, prompts))],
-             "output_len_range": [min(outs), max(outs)], "seed": args.seed, "target_speedup": 5.0}
-    if not args.no_hf_sequential:
-        t_seq = hf_generate_each(hf, prompts, outs, eos)
-        extra.update({"hf_sequential_s": round(t_seq, 3), "hf_sequential_tok_s": round(sum(outs) / t_seq, 2)})
-    compare(f"mixed_{args.mixed}", prompts, outs, extra)
-    if "hf_sequential_s" in extra:
-        row = rows[-1]
-        row["speedup_vs_hf_sequential"] = round(extra["hf_sequential_s"] / row["engine_s"], 2)
-        print(json.dumps({"figure": "mixed_vs_hf_sequential", "engine_tok_s": row["engine_tok_s"],
-                          "hf_sequential_tok_s": row["hf_sequential_tok_s"], "hf_padded_batch_tok_s": row["hf_tok_s"],
-                          "speedup_vs_hf_sequential": row["speedup_vs_hf_sequential"],
-                          "speedup_vs_hf_padded_batch": row["speedup"]}), flush=True)
+    if "batch_1" in figures:
+        prompt = chat_ids(any_engine, QUESTIONS[0])
+        n = args.new_tokens
+        runs: dict[str, list[float]] = {k: [] for k in [*engines, *(["llama_cpp"] if llm is not None else [])]}
+        outs: dict[str, list[int]] = {}
+        for _ in range(args.repeats):  # interleaved, so a burst of load hits every side alike
+            for ename, engine in engines.items():
+                t, res = engine_generate(engine, [prompt], [n])
+                runs[ename].append(t)
+                outs[ename] = res[0]["output_ids"]
+            if llm is not None:
+                t, outs["llama_cpp"] = llama_cpp_generate(llm, prompt, n, eos)
+                runs["llama_cpp"].append(t)
+        t_hf, hf_out = hf_generate(hf, [prompt], n, eos)
+        row = {"figure": "batch_1", "batch": 1, "prompt_tokens": len(prompt), "useful_output_tokens": n,
+               "repeats": args.repeats, "load_avg": os.getloadavg(), "hf_s": round(t_hf, 3),
+               "hf_tok_s": round(n / t_hf, 2)}
+        for k, ts in runs.items():
+            med = statistics.median(ts)
+            row[f"{k}_s"] = round(med, 3)
+            row[f"{k}_tok_s"] = round(n / med, 2)
+            row[f"{k}_runs_tok_s"] = [round(n / t, 2) for t in ts]
+            row[f"{k}_greedy_agreement_hf"] = round(agreement(outs[k], hf_out[0]) / n, 3)
+        if "llama_cpp" in runs:
+            for k in engines:
+                row[f"{k}_vs_llama_cpp"] = round(row[f"{k}_tok_s"] / row["llama_cpp_tok_s"], 3)
+        emit(row)
+    if "batch_16" in figures:
+        bs = min(args.batch, len(QUESTIONS))
+        compare(f"batch_{bs}", [chat_ids(any_engine, q) for q in QUESTIONS[:bs]], [args.new_tokens] * bs)
+    if "mixed" in figures:
+        prompts, outs = mixed_prompts(any_engine, args.mixed, args.min_prompt, args.max_prompt, args.min_out,
+                                      args.max_out, args.seed)
+        extra = {"prompt_len_range": [min(map(len, prompts)), max(map(len, prompts))],
+                 "output_len_range": [min(outs), max(outs)], "seed": args.seed}
+        if not args.no_hf_sequential:
+            t_seq = hf_generate_each(hf, prompts, outs, eos)
+            extra.update({"hf_sequential_s": round(t_seq, 3), "hf_sequential_tok_s": round(sum(outs) / t_seq, 2)})
+        compare(f"mixed_{args.mixed}", prompts, outs, extra)
 
-    info = engine.get_server_info()
-    engine.shutdown()
-    result = {"benchmark": "engine_cpu", "model": "SmolLM2-135M-Instruct (embedded GGUF), fp32",
-              "machine": machine_info(),
+    steps = {k: e.get_server_info().get("forward_steps") for k, e in engines.items()}
+    for engine in engines.values():
+        engine.shutdown()
+    result = {"benchmark": "engine_cpu",
+              "model": "SmolLM2-135M-Instruct (embedded GGUF: Q4_1 layers, Q8_0 embeddings); treadle packed "
+                       "(default) and fp32 (--gguf-dequantize), HF fp32, llama.cpp on the same file",
+              "machine": {**machine_info(("torch", "transformers", "llama-cpp-python")),
+                          "load_avg_end": os.getloadavg()},
               "command": "nice " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, ROOT)] + sys.argv),
-              "notes": "Engine and HF get the same token ids; greedy; exactly the requested new tokens (EOS banned "
-                       "on both sides by min_new_tokens). tok/s = useful output tokens / wall time. HF pads "
-                       "each batch on the left (pad = eos) and decodes the batch's max output length for every row.",
-              "engine_forward_steps": info.get("forward_steps"),
-              "results": rows}
+              "notes": "Every side gets the same token ids; greedy; exactly the requested new tokens (EOS banned "
+                       "on every side: min_new_tokens, a logits processor for llama.cpp). tok/s = useful output "
+                       "tokens / wall time, prefill included. HF pads each batch on the left (pad = eos) and "
+                       "decodes the batch's max output length for every row. greedy_agreement_hf = common-prefix "
+                       "tokens with HF's greedy output / tokens.",
+              "loads": loads, "engine_forward_steps": steps, "results": rows}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
