@@ -16,7 +16,7 @@ from treadle.runtime import gguf_packed
 from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.forward_batch import ForwardBatch, ForwardMode
 from treadle.runtime.model_runner import ModelRunner
-from treadle.runtime.tokenizer import apply_chat_template, encode_prompt, load_tokenizer
+from treadle.runtime.tokenizer import encode_prompt, load_tokenizer
 
 T = gguf.GGMLQuantizationType
 
@@ -69,53 +69,94 @@ def test_packed_embedding_rows_and_head(lib):
     torch.testing.assert_close(emb.compute_logits(h), (h @ dense.T)[:, :48], atol=2e-5, rtol=1e-5)
 
 
-def _logits(runner: ModelRunner, ids: list[int], chunk: int) -> torch.Tensor:
-    """float32 logits [len(ids), vocab] of every position, computed `chunk` tokens a forward on top
-    of the KV of the earlier ones (chunk <= 8: the packed kernels, as in decode steps)."""
-    row = runner.req_to_token_pool.alloc()
-    slots = runner.allocator.alloc(len(ids))
-    runner.req_to_token_pool.req_to_token[row, : len(ids)] = slots.to(torch.int32)
-    out = []
+def _logits(runner: ModelRunner, seqs: list[list[int]], prefill: bool = False) -> list[torch.Tensor]:
+    """float32 logits [len(ids), vocab] of every position of each sequence: one prefill of all
+    of them, or decode steps of all of them together (at most 8 rows a step: the packed
+    kernels' path; each row's sums do not depend on the rows beside it)."""
+    assert len(seqs) <= 8
+    if prefill:
+        return _prefill_logits(runner, seqs)
+    rows = [runner.req_to_token_pool.alloc() for _ in seqs]
+    slots = [runner.allocator.alloc(len(ids)) for ids in seqs]
+    for r, sl in zip(rows, slots):
+        runner.req_to_token_pool.req_to_token[r, : len(sl)] = sl.to(torch.int32)
+    out: list[list[torch.Tensor]] = [[] for _ in seqs]
     try:
-        for s in range(0, len(ids), chunk):
-            e = min(len(ids), s + chunk)
-            fb = ForwardBatch.build(ForwardMode.EXTEND, ids[s:e], list(range(s, e)), slots[s:e], [row], [s],
-                                    [e - s], list(range(e - s)), runner.device)
-            out.append(runner.forward(fb))
+        for j in range(max(map(len, seqs))):
+            live = [i for i, ids in enumerate(seqs) if j < len(ids)]
+            fb = ForwardBatch.build(ForwardMode.DECODE, [seqs[i][j] for i in live], [j] * len(live),
+                                    torch.stack([slots[i][j] for i in live]), [rows[i] for i in live],
+                                    [j] * len(live), [1] * len(live), list(range(len(live))), runner.device)
+            for i, lg in zip(live, runner.forward(fb)):
+                out[i].append(lg)
+    finally:
+        for r, sl in zip(rows, slots):
+            runner.allocator.free(sl)
+            runner.req_to_token_pool.free(r)
+    return [torch.stack(o) for o in out]
+
+
+def _prefill_logits(runner: ModelRunner, seqs: list[list[int]]) -> list[torch.Tensor]:
+    rows = [runner.req_to_token_pool.alloc() for _ in seqs]
+    slots = runner.allocator.alloc(sum(map(len, seqs)))
+    try:
+        at = 0
+        for r, ids in zip(rows, seqs):
+            runner.req_to_token_pool.req_to_token[r, : len(ids)] = slots[at:at + len(ids)].to(torch.int32)
+            at += len(ids)
+        flat = [t for ids in seqs for t in ids]
+        fb = ForwardBatch.build(ForwardMode.EXTEND, flat, [j for ids in seqs for j in range(len(ids))], slots, rows,
+                                [0] * len(seqs), [len(ids) for ids in seqs], list(range(len(flat))), runner.device)
+        return list(runner.forward(fb).split([len(ids) for ids in seqs]))
     finally:
         runner.allocator.free(slots)
-        runner.req_to_token_pool.free(row)
-    return torch.cat(out)
+        for r in rows:
+            runner.req_to_token_pool.free(r)
 
 
 PROMPTS = [  # held out: none of them is used by another test or a benchmark
-    "Name three rivers in Africa.", "What does a carpenter do?", "Write one sentence about autumn.",
-    "How do vaccines work?", "Give me a synonym for happy.", "What is 12 times 7?",
-    "Describe the colour of the ocean at night.", "Why do cats purr?", "Suggest a title for a mystery novel.",
-    "What is the boiling point of water?", "Explain what a noun is.", "List two uses of copper.",
-    "Who wrote Hamlet?", "How far is the Moon from Earth?", "What is a haiku?", "Tell me a fun fact about owls.",
-    "How should I store fresh bread?", "What is the opposite of ancient?", "Why do leaves change colour?",
-    "Recommend a board game for four players.",
+    "Name three rivers in Africa and say which of them is the longest, with its length.",
+    "What does a carpenter do on a normal working day, and which tools does she use most?",
+    "Write one sentence about autumn leaves falling on a quiet street after the rain.",
+    "How do vaccines teach the immune system to recognise a virus it has never met?",
+    "Give me a synonym for happy that I could use in a formal letter to my bank.",
+    "What is 12 times 7, and how would you explain the answer to a child of eight?",
+    "Describe the colour of the ocean at night when the moon is full and the sky is clear.",
+    "Why do cats purr when they are content, and do they also purr when they are hurt?",
+    "Suggest a title for a mystery novel set in a lighthouse on a remote Scottish island.",
+    "What is the boiling point of water at the top of a high mountain, and why is it lower?",
+    "Explain what a noun is, and give three examples from a sentence about a farm.",
+    "List two uses of copper in houses and one use of copper in the electronics industry.",
+    "Who wrote Hamlet, and in which years was the play most likely written and first staged?",
+    "How far is the Moon from Earth on average, and how long does its light take to reach us?",
+    "What is a haiku, and how many syllables does each of its three lines usually have?",
+    "Tell me a fun fact about owls that most people who watch birds do not know yet.",
+    "How should I store fresh bread at home so that it stays soft for three or four days?",
+    "What is the opposite of ancient, and can you use both words in one short sentence?",
+    "Why do the leaves of maple trees turn red in autumn while birch leaves turn yellow?",
+    "Recommend a board game for four players who have one hour and like trading resources.",
 ]
 
 
 def test_embedded_packed_agrees_with_fp32_path():
-    base = dict(model_path=None, device="cpu", dtype="float32", max_total_tokens=1024, max_running_requests=4)
+    base = dict(model_path=None, device="cpu", dtype="float32", max_total_tokens=1024, max_running_requests=8)
     packed = ModelRunner(EngineArgs(**base))
     assert isinstance(packed.model.layers[0].mlp.down_proj, gguf_packed.PackedLinear)
     assert isinstance(packed.model.lm_head, gguf_packed.PackedEmbedding)
     dense = ModelRunner(EngineArgs(**base, gguf_dequantize=True))
     assert not isinstance(dense.model.layers[0].mlp.down_proj, gguf_packed.PackedLinear)
     tok = load_tokenizer(packed.source)
+    # the prompts as plain text: a chat template's shared system turn would repeat ~30 positions
+    seqs = [encode_prompt(tok, q) for q in PROMPTS]
     same = total = 0
     kl = []
-    for q in PROMPTS:
-        ids = encode_prompt(tok, apply_chat_template(tok, [{"role": "user", "content": q}]))
-        ref = torch.log_softmax(_logits(dense, ids, chunk=len(ids)), -1)
-        got = torch.log_softmax(_logits(packed, ids, chunk=8), -1)
-        same += int((ref.argmax(-1) == got.argmax(-1)).sum())
-        total += len(ids)
-        kl.append((ref.exp() * (ref - got)).sum(-1))
+    for g in range(0, len(seqs), 8):
+        group = seqs[g:g + 8]
+        for ref, got in zip(_logits(dense, group, prefill=True), _logits(packed, group)):
+            ref, got = torch.log_softmax(ref.double(), -1), torch.log_softmax(got.double(), -1)
+            same += int((ref.argmax(-1) == got.argmax(-1)).sum())
+            total += ref.shape[0]
+            kl.append((ref.exp() * (ref - got)).sum(-1))
     kl_mean = float(torch.cat(kl).mean())
     print(f"packed vs fp32: top-1 agreement {same}/{total} = {same / total:.4f}, mean KL {kl_mean:.3e} nats")
     assert same / total >= 0.95
@@ -134,8 +175,7 @@ def test_no_compiler_falls_back_to_float32(tmp_path, monkeypatch):
     layer = runner.model.layers[0]
     assert not isinstance(layer.mlp.down_proj, gguf_packed.PackedLinear)  # dense fp32 modules
     tok = load_tokenizer(runner.source)
-    ids = encode_prompt(tok, "The capital of France is")
-    logits = _logits(runner, ids, chunk=len(ids))
+    logits = _logits(runner, [encode_prompt(tok, "The capital of France is")], prefill=True)[0]
     assert tok.decode([int(logits[-1].argmax())]).strip() == "Paris"
 
 
