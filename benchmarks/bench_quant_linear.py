@@ -1,0 +1,137 @@
+"""How fast do the quantized linears stream their weights? FP8 (kernels/fp8_linear.py) and
+4-bit (kernels/int4_linear.py) against bf16 (ops.linear: cuBLAS, or the Triton GEMV at one
+row), one llama3-8b layer's four projections, `--layers` distinct weights of each so nothing
+is served from L2, at several row counts, each call replayed from a CUDA graph.
+
+For each (format, M): microseconds for the four projections of one layer, the GB/s of the
+weight bytes that format reads (packed weights, scales and zeros) and the % of the copy
+bandwidth measured in the same run; the speed-up over bf16 at the same M. At M = 1 the
+roofline is bytes / copy bandwidth: FP8 reads half of bf16's bytes, 4-bit about a quarter.
+
+    python benchmarks/bench_quant_linear.py [--m 1,4,16,128,8192] [--out results/quant_linear_cuda.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import copy_bandwidth, machine_info  # noqa: E402
+
+# llama3-8b: hidden 4096, 32 q heads / 8 kv heads of 128, intermediate 14336
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+def timed(fn, reps: int) -> float:
+    """Median seconds of one CUDA-graph replay of ``fn`` (CUDA events)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) / 1e3)
+    out.sort()
+    return out[len(out) // 2]
+
+
+def make_weights(fmt: str, layers: int, dev: torch.device) -> list[dict]:
+    """`layers` copies of the four projections in `fmt`, each a dict with the call's tensors."""
+    from treadle.kernels.fp8_linear import quantize_weight_ref
+    from treadle.kernels.int4_linear import pack_cols, pack_rows
+
+    g = torch.Generator(device=dev).manual_seed(0)
+    out = []
+    for _ in range(layers):
+        layer = {}
+        for name, (n, k) in SHAPES.items():
+            w = torch.randn(n, k, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
+            if fmt == "bf16":
+                layer[name] = {"w": w}
+            elif fmt == "fp8":
+                wq, s = quantize_weight_ref(w)
+                layer[name] = {"w": wq, "s": s}
+            else:
+                q = torch.randint(0, 16, (k, n), device=dev, generator=g, dtype=torch.int32)
+                z = torch.randint(0, 16, (k // 128, n), device=dev, generator=g, dtype=torch.int32)
+                layer[name] = {"q": pack_rows(q), "z": pack_cols(z),
+                               "s": (torch.rand(k // 128, n, device=dev, generator=g) * 0.01).half()}
+            del w
+        out.append(layer)
+    return out
+
+
+def run(fmt: str, weights: list[dict], x: dict, m: int):
+    from treadle.kernels.fp8_linear import fp8_linear
+    from treadle.kernels.int4_linear import int4_linear
+    from treadle.runtime.models import ops
+
+    def step() -> None:
+        for layer in weights:
+            for name, t in layer.items():
+                xi = x[name][:m]
+                if fmt == "bf16":
+                    ops.linear(xi, t["w"])
+                elif fmt == "fp8":
+                    fp8_linear(xi, t["w"], t["s"])
+                else:
+                    int4_linear(xi, t["q"], t["s"], t["z"], 128)
+
+    return step
+
+
+def nbytes(layer: dict) -> int:
+    return sum(t.nbytes for proj in layer.values() for t in proj.values())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--m", default="1,4,16,128,8192")
+    p.add_argument("--layers", type=int, default=8, help="distinct weights per projection (> L2)")
+    p.add_argument("--formats", default="bf16,fp8,int4")
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("needs CUDA (the kernels' CPU checks are tests/test_quantization_kernels.py)")
+    dev = torch.device("cuda")
+    ms = [int(v) for v in args.m.split(",")]
+    bw = copy_bandwidth(dev, 2048)
+    recs = [{"figure": "meta", **machine_info(("torch", "triton")), "device": torch.cuda.get_device_name(dev),
+             "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "copy_gb_s": round(bw / 1e9, 1)}]
+    print(json.dumps(recs[0]), flush=True)
+    x = {name: torch.randn(max(ms), k, device=dev, dtype=torch.bfloat16) for name, (n, k) in SHAPES.items()}
+    base: dict[int, float] = {}
+    for fmt in args.formats.split(","):
+        weights = make_weights(fmt, args.layers, dev)
+        b = nbytes(weights[0])
+        for m in ms:
+            t = timed(run(fmt, weights, x, m), args.reps) / args.layers  # one layer's four projections
+            if fmt == "bf16":
+                base[m] = t
+            rec = {"figure": "layer", "format": fmt, "m": m, "us": round(t * 1e6, 1), "weight_mb": round(b / 1e6, 1),
+                   "gb_s": round(b / t / 1e9, 1), "pct_of_copy_bw": round(100 * b / t / bw, 1),
+                   "speedup_over_bf16": round(base[m] / t, 2) if m in base else None}
+            recs.append(rec)
+            print(json.dumps(rec), flush=True)
+        del weights
+        torch.cuda.empty_cache()
+    out = args.out or str(Path(__file__).resolve().parent / "results" / "quant_linear_cuda.json")
+    with open(out, "w") as f:
+        json.dump(recs, f, indent=1)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
