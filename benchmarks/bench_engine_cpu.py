@@ -134,13 +134,27 @@ def engine_generate(engine, prompts: list[list[int]], new_tokens: list[int]) -> 
 
 
 def llama_cpp_model(path: str, threads: int):
-    """llama.cpp on the GGUF file, or None when llama-cpp-python is not installed."""
+    """llama.cpp on the GGUF file, or None when llama-cpp-python is not installed. Weight
+    repacking off (llama_model_params.use_extra_bufts, which 0.3.x's Llama() does not expose:
+    set through the default-params function it calls)."""
     try:
+        import llama_cpp.llama_cpp as low
         from llama_cpp import Llama
     except ImportError:
         return None
-    return Llama(model_path=path, n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                 use_extra_bufts=False, verbose=False, seed=0)
+    defaults = low.llama_model_default_params
+
+    def no_repack():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    low.llama_model_default_params = no_repack
+    try:
+        return Llama(model_path=path, n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                     verbose=False, seed=0)
+    finally:
+        low.llama_model_default_params = defaults
 
 
 def llama_cpp_generate(llm, prompt: list[int], new_tokens: int, eos: int) -> tuple[float, list[int]]:
@@ -298,7 +312,9 @@ def main() -> None:
                        "(default) and fp32 (--gguf-dequantize), HF fp32, llama.cpp on the same file",
               "machine": {**machine_info(("torch", "transformers", "llama-cpp-python")),
                           "load_avg_end": os.getloadavg()},
-              "command": "nice " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, ROOT)] + sys.argv),
+              "command": ("nice " if os.nice(0) > 0 else "") + " ".join(
+                  shlex.quote(a) for a in [os.path.relpath(sys.executable, ROOT)] + sys.argv),
+              "niceness": os.nice(0),
               "notes": "Every side gets the same token ids; greedy; exactly the requested new tokens (EOS banned "
                        "on every side: min_new_tokens, a logits processor for llama.cpp). tok/s = useful output "
                        "tokens / wall time, prefill included. HF pads each batch on the left (pad = eos) and "
