@@ -131,11 +131,26 @@ def _edge_classes(fsm: Any):
             others = sorted(named - chars)
             if not others:
                 raise ValueError("a key set over every character: not written as a class")
-            return "[^" + "".join(class_literal(c) for c in others) + "]"
-        ordered = sorted(chars)
-        return "[" + "".join(class_literal(c) for c in ordered) + "]"
+            return "[^" + _ranges(others) + "]"
+        return "[" + _ranges(sorted(chars)) + "]"
 
     return render
+
+
+def _ranges(ordered: list[str]) -> str:
+    """Sorted characters as a class body, runs of 4 or more consecutive code points as
+    ranges (a class over most of the BMP stays short)."""
+    out, i = [], 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ord(ordered[j + 1]) == ord(ordered[j]) + 1:
+            j += 1
+        if j - i >= 3:
+            out.append(class_literal(ordered[i]) + "-" + class_literal(ordered[j]))
+        else:
+            out.extend(class_literal(c) for c in ordered[i:j + 1])
+        i = j + 1
+    return "".join(out)
 
 
 def _alt(a: str | None, b: str) -> str:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import time
 import re
 from fractions import Fraction
 from typing import Any, Literal
@@ -62,6 +63,7 @@ from treadle.constrained.json_schema_parts import (
     object_regex,
     schema_types,
 )
+from treadle.constrained.regex_ecma import pattern_subset_body
 from treadle.constrained.regex_text import choices_to_regex, escape_literal, validate_regex
 
 __all__ = [
@@ -933,7 +935,7 @@ class _Converter:
             return '"' + text.FORMATS[fmt] + '"'
         if "pattern" in schema:
             try:
-                return '"' + text.pattern_to_body(schema["pattern"]) + '"'
+                return '"' + pattern_subset_body(schema["pattern"]) + '"'
             except ValueError as exc:
                 raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
         try:
@@ -950,27 +952,16 @@ class _Converter:
             raise UnsupportedSchemaError(f"json_schema: keyword 'minLength' at {path}: {lo} exceeds the supported "
                                          f"{text.MAX_REPEAT}")
         try:
-            body = text.pattern_to_body(pattern)
+            body = pattern_subset_body(pattern)
         except ValueError as exc:
             raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
         pattern_fsm = interegular.parse_pattern(body).to_fsm()
         shortest, longest = length_range(pattern_fsm)
-        if lo <= shortest and (hi is not None and longest is not None and longest <= hi):
+        if lo <= shortest and (hi is None or longest is not None and longest <= hi):
             return body  # the pattern's strings all have an allowed length
-        anchored = not body.startswith(text.SAFE_RAW_CHAR + "*") and not body.endswith(text.SAFE_RAW_CHAR + "*")
-        if hi is not None and lo <= shortest and anchored:
-            # only the upper bound cuts: bound the pattern's repetitions, as far as its longest
-            # string still fits (an unanchored pattern's padding makes that automaton explode)
-            best = None
-            for most in (1, 2, 4, 8, 16, 32, 64):
-                bounded = text.bounded_repetitions(body, most)
-                b_fsm = interegular.parse_pattern(bounded).to_fsm()
-                b_long = length_range(b_fsm)[1]
-                if b_long is None or b_long > hi or len(b_fsm.states) > _LENGTH_STATES:
-                    break
-                best = bounded
-            if best is not None:
-                return best
+        reshaped = _reshaped_to_lengths(body, lo, hi)
+        if reshaped is not None:
+            return reshaped
         top = text.MAX_REPEAT if hi is None else min(hi, text.MAX_REPEAT)
         error: Exception | None = None
         # a long range counts every length in the automaton (states x lengths, each product
@@ -1003,7 +994,7 @@ class _Converter:
         if fmt not in text.FORMATS:
             raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path}: format {fmt!r} is not supported")
         try:
-            body = text.pattern_to_body(schema["pattern"])
+            body = pattern_subset_body(schema["pattern"])
         except ValueError as exc:
             raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
         fsm = interegular.parse_pattern(text.FORMATS[fmt]).to_fsm() & interegular.parse_pattern(body).to_fsm()
@@ -1057,7 +1048,57 @@ _SUPPORTED = {
 }
 
 
+def _reshaped_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
+    """A subset of the pattern body ``body`` whose strings all have ``lo..hi`` characters,
+    found by reshaping its repetitions (``text.reshaped_repetitions``), or None.
+
+    An unanchored pattern is first anchored at both ends (its padding dropped): a string the
+    pattern's core matches whole contains a match, so that is a subset too, and one whose
+    lengths the repetitions decide. Then the least number of repetitions is raised until
+    the shortest string has ``lo`` characters, and the most lowered (the largest of
+    1, 2, 4 ... 64 that fits) until the longest has at most ``hi``. Cheaper than the product
+    with the lengths' automaton, whose regex is often too long to write (CloudFormation's
+    ``[\\w+=,.@-]+`` under maxLength 128)."""
+    pad = text.SAFE_RAW_CHAR + "*"
+    core = body.removeprefix(pad).removesuffix(pad)
+    # (the padded body is not reshaped: its padding and core overlap, and bounded copies of
+    # both make an automaton of thousands of states)
+    deadline = time.perf_counter() + _RESHAPE_SECONDS
+    for cand in [core] if core else []:
+        fsm = interegular.parse_pattern(cand).to_fsm()
+        shortest, longest = length_range(fsm) or (0, 0)
+        least = 0
+        for least in (0, 1, 2, 4, 8, 16, 32, 64, 128, 256):
+            if shortest >= lo:
+                break
+            raised = interegular.parse_pattern(text.reshaped_repetitions(cand, least, None)).to_fsm()
+            if len(raised.states) > _LENGTH_STATES:
+                break
+            shortest, longest = length_range(raised) or (0, 0)
+        if shortest < lo:
+            continue
+        if hi is None or longest is not None and longest <= hi:
+            return text.reshaped_repetitions(cand, least, None) if least else cand
+        best = None
+        for most in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            if most < least:
+                continue
+            bounded = text.reshaped_repetitions(cand, least, most)
+            b_fsm = interegular.parse_pattern(bounded).to_fsm()
+            b_range = length_range(b_fsm)
+            if b_range is None or b_range[1] is None or b_range[1] > hi or len(b_fsm.states) > _LENGTH_STATES:
+                break
+            if b_range[0] >= lo:
+                best = bounded
+            if time.perf_counter() > deadline:  # overlapping repetitions: each step costs more
+                break
+        if best is not None:
+            return best
+    return None
+
+
 _LENGTH_STATES = 400  # a pattern's automaton under a length range: beyond this, fewer lengths
+_RESHAPE_SECONDS = 1.0  # the repetitions' bounds tried after this long: no larger ones
 _LENGTH_PRODUCT = 3000  # ... and a product of its states and lengths past this is not built
 _FORMAT_INTERSECT_STATES = 100  # date, time, date-time, duration, ipv4, ipv6, uuid
 

@@ -194,13 +194,15 @@ def _shorthand_body(letter: str, ecma: bool) -> str:
     return " " if ecma and letter == "s" else _SHORTHAND[letter]
 
 
-def _scan(pattern: str, *, ecma: bool) -> str:
+def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
     """Check ``pattern`` against the dialect and return it (translated when ``ecma``).
 
     ``\\d \\w \\s`` (and capitals) become their ASCII classes and escaped punctuation its
     literal. With ``ecma`` (JSON Schema ``pattern``), ``.``, ``\\s`` and negated classes are
     narrowed to characters that need no JSON escaping, and the anchors are expected to
-    have been stripped by the caller.
+    have been stripped by the caller. With ``subset`` (a string value's pattern, where only
+    a subset of the matches is needed), ``\\S \\D \\W`` and negated classes holding shorthands
+    are narrowed to characters that Python's Unicode-wide reading also matches.
     """
     out: list[str] = []
     i, n = 0, len(pattern)
@@ -228,8 +230,10 @@ def _scan(pattern: str, *, ecma: bool) -> str:
                 i += size
             elif nxt.lower() in _SHORTHAND:
                 body = _shorthand_body(nxt.lower(), ecma)
-                if nxt.isupper():
-                    out.append("[^" + body + (_JSON_UNSAFE_CLASS_BODY if ecma else "") + "]")
+                if nxt.isupper() and ecma and subset:
+                    out.append(_ecma_negated_shorthand(nxt.lower()))
+                elif nxt.isupper():
+                    out.append("[^" + body + "]")
                 else:
                     out.append("[" + body + "]")
                 i += 2
@@ -246,6 +250,7 @@ def _scan(pattern: str, *, ecma: bool) -> str:
                 j += 1
             body_parts: list[str] = []
             negated_shorthands: list[str] = []
+            shorthands: set[str] = set()  # \\d \\w \\s in the class
             if j < n and pattern[j] == "]":
                 if ecma:  # ECMA reads '[]' as an empty class, Python/Rust as a literal ']'
                     raise RegexDialectError(f"regex: ']' first in a class at offset {j} is ambiguous; escape it")
@@ -255,6 +260,7 @@ def _scan(pattern: str, *, ecma: bool) -> str:
                 if pattern[j] == "\\":
                     e = pattern[j + 1 : j + 2]
                     if e in _SHORTHAND:
+                        shorthands.add(e)
                         body_parts.append(_shorthand_body(e, ecma))
                     elif e.lower() in _SHORTHAND and e.isupper():  # \S \D \W: resolved below
                         negated_shorthands.append(e.lower())
@@ -283,7 +289,15 @@ def _scan(pattern: str, *, ecma: bool) -> str:
             if j >= n:
                 raise RegexDialectError(f"regex: unterminated character class at offset {i}")
             body = "".join(body_parts)
-            if negated_shorthands:
+            both = bool(shorthands & set(negated_shorthands))
+            if ecma and subset and both and not negated:  # [\\s\\S]: any character JSON writes raw
+                out.append(SAFE_RAW_CHAR)
+            elif ecma and subset and (negated_shorthands or negated and shorthands):
+                # the shorthands' Unicode-wide meanings (Python's \\d holds every decimal digit, its
+                # \\w every letter) cannot be listed: the class is written over printable ASCII, as
+                # Python's re reads it there (where ECMA agrees), a subset of what it matches
+                out.append(_ascii_class(pattern[i:j + 1], i))
+            elif negated_shorthands:
                 out.append(_class_with_negated_shorthands(body, negated, negated_shorthands, ecma, i))
             else:
                 if ecma and negated:
@@ -336,6 +350,32 @@ def _scan(pattern: str, *, ecma: bool) -> str:
             i += 1
         prev_quant = quant
     return "".join(out)
+
+
+# every character Python's str \\s or ECMA's \\s matches (str.isspace, and U+FEFF)
+_WIDE_SPACES = "".join(chr(c) for c in range(0x10000) if chr(c).isspace()) + "\ufeff"
+
+
+def _ecma_negated_shorthand(letter: str) -> str:
+    """``\\S``, ``\\D`` or ``\\W`` in a JSON pattern, as a subset of what both Python's
+    ``re`` (Unicode-wide shorthands) and ECMA match, of raw JSON string characters: ``\\S``
+    every such character but the Unicode spaces, the others printable ASCII only."""
+    if letter == "s":
+        return "[^" + "".join(class_literal(c) for c in _WIDE_SPACES) + _JSON_UNSAFE_CLASS_BODY + "]"
+    return _ascii_class("\\" + letter.upper(), 0)
+
+
+def _ascii_class(cls: str, offset: int) -> str:
+    """The printable ASCII characters JSON writes raw that Python's ``re`` matches with the
+    class (or shorthand) ``cls``, listed: a subset of its characters."""
+    try:
+        rx = re.compile(cls)
+    except re.error as exc:
+        raise RegexDialectError(f"pattern: the class at offset {offset}: {exc}") from exc
+    chars = [chr(c) for c in range(0x20, 0x7F) if chr(c) not in '"\\' and rx.fullmatch(chr(c))]
+    if not chars:
+        raise RegexDialectError(f"regex: the class at offset {offset} matches no printable ASCII character")
+    return "[" + "".join(class_literal(c) for c in chars) + "]"
 
 
 def _class_with_negated_shorthands(body: str, negated: bool, letters: list[str], ecma: bool, offset: int) -> str:
@@ -423,7 +463,7 @@ def validate_regex(pattern: str) -> str:
     return out
 
 
-def pattern_to_body(pattern: str) -> str:
+def pattern_to_body(pattern: str, subset: bool = False) -> str:
     """Translate a JSON Schema (ECMA-262, unanchored search) ``pattern`` to a string body.
 
     The result matches the characters between the quotes of a JSON string, every one of
@@ -437,7 +477,7 @@ def pattern_to_body(pattern: str) -> str:
     if not core:
         translated = ""
     else:
-        translated = _scan(core, ecma=True)
+        translated = _scan(core, ecma=True, subset=subset)
         try:
             re.compile(translated)
         except re.error as exc:  # e.g. a class range out of order ("[_-.]"): the schema's, a 400
@@ -480,7 +520,7 @@ def pattern_with_length(pattern: str, min_length: int, max_length: int | None) -
                          "never meet")
     if lo > MAX_REPEAT:
         raise ValueError(f"minLength {lo} exceeds the supported {MAX_REPEAT}")
-    one = pattern_to_body("^" + atom + "$")  # checked and made JSON-safe as any pattern
+    one = pattern_to_body("^" + atom + "$", subset=True)  # checked and made JSON-safe as any pattern
     if hi is None:
         return f"{one}{{{lo},}}"
     hi = min(hi, MAX_REPEAT)  # clamping the upper bound only removes outputs: still sound
@@ -491,7 +531,30 @@ def bounded_repetitions(body: str, most: int) -> str:
     """``body`` (a translated regex) with every unbounded repetition bounded: ``*`` is
     ``{0,most}``, ``+`` is ``{1,most}``, ``{n,}`` is ``{n,n+most}``. Its strings are some of
     ``body``'s (a subset: sound wherever ``body`` is), now of bounded length."""
+    return reshaped_repetitions(body, 0, most, cap_counted=False)
+
+
+def reshaped_repetitions(body: str, least: int, most: int | None, cap_counted: bool = True,
+                         loops: bool = True) -> str:
+    """``body`` (a translated regex) with every repetition's range narrowed toward
+    ``least..most`` repetitions: ``*`` is ``{least,most}``, ``+`` ``{max(1,least),most}``,
+    ``?`` is required once ``least`` is 1 or more, ``{m,}`` is ``{a,a+most}`` with ``a =
+    max(m, least)``, and (``cap_counted``) ``{m,n}`` is ``{a,min(n, max(a, most))}`` with
+    ``a = max(m, min(least, n))``; ``most`` None leaves upper bounds as they are. Without
+    ``loops``, only counted ``{m,n}`` change (``*``, ``+``, ``?``, ``{m,}`` stay).
+
+    Each new range lies inside the old one, and concatenation, alternation and repetition
+    are monotone, so the result's strings are some of ``body``'s (sound wherever ``body``
+    is). Raising ``least`` lengthens the shortest strings (for a minLength), lowering
+    ``most`` shortens the longest (for a maxLength)."""
+    assert most is None or most >= least
     out, i = [], 0
+
+    def counted(lo: int, top: int | None) -> str:
+        if top is None:
+            return "*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}"
+        return f"{{{lo}}}" if top == lo else f"{{{lo},{top}}}"
+
     while i < len(body):
         c = body[i]
         if c == "\\":
@@ -509,12 +572,35 @@ def bounded_repetitions(body: str, most: int) -> str:
             out.append(body[i:j + 1])
             i = j + 1
             continue
-        if c == "*":
-            out.append(f"{{0,{most}}}")
+        if c == "(" and body.startswith("(?:", i):  # a group's '?' is no quantifier
+            out.append("(?:")
+            i += 3
+            continue
+        if c in "*+?" and not loops:
+            out.append(c)
+        elif c == "{" and not loops and re.match(r"\{\d+,\}", body[i:]):
+            out.append(c)
+        elif c == "*":
+            out.append(counted(least, most))
         elif c == "+":
-            out.append(f"{{1,{most}}}")
-        elif c == "{" and (m := re.match(r"\{(\d+),\}", body[i:])):
-            out.append(f"{{{m.group(1)},{int(m.group(1)) + most}}}")
+            lo = max(1, least)
+            out.append(counted(lo, None if most is None else max(most, lo)))
+        elif c == "?":
+            out.append("" if least >= 1 else "?")
+        elif c == "{" and (m := re.match(r"\{(\d+)(,(\d*))?\}", body[i:])):
+            lo, comma, hi = int(m.group(1)), m.group(2), m.group(3)
+            if not comma:  # {m}: exactly m
+                out.append(m.group(0))
+            elif not hi:  # {m,}
+                a = max(lo, least)
+                out.append(counted(a, None if most is None else a + most))
+            elif cap_counted:
+                n = int(hi)
+                a = max(lo, min(least, n))
+                top = n if most is None else min(n, max(a, most))
+                out.append(f"{{{a}}}" if top == a else f"{{{a},{top}}}")
+            else:
+                out.append(m.group(0))
             i += m.end()
             continue
         else:

@@ -1,0 +1,391 @@
+"""JSON Schema ``pattern``s that ``regex_text.pattern_to_body`` cannot write, written as a
+subset of what they match (sound: every output matches the pattern) or exactly.
+
+``pattern_subset_body(pattern)`` tries ``pattern_to_body`` first; when that refuses, it
+reads the pattern again with these rules, each argued where it is applied:
+
+- leading inline flags ``(?s)``, ``(?i)``, ``(?m)`` (Python's, as CloudFormation writes
+  them) are dropped: case-sensitive ``.``-without-newline matching is a subset, and a body
+  never holds a newline, so multiline anchors mean what plain ones do (narrowing);
+- anchors per branch: ``^a|b$`` is "starts with a, or ends with b"; a branch that is one
+  group, ``(^x$)`` or ``^(a|b)$``, is unwrapped and its alternatives take the anchors (exact);
+- named groups ``(?<n>x)`` / ``(?P<n>x)`` are plain groups (exact);
+- lookahead ``(?=x)`` / ``(?!x)`` at the top level of a branch, and lookbehind at its end,
+  by automata: the strings after the lookahead's position are intersected with (or have
+  subtracted) those that start with a match of ``x`` (exact; interegular's ``&`` and ``-``,
+  written back by fsm_regex.py). A negative lookaround's ``x`` is read WIDE (a superset of
+  both Python's and ECMA's meaning: ``.`` any but a newline, ``\\s`` and ``\\d`` Unicode-wide),
+  since subtracting a smaller set would keep too much;
+- characters JSON must escape (a pattern written over ``\\u0000-\\uFFFF``) are left out, the
+  pattern's automaton intersected with the raw JSON string characters (narrowing).
+
+Every output stays in the regex dialect regex_text.py describes (no lookaround, no anchors).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from functools import lru_cache
+from typing import Any
+
+import interegular
+
+from treadle.constrained.fsm_regex import fsm_to_regex
+from treadle.constrained.regex_text import (
+    MAX_REPEAT,
+    SAFE_RAW_CHAR,
+    RegexDialectError,
+    _ends_with_anchor,
+    _scan,
+    pattern_to_body,
+    reshaped_repetitions,
+)
+
+__all__ = ["pattern_subset_body"]
+
+_FLAGS = re.compile(r"\(\?([ims]+)\)")
+_NAMED = re.compile(r"\(\?P?<([A-Za-z_][A-Za-z0-9_]*)>")
+_LOOK = ("(?=", "(?!", "(?<=", "(?<!")
+# every character Python's str \s or ECMA's \s matches (str.isspace, and U+FEFF for ECMA)
+_WIDE_SPACE = "".join(f"\\u{c:04x}" for c in range(0x110000) if chr(c).isspace() and c < 0x10000) + "\\ufeff"
+
+
+def pattern_subset_body(pattern: str) -> str:
+    """A string body (the characters between a JSON string's quotes) every one of whose
+    strings matches ``pattern`` (ECMA-262 search semantics, and Python's ``re.search``);
+    ``RegexDialectError`` naming what is left that cannot be written."""
+    try:
+        return pattern_to_body(pattern, subset=True)
+    except RegexDialectError as exc:
+        first = exc
+    try:
+        re.compile(pattern)
+    except re.error as exc:  # jsonschema's validator (Python's re) could not check an output
+        raise RegexDialectError(f"{first} (and Python's re cannot read the pattern: {exc})") from exc
+    try:
+        return _subset_body(pattern)
+    except RegexDialectError as exc:
+        raise RegexDialectError(f"{first}" if str(exc) == str(first) else f"{exc}") from exc
+
+
+def _subset_body(pattern: str) -> str:
+    m = _FLAGS.match(pattern[1:] if pattern.startswith("^") else pattern)
+    if m and "i" in m.group(1) and ("(?!" in pattern or "(?<!" in pattern):
+        raise RegexDialectError("regex: '(?i)' with a negative lookaround is not supported")
+    if m:  # leading flags dropped (narrowing, see the module docstring)
+        cut = m.end() + (1 if pattern.startswith("^") else 0)
+        pattern = ("^" if pattern.startswith("^") else "") + pattern[cut:]
+    pattern = _unnamed(pattern)
+    pad = SAFE_RAW_CHAR + "*"
+    parts = []
+    for s, e, core in _branches(pattern, False, False):
+        if any(kind == "group" and core.startswith(_LOOK, a) or kind == "atom" and core[a] == "^"
+               for kind, a, _ in _items(core)):
+            written = None
+            # exact first; where its regex is too long, counted repetitions of the match
+            # lowered to at most 16, then 4 (fewer repetitions: a subset)
+            for most in (None, 16, 4):
+                try:
+                    written = _written(_branch_fsm(s, e, core, most))
+                    break
+                except RegexDialectError as exc:
+                    if "exceed" not in str(exc) or most == 4:
+                        raise
+        else:
+            written = "(?:" + _positive(core) + ")" if core else ""
+            written = ("" if s else pad) + written + ("" if e or not written and not s else pad)
+        if written is not None:  # (a branch no string matches adds nothing)
+            parts.append(written)
+    if not parts:
+        raise RegexDialectError("pattern: matches no string")
+    body = parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+    fsm = interegular.parse_pattern(body).to_fsm()
+    safe = _fsm(pad)
+    if not (fsm - safe).empty():
+        body = _written(fsm & safe)  # raw JSON string characters only (narrowing)
+        if body is None:
+            raise RegexDialectError("pattern: no string JSON can hold raw matches it")
+    return body
+
+
+def _written(fsm: Any) -> str | None:
+    """``fsm`` as a regex of the dialect; None when it accepts nothing."""
+    try:
+        return fsm_to_regex(fsm)
+    except ValueError as exc:
+        raise RegexDialectError(f"pattern: {exc}") from exc
+
+
+@lru_cache(maxsize=256)
+def _fsm(regex: str) -> Any:
+    return interegular.parse_pattern(regex).to_fsm()
+
+
+# ---------------------------------------------------------------- top-level structure
+
+def _items(text: str) -> list[tuple[str, int, int]]:
+    """``text`` cut at the top level: ("group", i, j) spans a whole group with its opener,
+    ("alt", i, i+1) a top-level '|', ("atom", i, j) anything else (a class, an escape, a
+    character, a quantifier)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            out.append(("atom", i, i + 2))
+            i += 2
+        elif c == "[":
+            j = i + 1
+            if j < n and text[j] == "^":
+                j += 1
+            if j < n and text[j] == "]":
+                j += 1
+            while j < n and text[j] != "]":
+                j += 2 if text[j] == "\\" else 1
+            if j >= n:
+                raise RegexDialectError(f"regex: unterminated character class at offset {i}")
+            out.append(("atom", i, j + 1))
+            i = j + 1
+        elif c == "(":
+            depth, j = 0, i
+            while j < n:
+                d = text[j]
+                if d == "\\":
+                    j += 2
+                    continue
+                if d == "[":
+                    k = j + 1
+                    if k < n and text[k] == "^":
+                        k += 1
+                    if k < n and text[k] == "]":
+                        k += 1
+                    while k < n and text[k] != "]":
+                        k += 2 if text[k] == "\\" else 1
+                    j = k + 1
+                    continue
+                depth += (d == "(") - (d == ")")
+                j += 1
+                if depth == 0:
+                    break
+            if depth:
+                raise RegexDialectError(f"regex: unbalanced '(' at offset {i}")
+            out.append(("group", i, j))
+            i = j
+        elif c == "|":
+            out.append(("alt", i, i + 1))
+            i += 1
+        else:
+            out.append(("atom", i, i + 1))
+            i += 1
+    return out
+
+
+def _unnamed(text: str) -> str:
+    """Named groups as plain groups (exact), found outside classes and escapes only."""
+    out, i = [], 0
+    for kind, a, b in _items(text):
+        if kind == "group":
+            opener = _NAMED.match(text, a)
+            inner_from = opener.end() if opener else (a + 3 if text.startswith("(?:", a) else a + 1)
+            if text.startswith(_LOOK, a) and not opener:
+                inner_from = a + (4 if text.startswith(("(?<=", "(?<!"), a) else 3)
+            head = "(" if opener else text[a:inner_from]
+            out.append(text[i:a] + head + _unnamed(text[inner_from:b - 1]) + ")")
+            i = b
+    out.append(text[i:])
+    return "".join(out)
+
+
+def _split_alternatives(text: str) -> list[str]:
+    parts, start = [], 0
+    for kind, a, b in _items(text):
+        if kind == "alt":
+            parts.append(text[start:a])
+            start = b
+    parts.append(text[start:])
+    return parts
+
+
+def _whole_group(text: str) -> str | None:
+    """The inside of ``text`` when it is one plain group, ``(x)`` or ``(?:x)``, and nothing
+    else (no quantifier after it)."""
+    items = _items(text)
+    if len(items) != 1 or items[0][0] != "group" or text.startswith("(?", 0) and not text.startswith("(?:"):
+        return None
+    return text[3:-1] if text.startswith("(?:") else text[1:-1]
+
+
+def _branches(text: str, start: bool, end: bool) -> list[tuple[bool, bool, str]]:
+    """(anchored at the start, anchored at the end, core) of each branch of ``text``, groups
+    that make a whole branch unwrapped (exact: ``^(a|b)$`` is ``^a$|^b$``)."""
+    out = []
+    for part in _split_alternatives(text):
+        s, e = start, end
+        while part.startswith("^"):
+            s, part = True, part[1:]
+        while _ends_with_anchor(part):
+            e, part = True, part[:-1]
+        inner = _whole_group(part)
+        if inner is not None:
+            out += _branches(inner, s, e)
+        else:
+            out.append((s, e, part))
+    return out
+
+
+# ---------------------------------------------------------------- one branch
+
+def _branch_fsm(start: bool, end: bool, core: str, most: int | None = None) -> Any:
+    """The strings one branch matches (padding included where it is not anchored)."""
+    pieces: list[tuple[str, str]] = []  # ("text", regex) or (lookaround opener, inside)
+    plain_from = 0
+    items = _items(core)
+    for idx, (kind, a, b) in enumerate(items):
+        if kind == "group" and core.startswith(_LOOK, a):
+            pieces.append(("text", core[plain_from:a]))
+            opener = core[a:a + (4 if core.startswith(("(?<=", "(?<!"), a) else 3)]
+            pieces.append((opener, core[a + len(opener):b - 1]))
+            plain_from = b
+        elif kind == "atom" and core[a] == "^":
+            if any(k != "group" or not core.startswith(_LOOK, x) for k, x, _ in items[:idx]):
+                raise RegexDialectError(f"regex: anchor '^' at offset {a} is not supported (only at a branch's start)")
+            start = True  # after lookarounds only: the branch starts at the string's start
+            pieces.append(("text", core[plain_from:a]))
+            plain_from = b
+    pieces.append(("text", core[plain_from:]))
+    any_char = _fsm(SAFE_RAW_CHAR + "*")
+    # right to left: the strings from each position to the string's end
+    rest = _fsm(_positive(pieces[-1][1], most)) if pieces[-1][1] else _fsm("")
+    if not end:
+        rest = rest + any_char
+    for kind, inside in reversed(pieces[:-1]):
+        if kind == "text":
+            if inside:
+                rest = _fsm(_positive(inside, most)) + rest
+            continue
+        if kind in ("(?<=", "(?<!"):
+            raise RegexDialectError("regex: lookbehind is not supported (only lookahead)")
+        first = all(k != "text" or not t for k, t in pieces[:pieces.index((kind, inside))])
+        if kind == "(?=":
+            rest = rest & _lookahead_fsm(inside, wide=False, first=first)
+            if first and _starts_anchored(inside):
+                start = True
+        else:
+            if first and _starts_anchored(inside):
+                start = True  # narrowing: matched from the start, where its '^' holds
+            rest = rest - _lookahead_fsm(inside, wide=True, first=first)
+    return rest if start else any_char + rest
+
+
+def _starts_anchored(inside: str) -> bool:
+    return any(s for s, _, _ in _branches(inside, False, False))
+
+
+def _lookahead_fsm(inside: str, wide: bool, first: bool) -> Any:
+    """The strings that start with a match of ``inside`` (a lookahead at the start of the
+    rest of the string): each branch's match, then anything unless it ends at '$'."""
+    out = None
+    for s, e, core in _branches(inside, False, False):
+        if s and not first:
+            raise RegexDialectError("regex: '^' inside a lookahead past the pattern's start is not supported")
+        if any(core.startswith(look, a) for kind, a, _ in _items(core) if kind == "group" for look in _LOOK):
+            raise RegexDialectError("regex: a lookaround inside a lookaround is not supported")
+        f = _fsm(_wide(core) if wide else _positive(core)) if core else _fsm("")
+        if not e:
+            f = f + _fsm(SAFE_RAW_CHAR + "*") if not wide else f + _fsm("(?:[^\\n]|\\n)*")
+        out = f if out is None else out | f
+    assert out is not None
+    return out
+
+
+def _positive(text: str, most: int | None = None) -> str:
+    """``text`` translated as a part of the pattern's match: a subset reading (regex_text),
+    a count past 1000 (``{1,1023}``) lowered to 256 (fewer repetitions: a subset)."""
+    out = _scan(_clamped(text), ecma=True, subset=True)
+    if most is not None:
+        out = reshaped_repetitions(out, 0, most, loops=False)
+    try:
+        re.compile(out)
+    except re.error as exc:
+        raise RegexDialectError(f"pattern: {exc}") from exc
+    return out
+
+
+def _clamped(text: str) -> str:
+    """``{m,n}`` with ``n`` past 1000 and ``m`` at most 256 as ``{m,256}`` (outside classes)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            out.append(text[i:i + 2])
+            i += 2
+            continue
+        if c == "[":
+            j = i + 1
+            if j < n and text[j] == "^":
+                j += 1
+            if j < n and text[j] == "]":
+                j += 1
+            while j < n and text[j] != "]":
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i = j + 1
+            continue
+        m = re.match(r"\{(\d+),(\d+)\}", text[i:]) if c == "{" else None
+        if m and int(m.group(2)) > 1000 and int(m.group(1)) <= MAX_REPEAT:
+            out.append(f"{{{m.group(1)},{max(int(m.group(1)), MAX_REPEAT)}}}")
+            i += m.end()
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _wide(text: str) -> str:
+    """``text`` translated as a negative lookaround's inside: a superset of what Python's
+    and ECMA's readings match. ``_scan``'s plain reading is one, but for ``\\s`` and ``\\d``
+    outside a negated class (ASCII there, Unicode-wide in Python): those are written out
+    wide; ``\\w`` (all Unicode letters) and flags are refused."""
+    out, i = [], 0
+    for kind, a, b in _items(text):
+        piece = text[a:b]
+        if kind == "atom" and piece in ("\\s", "\\d"):
+            out.append(text[i:a] + "[" + (_WIDE_SPACE if piece == "\\s" else _wide_digits()) + "]")
+            i = b
+        elif kind == "atom" and piece.startswith("[") and "\\\\" in piece:
+            raise RegexDialectError("regex: an escaped backslash in a class inside a negative lookaround")
+        elif kind == "atom" and piece.startswith("[") and not piece.startswith("[^"):
+            body = piece[1:-1].replace("\\s", _WIDE_SPACE).replace("\\d", _wide_digits())
+            out.append(text[i:a] + "[" + body + "]")
+            i = b
+        elif kind == "group":
+            head = 3 if piece.startswith("(?:") else 1
+            if piece.startswith("(?") and head == 1:
+                raise RegexDialectError(f"regex: group syntax '{piece[:3]}' inside a negative lookaround")
+            out.append(text[i:a] + piece[:head] + _wide(piece[head:-1]) + ")")
+            i = b
+        elif kind == "atom" and (piece == "\\w" or piece.startswith("[") and "\\w" in piece):
+            raise RegexDialectError("regex: '\\w' inside a negative lookaround is not supported")
+    body = "".join(out) + text[i:]
+    translated = _scan(body, ecma=False)
+    try:
+        re.compile(translated)
+    except re.error as exc:
+        raise RegexDialectError(f"pattern: {exc}") from exc
+    return translated
+
+
+@lru_cache(maxsize=1)
+def _wide_digits() -> str:
+    """Every Unicode decimal digit (Python's \\d on str), as class ranges of \\u escapes."""
+    ranges: list[list[int]] = []
+    for c in range(0x110000):
+        if unicodedata.category(chr(c)) == "Nd":
+            if ranges and ranges[-1][1] == c - 1:
+                ranges[-1][1] = c
+            else:
+                ranges.append([c, c])
+    def esc(c: int) -> str:
+        return f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
+
+    return "".join(esc(a) if a == b else f"{esc(a)}-{esc(b)}" for a, b in ranges)

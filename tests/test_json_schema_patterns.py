@@ -1,0 +1,166 @@
+"""JSON Schema ``pattern``s that treadle writes as a subset of what they match (regex_ecma.py,
+the repetitions reshaped under minLength / maxLength in json_schema.py): random strings of
+each written body must match the original pattern under Python's ``re`` (jsonschema's
+reading), and ECMA's where it differs, and lie within the length bounds."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import interegular
+import pytest
+
+from treadle.constrained.json_schema import UnsupportedSchemaError, json_schema_to_regex
+from treadle.constrained.regex_ecma import pattern_subset_body
+from treadle.constrained.regex_text import RegexDialectError, reshaped_repetitions
+
+
+def random_strings(regex: str, n: int, seed: int = 0, max_len: int = 300) -> list[str]:
+    """``n`` random strings of ``regex``'s language: walks of its automaton that stop at a
+    final state with probability 1/4 (or when no edge is left), each edge's character
+    drawn from its class (printable ASCII first, then a few others)."""
+    fsm = interegular.parse_pattern(regex).to_fsm()
+    rng = random.Random(seed)
+    by_symbol = fsm.alphabet.by_transition
+    pool = [chr(c) for c in range(0x20, 0x7F)] + ["\u00e9", "\u00a0", "\u0663", "\u2028", "\u4e2d", "\U0001f600"]
+    # the characters each transition symbol stands for: its named ones, or pool characters named by none
+    named = {ch for chars in by_symbol.values() for ch in chars if isinstance(ch, str)}
+    chars = {sym: [c for c in cs if isinstance(c, str)] or [c for c in pool if c not in named]
+             for sym, cs in by_symbol.items()}
+    live = {q for q in fsm.states if not fsm.islive(q) is False}
+    out: list[str] = []
+    for _ in range(n * 20):
+        if len(out) >= n:
+            break
+        state, text = fsm.initial, []
+        for _ in range(max_len):
+            edges = [(sym, q) for sym, q in fsm.map.get(state, {}).items() if q in live and fsm.islive(q) and chars[sym]]
+            if state in fsm.finals and (not edges or rng.random() < 0.25):
+                out.append("".join(text))
+                break
+            if not edges:
+                break
+            sym, state = rng.choice(edges)
+            text.append(rng.choice(chars[sym]))
+    return out
+
+
+def body_of(schema: dict) -> str:
+    """The string body treadle writes for a string schema (its regex without the quotes)."""
+    regex = json_schema_to_regex({"type": "string", **schema})
+    assert regex.startswith('"') and regex.endswith('"'), regex
+    return regex[1:-1]
+
+
+def check_subset(schema: dict, n: int = 60) -> list[str]:
+    """Random strings of the written body all match the pattern and the length bounds."""
+    body = body_of(schema)
+    strings = random_strings(body, n)
+    assert strings, f"no strings sampled from {body[:200]}"
+    lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+    for s in strings:
+        assert re.search(schema["pattern"], s), (schema["pattern"], s)
+        assert lo <= len(s) and (hi is None or len(s) <= hi), (schema, s)
+        json.loads(json.dumps(s))
+        assert re.fullmatch(r'[^"\\\x00-\x1f]*', s), s  # raw JSON string characters only
+    return strings
+
+
+# ------------------------------------------------------------------ lengths
+
+@pytest.mark.parametrize("schema", [
+    {"pattern": "[\\w+=,.@-]+", "maxLength": 128, "minLength": 1},  # CloudFormation role names
+    {"pattern": "\\S+", "maxLength": 63, "minLength": 3},
+    {"pattern": ".*", "maxLength": 255, "minLength": 1},
+    {"pattern": "^[a-z0-9]([a-z0-9-]*[a-z0-9])?$", "maxLength": 30, "minLength": 3},
+    {"pattern": "arn:aws:iam:.*:[0-9]+:.*", "maxLength": 512},
+    {"pattern": "[a-f0-9]{8}-([a-z0-9]{4}-){3}[a-z0-9]{12}", "maxLength": 36, "minLength": 36},
+    {"pattern": "^arn:(aws|aws-cn):iam::[0-9]{12}:role/[a-zA-Z0-9_+=,.@-]{1,1023}$", "maxLength": 2048},
+])
+def test_pattern_under_lengths_is_a_subset(schema: dict) -> None:
+    check_subset(schema)
+
+
+def test_reshaped_repetitions_ranges_lie_inside_the_old_ones() -> None:
+    assert reshaped_repetitions("a*b+c?(?:d)?e{2,}f{1,9}g{3}", 2, 5) == "a{2,5}b{2,5}c(?:d)e{2,7}f{2,5}g{3}"
+    assert reshaped_repetitions("[*+?]\\*x*", 0, 3) == "[*+?]\\*x{0,3}"
+    assert reshaped_repetitions("a*b+", 1, None) == "a+b+"
+
+
+def test_minimum_length_past_every_shape_still_decided_by_the_product() -> None:
+    # "ab|abc" has no repetition to raise: the product with the lengths decides (3 only)
+    assert re.fullmatch(body_of({"pattern": "^(ab|abc)$", "minLength": 3}), "abc")
+    assert not re.fullmatch(body_of({"pattern": "^(ab|abc)$", "minLength": 3}), "ab")
+    with pytest.raises(ValueError, match="no string"):
+        json_schema_to_regex({"type": "string", "pattern": "^(ab|abc)$", "minLength": 4})
+
+
+# ------------------------------------------------------------------ ECMA constructs
+
+@pytest.mark.parametrize("pattern", [
+    "^DEFAULT|4XX|5XX|\\d{3}$",                      # anchors bind per branch
+    "^$|^arn:(aws|aws-cn):logs:[a-z0-9-]+:[0-9]+:log-group:[a-zA-Z0-9_/.-]+:\\*$",
+    "(^[\\S].*[\\S]$)|(^[\\S]$)",                    # a branch that is one group
+    "([$]LATEST|[$]DEFAULT|^[1-9][0-9]*$)",
+    "^(^$|arn:aws:iam:[A-Za-z0-9_/.-]{0,63}:[A-Za-z0-9][A-Za-z0-9:_/+=,@.-]{0,20})$",
+    "(?s).*x",                                       # a leading flag dropped
+    "^(?!aws:)[a-zA-Z+-=._:/]+$",                    # negative lookahead at the start
+    "^(?!aws:)(?!memorydb:)[a-zA-Z0-9 _./=+:@-]{1,128}$",
+    "^(?!\\s*$).+",                                  # \s read wide inside the lookahead
+    "^(?!.* {2})[a-zA-Z][a-zA-Z0-9 _-]{0,48}[a-zA-Z0-9_-]$",
+    "^[a-zA-Z_](?!.*--)[a-zA-Z0-9_-]*$",              # a lookahead past the start
+    "(?!^[0-9]+$)([a-zA-Z0-9_ -]+)",                 # '^' inside: matched from the start
+    "(?!^[.-])^([a-zA-Z0-9-_.]+)$",
+    "^\\S+$",                                        # \S leaves out Unicode spaces too
+    "^[^\\s,]+$",
+    "^\\W+$",                                        # \W leaves out Python's Unicode letters
+    "^\\D+$",                                        # \D leaves out Python's Unicode digits
+    "^(?=[a-z])[a-z0-9-]+$",                         # positive lookahead
+    "^(?=.*[0-9])[a-z0-9]{1,12}$",
+    "^(?P<name>[a-z]+)-(?:x|(?P<n>[0-9]+))$",        # named groups
+    "^(?P<a>x)(?=y)y$",
+    "^[\\u0009\\u000A\\u000D\\u0020-\\u007E\\u00A0-\\uD7FF]+$",  # characters JSON escapes: left out
+])
+def test_ecma_pattern_is_written_as_a_subset(pattern: str) -> None:
+    check_subset({"pattern": pattern})
+
+
+@pytest.mark.parametrize("pattern, absent", [
+    ("^(?!aws:)[a-z:]+$", "aws:x"),
+    ("^(?!\\s*$).+", "\u00a0\u00a0"),   # Unicode spaces are \s in Python and ECMA alike
+    ("^(?!\\d)[^a-z]+$", "\u0663x"),     # Python's \d holds every Unicode decimal digit
+    ("^a(?!.*--)[a-z-]*$", "ab--c"),
+    ("^DEFAULT|4XX$", "x4XX"),
+])
+def test_excluded_strings_are_not_written(pattern: str, absent: str) -> None:
+    body = body_of({"pattern": pattern})
+    assert re.fullmatch(body, absent) is None or re.search(pattern, absent), (body, absent)
+    if not re.search(pattern, absent):
+        assert re.fullmatch(body, absent) is None
+
+
+@pytest.mark.parametrize("pattern, construct", [
+    ("^(?!\\w)[a-z]+$", "\\w"),            # \w is every Unicode letter in Python: not listed
+    ("^[a-z]+(?<!-)x$", "lookbehind"),
+    ("(?i)^(?!aws)[a-z]+$", "(?i)"),
+    ("^a$b", "anchor"),
+])
+def test_constructs_still_refused_name_the_pattern(pattern: str, construct: str) -> None:
+    with pytest.raises(UnsupportedSchemaError) as info:
+        json_schema_to_regex({"type": "string", "pattern": pattern})
+    assert "'pattern'" in str(info.value)
+
+
+def test_unnamed_keeps_classes_and_lookarounds() -> None:
+    with pytest.raises(RegexDialectError):
+        pattern_subset_body("^(?<!x)a$")
+    assert re.fullmatch(pattern_subset_body("^(?P<a>[(?<b>])(?=.)$|^x(?=y)"), "(") is None  # '(' then '$': none
+    assert re.fullmatch(pattern_subset_body("^(?P<a>[(?<b>])(?=b)b$"), "<b")
+
+
+def test_ecma_only_syntax_python_cannot_read_is_refused() -> None:
+    # jsonschema's validator reads patterns with Python's re: an output it cannot check is not written
+    with pytest.raises(RegexDialectError, match="Python's re cannot read"):
+        pattern_subset_body("^(?<name>[a-z]+)$")
