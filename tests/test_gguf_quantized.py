@@ -169,7 +169,12 @@ def test_no_compiler_falls_back_to_float32(tmp_path, monkeypatch):
     broken.write_text("#!/bin/sh\necho 'cc: broken' >&2\nexit 1\n")
     broken.chmod(0o755)
     assert cq.library(cc=str(broken), cache_dir=str(tmp_path / "cache")) is None
+    from treadle.runtime import cpu_ops
+
     monkeypatch.setattr(cq, "library", lambda *a, **k: None)
+    monkeypatch.setattr(cpu_ops, "_lib", None)  # and the per-layer ops take their torch references
+    monkeypatch.setattr(cpu_ops, "_tried", True)
+    assert not cpu_ops.usable(torch.zeros(1))
     runner = ModelRunner(EngineArgs(model_path=None, device="cpu", dtype="float32", max_total_tokens=256,
                                     max_running_requests=2))
     layer = runner.model.layers[0]
