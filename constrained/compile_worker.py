@@ -87,14 +87,15 @@ class WorkerProcess:
 
 
 def _regex_job(spec: Any, whitespace_pattern: str | None, mode: str, holes: bool, depth: int,
-               max_size: int | None = None) -> tuple:
-    """A spec's regex, as ``GrammarCompiler`` asks for it: ("regex", text), ("invalid", the
+               max_size: int | None = None, lazy: bool = True) -> tuple:
+    """A spec's regex, as ``GrammarCompiler`` asks for it: ("regex", text) for outlines-core's
+    index, ("lazy", text, its LazyNFA) for the lazy one (lazy_index.py), ("invalid", the
     ValueError naming the grammar's problem, a GrammarTooLarge past ``max_size``), ("oom", why)
     or ("error", what went wrong)."""
-    from treadle.constrained.compiler import spec_regex
+    from treadle.constrained.compiler import spec_automaton
 
     try:
-        regex = spec_regex(spec, whitespace_pattern, mode, holes, depth, max_size)
+        regex, nfa = spec_automaton(spec, whitespace_pattern, mode, holes, depth, max_size, lazy)
     except MemoryError:
         return ("oom", "ran out of memory")
     except ValueError as e:
@@ -105,7 +106,7 @@ def _regex_job(spec: Any, whitespace_pattern: str | None, mode: str, holes: bool
         return ("invalid", e)
     except Exception as e:  # noqa: BLE001 - forwarded to the caller, not swallowed
         return ("error", f"{type(e).__name__}: {e}")
-    return ("regex", regex)
+    return ("regex", regex) if nfa is None else ("lazy", regex, nfa)
 
 
 def main() -> None:
@@ -124,7 +125,7 @@ def main() -> None:
     # loaded now, so that no grammar's time limit pays for it
     import treadle.constrained.ebnf  # noqa: F401
     import treadle.constrained.json_schema  # noqa: F401
-    from treadle.constrained.compiler import spec_regex  # noqa: F401
+    from treadle.constrained.compiler import spec_automaton  # noqa: F401
 
     _write(stdout, ("ready",))
     while True:

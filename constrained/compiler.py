@@ -38,7 +38,9 @@ from treadle.constrained.ebnf import call_boundaries
 from treadle.constrained.json_holes import WRITTEN, Holes, hole_tables, regex_has_holes, schema_allows_holes
 from treadle.constrained.json_keys import schema_has_free_keys
 from treadle.constrained.structural_tag import structural_tag_bounds
-from treadle.constrained.vocabulary import build_vocabulary
+from treadle.constrained.lazy_index import (DEFAULT_MAX_NFA_STATES, LazyIndex, LazyNFA, LazyTooLarge,
+                                             LazyUnsupported, build_nfa)
+from treadle.constrained.vocabulary import build_vocabulary, lazy_tokens
 
 __all__ = ["GrammarCompiler", "GrammarCompileError", "GrammarTooLarge", "build_compiled_grammar"]
 
@@ -70,6 +72,9 @@ class GrammarTooLarge(GrammarCompileError):
 # 30 s on a busy 2-core box ([a-z]{0,1000}, 26,000, took 4 s; real schemas of 30,000-85,000 took
 # 10-45 s there, bench_schema_corpus.py); 4,000 alternatives zz<i>[a-z]{0,5} (543,000) took a minute.
 MAX_GRAMMAR_SIZE = 150_000
+# The lazy index's automaton states per unit of max_grammar_size: its cost is linear in them
+# (about 150 bytes each in the scheduler, and its parse), not in the width of its classes.
+LAZY_STATES_PER_SIZE = 4
 # Bytes an index holds in memory per byte of its pickle (outlines-core's hash maps); measured
 # ~1.5-2 on SmolLM2's vocabulary, so the cache's count errs on the large side.
 _INDEX_MEMORY_FACTOR = 2
@@ -103,10 +108,15 @@ def build_compiled_grammar(
     _check_reserved(regex, spec is not None and _holes_apply(spec))
     vocab, table = build_vocabulary(tokenizer, list(eos_token_ids))
     t0 = time.perf_counter()
-    try:
-        index = Index(marked(regex), vocab)
-    except ValueError as e:
-        raise GrammarCompileError(f"compile of regex of {len(regex)} chars was rejected: {e}") from e
+    nfa = lazy_nfa(regex, None)
+    tokens = lazy_tokens(table, eos_token_ids)
+    if nfa is not None and tokens.covers(nfa):
+        index = LazyIndex(nfa, tokens)
+    else:
+        try:
+            index = Index(marked(regex), vocab)
+        except ValueError as e:
+            raise GrammarCompileError(f"compile of regex of {len(regex)} chars was rejected: {e}") from e
     num_tokens = min(len(table), int(vocab_size))
     eos = tuple(int(e) for e in eos_token_ids)
     holes = _holes_of(spec, regex, index, table,
@@ -142,6 +152,36 @@ def spec_regex(spec: GrammarSpec, whitespace_pattern: str | None, mode: str, hol
             raise too_large(f"the {spec.kind} grammar (a regex of {len(regex):,} chars)", size, max_size)
     _check_reserved(regex, holes)
     return regex
+
+
+def lazy_nfa(regex: str, max_size: int | None, what: str = "the grammar") -> LazyNFA | None:
+    """The byte NFA of the lazy token index (lazy_index.py) for ``regex``; None when that index
+    does not read the regex (outlines-core's index is built instead). ``GrammarTooLarge`` when
+    its automaton passes ``max_size`` (in ``LAZY_STATES_PER_SIZE`` states per unit of size)."""
+    cap = DEFAULT_MAX_NFA_STATES if max_size is None else LAZY_STATES_PER_SIZE * max_size
+    try:
+        return build_nfa(marked(regex), cap)
+    except LazyTooLarge:
+        raise too_large(f"{what} (a regex of {len(regex):,} chars)", -(-(cap + 1) // LAZY_STATES_PER_SIZE),
+                        max_size if max_size is not None else cap // LAZY_STATES_PER_SIZE) from None
+    except LazyUnsupported:
+        return None
+
+
+def spec_automaton(spec: GrammarSpec, whitespace_pattern: str | None, mode: str, holes: bool, depth: int,
+                   max_size: int | None = None, lazy: bool = True) -> tuple[str, LazyNFA | None]:
+    """The compile worker's first step: the regex of ``spec`` and, when ``lazy`` and the lazy
+    index reads it, its byte NFA (then nothing is left to build but the ``LazyIndex``). The size
+    cap is judged on what will be built: the NFA's states, or outlines-core's estimate
+    (grammar_size.py)."""
+    regex = spec.to_regex(whitespace_pattern, mode, holes=holes, max_recursion_depth=depth)
+    _check_reserved(regex, holes)
+    nfa = lazy_nfa(regex, max_size, f"the {spec.kind} grammar") if lazy else None
+    if nfa is None and max_size is not None:
+        size = regex_size(regex)
+        if size > max_size:
+            raise too_large(f"the {spec.kind} grammar (a regex of {len(regex):,} chars)", size, max_size)
+    return regex, nfa
 
 
 def precheck(spec: GrammarSpec, max_size: int) -> None:
@@ -260,6 +300,7 @@ class GrammarCompiler:
         max_recursion_depth: int = 3,
         cache_bytes: int = 1 << 30,
         max_grammar_size: int = MAX_GRAMMAR_SIZE,
+        token_index: str = "lazy",
     ) -> None:
         if vocab_size <= 0 or max_workers < 1 or timeout_s <= 0 or cache_size < 1 or cache_bytes < 1 \
                 or max_grammar_size < 1:
@@ -268,6 +309,9 @@ class GrammarCompiler:
                 f"max_grammar_size >= 1 (got {vocab_size}, {max_workers}, {timeout_s}, {cache_size}, "
                 f"{cache_bytes}, {max_grammar_size})"
             )
+        if token_index not in ("lazy", "outlines"):
+            raise ValueError(f"token_index must be 'lazy' or 'outlines', got {token_index!r}")
+        self._lazy = token_index == "lazy"
         if json_schema_mode not in ("strict", "spec"):
             raise ValueError(f"json_schema_mode must be 'strict' or 'spec', got {json_schema_mode!r}")
         if max_recursion_depth < 0:
@@ -394,6 +438,9 @@ class GrammarCompiler:
         n = 2 * len(spec.value) + 200
         if fut.done() and not fut.cancelled() and fut.exception() is None:
             g = fut.result()
+            index = getattr(g, "index", None)
+            if isinstance(index, LazyIndex):
+                n += index.memory_bytes()  # it grows as its DFA is explored
             n += _INDEX_MEMORY_FACTOR * self._index_bytes.get(spec, 0)
             rows = getattr(g, "_rows", None)
             if rows:
@@ -468,8 +515,16 @@ class GrammarCompiler:
         index_bytes = 0
         try:
             holes = self._holes(spec)
-            regex = self._in_worker(fut, lambda w: self._regex_in(w, spec, holes, fut, budget))
-            if regex is None:
+            t0 = time.perf_counter()
+            got = self._in_worker(fut, lambda w: self._regex_in(w, spec, holes, fut, budget))
+            if got is None:
+                return
+            regex, nfa = got
+            tokens = lazy_tokens(self._table, self._eos)
+            if nfa is not None and tokens.covers(nfa):  # the lazy index: nothing more to build
+                index = LazyIndex(nfa, tokens)
+                _settle(fut, self._grammar(spec, regex, index, time.perf_counter() - t0))
+                self._settled_grammar()
                 return
             if self._disk is not None:
                 hit = self._disk.load(regex)
@@ -534,14 +589,18 @@ class GrammarCompiler:
         self._idle.put(w)
         return out
 
-    def _regex_in(self, w: _Worker, spec: GrammarSpec, holes: bool, fut: Future, budget: list[float]) -> str:
-        """The spec -> regex step in worker ``w``: the regex, or the ``ValueError`` it raised
-        (``GrammarTooLarge`` when the regex passes ``max_grammar_size``)."""
+    def _regex_in(self, w: _Worker, spec: GrammarSpec, holes: bool, fut: Future,
+                  budget: list[float]) -> tuple[str, LazyNFA | None]:
+        """The spec -> regex step in worker ``w``: (the regex, its lazy index's NFA or None), or
+        the ``ValueError`` it raised (``GrammarTooLarge`` past ``max_grammar_size``)."""
         reply = self._ask(w, ("regex", spec, self._whitespace_pattern, self._json_schema_mode, holes,
-                              self._max_recursion_depth, self._max_size), f"{spec.kind} grammar (its regex)", fut,
+                              self._max_recursion_depth, self._max_size, self._lazy),
+                          f"{spec.kind} grammar (its regex)", fut,
                           budget)
         if reply[0] == "regex":
-            return reply[1]
+            return reply[1], None
+        if reply[0] == "lazy":
+            return reply[1], reply[2]
         if reply[0] == "invalid":
             raise reply[1] if isinstance(reply[1], ValueError) else ValueError(str(reply[1]))
         raise GrammarCompileError(f"translating the {spec.kind} grammar to a regex failed: {reply[1]}")

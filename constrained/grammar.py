@@ -249,7 +249,8 @@ class CompiledGrammar:
         """A fresh int32 row of the tokens the index itself allows at ``state`` (EOS where it is
         final; no hole or call of json_holes.py)."""
         allowed = np.zeros(self.bitmask_words * 32, dtype=np.bool_)
-        ids = np.fromiter(self.index.get_allowed_tokens(state), dtype=np.int64)
+        got = self.index.get_allowed_tokens(state)
+        ids = got.astype(np.int64, copy=False) if isinstance(got, np.ndarray) else np.fromiter(got, dtype=np.int64)
         ids = ids[ids < self.num_tokens]
         allowed[ids] = True
         reserved = self.reserved_tokens  # they could spell a marker

@@ -21,7 +21,7 @@ from typing import Any
 from treadle.constrained.index_markers import MARKERS, marker_token_ids
 from treadle.constrained.json_holes import PLACEHOLDERS, placeholder_vocabulary
 
-__all__ = ["token_bytes_table", "build_vocabulary", "gpt2_byte_decoder"]
+__all__ = ["token_bytes_table", "build_vocabulary", "gpt2_byte_decoder", "lazy_tokens"]
 
 _BYTE_FALLBACK_RE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _CACHE_SIZE = 8
@@ -194,3 +194,34 @@ def build_vocabulary(tokenizer: Any, eos_token_ids: list[int]) -> tuple[Any, lis
         while len(_vocab_cache) > _CACHE_SIZE:
             _vocab_cache.popitem(last=False)
     return vocab, table
+
+
+_lazy_cache: OrderedDict[tuple[int, tuple[int, ...]], tuple[Any, Any]] = OrderedDict()
+
+
+def lazy_tokens(table: list[bytes | None], eos_token_ids: list[int] | tuple[int, ...]) -> Any:
+    """The vocabulary of a lazy token index (lazy_index.TokenArrays): the same tokens as
+    ``build_vocabulary`` gives outlines-core (every real token with bytes but the EOS ids, the
+    placeholder pseudo-tokens, the index markers' pseudo-tokens). Cached per (table, eos ids)."""
+    from treadle.constrained.lazy_index import TokenArrays
+
+    eos = tuple(int(e) for e in eos_token_ids)
+    key = (id(table), eos)
+    with _cache_lock:
+        hit = _lazy_cache.get(key)
+        if hit is not None and hit[0] is table:
+            _lazy_cache.move_to_end(key)
+            return hit[1]
+    eos_set = set(eos)
+    tokens = {tid: b for tid, b in enumerate(table) if b and tid not in eos_set}
+    for b, ids in placeholder_vocabulary(len(table)).items():
+        for i in ids:
+            tokens[i] = b
+    for c, i in zip(MARKERS, marker_token_ids(len(table), len(PLACEHOLDERS))):
+        tokens[i] = c.encode()
+    arrays = TokenArrays(tokens)
+    with _cache_lock:
+        _lazy_cache[key] = (table, arrays)
+        while len(_lazy_cache) > _CACHE_SIZE:
+            _lazy_cache.popitem(last=False)
+    return arrays

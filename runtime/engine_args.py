@@ -75,6 +75,10 @@ class EngineArgs:
     # a grammar whose token index would be larger than this estimate (constrained/grammar_size.py)
     # is a 400 naming it, before it is built
     grammar_max_size: int = 150_000
+    # the token index of a grammar: "lazy" parses its regex into a byte automaton and computes
+    # each state's token mask when a request first gets there (constrained/lazy_index.py; compiles
+    # in milliseconds to a second); "outlines" builds outlines-core's whole index up front
+    grammar_index: Literal["lazy", "outlines"] = "lazy"
     # token indexes that took a second or more to build are kept here for the next process
     # (constrained/disk_cache.py); None = <cache root>/grammars, "" = off
     grammar_cache_dir: str | None = None

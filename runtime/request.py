@@ -40,6 +40,7 @@ class Req:
     finished: dict | None = None
 
     grammar: Any = None  # GrammarMatcher once compiled
+    grammar_error: str | None = None  # its mask could not be computed (a lazy index past its cap)
     grammar_future: Any = None
     num_jump_tokens: int = 0  # tokens appended by jump-forward (not drawn by the sampler)
     # Verified jump-forward (and n-gram speculation): tokens proposed after the last output

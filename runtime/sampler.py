@@ -41,7 +41,12 @@ class Sampler:
         mask = self._mask_buf[: len(reqs)]
         mask.fill_(-1)
         for i in rows:
-            reqs[i].grammar.fill_next_token_bitmask(mask, i)
+            try:
+                reqs[i].grammar.fill_next_token_bitmask(mask, i)
+            except ValueError as e:  # a lazy index past its cap (lazy_index.py): this request alone fails
+                reqs[i].grammar_error = str(e)
+                mask[i].fill_(-1)  # any token: the scheduler ends the request before reading it
+                continue
             self.forbid_early_stop(mask, i, reqs[i], len(reqs[i].output_ids))
         has = [r.grammar is not None for r in reqs]
         # the CPU path reads the buffer in place; it is refilled only at the next step

@@ -298,7 +298,8 @@ class Scheduler:
                 whitespace_pattern=self.args.json_whitespace_pattern,
                 json_schema_mode=self.args.json_schema_mode, disk_cache_dir=self.args.grammar_disk_cache_dir(),
                 max_recursion_depth=self.args.grammar_max_recursion_depth,
-                cache_bytes=self.args.grammar_cache_bytes, max_grammar_size=self.args.grammar_max_size)
+                cache_bytes=self.args.grammar_cache_bytes, max_grammar_size=self.args.grammar_max_size,
+                token_index=self.args.grammar_index)
         return self._grammar_compiler
 
     def _poll_grammars(self) -> None:
@@ -666,8 +667,8 @@ class Scheduler:
         streaming). ``replay``: an accepted draft token, followed by more tokens this step:
         no jump-forward and no stream chunk for it yet. Token -1 (the sampler found its
         logits row non-finite) fails this request alone."""
-        if token < 0:
-            self._fail_alone(req)
+        if token < 0 or req.grammar_error is not None:
+            self._fail_alone(req, req.grammar_error)
             return
         req.output_ids.append(token)
         if req.first_token_at is None:
@@ -694,20 +695,25 @@ class Scheduler:
         elif req.stream and not replay:
             self._emit(req)
 
-    def _fail_alone(self, req: Req) -> None:
-        """End a request whose logits were not finite (NaN or inf) with an error of its own;
-        the rest of its batch goes on. Its KV past what the tree already holds is freed, not
-        cached: values that made NaN logits must not be shared."""
-        message = ("internal error: this request's logits were not finite (NaN or inf) and no token could be "
-                   "drawn; the request was stopped")
-        log.error("request %s: non-finite logits; stopping it alone", req.rid)
+    def _fail_alone(self, req: Req, grammar_error: str | None = None) -> None:
+        """End a request whose logits were not finite (NaN or inf), or whose grammar could not
+        give its next mask (``grammar_error``), with an error of its own; the rest of its batch
+        goes on. Its KV past what the tree already holds is freed, not cached: values that made
+        NaN logits must not be shared."""
+        if grammar_error is not None:
+            message = f"grammar could not go on: {grammar_error}"
+            log.warning("request %s: %s; stopping it alone", req.rid, grammar_error)
+        else:
+            message = ("internal error: this request's logits were not finite (NaN or inf) and no token could be "
+                       "drawn; the request was stopped")
+            log.error("request %s: non-finite logits; stopping it alone", req.rid)
         self.stats["failed_rows"] += 1
         req.finish("abort", message=message)
         if req.req_pool_idx is not None:
             req.draft, req.draft_masks = [], None
             self._truncate_kv(req, req.prefix_len)
             self._release(req)
-        self._emit(req, error=message)
+        self._emit(req, error=message, internal=grammar_error is None)
 
     def _check_finished(self, req: Req, token: int) -> None:
         p = req.params
@@ -786,10 +792,15 @@ class Scheduler:
         masks, accepted = None, len(draft)
         if draft and (m is not None or n_out < req.params.min_new_tokens):
             masks = torch.empty((len(draft) + 1, self.sampler.words), dtype=torch.int32)
-            accepted = 0
+            accepted, failed = 0, False
             for i in range(len(draft) + 1):
                 if m is not None:
-                    m.fill_next_token_bitmask(masks, i)
+                    try:
+                        m.fill_next_token_bitmask(masks, i)
+                    except ValueError as e:  # a lazy index past its cap: the next step fails the request
+                        req.grammar_error = str(e)
+                        failed = True
+                        break
                 else:
                     masks[i].fill_(-1)
                 self.sampler.forbid_early_stop(masks, i, req, n_out + i)
@@ -799,6 +810,8 @@ class Scheduler:
             if m is not None:
                 m.rollback(accepted)  # the matcher advances again as tokens are verified
             masks = masks[: accepted + 1]
+            if failed:
+                accepted = 0
         if accepted:
             req.draft, req.draft_masks, req.draft_kind = draft[:accepted], masks, kind
         return accepted
@@ -844,14 +857,16 @@ class Scheduler:
             if req.finished is not None:
                 break
 
-    def _emit(self, req: Req, error: str | None = None) -> None:
-        """Queue the request's new tokens (and its end); ``error``: an internal error ends it."""
+    def _emit(self, req: Req, error: str | None = None, internal: bool = True) -> None:
+        """Queue the request's new tokens (and its end); ``error`` ends it: an internal error, or
+        (``internal`` False) the request's own (its grammar could not go on)."""
         new = req.output_ids[req.sent_len:]
         out = ReqOutput(
             rid=req.rid, new_ids=new, finished=req.finished, prompt_tokens=len(req.input_ids),
             completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
             output_logprobs=req.output_logprobs[req.sent_len:],
-            output_top_logprobs=req.output_top_logprobs[req.sent_len:], error=error, internal=error is not None,
+            output_top_logprobs=req.output_top_logprobs[req.sent_len:], error=error,
+            internal=error is not None and internal,
             first_token_at=req.first_token_at)
         if req.finished is not None:
             self._live.pop(req.rid, None)

@@ -135,7 +135,8 @@ def test_worker_rejection_keeps_worker():
 
 
 def test_timeout_kills_worker_and_recovers(smol):
-    with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=0.5) as c:
+    # outlines-core's index of HEAVY takes seconds (the lazy one builds in milliseconds)
+    with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=0.5, token_index="outlines") as c:
         t0 = time.perf_counter()
         with pytest.raises(GrammarCompileError, match="timed out after 0.5s"):
             c.compile(GrammarSpec.from_params(regex=HEAVY))
@@ -227,7 +228,8 @@ def test_close_stops_every_worker(smol, cancel_delay):
 
 
 def test_out_of_memory_is_a_compile_error(smol):
-    with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=120, memory_limit_bytes=400 << 20) as c:
+    with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=120, memory_limit_bytes=400 << 20,
+                         token_index="outlines") as c:
         with pytest.raises(GrammarCompileError, match="memory"):
             c.compile(GrammarSpec.from_params(regex=r"[a-z]{0,1000}(,[a-z]{0,1000}){2}"))
         assert accepts(c.compile(GrammarSpec.from_params(regex="ok")), smol, "ok")
@@ -245,16 +247,17 @@ def test_closed_compiler_rejects(smol):
 
 def test_disk_cache_serves_a_new_compiler(smol, tmp_path):
     """A build kept on disk by one compiler (one process) is loaded, not rebuilt, by the next;
-    unreadable files are misses; another vocabulary never reads it; the folder stays bounded."""
+    unreadable files are misses; another vocabulary never reads it; the folder stays bounded.
+    (outlines-core's indexes only: a lazy index has nothing to keep.)"""
     from treadle.constrained.disk_cache import GrammarDiskCache
 
     spec = GrammarSpec.from_params(regex=r"[0-9]{3}-[a-z]+")
-    with GrammarCompiler(smol, [EOS], vocab_size=V, disk_cache_dir=str(tmp_path)) as c:
+    with GrammarCompiler(smol, [EOS], vocab_size=V, disk_cache_dir=str(tmp_path), token_index="outlines") as c:
         c._disk.min_compile_s = 0.0  # this small grammar builds in well under the 1 s default
         first = c.compile(spec)
     files = list(tmp_path.glob("*.grammar"))
     assert not first.from_disk and len(files) == 1
-    with GrammarCompiler(smol, [EOS], vocab_size=V, disk_cache_dir=str(tmp_path)) as c:
+    with GrammarCompiler(smol, [EOS], vocab_size=V, disk_cache_dir=str(tmp_path), token_index="outlines") as c:
         again = c.compile(spec)
     assert again.from_disk and again.compile_time_s == first.compile_time_s
     assert accepts(again, smol, "123-abc") and not accepts(again, smol, "12-abc")
@@ -263,11 +266,11 @@ def test_disk_cache_serves_a_new_compiler(smol, tmp_path):
         assert m1.accept_token(t) and m2.accept_token(t)
     assert (first.mask_row(m1.state) == again.mask_row(m2.state)).all()
     # a different vocabulary (logits width) has its own names: a miss
-    with GrammarCompiler(smol, [EOS], vocab_size=V + 64, disk_cache_dir=str(tmp_path)) as c:
+    with GrammarCompiler(smol, [EOS], vocab_size=V + 64, disk_cache_dir=str(tmp_path), token_index="outlines") as c:
         assert not c.compile(spec).from_disk
     # a corrupt file is dropped and rebuilt
     files[0].write_bytes(b"not a pickle")
-    with GrammarCompiler(smol, [EOS], vocab_size=V, disk_cache_dir=str(tmp_path)) as c:
+    with GrammarCompiler(smol, [EOS], vocab_size=V, disk_cache_dir=str(tmp_path), token_index="outlines") as c:
         c._disk.min_compile_s = 0.0
         rebuilt = c.compile(spec)
     assert not rebuilt.from_disk and files[0].read_bytes() != b"not a pickle"
@@ -315,7 +318,7 @@ def test_cache_is_bounded_in_bytes(smol):
     """The cache counts what its grammars hold (each [a-z]{0,60} index is ~8 MB), not entries:
     past ``cache_bytes`` the least recently used go, and asking again builds afresh."""
     cap = 20 << 20
-    with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=120, cache_bytes=cap) as c:
+    with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=120, cache_bytes=cap, token_index="outlines") as c:
         sizes = []
         for n in range(4):
             c.compile(GrammarSpec.from_params(regex=f"x{n}[a-z]{{0,60}}"))
