@@ -959,9 +959,13 @@ class _Converter:
         shortest, longest = length_range(pattern_fsm)
         if lo <= shortest and (hi is None or longest is not None and longest <= hi):
             return body  # the pattern's strings all have an allowed length
-        reshaped = _reshaped_to_lengths(body, lo, hi)
-        if reshaped is not None:
-            return reshaped
+        pad = text.SAFE_RAW_CHAR + "*"
+        if hi is not None and lo <= shortest and not body.startswith(pad) and not body.endswith(pad):
+            # anchored, only the upper bound cuts: its repetitions bounded as far as its
+            # longest string still fits
+            reshaped = _reshaped_to_lengths(body, lo, hi)
+            if reshaped is not None:
+                return reshaped
         top = text.MAX_REPEAT if hi is None else min(hi, text.MAX_REPEAT)
         error: Exception | None = None
         # a long range counts every length in the automaton (states x lengths, each product
@@ -984,6 +988,10 @@ class _Converter:
                                     "matches it")
             if out is not None:
                 return out
+        # past the product's bounds: anchored, its repetitions reshaped (a subset)
+        reshaped = _reshaped_to_lengths(body, lo, hi)
+        if reshaped is not None:
+            return reshaped
         raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with minLength/maxLength "
                                      f"{lo}..{hi} is not supported: {error or 'the automaton is too large'}")
 
@@ -1068,9 +1076,10 @@ def _reshaped_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
         fsm = interegular.parse_pattern(cand).to_fsm()
         shortest, longest = length_range(fsm) or (0, 0)
         least = 0
-        for least in (0, 1, 2, 4, 8, 16, 32, 64, 128, 256):
+        for step in (1, 2, 4, 8, 16, 32, 64, 128, 256):
             if shortest >= lo:
                 break
+            least = step
             raised = interegular.parse_pattern(text.reshaped_repetitions(cand, least, None)).to_fsm()
             if len(raised.states) > _LENGTH_STATES:
                 break
@@ -1080,14 +1089,17 @@ def _reshaped_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
         if hi is None or longest is not None and longest <= hi:
             return text.reshaped_repetitions(cand, least, None) if least else cand
         best = None
-        for most in (1, 2, 4, 8, 16, 32, 64, 128, 256):
-            if most < least:
+        # counted ranges ({17,40}) kept first, lowered too only where that cannot fit
+        for most, cap_counted in itertools.product((1, 2, 4, 8, 16, 32, 64, 128, 256), (False, True)):
+            if most < least or best is not None and cap_counted:
                 continue
-            bounded = text.reshaped_repetitions(cand, least, most)
+            bounded = text.reshaped_repetitions(cand, least, most, cap_counted=cap_counted)
             b_fsm = interegular.parse_pattern(bounded).to_fsm()
             b_range = length_range(b_fsm)
             if b_range is None or b_range[1] is None or b_range[1] > hi or len(b_fsm.states) > _LENGTH_STATES:
-                break
+                if cap_counted or best is not None:
+                    break
+                continue
             if b_range[0] >= lo:
                 best = bounded
             if time.perf_counter() > deadline:  # overlapping repetitions: each step costs more

@@ -329,6 +329,11 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
                 tok = m.group(0)
             else:
                 tok = ch
+            if prev_quant and ch == "?" and ecma and subset:
+                # lazy ('*?', '{2,5}?'): which match a search finds, never whether one exists
+                i += 1
+                prev_quant = can_quantify = False
+                continue
             if prev_quant:
                 raise RegexDialectError(f"regex: lazy/possessive or stacked quantifier at offset {i} is not supported")
             if not can_quantify:

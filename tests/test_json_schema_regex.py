@@ -451,8 +451,11 @@ def test_pattern_and_formats() -> None:
     assert not accepts(name, 'Ada "L"')  # \S never writes a character JSON escapes
     unanchored = {"type": "string", "pattern": "ab"}
     assert accepts(unanchored, "xxabyy") and not accepts(unanchored, "xbay")
-    raises_keyword({"type": "string", "pattern": "^(?=a)"}, "pattern")
-    raises_keyword({"type": "string", "pattern": "^a|b$", "maxLength": 3}, "pattern")
+    starts_a = {"type": "string", "pattern": "^(?=a)"}  # a lookahead, by automata (regex_ecma.py)
+    assert accepts(starts_a, "abc") and not accepts(starts_a, "bac")
+    either = {"type": "string", "pattern": "^a|b$", "maxLength": 3}  # anchors bind per branch
+    assert accepts(either, "axx") and accepts(either, "xb") and not accepts(either, "xa") and not accepts(either, "axxx")
+    raises_keyword({"type": "string", "pattern": "^a(?<=a)"}, "pattern")  # lookbehind: not written
     for fmt, ok, bad in [("date", "2024-02-28", "2024-02-30"), ("uuid", "12345678-1234-1234-1234-123456789abc", "x"),
                          ("ipv4", "192.168.0.1", "256.1.1.1"), ("date-time", "2024-01-01T10:00:00Z", "2024-01-01"),
                          ("email", "a.b@ex.com", "a@b"), ("time", "23:59:59+01:00", "24:00:00Z"),
@@ -1116,7 +1119,8 @@ def test_a_one_character_pattern_with_length_bounds():
     # any other pattern: its automaton intersected with the lengths'
     rx = json_schema_to_regex({"type": "string", "pattern": "^[A-Z]+-[0-9]+$", "maxLength": 8})
     assert re.fullmatch(rx, '"AB-12"') and not re.fullmatch(rx, '"ABCD-1234"')
-    with pytest.raises(ValueError, match="together with minLength/maxLength"):  # unanchored: too long a regex
-        json_schema_to_regex({"type": "string", "pattern": "[A-Z]+", "maxLength": 8})
+    # unanchored, too long a regex as a product: anchored and its repetitions bounded (a subset)
+    rx = json_schema_to_regex({"type": "string", "pattern": "[A-Z]+", "maxLength": 8})
+    assert re.fullmatch(rx, '"ABCD"') and not re.fullmatch(rx, '"ABCDEFGHI"') and not re.fullmatch(rx, '"a"')
     with pytest.raises(ValueError, match="never meet"):
         json_schema_to_regex({"type": "string", "pattern": "^a{5}$", "maxLength": 3})
