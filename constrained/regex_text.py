@@ -233,7 +233,7 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
                 if nxt.isupper() and ecma and subset:
                     out.append(_ecma_negated_shorthand(nxt.lower()))
                 elif nxt.isupper():
-                    out.append("[^" + body + "]")
+                    out.append("[^" + body + (_JSON_UNSAFE_CLASS_BODY if ecma else "") + "]")
                 else:
                     out.append("[" + body + "]")
                 i += 2

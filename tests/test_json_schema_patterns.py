@@ -177,3 +177,11 @@ def test_ecma_only_syntax_python_cannot_read_is_refused() -> None:
     # jsonschema's validator reads patterns with Python's re: an output it cannot check is not written
     with pytest.raises(RegexDialectError, match="Python's re cannot read"):
         pattern_subset_body("^(?<name>[a-z]+)$")
+
+
+def test_pattern_properties_keep_their_reading() -> None:
+    # a patternProperties key set is intersected and subtracted (json_schema_parts.py): it is
+    # not narrowed, and \S there still writes no character JSON escapes
+    schema = {"type": "object", "patternProperties": {"^\\S+$": {"type": "integer"}}, "additionalProperties": False}
+    rx = re.compile(json_schema_to_regex(schema))
+    assert rx.fullmatch('{"a\u00e9":1}') and not rx.fullmatch('{"a":"x"}')
