@@ -73,8 +73,9 @@ class GrammarTooLarge(GrammarCompileError):
 # 10-45 s there, bench_schema_corpus.py); 4,000 alternatives zz<i>[a-z]{0,5} (543,000) took a minute.
 MAX_GRAMMAR_SIZE = 150_000
 # The lazy index's automaton states per unit of max_grammar_size: its cost is linear in them
-# (about 150 bytes each in the scheduler, and its parse), not in the width of its classes.
-LAZY_STATES_PER_SIZE = 4
+# (about 21 bytes each in the scheduler, and their build), not in the width of its classes; the
+# default cap, 3 million states, is about 63 MB (a string of maxLength 256 is ~10,000 states).
+LAZY_STATES_PER_SIZE = 20
 # Bytes an index holds in memory per byte of its pickle (outlines-core's hash maps); measured
 # ~1.5-2 on SmolLM2's vocabulary, so the cache's count errs on the large side.
 _INDEX_MEMORY_FACTOR = 2

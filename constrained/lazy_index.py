@@ -570,11 +570,9 @@ class LazyIndex:
         self.nfa = nfa
         self.max_dfa_states = MAX_DFA_STATES if max_dfa_states is None else max_dfa_states
         self.tokens = tokens
-        self._lo = nfa.lo.tolist()
-        self._hi = nfa.hi.tolist()
-        self._dst = nfa.dst.tolist()
-        self._eps_ptr = nfa.eps_ptr.tolist()
-        self._eps_flat = nfa.eps_dst.tolist()
+        # the NFA's compact arrays themselves (4 bytes an entry; indexing one gives a Python int)
+        self._lo, self._hi, self._dst = nfa.lo, nfa.hi, nfa.dst
+        self._eps_ptr, self._eps_flat = nfa.eps_ptr, nfa.eps_dst
         self._live = self._coreachable() if nfa.dead_ends else None
         self._closure: dict[int, frozenset[int]] = {}
         self._ids: dict[frozenset[int], int] = {}
@@ -755,10 +753,10 @@ class LazyIndex:
         return len(self._sets)
 
     def memory_bytes(self) -> int:
-        """An estimate of what this index holds now (it grows as matchers explore it): ~150
-        bytes an NFA state in Python lists, the dense transition table, the DFA states' sets."""
+        """An estimate of what this index holds now (it grows as matchers explore it): the NFA's
+        arrays, the dense transition table, the DFA states' sets and the closures."""
         held = sum(len(c) for c in self._closure.values()) + sum(len(x) for x in self._sets)
-        return 150 * len(self._lo) + self._table.nbytes + 64 * held + 200 * len(self._sets)
+        return self.nfa.nbytes() + self._table.nbytes + 64 * held + 200 * len(self._sets)
 
     def __reduce__(self) -> Any:
         raise TypeError("a LazyIndex is not pickled: pickle its nfa and rebuild it with the vocabulary")
