@@ -109,12 +109,35 @@ def _subset_body(pattern: str) -> str:
     return body
 
 
+_MAX_NESTING = 48  # groups inside groups: interegular's recursive parser stops near 150
+
+
 def _written(fsm: Any) -> str | None:
-    """``fsm`` as a regex of the dialect; None when it accepts nothing."""
+    """``fsm`` as a regex of the dialect; None when it accepts nothing. One that nests
+    groups too deeply for the parsers that read it next is refused."""
     try:
-        return fsm_to_regex(fsm)
+        out = fsm_to_regex(fsm)
     except ValueError as exc:
         raise RegexDialectError(f"pattern: {exc}") from exc
+    depth = top = 0
+    i = 0
+    while out is not None and i < len(out):
+        c = out[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":  # classes written by fsm_regex.py: escaped ']' only
+            while out[i] != "]":
+                i += 2 if out[i] == "\\" else 1
+        elif c == "(":
+            depth += 1
+            top = max(top, depth)
+        elif c == ")":
+            depth -= 1
+        i += 1
+    if top > _MAX_NESTING:
+        raise RegexDialectError(f"pattern: its automaton's regex nests {top} groups deep")
+    return out
 
 
 @lru_cache(maxsize=256)
