@@ -163,8 +163,12 @@ def lazy_nfa(regex: str, max_size: int | None, what: str = "the grammar") -> Laz
     try:
         return build_nfa(marked(regex), cap)
     except LazyTooLarge:
-        raise too_large(f"{what} (a regex of {len(regex):,} chars)", -(-(cap + 1) // LAZY_STATES_PER_SIZE),
-                        max_size if max_size is not None else cap // LAZY_STATES_PER_SIZE) from None
+        limit = max_size if max_size is not None else cap // LAZY_STATES_PER_SIZE
+        raise GrammarTooLarge(
+            f"{what} (a regex of {len(regex):,} chars) is too large to compile: its byte automaton passes "
+            f"{cap:,} states ({LAZY_STATES_PER_SIZE} a unit), so its size exceeds max_grammar_size {limit:,}; "
+            "simplify the grammar (fewer or shorter maxLength strings, smaller counted repetitions, fewer "
+            "alternatives) or raise max_grammar_size") from None
     except LazyUnsupported:
         return None
 
