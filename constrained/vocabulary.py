@@ -134,6 +134,39 @@ def _compute_table(tokenizer: Any) -> list[bytes | None]:
     return table
 
 
+def _lookup(cache: OrderedDict, key: Any, owner: Any) -> Any:
+    """The value cached under ``key`` for ``owner`` (the object whose id is in the key), or None."""
+    with _cache_lock:
+        hit = cache.get(key)
+        if hit is not None and hit[0] is owner:
+            cache.move_to_end(key)
+            return hit[1]
+    return None
+
+
+def _store(cache: OrderedDict, key: Any, owner: Any, value: Any) -> Any:
+    """Cache ``value`` under ``key`` (``owner`` kept alive with it), least recently used out first."""
+    with _cache_lock:
+        cache[key] = (owner, value)
+        while len(cache) > _CACHE_SIZE:
+            cache.popitem(last=False)
+    return value
+
+
+def _indexed_tokens(table: list[bytes | None], eos: tuple[int, ...]) -> Any:
+    """(bytes, id) of every token a token index knows: the real ones with bytes but the EOS ids,
+    then the placeholder pseudo-tokens (json_holes.py), then the markers' (index_markers.py)."""
+    eos_set = set(eos)
+    for tid, b in enumerate(table):
+        if b and tid not in eos_set:
+            yield b, tid
+    for b, ids in placeholder_vocabulary(len(table)).items():
+        for i in ids:
+            yield b, i
+    for c, i in zip(MARKERS, marker_token_ids(len(table), len(PLACEHOLDERS))):
+        yield c.encode(), i
+
+
 def token_bytes_table(tokenizer: Any) -> list[bytes | None]:
     """Return, for every id < len(tokenizer), the exact bytes the token adds to decoded text.
 
@@ -141,18 +174,8 @@ def token_bytes_table(tokenizer: Any) -> list[bytes | None]:
     cached per tokenizer object (the object is kept alive by the cache) and must not be
     mutated by callers.
     """
-    key = id(tokenizer)
-    with _cache_lock:
-        hit = _table_cache.get(key)
-        if hit is not None and hit[0] is tokenizer:
-            _table_cache.move_to_end(key)
-            return hit[1]
-    table = _compute_table(tokenizer)
-    with _cache_lock:
-        _table_cache[key] = (tokenizer, table)
-        while len(_table_cache) > _CACHE_SIZE:
-            _table_cache.popitem(last=False)
-    return table
+    hit = _lookup(_table_cache, id(tokenizer), tokenizer)
+    return hit if hit is not None else _store(_table_cache, id(tokenizer), tokenizer, _compute_table(tokenizer))
 
 
 def build_vocabulary(tokenizer: Any, eos_token_ids: list[int]) -> tuple[Any, list[bytes | None]]:
@@ -171,28 +194,15 @@ def build_vocabulary(tokenizer: Any, eos_token_ids: list[int]) -> tuple[Any, lis
     if not eos:
         raise ValueError("build_vocabulary needs at least one EOS token id (eos_token_ids=[])")
     key = (id(tokenizer), eos)
-    with _cache_lock:
-        hit = _vocab_cache.get(key)
-        if hit is not None and hit[0] is tokenizer:
-            _vocab_cache.move_to_end(key)
-            return hit[1]
+    hit = _lookup(_vocab_cache, key, tokenizer)
+    if hit is not None:
+        return hit
     table = token_bytes_table(tokenizer)
-    eos_set = set(eos)
     groups: dict[bytes, list[int]] = {}
-    for tid, b in enumerate(table):
-        if b is None or not b or tid in eos_set:
-            continue
+    for b, tid in _indexed_tokens(table, eos):
         groups.setdefault(b, []).append(tid)
-    # the placeholder pseudo-tokens of schema holes (json_holes.py), after every real id
-    for b, ids in placeholder_vocabulary(len(table)).items():
-        groups.setdefault(b, []).extend(ids)
-    for c, i in zip(MARKERS, marker_token_ids(len(table), len(PLACEHOLDERS))):
-        groups.setdefault(c.encode(), []).append(i)
     vocab = Vocabulary(eos[0], groups)
-    with _cache_lock:
-        _vocab_cache[key] = (tokenizer, (vocab, table))
-        while len(_vocab_cache) > _CACHE_SIZE:
-            _vocab_cache.popitem(last=False)
+    _store(_vocab_cache, key, tokenizer, (vocab, table))
     return vocab, table
 
 
@@ -207,21 +217,7 @@ def lazy_tokens(table: list[bytes | None], eos_token_ids: list[int] | tuple[int,
 
     eos = tuple(int(e) for e in eos_token_ids)
     key = (id(table), eos)
-    with _cache_lock:
-        hit = _lazy_cache.get(key)
-        if hit is not None and hit[0] is table:
-            _lazy_cache.move_to_end(key)
-            return hit[1]
-    eos_set = set(eos)
-    tokens = {tid: b for tid, b in enumerate(table) if b and tid not in eos_set}
-    for b, ids in placeholder_vocabulary(len(table)).items():
-        for i in ids:
-            tokens[i] = b
-    for c, i in zip(MARKERS, marker_token_ids(len(table), len(PLACEHOLDERS))):
-        tokens[i] = c.encode()
-    arrays = TokenArrays(tokens)
-    with _cache_lock:
-        _lazy_cache[key] = (table, arrays)
-        while len(_lazy_cache) > _CACHE_SIZE:
-            _lazy_cache.popitem(last=False)
-    return arrays
+    hit = _lookup(_lazy_cache, key, table)
+    if hit is not None:
+        return hit
+    return _store(_lazy_cache, key, table, TokenArrays({i: b for b, i in _indexed_tokens(table, eos)}))
