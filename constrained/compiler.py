@@ -32,7 +32,8 @@ from treadle.constrained.compile_worker import WorkerProcess
 from treadle.constrained.disk_cache import GrammarDiskCache, vocabulary_fingerprint
 from treadle.constrained.grammar import CompiledGrammar, GrammarSpec
 from treadle.constrained.grammar_size import regex_size, schema_size
-from treadle.constrained.index_markers import check_regex, marked
+from treadle.constrained.members import MembersTooLarge, expand_members, has_members, members_safe
+from treadle.constrained.index_markers import MEMBER_CHARS, check_regex, marked
 from treadle.constrained.json_any import JsonAnyGrammar, JsonPushdown, json_any_root
 from treadle.constrained.ebnf import call_boundaries
 from treadle.constrained.json_holes import WRITTEN, Holes, hole_tables, regex_has_holes, schema_allows_holes
@@ -81,6 +82,35 @@ LAZY_STATES_PER_SIZE = 20
 _INDEX_MEMORY_FACTOR = 2
 
 
+# Characters of standard regex text per unit of max_grammar_size that ordered members
+# (members.py) may spell out to for outlines-core's index; the text is then judged by its size.
+MEMBERS_CHARS_PER_SIZE = 8
+
+
+def standard_regex(regex: str, max_size: int | None, what: str = "the grammar") -> str:
+    """``regex`` as standard text for every reader but the lazy index: its ordered-members nodes
+    spelt out (members.py). ``GrammarTooLarge`` naming max_grammar_size when that text would
+    pass ``MEMBERS_CHARS_PER_SIZE`` characters a unit of ``max_size`` (None: the default cap)."""
+    if not has_members(regex):
+        return regex
+    limit = MAX_GRAMMAR_SIZE if max_size is None else max_size
+    cap = MEMBERS_CHARS_PER_SIZE * limit
+    try:
+        return expand_members(regex, cap)
+    except MembersTooLarge:
+        raise GrammarTooLarge(
+            f"{what} (a regex of {len(regex):,} chars) is too large to compile with outlines-core's index: its "
+            f"objects' optional properties spelt out (~N^2) pass {cap:,} characters ({MEMBERS_CHARS_PER_SIZE} a "
+            f"unit), so its size exceeds max_grammar_size {limit:,}; use the lazy grammar index, simplify the "
+            "schema or raise max_grammar_size") from None
+
+
+def _members_ok(spec: GrammarSpec | None) -> bool:
+    """Whether ``spec``'s regex may hold ordered-members nodes (a JSON schema that does not
+    name their code points, members.members_safe)."""
+    return spec is not None and spec.kind == "json_schema" and members_safe(spec.value)
+
+
 def too_large(what: str, size: int, cap: int) -> GrammarTooLarge:
     return GrammarTooLarge(
         f"{what} is too large to compile: its estimated size {size:,} exceeds max_grammar_size {cap:,} "
@@ -106,7 +136,7 @@ def build_compiled_grammar(
     """
     from outlines_core import Index
 
-    _check_reserved(regex, spec is not None and _holes_apply(spec))
+    _check_reserved(regex, spec is not None and _holes_apply(spec), _members_ok(spec))
     vocab, table = build_vocabulary(tokenizer, list(eos_token_ids))
     t0 = time.perf_counter()
     nfa = lazy_nfa(regex, None)
@@ -115,7 +145,9 @@ def build_compiled_grammar(
         index = LazyIndex(nfa, tokens)
     else:
         try:
-            index = Index(marked(regex), vocab)
+            index = Index(marked(standard_regex(regex, None)), vocab)
+        except GrammarTooLarge:
+            raise
         except ValueError as e:
             raise GrammarCompileError(f"compile of regex of {len(regex)} chars was rejected: {e}") from e
     num_tokens = min(len(table), int(vocab_size))
@@ -135,10 +167,12 @@ def build_compiled_grammar(
     )
 
 
-def _check_reserved(regex: str, holes: bool) -> None:
+def _check_reserved(regex: str, holes: bool, members: bool = False) -> None:
     """``ValueError`` when ``regex`` names the reserved code points (index_markers.py); a
-    regex with holes may hold their placeholders."""
-    check_regex(regex, WRITTEN if holes else frozenset())
+    regex with holes may hold their placeholders, one of a schema that ``_members_ok`` the
+    ordered-members markers."""
+    allowed = WRITTEN if holes else frozenset()
+    check_regex(regex, allowed | MEMBER_CHARS if members else allowed)
 
 
 def spec_regex(spec: GrammarSpec, whitespace_pattern: str | None, mode: str, holes: bool, depth: int,
@@ -179,9 +213,12 @@ def spec_automaton(spec: GrammarSpec, whitespace_pattern: str | None, mode: str,
     index reads it, its byte NFA (then nothing is left to build but the ``LazyIndex``). The size
     cap is judged on what will be built: the NFA's states, or outlines-core's estimate
     (grammar_size.py)."""
-    regex = spec.to_regex(whitespace_pattern, mode, holes=holes, max_recursion_depth=depth)
-    _check_reserved(regex, holes)
+    members = _members_ok(spec)
+    regex = spec.to_regex(whitespace_pattern, mode, holes=holes, max_recursion_depth=depth, members=members)
+    _check_reserved(regex, holes, members)
     nfa = lazy_nfa(regex, max_size, f"the {spec.kind} grammar") if lazy else None
+    if nfa is None:  # outlines-core's index: standard text (ordered members spelt out)
+        regex = standard_regex(regex, max_size, f"the {spec.kind} grammar")
     if nfa is None and max_size is not None:
         size = regex_size(regex)
         if size > max_size:
@@ -202,7 +239,7 @@ def precheck(spec: GrammarSpec, max_size: int) -> None:
             schema = json.loads(spec.value)
         except RecursionError as e:  # a ValueError (a 400), not an error of the caller's thread
             raise ValueError("json_schema nests too deeply to compile") from e
-        size, where = schema_size(schema)
+        size, where = schema_size(schema, members_safe(spec.value))
         if size > max_size:
             raise too_large(f"the json_schema (the object at {where}, {round(size ** 0.5):,} optional "
                             "properties)", size, max_size)
@@ -531,6 +568,7 @@ class GrammarCompiler:
                 _settle(fut, self._grammar(spec, regex, index, time.perf_counter() - t0))
                 self._settled_grammar()
                 return
+            regex = standard_regex(regex, self._max_size, f"the {spec.kind} grammar")  # for outlines-core
             if self._disk is not None:
                 hit = self._disk.load(regex)
                 if hit is not None:

@@ -101,21 +101,22 @@ class GrammarSpec:
         return GrammarSpec("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
 
     def to_regex(self, whitespace_pattern: str | None = None, json_schema_mode: str = "strict",
-                 holes: bool = False, max_recursion_depth: int = 3) -> str:
+                 holes: bool = False, max_recursion_depth: int = 3, members: bool = False) -> str:
         """Translate the spec to the regex the token FSM is built from.
 
         ``json_schema_mode`` ("strict" or "spec") applies to JSON schemas (a structural tag's too); see
         ``json_schema_to_regex``. ``holes`` writes placeholders (json_holes.py): a schema's
         any-values and recursive ``$ref``s, an EBNF grammar's nesting recursion as calls.
         ``max_recursion_depth`` bounds the unrolling of ``$ref`` cycles and of nesting EBNF
-        rules where they are not calls. Raises ``ValueError`` (``UnsupportedSchemaError`` for schemas, ``EbnfError``
+        rules where they are not calls. ``members`` lets a JSON schema's long property sequences be
+        ordered-members nodes (members.py: only the lazy index reads them). Raises ``ValueError`` (``UnsupportedSchemaError`` for schemas, ``EbnfError``
         for grammars) on anything the regex backend cannot represent faithfully.
         """
         if self.reasoning:
             from treadle.constrained.reasoning_prefix import after_reasoning
 
             inner = GrammarSpec(self.kind, self.value).to_regex(whitespace_pattern, json_schema_mode, holes=holes,
-                                                                max_recursion_depth=max_recursion_depth)
+                                                                max_recursion_depth=max_recursion_depth, members=members)
             return after_reasoning(inner, self.reasoning)
         # Imported lazily: json_schema.py is a sibling owned separately and pulls more in.
         from treadle.constrained.ebnf import ebnf_to_regex
@@ -135,7 +136,7 @@ class GrammarSpec:
         if self.kind == "json_schema":
             return json_schema_to_regex(
                 json.loads(self.value), whitespace_pattern=whitespace_pattern, mode=json_schema_mode, holes=holes,
-                max_recursion_depth=max_recursion_depth)
+                max_recursion_depth=max_recursion_depth, members=members)
         raise ValueError(f"unknown grammar kind {self.kind!r}")
 
 

@@ -12,14 +12,19 @@ minute. It reads the regex once with one C-level tokenizing pass, so a 100k-char
 judged in milliseconds, before any parsing or building.
 
 A JSON schema is judged twice: before its translation, by the optional properties of each
-object (strict mode writes an object of N optional properties as ~N^2 pieces, so a schema of
-thousands of them would take minutes and gigabytes only to be translated), and after it, by its
-regex.
+object, and after it, by its regex. Spelt out, strict mode writes an object of N optional
+properties as ~N^2 pieces (a schema of thousands of them would take minutes and gigabytes only
+to be translated); the compile path writes a long sequence as an ordered-members node instead
+(members.py), whose automaton builds each property once: N. An ordered-members node in a
+regex counts its entries once and its separator once per entry.
 """
 from __future__ import annotations
 
 import re
 from typing import Any
+
+from treadle.constrained.index_markers import (MEMBER_OPTIONAL, MEMBER_REQUIRED, MEMBERS_CLOSE, MEMBERS_OPEN,
+                                               MEMBERS_OPEN_NONEMPTY)
 
 __all__ = ["WIDE", "regex_size", "schema_size"]
 
@@ -31,8 +36,12 @@ _TOKEN = re.compile(
     r"|\{\d+(?:,\d*)?\}"  # a counted repetition
     r"|\((?:\?(?:[:=!]|<[=!]|P?<\w+>))?"  # a group's start
     r"|[)|*+?.]"
-    r"|[^\\\[\](){}|*+?.]+",  # a run of literal characters
+    rf"|[{MEMBERS_OPEN}{MEMBERS_OPEN_NONEMPTY}{MEMBER_REQUIRED}{MEMBER_OPTIONAL}{MEMBERS_CLOSE}]"  # ordered members
+    rf"|[^\\\[\](){{}}|*+?.{MEMBERS_OPEN}-{MEMBERS_CLOSE}]+",  # a run of literal characters
     re.S)
+
+
+_MEMBERS = frozenset((MEMBERS_OPEN, MEMBERS_OPEN_NONEMPTY, MEMBER_REQUIRED, MEMBER_OPTIONAL, MEMBERS_CLOSE))
 
 
 def _class_width(text: str) -> int:
@@ -57,10 +66,33 @@ def regex_size(regex: str) -> int:
     """The weighted position count of ``regex`` (see the module docstring). Never raises: text
     that is not a valid regex gets some estimate, and the regex's own check rejects it later."""
     stack: list[tuple[int, int]] = []
+    members: list[list[int]] = []  # the ordered-members nodes open (members.py)
     alts = cur = last = 0  # this group's finished alternatives, the current one, its last atom
     for m in _TOKEN.finditer(regex):
         t = m.group()
         c = t[0]
+        if c in _MEMBERS:  # a group whose parts add up like alternatives, the separator per entry
+            if c in (MEMBERS_OPEN, MEMBERS_OPEN_NONEMPTY):
+                stack.append((alts, cur))
+                members.append([0, 0])  # [its separator's size, entries so far]
+                alts = cur = last = 0
+            elif c == MEMBERS_CLOSE and members:
+                sep, n = members.pop()
+                size = alts + cur + sep * max(n - 1, 0)
+                if stack:
+                    alts, cur = stack.pop()
+                cur += size
+                last = size
+            else:  # an entry begins: what came before it was the separator or an entry
+                if members and members[-1][1] == 0:
+                    members[-1][0] = alts + cur
+                    alts = cur = last = 0
+                else:
+                    alts += cur
+                    cur = last = 0
+                if members:
+                    members[-1][1] += 1
+            continue
         if c == "(":
             stack.append((alts, cur))
             alts = cur = last = 0
@@ -99,8 +131,9 @@ def regex_size(regex: str) -> int:
     return alts + cur
 
 
-def schema_size(schema: Any) -> tuple[int, str]:
-    """(the largest number of optional properties of one object, squared; the JSON path of that
+def schema_size(schema: Any, members: bool = False) -> tuple[int, str]:
+    """(the largest number of optional properties of one object, squared, or as it is with
+    ``members`` (its translation may write ordered-members nodes); the JSON path of that
     object) over every object ``schema`` declares. Iterative (a deep schema cannot overflow the
     stack); a node's keys are read only where they are mappings."""
     worst, where = 0, "$"
@@ -113,8 +146,9 @@ def schema_size(schema: Any) -> tuple[int, str]:
                 req = node.get("required")
                 required = set(req) if isinstance(req, list) and all(isinstance(r, str) for r in req) else set()
                 n = sum(1 for k in props if k not in required)
-                if n * n > worst:
-                    worst, where = n * n, path
+                size = n if members else n * n
+                if size > worst:
+                    worst, where = size, path
             todo.extend((v, f"{path}.{k}") for k, v in node.items() if isinstance(v, (dict, list)))
         elif isinstance(node, list):
             todo.extend((v, f"{path}[{i}]") for i, v in enumerate(node) if isinstance(v, (dict, list)))

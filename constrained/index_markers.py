@@ -23,7 +23,23 @@ No mask ever allows a pseudo-token: their ids come after every real one. Real to
 not spell the markers either, so under a regex grammar no token holding the byte 0xF4 is
 allowed (``reserved_token_ids``): that is the lead byte of U+100000-U+10FFFF, which a regex
 grammar therefore never writes, and which a grammar may not ask for (``check_regex``). The
-hole placeholders (json_holes.py) live there too.
+hole placeholders (json_holes.py) live there too, and so do the "ordered members" markers
+below (members.py).
+
+Ordered members: the JSON-schema translator writes an object's declared properties (required
+always, optional maybe, a separator between) as one node, which the lazy index builds as a
+linear automaton (lazy_index.py) instead of today's spelt-out alternatives, whose text grows
+with the square of the optional properties. Its syntax, nesting like a group::
+
+    MEMBERS_OPEN sep (MEMBER_REQUIRED entry | MEMBER_OPTIONAL entry)+ MEMBERS_CLOSE
+
+``MEMBERS_OPEN_NONEMPTY`` in place of ``MEMBERS_OPEN`` leaves out the empty sequence. ``sep``
+and each ``entry`` are regexes. The markers are U+10FFF0-U+10FFF4, free beside the calls
+(U+10FFE0-U+10FFEF), the entry (U+10FFF7), the index markers (U+10FFF8-9) and the holes
+(U+10FFFA-D). They never stand for characters: every reader that is not the lazy index gets
+the standard regex of ``members.expand_members``, and a grammar holding them literally is
+refused (``check_regex``; a schema that names code points near them is translated without
+them, ``members.members_safe``).
 
 Importing this module does not import torch.
 """
@@ -32,12 +48,19 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["END_CHAR", "RESERVED_LEAD", "START_CHAR", "check_regex", "initial_state", "is_final", "marked",
+__all__ = ["END_CHAR", "MEMBER_CHARS", "MEMBER_OPTIONAL", "MEMBER_REQUIRED", "MEMBERS_CLOSE", "MEMBERS_OPEN",
+           "MEMBERS_OPEN_NONEMPTY", "RESERVED_LEAD", "START_CHAR", "check_regex", "initial_state", "is_final", "marked",
            "marker_token_ids", "reserved_token_ids"]
 
 START_CHAR = "\U0010FFF8"
 END_CHAR = "\U0010FFF9"  # next to the hole placeholders (json_holes.py), U+10FFFA-D
 MARKERS = (START_CHAR, END_CHAR)
+MEMBERS_OPEN = "\U0010FFF0"  # ordered members, the empty sequence included
+MEMBERS_OPEN_NONEMPTY = "\U0010FFF1"  # ordered members, at least one present
+MEMBER_REQUIRED = "\U0010FFF2"  # the next entry is required
+MEMBER_OPTIONAL = "\U0010FFF3"  # the next entry is optional
+MEMBERS_CLOSE = "\U0010FFF4"
+MEMBER_CHARS = frozenset((MEMBERS_OPEN, MEMBERS_OPEN_NONEMPTY, MEMBER_REQUIRED, MEMBER_OPTIONAL, MEMBERS_CLOSE))
 RESERVED_LEAD = 0xF4  # the first UTF-8 byte of U+100000-U+10FFFF
 _reserved_cache: dict[int, tuple[list, frozenset[int]]] = {}
 

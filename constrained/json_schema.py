@@ -49,6 +49,7 @@ from treadle.constrained.fsm_regex import fsm_to_regex, length_range
 from treadle.constrained.json_schema_dialects import to_2020_12
 from treadle.constrained.json_schema_logic import complement, conditional_branches, contains_as_prefix, dependencies_as_anyof
 from treadle.constrained.json_holes import CALL_CHARS, HOLE_CHARS, MAX_CALLS, schema_allows_holes, with_definitions
+from treadle.constrained.members import members_safe
 from treadle.constrained.json_schema_parts import (
     ANNOTATIONS,
     DYNAMIC_REFS,
@@ -113,6 +114,7 @@ def json_schema_to_regex(
     max_recursion_depth: int = 3,
     mode: Literal["strict", "spec"] = "strict",
     holes: bool = False,
+    members: bool = False,
 ) -> str:
     """Compile a JSON Schema (draft 2020-12) to a regex matching only valid JSON texts.
 
@@ -124,13 +126,16 @@ def json_schema_to_regex(
     can express); see the module docstring. ``holes=True`` writes a placeholder character
     for each any-value (and free-form object / array) instead of a bounded regex for it,
     to be run on the pushdown automaton (json_holes.py); it needs compact output and is
-    ignored where ``schema_allows_holes`` says no.
+    ignored where ``schema_allows_holes`` says no. ``members=True`` (the compile path) writes an
+    object's long spelt-out property sequence as one ordered-members node, which only the lazy
+    index reads (members.py; ``expand_members`` gives the standard text).
     Raises ``UnsupportedSchemaError`` (a ``ValueError``) for keywords it cannot enforce.
     """
     schema = _checked(schema, whitespace_pattern, max_recursion_depth, mode)
     holes = holes and not whitespace_pattern and schema_allows_holes(json.dumps(schema, ensure_ascii=False))
     try:
         conv = _Converter(schema, whitespace_pattern or "", max_recursion_depth, mode, holes)
+        conv.members = members and members_safe(json.dumps(schema, ensure_ascii=False))
         root = conv.convert(schema, "$")
         return with_definitions(root, conv.definitions)
     except RecursionError as exc:
@@ -346,6 +351,7 @@ class _Converter:
         self.root = root
         self.holes = holes
         self.calls = holes and calls  # recursive refs as calls (holes only)
+        self.members = False  # ordered-members nodes for long property sequences (json_schema_to_regex)
         self.mode = mode
         self.ws = ws
         self.max_depth = max_depth

@@ -14,6 +14,7 @@ import interegular
 import referencing.exceptions
 
 from treadle.constrained.fsm_regex import fsm_to_regex
+from treadle.constrained.members import MEMBERS_MIN_CHARS, members_text, spell_members, spelt_length
 from treadle.constrained.regex_text import MAX_REPEAT, escape_literal, excluded_key_regex, pattern_to_body
 
 if TYPE_CHECKING:
@@ -526,9 +527,10 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
             raise Unsatisfiable(f"json_schema: keyword 'minProperties' at {path}: fewer properties can be written")
         for e in optional[:need]:
             e[1] = True  # too many choices to spell out: the first optional ones are required (narrower)
+    members = getattr(conv, "members", False)  # the linear node where spelt out is long (members.py)
     if extra is None or n_extra == 0:
-        return conv.OPEN_O + _sequence(entries, conv.COMMA) + conv.CLOSE_O
-    return conv.OPEN_O + _open_sequence(entries, extra, n_extra, conv.COMMA) + conv.CLOSE_O
+        return conv.OPEN_O + _sequence(entries, conv.COMMA, members=members) + conv.CLOSE_O
+    return conv.OPEN_O + _open_sequence(entries, extra, n_extra, conv.COMMA, members) + conv.CLOSE_O
 
 
 COUNTED_MAX = 20_000  # characters of a counted sequence spelt out (min/maxProperties over optional members)
@@ -735,7 +737,7 @@ class PropertyNames:
         return _key_regex(_fsm(valid) & _fsm(excluded_key_regex(names)), "propertyNames", self.path)
 
 
-def _open_sequence(entries: list[list], extra: str, n_extra: int | None, comma: str) -> str:
+def _open_sequence(entries: list[list], extra: str, n_extra: int | None, comma: str, members: bool = False) -> str:
     """The declared entries as in ``_sequence``, then up to ``n_extra`` extra members."""
 
     def more(n: int | None) -> str:
@@ -744,34 +746,30 @@ def _open_sequence(entries: list[list], extra: str, n_extra: int | None, comma: 
         return f"(?:{comma}{extra})" + ("*" if n is None else "?" if n == 1 else f"{{0,{n}}}")
 
     if any(req for _, req in entries):  # something precedes the extras: each takes a comma
-        return _sequence(entries, comma) + more(n_extra)
+        return _sequence(entries, comma, members=members) + more(n_extra)
     first_extra = extra + more(None if n_extra is None else n_extra - 1)
     if not entries:
         return f"(?:{first_extra})?"
-    declared = _sequence(entries, comma, allow_empty=False)
+    declared = _sequence(entries, comma, allow_empty=False, members=members)
     if n_extra is None:
         return f"(?:(?:{declared}|{extra}){more(None)})?"
     return f"(?:{declared}{more(n_extra)}|{first_extra})?"
 
 
-def _sequence(entries: list[list], comma: str, allow_empty: bool = True) -> str:
+def _sequence(entries: list[list], comma: str, allow_empty: bool = True, members: bool = False) -> str:
     """Entries in order, required always present, optional maybe; commas only between.
 
-    ``allow_empty=False`` leaves out the empty sequence (matters when all are optional)."""
-    after = [""] * (len(entries) + 1)  # after[i]: entries i.. once something was emitted
-    for i in range(len(entries) - 1, -1, -1):
-        text, req = entries[i]
-        after[i] = (comma + text if req else f"(?:{comma}{text})?") + after[i + 1]
-    first = ""  # entries i.. when nothing was emitted yet
-    for i in range(len(entries) - 1, -1, -1):
-        text, req = entries[i]
-        if req:
-            first = text + after[i + 1]
-        elif first:
-            first = f"(?:{text}{after[i + 1]}|{first})"
-        else:
-            first = f"(?:{text}{after[i + 1]})" + ("?" if allow_empty else "")
-    return first
+    ``allow_empty=False`` leaves out the empty sequence (matters when all are optional).
+    Spelt out, an optional entry's text repeats each later one (~N^2 text for N optional);
+    with ``members`` (the compile path, members.py) a sequence that would spell out past
+    ``MEMBERS_MIN_CHARS`` is written as one ordered-members node instead (same language)."""
+    pairs = [(text, bool(req)) for text, req in entries]
+    if not pairs:
+        return ""
+    if members and not all(req for _, req in pairs) and \
+            spelt_length(pairs, comma, allow_empty) > MEMBERS_MIN_CHARS:
+        return members_text(pairs, comma, allow_empty)
+    return spell_members(pairs, comma, allow_empty)
 
 
 def _map_regex(conv: _Converter, schema: dict, entries: list[list], undeclared: Any, lo: int, hi: int | None, path: str,

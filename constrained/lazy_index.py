@@ -24,7 +24,13 @@ the same meaning: the tests compare the two state by state over the whole vocabu
 
 The regex dialect is what treadle's translators write (regex_text.py): literals, classes
 with ranges and escapes, ``.``, ``(?:...)`` and plain groups, ``|``, ``? * +``, ``{m}``,
-``{m,}``, ``{m,n}``. Anything else (``\\d \\w \\s`` and their Unicode meanings, anchors,
+``{m,}``, ``{m,n}``, and the ordered-members node of the JSON-schema translator (members.py,
+index_markers.py), built as a linear automaton: states A_k (nothing written yet, entries k..
+left) and B_k (something written): A_k -eps-> A_k+1 for an optional entry, A_k -E_k-> B_k+1,
+B_k -eps-> B_k+1 for an optional entry, B_k -sep E_k-> B_k+1; A_N accepts when the empty
+sequence is allowed, B_N accepts. Each entry is built once (both ways in lead to it, and it
+leads on to B_k+1 either way), where its spelt-out regex repeats it once per optional entry
+before it. Anything else (``\\d \\w \\s`` and their Unicode meanings, anchors,
 lookaround, flags, nested classes) raises ``LazyUnsupported``, and the compiler builds
 outlines-core's index for that regex as before.
 
@@ -40,6 +46,9 @@ from typing import Any
 
 import numpy as np
 
+from treadle.constrained.index_markers import (MEMBER_OPTIONAL, MEMBER_REQUIRED, MEMBERS_CLOSE, MEMBERS_OPEN,
+                                               MEMBERS_OPEN_NONEMPTY)
+
 __all__ = ["LazyIndex", "LazyIndexExhausted", "LazyNFA", "LazyUnsupported", "TokenArrays", "build_nfa"]
 
 MAX_CODE = 0x10FFFF
@@ -53,7 +62,10 @@ class LazyUnsupported(ValueError):
 # ---------------------------------------------------------------------------- parsing
 
 # AST nodes: ("lit", ranges) a set of code points as sorted disjoint (lo, hi) ranges;
-# ("seq", [nodes]); ("alt", [nodes]); ("rep", node, min, max or None)
+# ("seq", [nodes]); ("alt", [nodes]); ("rep", node, min, max or None);
+# ("members", sep node, [(entry node, required)], allow_empty): ordered members (see above)
+
+_STOPS = "|)" + MEMBER_REQUIRED + MEMBER_OPTIONAL + MEMBERS_CLOSE  # where a sequence ends
 
 _SIMPLE_ESCAPES = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "a": 0x07}
 
@@ -105,7 +117,7 @@ class _Parser:
     def seq(self) -> tuple:
         items: list[tuple] = []
         s = self.s
-        while self.i < len(s) and s[self.i] not in "|)":
+        while self.i < len(s) and s[self.i] not in _STOPS:
             atom = self.atom()
             while self.i < len(s) and s[self.i] in "*+?{":
                 atom = self.quantifier(atom)
@@ -149,6 +161,8 @@ class _Parser:
             return node
         if c == "[":
             return ("lit", self.cls())
+        if c == MEMBERS_OPEN or c == MEMBERS_OPEN_NONEMPTY:
+            return self.members()
         if c == ".":
             self.i += 1
             return ("lit", _normalize([(0, 0x09), (0x0B, MAX_CODE)]))
@@ -161,6 +175,22 @@ class _Parser:
             raise self.fail(f"a quantifier {c!r} with nothing before it")
         self.i += 1
         return ("lit", ((ord(c), ord(c)),))
+
+    def members(self) -> tuple:
+        """``OPEN sep (REQUIRED|OPTIONAL entry)+ CLOSE`` (index_markers.py)."""
+        s = self.s
+        allow_empty = s[self.i] == MEMBERS_OPEN
+        self.i += 1
+        sep = self.alt()
+        entries = []
+        while self.i < len(s) and s[self.i] in (MEMBER_REQUIRED, MEMBER_OPTIONAL):
+            required = s[self.i] == MEMBER_REQUIRED
+            self.i += 1
+            entries.append((self.alt(), required))
+        if self.i >= len(s) or s[self.i] != MEMBERS_CLOSE or not entries:
+            raise self.fail("a malformed ordered-members node")
+        self.i += 1
+        return ("members", sep, entries, allow_empty)
 
     def escape(self) -> int:
         """One escaped code point at ``\\``; classes (\\d ...) are not read here."""
@@ -382,6 +412,8 @@ class _Builder:
                 self.eps(cur, a)
                 cur = b
             return entry, cur
+        if kind == "members":
+            return self.members(node)
         if kind == "alt":
             entry, exit_ = self.new(), self.new()
             for child in node[1]:
@@ -407,6 +439,39 @@ class _Builder:
             cur = b
         self.eps(cur, exit_)
         return entry, exit_
+
+    def members(self, node: tuple) -> tuple[int, int]:
+        """The linear automaton of ordered members (module docstring). A_k is needed up to the
+        first required entry (past it something was written), B_k from the second entry on.
+        Entry k is built once: A_k and B_k's separator both lead into it, and it leads to
+        B_k+1 whichever way it was entered, so one copy accepts exactly what two would."""
+        _, sep, entries, allow_empty = node
+        n = len(entries)
+        first_req = next((k for k, (_, req) in enumerate(entries) if req), n)
+        a_last = min(first_req, n - 1)  # the last entry written from an A state
+        exit_ = self.new()
+        a = [self.new() for _ in range(a_last + 1)]  # A_0 .. A_a_last
+        b = [-1] + [self.new() for _ in range(1, n + 1)]  # B_1 .. B_n
+        self.eps(b[n], exit_)
+        for k, (body, req) in enumerate(entries):
+            e_in, e_out = self.frag(body)
+            self.eps(e_out, b[k + 1])
+            if k <= a_last:
+                self.eps(a[k], e_in)
+                if not req:  # A_k -eps-> A_k+1 (A_n: the empty sequence)
+                    if k < a_last:
+                        self.eps(a[k], a[k + 1])
+                    elif allow_empty:  # k == n - 1, every entry optional
+                        self.eps(a[k], exit_)
+                    else:
+                        self.dead_ends = True  # A_n has no way out: those paths are dead
+            if k >= 1:
+                s_in, s_out = self.frag(sep)
+                self.eps(b[k], s_in)
+                self.eps(s_out, e_in)
+                if not req:
+                    self.eps(b[k], b[k + 1])
+        return a[0], exit_
 
     def copies(self, body: tuple, k: int) -> list[tuple[int, int]]:
         """``k`` fragments of ``body``: one built, the others copied from its states shifted
