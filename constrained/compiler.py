@@ -115,7 +115,7 @@ def too_large(what: str, size: int, cap: int) -> GrammarTooLarge:
     return GrammarTooLarge(
         f"{what} is too large to compile: its estimated size {size:,} exceeds max_grammar_size {cap:,} "
         "(a regex's automaton positions, a character class weighted by its width, a repetition {m,n} "
-        "by n; an object's optional properties squared); simplify the grammar or raise max_grammar_size")
+        "by n; an object's optional properties, squared where they are spelt out); simplify the grammar or raise max_grammar_size")
 
 
 def build_compiled_grammar(
@@ -239,10 +239,11 @@ def precheck(spec: GrammarSpec, max_size: int) -> None:
             schema = json.loads(spec.value)
         except RecursionError as e:  # a ValueError (a 400), not an error of the caller's thread
             raise ValueError("json_schema nests too deeply to compile") from e
-        size, where = schema_size(schema, members_safe(spec.value))
+        members = members_safe(spec.value)
+        size, where = schema_size(schema, members)
         if size > max_size:
-            raise too_large(f"the json_schema (the object at {where}, {round(size ** 0.5):,} optional "
-                            "properties)", size, max_size)
+            n = size if members else round(size ** 0.5)
+            raise too_large(f"the json_schema (the object at {where}, {n:,} optional properties)", size, max_size)
 
 
 def _holes_apply(spec: GrammarSpec) -> bool:
