@@ -372,6 +372,20 @@ class LazyNFA:
         return sum(a.itemsize * len(a) for a in (self.lo, self.hi, self.dst, self.eps_ptr, self.eps_dst))
 
 
+def _loop_tail(items: list, t: int) -> int:
+    """m > 0 when ``items[t]`` is ``(S X)*`` (S not empty) and X is ``items[t-m:t]``: the JSON
+    translator's list ``X(?:,X)*``, whose X is then built once instead of twice (each level of
+    nested arrays would double the automaton)."""
+    node = items[t]
+    if node[0] != "rep" or node[2] != 0 or node[3] is not None or node[1][0] != "seq":
+        return 0
+    body = node[1][1]
+    for m in range(min(len(body) - 1, t), 0, -1):
+        if body[-m:] == items[t - m:t]:
+            return m
+    return 0
+
+
 class _Builder:
     def __init__(self, max_states: int) -> None:
         self.lo = array("i")
@@ -406,11 +420,24 @@ class _Builder:
         if kind == "lit":
             return self.lit(node[1])
         if kind == "seq":
+            items = node[1]
             entry = cur = self.new()
-            for child in node[1]:
-                a, b = self.frag(child)
-                self.eps(cur, a)
-                cur = b
+            pos = [cur]  # pos[t]: the state after items[:t] (a fragment's exit has no edge of its own)
+            for t, child in enumerate(items):
+                m = _loop_tail(items, t)
+                if m:  # X (S X)*: X built once, S leads back into it (what follows X is alike)
+                    loop = self.new()
+                    self.eps(cur, loop)
+                    sep = child[1][1][:-m]
+                    a, b = self.frag(sep[0] if len(sep) == 1 else ("seq", sep))
+                    self.eps(loop, a)
+                    self.eps(b, pos[t - m])
+                    cur = loop
+                else:
+                    a, b = self.frag(child)
+                    self.eps(cur, a)
+                    cur = b
+                pos.append(cur)
             return entry, cur
         if kind == "members":
             return self.members(node)

@@ -27,6 +27,9 @@ REGEXES = [
     r"héllo|wörld|日本[一-龥]{1,3}|[\u0400-\u04ff]+",
     r"(?:yes|no|maybe){1,3}\.",
     r"[^a-z\n]{1,4}x",
+    # lists X(?:,X)*, X built once (lazy_index._loop_tail), X a group or flattened into the sequence
+    r'\[(?:\{"a":[0-9]\}(?:, ?\{"a":[0-9]\})*)?\]',
+    r"(?:ab|c)(?:,(?:ab|c))*;|xa(?:ba)*",
 ]
 
 
