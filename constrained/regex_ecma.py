@@ -46,6 +46,7 @@ __all__ = ["pattern_subset_body"]
 
 _FLAGS = re.compile(r"\(\?([ims]+)\)")
 _NAMED = re.compile(r"\(\?P?<([A-Za-z_][A-Za-z0-9_]*)>")
+_PROPERTY = re.compile(r"\\[pP]\{[^}]*\}")
 _LOOK = ("(?=", "(?!", "(?<=", "(?<!")
 # every character Python's str \s or ECMA's \s matches (str.isspace, and U+FEFF for ECMA)
 _WIDE_SPACE = "".join(f"\\u{c:04x}" for c in range(0x110000) if chr(c).isspace() and c < 0x10000) + "\\ufeff"
@@ -60,7 +61,7 @@ def pattern_subset_body(pattern: str) -> str:
     except RegexDialectError as exc:
         first = exc
     try:
-        re.compile(pattern)
+        re.compile(_PROPERTY.sub("p", pattern))  # (Unicode property escapes: regex_text reads them)
     except re.error as exc:  # jsonschema's validator (Python's re) could not check an output
         raise RegexDialectError(f"{first} (and Python's re cannot read the pattern: {exc})") from exc
     try:

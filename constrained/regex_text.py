@@ -13,6 +13,9 @@ quantifiers, no named groups, no inline flags, no anchors. A user's regex may al
 from __future__ import annotations
 
 import re
+import unicodedata as _unicodedata
+from functools import lru_cache as _lru_cache
+from typing import Any
 
 import interegular
 
@@ -228,6 +231,10 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
                 ch_, size = _code_point_escape(pattern, i)
                 out.append(escape_literal(ch_))
                 i += size
+            elif nxt in "pP" and ecma:  # \\p{L} outside a class: as the class [\\p{L}]
+                size = _property_escape_size(pattern, i)
+                out.append(_property_class(pattern[i:i + size], [pattern[i:i + size]], "", False, subset, i))
+                i += size
             elif nxt.lower() in _SHORTHAND:
                 body = _shorthand_body(nxt.lower(), ecma)
                 if nxt.isupper() and ecma and subset:
@@ -251,13 +258,21 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
             body_parts: list[str] = []
             negated_shorthands: list[str] = []
             shorthands: set[str] = set()  # \\d \\w \\s in the class
+            properties: list[str] = []  # \\p{..} / \\P{..} in the class (ecma)
+            raw_rest: list[str] = []  # the class's other items as the pattern writes them
             if j < n and pattern[j] == "]":
                 if ecma:  # ECMA reads '[]' as an empty class, Python/Rust as a literal ']'
                     raise RegexDialectError(f"regex: ']' first in a class at offset {j} is ambiguous; escape it")
                 body_parts.append("\\]")
                 j += 1
             while j < n and pattern[j] != "]":
+                if pattern[j] == "\\" and ecma and pattern[j + 1 : j + 2] in ("p", "P"):
+                    size = _property_escape_size(pattern, j)
+                    properties.append(pattern[j:j + size])
+                    j += size
+                    continue
                 if pattern[j] == "\\":
+                    raw_rest.append(pattern[j:j + 2])
                     e = pattern[j + 1 : j + 2]
                     if e in _SHORTHAND:
                         shorthands.add(e)
@@ -265,10 +280,12 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
                     elif e.lower() in _SHORTHAND and e.isupper():  # \S \D \W: resolved below
                         negated_shorthands.append(e.lower())
                     elif e == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[j + 2 : j + 4]):
+                        raw_rest[-1] = pattern[j : j + 4]
                         body_parts.append(pattern[j : j + 4])
                         j += 2
                     elif e in ("u", "U"):
                         ch_, size = _code_point_escape(pattern, j)
+                        raw_rest[-1] = pattern[j:j + size]
                         body_parts.append(class_literal(ch_))
                         j += size
                         continue
@@ -285,10 +302,18 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
                 if pattern[j : j + 2] in ("&&", "--", "~~"):
                     raise RegexDialectError(f"regex: '{pattern[j:j+2]}' inside a class at offset {j} is a set operation in Rust")
                 body_parts.append(pattern[j])
+                raw_rest.append(pattern[j])
                 j += 1
             if j >= n:
                 raise RegexDialectError(f"regex: unterminated character class at offset {i}")
             body = "".join(body_parts)
+            if properties:
+                out.append(_property_class(pattern[i:j + 1], properties, body if not negated_shorthands else None,
+                                           negated, subset, i, "".join(raw_rest)))
+                i = j + 1
+                can_quantify = True
+                prev_quant = False
+                continue
             both = bool(shorthands & set(negated_shorthands))
             if ecma and subset and both and not negated:  # [\\s\\S]: any character JSON writes raw
                 out.append(SAFE_RAW_CHAR)
@@ -504,6 +529,9 @@ _ONE_CHAR_RUN_RE = re.compile(r"\^((?:\[(?:\\.|[^\]\\])+\]|\\.|[^\\^$.|?*+()\[\]
                               r"([*+?]|\{[0-9]+(?:,[0-9]*)?\})?\$")
 
 
+_WHOLE_GROUP_RE = re.compile(r"\^\((?:\?:)?([^()|]*)\)\$")
+
+
 def pattern_with_length(pattern: str, min_length: int, max_length: int | None) -> str | None:
     """A string body for ``pattern`` and ``minLength``/``maxLength`` together, when the pattern
     is one character repeated over the whole string (``^[A-Z0-9]+$``, ``^\\d{3,}$``, as
@@ -511,6 +539,9 @@ def pattern_with_length(pattern: str, min_length: int, max_length: int | None) -
     and the length bounds intersect. None for any other pattern (where counting characters
     across the pattern is beyond a regex). Raises ValueError when the two never meet."""
     m = _ONE_CHAR_RUN_RE.fullmatch(pattern)
+    group = _WHOLE_GROUP_RE.fullmatch(pattern)
+    if m is None and group is not None:  # ^([a-z]*)$ is ^[a-z]*$ (one group, no alternation: exact)
+        m = _ONE_CHAR_RUN_RE.fullmatch("^" + group.group(1) + "$")
     if m is None:
         return None
     atom, quant = m.group(1), m.group(2) or "{1}"
@@ -616,6 +647,8 @@ def reshaped_repetitions(body: str, least: int, most: int | None, cap_counted: b
 
 def has_top_level_alternation(core: str) -> bool:
     """Whether ``core`` has a ``|`` outside every group and class."""
+    if "|" not in core:
+        return False
     depth, i, in_class = 0, 0, False
     while i < len(core):
         c = core[i]
@@ -634,3 +667,108 @@ def has_top_level_alternation(core: str) -> bool:
             return True
         i += 1
     return False
+
+
+# ---------------------------------------------------------------- Unicode property escapes
+# ECMA-262 (u flag) general categories, long names to short ones; a one-letter name is a group
+_CATEGORY_NAMES = {
+    "Letter": "L", "Cased_Letter": "LC", "Uppercase_Letter": "Lu", "Lowercase_Letter": "Ll",
+    "Titlecase_Letter": "Lt", "Modifier_Letter": "Lm", "Other_Letter": "Lo", "Mark": "M", "Combining_Mark": "M",
+    "Nonspacing_Mark": "Mn", "Spacing_Mark": "Mc", "Enclosing_Mark": "Me", "Number": "N", "Decimal_Number": "Nd",
+    "digit": "Nd", "Letter_Number": "Nl", "Other_Number": "No", "Punctuation": "P", "punct": "P",
+    "Connector_Punctuation": "Pc", "Dash_Punctuation": "Pd", "Open_Punctuation": "Ps", "Close_Punctuation": "Pe",
+    "Initial_Punctuation": "Pi", "Final_Punctuation": "Pf", "Other_Punctuation": "Po", "Symbol": "S",
+    "Math_Symbol": "Sm", "Currency_Symbol": "Sc", "Modifier_Symbol": "Sk", "Other_Symbol": "So", "Separator": "Z",
+    "Space_Separator": "Zs", "Line_Separator": "Zl", "Paragraph_Separator": "Zp", "Other": "C", "Control": "Cc",
+    "cntrl": "Cc", "Format": "Cf", "Private_Use": "Co",
+}
+_CATEGORIES = frozenset(
+    "L LC Lu Ll Lt Lm Lo M Mn Mc Me N Nd Nl No P Pc Pd Ps Pe Pi Pf Po S Sm Sc Sk So Z Zs Zl Zp C Cc Cf Co".split())
+# A property class is written over the code points up to this one (Basic Latin to Latin
+# Extended-B: the letters of European languages): a subset of what it matches, of a size the
+# automata handle cheaply (all of \p{L} is
+# 130k characters, which interegular expands one by one: seconds a parse).
+PROPERTY_WINDOW = 0x24F
+
+
+def _property_escape_size(pattern: str, i: int) -> int:
+    """The length of the ``\\p{..}`` / ``\\P{..}`` escape at ``i``."""
+    end = pattern.find("}", i)
+    if pattern[i + 2 : i + 3] != "{" or end < 0:
+        raise RegexDialectError(f"regex: escape '\\{pattern[i + 1]}' at offset {i} needs a braced property name "
+                                "(ECMA-262 writes \\p{L})")
+    return end + 1 - i
+
+
+def _property_test(escape: str, offset: int) -> Any:
+    """``escape`` (``\\p{L}``, ``\\P{Lu}``, ``\\p{General_Category=Letter}``) as a test of a
+    code point's category; ``RegexDialectError`` for a property treadle does not know (scripts,
+    binary properties but ASCII / Any / Assigned)."""
+    name = escape[3:-1]
+    if "=" in name:
+        kind, _, name = name.partition("=")
+        if kind not in ("General_Category", "gc"):
+            raise RegexDialectError(f"regex: Unicode property '{escape}' at offset {offset} is not supported "
+                                    "(general categories only, as \\p{L}, and ASCII / Any / Assigned)")
+    name = _CATEGORY_NAMES.get(name, name)
+    if name in ("ASCII", "Any", "Assigned"):
+        limit = 0x80 if name == "ASCII" else 0x110000
+        return lambda cp, cat: cp < limit
+    if name not in _CATEGORIES:
+        raise RegexDialectError(f"regex: Unicode property '{escape}' at offset {offset} is not supported "
+                                "(general categories only, as \\p{L}, and ASCII / Any / Assigned)")
+    if name == "LC":
+        return lambda cp, cat: cat in ("Lu", "Ll", "Lt")
+    return (lambda cp, cat: cat[0] == name) if len(name) == 1 else (lambda cp, cat: cat == name)
+
+
+@_lru_cache(maxsize=1)
+def _stable_window() -> list[tuple[int, str]]:
+    """(code point, category) of the characters a property class may write: raw in a JSON
+    string (not a control, quote or backslash), at most ``PROPERTY_WINDOW``, and assigned
+    with the same category in Unicode 3.2 (``unicodedata.ucd_3_2_0``) and in this Python's
+    data, so a validator of any Unicode version since reads the class as treadle does."""
+    out = []
+    for cp in range(0x20, PROPERTY_WINDOW + 1):
+        ch = chr(cp)
+        cat = _unicodedata.category(ch)
+        if ch in '"\\' or cat == "Cn" or _unicodedata.ucd_3_2_0.category(ch) != cat:
+            continue
+        out.append((cp, cat))
+    return out
+
+
+def _property_class(text: str, properties: list[str], body: str | None, negated: bool, subset: bool,
+                    offset: int, raw_rest: str = "") -> str:
+    """A class holding Unicode property escapes (``[\\p{L}\\p{N}_.-]``, ``\\P{C}``) of a string
+    value's pattern, listed over ``_stable_window``: a subset of what it matches.
+
+    A positive class is the union of its properties and its other items (``body``, their
+    translation: the ASCII reading of shorthands, a subset; negated shorthands, with ``body``
+    None, left out: a smaller union). A negated one holds the window's characters that are in
+    none of its properties and that Python's Unicode-wide reading of its other items
+    (``raw_rest``, a superset of ECMA's) leaves out. Key patterns (patternProperties,
+    propertyNames) are read exactly and refuse it."""
+    if not subset:
+        raise RegexDialectError(f"regex: Unicode property escape '{properties[0]}' at offset {offset} is supported "
+                                "in a string value's pattern only (not in patternProperties or propertyNames)")
+    tests = [(_property_test(p, offset), p[1] == "P") for p in properties]
+    try:
+        rest = re.compile("[" + (body if not negated else raw_rest) + "]") if (raw_rest if negated else body) else None
+    except re.error as exc:
+        raise RegexDialectError(f"pattern: the class at offset {offset}: {exc}") from exc
+    members = []
+    for cp, cat in _stable_window():
+        inside = any(test(cp, cat) != neg for test, neg in tests) or bool(rest and rest.fullmatch(chr(cp)))
+        if inside != negated:
+            members.append(cp)
+    if not members:
+        raise RegexDialectError(f"regex: the class {text!r} at offset {offset} matches no character treadle writes")
+    runs: list[list[int]] = []
+    for cp in members:
+        if runs and runs[-1][1] == cp - 1:
+            runs[-1][1] = cp
+        else:
+            runs.append([cp, cp])
+    return "[" + "".join(class_literal(chr(a)) + ("" if a == b else ("" if b == a + 1 else "-") + class_literal(chr(b)))
+                         for a, b in runs) + "]"

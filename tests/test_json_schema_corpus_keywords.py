@@ -1,0 +1,125 @@
+"""Keywords of real schemas that treadle refused and now enforces or reads as the standard says
+(issue 31, the corpus tally of benchmarks/schema_refusals.py). Each case is a real schema from
+the corpus (CloudFormation resource schemas as cfn-lint ships them, SchemaStore's) or a minimal
+extract of one; its outputs (random walks of the regex, and of the compiled grammar with the
+embedded tokenizer) must validate under the schema's own draft (``validator_for``), whose
+``pattern`` is read by the ``regex`` module where Python's ``re`` cannot read it (``\\p{L}``)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import sys
+
+import jsonschema
+import pytest
+import regex as ecma_re
+from test_json_schema_patterns import random_strings
+
+from treadle.constrained.json_schema import UnsupportedSchemaError, drop_unenforceable, json_schema_to_regex
+from treadle.constrained.regex_text import PROPERTY_WINDOW
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+
+
+def _pattern(validator, patrn, instance, schema):  # noqa: ANN001 - jsonschema's keyword signature
+    if validator.is_type(instance, "string") and not ecma_re.search(patrn, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
+
+
+def checker(schema: dict):  # noqa: ANN201
+    """The schema's own draft validator, formats checked, ``pattern`` read with Unicode properties."""
+    cls = jsonschema.validators.extend(jsonschema.validators.validator_for(schema), {"pattern": _pattern})
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def body_strings(pattern: str, n: int = 80, **lengths: int) -> list[str]:
+    rx = json_schema_to_regex({"type": "string", "pattern": pattern, **lengths})
+    assert rx.startswith('"') and rx.endswith('"')
+    return random_strings(rx[1:-1], n)
+
+
+# ------------------------------------------------------------------ \p{..} property classes
+
+@pytest.mark.parametrize("pattern, lengths", [
+    ("^([\\p{L}\\p{Z}\\p{N}_.:/=+\\-@]*)$", {"minLength": 1, "maxLength": 128}),  # CloudFormation tags, names
+    ("^[\\p{L}\\p{N}][\\p{L}\\p{N}\\p{M}\\p{S}\\p{P} ]*$", {}),
+    ("^\\p{Lu}{2,5}$", {}),
+    ("^[^\\p{L}]+$", {}),                     # negated class: no letter of any script
+    ("^\\P{C}+$", {}),                        # AWS's "printable" reading
+    ("^[^\\s\\p{N}]*$", {"maxLength": 10}),   # negated with a shorthand: read wide, then left out
+    ("^\\p{General_Category=Letter}+\\d$", {}),
+])
+def test_property_classes_are_written_as_a_subset(pattern: str, lengths: dict) -> None:
+    strings = body_strings(pattern, **lengths)
+    for s in strings:
+        assert ecma_re.search(pattern, s), (pattern, s)
+        assert lengths.get("minLength", 0) <= len(s) <= lengths.get("maxLength", 10**9), (pattern, s)
+        assert re.fullmatch(r'[^"\\\x00-\x1f]*', s), s
+    wide = [c for s in strings for c in s if ord(c) > 0x7F]
+    assert wide and max(map(ord, wide)) <= PROPERTY_WINDOW, (pattern, strings[:5])  # not ASCII alone
+
+
+def test_negated_property_classes_leave_out_every_member() -> None:
+    for pattern, member in [("^[^\\p{L}]*$", "é"), ("^[^\\p{L}]*$", "ж"), ("^\\P{N}*$", "٣"), ("^\\P{N}*$", "7")]:
+        rx = re.compile(json_schema_to_regex({"type": "string", "pattern": pattern}))
+        assert not rx.fullmatch(json.dumps(member, ensure_ascii=False)), (pattern, member)
+
+
+@pytest.mark.parametrize("schema, keyword, what", [
+    ({"type": "string", "pattern": "^[\\p{Script=Latin}]+$"}, "pattern", "Script=Latin"),
+    ({"type": "string", "pattern": "^\\p{Graph}+$"}, "pattern", "Graph"),   # AWS::IoT::ThingGroup: not ECMA
+    ({"type": "string", "pattern": "^\\pL+$"}, "pattern", "braced"),
+    ({"type": "object", "patternProperties": {"^\\p{L}+$": {"type": "integer"}}, "additionalProperties": False},
+     "patternProperties", "value's pattern only"),
+])
+def test_property_escapes_treadle_cannot_write_are_refused_by_name(schema: dict, keyword: str, what: str) -> None:
+    with pytest.raises(UnsupportedSchemaError) as info:
+        json_schema_to_regex(schema)
+    assert f"keyword '{keyword}'" in str(info.value) and what in str(info.value), str(info.value)
+    rewritten, dropped = drop_unenforceable(schema)  # the lenient opt-in drops it, and says so
+    assert [d["keyword"] for d in dropped] == [keyword]
+
+
+# AWS::FMS::ApplicationsList (cfn-lint's schema), cut to one app list: \p{..} under lengths
+FMS_APPS = {
+    "type": "object", "additionalProperties": False, "required": ["ListName", "AppsList"],
+    "definitions": {"App": {"type": "object", "additionalProperties": False,
+                            "required": ["AppName", "Protocol", "Port"],
+                            "properties": {"AppName": {"type": "string", "minLength": 1, "maxLength": 128},
+                                           "Protocol": {"type": "string", "minLength": 1, "maxLength": 20},
+                                           "Port": {"type": "integer", "minimum": 0, "maximum": 65535}}},
+                    "Tag": {"type": "object", "additionalProperties": False, "required": ["Key", "Value"],
+                            "properties": {"Key": {"type": "string", "minLength": 1, "maxLength": 128,
+                                                   "pattern": "^([\\p{L}\\p{Z}\\p{N}_.:/=+\\-@]*)$"},
+                                           "Value": {"type": "string", "minLength": 0, "maxLength": 256,
+                                                     "pattern": "^([\\p{L}\\p{Z}\\p{N}_.:/=+\\-@]*)$"}}}},
+    "properties": {"ListName": {"type": "string", "minLength": 1, "maxLength": 128,
+                                "pattern": "^([\\p{L}\\p{Z}\\p{N}_.:/=+\\-@]*)$"},
+                   "AppsList": {"type": "array", "items": {"$ref": "#/definitions/App"}, "maxItems": 3},
+                   "Tags": {"type": "array", "items": {"$ref": "#/definitions/Tag"}, "maxItems": 2}},
+}
+
+
+def test_cloudformation_property_patterns_compile_and_walks_validate(smol) -> None:  # noqa: ANN001
+    from test_lazy_index import EOS, V
+
+    from treadle.constrained import GrammarCompiler, GrammarSpec, allocate_token_bitmask
+
+    sys.path.insert(0, BENCH)
+    from grammar_walks import random_text
+
+    check = checker(FMS_APPS)
+    with GrammarCompiler(smol, [EOS], vocab_size=V) as compiler:
+        g = compiler.compile(GrammarSpec.from_params(json_schema=FMS_APPS))
+        bitmask = allocate_token_bitmask(1, V)
+        rng = random.Random(7)
+        done = 0
+        for _ in range(4):
+            text = random_text(g.matcher(), bitmask, g.token_bytes, EOS, rng, steps=200)
+            if text is not None:
+                errors = list(check.iter_errors(json.loads(text)))
+                assert not errors, (text[:300], errors[0].message)
+                done += 1
+    assert done >= 2
