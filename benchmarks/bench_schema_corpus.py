@@ -51,6 +51,19 @@ _HEADER = struct.Struct("<Q")
 
 # ---------------------------------------------------------------- the peers' child process
 
+def _with_ecma_patterns(cls: Any) -> Any:
+    """``cls`` reading ``pattern`` with the ``regex`` module, which knows ECMA's ``\\p{L}``
+    (Python's ``re``, jsonschema's reader, raises on it); other patterns read as ``re`` does."""
+    import jsonschema
+    import regex
+
+    def pattern(validator: Any, patrn: str, instance: Any, schema: Any) -> Any:
+        if validator.is_type(instance, "string") and not regex.search(patrn, instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
+
+    return jsonschema.validators.extend(cls, {"pattern": pattern})
+
+
 def _send(f: Any, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     f.write(_HEADER.pack(len(data)) + data)
@@ -199,7 +212,7 @@ class TreadleRunner:
         from grammar_walks import DeadEnd, random_text
         from jsonschema.validators import validator_for
 
-        cls = validator_for(schema)
+        cls = _with_ecma_patterns(validator_for(schema))
         validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
         rng = random.Random(int(hashlib.sha256(sid.encode()).hexdigest()[:12], 16))
         out = {"walks": 0, "unfinished": 0, "unsound": 0}
@@ -327,7 +340,7 @@ def engine_check(corpus: dict, compiled: list[str], n: int, seed: int, max_new: 
             out["invalid_examples"].append({"id": sid, "finish": str(reason)[:300]})
             continue
         schema = corpus[sid]
-        cls = validator_for(schema)
+        cls = _with_ecma_patterns(validator_for(schema))
         try:
             error = next(iter(cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(json.loads(res["text"]))), None)
             why = None if error is None else f"{error.message[:200]} at {error.json_path}"
