@@ -38,6 +38,7 @@ from treadle.constrained.json_any import JsonAnyGrammar, JsonPushdown, json_any_
 from treadle.constrained.ebnf import call_boundaries
 from treadle.constrained.json_holes import WRITTEN, Holes, hole_tables, regex_has_holes, schema_allows_holes
 from treadle.constrained.json_keys import schema_has_free_keys
+from treadle.constrained.regex_text import validate_regex
 from treadle.constrained.structural_tag import structural_tag_bounds
 from treadle.constrained.lazy_index import (DEFAULT_MAX_NFA_STATES, LazyIndex, LazyNFA, LazyTooLarge,
                                              LazyUnsupported, build_nfa)
@@ -181,6 +182,8 @@ def spec_regex(spec: GrammarSpec, whitespace_pattern: str | None, mode: str, hol
     ``ValueError`` naming what is wrong with the grammar, ``GrammarTooLarge`` when the regex's
     estimated size passes ``max_size``."""
     regex = spec.to_regex(whitespace_pattern, mode, holes=holes, max_recursion_depth=depth)
+    if spec.kind == "regex":
+        validate_regex(spec.value)
     if max_size is not None:
         size = regex_size(regex)
         if size > max_size:
@@ -217,6 +220,8 @@ def spec_automaton(spec: GrammarSpec, whitespace_pattern: str | None, mode: str,
     regex = spec.to_regex(whitespace_pattern, mode, holes=holes, max_recursion_depth=depth, members=members)
     _check_reserved(regex, holes, members)
     nfa = lazy_nfa(regex, max_size, f"the {spec.kind} grammar") if lazy else None
+    if nfa is None and spec.kind == "regex":  # outlines-core's index: the regex as interegular reads it
+        validate_regex(spec.value)
     if nfa is None:  # outlines-core's index: standard text (ordered members spelt out)
         regex = standard_regex(regex, max_size, f"the {spec.kind} grammar")
     if nfa is None and max_size is not None:

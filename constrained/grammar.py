@@ -120,10 +120,13 @@ class GrammarSpec:
             return after_reasoning(inner, self.reasoning)
         # Imported lazily: json_schema.py is a sibling owned separately and pulls more in.
         from treadle.constrained.ebnf import ebnf_to_regex
-        from treadle.constrained.json_schema import choices_to_regex, json_schema_to_regex, validate_regex
+        from treadle.constrained.json_schema import choices_to_regex, json_schema_to_regex
+        from treadle.constrained.regex_text import translate_regex
 
         if self.kind == "regex":
-            return validate_regex(self.value)
+            # linear; interegular's check (validate_regex: a DFA build, a minute on 5,000
+            # alternatives) is left to the readers that need it (compiler.spec_automaton)
+            return translate_regex(self.value)
         if self.kind == "choices":
             return choices_to_regex(json.loads(self.value))
         if self.kind == "ebnf":

@@ -295,6 +295,21 @@ def test_keyless_server_checks_the_host_header(srv):
     assert requests.get(srv.url + "/health", headers={"Host": "evil.example"}, timeout=T).status_code == 403
 
 
+# ---------------------------------------------------------------- 9. expensive grammars
+# (the size cap's 400 for a 10,000-property schema and 5,000 alternatives with classes:
+# tests/test_grammar_limits.py)
+
+
+def test_regex_of_5000_literal_alternatives_compiles(srv):
+    """5,000 word alternatives pass the size cap (a small automaton) and the lazy index reads
+    them at once, but the dialect check ran interegular's DFA build first: a minute, then a
+    400 "timed out" (the compile timeout). Now the request is served, its text one of them."""
+    words = [f"w{i}" for i in range(5000)]
+    r = post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(4, regex="(" + "|".join(words) + ")")})
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["text"] in words
+
+
 # ---------------------------------------------------------------- bystanders of each poison
 # (a non-finite logits row deep in a batch: test_hostile_batch.py, in the Engine)
 
