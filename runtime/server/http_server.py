@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from treadle.runtime.engine_args import EngineArgs
@@ -203,7 +204,8 @@ def create_app(state: ServerState) -> FastAPI:
     add_error_handlers(app)  # APIError, 404 / 405 in the OpenAI error shape
 
     @app.exception_handler(ClientGone)
-    async def _client_gone(_: Request, e: ClientGone) -> Response:
+    @app.exception_handler(ClientDisconnect)  # gone while its body was still coming (slowloris)
+    async def _client_gone(_: Request, e: Exception) -> Response:
         return Response(status_code=499)  # nobody reads it; the request was aborted
 
     @app.exception_handler(Exception)
