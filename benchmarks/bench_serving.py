@@ -356,7 +356,7 @@ def main() -> None:
         served = max([r["output_throughput"] for r in report["sweep"]] if "sweep" in report
                      else [report.get("radix_cache_on", report)["output_throughput"]])
         report["output_throughput_over_hf"] = round(served / max(report["hf_floor"]["output_throughput"], 1e-9), 2)
-    report = {"command": " ".join(["python"] + sys.argv), "machine": machine,
+    report = {"command": shlex.join(["python"] + sys.argv), "machine": machine,
               "workload": {k: getattr(args, k) for k in ("num_prompts", "input_len_range", "output_len_range",
                                                           "shared_prefix_len", "temperature", "seed")},
               **report}
