@@ -108,8 +108,14 @@ def standard_regex(regex: str, max_size: int | None, what: str = "the grammar") 
 
 def _members_ok(spec: GrammarSpec | None) -> bool:
     """Whether ``spec``'s regex may hold ordered-members nodes (a JSON schema that does not
-    name their code points, members.members_safe)."""
-    return spec is not None and spec.kind == "json_schema" and members_safe(spec.value)
+    name their code points, members.members_safe, judged on its decoded text as the
+    translator judges it: a JSON escape cannot hide ``10FFF`` from one and not the other)."""
+    if spec is None or spec.kind != "json_schema":
+        return False
+    try:
+        return members_safe(json.dumps(json.loads(spec.value), ensure_ascii=False))
+    except (ValueError, RecursionError):
+        return False
 
 
 def too_large(what: str, size: int, cap: int) -> GrammarTooLarge:
@@ -244,7 +250,7 @@ def precheck(spec: GrammarSpec, max_size: int) -> None:
             schema = json.loads(spec.value)
         except RecursionError as e:  # a ValueError (a 400), not an error of the caller's thread
             raise ValueError("json_schema nests too deeply to compile") from e
-        members = members_safe(spec.value)
+        members = members_safe(json.dumps(schema, ensure_ascii=False))
         size, where = schema_size(schema, members)
         if size > max_size:
             n = size if members else round(size ** 0.5)

@@ -181,3 +181,18 @@ def test_kubernetes_podspec_generations_validate():
         assert finished >= 1, [o["text"][:200] for o in outs[:2]]
         assert outs[2]["meta_info"]["completion_tokens"] > 0
         e.check_integrity()
+
+
+def test_a_schema_naming_the_markers_is_translated_without_nodes(compiler):
+    """The markers are never characters: a schema holding one is refused as before (reserved
+    code points), not read as a node; one that names code points near them (even through JSON
+    escapes) is spelt out, and still compiles."""
+    props = {f"p{i:02d}": {"type": "string", "maxLength": 4} for i in range(25)}
+    plain = {"type": "object", "properties": props}
+    assert MEMBERS_OPEN in compiler.compile(GrammarSpec.from_params(json_schema=plain)).regex
+    holding = {"type": "object", "properties": {**props, "m": {"enum": ["\U0010fff2x\U0010fff4"]}}}
+    with pytest.raises(ValueError, match="reserved"):
+        compiler.compile(GrammarSpec.from_params(json_schema=holding))
+    text = json.dumps({**plain, "description": "U+10FFF0 is private"}).replace("10FFF0", "\\u0031\\u0030FFF0")
+    g = compiler.compile(GrammarSpec("json_schema", text))
+    assert MEMBERS_OPEN not in g.regex and isinstance(g.index, LazyIndex)
