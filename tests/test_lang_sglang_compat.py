@@ -41,7 +41,11 @@ def runtime():
 @pytest.fixture(scope="module", params=["engine", "http"])
 def backend(request):
     be = request.getfixturevalue({"engine": "engine", "http": "runtime"}[request.param])
-    sgl.set_default_backend(be)
+    if request.param == "http":  # the way SGLang programs also set it
+        sgl.global_config.default_backend = be
+    else:
+        sgl.set_default_backend(be)
+    assert sgl.get_default_backend() is not None and sgl.global_config.default_backend is not None
     yield be
     sgl.global_config.default_backend = None
 
