@@ -738,24 +738,64 @@ class _Converter:
             return False
         seen: set[str] = set()
         tagged: list[dict[str, frozenset]] = []  # the object branches so far: their tags
+        keyed: list[tuple[frozenset, Any]] = []  # ... and their required keys and the keys they forbid
         for i, branch in enumerate(branches):
             types = schema_types(self.merger, branch) & schema_types(self.merger, rest)
             tags = self._tags(branch) if "object" in types else {}
+            keys = self._keys(branch) if "object" in types else (frozenset(), _forbids_none)
             overlap = types & seen
-            if overlap == {"object"} and all(any(k in t and not (t[k] & v) for k, v in tags.items()) for t in tagged):
-                overlap = set()  # a discriminated union: a required tag tells the objects apart
+            if overlap == {"object"} and all(any(k in t and not (t[k] & v) for k, v in tags.items())
+                                             or any(keys[1](k) for k in req) or any(forbids(k) for k in keys[0])
+                                             for t, (req, forbids) in zip(tagged, keyed)):
+                # a discriminated union: a required tag tells the objects apart, or a key one of
+                # the two requires that the other (closed, additionalProperties false) forbids
+                overlap = set()
             if overlap:
                 if all(isinstance(b, dict) and ("enum" in b or "const" in b) for b in branches):
                     return True
                 raise UnsupportedSchemaError(
                     f"json_schema: keyword 'oneOf' at {path} is not supported: branch {i} may overlap "
                     "an earlier branch (only branches of disjoint types, or objects told apart by a "
-                    "required property's const/enum values, are supported)"
+                    "required property's const/enum values or by a required key the other branch's "
+                    "additionalProperties: false forbids, are supported)"
                 )
             seen |= types
             if "object" in types:
                 tagged.append(tags)
+                keyed.append(keys)
         return False
+
+    def _keys(self, branch: Any) -> tuple[frozenset, Any]:
+        """An object branch's own required keys, and a test of the keys no object valid under it
+        can hold: with ``additionalProperties: false`` every key outside its ``properties`` and
+        ``patternProperties`` (a pattern Python's re cannot read may match anything), and any
+        key whose property schema is ``false``. Refs are followed; other branches give nothing."""
+        node = self._follow(branch, "$")
+        if not isinstance(node, dict):
+            return frozenset(), _forbids_none
+        required = node.get("required", [])
+        required = frozenset(k for k in required if isinstance(k, str)) if isinstance(required, list) else frozenset()
+        props = node.get("properties", {})
+        props = props if isinstance(props, dict) else {}
+        patterns = node.get("patternProperties", {})
+        patterns = list(patterns) if isinstance(patterns, dict) else None
+        extra = node.get("additionalProperties", True)
+        closed = (extra is False or extra == {"not": {}}) and patterns is not None
+
+        def forbids(key: str) -> bool:
+            if props.get(key, True) is False:
+                return True
+            if not closed or key in props:
+                return False
+            for pattern in patterns or ():
+                try:
+                    if re.search(pattern, key):
+                        return False
+                except re.error:
+                    return False
+            return True
+
+        return required, forbids
 
     def _tags(self, branch: Any) -> dict[str, frozenset]:
         """Required properties of an object branch whose values are listed (const / enum of
@@ -1159,6 +1199,10 @@ _ONE_SPELLING = {
     "number": r"(?:0|-?[1-9][0-9]{0,8})(?:\.[0-9]{1,6})?",
     "integer": r"(?:0|-?[1-9][0-9]{0,8})(?:\.0{1,6})?",
 }
+
+
+def _forbids_none(key: str) -> bool:
+    return False
 
 
 def _type_of_scalar(value: Any) -> str:

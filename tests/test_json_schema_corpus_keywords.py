@@ -123,3 +123,78 @@ def test_cloudformation_property_patterns_compile_and_walks_validate(smol) -> No
                 assert not errors, (text[:300], errors[0].message)
                 done += 1
     assert done >= 2
+
+
+# ------------------------------------------------------------------ oneOf told apart by keys
+
+def _walks_validate(schema: dict, n: int = 60, seed: int = 0) -> re.Pattern:
+    from json_checks import sample_regex
+    import interegular
+
+    rx = json_schema_to_regex(schema)
+    fsm = interegular.parse_pattern(rx).to_fsm()
+    check, rng, seen = checker(schema), random.Random(seed), 0
+    for _ in range(n):
+        text = sample_regex(fsm, rng)
+        if text is not None:
+            value = json.loads(text)
+            assert check.is_valid(value), (text, next(iter(check.iter_errors(value))).message)
+            seen += 1
+    assert seen
+    return re.compile(rx)
+
+
+def _closed(key: str, value: dict) -> dict:
+    return {"type": "object", "additionalProperties": False, "properties": {key: value}, "required": [key]}
+
+
+# AWS::QBusiness::Plugin's AuthConfiguration (cfn-lint): one closed object per auth kind
+QBUSINESS_AUTH = {
+    "type": "object",
+    "definitions": {"Basic": {"type": "object", "additionalProperties": False, "required": ["SecretArn", "RoleArn"],
+                              "properties": {"SecretArn": {"type": "string", "maxLength": 8},
+                                             "RoleArn": {"type": "string", "maxLength": 8}}},
+                    "OAuth2": {"type": "object", "additionalProperties": False, "required": ["SecretArn"],
+                               "properties": {"SecretArn": {"type": "string", "maxLength": 8}}},
+                    "NoAuth": {"type": "object", "additionalProperties": False}},
+    "properties": {"AuthConfiguration": {"oneOf": [
+        _closed("BasicAuthConfiguration", {"$ref": "#/definitions/Basic"}),
+        _closed("OAuth2ClientCredentialConfiguration", {"$ref": "#/definitions/OAuth2"}),
+        _closed("NoAuthConfiguration", {"$ref": "#/definitions/NoAuth"})]}},
+    "required": ["AuthConfiguration"], "additionalProperties": False,
+}
+
+
+def test_oneof_of_closed_objects_each_requiring_its_own_key_is_enforced() -> None:
+    rx = _walks_validate(QBUSINESS_AUTH)
+    for kind in ("BasicAuthConfiguration", "OAuth2ClientCredentialConfiguration", "NoAuthConfiguration"):
+        assert any(kind in t for t in random_strings(rx.pattern, 30, seed=1)), kind
+
+
+@pytest.mark.parametrize("branches", [
+    # not closed: {"a": .., "b": ..} is valid under both
+    [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+     _closed("b", {"type": "integer"}), _closed("c", {"type": "integer"})],
+    # closed, but a pattern of the first lets "b" in
+    [{"type": "object", "additionalProperties": False, "patternProperties": {"^[ab]$": {}}, "required": ["a"]},
+     {"type": "object", "additionalProperties": False, "properties": {"a": {}, "b": {}}, "required": ["b"]},
+     _closed("c", {"type": "integer"})],
+])
+def test_oneof_whose_branches_may_overlap_is_not_read_as_anyof(branches: list) -> None:
+    schema = {"oneOf": branches}
+    try:
+        _walks_validate(schema)
+    except UnsupportedSchemaError as exc:
+        assert "keyword 'oneOf'" in str(exc)
+
+
+def test_oneof_of_closed_untyped_branches_writes_no_value_two_branches_take() -> None:
+    # closed but untyped: a string is valid under every branch, so under none of the oneOf
+    schema = {"oneOf": [{"additionalProperties": False, "properties": {k: {}}, "required": [k]} for k in "abc"]}
+    try:
+        rx = re.compile(json_schema_to_regex(schema))
+    except UnsupportedSchemaError as exc:
+        assert "keyword 'oneOf'" in str(exc)
+        return
+    for text in ('"x"', "1", "null", "[]"):
+        assert not rx.fullmatch(text), text
