@@ -82,7 +82,9 @@ _MINS = {"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"
 _MAXS = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties", "maxContains"}
 _MAX_INLINE = 16  # $ref-to-$ref / allOf inlining chain before we give up
 # The standard metaschemas: their vocabularies are the ones treadle reads (as 2020-12).
-_METASCHEMA = re.compile(r"https?://json-schema\.org/(?:draft-0[467]/schema|draft/20(?:19-09|20-12)/schema)#?")
+# (and the unversioned "latest" URI, read as a schema naming none: 2020-12 with the older
+# spellings that mean one thing, which is how jsonschema's validator_for reads it, the latest draft)
+_METASCHEMA = re.compile(r"https?://json-schema\.org/(?:draft-0[467]/schema|draft/20(?:19-09|20-12)/schema|schema)#?")
 # Keywords whose value is a subschema or a list of them, and those holding name -> subschema.
 _SUBSCHEMAS = ("additionalProperties", "unevaluatedProperties", "items", "unevaluatedItems", "contains",
                "propertyNames", "not", "if", "then", "else", "contentSchema", "prefixItems", "allOf",

@@ -198,3 +198,17 @@ def test_oneof_of_closed_untyped_branches_writes_no_value_two_branches_take() ->
         return
     for text in ('"x"', "1", "null", "[]"):
         assert not rx.fullmatch(text), text
+
+
+# ------------------------------------------------------------------ $schema: the "latest" URI
+
+def test_unversioned_metaschema_uri_is_read_as_a_schema_naming_none() -> None:
+    # SchemaStore schemas write "http://json-schema.org/schema#" (the latest draft, as
+    # jsonschema's validator_for reads it): read as with no $schema, not refused
+    schema = {"$schema": "http://json-schema.org/schema#", "type": "object", "additionalProperties": False,
+              "properties": {"name": {"type": "string", "maxLength": 5}, "n": {"type": "integer", "minimum": 1}},
+              "required": ["name"]}
+    rx = _walks_validate(schema)
+    assert rx.fullmatch('{"name":"ab","n":2}') and not rx.fullmatch('{"name":"ab","n":0}')
+    with pytest.raises(UnsupportedSchemaError, match="'\\$schema'"):
+        json_schema_to_regex({**schema, "$schema": "http://json-schema.org/draft-03/schema#"})
