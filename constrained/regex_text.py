@@ -158,6 +158,7 @@ _PCHAR = r"(?:[a-zA-Z0-9._~!$&'()*+=:@-]|%[0-9a-fA-F]{2})"
 # unbounded as the grammar's are (bounded counts multiply the automaton's states)
 _URI = (r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}://[a-zA-Z0-9][a-zA-Z0-9._~-]*(?::[0-9]{1,5})?"
         rf"(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?")
+_SEGMENT = r"[a-zA-Z0-9._~-]+"
 # formats whose strings have no longest one, as written under a maxLength: a subset that has
 BOUNDED_FORMATS: dict[str, str] = {
     # (http and https only, as before: Pydantic's HttpUrl, which writes maxLength 2083, takes no other)
@@ -181,6 +182,15 @@ FORMATS: dict[str, str] = {
     # A subset of RFC 3986 absolute URIs as real data holds them: scheme://host[:port], path
     # segments, query and fragment of unreserved characters, sub-delimiters and percent-escapes
     "uri": _URI,
+    # every URI is an IRI (RFC 3987): the same subset
+    "iri": _URI,
+    # a URI, or a relative reference of unreserved path segments (none holding ':', which
+    # would read as a scheme) and a fragment (RFC 3986 section 4.1): a subset
+    "uri-reference": rf"(?:{_URI}|/?{_SEGMENT}(?:/{_SEGMENT})*(?:#[a-zA-Z0-9._~/-]*)?|#[a-zA-Z0-9._~/-]*)",
+    "iri-reference": rf"(?:{_URI}|/?{_SEGMENT}(?:/{_SEGMENT})*(?:#[a-zA-Z0-9._~/-]*)?|#[a-zA-Z0-9._~/-]*)",
+    # regexes of literal text (letters, digits, space, '_', '-', ',', ':', '/', '@', '=') and '.':
+    # each compiles in every regex dialect (a subset of the regexes)
+    "regex": r"[a-zA-Z0-9 _.,:/@=-]*",
 }
 
 

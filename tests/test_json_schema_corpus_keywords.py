@@ -212,3 +212,17 @@ def test_unversioned_metaschema_uri_is_read_as_a_schema_naming_none() -> None:
     assert rx.fullmatch('{"name":"ab","n":2}') and not rx.fullmatch('{"name":"ab","n":0}')
     with pytest.raises(UnsupportedSchemaError, match="'\\$schema'"):
         json_schema_to_regex({**schema, "$schema": "http://json-schema.org/draft-03/schema#"})
+
+
+# ------------------------------------------------------------------ formats real schemas assert
+
+@pytest.mark.parametrize("fmt, invalid", [
+    ("uri-reference", "a b"), ("iri-reference", "\\\\x"), ("iri", "no scheme"), ("regex", "(unclosed"),
+])
+def test_uri_reference_iri_and_regex_formats_are_written_as_subsets(fmt: str, invalid: str) -> None:
+    # SchemaStore's $schema / $ref / homepage strings (format uri-reference), mergify's regexes
+    schema = {"type": "object", "properties": {"v": {"type": "string", "format": fmt}}, "required": ["v"],
+              "additionalProperties": False}
+    assert not checker(schema).is_valid({"v": invalid})  # the format is checked by the validator
+    rx = _walks_validate(schema, n=80)
+    assert not rx.fullmatch(json.dumps({"v": invalid}, separators=(",", ":")))
