@@ -40,8 +40,8 @@ def _parse() -> argparse.Namespace:
 
 def sweep_configs(decode: bool) -> list[dict]:
     if decode:
-        return [dict(decode=True, bn_up=a, bk_up=512, bn_down=c, bk_down=512, split_down=sp, warps=4)
-                for a, c, sp in itertools.product((4, 8, 16), (4, 8, 16), (False, True)) if not (sp and c == 4)]
+        return [dict(decode=True, bn_up=a, bk_up=1024, warps_up=wu, bn_down=c, bk_down=bd, split_down=False, warps=w)
+                for a, wu, c, bd, w in itertools.product((2, 4, 8), (2, 4), (2, 4, 8), (128, 256), (2, 4))]
     return [dict(decode=False, block_m=m, block_n=n, block_k=k, warps=w, stages=3)
             for m, n, k, w in itertools.product((16, 32), (64, 128), (128, 256), (4, 8))]
 

@@ -1,4 +1,4 @@
-"""FP8 (W8A8) linear: ``y = (x quantized per token) @ (w_fp8 * w_scale).T (+ bias)``.
+"""FP8 linear: weight-only at decode (a few rows), W8A8 above: ``y = x @ (w_fp8 * w_scale).T (+ bias)``.
 
 Shapes:
     x        [M, K]  fp32 / fp16 / bf16 activations
@@ -9,13 +9,14 @@ Shapes:
 
 Three ops, each with a pure-torch ``*_ref`` of the same signature:
 - ``per_token_quant``: one program per row, two passes over the row (amax, then quantize).
-- ``fp8_gemv``: for a few rows (decode): each program owns ``BLOCK_N`` weight rows and walks
-  them along K, accumulating every token's dot products in fp32; the weight is read once,
-  one byte an element, with an evict-first hint. cuBLAS's FP8 matmul is no faster than bf16
-  at these sizes (145 vs 139 us for M = 1 on the H200, issue #34), so decode needs this one.
-- ``fp8_linear``: quantize x, then ``fp8_gemv`` for M <= GEMV_MAX_M rows, else
+- ``fp8_gemv``: for a few rows (decode), weight-only: kernels/gemv.py's GEMV reading one
+  byte an element, each output times its row's scale. cuBLAS's FP8 matmul is no faster than
+  bf16 at these sizes (145 vs 139 us for M = 1 on the H200, issue #34), and quantizing x
+  would cost a launch a linear, so decode takes this one.
+- ``fp8_linear``: ``fp8_gemv`` for M <= GEMV_MAX_M rows, else quantize x and
   ``torch._scaled_mm`` with row-wise scales (cuBLAS FP8 tensor cores: 2,860 vs 5,080 us
-  against bf16 at M = 8192). ``fp8_linear_ref`` dequantizes both sides and multiplies in fp32.
+  against bf16 at M = 8192). ``fp8_linear_ref`` does the same in fp32 torch
+  (``fp8_gemv_ref`` / ``scaled_mm_ref``).
 """
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ import torch
 import triton
 import triton.language as tl
 
+from treadle.kernels.gemv import gemv, gemv_ref
+
 __all__ = ["FP8_MAX", "FP8_DTYPE", "GEMV_MAX_M", "per_token_quant", "per_token_quant_ref",
-           "fp8_gemv", "fp8_gemv_ref", "fp8_linear", "fp8_linear_ref", "quantize_weight_ref"]
+           "fp8_gemv", "fp8_gemv_ref", "scaled_mm_ref", "fp8_linear", "fp8_linear_ref", "quantize_weight_ref"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn
-GEMV_MAX_M = 16
+GEMV_MAX_M = 1  # (kernels/gemv.py takes up to 4 rows; at 4, 222 us against _scaled_mm's ~130 on the H200)
 _MIN_SCALE = 1e-12  # an all-zero row gets this scale (its values quantize to 0)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -130,47 +133,13 @@ def quantize_weight_ref(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ------------------------------------------------------------------------- GEMV
 
-@triton.jit
-def _fp8_gemv_kernel(
-    x_ptr, sx_ptr, w_ptr, sw_ptr, b_ptr, y_ptr,
-    M, N, K,
-    stride_xm, stride_wn, stride_ym,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    # grid: (cdiv(N, BLOCK_N),); one program = BLOCK_N output features for every token
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rows < N
-    ms = tl.arange(0, BLOCK_M)
-    mmask = ms < M
-    cols = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + cols[None, :]
-    x_ptrs = x_ptr + ms[:, None] * stride_xm + cols[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kmask = k0 + cols < K
-        w = tl.load(w_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)  # [BLOCK_N, BLOCK_K]
-        x = tl.load(x_ptrs, mask=mmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_K]
-        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-    sx = tl.load(sx_ptr + ms, mask=mmask, other=0.0)
-    sw = tl.load(sw_ptr + rows, mask=rmask, other=0.0)
-    y = acc * sx[:, None] * sw[None, :]
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + ms[:, None] * stride_ym + rows[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=mmask[:, None] & rmask[None, :])
-
-
 def _check_gemv(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-                bias: torch.Tensor | None, out_dtype: torch.dtype, max_m: int | None) -> None:
+                bias: torch.Tensor | None, out_dtype: torch.dtype) -> None:
+    """The W8A8 product's arguments: xq and w float8_e4m3fn, x_scale [M] and w_scale [N] fp32."""
     if xq.dtype != FP8_DTYPE or w.dtype != FP8_DTYPE:
         raise ValueError(f"xq and w must be float8_e4m3fn, got {xq.dtype} and {w.dtype}")
     if xq.dim() != 2 or w.dim() != 2 or xq.shape[1] != w.shape[1]:
         raise ValueError(f"need xq [M, K] and w [N, K], got {tuple(xq.shape)} and {tuple(w.shape)}")
-    if max_m is not None and xq.shape[0] > max_m:
-        raise ValueError(f"fp8_gemv handles at most {max_m} rows of x, got {xq.shape[0]}")
     if x_scale.shape != (xq.shape[0],) or w_scale.shape != (w.shape[0],):
         raise ValueError(f"need x_scale [M] and w_scale [N], got {tuple(x_scale.shape)} and {tuple(w_scale.shape)}")
     if x_scale.dtype != torch.float32 or w_scale.dtype != torch.float32:
@@ -179,42 +148,30 @@ def _check_gemv(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scal
         raise ValueError(f"bias must be [N={w.shape[0]}], got {tuple(bias.shape)}")
     if out_dtype not in _DTYPES:
         raise ValueError(f"out_dtype must be fp32/fp16/bf16, got {out_dtype}")
-    if xq.stride(1) != 1 or not w.is_contiguous():
-        raise ValueError("xq must have a unit last stride and w must be contiguous")
     for name, t in (("x_scale", x_scale), ("w", w), ("w_scale", w_scale)) + ((("bias", bias),) if bias is not None else ()):
         if t.device != xq.device:
             raise ValueError(f"{name} is on {t.device} but xq is on {xq.device}")
 
 
-def fp8_gemv(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-             bias: torch.Tensor | None = None, *, out_dtype: torch.dtype = torch.bfloat16,
-             config: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """``(xq * x_scale) [M <= 16, K] @ (w * w_scale)[N, K].T (+ bias)`` -> [M, N] in out_dtype.
-    config: (BLOCK_N, BLOCK_K, num_warps)."""
-    _check_gemv(xq, x_scale, w, w_scale, bias, out_dtype, GEMV_MAX_M)
-    _on_kernel_device(xq, "fp8_gemv_ref")
-    m, k = xq.shape
-    n = w.shape[0]
-    y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
-    if m == 0 or n == 0:
-        return y
-    block_m = max(2, triton.next_power_of_2(m))
-    # untuned (no H200 this session): 8 weight rows a program, and a K step that keeps the
-    # [BLOCK_M, BLOCK_N, BLOCK_K] product at 8K fp32 values (64 registers a thread on 4 warps)
-    block_n, block_k, warps = config or (8, min(8192 // (block_m * 8), triton.next_power_of_2(k)), 4)
-    _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
-        xq, x_scale, w, w_scale, bias if bias is not None else w_scale, y,
-        m, n, k, xq.stride(0), w.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
-    )
-    return y
+def fp8_gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, *,
+             out_dtype: torch.dtype | None = None, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """Decode (M <= GEMV_MAX_M rows): ``x @ (w * w_scale[:, None]).T (+ bias)`` with x as it is
+    (weight-only FP8: at a few rows the cost is the weight's bytes, and quantizing x would be
+    one more launch a linear for no speed). kernels/gemv.py's kernel, one byte an element."""
+    _on_kernel_device(x, "fp8_gemv_ref")
+    return gemv(x, w, bias, out_dtype=out_dtype, config=config, w_scale=w_scale)
 
 
-def fp8_gemv_ref(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-                 bias: torch.Tensor | None = None, *, out_dtype: torch.dtype = torch.bfloat16,
-                 config: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """Pure-torch reference: both sides dequantized to fp32, multiplied, rounded once."""
-    _check_gemv(xq, x_scale, w, w_scale, bias, out_dtype, None)
+def fp8_gemv_ref(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, *,
+                 out_dtype: torch.dtype | None = None, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """Pure-torch `fp8_gemv`: w dequantized, fp32 matmul, rounded once."""
+    return gemv_ref(x, w, bias, out_dtype=out_dtype, w_scale=w_scale)
+
+
+def scaled_mm_ref(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                  bias: torch.Tensor | None = None, *, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The W8A8 product in torch: both sides dequantized to fp32, multiplied, rounded once."""
+    _check_gemv(xq, x_scale, w, w_scale, bias, out_dtype)
     y = (xq.float() @ w.float().T) * x_scale[:, None] * w_scale[None, :]
     if bias is not None:
         y = y + bias.float()
@@ -231,14 +188,15 @@ def _check_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor) -> No
 
 def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
                scale_ub: float | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """x [M, K] -> [M, N] in out_dtype (default x's): x quantized per token (Triton), then the
-    Triton GEMV for M <= GEMV_MAX_M, else torch._scaled_mm (K and N multiples of 16)."""
+    """x [M, K] -> [M, N] in out_dtype (default x's): for M <= GEMV_MAX_M the weight-only GEMV
+    (x as it is), else x quantized per token (Triton) and torch._scaled_mm (K and N multiples
+    of 16)."""
     _check_linear(x, w, w_scale)
     out_dtype = out_dtype or x.dtype
-    xq, sx = per_token_quant(x, scale_ub)
     if x.shape[0] <= GEMV_MAX_M:
-        return fp8_gemv(xq, sx, w, w_scale, bias, out_dtype=out_dtype)
-    _check_gemv(xq, sx, w, w_scale, bias, out_dtype, None)
+        return fp8_gemv(x, w, w_scale, bias, out_dtype=out_dtype)
+    xq, sx = per_token_quant(x, scale_ub)
+    _check_gemv(xq, sx, w, w_scale, bias, out_dtype)
     if w.shape[0] % 16 or w.shape[1] % 16:
         raise ValueError(f"torch._scaled_mm needs N and K multiples of 16, got w {tuple(w.shape)}")
     # row-wise scales: a [M, 1] and b [1, N]; b = w.T is column-major as cuBLAS wants
@@ -252,7 +210,10 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: to
 
 def fp8_linear_ref(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
                    scale_ub: float | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Pure-torch `fp8_linear`: x quantized per token, both sides dequantized, fp32 matmul."""
+    """Pure-torch `fp8_linear`: for M <= GEMV_MAX_M w dequantized and x as it is, else x
+    quantized per token; both sides dequantized, fp32 matmul."""
     _check_linear(x, w, w_scale)
+    if x.shape[0] <= GEMV_MAX_M:
+        return fp8_gemv_ref(x, w, w_scale, bias, out_dtype=out_dtype or x.dtype)
     xq, sx = per_token_quant_ref(x, scale_ub)
-    return fp8_gemv_ref(xq, sx, w, w_scale, bias, out_dtype=out_dtype or x.dtype)
+    return scaled_mm_ref(xq, sx, w, w_scale, bias, out_dtype=out_dtype or x.dtype)

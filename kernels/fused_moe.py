@@ -143,10 +143,12 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
     if p * (num_experts + 1) <= _ONE_HOT_MAX:
         # decode-sized: a pair's place within its expert from a running count over a one-hot
         # table (one cumsum; no sort)
-        onehot = (e_idx[:, None] == torch.arange(num_experts + 1, device=dev)[None, :]).to(torch.int32)
-        running = torch.cumsum(onehot, 0)  # [P, E + 1]
-        counts = running[-1].long()
-        rank = running.gather(1, e_idx[:, None]).squeeze(1).long() - 1
+        # (experts along rows, pairs along the scanned inner dimension: torch's scan over an
+        # outer dimension took ~200 us for 1,024 pairs on the H200, the inner one a few)
+        onehot = (torch.arange(num_experts + 1, device=dev)[:, None] == e_idx[None, :]).to(torch.int32)
+        running = torch.cumsum(onehot, 1)  # [E + 1, P]
+        counts = running[:, -1].long()
+        rank = running.gather(0, e_idx[None, :]).squeeze(0).long() - 1
         sorted_e, order = e_idx, torch.arange(p, device=dev)
     else:
         counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)
@@ -223,60 +225,79 @@ def _moe_gemm_kernel(
 @triton.jit
 def _moe_gemv_up_kernel(
     x_ptr, w13_ptr, ids_ptr, act_ptr,
-    hidden, inter, num_experts,
+    hidden: tl.constexpr, inter, num_experts,
     stride_xt, stride_we, stride_wn, stride_at,
-    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TOP_K: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # grid: (T*K, cdiv(I, BLOCK_N)); act[pair, n] = silu(gate_e[n] . x[t]) * (up_e[n] . x[t])
+    # grid: (T*K, cdiv(I, BLOCK_N)); act[pair, n] = silu(gate_e[n] . x[t]) * (up_e[n] . x[t]).
+    # As kernels/gemv.py: [BLOCK_N, BLOCK_K] fp32 partial products kept in registers and
+    # reduced once at the end, weights loaded once with an evict-first hint.
     pair = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     e = tl.load(ids_ptr + pair)
     valid = e < num_experts  # an expert on another rank: nothing is read, the row is never used
     mask_n = (offs_n < inter) & (offs_n * 0 + e < num_experts)
-    w_gate = w13_ptr + tl.where(valid, e, 0).to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+    cols = tl.arange(0, BLOCK_K)
+    w_gate = w13_ptr + tl.where(valid, e, 0).to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn \
+        + cols[None, :]
     w_up = w_gate + inter * stride_wn
-    x_row = x_ptr + (pair // TOP_K) * stride_xt
-    acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, hidden, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < hidden
-        xv = tl.load(x_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        m = mask_n[:, None] & mask_k[None, :]
-        g = tl.load(w_gate + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
-        u = tl.load(w_up + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
-        acc_g += tl.sum(g * xv[None, :], axis=1)
-        acc_u += tl.sum(u * xv[None, :], axis=1)
-    y = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-    tl.store(act_ptr + pair * stride_at + offs_n, y.to(act_ptr.dtype.element_ty), mask=mask_n)
+    x_row = x_ptr + (pair // TOP_K) * stride_xt + cols
+    acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in tl.static_range(0, hidden, BLOCK_K):  # unrolled: every chunk's loads can be in flight
+        if EVEN:
+            xv = tl.load(x_row + k0).to(tl.float32)
+            m = mask_n[:, None] & (cols < BLOCK_K)[None, :]
+        else:
+            mask_k = k0 + cols < hidden
+            xv = tl.load(x_row + k0, mask=mask_k, other=0.0).to(tl.float32)
+            m = mask_n[:, None] & mask_k[None, :]
+        g = tl.load(w_gate + k0, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        u = tl.load(w_up + k0, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        acc_g += g * xv[None, :]
+        acc_u += u * xv[None, :]
+    sg = tl.sum(acc_g, axis=1)
+    y = sg / (1.0 + tl.exp(-sg)) * tl.sum(acc_u, axis=1)
+    tl.store(act_ptr + pair * stride_at + offs_n, y.to(act_ptr.dtype.element_ty), mask=offs_n < inter)
 
 
 @triton.jit
 def _moe_gemv_down_kernel(
     act_ptr, w2_ptr, ids_ptr, topk_w_ptr, out_ptr,
-    hidden, inter, num_experts,
+    hidden, inter: tl.constexpr, num_experts,
     stride_at, stride_we, stride_wn, stride_ot,
-    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TOP_K: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # grid: (T, cdiv(H, BLOCK_N)); out[t, n] = sum_k w[t, k] * (w2_e[n] . act[t*K + k])
+    # grid: (T, cdiv(H, BLOCK_N)); out[t, n] = sum_k w[t, k] * (w2_e[n] . act[t*K + k]): the
+    # routing weight scales the activation chunk, so one [BLOCK_N, BLOCK_K] fp32 tile
+    # collects every expert's products and is reduced once; the K experts are unrolled so
+    # their weight loads can be in flight together
     t = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < hidden
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k in range(TOP_K):
+    cols = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
         pair = t * TOP_K + k
         e = tl.load(ids_ptr + pair)
         valid = e < num_experts
-        w_rows = w2_ptr + tl.where(valid, e, 0).to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-        part = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, inter, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            mask_k = (offs_k < inter) & (offs_k * 0 + e < num_experts)
-            a = tl.load(act_ptr + pair * stride_at + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-            part += tl.sum(w * a[None, :], axis=1)
-        acc += tl.load(topk_w_ptr + pair) * part
-    tl.store(out_ptr + t * stride_ot + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
+        wt = tl.where(valid, tl.load(topk_w_ptr + pair), 0.0)
+        w_rows = w2_ptr + tl.where(valid, e, 0).to(tl.int64) * stride_we \
+            + offs_n[:, None].to(tl.int64) * stride_wn + cols[None, :]
+        a_row = act_ptr + pair * stride_at + cols
+        mrow = mask_n & (offs_n * 0 + e < num_experts)
+        kvalid = cols * 0 + e < num_experts
+        for k0 in tl.static_range(0, inter, BLOCK_K):  # unrolled with the experts: all loads in flight
+            if EVEN:
+                a = tl.load(a_row + k0, mask=kvalid, other=0.0).to(tl.float32)
+                m = mrow[:, None] & kvalid[None, :]
+            else:
+                mask_k = (k0 + cols < inter) & kvalid
+                a = tl.load(a_row + k0, mask=mask_k, other=0.0).to(tl.float32)
+                m = mrow[:, None] & mask_k[None, :]
+            w = tl.load(w_rows + k0, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            acc += w * (a * wt)[None, :]
+    tl.store(out_ptr + t * stride_ot + offs_n, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
 # ------------------------------------------------------------------------------- wrappers
@@ -312,11 +333,19 @@ def pick_config(t: int, top_k: int, num_experts: int, hidden: int, inter: int) -
     if fits:
         return dict(_TUNED_BY_SHAPE[(num_experts, top_k, hidden, inter)][min(fits)])
     if t == 1 or t * top_k <= num_experts // 2:
-        # H200, qwen3-30b-a3b, one token: bn_down 4 (more programs in flight) 36 us a layer, 8 43 us
-        return dict(decode=True, bn_up=8, bk_up=min(512, triton.next_power_of_2(hidden)),
-                    bn_down=4, bk_down=min(512, triton.next_power_of_2(inter)), split_down=False, warps=4)
+        # kernels/gemv.py's shape of work: 4 weight rows a program, long K chunks
+        bk_down = min(256, triton.next_power_of_2(inter))
+        while bk_down > 16 and inter % bk_down:  # a chunk that divides I needs no masks
+            bk_down //= 2
+        # (H200 sweep, qwen3-30b-a3b, one token: 2 rows a program on both sides, 33.8 us a layer
+        # with the routing, 4 rows 35.8; benchmarks/results/fused_moe_qwen3-30b-a3b_cuda.json)
+        return dict(decode=True, bn_up=2, bk_up=min(1024, triton.next_power_of_2(hidden)), warps_up=2,
+                    bn_down=2, bk_down=bk_down if inter % bk_down == 0 else min(256, triton.next_power_of_2(inter)),
+                    split_down=False, warps=4)
     if t * top_k <= 16 * num_experts:  # few pairs an expert (decode batches): small row blocks waste less
-        cfg = dict(decode=False, block_m=16, block_n=64, block_k=128, warps=4, stages=3)
+        # (H200, qwen3-30b-a3b, 32 and 128 tokens: block_n 128 the best of the sweep, 79.8% and
+        # 75.6% of the copy bandwidth over the experts a batch activates)
+        cfg = dict(decode=False, block_m=16, block_n=128, block_k=128, warps=4, stages=3)
     else:
         cfg = dict(decode=False, block_m=64, block_n=128, block_k=64, warps=8, stages=3)
     if _interpreting():
@@ -368,22 +397,27 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     cfg = pick_config(t, top_k, e, h, inter)
     if decode_path is not None and decode_path != cfg["decode"]:
         cfg = pick_config(1 if decode_path else max(t, e), top_k, e, h, inter)
+    if not cfg["decode"] and x.element_size() == 4:  # fp32 tiles: half the K depth fits shared memory
+        cfg["block_k"] = min(cfg["block_k"], 64)
     cfg.update(config or {})
     if cfg["decode"]:
         act = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
         _moe_gemv_up_kernel[(t * top_k, triton.cdiv(inter, cfg["bn_up"]))](
             x, w13, topk_ids, act, h, inter, e, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-            TOP_K=top_k, BLOCK_N=cfg["bn_up"], BLOCK_K=cfg["bk_up"], num_warps=cfg["warps"])
+            TOP_K=top_k, EVEN=h % cfg["bk_up"] == 0, BLOCK_N=cfg["bn_up"], BLOCK_K=cfg["bk_up"],
+            num_warps=cfg.get("warps_up", cfg["warps"]))
         if cfg.get("split_down"):  # each pair on its own programs: K partial rows, summed after
             part = torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
             _moe_gemv_down_kernel[(t * top_k, triton.cdiv(h, cfg["bn_down"]))](
                 act, w2, topk_ids, topk_weights, part, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
-                part.stride(0), TOP_K=1, BLOCK_N=cfg["bn_down"], BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"])
+                part.stride(0), TOP_K=1, EVEN=inter % cfg["bk_down"] == 0, BLOCK_N=cfg["bn_down"],
+                BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"])
             torch.sum(part.view(t, top_k, h), dim=1, out=out)
             return out
         _moe_gemv_down_kernel[(t, triton.cdiv(h, cfg["bn_down"]))](
             act, w2, topk_ids, topk_weights, out, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
-            out.stride(0), TOP_K=top_k, BLOCK_N=cfg["bn_down"], BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"])
+            out.stride(0), TOP_K=top_k, EVEN=inter % cfg["bk_down"] == 0, BLOCK_N=cfg["bn_down"],
+            BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"])
         return out
     pairs = t * top_k
     bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]

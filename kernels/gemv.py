@@ -8,6 +8,10 @@ product per token in registers and reducing it once at the end: no split-K pass,
 second launch, and the weight is loaded exactly once with an evict-first hint (it will not
 be reused before the next step). ``x`` is tiny and stays in cache.
 
+``w`` may also be float8_e4m3fn with one fp32 scale per row (``w_scale``): the FP8 linear's
+decode path (kernels/fp8_linear.py), which streams one byte an element and multiplies each
+output by its row's scale after the reduction.
+
 ``gemv_ref`` is ``torch.nn.functional.linear`` in fp32, rounded to the output dtype.
 """
 from __future__ import annotations
@@ -35,16 +39,16 @@ def _x_chunk(x_row, k0, cols, K, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _store_row(y_row, acc, bias, rows, rmask):
-    tl.store(y_row + rows, (tl.sum(acc, axis=1) + bias).to(y_row.dtype.element_ty), mask=rmask)
+def _store_row(y_row, acc, scale, bias, rows, rmask):
+    tl.store(y_row + rows, (tl.sum(acc, axis=1) * scale + bias).to(y_row.dtype.element_ty), mask=rmask)
 
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr,
+    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr,
     N, K,
     stride_xm, stride_wn, stride_ym,
-    M: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
+    M: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # grid: (cdiv(N, BLOCK_N),); one program = BLOCK_N output features for all M tokens, one
@@ -74,13 +78,16 @@ def _gemv_kernel(
     bias = tl.zeros([BLOCK_N], tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
-    _store_row(y_ptr, acc0, bias, rows, rmask)
+    scale = tl.full([BLOCK_N], 1.0, tl.float32)
+    if HAS_SCALE:
+        scale = tl.load(s_ptr + rows, mask=rmask, other=0.0)
+    _store_row(y_ptr, acc0, scale, bias, rows, rmask)
     if M > 1:
-        _store_row(y_ptr + stride_ym, acc1, bias, rows, rmask)
+        _store_row(y_ptr + stride_ym, acc1, scale, bias, rows, rmask)
     if M > 2:
-        _store_row(y_ptr + 2 * stride_ym, acc2, bias, rows, rmask)
+        _store_row(y_ptr + 2 * stride_ym, acc2, scale, bias, rows, rmask)
     if M > 3:
-        _store_row(y_ptr + 3 * stride_ym, acc3, bias, rows, rmask)
+        _store_row(y_ptr + 3 * stride_ym, acc3, scale, bias, rows, rmask)
 
 
 def pick_config(m: int, n: int, k: int) -> tuple[int, int, int, int]:
@@ -89,18 +96,24 @@ def pick_config(m: int, n: int, k: int) -> tuple[int, int, int, int]:
     m == 1: 4 rows x 1 KB-wide chunks on 2 warps, the best or within 3% of the best config of
     an H200 sweep on every llama3-8b shape (benchmarks/bench_gemv.py: 3.4-4.4 TB/s, against
     cuBLAS's 2.6-4.1). More rows of x multiply the fp32 partial sums held per thread, so
-    m > 1 takes narrower tiles on more threads."""
+    m > 1 takes narrower tiles on more threads. One-byte (FP8) weights keep the same tiles:
+    2,048-wide chunks (the same bytes a step as bf16's) measured 67% of the copy bandwidth on
+    a llama3-8b layer, 1,024-wide 72-83% (benchmarks/results/quant_gemv_sweep_cuda.log)."""
     block_k = min(1024 if m == 1 else 512, triton.next_power_of_2(k))
     if m == 1:
         return 4, block_k, 2, 1
     return 2, block_k, 4, 1
 
 
-def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype | None) -> None:
+def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype | None,
+           w_scale: torch.Tensor | None = None) -> None:
     for name, t in (("x", x), ("w", w)) + ((("bias", bias),) if bias is not None else ()):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor")
-        if t.dtype not in _DTYPES:
+        if name == "w" and w_scale is not None:
+            if t.dtype != torch.float8_e4m3fn:
+                raise ValueError(f"a w with w_scale must be float8_e4m3fn, got {t.dtype}")
+        elif t.dtype not in _DTYPES:
             raise ValueError(f"{name} must be fp32/fp16/bf16, got {t.dtype}")
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
@@ -110,8 +123,11 @@ def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out_dtyp
         raise ValueError(f"gemv handles 1..{MAX_M} rows of x, got {x.shape[0]}")
     if x.stride(1) != 1 or not w.is_contiguous():
         raise ValueError("x must have a unit last stride and w must be contiguous")
-    if w.dtype != x.dtype:
+    if w_scale is None and w.dtype != x.dtype:
         raise ValueError(f"w ({w.dtype}) must have x's dtype ({x.dtype})")
+    if w_scale is not None and (not isinstance(w_scale, torch.Tensor) or w_scale.dtype != torch.float32
+                                or w_scale.shape != (w.shape[0],) or w_scale.device != x.device):
+        raise ValueError(f"w_scale must be fp32 [N={w.shape[0]}] on x's device")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != w.shape[0]):
         raise ValueError(f"bias must be [N={w.shape[0]}], got {tuple(bias.shape)}")
     if out_dtype is not None and out_dtype not in _DTYPES:
@@ -119,9 +135,11 @@ def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out_dtyp
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
-         out_dtype: torch.dtype | None = None, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """``x [M<=4, K] @ w[N, K].T (+ bias)`` -> ``[M, N]`` in ``out_dtype`` (default x's)."""
-    _check(x, w, bias, out_dtype)
+         out_dtype: torch.dtype | None = None, config: tuple[int, int, int, int] | None = None,
+         w_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [M<=4, K] @ (w[N, K] * w_scale[:, None]).T (+ bias)`` -> ``[M, N]`` in ``out_dtype``
+    (default x's); w_scale (fp32 [N]) only with a float8_e4m3fn w."""
+    _check(x, w, bias, out_dtype, w_scale)
     if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(f"x must be on a CUDA device (got {x.device}); use gemv_ref on CPU")
     m, k = x.shape
@@ -134,19 +152,22 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     block_n, block_k, warps, stages = config or pick_config(m, n, k)
     even = n % block_n == 0 and k % block_k == 0
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, w, bias if bias is not None else w, y,
+        x, w, w_scale if w_scale is not None else x, bias if bias is not None else x, y,
         n, k, x.stride(0), w.stride(0), y.stride(0),
-        M=m, HAS_BIAS=bias is not None, EVEN=even, BLOCK_N=block_n, BLOCK_K=block_k,
+        M=m, HAS_SCALE=w_scale is not None, HAS_BIAS=bias is not None, EVEN=even, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps, num_stages=stages,
     )
     return y
 
 
 def gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
-             out_dtype: torch.dtype | None = None, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+             out_dtype: torch.dtype | None = None, config: tuple[int, int, int, int] | None = None,
+             w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Pure-torch reference with the same signature: fp32 math, rounded once."""
-    _check(x, w, bias, out_dtype)
+    _check(x, w, bias, out_dtype, w_scale)
     y = x.float() @ w.float().T
+    if w_scale is not None:
+        y = y * w_scale[None, :]
     if bias is not None:
         y = y + bias.float()
     return y.to(out_dtype or x.dtype)

@@ -12,9 +12,10 @@ Layout (K input features, N outputs, G the group size, K % G == 0, G % 8 == 0, N
 GPTQ's act-order (g_idx) is not in the kernel: rows are sorted by group at load and the
 caller permutes x's columns the same way (one gather of a [M, K] activation).
 
-``int4_linear`` picks a GEMV for M <= GEMV_MAX_M rows (each program a column block, the
-products reduced in registers: the weight is streamed once, half a byte an element) and a
-dequantizing GEMM for more (tile of w dequantized in registers, then ``tl.dot``);
+``int4_linear`` picks a GEMV for M <= GEMV_MAX_M rows (each program a column block of one
+row, a group at a time, the products reduced in registers: the weight is streamed once, half
+a byte an element) and a dequantizing GEMM for more (each packed int loaded once and
+unpacked in registers to a tile for ``tl.dot``);
 ``int4_linear_ref`` dequantizes the whole weight and multiplies in fp32.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ import triton.language as tl
 __all__ = ["GEMV_MAX_M", "int4_linear", "int4_linear_ref", "dequantize_ref", "unpack_rows", "pack_rows",
            "unpack_cols", "pack_cols"]
 
-GEMV_MAX_M = 8
+GEMV_MAX_M = 4
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -79,45 +80,83 @@ def dequantize_ref(qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Te
     return ((q - z[:, None, :]) * scales.float()[:, None, :]).view(k, n)
 
 
-# ------------------------------------------------------------------------- kernel
+# ------------------------------------------------------------------------- kernels
 
 @triton.jit
-def _int4_kernel(
+def _int4_gemv_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr,
+    N, K,
+    stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # grid: (M, cdiv(N, BLOCK_N)); one program = BLOCK_N outputs of one row of x (the rows of
+    # a column block are neighbours in launch order, so a second row reads w from L2). Each
+    # step takes one group: its [GROUP // 8, BLOCK_N] packed ints, each loaded once, and
+    # unpacks nibble j of every int (inputs k = 8r + j) in turn. A nibble becomes a float by
+    # OR-ing it into 2^23's mantissa, and subtracting 2^23 + zero gives (q - zero) exactly: no
+    # int-to-float conversion, whose rate is a quarter of an FMA's. The group's scale
+    # multiplies its column sums once.
+    m = tl.program_id(0).to(tl.int64)
+    ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = ns < N
+    R: tl.constexpr = GROUP // 8
+    rs = tl.arange(0, R)
+    acc = tl.zeros([R, BLOCK_N], tl.float32)
+    x_row = x_ptr + m * stride_xm
+    zshift = (ns % 8) * 4
+    for g in range(0, K // GROUP):
+        packed = tl.load(qw_ptr + (g * R + rs).to(tl.int64)[:, None] * stride_qk + ns[None, :],
+                         mask=nmask[None, :], other=0, eviction_policy="evict_first")  # [R, BLOCK_N]
+        zp = tl.load(z_ptr + g * stride_zg + ns // 8, mask=nmask, other=0)
+        zf = (((zp >> zshift) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)  # 2^23 + zero
+        s = tl.load(s_ptr + g * stride_sg + ns, mask=nmask, other=0.0).to(tl.float32)
+        part = tl.zeros([R, BLOCK_N], tl.float32)
+        for j in tl.static_range(8):
+            xj = tl.load(x_row + g * GROUP + rs * 8 + j).to(tl.float32)  # [R]
+            q = (((packed >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
+            part += (q - zf[None, :]) * xj[:, None]
+        acc += part * s[None, :]
+    y = tl.sum(acc, axis=0)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + ns, mask=nmask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m * stride_ym + ns, y.to(y_ptr.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
+def _int4_gemm_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr,
     M, N, K,
     stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
-    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); a [BLOCK_K, BLOCK_N] tile of w is dequantized
-    # in registers each step: q from its packed row k // 8 (nibble k % 8), zero and scale from
-    # group row k // GROUP (the same row for a whole tile when BLOCK_K divides GROUP)
+    # grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); each step loads [BLOCK_K // 8, BLOCK_N] packed
+    # ints once, unpacks them to a [BLOCK_K, BLOCK_N] tile (row 8r + j = nibble j of packed row
+    # r), dequantizes with the one group row the tile lies in (BLOCK_K divides GROUP) and feeds
+    # tl.dot
     ms = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = ms < M
     nmask = ns < N
+    RP: tl.constexpr = BLOCK_K // 8
+    rs = tl.arange(0, RP)
     ks = tl.arange(0, BLOCK_K)
-    zshift = ((ns % 8) * 4)[None, :]
+    shifts = tl.arange(0, 8) * 4
+    zshift = (ns % 8) * 4
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        k = k0 + ks
-        kmask = k < K
-        wmask = kmask[:, None] & nmask[None, :]
-        packed = tl.load(qw_ptr + (k // 8).to(tl.int64)[:, None] * stride_qk + ns[None, :], mask=wmask, other=0,
-                         eviction_policy="evict_first")  # [BLOCK_K, BLOCK_N] int32
-        q = (packed >> ((k % 8) * 4)[:, None]) & 0xF
-        g = (k // GROUP)[:, None]
-        s = tl.load(s_ptr + g * stride_sg + ns[None, :], mask=wmask, other=0.0).to(tl.float32)
-        zp = tl.load(z_ptr + g * stride_zg + (ns // 8)[None, :], mask=wmask, other=0)
-        w = (q - ((zp >> zshift) & 0xF)).to(tl.float32) * s  # [BLOCK_K, BLOCK_N]
-        x = tl.load(x_ptr + ms[:, None] * stride_xm + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
-        if USE_DOT:
-            if IEEE:  # fp32 x, or the interpreter (whose tl.dot multiplies bf16 bit patterns as integers)
-                acc += tl.dot(x.to(tl.float32), w, input_precision="ieee")
-            else:
-                acc += tl.dot(x, w.to(x.dtype))
+        packed = tl.load(qw_ptr + (k0 // 8 + rs).to(tl.int64)[:, None] * stride_qk + ns[None, :],
+                         mask=nmask[None, :], other=0)  # [RP, BLOCK_N]
+        q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
+        g = k0 // GROUP
+        z = (tl.load(z_ptr + g * stride_zg + ns // 8, mask=nmask, other=0) >> zshift) & 0xF
+        s = tl.load(s_ptr + g * stride_sg + ns, mask=nmask, other=0.0).to(tl.float32)
+        w = (q - z[None, :]).to(tl.float32) * s[None, :]  # [BLOCK_K, BLOCK_N]
+        x = tl.load(x_ptr + ms[:, None] * stride_xm + (k0 + ks)[None, :], mask=mmask[:, None], other=0.0)
+        if IEEE:  # fp32 x, or the interpreter (whose tl.dot multiplies bf16 bit patterns as integers)
+            acc += tl.dot(x.to(tl.float32), w, input_precision="ieee")
         else:
-            acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
+            acc += tl.dot(x, w.to(x.dtype))
     if HAS_BIAS:
         acc += tl.load(b_ptr + ns, mask=nmask, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + ms[:, None] * stride_ym + ns[None, :], acc.to(y_ptr.dtype.element_ty),
@@ -152,19 +191,23 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros:
 
 
 def pick_config(m: int, n: int, k: int, group_size: int) -> tuple[int, int, int, int, bool]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, use_dot). Untuned: no H200 was available when this
-    was written; BLOCK_K divides the group size so a tile's scales are one row."""
-    gemv = m <= GEMV_MAX_M
-    block_m = max(2, triton.next_power_of_2(m)) if gemv else (64 if m <= 64 else 128)
-    # the GEMV's [BLOCK_M, BLOCK_K, BLOCK_N] product is kept at 8K fp32 values (64 registers
-    # a thread on 4 warps); the GEMM's dequantized tile feeds tl.dot
-    block_k = min(group_size, 8192 // (block_m * 64) if gemv else 64, triton.next_power_of_2(k))
-    block_k = max(block_k, 8)
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, use_dot): the GEMV (use_dot False; BLOCK_K is its
+    group) for M <= GEMV_MAX_M, else the dequantizing GEMM, whose BLOCK_K divides the group
+    size (a tile's scales are one row) and whose column blocks are narrowed until there are
+    enough of them for every multiprocessor."""
+    if m <= GEMV_MAX_M:  # narrow column blocks: enough programs for every multiprocessor
+        # (H200 sweep, benchmarks/results/quant_gemv_sweep_cuda.log: 32 columns on 4 warps for
+        # 28672 x 4096, 1.25 TB/s; 16 for 4096 x 14336, 0.42 TB/s: too few programs, each a
+        # long walk along K; a split-K GEMV is the next step)
+        return 1, 16 if n <= 8192 else 32, group_size, 4, False
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    block_k = min(128, group_size)
     while group_size % block_k:
         block_k //= 2
-    if gemv:
-        return block_m, 64, block_k, 4, False
-    return block_m, 128, block_k, 8, True
+    block_n = 128
+    while block_n > 32 and triton.cdiv(m, block_m) * triton.cdiv(n, block_n) < 132:
+        block_n //= 2
+    return block_m, block_n, block_k, 4, True
 
 
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
@@ -182,15 +225,21 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qz
     if m == 0 or n == 0:
         return y
     bm, bn, bk, warps, use_dot = config or pick_config(m, n, k, group_size)
-    if use_dot and bm < 16:
-        raise ValueError("a tl.dot tile needs BLOCK_M >= 16")
+    if use_dot and (bm < 16 or bk < 16 or group_size % bk):
+        raise ValueError("a tl.dot tile needs BLOCK_M >= 16 and a BLOCK_K >= 16 that divides the group size")
+    if not use_dot and (group_size & (group_size - 1)):
+        raise ValueError(f"the GEMV takes a power-of-two group size, got {group_size}")
     qweight, scales, qzeros = qweight.contiguous(), scales.contiguous(), qzeros.contiguous()
-    _int4_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
-        x, qweight, scales, qzeros, bias if bias is not None else scales, y,
-        m, n, k, x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), y.stride(0),
-        GROUP=group_size, HAS_BIAS=bias is not None, USE_DOT=use_dot, IEEE=x.dtype == torch.float32 or x.device.type != "cuda",
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-    )
+    args = (x, qweight, scales, qzeros, bias if bias is not None else scales, y)
+    strides = (x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), y.stride(0))
+    if not use_dot:
+        _int4_gemv_kernel[(m, triton.cdiv(n, bn))](
+            *args, n, k, *strides, GROUP=group_size, HAS_BIAS=bias is not None, BLOCK_N=bn, num_warps=warps)
+        return y
+    _int4_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+        *args, m, n, k, *strides, GROUP=group_size, HAS_BIAS=bias is not None,
+        IEEE=x.dtype == torch.float32 or x.device.type != "cuda", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=warps)
     return y
 
 

@@ -73,8 +73,9 @@ def test_route_ref_normalisation():
 
 @needs_kernel
 @pytest.mark.parametrize("t,e,k", [(1, 8, 2), (6, 4, 3)])
-def test_fused_moe_matches_definition_both_paths(t, e, k):
-    h, inter = 48, 24  # not powers of two: masked tiles
+@pytest.mark.parametrize("h,inter", [(48, 24), (64, 32)], ids=["masked", "even"])
+def test_fused_moe_matches_definition_both_paths(t, e, k, h, inter):
+    # 48 / 24: not powers of two, masked tiles; 64 / 32: chunks that divide the rows, no masks
     x, w13, w2, logits = _case(t, e, k, h, inter)
     for start, local in ((0, e), (e // 2, e // 2)):  # all experts here; half of them (expert parallel)
         weights, ids = moe_route(logits, k, True, start, local)

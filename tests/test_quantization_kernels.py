@@ -10,7 +10,7 @@ import torch
 
 from treadle.kernels.fp8_linear import (
     FP8_DTYPE, fp8_gemv, fp8_gemv_ref, fp8_linear, fp8_linear_ref, per_token_quant, per_token_quant_ref,
-    quantize_weight_ref,
+    quantize_weight_ref, scaled_mm_ref,
 )
 from treadle.kernels.int4_linear import (
     int4_linear, int4_linear_ref, pack_cols, pack_rows, unpack_cols, unpack_rows,
@@ -71,23 +71,27 @@ def test_per_token_quant_matches_ref(dtype: torch.dtype) -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize("m", [1, 3, 16])
-@pytest.mark.parametrize("n,k", [(40, 96), (24, 1000)])
-def test_fp8_gemv_matches_ref(m: int, n: int, k: int) -> None:
+@pytest.mark.parametrize("m", [1, 3, 4])
+@pytest.mark.parametrize("n,k", [(40, 96), (24, 1000), (16, 4096)])
+@pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16])
+def test_fp8_gemv_matches_ref(m: int, n: int, k: int, xdtype: torch.dtype) -> None:
+    # the decode path: weight-only, x as it is (96 and 1000 masked, 4096 in whole chunks)
     g = _g(3)
     w, ws = quantize_weight_ref(torch.randn(n, k, generator=g).to(DEV))
-    xq, xs = per_token_quant_ref(torch.randn(m, k, generator=g).to(DEV))
+    x = torch.randn(m, k, generator=g).to(xdtype).to(DEV)
     b = torch.randn(n, generator=g).to(DEV)
     for out in (torch.float32, torch.bfloat16):
         tol = dict(atol=1e-4, rtol=1e-4) if out == torch.float32 else dict(atol=3e-2, rtol=2e-2)
-        torch.testing.assert_close(fp8_gemv(xq, xs, w, ws, b, out_dtype=out), fp8_gemv_ref(xq, xs, w, ws, b, out_dtype=out),
+        torch.testing.assert_close(fp8_gemv(x, w, ws, b, out_dtype=out), fp8_gemv_ref(x, w, ws, b, out_dtype=out),
                                    **tol)
-    y = fp8_gemv(xq, xs, w, ws, config=(4, 64, 2), out_dtype=torch.float32)  # masked tiles
-    torch.testing.assert_close(y, fp8_gemv_ref(xq, xs, w, ws, out_dtype=torch.float32), atol=1e-4, rtol=1e-4)
+    y = fp8_gemv(x, w, ws, config=(4, 64, 2, 1), out_dtype=torch.float32)  # masked tiles
+    torch.testing.assert_close(y, fp8_gemv_ref(x, w, ws, out_dtype=torch.float32), atol=1e-4, rtol=1e-4)
+    exact = x.float() @ (w.float() * ws[:, None]).T  # the dequantized weight, written out
+    torch.testing.assert_close(fp8_gemv_ref(x, w, ws, out_dtype=torch.float32), exact, atol=1e-4, rtol=1e-4)
 
 
 @needs_kernel
-@pytest.mark.parametrize("m", [2, 33])  # the GEMV, and torch._scaled_mm above 16 rows
+@pytest.mark.parametrize("m", [1, 33])  # the weight-only GEMV, and W8A8 torch._scaled_mm above 1 row
 def test_fp8_linear_matches_ref(m: int) -> None:
     g = _g(4)
     w, ws = quantize_weight_ref(torch.randn(48, 64, generator=g).to(DEV))
@@ -101,7 +105,7 @@ def test_fp8_linear_matches_ref(m: int) -> None:
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 3, 8, 20])  # GEMV up to 8 rows, tl.dot GEMM above
+@pytest.mark.parametrize("m", [1, 3, 8, 20])  # GEMV up to 4 rows, tl.dot GEMM above
 @pytest.mark.parametrize("k,n,group", [(64, 24, 32), (256, 40, 128)])
 def test_int4_linear_matches_ref(dtype: torch.dtype, m: int, k: int, n: int, group: int) -> None:
     qweight, scales, qzeros = _int4(k, n, group, seed=5)
@@ -128,7 +132,9 @@ def test_kernel_wrappers_refuse_bad_arguments() -> None:
     with pytest.raises(ValueError, match="float8_e4m3fn"):
         fp8_linear_ref(x, w.float(), ws)
     with pytest.raises(ValueError, match="w_scale"):
-        fp8_gemv_ref(*per_token_quant_ref(x), w, ws[:8])
+        fp8_gemv_ref(x, w, ws[:8])
+    with pytest.raises(ValueError, match="x_scale"):
+        scaled_mm_ref(per_token_quant_ref(x)[0], ws, w, ws)
 
 
 # ------------------------------------------------------------------------------ GPU
