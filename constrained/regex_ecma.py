@@ -46,6 +46,8 @@ __all__ = ["pattern_subset_body"]
 
 _FLAGS = re.compile(r"\(\?([ims]+)\)")
 _NAMED = re.compile(r"\(\?P?<([A-Za-z_][A-Za-z0-9_]*)>")
+_LONG_COUNT = re.compile(r"\{(?:\d*,\d{2,}|\d{2,},?)\}")  # {0,16}, {16,}, {16}: a count of 10 or more
+_LOOP_THEN_LONG_COUNT = re.compile(r"(?:[*+]|\{\d+,\}).*\{(?:\d*,\d{2,}|\d{2,},?)\}")
 _PROPERTY = re.compile(r"\\[pP]\{[^}]*\}")
 _LOOK = ("(?=", "(?!", "(?<=", "(?<!")
 # every character Python's str \s or ECMA's \s matches (str.isspace, and U+FEFF for ECMA)
@@ -94,8 +96,18 @@ def _subset_body(pattern: str) -> str:
                     if "exceed" not in str(exc) or most == 4:
                         raise
         else:
-            written = "(?:" + _positive(core) + ")" if core else ""
-            written = ("" if s else pad) + written + ("" if e or not written and not s else pad)
+            positive = _positive(core) if core else ""
+            if _LOOP_THEN_LONG_COUNT.search(re.sub(r"\[(?:\\.|[^\]\\])*\]", "c", positive)):
+                # a loop before a long count that may overlap it ([^/]+/?.{3,256}): the automaton
+                # tracks every split between them, up to 2^count states; the counts are lowered
+                # to at most 32 repetitions (fewer repetitions: a subset)
+                positive = _positive(core, 32)
+            written = "(?:" + positive + ")" if core else ""
+            # an unanchored core with a long counted repetition is written from the string's
+            # start (a string that starts with a match contains one: a subset): padding before
+            # it makes the automaton track every start at once, exponential in the count
+            lead = "" if s or _LONG_COUNT.search(core) else pad
+            written = lead + written + ("" if e or not written and not lead else pad)
         if written is not None:  # (a branch no string matches adds nothing)
             parts.append(written)
     if not parts:

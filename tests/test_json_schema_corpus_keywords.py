@@ -226,3 +226,19 @@ def test_uri_reference_iri_and_regex_formats_are_written_as_subsets(fmt: str, in
     assert not checker(schema).is_valid({"v": invalid})  # the format is checked by the validator
     rx = _walks_validate(schema, n=80)
     assert not rx.fullmatch(json.dumps({"v": invalid}, separators=(",", ":")))
+
+
+# ------------------------------------------------------------------ patterns that hung the translation
+
+@pytest.mark.timeout(120)  # the old translation built these automata for minutes (2^count subsets)
+@pytest.mark.parametrize("schema", [
+    # AWS::Batch::JobQueue: unanchored, a count past 1000 (lowered to 256) after a padded start
+    {"pattern": "arn:[a-z0-9-\\.]{1,63}:[a-z0-9-\\.]{0,63}:[a-z0-9-\\.]{0,63}:[a-z0-9-\\.]{0,63}:[^/].{0,1023}"},
+    # AWS::SageMaker::CodeRepository: a loop, then a long count it overlaps
+    {"pattern": "^https://([^/]+)/?.{3,1016}$", "minLength": 1, "maxLength": 1024},
+])
+def test_patterns_whose_automata_exploded_are_written_as_a_subset(schema: dict) -> None:
+    rx = json_schema_to_regex({"type": "string", **schema})
+    for s in random_strings(rx[1:-1], 40):
+        assert re.search(schema["pattern"], s), s
+        assert schema.get("minLength", 0) <= len(s) <= schema.get("maxLength", 10**9)
