@@ -87,10 +87,11 @@ def _int4_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr,
     N, K,
     stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
-    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    # grid: (M, cdiv(N, BLOCK_N)); one program = BLOCK_N outputs of one row of x (the rows of
-    # a column block are neighbours in launch order, so a second row reads w from L2). Each
+    # grid: (M, cdiv(N, BLOCK_N), SPLIT); one program = BLOCK_N outputs of one row of x over
+    # 1/SPLIT of K (the rows of a column block are neighbours in launch order, so a second row
+    # reads w from L2); with SPLIT > 1 the parts are added into a zeroed fp32 y. Each
     # step takes one group: its [GROUP // 8, BLOCK_N] packed ints, each loaded once, and
     # unpacks nibble j of every int (inputs k = 8r + j) in turn. A nibble becomes a float by
     # OR-ing it into 2^23's mantissa, and subtracting 2^23 + zero gives (q - zero) exactly: no
@@ -104,7 +105,10 @@ def _int4_gemv_kernel(
     acc = tl.zeros([R, BLOCK_N], tl.float32)
     x_row = x_ptr + m * stride_xm
     zshift = (ns % 8) * 4
-    for g in range(0, K // GROUP):
+    groups = K // GROUP
+    per = tl.cdiv(groups, SPLIT)
+    g0 = tl.program_id(2) * per
+    for g in range(g0, tl.minimum(g0 + per, groups)):
         packed = tl.load(qw_ptr + (g * R + rs).to(tl.int64)[:, None] * stride_qk + ns[None, :],
                          mask=nmask[None, :], other=0, eviction_policy="evict_first")  # [R, BLOCK_N]
         zp = tl.load(z_ptr + g * stride_zg + ns // 8, mask=nmask, other=0)
@@ -118,8 +122,11 @@ def _int4_gemv_kernel(
         acc += part * s[None, :]
     y = tl.sum(acc, axis=0)
     if HAS_BIAS:
-        y += tl.load(b_ptr + ns, mask=nmask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + m * stride_ym + ns, y.to(y_ptr.dtype.element_ty), mask=nmask)
+        y += tl.load(b_ptr + ns, mask=nmask & (ns * 0 + tl.program_id(2) == 0), other=0.0).to(tl.float32)
+    if SPLIT == 1:
+        tl.store(y_ptr + m * stride_ym + ns, y.to(y_ptr.dtype.element_ty), mask=nmask)
+    else:
+        tl.atomic_add(y_ptr + m * stride_ym + ns, y, mask=nmask)
 
 
 @triton.jit
@@ -190,15 +197,24 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
 
 
+def gemv_split(m: int, n: int, k: int, group_size: int, block_n: int) -> int:
+    """How many parts the GEMV cuts K into: enough programs for every multiprocessor (about 4
+    an SM of the H200's 132) when the column blocks alone are too few, each part at least 4
+    groups long."""
+    programs = m * triton.cdiv(n, block_n)
+    want = triton.cdiv(528, programs)
+    return max(1, min(want, (k // group_size) // 4))
+
+
 def pick_config(m: int, n: int, k: int, group_size: int) -> tuple[int, int, int, int, bool]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, use_dot): the GEMV (use_dot False; BLOCK_K is its
     group) for M <= GEMV_MAX_M, else the dequantizing GEMM, whose BLOCK_K divides the group
     size (a tile's scales are one row) and whose column blocks are narrowed until there are
     enough of them for every multiprocessor."""
     if m <= GEMV_MAX_M:  # narrow column blocks: enough programs for every multiprocessor
-        # (H200 sweep, benchmarks/results/quant_gemv_sweep_cuda.log: 32 columns on 4 warps for
-        # 28672 x 4096, 1.25 TB/s; 16 for 4096 x 14336, 0.42 TB/s: too few programs, each a
-        # long walk along K; a split-K GEMV is the next step)
+        # (H200 sweep without split-K, benchmarks/results/quant_gemv_sweep_cuda.log: 32
+        # columns on 4 warps for 28672 x 4096, 1.25 TB/s; 16 for 4096 x 14336, 0.42 TB/s: too
+        # few programs, each a long walk along K, which `gemv_split` now cuts)
         return 1, 16 if n <= 8192 else 32, group_size, 4, False
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     block_k = min(128, group_size)
@@ -233,9 +249,13 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qz
     args = (x, qweight, scales, qzeros, bias if bias is not None else scales, y)
     strides = (x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), y.stride(0))
     if not use_dot:
-        _int4_gemv_kernel[(m, triton.cdiv(n, bn))](
-            *args, n, k, *strides, GROUP=group_size, HAS_BIAS=bias is not None, BLOCK_N=bn, num_warps=warps)
-        return y
+        split = gemv_split(m, n, k, group_size, bn)
+        out = y if split == 1 else torch.zeros((m, n), dtype=torch.float32, device=x.device)
+        args = args[:5] + (out,)
+        _int4_gemv_kernel[(m, triton.cdiv(n, bn), split)](
+            *args, n, k, *strides[:4], out.stride(0), GROUP=group_size, HAS_BIAS=bias is not None, BLOCK_N=bn,
+            SPLIT=split, num_warps=warps)
+        return y if split == 1 else y.copy_(out)
     _int4_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
         *args, m, n, k, *strides, GROUP=group_size, HAS_BIAS=bias is not None,
         IEEE=x.dtype == torch.float32 or x.device.type != "cuda", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,

@@ -119,6 +119,23 @@ def test_int4_linear_matches_ref(dtype: torch.dtype, m: int, k: int, n: int, gro
                                    ref, **tol)
 
 
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 3])
+def test_int4_gemv_split_k_matches_ref(m: int) -> None:
+    # 32 groups of 32 over 24 columns: too few column blocks, so K is cut into parts whose
+    # sums are added into a zeroed fp32 output (the bias once)
+    from treadle.kernels.int4_linear import gemv_split
+
+    k, n, group = 1024, 24, 32
+    assert gemv_split(m, n, k, group, 16) > 1
+    qweight, scales, qzeros = _int4(k, n, group, seed=10)
+    g = _g(11)
+    x, b = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEV), torch.randn(n, generator=g).to(torch.bfloat16).to(DEV)
+    ref = int4_linear_ref(x, qweight, scales, qzeros, group, b, out_dtype=torch.float32)
+    torch.testing.assert_close(int4_linear(x, qweight, scales, qzeros, group, b, out_dtype=torch.float32), ref,
+                               atol=2e-3, rtol=2e-3)
+
+
 def test_kernel_wrappers_refuse_bad_arguments() -> None:
     qweight, scales, qzeros = _int4(64, 24, 32, seed=7, device="cpu")
     x = torch.randn(2, 64)
