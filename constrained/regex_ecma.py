@@ -58,6 +58,7 @@ def pattern_subset_body(pattern: str) -> str:
     """A string body (the characters between a JSON string's quotes) every one of whose
     strings matches ``pattern`` (ECMA-262 search semantics, and Python's ``re.search``);
     ``RegexDialectError`` naming what is left that cannot be written."""
+    pattern = _annex_b(pattern)
     try:
         return pattern_to_body(pattern, subset=True)
     except RegexDialectError as exc:
@@ -425,3 +426,159 @@ def _wide_digits() -> str:
         return f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
 
     return "".join(esc(a) if a == b else f"{esc(a)}-{esc(b)}" for a, b in ranges)
+
+
+# ---------------------------------------------------------------- ECMA Annex B leniencies
+
+_CLASS_ESCAPES = set("dDwWsS")
+_SIMPLE_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "b": "\b"}  # \b: backspace in a class
+_QUANT = re.compile(r"\{\d+(?:,\d*)?\}")
+_AMBIGUOUS_QUANT = re.compile(r"\{,\d*\}")  # Python reads {,n} as {0,n}, ECMA as a literal
+_SURROGATES = (0xD800, 0xDFFF)
+_HUGE_CLASS = 20_000  # a class of more code points is written as its (exact) complement
+_CLASS_WINDOW = 0x2FFF  # or, where that too is large, as its members up to here
+
+
+def _annex_b(pattern: str) -> str:
+    """``pattern`` with the Annex-B leniencies of ECMA-262 written out so Python's ``re`` and
+    this module read them as ECMA does (exact, but where noted):
+
+    - a ``]`` or ``}`` outside a class, and a ``{`` that starts no counted repetition, are
+      literals (escaped); ``{,n}`` is left for the dialect check to refuse (Python reads a
+      repetition there);
+    - in a class, a ``[`` is a literal, and a ``-`` next to a class escape (``[\\w-.]``) is a
+      literal '-' (ECMA unions both ends with it; Python's ``re`` refuses the range);
+    - a positive class drops its lone surrogates (a subset: JSON text never holds one), and
+      one listing more than ``_HUGE_CLASS`` code points is written as the complement's
+      negation (exact), or where the complement is large too, as its members up to
+      ``_CLASS_WINDOW`` (a subset): automata list a class's characters one by one."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            m = _PROPERTY.match(pattern, i)
+            out.append(m.group(0) if m else pattern[i:i + 2])
+            i = m.end() if m else i + 2
+        elif c == "[":
+            j, text = _annex_b_class(pattern, i)
+            out.append(text)
+            i = j
+        elif c == "{":
+            if _QUANT.match(pattern, i) or _AMBIGUOUS_QUANT.match(pattern, i):
+                m = _QUANT.match(pattern, i) or _AMBIGUOUS_QUANT.match(pattern, i)
+                out.append(m.group(0))
+                i = m.end()
+            else:
+                out.append("\\{")
+                i += 1
+        elif c in "]}":
+            out.append("\\" + c)
+            i += 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _annex_b_class(pattern: str, i: int) -> tuple[int, str]:
+    """The class at ``i`` (its end, and its text as ``_annex_b`` writes it)."""
+    n = len(pattern)
+    j = i + 1
+    negated = j < n and pattern[j] == "^"
+    if negated:
+        j += 1
+    if j < n and pattern[j] == "]":  # '[]' / '[^]': left for the dialect check
+        return j + 1, pattern[i:j + 1]
+    items: list[tuple[str, Any]] = []  # ("cp", code point) / ("esc", text) / ("dash", None)
+    while j < n and pattern[j] != "]":
+        c = pattern[j]
+        if c == "\\" and j + 1 < n:
+            e = pattern[j + 1]
+            if e in "uU":
+                size = 6 if e == "u" else 10
+                digits = pattern[j + 2:j + size]
+                if len(digits) == size - 2 and re.fullmatch(r"[0-9a-fA-F]+", digits) and int(digits, 16) <= 0x10FFFF:
+                    items.append(("cp", int(digits, 16)))
+                    j += size
+                    continue
+            if e == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[j + 2:j + 4]):
+                items.append(("cp", int(pattern[j + 2:j + 4], 16)))
+                j += 4
+                continue
+            if e in "pP" and pattern[j + 2:j + 3] == "{" and "}" in pattern[j:]:
+                end = pattern.index("}", j) + 1
+                items.append(("class", pattern[j:end]))
+                j = end
+                continue
+            if e in _SIMPLE_ESCAPES or not (e.isascii() and e.isalnum()):
+                items.append(("cp", ord(_SIMPLE_ESCAPES.get(e, e))))
+            else:
+                items.append(("class" if e in _CLASS_ESCAPES else "esc", pattern[j:j + 2]))
+            j += 2
+        elif c == "-":
+            items.append(("dash", None))
+            j += 1
+        else:
+            items.append(("cp", ord(c)))
+            j += 1
+    if j >= n:  # unterminated: left for the dialect check
+        return n, pattern[i:]
+    # ranges: cp '-' cp; a '-' beside anything else is a literal
+    ranges: list[tuple[int, int]] = []
+    others: list[str] = []
+    k = 0
+    while k < len(items):
+        kind, value = items[k]
+        if (kind == "cp" and k + 2 < len(items) and items[k + 1][0] == "dash" and items[k + 2][0] == "cp"):
+            ranges.append((value, items[k + 2][1]))
+            k += 3
+            continue
+        if kind == "cp":
+            ranges.append((value, value))
+        elif kind == "dash":
+            others.append("\\-")
+        else:
+            others.append(value)
+        k += 1
+    if any(a > b for a, b in ranges):  # out of order: left for the dialect check
+        return j + 1, pattern[i:j + 1]
+    if not negated:
+        ranges = _without_surrogates(ranges)
+        if not others and sum(b - a + 1 for a, b in ranges) > _HUGE_CLASS:
+            # the complement, but its surrogates: the negation then also matches lone
+            # surrogates, which no JSON text holds raw (as SAFE_RAW_CHAR)
+            complement = _without_surrogates(_complement(ranges))
+            if sum(b - a + 1 for a, b in complement) <= _HUGE_CLASS:
+                if complement:
+                    negated, ranges = True, complement
+            else:  # both large: the members up to _CLASS_WINDOW (a subset)
+                ranges = [(a, min(b, _CLASS_WINDOW)) for a, b in ranges if a <= _CLASS_WINDOW]
+    body = "".join(_cp(a) if a == b else _cp(a) + "-" + _cp(b) for a, b in ranges) + "".join(others)
+    if not body:  # every member a surrogate: left for the dialect check
+        return j + 1, pattern[i:j + 1]
+    return j + 1, "[" + ("^" if negated else "") + body + "]"
+
+
+def _without_surrogates(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = []
+    for a, b in ranges:
+        if a < _SURROGATES[0]:
+            out.append((a, min(b, _SURROGATES[0] - 1)))
+        if b > _SURROGATES[1]:
+            out.append((max(a, _SURROGATES[1] + 1), b))
+    return out
+
+
+def _complement(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out, at = [], 0
+    for a, b in sorted(ranges):
+        if a > at:
+            out.append((at, a - 1))
+        at = max(at, b + 1)
+    if at <= 0x10FFFF:
+        out.append((at, 0x10FFFF))
+    return out
+
+
+def _cp(c: int) -> str:
+    return f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"

