@@ -53,9 +53,18 @@ _HEADER = struct.Struct("<Q")
 
 def _with_ecma_patterns(cls: Any) -> Any:
     """``cls`` reading ``pattern`` with the ``regex`` module, which knows ECMA's ``\\p{L}``
-    (Python's ``re``, jsonschema's reader, raises on it); other patterns read as ``re`` does."""
+    (Python's ``re``, jsonschema's reader, raises on it); other patterns read as ``re`` does.
+    The key patterns of patternProperties (and of the additional / unevaluated properties
+    they leave) are read with it too: jsonschema's modules that search them use it instead
+    of ``re`` in this process."""
     import jsonschema
+    import jsonschema._keywords
+    import jsonschema._legacy_keywords
+    import jsonschema._utils
     import regex
+
+    for module in (jsonschema._keywords, jsonschema._legacy_keywords, jsonschema._utils):
+        module.re = regex  # (their one use of it: re.search)
 
     def pattern(validator: Any, patrn: str, instance: Any, schema: Any) -> Any:
         if validator.is_type(instance, "string") and not regex.search(patrn, instance):

@@ -53,7 +53,36 @@ def fsm_to_regex(fsm: Any, limit: int = 20_000) -> str | None:
                 edges[p][r] = _alt(edges[p].get(r), _group(a) + star + _group(b))
                 if len(edges[p][r]) > limit:
                     raise ValueError(f"a key set's regex would exceed {limit} characters")
-    return edges[start].get(end)
+    out = edges[start].get(end)
+    depth = _nesting(out or "")
+    if depth > MAX_NESTING:
+        raise ValueError(f"a key set's regex would nest {depth} groups deep")
+    return out
+
+
+# groups inside groups: the recursive parsers that read a written regex next (interegular's
+# stops near 150 levels) are kept well inside their depth
+MAX_NESTING = 100
+
+
+def _nesting(regex: str) -> int:
+    """The deepest nesting of groups in ``regex`` as written here (classes escape ']')."""
+    depth = top = i = 0
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            while regex[i] != "]":
+                i += 2 if regex[i] == "\\" else 1
+        elif c == "(":
+            depth += 1
+            top = max(top, depth)
+        elif c == ")":
+            depth -= 1
+        i += 1
+    return top
 
 
 def length_range(fsm: Any) -> tuple[int, int | None] | None:

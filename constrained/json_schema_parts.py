@@ -15,7 +15,7 @@ import referencing.exceptions
 
 from treadle.constrained.fsm_regex import fsm_to_regex
 from treadle.constrained.members import MEMBERS_MIN_CHARS, members_text, spell_members, spelt_length
-from treadle.constrained.regex_ecma import key_pattern_bodies
+from treadle.constrained.regex_ecma import key_pattern_bodies, key_pattern_matches
 from treadle.constrained.regex_text import MAX_REPEAT, escape_literal, excluded_key_regex
 
 if TYPE_CHECKING:
@@ -650,8 +650,18 @@ class PatternProperties:
 
     def matching(self, name: str) -> list[Any]:
         """The schemas of the patterns that match ``name``."""
-        return [sub for pattern, sub, _ in self.items
-                if self.conv.validator_for({"type": "string", "pattern": pattern}).is_valid(name)]
+        out = []
+        for (pattern, sub, _), bodies in zip(self.items, self.bodies):
+            try:
+                hit: bool | None = self.conv.validator_for({"type": "string", "pattern": pattern}).is_valid(name)
+            except re.error:  # (\p{L}: Python's re cannot read it) decided by the two readings where they agree
+                hit = key_pattern_matches(bodies, name)
+                if hit is None:
+                    raise UnsupportedSchemaError(f"json_schema: keyword 'patternProperties' at {self.path}: "
+                                                 f"whether the name {name!r} matches {pattern!r} is not known") from None
+            if hit:
+                out.append(sub)
+        return out
 
     def also(self, name: str, sub: Any) -> Any:
         """``sub`` and the schemas of the patterns matching ``name``."""

@@ -34,6 +34,8 @@ import interegular
 from treadle.constrained.fsm_regex import fsm_to_regex
 from treadle.constrained.regex_text import (
     MAX_REPEAT,
+    class_literal,
+    escape_literal,
     SAFE_RAW_CHAR,
     RegexDialectError,
     _ends_with_anchor,
@@ -42,7 +44,7 @@ from treadle.constrained.regex_text import (
     reshaped_repetitions,
 )
 
-__all__ = ["pattern_subset_body"]
+__all__ = ["key_pattern_bodies", "key_pattern_matches", "pattern_subset_body"]
 
 _FLAGS = re.compile(r"\(\?([ims]+)\)")
 _NAMED = re.compile(r"\(\?P?<([A-Za-z_][A-Za-z0-9_]*)>")
@@ -582,3 +584,228 @@ def _complement(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def _cp(c: int) -> str:
     return f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
+
+
+# ---------------------------------------------------------------- key patterns (patternProperties)
+
+KEY_REPEAT = 32
+
+
+def key_pattern_bodies(pattern: str) -> tuple[str | None, str]:
+    """Two readings of a ``patternProperties`` pattern over keys of raw JSON string characters:
+    ``inner``, a body every one of whose strings matches (``pattern_subset_body``; None where
+    that cannot be written: such keys are then never written), and ``outer``, a body holding
+    every raw string that matches under Python's ``re`` or ECMA-262 (a superset). A key set
+    built as inner sets minus outer sets holds only keys that match exactly the patterns
+    chosen, under either reading. ``RegexDialectError`` when no outer reading is found."""
+    try:
+        inner: str | None = pattern_subset_body(pattern)
+    except RegexDialectError:
+        inner = None
+    if inner is not None:
+        # counted repetitions lowered to at most KEY_REPEAT (a subset): a key set's automaton
+        # is written back by fsm_regex.py, one nested group per counted step
+        inner = reshaped_repetitions(inner, 0, KEY_REPEAT, loops=False)
+    return inner, _outer_body(pattern)
+
+
+def key_pattern_matches(bodies: tuple[str | None, str], name: str) -> bool | None:
+    """Whether ``name`` matches the pattern whose ``key_pattern_bodies`` are ``bodies``: True
+    when the inner reading holds it, False when the outer one does not, else None."""
+    if not re.fullmatch(SAFE_RAW_CHAR + "*", name):
+        return None  # (both readings are of raw characters only)
+    inner, outer = bodies
+    if inner is not None and re.fullmatch(inner, name):
+        return True
+    return False if not re.fullmatch(outer, name) else None
+
+
+def _outer_body(pattern: str) -> str:
+    """A superset of the raw strings ``pattern`` matches: each branch keeps its leading ``^``
+    and trailing ``$``; every other zero-width assertion (lookaround, ``\\b``, inner anchors)
+    is dropped (fewer conditions: more matches), each class, shorthand, property or ``.``
+    reads as every character but the printable ASCII ones it leaves out (on those Python and
+    ECMA agree), lazy and possessive marks are dropped, and a count past ``MAX_REPEAT`` is
+    unbounded (more repetitions: more matches)."""
+    m = _FLAGS.match(pattern[1:] if pattern.startswith("^") else pattern)
+    if m and "i" in m.group(1):
+        raise RegexDialectError("regex: '(?i)' in a key pattern is not supported")
+    if m:  # (?s) / (?m): a raw key holds no newline, so these change nothing
+        cut = m.end() + (1 if pattern.startswith("^") else 0)
+        pattern = ("^" if pattern.startswith("^") else "") + pattern[cut:]
+    pattern = _annex_b(pattern)
+    pad = SAFE_RAW_CHAR + "*"
+    parts = []
+    for s, e, core in _branches(pattern, False, False):
+        parts.append(("" if s else pad) + "(?:" + _outer(core) + ")" + ("" if e else pad))
+    body = parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+    try:
+        re.compile(body)
+        _fsm(body)
+    except Exception as exc:  # interegular raises several unrelated exception types
+        raise RegexDialectError(f"pattern: {exc}") from exc
+    return body
+
+
+def _outer(text: str) -> str:
+    out: list[str] = []
+    i, n = 0, len(text)
+    can_quantify = False
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            e = text[i + 1:i + 2]
+            if not e:
+                raise RegexDialectError("regex: trailing backslash")
+            m = _PROPERTY.match(text, i)
+            if m:
+                out.append(_outer_class(m.group(0)))
+                i = m.end()
+            elif e in "bB":  # a word boundary: dropped
+                i += 2
+                can_quantify = False
+                continue
+            elif e in "AZ":  # Python's anchors, ECMA's letters: the letter or nothing
+                out.append(f"(?:{e})?")
+                i += 2
+            elif e in _CLASS_ESCAPES:
+                out.append(_outer_class(text[i:i + 2]))
+                i += 2
+            elif e in "uU":
+                ch, size = _code_point_or_none(text, i)
+                if ch is None:
+                    raise RegexDialectError(f"regex: escape '{text[i:i + size]}' is not a Unicode scalar value")
+                out.append(escape_literal(ch))
+                i += size
+            elif e == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", text[i + 2:i + 4]):
+                out.append(escape_literal(chr(int(text[i + 2:i + 4], 16))))
+                i += 4
+            elif e in _SIMPLE_ESCAPES and e != "b" or not (e.isascii() and e.isalnum()):
+                out.append(escape_literal(_SIMPLE_ESCAPES.get(e, e)))
+                i += 2
+            else:
+                raise RegexDialectError(f"regex: escape '\\{e}' in a key pattern is not supported")
+            can_quantify = True
+        elif c == "[":
+            end = _class_end(text, i)
+            out.append(_outer_class(text[i:end]))
+            i = end
+            can_quantify = True
+        elif c == "(":
+            end = next(b for kind, a, b in _items(text[i:]) if a == 0)
+            group = text[i:i + end]
+            if group.startswith(_LOOK):  # a lookaround: dropped, with any quantifier after it
+                i += end
+                q = re.match(r"(?:[*+?]|\{\d+(?:,\d*)?\})[?+]?", text[i:])
+                i += q.end() if q else 0
+                can_quantify = False
+                continue
+            named = _NAMED.match(group)
+            head = named.end() if named else 3 if group.startswith("(?:") else 1
+            if group.startswith("(?") and not named and head == 1:
+                raise RegexDialectError(f"regex: group syntax '{group[:3]}' in a key pattern is not supported")
+            out.append("(?:" + _outer(group[head:-1]) + ")")
+            i += end
+            can_quantify = True
+        elif c in "^$":  # an anchor inside the pattern: dropped
+            i += 1
+            can_quantify = False
+            continue
+        elif c in "*+?{":
+            q = re.match(r"(?:[*+?]|\{(\d+)(?:(,)(\d*))?\})", text[i:])
+            if not q or not can_quantify:
+                raise RegexDialectError(f"regex: quantifier at offset {i} in a key pattern is not supported")
+            tok = q.group(0)
+            if tok.startswith("{"):
+                lo = min(int(q.group(1)), MAX_REPEAT)
+                hi = q.group(3) if q.group(2) else q.group(1)
+                tok = f"{{{lo},}}" if not hi or int(hi) > MAX_REPEAT else f"{{{lo},{hi}}}"
+            out.append(tok)
+            i += q.end()
+            if i < n and text[i] in "?+":  # lazy or possessive: the same strings, or fewer
+                i += 1
+            can_quantify = False
+        elif c == ".":
+            out.append(SAFE_RAW_CHAR)
+            i += 1
+            can_quantify = True
+        elif c in "|)":
+            out.append(c)
+            i += 1
+            can_quantify = False
+        else:
+            out.append(escape_literal(c))
+            i += 1
+            can_quantify = True
+    return "".join(out)
+
+
+def _class_end(text: str, i: int) -> int:
+    j = i + 1
+    if j < len(text) and text[j] == "^":
+        j += 1
+    if j < len(text) and text[j] == "]":
+        j += 1
+    while j < len(text) and text[j] != "]":
+        j += 2 if text[j] == "\\" else 1
+    if j >= len(text):
+        raise RegexDialectError(f"regex: unterminated character class at offset {i}")
+    return j + 1
+
+
+_PRINTABLE = [chr(c) for c in range(0x20, 0x7F) if chr(c) not in '"\\']
+
+
+def _outer_class(atom: str) -> str:
+    """A class (or shorthand, or property escape) as every raw character but the printable
+    ASCII ones it leaves out: Python's ``re`` decides those (properties by their general
+    category, as regex_text reads them); non-ASCII ones are all kept (a superset)."""
+    left_out = [c for c in _PRINTABLE if not _ascii_member(atom, c)]
+    return "[^" + "".join(class_literal(c) for c in left_out) + '"\\\\\\x00-\\x1f]'
+
+
+def _ascii_member(atom: str, ch: str) -> bool:
+    """Whether printable ASCII ``ch`` matches ``atom`` (True where unsure)."""
+    props = _PROPERTY.findall(atom)
+    if not props:
+        try:
+            return re.fullmatch(atom, ch) is not None
+        except re.error:
+            return True
+    if not atom.startswith("["):  # \p{..} / \P{..} alone
+        member = _property_member(atom, ch)
+        return True if member is None else member
+    negated = atom.startswith("[^")
+    members = [_property_member(p, ch) for p in props]
+    if None in members:
+        return True
+    inside = any(members)
+    rest = _PROPERTY.sub("", atom)[2 if negated else 1:-1]
+    if not inside and rest:
+        try:
+            inside = re.fullmatch("[" + rest + "]", ch) is not None
+        except re.error:
+            return True
+    return inside != negated
+
+
+def _property_member(escape: str, ch: str) -> bool | None:
+    """Whether ``ch`` has the property (None for a property regex_text does not know)."""
+    from treadle.constrained.regex_text import _property_test
+
+    try:
+        test = _property_test(escape, 0)
+    except RegexDialectError:
+        return None
+    return test(ord(ch), unicodedata.category(ch)) != (escape[1] == "P")
+
+
+def _code_point_or_none(text: str, i: int) -> tuple[str | None, int]:
+    size = 6 if text[i + 1] == "u" else 10
+    digits = text[i + 2:i + size]
+    if len(digits) != size - 2 or not re.fullmatch(r"[0-9a-fA-F]+", digits):
+        raise RegexDialectError(f"regex: escape '\\{text[i + 1]}' at offset {i} needs {size - 2} hex digits")
+    code = int(digits, 16)
+    if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
+        return None, size
+    return chr(code), size

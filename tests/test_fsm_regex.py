@@ -51,3 +51,19 @@ def test_key_sets_round_trip_and_empty_sets_are_none():
     assert fsm_to_regex(x - any_key) is None
     with pytest.raises(ValueError, match="exceed"):
         fsm_to_regex(any_key - names, limit=10)
+
+
+def test_a_regex_nesting_past_the_parsers_depth_is_refused() -> None:
+    # a long counted repetition of a key set (^[\w]{1,2048}$ of AWS::AppFlow::Flow, read to
+    # 256) is written one nested group per step: past MAX_NESTING it is a ValueError, not a
+    # RecursionError in the parser that reads it next
+    import interegular
+    import pytest
+
+    from treadle.constrained.fsm_regex import MAX_NESTING, fsm_to_regex
+
+    fsm = interegular.parse_pattern('"[a-z]{1,200}"').to_fsm()
+    with pytest.raises(ValueError, match="nest"):
+        fsm_to_regex(fsm)
+    short = fsm_to_regex(interegular.parse_pattern('"[a-z]{1,20}"').to_fsm())
+    assert short is not None and short.count("(") <= MAX_NESTING

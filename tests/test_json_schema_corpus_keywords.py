@@ -71,8 +71,6 @@ def test_negated_property_classes_leave_out_every_member() -> None:
     ({"type": "string", "pattern": "^[\\p{Script=Latin}]+$"}, "pattern", "Script=Latin"),
     ({"type": "string", "pattern": "^\\p{Graph}+$"}, "pattern", "Graph"),   # AWS::IoT::ThingGroup: not ECMA
     ({"type": "string", "pattern": "^\\pL+$"}, "pattern", "braced"),
-    ({"type": "object", "patternProperties": {"^\\p{L}+$": {"type": "integer"}}, "additionalProperties": False},
-     "patternProperties", "value's pattern only"),
 ])
 def test_property_escapes_treadle_cannot_write_are_refused_by_name(schema: dict, keyword: str, what: str) -> None:
     with pytest.raises(UnsupportedSchemaError) as info:

