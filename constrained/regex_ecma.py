@@ -34,6 +34,7 @@ import interegular
 from treadle.constrained.fsm_regex import fsm_to_regex
 from treadle.constrained.regex_text import (
     MAX_REPEAT,
+    has_top_level_alternation,
     class_literal,
     escape_literal,
     SAFE_RAW_CHAR,
@@ -254,6 +255,34 @@ def _whole_group(text: str) -> str | None:
     return text[3:-1] if text.startswith("(?:") else text[1:-1]
 
 
+def _anchors_out_of_groups(start: bool, end: bool, part: str) -> tuple[bool, bool, str]:
+    """A branch's plain groups (no quantifier after them, no '|' at their top) unwrapped, and
+    a '^' that then starts the branch or a '$' that ends it taken as its anchor (exact:
+    ``^app-([0-9]{10}$)`` is ``^app-[0-9]{10}$``)."""
+    for _ in range(8):
+        items = _items(part)
+        out, changed = [], False
+        for idx, (kind, a, b) in enumerate(items):
+            piece = part[a:b]
+            nxt = part[b:b + 1]
+            plain = kind == "group" and (not piece.startswith("(?") or piece.startswith("(?:"))
+            if plain and nxt not in ("*", "+", "?", "{"):
+                inner = piece[3:-1] if piece.startswith("(?:") else piece[1:-1]
+                if not has_top_level_alternation(inner):
+                    out.append(inner)
+                    changed = True
+                    continue
+            out.append(piece)
+        part = "".join(out)
+        while part.startswith("^"):
+            start, part, changed = True, part[1:], True
+        while _ends_with_anchor(part):
+            end, part, changed = True, part[:-1], True
+        if not changed:
+            break
+    return start, end, part
+
+
 def _branches(text: str, start: bool, end: bool) -> list[tuple[bool, bool, str]]:
     """(anchored at the start, anchored at the end, core) of each branch of ``text``, groups
     that make a whole branch unwrapped (exact: ``^(a|b)$`` is ``^a$|^b$``)."""
@@ -264,6 +293,7 @@ def _branches(text: str, start: bool, end: bool) -> list[tuple[bool, bool, str]]
             s, part = True, part[1:]
         while _ends_with_anchor(part):
             e, part = True, part[:-1]
+        s, e, part = _anchors_out_of_groups(s, e, part)
         inner = _whole_group(part)
         if inner is not None:
             out += _branches(inner, s, e)

@@ -566,7 +566,13 @@ def pattern_with_length(pattern: str, min_length: int, max_length: int | None) -
                          "never meet")
     if lo > MAX_REPEAT:
         raise ValueError(f"minLength {lo} exceeds the supported {MAX_REPEAT}")
-    one = pattern_to_body("^" + atom + "$", subset=True)  # checked and made JSON-safe as any pattern
+    try:
+        one = pattern_to_body("^" + atom + "$", subset=True)  # checked and made JSON-safe as any pattern
+    except RegexDialectError:
+        # (a class holding '"', '\\' or a control: its other characters, regex_ecma's subset reading)
+        from treadle.constrained.regex_ecma import pattern_subset_body
+
+        one = "(?:" + pattern_subset_body("^" + atom + "$") + ")"
     if hi is None:
         return f"{one}{{{lo},}}"
     hi = min(hi, MAX_REPEAT)  # clamping the upper bound only removes outputs: still sound
@@ -721,6 +727,11 @@ def _property_test(escape: str, offset: int) -> Any:
             raise RegexDialectError(f"regex: Unicode property '{escape}' at offset {offset} is not supported "
                                     "(general categories only, as \\p{L}, and ASCII / Any / Assigned)")
     name = _CATEGORY_NAMES.get(name, name)
+    if name in _POSIX_ASCII:  # not ECMA's: read by their printable ASCII members (a subset)
+        members = _POSIX_ASCII[name]
+        test = lambda cp, cat: chr(cp) in members  # noqa: E731
+        test.narrow = True  # type: ignore[attr-defined]
+        return test
     if name in ("ASCII", "Any", "Assigned"):
         limit = 0x80 if name == "ASCII" else 0x110000
         return lambda cp, cat: cp < limit
@@ -730,6 +741,25 @@ def _property_test(escape: str, offset: int) -> Any:
     if name == "LC":
         return lambda cp, cat: cat in ("Lu", "Ll", "Lt")
     return (lambda cp, cat: cat[0] == name) if len(name) == 1 else (lambda cp, cat: cat == name)
+
+
+_ASCII_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+# Names the regex module (and POSIX classes) know but ECMA-262 does not, by their printable ASCII
+# members as the regex module reads them (each a subset of its members: a negation would not be)
+_POSIX_ASCII = {
+    "Graph": "".join(chr(c) for c in range(0x21, 0x7F)),
+    "Print": "".join(chr(c) for c in range(0x20, 0x7F)),
+    "Alnum": "0123456789" + _ASCII_LETTERS,
+    "Alpha": _ASCII_LETTERS,
+    "Upper": _ASCII_LETTERS[:26],
+    "Lower": _ASCII_LETTERS[26:],
+    "Digit": "0123456789",
+    "XDigit": "0123456789ABCDEFabcdef",
+    "Punct": "!\"#%&'()*,-./:;?@[\\]_{}",
+    "Space": " ",
+    "Blank": " ",
+    "Word": "0123456789" + _ASCII_LETTERS + "_",
+}
 
 
 @_lru_cache(maxsize=1)
@@ -763,6 +793,9 @@ def _property_class(text: str, properties: list[str], body: str | None, negated:
         raise RegexDialectError(f"regex: Unicode property escape '{properties[0]}' at offset {offset} is supported "
                                 "in a string value's pattern only (not in patternProperties or propertyNames)")
     tests = [(_property_test(p, offset), p[1] == "P") for p in properties]
+    if any(getattr(test, "narrow", False) and (neg or negated) for test, neg in tests):
+        raise RegexDialectError(f"regex: Unicode property '{properties[0]}' at offset {offset} is read by its ASCII "
+                                "members only, which a negation would not leave out")
     try:
         rest = re.compile("[" + (body if not negated else raw_rest) + "]") if (raw_rest if negated else body) else None
     except re.error as exc:

@@ -69,7 +69,7 @@ def test_negated_property_classes_leave_out_every_member() -> None:
 
 @pytest.mark.parametrize("schema, keyword, what", [
     ({"type": "string", "pattern": "^[\\p{Script=Latin}]+$"}, "pattern", "Script=Latin"),
-    ({"type": "string", "pattern": "^\\p{Graph}+$"}, "pattern", "Graph"),   # AWS::IoT::ThingGroup: not ECMA
+    ({"type": "string", "pattern": "^\\P{Graph}+$"}, "pattern", "Graph"),   # not ECMA; negated: its ASCII reading is narrow
     ({"type": "string", "pattern": "^\\pL+$"}, "pattern", "braced"),
 ])
 def test_property_escapes_treadle_cannot_write_are_refused_by_name(schema: dict, keyword: str, what: str) -> None:

@@ -326,3 +326,44 @@ def test_declared_names_under_a_property_pattern_are_decided_without_python_re()
               "patternProperties": {"^\\p{L}+$": {"minimum": 5}}, "additionalProperties": False}
     rx = re.compile(json_schema_to_regex(schema))
     assert rx.fullmatch('{"a":5,"1":0}') and not rx.fullmatch('{"a":4}')
+
+
+# ------------------------------------------------------------------ POSIX-like property names (issue 31)
+
+@pytest.mark.parametrize("pattern", [
+    "^[\\p{Graph}\\x20]*$",      # AWS::IoT::CustomMetric DisplayName
+    "[\\p{Graph}\\x20]*",        # AWS::IoT::ThingGroup
+    "^\\p{Alnum}+\\p{Punct}?$",
+    "^\\p{Upper}\\p{Lower}*\\p{Digit}{2}$",
+])
+def test_posix_like_properties_are_written_as_their_ascii_members(pattern: str) -> None:
+    # not ECMA names, but the regex module (the corpus benchmark's reader) knows them: their
+    # printable ASCII members (Graph: '!'..'~') are a subset of what it matches
+    strings = check_subset_ecma({"pattern": pattern})
+    assert any(strings)
+
+
+@pytest.mark.parametrize("pattern", ["^[^\\p{Alpha}]+$", "^\\P{Graph}+$"])
+def test_posix_like_properties_negated_are_refused(pattern: str) -> None:
+    # their ASCII reading is a subset: its complement would hold letters such as 'é'
+    with pytest.raises(UnsupportedSchemaError):
+        body_of({"pattern": pattern})
+
+
+@pytest.mark.parametrize("schema", [
+    # one character repeated, its class holding '"' and '\\' (AWS::QuickSight::Brand BrandName)
+    {"pattern": "^[ -\u00ff]+$", "maxLength": 512, "minLength": 1},
+    # ... or a tab (AWS::EntityResolution::IdNamespace RuleName)
+    {"pattern": "^[a-zA-Z_0-9- \\t]*$", "maxLength": 255, "minLength": 0},
+])
+def test_one_character_runs_with_characters_json_escapes_are_written(schema: dict) -> None:
+    check_subset(schema)
+
+
+@pytest.mark.parametrize("pattern", [
+    "^app-([0-9A-Za-z]{10}$)",                 # '$' closing the last group (AWS::RefactorSpaces::Service)
+    "(^(?!_{2}))(^[a-zA-Z0-9_]+$)",            # '^' opening groups (AWS::IoTAnalytics::Channel)
+    "^(?:(x$))",
+])
+def test_anchors_inside_groups_at_a_branch_edge(pattern: str) -> None:
+    check_subset({"pattern": pattern})
