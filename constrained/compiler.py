@@ -198,18 +198,36 @@ def spec_regex(spec: GrammarSpec, whitespace_pattern: str | None, mode: str, hol
     return regex
 
 
-def lazy_nfa(regex: str, max_size: int | None, what: str = "the grammar") -> LazyNFA | None:
+# Narrowing (a JSON schema's strict mode): when the exact automaton passes the cap, it is built
+# again with each bounded repetition (maxItems, maxLength, a pattern's counts) limited to these
+# shares of the cap, largest first (lazy_index.build_nfa's ``narrow_to``).
+NARROW_SHARES = (8, 64, 512)
+
+
+def lazy_nfa(regex: str, max_size: int | None, what: str = "the grammar", narrow: bool = False) -> LazyNFA | None:
     """The byte NFA of the lazy token index (lazy_index.py) for ``regex``; None when that index
     does not read the regex (outlines-core's index is built instead). ``GrammarTooLarge`` when
-    its automaton passes ``max_size`` (in ``LAZY_STATES_PER_SIZE`` states per unit of size)."""
+    its automaton passes ``max_size`` (in ``LAZY_STATES_PER_SIZE`` states per unit of size).
+
+    ``narrow``: before refusing, build it again with its bounded repetitions lowered until it
+    fits (``NARROW_SHARES``): a subset of the regex's language, so every output still matches
+    (the NFA's ``narrowed`` counts the repetitions lowered). For grammars that already promise
+    a subset (a JSON schema's strict mode), never for a user's own regex."""
     cap = DEFAULT_MAX_NFA_STATES if max_size is None else LAZY_STATES_PER_SIZE * max_size
+    tries = [None, *(cap // share for share in NARROW_SHARES)] if narrow else [None]
     try:
-        return build_nfa(marked(regex), cap)
+        for narrow_to in tries:
+            try:
+                return build_nfa(marked(regex), cap, narrow_to)
+            except LazyTooLarge:
+                if narrow_to == tries[-1]:
+                    raise
     except LazyTooLarge:
         limit = max_size if max_size is not None else cap // LAZY_STATES_PER_SIZE
+        lowered = " even with its bounded repetitions lowered" if narrow else ""
         raise GrammarTooLarge(
             f"{what} (a regex of {len(regex):,} chars) is too large to compile: its byte automaton passes "
-            f"{cap:,} states ({LAZY_STATES_PER_SIZE} a unit), so its size exceeds max_grammar_size {limit:,}; "
+            f"{cap:,} states ({LAZY_STATES_PER_SIZE} a unit){lowered}, so its size exceeds max_grammar_size {limit:,}; "
             "simplify the grammar (fewer or shorter maxLength strings, smaller counted repetitions, fewer "
             "alternatives) or raise max_grammar_size") from None
     except LazyUnsupported:
@@ -225,7 +243,8 @@ def spec_automaton(spec: GrammarSpec, whitespace_pattern: str | None, mode: str,
     members = _members_ok(spec)
     regex = spec.to_regex(whitespace_pattern, mode, holes=holes, max_recursion_depth=depth, members=members)
     _check_reserved(regex, holes, members)
-    nfa = lazy_nfa(regex, max_size, f"the {spec.kind} grammar") if lazy else None
+    narrow = spec.kind in ("json_schema", "structural_tag") and mode == "strict"
+    nfa = lazy_nfa(regex, max_size, f"the {spec.kind} grammar", narrow) if lazy else None
     if nfa is None and spec.kind == "regex":  # outlines-core's index: the regex as interegular reads it
         validate_regex(spec.value)
     if nfa is None:  # outlines-core's index: standard text (ordered members spelt out)

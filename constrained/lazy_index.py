@@ -347,7 +347,7 @@ class LazyNFA:
     state with no byte edge has lo > hi), and ``eps_ptr/eps_dst`` list each state's epsilon
     moves (CSR). Compact arrays, so it pickles quickly from the compile worker."""
 
-    __slots__ = ("start", "accept", "lo", "hi", "dst", "eps_ptr", "eps_dst", "regex_chars", "dead_ends")
+    __slots__ = ("start", "accept", "lo", "hi", "dst", "eps_ptr", "eps_dst", "regex_chars", "dead_ends", "narrowed")
 
     def __init__(self, start: int, accept: int, lo: array, hi: array, dst: array, eps_ptr: array,
                  eps_dst: array, regex_chars: int, dead_ends: bool = True) -> None:
@@ -356,11 +356,13 @@ class LazyNFA:
         self.eps_ptr, self.eps_dst = eps_ptr, eps_dst
         self.regex_chars = regex_chars
         self.dead_ends = dead_ends  # False: every state reaches the accept state (Thompson, no empty class)
+        self.narrowed = 0  # bounded repetitions build_nfa lowered to fit (0: the regex's exact language)
 
     def __getstate__(self) -> tuple:
         return tuple(getattr(self, k) for k in self.__slots__)
 
     def __setstate__(self, state: tuple) -> None:
+        self.narrowed = 0  # a pickle made before the field
         for k, v in zip(self.__slots__, state):
             setattr(self, k, v)
 
@@ -387,7 +389,7 @@ def _loop_tail(items: list, t: int) -> int:
 
 
 class _Builder:
-    def __init__(self, max_states: int) -> None:
+    def __init__(self, max_states: int, narrow_to: int | None = None) -> None:
         self.lo = array("i")
         self.hi = array("i")
         self.dst = array("i")
@@ -396,6 +398,10 @@ class _Builder:
         self.max_states = max_states
         self._seq_cache: dict[tuple, list] = {}
         self.dead_ends = False  # an empty class was built: some states may not reach the end
+        # narrowing (build_nfa): a bounded repetition whose copies would pass ``narrow_to`` states
+        # keeps fewer of its optional copies; ``narrowed`` counts the repetitions it lowered
+        self.narrow_to = narrow_to
+        self.narrowed = 0
 
     def new(self) -> int:
         q = len(self.lo)
@@ -450,7 +456,7 @@ class _Builder:
             return entry, exit_
         _, body, lo, hi = node
         entry = cur = self.new()
-        parts = self.copies(body, lo + (1 if hi is None else hi - lo))
+        parts = self.copies(body, lo + (1 if hi is None else hi - lo), lo if hi is not None else None)
         for a, b in parts[:lo]:
             self.eps(cur, a)
             cur = b
@@ -500,15 +506,22 @@ class _Builder:
                     self.eps(b[k], b[k + 1])
         return a[0], exit_
 
-    def copies(self, body: tuple, k: int) -> list[tuple[int, int]]:
+    def copies(self, body: tuple, k: int, least: int | None = None) -> list[tuple[int, int]]:
         """``k`` fragments of ``body``: one built, the others copied from its states shifted
         (a fragment's edges stay within the states made while it was built), which keeps a
-        counted repetition such as a string of maxLength 256 cheap to build."""
+        counted repetition such as a string of maxLength 256 cheap to build. ``least`` (a
+        bounded repetition's lower count): when narrowing and the copies would pass
+        ``narrow_to`` states, only as many as fit are made, never fewer than ``least`` or 1."""
         if k <= 0:
             return []
         base, e0 = len(self.lo), len(self.esrc)
         a, b = self.frag(body)
         n, e1 = len(self.lo) - base, len(self.esrc)
+        if least is not None and self.narrow_to is not None and n * k > self.narrow_to:
+            fit = max(least, 1, self.narrow_to // max(n, 1))
+            if fit < k:
+                k = fit
+                self.narrowed += 1
         out = [(a, b)]
         if k == 1:
             return out
@@ -583,14 +596,20 @@ MAX_DFA_STATES = 200_000
 _UNKNOWN = -2  # a DFA transition not computed yet
 
 
-def build_nfa(regex: str, max_states: int = DEFAULT_MAX_NFA_STATES) -> LazyNFA:
+def build_nfa(regex: str, max_states: int = DEFAULT_MAX_NFA_STATES, narrow_to: int | None = None) -> LazyNFA:
     """Parse ``regex`` (the dialect above) into a byte-level NFA; ``LazyUnsupported`` for a
-    construct outside the dialect, ``LazyTooLarge`` past ``max_states``."""
+    construct outside the dialect, ``LazyTooLarge`` past ``max_states``.
+
+    ``narrow_to``: a bounded repetition ``X{m,n}`` whose n copies of X would pass this many
+    states is built as ``X{m,n'}`` with the largest n' (at least m, at least 1) that fits: an
+    automaton for a subset of the regex's language (every text it accepts, the regex accepts),
+    which the JSON-schema compile falls back to when the exact one is too large (compiler.py).
+    The NFA's ``narrowed`` says how many repetitions were lowered."""
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old, 20_000))
     try:
         ast = _Parser(regex).parse()
-        b = _Builder(max_states)
+        b = _Builder(max_states, narrow_to)
         entry, exit_ = b.frag(ast)
     finally:
         sys.setrecursionlimit(old)
@@ -599,7 +618,9 @@ def build_nfa(regex: str, max_states: int = DEFAULT_MAX_NFA_STATES) -> LazyNFA:
     flat = array("i", np.frombuffer(b.edst, dtype=np.int32)[order].tobytes())
     counts = np.bincount(src, minlength=len(b.lo))
     ptr = array("i", np.concatenate(([0], np.cumsum(counts))).astype(np.int32).tobytes())
-    return LazyNFA(entry, exit_, b.lo, b.hi, b.dst, ptr, flat, len(regex), b.dead_ends)
+    nfa = LazyNFA(entry, exit_, b.lo, b.hi, b.dst, ptr, flat, len(regex), b.dead_ends)
+    nfa.narrowed = b.narrowed
+    return nfa
 
 
 # ---------------------------------------------------------------------------- the vocabulary

@@ -158,6 +158,9 @@ _IF_ELSE_MISSES = {
     "if-then-else: if and else without then / valid through else": _IF_ELSE_MULTIPLE,
     "if-then-else: validate against correct branch, then vs else / valid through else": _IF_ELSE_MULTIPLE,
 }
+_UNICODE_LETTERS = "pattern: pattern with Unicode property escape requires unicode mode / Non-ASCII letters match"
+_UNICODE_WINDOW = ("a \\p{..} class is written over Basic Latin to Latin Extended-B (regex_text's window), a "
+                   "subset: the Greek letter here lies past it (narrowing)")
 KNOWN_OTHER = {
     "strict": {
         **_IF_ELSE_MISSES,
@@ -171,11 +174,13 @@ KNOWN_OTHER = {
             "unevaluated in the branch generated (narrowing)",
         "type: integer type matches integers / a float with zero fractional part is an integer":
             "integers are generated as plain digits (5, not 5.0: it parses to an int) (deliberate narrowing)",
+        _UNICODE_LETTERS: _UNICODE_WINDOW,
     },
     # a lone 'if' the spec mode cannot build ('if' with patternProperties beside
     # unevaluatedProperties) refuses the schema instead of narrowing it
     "spec": {
         **_IF_ELSE_MISSES,
+        _UNICODE_LETTERS: _UNICODE_WINDOW,
         "maxContains: maxContains with contains / some elements match, valid maxContains":
             "maxContains is kept by writing no more items than it allows (the items past it could match)",
         "vocabulary: schema that uses custom metaschema with with no validation vocabulary / no validation: invalid "
@@ -186,6 +191,12 @@ KNOWN_OTHER = {
            "the property that triggers the dependency is an extra member, and extra keys are written with raw "
            "characters only (an escape could spell a declared name); this key needs an escape"
            for name in ("CRLF", "quoted quotes")},
+        "dependentSchemas: dependencies with escaped characters / quoted tab":
+            "the property that triggers the dependent schema is an extra member, and extra keys are written with "
+            "raw characters only (an escape could spell a declared name); this key needs an escape (\\t)",
+        "patternProperties: patternProperties with Unicode property escape / Unicode letter property name matches":
+            "keys written as matching a pattern are read by its inner reading, where \\p{..} lists Basic Latin to "
+            "Latin Extended-B; π is Greek (narrowing)",
     },
 }
 SPEC_CATEGORIES = {"key-order"}  # the only counterfactual category a spec-mode miss may fall in
