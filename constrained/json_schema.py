@@ -24,8 +24,10 @@ A keyword treadle cannot enforce raises ``UnsupportedSchemaError`` naming it and
 path; nothing is silently ignored. Keywords that never change validity are skipped:
 annotations, OpenAPI's ``discriminator`` and ``x-...`` extensions. Some keywords hold in
 part: ``uniqueItems`` over a few listed values (every order of every subset),
-``propertyNames`` on declared names and free keys, ``oneOf`` over disjoint types or objects
-with a distinguishing required tag; outside that they are refused.
+``propertyNames`` on declared names and free keys, ``oneOf`` over branches no value written
+for one can satisfy another (``_made_exclusive``: disjoint types, tags, keys one requires and
+the other never writes or forbids), or narrowed to where the others fail; outside that they
+are refused.
 """
 
 from __future__ import annotations
@@ -47,7 +49,14 @@ from treadle.constrained import regex_numbers as nums
 from treadle.constrained import regex_text as text
 from treadle.constrained.fsm_regex import fsm_to_regex, length_range
 from treadle.constrained.json_schema_dialects import to_2020_12
-from treadle.constrained.json_schema_logic import complement, conditional_branches, contains_as_prefix, dependencies_as_anyof
+from treadle.constrained.json_schema_logic import (
+    Apart,
+    closed_forbids,
+    complement,
+    conditional_branches,
+    contains_as_prefix,
+    dependencies_as_anyof,
+)
 from treadle.constrained.json_holes import CALL_CHARS, HOLE_CHARS, MAX_CALLS, schema_allows_holes, with_definitions
 from treadle.constrained.members import members_safe
 from treadle.constrained.json_schema_parts import (
@@ -88,6 +97,8 @@ OTHER_TYPES_DEPTH = 1
 DEPENDENCIES = ("dependentRequired", "dependentSchemas")
 # oneOf made exclusive: at most this many ways for one branch to fail all the others
 EXCLUSIVE_CHOICES = 4
+# ... and branches of one such oneOf at most (each pair is compared)
+EXCLUSIVE_BRANCHES = 64
 # The spec mode goes one level deeper (the suite's arrays of nested objects need 3). Its
 # containers list their members as (?:(?:V,)*V)? rather than V(?:,V)*: the two copies of V
 # then run in lock-step, so the DFA (outlines-core and interegular alike, neither
@@ -680,30 +691,76 @@ class _Converter:
         return _alt(out)
 
     def _made_exclusive(self, branches: list, rest: dict, path: str, overlap: UnsupportedSchemaError) -> str:
-        """oneOf whose branches may overlap: each branch written where every other one fails,
-        as the branch and, per other branch, any schema of its ``complement``
-        (json_schema_logic.py). A branch whose exclusion cannot be said is left out (that
-        only narrows); with none left, ``overlap`` is raised."""
+        """oneOf whose branches may overlap: each branch written where every other one fails.
+
+        Per other branch, nothing is added where ``Apart.apart`` proves that no value written
+        for this branch satisfies it (by validity; in strict mode also because objects are
+        written with their declared properties only, so a key the other branch requires and
+        this one never declares is never written). Otherwise the branch is written with a
+        schema of the other's ``complement`` (json_schema_logic.py): in spec mode any of them,
+        up to ``EXCLUSIVE_CHOICES`` combinations; in strict mode those ``Apart.breakers`` keeps
+        (they can hold beside the branch; a closed other branch is also broken by a key it
+        forbids, made required), the ones that narrow it least first, cut to
+        ``EXCLUSIVE_CHOICES`` combinations (a subset: sound).
+
+        A branch whose exclusion cannot be said (no such schema, or too many combinations in
+        spec mode) is left out in strict mode (that only narrows) and refuses the oneOf in spec
+        mode; a branch that cannot be converted is left out in both. With none left, the first
+        error met converting a branch is raised, else ``overlap``."""
         self._no_unevaluated(rest, "oneOf", path)
-        broken = [complement(b, lambda ref: self.merger.resolve(ref, path)) for b in branches]
-        out, first_error = [], None
+        if len(branches) > EXCLUSIVE_BRANCHES:  # each pair is compared (Kubernetes' all.json: 635)
+            raise overlap
+        resolve = lambda ref: self.merger.resolve(ref, path)  # noqa: E731
+        apart = Apart(self.merger, self.validator_for, strict=not self.spec)
+        broken: dict[int, list] = {}
+        out, first_error, refused = [], None, False
         for i, branch in enumerate(branches):
-            if any(not broken[j] for j in range(len(branches)) if j != i):
-                continue
-            if math.prod(len(broken[j]) for j in range(len(branches)) if j != i) > EXCLUSIVE_CHOICES:
-                continue  # each choice converts the branch again (a pod spec 64 times ran out of memory)
-            parts = [branch] + [{"anyOf": broken[j]} for j in range(len(branches)) if j != i]
             where = f"{path}.oneOf[{i}]"
             try:
+                mine = self.merger.merge_all(rest, [branch], where)
+                needs: list[list] = []
+                for j, other in enumerate(branches):
+                    if j == i or apart.apart(mine, other):
+                        continue
+                    if self.spec:
+                        if j not in broken:
+                            broken[j] = complement(other, resolve)
+                        needs.append(broken[j])
+                    else:
+                        needs.append(apart.breakers(mine, other, resolve))
+                    if not needs[-1]:
+                        break
+                if needs and not needs[-1] and self.spec and self._accepts_all(other):
+                    continue  # every value of this branch satisfies that one: none is written (exact)
+                needs = list({json.dumps(n, sort_keys=True, default=str): n for n in needs}.values())
+                if not all(needs) or self.spec and math.prod(len(n) for n in needs) > EXCLUSIVE_CHOICES:
+                    # no schema says where another branch fails (or too many: each choice converts the
+                    # branch again, a pod spec 64 times ran out of memory): strict mode leaves the
+                    # branch out (a subset), spec mode refuses what it would write only in part
+                    if self.spec:
+                        refused = True
+                        break
+                    continue
+                while math.prod(len(n) for n in needs) > EXCLUSIVE_CHOICES:  # strict: the least narrowing kept
+                    longest = max(needs, key=len)
+                    longest.pop()
+                parts = [branch] + [n[0] if len(n) == 1 else {"anyOf": n} for n in needs]
                 out.append(self.convert(self.merger.merge_all(rest, parts, where), where))
             except UnsupportedSchemaError as exc:
                 first_error = first_error or exc
+        if refused:
+            raise overlap
         if out:
             return _alt(out)
         if isinstance(first_error, NoOutput):
             raise Unsatisfiable(f"json_schema: keyword 'oneOf' at {path}: no value treadle can write satisfies "
                                 f"exactly one branch ({first_error})") from first_error
-        raise overlap
+        raise first_error or overlap
+
+    def _accepts_all(self, branch: Any) -> bool:
+        """Whether ``branch`` is ``true`` or annotations only (after pure refs): every value is valid."""
+        node = self._follow(branch, "$")
+        return node is True or isinstance(node, dict) and self._annotations_only(node)
 
     def _combined_branches(self, branches: list, rest: dict, path: str) -> list[str]:
         """spec mode: outputs that satisfy two or more anyOf branches at once.
@@ -768,35 +825,13 @@ class _Converter:
 
     def _keys(self, branch: Any) -> tuple[frozenset, Any]:
         """An object branch's own required keys, and a test of the keys no object valid under it
-        can hold: with ``additionalProperties: false`` every key outside its ``properties`` and
-        ``patternProperties`` (a pattern Python's re cannot read may match anything), and any
-        key whose property schema is ``false``. Refs are followed; other branches give nothing."""
+        can hold (json_schema_logic.closed_forbids). Refs are followed; other branches give nothing."""
         node = self._follow(branch, "$")
         if not isinstance(node, dict):
             return frozenset(), _forbids_none
         required = node.get("required", [])
         required = frozenset(k for k in required if isinstance(k, str)) if isinstance(required, list) else frozenset()
-        props = node.get("properties", {})
-        props = props if isinstance(props, dict) else {}
-        patterns = node.get("patternProperties", {})
-        patterns = list(patterns) if isinstance(patterns, dict) else None
-        extra = node.get("additionalProperties", True)
-        closed = (extra is False or extra == {"not": {}}) and patterns is not None
-
-        def forbids(key: str) -> bool:
-            if props.get(key, True) is False:
-                return True
-            if not closed or key in props:
-                return False
-            for pattern in patterns or ():
-                try:
-                    if re.search(pattern, key):
-                        return False
-                except re.error:
-                    return False
-            return True
-
-        return required, forbids
+        return required, closed_forbids(node)
 
     def _tags(self, branch: Any) -> dict[str, frozenset]:
         """Required properties of an object branch whose values are listed (const / enum of

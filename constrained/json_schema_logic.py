@@ -22,11 +22,15 @@ nothing breaks S in a way a schema can say.
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from typing import Any, Callable
 
-from treadle.constrained.json_schema_parts import ALL_TYPES, UnsupportedSchemaError
+from treadle.constrained.json_schema_parts import ALL_TYPES, UnsupportedSchemaError, schema_types
 
-__all__ = ["complement", "conditional_branches", "contains_as_prefix", "dependencies_as_anyof"]
+__all__ = ["Apart", "closed_forbids", "complement", "conditional_branches", "contains_as_prefix",
+           "dependencies_as_anyof"]
 
 # each dependency keeps its exact "absent or present-with" choice up to this many; past it a
 # dependency on an optional property makes its dependents required (narrower, still sound)
@@ -174,3 +178,345 @@ def contains_as_prefix(schema: dict, path: str) -> dict:
     if cap is not None:
         rest["maxItems"] = min(rest.get("maxItems", cap), cap)
     return rest
+
+
+# ---------------------------------------------------------------- oneOf: branches told apart
+_APART_DEPTH = 6  # nesting of property values / branches / refs the proofs follow
+_APART_STEPS = 4000  # proofs tried for one pair of branches before it counts as not proven
+_LEVELS_MAX = 256  # instance-level subschemas written_keys follows before it gives up
+_NEVER = (False, {"not": {}})
+
+
+class Apart:
+    """Proofs that no value a oneOf branch is written as satisfies another branch.
+
+    ``apart(a, b)``: every value the converter writes for ``a`` (a branch merged with the
+    oneOf's siblings) is invalid under ``b``. The proofs are of two kinds:
+
+    - by validity (exact, both modes): no value is valid under both, by types, listed values
+      (each checked with the validator), disjoint bounds or counts, a key one requires that
+      the other forbids (``additionalProperties: false``, a property schema ``false``), or a
+      required property whose values are apart again;
+    - by what strict mode writes (``written_keys``): an object holds its declared properties
+      only, so a key ``b`` requires that ``a`` never declares is never written. Spec mode
+      writes extra members, so it gets only the first kind.
+
+    ``breakers(a, b)``: the schemas of ``complement(b)`` that can hold beside ``a`` (and
+    "requires a key ``b`` forbids"), those that narrow ``a``'s output least first: a
+    property ``b`` requires that ``a``'s writer never writes is free.
+    """
+
+    def __init__(self, merger: Any, validator_for: Callable[[Any], Any], strict: bool) -> None:
+        self.merger = merger
+        self.validator_for = validator_for
+        self.strict = strict
+        self._steps = 0
+
+    def _resolve(self, ref: Any) -> Any:
+        try:
+            return self.merger.resolve(ref, "$")
+        except UnsupportedSchemaError:
+            return None
+
+    # ------------------------------------------------ the parts of a schema at one level
+    def conjuncts(self, schema: Any) -> list[dict] | None:
+        """``schema`` and what every value of it satisfies too at the same level (``$ref``
+        targets, ``allOf`` parts), as dicts; None when one of them is ``false`` (no value)."""
+        out: list[dict] = []
+        todo, seen = [(schema, 0)], 0
+        while todo:
+            node, depth = todo.pop()
+            if node is False:
+                return None
+            if not isinstance(node, dict) or depth > 16 or seen > _LEVELS_MAX:
+                continue
+            seen += 1
+            out.append(node)
+            if isinstance(node.get("$ref"), str):
+                target = self._resolve(node["$ref"])
+                if target is not None:
+                    todo.append((target, depth + 1))
+            if isinstance(node.get("allOf"), list):
+                todo.extend((part, depth + 1) for part in node["allOf"])
+        return out
+
+    def levels(self, schema: Any) -> list[dict] | None:
+        """Every subschema that applies to the same value as ``schema`` (through ``$ref``,
+        ``allOf`` / ``anyOf`` / ``oneOf``, ``not``, ``if`` / ``then`` / ``else``,
+        ``dependentSchemas``); None past ``_LEVELS_MAX`` of them."""
+        out: list[dict] = []
+        todo, seen_ids = [schema], set()
+        while todo:
+            node = todo.pop()
+            if not isinstance(node, dict) or id(node) in seen_ids:
+                continue
+            if len(out) >= _LEVELS_MAX:
+                return None
+            seen_ids.add(id(node))
+            out.append(node)
+            if isinstance(node.get("$ref"), str):
+                target = self._resolve(node["$ref"])
+                if target is not None:
+                    todo.append(target)
+            for key in ("allOf", "anyOf", "oneOf"):
+                if isinstance(node.get(key), list):
+                    todo.extend(node[key])
+            for key in ("not", "if", "then", "else"):
+                if key in node:
+                    todo.append(node[key])
+            if isinstance(node.get("dependentSchemas"), dict):
+                todo.extend(node["dependentSchemas"].values())
+        return out
+
+    def written_keys(self, schema: Any) -> frozenset | None:
+        """The keys strict mode may write in an object of ``schema`` (json_schema_parts.object_regex
+        writes the declared properties and required ones only, unless there are none, or
+        patternProperties / propertyNames / minProperties ask for others); None when unknown.
+
+        Every key any level of the schema names counts (the rewrites of ``not``, ``if``,
+        dependencies and oneOf move properties between levels, never invent names); the
+        objects are closed when a level every value passes through declares properties (or
+        forbids additional ones), since merges carry it into every branch written."""
+        if not self.strict:
+            return None
+        nodes = self.levels(schema)
+        always = self.conjuncts(schema)
+        if nodes is None or always is None:
+            return None if nodes is None else frozenset()
+        keys: set[str] = set()
+        for node in nodes:
+            if node.get("patternProperties") or node.get("propertyNames", True) not in (True, {}):
+                return None
+            if node.get("minProperties", 0) or node.get("unevaluatedProperties", True) not in (True, {}):
+                return None
+            for key in ("const", "enum"):
+                listed = None if key not in node else [node[key]] if key == "const" else node[key]
+                for value in listed if isinstance(listed, list) else []:
+                    if isinstance(value, dict):
+                        keys.update(value)
+            props = node.get("properties", {})
+            keys.update(props if isinstance(props, dict) else ())
+            for key in ("required",):
+                if isinstance(node.get(key), list):
+                    keys.update(k for k in node[key] if isinstance(k, str))
+            deps = node.get("dependentRequired", {})
+            for name, names in deps.items() if isinstance(deps, dict) else ():
+                keys.add(name)
+                keys.update(n for n in names if isinstance(n, str)) if isinstance(names, list) else None
+        if not any(node.get("properties") or node.get("additionalProperties", True) in _NEVER for node in always):
+            return None  # a map of free members may be written
+        return frozenset(keys)
+
+    # ------------------------------------------------ proofs
+    def apart(self, a: Any, b: Any, writer: bool = True, depth: int = 0) -> bool:
+        """Whether every value written for ``a`` is invalid under ``b`` (see the class)."""
+        if depth == 0:
+            self._steps = 0
+        self._steps += 1
+        if depth > _APART_DEPTH or self._steps > _APART_STEPS:
+            return False
+        a_all, b_all = self.conjuncts(a), self.conjuncts(b)
+        if a_all is None or b_all is None:
+            return True
+        if not b_all:
+            return False  # b is true (or not a schema): every value
+        for node in b_all:  # b's value satisfies one of these branches: apart from each
+            for key in ("anyOf", "oneOf"):
+                branches = node.get(key)
+                if isinstance(branches, list) and branches and all(
+                        self.apart(a, br, writer, depth + 1) for br in branches):
+                    return True
+        for node in a_all:  # a's value satisfies one of its branches (and the rest of a): each apart
+            for key in ("anyOf", "oneOf"):
+                branches = node.get(key)
+                if isinstance(branches, list) and branches:
+                    others = [_flat(n) for n in a_all if n is not node]
+                    mine = {k: v for k, v in _flat(node).items() if k != key}
+                    if all(self.apart({"allOf": [*others, mine, br]}, b, False, depth + 1) for br in branches):
+                        return True
+        common = set(schema_types(self.merger, a) & schema_types(self.merger, b))
+        if not common:
+            return True
+        if self._listed_apart(a, a_all, b, b_all):
+            return True
+        for t, low, high in (("number", "minimum", "maximum"), ("string", "minLength", "maxLength"),
+                             ("array", "minItems", "maxItems"), ("object", "minProperties", "maxProperties")):
+            if t in common and _ranges_apart(_range(a_all, low, high), _range(b_all, low, high)):
+                common.discard(t)
+        if "object" in common and self._objects_apart(a, a_all, b_all, writer, depth):
+            common.discard("object")
+        return not common
+
+    def _listed_apart(self, a: Any, a_all: list[dict], b: Any, b_all: list[dict]) -> bool:
+        """A side's values are listed (const / enum) and none is valid under the other."""
+        for mine, other in ((a_all, b), (b_all, a)):
+            listed = _listed(mine)
+            if listed is not None:
+                try:
+                    check = self.validator_for(other)
+                    if not any(check.is_valid(v) for v in listed):
+                        return True
+                except Exception:  # noqa: BLE001 - a schema the validator cannot read proves nothing
+                    pass
+        return False
+
+    def _objects_apart(self, a: Any, a_all: list[dict], b_all: list[dict], writer: bool, depth: int) -> bool:
+        a_req, b_req = _required(a_all), _required(b_all)
+        for mine, theirs in ((a_all, b_req), (b_all, a_req)):  # a key one requires, the other forbids
+            for node in mine:
+                forbids = closed_forbids(node)
+                if any(forbids(k) for k in theirs):
+                    return True
+        keys = self.written_keys(a) if writer else None
+        levels = self.levels(a) if writer else None
+        for k in dict.fromkeys(b_req + a_req):  # a key one side requires: its values told apart
+            if k in b_req and keys is not None and k not in keys:
+                return True  # never written
+            mine = _value_schemas(a_all, k)
+            if k in b_req and any(v in _NEVER for v in mine):
+                return True  # never present
+            theirs = _value_schemas(b_all, k)
+            if not mine or not theirs:
+                continue
+            value: Any = {"allOf": mine}
+            if keys is not None and levels is not None:  # what the writer may merge into k's value too
+                more = _value_schemas([n for n in levels if not any(n is m for m in a_all)], k)
+                if more:
+                    value = {"allOf": mine, "anyOf": [True, {"allOf": more}]}
+            nested = keys is not None
+            if any(self.apart(value, v, nested, depth + 1) for v in theirs):
+                return True
+        return False
+
+    # ------------------------------------------------ narrowing
+    def breakers(self, a: Any, b: Any, resolve: Callable[[str], Any]) -> list[Any]:
+        """Schemas whose values are all invalid under ``b`` and that may hold beside ``a``,
+        those that leave more of ``a``'s output first; one alone when it leaves all of it."""
+        a_all = self.conjuncts(a) or []
+        types = schema_types(self.merger, a)
+        a_req = _required(a_all)
+        keys = self.written_keys(a)
+        out: list[tuple[int, Any]] = []
+        for c in complement(b, resolve):
+            if not (schema_types(self.merger, c) & types) or self.apart(c, a, writer=False):
+                continue  # no value of a is one of c's: a and c would write nothing
+            if isinstance(c, dict) and set(c) <= {"type", "properties"} and isinstance(c.get("properties"), dict) \
+                    and len(c["properties"]) == 1 and next(iter(c["properties"].values())) is False:
+                name = next(iter(c["properties"]))
+                if name in a_req:
+                    continue
+                if keys is not None and name not in keys:
+                    if types == {"object"}:
+                        return [c]  # the key is never written: nothing is lost
+                    out.append((0, c))
+                    continue
+                out.append((2, c))  # an optional property left out
+            else:
+                out.append((1, c))
+        if "object" in types:  # b closed: a key a declares that b forbids, made required
+            declared = [k for n in a_all if isinstance(n.get("properties"), dict) for k, v in n["properties"].items()
+                        if v not in _NEVER]
+            for node in self.conjuncts(b) or []:
+                forbids = closed_forbids(node)
+                for k in dict.fromkeys(declared):
+                    if forbids(k):
+                        out.append((2, {"type": "object", "required": [k]}))
+                        break
+        out.sort(key=lambda rc: rc[0])
+        return _unique([c for _, c in out])
+
+
+def closed_forbids(node: Any) -> Callable[[str], bool]:
+    """A test of the keys no object valid under ``node`` can hold: with ``additionalProperties:
+    false`` every key outside its ``properties`` and ``patternProperties`` (a pattern Python's re
+    cannot read may match anything), and any key whose property schema is ``false``."""
+    if not isinstance(node, dict):
+        return lambda key: False
+    props = node.get("properties", {})
+    props = props if isinstance(props, dict) else {}
+    patterns = node.get("patternProperties", {})
+    patterns = list(patterns) if isinstance(patterns, dict) else None
+    extra = node.get("additionalProperties", True)
+    closed = extra in _NEVER and patterns is not None
+
+    def forbids(key: str) -> bool:
+        if props.get(key, True) in _NEVER:
+            return True
+        if not closed or key in props:
+            return False
+        for pattern in patterns or ():
+            try:
+                if re.search(pattern, key):
+                    return False
+            except re.error:
+                return False
+        return True
+
+    return forbids
+
+
+def _value_schemas(nodes: list[dict], key: str) -> list[Any]:
+    """The schemas ``nodes`` give a member ``key``: its property schema, or where a node does not
+    declare it (and has no patternProperties, which might take it instead) its additionalProperties."""
+    out = []
+    for node in nodes:
+        props = node.get("properties")
+        if isinstance(props, dict) and key in props:
+            out.append(props[key])
+        elif "additionalProperties" in node and not node.get("patternProperties") \
+                and node["additionalProperties"] is not True:
+            out.append(node["additionalProperties"])
+    return out
+
+
+def _flat(node: dict) -> dict:
+    """``node`` without the ``$ref`` / ``allOf`` that ``Apart.conjuncts`` has followed already."""
+    return {k: v for k, v in node.items() if k not in ("$ref", "allOf")}
+
+
+def _required(nodes: list[dict]) -> list[str]:
+    out: dict[str, None] = {}
+    for node in nodes:
+        if isinstance(node.get("required"), list):
+            out.update((k, None) for k in node["required"] if isinstance(k, str))
+    return list(out)
+
+
+def _listed(nodes: list[dict]) -> list | None:
+    for node in nodes:
+        if "const" in node:
+            return [node["const"]]
+        if isinstance(node.get("enum"), list):
+            return node["enum"]
+    return None
+
+
+def _range(nodes: list[dict], low: str, high: str) -> tuple:
+    """(lower, lower exclusive, upper, upper exclusive) every value of ``nodes`` lies in."""
+    lo, lo_x, hi, hi_x = -math.inf, False, math.inf, False
+    for node in nodes:
+        for key, strict in ((low, False), ("exclusiveMinimum", True) if low == "minimum" else (None, False)):
+            v = node.get(key) if key else None
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and (v > lo or (v == lo and strict)):
+                lo, lo_x = v, strict
+        for key, strict in ((high, False), ("exclusiveMaximum", True) if high == "maximum" else (None, False)):
+            v = node.get(key) if key else None
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and (v < hi or (v == hi and strict)):
+                hi, hi_x = v, strict
+    return lo, lo_x, hi, hi_x
+
+
+def _ranges_apart(a: tuple, b: tuple) -> bool:
+    def below(x: tuple, y: tuple) -> bool:  # every value of x lies below every value of y
+        return x[2] < y[0] or (x[2] == y[0] and (x[3] or y[1]))
+    return below(a, b) or below(b, a)
+
+
+def _unique(items: list) -> list:
+    out, seen = [], set()
+    for item in items:
+        key = json.dumps(item, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            out.append(item)
+    return out

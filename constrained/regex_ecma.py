@@ -10,12 +10,17 @@ reads the pattern again with these rules, each argued where it is applied:
 - anchors per branch: ``^a|b$`` is "starts with a, or ends with b"; a branch that is one
   group, ``(^x$)`` or ``^(a|b)$``, is unwrapped and its alternatives take the anchors (exact);
 - named groups ``(?<n>x)`` / ``(?P<n>x)`` are plain groups (exact);
-- lookahead ``(?=x)`` / ``(?!x)`` at the top level of a branch, and lookbehind at its end,
-  by automata: the strings after the lookahead's position are intersected with (or have
-  subtracted) those that start with a match of ``x`` (exact; interegular's ``&`` and ``-``,
-  written back by fsm_regex.py). A negative lookaround's ``x`` is read WIDE (a superset of
-  both Python's and ECMA's meaning: ``.`` any but a newline, ``\\s`` and ``\\d`` Unicode-wide),
-  since subtracting a smaller set would keep too much;
+- assertions of a branch (lookahead, lookbehind, ``^`` / ``$`` / ``\\A`` / ``\\Z`` anywhere,
+  ``\\b`` / ``\\B``) by automata (``_branch_fsm``: its segments run beside every lookbehind
+  from the string's start and every lookahead from where it stands; exact, written back by
+  fsm_regex.py), after groups holding one are written out per alternative (``_distributed``;
+  a repeated one its fewest times: a subset). A negative lookaround's ``x`` is read WIDE (a
+  superset of both Python's and ECMA's meaning: ``.`` any but a newline, ``\\s`` and ``\\d``
+  Unicode-wide), since subtracting a smaller set would keep too much; ``\\b`` reads its
+  neighbours as ASCII word / non-word characters (a subset); ``\\A`` / ``\\Z`` as Python's
+  ``re`` does (jsonschema's validator); a leading lookahead of lengths only as lengths
+  (the rest's repetitions reshaped: a subset); an automaton too large to write is tried again
+  as whole matches, then with counts lowered to 16 and 4 (subsets);
 - characters JSON must escape (a pattern written over ``\\u0000-\\uFFFF``) are left out, the
   pattern's automaton intersected with the raw JSON string characters (narrowing).
 
@@ -83,35 +88,14 @@ def _subset_body(pattern: str) -> str:
     if m:  # leading flags dropped (narrowing, see the module docstring)
         cut = m.end() + (1 if pattern.startswith("^") else 0)
         pattern = ("^" if pattern.startswith("^") else "") + pattern[cut:]
-    pattern = _unnamed(pattern)
+    pattern = _python_anchors(_unnamed(pattern))
     pad = SAFE_RAW_CHAR + "*"
     parts = []
-    for s, e, core in _branches(pattern, False, False):
-        if any(kind == "group" and core.startswith(_LOOK, a) or kind == "atom" and core[a] == "^"
-               for kind, a, _ in _items(core)):
-            written = None
-            # exact first; where its regex is too long, counted repetitions of the match
-            # lowered to at most 16, then 4 (fewer repetitions: a subset)
-            for most in (None, 16, 4):
-                try:
-                    written = _written(_branch_fsm(s, e, core, most))
-                    break
-                except RegexDialectError as exc:
-                    if "exceed" not in str(exc) or most == 4:
-                        raise
-        else:
-            positive = _positive(core) if core else ""
-            if _LOOP_THEN_LONG_COUNT.search(re.sub(r"\[(?:\\.|[^\]\\])*\]", "c", positive)):
-                # a loop before a long count that may overlap it ([^/]+/?.{3,256}): the automaton
-                # tracks every split between them, up to 2^count states; the counts are lowered
-                # to at most 32 repetitions (fewer repetitions: a subset)
-                positive = _positive(core, 32)
-            written = "(?:" + positive + ")" if core else ""
-            # an unanchored core with a long counted repetition is written from the string's
-            # start (a string that starts with a match contains one: a subset): padding before
-            # it makes the automaton track every start at once, exponential in the count
-            lead = "" if s or _LONG_COUNT.search(core) else pad
-            written = lead + written + ("" if e or not written and not lead else pad)
+    branches = [(s, e, flat) for s, e, core in _branches(pattern, False, False) for flat in _distributed(core)]
+    if len(branches) > _MAX_BRANCHES:
+        raise RegexDialectError(f"pattern: its assertions inside groups make more than {_MAX_BRANCHES} branches")
+    for s, e, core in branches:
+        written = _branch_body(s, e, core)
         if written is not None:  # (a branch no string matches adds nothing)
             parts.append(written)
     if not parts:
@@ -124,6 +108,174 @@ def _subset_body(pattern: str) -> str:
         if body is None:
             raise RegexDialectError("pattern: no string JSON can hold raw matches it")
     return body
+
+
+_LENGTH_LOOKAHEAD = re.compile(r"(?:\.|\[\\s\\S\]|\[\\S\\s\])(?:\{(\d+)(?:(,)(\d*))?\}|([*+]))")
+
+
+def _leading_length(start: bool, core: str) -> tuple[int, int | None, str] | None:
+    """``(lo, hi, rest)`` when ``core`` starts with a lookahead that only counts the string's
+    characters (``(?=.{2,256}$)``, ``(?=^.{1,63})``) where it stands at the string's start: the
+    string has ``lo..hi`` characters (``hi`` None: no bound; '.' matches every character an
+    output holds, no raw newline), and ``rest`` is the core after it."""
+    items = _items(core)
+    if not items or items[0][0] != "group" or not core.startswith("(?=", 0):
+        return None
+    inner = _branches(core[3:items[0][2] - 1], False, False)
+    if len(inner) != 1:
+        return None
+    s, e, count = inner[0]
+    m = _LENGTH_LOOKAHEAD.fullmatch(count)
+    if m is None or not (start or s):
+        return None
+    if m.group(4):
+        lo, hi = (0 if m.group(4) == "*" else 1), None
+    else:
+        lo = int(m.group(1))
+        hi = lo if m.group(2) is None else (int(m.group(3)) if m.group(3) else None)
+    return lo, hi if e else None, core[items[0][2]:]
+
+
+def _branch_body(s: bool, e: bool, core: str) -> str | None:
+    """One branch (anchored at its start ``s`` / end ``e``, ``core`` between) as a body, or
+    None where no string matches it."""
+    pad = SAFE_RAW_CHAR + "*"
+    length = _leading_length(s, core)
+    if length is not None:
+        # a leading lookahead of lengths only: the rest's body, its repetitions reshaped so its
+        # strings have those lengths (json_schema's minLength / maxLength reading: a subset)
+        from treadle.constrained.json_schema import _reshaped_to_lengths
+
+        lo, hi, rest = length
+        body = _branch_body(True, e, rest)
+        if body is None:
+            return None
+        reshaped = _reshaped_to_lengths(body, lo, hi)
+        if reshaped is None:
+            raise RegexDialectError(f"pattern: no strings of {lo}..{'' if hi is None else hi} characters are found "
+                                    "in the rest of the pattern after its length lookahead")
+        return reshaped
+    if _zero_width(core, top=True):
+        written = None
+        # exact first; where its regex is too long, the strings that are a match whole
+        # (no padding around it), then also with the counted repetitions of the match
+        # lowered to at most 16, then 4 (fewer strings each time: a subset)
+        # (an unanchored core with a long counted repetition is written from the string's
+        # start at once, as below: padding before it is exponential in the count)
+        s = s or bool(_LONG_COUNT.search(core))
+        tries = [(s, e, None), (True, True, None), (True, True, 16), (True, True, 4)]
+        for n, (s_, e_, most) in enumerate(tries):
+            if n and (s_, e_, most) == tries[n - 1]:
+                continue
+            try:
+                fsm = _minimal(_branch_fsm(s_, e_, core, most))
+                if len(fsm.states) > _WRITE_STATES:
+                    raise RegexDialectError(f"pattern: its automaton of {len(fsm.states)} states would exceed "
+                                            f"{_WRITE_STATES} to write")
+                written = _written(fsm)
+                break
+            except RegexDialectError as exc:
+                if not any(w in str(exc) for w in ("exceed", "nest")) or n == len(tries) - 1:
+                    raise
+    else:
+        positive = _positive(core) if core else ""
+        if _LOOP_THEN_LONG_COUNT.search(re.sub(r"\[(?:\\.|[^\]\\])*\]", "c", positive)):
+            # a loop before a long count that may overlap it ([^/]+/?.{3,256}): the automaton
+            # tracks every split between them, up to 2^count states; the counts are lowered
+            # to at most 32 repetitions (fewer repetitions: a subset)
+            positive = _positive(core, 32)
+        written = "(?:" + positive + ")" if core else ""
+        # an unanchored core with a long counted repetition is written from the string's
+        # start (a string that starts with a match contains one: a subset): padding before
+        # it makes the automaton track every start at once, exponential in the count
+        lead = "" if s or _LONG_COUNT.search(core) else pad
+        written = lead + written + ("" if e or not written and not lead else pad)
+    return written
+
+
+_ZERO_WIDTH_ATOMS = ("^", "$", "\\b", "\\B", "\\A", "\\Z")
+_MAX_BRANCHES = 64
+_QUANTIFIER = re.compile(r"(?:([*+?])|\{(\d+)(?:(,)(\d*))?\})(\?)?")
+
+
+def _python_anchors(text: str) -> str:
+    """``\\A`` and ``\\Z`` (outside classes) as ``^`` and ``$``: Python's ``re`` and the
+    ``regex`` module, which validators read patterns with, take them for the string's start and
+    end (ECMA-262 has no such escapes: its Annex B reads the letters 'A' and 'Z'). The outputs
+    hold no raw newline, so ``$`` (which also matches before a final newline) means ``\\Z``."""
+    out, i = [], 0
+    for kind, a, b in _items(text):
+        if kind == "atom" and text[a:b] in ("\\A", "\\Z"):
+            out.append(text[i:a] + ("^" if text[a:b] == "\\A" else "$"))
+            i = b
+        elif kind == "group" and "\\" in text[a:b]:
+            head = _group_head(text, a)
+            out.append(text[i:a] + text[a:head] + _python_anchors(text[head:b - 1]) + ")")
+            i = b
+    out.append(text[i:])
+    return "".join(out)
+
+
+def _group_head(text: str, a: int) -> int:
+    """Where the inside of the group opening at ``a`` starts."""
+    for opener in ("(?<=", "(?<!", "(?=", "(?!", "(?:"):
+        if text.startswith(opener, a):
+            return a + len(opener)
+    return a + 1
+
+
+def _zero_width(text: str, top: bool = False) -> bool:
+    """Whether ``text`` holds an assertion (lookaround, anchor, word boundary); with ``top``,
+    at its top level only."""
+    for kind, a, b in _items(text):
+        if kind == "group" and text.startswith(_LOOK, a) or kind == "atom" and text[a:b] in _ZERO_WIDTH_ATOMS:
+            return True
+        if kind == "group" and not top and _zero_width(text[_group_head(text, a):b - 1]):
+            return True
+    return False
+
+
+def _distributed(core: str) -> list[str]:
+    """``core`` as branches whose assertions all stand at their top level: a group holding one
+    is replaced by each of its alternatives (``a(?:^|x)b`` is ``a^b`` or ``axb``: exact), once
+    for ``?`` / ``{0,n}`` both with and without it (exact), and repeated ``*`` / ``+`` /
+    ``{m,n}`` its fewest times, ``*`` and ``{0,n}`` also once (a subset: fewer repetitions)."""
+    todo, out = [core], []
+    while todo:
+        text = todo.pop()
+        items = _items(text)
+        for idx, (kind, a, b) in enumerate(items):
+            if kind != "group" or text.startswith(_LOOK, a) or not _zero_width(text[_group_head(text, a):b - 1]):
+                continue
+            if text.startswith("(?", a) and not text.startswith("(?:", a):
+                raise RegexDialectError(f"regex: group syntax '{text[a:a + 3]}' holding an assertion is not supported")
+            q = _QUANTIFIER.match(text, b)
+            if q is None:
+                counts, end = [1], b
+            else:
+                end = q.end()
+                if q.group(1):
+                    counts = {"?": [0, 1], "*": [0, 1], "+": [1]}[q.group(1)]
+                else:
+                    least = int(q.group(2))
+                    counts = [0, 1] if least == 0 and (q.group(3) is None or q.group(4) != "0") else [least]
+                    if least > 4:
+                        raise RegexDialectError(f"regex: a group holding an assertion repeated {least} times")
+            alternatives = _split_alternatives(text[_group_head(text, a):b - 1])
+            for count in counts:
+                fills = [""]
+                for _ in range(count):
+                    fills = [f + alt for f in fills for alt in alternatives]
+                    if len(fills) > _MAX_BRANCHES:
+                        raise RegexDialectError(f"pattern: its assertions inside groups make more than "
+                                                f"{_MAX_BRANCHES} branches")
+                todo += [text[:a] + fill + text[end:] for fill in fills]
+            break
+        else:
+            out.append(text)
+        if len(out) + len(todo) > _MAX_BRANCHES:
+            raise RegexDialectError(f"pattern: its assertions inside groups make more than {_MAX_BRANCHES} branches")
+    return out
 
 
 _MAX_NESTING = 48  # groups inside groups: interegular's recursive parser stops near 150
@@ -305,66 +457,300 @@ def _branches(text: str, start: bool, end: bool) -> list[tuple[bool, bool, str]]
 # ---------------------------------------------------------------- one branch
 
 def _branch_fsm(start: bool, end: bool, core: str, most: int | None = None) -> Any:
-    """The strings one branch matches (padding included where it is not anchored)."""
-    pieces: list[tuple[str, str]] = []  # ("text", regex) or (lookaround opener, inside)
-    plain_from = 0
+    """The strings one branch matches (padding included where it is not anchored), its
+    zero-width assertions decided by automata (exact, but where the readings below narrow).
+
+    The core is cut at its assertions into text segments T0 .. Tk; the strings are the
+    concatenations t0 .. tk (ti in Ti) such that at each cut the assertion there holds:
+
+    - a lookahead ``(?=y)`` / ``(?!y)``: the rest of the string starts (does not start) with a
+      match of ``y`` (followed by anything, unless the match ends at ``$``);
+    - a lookbehind ``(?<=y)`` / ``(?<!y)``: the string so far ends (does not end) with a match
+      of ``y`` (exact: the prefix, padding included, is known there);
+    - ``^`` / ``\\A``: nothing is written before the cut; ``$`` / ``\\Z``: nothing after it
+      (``\\A`` and ``\\Z`` read as Python's ``re`` reads them, jsonschema's validator);
+    - ``\\b``: a word character before the cut and a non-word one (or the end) after it, or a
+      non-word one (or the start) before and a word one after; ``\\B`` the other two cases.
+      Word characters are read as ``[A-Za-z0-9_]`` and non-word ones as the printable ASCII
+      others (a subset: both ECMA's ASCII ``\\w`` and Python's Unicode one agree on these).
+
+    A positive lookaround's ``y`` is read as a subset (``_positive``), a negative one's wide
+    (``_wide``: a superset of both readings). The automaton is a subset construction over
+    (segment, its state, every lookbehind's state from the string's start, every started
+    lookahead's state), with one bit for "nothing written yet"."""
     items = _items(core)
+    segments: list[str] = []
+    cuts: list[list[list[tuple]]] = []  # per cut: disjuncts, each a conjunction of assertions
+    machines: list[Any] = []  # lookbehind and lookahead automata, indexed by the assertions
+    behind: list[int] = []  # machine indexes of the lookbehinds, run from the string's start
+    ahead = 0  # lookahead occurrences (each has a slot in the meta-state)
+    pad = SAFE_RAW_CHAR + "*"
+    anything = _ANYTHING  # (in the assertions' automata: the segments write only raw JSON characters)
+
+    def machine(fsm: Any) -> int:
+        machines.append(_minimal(fsm))
+        return len(machines) - 1
+
+    def lookbehind(fsm: Any) -> tuple:
+        m = machine(fsm)
+        behind.append(m)
+        return ("behind", len(behind) - 1, m)
+
+    def lookahead(any_fsm: Any, start_fsm: Any) -> tuple:
+        nonlocal ahead
+        ahead += 1
+        return ("ahead", ahead - 1, machine(any_fsm), machine(start_fsm))
+
+    word, other = "[A-Za-z0-9_]", "[" + "".join(class_literal(c) for c in _PRINTABLE if not re.match(r"\w", c)) + "]"
+    plain_from = 0
     for idx, (kind, a, b) in enumerate(items):
+        piece = core[a:b]
         if kind == "group" and core.startswith(_LOOK, a):
-            pieces.append(("text", core[plain_from:a]))
             opener = core[a:a + (4 if core.startswith(("(?<=", "(?<!"), a) else 3)]
-            pieces.append((opener, core[a + len(opener):b - 1]))
+            inside = core[a + len(opener):b - 1]
+            positive = opener in ("(?=", "(?<=")
+            if opener.startswith("(?<"):
+                if any(s or e for s, e, _ in _branches(inside, False, False)):
+                    raise RegexDialectError("regex: an anchor inside a lookbehind is not supported")
+                if any(k == "group" and inside.startswith(_LOOK, x) for k, x, _ in _items(inside)):
+                    raise RegexDialectError("regex: a lookaround inside a lookaround is not supported")
+                conj = [(*lookbehind(_fsm(anything) + _fsm(_positive(inside) if positive else _wide(inside))), positive)]
+            else:
+                conj = [(*lookahead(_lookahead_fsm(inside, not positive, False),
+                                    _lookahead_fsm(inside, not positive, True)), positive)]
+        elif kind == "atom" and (piece in ("^", "\\A")):
+            conj = [("start",)]
+        elif kind == "atom" and (piece in ("$", "\\Z")):
+            conj = [(*lookahead(_fsm(""), _fsm("")), True)]
+        elif kind == "atom" and piece in ("\\b", "\\B"):
+            # before the cut: the string so far ends with a word character, or is empty or ends
+            # with a non-word one (read from the string's start: "empty" is the start only)
+            w_before = lookbehind(_fsm(anything) + _fsm(word))
+            n_before = lookbehind(_fsm("") | _fsm(anything) + _fsm(other))
+            w_after = lookahead(_fsm(word + anything), _fsm(word + anything))
+            n_after = lookahead(_fsm("(?:" + other + anything + ")?"), _fsm("(?:" + other + anything + ")?"))
+            if piece == "\\b":
+                cuts_here = [[(*w_before, True), (*n_after, True)], [(*n_before, True), (*w_after, True)]]
+            else:
+                cuts_here = [[(*w_before, True), (*w_after, True)], [(*n_before, True), (*n_after, True)]]
+            segments.append(core[plain_from:a])
+            cuts.append(cuts_here)
             plain_from = b
-        elif kind == "atom" and core[a] == "^":
-            if any(k != "group" or not core.startswith(_LOOK, x) for k, x, _ in items[:idx]):
-                raise RegexDialectError(f"regex: anchor '^' at offset {a} is not supported (only at a branch's start)")
-            start = True  # after lookarounds only: the branch starts at the string's start
-            pieces.append(("text", core[plain_from:a]))
-            plain_from = b
-    pieces.append(("text", core[plain_from:]))
-    any_char = _fsm(SAFE_RAW_CHAR + "*")
-    # right to left: the strings from each position to the string's end
-    rest = _fsm(_positive(pieces[-1][1], most)) if pieces[-1][1] else _fsm("")
-    if not end:
-        rest = rest + any_char
-    for kind, inside in reversed(pieces[:-1]):
-        if kind == "text":
-            if inside:
-                rest = _fsm(_positive(inside, most)) + rest
             continue
-        if kind in ("(?<=", "(?<!"):
-            raise RegexDialectError("regex: lookbehind is not supported (only lookahead)")
-        first = all(k != "text" or not t for k, t in pieces[:pieces.index((kind, inside))])
-        if kind == "(?=":
-            rest = rest & _lookahead_fsm(inside, wide=False, first=first)
-            if first and _starts_anchored(inside):
-                start = True
         else:
-            if first and _starts_anchored(inside):
-                start = True  # narrowing: matched from the start, where its '^' holds
-            rest = rest - _lookahead_fsm(inside, wide=True, first=first)
-    return rest if start else any_char + rest
+            continue
+        segments.append(core[plain_from:a])
+        cuts.append([conj])
+        plain_from = b
+        if idx + 1 < len(items) and items[idx + 1][0] == "atom" and core[items[idx + 1][1]] in "*+?{":
+            raise RegexDialectError(f"regex: a quantifier after the assertion at offset {a} is not supported")
+    segments.append(core[plain_from:])
+    # (each segment of raw JSON string characters only: a subset, as the body is written)
+    fsms = [_minimal(_fsm(_positive(t, most)) & _fsm(pad)) if t else _fsm("") for t in segments]
+    if not start:
+        fsms[0] = _fsm(pad) + fsms[0]
+    if not end:
+        fsms[-1] = fsms[-1] + _fsm(pad)
+    return _assertion_product(fsms, cuts, machines, behind, ahead)
 
 
-def _starts_anchored(inside: str) -> bool:
-    return any(s for s, _, _ in _branches(inside, False, False))
+def _minimal(fsm: Any) -> Any:
+    """``fsm`` with equivalent states merged (Moore's partition refinement over its live
+    states; the same strings): fewer states make a shorter regex, written sooner."""
+    from interegular.fsm import FSM
+
+    back: dict = {}
+    for p, row in fsm.map.items():
+        for q in row.values():
+            back.setdefault(q, set()).add(p)
+    live, todo = set(fsm.finals), list(fsm.finals)
+    while todo:
+        for p in back.get(todo.pop(), ()):
+            if p not in live:
+                live.add(p)
+                todo.append(p)
+    if fsm.initial not in live:
+        return fsm
+    symbols = list(fsm.alphabet.by_transition)
+    states = sorted(live, key=str)
+    block = {q: int(q in fsm.finals) for q in states}
+    count = len(set(block.values()))
+    while True:
+        signature = {q: (block[q], *(block.get(fsm.map.get(q, {}).get(sym), -1) for sym in symbols)) for q in states}
+        ids: dict = {}
+        new_block = {q: ids.setdefault(signature[q], len(ids)) for q in states}
+        block = new_block
+        if len(ids) == count:
+            break
+        count = len(ids)
+    fmap: dict = {}
+    for q in states:
+        row = fmap.setdefault(block[q], {})
+        for sym, r in fsm.map.get(q, {}).items():
+            if r in live:
+                row[sym] = block[r]
+    return FSM(alphabet=fsm.alphabet, states=set(block.values()), initial=block[fsm.initial],
+               finals={block[q] for q in states if q in fsm.finals}, map=fmap)
+
+
+def _universal(fsm: Any) -> set:
+    """The states of ``fsm`` from which every string is accepted (none where its alphabet
+    leaves some character without a transition)."""
+    from interegular.fsm import anything_else
+
+    if anything_else not in fsm.alphabet:
+        return set()
+    symbols = list(fsm.alphabet.by_transition)
+    out = set(fsm.finals)
+    changed = True
+    while changed:
+        changed = False
+        for q in list(out):
+            row = fsm.map.get(q, {})
+            if any(row.get(sym) not in out for sym in symbols):
+                out.discard(q)
+                changed = True
+    return out
+
+
+_DEAD = -1
+_ANYTHING = "(?:[^\\n]|\\n)*"  # every string
+_WRITE_STATES = 400  # an automaton written back as a regex: past this, state elimination takes seconds
+_PRODUCT_STATES = 3_000
+
+
+def _assertion_product(fsms: list[Any], cuts: list[list[list[tuple]]], machines: list[Any],
+                       behind: list[int], n_ahead: int) -> Any:
+    """The automaton of ``_branch_fsm``: segments ``fsms`` joined at ``cuts``."""
+    from interegular.fsm import FSM, Alphabet
+
+    every = fsms + machines
+    alphabet, new_to_old = Alphabet.union(*[f.alphabet for f in every])
+    k = len(fsms) - 1
+    spawned_by: dict[int, tuple[int, bool]] = {}  # lookahead slot -> (machine, positive)
+
+    def step(f_index: int, state: Any, sym: Any) -> Any:
+        if state == _DEAD:
+            return _DEAD
+        f = every[f_index]
+        old = new_to_old[f_index][sym]
+        row = f.map.get(state, {})
+        return row[old] if old is not None and old in row else _DEAD
+
+    def final(f_index: int, state: Any) -> bool:
+        return state != _DEAD and state in every[f_index].finals
+
+    def closure(t: tuple, at_start: bool, out: set) -> None:
+        if t in out:
+            return
+        out.add(t)
+        i, q, lbs, las = t
+        if i == k or q not in fsms[i].finals:
+            return
+        for conj in cuts[i]:
+            new_las = list(las)
+            ok = True
+            for a in conj:
+                if a[0] == "start":
+                    ok = ok and at_start
+                elif a[0] == "behind":
+                    _, slot, m, positive = a
+                    ok = ok and final(len(fsms) + m, lbs[slot]) == positive
+                else:
+                    _, slot, m_any, m_start, positive = a
+                    m = m_start if at_start else m_any
+                    spawned_by[slot] = (m, positive)
+                    new_las[slot] = (m, every[len(fsms) + m].initial)
+                if not ok:
+                    break
+            if ok:
+                closure((i + 1, fsms[i + 1].initial, lbs, tuple(new_las)), at_start, out)
+
+    universal = [_universal(f) for f in every]
+
+    def alive(t: tuple) -> bool:
+        for slot, entry in enumerate(t[3]):
+            if entry is not None and entry[1] == _DEAD and spawned_by[slot][1]:
+                return False  # a positive lookahead that can no longer match
+            if entry is not None and entry[1] in universal[len(fsms) + entry[0]] and not spawned_by[slot][1]:
+                return False  # a negative one that matches whatever follows
+        return True
+
+    def settled(t: tuple) -> tuple:
+        """``t`` with each lookahead decided for good dropped (as if never started): a
+        negative one that can no longer match, a positive one that matches whatever follows."""
+        las = t[3]
+        if not any(e is not None and (e[1] == _DEAD or e[1] in universal[len(fsms) + e[0]]) for e in las):
+            return t
+        return (t[0], t[1], t[2], tuple(None if e is None or e[1] == _DEAD or e[1] in universal[len(fsms) + e[0]]
+                                        else e for e in las))
+
+    init: set = set()
+    closure((0, fsms[0].initial, tuple(machines[m].initial for m in behind), (None,) * n_ahead), True, init)
+
+    def follow(current: frozenset, sym: Any) -> frozenset:
+        out: set = set()
+        for i, q, lbs, las in current:
+            nq = step(i, q, sym)
+            if nq == _DEAD:
+                continue
+            nlbs = tuple(step(len(fsms) + m, s, sym) for m, s in zip(behind, lbs))
+            nlas = tuple(None if e is None else (e[0], step(len(fsms) + e[0], e[1], sym)) for e in las)
+            t = (i, nq, nlbs, nlas)
+            if alive(t):
+                closure(t, False, out)
+        return frozenset(settled(t) for t in out if alive(t))
+
+    def is_final(current: frozenset) -> bool:
+        for i, q, lbs, las in current:
+            if i == k and q in fsms[k].finals and all(
+                    e is None or final(len(fsms) + e[0], e[1]) == spawned_by[slot][1] for slot, e in enumerate(las)):
+                return True
+        return False
+
+    first = frozenset(settled(t) for t in init if alive(t))
+    if not first:
+        return _fsm("") - _fsm("")  # (no string)
+    index = {first: 0}
+    order = [first]
+    finals, fmap = set(), {}
+    symbols = list(alphabet.by_transition)
+    while len(order) > len(fmap):
+        n = len(fmap)
+        current = order[n]
+        if is_final(current):
+            finals.add(n)
+        row = fmap[n] = {}
+        for sym in symbols:
+            nxt = follow(current, sym)
+            if not nxt:
+                continue
+            j = index.get(nxt)
+            if j is None:
+                if len(order) >= _PRODUCT_STATES:
+                    raise RegexDialectError(f"pattern: its assertions' automaton would exceed {_PRODUCT_STATES} states")
+                j = index[nxt] = len(order)
+                order.append(nxt)
+            row[sym] = j
+    return FSM(alphabet=alphabet, states=range(len(order)), initial=0, finals=finals, map=fmap)
 
 
 def _lookahead_fsm(inside: str, wide: bool, first: bool) -> Any:
     """The strings that start with a match of ``inside`` (a lookahead at the start of the
-    rest of the string): each branch's match, then anything unless it ends at '$'."""
+    rest of the string): each branch's match, then anything unless it ends at '$'. A branch
+    anchored at '^' is kept where the lookahead stands at the string's start (``first``),
+    left out elsewhere (it cannot match there)."""
     out = None
     for s, e, core in _branches(inside, False, False):
         if s and not first:
-            raise RegexDialectError("regex: '^' inside a lookahead past the pattern's start is not supported")
+            continue
         if any(core.startswith(look, a) for kind, a, _ in _items(core) if kind == "group" for look in _LOOK):
             raise RegexDialectError("regex: a lookaround inside a lookaround is not supported")
         f = _fsm(_wide(core) if wide else _positive(core)) if core else _fsm("")
         if not e:
-            f = f + _fsm(SAFE_RAW_CHAR + "*") if not wide else f + _fsm("(?:[^\\n]|\\n)*")
+            f = f + _fsm(_ANYTHING)
         out = f if out is None else out | f
-    assert out is not None
-    return out
+    return out if out is not None else _fsm("") - _fsm("")
 
 
 def _positive(text: str, most: int | None = None) -> str:

