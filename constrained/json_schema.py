@@ -154,6 +154,11 @@ def json_schema_to_regex(
         raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
 
 
+# A $ref's (or a merge of refs') object / array regex longer than this becomes a call (with
+# holes, _Converter._reused): its definition is written once however often it is used.
+SHARED_MIN_CHARS = 20_000
+SHARED_REUSED_CHARS = 2_000  # ... or longer than this and wanted a second time
+_REF_TEXT = re.compile(r'"\$ref": "((?:[^"\\]|\\.)*)"')  # a ref in a schema's json.dumps text (escaped: over-reach)
 LENIENT_MAX_DROPS = 64  # keywords one lenient translation may drop before it gives up
 _NAMED = re.compile(r"keyword '([^']+)' at (\$[^\s:]*)")
 
@@ -376,6 +381,10 @@ class _Converter:
         self._calls: dict[str, int] = {}  # with holes: recursive ref pointer -> its definition's index
         self.definitions: list[str] = []  # their regexes (CALL_CHARS[i] is a value of definitions[i])
         self._failed: dict[str, NoOutput] = {}  # definitions with no possible value
+        # conversions of pure $refs and of schemas merged from refs, by what decides them
+        # (_reused): a definition used at many places is converted once
+        self._memo: dict[tuple, str] = {}
+        self._reach: dict[str, frozenset[str]] = {}  # ref -> the refs its target reaches
         registry = referencing.Registry(retrieve=_no_retrieve)
         checker = None if self.spec else jsonschema.Draft202012Validator.FORMAT_CHECKER
         self._validator = _Validator(root, registry=registry, format_checker=checker)
@@ -561,13 +570,15 @@ class _Converter:
             if self._active.get(ref, 0) >= self.max_depth + 1:
                 raise TooDeep(f"json_schema: keyword '$ref' at {path}: recursion deeper than "
                               f"max_recursion_depth={self.max_depth}")
-        saved = dict(self._active)
-        for ref in refs:
-            self._active[ref] = self._active.get(ref, 0) + 1
         try:
-            return self.convert(schema, path)
-        finally:
-            self._active = saved
+            text = json.dumps(schema, sort_keys=True, ensure_ascii=False)
+        except (TypeError, ValueError):  # (a value json cannot write: converted each time)
+            return self._converted_in(refs, schema, path)
+        reach = set(refs)
+        for ref in {*refs, *_REF_TEXT.findall(text)}:
+            reach |= self._reaches(ref, path)
+        key = ("merged", tuple(refs), text, self._counts(reach))
+        return self._reused(key, lambda: self._converted_in(refs, schema, path))
 
     def listed_scalars(self, schema: Any, path: str) -> list | None:
         """The values of ``schema`` when they are a few listed scalars (enum / const, or the
@@ -613,19 +624,83 @@ class _Converter:
         count = self._active.get(ref, 0)
         rest = {k: v for k, v in schema.items() if k != "$ref"}
         pure = self._annotations_only(rest)
-        if count and pure and self.calls and (ref in self._calls or len(self._calls) < MAX_CALLS):
+        if pure and self.calls and (ref in self._calls or count and len(self.definitions) < MAX_CALLS):
+            # recursion, or a recursive definition met again outside itself: a call
             return self._call(ref, target, path)
         if count >= self.max_depth + 1:
             raise TooDeep(
                 f"json_schema: keyword '$ref' at {path}: recursion deeper than max_recursion_depth={self.max_depth}"
             )
-        self._active[ref] = count + 1
+        if pure:
+            key = (ref, self._counts(self._reaches(ref, path)))
+            return self._reused(key, lambda: self._converted_in([ref], target, path))
+        return self._converted_in([ref], self.merger.merge_all(rest, [target], path), path)
+
+    def _converted_in(self, refs: list[str], schema: Any, path: str) -> str:
+        """``schema`` converted as inside each of ``refs`` (they count toward
+        ``max_recursion_depth``, checked by the callers)."""
+        saved = dict(self._active)
+        for ref in refs:
+            self._active[ref] = self._active.get(ref, 0) + 1
         try:
-            if pure:
-                return self.convert(target, path)
-            return self.convert(self.merger.merge_all(rest, [target], path), path)
+            return self.convert(schema, path)
         finally:
-            self._active[ref] = count
+            self._active = saved
+
+    def _counts(self, reach: frozenset[str] | set[str]) -> tuple:
+        """The recursion counts (``_active``) of the refs in ``reach``: with the schema, all
+        that decides a conversion's regex."""
+        return tuple(sorted((r, c) for r, c in self._active.items() if c and r in reach))
+
+    def _reused(self, key: tuple, build: Any) -> str:
+        """A conversion done once per ``key`` (a schema and the recursion counts it depends
+        on, ``_counts``). A container regex longer than ``SHARED_REUSED_CHARS`` wanted a second
+        time (or longer than ``SHARED_MIN_CHARS`` at once) becomes a definition and is called
+        from then on (with holes): its uses, such as a definition named at many places or
+        array items (written twice each), then do not copy it, and nested ones do not
+        multiply."""
+        out = self._memo.get(key)
+        if out is None:
+            out = build()
+            if len(out) <= SHARED_MIN_CHARS:
+                self._memo[key] = out
+                return out
+        elif len(out) <= SHARED_REUSED_CHARS:
+            return out
+        if self.calls and out.startswith((r"\{", r"\[")) and len(self.definitions) < MAX_CALLS:
+            self.definitions.append(out)
+            out = CALL_CHARS[len(self.definitions) - 1]
+        self._memo[key] = out
+        return out
+
+    def _reaches(self, ref: str, path: str) -> frozenset[str]:
+        """Every ref string met below ``ref``'s target, through refs, transitively (itself
+        too when it recurses). A pure ref's regex depends on nothing else of where it stands
+        but the recursion counts of these (``_active``), so _ref reuses it wherever those
+        agree: every use of a definition that does not recurse shares one conversion. (A
+        '$ref' string inside a const or enum counts too: more than needed, never less.)"""
+        if ref in self._reach:
+            return self._reach[ref]
+        seen: set[str] = set()
+        todo = [ref]
+        while todo:
+            r = todo.pop()
+            try:
+                stack = [self.merger.resolve(r, path)]
+            except UnsupportedSchemaError:  # (no value can be inside a ref that does not resolve)
+                continue
+            while stack:
+                node = stack.pop()
+                if isinstance(node, dict):
+                    inner = node.get("$ref")
+                    if isinstance(inner, str) and inner not in seen:
+                        seen.add(inner)
+                        todo.append(inner)
+                    stack.extend(node.values())
+                elif isinstance(node, list):
+                    stack.extend(node)
+        out = self._reach[ref] = frozenset(seen)
+        return out
 
     def _call(self, ref: str, target: Any, path: str) -> str:
         """A recursive reference as a call of its definition (json_holes.py), converted the

