@@ -99,6 +99,8 @@ DEPENDENCIES = ("dependentRequired", "dependentSchemas")
 EXCLUSIVE_CHOICES = 4
 # ... and branches of one such oneOf at most (each pair is compared)
 EXCLUSIVE_BRANCHES = 64
+# ... and rounds of proving the others again after a branch was narrowed (strict mode)
+EXCLUSIVE_ROUNDS = 3
 # The spec mode goes one level deeper (the suite's arrays of nested objects need 3). Its
 # containers list their members as (?:(?:V,)*V)? rather than V(?:,V)*: the two copies of V
 # then run in lock-step, so the DFA (outlines-core and interegular alike, neither
@@ -776,7 +778,9 @@ class _Converter:
         up to ``EXCLUSIVE_CHOICES`` combinations; in strict mode those ``Apart.breakers`` keeps
         (they can hold beside the branch; a closed other branch is also broken by a key it
         forbids, made required), the ones that narrow it least first, cut to
-        ``EXCLUSIVE_CHOICES`` combinations (a subset: sound).
+        ``EXCLUSIVE_CHOICES`` combinations (a subset: sound). The strict proofs are then made
+        again for the branch with those schemas (one may write a key another branch requires),
+        up to ``EXCLUSIVE_ROUNDS`` times; a branch still not proven is left out.
 
         A branch whose exclusion cannot be said (no such schema, or too many combinations in
         spec mode) is left out in strict mode (that only narrows) and refuses the oneOf in spec
@@ -816,11 +820,27 @@ class _Converter:
                         refused = True
                         break
                     continue
-                while math.prod(len(n) for n in needs) > EXCLUSIVE_CHOICES:  # strict: the least narrowing kept
-                    longest = max(needs, key=len)
-                    longest.pop()
-                parts = [branch] + [n[0] if len(n) == 1 else {"anyOf": n} for n in needs]
-                out.append(self.convert(self.merger.merge_all(rest, parts, where), where))
+                final = self._with_breakers(branch, rest, needs, where)
+                if not self.spec:
+                    # The proofs by what strict mode writes hold for the branch as it was; a schema
+                    # added to fail one branch may write a key another requires ("y" present with a
+                    # value one branch rejects): prove those again, adding their breakers, or leave
+                    # the branch out.
+                    broken_by = {j for j in range(len(branches)) if j != i and not apart.apart(mine, branches[j])}
+                    for _ in range(EXCLUSIVE_ROUNDS + 1):
+                        late = [j for j in range(len(branches))
+                                if j != i and j not in broken_by and not apart.apart(final, branches[j])]
+                        if not late:
+                            break
+                        more = [apart.breakers(final, branches[j], resolve) for j in late]
+                        if not all(more):
+                            break
+                        broken_by.update(late)
+                        needs = list({json.dumps(n, sort_keys=True, default=str): n for n in needs + more}.values())
+                        final = self._with_breakers(branch, rest, needs, where)
+                    if late:
+                        continue
+                out.append(self.convert(final, where))
             except UnsupportedSchemaError as exc:
                 first_error = first_error or exc
         if refused:
@@ -831,6 +851,15 @@ class _Converter:
             raise Unsatisfiable(f"json_schema: keyword 'oneOf' at {path}: no value treadle can write satisfies "
                                 f"exactly one branch ({first_error})") from first_error
         raise first_error or overlap
+
+    def _with_breakers(self, branch: Any, rest: dict, needs: list[list], where: str) -> dict:
+        """``rest``, ``branch`` and, per list of ``needs``, any of its schemas; past
+        ``EXCLUSIVE_CHOICES`` combinations the last of the longest list go (a subset)."""
+        needs = [list(n) for n in needs]
+        while math.prod(len(n) for n in needs) > EXCLUSIVE_CHOICES:  # the least narrowing kept
+            max(needs, key=len).pop()
+        parts = [branch] + [n[0] if len(n) == 1 else {"anyOf": n} for n in needs]
+        return self.merger.merge_all(rest, parts, where)
 
     def _accepts_all(self, branch: Any) -> bool:
         """Whether ``branch`` is ``true`` or annotations only (after pure refs): every value is valid."""
