@@ -16,7 +16,7 @@ import referencing.exceptions
 from treadle.constrained.fsm_regex import fsm_to_regex
 from treadle.constrained.members import MEMBERS_MIN_CHARS, members_text, spell_members, spelt_length
 from treadle.constrained.regex_ecma import key_pattern_bodies, key_pattern_matches
-from treadle.constrained.regex_text import MAX_REPEAT, SAFE_RAW_CHAR, escape_literal, excluded_key_regex
+from treadle.constrained.regex_text import MAX_REPEAT, escape_literal, excluded_key_regex, raw_names_trie
 
 if TYPE_CHECKING:
     from treadle.constrained.json_schema import _Converter
@@ -684,9 +684,13 @@ def excluded_key_fsm(names: list[str]) -> Any:
     """The FSM of ``excluded_key_regex(names)`` (a quoted key of raw characters that is none
     of ``names``), built from the names' trie directly: parsing that regex makes interegular
     determinise an alternation per trie node, a minute for a few hundred names."""
-    safe_char = re.compile(SAFE_RAW_CHAR)
-    safe = [n for n in names if all(safe_char.fullmatch(ch) for ch in n)]
-    chars = sorted({ch for n in safe for ch in n})
+    trie = raw_names_trie(names)
+    chars, stack = set(), [trie]
+    while stack:
+        node = stack.pop()
+        chars.update(ch for ch in node if ch)
+        stack.extend(node.values())
+    chars = sorted(chars)
     sym = {ch: 3 + i for i, ch in enumerate(chars)}
     quote, bad, other = 0, 1, 2  # '"', a backslash or control (no move), any other raw character
     groups = {'"': quote, "\\": bad, **{chr(c): bad for c in range(0x20)}, interegular.fsm.anything_else: other}
@@ -694,12 +698,6 @@ def excluded_key_fsm(names: list[str]) -> Any:
     alphabet = interegular.fsm.Alphabet({k: interegular.fsm.TransitionKey(v) for k, v in groups.items()})
     symbols = [other] + [3 + i for i in range(len(chars))]
     start, free, final = 0, 1, 2
-    trie: dict = {}
-    for name in safe:
-        node = trie
-        for ch in name:
-            node = node.setdefault(ch, {})
-        node[""] = {}
     moves: dict[int, dict] = {start: {}, free: {k: free for k in symbols}, final: {}}
     moves[free][quote] = final
     todo = [(trie, 3)]

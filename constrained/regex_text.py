@@ -115,6 +115,13 @@ def excluded_key_regex(names: list[str]) -> str:
     anything may follow), or follow an edge of the trie. Names with a character that JSON
     must escape can never be written without escapes, so they need no exclusion.
     """
+    return '"' + _not_in_trie(raw_names_trie(names)) + '"'
+
+
+def raw_names_trie(names: list[str]) -> dict:
+    """The trie of the ``names`` a JSON string can hold without escapes (the others can never
+    be written as raw keys): a node maps each next character to its node, and ``""`` marks
+    where a name ends ("" is never an edge character)."""
     trie: dict = {}
     for name in names:
         if any(not re.fullmatch(SAFE_RAW_CHAR, ch) for ch in name):
@@ -122,8 +129,8 @@ def excluded_key_regex(names: list[str]) -> str:
         node = trie
         for ch in name:
             node = node.setdefault(ch, {})
-        node[""] = {}  # end-of-name marker ("" is never an edge character)
-    return '"' + _not_in_trie(trie) + '"'
+        node[""] = {}
+    return trie
 
 
 def _not_in_trie(node: dict) -> str:

@@ -13,7 +13,7 @@ from interegular.fsm import anything_else
 
 from treadle.constrained.json_holes import CALL_CHARS, CANARY_CHAR, ENTRY_CHAR, HOLE_CHARS, KINDS
 
-__all__ = ["HoleOracle", "Oracle", "allowed_ids", "live_states", "random_walk"]
+__all__ = ["HoleOracle", "Oracle", "allowed_ids", "compiled_walks", "live_states", "random_walk"]
 
 _CLOSING = (b"}", b"]", b'"', b",", b"0")
 
@@ -390,3 +390,33 @@ def sample_regex(fsm, rng: random.Random, *, steps: int = 400, stop_p: float = 0
         ch = rng.choice(chars) if chars else other
         out.append(other if ch is anything_else else ch)
     return "".join(out) if state in fsm.finals else None
+
+
+def compiled_walks(tokenizer, schema: dict, check, *, walks: int, steps: int, seed: int, timeout_s: float = 60) -> int:
+    """Compile ``schema`` with treadle's ``GrammarCompiler`` on ``tokenizer`` and walk its
+    grammar at random ``walks`` times (benchmarks/grammar_walks.py): every finished walk's
+    text must parse and have no error under ``check`` (a jsonschema validator). Returns how
+    many walks finished."""
+    import json
+    import os
+    import sys
+
+    from test_lazy_index import EOS, V
+
+    from treadle.constrained import GrammarCompiler, GrammarSpec, allocate_token_bitmask
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    from grammar_walks import random_text
+
+    done = 0
+    with GrammarCompiler(tokenizer, [EOS], vocab_size=V, timeout_s=timeout_s) as compiler:
+        g = compiler.compile(GrammarSpec.from_params(json_schema=schema))
+        bitmask = allocate_token_bitmask(1, V)
+        rng = random.Random(seed)
+        for _ in range(walks):
+            text = random_text(g.matcher(), bitmask, g.token_bytes, EOS, rng, steps=steps)
+            if text is not None:
+                errors = list(check.iter_errors(json.loads(text)))
+                assert not errors, (text[:300], errors[0].message)
+                done += 1
+    return done

@@ -7,20 +7,18 @@ embedded tokenizer) must validate under the schema's own draft (``validator_for`
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import sys
 
 import jsonschema
 import pytest
 import regex as ecma_re
+from json_checks import compiled_walks
 from test_json_schema_patterns import random_strings
 
 from treadle.constrained.json_schema import UnsupportedSchemaError, drop_unenforceable, json_schema_to_regex
 from treadle.constrained.regex_text import PROPERTY_WINDOW
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
 
 
 def _pattern(validator, patrn, instance, schema):  # noqa: ANN001 - jsonschema's keyword signature
@@ -101,26 +99,7 @@ FMS_APPS = {
 
 
 def test_cloudformation_property_patterns_compile_and_walks_validate(smol) -> None:  # noqa: ANN001
-    from test_lazy_index import EOS, V
-
-    from treadle.constrained import GrammarCompiler, GrammarSpec, allocate_token_bitmask
-
-    sys.path.insert(0, BENCH)
-    from grammar_walks import random_text
-
-    check = checker(FMS_APPS)
-    with GrammarCompiler(smol, [EOS], vocab_size=V) as compiler:
-        g = compiler.compile(GrammarSpec.from_params(json_schema=FMS_APPS))
-        bitmask = allocate_token_bitmask(1, V)
-        rng = random.Random(7)
-        done = 0
-        for _ in range(4):
-            text = random_text(g.matcher(), bitmask, g.token_bytes, EOS, rng, steps=200)
-            if text is not None:
-                errors = list(check.iter_errors(json.loads(text)))
-                assert not errors, (text[:300], errors[0].message)
-                done += 1
-    assert done >= 2
+    assert compiled_walks(smol, FMS_APPS, checker(FMS_APPS), walks=4, steps=200, seed=7) >= 2
 
 
 # ------------------------------------------------------------------ oneOf told apart by keys

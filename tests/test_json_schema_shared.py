@@ -6,20 +6,18 @@ validate. The extra members' key set of an object with many declared names is bu
 trie (json_schema_parts.excluded_key_fsm) instead of a regex interegular takes a minute to read."""
 from __future__ import annotations
 
-import json
 import random
-import sys
 
 import interegular
 import jsonschema
 import pytest
+from json_checks import compiled_walks
 
 from treadle.constrained.json_holes import CALL_CHARS
 from treadle.constrained.json_schema import json_schema_to_regex
 from treadle.constrained.json_schema_parts import excluded_key_fsm
 from treadle.constrained.regex_text import excluded_key_regex
 
-BENCH = __file__.rsplit("/tests/", 1)[0] + "/benchmarks"
 
 
 def _styles(blocks: int) -> dict:
@@ -86,28 +84,10 @@ def test_nested_arrays_of_a_definition_do_not_double_per_level() -> None:
 
 @pytest.mark.parametrize("make", [lambda: _styles(84), lambda: _nested_arrays(12)])
 def test_shared_definitions_compile_and_walks_validate(make, smol) -> None:  # noqa: ANN001
-    from test_lazy_index import EOS, V
-
-    from treadle.constrained import GrammarCompiler, GrammarSpec, allocate_token_bitmask
-
-    sys.path.insert(0, BENCH)
-    from grammar_walks import random_text
-
     schema = make()
     cls = jsonschema.validators.validator_for(schema)
     check = cls(schema, format_checker=cls.FORMAT_CHECKER)
-    with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=120) as compiler:
-        g = compiler.compile(GrammarSpec.from_params(json_schema=schema))
-        bitmask = allocate_token_bitmask(1, V)
-        rng = random.Random(3)
-        done = 0
-        for _ in range(8):
-            text = random_text(g.matcher(), bitmask, g.token_bytes, EOS, rng, steps=400)
-            if text is not None:
-                errors = list(check.iter_errors(json.loads(text)))
-                assert not errors, (text[:300], errors[0].message)
-                done += 1
-    assert done >= 3
+    assert compiled_walks(smol, schema, check, walks=8, steps=400, seed=3, timeout_s=120) >= 3
 
 
 def test_the_extra_key_set_from_the_trie_equals_the_regex_reading() -> None:
