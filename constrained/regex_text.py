@@ -19,6 +19,8 @@ from typing import Any
 
 import interegular
 
+from treadle.constrained import fsm_crawl as _fsm_crawl  # noqa: F401  (interegular's crawl, made linear)
+
 # Characters that are special outside a character class in either dialect. Escaping only
 # these keeps the output acceptable to all three engines (Rust rejects some escapes that
 # Python's re.escape emits).
