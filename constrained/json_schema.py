@@ -129,6 +129,7 @@ def json_schema_to_regex(
     mode: Literal["strict", "spec"] = "strict",
     holes: bool = False,
     members: bool = False,
+    leave_out_branches: bool = True,
 ) -> str:
     """Compile a JSON Schema (draft 2020-12) to a regex matching only valid JSON texts.
 
@@ -143,6 +144,9 @@ def json_schema_to_regex(
     ignored where ``schema_allows_holes`` says no. ``members=True`` (the compile path) writes an
     object's long spelt-out property sequence as one ordered-members node, which only the lazy
     index reads (members.py; ``expand_members`` gives the standard text).
+    ``leave_out_branches`` (strict mode): an ``anyOf`` branch it cannot write is left out
+    while another branch can be written (a subset); False refuses it instead, as the opt-in
+    leniency (``drop_unenforceable``) wants, to drop the keyword and keep the branch.
     Raises ``UnsupportedSchemaError`` (a ``ValueError``) for keywords it cannot enforce.
     """
     schema = _checked(schema, whitespace_pattern, max_recursion_depth, mode)
@@ -150,6 +154,7 @@ def json_schema_to_regex(
     try:
         conv = _Converter(schema, whitespace_pattern or "", max_recursion_depth, mode, holes)
         conv.members = members and members_safe(json.dumps(schema, ensure_ascii=False))
+        conv.leave_out_branches = leave_out_branches and not conv.spec
         root = conv.convert(schema, "$")
         return with_definitions(root, conv.definitions)
     except RecursionError as exc:
@@ -182,7 +187,7 @@ def drop_unenforceable(schema: dict | str | bool, *, whitespace_pattern: str | N
     while True:
         try:
             json_schema_to_regex(root, whitespace_pattern=whitespace_pattern, max_recursion_depth=max_recursion_depth,
-                                 mode=mode, holes=holes)
+                                 mode=mode, holes=holes, leave_out_branches=False)
             return root, dropped
         except NoOutput:
             raise
@@ -378,6 +383,7 @@ class _Converter:
         self.holes = holes
         self.calls = holes and calls  # recursive refs as calls (holes only)
         self.members = False  # ordered-members nodes for long property sequences (json_schema_to_regex)
+        self.leave_out_branches = mode != "spec"  # an anyOf branch it cannot write is left out (a subset)
         self.mode = mode
         self.ws = ws
         self.max_depth = max_depth
@@ -773,6 +779,14 @@ class _Converter:
                 out.append(self.convert(merged, f"{path}.{kind}[{i}]"))
             except NoOutput as exc:
                 first_error = first_error or exc  # a branch with no output only narrows the choice
+            except UnsupportedSchemaError as exc:
+                # strict mode writes a subset: an anyOf branch it cannot write (an external $ref, a
+                # pattern it cannot read) is left out, and any other branch's values satisfy the
+                # anyOf whatever that one says. Not so for oneOf (a value must fail the others,
+                # and what the left-out branch accepts is unknown), nor in spec mode.
+                if kind == "oneOf" or not self.leave_out_branches:
+                    raise
+                first_error = first_error or exc
         if kind == "anyOf" and self.spec:
             out.extend(self._combined_branches(branches, rest, path))
         if not out:

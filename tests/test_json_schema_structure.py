@@ -315,3 +315,47 @@ def test_a_listed_integer_under_type_integer_is_written_in_digits(draft: str) ->
     assert not rx.fullmatch('{"version":2.0,"n":3}') and not rx.fullmatch('{"version":2,"n":3.00}')
     # without "type" JSON Schema's equality keeps every spelling of the number
     assert re.fullmatch(json_schema_to_regex({"$schema": draft, "enum": [2]}), "2.0")
+
+
+# ------------------------------------------------------------------ anyOf branches it cannot write
+
+# schemastore/json.schemastore.org/schema-org-contact-point.json: "anyOf": [{"$ref":
+# "https://json.schemastore.org/schema-org-thing"}, ...]; an external ref cannot be read here
+# (no network), but a value of another branch satisfies the anyOf whatever that one says
+EXTERNAL = {"$ref": "https://json.schemastore.org/schema-org-thing"}
+UNREADABLE = {"type": "string", "pattern": "(?<=a)\\1"}  # a backreference: no automaton reads it
+
+
+@pytest.mark.parametrize("branch", [EXTERNAL, UNREADABLE])
+def test_strict_mode_leaves_out_an_anyof_branch_it_cannot_write(branch: dict) -> None:
+    schema = {"type": "object", "additionalProperties": False, "required": ["contact"],
+              "properties": {"contact": {"anyOf": [branch, {"type": "string", "maxLength": 8}, {"type": "null"}]}}}
+    rx = re.compile(json_schema_to_regex(schema))
+    assert rx.fullmatch('{"contact":"ab"}') and rx.fullmatch('{"contact":null}')
+    assert not rx.fullmatch('{"contact":{}}') and not rx.fullmatch('{"contact":1}')
+    # what is written is valid whatever the left-out branch says: check it without that branch
+    kept = json.loads(json.dumps(schema))
+    del kept["properties"]["contact"]["anyOf"][0]
+    fsm, check, rng = interegular.parse_pattern(rx.pattern).to_fsm(), checker(kept), random.Random(0)
+    for _ in range(40):
+        text = sample_regex(fsm, rng)
+        assert text is None or check.is_valid(json.loads(text)), text
+
+
+def test_an_anyof_branch_it_cannot_write_is_still_named_where_it_must_be() -> None:
+    # the only branch; spec mode (exactly the schema's values); oneOf (a value must fail it)
+    with pytest.raises(UnsupportedSchemaError, match=r"keyword '\$ref' at \$\.anyOf\[0\]"):
+        json_schema_to_regex({"anyOf": [EXTERNAL]})
+    with pytest.raises(UnsupportedSchemaError, match=r"'\$ref'"):
+        json_schema_to_regex({"anyOf": [EXTERNAL, {"type": "null"}]}, mode="spec")
+    with pytest.raises(UnsupportedSchemaError):
+        json_schema_to_regex({"oneOf": [EXTERNAL, {"type": "null"}]})
+
+
+def test_the_lenient_opt_in_drops_the_keyword_and_keeps_the_branch() -> None:
+    from treadle.constrained.json_schema import drop_unenforceable
+
+    schema = {"anyOf": [{"type": "string", "pattern": "(a)\\1"}, {"type": "null"}]}
+    rewritten, dropped = drop_unenforceable(schema)
+    assert [d["keyword"] for d in dropped] == ["pattern"] and dropped[0]["path"] == "$.anyOf[0]"
+    assert re.fullmatch(json_schema_to_regex(rewritten), '"zz"')
