@@ -41,7 +41,7 @@ from treadle.constrained.json_keys import schema_has_free_keys
 from treadle.constrained.regex_text import validate_regex
 from treadle.constrained.structural_tag import structural_tag_bounds
 from treadle.constrained.lazy_index import (DEFAULT_MAX_NFA_STATES, LazyIndex, LazyNFA, LazyTooLarge,
-                                             LazyUnsupported, build_nfa)
+                                             LazyUnsupported, nfa_of, parse_regex)
 from treadle.constrained.vocabulary import build_vocabulary, lazy_tokens
 
 __all__ = ["GrammarCompiler", "GrammarCompileError", "GrammarTooLarge", "build_compiled_grammar"]
@@ -200,7 +200,7 @@ def spec_regex(spec: GrammarSpec, whitespace_pattern: str | None, mode: str, hol
 
 # Narrowing (a JSON schema's strict mode): when the exact automaton passes the cap, it is built
 # again with each bounded repetition (maxItems, maxLength, a pattern's counts) limited to these
-# shares of the cap, largest first (lazy_index.build_nfa's ``narrow_to``).
+# shares of the cap, the largest that fits (lazy_index.build_nfa's ``narrow_to``).
 NARROW_SHARES = (8, 64, 512)
 
 
@@ -214,14 +214,23 @@ def lazy_nfa(regex: str, max_size: int | None, what: str = "the grammar", narrow
     (the NFA's ``narrowed`` counts the repetitions lowered). For grammars that already promise
     a subset (a JSON schema's strict mode), never for a user's own regex."""
     cap = DEFAULT_MAX_NFA_STATES if max_size is None else LAZY_STATES_PER_SIZE * max_size
-    tries = [None, *(cap // share for share in NARROW_SHARES)] if narrow else [None]
     try:
-        for narrow_to in tries:
+        ast = parse_regex(marked(regex))  # once: every try builds from it
+        try:
+            return nfa_of(ast, len(regex), cap)
+        except LazyTooLarge:
+            if not narrow:
+                raise
+        # the narrowest try first: the automaton only grows with narrow_to (each share is at
+        # least twice the next), so when that one passes the cap every other does, and the
+        # grammar is refused after two builds instead of four
+        narrowest = nfa_of(ast, len(regex), cap, cap // NARROW_SHARES[-1])
+        for share in NARROW_SHARES[:-1]:
             try:
-                return build_nfa(marked(regex), cap, narrow_to)
+                return nfa_of(ast, len(regex), cap, cap // share)
             except LazyTooLarge:
-                if narrow_to == tries[-1]:
-                    raise
+                pass
+        return narrowest
     except LazyTooLarge:
         limit = max_size if max_size is not None else cap // LAZY_STATES_PER_SIZE
         lowered = " even with its bounded repetitions lowered" if narrow else ""

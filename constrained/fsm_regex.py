@@ -16,7 +16,7 @@ from typing import Any
 
 from interegular.fsm import anything_else
 
-from treadle.constrained.regex_text import class_literal, has_top_level_alternation
+from treadle.constrained.regex_text import class_literal
 
 __all__ = ["fsm_to_regex", "length_range"]
 
@@ -74,7 +74,9 @@ def fsm_to_regex(fsm: Any, limit: int = 20_000) -> str | None:
             for r, b in outs:
                 if r is not end and r != p:
                     preds[r].add(p)
-                edges[p][r] = _alt(edges[p].get(r), _group(a) + star + _group(b))
+                # a label is a class, "", a group or a concatenation of them: never a top-level
+                # alternation, so it concatenates as it is
+                edges[p][r] = _alt(edges[p].get(r), a + star + b)
                 if len(edges[p][r]) > limit:
                     raise ValueError(f"a key set's regex would exceed {limit} characters")
         for s in {*into, *(r for r, _ in outs)}:
@@ -182,7 +184,16 @@ def _edge_classes(fsm: Any):
     by_symbol = fsm.alphabet.by_transition
     named = {ch for chars in by_symbol.values() for ch in chars if ch is not anything_else}
 
+    cache: dict[frozenset, str] = {}  # the same few symbol sets label most edges
+
     def render(symbols: list) -> str:
+        key = frozenset(symbols)
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = _render(key)
+        return hit
+
+    def _render(symbols: frozenset) -> str:
         chars = {ch for s in symbols for ch in by_symbol[s]}
         if anything_else in chars:
             others = sorted(named - chars)
@@ -220,8 +231,3 @@ def _alt(a: str | None, b: str) -> str:
     if b == "":
         return f"(?:{a})?"
     return f"(?:{a}|{b})"
-
-
-def _group(x: str) -> str:
-    """``x`` safe to concatenate (its top-level alternatives, if any, enclosed)."""
-    return f"(?:{x})" if has_top_level_alternation(x) else x

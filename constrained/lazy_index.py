@@ -39,6 +39,7 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from array import array
@@ -49,7 +50,8 @@ import numpy as np
 from treadle.constrained.index_markers import (MEMBER_OPTIONAL, MEMBER_REQUIRED, MEMBERS_CLOSE, MEMBERS_OPEN,
                                                MEMBERS_OPEN_NONEMPTY)
 
-__all__ = ["LazyIndex", "LazyIndexExhausted", "LazyNFA", "LazyUnsupported", "TokenArrays", "build_nfa"]
+__all__ = ["LazyIndex", "LazyIndexExhausted", "LazyNFA", "LazyUnsupported", "TokenArrays", "build_nfa", "nfa_of",
+           "parse_regex"]
 
 MAX_CODE = 0x10FFFF
 _SURROGATES = (0xD800, 0xDFFF)
@@ -92,6 +94,22 @@ def _complement(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], .
     return tuple(out)
 
 
+# a run of characters that stand for themselves (atom's last case): none of the regex syntax,
+# the ordered-members markers or the sequence stops
+_PLAIN_RUN = re.compile("[^" + re.escape("\\()[.^$*+?{|" + MEMBERS_OPEN + MEMBERS_OPEN_NONEMPTY + _STOPS) + "]+")
+# a class's body: escapes and other characters, up to the first unescaped ']'
+_CLASS_BODY = re.compile(r"(?:[^\\\]]|\\.)*", re.DOTALL)
+_CHAR_LITS: dict[str, tuple] = {}
+
+
+def _char_lit(c: str) -> tuple:
+    """The literal node of one character (shared: a long regex repeats few characters)."""
+    node = _CHAR_LITS.get(c)
+    if node is None:
+        node = _CHAR_LITS[c] = ("lit", ((ord(c), ord(c)),))
+    return node
+
+
 class _Parser:
     def __init__(self, text: str) -> None:
         self.s = text
@@ -118,6 +136,15 @@ class _Parser:
         items: list[tuple] = []
         s = self.s
         while self.i < len(s) and s[self.i] not in _STOPS:
+            m = _PLAIN_RUN.match(s, self.i)
+            if m is not None:  # a run of plain characters, each its own literal, read at once
+                end = m.end()
+                if end < len(s) and s[end] in "*+?{":
+                    end -= 1  # the last one is a quantifier's atom: read below
+                if end > self.i:
+                    items.extend(map(_char_lit, s[self.i:end]))
+                    self.i = end
+                    continue
             atom = self.atom()
             while self.i < len(s) and s[self.i] in "*+?{":
                 atom = self.quantifier(atom)
@@ -243,8 +270,7 @@ class _Parser:
         start = self.i
         j = start + 1 + (s.startswith("^", start + 1))
         j += s.startswith("]", j)
-        while j < len(s) and s[j] != "]":
-            j += 2 if s[j] == "\\" else 1
+        j = _CLASS_BODY.match(s, j).end()  # to the first unescaped ']' (or the end: _cls says what is wrong)
         text = s[start:j + 1]
         hit = self._classes.get(text)
         if hit is not None:
@@ -605,10 +631,26 @@ def build_nfa(regex: str, max_states: int = DEFAULT_MAX_NFA_STATES, narrow_to: i
     automaton for a subset of the regex's language (every text it accepts, the regex accepts),
     which the JSON-schema compile falls back to when the exact one is too large (compiler.py).
     The NFA's ``narrowed`` says how many repetitions were lowered."""
+    return nfa_of(parse_regex(regex), len(regex), max_states, narrow_to)
+
+
+def parse_regex(regex: str) -> tuple:
+    """The parse tree of ``regex`` that ``nfa_of`` builds (``LazyUnsupported`` outside the
+    dialect): parsed once, it can be built at several ``narrow_to`` (compiler.lazy_nfa)."""
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old, 20_000))
     try:
-        ast = _Parser(regex).parse()
+        return _Parser(regex).parse()
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def nfa_of(ast: tuple, regex_chars: int, max_states: int = DEFAULT_MAX_NFA_STATES,
+           narrow_to: int | None = None) -> LazyNFA:
+    """``build_nfa`` from a ``parse_regex`` tree (of a regex of ``regex_chars`` characters)."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 20_000))
+    try:
         b = _Builder(max_states, narrow_to)
         entry, exit_ = b.frag(ast)
     finally:
@@ -618,7 +660,7 @@ def build_nfa(regex: str, max_states: int = DEFAULT_MAX_NFA_STATES, narrow_to: i
     flat = array("i", np.frombuffer(b.edst, dtype=np.int32)[order].tobytes())
     counts = np.bincount(src, minlength=len(b.lo))
     ptr = array("i", np.concatenate(([0], np.cumsum(counts))).astype(np.int32).tobytes())
-    nfa = LazyNFA(entry, exit_, b.lo, b.hi, b.dst, ptr, flat, len(regex), b.dead_ends)
+    nfa = LazyNFA(entry, exit_, b.lo, b.hi, b.dst, ptr, flat, regex_chars, b.dead_ends)
     nfa.narrowed = b.narrowed
     return nfa
 

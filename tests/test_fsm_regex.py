@@ -72,7 +72,11 @@ def test_a_regex_nesting_past_the_parsers_depth_is_refused() -> None:
 def _reference_elimination(fsm, limit: int = 20_000):
     """fsm_to_regex's state elimination as first written (every round scans every edge for
     each state's predecessors): the order and the regex the heap version must reproduce."""
-    from treadle.constrained.fsm_regex import _alt, _edge_classes, _group, _live_states
+    from treadle.constrained.fsm_regex import _alt, _edge_classes, _live_states
+    from treadle.constrained.regex_text import has_top_level_alternation
+
+    def _group(x: str) -> str:
+        return f"(?:{x})" if has_top_level_alternation(x) else x
 
     live = _live_states(fsm)
     if fsm.initial not in live:

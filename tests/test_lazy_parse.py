@@ -1,0 +1,135 @@
+"""The lazy index's regex parser and the compile's automaton tries (lazy_index.parse_regex,
+nfa_of; compiler.lazy_nfa): runs of plain characters and class texts are read in bulk into
+the very trees the one-character-at-a-time reading made; the regex is parsed once for all
+its narrowing tries, and a grammar too large even narrowed is refused after two builds."""
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from treadle.constrained import compiler
+from treadle.constrained.compiler import GrammarTooLarge, NARROW_SHARES, lazy_nfa
+from treadle.constrained.index_markers import MEMBER_OPTIONAL, MEMBER_REQUIRED, MEMBERS_CLOSE, MEMBERS_OPEN, marked
+from treadle.constrained.lazy_index import LazyTooLarge, build_nfa, nfa_of, parse_regex
+
+
+def _c(ch: str) -> tuple:
+    return ("lit", ((ord(ch), ord(ch)),))
+
+
+def test_plain_runs_and_classes_parse_to_one_node_per_character():
+    assert parse_regex("ab") == ("seq", [_c("a"), _c("b")])
+    # the last character of a run is the atom of a quantifier after it
+    assert parse_regex("abc*d") == ("seq", [_c("a"), _c("b"), ("rep", _c("c"), 0, None), _c("d")])
+    assert parse_regex("xy{2,3}") == ("seq", [_c("x"), ("rep", _c("y"), 2, 3)])
+    assert parse_regex("k+") == ("rep", _c("k"), 1, None)
+    # ']' and '}' outside a class stand for themselves; runs stop at the syntax
+    assert parse_regex("a]}b|cd") == ("alt", [("seq", [_c("a"), _c("]"), _c("}"), _c("b")]), ("seq", [_c("c"), _c("d")])])
+    assert parse_regex("é日\\.x") == ("seq", [_c("é"), _c("日"), _c("."), _c("x")])
+    # classes: a leading ']' (after '^' too) is a member; an escaped ']' does not close
+    assert parse_regex("[]a]b") == ("seq", [("lit", ((ord("]"), ord("]")), (ord("a"), ord("a")))), _c("b")])
+    assert parse_regex("[^]]") == ("lit", ((0, ord("]") - 1), (ord("]") + 1, 0x10FFFF)))
+    assert parse_regex(r"[a\]]z") == ("seq", [("lit", ((ord("]"), ord("]")), (ord("a"), ord("a")))), _c("z")])
+    assert parse_regex(r"[\\]x") == ("seq", [("lit", ((ord("\\"), ord("\\")),)), _c("x")])
+    # the same class text twice is read once
+    rx = parse_regex("[a-c]q[a-c]")
+    assert rx[1][0][1] is rx[1][2][1]
+    # ordered members: the markers end a run
+    node = parse_regex(MEMBERS_OPEN + "," + MEMBER_REQUIRED + "ab" + MEMBER_OPTIONAL + "cd" + MEMBERS_CLOSE + "e")
+    assert node == ("seq", [("members", _c(","), [(("seq", [_c("a"), _c("b")]), True),
+                                                   (("seq", [_c("c"), _c("d")]), False)], True), _c("e")])
+
+
+@pytest.mark.parametrize("bad", ["[ab", "ab\\", "[a\\", "a{2,1}", "(ab"])
+def test_malformed_text_is_still_refused(bad):
+    from treadle.constrained.lazy_index import LazyUnsupported
+
+    with pytest.raises(LazyUnsupported):
+        parse_regex(bad)
+
+
+def _walk(nfa, data: bytes) -> bool:
+    """Whether the NFA accepts ``data`` (plain subset simulation)."""
+    def close(states):
+        todo, seen = list(states), set(states)
+        while todo:
+            q = todo.pop()
+            for t in nfa.eps_dst[nfa.eps_ptr[q]:nfa.eps_ptr[q + 1]]:
+                if t not in seen:
+                    seen.add(t)
+                    todo.append(t)
+        return seen
+
+    cur = close({nfa.start})
+    for b in data:
+        cur = close({nfa.dst[q] for q in cur if nfa.lo[q] <= b <= nfa.hi[q]})
+    return nfa.accept in cur
+
+
+def test_random_regexes_accept_what_python_re_accepts():
+    rng = random.Random(5)
+    atoms = ["a", "b", "ab", "[ab]", "[^a]", "[]b]", r"\]", "}", "[a-c]"]
+
+    def gen(d=0):
+        if d > 2 or rng.random() < 0.35:
+            return rng.choice(atoms)
+        k = rng.choice(["cat", "alt", "q"])
+        if k == "cat":
+            return gen(d + 1) + gen(d + 1)
+        if k == "alt":
+            return f"(?:{gen(d + 1)}|{gen(d + 1)})"
+        return f"(?:{gen(d + 1)})" + rng.choice(["*", "+", "?", "{1,2}", "{2}"])
+
+    for _ in range(120):
+        rx = gen()
+        nfa = build_nfa(rx)
+        py = re.compile(rx)
+        for _ in range(25):
+            s = "".join(rng.choice("abc]}") for _ in range(rng.randint(0, 5)))
+            assert _walk(nfa, s.encode()) == (py.fullmatch(s) is not None), (rx, s)
+
+
+def _same(a, b) -> bool:
+    return all(getattr(a, k) == getattr(b, k) for k in ("start", "accept", "lo", "hi", "dst", "eps_ptr", "eps_dst",
+                                                          "narrowed"))
+
+
+def test_narrowing_parses_once_and_keeps_the_largest_share_that_fits(monkeypatch):
+    cap_size = 500  # 20 states a unit: a cap of 10,000 states
+    cap = compiler.LAZY_STATES_PER_SIZE * cap_size
+    # twelve repetitions of ~1,000 states 40 times: too large exact and at an eighth of the cap
+    # each, it fits at a 64th
+    regex = "".join(f"(?:[a-z]{{1,300}}{c}){{1,40}}" for c in "abcdefghijkl")
+    parses, builds = [], []
+    monkeypatch.setattr(compiler, "parse_regex", lambda rx: parses.append(1) or parse_regex(rx))
+    monkeypatch.setattr(compiler, "nfa_of", lambda *a: builds.append(a[3:]) or nfa_of(*a))
+    got = lazy_nfa(regex, cap_size, narrow=True)
+    assert len(parses) == 1
+    # the largest share that fits, as trying them largest first finds it
+    want = None
+    for share in NARROW_SHARES:
+        try:
+            want = build_nfa(marked(regex), cap, cap // share)
+            break
+        except LazyTooLarge:
+            continue
+    assert want is not None and got.narrowed > 0 and _same(got, want)
+    assert builds == [(), (cap // NARROW_SHARES[-1],), (cap // NARROW_SHARES[0],), (cap // NARROW_SHARES[1],)]
+    with pytest.raises(LazyTooLarge):
+        build_nfa(marked(regex), cap, cap // NARROW_SHARES[0])
+
+
+def test_a_grammar_too_large_even_narrowed_is_refused_after_two_builds(monkeypatch):
+    cap_size = 200  # a cap of 4,000 states
+    regex = "|".join(f"(?:word{i}[a-z]{{2,9}})" for i in range(400))  # wide, not deep: narrowing cannot help
+    builds = []
+    monkeypatch.setattr(compiler, "nfa_of", lambda *a: builds.append(a[3:]) or nfa_of(*a))
+    with pytest.raises(GrammarTooLarge, match="even with its bounded repetitions lowered"):
+        lazy_nfa(regex, cap_size, narrow=True)
+    cap = compiler.LAZY_STATES_PER_SIZE * cap_size
+    assert builds == [(), (cap // NARROW_SHARES[-1],)]
+    for share in NARROW_SHARES:  # every share fails alike
+        with pytest.raises(LazyTooLarge):
+            build_nfa(marked(regex), cap, cap // share)
