@@ -56,6 +56,7 @@ from treadle.constrained.json_schema_logic import (
     conditional_branches,
     contains_as_prefix,
     dependencies_as_anyof,
+    repeated,
 )
 from treadle.constrained.json_holes import CALL_CHARS, HOLE_CHARS, MAX_CALLS, schema_allows_holes, with_definitions
 from treadle.constrained.members import members_safe
@@ -73,7 +74,7 @@ from treadle.constrained.json_schema_parts import (
     object_regex,
     schema_types,
 )
-from treadle.constrained.regex_ecma import pattern_subset_body
+from treadle.constrained.regex_ecma import key_pattern_bodies, pattern_subset_body
 from treadle.constrained.regex_text import choices_to_regex, escape_literal, validate_regex
 
 __all__ = [
@@ -284,7 +285,7 @@ def _checked(schema: Any, whitespace_pattern: str | None, max_recursion_depth: i
         ws_fsm = interegular.parse_pattern(whitespace_pattern).to_fsm()
         if not (ws_fsm - interegular.parse_pattern(r"[ \t\n\r]*").to_fsm()).empty():
             raise ValueError(f"json_schema: whitespace_pattern {whitespace_pattern!r} matches non-whitespace text")
-    for reserved in ("__conj__", "__refs__", "__not_in__"):
+    for reserved in ("__conj__", "__refs__", "__not_in__", "__not_pattern__"):
         if reserved in json.dumps(schema):
             raise UnsupportedSchemaError(f"json_schema: keyword '{reserved}' is reserved by treadle")
     if max_recursion_depth < 0:
@@ -814,14 +815,26 @@ class _Converter:
         mode; a branch that cannot be converted is left out in both. With none left, the first
         error met converting a branch is raised, else ``overlap``."""
         self._no_unevaluated(rest, "oneOf", path)
-        if len(branches) > EXCLUSIVE_BRANCHES:  # each pair is compared (Kubernetes' all.json: 635)
-            raise overlap
         resolve = lambda ref: self.merger.resolve(ref, path)  # noqa: E731
+        everything = [i for i, b in enumerate(branches) if self._accepts_all(b)]
+        if len(everything) > 1:  # every value is valid under both: none under exactly one (exact)
+            raise Unsatisfiable(f"json_schema: keyword 'oneOf' at {path}: branches {everything[0]} and "
+                                f"{everything[1]} accept every value, so no value satisfies exactly one branch")
+        # a branch standing twice (the same assertions) is valid for no value: never written, and the
+        # others are written where it fails (exact)
+        twice = repeated(branches, resolve, self.annotations)
+        if len(twice) == len(branches):
+            raise Unsatisfiable(f"json_schema: keyword 'oneOf' at {path}: each branch stands twice, so no value "
+                                "satisfies exactly one")
+        if len(branches) > EXCLUSIVE_BRANCHES:  # each pair is compared
+            raise overlap
         apart = Apart(self.merger, self.validator_for, strict=not self.spec)
         broken: dict[int, list] = {}
         out, first_error, refused = [], None, False
         for i, branch in enumerate(branches):
             where = f"{path}.oneOf[{i}]"
+            if i in twice:
+                continue
             try:
                 mine = self.merger.merge_all(rest, [branch], where)
                 needs: list[list] = []
@@ -1032,6 +1045,30 @@ class _Converter:
             raise Unsatisfiable(f"json_schema: keyword 'not' at {path}: every {t} value is excluded")
         return out
 
+    def _string_not_matching(self, schema: dict, path: str) -> str:
+        """A string of ``schema`` that matches none of its ``__not_pattern__`` patterns (``not:
+        {pattern: ..}``, json_schema_logic.complement): the string's automaton, raw characters
+        only (a character and its text agree), minus each pattern's widest reading
+        (regex_ecma.key_pattern_bodies' outer body: every raw string Python's ``re`` or ECMA-262
+        finds a match in), so no string either reading matches is written."""
+        part = self._string({k: v for k, v in schema.items() if k != "__not_pattern__"}, path)
+        fsm = interegular.parse_pattern(part).to_fsm() & interegular.parse_pattern(_ONE_SPELLING["string"]).to_fsm()
+        for pattern in schema["__not_pattern__"]:
+            try:
+                outer = key_pattern_bodies(pattern)[1] if isinstance(pattern, str) else None
+            except ValueError as exc:
+                raise UnsupportedSchemaError(f"json_schema: keyword 'not' at {path}: pattern {pattern!r}: {exc}") from exc
+            if outer is None:
+                raise UnsupportedSchemaError(f"json_schema: keyword 'not' at {path}: pattern {pattern!r} is no string")
+            fsm = fsm - interegular.parse_pattern('"' + outer + '"').to_fsm()
+        try:
+            out = fsm_to_regex(fsm)
+        except ValueError as exc:  # the difference's regex is too long
+            raise UnsupportedSchemaError(f"json_schema: keyword 'not' at {path} is not supported: {exc}") from exc
+        if out is None:
+            raise Unsatisfiable(f"json_schema: keyword 'not' at {path}: every string is excluded")
+        return out
+
     def _other_type(self, t: str) -> str:
         """Any value of type ``t``: scalars exactly, containers OTHER_TYPES_DEPTH deep."""
         if t not in ("array", "object"):
@@ -1101,6 +1138,8 @@ class _Converter:
             error = UnsupportedSchemaError if exc.unsupported else Unsatisfiable
             raise error(f"json_schema: keyword '{exc.keyword}' at {path}: {exc}") from exc
         if t == "string":
+            if "__not_pattern__" in schema:
+                return self._string_not_matching(schema, path)
             return self._string(schema, path)
         if t == "array":
             if "contains" in schema:
@@ -1113,8 +1152,6 @@ class _Converter:
         if fmt in OPENAPI_ANY_STRING or fmt not in text.FORMATS and fmt not in ASSERTED_FORMATS:
             # any string: a format no validator checks is an annotation (int32, byte, ...)
             schema = {k: v for k, v in schema.items() if k != "format"}
-        if "format" in schema and "pattern" in schema:
-            return '"' + self._format_and_pattern(schema, path) + '"'
         lo, hi = schema.get("minLength", 0), schema.get("maxLength")
         for key, value in (("minLength", lo), ("maxLength", hi)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
@@ -1123,6 +1160,8 @@ class _Converter:
         hi = None if hi is None else math.floor(hi)
         if hi is not None and hi < lo:
             raise Unsatisfiable(f"json_schema: keyword 'maxLength' at {path} is below minLength")
+        if "format" in schema and "pattern" in schema:
+            return '"' + self._format_and_pattern(schema, lo, hi, path) + '"'
         special = [k for k in ("pattern", "format") if k in schema]
         if special == ["pattern"] and ("minLength" in schema or "maxLength" in schema):
             try:
@@ -1168,6 +1207,21 @@ class _Converter:
             body = pattern_subset_body(pattern)
         except ValueError as exc:
             raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
+        return _Converter._body_with_length(body, lo, hi, path)
+
+    @staticmethod
+    def _body_with_length(body: str, lo: int, hi: int | None, path: str) -> str:
+        """``_pattern_with_length`` of the pattern's string body ``body``."""
+        pad = text.SAFE_RAW_CHAR + "*"
+        if body.startswith(pad) or body.endswith(pad):
+            # an unanchored search: its automaton follows every place a match may start (those
+            # of CloudFormation's ARNs, with counted runs, have millions of states); the match
+            # with free characters beside it is written first
+            if hi is None and lo == 0:
+                return body
+            padded = _padded_to_lengths(body, lo, hi)
+            if padded is not None:
+                return padded
         pattern_fsm = interegular.parse_pattern(body).to_fsm()
         shortest, longest = length_range(pattern_fsm)
         if lo <= shortest and (hi is None or longest is not None and longest <= hi):
@@ -1201,14 +1255,15 @@ class _Converter:
                                     "matches it")
             if out is not None:
                 return out
-        # past the product's bounds: anchored, its repetitions reshaped (a subset)
-        reshaped = _reshaped_to_lengths(body, lo, hi)
-        if reshaped is not None:
-            return reshaped
+        # past the product's bounds: a match with free characters beside it, or anchored with its
+        # repetitions reshaped (subsets both)
+        for written in (_padded_to_lengths(body, lo, hi), _reshaped_to_lengths(body, lo, hi)):
+            if written is not None:
+                return written
         raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with minLength/maxLength "
                                      f"{lo}..{hi} is not supported: {error or 'the automaton is too large'}")
 
-    def _format_and_pattern(self, schema: dict, path: str) -> str:
+    def _format_and_pattern(self, schema: dict, lo: int, hi: int | None, path: str) -> str:
         """A string body that is of the format and matches the pattern (and the length
         bounds): the three automata intersected, written back as a regex."""
         fmt = schema["format"]
@@ -1218,10 +1273,25 @@ class _Converter:
             body = pattern_subset_body(schema["pattern"])
         except ValueError as exc:
             raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
-        fsm = interegular.parse_pattern(text.FORMATS[fmt]).to_fsm() & interegular.parse_pattern(body).to_fsm()
-        if "minLength" in schema or "maxLength" in schema:
-            lo, hi = math.ceil(schema.get("minLength", 0)), schema.get("maxLength")
-            hi_text = "" if hi is None else str(math.floor(hi))
+        lengths = "minLength" in schema or "maxLength" in schema
+        format_fsm, pattern_fsm = interegular.parse_pattern(text.FORMATS[fmt]).to_fsm(), interegular.parse_pattern(body).to_fsm()
+        # One inside the other: that one is the intersection (citation-file-format's ORCID
+        # pattern under format uri; a date-time under a pattern of digits and dashes); for an
+        # unanchored pattern, also its core alone (strings that match it whole: a subset).
+        pad = text.SAFE_RAW_CHAR + "*"
+        core = body.removeprefix(pad).removesuffix(pad)
+        for cand, cand_fsm in ((body, pattern_fsm), (core, None)):
+            if cand_fsm is None:
+                if not core or core == body:
+                    break
+                cand_fsm = interegular.parse_pattern(core).to_fsm()
+            if (cand_fsm - format_fsm).empty() and not cand_fsm.empty():
+                return self._body_with_length(cand, lo, hi, path) if lengths else cand
+        if (format_fsm - pattern_fsm).empty():
+            return _format_with_length(fmt, lo, hi, path) if lengths else text.FORMATS[fmt]
+        fsm = format_fsm & pattern_fsm
+        if lengths:
+            hi_text = "" if hi is None else str(hi)
             fsm = fsm & interegular.parse_pattern(f"[\\x00-\\x7f]{{{lo},{hi_text}}}").to_fsm()
         try:
             out = fsm_to_regex(fsm)
@@ -1261,12 +1331,49 @@ class _Converter:
 
 _SUPPORTED = {
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
-    "string": {"minLength", "maxLength", "pattern", "format"},
+    "string": {"minLength", "maxLength", "pattern", "format", "__not_pattern__"},
     "array": {"items", "prefixItems", "minItems", "maxItems", "unevaluatedItems", "uniqueItems", "contains",
               "minContains", "maxContains"},
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties", "unevaluatedProperties",
                "propertyNames", "patternProperties"},
 }
+
+
+def _padded_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
+    """A subset of the pattern body ``body``, open on one side or both (free characters
+    before or after the pattern's core: ``.*\\S.*``, ``^arn:.*``), whose strings all have
+    ``lo..hi`` characters, or None: the core with its unbounded repetitions bounded (taken
+    once, or up to 2, 4 ... 64 times while its automaton stays small) and a counted run of
+    free characters on one open side that makes up the length. A string holding a match of
+    the core matches the pattern (ECMA and Python search alike), and the core's strings and
+    the run's lengths add up to ``lo..hi`` (SecurityHub's ``.*\\S.*`` under 20..2048 is one
+    non-space character and 19..2047 free ones). The run is counted, so the automaton stays
+    the core's (the product with the lengths' automaton writes no regex short enough)."""
+    pad = text.SAFE_RAW_CHAR + "*"
+    left, right = body.startswith(pad), body.endswith(pad)
+    if not (left or right) or hi is None and lo == 0:
+        return None
+    core = body[len(pad) if left else 0:len(body) - (len(pad) if right else 0)]
+    top = text.MAX_REPEAT if hi is None else min(hi, text.MAX_REPEAT)
+    best = None
+    for most in (0, 1, 2, 4, 8, 16, 32, 64):
+        bounded = text.reshaped_repetitions(core, 0, most, cap_counted=False) if core else ""
+        fsm = interegular.parse_pattern(bounded).to_fsm()
+        if len(fsm.states) > _LENGTH_STATES:
+            break
+        span = length_range(fsm)
+        if span is None or span[1] is None:
+            continue
+        shortest, longest = span
+        free_lo, free_hi = max(0, lo - shortest), top - longest
+        if free_hi < free_lo:
+            break
+        best = (bounded, free_lo, free_hi)
+    if best is None:
+        return None
+    bounded, free_lo, free_hi = best
+    free = text.SAFE_RAW_CHAR + (f"{{{free_lo}}}" if free_lo == free_hi else f"{{{free_lo},{free_hi}}}")
+    return f"(?:{bounded}){free}" if right else f"{free}(?:{bounded})"
 
 
 def _reshaped_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
@@ -1399,8 +1506,26 @@ def _not_in(validator: Any, listed: Any, instance: Any, schema: Any) -> Any:
     yield from jsonschema.Draft202012Validator.VALIDATORS["not"](validator, {"enum": listed}, instance, schema)
 
 
-# 2020-12 and treadle's own keyword, for the checks of listed values (enum, const, names)
-_Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"__not_in__": _not_in})
+def _not_pattern(validator: Any, patterns: Any, instance: Any, schema: Any) -> Any:
+    """treadle's ``__not_pattern__``: a string matching none of ``patterns``, under Python's
+    ``re`` nor under the widest reading (``key_pattern_bodies``' outer body) the writer
+    subtracts; a string that reading cannot decide (escapes, controls) counts as matching."""
+    if not isinstance(instance, str):
+        return
+    for pattern in patterns:
+        try:
+            hit = re.search(pattern, instance) is not None or \
+                re.fullmatch(key_pattern_bodies(pattern)[1], instance) is not None or \
+                re.fullmatch(text.SAFE_RAW_CHAR + "*", instance) is None
+        except (re.error, ValueError):
+            hit = True
+        if hit:
+            yield jsonschema.ValidationError(f"{instance!r} may match {pattern!r}")
+
+
+# 2020-12 and treadle's own keywords, for the checks of listed values (enum, const, names)
+_Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator,
+                                          {"__not_in__": _not_in, "__not_pattern__": _not_pattern})
 
 
 def _no_retrieve(uri: str) -> Any:

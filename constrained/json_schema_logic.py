@@ -10,6 +10,8 @@ schema has no regex):
 - ``if`` / ``then`` / ``else``: ``anyOf`` of "if and then" and, for each schema of
   ``complement(if)``, "it and else";
 - ``not`` S: ``anyOf`` of ``complement(S)``;
+  (``not: {pattern: P}``: strings matching none of P, treadle's ``__not_pattern__``, which the
+  converter writes as the string's automaton minus P's widest reading);
 - ``contains`` C with ``minContains`` m and ``maxContains`` M: the first m items (at least one)
   also satisfy C, and the array has at most M items (so no more than M can match).
 
@@ -29,8 +31,8 @@ from typing import Any, Callable
 
 from treadle.constrained.json_schema_parts import ALL_TYPES, UnsupportedSchemaError, schema_types
 
-__all__ = ["Apart", "closed_forbids", "complement", "conditional_branches", "contains_as_prefix",
-           "dependencies_as_anyof"]
+__all__ = ["Apart", "canonical", "closed_forbids", "complement", "conditional_branches", "contains_as_prefix",
+           "dependencies_as_anyof", "repeated"]
 
 # each dependency keeps its exact "absent or present-with" choice up to this many; past it a
 # dependency on an optional property makes its dependents required (narrower, still sound)
@@ -132,6 +134,8 @@ def complement(schema: Any, resolve: Callable[[str], Any], depth: int = 0) -> li
             if broken:
                 value = broken[0] if len(broken) == 1 else {"anyOf": broken}
                 out.append({"type": "object", "required": [name], "properties": {name: value}})
+    if isinstance(schema.get("pattern"), str):  # strings it does not match (json_schema.py writes them)
+        out.append({"type": "string", "__not_pattern__": [schema["pattern"]]})
     if "const" in schema or "enum" in schema:
         listed = [schema["const"]] if "const" in schema else schema["enum"]
         if isinstance(listed, list) and all(v is None or isinstance(v, (bool, int, float, str)) for v in listed):
@@ -181,6 +185,36 @@ def contains_as_prefix(schema: dict, path: str) -> dict:
 
 
 # ---------------------------------------------------------------- oneOf: branches told apart
+def canonical(branch: Any, resolve: Callable[[str], Any], annotations: Any) -> str:
+    """A text two schemas share only when they are the same assertions: pure ``$ref``s (nothing
+    beside but annotations) followed, the top level's annotations dropped, keys sorted. Equal
+    texts are equivalent schemas (different texts may be too: only a proof is missed)."""
+    node = branch
+    for _ in range(16):
+        if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)
+                and all(k == "$ref" or k in annotations for k in node)):
+            break
+        try:
+            node = resolve(node["$ref"])
+        except UnsupportedSchemaError:
+            return json.dumps(branch, sort_keys=True, default=str)
+    if isinstance(node, dict):
+        node = {k: v for k, v in node.items() if k not in annotations}
+        if not node:
+            node = True
+    return json.dumps(node, sort_keys=True, default=str)
+
+
+def repeated(branches: list, resolve: Callable[[str], Any], annotations: Any) -> set[int]:
+    """The oneOf branches whose schema (``canonical``) stands there more than once: a value valid
+    under one is valid under its copy too, so no value of the oneOf is valid under any of them."""
+    keys = [canonical(b, resolve, annotations) for b in branches]
+    seen: dict[str, int] = {}
+    for k in keys:
+        seen[k] = seen.get(k, 0) + 1
+    return {i for i, k in enumerate(keys) if seen[k] > 1}
+
+
 _APART_DEPTH = 6  # nesting of property values / branches / refs the proofs follow
 _APART_STEPS = 4000  # proofs tried for one pair of branches before it counts as not proven
 _LEVELS_MAX = 256  # instance-level subschemas written_keys follows before it gives up
@@ -322,14 +356,13 @@ class Apart:
             return False  # b is true (or not a schema): every value
         for node in b_all:  # b's value satisfies one of these branches: apart from each
             for key in ("anyOf", "oneOf"):
-                branches = node.get(key)
-                if isinstance(branches, list) and branches and all(
-                        self.apart(a, br, writer, depth + 1) for br in branches):
+                branches = self._possible(node, key)
+                if branches is not None and all(self.apart(a, br, writer, depth + 1) for br in branches):
                     return True
         for node in a_all:  # a's value satisfies one of its branches (and the rest of a): each apart
             for key in ("anyOf", "oneOf"):
-                branches = node.get(key)
-                if isinstance(branches, list) and branches:
+                branches = self._possible(node, key)
+                if branches is not None:
                     others = [_flat(n) for n in a_all if n is not node]
                     mine = {k: v for k, v in _flat(node).items() if k != key}
                     if all(self.apart({"allOf": [*others, mine, br]}, b, False, depth + 1) for br in branches):
@@ -345,7 +378,39 @@ class Apart:
                 common.discard(t)
         if "object" in common and self._objects_apart(a, a_all, b_all, writer, depth):
             common.discard("object")
+        if "array" in common and self._arrays_apart(a_all, b_all, depth):
+            common.discard("array")
         return not common
+
+    def _arrays_apart(self, a_all: list[dict], b_all: list[dict], depth: int) -> bool:
+        """Arrays of one side hold an item (minItems 1) and no item of one is valid under the
+        other's ``items`` (bitbucket's artifacts upload: an array of objects or one of strings).
+        Only where neither side has ``prefixItems`` (then ``items`` means every item)."""
+        if any("prefixItems" in n for n in a_all + b_all):
+            return False
+        mins = [max((n["minItems"] for n in side if isinstance(n.get("minItems"), (int, float))
+                     and not isinstance(n.get("minItems"), bool)), default=0) for side in (a_all, b_all)]
+        if max(mins) < 1:
+            return False  # [] may be valid under both
+        a_items = [n["items"] for n in a_all if "items" in n]
+        b_items = [n["items"] for n in b_all if "items" in n]
+        if not a_items or not b_items:
+            return False
+        return self.apart({"allOf": a_items}, {"allOf": b_items}, False, depth + 1)
+
+    def _possible(self, node: dict, key: str) -> list | None:
+        """The branches of ``node``'s anyOf / oneOf (``key``) a valid value may satisfy: a oneOf's
+        repeated ones (``repeated``) never; None when ``node`` has no such list."""
+        branches = node.get(key)
+        if not isinstance(branches, list) or not branches:
+            return None
+        if key == "oneOf":
+            gone = repeated(branches, self._resolve_strict, self.merger.annotations)
+            branches = [b for i, b in enumerate(branches) if i not in gone]
+        return branches
+
+    def _resolve_strict(self, ref: Any) -> Any:
+        return self.merger.resolve(ref, "$")
 
     def _listed_apart(self, a: Any, a_all: list[dict], b: Any, b_all: list[dict]) -> bool:
         """A side's values are listed (const / enum) and none is valid under the other."""

