@@ -78,6 +78,11 @@ MAX_GRAMMAR_SIZE = 150_000
 # (about 21 bytes each in the scheduler, and their build), not in the width of its classes; the
 # default cap, 3 million states, is about 63 MB (a string of maxLength 256 is ~10,000 states).
 LAZY_STATES_PER_SIZE = 20
+# A regex longer than this many characters per state of the cap is refused before it is parsed:
+# the translator's regexes spell about one state per character or fewer (0.4 to 1.2 across
+# the corpus's large schemas), and the parse alone of a 100-million-character one takes
+# minutes and more memory than a compile worker has.
+LAZY_CHARS_PER_STATE = 16
 # Bytes an index holds in memory per byte of its pickle (outlines-core's hash maps); measured
 # ~1.5-2 on SmolLM2's vocabulary, so the cache's count errs on the large side.
 _INDEX_MEMORY_FACTOR = 2
@@ -214,17 +219,24 @@ def lazy_nfa(regex: str, max_size: int | None, what: str = "the grammar", narrow
     (the NFA's ``narrowed`` counts the repetitions lowered). For grammars that already promise
     a subset (a JSON schema's strict mode), never for a user's own regex."""
     cap = DEFAULT_MAX_NFA_STATES if max_size is None else LAZY_STATES_PER_SIZE * max_size
+    if len(regex) > LAZY_CHARS_PER_STATE * cap and max_size is not None:
+        raise GrammarTooLarge(
+            f"{what} is too large to compile: its regex of {len(regex):,} chars passes the "
+            f"{LAZY_CHARS_PER_STATE * cap:,} that max_grammar_size {max_size:,} allows ({LAZY_CHARS_PER_STATE} a state of its "
+            f"{cap:,}-state automaton cap); simplify the grammar (fewer alternatives, fewer or smaller definitions) or "
+            "raise max_grammar_size")
     try:
         ast = parse_regex(marked(regex))  # once: every try builds from it
+        least = cap // NARROW_SHARES[-1]
         try:
-            return nfa_of(ast, len(regex), cap)
-        except LazyTooLarge:
-            if not narrow:
-                raise
+            return nfa_of(ast, len(regex), cap, watch=least)
+        except LazyTooLarge as e:
+            if not narrow or not e.would_narrow:
+                raise  # narrowing would have changed nothing before the cap: no try can fit
         # the narrowest try first: the automaton only grows with narrow_to (each share is at
         # least twice the next), so when that one passes the cap every other does, and the
         # grammar is refused after two builds instead of four
-        narrowest = nfa_of(ast, len(regex), cap, cap // NARROW_SHARES[-1])
+        narrowest = nfa_of(ast, len(regex), cap, least)
         for share in NARROW_SHARES[:-1]:
             try:
                 return nfa_of(ast, len(regex), cap, cap // share)

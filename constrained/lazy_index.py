@@ -415,7 +415,7 @@ def _loop_tail(items: list, t: int) -> int:
 
 
 class _Builder:
-    def __init__(self, max_states: int, narrow_to: int | None = None) -> None:
+    def __init__(self, max_states: int, narrow_to: int | None = None, watch: int | None = None) -> None:
         self.lo = array("i")
         self.hi = array("i")
         self.dst = array("i")
@@ -428,6 +428,10 @@ class _Builder:
         # keeps fewer of its optional copies; ``narrowed`` counts the repetitions it lowered
         self.narrow_to = narrow_to
         self.narrowed = 0
+        # ``watch``: whether a build at narrow_to=watch would have lowered a repetition made so
+        # far; until one would, that build makes these very states
+        self.watch = watch
+        self.would_narrow = False
 
     def new(self) -> int:
         q = len(self.lo)
@@ -543,6 +547,9 @@ class _Builder:
         base, e0 = len(self.lo), len(self.esrc)
         a, b = self.frag(body)
         n, e1 = len(self.lo) - base, len(self.esrc)
+        if least is not None and self.watch is not None and n * k > self.watch \
+                and max(least, 1, self.watch // max(n, 1)) < k:
+            self.would_narrow = True
         if least is not None and self.narrow_to is not None and n * k > self.narrow_to:
             fit = max(least, 1, self.narrow_to // max(n, 1))
             if fit < k:
@@ -614,6 +621,7 @@ class LazyTooLarge(LazyUnsupported):
     def __init__(self, cap: int) -> None:
         super().__init__(f"its byte automaton passes {cap:,} states")
         self.cap = cap
+        self.would_narrow = True  # nfa_of's ``watch``: unknown unless it watched
 
 
 DEFAULT_MAX_NFA_STATES = 4_000_000
@@ -646,13 +654,19 @@ def parse_regex(regex: str) -> tuple:
 
 
 def nfa_of(ast: tuple, regex_chars: int, max_states: int = DEFAULT_MAX_NFA_STATES,
-           narrow_to: int | None = None) -> LazyNFA:
-    """``build_nfa`` from a ``parse_regex`` tree (of a regex of ``regex_chars`` characters)."""
+           narrow_to: int | None = None, watch: int | None = None) -> LazyNFA:
+    """``build_nfa`` from a ``parse_regex`` tree (of a regex of ``regex_chars`` characters).
+    ``watch``: a ``LazyTooLarge`` raised says in ``would_narrow`` whether a build at
+    ``narrow_to=watch`` would have lowered a repetition before the cap was reached (if not,
+    that build makes the same states up to there, and passes the cap as well)."""
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old, 20_000))
+    b = _Builder(max_states, narrow_to, watch)
     try:
-        b = _Builder(max_states, narrow_to)
         entry, exit_ = b.frag(ast)
+    except LazyTooLarge as e:
+        e.would_narrow = b.would_narrow
+        raise
     finally:
         sys.setrecursionlimit(old)
     src = np.frombuffer(b.esrc, dtype=np.int32)

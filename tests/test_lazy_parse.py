@@ -104,7 +104,7 @@ def test_narrowing_parses_once_and_keeps_the_largest_share_that_fits(monkeypatch
     regex = "".join(f"(?:[a-z]{{1,300}}{c}){{1,40}}" for c in "abcdefghijkl")
     parses, builds = [], []
     monkeypatch.setattr(compiler, "parse_regex", lambda rx: parses.append(1) or parse_regex(rx))
-    monkeypatch.setattr(compiler, "nfa_of", lambda *a: builds.append(a[3:]) or nfa_of(*a))
+    monkeypatch.setattr(compiler, "nfa_of", lambda *a, **k: builds.append(a[3:]) or nfa_of(*a, **k))
     got = lazy_nfa(regex, cap_size, narrow=True)
     assert len(parses) == 1
     # the largest share that fits, as trying them largest first finds it
@@ -125,7 +125,7 @@ def test_a_grammar_too_large_even_narrowed_is_refused_after_two_builds(monkeypat
     cap_size = 200  # a cap of 4,000 states
     regex = "|".join(f"(?:word{i}[a-z]{{2,9}})" for i in range(400))  # wide, not deep: narrowing cannot help
     builds = []
-    monkeypatch.setattr(compiler, "nfa_of", lambda *a: builds.append(a[3:]) or nfa_of(*a))
+    monkeypatch.setattr(compiler, "nfa_of", lambda *a, **k: builds.append(a[3:]) or nfa_of(*a, **k))
     with pytest.raises(GrammarTooLarge, match="even with its bounded repetitions lowered"):
         lazy_nfa(regex, cap_size, narrow=True)
     cap = compiler.LAZY_STATES_PER_SIZE * cap_size
@@ -133,3 +133,31 @@ def test_a_grammar_too_large_even_narrowed_is_refused_after_two_builds(monkeypat
     for share in NARROW_SHARES:  # every share fails alike
         with pytest.raises(LazyTooLarge):
             build_nfa(marked(regex), cap, cap // share)
+
+
+def test_a_grammar_too_large_with_nothing_to_lower_is_refused_after_one_build(monkeypatch):
+    # no bounded repetition that a narrowed build would lower is met before the cap: that
+    # build would make the very same states, so it is not made
+    cap_size = 200
+    cap = compiler.LAZY_STATES_PER_SIZE * cap_size
+    regex = "|".join(f"(?:word{i}[a-z]+)" for i in range(400)) + "|x{1,5000}"
+    builds = []
+    monkeypatch.setattr(compiler, "nfa_of", lambda *a, **k: builds.append((a[3:], k)) or nfa_of(*a, **k))
+    with pytest.raises(GrammarTooLarge):
+        lazy_nfa(regex, cap_size, narrow=True)
+    assert builds == [((), {"watch": cap // NARROW_SHARES[-1]})]
+    with pytest.raises(LazyTooLarge):  # indeed: the narrowest build passes the cap too
+        build_nfa(marked(regex), cap, cap // NARROW_SHARES[-1])
+
+
+def test_a_regex_far_longer_than_the_cap_allows_is_refused_unparsed(monkeypatch):
+    cap_size = 10  # a cap of 200 states: 16 characters a state is 3,200 characters
+    cap = compiler.LAZY_STATES_PER_SIZE * cap_size
+    parses = []
+    monkeypatch.setattr(compiler, "parse_regex", lambda rx: parses.append(1) or parse_regex(rx))
+    with pytest.raises(GrammarTooLarge, match=f"regex of 3,201 chars passes the {compiler.LAZY_CHARS_PER_STATE * cap:,}"):
+        lazy_nfa("(?:" + "a" * 3196 + ")?", cap_size, narrow=True)
+    assert parses == []
+    with pytest.raises(GrammarTooLarge, match="byte automaton passes"):  # at the limit: parsed, then built
+        lazy_nfa("a" * 3200, cap_size, narrow=True)
+    assert parses == [1]
