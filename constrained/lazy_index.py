@@ -560,19 +560,19 @@ class _Builder:
             return out
         if len(self.lo) + (k - 1) * n > self.max_states:
             raise LazyTooLarge(self.max_states)
+        # the k - 1 copies at once: copy i is the fragment's states shifted by i * n
         lo, hi = self.lo[base:], self.hi[base:]
         dst = np.frombuffer(self.dst, dtype=np.int32)[base:].astype(np.int64)
-        has = dst >= 0
-        src_e = np.frombuffer(self.esrc, dtype=np.int32)[e0:e1].astype(np.int64)
-        dst_e = np.frombuffer(self.edst, dtype=np.int32)[e0:e1].astype(np.int64)
-        for _ in range(1, k):
-            off = len(self.lo) - base
-            self.lo.extend(lo)
-            self.hi.extend(hi)
-            self.dst.frombytes(np.where(has, dst + off, -1).astype(np.int32).tobytes())
-            self.esrc.frombytes((src_e + off).astype(np.int32).tobytes())
-            self.edst.frombytes((dst_e + off).astype(np.int32).tobytes())
-            out.append((a + off, b + off))
+        offs = np.arange(n, n * k, n, dtype=np.int64)[:, None]
+        self.lo.extend(lo * (k - 1))
+        self.hi.extend(hi * (k - 1))
+        self.dst.frombytes(np.where(dst >= 0, dst + offs, -1).astype(np.int32).tobytes())
+        if e1 > e0:
+            src_e = np.frombuffer(self.esrc, dtype=np.int32)[e0:e1].astype(np.int64)
+            dst_e = np.frombuffer(self.edst, dtype=np.int32)[e0:e1].astype(np.int64)
+            self.esrc.frombytes((src_e + offs).astype(np.int32).tobytes())
+            self.edst.frombytes((dst_e + offs).astype(np.int32).tobytes())
+        out.extend((a + off, b + off) for off in range(n, n * k, n))
         return out
 
     def lit(self, ranges: tuple[tuple[int, int], ...]) -> tuple[int, int]:

@@ -161,3 +161,50 @@ def test_a_regex_far_longer_than_the_cap_allows_is_refused_unparsed(monkeypatch)
     with pytest.raises(GrammarTooLarge, match="byte automaton passes"):  # at the limit: parsed, then built
         lazy_nfa("a" * 3200, cap_size, narrow=True)
     assert parses == [1]
+
+
+def test_counted_copies_made_at_once_are_the_copies_made_one_by_one():
+    # _Builder.copies shifts the k - 1 copies of a fragment in one numpy step: the same states
+    # and moves as shifting them one at a time (a body with epsilon moves and one without)
+    import numpy as np
+
+    from treadle.constrained import lazy_index as li
+
+    class OneByOne(li._Builder):
+        def copies(self, body, k, least=None):
+            if k <= 0:
+                return []
+            base, e0 = len(self.lo), len(self.esrc)
+            a, b = self.frag(body)
+            n, e1 = len(self.lo) - base, len(self.esrc)
+            if least is not None and self.narrow_to is not None and n * k > self.narrow_to:
+                fit = max(least, 1, self.narrow_to // max(n, 1))
+                if fit < k:
+                    k = fit
+                    self.narrowed += 1
+            out = [(a, b)]
+            lo, hi = self.lo[base:], self.hi[base:]
+            dst = np.frombuffer(self.dst, dtype=np.int32)[base:].astype(np.int64)
+            src_e = np.frombuffer(self.esrc, dtype=np.int32)[e0:e1].astype(np.int64)
+            dst_e = np.frombuffer(self.edst, dtype=np.int32)[e0:e1].astype(np.int64)
+            for _ in range(1, k):
+                off = len(self.lo) - base
+                self.lo.extend(lo)
+                self.hi.extend(hi)
+                self.dst.frombytes(np.where(dst >= 0, dst + off, -1).astype(np.int32).tobytes())
+                self.esrc.frombytes((src_e + off).astype(np.int32).tobytes())
+                self.edst.frombytes((dst_e + off).astype(np.int32).tobytes())
+                out.append((a + off, b + off))
+            return out
+
+    for rx in ["a{5}", "[a-z]{2,7}", "(?:ab|[é-ü]c){3,9}x", "(?:(?:a[0-9]{1,4}){2,3},)*z{0,3}", '"[^"]{0,40}"']:
+        for narrow_to in (None, 12):
+            ast = parse_regex(rx)
+            got = nfa_of(ast, len(rx), 10**6, narrow_to)
+            ref = OneByOne(10**6, narrow_to)
+            entry, exit_ = ref.frag(ast)
+            assert (got.start, got.accept, got.narrowed) == (entry, exit_, ref.narrowed), rx
+            assert (got.lo, got.hi, got.dst) == (ref.lo, ref.hi, ref.dst), rx
+            pairs = sorted(zip(ref.esrc, ref.edst))
+            flat = sorted((q, t) for q in range(got.num_states) for t in got.eps_dst[got.eps_ptr[q]:got.eps_ptr[q + 1]])
+            assert flat == pairs, rx
