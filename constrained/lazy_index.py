@@ -526,8 +526,8 @@ class _Builder:
                         self.eps(a[k], a[k + 1])
                     elif allow_empty:  # k == n - 1, every entry optional
                         self.eps(a[k], exit_)
-                    else:
-                        self.dead_ends = True  # A_n has no way out: those paths are dead
+                    # else: no A_n (the empty sequence is not allowed), and A_k still leads into
+                    # entry k: no state is made that cannot reach the end
             if k >= 1:
                 s_in, s_out = self.frag(sep)
                 self.eps(b[k], s_in)

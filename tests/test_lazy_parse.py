@@ -208,3 +208,19 @@ def test_counted_copies_made_at_once_are_the_copies_made_one_by_one():
             pairs = sorted(zip(ref.esrc, ref.edst))
             flat = sorted((q, t) for q in range(got.num_states) for t in got.eps_dst[got.eps_ptr[q]:got.eps_ptr[q + 1]])
             assert flat == pairs, rx
+
+
+def test_ordered_members_of_at_least_one_optional_entry_make_no_dead_state():
+    # {"minProperties": 1} over optional members: no A_n state is made (the empty sequence is
+    # not allowed) and every state reaches the end, so the index skips its dead-state pass
+    from treadle.constrained.lazy_index import LazyIndex, TokenArrays
+    from treadle.constrained.index_markers import MEMBERS_OPEN_NONEMPTY
+
+    rx = "\\{" + MEMBERS_OPEN_NONEMPTY + "," + "".join(MEMBER_OPTIONAL + f'"{k}":[0-9]' for k in "abc") + MEMBERS_CLOSE + "\\}"
+    nfa = build_nfa(rx)
+    assert not nfa.dead_ends
+    nfa.dead_ends = True  # the pass itself finds every state live
+    index = LazyIndex(nfa, TokenArrays({i: bytes([i]) for i in range(256)}))
+    assert all(index._live)
+    for text, ok in [(b'{"a":1}', True), (b'{"b":2,"c":3}', True), (b"{}", False), (b'{"c":1,"a":2}', False)]:
+        assert _walk(build_nfa(rx), text) == ok, text
