@@ -1356,19 +1356,22 @@ def _padded_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
     core = body[len(pad) if left else 0:len(body) - (len(pad) if right else 0)]
     top = text.MAX_REPEAT if hi is None else min(hi, text.MAX_REPEAT)
     best = None
-    for most in (0, 1, 2, 4, 8, 16, 32, 64):
-        bounded = text.reshaped_repetitions(core, 0, most, cap_counted=False) if core else ""
-        fsm = interegular.parse_pattern(bounded).to_fsm()
-        if len(fsm.states) > _LENGTH_STATES:
+    for cap_counted in (False, True):  # counted ranges ({1,1011}) kept first, lowered where they must
+        for most in (0, 1, 2, 4, 8, 16, 32, 64):
+            bounded = text.reshaped_repetitions(core, 0, most, cap_counted=cap_counted) if core else ""
+            fsm = interegular.parse_pattern(bounded).to_fsm()
+            if len(fsm.states) > _LENGTH_STATES:
+                break
+            span = length_range(fsm)
+            if span is None or span[1] is None:
+                continue
+            shortest, longest = span
+            free_lo, free_hi = max(0, lo - shortest), top - longest
+            if free_hi < free_lo:
+                break
+            best = (bounded, free_lo, free_hi)
+        if best is not None:
             break
-        span = length_range(fsm)
-        if span is None or span[1] is None:
-            continue
-        shortest, longest = span
-        free_lo, free_hi = max(0, lo - shortest), top - longest
-        if free_hi < free_lo:
-            break
-        best = (bounded, free_lo, free_hi)
     if best is None:
         return None
     bounded, free_lo, free_hi = best

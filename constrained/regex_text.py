@@ -14,6 +14,13 @@ from __future__ import annotations
 
 import re
 import unicodedata as _unicodedata
+
+try:  # the class parser of Python's re (3.11+), sre_parse before
+    import re._constants as _sre_constants
+    import re._parser as _sre_parse
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_constants as _sre_constants  # type: ignore[no-redef]
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
 from functools import lru_cache as _lru_cache
 from typing import Any
 
@@ -349,7 +356,8 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
             else:
                 if ecma and negated:
                     body += _JSON_UNSAFE_CLASS_BODY
-                out.append("[" + ("^" if negated else "") + body + "]")
+                cls = "[" + ("^" if negated else "") + body + "]"
+                out.append(_json_safe_class(cls, i) if ecma and subset and not negated else cls)
             i = j + 1
             can_quantify = True
         elif ch == "(":
@@ -406,6 +414,49 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
 
 # every character Python's str \\s or ECMA's \\s matches (str.isspace, and U+FEFF)
 _WIDE_SPACES = "".join(chr(c) for c in range(0x10000) if chr(c).isspace()) + "\ufeff"
+
+
+# the characters a pattern's string body never writes raw (DOT_CHAR leaves them out)
+_JSON_UNSAFE_POINTS = (*range(0x20), 0x22, 0x5C, 0x2028, 0x2029)
+
+
+def _json_safe_class(cls: str, offset: int) -> str:
+    """The positive class ``cls`` (translated, Python dialect) less the characters JSON must
+    escape (``_JSON_UNSAFE_POINTS``): CloudFormation's ``[\\u0021-\\u007F]`` holds '"' and
+    '\\'. Each character of a match is one class's, so a pattern whose classes lose them
+    matches exactly its strings that JSON writes raw (a subset). ``cls`` itself when it holds
+    none of them; ``RegexDialectError`` when it holds nothing else."""
+    try:
+        rx = re.compile(cls)
+    except re.error:  # (a range out of order: the pattern's check names it)
+        return cls
+    if not any(rx.fullmatch(chr(c)) for c in _JSON_UNSAFE_POINTS):
+        return cls
+    parsed = list(_sre_parse.parse(cls))
+    if len(parsed) != 1 or parsed[0][0] is not _sre_constants.IN and parsed[0][0] is not _sre_constants.LITERAL:
+        return cls  # (left to the pattern's own check, which refuses it)
+    members = parsed[0][1] if parsed[0][0] is _sre_constants.IN else [parsed[0]]
+    ranges: list[tuple[int, int]] = []
+    for op, arg in members:
+        if op is _sre_constants.LITERAL:
+            ranges.append((arg, arg))
+        elif op is _sre_constants.RANGE:
+            ranges.append(arg)
+        else:  # a category (the translation writes shorthands out) or a negation: not cut here
+            return cls
+    cut: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        for bad in _JSON_UNSAFE_POINTS:
+            if lo <= bad <= hi:
+                if lo < bad:
+                    cut.append((lo, bad - 1))
+                lo = bad + 1
+        if lo <= hi:
+            cut.append((lo, hi))
+    if not cut:
+        raise RegexDialectError(f"regex: the class at offset {offset} holds only characters JSON must escape")
+    return "[" + "".join(class_literal(chr(a)) if a == b else f"{class_literal(chr(a))}-{class_literal(chr(b))}"
+                         for a, b in cut) + "]"
 
 
 def _ecma_negated_shorthand(letter: str) -> str:

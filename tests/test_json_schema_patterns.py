@@ -58,6 +58,49 @@ def random_strings(regex: str, n: int, seed: int = 0, max_len: int = 200) -> lis
     return out
 
 
+def tree_strings(regex: str, n: int, seed: int = 0) -> list[str]:
+    """``n`` random strings of ``regex`` drawn from Python's parse of it (each repetition a
+    random count in its range, an unbounded one up to 5 past its least; each class a random
+    member of printable ASCII and a few others): for bodies whose automaton interegular would
+    take long to build (counted runs beside free characters)."""
+    import re._constants as c
+    import re._parser as sre
+
+    pool = [chr(x) for x in range(0x20, 0x7F)] + ["\u00e9", "\u00a0", "\u0663", "\u4e2d", "\U0001f600", "\t", '"']
+    rng = random.Random(seed)
+
+    def member(items: list, ch: str) -> bool:
+        neg = any(op is c.NEGATE for op, _ in items)
+        hit = any(op is c.LITERAL and ord(ch) == a or op is c.RANGE and a[0] <= ord(ch) <= a[1]
+                  for op, a in items)
+        assert all(op in (c.NEGATE, c.LITERAL, c.RANGE) for op, _ in items), items
+        return hit != neg
+
+    def gen(tree) -> str:
+        out = []
+        for op, arg in tree:
+            if op is c.LITERAL:
+                out.append(chr(arg))
+            elif op is c.IN:
+                out.append(rng.choice([ch for ch in pool if member(arg, ch)]))
+            elif op is c.ANY:
+                out.append(rng.choice(pool[:95]))
+            elif op in (c.MAX_REPEAT, c.MIN_REPEAT):
+                lo, hi, sub = arg
+                hi = lo + 5 if hi is c.MAXREPEAT else hi
+                out.extend(gen(sub) for _ in range(rng.randint(lo, hi)))
+            elif op is c.SUBPATTERN:
+                out.append(gen(arg[-1]))
+            elif op is c.BRANCH:
+                out.append(gen(rng.choice(arg[1])))
+            else:
+                raise AssertionError(op)
+        return "".join(out)
+
+    tree = sre.parse(regex)
+    return [gen(tree) for _ in range(n)]
+
+
 def body_of(schema: dict) -> str:
     """The string body treadle writes for a string schema (its regex without the quotes)."""
     regex = json_schema_to_regex({"type": "string", **schema})
@@ -65,10 +108,10 @@ def body_of(schema: dict) -> str:
     return regex[1:-1]
 
 
-def check_subset(schema: dict, n: int = 60) -> list[str]:
+def check_subset(schema: dict, n: int = 60, sample=None) -> list[str]:  # noqa: ANN001
     """Random strings of the written body all match the pattern and the length bounds."""
     body = body_of(schema)
-    strings = random_strings(body, n)
+    strings = (sample or random_strings)(body, n)
     assert strings, f"no strings sampled from {body[:200]}"
     lo, hi = schema.get("minLength", 0), schema.get("maxLength")
     for s in strings:
@@ -92,6 +135,64 @@ def check_subset(schema: dict, n: int = 60) -> list[str]:
 ])
 def test_pattern_under_lengths_is_a_subset(schema: dict) -> None:
     check_subset(schema)
+
+
+# Real patterns the product with the lengths' automaton could not write (its regex passed 20,000
+# characters, or the search automaton had millions of states): written as a match with free
+# characters beside it, or with classes that lose the characters JSON must escape
+@pytest.mark.parametrize("schema", [
+    {"pattern": ".*\\S.*", "maxLength": 2048, "minLength": 20},  # AWS::SecurityHub::ConnectorV2 KmsKeyArn
+    {"pattern": "arn:aws:[a-z0-9-\\\\.]{0,63}:[a-z0-9-\\\\.]{0,63}:[0-9]{12}:(\\w|\\/|-){1,1011}",
+     "maxLength": 1011, "minLength": 44},  # AWS::AppRunner::Service VpcConnectorArn, less its (-[\\w]+)*
+    {"pattern": "^arn:aws[A-Za-z0-9-]{0,64}:rds:[A-Za-z0-9-]{1,64}:[0-9]{12}:.*", "maxLength": 300, "minLength": 40},
+    {"pattern": ".*:x$", "maxLength": 30, "minLength": 10},  # open on the left only
+    {"pattern": "(\\u002F)|(\\u002F[\\u0021-\\u007F]+\\u002F)", "maxLength": 512, "minLength": 1},  # IAM Path
+])
+def test_open_patterns_under_lengths_are_written(schema: dict) -> None:
+    strings = check_subset(schema, 200, sample=tree_strings)
+    assert any(len(s) >= schema["minLength"] for s in strings)
+
+
+@pytest.mark.parametrize("pattern,inside", [
+    ("^[\\u0021-\\u007F]+$", ["!", "a~", "#]"]),  # holds '"' and '\\' (AWS::IAM::ServerCertificate)
+    ("^[a-z0-9-\\\\.]{1,9}$", ["a.b", "0-"]),  # a backslash in a class (AWS::AppRunner::Service)
+    ("^[\\x00-\\x7f]*$", ["", "abc"]),
+])
+def test_classes_lose_only_the_characters_json_must_escape(pattern: str, inside: list[str]) -> None:
+    body = body_of({"pattern": pattern})
+    for s in inside:
+        assert re.fullmatch(body, s), (body, s)
+    for s in ['"', "\\", "a\n"]:
+        assert not re.fullmatch(body, s), (body, s)
+    check_subset({"pattern": pattern})
+
+
+def test_a_class_of_only_characters_json_escapes_is_still_refused() -> None:
+    with pytest.raises(UnsupportedSchemaError, match="keyword 'pattern'"):
+        json_schema_to_regex({"type": "string", "pattern": '^["\\\\]+$'})
+
+
+# format and pattern where one holds the other: that one is written (citation-file-format's
+# ORCID under format uri); an unanchored pattern's core alone when that is of the format
+@pytest.mark.parametrize("schema,written,unwritten", [
+    ({"format": "uri", "pattern": "^https://orcid\\.org/[0-9]{4}-[0-9]{4}-[0-9]{4}-[0-9]{3}[0-9X]$"},
+     ["https://orcid.org/0000-0002-1825-009X"], ["http://orcid.org/0000-0002-1825-009X"]),
+    ({"format": "uri", "pattern": "https://example\\.org/[a-z]{2,5}", "maxLength": 40},
+     ["https://example.org/ab"], ["xhttps://example.org/ab"]),
+    ({"format": "date", "pattern": "^[0-9-]+$"}, ["2024-02-29"], ["2024-02-30x"]),
+])
+def test_format_and_pattern_one_inside_the_other(schema: dict, written: list[str], unwritten: list[str]) -> None:
+    import jsonschema
+
+    body = body_of(schema)
+    for s in written:
+        assert re.fullmatch(body, s), (body, s)
+    for s in unwritten:
+        assert not re.fullmatch(body, s), (body, s)
+    check = jsonschema.Draft202012Validator({"type": "string", **schema},
+                                            format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    for s in random_strings(body, 40):
+        assert check.is_valid(s), s
 
 
 def test_reshaped_repetitions_ranges_lie_inside_the_old_ones() -> None:
