@@ -24,12 +24,16 @@ nothing breaks S in a way a schema can say.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 from typing import Any, Callable
 
+import interegular
+
 from treadle.constrained.json_schema_parts import ALL_TYPES, UnsupportedSchemaError, schema_types
+from treadle.constrained.regex_ecma import key_pattern_bodies
 
 __all__ = ["Apart", "canonical", "closed_forbids", "complement", "conditional_branches", "contains_as_prefix",
            "dependencies_as_anyof", "repeated"]
@@ -487,8 +491,47 @@ class Apart:
                     if forbids(k):
                         out.append((2, {"type": "object", "required": [k]}))
                         break
+                if _holds_only_forbidden(a_all, node, forbids):  # a member at all: one b forbids
+                    out.append((2, {"type": "object", "minProperties": 1}))
         out.sort(key=lambda rc: rc[0])
         return _unique([c for _, c in out])
+
+
+def _holds_only_forbidden(a_all: list[dict], b_node: dict, forbids: Callable[[str], bool]) -> bool:
+    """Whether every key an object of ``a`` can hold is one that ``b_node`` (closed) forbids:
+    ``a`` is closed too (``additionalProperties`` false), each name it declares is forbidden, and
+    no key its patterns may match (their widest readings) is a name or pattern key of ``b_node``
+    (pyrseas' database "schema x" / "language x" members beside its schema's "table x" ones)."""
+    if not isinstance(b_node.get("additionalProperties", True), bool) and b_node.get("additionalProperties") != {"not": {}}:
+        return False
+    if b_node.get("additionalProperties", True) not in _NEVER:
+        return False
+    closed = [n for n in a_all if n.get("additionalProperties", True) in _NEVER]
+    if not closed:
+        return False
+    node = closed[0]
+    props = node.get("properties", {}) if isinstance(node.get("properties", {}), dict) else {}
+    if not all(forbids(k) for k, v in props.items() if v not in _NEVER):
+        return False
+    mine, theirs = node.get("patternProperties", {}), b_node.get("patternProperties", {})
+    if not isinstance(mine, dict) or not isinstance(theirs, dict) or not mine:
+        return False
+    b_props = b_node.get("properties", {}) if isinstance(b_node.get("properties", {}), dict) else {}
+    try:
+        allowed = [_key_fsm("(?:" + "|".join(re.escape(k) for k in b_props) + ")")] if b_props else []
+        allowed += [_key_fsm(key_pattern_bodies(p)[1]) for p in theirs]
+        for p in mine:
+            keys = _key_fsm(key_pattern_bodies(p)[1])
+            if any(not (keys & other).empty() for other in allowed):
+                return False
+    except (ValueError, re.error, TypeError):  # a pattern no reading is found for: unknown
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=256)
+def _key_fsm(body: str) -> Any:
+    return interegular.parse_pattern(body).to_fsm()
 
 
 def closed_forbids(node: Any) -> Callable[[str], bool]:

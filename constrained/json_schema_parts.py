@@ -4,6 +4,7 @@ and the object / array builders (kept apart so json_schema.py reads top to botto
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import re
@@ -16,7 +17,13 @@ import referencing.exceptions
 from treadle.constrained.fsm_regex import fsm_to_regex
 from treadle.constrained.members import MEMBERS_MIN_CHARS, members_text, spell_members, spelt_length
 from treadle.constrained.regex_ecma import key_pattern_bodies, key_pattern_matches
-from treadle.constrained.regex_text import MAX_REPEAT, escape_literal, excluded_key_regex, raw_names_trie
+from treadle.constrained.regex_text import (
+    MAX_REPEAT,
+    escape_literal,
+    excluded_key_regex,
+    raw_names_trie,
+    reshaped_repetitions,
+)
 
 if TYPE_CHECKING:
     from treadle.constrained.json_schema import _Converter
@@ -677,7 +684,10 @@ def _extras(conv: _Converter, names: list[str], undeclared: Any, value_re: str |
     return key + conv.COLON + value_re
 
 
+@functools.lru_cache(maxsize=256)
 def _fsm(regex: str) -> Any:
+    """The FSM of ``regex`` (interegular's; their operations make new ones, so one is shared):
+    a key pattern's, met again at each object it applies to, is parsed once."""
     return interegular.parse_pattern(regex).to_fsm()
 
 
@@ -726,7 +736,11 @@ def _key_regex(keys: Any, keyword: str, path: str) -> str | None:
         raise UnsupportedSchemaError(f"json_schema: keyword '{keyword}' at {path}: {exc}") from exc
 
 
-PATTERNS_MAX = 4  # patternProperties: each set of patterns a key can match is one kind of member
+PATTERNS_MAX = 32  # patternProperties: patterns of one object at most
+# ... and sets of them a key can match together (each set is one kind of member; pairwise
+# disjoint patterns, as pyrseas' '^table ' / '^view ' ..., give one set each and the empty one)
+PATTERN_SETS_MAX = 64
+KEY_REPEATS = (8, 2, 1)  # a key set's regex too long: its pattern's counted repeats lowered to these
 
 
 class PatternProperties:
@@ -744,6 +758,7 @@ class PatternProperties:
         if len(schema) > PATTERNS_MAX:
             raise UnsupportedSchemaError(f"json_schema: keyword 'patternProperties' at {path}: more than "
                                          f"{PATTERNS_MAX} patterns")
+        self._sets: list[int] | None = None  # the sets of patterns a key may match together (bit masks)
         self.conv, self.path = conv, path
         self.valid: str | None = None  # propertyNames' quoted keys ("" none) that free keys must be too
         # jsonschema's additionalProperties joins the patterns with "|" and skips an empty join:
@@ -809,7 +824,7 @@ class PatternProperties:
         inners = [None if inner is None else _fsm(f'"{inner}"') for inner, _ in self.bodies]
         outers = [_fsm(f'"{outer}"') for _, outer in self.bodies]
         alts = []
-        for chosen in range(1 << len(self.items)):
+        for chosen in self._pattern_sets(outers):
             if chosen == 0 and undeclared is False:
                 continue
             if any(chosen >> i & 1 and inner is None for i, inner in enumerate(inners)):
@@ -817,7 +832,10 @@ class PatternProperties:
             k = keys
             for i, (inner, outer) in enumerate(zip(inners, outers)):
                 k = (k & inner) if chosen >> i & 1 else (k - outer)
-            key = _key_regex(k, "patternProperties", self.path)
+            try:
+                key = _key_regex(k, "patternProperties", self.path)
+            except UnsupportedSchemaError:  # too long: fewer repeats of the chosen patterns (a subset)
+                key = self._lowered_key(keys, chosen, outers)
             if key is None:
                 continue
             subs = [sub for i, (_, sub, _) in enumerate(self.items) if chosen >> i & 1]
@@ -830,6 +848,47 @@ class PatternProperties:
                 continue
             alts.append(key + self.conv.COLON + value)
         return "(?:" + "|".join(alts) + ")" if alts else None
+
+
+    def _pattern_sets(self, outers: list) -> list[int]:
+        """The sets of patterns (bit masks, the empty one first) some key may match together:
+        those whose patterns' widest readings meet pairwise (a set holding two disjoint ones has
+        no key, so leaving it out is exact). More than ``PATTERN_SETS_MAX`` is refused."""
+        if self._sets is not None:
+            return self._sets
+        n = len(outers)
+        meets = [[i == j or not (outers[i] & outers[j]).empty() for j in range(n)] for i in range(n)]
+        sets: list[int] = []
+        todo = [(0, 0)]  # (set, next pattern that may join it)
+        while todo:
+            chosen, start = todo.pop()
+            sets.append(chosen)
+            if len(sets) > PATTERN_SETS_MAX:
+                raise UnsupportedSchemaError(f"json_schema: keyword 'patternProperties' at {self.path}: more than "
+                                             f"{PATTERN_SETS_MAX} sets of patterns a key may match together")
+            for i in range(n - 1, start - 1, -1):
+                if all(meets[i][j] for j in range(n) if chosen >> j & 1):
+                    todo.append((chosen | 1 << i, i + 1))
+        self._sets = sorted(sets)
+        return self._sets
+
+    def _lowered_key(self, keys: Any, chosen: int, outers: list) -> str | None:
+        """The key regex of ``chosen`` with its patterns' inner readings' counted repeats lowered
+        (``KEY_REPEATS``): fewer keys, each still matching exactly those patterns; None when
+        even the lowest is too long (such keys are not written)."""
+        for most in KEY_REPEATS:
+            k = keys
+            for i, ((inner, _), outer) in enumerate(zip(self.bodies, outers)):
+                if chosen >> i & 1:
+                    assert inner is not None
+                    k = k & _fsm('"' + reshaped_repetitions(inner, 0, most, loops=False) + '"')
+                else:
+                    k = k - outer
+            try:
+                return _key_regex(k, "patternProperties", self.path)
+            except UnsupportedSchemaError:
+                continue
+        return None
 
 
 class PropertyNames:

@@ -359,3 +359,63 @@ def test_the_lenient_opt_in_drops_the_keyword_and_keeps_the_branch() -> None:
     rewritten, dropped = drop_unenforceable(schema)
     assert [d["keyword"] for d in dropped] == ["pattern"] and dropped[0]["path"] == "$.anyOf[0]"
     assert re.fullmatch(json_schema_to_regex(rewritten), '"zz"')
+
+
+# ------------------------------------------------------------------ many patternProperties (issue 31)
+
+# schemastore/json.schemastore.org/pyrseas-0.8.json: a database's and a schema's objects, keyed
+# "<kind> <name>" by one pattern a kind (6 and 9 of them, closed objects); the patterns are
+# pairwise disjoint, so a key matches one at most: 7 and 10 kinds of member, not 2^6 and 2^9
+# (was refused: "more than 4 patterns")
+_PG_OBJECT = {"type": "object", "additionalProperties": False,
+              "properties": {"owner": {"type": "string", "maxLength": 3}, "description": {"type": "string", "maxLength": 3}}}
+PYRSEAS = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "definitions": {
+        "db": {"type": "object", "additionalProperties": False, "patternProperties": {
+            "^schema ": {"$ref": "#/definitions/schema"}, "^cast ": _PG_OBJECT, "^extension ": _PG_OBJECT,
+            "^event trigger ": _PG_OBJECT, "^foreign data wrapper ": _PG_OBJECT, "^language ": _PG_OBJECT}},
+        "schema": {"type": "object", "additionalProperties": False,
+                   "properties": {"owner": {"type": "string", "maxLength": 3}},
+                   "patternProperties": {f"^{kind} ": _PG_OBJECT for kind in (
+                       "table", "aggregate", "domain", "function", "sequence", "type", "view", "foreign table",
+                       "collation")}},
+    },
+    "oneOf": [{"$ref": "#/definitions/db"}, {"$ref": "#/definitions/schema"}],
+}
+
+
+def test_pyrseas_many_disjoint_patterns() -> None:
+    from test_json_schema_oneof import walks as index_walks  # (the lazy index: interegular takes 30 s here)
+
+    rx, values = index_walks(PYRSEAS, n=300)
+    for value in ({"schema public": {"table t": {"owner": "me"}}}, {"language plpgsql": {}},
+                  {"owner": "me", "table t": {}, "view v": {"description": "d"}}):
+        assert checker(PYRSEAS).is_valid(value)
+        assert rx.fullmatch(json.dumps(value, separators=(",", ":"))), value
+    kinds = {k.split(" ")[0] for v in values for k in v}
+    assert len(kinds) >= 6, kinds
+
+
+# cloudformation/AWS::Lex::Bot: a sub-slot's SlotSpecifications, a map of at most 6 members whose
+# names match ^([0-9a-zA-Z][_-]?){1,100}$; the key set's regex (the pattern's repeats cut to 32)
+# passed 20,000 characters: written with the repeats lowered further (8 here), a subset of the
+# names (was refused: "a key set's regex would exceed 20000 characters")
+LEX_SLOT_SPECIFICATIONS = {
+    "type": "object", "additionalProperties": False, "required": ["SlotSpecifications"],
+    "properties": {"SlotSpecifications": {
+        "additionalProperties": False, "maxProperties": 6, "minProperties": 0, "type": "object",
+        "patternProperties": {"^([0-9a-zA-Z][_-]?){1,100}$": {"type": "object", "additionalProperties": False,
+                                                              "required": ["SlotTypeId"],
+                                                              "properties": {"SlotTypeId": {"type": "integer"}}}}}},
+}
+
+
+def test_lex_bot_slot_names_of_a_long_counted_pattern() -> None:
+    from test_json_schema_oneof import walks as index_walks
+
+    rx, values = index_walks(LEX_SLOT_SPECIFICATIONS, n=100)
+    for names in (["a"], ["ab_c", "X-y1"]):
+        value = {"SlotSpecifications": {n: {"SlotTypeId": 1} for n in names}}
+        assert rx.fullmatch(json.dumps(value, separators=(",", ":"))), value
+    assert any(v["SlotSpecifications"] for v in values)
