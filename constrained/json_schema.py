@@ -781,11 +781,13 @@ class _Converter:
             except NoOutput as exc:
                 first_error = first_error or exc  # a branch with no output only narrows the choice
             except UnsupportedSchemaError as exc:
-                # strict mode writes a subset: an anyOf branch it cannot write (an external $ref, a
-                # pattern it cannot read) is left out, and any other branch's values satisfy the
-                # anyOf whatever that one says. Not so for oneOf (a value must fail the others,
-                # and what the left-out branch accepts is unknown), nor in spec mode.
-                if kind == "oneOf" or not self.leave_out_branches:
+                # strict mode writes a subset: a branch it cannot write (an external $ref, a
+                # pattern it cannot read) is left out, and another branch's values satisfy an
+                # anyOf whatever that one says; a oneOf's too, as _check_exclusive proved every
+                # two branches apart by what they say in the open (types over-approximated, an
+                # unresolved ref as any type; a tag or key the branch requires whatever its refs
+                # add). Not in spec mode, nor for listed values (checked against the others).
+                if literal_only or not self.leave_out_branches:
                     raise
                 first_error = first_error or exc
         if kind == "anyOf" and self.spec:
@@ -1289,6 +1291,13 @@ class _Converter:
                 return self._body_with_length(cand, lo, hi, path) if lengths else cand
         if (format_fsm - pattern_fsm).empty():
             return _format_with_length(fmt, lo, hi, path) if lengths else text.FORMATS[fmt]
+        if fmt in _URI_FORMATS and not lengths:
+            # a pattern of the scheme (^https://, ^(https|http|ftp|sftp)://.+): the URIs of the
+            # schemes it takes whole, each checked inside both (their product's regex is long)
+            kept = [s for s in _URI_SCHEMES
+                    if (interegular.parse_pattern(s + text.URI_AFTER_SCHEME).to_fsm() - pattern_fsm).empty()]
+            if kept:
+                return "(?:" + "|".join(kept) + ")" + text.URI_AFTER_SCHEME
         fsm = format_fsm & pattern_fsm
         if lengths:
             hi_text = "" if hi is None else str(hi)
@@ -1432,6 +1441,10 @@ def _reshaped_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
     return None
 
 
+# URI formats whose strings are written as _URI (a scheme, "://", ...), and the schemes tried
+# whole where a pattern fixes the scheme (_format_and_pattern)
+_URI_FORMATS = frozenset({"uri", "iri", "uri-reference", "iri-reference"})
+_URI_SCHEMES = ("https", "http", "ftp", "sftp", "ftps", "ws", "wss", "git", "ssh", "s3", "file")
 _LENGTH_STATES = 400  # a pattern's automaton under a length range: beyond this, fewer lengths
 _RESHAPE_SECONDS = 1.0  # the repetitions' bounds tried after this long: no larger ones
 _LENGTH_PRODUCT = 3000  # ... and a product of its states and lengths past this is not built

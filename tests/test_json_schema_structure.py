@@ -419,3 +419,30 @@ def test_lex_bot_slot_names_of_a_long_counted_pattern() -> None:
         value = {"SlotSpecifications": {n: {"SlotTypeId": 1} for n in names}}
         assert rx.fullmatch(json.dumps(value, separators=(",", ":"))), value
     assert any(v["SlotSpecifications"] for v in values)
+
+
+# check-jsonschema/gitlab-ci.json: include items are a oneOf of objects told apart by a required
+# key each ("local", "remote", ...); one branch's pattern with format uri-reference could not be
+# written, which refused the whole schema. The branches are proven apart by what they require,
+# so the others' values satisfy exactly one branch whatever the left-out one says
+def test_strict_mode_leaves_out_a_oneof_branch_it_cannot_write_once_branches_are_proven_apart() -> None:
+    closed = {"type": "object", "additionalProperties": False}
+    schema = {"type": "array", "maxItems": 3, "items": {"oneOf": [
+        {**closed, "required": ["local"], "properties": {"local": {"type": "string", "maxLength": 9}}},
+        {**closed, "required": ["remote"], "properties": {"remote": EXTERNAL}},
+        {**closed, "required": ["project"], "properties": {"project": {"type": "string", "maxLength": 5}}},
+    ]}}
+    rx, values = walks(schema, n=60)
+    assert rx.fullmatch('[{"local":"a.yml"},{"project":"x"}]')
+    assert not rx.fullmatch('[{"remote":"https://x.org/a.yml"}]')
+    assert {k for v in values for item in v for k in item} == {"local", "project"}
+
+
+def test_strict_mode_leaves_out_a_oneof_branch_it_cannot_write_of_a_type_of_its_own() -> None:
+    # proven apart by their types: a string never satisfies the integer or null branch
+    schema = {"oneOf": [UNREADABLE, {"type": "integer", "minimum": 0, "maximum": 5}, {"type": "null"}]}
+    rx, values = walks(schema, n=30)
+    assert rx.fullmatch("3") and rx.fullmatch("null") and not rx.fullmatch('"a"')
+    assert None in values and any(isinstance(v, int) for v in values)
+    with pytest.raises(UnsupportedSchemaError, match="keyword 'pattern'"):  # spec mode still names it
+        json_schema_to_regex(schema, mode="spec")
