@@ -402,6 +402,24 @@ class Apart:
             return False
         return self.apart({"allOf": a_items}, {"allOf": b_items}, False, depth + 1)
 
+    def _keeps_tag(self, a_all: list[dict], c: Any) -> bool:
+        """Whether breaker ``c`` (a key ``k`` present with a value ``S``) leaves every value ``a``
+        may hold at ``k``: ``a`` lists them (const / enum, argo's ``kind: EventBus`` against
+        ``EventSource``) and each is valid under ``S``. Merged, it only makes ``k`` present."""
+        name = _tag_free(c)
+        if name is None:
+            return False
+        mine = _value_schemas(a_all, name)
+        listed = _listed([n for m in mine for n in self.conjuncts(m) or []]) if mine else None
+        if not listed:
+            return False
+        try:
+            own, theirs = self.validator_for({"allOf": mine}), self.validator_for(c["properties"][name])
+            kept = [v for v in listed if own.is_valid(v)]
+            return bool(kept) and all(theirs.is_valid(v) for v in kept)
+        except Exception:  # noqa: BLE001 - a schema the validator cannot read proves nothing
+            return False
+
     def _possible(self, node: dict, key: str) -> list | None:
         """The branches of ``node``'s anyOf / oneOf (``key``) a valid value may satisfy: a oneOf's
         repeated ones (``repeated``) never; None when ``node`` has no such list."""
@@ -480,6 +498,10 @@ class Apart:
                     out.append((0, c))
                     continue
                 out.append((2, c))  # an optional property left out
+            elif self._keeps_tag(a_all, c):
+                if types == {"object"}:
+                    return [c]  # a's own listed value of a key, made present: all else is kept
+                out.append((0, c))
             else:
                 out.append((1, c))
         if "object" in types:  # b closed: a key a declares that b forbids, made required
@@ -495,6 +517,15 @@ class Apart:
                     out.append((2, {"type": "object", "minProperties": 1}))
         out.sort(key=lambda rc: rc[0])
         return _unique([c for _, c in out])
+
+
+def _tag_free(c: Any) -> str | None:
+    """The key of a breaker ``{"type": "object", "required": [k], "properties": {k: S}}``, else None."""
+    if not (isinstance(c, dict) and set(c) == {"type", "required", "properties"} and c["type"] == "object"
+            and isinstance(c["required"], list) and len(c["required"]) == 1 and isinstance(c["properties"], dict)
+            and list(c["properties"]) == c["required"]):
+        return None
+    return c["required"][0]
 
 
 def _holds_only_forbidden(a_all: list[dict], b_node: dict, forbids: Callable[[str], bool]) -> bool:
