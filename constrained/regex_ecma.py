@@ -77,9 +77,57 @@ def pattern_subset_body(pattern: str) -> str:
 @lru_cache(maxsize=4096)
 def _subset_body_or_error(pattern: str) -> tuple[str | None, RegexDialectError | None]:
     try:
-        return _pattern_subset_body(pattern), None
+        return _absorbed_counts(_pattern_subset_body(pattern)), None
     except RegexDialectError as exc:
         return None, exc
+
+
+_PAD = SAFE_RAW_CHAR + "*"
+_COUNT = re.compile(r"\{(\d+)(,(\d*))?\}")
+_COUNT_AT_END = re.compile(r"\{(\d+)(,(\d*))?\}\Z")
+
+
+def _absorbed_counts(body: str) -> str:
+    """``body`` (``pad* (?:T) pad*``, a pad on either side or both) with a counted repetition
+    ``X{m,n}`` (or ``X{m,}``) that starts T after a leading pad, or ends it before a trailing
+    one, written ``X{m}``: the same strings, since the copies past m are themselves raw JSON
+    characters (T's strings all are) that the pad takes. The automaton of the pattern, which
+    json_schema builds next, no longer tracks every count at once: '[A-Za-z0-9][A-Za-z0-9\\-_]{3,31}'
+    unanchored (CloudFormation's AppRunner names) had ~2^28 states."""
+    left = body.startswith(_PAD + "(?:")
+    right = body.endswith(")" + _PAD)
+    if not (left or right):
+        return body
+    a, b = (len(_PAD) if left else 0), len(body) - (len(_PAD) if right else 0)
+    try:
+        items = _items(body[a:b])
+    except RegexDialectError:
+        return body
+    if len(items) != 1 or items[0][0] != "group" or not body.startswith("(?:", a):
+        return body
+    core = body[a + 3:b - 1]
+    if right:
+        m = _COUNT_AT_END.search(core)
+        if m is not None and m.start() > 0 and m.group(2) and _unescaped(core, m.start()):
+            core = core[:m.start()] + "{" + m.group(1) + "}"
+    if left:
+        try:
+            first = _items(core)[0] if core else None
+        except RegexDialectError:
+            first = None
+        if first is not None and first[0] in ("atom", "group") and core[first[1]:first[2]] not in ("^", "$"):
+            m = _COUNT.match(core, first[2])
+            if m is not None and m.group(2) and core[m.end():m.end() + 1] not in ("?", "+"):
+                core = core[:m.start()] + "{" + m.group(1) + "}" + core[m.end():]
+    return body[:a] + "(?:" + core + ")" + body[b:]
+
+
+def _unescaped(text: str, i: int) -> bool:
+    """Whether ``text[i]`` is not escaped (an even run of backslashes before it)."""
+    n = 0
+    while i - n - 1 >= 0 and text[i - n - 1] == "\\":
+        n += 1
+    return n % 2 == 0
 
 
 def _pattern_subset_body(pattern: str) -> str:
