@@ -110,11 +110,43 @@ def _char_lit(c: str) -> tuple:
     return node
 
 
+# what the scan for matching parentheses skips: escapes and classes (as ``cls`` reads them)
+_GROUP_TOKENS = re.compile(r"\\.|\[\^?\]?(?:[^\\\]]|\\.)*\]|(\()|(\))", re.DOTALL)
+# a group's text of this many characters or more is remembered (a translated schema repeats
+# its string, number and date-time groups thousands of times), up to this many
+_MEMO_GROUP_MIN, _MEMO_GROUP_MAX = 24, 200_000
+
+
+class _Tree(tuple):
+    """A parse tree's root node, with the ids of the group nodes it holds more than once
+    (``shared``): the builder builds each of those once and copies its states after."""
+
+    shared: frozenset = frozenset()
+
+
 class _Parser:
     def __init__(self, text: str) -> None:
         self.s = text
         self.i = 0
         self._classes: dict[str, tuple] = {}  # a class's text -> its ranges (schemas repeat a few)
+        self._groups: dict[str, tuple] = {}  # a group's text -> its node (the same object each time)
+        self.shared: set[int] = set()
+        self._close = self._matching_parens() if len(text) >= 4 * _MEMO_GROUP_MIN else {}
+
+    def _matching_parens(self) -> dict[int, int]:
+        """Each '(' -> its ')' as the scan pairs them (a hint only: a group is remembered
+        when its parse ends exactly there)."""
+        close: dict[int, int] = {}
+        stack: list[int] = []
+        for m in _GROUP_TOKENS.finditer(self.s):
+            k = m.lastindex
+            if k == 1:
+                stack.append(m.start())
+            elif k == 2 and stack:
+                a = stack.pop()
+                if m.start() - a >= _MEMO_GROUP_MIN:
+                    close[a] = m.start()
+        return close
 
     def fail(self, what: str) -> LazyUnsupported:
         return LazyUnsupported(f"{what} at offset {self.i}")
@@ -176,6 +208,14 @@ class _Parser:
         s = self.s
         c = s[self.i]
         if c == "(":
+            j = self._close.get(self.i)
+            key = s[self.i:j + 1] if j is not None and j - self.i <= _MEMO_GROUP_MAX else None
+            if key is not None:
+                hit = self._groups.get(key)
+                if hit is not None:  # this very text parsed before: the same node
+                    self.i = j + 1
+                    self.shared.add(id(hit))
+                    return hit
             self.i += 1
             if s.startswith("?:", self.i):
                 self.i += 2
@@ -185,6 +225,8 @@ class _Parser:
             if self.i >= len(s) or s[self.i] != ")":
                 raise self.fail("an unclosed group")
             self.i += 1
+            if key is not None and self.i == j + 1 and node[0] != "lit":
+                self._groups[key] = node
             return node
         if c == "[":
             return ("lit", self.cls())
@@ -432,6 +474,10 @@ class _Builder:
         # far; until one would, that build makes these very states
         self.watch = watch
         self.would_narrow = False
+        # nodes the parse tree holds more than once (_Tree.shared) -> where their first build
+        # lies: (first state, states, first and last epsilon move, entry, exit, lowered)
+        self.shared: frozenset = frozenset()
+        self._built: dict[int, tuple] = {}
 
     def new(self) -> int:
         q = len(self.lo)
@@ -451,7 +497,37 @@ class _Builder:
         self.lo[q], self.hi[q], self.dst[q] = lo, hi, to
 
     def frag(self, node: tuple) -> tuple[int, int]:
-        """(entry, exit) states of a fragment matching ``node``."""
+        """(entry, exit) states of a fragment matching ``node``. A node the tree holds more
+        than once is built once: its states again are a copy of its first build's, shifted
+        (a fragment's states and moves are made together and stay among themselves), which
+        is what building it again would make."""
+        if id(node) in self.shared:
+            hit = self._built.get(id(node))
+            if hit is not None:
+                return self._copy(*hit)
+            base, e0, narrowed = len(self.lo), len(self.esrc), self.narrowed
+            a, b = self._frag(node)
+            self._built[id(node)] = (base, len(self.lo) - base, e0, len(self.esrc), a, b, self.narrowed - narrowed)
+            return a, b
+        return self._frag(node)
+
+    def _copy(self, base: int, n: int, e0: int, e1: int, a: int, b: int, lowered: int) -> tuple[int, int]:
+        off = len(self.lo) - base
+        if len(self.lo) + n > self.max_states:
+            raise LazyTooLarge(self.max_states)
+        self.lo.extend(self.lo[base:base + n])
+        self.hi.extend(self.hi[base:base + n])
+        dst = np.frombuffer(self.dst, dtype=np.int32)[base:base + n].astype(np.int64)  # (copies: the
+        self.dst.frombytes(np.where(dst >= 0, dst + off, -1).astype(np.int32).tobytes())  # arrays grow)
+        if e1 > e0:
+            src_e = (np.frombuffer(self.esrc, dtype=np.int32)[e0:e1] + off).tobytes()
+            dst_e = (np.frombuffer(self.edst, dtype=np.int32)[e0:e1] + off).tobytes()
+            self.esrc.frombytes(src_e)
+            self.edst.frombytes(dst_e)
+        self.narrowed += lowered
+        return a + off, b + off
+
+    def _frag(self, node: tuple) -> tuple[int, int]:
         kind = node[0]
         if kind == "lit":
             return self.lit(node[1])
@@ -648,9 +724,12 @@ def parse_regex(regex: str) -> tuple:
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old, 20_000))
     try:
-        return _Parser(regex).parse()
+        parser = _Parser(regex)
+        tree = _Tree(parser.parse())
     finally:
         sys.setrecursionlimit(old)
+    tree.shared = frozenset(parser.shared)
+    return tree
 
 
 def nfa_of(ast: tuple, regex_chars: int, max_states: int = DEFAULT_MAX_NFA_STATES,
@@ -662,6 +741,7 @@ def nfa_of(ast: tuple, regex_chars: int, max_states: int = DEFAULT_MAX_NFA_STATE
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old, 20_000))
     b = _Builder(max_states, narrow_to, watch)
+    b.shared = getattr(ast, "shared", frozenset())
     try:
         entry, exit_ = b.frag(ast)
     except LazyTooLarge as e:

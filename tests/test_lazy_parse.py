@@ -224,3 +224,23 @@ def test_ordered_members_of_at_least_one_optional_entry_make_no_dead_state():
     assert all(index._live)
     for text, ok in [(b'{"a":1}', True), (b'{"b":2,"c":3}', True), (b"{}", False), (b'{"c":1,"a":2}', False)]:
         assert _walk(build_nfa(rx), text) == ok, text
+
+
+def test_a_group_written_again_is_one_node_built_once_and_copied():
+    # a translated schema repeats its string / number groups: the parse hands back the same
+    # node for the same text, the build copies its first states; the NFA is the one built
+    # from a tree with every group apart, array for array, narrowed or not
+    string = '"(?:[^"\\\\\\x00-\\x1f]|\\\\["\\\\/bfnrt]|\\\\u[0-9a-fA-F]{4})*"'
+    number = "(?:-?(?:0|[1-9][0-9]{0,15})(?:\\.[0-9]{1,6})?)"
+    obj = ("\\{" + MEMBERS_OPEN + "," + MEMBER_OPTIONAL + f'"a":{string}' + MEMBER_OPTIONAL + f'"b":{number}'
+           + MEMBER_REQUIRED + f'"c":\\[(?:{string}(?:,{string}){{0,30}})?\\]' + MEMBERS_CLOSE + "\\}")
+    rx = marked(f"\\[(?:{obj}(?:,{obj})*)?\\]|{number}|(?:{string}|{number}){{2,40}}")
+    tree = parse_regex(rx)
+    assert len(tree.shared) >= 2
+    apart = tuple(tree)  # the same nodes, no sharing: each built afresh where it stands
+    assert not getattr(apart, "shared", None)
+    for narrow_to in (None, 300, 40):
+        got, want = nfa_of(tree, len(rx), 10**6, narrow_to), nfa_of(apart, len(rx), 10**6, narrow_to)
+        assert _same(got, want) and got.dead_ends == want.dead_ends, narrow_to
+    with pytest.raises(LazyTooLarge):
+        nfa_of(tree, len(rx), want.num_states - 1)
