@@ -73,6 +73,7 @@ from treadle.constrained.json_schema_parts import (
     check_metaschemas,
     object_regex,
     schema_types,
+    static_dynamic_refs,
 )
 from treadle.constrained.regex_ecma import key_pattern_bodies, pattern_subset_body
 from treadle.constrained.regex_text import choices_to_regex, escape_literal, validate_regex
@@ -291,7 +292,7 @@ def _checked(schema: Any, whitespace_pattern: str | None, max_recursion_depth: i
     if max_recursion_depth < 0:
         raise ValueError("json_schema: max_recursion_depth must be >= 0")
     check_metaschemas(schema, "$")
-    return to_2020_12(schema)
+    return to_2020_12(static_dynamic_refs(schema))
 
 
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # their values are data, not schemas

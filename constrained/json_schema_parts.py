@@ -314,6 +314,39 @@ def _intersect_types(a: Any, b: Any, path: str) -> list[str]:
     return sorted(both)
 
 
+def static_dynamic_refs(schema: Any) -> Any:
+    """``schema`` with the dynamic refs that name its root said as ``{"$ref": "#"}``: in a
+    document of one resource (no ``$id`` below the root) the dynamic scope holds the root alone,
+    so 2020-12's ``$dynamicRef: "#name"`` where the root declares ``$dynamicAnchor: name``, and
+    2019-09's ``$recursiveRef: "#"``, resolve to the root, as a ``$ref`` does (the metaschema
+    vocabularies' ``#meta``). Others stay (refused). A new object where anything changed."""
+    if not isinstance(schema, dict) or _has_nested_id(schema, top=True):
+        return schema
+    anchor = schema.get("$dynamicAnchor")
+    names = {"#" + anchor} if isinstance(anchor, str) else set()
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {}
+        for k, v in node.items():
+            if k == "$dynamicRef" and isinstance(v, str) and v in names and "$ref" not in node:
+                out["$ref"] = "#"
+            elif k == "$recursiveRef" and v == "#" and "$ref" not in node:
+                out["$ref"] = "#"
+            elif k in ("const", "enum", "default", "examples"):
+                out[k] = v
+            elif k in _SUBSCHEMA_MAPS and isinstance(v, dict):  # names -> schemas (a property may be "$dynamicRef")
+                out[k] = {name: walk(sub) for name, sub in v.items()}
+            else:
+                out[k] = walk(v)
+        return out
+
+    return walk(schema)
+
+
 def _has_nested_id(node: Any, top: bool) -> bool:
     if isinstance(node, dict):
         if not top and isinstance(node.get("$id"), str):

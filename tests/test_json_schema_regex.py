@@ -597,7 +597,7 @@ def test_property_names() -> None:
 
 @pytest.mark.parametrize("keyword, value", [
     ("not", {"minimum": 3}), ("not", {"pattern": "^a"}), ("patternProperties", {c: {} for c in "abcdefg"}),
-    ("$dynamicRef", "#x"), ("$recursiveRef", "#"),
+    ("$dynamicRef", "#x"), ("$recursiveRef", "#/$defs/x"),
 ])
 def test_unsupported_keywords_are_named(keyword: str, value: object) -> None:
     schema = {"type": "object", keyword: value}

@@ -446,3 +446,46 @@ def test_strict_mode_leaves_out_a_oneof_branch_it_cannot_write_of_a_type_of_its_
     assert None in values and any(isinstance(v, int) for v in values)
     with pytest.raises(UnsupportedSchemaError, match="keyword 'pattern'"):  # spec mode still names it
         json_schema_to_regex(schema, mode="spec")
+
+
+# ------------------------------------------------------------------ $dynamicRef / $recursiveRef to the root (issue 31)
+
+# metaschema/draft202012/vocabularies/applicator (and content, unevaluated; 2019-09's applicator and
+# content with $recursiveRef "#"): one resource whose root declares "$dynamicAnchor": "meta", so the
+# dynamic scope is the root alone and "$dynamicRef": "#meta" resolves to it, as "$ref": "#" does
+# (both were refused: "keyword '$dynamicRef' ... is not supported")
+APPLICATOR_2020 = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "https://json-schema.org/draft/2020-12/meta/applicator",
+    "$dynamicAnchor": "meta", "type": ["object", "boolean"],
+    "properties": {"prefixItems": {"$ref": "#/$defs/schemaArray"}, "items": {"$dynamicRef": "#meta"},
+                   "properties": {"type": "object", "additionalProperties": {"$dynamicRef": "#meta"}},
+                   "not": {"$dynamicRef": "#meta"}, "anyOf": {"$ref": "#/$defs/schemaArray"}},
+    "$defs": {"schemaArray": {"type": "array", "minItems": 1, "items": {"$dynamicRef": "#meta"}}},
+}
+APPLICATOR_2019 = {
+    "$schema": "https://json-schema.org/draft/2019-09/schema", "$id": "https://json-schema.org/draft/2019-09/meta/applicator",
+    "$recursiveAnchor": True, "type": ["object", "boolean"],
+    "properties": {"items": {"anyOf": [{"$recursiveRef": "#"}, {"$ref": "#/$defs/schemaArray"}]},
+                   "not": {"$recursiveRef": "#"}},
+    "$defs": {"schemaArray": {"type": "array", "minItems": 1, "items": {"$recursiveRef": "#"}}},
+}
+
+
+@pytest.mark.parametrize("schema", [APPLICATOR_2020, APPLICATOR_2019], ids=["2020-12", "2019-09"])
+def test_dynamic_ref_to_the_root_is_a_ref(schema: dict) -> None:
+    from test_json_schema_oneof import walks as index_walks
+
+    rx, values = index_walks(schema, n=150, max_recursion_depth=1)  # (unrolled; with holes, calls to any depth)
+    assert any(isinstance(v, dict) and v for v in values)
+    for value in (True, {"items": {"not": True}}, {"not": False}):
+        assert checker(schema).is_valid(value) and rx.fullmatch(json.dumps(value, separators=(",", ":"))), value
+    assert json_schema_to_regex(schema, holes=True)
+
+
+def test_dynamic_refs_of_other_anchors_stay_refused() -> None:
+    anchored = {"$defs": {"x": {"$dynamicAnchor": "m", "type": "integer"}}, "properties": {"a": {"$dynamicRef": "#m"}}}
+    with pytest.raises(UnsupportedSchemaError, match="'\\$dynamicRef' at \\$.properties.a"):
+        json_schema_to_regex(anchored)
+    nested = {"$dynamicAnchor": "m", "properties": {"a": {"$id": "https://x.example/a", "$dynamicRef": "#m"}}}
+    with pytest.raises(UnsupportedSchemaError, match="dynamicRef|\\$id"):
+        json_schema_to_regex(nested)
