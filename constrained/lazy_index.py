@@ -129,7 +129,9 @@ class _Parser:
         self.s = text
         self.i = 0
         self._classes: dict[str, tuple] = {}  # a class's text -> its ranges (schemas repeat a few)
-        self._groups: dict[str, tuple] = {}  # a group's text -> its node (the same object each time)
+        # a group's text (its hash and length) -> where it was first read and its node (the same
+        # object each time); the text itself is compared, not kept
+        self._groups: dict[tuple[int, int], tuple[int, int, tuple]] = {}
         self.shared: set[int] = set()
         self._close = self._matching_parens() if len(text) >= 4 * _MEMO_GROUP_MIN else {}
 
@@ -209,13 +211,18 @@ class _Parser:
         c = s[self.i]
         if c == "(":
             j = self._close.get(self.i)
-            key = s[self.i:j + 1] if j is not None and j - self.i <= _MEMO_GROUP_MAX else None
-            if key is not None:
-                hit = self._groups.get(key)
-                if hit is not None:  # this very text parsed before: the same node
-                    self.i = j + 1
-                    self.shared.add(id(hit))
-                    return hit
+            key = None
+            if j is not None and j - self.i <= _MEMO_GROUP_MAX:
+                text = s[self.i:j + 1]
+                key = (hash(text), j - self.i)
+                seen = self._groups.get(key)
+                if seen is not None and s[seen[0]:seen[1] + 1] == text:  # this very text parsed
+                    self.i = j + 1                                        # before: the same node
+                    self.shared.add(id(seen[2]))
+                    return seen[2]
+                if seen is not None:
+                    key = None  # another text of that hash: parsed as it comes
+            start = self.i
             self.i += 1
             if s.startswith("?:", self.i):
                 self.i += 2
@@ -226,7 +233,7 @@ class _Parser:
                 raise self.fail("an unclosed group")
             self.i += 1
             if key is not None and self.i == j + 1 and node[0] != "lit":
-                self._groups[key] = node
+                self._groups[key] = (start, j, node)
             return node
         if c == "[":
             return ("lit", self.cls())
