@@ -494,6 +494,27 @@ def array_regex(conv: _Converter, schema: dict, path: str) -> str:
 UNIQUE_MAX_VALUES = 6  # uniqueItems over at most this many listed values (1,957 orders at 6)
 
 
+def _strings_of_distinct_lengths(conv: _Converter, items: Any, lo: int, path: str) -> str | None:
+    """Strict mode, ``uniqueItems`` with ``minItems`` ``lo`` of 2 or more over items that may be
+    strings (CloudFormation's ``SubnetIds``: 2 to 6 strings): exactly ``lo`` string items, each of
+    its own length (1 to ``DISTINCT_LENGTHS`` characters, the first ones the item schema has
+    strings of), so no two are equal; None where fewer lengths have a string."""
+    if "string" not in schema_types(conv.merger, items) or lo > DISTINCT_LENGTHS:
+        return None
+    firsts: list[str] = []
+    for length in range(1, DISTINCT_LENGTHS + 1):
+        if len(firsts) == lo:
+            break
+        try:
+            firsts.append(conv.convert({"allOf": [items, {"type": "string", "minLength": length, "maxLength": length}]},
+                                       f"{path}.items"))
+        except UnsupportedSchemaError:  # (NoOutput too: no string of that length)
+            continue
+    if len(firsts) < lo:
+        return None
+    return conv.OPEN_A + conv.COMMA.join(firsts) + conv.CLOSE_A
+
+
 def _unique_array_regex(conv: _Converter, schema: dict, lo: int, hi: int | None, path: str) -> str:
     """``uniqueItems`` where the items are one of a few listed scalars (``set[Enum]``,
     ``set[Literal[...]]``, booleans): every order of every subset whose size fits, spelled
@@ -506,6 +527,10 @@ def _unique_array_regex(conv: _Converter, schema: dict, lo: int, hi: int | None,
             capped = {k: v for k, v in schema.items() if k != "uniqueItems"}
             capped["maxItems"] = 1
             return array_regex(conv, capped, path)
+        distinct = None if conv.spec or "prefixItems" in schema or hi is not None and hi < lo else \
+            _strings_of_distinct_lengths(conv, items, lo, path)
+        if distinct is not None:
+            return distinct
         raise UnsupportedSchemaError(
             f"json_schema: keyword 'uniqueItems' at {path} is supported only for items of at most "
             f"{UNIQUE_MAX_VALUES} listed scalar values (enum, const, boolean, null), or in strict mode "

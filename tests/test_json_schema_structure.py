@@ -536,3 +536,31 @@ def test_openapi_31_extensions_license_and_meta_schemas() -> None:
                   {"info": {"license": {"name": "a"}}, "paths": {"q": {}}}):
         assert not checker(OPENAPI_31).is_valid(value) and not rx.fullmatch(json.dumps(value, separators=(",", ":")))
     assert any("identifier" in v["info"]["license"] for v in values)
+
+
+# ------------------------------------------------------------------ uniqueItems of two or more strings (issue 31)
+
+# cloudformation/AWS::Grafana::Workspace: VpcConfiguration's SubnetIds, 2 to 6 unique strings of 1
+# to 255 characters (was refused: uniqueItems over unlisted items with minItems 2). Strict mode
+# writes the 2 it needs, each of its own length, so they differ.
+GRAFANA_VPC = {
+    "type": "object", "additionalProperties": False, "required": ["SubnetIds"],
+    "properties": {"SubnetIds": {"type": "array", "minItems": 2, "maxItems": 6, "uniqueItems": True,
+                                 "items": {"type": "string", "minLength": 1, "maxLength": 255}},
+                   "Ports": {"type": "array", "minItems": 3, "uniqueItems": True,
+                             "items": {"type": ["string", "integer"], "pattern": "^[0-9]+$", "maxLength": 5}}},
+}
+
+
+def test_unique_strings_written_of_distinct_lengths() -> None:
+    from test_json_schema_oneof import walks as index_walks
+
+    rx, values = index_walks(GRAFANA_VPC, n=120)
+    assert rx.fullmatch('{"SubnetIds":["a","bc"]}') and not rx.fullmatch('{"SubnetIds":["a","b"]}')
+    assert any("Ports" in v for v in values)
+    for v in values:
+        assert len(set(v["SubnetIds"])) == 2
+    with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):  # spec mode writes no subset of it
+        json_schema_to_regex(GRAFANA_VPC, mode="spec")
+    with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):  # integers: no rule tells them apart
+        json_schema_to_regex({"type": "array", "minItems": 2, "uniqueItems": True, "items": {"type": "integer"}})
