@@ -39,6 +39,7 @@ import interegular
 from treadle.constrained.fsm_regex import fsm_to_regex
 from treadle.constrained.regex_text import (
     MAX_REPEAT,
+    json_safe_atoms,
     has_top_level_alternation,
     class_literal,
     escape_literal,
@@ -166,6 +167,8 @@ def _subset_body(pattern: str) -> str:
     if not parts:
         raise RegexDialectError("pattern: matches no string")
     body = parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+    if json_safe_atoms(body):  # raw JSON characters only, read off its atoms (no automaton)
+        return body
     fsm = interegular.parse_pattern(body).to_fsm()
     safe = _fsm(pad)
     if not (fsm - safe).empty():

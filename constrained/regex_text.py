@@ -460,6 +460,58 @@ def _json_safe_class(cls: str, offset: int) -> str:
                          for a, b in cut) + "]"
 
 
+_RAW_UNSAFE_POINTS = (*range(0x20), 0x22, 0x5C)  # what SAFE_RAW_CHAR leaves out
+
+
+def json_safe_atoms(body: str) -> bool:
+    """Whether every character ``body`` (a translated regex) can match is one ``SAFE_RAW_CHAR``
+    takes (none of ``_RAW_UNSAFE_POINTS``), read from Python's parse of it: its literals and classes
+    one by one, no automaton built (that of a padded or counted body can have millions of
+    states). False where it cannot tell (a category, ``.``): the caller then builds the
+    automaton."""
+    try:
+        tree = _sre_parse.parse(body)
+    except re.error:
+        return False
+    c = _sre_constants
+
+    def member(items: list, point: int) -> bool | None:
+        hit, negated = False, False
+        for op, arg in items:
+            if op is c.NEGATE:
+                negated = True
+            elif op is c.LITERAL:
+                hit = hit or arg == point
+            elif op is c.RANGE:
+                hit = hit or arg[0] <= point <= arg[1]
+            else:
+                return None
+        return hit != negated
+
+    def safe(nodes: Any) -> bool:
+        for op, arg in nodes:
+            if op is c.LITERAL:
+                if arg in _RAW_UNSAFE_POINTS:
+                    return False
+            elif op is c.IN:
+                if any(member(arg, p) is not False for p in _RAW_UNSAFE_POINTS):
+                    return False
+            elif op in (c.MAX_REPEAT, c.MIN_REPEAT):
+                if not safe(arg[2]):
+                    return False
+            elif op is c.SUBPATTERN:
+                if not safe(arg[-1]):
+                    return False
+            elif op is c.BRANCH:
+                if not all(safe(b) for b in arg[1]):
+                    return False
+            else:
+                return False
+        return True
+
+    return safe(tree)
+
+
 def _ecma_negated_shorthand(letter: str) -> str:
     """``\\S``, ``\\D`` or ``\\W`` in a JSON pattern, as a subset of what both Python's
     ``re`` (Unicode-wide shorthands) and ECMA match, of raw JSON string characters: ``\\S``

@@ -584,3 +584,30 @@ def test_format_uri_with_a_pattern_of_the_scheme(pattern: str, schemes: list[str
                                             format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
     for s in tree_strings(body, 100):
         assert check.is_valid(s), s
+
+
+# regex_text.json_safe_atoms: a body whose atoms are all raw JSON characters needs no automaton
+# to say so (SageMaker::Space's ^https://([.\-_a-zA-Z0-9]+/?){3,1016}$ built one for minutes);
+# where it says yes, the automaton agrees
+@pytest.mark.parametrize("body,safe", [
+    ("(?:https://([.0-9A-Z_a-z-]+/?){3,32})", True),
+    ('[^"\\\\\\x00-\\x1f]*(?:a|b{2,5})[^"\\\\\\x00-\\x1f]*', True),
+    ("[ -~]+", False),  # holds '"' and '\\'
+    ("a\\nb", False),
+    ("x.y", False),  # '.': not told here
+    ("\\d+", False),  # a category: not told here
+])
+def test_json_safe_atoms_agrees_with_the_automaton(body: str, safe: bool) -> None:
+    from treadle.constrained.regex_text import SAFE_RAW_CHAR, json_safe_atoms
+
+    assert json_safe_atoms(body) is safe
+    if safe:
+        fsm = interegular.parse_pattern(body).to_fsm()
+        assert (fsm - interegular.parse_pattern(SAFE_RAW_CHAR + "*").to_fsm()).empty()
+
+
+def test_a_long_counted_url_pattern_is_written_without_its_automaton() -> None:
+    body = pattern_subset_body("^https://([.\\-_a-zA-Z0-9]+/?){3,1016}$")
+    assert re.fullmatch(body, "https://a/b/c") and not re.fullmatch(body, "https://a")
+    for s in tree_strings(body, 50):
+        assert re.search("^https://([.\\-_a-zA-Z0-9]+/?){3,1016}$", s), s
