@@ -828,13 +828,13 @@ class _Converter:
             except NoOutput as exc:
                 first_error = first_error or exc  # a branch with no output only narrows the choice
             except UnsupportedSchemaError as exc:
-                # strict mode writes a subset: a branch it cannot write (an external $ref, a
-                # pattern it cannot read) is left out, and another branch's values satisfy an
-                # anyOf whatever that one says; a oneOf's too, as _check_exclusive proved every
-                # two branches apart by what they say in the open (types over-approximated, an
-                # unresolved ref as any type; a tag or key the branch requires whatever its refs
-                # add). Not in spec mode, nor for listed values (checked against the others).
-                if literal_only or not self.leave_out_branches:
+                # strict mode writes a subset: an anyOf branch it cannot write (an external $ref,
+                # a pattern it cannot read) is left out, and another branch's values satisfy the
+                # anyOf whatever that one says. Not in spec mode, nor for a oneOf proven apart by
+                # _check_exclusive: a oneOf of tags names each of its kinds (the server's tool
+                # calls are a oneOf of the tools' names: a tool it cannot write is a 400 naming
+                # the tool, never a tool silently left out)
+                if kind == "oneOf" or not self.leave_out_branches:
                     raise
                 first_error = first_error or exc
         if kind == "anyOf" and self.spec:

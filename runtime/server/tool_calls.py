@@ -90,8 +90,11 @@ class ToolPlan:
             defs = embedded_defs({f"tool_{i}": t.parameters for i, t in enumerate(self.tools)})
             calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": {"$ref": f"#/$defs/{k}"}},
                       "required": ["name", "arguments"]} for k, t in zip(defs, self.tools)]
+            # oneOf: a call is of exactly one tool (their names differ), and a tool whose
+            # parameters cannot be written is refused by name, never left out as an anyOf
+            # branch would be in the default mode
             schema: dict = {"type": "array", "minItems": 1,
-                            "items": calls[0] if len(calls) == 1 else {"anyOf": calls}, "$defs": defs}
+                            "items": calls[0] if len(calls) == 1 else {"oneOf": calls}, "$defs": defs}
             if not self.parallel:
                 schema["maxItems"] = 1
             return {"json_schema": json.dumps(schema)}
@@ -120,7 +123,7 @@ class ToolPlan:
             return f"tools[{i}].function.parameters"
 
         named = next((i for i, t in enumerate(self.tools) if t.name == self.named), 0)
-        message = re.sub(r"\$\.items(?:\.anyOf\[(\d+)\])?\.properties\.arguments",
+        message = re.sub(r"\$\.items(?:\.(?:any|one)Of\[(\d+)\])?\.properties\.arguments",
                          lambda m: tool(int(m.group(1) or 0)), message)
         message = re.sub(r"\$\.structures\[(\d+)\]\.schema", lambda m: tool(int(m.group(1))), message)
         if self.choice == "named":
