@@ -4,9 +4,14 @@ subset of what they match (sound: every output matches the pattern) or exactly.
 ``pattern_subset_body(pattern)`` tries ``pattern_to_body`` first; when that refuses, it
 reads the pattern again with these rules, each argued where it is applied:
 
-- leading inline flags ``(?s)``, ``(?i)``, ``(?m)`` (Python's, as CloudFormation writes
-  them) are dropped: case-sensitive ``.``-without-newline matching is a subset, and a body
-  never holds a newline, so multiline anchors mean what plain ones do (narrowing);
+- the syntax is checked by Python's ``re`` with ECMA-2018's named groups, lookbehinds of
+  any width and inline flags put its way (``_syntax_view``): those validators read with the
+  ``regex`` module, and a pattern no reader takes is refused;
+- inline flags ``(?s)``, ``(?i)``, ``(?m)`` (Java's and Python's, as CloudFormation writes
+  them, ``^(?s)`` or ``(?!(?i)aws)``) are dropped wherever they stand: case-sensitive
+  ``.``-without-newline matching is a subset, and a body never holds a newline, so multiline
+  anchors mean what plain ones do (narrowing); under ``i`` the negative lookarounds are read
+  case-insensitively, each letter widened to its whole case class (``_folded``);
 - anchors per branch: ``^a|b$`` is "starts with a, or ends with b"; a branch that is one
   group, ``(^x$)`` or ``^(a|b)$``, is unwrapped and its alternatives take the anchors (exact);
 - named groups ``(?<n>x)`` / ``(?P<n>x)`` are plain groups (exact);
@@ -19,10 +24,13 @@ reads the pattern again with these rules, each argued where it is applied:
   Unicode-wide), since subtracting a smaller set would keep too much; ``\\b`` reads its
   neighbours as ASCII word / non-word characters (a subset); ``\\A`` / ``\\Z`` as Python's
   ``re`` does (jsonschema's validator); a leading lookahead of lengths only as lengths
-  (the rest's repetitions reshaped: a subset); an automaton too large to write is tried again
+  (the rest's repetitions reshaped: a subset); a lookbehind branch anchored at '^' reads the
+  whole prefix; a positive lookaround whose counts overlap (``(.{1,63}/)?.{1,63}``) has them
+  lowered to 4 (a subset), a negative one is refused; an automaton too large to write is tried again
   as whole matches, then with counts lowered to 16 and 4 (subsets);
 - characters JSON must escape (a pattern written over ``\\u0000-\\uFFFF``) are left out, the
-  pattern's automaton intersected with the raw JSON string characters (narrowing).
+  pattern's automaton intersected with the raw JSON string characters (narrowing); a branch
+  of a class of such characters only (``^([\\n\\t])|(,)$``) adds nothing.
 
 Every output stays in the regex dialect regex_text.py describes (no lookaround, no anchors).
 """
@@ -138,8 +146,8 @@ def _pattern_subset_body(pattern: str) -> str:
     except RegexDialectError as exc:
         first = exc
     try:
-        re.compile(_PROPERTY.sub("p", pattern))  # (Unicode property escapes: regex_text reads them)
-    except re.error as exc:  # jsonschema's validator (Python's re) could not check an output
+        re.compile(_syntax_view(_PROPERTY.sub("p", pattern)))  # (Unicode property escapes: regex_text reads them)
+    except (re.error, RegexDialectError) as exc:  # no validator could check an output
         raise RegexDialectError(f"{first} (and Python's re cannot read the pattern: {exc})") from exc
     try:
         return _subset_body(pattern)
@@ -148,24 +156,29 @@ def _pattern_subset_body(pattern: str) -> str:
 
 
 def _subset_body(pattern: str) -> str:
-    m = _FLAGS.match(pattern[1:] if pattern.startswith("^") else pattern)
-    if m and "i" in m.group(1) and ("(?!" in pattern or "(?<!" in pattern):
-        raise RegexDialectError("regex: '(?i)' with a negative lookaround is not supported")
-    if m:  # leading flags dropped (narrowing, see the module docstring)
-        cut = m.end() + (1 if pattern.startswith("^") else 0)
-        pattern = ("^" if pattern.startswith("^") else "") + pattern[cut:]
+    pattern, flags = _flags_dropped(pattern)  # (narrowing, see the module docstring)
     pattern = _python_anchors(_unnamed(pattern))
+    if "i" in flags:
+        pattern = _folded_negatives(pattern)
     pad = SAFE_RAW_CHAR + "*"
     parts = []
     branches = [(s, e, flat) for s, e, core in _branches(pattern, False, False) for flat in _distributed(core)]
     if len(branches) > _MAX_BRANCHES:
         raise RegexDialectError(f"pattern: its assertions inside groups make more than {_MAX_BRANCHES} branches")
+    unwritable: RegexDialectError | None = None
     for s, e, core in branches:
-        written = _branch_body(s, e, core)
+        try:
+            written = _branch_body(s, e, core)
+        except RegexDialectError as exc:
+            if "JSON must escape" not in str(exc):
+                raise
+            # a branch of a class of characters JSON escapes only ('^([\\n\\t])|(\\r\\n)|(,)$'):
+            # no raw string matches it, so it adds nothing (the others still match: a subset)
+            unwritable, written = exc, None
         if written is not None:  # (a branch no string matches adds nothing)
             parts.append(written)
     if not parts:
-        raise RegexDialectError("pattern: matches no string")
+        raise unwritable or RegexDialectError("pattern: matches no string")
     body = parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
     if json_safe_atoms(body):  # raw JSON characters only, read off its atoms (no automaton)
         return body
@@ -176,6 +189,128 @@ def _subset_body(pattern: str) -> str:
         if body is None:
             raise RegexDialectError("pattern: no string JSON can hold raw matches it")
     return body
+
+
+_FLAG_GROUP = re.compile(r"\(\?[aimsux]+\)")
+
+
+def _syntax_view(text: str) -> str:
+    """``text`` as Python's ``re`` can check its syntax: ECMA-2018's named groups ``(?<n>x)``
+    as plain ones, lookbehinds (ECMA's may have any width, Python's only one) as lookaheads,
+    inline flags dropped (Python 3.11 takes them only at the pattern's start; CloudFormation
+    writes ``^(?s)`` and ``(?!(?i)aws)``, which the ``regex`` module, jsonschema users' ECMA
+    reader, takes). Only for the check: nothing is matched with it."""
+    out, i = [], 0
+    for kind, a, b in _items(text):
+        if kind != "group":
+            continue
+        if _FLAG_GROUP.fullmatch(text, a, b):
+            out.append(text[i:a])
+        else:
+            named = _NAMED.match(text, a)
+            head = named.end() if named else _group_head(text, a)
+            opener = "(?:" if named else text[a:head].replace("(?<", "(?")
+            out.append(text[i:a] + opener + _syntax_view(text[head:b - 1]) + ")")
+        i = b
+    out.append(text[i:])
+    return "".join(out)
+
+
+def _flags_dropped(text: str) -> tuple[str, str]:
+    """``text`` without its inline flag groups ``(?i)``, ``(?s)``, ``(?m)`` (wherever they
+    stand: Python's ``re`` takes them at the start, the ``regex`` module anywhere, scoped or
+    for the whole pattern), and the flags they held. Read without them, each part of the
+    match is case-sensitive and its '.' leaves out newlines (a subset under either scope);
+    a string body holds no raw newline, so '^' / '$' mean what they do without 'm'. The
+    negative lookarounds are then read case-insensitively where 'i' was set
+    (``_folded_negatives``)."""
+    out, flags, i = [], "", 0
+    for kind, a, b in _items(text):
+        if kind != "group":
+            continue
+        m = _FLAGS.fullmatch(text, a, b)
+        if m:
+            flags += m.group(1)
+            out.append(text[i:a])
+        else:
+            head = _group_head(text, a)
+            inner, more = _flags_dropped(text[head:b - 1])
+            flags += more
+            out.append(text[i:head] + inner + ")")
+        i = b
+    out.append(text[i:])
+    return "".join(out), flags
+
+
+def _folded_negatives(text: str) -> str:
+    """``text`` with the inside of each negative lookaround ``_folded`` (a pattern under
+    '(?i)': what such a lookaround excludes is read as wide as any engine's case-insensitive
+    reading, so no string it excludes is written)."""
+    out, i = [], 0
+    for kind, a, b in _items(text):
+        if kind != "group":
+            continue
+        head = _group_head(text, a)
+        negative = text.startswith(("(?!", "(?<!"), a)
+        inner = _folded(text[head:b - 1]) if negative else _folded_negatives(text[head:b - 1])
+        out.append(text[i:head] + inner + ")")
+        i = b
+    out.append(text[i:])
+    return "".join(out)
+
+
+def _folded(text: str) -> str:
+    """``text`` with each letter, alone or in a positive class, widened to its case class
+    (``_case_partners``); a negated class is kept (its case-sensitive reading already holds
+    every member of the insensitive one). A code-point escape of a letter is refused."""
+    out, i = [], 0
+    for kind, a, b in _items(text):
+        piece = text[a:b]
+        if kind == "group":
+            head = _group_head(text, a)
+            out.append(text[i:head] + _folded(text[head:b - 1]) + ")")
+        elif kind == "atom" and piece.startswith("[") and not piece.startswith("[^"):
+            added = _case_partners(_wide(piece))
+            out.append(text[i:a] + piece[:-1] + "".join(_cp(c) for c in added) + "]")
+        elif kind == "atom" and piece.startswith("\\") and piece[1:2] in ("u", "x", "U", "c", "p", "P"):
+            raise RegexDialectError(f"regex: escape '{piece}' inside a negative lookaround under '(?i)'")
+        elif kind == "atom" and len(piece) == 1 and _case_partners(re.escape(piece)):
+            out.append(text[i:a] + "[" + class_literal(piece) + "".join(_cp(c) for c in _case_partners(re.escape(piece))) + "]")
+        else:
+            continue
+        i = b
+    out.append(text[i:])
+    return "".join(out)
+
+
+def _case_partners(regex: str) -> list[int]:
+    """The code points (no lone surrogate) that ``regex`` (one character class) does not match but
+    that share a case class with one it matches."""
+    rx = re.compile(regex)
+    roots = _case_roots()
+    matched = {r for c, r in roots.items() if rx.fullmatch(chr(c))}
+    return [c for c, r in roots.items() if r in matched and not rx.fullmatch(chr(c))]
+
+
+@lru_cache(maxsize=1)
+def _case_roots() -> dict[int, int]:
+    """Each cased code point (all lie below U+1E960) to a representative of its case class:
+    the classes joined by one-character lower / upper / casefold mappings, which hold every
+    pair Python's ``re``, the ``regex`` module or ECMA-262's ``/i`` take as equal ('s' with
+    U+017F, 'k' with the Kelvin sign U+212A)."""
+    parent: dict[int, int] = {}
+
+    def root(x: int) -> int:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    for c in range(0x1E960):
+        ch = chr(c)
+        for m in (ch.lower(), ch.upper(), ch.casefold()):
+            if len(m) == 1 and m != ch:
+                parent[root(c)] = root(ord(m))
+    return {c: root(c) for c in parent}
 
 
 _LENGTH_LOOKAHEAD = re.compile(r"(?:\.|\[\\s\\S\]|\[\\S\\s\])(?:\{(\d+)(?:(,)(\d*))?\}|([*+]))")
@@ -578,11 +713,7 @@ def _branch_fsm(start: bool, end: bool, core: str, most: int | None = None) -> A
             inside = core[a + len(opener):b - 1]
             positive = opener in ("(?=", "(?<=")
             if opener.startswith("(?<"):
-                if any(s or e for s, e, _ in _branches(inside, False, False)):
-                    raise RegexDialectError("regex: an anchor inside a lookbehind is not supported")
-                if any(k == "group" and inside.startswith(_LOOK, x) for k, x, _ in _items(inside)):
-                    raise RegexDialectError("regex: a lookaround inside a lookaround is not supported")
-                conj = [(*lookbehind(_fsm(anything) + _fsm(_positive(inside) if positive else _wide(inside))), positive)]
+                conj = [(*lookbehind(_lookbehind_fsm(inside, not positive)), positive)]
             else:
                 conj = [(*lookahead(_lookahead_fsm(inside, not positive, False),
                                     _lookahead_fsm(inside, not positive, True)), positive)]
@@ -803,6 +934,22 @@ def _assertion_product(fsms: list[Any], cuts: list[list[list[tuple]]], machines:
     return FSM(alphabet=alphabet, states=range(len(order)), initial=0, finals=finals, map=fmap)
 
 
+def _lookbehind_fsm(inside: str, wide: bool) -> Any:
+    """The strings (from the string's start) that end with a match of ``inside`` (a
+    lookbehind): each branch's match after anything, or, where the branch is anchored at
+    '^' (``(?<=^v?|\\sv?)``), after nothing (exact: the whole prefix is known)."""
+    out = None
+    for s, e, core in _branches(inside, False, False):
+        if e:
+            raise RegexDialectError("regex: a '$' inside a lookbehind is not supported")
+        if any(k == "group" and core.startswith(_LOOK, x) for k, x, _ in _items(core)):
+            raise RegexDialectError("regex: a lookaround inside a lookaround is not supported")
+        f = _fsm(_around(core, wide)) if core else _fsm("")
+        f = f if s else _fsm(_ANYTHING) + f
+        out = f if out is None else out | f
+    return out if out is not None else _fsm("") - _fsm("")
+
+
 def _lookahead_fsm(inside: str, wide: bool, first: bool) -> Any:
     """The strings that start with a match of ``inside`` (a lookahead at the start of the
     rest of the string): each branch's match, then anything unless it ends at '$'. A branch
@@ -814,11 +961,40 @@ def _lookahead_fsm(inside: str, wide: bool, first: bool) -> Any:
             continue
         if any(core.startswith(look, a) for kind, a, _ in _items(core) if kind == "group" for look in _LOOK):
             raise RegexDialectError("regex: a lookaround inside a lookaround is not supported")
-        f = _fsm(_wide(core) if wide else _positive(core)) if core else _fsm("")
+        f = _fsm(_around(core, wide)) if core else _fsm("")
         if not e:
             f = f + _fsm(_ANYTHING)
         out = f if out is None else out | f
     return out if out is not None else _fsm("") - _fsm("")
+
+
+_QUANTIFIERS = re.compile(r"[*+]|\{(\d+)(?:(,)(\d*))?\}")
+_AROUND_MOST = 4
+
+
+def _around(core: str, wide: bool) -> str:
+    """A lookaround's ``core`` read wide (``_wide``, a negative one) or as a subset
+    (``_positive``). Where a repetition comes before a count of 8 or more (``(.{1,63}/)?.{1,63}``),
+    the automaton tracks every place the count may have started, 2^count states: a positive
+    one's counts are lowered to ``_AROUND_MOST`` (fewer strings: a subset), a negative one is
+    refused (its reading may not shrink)."""
+    if not _overlapping_counts(core):
+        return _wide(core) if wide else _positive(core)
+    if wide:
+        raise RegexDialectError("pattern: a negative lookaround with a long count after a repetition "
+                                "(its automaton is too large)")
+    return _positive(core, _AROUND_MOST)
+
+
+def _overlapping_counts(text: str) -> bool:
+    """Whether ``text`` (outside classes) has a repetition followed by a count up to 8 or more."""
+    seen = False
+    for m in _QUANTIFIERS.finditer(re.sub(r"\\.|\[(?:\\.|[^\]\\])*\]", "c", text)):
+        top = None if m.group(1) is None else int(m.group(3) or 0) if m.group(2) else int(m.group(1))
+        if seen and top is not None and top >= 8 and (m.group(2) is None or m.group(3)):
+            return True
+        seen = True
+    return False
 
 
 def _positive(text: str, most: int | None = None) -> str:

