@@ -1185,6 +1185,7 @@ def _annex_b_class(pattern: str, i: int) -> tuple[int, str]:
             j += 1
     if j >= n:  # unterminated: left for the dialect check
         return n, pattern[i:]
+    _refuse_surrogate_pairs(items, i)
     # ranges: cp '-' cp; a '-' beside anything else is a literal
     ranges: list[tuple[int, int]] = []
     others: list[str] = []
@@ -1204,7 +1205,13 @@ def _annex_b_class(pattern: str, i: int) -> tuple[int, str]:
         k += 1
     if any(a > b for a, b in ranges):  # out of order: left for the dialect check
         return j + 1, pattern[i:j + 1]
-    if not negated:
+    if negated:
+        # a negated class's lone surrogates left out: no JSON text holds one, so over the
+        # strings a body writes the class means the same (exact)
+        ranges = _without_surrogates(ranges)
+        if not ranges and not others:
+            return j + 1, "[\\s\\S]"  # (it excluded nothing a body writes)
+    else:
         ranges = _without_surrogates(ranges)
         if not others and sum(b - a + 1 for a, b in ranges) > _HUGE_CLASS:
             # the complement, but its surrogates: the negation then also matches lone
@@ -1219,6 +1226,19 @@ def _annex_b_class(pattern: str, i: int) -> tuple[int, str]:
     if not body:  # every member a surrogate: left for the dialect check
         return j + 1, pattern[i:j + 1]
     return j + 1, "[" + ("^" if negated else "") + body + "]"
+
+
+def _refuse_surrogate_pairs(items: list[tuple[str, Any]], offset: int) -> None:
+    """Refuses a class that pairs a high surrogate with a low one (``[\\uD800\\uDC00-\\uDBFF\\uDFFF]``,
+    AWS::Glue's "valid XML characters"): under ECMA's ``u`` flag the pairs are U+10000-U+10FFFF,
+    in every other reading (ECMA without it, Python's ``re``, the ``regex`` module) a range out
+    of order, so no validator here reads the pattern to check an output against it."""
+    for (kind, value), (next_kind, next_value) in zip(items, items[1:]):
+        if kind == next_kind == "cp" and 0xD800 <= value <= 0xDBFF and 0xDC00 <= next_value <= 0xDFFF:
+            raise RegexDialectError(f"regex: the class at offset {offset} pairs surrogate escapes "
+                                    f"(\\u{value:04X}\\u{next_value:04X}): a character past U+FFFF only under "
+                                    "ECMA's u flag, a range out of order for Python's re and the regex module, "
+                                    "which could not check an output")
 
 
 def _without_surrogates(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
