@@ -13,15 +13,49 @@ states in the same order, so the FSMs it returns are identical, state numbers in
 Importing this module installs it into ``interegular.fsm``, whose operations call the
 module-level name; every module here that uses interegular imports ``regex_text``, which
 imports this one.
+
+``limit(states, seconds)`` bounds every crawl made inside it: one that finds more states, or
+runs past the deadline, raises ``TooLarge`` (as does an alphabet union past the deadline). A nested counted repetition
+(``^https://([.\\-_a-zA-Z0-9]+/?){3,1016}$``, CloudFormation's SageMaker URLs) makes an
+automaton interegular spends minutes on; under a limit the caller learns that in a fraction
+of a second and writes a narrower subset instead.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import contextvars
+import time
+from typing import Any, Callable, Iterator
 
 import interegular.fsm as _fsm
 
-__all__ = ["crawl", "interegular_crawl"]
+__all__ = ["TooLarge", "crawl", "interegular_crawl", "limit"]
+
+
+class TooLarge(BaseException):
+    """A crawl under ``limit`` found more states than it allows or ran past its deadline. A
+    BaseException, so that code catching interegular's many ``Exception``s (and turning them
+    into a verdict on the pattern, perhaps remembered) lets it through to the caller that set
+    the limit."""
+
+
+# (most states of one crawl, deadline by time.perf_counter()) of the innermost limit, or None
+_BOUND: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar("fsm_crawl_bound", default=None)
+
+
+@contextlib.contextmanager
+def limit(states: int | None = None, seconds: float | None = None) -> Iterator[None]:
+    """Every crawl inside raises ``TooLarge`` past ``states`` states (each crawl counted on
+    its own) or ``seconds`` from now; inside another limit, the tighter of each bound holds."""
+    outer = _BOUND.get() or (float("inf"), float("inf"))
+    most = outer[0] if states is None else min(outer[0], states)
+    deadline = outer[1] if seconds is None else min(outer[1], time.perf_counter() + seconds)
+    token = _BOUND.set((most, deadline))
+    try:
+        yield
+    finally:
+        _BOUND.reset(token)
 
 interegular_crawl = _fsm.crawl  # the library's own, kept for the equality test
 
@@ -38,7 +72,9 @@ def _key(state: Any) -> Any:
 
 def crawl(alphabet: Any, initial: Any, final: Callable[[Any], bool], follow: Callable[[Any, Any], Any]) -> Any:
     """The FSM reached from ``initial`` by ``follow`` over ``alphabet``'s transitions; states
-    numbered in the order they are found (as ``interegular.fsm.crawl`` numbers them)."""
+    numbered in the order they are found (as ``interegular.fsm.crawl`` numbers them); under
+    ``limit``, ``TooLarge`` past its bounds."""
+    most, deadline = _BOUND.get() or (float("inf"), float("inf"))
     states = [initial]
     number = {_key(initial): 0}
     finals = set()
@@ -47,6 +83,8 @@ def crawl(alphabet: Any, initial: Any, final: Callable[[Any], bool], follow: Cal
     i = 0
     while i < len(states):
         state = states[i]
+        if len(states) > most or not i & 63 and time.perf_counter() > deadline:
+            raise TooLarge(f"an automaton past {most} states or its deadline")
         if final(state):
             finals.add(i)
         row: dict[Any, int] = {}
@@ -67,4 +105,16 @@ def crawl(alphabet: Any, initial: Any, final: Callable[[Any], bool], follow: Cal
                     __no_validation__=True)
 
 
+def _union(*alphabets: Any) -> Any:
+    """``Alphabet.union``, which every FSM operation calls first, stopped under ``limit`` past
+    its deadline: alphabets of classes listing wide ranges (``[^\\x00-\\x20\\x7f-\\uffff]``)
+    hold a symbol per character, and a union of them takes a tenth of a second."""
+    bound = _BOUND.get()
+    if bound is not None and time.perf_counter() > bound[1]:
+        raise TooLarge("an alphabet union past its deadline")
+    return _library_union(*alphabets)
+
+
+_library_union = _fsm.Alphabet.union
 _fsm.crawl = crawl
+_fsm.Alphabet.union = _union

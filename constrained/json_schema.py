@@ -45,6 +45,7 @@ import jsonschema
 import referencing
 import referencing.exceptions
 
+from treadle.constrained import fsm_crawl
 from treadle.constrained import regex_numbers as nums
 from treadle.constrained import regex_text as text
 from treadle.constrained.fsm_regex import fsm_to_regex, length_range
@@ -1253,14 +1254,38 @@ class _Converter:
             raise UnsupportedSchemaError(f"json_schema: keyword 'minLength' at {path}: {lo} exceeds the supported "
                                          f"{text.MAX_REPEAT}")
         try:
-            body = pattern_subset_body(pattern)
+            body = _bounded_subset_body(pattern)
         except ValueError as exc:
             raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
         return _Converter._body_with_length(body, lo, hi, path)
 
     @staticmethod
     def _body_with_length(body: str, lo: int, hi: int | None, path: str) -> str:
-        """``_pattern_with_length`` of the pattern's string body ``body``."""
+        """``_pattern_with_length`` of the pattern's string body ``body``. Every automaton is
+        built under ``fsm_crawl.limit``: where the body's own is too large (a nested counted
+        repetition), the body with its repetitions bounded (``_narrowed_bodies``, a subset)
+        is fitted instead."""
+        if lo == 0 and hi is None:
+            return body  # no length to cut
+        error: UnsupportedSchemaError | None = None
+        for cand in itertools.chain([body], _narrowed_bodies(body)):  # (narrowed only where the body fails)
+            try:
+                with fsm_crawl.limit(states=_PATTERN_STATES, seconds=_LENGTH_SECONDS):
+                    return _Converter._fitted_to_lengths(cand, lo, hi, path)
+            except fsm_crawl.TooLarge:
+                continue
+            except Unsatisfiable:
+                if cand is body:
+                    raise
+            except UnsupportedSchemaError as exc:  # a subset's verdict is not the pattern's
+                error = error or exc
+        raise error or UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with "
+                                              f"minLength/maxLength {lo}..{hi} is not supported: the automaton "
+                                              "is too large")
+
+    @staticmethod
+    def _fitted_to_lengths(body: str, lo: int, hi: int | None, path: str) -> str:
+        """``_body_with_length``'s work on one body."""
         pad = text.SAFE_RAW_CHAR + "*"
         if body.startswith(pad) or body.endswith(pad):
             # an unanchored search: its automaton follows every place a match may start (those
@@ -1291,8 +1316,9 @@ class _Converter:
         for cap in dict.fromkeys(max(lo, c) for c in (top, min(top, start + 64), min(top, start + 16))):
             if len(pattern_fsm.states) * (cap + 1) > _LENGTH_PRODUCT:
                 continue
-            fsm = pattern_fsm & interegular.parse_pattern(f"{text.SAFE_RAW_CHAR}{{{lo},{cap}}}").to_fsm()
-            if len(fsm.states) > _LENGTH_STATES:
+            lengths = interegular.parse_pattern(f"{text.SAFE_RAW_CHAR}{{{lo},{cap}}}").to_fsm()
+            fsm = _small_fsm(lambda: pattern_fsm & lengths)  # noqa: B023 (called at once)
+            if fsm is None:
                 continue
             try:
                 out = fsm_to_regex(fsm)
@@ -1395,6 +1421,102 @@ _SUPPORTED = {
 }
 
 
+def _small_fsm(build: Any) -> Any:
+    """``build()``, an automaton, or None where it passes ``_LENGTH_STATES`` states (or its
+    build, under ``fsm_crawl.limit``, stops)."""
+    try:
+        with fsm_crawl.limit(states=_PATTERN_STATES):
+            fsm = build()
+    except fsm_crawl.TooLarge:
+        return None
+    return fsm if len(fsm.states) <= _LENGTH_STATES else None
+
+
+def _builds(regex: str) -> bool:
+    """Whether ``regex``'s automaton builds within ``_PATTERN_STATES`` states a crawl and
+    ``_NARROW_SECONDS``."""
+    try:
+        with fsm_crawl.limit(states=_PATTERN_STATES, seconds=_NARROW_SECONDS):
+            interegular.parse_pattern(regex).to_fsm()
+    except fsm_crawl.TooLarge:
+        return False
+    return True
+
+
+def _narrowed_bodies(body: str) -> Any:
+    """Subsets of the pattern body ``body`` whose automata build (``_builds``), most strings
+    first, its free padding kept: its core with each class cut to its printable ASCII
+    (``_ascii_classes``; interegular lists a wide range character by character), then that
+    with every repetition bounded to at most ``most`` rounds (``text.reshaped_repetitions``:
+    ``+`` is ``{1,most}``, ``{3,1016}`` is ``{3,most}``), ``most`` the powers of 2 up to 64,
+    tried upwards until one does not build."""
+    pad = text.SAFE_RAW_CHAR + "*"
+    left, right = body.startswith(pad), body.endswith(pad)
+    core = _ascii_classes(body[len(pad) if left else 0:len(body) - (len(pad) if right else 0)])
+    whole = (pad if left else "") + core + (pad if right else "")
+    if whole != body and _builds(whole):
+        yield whole
+        return
+    built = []
+    for most in (1, 2, 4, 8, 16, 32, 64):
+        cand = (pad if left else "") + text.reshaped_repetitions(core, 0, most) + (pad if right else "")
+        if cand == whole or not _builds(cand):
+            break
+        built.append(cand)
+    yield from reversed(built)
+
+
+# an escape, or a class of the dialect (a ']' first in it is a member)
+_ESCAPE_OR_CLASS = re.compile(r"\\.|\[\^?\]?(?:\\.|[^\]\\])*\]", re.S)
+
+
+def _ascii_classes(body: str) -> str:
+    """``body`` with every class cut to the printable ASCII characters it has that JSON
+    writes raw (a subset of its strings); unchanged where a class has none."""
+    def cut(m: re.Match) -> str:
+        if m.group(0).startswith("\\"):
+            return m.group(0)
+        return text._ascii_class(m.group(0), m.start())
+
+    try:
+        return _ESCAPE_OR_CLASS.sub(cut, body)
+    except text.RegexDialectError:
+        return body
+
+
+def _bounded_subset_body(pattern: str) -> str:
+    """``pattern_subset_body(pattern)``, under ``fsm_crawl.limit``; where its automata are too
+    large (``^https://[A-Za-z0-9]((.|-+)?[A-Za-z0-9]){0,252}/...$``, DataSync's Azure blob
+    URLs), that of the pattern with its counted repetitions ``{m,n}`` lowered to at most 64,
+    16, 4 or 1 (``_narrowed_counts``)."""
+    for cand in itertools.chain([pattern], (_narrowed_counts(pattern, most) for most in (64, 16, 4, 1))):
+        if cand is None:
+            continue
+        try:
+            with fsm_crawl.limit(states=_PATTERN_STATES, seconds=_LENGTH_SECONDS):
+                return pattern_subset_body(cand)
+        except fsm_crawl.TooLarge:
+            continue
+    raise UnsupportedSchemaError("its automaton is too large")
+
+
+# what makes lowering a pattern's counts no subset (a count inside a negative lookaround or
+# a group's name), or its counts hard to find (ECMA's \u{...}, [] and [^], backreferences)
+_NOT_NARROWED = re.compile(r"\(\?(?!:)|\\u\{|\[\^?\]|\\[1-9k]")
+
+
+def _narrowed_counts(pattern: str, most: int) -> str | None:
+    """``pattern`` (ECMA source) with each counted repetition ``{m,n}`` at most ``max(m, most)``
+    rounds, or None where that changes nothing or the pattern has a lookaround, a named or
+    flagged group, a backreference or ECMA's ``\\u{...}``. Fewer rounds of a part match fewer
+    strings and the rest of a regex is monotone in its parts, so every string a search finds
+    the result in, it finds the pattern in (ECMA and Python alike)."""
+    if _NOT_NARROWED.search(pattern):
+        return None
+    out = text.reshaped_repetitions(pattern, 0, most, loops=False)
+    return None if out == pattern else out
+
+
 def _padded_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
     """A subset of the pattern body ``body``, open on one side or both (free characters
     before or after the pattern's core: ``.*\\S.*``, ``^arn:.*``), whose strings all have
@@ -1415,8 +1537,8 @@ def _padded_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
     for cap_counted in (False, True):  # counted ranges ({1,1011}) kept first, lowered where they must
         for most in (0, 1, 2, 4, 8, 16, 32, 64):
             bounded = text.reshaped_repetitions(core, 0, most, cap_counted=cap_counted) if core else ""
-            fsm = interegular.parse_pattern(bounded).to_fsm()
-            if len(fsm.states) > _LENGTH_STATES:
+            fsm = _small_fsm(interegular.parse_pattern(bounded).to_fsm)
+            if fsm is None:
                 break
             span = length_range(fsm)
             if span is None or span[1] is None:
@@ -1459,8 +1581,8 @@ def _reshaped_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
             if shortest >= lo:
                 break
             least = step
-            raised = interegular.parse_pattern(text.reshaped_repetitions(cand, least, None)).to_fsm()
-            if len(raised.states) > _LENGTH_STATES:
+            raised = _small_fsm(interegular.parse_pattern(text.reshaped_repetitions(cand, least, None)).to_fsm)
+            if raised is None:
                 break
             shortest, longest = length_range(raised) or (0, 0)
         if shortest < lo:
@@ -1473,9 +1595,9 @@ def _reshaped_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
             if most < least or best is not None and cap_counted:
                 continue
             bounded = text.reshaped_repetitions(cand, least, most, cap_counted=cap_counted)
-            b_fsm = interegular.parse_pattern(bounded).to_fsm()
-            b_range = length_range(b_fsm)
-            if b_range is None or b_range[1] is None or b_range[1] > hi or len(b_fsm.states) > _LENGTH_STATES:
+            b_fsm = _small_fsm(interegular.parse_pattern(bounded).to_fsm)
+            b_range = None if b_fsm is None else length_range(b_fsm)
+            if b_range is None or b_range[1] is None or b_range[1] > hi:
                 if cap_counted or best is not None:
                     break
                 continue
@@ -1493,6 +1615,9 @@ def _reshaped_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
 _URI_FORMATS = frozenset({"uri", "iri", "uri-reference", "iri-reference"})
 _URI_SCHEMES = ("https", "http", "ftp", "sftp", "ftps", "ws", "wss", "git", "ssh", "s3", "file")
 _LENGTH_STATES = 400  # a pattern's automaton under a length range: beyond this, fewer lengths
+_PATTERN_STATES = 5000  # one crawl of a pattern's automaton under lengths: past this, its repetitions bounded
+_LENGTH_SECONDS = 1.5  # ... and past this long
+_NARROW_SECONDS = 0.5  # a narrowed body's automaton: past this long, it is not taken
 _RESHAPE_SECONDS = 1.0  # the repetitions' bounds tried after this long: no larger ones
 _LENGTH_PRODUCT = 3000  # ... and a product of its states and lengths past this is not built
 _FORMAT_INTERSECT_STATES = 100  # date, time, date-time, duration, ipv4, ipv6, uuid

@@ -1,0 +1,87 @@
+"""Strings under minLength / maxLength whose pattern's automaton is too large to build whole
+(issue #31's corpus timeouts and 'the automaton is too large' refusals): the written body is a
+subset of the pattern under the lengths, found in bounded time (fsm_crawl.limit), and its
+random strings match the pattern and lie within the lengths."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import time
+from typing import Iterator
+
+import interegular
+import pytest
+from test_json_schema_patterns import body_of, check_subset, tree_strings
+
+from treadle.constrained import fsm_crawl
+
+
+@contextlib.contextmanager
+def within(seconds: int) -> Iterator[None]:
+    """Fails the test past ``seconds`` (the old code spent minutes on these schemas)."""
+    def stop(*_: object) -> None:
+        raise AssertionError(f"past {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# ------------------------------------------------------------------ fsm_crawl.limit
+
+def test_a_crawl_past_its_limit_stops_and_the_limit_ends_with_its_block() -> None:
+    pattern = interegular.parse_pattern("[ab]{0,40}a[ab]{8}")  # the DFA remembers the last 9 letters
+    with pytest.raises(fsm_crawl.TooLarge):
+        with fsm_crawl.limit(states=200):
+            pattern.to_fsm()
+    with fsm_crawl.limit(states=10_000_000, seconds=60):
+        with pytest.raises(fsm_crawl.TooLarge):
+            with fsm_crawl.limit(states=200, seconds=120):  # the tighter bound of each holds
+                pattern.to_fsm()
+    small = interegular.parse_pattern("x{2,5}").to_fsm()
+    with fsm_crawl.limit(states=200):
+        assert interegular.parse_pattern("x{2,5}").to_fsm().equivalent(small)
+    assert len(pattern.to_fsm().states) > 200  # no limit outside the block
+
+
+def test_a_deadline_stops_a_long_crawl() -> None:
+    t0 = time.perf_counter()
+    with pytest.raises(fsm_crawl.TooLarge):
+        with fsm_crawl.limit(seconds=0.2):
+            interegular.parse_pattern("^https://([.\\-_a-zA-Z0-9]+/?){3,1016}$"[1:-1]).to_fsm()
+    assert time.perf_counter() - t0 < 5
+
+
+def test_too_large_passes_through_code_that_catches_exception() -> None:
+    with pytest.raises(fsm_crawl.TooLarge):
+        with fsm_crawl.limit(states=50):
+            try:
+                interegular.parse_pattern("[ab]*a[ab]{8}").to_fsm()
+            except Exception:  # noqa: BLE001 (what interegular's callers write)
+                pytest.fail("caught as an Exception")
+
+
+# ------------------------------------------------------------------ the corpus timeouts
+
+@pytest.mark.parametrize("schema", [
+    # AWS::SageMaker::Space / Domain / UserProfile: a nested counted repetition under maxLength
+    {"pattern": "^https://([.\\-_a-zA-Z0-9]+/?){3,1016}$", "maxLength": 256},
+    # AWS::DataSync::LocationAzureBlob: a counted group holding '.', under maxLength
+    {"pattern": "^https://[A-Za-z0-9]((.|-+)?[A-Za-z0-9]){0,252}/[a-z0-9](-?[a-z0-9]){2,62}$", "maxLength": 325},
+    # AWS::Omics::SequenceStore: a minLength of 0 says nothing
+    {"pattern": "^$|^s3://([a-z0-9][a-z0-9-.]{1,61}[a-z0-9])/?((.{1,1024})/)?$", "minLength": 0},
+    # AWS::RedshiftServerless::Namespace: lookaheads under 8..64
+    {"pattern": "^(?=.*[a-z])(?=.*[A-Z])(?=.*\\d)[^\\x00-\\x20\\x22\\x27\\x2f\\x40\\x5c\\x7f-\\uffff]+",
+     "minLength": 8, "maxLength": 64},
+])
+def test_big_patterns_under_lengths_are_written_in_bounded_time(schema: dict) -> None:
+    with within(10):
+        body = body_of(schema)
+    strings = check_subset(schema, 80, sample=tree_strings)
+    assert len(set(strings)) > 10, body[:300]
