@@ -32,6 +32,7 @@ are refused.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -1250,9 +1251,9 @@ class _Converter:
         """A pattern's string body under minLength / maxLength: the pattern's automaton
         intersected with the lengths' (its body writes raw characters, a code point each;
         a maxLength past MAX_REPEAT is cut there, which only narrows)."""
-        if lo > text.MAX_REPEAT:
+        if lo > text.MAX_MIN_LENGTH:
             raise UnsupportedSchemaError(f"json_schema: keyword 'minLength' at {path}: {lo} exceeds the supported "
-                                         f"{text.MAX_REPEAT}")
+                                         f"{text.MAX_MIN_LENGTH}")
         try:
             body = _bounded_subset_body(pattern)
         except ValueError as exc:
@@ -1267,6 +1268,25 @@ class _Converter:
         is fitted instead."""
         if lo == 0 and hi is None:
             return body  # no length to cut
+        try:
+            return _Converter._fitted_or_narrowed(body, lo, hi, path)
+        except Unsatisfiable:
+            raise
+        except UnsupportedSchemaError:
+            # a top-level alternation (RTBFabric's ^DEFAULT|4XX|5XX|\d{3}$ under 3..7, each branch
+            # open on a side): its branches fitted one by one, those that fit kept (a subset)
+            fitted = []
+            for branch in _top_branches(body):
+                with contextlib.suppress(UnsupportedSchemaError):
+                    fitted.append(_Converter._fitted_or_narrowed(branch, lo, hi, path))
+            if not fitted:
+                raise
+            return "(?:" + "|".join(fitted) + ")"
+
+    @staticmethod
+    def _fitted_or_narrowed(body: str, lo: int, hi: int | None, path: str) -> str:
+        """``_fitted_to_lengths`` of ``body`` or, where its automaton is too large, of a
+        narrower body (``_narrowed_bodies``)."""
         error: UnsupportedSchemaError | None = None
         for cand in itertools.chain([body], _narrowed_bodies(body)):  # (narrowed only where the body fails)
             try:
@@ -1307,7 +1327,7 @@ class _Converter:
             reshaped = _reshaped_to_lengths(body, lo, hi)
             if reshaped is not None:
                 return reshaped
-        top = text.MAX_REPEAT if hi is None else min(hi, text.MAX_REPEAT)
+        top = _length_top(lo, hi)
         error: Exception | None = None
         # a long range counts every length in the automaton (states x lengths, each product
         # built in Python): where that is too big, fewer lengths are written (down to 16 past
@@ -1421,6 +1441,45 @@ _SUPPORTED = {
 }
 
 
+def _top_branches(body: str) -> list[str]:
+    """The branches of ``body`` where it is one group ``(?:A|B|...)`` with a top-level ``|``
+    inside (as regex_ecma writes a pattern of anchored branches), else []."""
+    if not body.startswith("(?:"):
+        return []
+    cuts, depth, i, in_class = [], 0, 0, False
+    while i < len(body):
+        c = body[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            i += 2 if body.startswith("[^", i) else 1
+            i += body.startswith("]", i)  # a ']' first in a class is a member
+            continue
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0 and i != len(body) - 1:
+                return []  # the first group ends before the body does
+        elif c == "|" and depth == 1:
+            cuts.append(i)
+        i += 1
+    edges = [2, *cuts, len(body) - 1]
+    return [body[a + 1:b] for a, b in zip(edges, edges[1:])] if cuts else []
+
+
+def _length_top(lo: int, hi: int | None) -> int:
+    """The most characters a string of ``lo..hi`` is written with: ``hi``, cut at MAX_REPEAT,
+    or at MAX_REPEAT past ``lo`` where ``lo`` is above it (as ``text.string_regex``: fewer
+    characters, still valid)."""
+    top = max(lo, text.MAX_REPEAT) if lo <= text.MAX_REPEAT else lo + text.MAX_REPEAT
+    return top if hi is None else min(hi, top)
+
+
 def _small_fsm(build: Any) -> Any:
     """``build()``, an automaton, or None where it passes ``_LENGTH_STATES`` states (or its
     build, under ``fsm_crawl.limit``, stops)."""
@@ -1532,7 +1591,7 @@ def _padded_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
     if not (left or right) or hi is None and lo == 0:
         return None
     core = body[len(pad) if left else 0:len(body) - (len(pad) if right else 0)]
-    top = text.MAX_REPEAT if hi is None else min(hi, text.MAX_REPEAT)
+    top = _length_top(lo, hi)
     best = None
     for cap_counted in (False, True):  # counted ranges ({1,1011}) kept first, lowered where they must
         for most in (0, 1, 2, 4, 8, 16, 32, 64):
@@ -1573,7 +1632,10 @@ def _reshaped_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
     # (the padded body is not reshaped: its padding and core overlap, and bounded copies of
     # both make an automaton of thousands of states)
     deadline = time.perf_counter() + _RESHAPE_SECONDS
-    for cand in [core] if core else []:
+    # the core, then (where it cannot fit) the core less its optional parts: HealthImaging's
+    # ARN, whose '(/imageset/[0-9a-z]{32})?' alone passes maxLength 127
+    dropped = text.reshaped_repetitions(core, 0, None, optional=False)
+    for cand in dict.fromkeys([core, dropped] if core else []):
         fsm = interegular.parse_pattern(cand).to_fsm()
         shortest, longest = length_range(fsm) or (0, 0)
         least = 0

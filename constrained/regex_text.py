@@ -680,8 +680,8 @@ def pattern_with_length(pattern: str, min_length: int, max_length: int | None) -
     if hi is not None and hi < lo:
         raise ValueError(f"the pattern's {quant} repetition and the length bounds {min_length}..{max_length} "
                          "never meet")
-    if lo > MAX_REPEAT:
-        raise ValueError(f"minLength {lo} exceeds the supported {MAX_REPEAT}")
+    if lo > MAX_MIN_LENGTH:
+        raise ValueError(f"minLength {lo} exceeds the supported {MAX_MIN_LENGTH}")
     try:
         one = pattern_to_body("^" + atom + "$", subset=True)  # checked and made JSON-safe as any pattern
     except RegexDialectError:
@@ -691,7 +691,7 @@ def pattern_with_length(pattern: str, min_length: int, max_length: int | None) -
         one = "(?:" + pattern_subset_body("^" + atom + "$") + ")"
     if hi is None:
         return f"{one}{{{lo},}}"
-    hi = min(hi, MAX_REPEAT)  # clamping the upper bound only removes outputs: still sound
+    hi = min(hi, max(lo, MAX_REPEAT) if lo <= MAX_REPEAT else lo + MAX_REPEAT)  # (as string_regex: fewer, sound)
     return f"{one}{{{lo}}}" if hi == lo else f"{one}{{{lo},{hi}}}"
 
 
@@ -703,13 +703,14 @@ def bounded_repetitions(body: str, most: int) -> str:
 
 
 def reshaped_repetitions(body: str, least: int, most: int | None, cap_counted: bool = True,
-                         loops: bool = True) -> str:
+                         loops: bool = True, optional: bool = True) -> str:
     """``body`` (a translated regex) with every repetition's range narrowed toward
     ``least..most`` repetitions: ``*`` is ``{least,most}``, ``+`` ``{max(1,least),most}``,
     ``?`` is required once ``least`` is 1 or more, ``{m,}`` is ``{a,a+most}`` with ``a =
     max(m, least)``, and (``cap_counted``) ``{m,n}`` is ``{a,min(n, max(a, most))}`` with
     ``a = max(m, min(least, n))``; ``most`` None leaves upper bounds as they are. Without
-    ``loops``, only counted ``{m,n}`` change (``*``, ``+``, ``?``, ``{m,}`` stay).
+    ``loops``, only counted ``{m,n}`` change (``*``, ``+``, ``?``, ``{m,}`` stay); without
+    ``optional``, ``?`` is ``{0}`` (the part left out) where ``least`` is 0.
 
     Each new range lies inside the old one, and concatenation, alternation and repetition
     are monotone, so the result's strings are some of ``body``'s (sound wherever ``body``
@@ -754,7 +755,7 @@ def reshaped_repetitions(body: str, least: int, most: int | None, cap_counted: b
             lo = max(1, least)
             out.append(counted(lo, None if most is None else max(most, lo)))
         elif c == "?":
-            out.append("" if least >= 1 else "?")
+            out.append("" if least >= 1 else "?" if optional else "{0}")
         elif c == "{" and (m := re.match(r"\{(\d+)(,(\d*))?\}", body[i:])):
             lo, comma, hi = int(m.group(1)), m.group(2), m.group(3)
             if not comma:  # {m}: exactly m

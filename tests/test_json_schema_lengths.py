@@ -85,3 +85,41 @@ def test_big_patterns_under_lengths_are_written_in_bounded_time(schema: dict) ->
         body = body_of(schema)
     strings = check_subset(schema, 80, sample=tree_strings)
     assert len(set(strings)) > 10, body[:300]
+
+
+# ------------------------------------------------------------------ refused before as too large
+
+@pytest.mark.parametrize("schema", [
+    # AWS::RTBFabric::Link: ECMA binds ^ to the first branch and $ to the last; each branch fitted
+    {"pattern": "^DEFAULT|4XX|5XX|\\d{3}$", "minLength": 3, "maxLength": 7},
+    # AWS::HealthImaging::Datastore: the optional image set alone passes maxLength 127
+    {"pattern": "^arn:aws((-us-gov)|(-iso)|(-iso-b)|(-cn))?:medical-imaging:[a-z0-9-]+:[0-9]{12}:datastore/"
+                "[0-9a-z]{32}(/imageset/[0-9a-z]{32})?$", "minLength": 1, "maxLength": 127},
+    # AWS::DataZone::DataSource: a cron pattern with \\b under 1..256
+    {"pattern": "cron\\((\\b[0-5]?[0-9]\\b) (\\b2[0-3]\\b|\\b[0-1]?[0-9]\\b) (.*){1,5} (.*){1,5} (.*){1,5} (.*){1,5}\\)",
+     "minLength": 1, "maxLength": 256},
+])
+def test_patterns_too_large_under_lengths_are_written(schema: dict) -> None:
+    with within(10):
+        body_of(schema)
+    strings = check_subset(schema, 80)
+    assert len(set(strings)) > 10
+
+
+def test_every_branch_that_fits_is_kept() -> None:
+    body = body_of({"pattern": "^DEFAULT|4XX|5XX|\\d{3}$", "minLength": 3, "maxLength": 7})
+    for s in ("DEFAULT", "4XX", "5XXb", "123", "xy123"):
+        assert re.fullmatch(body, s), s
+
+
+# ------------------------------------------------------------------ minLength past 256
+
+@pytest.mark.parametrize("schema", [
+    {"pattern": ".*", "minLength": 1000, "maxLength": 10_000_000},  # AWS::FinSpace::Environment
+    {"pattern": "^[a-z]+$", "minLength": 1000, "maxLength": 2000},
+    {"pattern": "^x[a-z]*", "minLength": 300},
+])
+def test_a_long_minimum_length_is_written(schema: dict) -> None:
+    body = body_of(schema)
+    strings = check_subset(schema, 20, sample=tree_strings)
+    assert any(len(s) >= schema["minLength"] for s in strings), body
