@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import interegular
 
-from treadle.constrained.json_schema_parts import ALL_TYPES, UnsupportedSchemaError, schema_types
+from treadle.constrained.json_schema_parts import ALL_TYPES, FAMILIES, UnsupportedSchemaError, schema_types
 from treadle.constrained.regex_ecma import key_pattern_bodies
 
 __all__ = ["Apart", "canonical", "closed_forbids", "complement", "conditional_branches", "contains_as_prefix",
@@ -244,11 +244,14 @@ class Apart:
     property ``b`` requires that ``a``'s writer never writes is free.
     """
 
-    def __init__(self, merger: Any, validator_for: Callable[[Any], Any], strict: bool) -> None:
+    def __init__(self, merger: Any, validator_for: Callable[[Any], Any], strict: bool,
+                 steps: int = _APART_STEPS) -> None:
         self.merger = merger
         self.validator_for = validator_for
         self.strict = strict
+        self.steps_max = steps  # proofs tried for one pair before it counts as not proven
         self._steps = 0
+        self._verdicts: dict[tuple, tuple[bool, Any]] = {}  # (id(node), value's JSON) -> (valid, node)
 
     def _resolve(self, ref: Any) -> Any:
         try:
@@ -351,7 +354,7 @@ class Apart:
         if depth == 0:
             self._steps = 0
         self._steps += 1
-        if depth > _APART_DEPTH or self._steps > _APART_STEPS:
+        if depth > _APART_DEPTH or self._steps > self.steps_max:
             return False
         a_all, b_all = self.conjuncts(a), self.conjuncts(b)
         if a_all is None or b_all is None:
@@ -435,17 +438,34 @@ class Apart:
         return self.merger.resolve(ref, "$")
 
     def _listed_apart(self, a: Any, a_all: list[dict], b: Any, b_all: list[dict]) -> bool:
-        """A side's values are listed (const / enum) and none is valid under the other."""
-        for mine, other in ((a_all, b), (b_all, a)):
+        """A side's values are listed (const / enum of one of its parts) and none is valid under
+        both sides (nor under that side alone: two parts listing different values)."""
+        for mine, theirs in ((a_all, b_all), (b_all, a_all)):
             listed = _listed(mine)
             if listed is not None:
                 try:
-                    check = self.validator_for(other)
-                    if not any(check.is_valid(v) for v in listed):
+                    kept = [v for v in listed if self._valid_all(mine, v)]
+                    if not kept or not any(self._valid_all(theirs, v) for v in kept):
                         return True
                 except Exception:  # noqa: BLE001 - a schema the validator cannot read proves nothing
                     pass
         return False
+
+    def _valid_all(self, nodes: list[dict], value: Any) -> bool:
+        """Whether ``value`` is valid under each of ``nodes`` (``conjuncts``: their ``$ref`` and
+        ``allOf`` are nodes of their own, so each is checked without them, but beside unevaluated*,
+        which sees what they evaluate). Each node's verdict on a value is kept (the node too, so
+        that its id stays its own): an allOf of if / then rules checks the same parts many times."""
+        text = json.dumps(value, sort_keys=True)
+        for node in nodes:
+            key = (id(node), text)
+            seen = self._verdicts.get(key)
+            if seen is None:
+                own = node if any(k in node for k in ("unevaluatedProperties", "unevaluatedItems")) else _flat(node)
+                seen = self._verdicts[key] = (self.validator_for(own).is_valid(value), node)
+            if not seen[0]:
+                return False
+        return True
 
     def _objects_apart(self, a: Any, a_all: list[dict], b_all: list[dict], writer: bool, depth: int) -> bool:
         a_req, b_req = _required(a_all), _required(b_all)
@@ -477,10 +497,13 @@ class Apart:
 
     # ------------------------------------------------ narrowing
     def breakers(self, a: Any, b: Any, resolve: Callable[[str], Any]) -> list[Any]:
-        """Schemas whose values are all invalid under ``b`` and that may hold beside ``a``,
-        those that leave more of ``a``'s output first; one alone when it leaves all of it."""
+        """Schemas whose values are all invalid under ``b`` (or, beside ``a``, are) and that may
+        hold beside ``a``, those that leave more of ``a``'s output first; one alone when it leaves
+        all of it. ``[False]`` where ``b`` takes every value of ``a`` (``ignores``): none fails it."""
         a_all = self.conjuncts(a) or []
         types = schema_types(self.merger, a)
+        if self.ignores(b, types):
+            return [False]
         a_req = _required(a_all)
         keys = self.written_keys(a)
         out: list[tuple[int, Any]] = []
@@ -504,6 +527,10 @@ class Apart:
                 out.append((0, c))
             else:
                 out.append((1, c))
+        if "array" in types:  # arrays that hold an item, where an item tells them apart
+            one = {"type": "array", "minItems": 1}
+            if self.apart({"allOf": [a, one]}, b, writer=False):
+                out.append((0, one))
         if "object" in types:  # b closed: a key a declares that b forbids, made required
             declared = [k for n in a_all if isinstance(n.get("properties"), dict) for k, v in n["properties"].items()
                         if v not in _NEVER]
@@ -517,6 +544,28 @@ class Apart:
                     out.append((2, {"type": "object", "minProperties": 1}))
         out.sort(key=lambda rc: rc[0])
         return _unique([c for _, c in out])
+
+
+    def ignores(self, schema: Any, types: frozenset[str], depth: int = 0) -> bool:
+        """Whether every value of ``types`` is valid under ``schema``: its keywords are annotations,
+        keywords of other types (``{"required": [...]}`` of a list), and ``$ref`` / ``allOf`` /
+        ``anyOf`` of such schemas. False where unsure."""
+        if schema is True:
+            return True
+        if not isinstance(schema, dict) or depth > _APART_DEPTH:
+            return False
+        for key, value in schema.items():
+            if key == "$ref":
+                ok = self.ignores(self._resolve(value), types, depth + 1)
+            elif key in ("allOf", "anyOf"):
+                each = [self.ignores(p, types, depth + 1) for p in value] if isinstance(value, list) else [False]
+                ok = all(each) if key == "allOf" else any(each)
+            else:
+                family = next((t for t, keys in FAMILIES.items() if key in keys), None)
+                ok = key in self.merger.annotations or family is not None and family not in types
+            if not ok:
+                return False
+        return True
 
 
 def _tag_free(c: Any) -> str | None:
@@ -622,12 +671,11 @@ def _required(nodes: list[dict]) -> list[str]:
 
 
 def _listed(nodes: list[dict]) -> list | None:
-    for node in nodes:
-        if "const" in node:
-            return [node["const"]]
-        if isinstance(node.get("enum"), list):
-            return node["enum"]
-    return None
+    """The shortest list of values some node lists (const / enum): every value of them is one of
+    those. None where no node lists values."""
+    lists = [[node["const"]] if "const" in node else node["enum"] for node in nodes
+             if "const" in node or isinstance(node.get("enum"), list)]
+    return min(lists, key=len) if lists else None
 
 
 def _range(nodes: list[dict], low: str, high: str) -> tuple:

@@ -90,6 +90,9 @@ ALL_TYPES = frozenset({"null", "boolean", "number", "string", "array", "object"}
 _MINS = {"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains"}
 _MAXS = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties", "maxContains"}
 _MAX_INLINE = 16  # $ref-to-$ref / allOf inlining chain before we give up
+# combined anyOf branches of an allOf's parts kept, once those no value satisfies are left out
+ANYOF_PRODUCT_MAX = 64
+PRODUCT_PROOF_STEPS = 64  # ... each tried for so many steps of Apart's proofs (a branch kept is only slower)
 # The standard metaschemas: their vocabularies are the ones treadle reads (as 2020-12).
 # (and the unversioned "latest" URI, read as a schema naming none: 2020-12 with the older
 # spellings that mean one thing, which is how jsonschema's validator_for reads it, the latest draft)
@@ -142,6 +145,9 @@ class Merger:
         # ref as a pointer from the root and renamed the ids, so this refuses only a root built
         # past it, rather than resolve wrongly.
         self._nested_id = _has_nested_id(root, top=True)
+        self._prover: Any = None  # json_schema_logic.Apart, by validity only (made when first needed)
+        self._validator: Any = None  # ... and its validator of the root
+        self._products: dict[str, list] = {}  # product's inputs (JSON text) -> the branches it kept
 
     def resolve(self, ref: Any, path: str) -> Any:
         """Return the subschema ``ref`` points at (``#`` or ``#/json/pointer``)."""
@@ -245,11 +251,11 @@ class Merger:
                 if "prefixItems" in r or "prefixItems" in p:
                     raise UnsupportedSchemaError(f"json_schema: keyword 'prefixItems' combined in allOf at {path} is not supported")
                 r[key] = {"allOf": [r[key], value]}
-            elif key == "anyOf":
-                product = [{"allOf": [a, b]} for a in r[key] for b in value]
-                if len(product) > 64:
-                    raise UnsupportedSchemaError(f"json_schema: keyword 'anyOf' at {path}: too many combined branches")
-                r[key] = product
+            elif key == "anyOf" or key == "oneOf" and not _holds_ref([r[key], value]):
+                # exactly one of A and exactly one of B: exactly one pair (a, b) holds both. (Not for
+                # branches holding refs: each pair is written apart, with the definitions it reaches
+                # inlined, and recursive ones, as web-types' contributions, grew past 50M characters.)
+                r[key] = self.product(r[key], value, path, r, key)
             else:
                 raise UnsupportedSchemaError(f"json_schema: keyword '{key}' combined in allOf at {path} is not supported")
 
@@ -271,8 +277,74 @@ class Merger:
         branches = conditional_branches(p, lambda ref: self.resolve(ref, path))
         out = {k: v for k, v in p.items() if k not in cond}
         if branches is not None:
-            out["anyOf"] = [{"allOf": [a, b]} for a in out["anyOf"] for b in branches] if "anyOf" in out else branches
+            out["anyOf"] = self.product(out["anyOf"], branches, path, r) if "anyOf" in out else branches
         return out
+
+    def product(self, left: list, right: list, path: str, base: dict, keyword: str = "anyOf") -> list:
+        """The branches of ``anyOf: left`` and ``anyOf: right`` together (or of two oneOfs: a value
+        satisfies exactly one of each where it satisfies exactly one pair): ``a`` and ``b`` for
+        each ``a`` of ``left`` and ``b`` of ``right``, but for those no value satisfies beside
+        ``base`` (the rest of the merge so far; such a branch never holds, nor counts for oneOf),
+        which an allOf of if / then rules over one discriminator makes most of (the same merge is
+        made again at each place a definition is used: the result is kept, by the inputs' JSON
+        text). Exact: Apart's proofs by validity, as two values of one key, or a key one requires
+        that another forbids. Past ``ANYOF_PRODUCT_MAX`` left it is refused; with none left, no
+        value satisfies a branch of each."""
+        rest = {k: v for k, v in base.items() if k not in ("anyOf", "if", "then", "else")}
+        try:
+            key = json.dumps([left, right, rest], sort_keys=True)
+        except (TypeError, ValueError):  # (a value json cannot write: proven again each time)
+            key = None
+        kept = self._products.get(key) if key is not None else self._product(left, right, rest)
+        if kept is None:
+            kept = self._products[key] = self._product(left, right, rest)
+        if len(kept) > ANYOF_PRODUCT_MAX:
+            raise UnsupportedSchemaError(f"json_schema: keyword '{keyword}' at {path}: too many combined branches")
+        if not kept:
+            raise Unsatisfiable(f"json_schema: keyword '{keyword}' at {path}: no value satisfies a branch of each part")
+        return list(kept)
+
+    def _product(self, left: list, right: list, rest: dict) -> list:
+        """``product``'s branches, up to one past ``ANYOF_PRODUCT_MAX``."""
+        prover = self._apart()
+        out = []
+        for a in left:
+            for b in right:
+                both = {"allOf": [*_conjuncts(a), b]}
+                if prover.apart(a, b, writer=False) or prover.apart(both, rest, writer=False):
+                    continue
+                out.append(both)
+                if len(out) > ANYOF_PRODUCT_MAX:
+                    return out
+        return out
+
+    def _apart(self) -> Any:
+        if self._prover is None:
+            from treadle.constrained.json_schema_logic import Apart  # (it imports this module)
+
+            self._prover = Apart(self, self._validator_for, strict=False, steps=PRODUCT_PROOF_STEPS)
+        return self._prover
+
+    def _validator_for(self, schema: Any) -> Any:
+        """A validator of ``schema`` (a part of the root: refs resolve in it) that reads treadle's own
+        keywords, formats unchecked (a value it finds valid may be so: the proofs stay exact)."""
+        if self._validator is None:
+            from treadle.constrained.json_schema import _Validator, _no_retrieve  # (it imports this module)
+
+            self._validator = _Validator(self.root, registry=referencing.Registry(retrieve=_no_retrieve))
+        return self._validator.evolve(schema=schema)
+
+
+def _holds_ref(schema: Any) -> bool:
+    return '"$ref"' in json.dumps(schema, default=str)
+
+
+def _conjuncts(schema: Any) -> list:
+    """``schema`` as allOf parts: those of a bare ``{"allOf": [...]}`` (a product of products stays
+    one level deep, under _normalize's inlining cap), else itself."""
+    if isinstance(schema, dict) and list(schema) == ["allOf"] and isinstance(schema["allOf"], list):
+        return schema["allOf"]
+    return [schema]
 
 
 def _merge_objects(r: dict, p: dict) -> None:
@@ -285,11 +357,11 @@ def _merge_objects(r: dict, p: dict) -> None:
     props: dict[str, Any] = {}
     for key in list(rp) + [k for k in pp if k not in rp]:
         schemas = [P[key] if key in P else A for P, A in ((rp, ra), (pp, pa)) if key in P or A is not None]
-        props[key] = schemas[0] if len(schemas) == 1 else {"allOf": schemas}
+        props[key] = schemas[0] if len(schemas) == 1 else {"allOf": [*_conjuncts(schemas[0]), *schemas[1:]]}
     if "properties" in r or "properties" in p:
         r["properties"] = props
     if ra is not None and pa is not None:
-        r["additionalProperties"] = {"allOf": [ra, pa]}
+        r["additionalProperties"] = {"allOf": [*_conjuncts(ra), pa]}
     elif pa is not None:
         r["additionalProperties"] = pa
 

