@@ -276,7 +276,7 @@ def _subset_body(pattern: str) -> str:
             parts.append(written)
     if not parts:
         raise unwritable or RegexDialectError("pattern: matches no string")
-    body = parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+    body = parts[0] if len(parts) == 1 else _padded_union(parts)
     if json_safe_atoms(body):  # raw JSON characters only, read off its atoms (no automaton)
         return body
     fsm = interegular.parse_pattern(body).to_fsm()
@@ -410,6 +410,16 @@ def _case_roots() -> dict[int, int]:
     return {c: root(c) for c in parent}
 
 
+def _padded_union(parts: list[str]) -> str:
+    """The union of ``parts``; where each is one group with free characters on both sides,
+    ``pad (?:g1|g2) pad`` (the same strings), which json_schema writes under lengths as a
+    padded match."""
+    cores = [p[len(_PAD):-len(_PAD)] for p in parts if p.startswith(_PAD) and p.endswith(_PAD)]
+    if len(cores) == len(parts) and all(len(_items(c)) == 1 and _items(c)[0][0] == "group" for c in cores):
+        return _PAD + "(?:" + "|".join(cores) + ")" + _PAD
+    return "(?:" + "|".join(parts) + ")"
+
+
 _LENGTH_LOOKAHEAD = re.compile(r"(?:\.|\[\\s\\S\]|\[\\S\\s\])(?:\{(\d+)(?:(,)(\d*))?\}|([*+]))")
 
 
@@ -455,7 +465,7 @@ def _branch_body(s: bool, e: bool, core: str) -> str | None:
             raise RegexDialectError(f"pattern: no strings of {lo}..{'' if hi is None else hi} characters are found "
                                     "in the rest of the pattern after its length lookahead")
         return reshaped
-    if _zero_width(core, top=True):
+    if _zero_width(core, top=True) and (s and e or not _boundaries_inside(core)):
         written = None
         # exact first; where its regex is too long, the strings that are a match whole
         # (no padding around it), then also with the counted repetitions of the match
@@ -477,6 +487,15 @@ def _branch_body(s: bool, e: bool, core: str) -> str | None:
             except RegexDialectError as exc:
                 if not any(w in str(exc) for w in ("exceed", "nest")) or n == len(tries) - 1:
                     raise
+    elif _zero_width(core, top=True):
+        # word boundaries whose neighbours are both the match's own characters: the match
+        # whole, with free characters beside it (exact: padding changes no boundary; its
+        # automaton does not follow every place a match may start)
+        fsm = _minimal(_branch_fsm(True, True, core))
+        written = _written(fsm) if len(fsm.states) <= _WRITE_STATES else None
+        if written is None:
+            return None if not len(fsm.states) else _branch_body(True, True, core)
+        written = ("" if s else pad) + "(?:" + written + ")" + ("" if e else pad)
     else:
         positive = _positive(core) if core else ""
         if _LOOP_THEN_LONG_COUNT.search(re.sub(r"\[(?:\\.|[^\]\\])*\]", "c", positive)):
@@ -491,6 +510,21 @@ def _branch_body(s: bool, e: bool, core: str) -> str | None:
         lead = "" if s or _LONG_COUNT.search(core) else pad
         written = lead + written + ("" if e or not written and not lead else pad)
     return written
+
+
+def _boundaries_inside(core: str) -> bool:
+    """Whether ``core``'s assertions are all ``\\b`` / ``\\B`` and it starts and ends with a
+    character it always consumes (one not quantified to be optional): every boundary then has
+    a character of the match on each side (``cron\\((\\b[0-5]?[0-9]\\b) ...\\)``)."""
+    items = _items(core)
+    if len(items) < 2 or any(k == "group" and core.startswith(_LOOK, a) or k == "alt" for k, a, _ in items):
+        return False
+    if any(k == "atom" and core[a:b] in ("^", "$", "\\A", "\\Z") for k, a, b in items):
+        return False
+    first, last = core[items[0][1]:items[0][2]], core[items[-1][1]:items[-1][2]]
+    after_first = core[items[1][1]:items[1][1] + 2]
+    return (items[0][0] == "atom" and first not in _ZERO_WIDTH_ATOMS and not after_first.startswith(("?", "*", "{0"))
+            and items[-1][0] == "atom" and last not in _ZERO_WIDTH_ATOMS and last[0] not in "*+?{")
 
 
 _ZERO_WIDTH_ATOMS = ("^", "$", "\\b", "\\B", "\\A", "\\Z")
