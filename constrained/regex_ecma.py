@@ -508,7 +508,7 @@ def _branch_body(s: bool, e: bool, core: str) -> str | None:
         # start (a string that starts with a match contains one: a subset): padding before
         # it makes the automaton track every start at once, exponential in the count
         lead = "" if s or _LONG_COUNT.search(core) else pad
-        written = lead + written + ("" if e or not written and not lead else pad)
+        written = lead + written + ("" if e or not written and lead else pad)
     return written
 
 

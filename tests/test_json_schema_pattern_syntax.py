@@ -154,3 +154,10 @@ def test_boundaries_inside_the_match_are_written_beside_free_characters() -> Non
     assert any(written_strings(pattern))
     assert re.fullmatch(body, "x cron(5 12 * * ? *) y")
     assert not re.fullmatch(body, "cron(5 125 * * ? *)")  # (no boundary inside 125)
+
+
+def test_an_anchor_alone_matches_every_string() -> None:
+    # AWS::Amplify::Webhook's Description: '^(?s)' under maxLength 1000 (it wrote the empty string only)
+    assert re.fullmatch(pattern_subset_body("^(?s)"), "any text")
+    rx = re.compile(json_schema_to_regex({"type": "string", "pattern": "^(?s)", "maxLength": 1000}))
+    assert rx.fullmatch('"any text"') and not rx.fullmatch('"' + "x" * 1001 + '"')
