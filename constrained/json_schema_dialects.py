@@ -45,7 +45,8 @@ from urllib.parse import unquote, urldefrag, urljoin
 import jsonschema
 import referencing.jsonschema
 
-from treadle.constrained.json_schema_parts import UnsupportedSchemaError
+from treadle.constrained.json_schema_documents import embedded, missing_documents
+from treadle.constrained.json_schema_parts import DYNAMIC_REFS, UnsupportedSchemaError
 
 __all__ = ["ASSERTIONS", "DIALECTS", "dialect_of", "to_2020_12"]
 
@@ -106,6 +107,8 @@ def _resolve_ids(schema: Any, dialect: str) -> Any:
     spec = _SPECIFICATIONS[dialect]
     resources: dict[str, tuple] = {}  # base URI (no fragment) -> pointer tokens of its root
     anchors: dict[tuple[str, str], tuple] = {}  # (base URI, name) -> pointer tokens
+    dynamic: dict[tuple[str, str], tuple] = {}  # the same, of $dynamicAnchor names only
+    outward: list[tuple[str, str]] = []  # (ref, base URI) of each ref that does not start with '#'
     found: list[bool] = [False]  # any identifier or non-local ref at all (else nothing changes)
 
     def ident(node: dict) -> str | None:
@@ -137,8 +140,12 @@ def _resolve_ids(schema: Any, dialect: str) -> Any:
                     anchors.setdefault((base, anchor.name), tokens)
         except Exception:  # noqa: BLE001 - a malformed anchor: none
             pass
-        if any(isinstance(node.get(k), str) for k in _IDENTIFIERS + ("id",)) or \
-                isinstance(node.get("$ref"), str) and not node["$ref"].startswith("#"):
+        for name in ([node["$dynamicAnchor"]] if isinstance(node.get("$dynamicAnchor"), str) else []) + \
+                ([""] if node.get("$recursiveAnchor") is True and (nid is not None or not tokens) else []):
+            dynamic[(base, name)] = None if (base, name) in dynamic else tokens  # (declared twice: None)
+        if isinstance(node.get("$ref"), str) and not node["$ref"].startswith("#"):
+            outward.append((node["$ref"], base))
+        if any(isinstance(node.get(k), str) for k in _IDENTIFIERS + ("id",)) or outward:
             found[0] = True
         for k, v in node.items():
             if k not in _SCHEMA_DATA:
@@ -146,9 +153,16 @@ def _resolve_ids(schema: Any, dialect: str) -> Any:
 
     root_id = ident(schema) if isinstance(schema, dict) else None
     root_base = urldefrag(urljoin("", root_id)).url if root_id is not None else ""
-    resources[root_base] = ()
-    resources.setdefault("", ())
-    index(schema, (), "", False)
+    while True:  # index; embed the meta-schemas refs name (json_schema_documents); again
+        for held in (resources, anchors, dynamic, outward):
+            held.clear()
+        resources[root_base] = ()
+        resources.setdefault("", ())
+        index(schema, (), "", False)
+        docs = missing_documents(outward, resources, dialect, dialect_of)
+        if not docs:
+            break
+        schema = embedded(schema, docs, dialect)
     if not found[0]:
         return schema
 
@@ -166,6 +180,24 @@ def _resolve_ids(schema: Any, dialect: str) -> Any:
         place = anchors.get((uri, unquote(fragment)))
         return ref if place is None else pointer(place)
 
+    def dynamic_target(ref: str, base: str) -> str | None:
+        """A ``$dynamicRef`` (or ``$recursiveRef``, whose anchor is named "" here) as the pointer
+        it resolves to whatever the path that reached it: where its static target declares no
+        dynamic anchor of its name it is a plain ref; else the outermost resource of the dynamic
+        scope declaring that name wins, which is the root where the root declares it (every
+        evaluation starts there), or the one resource declaring it. None: it depends on the path."""
+        uri, fragment = urldefrag(urljoin(base, ref))
+        name = unquote(fragment) if ref != "#" or (uri, "") not in dynamic else ""
+        if (uri, name) not in dynamic:
+            static = target(ref, base)
+            return None if static == ref and not (ref == "#" or ref.startswith("#/")) else static
+        if dynamic[(uri, name)] is None:
+            return None  # (its own resource declares it twice)
+        if dynamic.get((root_base, name)) is not None:
+            return pointer(dynamic[(root_base, name)])
+        declaring = [tokens for (_, n), tokens in dynamic.items() if n == name]
+        return pointer(declaring[0]) if len(declaring) == 1 and declaring[0] is not None else None
+
     def rewrite(node: Any, base: str, names: bool) -> Any:
         if isinstance(node, list):
             return [rewrite(v, base, False) for v in node]
@@ -180,6 +212,9 @@ def _resolve_ids(schema: Any, dialect: str) -> Any:
         for k, v in node.items():
             if k == "$ref" and isinstance(v, str):
                 out[k] = target(v, base)
+            elif k in DYNAMIC_REFS and isinstance(v, str) and "$ref" not in node \
+                    and (k == "$dynamicRef" or v == "#") and dynamic_target(v, base) is not None:
+                out["$ref"] = dynamic_target(v, base)
             elif (k in _IDENTIFIERS or k == "id" and dialect == "draft-04") and isinstance(v, str):
                 out["x-ignored-" + k] = v
             elif k in _SCHEMA_DATA:

@@ -15,7 +15,7 @@ import interegular
 import referencing.exceptions
 
 from treadle.constrained.fsm_regex import fsm_to_regex
-from treadle.constrained.members import MEMBERS_MIN_CHARS, members_text, spell_members, spelt_length
+from treadle.constrained.members import MAX_SPELT_CHARS, MEMBERS_MIN_CHARS, members_text, spell_members, spelt_length
 from treadle.constrained.regex_ecma import key_pattern_bodies, key_pattern_matches
 from treadle.constrained.regex_text import (
     MAX_REPEAT,
@@ -1136,7 +1136,7 @@ def _sequence(entries: list[list], comma: str, allow_empty: bool = True, members
     if members and not all(req for _, req in pairs) and \
             spelt_length(pairs, comma, allow_empty) > MEMBERS_MIN_CHARS:
         return members_text(pairs, comma, allow_empty)
-    return spell_members(pairs, comma, allow_empty)
+    return spell_members(pairs, comma, allow_empty, max_chars=MAX_SPELT_CHARS)
 
 
 def _map_regex(conv: _Converter, schema: dict, entries: list[list], undeclared: Any, lo: int, hi: int | None, path: str,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from treadle.constrained.index_markers import (MEMBER_CHARS, MEMBER_OPTIONAL, MEMBER_REQUIRED, MEMBERS_CLOSE,
                                                MEMBERS_OPEN, MEMBERS_OPEN_NONEMPTY)
 
-__all__ = ["MEMBERS_MIN_CHARS", "MembersTooLarge", "expand_members", "has_members", "members_safe", "members_text",
+__all__ = ["MAX_SPELT_CHARS", "MEMBERS_MIN_CHARS", "MembersTooLarge", "expand_members", "has_members", "members_safe", "members_text",
            "spell_members", "spelt_length"]
 
 # The spelt-out length from which the translator writes the node instead: below it the standard
@@ -24,6 +24,11 @@ __all__ = ["MEMBERS_MIN_CHARS", "MembersTooLarge", "expand_members", "has_member
 MEMBERS_MIN_CHARS = 2_000
 
 Entries = list  # [(regex text, required)], in order
+
+
+# No spelt-out sequence of a JSON schema's conversion passes this many chars (json_schema.py's
+# MAX_REGEX_CHARS, the cap on any subschema's regex): above what the compiler's default cap allows.
+MAX_SPELT_CHARS = 64_000_000
 
 
 class MembersTooLarge(ValueError):

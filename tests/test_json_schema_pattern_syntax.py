@@ -79,7 +79,6 @@ def test_named_groups_and_wide_lookbehinds_compile_in_a_schema() -> None:
     "^(?<name[a-z]+)$",     # no reader takes it
     "^(?<=a$)b",            # '$' inside a lookbehind
     "^(?!(?:.{1,9}x)?.{1,20}$)a",  # a negative lookahead whose automaton would be too large
-    "^([\\n\\t])$",         # only characters JSON must escape
 ])
 def test_still_refused(pattern: str) -> None:
     with pytest.raises(UnsupportedSchemaError, match="'pattern'"):
@@ -161,3 +160,17 @@ def test_an_anchor_alone_matches_every_string() -> None:
     assert re.fullmatch(pattern_subset_body("^(?s)"), "any text")
     rx = re.compile(json_schema_to_regex({"type": "string", "pattern": "^(?s)", "maxLength": 1000}))
     assert rx.fullmatch('"any text"') and not rx.fullmatch('"' + "x" * 1001 + '"')
+
+
+def test_a_schema_pattern_without_lengths_writes_json_escapes() -> None:
+    # a string schema's pattern (no minLength / maxLength) is written by pattern_json_body: a
+    # Windows path or a tab-separated value, outputs JSON text whose decoded string matches
+    for pattern, value in [("\\w+[\\\\](\\w+\\.)*\\w+\\.dll", "ab\\c.dll"), ("^([\\n\\t])$", "\t")]:
+        rx = re.compile(json_schema_to_regex({"type": "object", "properties": {"p": {"type": "string", "pattern": pattern}},
+                                              "required": ["p"]}))
+        assert rx.fullmatch(json.dumps({"p": value}, separators=(",", ":"))), (pattern, rx.pattern)
+        for s in random_strings(rx.pattern, 40):
+            assert re.search(pattern, json.loads(s)["p"]), (pattern, s)
+    # under lengths (which count the raw body's characters) only characters JSON must escape stay refused
+    with pytest.raises(UnsupportedSchemaError, match="'pattern'"):
+        json_schema_to_regex({"type": "string", "pattern": "^([\\n\\t])$", "maxLength": 4})
