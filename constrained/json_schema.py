@@ -1218,6 +1218,8 @@ class _Converter:
         if fmt in OPENAPI_ANY_STRING or fmt not in text.FORMATS and fmt not in ASSERTED_FORMATS:
             # any string: a format no validator checks is an annotation (int32, byte, ...)
             schema = {k: v for k, v in schema.items() if k != "format"}
+        if isinstance(schema.get("pattern"), str) and _found_in_every_string(schema["pattern"]):
+            schema = {k: v for k, v in schema.items() if k != "pattern"}  # (it asserts nothing)
         lo, hi = schema.get("minLength", 0), schema.get("maxLength")
         for key, value in (("minLength", lo), ("maxLength", hi)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
@@ -1456,6 +1458,24 @@ _SUPPORTED = {
 }
 
 
+# anchors, word boundaries and lookarounds: what may keep an empty match from every position
+# (and '{,', which Python reads as a count and ECMA as characters)
+_ASSERTIONS = re.compile(r"[\^$]|\\[bBAZzG]|\(\?[=!<]|\{,")
+
+
+def _found_in_every_string(pattern: str) -> bool:
+    """Whether a search finds ``pattern`` in every string: it matches the empty string and
+    asserts nothing about where (RDS::DBProxyEndpoint's ``(\\w|\\d|\\s|\\\\|-|\\.:=+-)*``). With
+    no anchor, boundary or lookaround, the way it matches "" consumes nothing and looks at
+    nothing, so it matches at the start of any string (ECMA and Python alike)."""
+    if _ASSERTIONS.search(pattern):
+        return False
+    try:
+        return re.compile(pattern).fullmatch("") is not None
+    except (re.error, RecursionError, OverflowError):
+        return False
+
+
 def _top_branches(body: str) -> list[str]:
     """The branches of ``body`` where it is one group ``(?:A|B|...)`` with a top-level ``|``
     inside (as regex_ecma writes a pattern of anchored branches), else []."""
@@ -1562,7 +1582,7 @@ def _bounded_subset_body(pattern: str) -> str:
     """``pattern_subset_body(pattern)``, under ``fsm_crawl.limit``; where its automata are too
     large (``^https://[A-Za-z0-9]((.|-+)?[A-Za-z0-9]){0,252}/...$``, DataSync's Azure blob
     URLs), that of the pattern with its counted repetitions ``{m,n}`` lowered to at most 64,
-    16, 4 or 1 (``_narrowed_counts``)."""
+    16, 4 or 1 (``_narrowed_counts``); where none builds, the pattern's, unbounded."""
     for cand in itertools.chain([pattern], (_narrowed_counts(pattern, most) for most in (64, 16, 4, 1))):
         if cand is None:
             continue
@@ -1571,7 +1591,7 @@ def _bounded_subset_body(pattern: str) -> str:
                 return pattern_subset_body(cand)
         except fsm_crawl.TooLarge:
             continue
-    raise UnsupportedSchemaError("its automaton is too large")
+    return pattern_subset_body(pattern)  # (no narrower pattern: the whole, unbounded, as before)
 
 
 # what makes lowering a pattern's counts no subset (a count inside a negative lookaround or
