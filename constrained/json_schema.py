@@ -41,6 +41,11 @@ import re
 from fractions import Fraction
 from typing import Any, Literal
 
+try:  # Python's parse of a regex (3.11+), sre_parse before
+    import re._parser as _sre_parser
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse as _sre_parser  # type: ignore[no-redef]
+
 import interegular
 import jsonschema
 import referencing
@@ -1737,6 +1742,9 @@ def _format_with_length(fmt: str, lo: int, hi: int | None, path: str) -> str:
     if hi is not None and hi < shortest or longest is not None and lo > longest:
         raise Unsatisfiable(f"json_schema: keyword 'format' at {path}: {fmt!r} strings have {shortest} to "
                             f"{longest} characters, outside minLength/maxLength {lo}..{hi}")
+    capped = _capped_to_length(rx, lo, hi) if len(fsm.states) > _FORMAT_INTERSECT_STATES else None
+    if capped is not None:
+        return capped
     if len(fsm.states) > _FORMAT_INTERSECT_STATES:  # uri, email, hostname: the product is too slow to write
         raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path}: {fmt!r} with minLength/maxLength "
                                      f"{lo}..{hi} is not supported: its strings have {shortest} to {longest} "
@@ -1750,6 +1758,22 @@ def _format_with_length(fmt: str, lo: int, hi: int | None, path: str) -> str:
     if out is None:
         raise Unsatisfiable(f"json_schema: keyword 'format' at {path}: no {fmt!r} string has {lo}..{hi} characters")
     return out
+
+
+def _capped_to_length(rx: str, lo: int, hi: int | None) -> str | None:
+    """``rx`` (a format's regex, no assertions) with every repetition at most ``k`` rounds
+    (``text.reshaped_repetitions``: a subset), ``k`` the largest up to 64 whose strings all
+    have ``lo..hi`` characters, or None (band-manifest's email under maxLength 100: each part
+    of ``[a-zA-Z0-9_]{1,20}(?:[.+-][a-zA-Z0-9_]{1,20}){0,3}@...`` shortened alike). Lengths
+    read from Python's parse (its widths are the language's: every part matches something)."""
+    best = None
+    for k in range(1, 65):
+        cand = text.reshaped_repetitions(rx, 0, k)
+        shortest, longest = _sre_parser.parse(cand).getwidth()
+        if shortest < lo or hi is not None and longest > hi:
+            break
+        best = cand
+    return best
 
 
 # texts where equal values are equal texts (see _Converter._not_listed)

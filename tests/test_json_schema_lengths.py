@@ -14,7 +14,7 @@ from typing import Iterator
 
 import interegular
 import pytest
-from test_json_schema_patterns import body_of, check_subset, tree_strings
+from test_json_schema_patterns import body_of, check_subset, random_strings, tree_strings
 
 from treadle.constrained import fsm_crawl
 
@@ -146,3 +146,22 @@ def test_a_cron_pattern_with_word_boundaries_under_lengths_is_written() -> None:
     for s in ("cron(0 12 * * ? *)", "cron(15 10 ? * 6L 2002)"):
         assert re.search(schema["pattern"], s) and re.fullmatch(body, s), s
     assert not re.fullmatch(body, "cron(0 24 * * ? *)")
+
+
+# ------------------------------------------------------------------ a format under a maxLength
+
+@pytest.mark.parametrize("fmt,hi", [("email", 100), ("hostname", 30), ("email", 12)])
+def test_a_format_under_a_max_length_is_written_shorter(fmt: str, hi: int) -> None:
+    # schemastore band-manifest.json: contactEmail, format email, maxLength 100 (refused before:
+    # the format's strings reach 175 characters)
+    import jsonschema
+
+    from treadle.constrained.regex_text import FORMATS
+
+    schema = {"type": "string", "format": fmt, "maxLength": hi}
+    body = body_of(schema)
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    strings = random_strings(body, 60, max_len=hi)
+    assert len(set(strings)) > 20
+    for s in strings:
+        assert re.fullmatch(FORMATS[fmt], s) and len(s) <= hi and checker.conforms(s, fmt), s
