@@ -1420,6 +1420,9 @@ class _Converter:
         try:
             out = fsm_to_regex(fsm)
         except ValueError as exc:  # the intersection's regex is too long
+            inside = _format_branches_inside(fmt, pattern_fsm)
+            if inside is not None:
+                return self._body_with_length(inside, lo, hi, path) if lengths else inside
             raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with format {fmt!r} "
                                          f"is not supported: {exc}") from exc
         if out is None:
@@ -1758,6 +1761,22 @@ def _format_with_length(fmt: str, lo: int, hi: int | None, path: str) -> str:
     if out is None:
         raise Unsatisfiable(f"json_schema: keyword 'format' at {path}: no {fmt!r} string has {lo}..{hi} characters")
     return out
+
+
+def _format_branches_inside(fmt: str, pattern_fsm: Any) -> str | None:
+    """The branches of the format's regex (``_top_branches``) whose strings all match the
+    pattern, each whole or else with its optional parts left out, as one alternation (a
+    subset of both), or None where none is: the meta-schemas' ``$id``, a uri-reference under
+    ``^[^#]*#?$``, is its absolute URIs and paths less their query and fragment."""
+    rx = text.FORMATS[fmt]
+    kept = []
+    for branch in _top_branches(rx) or [rx]:
+        for cand in dict.fromkeys([branch, text.reshaped_repetitions(branch, 0, None, optional=False)]):
+            fsm = interegular.parse_pattern(cand).to_fsm()
+            if not fsm.empty() and (fsm - pattern_fsm).empty():
+                kept.append(cand)
+                break
+    return "(?:" + "|".join(kept) + ")" if kept else None
 
 
 def _capped_to_length(rx: str, lo: int, hi: int | None) -> str | None:

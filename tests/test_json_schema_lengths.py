@@ -165,3 +165,18 @@ def test_a_format_under_a_max_length_is_written_shorter(fmt: str, hi: int) -> No
     assert len(set(strings)) > 20
     for s in strings:
         assert re.fullmatch(FORMATS[fmt], s) and len(s) <= hi and checker.conforms(s, fmt), s
+
+
+# ------------------------------------------------------------------ a format with a pattern
+
+def test_a_format_with_a_pattern_keeps_the_branches_inside_it() -> None:
+    # the 2019-09 / 2020-12 core vocabularies' $id: format uri-reference, pattern ^[^#]*#?$
+    # (their product's regex passed 20,000 characters: refused before)
+    from treadle.constrained.regex_text import FORMATS
+
+    schema = {"format": "uri-reference", "pattern": "^[^#]*#?$"}
+    body = body_of(schema)
+    strings = random_strings(body, 80)
+    assert any("://" in s for s in strings) and any("://" not in s for s in strings)
+    for s in strings:
+        assert re.search(schema["pattern"], s) and re.fullmatch(FORMATS["uri-reference"], s), s
