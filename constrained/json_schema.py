@@ -1487,32 +1487,12 @@ def _found_in_every_string(pattern: str) -> bool:
 def _top_branches(body: str) -> list[str]:
     """The branches of ``body`` where it is one group ``(?:A|B|...)`` with a top-level ``|``
     inside (as regex_ecma writes a pattern of anchored branches), else []."""
-    if not body.startswith("(?:"):
+    inner = body[3:-1] if body.startswith("(?:") and body.endswith(")") else ""
+    cuts = text.top_level_cuts(inner) if inner else None
+    if not cuts:  # (None too: the first group ends before the body does)
         return []
-    cuts, depth, i, in_class = [], 0, 0, False
-    while i < len(body):
-        c = body[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-            i += 2 if body.startswith("[^", i) else 1
-            i += body.startswith("]", i)  # a ']' first in a class is a member
-            continue
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0 and i != len(body) - 1:
-                return []  # the first group ends before the body does
-        elif c == "|" and depth == 1:
-            cuts.append(i)
-        i += 1
-    edges = [2, *cuts, len(body) - 1]
-    return [body[a + 1:b] for a, b in zip(edges, edges[1:])] if cuts else []
+    edges = [-1, *cuts, len(inner)]
+    return [inner[a + 1:b] for a, b in zip(edges, edges[1:])]
 
 
 def _length_top(lo: int, hi: int | None) -> int:

@@ -784,9 +784,13 @@ def reshaped_repetitions(body: str, least: int, most: int | None, cap_counted: b
 
 def has_top_level_alternation(core: str) -> bool:
     """Whether ``core`` has a ``|`` outside every group and class."""
-    if "|" not in core:
-        return False
-    depth, i, in_class = 0, 0, False
+    return "|" in core and bool(top_level_cuts(core))
+
+
+def top_level_cuts(core: str) -> list[int] | None:
+    """The positions of the ``|`` in ``core`` outside every group and class, or None where a
+    ``)`` closes a group opened before ``core``."""
+    cuts, depth, i, in_class = [], 0, 0, False
     while i < len(core):
         c = core[i]
         if c == "\\":
@@ -800,10 +804,12 @@ def has_top_level_alternation(core: str) -> bool:
             depth += 1
         elif c == ")":
             depth -= 1
+            if depth < 0:
+                return None
         elif c == "|" and depth == 0:
-            return True
+            cuts.append(i)
         i += 1
-    return False
+    return cuts
 
 
 # ---------------------------------------------------------------- Unicode property escapes
