@@ -166,9 +166,10 @@ def test_classes_lose_only_the_characters_json_must_escape(pattern: str, inside:
     check_subset({"pattern": pattern})
 
 
-def test_a_class_of_only_characters_json_escapes_is_still_refused() -> None:
+def test_a_class_of_only_characters_json_escapes_is_still_refused_under_lengths() -> None:
+    # (without lengths such a pattern is written with JSON escapes: test_json_schema_pattern_syntax)
     with pytest.raises(UnsupportedSchemaError, match="keyword 'pattern'"):
-        json_schema_to_regex({"type": "string", "pattern": '^["\\\\]+$'})
+        json_schema_to_regex({"type": "string", "pattern": '^["\\\\]+$', "maxLength": 8})
 
 
 # format and pattern where one holds the other: that one is written (citation-file-format's
