@@ -1415,14 +1415,16 @@ class _Converter:
                 return "(?:" + "|".join(kept) + ")" + text.URI_AFTER_SCHEME
         fsm = format_fsm & pattern_fsm
         if lengths:
-            hi_text = "" if hi is None else str(hi)
-            fsm = fsm & interegular.parse_pattern(f"[\\x00-\\x7f]{{{lo},{hi_text}}}").to_fsm()
+            fsm = fsm & _lengths_fsm(lo, hi)
         try:
             out = fsm_to_regex(fsm)
         except ValueError as exc:  # the intersection's regex is too long
             inside = _format_branches_inside(fmt, pattern_fsm)
             if inside is not None:
                 return self._body_with_length(inside, lo, hi, path) if lengths else inside
+            web = _web_urls_matching(fmt, pattern_fsm)
+            if web is not None:
+                return self._body_with_length(web, lo, hi, path) if lengths else web
             raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with format {fmt!r} "
                                          f"is not supported: {exc}") from exc
         if out is None:
@@ -1732,7 +1734,7 @@ def _format_with_length(fmt: str, lo: int, hi: int | None, path: str) -> str:
         raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path}: {fmt!r} with minLength/maxLength "
                                      f"{lo}..{hi} is not supported: its strings have {shortest} to {longest} "
                                      "characters, and only bounds that cut none of them off are")
-    length = interegular.parse_pattern(f"[\\x00-\\x7f]{{{lo},{'' if hi is None else hi}}}").to_fsm()
+    length = _lengths_fsm(lo, hi)
     try:
         out = fsm_to_regex(fsm & length)
     except ValueError as exc:  # the intersection's regex is too long
@@ -1741,6 +1743,29 @@ def _format_with_length(fmt: str, lo: int, hi: int | None, path: str) -> str:
     if out is None:
         raise Unsatisfiable(f"json_schema: keyword 'format' at {path}: no {fmt!r} string has {lo}..{hi} characters")
     return out
+
+
+# http(s) URLs of plain host names and path segments: a subset of every URI format's strings
+# (test_json_schema_lengths checks it), whose product with a pattern stays short to write
+_WEB_URLS = r"https?://[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?(?:/[a-zA-Z0-9._~-]*)*"
+
+
+def _lengths_fsm(lo: int, hi: int | None) -> Any:
+    """The automaton of the ASCII strings of ``lo..hi`` characters (the formats' alphabet)."""
+    return interegular.parse_pattern(f"[\\x00-\\x7f]{{{lo},{'' if hi is None else hi}}}").to_fsm()
+
+
+def _web_urls_matching(fmt: str, pattern_fsm: Any) -> str | None:
+    """For a URI format whose product with the pattern is too long to write (gitlab-ci's
+    ``remote``: uri-reference under ``^https?://.+\\.ya?ml$``), the plain http(s) URLs the
+    pattern matches, or None where that is empty or still too long."""
+    if fmt not in _URI_FORMATS:
+        return None
+    fsm = interegular.parse_pattern(_WEB_URLS).to_fsm() & pattern_fsm
+    try:
+        return fsm_to_regex(fsm)
+    except ValueError:
+        return None
 
 
 def _format_branches_inside(fmt: str, pattern_fsm: Any) -> str | None:

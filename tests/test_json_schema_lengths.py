@@ -180,3 +180,23 @@ def test_a_format_with_a_pattern_keeps_the_branches_inside_it() -> None:
     assert any("://" in s for s in strings) and any("://" not in s for s in strings)
     for s in strings:
         assert re.search(schema["pattern"], s) and re.fullmatch(FORMATS["uri-reference"], s), s
+
+
+@pytest.mark.parametrize("fmt", ["uri", "iri", "uri-reference", "iri-reference"])
+def test_a_uri_format_under_a_url_pattern_writes_the_web_urls_it_matches(fmt: str) -> None:
+    # gitlab-ci's include remote: format uri-reference, pattern ^https?://.+\.ya?ml$ (the product
+    # of the whole URI format with the pattern writes past 20,000 characters: refused before)
+    import jsonschema
+    import rfc3987
+
+    from treadle.constrained.json_schema import _WEB_URLS
+    from treadle.constrained.regex_text import FORMATS
+
+    web, whole = interegular.parse_pattern(_WEB_URLS).to_fsm(), interegular.parse_pattern(FORMATS[fmt]).to_fsm()
+    assert (web - whole).empty()  # every web URL is of the format
+    schema = {"format": fmt, "pattern": "^https?://.+\\.ya?ml$"}
+    strings = random_strings(body_of(schema), 60)
+    assert len(set(strings)) > 20
+    for s in strings:
+        assert re.search(schema["pattern"], s), s
+        assert rfc3987.match(s, rule="URI") and jsonschema.Draft202012Validator.FORMAT_CHECKER.conforms(s, fmt), s
