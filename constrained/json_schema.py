@@ -1165,8 +1165,8 @@ class _Converter:
             types = {"null", "boolean", "number", "string", "array", "object"}
         if "multipleOf" in schema and "number" in types:
             m = schema["multipleOf"]
-            if m == 1 and not isinstance(m, bool):
-                types = (types - {"number"}) | {"integer"}  # multiples of 1 are the integers
+            if isinstance(m, (int, float)) and not isinstance(m, bool) and math.isfinite(m) and m >= 1 and m == int(m):
+                types = (types - {"number"}) | {"integer"}  # multiples of a whole number are integers
         if not types:
             raise Unsatisfiable(f"json_schema: keyword 'type' at {path}: no type is possible")
         return types
@@ -1175,6 +1175,8 @@ class _Converter:
         for key in FAMILIES.get("number" if t == "integer" else t, ()):
             if key in schema and not self._trivial(key, schema[key], schema, t):
                 if key in _SUPPORTED.get("number" if t == "integer" else t, ()):
+                    continue
+                if key == "multipleOf" and t == "integer" and _bounded_multiples(schema) is not None:
                     continue
                 raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} is not supported")
 
@@ -1201,6 +1203,11 @@ class _Converter:
         if t == "boolean":
             return "(?:true|false)"
         try:
+            if t == "integer" and "multipleOf" in schema and not self._trivial("multipleOf", schema["multipleOf"], schema, t):
+                listed = _bounded_multiples(schema)  # (not None: _reject_unsupported saw to it)
+                if not listed:
+                    raise Unsatisfiable(f"json_schema: keyword 'multipleOf' at {path}: no multiple within the bounds")
+                return "(?:" + "|".join(str(v) for v in listed) + ")"
             if t == "integer":
                 return nums.integer_regex(schema, zero_fraction=self.spec)
             if t == "number":
@@ -1466,6 +1473,36 @@ _SUPPORTED = {
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties", "unevaluatedProperties",
                "propertyNames", "patternProperties"},
 }
+
+
+MAX_LISTED_MULTIPLES = 4096  # an integer multipleOf between bounds: at most this many multiples listed
+
+
+def _bounded_multiples(schema: dict) -> list[int] | None:
+    """The integers an integer schema's ``multipleOf`` (a whole number) allows between its bounds
+    (minimum / maximum, exclusive or not), in order, where both bounds are there and at most
+    ``MAX_LISTED_MULTIPLES`` lie between (minecraft's dimension heights: multiples of 16 in
+    -2032..2031); else None (unbounded multiples are refused)."""
+    m = schema.get("multipleOf")
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0 or m != int(m):
+        return None
+    m = int(m)
+    bounds = []
+    for incl, excl, side in (("minimum", "exclusiveMinimum", 1), ("maximum", "exclusiveMaximum", -1)):
+        limits = [(Fraction(schema[k]), k == excl) for k in (incl, excl)
+                  if isinstance(schema.get(k), (int, float)) and not isinstance(schema.get(k), bool)
+                  and math.isfinite(schema[k])]
+        if not limits:
+            return None
+        value, strict = max(limits) if side == 1 else min(limits)  # the tighter bound
+        whole = math.ceil(value) if side == 1 else math.floor(value)
+        if strict and whole == value:
+            whole += side
+        bounds.append(whole)
+    first, last = -(-bounds[0] // m) * m, bounds[1] // m * m
+    if (last - first) // m + 1 > MAX_LISTED_MULTIPLES:
+        return None
+    return list(range(first, last + 1, m))
 
 
 # anchors, word boundaries and lookarounds: what may keep an empty match from every position

@@ -1072,8 +1072,9 @@ def test_number_bounds_no_text_can_meet_name_their_keyword() -> None:
 def test_formats_take_length_bounds() -> None:
     """Pydantic's AnyUrl / HttpUrl write format uri with minLength 1 (and maxLength 2083): bounds
     every string of the format meets are dropped; bounds that cut into a small format's
-    lengths intersect it; bounds no string meets are unsatisfiable; cutting into uri's, email's
-    or hostname's lengths stays a 400 naming the format."""
+    lengths intersect it; bounds no string meets are unsatisfiable; a maxLength cutting into
+    uri's lengths writes it shorter; a minLength cutting into email's stays a 400 naming the
+    format."""
     for schema in ({"format": "uri", "minLength": 1}, {"format": "date", "minLength": 10, "maxLength": 10}):
         full = {"type": "string", **schema}
         assert json_schema_to_regex(full) == json_schema_to_regex({"type": "string", "format": schema["format"]})
@@ -1087,7 +1088,9 @@ def test_formats_take_length_bounds() -> None:
     assert accepts(long_time, "10:00:00.5+01:00") and not accepts(long_time, "10:00:00Z")
     with pytest.raises(ValueError, match="36 to 36 characters"):
         json_schema_to_regex({"type": "string", "format": "uuid", "maxLength": 10})
-    raises_keyword({"type": "string", "format": "uri", "maxLength": 40}, "format")
+    # under a maxLength a format's strings can pass: its repetitions capped to fit (a subset)
+    short_uri = {"type": "string", "format": "uri", "maxLength": 40}
+    assert accepts(short_uri, "https://ab.io/a") and not accepts(short_uri, "https://ab.io/" + "a" * 30)
     raises_keyword({"type": "string", "format": "email", "minLength": 8}, "format")
 
 
@@ -1155,3 +1158,23 @@ def test_uri_template_format_writes_rfc6570_templates() -> None:
         for _, names in _RFC6570_EXPR.findall(json.loads(t)):
             assert all(_RFC6570_VARSPEC.fullmatch(v) for v in names.split(",")), t
     assert re.fullmatch(rx, '"https://x.org/{id}/a{?q,page:3}"') and not re.fullmatch(rx, '"{}"')
+
+
+@pytest.mark.parametrize("schema", [
+    # minecraft-dimension-type's min_y: multiples of 16 in -2032..2031
+    {"type": "integer", "minimum": -2032, "maximum": 2031, "multipleOf": 16},
+    {"type": "number", "exclusiveMinimum": 0, "maximum": 100.5, "multipleOf": 25.0},
+])
+def test_integer_multiple_of_between_bounds_lists_the_multiples(schema: dict) -> None:
+    rx = re.compile(json_schema_to_regex(schema))
+    check = jsonschema.Draft202012Validator(schema)
+    written = [n for n in range(-2100, 2100) if rx.fullmatch(str(n))]
+    assert written == [n for n in range(-2100, 2100) if check.is_valid(n)]
+    assert not rx.fullmatch("16.0") or check.is_valid(16.0)
+
+
+def test_integer_multiple_of_unbounded_or_empty() -> None:
+    raises_keyword({"type": "integer", "minimum": 0, "multipleOf": 3}, "multipleOf")  # no maximum: refused
+    raises_keyword({"type": "integer", "minimum": 0, "maximum": 10**9, "multipleOf": 3}, "multipleOf")  # too many
+    with pytest.raises(ValueError, match="no multiple within the bounds"):
+        json_schema_to_regex({"type": "integer", "minimum": 1, "maximum": 6, "multipleOf": 7})
