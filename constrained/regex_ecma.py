@@ -114,7 +114,7 @@ def pattern_json_body(pattern: str) -> str:
 def _escaped_body(pattern: str) -> str:
     """The strings ``pattern`` matches (anchors per branch, raw padding where unanchored: a
     subset), over every character, written as JSON text (``_json_text``)."""
-    pattern, _ = _flags_dropped(_annex_b(pattern))
+    pattern, _ = _case_sensitive(_annex_b(pattern))
     pattern = _python_anchors(_unnamed(pattern))
     parts = []
     for s, e, core in [b for s0, e0, c0 in _branches(pattern, False, False) for flat in _distributed(c0)
@@ -253,7 +253,7 @@ def _pattern_subset_body(pattern: str) -> str:
 
 
 def _subset_body(pattern: str) -> str:
-    pattern, flags = _flags_dropped(pattern)  # (narrowing, see the module docstring)
+    pattern, flags = _case_sensitive(pattern)  # (narrowing, see the module docstring)
     pattern = _python_anchors(_unnamed(pattern))
     if "i" in flags:
         pattern = _folded_negatives(pattern)
@@ -311,6 +311,19 @@ def _syntax_view(text: str) -> str:
         i = b
     out.append(text[i:])
     return "".join(out)
+
+
+_NEGATED = re.compile(r"\[\^|\\[WP]")  # a negated class, \W, \P{..}: what case-folding widens what they exclude
+
+
+def _case_sensitive(text: str) -> tuple[str, str]:
+    """``text`` read without its flags (``_flags_dropped``), refused where an 'i' flag held a
+    negated class, ``\W`` or ``\P{..}``: read case-sensitively those take letters the
+    case-insensitive reading excludes (``(?i)[^a]`` takes 'A'), so that reading is no subset."""
+    text, flags = _flags_dropped(text)
+    if "i" in flags and _NEGATED.search(text):
+        raise RegexDialectError("regex: a negated class (or \\W, \\P{..}) under the flag 'i' is not supported")
+    return text, flags
 
 
 def _flags_dropped(text: str) -> tuple[str, str]:

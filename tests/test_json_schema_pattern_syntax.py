@@ -174,3 +174,19 @@ def test_a_schema_pattern_without_lengths_writes_json_escapes() -> None:
     # under lengths (which count the raw body's characters) only characters JSON must escape stay refused
     with pytest.raises(UnsupportedSchemaError, match="'pattern'"):
         json_schema_to_regex({"type": "string", "pattern": "^([\\n\\t])$", "maxLength": 4})
+
+
+@pytest.mark.parametrize("pattern", ["^(?i)[^a]$", "(?i)^[^a-z]+$", "(?i)^[^k]$", "(?i)^(?=[^a])..$",
+                                     "(?<=(?i)[^a])b", "(?i)^\\W+$", "(?i)^[^a]\\n$"])
+def test_a_negated_class_under_the_i_flag_is_refused(pattern: str) -> None:
+    # read case-sensitively, (?i)[^a] would take 'A' (and [^k] the Kelvin sign), which the
+    # case-insensitive reading excludes: no subset, so refused (the soundness tester's find)
+    with pytest.raises(UnsupportedSchemaError, match="negated class .* under the flag 'i'"):
+        json_schema_to_regex({"type": "string", "pattern": pattern})
+    with pytest.raises(UnsupportedSchemaError, match="'pattern'"):
+        json_schema_to_regex({"type": "string", "pattern": pattern, "maxLength": 3})
+
+
+def test_positive_parts_under_the_i_flag_are_still_written() -> None:
+    rx = re.compile(json_schema_to_regex({"type": "string", "pattern": "(?i)^[a-z]+$"}))
+    assert rx.fullmatch('"abc"') and not rx.fullmatch('"a1"')
