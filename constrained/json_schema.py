@@ -1077,7 +1077,8 @@ class _Converter:
         parts, first_error = [], None
         for t in sorted(types, key=["null", "boolean", "integer", "number", "string", "array", "object"].index):
             if untyped and not any(k in schema for k in FAMILIES.get("number" if t == "integer" else t, ())):
-                parts.append(self._other_type(t))
+                part = self._other_type(t)  # (its values are still those __not_in__ lets through)
+                parts.append(self._not_listed(part, t, schema["__not_in__"], path) if "__not_in__" in schema else part)
                 continue
             self._reject_unsupported(schema, t, path)
             try:

@@ -290,7 +290,8 @@ class Merger:
         text). Exact: Apart's proofs by validity, as two values of one key, or a key one requires
         that another forbids. Past ``ANYOF_PRODUCT_MAX`` left it is refused; with none left, no
         value satisfies a branch of each."""
-        rest = {k: v for k, v in base.items() if k not in ("anyOf", "if", "then", "else")}
+        # (the merge's anyOf / oneOf are what the product replaces: a pair is not proven empty by them)
+        rest = {k: v for k, v in base.items() if k not in ("anyOf", "oneOf", "if", "then", "else")}
         try:
             key = json.dumps([left, right, rest], sort_keys=True)
         except (TypeError, ValueError):  # (a value json cannot write: proven again each time)

@@ -156,3 +156,30 @@ def test_an_allof_of_many_nots_is_one_not_of_their_anyof() -> None:
     assert rx.fullmatch(dumps({"name": "ifx"})) and rx.fullmatch(dumps({"name": "Bool_"}))
     for word in ("if", "As", "class", "BREAK"):
         assert not rx.fullmatch(dumps({"name": word}))
+
+
+EXACT_VALUES = ["1", "2", "1.0", '"x"', '"y"', "true", "null", "[1]", "[]", "{}", '{"a":1}']
+
+
+@pytest.mark.parametrize("schema", [
+    # the soundness tester's finds: a pair of two oneOfs dropped as "never holding" by the very
+    # oneOf the pairs replace (1 satisfies both branches of the first oneOf, and was written)
+    {"allOf": [{"oneOf": [{"const": 1}, {}]}, {"oneOf": [{}]}]},
+    {"allOf": [{"oneOf": [{"const": 1}, {}]}, {"oneOf": [{"type": "integer"}, {"type": "string"}]}]},
+    {"allOf": [{"allOf": [{"oneOf": [{"const": 1.0}, {}]}]}, {"allOf": [{"oneOf": [{}]}]}]},
+    # a listed value beside a branch whose keywords do not apply to its type (vacuously valid there):
+    # the untyped branch's other types kept the value its breaker excludes
+    {"oneOf": [{"const": "x"}, {"minimum": 1}]},
+    {"oneOf": [{"const": 0}, {"items": {}}]},
+    {"oneOf": [{"enum": [1]}, {"maxLength": 1}]},
+    {"oneOf": [{"const": True}, {"pattern": "x"}]},
+])
+def test_oneof_writes_no_value_two_branches_take(schema: dict) -> None:
+    import jsonschema
+
+    rx = re.compile(json_schema_to_regex(schema))
+    check = jsonschema.Draft202012Validator(schema)
+    written = [t for t in EXACT_VALUES if rx.fullmatch(t)]
+    assert written, rx.pattern[:200]
+    assert all(check.is_valid(json.loads(t)) for t in written), [t for t in written if not check.is_valid(json.loads(t))]
+    walks(schema)
