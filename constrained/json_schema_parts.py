@@ -794,11 +794,11 @@ def _distinct_members(make: Any, count: int, path: str) -> list[str]:
     would be one member: minProperties counts distinct keys): one member alone as ``make(None)``
     writes it, more each of its own key length (``make(length)``: the members whose key has that
     many characters, or None). Raises naming minProperties when fewer lengths have a member."""
+    out: list[str] = []
     if count == 1:
         one = make(None)
-        return [] if one is None else [one]  # (none: refused below)
-    out: list[str] = []
-    for length in range(1, DISTINCT_LENGTHS + 1):
+        out = [] if one is None else [one]  # (none: refused below, not written short of minProperties)
+    for length in range(1, DISTINCT_LENGTHS + 1) if count > 1 else ():
         if len(out) == count:
             break
         member = make(length)
