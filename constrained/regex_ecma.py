@@ -318,7 +318,7 @@ _NEGATED = re.compile(r"\[\^|\\[WP]")  # a negated class, \W, \P{..}: what case-
 
 def _case_sensitive(text: str) -> tuple[str, str]:
     """``text`` read without its flags (``_flags_dropped``), refused where an 'i' flag held a
-    negated class, ``\W`` or ``\P{..}``: read case-sensitively those take letters the
+    negated class, ``\\W`` or ``\\P{..}``: read case-sensitively those take letters the
     case-insensitive reading excludes (``(?i)[^a]`` takes 'A'), so that reading is no subset."""
     text, flags = _flags_dropped(text)
     if "i" in flags and _NEGATED.search(text):
