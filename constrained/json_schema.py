@@ -1539,7 +1539,7 @@ def _length_top(lo: int, hi: int | None) -> int:
     """The most characters a string of ``lo..hi`` is written with: ``hi``, cut at MAX_REPEAT,
     or at MAX_REPEAT past ``lo`` where ``lo`` is above it (as ``text.string_regex``: fewer
     characters, still valid)."""
-    top = max(lo, text.MAX_REPEAT) if lo <= text.MAX_REPEAT else lo + text.MAX_REPEAT
+    top = text.MAX_REPEAT if lo <= text.MAX_REPEAT else lo + text.MAX_REPEAT
     return top if hi is None else min(hi, top)
 
 
