@@ -1179,6 +1179,8 @@ class _Converter:
                     continue
                 if key == "multipleOf" and t == "integer" and _bounded_multiples(schema) is not None:
                     continue
+                if key == "multipleOf" and t == "number" and not self.spec and nums.multiple_grid(schema[key]):
+                    continue  # strict mode: the multiples on a grid of 1/2**a (a sound subset; the spec mode refuses)
                 raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} is not supported")
 
     @staticmethod
@@ -1187,9 +1189,8 @@ class _Converter:
         if key == "uniqueItems":
             return value is False or schema.get("maxItems", 2) <= 1
         if key == "multipleOf":
-            # Every integer is a multiple of 1/k (0.5, 0.25, 1, ...).
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-            return t == "integer" and ok and (1 / Fraction(value)).denominator == 1
+            # Every integer is a multiple of 1/k (0.5, 0.25, 0.1, 1, ...), as validators compute it too.
+            return t == "integer" and nums.multiple_grid(value) is not None
         if key in ("patternProperties", "dependentRequired", "dependentSchemas"):
             return value == {}
         if key in ("propertyNames", "unevaluatedProperties", "unevaluatedItems"):
@@ -1211,6 +1212,8 @@ class _Converter:
                 return "(?:" + "|".join(str(v) for v in listed) + ")"
             if t == "integer":
                 return nums.integer_regex(schema, zero_fraction=self.spec)
+            if t == "number" and "multipleOf" in schema:
+                return nums.multiples_regex(schema, nums.multiple_grid(schema["multipleOf"]))
             if t == "number":
                 return nums.number_regex(schema)
         except nums.BoundsError as exc:

@@ -185,6 +185,74 @@ def number_regex(schema: dict[str, Any]) -> str:
     return "(?:" + "|".join(alts) + ")"
 
 
+MAX_STEP_BITS = 3  # a decimal multipleOf 1/k is written on a grid of at most 2**-3 (0.125)
+
+
+def multiple_grid(m: Any) -> int | None:
+    """The grid a ``multipleOf: m`` of the form 1/k (0.5, 0.1, 0.01, 1e-3; k whole) is written on:
+    steps of 1/2**a, a the power of 2 in k up to MAX_STEP_BITS; returns 2**a (0.1 -> 2, 0.01 -> 4,
+    0.2 -> 1), or None.
+
+    Its points are multiples of m twice over: of the decimal the schema spells (x*k is whole), and
+    as validators compute it, dividing by the double m (jsonschema: ``x / m`` whole; 0.3 / 0.1 is
+    not). A point x is exact as a double and x*k is a whole q; where the double m lies within
+    2**-54 of 1/k, relative (checked here), ``x / m`` rounds to q itself below 2**53 (the error,
+    under q * 2**-54, is less than half an ulp of q), and every double past 2**52 is whole. None
+    where m is not 1/k or its double is further off (1e-5: jsonschema finds 3 / 1e-5 not whole).
+    """
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0:
+        return None
+    spelt = _shortest(m)
+    k = 1 / spelt
+    if k.denominator != 1 or abs(Fraction(m) - spelt) * 2**54 > spelt:
+        return None
+    twos = (k.numerator & -k.numerator).bit_length() - 1
+    return 2 ** min(twos, MAX_STEP_BITS)
+
+
+def multiples_regex(schema: dict[str, Any], per: int) -> str:
+    """The multiples of 1/``per`` (``multiple_grid``'s grid) under the schema's bounds, written
+    ``-?I(.F)?`` with |I| <= INT_LIMIT (so I + F is exact as a double: I * 8 < 2**53) and F one of
+    the grid's fractions, digits as they are (0.125, never 0.1250). The bounds compare exactly:
+    every point is a double, so the validator's comparison with the bound's double is exact."""
+    (lo, lo_inc), (hi, hi_inc) = _lower(schema), _upper(schema)
+    top = (INT_LIMIT + 1) * per - 1
+    a = -top if lo is None else max(-top, math.ceil(lo * per) if lo_inc else math.floor(lo * per) + 1)
+    b = top if hi is None else min(top, math.floor(hi * per) if hi_inc else math.ceil(hi * per) - 1)
+    alts = []
+    if a <= b and b >= 0:
+        alts.append(_steps_regex(max(a, 0), b, per))
+    if a <= b and a < 0:
+        alts.append("-" + _steps_regex(max(-b, 1), -a, per))
+    if not alts:
+        raise BoundsError("multipleOf", f"no multiple of {schema.get('multipleOf')} within {_bounds_text(schema)}")
+    return "(?:" + "|".join(alts) + ")"
+
+
+def _steps_regex(lo: int, hi: int, per: int) -> str:
+    """Texts ``I(.F)?`` of the values lo/per .. hi/per in steps of 1/per (per a power of 2)."""
+
+    def fractions(first: int, last: int) -> str:
+        texts = [str(Decimal(j) / per)[2:] for j in range(max(first, 1), last + 1)]  # 3/8 -> "375"
+        if not texts:
+            return ""
+        return r"(?:\.(?:" + "|".join(texts) + "))" + ("?" if first == 0 else "")
+
+    ia, ja = divmod(lo, per)
+    ib, jb = divmod(hi, per)
+    if ia == ib:
+        return str(ia) + fractions(ja, jb)
+    alts = []
+    if ja != 0:
+        alts.append(str(ia) + fractions(ja, per - 1))
+    first, last = ia + (ja != 0), ib - (jb != per - 1)
+    if first <= last:
+        alts.append(nonneg_range_regex(first, last) + fractions(0, per - 1))
+    if jb != per - 1:
+        alts.append(str(ib) + fractions(0, jb))
+    return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+
 def _bounds_text(schema: dict[str, Any]) -> str:
     keys = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
     return str({k: schema[k] for k in keys if k in schema})

@@ -1178,3 +1178,53 @@ def test_integer_multiple_of_unbounded_or_empty() -> None:
     raises_keyword({"type": "integer", "minimum": 0, "maximum": 10**9, "multipleOf": 3}, "multipleOf")  # too many
     with pytest.raises(ValueError, match="no multiple within the bounds"):
         json_schema_to_regex({"type": "integer", "minimum": 1, "maximum": 6, "multipleOf": 7})
+
+
+def _multiple_texts() -> list[str]:
+    """Numbers a model might write for a decimal multipleOf: -3..3 and a few large ones, each with
+    fractions of up to three digits (every multiple of 1/8 and of 0.001 among them)."""
+    fracs = [""] + [f".{d}" for d in range(10)] + [f".{d:02d}" for d in range(100)] + [f".{d:03d}" for d in range(1000)]
+    ints = ["0", "1", "2", "3", "19", "-0", "-1", "-2", "-3", "-19", "123456789012345", "-999999999999999"]
+    return [i + f for i in ints for f in fracs]
+
+
+@pytest.mark.parametrize("m", [0.5, 0.25, 0.125, 0.1, 0.01, 0.001, 0.05, 0.2, 1e-6, 0.0001])
+def test_decimal_multiple_of_on_numbers_writes_multiples_both_ways(m: float) -> None:
+    """``multipleOf: 1/k`` on a number (strict mode) writes the multiples of 2**-a (a the power of 2 in
+    k, at most 3): exact multiples of the decimal the schema spells, and multiples as jsonschema
+    checks them too (the quotient by the double m is whole), which differ: 0.3 / 0.1 is not whole."""
+    schema = {"type": "number", "multipleOf": m}
+    rx = compile_checked(schema)
+    check = jsonschema.Draft202012Validator(schema)
+    written = [t for t in _multiple_texts() if rx.fullmatch(t)]
+    for t in written:
+        assert (Decimal(t) / Decimal(repr(m))) % 1 == 0, t  # the decimal multipleOf
+        assert check.is_valid(json.loads(t)), t  # jsonschema's float check
+    k = round(1 / m)
+    step = Decimal(1) / (2 ** min((k & -k).bit_length() - 1, 3))
+    assert written == [t for t in _multiple_texts() if Decimal(t) % step == 0 and re.fullmatch(r"-?(0|[1-9]\d*)(\.\d*[1-9])?", t)
+                       and t != "-0"]
+
+
+def test_decimal_multiple_of_under_bounds() -> None:
+    schema = {"type": "number", "multipleOf": 0.01, "exclusiveMinimum": 0.5, "maximum": 2.1}
+    rx = compile_checked(schema)
+    written = [t for t in _multiple_texts() if rx.fullmatch(t)]
+    assert sorted(written, key=Decimal) == ["0.75", "1", "1.25", "1.5", "1.75", "2"]
+    neg = {"type": "number", "multipleOf": 0.5, "minimum": -1.6, "exclusiveMaximum": 0}
+    assert sorted((t for t in _multiple_texts() if compile_checked(neg).fullmatch(t)), key=Decimal) == ["-1.5", "-1", "-0.5"]
+    with pytest.raises(ValueError, match="multipleOf"):
+        json_schema_to_regex({"type": "number", "multipleOf": 0.5, "minimum": 0.1, "maximum": 0.4})
+
+
+def test_decimal_multiple_of_on_integers_and_the_refused_ones() -> None:
+    # every integer is a multiple of 0.1 both ways (exactly, and as jsonschema divides by the double 0.1)
+    assert accepts({"type": "integer", "multipleOf": 0.1}, 7) and accepts({"type": "integer", "multipleOf": 0.01}, -19)
+    assert all(jsonschema.Draft202012Validator({"multipleOf": 0.1}).is_valid(n) for n in range(-3000, 3000))
+    # 1e-5's double is further from 1e-5 than that: jsonschema finds 1 / 1e-5 not whole, so refused
+    assert not jsonschema.Draft202012Validator({"multipleOf": 1e-5}).is_valid(1)
+    raises_keyword({"type": "integer", "multipleOf": 1e-5}, "multipleOf")
+    raises_keyword({"type": "number", "multipleOf": 1e-5}, "multipleOf")
+    raises_keyword({"type": "number", "multipleOf": 0.3}, "multipleOf")  # not 1/k
+    with pytest.raises(UnsupportedSchemaError, match="multipleOf"):  # the spec mode writes every multiple or none
+        json_schema_to_regex({"type": "number", "multipleOf": 0.5}, mode="spec")

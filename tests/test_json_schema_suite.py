@@ -164,6 +164,9 @@ _UNICODE_WINDOW = ("a \\p{..} class is written over Basic Latin to Latin Extende
 KNOWN_OTHER = {
     "strict": {
         **_IF_ELSE_MISSES,
+        "multipleOf: by small number / 0.0075 is multiple of 0.0001":
+            "a number's multipleOf 1/k is written on a grid of 1/2, 1/4 or 1/8 (multiples exactly and as validators "
+            "divide by the double): 0.0075 lies off it (narrowing)",
         "unevaluatedItems: unevaluatedItems can see annotations from if without then and else / "
         "valid in case if is evaluated":
             "a lone 'if' is ignored, so the items it evaluates count as unevaluated (narrowing)",

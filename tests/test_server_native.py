@@ -154,7 +154,7 @@ def test_generate_logprobs_with_token_texts(url):
     ({"text": PROMPT, "sampling_params": {"structural_tag": {
         "structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}], "triggers": ["<b"]}}}, "does not start with"),
     ({"text": PROMPT, "sampling_params": {"max_new_tokens": 4, "structural_tag": {
-        "structures": [{"begin": "<a>", "schema": {"type": "number", "multipleOf": 0.5}, "end": "</a>"}],
+        "structures": [{"begin": "<a>", "schema": {"type": "number", "multipleOf": 0.3}, "end": "</a>"}],
         "triggers": ["<a"]}}},
      "'multipleOf' at $.structures[0].schema"),
 ])

@@ -415,7 +415,7 @@ def test_bad_formats_are_value_errors_naming_the_problem(f, words):
 
 
 def test_schema_errors_name_the_node():
-    bad = {"type": "number", "multipleOf": 0.5}  # a decimal multipleOf is still refused (if/then is enforced)
+    bad = {"type": "number", "multipleOf": 0.3}  # a multipleOf not 1/k is still refused (if/then is enforced)
     f = fmt({"type": "sequence", "elements": [{"type": "const_string", "value": "x"},
                                               {"type": "or", "elements": [INT, {"type": "json_schema", "json_schema": bad}]}]})
     with pytest.raises(ValueError, match=r"'multipleOf' at \$\.format\.elements\[1\]\.elements\[1\]\.json_schema"):
