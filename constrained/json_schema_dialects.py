@@ -1,7 +1,7 @@
 """JSON Schema dialects: any draft's schema rewritten into the one the converter reads.
 
 The converter (json_schema.py) reads draft 2020-12. A schema of another draft, named by
-its ``$schema`` (draft-04, -06, -07, 2019-09), is first rewritten here into the 2020-12
+its ``$schema`` (draft-03, -04, -06, -07, 2019-09), is first rewritten here into the 2020-12
 spelling of the same meaning, and a schema with no ``$schema`` is read as 2020-12 that also
 takes the older spellings where they can mean only one thing. What each draft asserts is the
 explicit list ``ASSERTIONS`` (jsonschema's own list of keywords it validates, per draft); every
@@ -17,7 +17,13 @@ The rewrite, per subschema:
   and ``dependentSchemas`` (its schemas); draft-04's ``id`` is ``$id``, and its boolean
   ``exclusiveMinimum`` / ``exclusiveMaximum`` make ``minimum`` / ``maximum`` exclusive;
 - in draft-07 and older a ``$ref`` overrides its siblings: assertions beside it are renamed
-  as ignored.
+  as ignored;
+- draft-03 (``_from_draft3``) is read as draft-04 spelt: a property's ``required: true`` is its
+  parent's ``required``, a ``type`` list holding schemas (and ``any``) is ``anyOf``,
+  ``disallow`` a ``not`` of such a union, ``extends`` ``allOf``, ``divisibleBy``
+  ``multipleOf``, a string dependency a list of one, its formats the later names (``time``,
+  Draft3Validator's %H:%M:%S, a pattern); the later drafts' keywords (allOf, not,
+  minProperties ...) are no draft-03 keywords, so annotations.
 
 With no ``$schema``: ``id``, ``dependencies``, list ``items`` with ``additionalItems`` and a
 boolean ``exclusiveMinimum`` are read the old way (in 2020-12 the first two are unknown, so
@@ -39,7 +45,7 @@ A ref to another document is left as it is (and refused where it is used).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote, urldefrag, urljoin
 
 import jsonschema
@@ -50,16 +56,18 @@ from treadle.constrained.json_schema_parts import DYNAMIC_REFS, UnsupportedSchem
 
 __all__ = ["ASSERTIONS", "DIALECTS", "dialect_of", "to_2020_12"]
 
-_DIALECT_URI = re.compile(r"https?://json-schema\.org/(?:(draft-0[467])/schema|draft/(20(?:19-09|20-12))/schema)#?")
-DIALECTS = ("draft-04", "draft-06", "draft-07", "2019-09", "2020-12")
-_VALIDATORS = dict(zip(DIALECTS, (jsonschema.Draft4Validator, jsonschema.Draft6Validator, jsonschema.Draft7Validator,
-                                  jsonschema.Draft201909Validator, jsonschema.Draft202012Validator)))
+_DIALECT_URI = re.compile(r"https?://json-schema\.org/(?:(draft-0[3467])/schema|draft/(20(?:19-09|20-12))/schema)#?")
+DIALECTS = ("draft-03", "draft-04", "draft-06", "draft-07", "2019-09", "2020-12")
+_VALIDATORS = dict(zip(DIALECTS, (jsonschema.Draft3Validator, jsonschema.Draft4Validator, jsonschema.Draft6Validator,
+                                  jsonschema.Draft7Validator, jsonschema.Draft201909Validator,
+                                  jsonschema.Draft202012Validator)))
 # The keywords each draft asserts or applies: jsonschema's validators, and the ones read
 # inside them (then/else by if, minContains/maxContains by contains).
 ASSERTIONS: dict[str, frozenset[str]] = {
     d: frozenset(v.VALIDATORS) | ({"then", "else"} if "if" in v.VALIDATORS else set())
     | ({"minContains", "maxContains"} if d in ("2019-09", "2020-12") else set())
-    | ({"exclusiveMinimum", "exclusiveMaximum"} if d == "draft-04" else set())
+    | ({"exclusiveMinimum", "exclusiveMaximum"} if d in ("draft-03", "draft-04") else set())
+    | ({"required"} if d == "draft-03" else set())  # (a boolean in each property, read by "properties")
     for d, v in _VALIDATORS.items()
 }
 # what the converter reads (2020-12 and what treadle reads of the older drafts' spellings)
@@ -85,17 +93,20 @@ def to_2020_12(schema: Any) -> Any:
     for a ``$schema`` below the root naming another draft than the root's."""
     dialect = dialect_of(schema)
     schema = _resolve_ids(schema, dialect)
+    if dialect == "draft-03":
+        schema = _typed_into_unions(schema)
     moved: dict[tuple, tuple] = {}  # original pointer tokens -> the new ones, for every node
     out = _node(schema, dialect, (), (), moved, "$")
     return _rebase(out, moved)
 
 
 # how each draft names resources and places (referencing's, which jsonschema resolves with)
-_SPECIFICATIONS = {"draft-04": referencing.jsonschema.DRAFT4, "draft-06": referencing.jsonschema.DRAFT6,
-                   "draft-07": referencing.jsonschema.DRAFT7, "2019-09": referencing.jsonschema.DRAFT201909,
-                   "2020-12": referencing.jsonschema.DRAFT202012, _PLAIN: referencing.jsonschema.DRAFT202012}
+_SPECIFICATIONS = {"draft-03": referencing.jsonschema.DRAFT3, "draft-04": referencing.jsonschema.DRAFT4,
+                   "draft-06": referencing.jsonschema.DRAFT6, "draft-07": referencing.jsonschema.DRAFT7,
+                   "2019-09": referencing.jsonschema.DRAFT201909, "2020-12": referencing.jsonschema.DRAFT202012,
+                   _PLAIN: referencing.jsonschema.DRAFT202012}
 _SCHEMA_DATA = frozenset({"const", "enum", "default", "examples"})  # values that are data (no refs, no ids)
-_IDENTIFIERS = ("$id", "$anchor")  # (and draft-04's "id"): annotations once every ref is a pointer
+_IDENTIFIERS = ("$id", "$anchor")  # (and draft-03/04's "id"): annotations once every ref is a pointer
 
 
 def _resolve_ids(schema: Any, dialect: str) -> Any:
@@ -215,7 +226,7 @@ def _resolve_ids(schema: Any, dialect: str) -> Any:
             elif k in DYNAMIC_REFS and isinstance(v, str) and "$ref" not in node \
                     and (k == "$dynamicRef" or v == "#") and dynamic_target(v, base) is not None:
                 out["$ref"] = dynamic_target(v, base)
-            elif (k in _IDENTIFIERS or k == "id" and dialect == "draft-04") and isinstance(v, str):
+            elif (k in _IDENTIFIERS or k == "id" and dialect in ("draft-03", "draft-04")) and isinstance(v, str):
                 out["x-ignored-" + k] = v
             elif k in _SCHEMA_DATA:
                 out[k] = v
@@ -226,9 +237,12 @@ def _resolve_ids(schema: Any, dialect: str) -> Any:
     return rewrite(schema, "", False)
 
 
-def _node(node: Any, dialect: str, old: tuple, new: tuple, moved: dict, path: str) -> Any:
+def _node(node: Any, dialect: str, old: tuple, new: tuple, moved: dict, path: str, spelt: bool = False) -> Any:
     """One subschema (or anything in a schema's place: a dict under an unknown keyword is
-    rewritten as a schema too, in case a ``$ref`` points at it)."""
+    rewritten as a schema too, in case a ``$ref`` points at it); ``spelt``: a node the draft-03
+    rewrite made, in draft-04's spelling already."""
+    if isinstance(node, _Moved):
+        return _node(node.schema, dialect, node.old, new, moved, path, node.spelt)
     if isinstance(node, list):
         moved[old] = new
         return [_node(v, dialect, old + (str(i),), new + (str(i),), moved, f"{path}[{i}]") for i, v in enumerate(node)]
@@ -239,12 +253,16 @@ def _node(node: Any, dialect: str, old: tuple, new: tuple, moved: dict, path: st
     if old and isinstance(uri, str) and dialect_of(node) not in (dialect, _PLAIN) and dialect != _PLAIN:
         raise UnsupportedSchemaError(f"json_schema: keyword '$schema' at {path}: a subschema of another draft "
                                      "than the root's is not supported")
-    known = ASSERTIONS["2020-12"] if dialect == _PLAIN else ASSERTIONS[dialect]
-    legacy_ref = dialect in ("draft-04", "draft-06", "draft-07") and "$ref" in node
+    origin: dict[str, str] = {}  # a key of the node read below -> its key in the original
+    spelling = "draft-04" if dialect == "draft-03" else dialect  # draft-03: its subschemas stay draft-03's
+    if dialect == "draft-03" and not spelt:
+        node, origin = _from_draft3(node, old)
+    known = ASSERTIONS["2020-12"] if spelling == _PLAIN else ASSERTIONS[spelling]
+    legacy_ref = spelling in ("draft-04", "draft-06", "draft-07") and "$ref" in node
     out: dict[str, Any] = {}
 
     def put(key: str, value: Any, old_key: str, kind: str = "schema") -> None:
-        here_old, here_new = old + (old_key,), new + (key,)
+        here_old, here_new = old + (origin.get(old_key, old_key),), new + (key,)
         if kind == "data":
             moved[here_old] = here_new
             out[key] = value
@@ -255,7 +273,7 @@ def _node(node: Any, dialect: str, old: tuple, new: tuple, moved: dict, path: st
         else:
             out[key] = _node(value, dialect, here_old, here_new, moved, f"{path}.{old_key}")
 
-    old_items = dialect in ("draft-04", "draft-06", "draft-07", "2019-09", _PLAIN) and isinstance(node.get("items"), list)
+    old_items = spelling in ("draft-04", "draft-06", "draft-07", "2019-09", _PLAIN) and isinstance(node.get("items"), list)
     for key, value in node.items():
         if not isinstance(key, str):
             continue
@@ -269,14 +287,14 @@ def _node(node: Any, dialect: str, old: tuple, new: tuple, moved: dict, path: st
         if legacy_ref and key != "$ref" and (key in known or key in _CONVERTER):
             put("x-ignored-" + key, value, key, kind)  # draft-07 and older: $ref overrides its siblings
             continue
-        if key == "id" and isinstance(value, str) and dialect == "draft-04" and "$id" not in node:
+        if key == "id" and isinstance(value, str) and spelling == "draft-04" and "$id" not in node:
             put("$id", value, key, "data")
         elif key == "items" and old_items:
             put("prefixItems", value, key)
-        elif key == "additionalItems" and dialect != "2020-12":
+        elif key == "additionalItems" and spelling != "2020-12":
             # after list items it is 2020-12's items; without them it has no effect
             put("items" if old_items else "x-ignored-" + key, value, key)
-        elif key == "dependencies" and dialect in ("draft-04", "draft-06", "draft-07", _PLAIN) and isinstance(value, dict):
+        elif key == "dependencies" and spelling in ("draft-04", "draft-06", "draft-07", _PLAIN) and isinstance(value, dict):
             moved[old + (key,)] = new + ("dependentSchemas",)
             lists = {n: v for n, v in value.items() if isinstance(v, list)}
             schemas = {n: v for n, v in value.items() if not isinstance(v, list)}
@@ -286,19 +304,196 @@ def _node(node: Any, dialect: str, old: tuple, new: tuple, moved: dict, path: st
                 out["dependentSchemas"] = {
                     n: _node(v, dialect, old + (key, n), new + ("dependentSchemas", n), moved, f"{path}.dependencies.{n}")
                     for n, v in schemas.items()}
-        elif key in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool) and dialect in ("draft-04", _PLAIN):
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool) and spelling in ("draft-04", _PLAIN):
             bound = "minimum" if key == "exclusiveMinimum" else "maximum"
             if value and bound in node:
                 out[key] = node[bound]  # set below; "minimum" itself is dropped there
             moved[old + (key,)] = new + ("x-ignored-" + key,)
         elif key in ("minimum", "maximum") and node.get("exclusive" + key[:3].title() + key[3:]) is True \
-                and dialect in ("draft-04", _PLAIN):
+                and spelling in ("draft-04", _PLAIN):
             moved[old + (key,)] = new + ("exclusive" + key[:3].title() + key[3:],)
-        elif key not in known and key in _CONVERTER and dialect != _PLAIN:
+        elif key not in known and key in _CONVERTER and spelling != _PLAIN:
             put("x-ignored-" + key, value, key, kind)  # not an assertion of this draft
         else:
             put(key, value, key, kind)
     return out
+
+
+class _Moved(NamedTuple):
+    """A draft-03 subschema placed under a keyword of the rewrite (``anyOf`` for a ``type`` list)
+    with ``old``, the pointer tokens of where it stood, for the refs into it; ``spelt``: a node
+    the rewrite made (the ``not`` of ``disallow``), in draft-04's spelling already."""
+
+    schema: Any
+    old: tuple
+    spelt: bool = False
+
+
+# draft-03's keywords (jsonschema's Draft3Validator, "required" read by "properties"); every
+# other assertion of the later drafts (allOf, not, minProperties ...) is an annotation there
+_DRAFT3 = ASSERTIONS["draft-03"]
+_LATER = (_CONVERTER | ASSERTIONS["draft-04"]) - _DRAFT3
+# draft-03's formats a validator checks, in the later drafts' names; "time" is its %H:%M:%S
+# (Draft3Validator's checker), written as a pattern. Its others (color, style, phone,
+# utc-millisec) and the later drafts' formats are annotations.
+_DRAFT3_FORMATS = {"date-time": "date-time", "date": "date", "regex": "regex", "uri": "uri", "email": "email",
+                   "ipv6": "ipv6", "ip-address": "ipv4", "host-name": "hostname"}
+_DRAFT3_TIME = "^(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]$"
+_GENERATED = "\x00"  # prefix of the original key of a keyword the rewrite adds (none: no ref reaches it)
+
+
+def _from_draft3(node: dict, old: tuple) -> tuple[dict, dict[str, str]]:
+    """A draft-03 subschema in draft-04's spelling (its subschemas, each a ``_Moved``, left in
+    draft-03's), and the original key of each renamed one. ``required: true`` in a property is
+    the parent's ``required``; a ``type`` list with schemas, and ``any``, ``anyOf``; ``disallow``
+    a ``not`` of them; ``extends`` ``allOf``; ``divisibleBy`` ``multipleOf``; a string
+    dependency a list of one; the later drafts' keywords ``x-ignored-``. Beside ``$ref`` the
+    keywords are left as they are (the ref overrides them all)."""
+    out: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+
+    def rename(key: str, to: str) -> None:
+        out[to] = node[key]
+        origin[to] = key
+
+    every: list = []  # allOf
+    for key, value in node.items():
+        if key == "required" or key in _LATER or key == "$schema" and old:
+            rename(key, "x-ignored-" + key)  # (an embedded document's draft-03, read here)
+        elif "$ref" in node:
+            out[key] = value
+        elif key == "type":
+            _draft3_type(value, old, out, origin)
+        elif key == "disallow":
+            out["not"] = _Moved({"anyOf": _draft3_types(value, old + (key,))}, old + (_GENERATED + "not",), True)
+        elif key == "extends":
+            every += [_Moved(value, old + (key,))] if isinstance(value, dict) else _draft3_types(value, old + (key,))
+        elif key == "divisibleBy":
+            rename(key, "multipleOf")
+        elif key == "dependencies" and isinstance(value, dict):
+            out[key] = {n: [v] if isinstance(v, str) else v for n, v in value.items()}
+        elif key == "format" and isinstance(value, str):
+            _draft3_format(value, out, origin, every)
+        else:
+            out[key] = value
+    required = [n for n, sub in node.get("properties", {}).items() if isinstance(sub, dict) and sub.get("required")] \
+        if isinstance(node.get("properties"), dict) and "$ref" not in node else []
+    for key, value in (("required", required), ("allOf", every)):
+        if value:
+            out[key] = value
+    origin.update({k: _GENERATED + k for k in ("anyOf", "allOf", "required") if k in out and k not in origin})
+    return out, origin
+
+
+_DRAFT3_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
+# draft-03 keywords that constrain values of one type (a value of another type passes them)
+_ONE_TYPE = {"items": "array", "additionalItems": "array", "minItems": "array", "maxItems": "array",
+             "uniqueItems": "array", "pattern": "string", "minLength": "string", "maxLength": "string",
+             "minimum": "number", "maximum": "number", "exclusiveMinimum": "number", "exclusiveMaximum": "number",
+             "divisibleBy": "number"}
+
+
+def _typed_into_unions(schema: Any) -> Any:
+    """Draft-03 ``schema`` with the one-type keywords beside a ``type`` list holding schemas
+    (``{"type": ["array", {"$ref": "#"}], "items": ...}``) moved into the names they constrain
+    (``{"type": [{"type": "array", "items": ...}, {"$ref": "#"}]}``) where no schema of the
+    list has a value of that type: the same meaning, and each schema stays as it is, a plain
+    ``$ref`` the converter writes once rather than the ref merged with ``items`` (which
+    unrolled the draft-03 metaschema's root at every use: 50 s). Indices in the list keep
+    their places; a moved schema keeps its pointer (``_Moved``)."""
+
+    def walk(node: Any, tokens: tuple, names: bool) -> Any:
+        if isinstance(node, list):
+            return [walk(v, tokens + (str(i),), False) for i, v in enumerate(node)]
+        if not isinstance(node, dict):
+            return node
+        if names:
+            return {k: walk(v, tokens + (k,), False) for k, v in node.items()}
+        out = {k: v if k in _SCHEMA_DATA else walk(v, tokens + (k,), k in _MAPS) for k, v in node.items()}
+        return _spread(out, tokens, schema)
+
+    return walk(schema, (), False)
+
+
+def _spread(node: dict, tokens: tuple, root: Any) -> dict:
+    """One node of ``_typed_into_unions``."""
+    union = node.get("type")
+    typed = [k for k in node if k in _ONE_TYPE]
+    if not (isinstance(union, list) and typed and "$ref" not in node and "any" not in union
+            and any(isinstance(m, dict) for m in union)):
+        return node
+    kinds = {_ONE_TYPE[k] for k in typed} | ({"integer"} if "number" in {_ONE_TYPE[k] for k in typed} else set())
+    if not all(isinstance(m, str) or _types_of(m, root).isdisjoint(kinds) for m in union):
+        return node
+
+    def named(name: str) -> dict:
+        of = {k: _Moved(node[k], tokens + (k,)) if isinstance(node[k], dict) else node[k]
+              for k in typed if _ONE_TYPE[k] == name or _ONE_TYPE[k] == "number" and name == "integer"}
+        return {"type": name, **of} if of else name
+
+    out = {k: v for k, v in node.items() if k not in typed}
+    out["type"] = [named(m) if isinstance(m, str) else m for m in union]
+    return out
+
+
+def _types_of(schema: Any, root: Any) -> set[str]:
+    """The type names a draft-03 schema's values can have (through its local ``$ref``s), or
+    every name where that is not known (no ``type``, ``any``, schemas in it, an outside ref)."""
+    for _ in range(8):
+        if not isinstance(schema, dict) or not isinstance(schema.get("$ref"), str):
+            break
+        schema = _pointed(root, schema["$ref"])
+    union = schema.get("type") if isinstance(schema, dict) and "$ref" not in schema else None
+    union = [union] if isinstance(union, str) else union
+    if not isinstance(union, list) or not all(isinstance(n, str) for n in union) or "any" in union:
+        return set(_DRAFT3_TYPES)
+    return set(union)
+
+
+def _pointed(root: Any, ref: str) -> Any:
+    """The node a local JSON pointer ref (``#`` or ``#/...``) names in ``root``, or None."""
+    if not (ref == "#" or ref.startswith("#/")):
+        return None
+    node = root
+    for t in ref[2:].split("/") if ref != "#" else ():
+        t = unquote(t).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and t in node:
+            node = node[t]
+        elif isinstance(node, list) and t.isdigit() and int(t) < len(node):
+            node = node[int(t)]
+        else:
+            return None
+    return node
+
+
+def _draft3_types(value: Any, old: tuple) -> list:
+    """A draft-03 ``type`` / ``disallow`` value (a name, a schema or a list of them) as the list
+    of schemas it is the union of."""
+    members = value if isinstance(value, list) else [value]
+    tokens = [old + (str(i),) for i in range(len(members))] if isinstance(value, list) else [old]
+    return [_Moved(m, t) if isinstance(m, dict) else {} if m == "any" else {"type": m} for m, t in zip(members, tokens)]
+
+
+def _draft3_type(value: Any, old: tuple, out: dict, origin: dict) -> None:
+    """``type``: names as they are (``any``: no type), a list holding schemas as ``anyOf``."""
+    names = value if isinstance(value, list) else [value]
+    if "any" in names:
+        out["x-ignored-type"] = value
+        origin["x-ignored-type"] = "type"
+    elif all(isinstance(n, str) for n in names):
+        out["type"] = value
+    else:
+        out["anyOf"] = _draft3_types(value, old + ("type",))
+
+
+def _draft3_format(value: str, out: dict, origin: dict, every: list) -> None:
+    if value in _DRAFT3_FORMATS:
+        out["format"] = _DRAFT3_FORMATS[value]
+        return
+    out["x-ignored-format"] = value
+    origin["x-ignored-format"] = "format"
+    if value == "time":
+        every.append({"pattern": _DRAFT3_TIME})
 
 
 def _rebase(schema: Any, moved: dict[tuple, tuple]) -> Any:

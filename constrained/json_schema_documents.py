@@ -48,8 +48,8 @@ def missing_documents(refs: Iterable[tuple[str, str]], held: set[str] | dict, di
 
 def embedded(schema: dict, docs: dict[str, Any], dialect: str) -> dict:
     """``schema`` (a new dict) with ``docs`` added to its definitions (``$defs``; ``definitions``
-    for drafts 4 to 7), each keeping the identifier it names itself by."""
-    key = "definitions" if dialect in ("draft-04", "draft-06", "draft-07") else "$defs"
+    for drafts 3 to 7), each keeping the identifier it names itself by."""
+    key = "definitions" if dialect in ("draft-03", "draft-04", "draft-06", "draft-07") else "$defs"
     defs = dict(schema[key]) if isinstance(schema.get(key), dict) else {}
     for doc in docs.values():
         n = len(defs)
