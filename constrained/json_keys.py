@@ -219,7 +219,8 @@ def key_index(table: list[bytes | None], num_tokens: int) -> KeyIndex:
 
 _ONE = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "additionalItems", "contains",
         "propertyNames", "not", "if", "then", "else")  # keywords whose value is a subschema
-_MANY = ("prefixItems", "anyOf", "oneOf", "allOf")  # a list of them
+_MANY = ("prefixItems", "anyOf", "oneOf", "allOf", "extends")  # a list of them (draft-03's extends: or one)
+# (items and additionalItems may be a list too, as draft-04's tuples)
 _NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # a name -> subschema map
 _OPEN = ("additionalProperties", "unevaluatedProperties", "patternProperties", "propertyNames")
 
@@ -233,6 +234,8 @@ def schema_has_free_keys(schema: Any) -> bool:
     if not isinstance(schema, dict):
         return False  # False: no output at all
     types = schema.get("type")
+    if isinstance(types, list) and not all(isinstance(t, str) for t in types):
+        return True  # draft-03: a type list holding schemas
     types = {types} if isinstance(types, str) else set(types) if isinstance(types, list) else None
     if types is None and not any(k in schema for k in ("enum", "const", "$ref", "anyOf", "oneOf", "allOf")):
         return True  # any value
@@ -243,8 +246,7 @@ def schema_has_free_keys(schema: Any) -> bool:
         return True  # a free-form object
     if types is not None and "array" in types and "items" not in schema and "prefixItems" not in schema:
         return True  # items of any value
-    subs = [schema[k] for k in _ONE if k in schema]
-    subs += [x for k in _MANY if isinstance(schema.get(k), list) for x in schema[k]]
+    subs = [x for k in _ONE + _MANY if k in schema for x in (schema[k] if isinstance(schema[k], list) else [schema[k]])]
     subs += [x for k in _NAMED if isinstance(schema.get(k), dict) for x in schema[k].values()]
     return any(schema_has_free_keys(x) for x in subs)
 

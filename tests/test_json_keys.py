@@ -202,6 +202,12 @@ DECLARED = {"type": "object", "properties": {
     ({"properties": {"a": {"type": "integer"}}}, True),  # untyped: any value
     ({**DECLARED, "$defs": {"Address": {"type": "object", "additionalProperties": {"type": "string"}}}}, True),
     ({"type": "array", "items": {"oneOf": [{"type": "integer"}, {"type": "object", "properties": {"p": {}}}]}}, True),
+    ({"type": "array", "items": [{"type": "integer"}, {"type": "object"}]}, True),  # a draft-04 tuple
+    ({"type": ["null", {"type": "object", "properties": {"a": {}}}]}, True),  # draft-03: a type holding a schema
+    ({"type": "object", "properties": {"a": {"type": "null"}}, "additionalProperties": False,
+      "extends": {"patternProperties": {"^x": {}}}}, True),  # draft-03's extends
+    ({"type": "object", "properties": {"a": {"type": "null"}}, "additionalProperties": False,
+      "extends": [{"type": "object", "additionalProperties": False}]}, False),
 ])
 def test_schemas_with_free_keys(schema, free):
     assert schema_has_free_keys(schema) == free
