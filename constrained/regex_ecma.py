@@ -53,10 +53,13 @@ from treadle.constrained.regex_text import (
     escape_literal,
     SAFE_RAW_CHAR,
     RegexDialectError,
+    _RAW_UNSAFE_POINTS,
     _ends_with_anchor,
     _scan,
     pattern_to_body,
     reshaped_repetitions,
+    _sre_constants,
+    _sre_parse,
 )
 
 __all__ = ["key_pattern_bodies", "key_pattern_matches", "pattern_json_body", "pattern_subset_body"]
@@ -279,6 +282,11 @@ def _subset_body(pattern: str) -> str:
     body = parts[0] if len(parts) == 1 else _padded_union(parts)
     if json_safe_atoms(body):  # raw JSON characters only, read off its atoms (no automaton)
         return body
+    raw = _raw_only(body)
+    if raw is None:
+        raise RegexDialectError("pattern: no string JSON can hold raw matches it")
+    if json_safe_atoms(raw):  # (its escaped-only parts left out, no automaton: exact)
+        return raw
     fsm = interegular.parse_pattern(body).to_fsm()
     safe = _fsm(pad)
     if not (fsm - safe).empty():
@@ -286,6 +294,66 @@ def _subset_body(pattern: str) -> str:
         if body is None:
             raise RegexDialectError("pattern: no string JSON can hold raw matches it")
     return body
+
+
+def _raw_only(text: str) -> str | None:
+    """``text`` (a written body) with each part that matches only characters JSON escapes (a
+    literal '"', '\\' or control character, or a class of those alone) taken out: an
+    alternative that needs one is dropped, an optional one (``?``, ``*``, ``{0,n}``) left out;
+    None when no alternative is left. Exact over raw strings (no raw string holds such a part),
+    and no automaton is built: an unanchored one with a loop ('.+\\.yml') can write a regex
+    past every cap once intersected with the raw characters."""
+    kept = [s for s in map(_raw_sequence, _split_alternatives(text)) if s is not None]
+    return "|".join(kept) if kept else None
+
+
+def _raw_sequence(text: str) -> str | None:
+    """One alternative of ``_raw_only``: None when it needs an escaped-only part."""
+    out, done = [], 0
+    for kind, a, b in _items(text):
+        if a < done:
+            continue  # (a quantifier's characters, taken with what it repeats)
+        q = _QUANTIFIER.match(text, b)
+        end = q.end() if q else b
+        if kind == "group":
+            head = _group_head(text, a)
+            inner = _raw_only(text[head:b - 1])
+            piece = None if inner is None else text[a:head] + inner + ")"
+        else:
+            piece = None if _escaped_only(text[a:b]) else text[a:b]
+        if piece is None and _least(q) > 0:
+            return None
+        if piece is not None:
+            out.append(piece + text[b:end])
+        done = end
+    return "".join(out)
+
+
+def _least(q: re.Match | None) -> int:
+    """The fewest repetitions of the ``_QUANTIFIER`` match ``q`` (None: once)."""
+    if q is None:
+        return 1
+    return {"?": 0, "*": 0, "+": 1}[q.group(1)] if q.group(1) else int(q.group(2))
+
+
+def _escaped_only(atom: str) -> bool:
+    """Whether the atom ``atom`` (a character, an escape or a class) matches only characters
+    JSON escapes (``_RAW_UNSAFE_POINTS``); False where Python's parse cannot tell."""
+    try:
+        (op, arg), = _sre_parse.parse(atom)
+    except (re.error, ValueError):
+        return False
+    if op is _sre_constants.LITERAL:
+        return arg in _RAW_UNSAFE_POINTS
+    if op is not _sre_constants.IN:
+        return False
+    for kind, value in arg:
+        if kind is _sre_constants.LITERAL and value in _RAW_UNSAFE_POINTS:
+            continue
+        if kind is _sre_constants.RANGE and all(p in _RAW_UNSAFE_POINTS for p in range(value[0], value[1] + 1)):
+            continue
+        return False
+    return True
 
 
 _FLAG_GROUP = re.compile(r"\(\?[aimsux]+\)")
