@@ -251,7 +251,7 @@ class Merger:
                 if "prefixItems" in r or "prefixItems" in p:
                     raise UnsupportedSchemaError(f"json_schema: keyword 'prefixItems' combined in allOf at {path} is not supported")
                 r[key] = {"allOf": [r[key], value]}
-            elif key == "anyOf" or key == "oneOf" and not _holds_ref([r[key], value]):
+            elif key == "anyOf" or key == "oneOf" and not self._recursive([r[key], value], path):
                 # exactly one of A and exactly one of B: exactly one pair (a, b) holds both. (Not for
                 # branches holding refs: each pair is written apart, with the definitions it reaches
                 # inlined, and recursive ones, as web-types' contributions, grew past 50M characters.)
@@ -279,6 +279,30 @@ class Merger:
         if branches is not None:
             out["anyOf"] = self.product(out["anyOf"], branches, path, r) if "anyOf" in out else branches
         return out
+
+    def _recursive(self, schema: Any, path: str) -> bool:
+        """Whether a ``$ref`` reached from ``schema`` leads back to itself (a recursive definition:
+        two oneOfs of one allOf are not made a oneOf of their pairs there, each pair written apart
+        with all it reaches: web-types' recursive contributions grew past 50M chars), or cannot be
+        followed, or more than ``MAX_REFS_FOLLOWED`` are reached (unsure: also True)."""
+        state: dict[str, bool] = {}  # a ref -> whether it is done (False: on the current path)
+
+        def cycles(ref: str) -> bool:
+            if ref in state:
+                return not state[ref]
+            if len(state) >= MAX_REFS_FOLLOWED:
+                return True
+            state[ref] = False
+            try:
+                target = self.resolve(ref, path)
+            except UnsupportedSchemaError:
+                return True
+            if any(cycles(inner) for inner in _refs_of(target)):
+                return True
+            state[ref] = True
+            return False
+
+        return any(cycles(ref) for ref in _refs_of(schema))
 
     def product(self, left: list, right: list, path: str, base: dict, keyword: str = "anyOf") -> list:
         """The branches of ``anyOf: left`` and ``anyOf: right`` together (or of two oneOfs: a value
@@ -336,8 +360,17 @@ class Merger:
         return self._validator.evolve(schema=schema)
 
 
-def _holds_ref(schema: Any) -> bool:
-    return '"$ref"' in json.dumps(schema, default=str)
+MAX_REFS_FOLLOWED = 256  # Merger._recursive's walk of the refs a schema reaches
+
+
+def _refs_of(schema: Any) -> list[str]:
+    """The ``$ref`` strings anywhere in ``schema``."""
+    if isinstance(schema, list):
+        return [ref for sub in schema for ref in _refs_of(sub)]
+    if not isinstance(schema, dict):
+        return []
+    own = [schema["$ref"]] if isinstance(schema.get("$ref"), str) else []
+    return own + [ref for value in schema.values() for ref in _refs_of(value)]
 
 
 def _conjuncts(schema: Any, key: str = "allOf") -> list:
