@@ -22,7 +22,7 @@ The rewrite, per subschema:
   parent's ``required``, a ``type`` list holding schemas (and ``any``) is ``anyOf``,
   ``disallow`` a ``not`` of such a union, ``extends`` ``allOf``, ``divisibleBy``
   ``multipleOf``, a string dependency a list of one, its formats the later names (``time``,
-  Draft3Validator's %H:%M:%S, a pattern); the later drafts' keywords (allOf, not,
+  Draft3Validator's %H:%M:%S, and ``color`` patterns); the later drafts' keywords (allOf, not,
   minProperties ...) are no draft-03 keywords, so annotations.
 
 With no ``$schema``: ``id``, ``dependencies``, list ``items`` with ``additionalItems`` and a
@@ -249,8 +249,10 @@ def _node(node: Any, dialect: str, old: tuple, new: tuple, moved: dict, path: st
     if not isinstance(node, dict):
         return node
     moved[old] = new
-    uri = node.get("$schema")
-    if old and isinstance(uri, str) and dialect_of(node) not in (dialect, _PLAIN) and dialect != _PLAIN:
+    below = dialect_of(node) if old and isinstance(node.get("$schema"), str) else dialect
+    # (below a root naming none, another draft's subschema is read as 2020-12 with the older
+    # spellings, which only narrows, except draft-03's: its validator reads disallow, extends ...)
+    if below not in (dialect, _PLAIN) and (dialect != _PLAIN or below == "draft-03"):
         raise UnsupportedSchemaError(f"json_schema: keyword '$schema' at {path}: a subschema of another draft "
                                      "than the root's is not supported")
     origin: dict[str, str] = {}  # a key of the node read below -> its key in the original
@@ -333,12 +335,13 @@ class _Moved(NamedTuple):
 # other assertion of the later drafts (allOf, not, minProperties ...) is an annotation there
 _DRAFT3 = ASSERTIONS["draft-03"]
 _LATER = (_CONVERTER | ASSERTIONS["draft-04"]) - _DRAFT3
-# draft-03's formats a validator checks, in the later drafts' names; "time" is its %H:%M:%S
-# (Draft3Validator's checker), written as a pattern. Its others (color, style, phone,
+# draft-03's formats a validator checks, in the later drafts' names, and those written as a
+# pattern of some of the strings Draft3Validator's checker takes: "time" its %H:%M:%S, "color"
+# (checked where webcolors is installed) a CSS 2.1 color's hex code. Its others (style, phone,
 # utc-millisec) and the later drafts' formats are annotations.
 _DRAFT3_FORMATS = {"date-time": "date-time", "date": "date", "regex": "regex", "uri": "uri", "email": "email",
                    "ipv6": "ipv6", "ip-address": "ipv4", "host-name": "hostname"}
-_DRAFT3_TIME = "^(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]$"
+_DRAFT3_PATTERNS = {"time": "^(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]$", "color": "^#[0-9a-f]{6}$"}
 _GENERATED = "\x00"  # prefix of the original key of a keyword the rewrite adds (none: no ref reaches it)
 
 
@@ -409,7 +412,8 @@ def _typed_into_unions(schema: Any) -> Any:
             return node
         if names:
             return {k: walk(v, tokens + (k,), False) for k, v in node.items()}
-        out = {k: v if k in _SCHEMA_DATA else walk(v, tokens + (k,), k in _MAPS) for k, v in node.items()}
+        out = {k: v if k in _SCHEMA_DATA else walk(v, tokens + (k,), k in _MAPS or k == "dependencies")
+               for k, v in node.items()}
         return _spread(out, tokens, schema)
 
     return walk(schema, (), False)
@@ -492,8 +496,8 @@ def _draft3_format(value: str, out: dict, origin: dict, every: list) -> None:
         return
     out["x-ignored-format"] = value
     origin["x-ignored-format"] = "format"
-    if value == "time":
-        every.append({"pattern": _DRAFT3_TIME})
+    if value in _DRAFT3_PATTERNS:
+        every.append({"pattern": _DRAFT3_PATTERNS[value]})
 
 
 def _rebase(schema: Any, moved: dict[tuple, tuple]) -> Any:

@@ -137,8 +137,10 @@ def test_formats_draft3_checks() -> None:
                                                "t": {"type": "string", "format": "time", "required": True},
                                                "c": {"type": "string", "format": "color"},
                                                "u": {"type": "string", "format": "uuid"}}}
-    walks3(schema, valid=('{"ip":"10.0.0.1","t":"23:59:59","c":"not a color","u":"x"}',),
-           invalid=('{"ip":"x","t":"12:00:00"}', '{"ip":"1.2.3.4","t":"12:00:00Z"}'), n=60)
+    rx = walks3(schema, valid=('{"ip":"10.0.0.1","t":"23:59:59","c":"#a0b1c2","u":"x"}',),
+                invalid=('{"ip":"x","t":"12:00:00"}', '{"ip":"1.2.3.4","t":"12:00:00Z"}'), n=60)
+    # color: checked where webcolors is installed (a CSS 2.1 name or hex code): written as hex codes
+    assert not rx.fullmatch('{"ip":"10.0.0.1","t":"23:59:59","c":"not a color"}')
 
 
 def test_pointers_into_renamed_keywords() -> None:
@@ -180,6 +182,16 @@ def test_the_draft3_metaschema_compiles_and_its_walks_validate(smol) -> None:
 def test_another_draft_below_a_draft3_root_is_refused() -> None:
     with pytest.raises(UnsupportedSchemaError, match="another draft"):
         translated({"type": "object", "properties": {"a": {"$schema": "http://json-schema.org/draft-07/schema#"}}})
+
+
+def test_a_draft3_subschema_below_a_root_naming_no_draft_is_refused() -> None:
+    # jsonschema reads it with Draft3Validator (validator_for of the subschema): {"a": 1} is
+    # invalid there; read as 2020-12, disallow would be an annotation and 1 written
+    schema = {"type": "object", "properties": {"a": {"$schema": D3, "type": ["string", "integer"], "disallow": "integer"}},
+              "required": ["a"]}
+    assert not jsonschema.validators.validator_for(schema)(schema).is_valid({"a": 1})
+    with pytest.raises(UnsupportedSchemaError, match="another draft"):
+        json_schema_to_regex(schema)
 
 
 def test_the_entry_point_reads_draft3() -> None:
