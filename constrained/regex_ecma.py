@@ -266,9 +266,10 @@ def _subset_body(pattern: str) -> str:
     if len(branches) > _MAX_BRANCHES:
         raise RegexDialectError(f"pattern: its assertions inside groups make more than {_MAX_BRANCHES} branches")
     unwritable: RegexDialectError | None = None
+    passed: set = set()
     for s, e, core in branches:
         try:
-            written = _branch_body(s, e, core)
+            written = _branch_body(s, e, core, passed)
         except RegexDialectError as exc:
             if "JSON must escape" not in str(exc):
                 raise
@@ -527,9 +528,10 @@ def _leading_length(start: bool, core: str) -> tuple[int, int | None, str] | Non
     return lo, hi if e else None, core[items[0][2]:]
 
 
-def _branch_body(s: bool, e: bool, core: str) -> str | None:
+def _branch_body(s: bool, e: bool, core: str, passed: set | None = None) -> str | None:
     """One branch (anchored at its start ``s`` / end ``e``, ``core`` between) as a body, or
-    None where no string matches it."""
+    None where no string matches it. ``passed``: the tries of ``_assertion_branch_body`` whose
+    automaton passed its cap in an earlier branch of the same pattern."""
     pad = SAFE_RAW_CHAR + "*"
     length = _leading_length(s, core)
     if length is not None:
@@ -538,7 +540,7 @@ def _branch_body(s: bool, e: bool, core: str) -> str | None:
         from treadle.constrained.json_schema import _reshaped_to_lengths
 
         lo, hi, rest = length
-        body = _branch_body(True, e, rest)
+        body = _branch_body(True, e, rest, passed)
         if body is None:
             return None
         reshaped = _reshaped_to_lengths(body, lo, hi)
@@ -547,27 +549,7 @@ def _branch_body(s: bool, e: bool, core: str) -> str | None:
                                     "in the rest of the pattern after its length lookahead")
         return reshaped
     if _zero_width(core, top=True) and (s and e or not _boundaries_inside(core)):
-        written = None
-        # exact first; where its regex is too long, the strings that are a match whole
-        # (no padding around it), then also with the counted repetitions of the match
-        # lowered to at most 16, then 4 (fewer strings each time: a subset)
-        # (an unanchored core with a long counted repetition is written from the string's
-        # start at once, as below: padding before it is exponential in the count)
-        s = s or bool(_LONG_COUNT.search(core))
-        tries = [(s, e, None), (True, True, None), (True, True, 16), (True, True, 4)]
-        for n, (s_, e_, most) in enumerate(tries):
-            if n and (s_, e_, most) == tries[n - 1]:
-                continue
-            try:
-                fsm = _minimal(_branch_fsm(s_, e_, core, most))
-                if len(fsm.states) > _WRITE_STATES:
-                    raise RegexDialectError(f"pattern: its automaton of {len(fsm.states)} states would exceed "
-                                            f"{_WRITE_STATES} to write")
-                written = _written(fsm)
-                break
-            except RegexDialectError as exc:
-                if not any(w in str(exc) for w in ("exceed", "nest")) or n == len(tries) - 1:
-                    raise
+        written = _assertion_branch_body(s, e, core, passed if passed is not None else set())
     elif _zero_width(core, top=True):
         # word boundaries whose neighbours are both the match's own characters: the match
         # whole, with free characters beside it (exact: padding changes no boundary; its
@@ -591,6 +573,81 @@ def _branch_body(s: bool, e: bool, core: str) -> str | None:
         lead = "" if s or _LONG_COUNT.search(core) else pad
         written = lead + written + ("" if e or not written and lead else pad)
     return written
+
+
+def _assertion_branch_body(s: bool, e: bool, core: str, passed: set) -> str | None:
+    """A branch whose assertions stand at its top level, written from its automaton: exact
+    first; where its regex is too long, the strings that are a match whole (no padding around
+    it), then also with the counted repetitions of the match lowered to at most 16, then 4
+    (fewer strings each time: a subset), then that last automaton over fewer characters
+    (``_written_over_fewer_symbols``). (An unanchored core with a long counted repetition is
+    written from the string's start at once: padding before it is exponential in the count.)
+    A try whose assertions' automaton passed its cap is added to ``passed`` and not tried
+    again for the pattern's later branches (the branches of one group share its assertions:
+    each such try costs seconds), the last one excepted."""
+    s = s or bool(_LONG_COUNT.search(core))
+    tries = [(s, e, None), (True, True, None), (True, True, 16), (True, True, 4)]
+    failure: RegexDialectError | None = None
+    for n, (s_, e_, most) in enumerate(tries):
+        if n and (s_, e_, most) == tries[n - 1] or (s_, e_, most) in passed and n < len(tries) - 1:
+            continue
+        fsm = None
+        try:
+            fsm = _minimal(_branch_fsm(s_, e_, core, most))
+            if len(fsm.states) > _WRITE_STATES:
+                raise RegexDialectError(f"pattern: its automaton of {len(fsm.states)} states would exceed "
+                                        f"{_WRITE_STATES} to write")
+            return _written(fsm)
+        except RegexDialectError as exc:
+            if not any(w in str(exc) for w in ("exceed", "nest")):
+                raise
+            if "assertions' automaton" in str(exc):
+                passed.add((s_, e_, most))
+            failure = exc
+    assert failure is not None
+    if fsm is None or len(fsm.states) > _WRITE_STATES:
+        raise failure
+    return _written_over_fewer_symbols(fsm, failure)
+
+
+# the regex of an automaton written over fewer characters (``_written_over_fewer_symbols``):
+# kept short, since the branches of a pattern are joined and then counted under lengths
+_FEWER_SYMBOLS_LIMIT = 2_000
+
+
+def _written_over_fewer_symbols(fsm: Any, exc: RegexDialectError) -> str:
+    """``fsm`` (too large to write) written without the edges of some of its symbols (each a
+    set of characters its edges share): a sub-automaton, so its strings are a subset of
+    ``fsm``'s (for an assertion's automaton, every one still meets every assertion). Symbols
+    are taken out one at a time, each time the one whose removal leaves the fewest states
+    while some string is left ('.' and '-' of an ARN's segment checks: what stays is letters,
+    digits and the literal parts), until the regex is at most ``_FEWER_SYMBOLS_LIMIT``
+    characters; ``exc`` is raised again when none is found."""
+    symbols = sorted({sym for row in fsm.map.values() for sym in row})
+    while symbols:
+        smallest = None
+        for sym in symbols:
+            candidate = _minimal(_without_symbol(fsm, sym))
+            if not candidate.empty() and (smallest is None or len(candidate.states) < len(smallest[1].states)):
+                smallest = (sym, candidate)
+        if smallest is None:
+            break
+        symbols.remove(smallest[0])
+        fsm = smallest[1]
+        try:
+            return _written(fsm, _FEWER_SYMBOLS_LIMIT)
+        except RegexDialectError as again:
+            if not any(w in str(again) for w in ("exceed", "nest")):
+                raise
+    raise exc
+
+
+def _without_symbol(fsm: Any, symbol: Any) -> Any:
+    """``fsm`` with no edge on ``symbol`` (a sub-automaton: a subset of its strings)."""
+    from interegular.fsm import FSM
+
+    rows = {p: {sym: q for sym, q in row.items() if sym != symbol} for p, row in fsm.map.items()}
+    return FSM(alphabet=fsm.alphabet, states=fsm.states, initial=fsm.initial, finals=fsm.finals, map=rows)
 
 
 def _boundaries_inside(core: str) -> bool:
@@ -696,11 +753,11 @@ def _distributed(core: str) -> list[str]:
 _MAX_NESTING = 48  # groups inside groups: interegular's recursive parser stops near 150
 
 
-def _written(fsm: Any) -> str | None:
-    """``fsm`` as a regex of the dialect; None when it accepts nothing. One that nests
-    groups too deeply for the parsers that read it next is refused."""
+def _written(fsm: Any, limit: int = 20_000) -> str | None:
+    """``fsm`` as a regex of the dialect (of at most ``limit`` characters); None when it accepts
+    nothing. One that nests groups too deeply for the parsers that read it next is refused."""
     try:
-        out = fsm_to_regex(fsm)
+        out = fsm_to_regex(fsm, limit)
     except ValueError as exc:
         raise RegexDialectError(f"pattern: {exc}") from exc
     depth = top = 0
