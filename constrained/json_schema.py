@@ -119,10 +119,11 @@ MODES = ("strict", "spec")
 # spec mode: anyOf beside unevaluated* also generates the conjunctions of 2+ branches (a
 # property evaluated by a second matching branch is then evaluated), up to this many branches.
 ANYOF_COMBINED_MAX = 4
-# The formats a validator may check (JSON Schema's, drafts 4 to 2020-12, the drafts treadle
-# reads): one of these that treadle cannot write is refused; any other format is an annotation
-# (OpenAPI's int32, byte, and draft-03's color, host-name, ip-address, utc-millisec, which no
-# draft treadle reads defines and jsonschema's checkers of those drafts ignore).
+# The formats a validator may check (JSON Schema's, drafts 4 to 2020-12): one of these that
+# treadle cannot write is refused; any other format is an annotation (OpenAPI's int32, byte, and
+# draft-03's color, host-name, ip-address, utc-millisec in a later draft's schema, where
+# jsonschema's checkers ignore them). In a draft-03 schema, json_schema_dialects gives its own
+# formats their meaning first (host-name as hostname, ip-address as ipv4, color as hex codes).
 ASSERTED_FORMATS = frozenset(
     "date-time date time duration email idn-email hostname idn-hostname ipv4 ipv6 uri uri-reference iri "
     "iri-reference uuid uri-template json-pointer relative-json-pointer regex".split())
