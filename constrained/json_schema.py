@@ -55,7 +55,7 @@ from treadle.constrained import fsm_crawl
 from treadle.constrained import regex_numbers as nums
 from treadle.constrained import regex_text as text
 from treadle.constrained.fsm_regex import fsm_to_regex, length_range
-from treadle.constrained.json_schema_dialects import to_2020_12
+from treadle.constrained.json_schema_dialects import dialect_of, to_2020_12
 from treadle.constrained.json_schema_logic import (
     Apart,
     closed_forbids,
@@ -365,14 +365,18 @@ def _scalar_key(value: Any) -> tuple | None:
     return None
 
 
-def _literal(value: Any) -> str:
-    """Compact JSON text of ``value``; numbers in every spelling JSON Schema calls equal."""
+def _literal(value: Any, digits: bool = False) -> str:
+    """Compact JSON text of ``value``; numbers in every spelling JSON Schema calls equal, but
+    with ``digits`` a whole number (up to 2**53) in its digits only: "1", never "1.0", which
+    draft-03 / -04 call no integer (a narrowing in later drafts)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if digits and float(value).is_integer() and abs(value) <= 2**53:
+            return str(int(value))
         return nums.number_literal_regex(value)
     if isinstance(value, list):
-        return r"\[" + ",".join(_literal(v) for v in value) + r"\]"
+        return r"\[" + ",".join(_literal(v, digits) for v in value) + r"\]"
     if isinstance(value, dict):
-        pairs = (escape_literal(json.dumps(k, ensure_ascii=False)) + ":" + _literal(v) for k, v in value.items())
+        pairs = (escape_literal(json.dumps(k, ensure_ascii=False)) + ":" + _literal(v, digits) for k, v in value.items())
         return r"\{" + ",".join(pairs) + r"\}"
     return escape_literal(json.dumps(value, ensure_ascii=False))
 
@@ -403,6 +407,9 @@ class _Converter:
         self.ws = ws
         self.max_depth = max_depth
         self.spec = mode == "spec"
+        # Whole numbers are written in their digits only ("1", never "1.0") in strict mode, and in
+        # draft-03 / -04 schemas, whose validators call 1.0 no integer (later drafts: the same value)
+        self.digits = not self.spec or dialect_of(root) in ("draft-03", "draft-04")
         # In the spec mode `format` is an annotation like any other (2020-12's default).
         self.annotations = (ANNOTATIONS | {"format"}) if self.spec else ANNOTATIONS
         self.generic_depth = SPEC_GENERIC_DEPTH if self.spec else GENERIC_DEPTH
@@ -610,8 +617,8 @@ class _Converter:
         # steps checked a 259-branch anyOf of task names again for every object (95 of 100 s)
         parts = schema["__conj__"] if "__conj__" in schema else [schema]
         # under "type": "integer" a listed number is written in its digits only: draft-04 calls
-        # 2.0 no integer (later drafts do; leaving "2.0" out only narrows)
-        digits = any(_integer_only(part) for part in [schema, *schema.get("__conj__", [])])
+        # 2.0 no integer (later drafts do; leaving "2.0" out only narrows); see self.digits
+        digits = self.digits or any(_integer_only(part) for part in [schema, *schema.get("__conj__", [])])
         kept = []
         for value in candidates:
             if _has_nonfinite(value):
@@ -620,11 +627,8 @@ class _Converter:
                 ok = all(self._valid_under(part, value) for part in parts)
             except referencing.exceptions.Unresolvable as exc:
                 raise UnsupportedSchemaError(f"json_schema: keyword '$ref' at {path}: cannot resolve {exc}") from exc
-            if ok and digits and isinstance(value, (int, float)) and not isinstance(value, bool) \
-                    and float(value).is_integer() and abs(value) <= 2**53:
-                kept.append(str(int(value)))
-            elif ok:
-                kept.append(_literal(value))
+            if ok:
+                kept.append(_literal(value, digits))
         if not kept:
             raise Unsatisfiable(f"json_schema: keyword 'enum' at {path}: no listed value is valid")
         return _alt(kept)
@@ -697,10 +701,10 @@ class _Converter:
                 out.append(v)
         return out
 
-    @staticmethod
-    def literal_regex(value: Any) -> str:
-        """The compact JSON of ``value`` in every spelling JSON Schema calls equal."""
-        return _literal(value)
+    def literal_regex(self, value: Any) -> str:
+        """The compact JSON of ``value`` in every spelling JSON Schema calls equal (whole
+        numbers in their digits only where ``self.digits``)."""
+        return _literal(value, self.digits)
 
     def validator_for(self, schema: Any) -> Any:
         """A jsonschema validator of ``schema`` (a part of the root: refs resolve in it)."""
@@ -1191,7 +1195,7 @@ class _Converter:
             return value is False or schema.get("maxItems", 2) <= 1
         if key == "multipleOf":
             # Every integer is a multiple of 1/k (0.5, 0.25, 0.1, 1, ...), as validators compute it too.
-            return t == "integer" and nums.multiple_grid(value) is not None
+            return t == "integer" and nums.multiple_grid(value, nums.integer_magnitude(schema)) is not None
         if key in ("patternProperties", "dependentRequired", "dependentSchemas"):
             return value == {}
         if key in ("propertyNames", "unevaluatedProperties", "unevaluatedItems"):
@@ -1212,7 +1216,7 @@ class _Converter:
                     raise Unsatisfiable(f"json_schema: keyword 'multipleOf' at {path}: no multiple within the bounds")
                 return "(?:" + "|".join(str(v) for v in listed) + ")"
             if t == "integer":
-                return nums.integer_regex(schema, zero_fraction=self.spec)
+                return nums.integer_regex(schema, zero_fraction=not self.digits)
             if t == "number" and "multipleOf" in schema:
                 return nums.multiples_regex(schema, nums.multiple_grid(schema["multipleOf"]))
             if t == "number":
@@ -1491,6 +1495,7 @@ def _bounded_multiples(schema: dict) -> list[int] | None:
     m = schema.get("multipleOf")
     if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0 or m != int(m):
         return None
+    exact = isinstance(m, int)  # a float m: validators divide float(n) by it, exact for |n| <= 2**53 only
     m = int(m)
     bounds = []
     for incl, excl, side in (("minimum", "exclusiveMinimum", 1), ("maximum", "exclusiveMaximum", -1)):
@@ -1499,13 +1504,14 @@ def _bounded_multiples(schema: dict) -> list[int] | None:
                   and math.isfinite(schema[k])]
         if not limits:
             return None
-        value, strict = max(limits) if side == 1 else min(limits)  # the tighter bound
+        # the tighter bound (of equal values, the exclusive one)
+        value, strict = max(limits) if side == 1 else min(limits, key=lambda vs: (vs[0], not vs[1]))
         whole = math.ceil(value) if side == 1 else math.floor(value)
         if strict and whole == value:
             whole += side
         bounds.append(whole)
     first, last = -(-bounds[0] // m) * m, bounds[1] // m * m
-    if (last - first) // m + 1 > MAX_LISTED_MULTIPLES:
+    if (last - first) // m + 1 > MAX_LISTED_MULTIPLES or not exact and max(abs(first), abs(last)) > 2**53:
         return None
     return list(range(first, last + 1, m))
 

@@ -188,7 +188,7 @@ def number_regex(schema: dict[str, Any]) -> str:
 MAX_STEP_BITS = 3  # a decimal multipleOf 1/k is written on a grid of at most 2**-3 (0.125)
 
 
-def multiple_grid(m: Any) -> int | None:
+def multiple_grid(m: Any, magnitude: int = INT_LIMIT + 1) -> int | None:
     """The grid a ``multipleOf: m`` of the form 1/k (0.5, 0.1, 0.01, 1e-3; k whole) is written on:
     steps of 1/2**a, a the power of 2 in k up to MAX_STEP_BITS; returns 2**a (0.1 -> 2, 0.01 -> 4,
     0.2 -> 1), or None.
@@ -197,8 +197,11 @@ def multiple_grid(m: Any) -> int | None:
     as validators compute it, dividing by the double m (jsonschema: ``x / m`` whole; 0.3 / 0.1 is
     not). A point x is exact as a double and x*k is a whole q; where the double m lies within
     2**-54 of 1/k, relative (checked here), ``x / m`` rounds to q itself below 2**53 (the error,
-    under q * 2**-54, is less than half an ulp of q), and every double past 2**52 is whole. None
-    where m is not 1/k or its double is further off (1e-5: jsonschema finds 3 / 1e-5 not whole).
+    under q * 2**-54, is less than half an ulp of q), and every double past 2**52 is whole, as
+    long as it is finite: the values written stay below ``magnitude``, and a quotient past the
+    largest double (x / 1e-300 for x of 1e9) makes jsonschema check exactly, against the double
+    m, which is not 1/k. None where m is not 1/k, its double is further off (1e-5: jsonschema
+    finds 3 / 1e-5 not whole), or ``magnitude`` / m could overflow.
     """
     if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0:
         return None
@@ -206,8 +209,20 @@ def multiple_grid(m: Any) -> int | None:
     k = 1 / spelt
     if k.denominator != 1 or abs(Fraction(m) - spelt) * 2**54 > spelt:
         return None
+    if isinstance(m, float) and magnitude / Fraction(m) >= 2**1023:
+        return None
     twos = (k.numerator & -k.numerator).bit_length() - 1
     return 2 ** min(twos, MAX_STEP_BITS)
+
+
+def integer_magnitude(schema: dict[str, Any]) -> int:
+    """A bound on |n| for the integers ``integer_regex`` writes under the schema's bounds (a side
+    left open stops at INT_LIMIT, or at as many digits as a larger bound the other side gives)."""
+    try:
+        bounds = [b for b in integer_bounds(schema) if b is not None]
+    except BoundsError:  # (refused where the integer is written)
+        bounds = []
+    return max([INT_LIMIT + 1] + [10 ** len(str(abs(b))) for b in bounds])
 
 
 def multiples_regex(schema: dict[str, Any], per: int) -> str:

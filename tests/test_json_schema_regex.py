@@ -411,7 +411,8 @@ def test_unique_items_over_listed_values() -> None:
     flags = {"type": "array", "items": {"type": ["boolean", "null"]}, "uniqueItems": True, "minItems": 2, "maxItems": 2}
     assert accepts(flags, [True, None]) and not accepts(flags, [True]) and not accepts(flags, [False, False])
     numbers = {"type": "array", "items": {"enum": [1, 1.0, 2]}, "uniqueItems": True}
-    assert compile_checked(numbers).fullmatch("[1.0,2]") and not compile_checked(numbers).fullmatch("[1,1.0]")
+    assert compile_checked(numbers).fullmatch("[1,2]") and not compile_checked(numbers).fullmatch("[1,1.0]")
+    assert compile_checked(numbers, mode="spec").fullmatch("[1.0,2]")  # (strict: whole numbers in digits only)
     with pytest.raises(UnsupportedSchemaError, match="more than the 3 distinct items"):
         json_schema_to_regex({**colours, "minItems": 4})
     six = json_schema_to_regex({"type": "array", "items": {"enum": list("abcdef")}, "uniqueItems": True})
@@ -1230,3 +1231,37 @@ def test_decimal_multiple_of_on_integers_and_the_refused_ones() -> None:
     raises_keyword({"type": "number", "multipleOf": 0.3}, "multipleOf")  # not 1/k
     with pytest.raises(UnsupportedSchemaError, match="multipleOf"):  # the spec mode writes every multiple or none
         json_schema_to_regex({"type": "number", "multipleOf": 0.5}, mode="spec")
+
+
+# the soundness tester's finds (session 31): each accepted a text jsonschema finds invalid
+@pytest.mark.parametrize("schema, text", [
+    # x / 1e-300 overflows, and jsonschema then checks exactly against the double 1e-300, not 10**-300
+    ({"type": "integer", "multipleOf": 1e-300}, "200000000"),
+    ({"type": "number", "multipleOf": 1e-300}, "200000000.5"),
+    ({"type": "integer", "multipleOf": 0.001, "minimum": 1e306}, "2" + "0" * 306),
+    # maximum and exclusiveMaximum of one value: the exclusive one holds
+    ({"type": "integer", "multipleOf": 2, "minimum": 0, "maximum": 10, "exclusiveMaximum": 10}, "10"),
+    ({"type": "array", "uniqueItems": True, "minItems": 2,
+      "items": {"type": "integer", "multipleOf": 2, "minimum": 2, "maximum": 10}}, "[10,10]"),
+    # a float multipleOf divides float(n): past 2**53 n rounds
+    ({"type": "integer", "multipleOf": 3.0, "minimum": 9007199254740995, "maximum": 9007199254741100},
+     "9007199254740999"),
+    # draft-03 / -04 call 1.0 no integer
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "anyOf": [{"type": "integer"}], "enum": [1]}, "1.0"),
+    ({"$schema": "http://json-schema.org/draft-03/schema#", "type": [{"type": "integer"}], "enum": [1]}, "1.0"),
+])
+@pytest.mark.parametrize("mode", ["strict", "spec"])
+def test_found_unsound_multiples_and_integers(schema: dict, text: str, mode: str) -> None:
+    assert not jsonschema.validators.validator_for(schema)(schema).is_valid(json.loads(text))
+    try:
+        rx = json_schema_to_regex(schema, mode=mode)
+    except UnsupportedSchemaError:
+        return  # refused: sound
+    assert not re.fullmatch(rx, text)
+
+
+def test_draft4_integers_are_written_in_digits_in_the_spec_mode_too() -> None:
+    d4 = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer"}
+    assert not compile_checked(d4, mode="spec").fullmatch("1.0") and compile_checked(d4, mode="spec").fullmatch("1")
+    assert compile_checked({"type": "integer"}, mode="spec").fullmatch("1.0")  # 2020-12: 1.0 is an integer
+    assert compile_checked({"type": "integer", "multipleOf": 0.001}).fullmatch("-15")  # (its quotient stays finite)

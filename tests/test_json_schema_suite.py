@@ -158,12 +158,23 @@ _IF_ELSE_MISSES = {
     "if-then-else: if and else without then / valid through else": _IF_ELSE_MULTIPLE,
     "if-then-else: validate against correct branch, then vs else / valid through else": _IF_ELSE_MULTIPLE,
 }
+_DIGITS_ONLY = ("strict mode writes a listed whole number in its digits only (1, never 1.0, which draft-03 / -04 "
+                "call no integer): the float spelling is not written (narrowing)")
 _UNICODE_LETTERS = "pattern: pattern with Unicode property escape requires unicode mode / Non-ASCII letters match"
 _UNICODE_WINDOW = ("a \\p{..} class is written over Basic Latin to Latin Extended-B (regex_text's window), a "
                    "subset: the Greek letter here lies past it (narrowing)")
 KNOWN_OTHER = {
     "strict": {
         **_IF_ELSE_MISSES,
+        **{name: _DIGITS_ONLY for name in (
+            "const: const with 0 does not match other zero-like types / float zero is valid",
+            "const: const with 1 does not match true / float one is valid",
+            "const: const with -2.0 matches integer and float types / float -2.0 is valid",
+            "const: float and integers are equal up to 64-bit representation limits / float is valid",
+            "enum: enum with 0 does not match false / float zero is valid",
+            "enum: enum with [0] does not match [false] / [0.0] is valid",
+            "enum: enum with 1 does not match true / float one is valid",
+            "enum: enum with [1] does not match [true] / [1.0] is valid")},
         "multipleOf: by small number / 0.0075 is multiple of 0.0001":
             "a number's multipleOf 1/k is written on a grid of 1/2, 1/4 or 1/8 (multiples exactly and as validators "
             "divide by the double): 0.0075 lies off it (narrowing)",
