@@ -702,11 +702,15 @@ def test_integer_is_written_as_plain_digits() -> None:
     ({"enum": [[0], {"a": 1}]}, ["[0]", "[0.0]", '{"a":1.0}'], ["[false]", '{"a":true}']),
 ])
 def test_const_and_enum_numbers_match_equal_spellings(schema: dict, ok: list[str], bad: list[str]) -> None:
-    rx = compile_checked(schema)
+    rx = compile_checked(schema, mode="spec")  # (strict mode: a whole number's digits only, below)
     for text in ok:
         assert rx.fullmatch(text), text
     for text in bad:
         assert not rx.fullmatch(text), text
+    strict = compile_checked(schema)
+    assert all(not strict.fullmatch(t) for t in bad)
+    assert all(bool(strict.fullmatch(t)) == (float(json.loads(t)) != int(json.loads(t)) or "." not in t and "e" not in t)
+               for t in ok if isinstance(json.loads(t), (int, float)) and abs(json.loads(t)) <= 2**53)
 
 
 def test_decimal_bounds_are_exact() -> None:
