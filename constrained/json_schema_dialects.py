@@ -52,7 +52,7 @@ import jsonschema
 import referencing.jsonschema
 
 from treadle.constrained.json_schema_documents import embedded, missing_documents
-from treadle.constrained.json_schema_parts import DYNAMIC_REFS, UnsupportedSchemaError
+from treadle.constrained.json_schema_parts import DYNAMIC_REFS, UnsupportedSchemaError, pointed
 
 __all__ = ["ASSERTIONS", "DIALECTS", "dialect_of", "to_2020_12"]
 
@@ -446,28 +446,12 @@ def _types_of(schema: Any, root: Any) -> set[str]:
     for _ in range(8):
         if not isinstance(schema, dict) or not isinstance(schema.get("$ref"), str):
             break
-        schema = _pointed(root, schema["$ref"])
+        schema = pointed(root, schema["$ref"])  # (NOWHERE: no dict, so every type)
     union = schema.get("type") if isinstance(schema, dict) and "$ref" not in schema else None
     union = [union] if isinstance(union, str) else union
     if not isinstance(union, list) or not all(isinstance(n, str) for n in union) or "any" in union:
         return set(_DRAFT3_TYPES)
     return set(union)
-
-
-def _pointed(root: Any, ref: str) -> Any:
-    """The node a local JSON pointer ref (``#`` or ``#/...``) names in ``root``, or None."""
-    if not (ref == "#" or ref.startswith("#/")):
-        return None
-    node = root
-    for t in ref[2:].split("/") if ref != "#" else ():
-        t = unquote(t).replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and t in node:
-            node = node[t]
-        elif isinstance(node, list) and t.isdigit() and int(t) < len(node):
-            node = node[int(t)]
-        else:
-            return None
-    return node
 
 
 def _draft3_types(value: Any, old: tuple) -> list:

@@ -157,15 +157,9 @@ class Merger:
             )
         if self._nested_id:
             raise UnsupportedSchemaError(f"json_schema: keyword '$id' below the root (used with '$ref' at {path}) is not supported")
-        node = self.root
-        for raw in ref[2:].split("/") if ref != "#" else []:
-            token = unquote(raw).replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and token in node:
-                node = node[token]
-            elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-                node = node[int(token)]
-            else:
-                raise UnsupportedSchemaError(f"json_schema: keyword '$ref' at {path}: cannot resolve {ref!r}")
+        node = pointed(self.root, ref)
+        if node is NOWHERE:
+            raise UnsupportedSchemaError(f"json_schema: keyword '$ref' at {path}: cannot resolve {ref!r}")
         return node
 
     def merge_all(self, base: dict, parts: list, path: str, extra_conj: list | None = None) -> dict:
@@ -358,6 +352,26 @@ class Merger:
 
             self._validator = _Validator(self.root, registry=referencing.Registry(retrieve=_no_retrieve))
         return self._validator.evolve(schema=schema)
+
+
+NOWHERE = object()  # pointed's answer for a pointer that names nothing (None is a node: JSON null)
+
+
+def pointed(root: Any, ref: str) -> Any:
+    """The node a local JSON pointer ref (``#`` or ``#/...``) names in ``root``; ``NOWHERE``
+    where it names none (or is no local pointer)."""
+    if not (ref == "#" or ref.startswith("#/")):
+        return NOWHERE
+    node = root
+    for raw in ref[2:].split("/") if ref != "#" else []:
+        token = unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return NOWHERE
+    return node
 
 
 MAX_REFS_FOLLOWED = 256  # Merger._recursive's walk of the refs a schema reaches
