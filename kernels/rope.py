@@ -10,6 +10,12 @@ columns and ``sin(pos * inv_freq)`` in the last ``D/2``. ``build_cos_sin_cache``
 the HF ``rope_type`` formulas for ``default``, ``linear`` and ``llama3``.
 Positions must lie in ``[0, max_pos)``: the kernel does not check them (that would need a
 host sync); the reference raises an IndexError.
+
+``qk_norm=(q_weight, k_weight, eps)`` first RMS-normalises each head of q and k over its
+``D`` values (Qwen3's q_norm / k_norm) in the same pass, with kernels/rmsnorm.py's rounding:
+the normalised head is rounded to the dtype, multiplied by its weight, rounded again, then
+rotated. It equals rmsnorm then rope as two launches, without the two copies and three
+launches that costs a layer at decode.
 """
 from __future__ import annotations
 
@@ -26,13 +32,21 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
+def _norm_half(x, rstd, w_ptr, d, dtype):
+    # kernels/rmsnorm.py's rounding: normalised, rounded, times the weight, rounded
+    w = tl.load(w_ptr + d).to(tl.float32)
+    return ((x * rstd[:, None]).to(dtype).to(tl.float32) * w[None, :]).to(dtype).to(tl.float32)
+
+
+@triton.jit
 def _rotate_heads(
-    x_ptr, cos, sin,
+    x_ptr, cos, sin, w_ptr, eps,
     num_heads, token,
     stride_t, stride_h,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, NORM: tl.constexpr,
 ):
     # Rotates all heads of one token in tiles of [BLOCK_H, HALF]; cos/sin are [HALF] fp32.
+    # NORM: each head RMS-normalised by the weight at w_ptr first.
     d = tl.arange(0, HALF)
     for h0 in range(0, num_heads, BLOCK_H):
         h = h0 + tl.arange(0, BLOCK_H)
@@ -40,6 +54,10 @@ def _rotate_heads(
         mask = (h < num_heads)[:, None]
         x1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+        if NORM:
+            rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+            x1 = _norm_half(x1, rstd, w_ptr, d, x_ptr.dtype.element_ty)
+            x2 = _norm_half(x2, rstd, w_ptr + HALF, d, x_ptr.dtype.element_ty)
         o1 = x1 * cos[None, :] - x2 * sin[None, :]
         o2 = x2 * cos[None, :] + x1 * sin[None, :]
         tl.store(ptr, o1.to(x_ptr.dtype.element_ty), mask=mask)
@@ -48,22 +66,25 @@ def _rotate_heads(
 
 @triton.jit
 def _rope_kernel(
-    q_ptr, k_ptr, pos_ptr, cache_ptr,
+    q_ptr, k_ptr, pos_ptr, cache_ptr, qw_ptr, kw_ptr, eps,
     num_q_heads, num_k_heads,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, NORM: tl.constexpr,
 ):
-    # grid: (T,); one program rotates every q and k head of one token.
+    # grid: (T,); one program (normalises and) rotates every q and k head of one token.
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + token)
     d = tl.arange(0, HALF)
     cos = tl.load(cache_ptr + pos * stride_cache + d)
     sin = tl.load(cache_ptr + pos * stride_cache + HALF + d)
-    _rotate_heads(q_ptr, cos, sin, num_q_heads, token, stride_qt, stride_qh, HALF, BLOCK_H)
-    _rotate_heads(k_ptr, cos, sin, num_k_heads, token, stride_kt, stride_kh, HALF, BLOCK_H)
+    _rotate_heads(q_ptr, cos, sin, qw_ptr, eps, num_q_heads, token, stride_qt, stride_qh, HALF, BLOCK_H, NORM)
+    _rotate_heads(k_ptr, cos, sin, kw_ptr, eps, num_k_heads, token, stride_kt, stride_kh, HALF, BLOCK_H, NORM)
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+def _check(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+           qk_norm: tuple | None = None) -> None:
+    if qk_norm is not None:
+        _check_norm(q, qk_norm)
     for name, t in (("q", q), ("k", k), ("positions", positions), ("cos_sin_cache", cos_sin_cache)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor")
@@ -90,13 +111,25 @@ def _check(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_ca
         raise ValueError("cos_sin_cache must be contiguous")
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
-    """Rotate ``q: [T, Hq, D]`` and ``k: [T, Hk, D]`` in place by ``positions: [T]`` (Triton).
+def _check_norm(q: torch.Tensor, qk_norm: tuple) -> None:
+    if not isinstance(qk_norm, tuple) or len(qk_norm) != 3:
+        raise ValueError("qk_norm must be (q_weight, k_weight, eps)")
+    for name, w in zip(("q_weight", "k_weight"), qk_norm[:2]):
+        if not isinstance(w, torch.Tensor) or w.shape != (q.shape[-1],) or not w.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous [D={q.shape[-1]}] tensor")
+        if w.device != q.device or w.dtype not in _DTYPES:
+            raise ValueError(f"{name} must be fp32/fp16/bf16 on q's device")
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+               qk_norm: tuple | None = None) -> None:
+    """Rotate ``q: [T, Hq, D]`` and ``k: [T, Hk, D]`` in place by ``positions: [T]`` (Triton),
+    each head RMS-normalised first with ``qk_norm=(q_weight [D], k_weight [D], eps)``.
 
     q/k may be strided views (e.g. slices of a fused qkv buffer) as long as the head dim is
     contiguous.
     """
-    _check(q, k, positions, cos_sin_cache)
+    _check(q, k, positions, cos_sin_cache, qk_norm)
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(f"q must be on a CUDA device (got {q.device}); use apply_rope_ref on CPU")
     T, Hq, D = q.shape
@@ -104,17 +137,24 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_si
         return
     half = D // 2
     block_h = max(1, min(triton.next_power_of_2(max(Hq, k.shape[1])), max(1, 4096 // half)))
+    qw, kw, eps = qk_norm if qk_norm is not None else (cos_sin_cache, cos_sin_cache, 0.0)
     _rope_kernel[(T,)](
-        q, k, positions, cos_sin_cache,
+        q, k, positions, cos_sin_cache, qw, kw, float(eps),
         Hq, k.shape[1],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-        HALF=half, BLOCK_H=block_h, num_warps=4,
+        HALF=half, BLOCK_H=block_h, NORM=qk_norm is not None, num_warps=4,
     )
 
 
-def apply_rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+def apply_rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                   qk_norm: tuple | None = None) -> None:
     """Pure-torch reference of :func:`apply_rope` (in place, any device, fp32 math)."""
-    _check(q, k, positions, cos_sin_cache)
+    _check(q, k, positions, cos_sin_cache, qk_norm)
+    if qk_norm is not None:
+        from treadle.kernels.rmsnorm import rmsnorm_ref
+
+        for x, w in ((q, qk_norm[0]), (k, qk_norm[1])):
+            x.copy_(rmsnorm_ref(x.reshape(-1, x.shape[-1]), w, qk_norm[2]).view(x.shape))
     half = q.shape[2] // 2
     cs = cos_sin_cache[positions]  # [T, D]
     cos, sin = cs[:, None, :half], cs[:, None, half:]  # [T, 1, D/2]

@@ -93,6 +93,32 @@ def test_apply_rope_matches_ref_and_hf_rotate_half(D: int, dtype: torch.dtype) -
     torch.testing.assert_close(q.float().cpu(), x * cos + rot * sin, **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_apply_rope_with_qk_norm_is_rmsnorm_then_rope(dtype: torch.dtype) -> None:
+    # Qwen3's q_norm / k_norm fused into the rotation: each head of the qkv views normalised by
+    # its own weight, then rotated; v untouched
+    T, Hq, Hk, D = 5, 4, 2, 64
+    cache = build_cos_sin_cache(D, 64, 10000.0, None, DEV)
+    pos = torch.tensor([0, 3, 17, 63, 5], device=DEV)
+    qkv = _rand(T, (Hq + 2 * Hk) * D, dtype=dtype, seed=3) * 3
+    before = qkv.clone()
+    qw, kw = _rand(D, dtype=dtype, seed=4), _rand(D, dtype=dtype, seed=5)
+    q, k = qkv[:, : Hq * D].view(T, Hq, D), qkv[:, Hq * D: (Hq + Hk) * D].view(T, Hk, D)
+    # the two-launch path, written out: rmsnorm of every head, then rope
+    qn = rmsnorm_ref(q.reshape(-1, D).contiguous(), qw, 1e-6).view(T, Hq, D)
+    kn = rmsnorm_ref(k.reshape(-1, D).contiguous(), kw, 1e-6).view(T, Hk, D)
+    apply_rope_ref(qn, kn, pos, cache)
+    apply_rope(q, k, pos, cache, qk_norm=(qw, kw, 1e-6))
+    torch.testing.assert_close(q, qn, **TOL[dtype])
+    torch.testing.assert_close(k, kn, **TOL[dtype])
+    assert torch.equal(qkv[:, (Hq + Hk) * D:], before[:, (Hq + Hk) * D:])
+    q2, k2 = before[:, : Hq * D].view(T, Hq, D).clone(), before[:, Hq * D: (Hq + Hk) * D].view(T, Hk, D).clone()
+    apply_rope_ref(q2, k2, pos, cache, qk_norm=(qw, kw, 1e-6))
+    torch.testing.assert_close(q2, qn, **TOL[dtype])
+    with pytest.raises(ValueError, match="q_weight"):
+        apply_rope(q, k, pos, cache, qk_norm=(qw[:8], kw, 1e-6))
+
+
 def test_apply_rope_leaves_v_alone() -> None:
     D, T = 32, 3
     qkv = _rand(T, 3 * 2 * D)

@@ -52,11 +52,10 @@ class LlamaAttention(nn.Module):
         q = q.reshape(t, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, Hk, D]
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            # contiguous: with one local KV head (TP) the reshape is a strided view, not a copy
-            q = self.q_norm(q.reshape(-1, self.head_dim).contiguous()).view(t, self.num_heads, self.head_dim)
-            k = self.k_norm(k.reshape(-1, self.head_dim).contiguous()).view(t, self.num_kv_heads, self.head_dim)
-        ops.apply_rope(q, k, positions, cos_sin)
+        qk_norm = None
+        if self.q_norm is not None:  # Qwen3: each head RMS-normalised, in the rotation's pass
+            qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        ops.apply_rope(q, k, positions, cos_sin, qk_norm)
         o = fb.attn_backend.forward(q, k, v, self.layer_id, fb, self.scale)  # [T, Hq, D]
         return self.o_proj(o.reshape(t, q_size))
 

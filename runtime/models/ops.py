@@ -28,10 +28,17 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
         rmsnorm_k.fused_add_rmsnorm_ref(x, residual, weight, eps)
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> None:
+def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+               qk_norm: tuple | None = None) -> None:
+    """In place: q and k [T, heads, D] (views of qkv) rotated, each head RMS-normalised first with
+    qk_norm = (q_weight, k_weight, eps) (Qwen3): one kernel on the GPU."""
     if q.is_cuda:
-        rope.apply_rope(q, k, positions, cos_sin)
-    elif cpu_ops.usable(q, k, cos_sin) and cpu_ops.rope_layout_ok(q, k):
+        rope.apply_rope(q, k, positions, cos_sin, qk_norm)
+        return
+    if qk_norm is not None:
+        for x, w in ((q, qk_norm[0]), (k, qk_norm[1])):
+            x.copy_(rmsnorm(x.reshape(-1, x.shape[-1]).contiguous(), w, qk_norm[2]).view(x.shape))
+    if cpu_ops.usable(q, k, cos_sin) and cpu_ops.rope_layout_ok(q, k):
         cpu_ops.apply_rope(q, k, positions, cos_sin)
     else:
         rope.apply_rope_ref(q, k, positions, cos_sin)
