@@ -9,6 +9,13 @@ bandwidth measured in the same run; the speed-up over bf16 at the same M. At M =
 roofline is bytes / copy bandwidth: FP8 reads half of bf16's bytes, 4-bit about a quarter.
 
     python benchmarks/bench_quant_linear.py [--m 1,4,16,128,8192] [--out results/quant_linear_cuda.json]
+
+--sweep times every launch config the kernels offer for each projection on its own
+(``candidate_configs`` of kernels/fp8_linear.py and kernels/int4_linear.py), the choice behind
+their ``pick_config`` defaults; --precompile N compiles the configs in N processes first (the
+GPU timing stays in one process, reading Triton's cache).
+
+    python benchmarks/bench_quant_linear.py --sweep --formats fp8,int4 --m 1,128 --precompile 12
 """
 from __future__ import annotations
 
@@ -72,23 +79,101 @@ def make_weights(fmt: str, layers: int, dev: torch.device) -> list[dict]:
     return out
 
 
-def run(fmt: str, weights: list[dict], x: dict, m: int):
+def call(fmt: str, x: torch.Tensor, t: dict, config=None) -> torch.Tensor:
+    """One projection in `fmt` (a config only for the quantized formats)."""
     from treadle.kernels.fp8_linear import fp8_linear
     from treadle.kernels.int4_linear import int4_linear
     from treadle.runtime.models import ops
 
+    if fmt == "bf16":
+        return ops.linear(x, t["w"])
+    if fmt == "fp8":
+        return fp8_linear(x, t["w"], t["s"], config=config)
+    return int4_linear(x, t["q"], t["s"], t["z"], 128, config=config)
+
+
+def run(fmt: str, weights: list[dict], x: dict, m: int, names=None, config=None):
     def step() -> None:
         for layer in weights:
             for name, t in layer.items():
-                xi = x[name][:m]
-                if fmt == "bf16":
-                    ops.linear(xi, t["w"])
-                elif fmt == "fp8":
-                    fp8_linear(xi, t["w"], t["s"])
-                else:
-                    int4_linear(xi, t["q"], t["s"], t["z"], 128)
+                if names is None or name in names:
+                    call(fmt, x[name][:m], t, config)
 
     return step
+
+
+def candidates(fmt: str, m: int, n: int, k: int) -> list:
+    if fmt == "fp8":
+        from treadle.kernels.fp8_linear import candidate_configs
+        return candidate_configs(m, n, k)
+    from treadle.kernels.int4_linear import candidate_configs
+    return candidate_configs(m, n, k, 128)
+
+
+def _sweep_tasks(formats: list[str], ms: list[int]) -> list[tuple]:
+    return [(fmt, m, name, cfg) for fmt in formats for m in ms for name, (n, k) in SHAPES.items()
+            for cfg in candidates(fmt, m, n, k)]
+
+
+def _compile_some(tasks: list[tuple]) -> list[str]:
+    """Run each (format, m, projection, config) once on small random data: Triton compiles and
+    caches it. Returns the failures, named."""
+    dev = torch.device("cuda")
+    weights = make_weights_for(sorted({t[0] for t in tasks}), dev)
+    failed = []
+    for fmt, m, name, cfg in tasks:
+        k = SHAPES[name][1]
+        try:
+            call(fmt, torch.randn(m, k, device=dev, dtype=torch.bfloat16), weights[fmt][name], cfg)
+            torch.cuda.synchronize()
+        except Exception as e:  # a config the compiler or the GPU refuses: reported, not fatal
+            failed.append(f"{fmt} m={m} {name} {cfg}: {type(e).__name__}: {str(e)[:200]}")
+    return failed
+
+
+def make_weights_for(formats: list[str], dev: torch.device) -> dict:
+    return {fmt: make_weights(fmt, 1, dev)[0] for fmt in formats}
+
+
+def sweep(args, ms: list[int], bw: float, recs: list) -> None:
+    """Every candidate config of each projection, timed from CUDA graphs over `--layers`
+    distinct weights; the best per (format, m, projection) last."""
+    formats = [f for f in args.formats.split(",") if f != "bf16"]
+    tasks = _sweep_tasks(formats, ms)
+    if args.precompile > 1:
+        import multiprocessing as mp
+        chunks = [tasks[i::args.precompile] for i in range(args.precompile)]
+        with mp.get_context("spawn").Pool(args.precompile) as pool:
+            for failed in pool.map(_compile_some, chunks):
+                for line in failed:
+                    print("compile failed:", line, flush=True)
+    dev = torch.device("cuda")
+    x = {name: torch.randn(max(ms), k, device=dev, dtype=torch.bfloat16) for name, (n, k) in SHAPES.items()}
+    for fmt in formats:
+        weights = make_weights(fmt, args.layers, dev)
+        for m in ms:
+            for name, (n, k) in SHAPES.items():
+                b = sum(t.nbytes for t in weights[0][name].values())
+                best = None
+                for cfg in candidates(fmt, m, n, k):
+                    try:
+                        t = timed(run(fmt, weights, x, m, {name}, cfg), args.reps) / args.layers
+                    except Exception as e:
+                        print(json.dumps({"figure": "failed", "format": fmt, "m": m, "proj": name, "config": repr(cfg),
+                                          "error": f"{type(e).__name__}: {str(e)[:300]}"}), flush=True)
+                        continue
+                    rec = {"figure": "config", "format": fmt, "m": m, "proj": name, "config": cfg._asdict(),
+                           "us": round(t * 1e6, 2), "gb_s": round(b / t / 1e9, 1),
+                           "pct_of_copy_bw": round(100 * b / t / bw, 1)}
+                    recs.append(rec)
+                    print(json.dumps(rec), flush=True)
+                    if best is None or rec["us"] < best["us"]:
+                        best = rec
+                if best is not None:
+                    recs.append({**best, "figure": "best"})
+                    print(json.dumps(recs[-1]), flush=True)
+        del weights
+        torch.cuda.empty_cache()
 
 
 def nbytes(layer: dict) -> int:
@@ -102,6 +187,8 @@ def main() -> None:
     p.add_argument("--formats", default="bf16,fp8,int4")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--out", default=None)
+    p.add_argument("--sweep", action="store_true", help="time every candidate launch config per projection")
+    p.add_argument("--precompile", type=int, default=1, help="with --sweep: compile in this many processes first")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs CUDA (the kernels' CPU checks are tests/test_quantization_kernels.py)")
@@ -111,6 +198,13 @@ def main() -> None:
     recs = [{"figure": "meta", **machine_info(("torch", "triton")), "device": torch.cuda.get_device_name(dev),
              "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "copy_gb_s": round(bw / 1e9, 1)}]
     print(json.dumps(recs[0]), flush=True)
+    if args.sweep:
+        sweep(args, ms, bw, recs)
+        out = args.out or str(Path(__file__).resolve().parent / "results" / "quant_linear_sweep_cuda.json")
+        with open(out, "w") as f:
+            json.dump(recs, f, indent=1)
+        print(f"wrote {out}")
+        return
     x = {name: torch.randn(max(ms), k, device=dev, dtype=torch.bfloat16) for name, (n, k) in SHAPES.items()}
     base: dict[int, float] = {}
     for fmt in args.formats.split(","):
