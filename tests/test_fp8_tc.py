@@ -95,10 +95,9 @@ def test_fp8_tc_refuses_bad_arguments() -> None:
 def test_gpu_fp8_tc_llama3_shapes(m: int, n: int, k: int) -> None:
     x, w, ws, b = _case(m, n, k, seed=6)
     ref = fp8_linear_ref(x, w, ws, b, out_dtype=torch.float32)
-    for cfg in candidate_configs(m, n, k):
+    torch.testing.assert_close(fp8_linear(x, w, ws, b, out_dtype=torch.float32), ref, atol=2e-2, rtol=2e-2)
+    # every launch the sweep may pick, on one shape a row count
+    for cfg in candidate_configs(m, n, k) if (n, k) == (4096, 14336) else ():
         y = fp8_linear(x, w, ws, b, out_dtype=torch.float32, config=cfg)
-        if cfg.path == "gemv":  # weight-only: x not quantized
-            torch.testing.assert_close(y, fp8_linear_ref(x, w, ws, b, out_dtype=torch.float32, config=cfg),
-                                       atol=2e-2, rtol=2e-2)
-        else:
-            torch.testing.assert_close(y, ref, atol=2e-2, rtol=2e-2, msg=str(cfg))
+        want = fp8_linear_ref(x, w, ws, b, out_dtype=torch.float32, config=cfg)  # "gemv": weight-only
+        torch.testing.assert_close(y, want, atol=2e-2, rtol=2e-2, msg=str(cfg))
