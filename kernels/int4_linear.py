@@ -12,25 +12,48 @@ Layout (K input features, N outputs, G the group size, K % G == 0, G % 8 == 0, N
 GPTQ's act-order (g_idx) is not in the kernel: rows are sorted by group at load and the
 caller permutes x's columns the same way (one gather of a [M, K] activation).
 
-``int4_linear`` picks a GEMV for M <= GEMV_MAX_M rows (each program a column block of one
-row, a group at a time, the products reduced in registers: the weight is streamed once, half
-a byte an element) and a dequantizing GEMM for more (each packed int loaded once and
-unpacked in registers to a tile for ``tl.dot``);
+Nibbles become floats without an int-to-float conversion (a quarter of an FMA's rate): the
+"magic number" trick. ``v = ((packed >> 4i) & 0x000F000F) | 0x43004300`` holds, in its two
+16-bit halves, the bf16 bits of 128 + q for inputs k = 8r + i and 8r + 4 + i (0x4300 is
+bf16 128, whose last mantissa bit is worth 1); 0x6400 (fp16 1024) does the same for fp16, and
+a bf16's bits shifted to the top of an int32 are the same number in fp32. The four shifts
+i = 0..3 of a [R, BLOCK_N] packed tile give 8 sub-tiles; sub-tile j holds inputs 8r + j,
+so it meets x's columns k0 + 8r + j (a strided [BLOCK_M, R] load) in its own ``tl.dot``.
+
+``int4_linear`` runs one of four paths (``Int4Config.path``; ``pick_config`` picks):
+- ``tc`` (M <= 16, G a multiple of 128): the sub-tiles go into the tensor cores as they are,
+  128 + q in bf16/fp16, one 128-input block a step; the zero and the scale are folded into
+  the block's fp32 partial product afterwards: ``(part - rowsum(x) * (128 + z)) * s``. K may
+  be cut into SPLIT parts added atomically into a zeroed fp32 output.
+- ``gemm`` (middle M, and any M for groups that are not a multiple of 128): the sub-tiles are
+  dequantized in fp32 registers, ``(128 + q) * s - (128 + z) * s`` (one FMA), cast to x's
+  dtype and fed to ``tl.dot``; BLOCK_M up to 128 so each weight is dequantized once a column
+  block at M = 128.
+- ``dequant`` (prefill-sized M): ``_dequant_kernel`` writes the whole weight [K, N] in x's
+  dtype, then cuBLAS (``torch.matmul``).
+- ``gemv`` (the older M <= 4 path, kept to compare): fp32 FMAs on nibbles OR-ed into 2^23.
 ``int4_linear_ref`` dequantizes the whole weight and multiplies in fp32.
 """
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["GEMV_MAX_M", "int4_linear", "int4_linear_ref", "dequantize_ref", "unpack_rows", "pack_rows",
+__all__ = ["GEMV_MAX_M", "TC_MAX_M", "DEQUANT_MIN_M", "Int4Config", "pick_config", "candidate_configs",
+           "int4_linear", "int4_linear_ref", "dequantize", "dequantize_ref", "unpack_rows", "pack_rows",
            "unpack_cols", "pack_cols"]
 
-GEMV_MAX_M = 4
+GEMV_MAX_M = 4  # the old GEMV's rows (a path to compare; pick_config no longer takes it)
+TC_MAX_M = 16  # the tensor-core small-M kernel's rows (one 16-row dot tile)
+DEQUANT_MIN_M = 257  # from here on: dequantize the weight once, then cuBLAS
+TC_BLOCK_K = 128  # inputs a tc / gemm step takes at least: 16 packed rows, the least K of a bf16 tl.dot
+SMS = 132  # multiprocessors of an H100 / H200
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_PATHS = ("gemv", "tc", "gemm", "dequant")
 
 
 # ------------------------------------------------------------------------- packing helpers
@@ -80,7 +103,188 @@ def dequantize_ref(qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Te
     return ((q - z[:, None, :]) * scales.float()[:, None, :]).view(k, n)
 
 
+# ------------------------------------------------------------------------- kernel pieces
+
+@triton.jit
+def _magic_halves(packed, i: tl.constexpr, KIND: tl.constexpr):
+    """Sub-tiles i and 4 + i of a packed tile (inputs 8r + i, 8r + 4 + i) as 128 + q (1024 + q
+    for fp16): KIND 0 fp32 (the bf16 bits moved to the top of an int32), 1 bf16, 2 fp16."""
+    if KIND == 2:
+        v = ((packed >> (4 * i)) & 0x000F000F) | 0x64006400
+        lo = v.to(tl.int16).to(tl.float16, bitcast=True)
+        hi = (v >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    else:
+        v = ((packed >> (4 * i)) & 0x000F000F) | 0x43004300
+        if KIND == 1:
+            lo = v.to(tl.int16).to(tl.bfloat16, bitcast=True)
+            hi = (v >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        else:
+            lo = (v << 16).to(tl.float32, bitcast=True)
+            hi = ((v >> 16) << 16).to(tl.float32, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _magic_offset(KIND: tl.constexpr):
+    """The number the tiles of `_magic_halves` add to q."""
+    if KIND == 2:
+        return 1024.0
+    return 128.0
+
+
+@triton.jit
+def _biased_zeros(z_ptr, ns, mask, offset):
+    """offset + the zeros of columns ns (nibble n % 8 of the packed int n // 8 at z_ptr) in fp32,
+    through 2^23's mantissa (no int-to-float conversion)."""
+    zq = (tl.load(z_ptr + ns // 8, mask=mask, other=0) >> ((ns % 8) * 4)) & 0xF
+    return (zq | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 - offset)
+
+
+@triton.jit
+def _mma(x, w, acc, KIND: tl.constexpr):
+    """acc + x @ w: fp32 "ieee" for KIND 0 (fp32 x, or the interpreter, whose tl.dot multiplies
+    bf16 bit patterns as integers), else in x's dtype on the tensor cores."""
+    if KIND == 0:
+        return tl.dot(x.to(tl.float32), w, acc, input_precision="ieee")
+    return tl.dot(x, w.to(x.dtype), acc)
+
+
+@triton.jit
+def _x_columns(x_rows, k0, rs, j: tl.constexpr, mmask, K):
+    """x[ms, k0 + 8r + j] for the rows r of a packed tile: [BLOCK_M, R], zero past M and K."""
+    ks = k0 + rs * 8 + j
+    return tl.load(x_rows + ks[None, :], mask=mmask[:, None] & (ks < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _group_scales(s_ptr, z_ptr, k0, rs, rmask, ns, nmask, stride_sg, stride_zg,
+                  GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(s, (128 + z) * s) in fp32 for the packed rows k0 // 8 + rs: one [1, BLOCK_N] row when the
+    block lies in one group, else gathered per row [R, BLOCK_N] (a row's inputs share a group)."""
+    if GROUP % BLOCK_K == 0:
+        g = k0 // GROUP
+        s = tl.load(s_ptr + g * stride_sg + ns, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        z = _biased_zeros(z_ptr + g * stride_zg, ns, nmask, 128.0)[None, :]
+    else:
+        gs = ((k0 + rs * 8) // GROUP)[:, None]
+        mask = rmask[:, None] & nmask[None, :]
+        s = tl.load(s_ptr + gs * stride_sg + ns[None, :], mask=mask, other=0.0).to(tl.float32)
+        z = _biased_zeros(z_ptr + gs * stride_zg, ns[None, :], mask, 128.0)
+    return s, z * s
+
+
+@triton.jit
+def _write_out(acc, y_ptr, b_ptr, ms, ns, mmask, nmask, stride_ym, part_id, HAS_BIAS: tl.constexpr,
+               ATOMIC: tl.constexpr):
+    """acc (+ bias, by K's part 0 alone) into y: stored in y's dtype, or added to a zeroed fp32 y."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + ns, mask=nmask & (ns * 0 + part_id == 0), other=0.0).to(tl.float32)[None, :]
+    ptrs = y_ptr + ms.to(tl.int64)[:, None] * stride_ym + ns[None, :]
+    mask = mmask[:, None] & nmask[None, :]
+    if ATOMIC:
+        tl.atomic_add(ptrs, acc, mask=mask)
+    else:
+        tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 # ------------------------------------------------------------------------- kernels
+
+@triton.jit
+def _int4_tc_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr,
+    M, N, K,
+    stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, KIND: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+):
+    # grid: (cdiv(N, BLOCK_N), SPLIT, cdiv(M, BLOCK_M)); one program = a [BLOCK_M, BLOCK_N]
+    # output tile over 1/SPLIT of K's BLOCK_K-input blocks (BLOCK_K >= 128 divides GROUP). A
+    # block's packed [BLOCK_K // 8, BLOCK_N] ints are loaded once; its 8 sub-tiles hold 128 + q
+    # and meet x's strided columns in 8 dots summed into the block's `part`. A block lies in
+    # one group, so (part - rowsum(x) * (128 + z)) * s is its exact share of x @ w.
+    ms = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = ms < M
+    nmask = ns < N
+    rs = tl.arange(0, BLOCK_K // 8)
+    x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm
+    offset = _magic_offset(KIND)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    blocks = K // BLOCK_K
+    per = tl.cdiv(blocks, SPLIT)
+    b0 = tl.program_id(1) * per
+    for b in range(b0, tl.minimum(b0 + per, blocks)):
+        k0 = b * BLOCK_K
+        packed = tl.load(qw_ptr + (k0 // 8 + rs).to(tl.int64)[:, None] * stride_qk + ns[None, :],
+                         mask=nmask[None, :], other=0, eviction_policy="evict_first")
+        part = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        xsum = tl.zeros([BLOCK_M], tl.float32)
+        for i in tl.static_range(4):
+            lo, hi = _magic_halves(packed, i, KIND)
+            x_lo = _x_columns(x_rows, k0, rs, i, mmask, K)
+            x_hi = _x_columns(x_rows, k0, rs, 4 + i, mmask, K)
+            part = _mma(x_hi, hi, _mma(x_lo, lo, part, KIND), KIND)
+            xsum += tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1)
+        g = k0 // GROUP
+        z = _biased_zeros(z_ptr + g * stride_zg, ns, nmask, offset)
+        s = tl.load(s_ptr + g * stride_sg + ns, mask=nmask, other=0.0).to(tl.float32)
+        acc += (part - xsum[:, None] * z[None, :]) * s[None, :]
+    _write_out(acc, y_ptr, b_ptr, ms, ns, mmask, nmask, stride_ym, tl.program_id(1), HAS_BIAS, SPLIT > 1)
+
+
+@triton.jit
+def _int4_gemm_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr,
+    M, N, K,
+    stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, KIND: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); each step loads [BLOCK_K // 8, BLOCK_N] packed
+    # ints once, makes its 8 sub-tiles (128 + q in fp32), dequantizes each with one FMA,
+    # (128 + q) * s - (128 + z) * s, and meets x's strided columns in 8 dots
+    ms = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = ms < M
+    nmask = ns < N
+    rs = tl.arange(0, BLOCK_K // 8)
+    x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rmask = k0 + rs * 8 < K
+        packed = tl.load(qw_ptr + (k0 // 8 + rs).to(tl.int64)[:, None] * stride_qk + ns[None, :],
+                         mask=rmask[:, None] & nmask[None, :], other=0)
+        s, zs = _group_scales(s_ptr, z_ptr, k0, rs, rmask, ns, nmask, stride_sg, stride_zg, GROUP, BLOCK_K)
+        for i in tl.static_range(4):
+            lo, hi = _magic_halves(packed, i, 0)
+            acc = _mma(_x_columns(x_rows, k0, rs, i, mmask, K), lo * s - zs, acc, KIND)
+            acc = _mma(_x_columns(x_rows, k0, rs, 4 + i, mmask, K), hi * s - zs, acc, KIND)
+    _write_out(acc, y_ptr, b_ptr, ms, ns, mmask, nmask, stride_ym, 0, HAS_BIAS, False)
+
+
+@triton.jit
+def _dequant_kernel(
+    qw_ptr, s_ptr, z_ptr, w_ptr,
+    N, K,
+    stride_qk, stride_sg, stride_zg, stride_wk,
+    GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # grid: (cdiv(K, BLOCK_K), cdiv(N, BLOCK_N)); w[k0 + 8r + j, n] from sub-tile j of one
+    # packed [BLOCK_K // 8, BLOCK_N] tile, (128 + q) * s - (128 + z) * s in fp32, stored in w's dtype
+    k0 = tl.program_id(0) * BLOCK_K
+    ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = ns < N
+    rs = tl.arange(0, BLOCK_K // 8)
+    rmask = k0 + rs * 8 < K
+    mask = rmask[:, None] & nmask[None, :]
+    packed = tl.load(qw_ptr + (k0 // 8 + rs).to(tl.int64)[:, None] * stride_qk + ns[None, :], mask=mask, other=0)
+    s, zs = _group_scales(s_ptr, z_ptr, k0, rs, rmask, ns, nmask, stride_sg, stride_zg, GROUP, BLOCK_K)
+    rows = w_ptr + (k0 + rs * 8).to(tl.int64)[:, None] * stride_wk + ns[None, :]
+    for i in tl.static_range(4):
+        lo, hi = _magic_halves(packed, i, 0)
+        tl.store(rows + i * stride_wk, (lo * s - zs).to(w_ptr.dtype.element_ty), mask=mask)
+        tl.store(rows + (4 + i) * stride_wk, (hi * s - zs).to(w_ptr.dtype.element_ty), mask=mask)
+
 
 @triton.jit
 def _int4_gemv_kernel(
@@ -129,52 +333,24 @@ def _int4_gemv_kernel(
         tl.atomic_add(y_ptr + m * stride_ym + ns, y, mask=nmask)
 
 
-@triton.jit
-def _int4_gemm_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr,
-    M, N, K,
-    stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
-    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    # grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); each step loads [BLOCK_K // 8, BLOCK_N] packed
-    # ints once, unpacks them to a [BLOCK_K, BLOCK_N] tile (row 8r + j = nibble j of packed row
-    # r), dequantizes with the one group row the tile lies in (BLOCK_K divides GROUP) and feeds
-    # tl.dot
-    ms = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = ms < M
-    nmask = ns < N
-    RP: tl.constexpr = BLOCK_K // 8
-    rs = tl.arange(0, RP)
-    ks = tl.arange(0, BLOCK_K)
-    shifts = tl.arange(0, 8) * 4
-    zshift = (ns % 8) * 4
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        packed = tl.load(qw_ptr + (k0 // 8 + rs).to(tl.int64)[:, None] * stride_qk + ns[None, :],
-                         mask=nmask[None, :], other=0)  # [RP, BLOCK_N]
-        q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
-        g = k0 // GROUP
-        z = (tl.load(z_ptr + g * stride_zg + ns // 8, mask=nmask, other=0) >> zshift) & 0xF
-        s = tl.load(s_ptr + g * stride_sg + ns, mask=nmask, other=0.0).to(tl.float32)
-        w = (q - z[None, :]).to(tl.float32) * s[None, :]  # [BLOCK_K, BLOCK_N]
-        x = tl.load(x_ptr + ms[:, None] * stride_xm + (k0 + ks)[None, :], mask=mmask[:, None], other=0.0)
-        if IEEE:  # fp32 x, or the interpreter (whose tl.dot multiplies bf16 bit patterns as integers)
-            acc += tl.dot(x.to(tl.float32), w, input_precision="ieee")
-        else:
-            acc += tl.dot(x, w.to(x.dtype))
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + ns, mask=nmask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + ms[:, None] * stride_ym + ns[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=mmask[:, None] & nmask[None, :])
-
 
 def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor, group_size: int,
            bias: torch.Tensor | None, out_dtype: torch.dtype | None) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in _DTYPES:
         raise ValueError("x must be an fp32/fp16/bf16 [M, K] tensor")
     m, k = x.shape
+    _check_weight(k, qweight, scales, qzeros, group_size)
+    n = qweight.shape[1]
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
+        raise ValueError(f"bias must be [N={n}], got {tuple(bias.shape)}")
+    if out_dtype is not None and out_dtype not in _DTYPES:
+        raise ValueError(f"out_dtype must be fp32/fp16/bf16, got {out_dtype}")
+    for name, t in (("qweight", qweight), ("scales", scales), ("qzeros", qzeros)) + ((("bias", bias),) if bias is not None else ()):
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+
+
+def _check_weight(k: int, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor, group_size: int) -> None:
     if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
         raise ValueError(f"qweight and qzeros must be int32, got {qweight.dtype} and {qzeros.dtype}")
     if qweight.dim() != 2 or qweight.shape[0] * 8 != k:
@@ -188,13 +364,24 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros:
     if n % 8 or qzeros.shape != (k // group_size, n // 8):
         raise ValueError(f"qzeros must be [K // G, N // 8] = [{k // group_size}, {n // 8}] (N a multiple of 8), "
                          f"got {tuple(qzeros.shape)}")
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
-        raise ValueError(f"bias must be [N={n}], got {tuple(bias.shape)}")
-    if out_dtype is not None and out_dtype not in _DTYPES:
-        raise ValueError(f"out_dtype must be fp32/fp16/bf16, got {out_dtype}")
-    for name, t in (("qweight", qweight), ("scales", scales), ("qzeros", qzeros)) + ((("bias", bias),) if bias is not None else ()):
-        if t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+
+
+# ------------------------------------------------------------------------- configs
+
+class Int4Config(NamedTuple):
+    """How `int4_linear` runs: ``path`` one of "gemv", "tc", "gemm", "dequant"; the tile
+    [block_m, block_n] of outputs a program makes (gemv: one row; dequant: block_m unused) and
+    block_k inputs a step (gemv: its group; tc: a multiple of 128 dividing the group; gemm: a
+    power of two >= 128; dequant: the [block_k, block_n] weight tile a program writes);
+    ``warps`` and ``stages`` for the launch; ``split`` the parts K is cut into (gemv and tc,
+    summed atomically into a zeroed fp32 output; 1 elsewhere)."""
+    path: str
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+    split: int = 1
 
 
 def gemv_split(m: int, n: int, k: int, group_size: int, block_n: int) -> int:
@@ -206,33 +393,174 @@ def gemv_split(m: int, n: int, k: int, group_size: int, block_n: int) -> int:
     return max(1, min(want, (k // group_size) // 4))
 
 
-def pick_config(m: int, n: int, k: int, group_size: int) -> tuple[int, int, int, int, bool]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, use_dot): the GEMV (use_dot False; BLOCK_K is its
-    group) for M <= GEMV_MAX_M, else the dequantizing GEMM, whose BLOCK_K divides the group
-    size (a tile's scales are one row) and whose column blocks are narrowed until there are
-    enough of them for every multiprocessor."""
-    if m <= GEMV_MAX_M:  # narrow column blocks: enough programs for every multiprocessor
-        # (H200 sweep without split-K, benchmarks/results/quant_gemv_sweep_cuda.log: 32
-        # columns on 4 warps for 28672 x 4096, 1.25 TB/s; 16 for 4096 x 14336, 0.42 TB/s: too
-        # few programs, each a long walk along K, which `gemv_split` now cuts)
-        return 1, 16 if n <= 8192 else 32, group_size, 4, False
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    block_k = min(128, group_size)
-    while group_size % block_k:
-        block_k //= 2
+def tc_split(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int = TC_BLOCK_K) -> int:
+    """How many parts the tc kernel cuts K into: about 2 programs an SM when the output tiles
+    alone are fewer, each part at least 4 blocks of block_k inputs."""
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    return max(1, min(triton.cdiv(2 * SMS, tiles), (k // block_k) // 4))
+
+
+def _tc_fits(k: int, group_size: int) -> bool:
+    return group_size % TC_BLOCK_K == 0 and k % TC_BLOCK_K == 0
+
+
+def _gemm_config(m: int, n: int) -> Int4Config:
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
     block_n = 128
-    while block_n > 32 and triton.cdiv(m, block_m) * triton.cdiv(n, block_n) < 132:
+    while block_n > 32 and triton.cdiv(m, block_m) * triton.cdiv(n, block_n) < SMS:
         block_n //= 2
-    return block_m, block_n, block_k, 4, True
+    return Int4Config("gemm", block_m, block_n, 128, 8 if block_m == 128 else 4, 3)
+
+
+def pick_config(m: int, n: int, k: int, group_size: int) -> Int4Config:
+    """The default config of an [m, k] x [k, n] product with group_size-wide groups:
+    - m <= TC_MAX_M: "tc" (a 16-row tile, 64 columns, 4 warps, 3 stages, K split so that
+      there are about 2 programs an SM). Its fold needs each 128-input block in one group,
+      so a group size that is not a multiple of 128 (32, 64, a whole row of 96) takes the
+      "gemm" path instead, which dequantizes every sub-tile row with its own group's zero
+      and scale (gathered per packed row when a block spans groups);
+    - m < DEQUANT_MIN_M: "gemm", BLOCK_M up to 128 (8 warps) so a weight is dequantized once
+      a column block at m = 128, columns narrowed until there are a program an SM;
+    - above: "dequant" (the weight in x's dtype, then cuBLAS)."""
+    if m <= TC_MAX_M and _tc_fits(k, group_size):
+        return Int4Config("tc", 16, 64, TC_BLOCK_K, 4, 3, tc_split(m, n, k, 16, 64))
+    if m < DEQUANT_MIN_M:
+        return _gemm_config(m, n)
+    return Int4Config("dequant", 0, 64, 128, 4, 1)
+
+
+def candidate_configs(m: int, n: int, k: int, group_size: int) -> list[Int4Config]:
+    """Configs worth timing for this shape on the GPU, the default first (no duplicates)."""
+    found = [pick_config(m, n, k, group_size)]
+    if m <= TC_MAX_M and _tc_fits(k, group_size):
+        for bn, warps, stages in ((32, 4, 3), (64, 4, 2), (64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 8, 4)):
+            found.append(Int4Config("tc", 16, bn, TC_BLOCK_K, warps, stages, tc_split(m, n, k, 16, bn)))
+        found += [Int4Config("tc", 16, 64, TC_BLOCK_K, 4, 3, s) for s in (1, 2, 4, 8) if s <= k // TC_BLOCK_K]
+        if group_size % 256 == 0:
+            found.append(Int4Config("tc", 16, 64, 256, 4, 3, tc_split(m, n, k, 16, 64, 256)))
+        if m <= GEMV_MAX_M and not group_size & (group_size - 1):
+            bn = 16 if n <= 8192 else 32
+            found.append(Int4Config("gemv", 1, bn, group_size, 4, 1, gemv_split(m, n, k, group_size, bn)))
+    elif m < DEQUANT_MIN_M:
+        base = _gemm_config(m, n)
+        bm = base.block_m
+        found += [base._replace(block_n=bn, warps=w, stages=st) for bn, w, st in
+                  ((64, 4, 3), (128, 4, 3), (128, 8, 3), (128, 8, 4), (128, 4, 2), (256, 8, 3))]
+        found += [base._replace(block_k=256), base._replace(block_m=max(16, bm // 2), warps=4)]
+        if _tc_fits(k, group_size):  # the fold at a larger tile
+            found += [Int4Config("tc", bm, bn, TC_BLOCK_K, 8 if bm >= 64 else 4, 3, 1) for bn in (64, 128)]
+        found.append(Int4Config("dequant", 0, 64, 128, 4, 1))
+    else:
+        found += [Int4Config("dequant", 0, bn, bk, w, 1) for bn, bk, w in
+                  ((128, 128, 4), (64, 256, 4), (128, 256, 8), (256, 128, 8))]
+        found += [Int4Config("gemm", 128, bn, 128, 8, st) for bn, st in ((128, 3), (256, 3), (128, 4))]
+    return list(dict.fromkeys(found))
+
+
+def _validate(cfg: Int4Config, k: int, group_size: int) -> None:
+    if cfg.path not in _PATHS:
+        raise ValueError(f"path must be one of {_PATHS}, got {cfg.path!r}")
+    pow2 = (cfg.block_n, cfg.block_k) + ((cfg.block_m,) if cfg.path in ("tc", "gemm") else ())
+    if any(v <= 0 or v & (v - 1) for v in pow2) or cfg.split < 1 or cfg.warps < 1 or cfg.stages < 1:
+        raise ValueError(f"block sizes must be powers of two, split, warps and stages positive: {cfg}")
+    if cfg.path == "gemv" and cfg.block_k != group_size:
+        raise ValueError(f"the GEMV takes a power-of-two group size as its block_k, got {cfg}")
+    if cfg.path == "tc" and (cfg.block_k < TC_BLOCK_K or group_size % cfg.block_k or cfg.block_m < 16):
+        raise ValueError(f"tc needs block_m >= 16 and a block_k >= 128 that divides the group size: {cfg}")
+    if cfg.path == "gemm" and (cfg.block_k < TC_BLOCK_K or cfg.block_m < 16):
+        raise ValueError(f"gemm needs block_m >= 16 and block_k >= 128 (16 packed rows a dot): {cfg}")
+    if cfg.path != "tc" and cfg.path != "gemv" and cfg.split != 1:
+        raise ValueError(f"only gemv and tc split K: {cfg}")
+    if cfg.path == "dequant" and cfg.block_k < 8:
+        raise ValueError(f"dequant's block_k is at least one packed row (8): {cfg}")
+
+
+# ------------------------------------------------------------------------- launchers
+
+def _kind(x: torch.Tensor) -> int:
+    """The kernels' tile dtype: 0 fp32 "ieee" dots (fp32 x, or the interpreter), 1 bf16, 2 fp16."""
+    if x.dtype == torch.float32 or x.device.type != "cuda":
+        return 0
+    return 1 if x.dtype == torch.bfloat16 else 2
+
+
+def _split_out(y: torch.Tensor, split: int) -> torch.Tensor:
+    """Where the kernel writes: y, or a zeroed fp32 buffer its K parts are added into."""
+    return y if split == 1 else torch.zeros(y.shape, dtype=torch.float32, device=y.device)
+
+
+def _run_gemv(x, qweight, scales, qzeros, group_size, bias, y, cfg):
+    m, k = x.shape
+    n = y.shape[1]
+    out = _split_out(y, cfg.split)
+    _int4_gemv_kernel[(m, triton.cdiv(n, cfg.block_n), cfg.split)](
+        x, qweight, scales, qzeros, bias if bias is not None else scales, out, n, k,
+        x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), out.stride(0),
+        GROUP=group_size, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
+        num_warps=cfg.warps, num_stages=cfg.stages)
+    return out
+
+
+def _run_tc(x, qweight, scales, qzeros, group_size, bias, y, cfg):
+    m, k = x.shape
+    n = y.shape[1]
+    out = _split_out(y, cfg.split)
+    _int4_tc_kernel[(triton.cdiv(n, cfg.block_n), cfg.split, triton.cdiv(m, cfg.block_m))](
+        x, qweight, scales, qzeros, bias if bias is not None else scales, out, m, n, k,
+        x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), out.stride(0),
+        GROUP=group_size, HAS_BIAS=bias is not None, KIND=_kind(x), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, SPLIT=cfg.split, num_warps=cfg.warps, num_stages=cfg.stages)
+    return out
+
+
+def _run_gemm(x, qweight, scales, qzeros, group_size, bias, y, cfg):
+    m, k = x.shape
+    n = y.shape[1]
+    _int4_gemm_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))](
+        x, qweight, scales, qzeros, bias if bias is not None else scales, y, m, n, k,
+        x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), y.stride(0),
+        GROUP=group_size, HAS_BIAS=bias is not None, KIND=_kind(x), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, num_warps=cfg.warps, num_stages=cfg.stages)
+    return y
+
+
+def _run_dequant(x, qweight, scales, qzeros, group_size, bias, y, cfg):
+    w = dequantize(qweight, scales, qzeros, group_size, x.dtype, cfg)
+    out = x @ w if bias is None else torch.addmm(bias.to(x.dtype), x, w)
+    return out
+
+
+_RUNNERS = {"gemv": _run_gemv, "tc": _run_tc, "gemm": _run_gemm, "dequant": _run_dequant}
+
+
+def _on_kernel_device(t: torch.Tensor) -> None:
+    if t.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"the kernels need a CUDA device (got {t.device}); use the _ref functions on CPU")
+
+
+def dequantize(qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor, group_size: int,
+               dtype: torch.dtype = torch.bfloat16, config: Int4Config | None = None) -> torch.Tensor:
+    """The weight [K, N] in dtype by `_dequant_kernel` (config's block_n, block_k, warps)."""
+    k, n = qweight.shape[0] * 8, qweight.shape[1]
+    _check_weight(k, qweight, scales, qzeros, group_size)
+    _on_kernel_device(qweight)
+    cfg = config or Int4Config("dequant", 0, 64, 128, 4, 1)
+    _validate(cfg, k, group_size)
+    qweight, scales, qzeros = qweight.contiguous(), scales.contiguous(), qzeros.contiguous()
+    w = torch.empty((k, n), dtype=dtype, device=qweight.device)
+    _dequant_kernel[(triton.cdiv(k, cfg.block_k), triton.cdiv(n, cfg.block_n))](
+        qweight, scales, qzeros, w, n, k, qweight.stride(0), scales.stride(0), qzeros.stride(0), w.stride(0),
+        GROUP=group_size, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.warps, num_stages=cfg.stages)
+    return w
 
 
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
                 group_size: int, bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-                config: tuple[int, int, int, int, bool] | None = None) -> torch.Tensor:
-    """``x [M, K] @ dequant(qweight) [K, N] (+ bias)`` -> [M, N] in out_dtype (default x's)."""
+                config: Int4Config | None = None) -> torch.Tensor:
+    """``x [M, K] @ dequant(qweight) [K, N] (+ bias)`` -> [M, N] in out_dtype (default x's), by
+    config's path (default `pick_config`'s)."""
     _check(x, qweight, scales, qzeros, group_size, bias, out_dtype)
-    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        raise ValueError(f"x must be on a CUDA device (got {x.device}); use int4_linear_ref on CPU")
+    _on_kernel_device(x)
     if x.stride(1) != 1:
         x = x.contiguous()
     m, k = x.shape
@@ -240,32 +568,16 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qz
     y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
-    bm, bn, bk, warps, use_dot = config or pick_config(m, n, k, group_size)
-    if use_dot and (bm < 16 or bk < 16 or group_size % bk):
-        raise ValueError("a tl.dot tile needs BLOCK_M >= 16 and a BLOCK_K >= 16 that divides the group size")
-    if not use_dot and (group_size & (group_size - 1)):
-        raise ValueError(f"the GEMV takes a power-of-two group size, got {group_size}")
+    cfg = config or pick_config(m, n, k, group_size)
+    _validate(cfg, k, group_size)
     qweight, scales, qzeros = qweight.contiguous(), scales.contiguous(), qzeros.contiguous()
-    args = (x, qweight, scales, qzeros, bias if bias is not None else scales, y)
-    strides = (x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), y.stride(0))
-    if not use_dot:
-        split = gemv_split(m, n, k, group_size, bn)
-        out = y if split == 1 else torch.zeros((m, n), dtype=torch.float32, device=x.device)
-        args = args[:5] + (out,)
-        _int4_gemv_kernel[(m, triton.cdiv(n, bn), split)](
-            *args, n, k, *strides[:4], out.stride(0), GROUP=group_size, HAS_BIAS=bias is not None, BLOCK_N=bn,
-            SPLIT=split, num_warps=warps)
-        return y if split == 1 else y.copy_(out)
-    _int4_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
-        *args, m, n, k, *strides, GROUP=group_size, HAS_BIAS=bias is not None,
-        IEEE=x.dtype == torch.float32 or x.device.type != "cuda", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=warps)
-    return y
+    out = _RUNNERS[cfg.path](x, qweight, scales, qzeros, group_size, bias, y, cfg)
+    return out if out is y else y.copy_(out)
 
 
 def int4_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
                     group_size: int, bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-                    config: tuple[int, int, int, int, bool] | None = None) -> torch.Tensor:
+                    config: Int4Config | None = None) -> torch.Tensor:
     """Pure-torch reference with the same signature: dequantize to fp32, multiply, round once."""
     _check(x, qweight, scales, qzeros, group_size, bias, out_dtype)
     y = x.float() @ dequantize_ref(qweight, scales, qzeros, group_size)

@@ -13,7 +13,8 @@ from treadle.kernels.fp8_linear import (
     quantize_weight_ref, scaled_mm_ref,
 )
 from treadle.kernels.int4_linear import (
-    int4_linear, int4_linear_ref, pack_cols, pack_rows, unpack_cols, unpack_rows,
+    Int4Config, candidate_configs, dequantize, dequantize_ref, int4_linear, int4_linear_ref, pack_cols, pack_rows,
+    pick_config, unpack_cols, unpack_rows,
 )
 from treadle.runtime.quantization.int4 import awq_pack, awq_unpack, quantize_rtn
 
@@ -105,7 +106,7 @@ def test_fp8_linear_matches_ref(m: int) -> None:
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 3, 8, 20])  # GEMV up to 4 rows, tl.dot GEMM above
+@pytest.mark.parametrize("m", [1, 3, 8, 20])  # the defaults: tc up to 16 rows (gemm for groups of 32), gemm above
 @pytest.mark.parametrize("k,n,group", [(64, 24, 32), (256, 40, 128)])
 def test_int4_linear_matches_ref(dtype: torch.dtype, m: int, k: int, n: int, group: int) -> None:
     qweight, scales, qzeros = _int4(k, n, group, seed=5)
@@ -115,8 +116,77 @@ def test_int4_linear_matches_ref(dtype: torch.dtype, m: int, k: int, n: int, gro
     ref = int4_linear_ref(x, qweight, scales, qzeros, group, b)
     torch.testing.assert_close(int4_linear(x, qweight, scales, qzeros, group, b), ref, **tol)
     if m >= 16:  # a smaller dot tile: masked rows and columns
-        torch.testing.assert_close(int4_linear(x, qweight, scales, qzeros, group, b, config=(16, 16, 16, 4, True)),
-                                   ref, **tol)
+        cfg = Int4Config("gemm", 16, 16, 128, 4, 2)
+        torch.testing.assert_close(int4_linear(x, qweight, scales, qzeros, group, b, config=cfg), ref, **tol)
+
+
+# (config, k, n, group): every path on small shapes, with masked columns (n not a multiple of
+# block_n), K cut into parts (split > 1, uneven), groups of 32 / 64 / 128 / 256 / a whole row
+_INT4_CASES = {
+    "tc": (Int4Config("tc", 16, 32, 128, 4, 3, 1), 256, 40, 128),
+    "tc-split3": (Int4Config("tc", 16, 16, 128, 4, 3, 3), 512, 24, 128),  # 4 blocks in parts of 2, 2, 0
+    "tc-row-group-split2": (Int4Config("tc", 16, 32, 128, 4, 3, 2), 384, 40, 384),
+    "tc-k256": (Int4Config("tc", 16, 32, 256, 4, 3, 1), 512, 40, 256),
+    "tc-m32": (Int4Config("tc", 32, 64, 128, 4, 3, 2), 256, 40, 128),
+    "gemm": (Int4Config("gemm", 16, 32, 128, 4, 3), 256, 40, 128),
+    "gemm-g32": (Int4Config("gemm", 32, 16, 128, 4, 3), 96, 24, 32),  # K < block_k; 4 groups a block
+    "gemm-g64-k256": (Int4Config("gemm", 64, 32, 256, 4, 3), 256, 40, 64),
+    "dequant": (Int4Config("dequant", 0, 32, 128, 4, 1), 256, 40, 128),
+    "dequant-g32": (Int4Config("dequant", 0, 16, 16, 4, 1), 96, 24, 32),
+    "gemv-split2": (Int4Config("gemv", 1, 16, 32, 4, 1, 2), 256, 24, 32),
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize("case,m", [(c, m) for c in _INT4_CASES for m in (1, 3, 16, 17, 40)
+                                    if _INT4_CASES[c][0].path != "gemv" or m <= 4])  # the GEMV: a program a row
+def test_int4_paths_match_ref(case: str, m: int) -> None:
+    """Each path and config against the dequantize-first reference, with a bias (added once
+    however K is split): fp32 x exactly (up to fp32 sums), bf16 x into an fp32 output."""
+    cfg, k, n, group = _INT4_CASES[case]
+    qweight, scales, qzeros = _int4(k, n, group, seed=12)
+    g = _g(13)
+    x, b = torch.randn(m, k, generator=g).to(DEV), torch.randn(n, generator=g).to(DEV)
+    for dtype in (torch.float32, torch.bfloat16):
+        xd, bd = x.to(dtype), b.to(dtype)
+        ref = int4_linear_ref(xd, qweight, scales, qzeros, group, bd, out_dtype=torch.float32)
+        y = int4_linear(xd, qweight, scales, qzeros, group, bd, out_dtype=torch.float32, config=cfg)
+        # the dequant path multiplies a weight rounded to x's dtype
+        loose = cfg.path == "dequant" and dtype != torch.float32
+        tol = dict(atol=6e-2, rtol=2e-2) if loose else dict(atol=2e-4, rtol=2e-4)
+        torch.testing.assert_close(y, ref, **tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("k,n,group", [(256, 40, 128), (96, 24, 32)])
+def test_int4_dequantize_kernel_is_exact_in_fp32(k: int, n: int, group: int) -> None:
+    qweight, scales, qzeros = _int4(k, n, group, seed=14)
+    want = dequantize_ref(qweight, scales, qzeros, group)
+    assert torch.equal(dequantize(qweight, scales, qzeros, group, torch.float32), want)
+    w = dequantize(qweight, scales, qzeros, group, torch.bfloat16, Int4Config("dequant", 0, 16, 32, 4, 1))
+    # one rounding from the exact value (to nearest on the GPU; the interpreter truncates)
+    torch.testing.assert_close(w.float(), want, atol=0, rtol=2.0 ** -8 if DEV == "cuda" else 2.0 ** -7)
+
+
+def test_int4_pick_config_and_candidates() -> None:
+    assert pick_config(1, 28672, 4096, 128) == Int4Config("tc", 16, 64, 128, 4, 3, 1)
+    assert pick_config(16, 4096, 14336, 128).path == "tc" and pick_config(1, 4096, 14336, 128).split > 1
+    assert pick_config(1, 4096, 4096, 64).path == "gemm"  # groups of 64: no 128-input block in one group
+    assert pick_config(128, 28672, 4096, 128)[:2] == ("gemm", 128) and pick_config(128, 28672, 4096, 128).warps == 8
+    assert pick_config(8192, 28672, 4096, 128).path == "dequant"
+    for shape in [(1, 28672, 4096, 128), (1, 4096, 14336, 128), (3, 6144, 4096, 64), (40, 4096, 4096, 128),
+                  (128, 28672, 4096, 128), (8192, 28672, 4096, 128), (8192, 4096, 4096, 32)]:
+        found = candidate_configs(*shape)
+        assert found[0] == pick_config(*shape) and len(set(found)) == len(found)
+        assert 6 <= len(found) <= 20, (shape, len(found))
+        assert {c.path for c in found} >= ({"tc", "gemv"} if shape[0] == 1 else {"gemm", "dequant"})
+    x = torch.zeros(2, 64).to(DEV)
+    qweight, scales, qzeros = _int4(64, 24, 32, seed=7)
+    for bad in (Int4Config("tc", 16, 16, 128, 4, 3), Int4Config("gemm", 16, 16, 64, 4, 3),
+                Int4Config("gemm", 16, 24, 128, 4, 3), Int4Config("dequant", 0, 16, 16, 4, 1, 2),
+                Int4Config("mma", 16, 16, 128, 4, 3)):
+        with pytest.raises(ValueError):
+            int4_linear(x, qweight, scales, qzeros, 32, config=bad)
 
 
 @needs_kernel
