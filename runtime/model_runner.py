@@ -2,6 +2,7 @@
 token table, per-layer K/V pool) and runs one forward of a ForwardBatch to logits."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -25,6 +26,17 @@ log = logging.getLogger("treadle")
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    """torch's default float dtype set to `dtype` inside: parameters made without a dtype get it."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -96,8 +108,9 @@ class ModelRunner:
         packed_gguf = gguf_packed.wanted(args, self.source, self.device, self.dtype, ctx)
         weights = iter(()) if packed_gguf else load_weights(
             self.source, torch.float32 if self.dtype == torch.float32 else self.dtype, self.load_report)
-        with torch.device(self.device):
+        with torch.device(self.device), _default_dtype(self.dtype):
             torch.manual_seed(args.seed)
+            # built in the serving dtype: Qwen3-30B-A3B built in fp32 first takes 122 GB, more than an 80 GB GPU
             model = build_model(cfg, ctx).to(self.dtype)
         if self.quantization is not None:  # after .to(): it would cast FP8 weights and fp32 scales
             prepare_model(model, self.quantization)

@@ -268,3 +268,25 @@ def test_llama3_rope_recovered_from_rope_freqs_tensor(tmp_path) -> None:
     _write_tiny_gguf(bad, "llama", cfg, {"rope_freqs.weight": np.array(factors, dtype=np.float32)[::-1].copy()})
     with pytest.raises(ValueError, match="rope_freqs tensor that is not standard Llama-3 scaling"):
         read_gguf_config(bad)
+
+
+def test_model_is_built_in_the_serving_dtype(monkeypatch) -> None:
+    # a bf16 model's parameters are made in bf16, not in fp32 and cast after: Qwen3-30B-A3B built
+    # in fp32 first needs 122 GB, more than an 80 GB GPU holds for its 61 GB of bf16 weights
+    from treadle.runtime import model_runner
+    from treadle.runtime.engine_args import EngineArgs
+
+    seen = []
+    real = model_runner.build_model
+
+    def spy(cfg, ctx):
+        model = real(cfg, ctx)
+        seen.extend(p.dtype for p in model.parameters())
+        return model
+
+    monkeypatch.setattr(model_runner, "build_model", spy)
+    runner = model_runner.ModelRunner(EngineArgs(model_path="dummy:tiny-qwen3-moe", device="cpu", dtype="bfloat16",
+                                                 max_total_tokens=64))
+    assert seen and set(seen) == {torch.bfloat16}
+    assert torch.get_default_dtype() == torch.float32  # restored
+    assert next(runner.model.parameters()).dtype == torch.bfloat16
