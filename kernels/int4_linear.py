@@ -128,8 +128,10 @@ def _magic_halves(packed, i: tl.constexpr, KIND: tl.constexpr):
 def _magic_offset(KIND: tl.constexpr):
     """The number the tiles of `_magic_halves` add to q."""
     if KIND == 2:
-        return 1024.0
-    return 128.0
+        offset = 1024.0
+    else:
+        offset = 128.0
+    return offset
 
 
 @triton.jit
@@ -145,8 +147,10 @@ def _mma(x, w, acc, KIND: tl.constexpr):
     """acc + x @ w: fp32 "ieee" for KIND 0 (fp32 x, or the interpreter, whose tl.dot multiplies
     bf16 bit patterns as integers), else in x's dtype on the tensor cores."""
     if KIND == 0:
-        return tl.dot(x.to(tl.float32), w, acc, input_precision="ieee")
-    return tl.dot(x, w.to(x.dtype), acc)
+        acc = tl.dot(x.to(tl.float32), w, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(x, w.to(x.dtype), acc)
+    return acc
 
 
 @triton.jit
@@ -218,17 +222,17 @@ def _int4_tc_kernel(
         packed = tl.load(qw_ptr + (k0 // 8 + rs).to(tl.int64)[:, None] * stride_qk + ns[None, :],
                          mask=nmask[None, :], other=0, eviction_policy="evict_first")
         part = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        xsum = tl.zeros([BLOCK_M], tl.float32)
+        xs = tl.zeros([BLOCK_M, BLOCK_K // 8], tl.float32)  # the 8 x tiles added, then one row sum
         for i in tl.static_range(4):
             lo, hi = _magic_halves(packed, i, KIND)
             x_lo = _x_columns(x_rows, k0, rs, i, mmask, K)
             x_hi = _x_columns(x_rows, k0, rs, 4 + i, mmask, K)
             part = _mma(x_hi, hi, _mma(x_lo, lo, part, KIND), KIND)
-            xsum += tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1)
+            xs += x_lo.to(tl.float32) + x_hi.to(tl.float32)
         g = k0 // GROUP
         z = _biased_zeros(z_ptr + g * stride_zg, ns, nmask, offset)
         s = tl.load(s_ptr + g * stride_sg + ns, mask=nmask, other=0.0).to(tl.float32)
-        acc += (part - xsum[:, None] * z[None, :]) * s[None, :]
+        acc += (part - tl.sum(xs, axis=1)[:, None] * z[None, :]) * s[None, :]
     _write_out(acc, y_ptr, b_ptr, ms, ns, mmask, nmask, stride_ym, tl.program_id(1), HAS_BIAS, SPLIT > 1)
 
 
