@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,34 @@ def schema_of(value: Any) -> Any:
     if isinstance(value, type) and callable(getattr(value, "model_json_schema", None)):
         return value.model_json_schema()
     return value
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """The code point of the first lone surrogate in `text`, or None."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        return ord(text[e.start])
+
+
+def _json_strings(value: Any):
+    """Every string of a parsed JSON value, object keys included."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, dict):
+            yield from v.keys()
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
 MAX_N = 128  # parallel samples of one prompt (OpenAI's limit); each is a request of its own
 MAX_TEMPERATURE = 100.0  # far past any useful one (OpenAI allows 2); 1e300 was inf in float32
 MIN_REPETITION_PENALTY = 0.01  # a seen logit grows at most 100x; 1e-40 made it inf and failed the batch
@@ -99,7 +128,7 @@ class SamplingParams:
         if isinstance(self.structural_tag, dict):
             self.structural_tag = json.dumps(self.structural_tag, separators=(",", ":"), ensure_ascii=False)
         if isinstance(self.logit_bias, dict):  # JSON object keys are strings: "1234" -> 1234
-            self.logit_bias = {int(k) if isinstance(k, str) and k.isdigit() else k: v
+            self.logit_bias = {int(k) if isinstance(k, str) and k.isdecimal() else k: v
                                for k, v in self.logit_bias.items()} or None
 
     def validate(self, vocab_size: int | None = None) -> None:
@@ -184,6 +213,7 @@ class SamplingParams:
         if self.structural_tag is not None and not isinstance(self.structural_tag, str):
             raise ValueError("sampling_params.structural_tag must be an object (or its JSON text)")
         self._check_nesting()
+        self._check_whole_chars()
         if self.structural_tag is not None or self.grammar_after_reasoning is not None:
             # checked where they are defined (constrained/), named as sampling params here
             from treadle.constrained.reasoning_prefix import check_mode
@@ -233,6 +263,28 @@ class SamplingParams:
             nesting.check_grammar_text(self.ebnf, "ebnf")
         if isinstance(self.regex, str):
             nesting.check_grammar_text(self.regex, "regex", nesting.REGEX_LITERALS)
+
+    def _check_whole_chars(self) -> None:
+        """A grammar or stop string with a lone surrogate (JSON's "\\ud800" escape, half of a
+        character) is a ValueError naming the field: no UTF-8 output can match it, and the
+        grammar compiler failed on it with a message about its token index."""
+        choices = self.choices if isinstance(self.choices, list) else []
+        fields = [("regex", self.regex), ("ebnf", self.ebnf), *(("choices", c) for c in choices),
+                  *(("stop", t) for t in self.stop), ("json_schema", self.json_schema),
+                  ("structural_tag", self.structural_tag)]
+        for name, text in fields:
+            if not isinstance(text, str):
+                continue
+            bad = _lone_surrogate(text)
+            if bad is None and name in ("json_schema", "structural_tag") and _SURROGATE_ESCAPE.search(text):
+                # JSON text: its escapes ("\\udc00") decode to the strings the grammar holds
+                try:
+                    bad = next(filter(None, map(_lone_surrogate, _json_strings(json.loads(text)))), None)
+                except (ValueError, RecursionError):
+                    pass  # not JSON: the compiler names that
+            if bad is not None:
+                raise ValueError(f"sampling_params.{name} has a lone surrogate (U+{bad:04X}), half of a character, "
+                                 "which no output can contain: send whole characters")
 
     @property
     def is_greedy(self) -> bool:

@@ -339,6 +339,66 @@ def test_regex_of_5000_literal_alternatives_compiles(srv):
     assert r.json()["text"] in words
 
 
+# ---------------------------------------------------------------- lone surrogates ("\\ud800")
+# JSON's "\\ud800" escape parses to half a character, which UTF-8 cannot write: a response
+# that quoted it (an error naming the field, the rid in meta_info) failed to render, a 500; a
+# grammar holding one failed to compile with a message about the token index
+
+LONE = "\ud800"
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/generate", {"text": "hi", LONE: 1}),
+    ("/generate", {"text": "hi", "sampling_params": {LONE: 1}}),
+    ("/v1/completions", {"prompt": "hi", LONE: 1}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], LONE: 1}),
+    ("/tokenize", {"prompt": "hi", LONE: 1}),
+    ("/detokenize", {"tokens": [1], LONE: 1}),
+])
+def test_unknown_field_named_by_a_lone_surrogate_is_400(srv, path, body):
+    r = post(srv, path, body, 400)
+    assert "unknown" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/generate", {"text": "hi", "rid": "a" + LONE, "sampling_params": greedy(2)}),
+    ("/generate", {"text": "hi", "rid": "a" + LONE, "stream": True, "sampling_params": greedy(2)}),
+    ("/generate", {"text": ["hi", "yo"], "rid": ["a", "b" + LONE], "sampling_params": greedy(2)}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "rid": LONE, "max_tokens": 2}),
+])
+def test_rid_with_a_lone_surrogate_is_400(srv, path, body):
+    r = post(srv, path, body, 400)
+    assert param_of(r) == "rid" and "surrogate" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize("field,value", [
+    ("regex", "a" + LONE), ("ebnf", 'root ::= "' + LONE + '"'), ("choices", ["yes", LONE]), ("stop", [LONE]),
+    ("json_schema", {"enum": ["a" + LONE]}), ("json_schema", '{"const": "\\ud800"}'),
+    ("json_schema", {"type": "object", "properties": {LONE: {"type": "string"}}}),
+    ("structural_tag", {"structures": [{"begin": "<" + LONE, "schema": {}, "end": ">"}], "triggers": ["<"]}),
+])
+def test_grammar_or_stop_with_a_lone_surrogate_is_400_naming_it(srv, field, value):
+    r = post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(2, **{field: value})}, 400)
+    assert param_of(r) == field and "lone surrogate" in r.json()["error"]["message"], r.text
+    # a whole character written as its surrogate pair is no lone one
+    if field == "json_schema" and isinstance(value, str):
+        pair = '{"const": "\\ud83d\\ude00"}'
+        post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(2, json_schema=pair)}, 200)
+
+
+def test_logit_bias_and_renamed_fields_are_named_in_their_400(srv):
+    # "\u00b2".isdigit() is true but int() refuses it: the message was int()'s, naming no field
+    r = post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(2, logit_bias={"\u00b2": 1})}, 400)
+    assert param_of(r) == "logit_bias", r.text
+    r = post(srv, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "include_stop_str_in_output": "yes"}, 400)
+    assert param_of(r) == "include_stop_str_in_output" and "no_stop_trim" not in r.text, r.text
+    r = post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(2, json_schema=5)}, 400)
+    assert param_of(r) == "json_schema", r.text
+    info = wait_idle(srv.url)
+    assert info["protected_slots"] == 0 and info["failed_rows"] == 0
+    post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(2)}, 200)
+
+
 # ---------------------------------------------------------------- bystanders of each poison
 # (a non-finite logits row deep in a batch: test_hostile_batch.py, in the Engine)
 

@@ -270,7 +270,9 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
                            rid=rid)
     except APIError as e:  # report the OpenAI field name the client actually sent
         for ours, theirs in (("max_new_tokens", "max_completion_tokens" if "max_completion_tokens" in body
-                              else "max_tokens"), ("min_new_tokens", "min_tokens")):
+                              else "max_tokens"), ("min_new_tokens", "min_tokens"),
+                             ("no_stop_trim", "include_stop_str_in_output" if "include_stop_str_in_output" in body
+                              else "no_stop_trim")):
             e.message = e.message.replace(f"sampling_params.{ours}", theirs)
             if e.param == ours:
                 e.param = theirs

@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 _PARAM_RE = re.compile(r"sampling_params\.(\w+)|sampling_params field\(s\): (\w+)"
-                       r"|^(top_logprobs_num|logprob_start_len|input_ids|return_logprob|return_text_in_logprobs)\b")
+                       r"|^(top_logprobs_num|logprob_start_len|input_ids|return_logprob|return_text_in_logprobs"
+                       r"|json_schema|structural_tag)\b")
 
 
 class APIError(Exception):
@@ -50,7 +51,16 @@ class APIError(Exception):
 
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    return {"error": {"message": whole_chars(message), "type": type, "param": whole_chars(param), "code": code}}
+
+
+def whole_chars(text: str | None) -> str | None:
+    """`text` with each lone surrogate written as its escape (U+D800 -> "\\ud800"): a message
+    that quotes a client's string (an unknown field named "\\ud800" in its JSON) must still
+    encode as UTF-8, or rendering the 400 fails and the client gets a 500."""
+    if text is None or not isinstance(text, str):
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def unauthorized() -> APIError:

@@ -25,7 +25,7 @@ from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import (AbortReq, ControlOut, ControlReq, OutputAccum, ReqOutput,
                                        TokenizedGenerateReq, split_samples)
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
-from treadle.runtime.tokenizer import token_texts
+from treadle.runtime.tokenizer import check_text, token_texts
 from treadle.runtime.scheduler import check_context, validate_request
 from treadle.runtime.server.ipc import IpcPaths, StrOutput
 from treadle.runtime.server.metrics import ServerMetrics
@@ -334,6 +334,11 @@ class TokenizerManager:
                                        "return_text_in_logprobs")
         if rid is not None and not isinstance(rid, str):
             raise APIError.bad_request("rid must be a string", "rid")
+        if rid is not None:  # echoed in every response: one that cannot be UTF-8 failed it with a 500
+            try:
+                check_text(rid)
+            except ValueError as e:
+                raise APIError.bad_request(f"rid: {e}", "rid") from None
         r = TokenizedGenerateReq(rid=rid or uuid.uuid4().hex, input_ids=ids, sampling_params=sp,
                                  return_logprob=return_logprob,
                                  logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
