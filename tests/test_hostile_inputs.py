@@ -386,6 +386,28 @@ def test_grammar_or_stop_with_a_lone_surrogate_is_400_naming_it(srv, field, valu
         post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(2, json_schema=pair)}, 200)
 
 
+def test_tool_call_arguments_with_a_lone_surrogate_escape_are_answered(srv):
+    """A model may write "\\ud800" (valid JSON text) in a tool call's arguments: parsed and
+    written out again, the reply held half a character and failed to encode, a 500 (streamed:
+    a body cut short). Forced here by a regex beside tools (auto parses the reply as usual)."""
+    import re
+
+    from treadle.runtime.server.testing import sse_events
+
+    tools = [{"type": "function", "function": {"name": "get_w", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    out = '<tool_call>{"name": "get_w", "arguments": {"city": "\\ud800"}}</tool_call>'
+    body = {"messages": [{"role": "user", "content": "weather?"}], "tools": tools, "max_tokens": 60,
+            "temperature": 0, "regex": re.escape(out)}
+    r = post(srv, "/v1/chat/completions", body, 200)
+    call = r.json()["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "get_w" and json.loads(call["arguments"]) == {"city": LONE}
+    r = post(srv, "/v1/chat/completions", {**body, "stream": True}, 200, stream=True)
+    events = sse_events(r)
+    assert events[-1] == "[DONE]" and not any("error" in e for e in events if isinstance(e, dict)), events[-3:]
+    post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(2)}, 200)
+
+
 def test_logit_bias_and_renamed_fields_are_named_in_their_400(srv):
     # "\u00b2".isdigit() is true but int() refuses it: the message was int()'s, naming no field
     r = post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(2, logit_bias={"\u00b2": 1})}, 400)

@@ -22,8 +22,8 @@ from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.server.metrics import ServerMetrics
-from treadle.runtime.server.protocol import (APIError, add_cors, add_error_handlers, error_body, overloaded,
-                                             parse_json_object, read_body, unauthorized)
+from treadle.runtime.server.protocol import (APIError, ReplyJSON, add_cors, add_error_handlers, error_body,
+                                             overloaded, parse_json_object, read_body, unauthorized)
 from treadle.runtime.server.streaming import (ClientGone, gather_all, merge_streams, sse,
                                               stream_or_error, until_done_or_disconnect)
 from treadle.runtime.server.tokenizer_manager import TokenizerManager
@@ -371,7 +371,7 @@ def create_app(state: ServerState) -> FastAPI:
                                          _render_native(single and len(reqs) == 1,
                                                         state.args.incremental_streaming_output))
         results = await until_done_or_disconnect(request, run_native(tm, reqs, aliases))
-        return JSONResponse(results[0] if single and len(results) == 1 else results)
+        return ReplyJSON(results[0] if single and len(results) == 1 else results)
 
     from treadle.runtime.server.openai_api import register_openai_routes
 

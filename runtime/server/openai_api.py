@@ -14,12 +14,12 @@ import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS
 from treadle.runtime.server.http_server import ServerState, read_json
-from treadle.runtime.server.protocol import APIError, finish_reason, matched_stop
+from treadle.runtime.server.protocol import APIError, ReplyJSON, finish_reason, matched_stop
 from treadle.runtime.server.reasoning import ReasoningStream, model_thinks, opens_in_prompt
 from treadle.runtime.server.reasoning import split as reasoning_split
 from treadle.runtime.server.tool_calls import NAME_RE, ToolPlan, ToolStream, plan_tools
@@ -338,7 +338,7 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
            "usage": shaper.usage()}
     if shaper.json_schema_dropped is not None:  # json_schema_lenient: the keywords dropped, never silently
         out["json_schema_dropped"] = shaper.json_schema_dropped
-    return JSONResponse(out)
+    return ReplyJSON(out)
 
 
 async def _tool_errors(chunks, tools: ToolPlan):

@@ -63,6 +63,30 @@ def whole_chars(text: str | None) -> str | None:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+class ReplyJSON(JSONResponse):
+    """A JSON reply whose strings may hold a lone surrogate (a model that wrote a "\\ud800"
+    escape in a tool call's arguments, which are parsed and written out again): those
+    replies are written with every non-ASCII character escaped, as JSON allows, instead of
+    failing to encode (a 500 after the request had run)."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def json_text(obj: Any) -> str:
+    """`obj` as JSON text that encodes as UTF-8: non-ASCII characters as they are, unless a
+    lone surrogate among them forces the escaped (ASCII) form (see ReplyJSON)."""
+    text = json.dumps(obj, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(obj)
+    return text
+
+
 def unauthorized() -> APIError:
     return APIError("invalid or missing API key: send `Authorization: Bearer <key>`", 401,
                     "invalid_request_error", None, "invalid_api_key")

@@ -3,7 +3,6 @@ several request streams, and Server-Sent Events responses that abort on disconne
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -12,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from treadle.runtime.server.protocol import APIError
+from treadle.runtime.server.protocol import APIError, json_text
 
 log = logging.getLogger("treadle.server")
 
@@ -91,7 +90,7 @@ async def merge_streams(gens: list[AsyncIterator[Any]]) -> AsyncIterator[tuple[i
 
 
 def sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"data: {json_text(obj)}\n\n"
 
 
 class AbortOnDisconnectStream(StreamingResponse):
