@@ -20,18 +20,21 @@ a bf16's bits shifted to the top of an int32 are the same number in fp32. The fo
 i = 0..3 of a [R, BLOCK_N] packed tile give 8 sub-tiles; sub-tile j holds inputs 8r + j,
 so it meets x's columns k0 + 8r + j (a strided [BLOCK_M, R] load) in its own ``tl.dot``.
 
-``int4_linear`` runs one of four paths (``Int4Config.path``; ``pick_config`` picks):
-- ``tc`` (M <= 16, G a multiple of 128): the sub-tiles go into the tensor cores as they are,
-  128 + q in bf16/fp16, one 128-input block a step; the zero and the scale are folded into
-  the block's fp32 partial product afterwards: ``(part - rowsum(x) * (128 + z)) * s``. K may
+``int4_linear`` runs one of four paths (``Int4Config.path``; ``pick_config`` picks from an
+H100 sweep, benchmarks/results/quant_linear_sweep_h100.json):
+- ``gemv`` (M <= 4, a power-of-two group): fp32 FMAs on nibbles OR-ed into 2^23, K cut into
+  parts when the column blocks are too few. The fastest at one row on 3 of llama3-8b's 4
+  projections (45 us for gate_up against tc's best 49; within 2% of tc on down).
+- ``tc`` (M <= 16 past that, G a multiple of 128): the sub-tiles go into the tensor cores as
+  they are, 128 + q in bf16/fp16, one 128-input block a step; the zero and the scale are folded
+  into the block's fp32 partial product afterwards: ``(part - rowsum(x) * (128 + z)) * s``. K may
   be cut into SPLIT parts added atomically into a zeroed fp32 output.
-- ``gemm`` (middle M, and any M for groups that are not a multiple of 128): the sub-tiles are
-  dequantized in fp32 registers, ``(128 + q) * s - (128 + z) * s`` (one FMA), cast to x's
-  dtype and fed to ``tl.dot``; BLOCK_M up to 128 so each weight is dequantized once a column
-  block at M = 128.
-- ``dequant`` (prefill-sized M): ``_dequant_kernel`` writes the whole weight [K, N] in x's
-  dtype, then cuBLAS (``torch.matmul``).
-- ``gemv`` (the older M <= 4 path, kept to compare): fp32 FMAs on nibbles OR-ed into 2^23.
+- ``dequant`` (every other M): ``_dequant_kernel`` writes the whole weight [K, N] in x's
+  dtype, then cuBLAS (``torch.matmul``). At 128 rows it is 3-10x faster than either Triton
+  dot path (gate_up 209 us against 400-1,470), and at prefill sizes within a few % of bf16.
+- ``gemm`` (a config only, never the default): the sub-tiles dequantized in fp32 registers,
+  ``(128 + q) * s - (128 + z) * s`` (one FMA), cast to x's dtype and fed to ``tl.dot`` with
+  BLOCK_M up to 128. It measured 1.2-1.4 ms for a 128-row down projection on the H100.
 ``int4_linear_ref`` dequantizes the whole weight and multiplies in fp32.
 """
 from __future__ import annotations
@@ -43,13 +46,13 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["GEMV_MAX_M", "TC_MAX_M", "DEQUANT_MIN_M", "Int4Config", "pick_config", "candidate_configs",
+__all__ = ["GEMV_MAX_M", "TC_MAX_M", "Int4Config", "pick_config", "candidate_configs",
            "int4_linear", "int4_linear_ref", "dequantize", "dequantize_ref", "unpack_rows", "pack_rows",
            "unpack_cols", "pack_cols"]
 
-GEMV_MAX_M = 4  # the old GEMV's rows (a path to compare; pick_config no longer takes it)
+GEMV_MAX_M = 4  # the GEMV's rows
 TC_MAX_M = 16  # the tensor-core small-M kernel's rows (one 16-row dot tile)
-DEQUANT_MIN_M = 257  # from here on: dequantize the weight once, then cuBLAS
+_SWEEP_GEMM_MAX_M = 256  # candidate_configs offers the Triton dot paths up to here
 TC_BLOCK_K = 128  # inputs a tc / gemm step takes at least: 16 packed rows, the least K of a bf16 tl.dot
 SMS = 132  # multiprocessors of an H100 / H200
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -417,19 +420,18 @@ def _gemm_config(m: int, n: int) -> Int4Config:
 
 
 def pick_config(m: int, n: int, k: int, group_size: int) -> Int4Config:
-    """The default config of an [m, k] x [k, n] product with group_size-wide groups:
-    - m <= TC_MAX_M: "tc" (a 16-row tile, 64 columns, 4 warps, 3 stages, K split so that
-      there are about 2 programs an SM). Its fold needs each 128-input block in one group,
-      so a group size that is not a multiple of 128 (32, 64, a whole row of 96) takes the
-      "gemm" path instead, which dequantizes every sub-tile row with its own group's zero
-      and scale (gathered per packed row when a block spans groups);
-    - m < DEQUANT_MIN_M: "gemm", BLOCK_M up to 128 (8 warps) so a weight is dequantized once
-      a column block at m = 128, columns narrowed until there are a program an SM;
-    - above: "dequant" (the weight in x's dtype, then cuBLAS)."""
+    """The default config of an [m, k] x [k, n] product with group_size-wide groups (the module
+    docstring's measurements):
+    - m <= GEMV_MAX_M and a power-of-two group: "gemv", K split while the column blocks are
+      fewer than ~4 programs an SM;
+    - m <= TC_MAX_M with groups a multiple of 128: "tc" (a 16-row tile, 64 columns, 4 warps,
+      3 stages, K split so that there are about 2 programs an SM);
+    - otherwise "dequant" (the weight in x's dtype, then cuBLAS)."""
+    if m <= GEMV_MAX_M and not group_size & (group_size - 1):
+        bn = 16 if n <= 8192 else 32
+        return Int4Config("gemv", 1, bn, group_size, 4, 1, gemv_split(m, n, k, group_size, bn))
     if m <= TC_MAX_M and _tc_fits(k, group_size):
         return Int4Config("tc", 16, 64, TC_BLOCK_K, 4, 3, tc_split(m, n, k, 16, 64))
-    if m < DEQUANT_MIN_M:
-        return _gemm_config(m, n)
     return Int4Config("dequant", 0, 64, 128, 4, 1)
 
 
@@ -445,7 +447,7 @@ def candidate_configs(m: int, n: int, k: int, group_size: int) -> list[Int4Confi
         if m <= GEMV_MAX_M and not group_size & (group_size - 1):
             bn = 16 if n <= 8192 else 32
             found.append(Int4Config("gemv", 1, bn, group_size, 4, 1, gemv_split(m, n, k, group_size, bn)))
-    elif m < DEQUANT_MIN_M:
+    elif m <= _SWEEP_GEMM_MAX_M:
         base = _gemm_config(m, n)
         bm = base.block_m
         found += [base._replace(block_n=bn, warps=w, stages=st) for bn, w, st in
