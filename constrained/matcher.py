@@ -150,6 +150,11 @@ class MatcherBase:
         """Whether the mask leaves out tokens that would repeat an object's key (json_keys.py)."""
         return self._key_index is not None
 
+    @property
+    def max_rollback(self) -> int:
+        """How many of the last accepted tokens `rollback` can undo."""
+        return self._history.maxlen or 0
+
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens (requires <= the retained history)."""
         if num_tokens < 0 or num_tokens > len(self._history):

@@ -789,6 +789,8 @@ class Scheduler:
         the mask at each draft position where the request has a grammar or is still under
         min_new_tokens (the sampler verifies each position on it). Returns the draft length."""
         m, n_out = req.grammar, len(req.output_ids)
+        if m is not None:  # the matcher walks the draft and rolls it back: no longer than it can undo
+            draft = draft[: m.max_rollback]  # (a longer forced text is jumped over in the next steps)
         masks, accepted = None, len(draft)
         if draft and (m is not None or n_out < req.params.min_new_tokens):
             masks = torch.empty((len(draft) + 1, self.sampler.words), dtype=torch.int32)

@@ -519,6 +519,23 @@ def test_aborting_a_request_whose_grammar_compiles_frees_its_worker():
 # ------------------------------------------------------------------ jump-forward
 
 
+def test_forced_text_longer_than_the_matcher_history_is_jumped_in_parts(engine):
+    # a single choice of ~70 tokens: all of it is forced, more than the 64 tokens the grammar
+    # matcher can roll back. The draft used to be the whole text, its rollback raised, and the
+    # batch step failed every request in it (a 500 for the plain request beside it too)
+    tok = engine.tokenizer
+    forced = "The quick brown fox jumps over the lazy dog. " * 7
+    assert len(tok.encode(forced)) > 64
+    i0 = engine.get_server_info()
+    outs = engine.generate([_chat(tok, "Say it."), _chat(tok, "Count to three.")],
+                           [{"choices": [forced], "max_new_tokens": 400, "temperature": 0},
+                            {"max_new_tokens": 24, "temperature": 0}])
+    assert outs[0]["text"] == forced and outs[0]["meta_info"]["finish_reason"]["type"] == "stop"
+    assert outs[1]["meta_info"]["finish_reason"]["type"] in ("stop", "length") and outs[1]["text"]
+    assert engine.get_server_info()["jump_tokens"] - i0["jump_tokens"] > 0  # the forced text was jumped over
+    engine.check_integrity()
+
+
 def test_jump_forward_on_vs_off_greedy(engine, engine_nojf):
     tok = engine.tokenizer
     specs = [({"json_schema": s}, _schema_prompt(tok, s)) for s in SCHEMAS.values()]
