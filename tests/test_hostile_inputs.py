@@ -371,6 +371,16 @@ def test_rid_with_a_lone_surrogate_is_400(srv, path, body):
     assert param_of(r) == "rid" and "surrogate" in r.json()["error"]["message"], r.text
 
 
+def test_empty_rid_is_no_rid(srv):
+    # a batch's one rid names its items "<rid>-<i>"; an empty one named them "-0", "-1"
+    for body in ({"text": ["hi", "yo"], "rid": "", "sampling_params": greedy(2)},
+                 {"text": ["hi", "yo"], "rid": ["", ""], "sampling_params": greedy(2)},
+                 {"text": "hi", "rid": "", "sampling_params": greedy(2)}):
+        out = post(srv, "/generate", body, 200).json()
+        ids = [o["meta_info"]["id"] for o in (out if isinstance(out, list) else [out])]
+        assert all(i and not i.startswith("-") for i in ids) and len(set(ids)) == len(ids), ids
+
+
 @pytest.mark.parametrize("field,value", [
     ("regex", "a" + LONE), ("ebnf", 'root ::= "' + LONE + '"'), ("choices", ["yes", LONE]), ("stop", [LONE]),
     ("json_schema", {"enum": ["a" + LONE]}), ("json_schema", '{"const": "\\ud800"}'),

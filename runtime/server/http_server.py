@@ -429,8 +429,8 @@ def build_native(tm: TokenizerManager, obj: dict) -> tuple[list[TokenizedGenerat
         raise APIError.bad_request("sampling_params must be an object or a list of objects", "sampling_params")
     rid = obj.get("rid")
     if isinstance(rid, list):
-        rids = rid
-    elif rid is None:
+        rids = [r if r != "" else None for r in rid]
+    elif rid is None or rid == "":  # no name: each request gets its own (a batch's were "-0", "-1", ...)
         rids = [None] * len(prompts)
     else:  # one rid for a batch: its items are "<rid>-<i>"
         rids = [rid] if single else [f"{rid}-{i}" for i in range(len(prompts))]
