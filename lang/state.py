@@ -194,20 +194,27 @@ class ProgramState:
         return self._ex.error
 
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
-        """Yield text as it is produced (all of it, or only variable `var_name`'s) until the
-        program ends. Token-level deltas need run(..., stream=True)."""
+        """Yield text as it is produced: all of it until the program ends, or variable
+        `var_name`'s until no queued or running call will write it again (as SGLang, and so
+        the program's own body can read a variable this way). Token-level deltas need
+        run(..., stream=True)."""
         for delta, _ in self._deltas(var_name):
             yield delta
 
     def _deltas(self, var_name: str | None) -> Iterator[tuple[str, dict | None]]:
         """(text, meta_info of the gen that wrote it so far, or None) as the text is produced."""
         ex, i = self._ex, 0
+
+        def finished() -> bool:  # (under ex._cv) a set variable's last delta is in ex.deltas by then
+            if var_name is not None and var_name in ex.variables and not ex._will_set(var_name):
+                return True
+            return ex.ended and not ex._pending and not ex._busy
+
         while True:
             with ex._cv:
-                ex._cv.wait_for(lambda: i < len(ex.deltas) or ex.error is not None
-                                or (ex.ended and not ex._pending and not ex._busy))
+                ex._cv.wait_for(lambda: i < len(ex.deltas) or ex.error is not None or finished())
                 batch, i = ex.deltas[i:], len(ex.deltas)
-                done = ex.ended and not ex._pending and not ex._busy
+                done = finished()
             for var, delta, meta in batch:
                 if var_name is None or var == var_name:
                     yield delta, meta

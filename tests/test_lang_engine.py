@@ -520,6 +520,23 @@ def test_a_fork_branch_stream_ends_when_it_is_joined(backend, stream):
         assert _in_thread(lambda: "".join(branch.text_iter("x"))) == branch["x"]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_text_iter_of_a_variable_ends_with_its_gen(backend, stream):
+    """text_iter(var) waited for the whole program: called in the program's own body it never
+    returned, and outside it ended only after every later gen. It ends when the variable's gen
+    does (SGLang's tip_suggestion style reads a variable this way in the body)."""
+    @function
+    def prog(s):
+        s += "List:" + gen("x", max_tokens=6, temperature=0)
+        s["b0"] = "".join(s.text_iter("x"))
+        s += "\nMore:" + gen("y", max_tokens=40, temperature=0, ignore_eos=True)
+
+    st = _in_thread(lambda: prog.run(backend=backend, stream=stream))
+    assert _in_thread(lambda: st["b0"]) == st["x"] and st["x"]
+    st = prog.run(backend=backend, stream=stream)
+    assert _in_thread(lambda: "".join(st.text_iter("x"))) == st["x"]
+
+
 def test_run_batch_with_arguments_whose_equality_is_not_a_bool(backend):
     """An argument whose == answers elementwise (a numpy array) made run_batch raise while it
     looked for arguments equal in every run; such an argument now counts as varying."""
