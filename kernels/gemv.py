@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from treadle.kernels import pdl
+
 __all__ = ["gemv", "gemv_ref", "MAX_M", "pick_config"]
 
 MAX_M = 4
@@ -44,12 +46,35 @@ def _store_row(y_row, acc, scale, bias, rows, rmask):
 
 
 @triton.jit
+def _w_chunk(w_ptrs, k0, cols, rmask, K, EVEN: tl.constexpr):
+    # w[rows, k0 : k0 + BLOCK_K] in fp32, streamed once (evict-first)
+    if EVEN:
+        w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
+    else:
+        w = tl.load(w_ptrs + k0, mask=rmask[:, None] & (k0 + cols < K)[None, :], other=0.0,
+                    eviction_policy="evict_first")
+    return w.to(tl.float32)
+
+
+@triton.jit
+def _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M: tl.constexpr, EVEN: tl.constexpr):
+    acc0 += w * _x_chunk(x_ptr, k0, cols, K, EVEN)[None, :]
+    if M > 1:
+        acc1 += w * _x_chunk(x_ptr + stride_xm, k0, cols, K, EVEN)[None, :]
+    if M > 2:
+        acc2 += w * _x_chunk(x_ptr + 2 * stride_xm, k0, cols, K, EVEN)[None, :]
+    if M > 3:
+        acc3 += w * _x_chunk(x_ptr + 3 * stride_xm, k0, cols, K, EVEN)[None, :]
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr,
     N, K,
     stride_xm, stride_wn, stride_ym,
     M: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     # grid: (cdiv(N, BLOCK_N),); one program = BLOCK_N output features for all M tokens, one
     # fp32 partial-product tile per token (M <= 4, unrolled: the tiles live in registers).
@@ -57,30 +82,25 @@ def _gemv_kernel(
     rmask = rows < N
     cols = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + cols[None, :]
+    # the first chunk of weights (and the scales) before waiting on the kernel that writes x
+    # (kernels/pdl.py): under PDL these loads overlap that kernel's tail
+    w = _w_chunk(w_ptrs, 0, cols, rmask, K, EVEN)
+    scale = tl.full([BLOCK_N], 1.0, tl.float32)
+    if HAS_SCALE:
+        scale = tl.load(s_ptr + rows, mask=rmask, other=0.0)
+    bias = tl.zeros([BLOCK_N], tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
     acc0 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN:
-            w = tl.load(w_ptrs, eviction_policy="evict_first").to(tl.float32)
-        else:
-            w = tl.load(w_ptrs, mask=rmask[:, None] & (k0 + cols < K)[None, :], other=0.0,
-                        eviction_policy="evict_first").to(tl.float32)
-        acc0 += w * _x_chunk(x_ptr, k0, cols, K, EVEN)[None, :]
-        if M > 1:
-            acc1 += w * _x_chunk(x_ptr + stride_xm, k0, cols, K, EVEN)[None, :]
-        if M > 2:
-            acc2 += w * _x_chunk(x_ptr + 2 * stride_xm, k0, cols, K, EVEN)[None, :]
-        if M > 3:
-            acc3 += w * _x_chunk(x_ptr + 3 * stride_xm, k0, cols, K, EVEN)[None, :]
-        w_ptrs += BLOCK_K
-    bias = tl.zeros([BLOCK_N], tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
-    scale = tl.full([BLOCK_N], 1.0, tl.float32)
-    if HAS_SCALE:
-        scale = tl.load(s_ptr + rows, mask=rmask, other=0.0)
+    acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, 0, cols, K, M, EVEN)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        w = _w_chunk(w_ptrs, k0, cols, rmask, K, EVEN)
+        acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M, EVEN)
     _store_row(y_ptr, acc0, scale, bias, rows, rmask)
     if M > 1:
         _store_row(y_ptr + stride_ym, acc1, scale, bias, rows, rmask)
@@ -151,11 +171,12 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
         return y.copy_(bias.expand(m, n) if bias is not None else torch.zeros_like(y))
     block_n, block_k, warps, stages = config or pick_config(m, n, k)
     even = n % block_n == 0 and k % block_k == 0
+    use_pdl = pdl.enabled(x)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, w_scale if w_scale is not None else x, bias if bias is not None else x, y,
         n, k, x.stride(0), w.stride(0), y.stride(0),
         M=m, HAS_SCALE=w_scale is not None, HAS_BIAS=bias is not None, EVEN=even, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, num_stages=stages,
+        PDL=use_pdl, num_warps=warps, num_stages=stages, **({"launch_pdl": True} if use_pdl else {}),
     )
     return y
 
