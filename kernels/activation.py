@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from treadle.kernels import pdl
+
 __all__ = ["silu_and_mul", "silu_and_mul_ref"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -19,9 +21,11 @@ def _silu_and_mul_kernel(
     x_ptr, out_ptr,
     inter,
     stride_x, stride_out,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     # grid: (T, cdiv(I, BLOCK)); one program = one block of one token's gate/up halves.
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
@@ -53,7 +57,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(1024, triton.next_power_of_2(inter))
     grid = (num_tokens, triton.cdiv(inter, block))
-    _silu_and_mul_kernel[grid](x, out, inter, x.stride(0), out.stride(0), BLOCK=block, num_warps=4)
+    _silu_and_mul_kernel[grid](x, out, inter, x.stride(0), out.stride(0), BLOCK=block, num_warps=4, **pdl.options(x))
     return out
 
 

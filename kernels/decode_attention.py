@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from treadle.kernels import pdl
+
 from .kv_store import (
     check_attention_io, check_device, check_index, dot_operand_dtype, interpreted,
 )
@@ -78,7 +80,10 @@ def _decode_stage1_kernel(
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: write the final output (O's dtype) and skip stage 2
+    PDL: tl.constexpr,
 ):
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
     b = tl.program_id(0)
     kv_h = tl.program_id(1)
     split = tl.program_id(2)
@@ -145,7 +150,10 @@ def _decode_stage2_kernel(
     BLOCK_S: tl.constexpr,
     HEAD_DIM: tl.constexpr,  # a constexpr so the d mask folds away when HEAD_DIM == BLOCK_D
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(SeqLens + b).to(tl.int32)
@@ -291,7 +299,7 @@ def decode_attention(
         part_lse.stride(0), part_lse.stride(1),
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=bn, HEAD_DIM=head_dim, BLOCK_D=block_d,
         DOT_DTYPE=dot_dtype, PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", DIRECT=direct,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl.options(q),
     )
     if direct:
         return
@@ -302,7 +310,7 @@ def decode_attention(
         part_lse.stride(0), part_lse.stride(1),
         o.stride(0), o.stride(1),
         ALIGN=bn, BLOCK_S=triton.next_power_of_2(max_kv_splits), HEAD_DIM=head_dim, BLOCK_D=block_d,
-        num_warps=4 if on_gpu else 1,
+        num_warps=4 if on_gpu else 1, **pdl.options(q),
     )
 
 

@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from treadle.kernels import pdl
+
 __all__ = ["moe_route", "moe_route_ref", "moe_align", "pick_config", "fused_moe", "fused_moe_ref"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -47,9 +49,11 @@ def _route_kernel(
     logits_ptr, weights_ptr, ids_ptr,
     num_experts, expert_start, num_local,
     stride_l,
-    TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr,
 ):
     # grid: (T,); one program = one token: softmax over the experts, K rounds of argmax
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     mask = offs < num_experts
@@ -102,7 +106,8 @@ def moe_route(logits: torch.Tensor, top_k: int, renormalize: bool, expert_start:
     if t:
         _route_kernel[(t,)](logits, weights, ids, e, expert_start, num_local, logits.stride(0),
                             TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
-                            BLOCK_E=triton.next_power_of_2(e), RENORM=renormalize, num_warps=1 if e <= 256 else 4)
+                            BLOCK_E=triton.next_power_of_2(e), RENORM=renormalize, num_warps=1 if e <= 256 else 4,
+                            **pdl.options(logits))
     return weights, ids
 
 
@@ -227,9 +232,11 @@ def _moe_gemv_up_kernel(
     x_ptr, w13_ptr, ids_ptr, act_ptr,
     hidden: tl.constexpr, inter, num_experts,
     stride_xt, stride_we, stride_wn, stride_at,
-    TOP_K: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TOP_K: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     # grid: (T*K, cdiv(I, BLOCK_N)); act[pair, n] = silu(gate_e[n] . x[t]) * (up_e[n] . x[t]).
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
     # As kernels/gemv.py: [BLOCK_N, BLOCK_K] fp32 partial products kept in registers and
     # reduced once at the end, weights loaded once with an evict-first hint.
     pair = tl.program_id(0).to(tl.int64)
@@ -266,9 +273,11 @@ def _moe_gemv_down_kernel(
     act_ptr, w2_ptr, ids_ptr, topk_w_ptr, out_ptr,
     hidden, inter: tl.constexpr, num_experts,
     stride_at, stride_we, stride_wn, stride_ot,
-    TOP_K: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TOP_K: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     # grid: (T, cdiv(H, BLOCK_N)); out[t, n] = sum_k w[t, k] * (w2_e[n] . act[t*K + k]): the
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
     # routing weight scales the activation chunk, so one [BLOCK_N, BLOCK_K] fp32 tile
     # collects every expert's products and is reduced once; the K experts are unrolled so
     # their weight loads can be in flight together
@@ -405,19 +414,19 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         _moe_gemv_up_kernel[(t * top_k, triton.cdiv(inter, cfg["bn_up"]))](
             x, w13, topk_ids, act, h, inter, e, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
             TOP_K=top_k, EVEN=h % cfg["bk_up"] == 0, BLOCK_N=cfg["bn_up"], BLOCK_K=cfg["bk_up"],
-            num_warps=cfg.get("warps_up", cfg["warps"]))
+            num_warps=cfg.get("warps_up", cfg["warps"]), **pdl.options(x))
         if cfg.get("split_down"):  # each pair on its own programs: K partial rows, summed after
             part = torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
             _moe_gemv_down_kernel[(t * top_k, triton.cdiv(h, cfg["bn_down"]))](
                 act, w2, topk_ids, topk_weights, part, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
                 part.stride(0), TOP_K=1, EVEN=inter % cfg["bk_down"] == 0, BLOCK_N=cfg["bn_down"],
-                BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"])
+                BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"], **pdl.options(x))
             torch.sum(part.view(t, top_k, h), dim=1, out=out)
             return out
         _moe_gemv_down_kernel[(t, triton.cdiv(h, cfg["bn_down"]))](
             act, w2, topk_ids, topk_weights, out, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
             out.stride(0), TOP_K=top_k, EVEN=inter % cfg["bk_down"] == 0, BLOCK_N=cfg["bn_down"],
-            BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"])
+            BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"], **pdl.options(x))
         return out
     pairs = t * top_k
     bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]

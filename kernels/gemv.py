@@ -171,12 +171,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
         return y.copy_(bias.expand(m, n) if bias is not None else torch.zeros_like(y))
     block_n, block_k, warps, stages = config or pick_config(m, n, k)
     even = n % block_n == 0 and k % block_k == 0
-    use_pdl = pdl.enabled(x)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, w_scale if w_scale is not None else x, bias if bias is not None else x, y,
         n, k, x.stride(0), w.stride(0), y.stride(0),
         M=m, HAS_SCALE=w_scale is not None, HAS_BIAS=bias is not None, EVEN=even, BLOCK_N=block_n, BLOCK_K=block_k,
-        PDL=use_pdl, num_warps=warps, num_stages=stages, **({"launch_pdl": True} if use_pdl else {}),
+        num_warps=warps, num_stages=stages, **pdl.options(x),
     )
     return y
 

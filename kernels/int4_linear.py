@@ -46,6 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
+from treadle.kernels import pdl
+
 __all__ = ["GEMV_MAX_M", "TC_MAX_M", "Int4Config", "pick_config", "candidate_configs",
            "int4_linear", "int4_linear_ref", "dequantize", "dequantize_ref", "unpack_rows", "pack_rows",
            "unpack_cols", "pack_cols"]
@@ -298,7 +300,7 @@ def _int4_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr,
     N, K,
     stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
-    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
 ):
     # grid: (M, cdiv(N, BLOCK_N), SPLIT); one program = BLOCK_N outputs of one row of x over
     # 1/SPLIT of K (the rows of a column block are neighbours in launch order, so a second row
@@ -308,6 +310,8 @@ def _int4_gemv_kernel(
     # OR-ing it into 2^23's mantissa, and subtracting 2^23 + zero gives (q - zero) exactly: no
     # int-to-float conversion, whose rate is a quarter of an FMA's. The group's scale
     # multiplies its column sums once.
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
     m = tl.program_id(0).to(tl.int64)
     ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = ns < N
@@ -503,7 +507,7 @@ def _run_gemv(x, qweight, scales, qzeros, group_size, bias, y, cfg):
         x, qweight, scales, qzeros, bias if bias is not None else scales, out, n, k,
         x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), out.stride(0),
         GROUP=group_size, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
-        num_warps=cfg.warps, num_stages=cfg.stages)
+        num_warps=cfg.warps, num_stages=cfg.stages, **pdl.options(x))
     return out
 
 

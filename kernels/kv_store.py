@@ -17,6 +17,8 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
+from treadle.kernels import pdl
+
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_KV_DTYPE = torch.float8_e5m2  # the one fp8 KV cache format (scale-free)
 KV_POOL_DTYPES = _FLOAT_DTYPES + (FP8_KV_DTYPE,)
@@ -31,8 +33,10 @@ def _store_kv_kernel(
     # strides (elements)
     stride_buf_s, stride_k_t, stride_v_t,
     # meta
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
     t = tl.program_id(0)
     slot = tl.load(Slots + t).to(tl.int64)
     dst_k = KBuf + slot * stride_buf_s
@@ -192,7 +196,7 @@ def store_kv(
         row_size,
         k_buffer.stride(0), k.stride(0), v.stride(0),
         BLOCK=block,
-        num_warps=4 if block >= 1024 else 1,
+        num_warps=4 if block >= 1024 else 1, **pdl.options(k),
     )
 
 

@@ -15,13 +15,16 @@ weights) and only then waits:
     tl.store(...)           # only after the wait: the previous kernel may still read it
 
 A kernel launched with ``launch_pdl=True`` must call ``wait`` before it reads anything an
-earlier kernel writes and before it writes anything. ``launch_dependents`` lets the next
+earlier kernel writes and before it writes anything, and every one of its programs must call
+it, even one with nothing to do: the next kernel's ``wait`` waits only for this kernel, so
+this kernel must not finish before the one before it. ``launch_dependents`` lets the next
 kernel launch before this one's blocks have exited (each block calls it once). Both are
 no-ops in a kernel launched without PDL, so a kernel can always carry them.
 
 ``enabled(t)`` says whether launches for tensor ``t`` use PDL: a CUDA device of compute
 capability 9.0 or later, a Triton that has the intrinsics, not the interpreter, and
-``TREADLE_PDL`` not set to 0.
+``TREADLE_PDL`` not set to 0. ``options(t)`` is the launch's keyword arguments:
+``kernel[grid](..., **pdl.options(x))`` for a kernel with a ``PDL: tl.constexpr`` parameter.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ try:  # Triton >= 3.4
 except ImportError:  # pragma: no cover - older Triton: PDL stays off
     HAVE_GDC = False
 
-__all__ = ["enabled", "wait", "launch_dependents", "HAVE_GDC"]
+__all__ = ["enabled", "options", "wait", "launch_dependents", "HAVE_GDC"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,6 +57,11 @@ def enabled(t: torch.Tensor) -> bool:
     if os.environ.get("TREADLE_PDL", "1") == "0":
         return False
     return _device_ok(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+def options(t: torch.Tensor) -> dict:
+    """The ``PDL`` constexpr and, where enabled, Triton's ``launch_pdl`` launch option."""
+    return {"PDL": True, "launch_pdl": True} if enabled(t) else {"PDL": False}
 
 
 @triton.jit

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from treadle.kernels import pdl
+
 __all__ = ["rmsnorm", "fused_add_rmsnorm", "rmsnorm_ref", "fused_add_rmsnorm_ref"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -24,12 +26,15 @@ def _rmsnorm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr,
     hidden, eps,
     stride_x, stride_res, stride_out,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     # grid: (T,); one program normalises one row of H <= BLOCK elements held in registers.
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # a weight: before the wait (kernels/pdl.py)
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + offs, mask=mask, other=0.0)
@@ -38,7 +43,6 @@ def _rmsnorm_kernel(
         tl.store(res_ptr + row * stride_res + offs, x, mask=mask)
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / hidden + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     y = (xf * rstd).to(out_ptr.dtype.element_ty).to(tl.float32) * w
     tl.store(out_ptr + row * stride_out + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -79,7 +83,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         x, res, weight, out,
         hidden, float(eps),
         x.stride(0), res.stride(0), out.stride(0),
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=warps,
+        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=warps, **pdl.options(x),
     )
 
 

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from treadle.kernels import pdl
+
 __all__ = ["apply_rope", "apply_rope_ref", "build_cos_sin_cache"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -69,9 +71,11 @@ def _rope_kernel(
     q_ptr, k_ptr, pos_ptr, cache_ptr, qw_ptr, kw_ptr, eps,
     num_q_heads, num_k_heads,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, NORM: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr,
 ):
     # grid: (T,); one program (normalises and) rotates every q and k head of one token.
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + token)
     d = tl.arange(0, HALF)
@@ -142,7 +146,7 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_si
         q, k, positions, cos_sin_cache, qw, kw, float(eps),
         Hq, k.shape[1],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-        HALF=half, BLOCK_H=block_h, NORM=qk_norm is not None, num_warps=4,
+        HALF=half, BLOCK_H=block_h, NORM=qk_norm is not None, num_warps=4, **pdl.options(q),
     )
 
 
