@@ -30,6 +30,10 @@ class ChoiceScores(NamedTuple):
     token_logprobs: list[list[float]]
     meta: dict[str, Any]
     token_ids: list[list[int]]  # the tokens scored, as they follow the text
+    # per choice, SGLang's (logprob, token id, token text) entries of those tokens, and the
+    # (empty) output_token_logprobs of each choice's request
+    entries: list[list[Any]] | None = None
+    outputs: list[list[Any]] | None = None
 
 
 class Backend(ABC):
@@ -74,8 +78,8 @@ class Backend(ABC):
     @abstractmethod
     def prompt_logprobs(self, seqs: list[list[int]], start: int) -> list[dict]:
         """Prefill each token sequence (max_new_tokens=0) in one batched request; returns each
-        one's meta_info, whose input_token_logprobs cover positions start.. of its sequence.
-        With start = 0 only the prefill is wanted (the sequence is cached for what follows)."""
+        one's meta_info, whose input_token_logprobs (with token texts) cover positions start..
+        of its sequence. With start = 0 only the prefill is wanted (the sequence is cached for what follows)."""
 
     def choice_logprobs(self, text: str, choices: list[str]) -> ChoiceScores:
         """Per choice, the logprobs of the tokens that spell it after `text`: tokenize the
@@ -97,25 +101,31 @@ class Backend(ABC):
             self.prompt_logprobs([prefix_ids], 0)
         first = min(starts)
         metas = self.prompt_logprobs(fulls, first)
-        logprobs = [[float(lp) for lp, _, _ in m["input_token_logprobs"][start - first:]]  # aligned with ids[first:]
-                    for m, start in zip(metas, starts)]
-        return ChoiceScores(logprobs, {"prompt_tokens": sum(m["prompt_tokens"] for m in metas),
-                                       "cached_tokens": sum(m.get("cached_tokens", 0) for m in metas),
-                                       "completion_tokens": 0, "finish_reason": None},
-                            [full[start:] for full, start in zip(fulls, starts)])
+        entries = [_entries(m["input_token_logprobs"][start - first:])  # aligned with ids[first:]
+                   for m, start in zip(metas, starts)]
+        return ChoiceScores([[lp for lp, _, _ in es] for es in entries],
+                            {"prompt_tokens": sum(m["prompt_tokens"] for m in metas),
+                             "cached_tokens": sum(m.get("cached_tokens", 0) for m in metas),
+                             "completion_tokens": 0, "finish_reason": None},
+                            [full[start:] for full, start in zip(fulls, starts)],
+                            entries, [_entries(m.get("output_token_logprobs") or []) for m in metas])
 
-    def unconditional_logprobs(self, token_ids: list[list[int]]) -> list[list[float]]:
+    def unconditional_logprobs(self, token_ids: list[list[int]]) -> list[list[list]]:
         """Each choice's tokens scored with nothing before them but the context token (BOS,
-        else EOS): how likely the model finds the choice anywhere."""
+        else EOS): how likely the model finds the choice anywhere. Per choice, SGLang's
+        [logprob, token id, token text] entries."""
         ctx = self.context_token()
         if ctx is None:
             raise ValueError("unconditional_likelihood_normalized needs a BOS or EOS token to score a choice "
                              "on its own, and this tokenizer has neither")
         metas = self.prompt_logprobs([[ctx] + ids for ids in token_ids], 1)
-        return [[float(lp) for lp, _, _ in m["input_token_logprobs"]] for m in metas]
+        return [_entries(m["input_token_logprobs"]) for m in metas]
 
     def get_server_info(self) -> dict:
-        """Cache statistics of the runtime (prompt/cached token counters, ...)."""
+        """As SGLang's: the runtime's arguments at the top level (`model_path` the model it
+        loaded, `tp_size`, `max_total_tokens`, ...) and `version`, beside treadle's cache and
+        scheduler counters (prompt/cached tokens, hit rate, free slots, ...) and, under
+        "engine_args", the arguments as given."""
         raise NotImplementedError(f"{type(self).__name__} does not report server info")
 
     def flush_cache(self) -> bool:
@@ -130,13 +140,23 @@ class Backend(ABC):
         if method not in CHOICE_METHODS:
             raise ValueError(f"unknown choices_method {method!r}; use one of {', '.join(CHOICE_METHODS)}")
         scores = self.choice_logprobs(text, choices)
-        meta = dict(scores.meta)
+        lps = scores.token_logprobs
+        # SGLang's keys first: per choice, the mean logprob of its tokens, its tokens'
+        # [logprob, id, text] entries, and what its scoring request generated (nothing)
+        meta = {"normalized_prompt_logprobs": [sum(lp) / max(len(lp), 1) for lp in lps],
+                "input_token_logprobs": scores.entries, "output_token_logprobs": scores.outputs,
+                **scores.meta}
         uncond = None
         if method == "unconditional_likelihood_normalized":
-            meta["unconditional_token_logprobs"] = uncond = self.unconditional_logprobs(scores.token_ids)
-        best, values = pick_choice(scores.token_logprobs, method, uncond)
-        meta.update({"choices": list(choices), "scores": values, "method": method,
-                     "token_logprobs": scores.token_logprobs})
+            meta["unconditional_token_logprobs"] = entries = self.unconditional_logprobs(scores.token_ids)
+            uncond = [[lp for lp, _, _ in es] for es in entries]
+        best, values = pick_choice(lps, method, uncond)
+        if method == "unconditional_likelihood_normalized":
+            meta["normalized_unconditional_prompt_logprobs"] = values
+        elif method == "greedy_token":
+            width = max(len(lp) for lp in lps)
+            meta["greedy_logprob_matrix"] = [lp + [sum(lp) / len(lp)] * (width - len(lp)) for lp in lps]
+        meta.update({"choices": list(choices), "scores": values, "method": method, "token_logprobs": lps})
         return choices[best], meta
 
 
@@ -168,6 +188,32 @@ def pick_choice(token_logprobs: list[list[float]], method: str,
     else:
         raise ValueError(f"unknown choices_method {method!r}; use one of {', '.join(CHOICE_METHODS)}")
     return max(range(len(values)), key=lambda i: values[i]), values
+
+
+def sglang_server_info(info: dict, model_path: str | None, version: str | None) -> dict:
+    """`info` (a /get_server_info, or an Engine's) with SGLang's top-level keys added: each
+    engine argument not already there, `model_path` the model loaded (the argument is None
+    for the embedded model) and `version`. Keys the runtime already reports win."""
+    out = {**(info.get("engine_args") or {}), **info}
+    if model_path:
+        out["model_path"] = model_path
+    out.setdefault("version", version or package_version())
+    return out
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("treadle")
+    except PackageNotFoundError:  # run from a checkout without installing
+        return "unknown"
+
+
+def _entries(logprobs: list) -> list[list]:
+    """A runtime's (logprob, token id, text) logprob triples as SGLang's select meta has them:
+    [float logprob, int id, text] lists (the same over HTTP, where JSON makes them lists)."""
+    return [[float(lp), int(tid), text] for lp, tid, text in logprobs]
 
 
 def choice_start(prefix_ids: list[int], full_ids: list[int]) -> int:

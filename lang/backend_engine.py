@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from treadle.lang.backend import Backend
+from treadle.lang.backend import Backend, sglang_server_info
 from treadle.lang.chat_template import ChatTemplate
 
 _ZERO = {"max_new_tokens": 0}
@@ -53,11 +53,13 @@ class EngineBackend(Backend):
 
     def prompt_logprobs(self, seqs: list[list[int]], start: int) -> list[dict]:
         outs = self.engine.generate(input_ids=seqs, sampling_params=[dict(_ZERO) for _ in seqs],
-                                    return_logprob=start > 0, logprob_start_len=start if start > 0 else None)
+                                    return_logprob=start > 0, logprob_start_len=start if start > 0 else None,
+                                    return_text_in_logprobs=start > 0)
         return [o["meta_info"] for o in outs]
 
     def get_server_info(self) -> dict:
-        return self.engine.get_server_info()
+        source = getattr(getattr(self.engine, "runner", None), "source", None)  # the model it loaded
+        return sglang_server_info(self.engine.get_server_info(), getattr(source, "path", None), None)
 
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()

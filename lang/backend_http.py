@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import requests
 
-from treadle.lang.backend import Backend
+from treadle.lang.backend import Backend, sglang_server_info
 from treadle.lang.chat_template import ChatTemplate, jinja_renderer
 
 _ZERO = {"max_new_tokens": 0}
@@ -114,11 +114,17 @@ class RuntimeEndpoint(Backend):
     def prompt_logprobs(self, seqs: list[list[int]], start: int) -> list[dict]:
         payload: dict[str, Any] = {"input_ids": seqs, "sampling_params": [dict(_ZERO) for _ in seqs]}
         if start > 0:
-            payload.update(return_logprob=True, logprob_start_len=start)
+            payload.update(return_logprob=True, logprob_start_len=start, return_text_in_logprobs=True)
         return [o["meta_info"] for o in self._generate(payload).json()]
 
     def get_server_info(self) -> dict:
-        return self._get("/get_server_info")
+        info = self._get("/get_server_info")
+        if "version" not in info:  # the server's own version, where it has /version (a router has not)
+            try:
+                info["version"] = self._get("/version")["version"]
+            except (ValueError, RuntimeError, KeyError, TypeError):
+                pass
+        return sglang_server_info(info, self.model_info.get("model_path"), None)
 
     def flush_cache(self) -> bool:
         self._request("POST", "/flush_cache")

@@ -289,7 +289,8 @@ def test_unconditional_likelihood_normalized(backend, engine):
         ids = engine.encode("The capital of France is" + choice)[-len(cond):]
         alone = engine.generate(input_ids=[ctx] + ids, sampling_params={"max_new_tokens": 0}, return_logprob=True,
                                 logprob_start_len=1)["meta_info"]["input_token_logprobs"]
-        assert [t for _, t, _ in alone] == ids
+        assert [t for _, t, _ in alone] == ids == [t for _, t, _ in uncond]
+        uncond = [lp for lp, _, _ in uncond]  # SGLang's [logprob, token id, text] entries
         assert uncond == pytest.approx([lp for lp, _, _ in alone], abs=1e-3)
         assert score == pytest.approx(sum(c - u for c, u in zip(cond, uncond)) / len(cond), abs=1e-6)
 

@@ -1,0 +1,107 @@
+"""SGLang programs as SGLang's docs and examples write them (`import treadle.lang as sgl`, nothing
+else changed), run in process (`sgl.Engine`) and over HTTP (a server this module starts with
+`sgl.Runtime`): the keys they read from meta info and server info, and their streaming."""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+import treadle.lang as sgl
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = sgl.Engine(max_total_tokens=8192)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    rt = sgl.Runtime(port=_free_port(), max_total_tokens=8192)
+    yield rt
+    rt.shutdown()
+
+
+@pytest.fixture(scope="module", params=["engine", "http"])
+def backend(request):
+    be = request.getfixturevalue(request.param if request.param == "engine" else "runtime")
+    sgl.set_default_backend(be)
+    yield be
+    sgl.global_config.default_backend = None
+
+
+# SGLang's examples/frontend_language/usage/choices_logprob.py, unchanged but for the import
+@sgl.function
+def tool_use(s, question):
+    s += "To answer this question: " + question + ", "
+    s += "I need to use a " + sgl.gen("tool", choices=["calculator", "search engine"])
+
+
+def _check_choice_entries(entries, choices):
+    """SGLang's input_token_logprobs of a select: per choice, (logprob, token id, token text)
+    for the tokens that spell the choice."""
+    assert isinstance(entries, list) and len(entries) == len(choices)
+    for choice, toks in zip(choices, entries):
+        assert toks and all(len(t) == 3 for t in toks)
+        assert all(isinstance(lp, float) and lp <= 0 and isinstance(tid, int) for lp, tid, _ in toks)
+        assert "".join(text for _, _, text in toks).endswith(choice)
+
+
+def test_choices_logprob_example_reads_sglang_keys(backend):
+    state = tool_use.run("What is 5 + 5?")
+    meta = state.get_meta_info("tool")
+    choices = ["calculator", "search engine"]
+    _check_choice_entries(meta["input_token_logprobs"], choices)
+    means = [sum(lp for lp, _, _ in toks) / len(toks) for toks in meta["input_token_logprobs"]]
+    assert meta["normalized_prompt_logprobs"] == pytest.approx(means)
+    assert state["tool"] == choices[max(range(2), key=lambda i: means[i])]
+    assert meta["output_token_logprobs"] == [[], []]  # nothing is generated after a choice
+    assert meta["scores"] == pytest.approx(meta["normalized_prompt_logprobs"])  # treadle's keys stay
+    assert meta["token_logprobs"] == [[lp for lp, _, _ in toks] for toks in meta["input_token_logprobs"]]
+
+    states = tool_use.run_batch([{"question": q} for q in ["What is 5 + 6?", "Who is Michael Jordan?"]])
+    for st in states:
+        _check_choice_entries(st.get_meta_info("tool")["input_token_logprobs"], choices)
+
+
+def test_select_meta_of_the_other_choices_methods(backend):
+    """SGLang's greedy method adds greedy_logprob_matrix; the unconditional one adds
+    unconditional_token_logprobs (per choice, entries as input_token_logprobs) and
+    normalized_unconditional_prompt_logprobs (the score it picks by)."""
+    @sgl.function
+    def sky(s):
+        s += "The sky is" + sgl.select("g", [" blue", " green tea"], choices_method=sgl.greedy_token_selection)
+        s += ". The grass is" + sgl.select("u", [" green", " blue"],
+                                           choices_method=sgl.unconditional_likelihood_normalized)
+
+    state = sky.run()
+    g = state.get_meta_info("g")
+    _check_choice_entries(g["input_token_logprobs"], [" blue", " green tea"])
+    lps = [[lp for lp, _, _ in toks] for toks in g["input_token_logprobs"]]
+    width = max(map(len, lps))
+    want = [row + [sum(row) / len(row)] * (width - len(row)) for row in lps]
+    assert [pytest.approx(row) for row in want] == g["greedy_logprob_matrix"]
+    u = state.get_meta_info("u")
+    _check_choice_entries(u["input_token_logprobs"], [" green", " blue"])
+    _check_choice_entries(u["unconditional_token_logprobs"], [" green", " blue"])
+    gains = [sum(c - a for (c, _, _), (a, _, _) in zip(cond, alone)) / len(cond)
+             for cond, alone in zip(u["input_token_logprobs"], u["unconditional_token_logprobs"])]
+    assert u["normalized_unconditional_prompt_logprobs"] == pytest.approx(gains)
+    assert state["u"] == [" green", " blue"][max(range(2), key=lambda i: gains[i])]
+
+
+def test_server_info_has_sglang_top_level_keys(backend):
+    info = sgl.get_server_info()
+    assert isinstance(info["version"], str) and info["version"]
+    assert isinstance(info["model_path"], str) and os.path.exists(info["model_path"])  # the resolved model file
+    assert info["max_total_tokens"] == 8192
+    assert "prompt_tokens" in info and "cache_hit_rate" in info  # treadle's counters stay
