@@ -5,6 +5,9 @@ difference is pure decode steps, under torch.profiler; prints the top kernels by
 time per decode step and the GPU-busy fraction of the step's wall time.
 
     python benchmarks/profile_decode.py --batch-sizes 1,128 [--no-cuda-graph] [--overlap-schedule off] [--tp-size 2]
+        [--quantization fp8] [--prefill]
+
+--prefill also prints the top kernels of the prefill (the one-token run: prefill + one step).
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ def main() -> None:
     p.add_argument("--overlap-schedule", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--tp-size", type=int, default=1, help="tensor parallel ranks (rank 0, this process, is profiled)")
     p.add_argument("--top", type=int, default=18)
+    p.add_argument("--quantization", default=None, choices=["fp8", "awq", "gptq"], help="serve the model quantized")
+    p.add_argument("--prefill", action="store_true", help="also print the prefill's top kernels")
     p.add_argument("--host-profile", action="store_true", help="also cProfile the scheduler's step() (host time)")
     p.add_argument("--gaps", action="store_true",
                    help="also list where the GPU sits idle between kernels, with the host calls made meanwhile")
@@ -38,7 +43,7 @@ def main() -> None:
     engine = Engine(model_path=args.model, dtype="bfloat16", device="cuda", max_total_tokens=max(sizes) * seq + 2 * seq,
                     max_running_requests=max(sizes), context_length=seq + 16, cuda_graph=args.cuda_graph,
                     overlap_schedule=args.overlap_schedule, chunked_prefill_size=16384, max_prefill_tokens=65536,
-                    tp_size=args.tp_size)
+                    tp_size=args.tp_size, quantization=args.quantization or "auto")
     vocab = engine.runner.config.vocab_size
     g = torch.Generator().manual_seed(0)
     for bs in sizes:
@@ -60,6 +65,12 @@ def main() -> None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             run(1)
         short = {e.key: e.device_time_total for e in prof.key_averages()}
+        if args.prefill:
+            total = sum(short.values())
+            print(json.dumps({"bs": bs, "prefill_tokens": bs * args.input_len, "prefill_wall_ms": round(t_short * 1e3, 1),
+                              "prefill_gpu_kernel_ms": round(total / 1e3, 1)}), flush=True)
+            for k, t in sorted(short.items(), key=lambda kv: -kv[1])[: args.top]:
+                print(f"   {t / 1e3:9.2f} ms prefill  {100 * t / total:5.1f}%  {k[:110]}")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             run(args.steps + 1)
         rows = []
