@@ -197,7 +197,11 @@ class ProgramState:
         """Yield text as it is produced: all of it until the program ends, or variable
         `var_name`'s until no queued or running call will write it again (as SGLang, and so
         the program's own body can read a variable this way). Token-level deltas need
-        run(..., stream=True)."""
+        run(..., stream=True): with it, `var_name`'s are those of every gen that writes it;
+        without it, as SGLang, `var_name` yields its value once, what `s[var_name]` reads."""
+        if var_name is not None and not self._ex.stream:
+            yield self[var_name]
+            return
         for delta, _ in self._deltas(var_name):
             yield delta
 
@@ -226,6 +230,10 @@ class ProgramState:
     async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False):
         """Async form of `text_iter` (the blocking waits run in a worker thread). With
         `return_meta_data`, yields (text, meta_info so far of the gen that wrote it), as SGLang."""
+        if var_name is not None and not self._ex.stream:  # its value once, as text_iter
+            value = await asyncio.to_thread(self.__getitem__, var_name)
+            yield (value, self._ex.meta.get(var_name)) if return_meta_data else value
+            return
         it = self._deltas(var_name)
         end = object()
         while True:

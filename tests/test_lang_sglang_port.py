@@ -3,6 +3,7 @@ else changed), run in process (`sgl.Engine`) and over HTTP (a server this module
 `sgl.Runtime`): the keys they read from meta info and server info, and their streaming."""
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 
@@ -105,3 +106,34 @@ def test_server_info_has_sglang_top_level_keys(backend):
     assert isinstance(info["model_path"], str) and os.path.exists(info["model_path"])  # the resolved model file
     assert info["max_total_tokens"] == 8192
     assert "prompt_tokens" in info and "cache_hit_rate" in info  # treadle's counters stay
+
+
+@sgl.function
+def numbered(s):
+    for i in range(3):
+        s += f"\nItem {i + 1}:" + sgl.gen("item", max_tokens=4, stop="\n")
+    with s.var_scope("all"):
+        s += " done"
+    s["note"] = "set by the program"
+
+
+def test_text_iter_of_a_name_written_again(backend):
+    """Without stream=True SGLang's text_iter(var) yields the variable's value once (what
+    s[var] reads: the last gen's); it yielded every gen's value, and nothing for a var_scope
+    or s[var] = value variable. With stream=True treadle yields the deltas of every gen of the
+    name, in order (SGLang's keeps one offset across the gens: see the porting doc)."""
+    state = numbered.run(temperature=0)
+    items = [line.split(":", 1)[1] for line in state.text().split("\n")[1:]]
+    assert items[-1].endswith(" done") and items[-1][:-len(" done")] == state["item"]
+    assert list(state.text_iter("item")) == [state["item"]]
+    assert list(state.text_iter("all")) == [" done"] and list(state.text_iter("note")) == ["set by the program"]
+
+    async def collect(st, name):
+        return [x async for x in st.text_async_iter(name, return_meta_data=True)]
+
+    (value, meta), = asyncio.run(collect(state, "item"))
+    assert value == state["item"] and meta == state.get_meta_info("item")
+
+    streamed = numbered.run(temperature=0, stream=True)
+    assert "".join(streamed.text_iter("item")) == "".join(items[:2]) + streamed["item"]
+    assert "".join(text for text, _ in asyncio.run(collect(streamed, "item"))) == "".join(items[:2]) + streamed["item"]
