@@ -13,11 +13,18 @@ Three ops, each with a pure-torch ``*_ref`` of the same signature:
   byte an element, each output times its row's scale. cuBLAS's FP8 matmul is no faster than
   bf16 at these sizes (145 vs 139 us for M = 1 on the H200, issue #34), and quantizing x
   would cost a launch a linear, so decode takes this one.
-- ``fp8_linear``: ``fp8_gemv`` for M <= GEMV_MAX_M rows, else quantize x and
-  ``torch._scaled_mm`` with row-wise scales (cuBLAS FP8 tensor cores: 2,860 vs 5,080 us
-  against bf16 at M = 8192). ``fp8_linear_ref`` does the same in fp32 torch
-  (``fp8_gemv_ref`` / ``scaled_mm_ref``). ``Fp8Config`` names a launch (the GEMV's tile, or
-  _scaled_mm) for benchmarks/bench_quant_linear.py --sweep.
+- ``fp8_mm``: W8A8 for a decode batch (up to MM_MAX_M rows), x quantized per token, e4m3
+  ``tl.dot`` over K cut into SPLIT parts, each part's fp32 tile written to a workspace and the
+  parts added by a second launch that also adds the bias and rounds. cuBLAS's FP8 matmul at
+  128 rows gives a [128, N] output only N / 128 tiles, 32 for llama3-8b's o and down
+  projections on a 132-SM GPU: it streamed those weights at 33% and 42% of the copy
+  bandwidth on an H100 (benchmarks/results/quant_linear_sweep_h100.json). Splitting K puts
+  every SM to work. The split is deterministic (no atomics).
+- ``fp8_linear``: ``fp8_gemv`` for M <= GEMV_MAX_M rows, ``fp8_mm`` up to MM_MAX_M, else
+  quantize x and ``torch._scaled_mm`` with row-wise scales (cuBLAS FP8 tensor cores: 2,860
+  vs 5,080 us against bf16 at M = 8192). ``fp8_linear_ref`` does the same in fp32 torch
+  (``fp8_gemv_ref`` / ``scaled_mm_ref``). ``Fp8Config`` names a launch (the GEMV's tile,
+  fp8_mm's tile and split, or _scaled_mm) for benchmarks/bench_quant_linear.py --sweep.
 
 A W8A8 Triton kernel for up to 16 rows (x quantized per token inside it, e4m3 ``tl.dot``) was
 tried and removed: on an H100 it streamed the weights at 27-79% of the copy bandwidth against
@@ -33,16 +40,19 @@ import torch
 import triton
 import triton.language as tl
 
+from treadle.kernels import pdl
+
 from treadle.kernels.gemv import MAX_M as GEMV_MAX, gemv, gemv_ref
 from treadle.kernels.gemv import pick_config as gemv_pick_config
 
-__all__ = ["FP8_MAX", "FP8_DTYPE", "GEMV_MAX_M", "Fp8Config", "pick_config", "candidate_configs", "per_token_quant",
+__all__ = ["FP8_MAX", "FP8_DTYPE", "GEMV_MAX_M", "MM_MAX_M", "Fp8Config", "fp8_mm", "pick_config", "candidate_configs", "per_token_quant",
            "per_token_quant_ref",
            "fp8_gemv", "fp8_gemv_ref", "scaled_mm_ref", "fp8_linear", "fp8_linear_ref", "quantize_weight_ref"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn
 GEMV_MAX_M = 1  # (kernels/gemv.py takes up to 4 rows; at 4, 222 us against _scaled_mm's ~130 on the H200)
+MM_MAX_M = 256  # fp8_mm by default up to here (a decode batch); _scaled_mm above
 _MIN_SCALE = 1e-12  # an all-zero row gets this scale (its values quantize to 0)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -187,21 +197,134 @@ def scaled_mm_ref(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_sc
     return y.to(out_dtype)
 
 
+# ------------------------------------------------------------------------- split-K W8A8
+
+@triton.jit
+def _fp8_mm_kernel(
+    xq_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr,
+    M, N, K, k_per,
+    stride_xm, stride_wn, stride_ps, stride_pm,
+    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    # grid: (cdiv(N, BLOCK_N), SPLIT, cdiv(M, BLOCK_M)); one program = a [BLOCK_M, BLOCK_N] tile
+    # of the product over K's part [split * k_per, (split + 1) * k_per), scaled, into part[split]
+    ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(1)
+    ms = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    ks = tl.arange(0, BLOCK_K)
+    nmask = ns < N
+    mmask = ms < M
+    k_lo = split * k_per
+    k_hi = tl.minimum(k_lo + k_per, K)
+    ws = tl.load(ws_ptr + ns, mask=nmask, other=0.0)
+    pdl.wait(PDL)  # (kernels/pdl.py)
+    pdl.launch_dependents(PDL)
+    x_ptrs = xq_ptr + ms.to(tl.int64)[:, None] * stride_xm + (k_lo + ks)[None, :]
+    w_ptrs = w_ptr + ns.to(tl.int64)[:, None] * stride_wn + (k_lo + ks)[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kmask = (k0 + ks < k_hi)[None, :]
+        x = tl.load(x_ptrs, mask=mmask[:, None] & kmask, other=0.0)
+        w = tl.load(w_ptrs, mask=nmask[:, None] & kmask, other=0.0, eviction_policy="evict_first")
+        if IEEE:  # the interpreter has no fp8 dot: exact in fp32 (e4m3 products fit its mantissa)
+            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    xs = tl.load(xs_ptr + ms, mask=mmask, other=0.0)
+    tl.store(part_ptr + split * stride_ps + ms.to(tl.int64)[:, None] * stride_pm + ns[None, :],
+             acc * xs[:, None] * ws[None, :], mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _sum_parts_kernel(
+    part_ptr, b_ptr, y_ptr,
+    N, stride_ps, stride_pm, stride_ym,
+    SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+):
+    # grid: (M, cdiv(N, BLOCK)); y[m, n] = sum_s part[s, m, n] (+ bias[n]), in y's dtype
+    m = tl.program_id(0).to(tl.int64)
+    ns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    nmask = ns < N
+    acc = tl.zeros([BLOCK], tl.float32)
+    if HAS_BIAS:
+        acc = tl.load(b_ptr + ns, mask=nmask, other=0.0).to(tl.float32)
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(part_ptr + s * stride_ps + m * stride_pm + ns, mask=nmask, other=0.0)
+    tl.store(y_ptr + m * stride_ym + ns, acc.to(y_ptr.dtype.element_ty), mask=nmask)
+
+
+def mm_split(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int) -> int:
+    """K parts that give about two programs an SM of an H100/H200 (132 SMs), each part at
+    least 4 K blocks long."""
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+    return max(1, min(264 // max(tiles, 1), triton.cdiv(k, 4 * block_k), 16))
+
+
+def fp8_mm(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+           bias: torch.Tensor | None = None, *, out_dtype: torch.dtype = torch.bfloat16,
+           config: "Fp8Config | None" = None) -> torch.Tensor:
+    """The W8A8 product ``(xq * x_scale[:, None]) @ (w * w_scale[:, None]).T (+ bias)`` of
+    per_token_quant's output, for a decode batch: tiles of config.block_m rows x block_n
+    outputs, K in config.split parts (Triton, two launches)."""
+    _check_gemv(xq, x_scale, w, w_scale, bias, out_dtype)
+    _on_kernel_device(xq, "scaled_mm_ref")
+    m, k = xq.shape
+    n = w.shape[0]
+    cfg = config or pick_config(m, n, k)
+    if cfg.path != "mm":
+        raise ValueError(f"fp8_mm takes an 'mm' launch, got {cfg.path!r}")
+    y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0 or n == 0:
+        return y
+    if k == 0:
+        return y.copy_(bias.expand(m, n) if bias is not None else torch.zeros_like(y))
+    split = cfg.split or mm_split(m, n, k, cfg.block_m, cfg.block_n, cfg.block_k)
+    k_per = triton.cdiv(triton.cdiv(k, cfg.block_k), split) * cfg.block_k
+    split = triton.cdiv(k, k_per)  # no empty part
+    part = torch.empty((split, m, n), dtype=torch.float32, device=xq.device)
+    launch = dict(num_warps=cfg.warps) if _interpreting() else dict(num_warps=cfg.warps, num_stages=cfg.stages)
+    _fp8_mm_kernel[(triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))](
+        xq, x_scale, w, w_scale, part, m, n, k, k_per,
+        xq.stride(0), w.stride(0), part.stride(0), part.stride(1),
+        IEEE=_interpreting(), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        **launch, **pdl.options(xq))
+    block = min(1024, triton.next_power_of_2(n))
+    _sum_parts_kernel[(m, triton.cdiv(n, block))](
+        part, bias if bias is not None else part, y, n, part.stride(0), part.stride(1), y.stride(0),
+        SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4, **pdl.options(xq))
+    return y
+
+
 # ------------------------------------------------------------------------- launches
 
 class Fp8Config(NamedTuple):
     """A launch of fp8_linear: ``path`` "gemv" (the weight-only GEMV with this tile: kernels/gemv.py's
-    BLOCK_N, BLOCK_K, num_warps) or "scaled_mm" (per_token_quant + torch._scaled_mm)."""
+    BLOCK_N, BLOCK_K, num_warps), "mm" (per_token_quant + fp8_mm with tiles of block_m x block_n
+    x block_k, K in ``split`` parts (0: mm_split's choice), num_stages ``stages``) or "scaled_mm"
+    (per_token_quant + torch._scaled_mm)."""
     path: str
     block_n: int = 4
     block_k: int = 1024
     warps: int = 2
+    block_m: int = 0
+    split: int = 1
+    stages: int = 1
+
+
+def _mm_config(m: int, n: int, k: int, block_n: int = 64, block_k: int = 128, stages: int = 4) -> Fp8Config:
+    block_m = 64 if m <= 64 else 128
+    return Fp8Config("mm", block_n, block_k, 4, block_m, mm_split(m, n, k, block_m, block_n, block_k), stages)
 
 
 def pick_config(m: int, n: int, k: int) -> Fp8Config:
-    """The GEMV up to GEMV_MAX_M rows with kernels/gemv.py's tile, _scaled_mm above."""
+    """The GEMV up to GEMV_MAX_M rows with kernels/gemv.py's tile, fp8_mm up to MM_MAX_M,
+    _scaled_mm above."""
     if m > GEMV_MAX_M:
-        return Fp8Config("scaled_mm")
+        return _mm_config(m, n, k) if m <= MM_MAX_M else Fp8Config("scaled_mm")
     block_n, block_k, warps, _ = gemv_pick_config(m, n, k)
     return Fp8Config("gemv", block_n, block_k, warps)
 
@@ -210,6 +333,10 @@ def candidate_configs(m: int, n: int, k: int) -> list[Fp8Config]:
     """Launches worth timing for one shape (bench_quant_linear.py --sweep): GEMV tiles of 2-8 rows
     by 512-2048 columns on 2 or 4 warps (up to kernels/gemv.py's MAX_M rows), and _scaled_mm."""
     out = [Fp8Config("scaled_mm")]
+    if m <= MM_MAX_M:
+        out += [_mm_config(m, n, k, bn, bk, st) for bn in (32, 64, 128) for bk in (128, 256) for st in (3, 4)
+                if bn * bk <= 16384]
+        out += [c._replace(split=1) for c in out[-2:]]
     if m <= GEMV_MAX:
         out += [Fp8Config("gemv", bn, bk, w) for bn in (2, 4, 8) for bk in (512, 1024, 2048) for w in (2, 4)
                 if bn * bk <= 8192]
@@ -235,9 +362,11 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: to
     cfg = config or pick_config(x.shape[0], w.shape[0], x.shape[1])
     if cfg.path == "gemv":
         return fp8_gemv(x, w, w_scale, bias, out_dtype=out_dtype, config=(cfg.block_n, cfg.block_k, cfg.warps, 1))
-    if cfg.path != "scaled_mm":
-        raise ValueError(f"unknown fp8 launch path {cfg.path!r} (gemv, scaled_mm)")
+    if cfg.path not in ("mm", "scaled_mm"):
+        raise ValueError(f"unknown fp8 launch path {cfg.path!r} (gemv, mm, scaled_mm)")
     xq, sx = per_token_quant(x, scale_ub)
+    if cfg.path == "mm":
+        return fp8_mm(xq, sx, w, w_scale, bias, out_dtype=out_dtype, config=cfg)
     _check_gemv(xq, sx, w, w_scale, bias, out_dtype)
     if w.shape[0] % 16 or w.shape[1] % 16:
         raise ValueError(f"torch._scaled_mm needs N and K multiples of 16, got w {tuple(w.shape)}")

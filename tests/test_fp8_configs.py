@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from treadle.kernels.fp8_linear import (
-    GEMV_MAX_M, Fp8Config, candidate_configs, fp8_linear, fp8_linear_ref, pick_config, quantize_weight_ref,
+    GEMV_MAX_M, MM_MAX_M, Fp8Config, candidate_configs, fp8_linear, fp8_linear_ref, pick_config, quantize_weight_ref,
 )
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -28,9 +28,15 @@ def _case(m: int, n: int, k: int, seed: int):
 
 def test_default_launch_per_row_count() -> None:
     assert pick_config(1, 4096, 4096).path == "gemv"  # decode: weight-only, the weight's bytes
-    assert pick_config(GEMV_MAX_M + 1, 4096, 4096).path == "scaled_mm"
-    assert {c.path for c in candidate_configs(1, 4096, 4096)} == {"gemv", "scaled_mm"}
-    assert {c.path for c in candidate_configs(16, 4096, 4096)} == {"scaled_mm"}  # past the GEMV's rows
+    assert pick_config(GEMV_MAX_M + 1, 4096, 4096).path == "mm"  # a decode batch: split-K W8A8
+    assert pick_config(MM_MAX_M, 4096, 14336).path == "mm"
+    assert pick_config(MM_MAX_M + 1, 4096, 4096).path == "scaled_mm"  # prefill: cuBLAS
+    assert {c.path for c in candidate_configs(1, 4096, 4096)} == {"gemv", "mm", "scaled_mm"}
+    assert {c.path for c in candidate_configs(16, 4096, 4096)} == {"mm", "scaled_mm"}  # past the GEMV's rows
+    assert {c.path for c in candidate_configs(MM_MAX_M + 1, 4096, 4096)} == {"scaled_mm"}
+    # o at 128 rows: 64 column tiles of 64, so K (4096) in 4 parts: 256 programs on ~132 SMs
+    cfg = pick_config(128, 4096, 4096)
+    assert (cfg.block_m, cfg.block_n, cfg.split) == (128, 64, 4)
 
 
 @needs_kernel
@@ -44,7 +50,24 @@ def test_every_candidate_launch_matches_its_reference(m: int) -> None:
         y = fp8_linear(x, w, ws, b, out_dtype=torch.float32, config=cfg)
         torch.testing.assert_close(y, fp8_linear_ref(x, w, ws, b, out_dtype=torch.float32, config=cfg),
                                    atol=1e-3, rtol=1e-3, msg=str(cfg))
-        torch.testing.assert_close(y, exact, atol=1e-3, rtol=1e-3, msg=str(cfg))  # weight-only: x as it is
+        if cfg.path == "gemv":  # weight-only: x as it is
+            torch.testing.assert_close(y, exact, atol=1e-3, rtol=1e-3, msg=str(cfg))
+        else:  # W8A8: x quantized per token, within e4m3's rounding of the float product
+            assert (y - exact).abs().max() < 0.05 * exact.abs().max(), str(cfg)
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [2, 17, 130])  # one tile of rows, a masked tile, two tiles of 128
+def test_split_k_mm_matches_its_reference(m: int) -> None:
+    # K = 3000 in parts of whole 128-blocks with a short last one, masked columns, a bias; split 1 too
+    x, w, ws, b = _case(m, 40, 3000, seed=10 + m)
+    ref = fp8_linear_ref(x, w, ws, b, out_dtype=torch.float32, config=Fp8Config("mm"))
+    for split in (1, 3, 7):
+        cfg = Fp8Config("mm", 32, 128, 4, 64 if m <= 64 else 128, split, 3)
+        y = fp8_linear(x, w, ws, b, out_dtype=torch.float32, config=cfg)
+        torch.testing.assert_close(y, ref, atol=1e-3, rtol=1e-3, msg=str(cfg))
+    y16 = fp8_linear(x, w, ws, None, out_dtype=torch.bfloat16)  # the default launch, no bias, bf16 out
+    torch.testing.assert_close(y16.float(), ref - b, atol=3e-2, rtol=2e-2)
 
 
 def test_unknown_launch_is_refused() -> None:
@@ -54,10 +77,11 @@ def test_unknown_launch_is_refused() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 128])
 @pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)])  # llama3-8b's linears
-def test_gpu_every_launch_on_llama3_shapes(n: int, k: int) -> None:
-    x, w, ws, b = _case(1, n, k, seed=6)
-    for cfg in candidate_configs(1, n, k):
+def test_gpu_every_launch_on_llama3_shapes(m: int, n: int, k: int) -> None:
+    x, w, ws, b = _case(m, n, k, seed=6)
+    for cfg in candidate_configs(m, n, k):
         torch.testing.assert_close(fp8_linear(x, w, ws, b, out_dtype=torch.float32, config=cfg),
                                    fp8_linear_ref(x, w, ws, b, out_dtype=torch.float32, config=cfg),
                                    atol=2e-2, rtol=2e-2, msg=str(cfg))
