@@ -52,7 +52,8 @@ __all__ = ["FP8_MAX", "FP8_DTYPE", "GEMV_MAX_M", "MM_MAX_M", "Fp8Config", "fp8_m
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn
 GEMV_MAX_M = 1  # (kernels/gemv.py takes up to 4 rows; at 4, 222 us against _scaled_mm's ~130 on the H200)
-MM_MAX_M = 256  # fp8_mm by default up to here (a decode batch); _scaled_mm above
+MM_MAX_M = 256  # fp8_mm by default up to here (a decode batch) where cuBLAS's tiles are few; _scaled_mm above
+MM_MAX_TILES = 40
 _MIN_SCALE = 1e-12  # an all-zero row gets this scale (its values quantize to 0)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -228,8 +229,8 @@ def _fp8_mm_kernel(
         w = tl.load(w_ptrs, mask=nmask[:, None] & kmask, other=0.0, eviction_policy="evict_first")
         if IEEE:  # the interpreter has no fp8 dot: exact in fp32 (e4m3 products fit its mantissa)
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w), acc)
+        else:  # Hopper's e4m3 MMA adds in less than fp32: promote to the fp32 tile each BLOCK_K
+            acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=BLOCK_K)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     xs = tl.load(xs_ptr + ms, mask=mmask, other=0.0)
@@ -315,16 +316,21 @@ class Fp8Config(NamedTuple):
     stages: int = 1
 
 
-def _mm_config(m: int, n: int, k: int, block_n: int = 64, block_k: int = 128, stages: int = 4) -> Fp8Config:
+def _mm_config(m: int, n: int, k: int, block_n: int = 32, block_k: int = 128, stages: int = 4) -> Fp8Config:
     block_m = 64 if m <= 64 else 128
     return Fp8Config("mm", block_n, block_k, 4, block_m, mm_split(m, n, k, block_m, block_n, block_k), stages)
 
 
 def pick_config(m: int, n: int, k: int) -> Fp8Config:
-    """The GEMV up to GEMV_MAX_M rows with kernels/gemv.py's tile, fp8_mm up to MM_MAX_M,
-    _scaled_mm above."""
+    """The GEMV up to GEMV_MAX_M rows with kernels/gemv.py's tile; up to MM_MAX_M rows fp8_mm where
+    cuBLAS's 128 x 128 output tiles would be too few for the GPU (at most MM_MAX_TILES), else
+    _scaled_mm. On an H100 at 128 rows fp8_mm took 15.1 / 41.2 us for llama3-8b's o / down (32
+    tiles) against _scaled_mm's 17.1 / 47.3, and lost on qkv (48 tiles: 19.7 vs 18.0) and
+    gate_up (224: 64.7 vs 53.8) (benchmarks/results/quant_linear_sweep_fp8_mm_h100.json)."""
     if m > GEMV_MAX_M:
-        return _mm_config(m, n, k) if m <= MM_MAX_M else Fp8Config("scaled_mm")
+        if m <= MM_MAX_M and triton.cdiv(n, 128) * triton.cdiv(m, 128) <= MM_MAX_TILES:
+            return _mm_config(m, n, k)
+        return Fp8Config("scaled_mm")
     block_n, block_k, warps, _ = gemv_pick_config(m, n, k)
     return Fp8Config("gemv", block_n, block_k, warps)
 

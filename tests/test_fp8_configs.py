@@ -29,14 +29,16 @@ def _case(m: int, n: int, k: int, seed: int):
 def test_default_launch_per_row_count() -> None:
     assert pick_config(1, 4096, 4096).path == "gemv"  # decode: weight-only, the weight's bytes
     assert pick_config(GEMV_MAX_M + 1, 4096, 4096).path == "mm"  # a decode batch: split-K W8A8
-    assert pick_config(MM_MAX_M, 4096, 14336).path == "mm"
+    assert pick_config(128, 4096, 14336).path == "mm"  # 32 of cuBLAS's output tiles: too few
+    assert pick_config(128, 28672, 4096).path == "scaled_mm"  # 224 tiles: cuBLAS does well
+    assert pick_config(MM_MAX_M, 4096, 14336).path == "scaled_mm"  # 64 tiles
     assert pick_config(MM_MAX_M + 1, 4096, 4096).path == "scaled_mm"  # prefill: cuBLAS
     assert {c.path for c in candidate_configs(1, 4096, 4096)} == {"gemv", "mm", "scaled_mm"}
     assert {c.path for c in candidate_configs(16, 4096, 4096)} == {"mm", "scaled_mm"}  # past the GEMV's rows
     assert {c.path for c in candidate_configs(MM_MAX_M + 1, 4096, 4096)} == {"scaled_mm"}
-    # o at 128 rows: 64 column tiles of 64, so K (4096) in 4 parts: 256 programs on ~132 SMs
+    # o at 128 rows: 128 column tiles of 32, so K (4096) in 2 parts: 256 programs on ~132 SMs
     cfg = pick_config(128, 4096, 4096)
-    assert (cfg.block_m, cfg.block_n, cfg.split) == (128, 64, 4)
+    assert (cfg.block_m, cfg.block_n, cfg.split) == (128, 32, 2)
 
 
 @needs_kernel
