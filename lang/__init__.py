@@ -29,6 +29,7 @@ from treadle.lang.primitives import (assistant, assistant_begin, assistant_end, 
                                      token_length_normalized, unconditional_likelihood_normalized, user,
                                      user_begin, user_end, video)
 from treadle.lang.program import Program, function
+from treadle.lang.reasoning import separate_reasoning
 from treadle.lang.runtime_process import Runtime
 from treadle.lang.state import ForkGroup, ProgramState
 
@@ -36,7 +37,8 @@ __all__ = ["Backend", "ChatTemplate", "Engine", "EngineBackend", "ForkGroup", "G
            "ProgramState", "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "Runtime", "RuntimeEndpoint",
            "assistant", "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int",
            "gen_string", "get_default_backend", "get_server_info", "global_config", "greedy_token_selection",
-           "image", "ir", "select", "set_default_backend", "system", "system_begin", "system_end",
+           "image", "ir", "select", "separate_reasoning", "set_default_backend", "system", "system_begin",
+           "system_end",
            "token_length_normalized", "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
            "video"]
 

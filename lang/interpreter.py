@@ -17,6 +17,7 @@ from typing import Any
 
 from treadle.lang import ir
 from treadle.lang.backend import Backend
+from treadle.lang.reasoning import reasoning_name, split_reasoning
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS
 
 def _parse_bool(text: str) -> bool:
@@ -75,6 +76,7 @@ class StreamExecutor:
         # (variable or None, text, its gen's meta_info so far or None) in order, for streaming
         self.deltas: list[tuple[str | None, str, dict | None]] = []
         self.scope_starts: dict[str, int] = {}  # open var_scope name -> where its text starts
+        self.gen_starts: dict[str, int] = {}  # gen/select variable -> where its text starts (its last call)
         self._pending: collections.deque = collections.deque()
         self._running: ir.Expr | None = None  # the node the worker thread is running
         self._busy = False
@@ -155,6 +157,7 @@ class StreamExecutor:
     def _will_set(self, name: str) -> bool:
         nodes = [*self._pending, self._running] if self._running is not None else self._pending
         return any(isinstance(e, (ir.Gen, ir.Select, ir.SetVar, ir.VarScopeEnd)) and e.name == name
+                   or isinstance(e, ir.SeparateReasoning) and name in (e.name, reasoning_name(e.name))
                    or isinstance(e, ir.Join) and e.mode != "concat" for e in nodes)
 
     def new_name(self) -> str:
@@ -173,6 +176,7 @@ class StreamExecutor:
         ex.role, ex.role_start, ex.roles_used = self.role, self.role_start, self.roles_used
         ex.fork_len = len(self.text_)  # ex.written starts empty
         ex.scope_starts = dict(self.scope_starts)
+        ex.gen_starts = dict(self.gen_starts)
         with self._cv:
             self.branches.append(ex)
         return ex
@@ -205,6 +209,8 @@ class StreamExecutor:
             self.scope_starts[expr.name] = len(self.text_)
         elif isinstance(expr, ir.VarScopeEnd):
             self._set_var(expr.name, self.text_[self.scope_starts.pop(expr.name):], {})
+        elif isinstance(expr, ir.SeparateReasoning):
+            self._separate_reasoning(expr)
         else:
             raise TypeError(f"the executor cannot run {type(expr).__name__} nodes")
 
@@ -231,6 +237,7 @@ class StreamExecutor:
         params = self._sampling_params(gen)
         logprob = {**self.logprob, **gen.logprob}
         name = gen.name or self.new_name()
+        self.gen_starts[name] = len(self.text_)
         try:
             if self.stream:
                 out, meta = "", {}
@@ -261,8 +268,27 @@ class StreamExecutor:
             self.trace_stopped = True
             return
         choice, meta = self.backend.select(self.text_, sel.choices, sel.method)
+        name = sel.name or self.new_name()
+        self.gen_starts[name] = len(self.text_)
         self._append(choice, sel.name)
-        self._set_var(sel.name or self.new_name(), choice, meta)
+        self._set_var(name, choice, meta)
+
+    def _separate_reasoning(self, node: ir.SeparateReasoning) -> None:
+        """Split variable `node.name` (its gen/select just ran) into answer and reasoning, and
+        take the reasoning block out of the text where the gen wrote it."""
+        if self.tracing:
+            self.trace_stopped = True
+            return
+        value = self.variables.get(node.name)
+        if not isinstance(value, str):
+            raise ValueError(f"separate_reasoning: variable {node.name!r} holds no generated text ({value!r})")
+        reasoning, answer = split_reasoning(value, node.model_type)
+        start = self.gen_starts.get(node.name)
+        with self._cv:
+            if start is not None and self.text_[start:start + len(value)] == value:
+                self.text_ = self.text_[:start] + answer + self.text_[start + len(value):]
+        self._set_var(node.name, answer, self.meta.get(node.name) or {})
+        self._set_var(reasoning_name(node.name), reasoning, {})
 
     def _set_var(self, name: str, value: Any, meta: dict) -> None:
         with self._cv:

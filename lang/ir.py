@@ -114,6 +114,16 @@ class VarScopeEnd(Expr):
     name: str
 
 
+@dataclass(eq=False)
+class SeparateReasoning(Expr):
+    """After gen/select `name`: split its thinking block off (lang/reasoning.py). Variable
+    `name` keeps the answer, `name`_reasoning_content gets the reasoning, and the block leaves
+    the prompt text."""
+
+    name: str
+    model_type: str
+
+
 def to_expr(x: Any) -> Expr:
     """Coerce text (or a list of parts) to a node; anything else is a TypeError."""
     if isinstance(x, Expr):

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 from treadle.lang import ir
 from treadle.lang.interpreter import StopTracing, StreamExecutor
+from treadle.lang.reasoning import reasoning_name
 
 
 class ProgramState:
@@ -62,6 +63,8 @@ class ProgramState:
         elif isinstance(node, ir.Join):
             for br in node.branches:
                 self._names.update(br.variables)
+        elif isinstance(node, ir.SeparateReasoning):
+            self._names.update((node.name, reasoning_name(node.name)))
         return node
 
     def system(self, content: Any = None) -> "_RoleScope":

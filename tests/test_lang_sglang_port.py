@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 
 import pytest
@@ -137,3 +138,43 @@ def test_text_iter_of_a_name_written_again(backend):
     streamed = numbered.run(temperature=0, stream=True)
     assert "".join(streamed.text_iter("item")) == "".join(items[:2]) + streamed["item"]
     assert "".join(text for text, _ in asyncio.run(collect(streamed, "item"))) == "".join(items[:2]) + streamed["item"]
+
+
+def test_separate_reasoning(backend):
+    """SGLang's frontend reasoning example: sgl.separate_reasoning(gen("answer"), model_type=...)
+    leaves the answer in `answer`, the thinking in `answer_reasoning_content`, and the block out
+    of the text and the message (a regex makes the small model write a block)."""
+    @sgl.function
+    def basic_qa_separate_reasoning(s, question, model_type, regex):
+        s += sgl.system("You are a helpful assistant than can answer questions.")
+        s += sgl.user(question)
+        s += sgl.assistant(sgl.separate_reasoning(sgl.gen("answer", max_tokens=40, regex=regex),
+                                                  model_type=model_type))
+        s += sgl.user("Thanks.") + sgl.assistant(sgl.gen("bye", max_tokens=3))
+
+    question = "What is the capital of France?"
+    for model_type, regex in [("qwen3", r"<think>[a-z ]{3,20}</think>[A-Z][a-z]{2,10}"),
+                              ("deepseek-r1", r"[a-z ]{3,20}</think>[A-Z][a-z]{2,10}")]:
+        state = basic_qa_separate_reasoning(question, model_type, regex, temperature=0)
+        answer, reasoning = state["answer"], state["answer_reasoning_content"]
+        assert re.fullmatch(r"[A-Z][a-z]{2,10}", answer) and re.fullmatch(r"[a-z ]{3,20}", reasoning)
+        assert state.messages()[2] == {"role": "assistant", "content": answer}
+        assert "think>" not in state.text() and reasoning not in state.text()
+        assert state["bye"] and state.messages()[-1] == {"role": "assistant", "content": state["bye"]}
+
+    state = basic_qa_separate_reasoning(question, "qwen3", r"[A-Z][a-z]{2,10}", temperature=0)
+    assert state["answer_reasoning_content"] == "" and state.messages()[2]["content"] == state["answer"]
+    with pytest.raises(ValueError, match="model_type"):
+        sgl.separate_reasoning(sgl.gen("x"))
+    with pytest.raises(ValueError, match="named"):
+        sgl.separate_reasoning(sgl.gen(), model_type="qwen3")
+
+
+def test_split_reasoning_as_sglang_parsers():
+    from treadle.lang.reasoning import split_reasoning
+
+    assert split_reasoning("<think>a</think>b", "qwen3") == ("a", "b")
+    assert split_reasoning("no block", "qwen3") == ("", "no block")
+    assert split_reasoning("a</think>b", "deepseek-r1") == ("a", "b")  # its template opens the block
+    assert split_reasoning("cut short", "deepseek-r1") == ("cut short", "")
+    assert split_reasoning("\u25c1think\u25b7a\u25c1/think\u25b7b", "Kimi") == ("a", "b")
