@@ -81,6 +81,28 @@ class ServerStopping(Exception):
     (`end_all`): the request ends as aborted, with what it has so far."""
 
 
+def _renderer_arguments(tokenizer: Any) -> set[str]:
+    """The names chat_template_kwargs cannot take: the parameters of the chat template
+    renderer's functions (the tokenizer's apply_chat_template, transformers' Jinja renderer
+    and Jinja's render, `self` included), and the variables it sets itself."""
+    own = {"self", "messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+           "chat_template", "tokenize"}
+    fns = [getattr(type(tokenizer), "apply_chat_template", None)]
+    try:
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        fns.append(render_jinja_template)
+    except ImportError:  # an older transformers: its renderer's arguments are apply_chat_template's
+        pass
+    for fn in fns:
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        own |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return own
+
+
 class TokenizerManager:
     def __init__(self, args: EngineArgs, tokenizer: Any, model_info: dict, paths: IpcPaths,
                  metrics: ServerMetrics) -> None:
@@ -260,14 +282,17 @@ class TokenizerManager:
         if not isinstance(messages, list) or not messages:
             raise APIError.bad_request("messages must be a non-empty list", "messages")
         if template_kwargs is not None:
-            # template variables only: not apply_chat_template's own arguments (tokenize, chat_template, ...)
-            own = set(inspect.signature(self.tokenizer.apply_chat_template).parameters) | {"messages"} \
-                if self.tokenizer is not None else set()
-            if not isinstance(template_kwargs, dict) or not all(isinstance(k, str) and k not in own
-                                                                for k in template_kwargs):
-                raise APIError.bad_request("chat_template_kwargs must be an object of template variables (not "
-                                           "messages, tools, tokenize, chat_template or other arguments of "
-                                           "apply_chat_template)", "chat_template_kwargs")
+            if not isinstance(template_kwargs, dict):
+                raise APIError.bad_request("chat_template_kwargs must be an object of template variables",
+                                           "chat_template_kwargs")
+            # template variables only: not the renderer's own arguments (tokenize, chat_template,
+            # self, conversations, ...), which made a TypeError quoting transformers' internals
+            own = _renderer_arguments(self.tokenizer)
+            taken = next((k for k in template_kwargs if k in own), None)
+            if taken is not None:
+                raise APIError.bad_request(
+                    f"chat_template_kwargs: {taken!r} is an argument of the chat template renderer, not a template "
+                    f"variable (the names it reserves: {', '.join(sorted(own))})", "chat_template_kwargs")
         norm = []
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
