@@ -160,6 +160,9 @@ class EngineArgs:
     max_request_bytes: int = field(default=64 << 20, metadata={"help": (
         "the largest HTTP request body the server reads; a larger one is a 413 before it is "
         "read whole")})
+    request_body_timeout_s: float = field(default=30.0, metadata={"help": (
+        "seconds a client has to send a request's whole body once its headers are in; a body "
+        "still coming after that (a slow or stalled sender) is a 408 and the connection closes")})
 
     def __post_init__(self) -> None:
         # every Literal-typed field takes only its listed values (the CLI's choices too), and
@@ -208,6 +211,8 @@ class EngineArgs:
             raise ValueError(f"watchdog_timeout must be >= 0 (0 turns it off), got {self.watchdog_timeout}")
         if self.dist_timeout_s <= 0:
             raise ValueError("dist_timeout_s must be > 0")
+        if not self.request_body_timeout_s > 0 or self.request_body_timeout_s == float("inf"):
+            raise ValueError(f"request_body_timeout_s must be a finite number > 0, got {self.request_body_timeout_s}")
         if self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
         if not 0 <= self.port <= 65535:

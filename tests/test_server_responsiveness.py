@@ -1,22 +1,27 @@
-"""The server stays responsive to every client whatever one client sends. Here:
-chat_template_kwargs naming the renderer's own arguments is a 400 naming the key (failed on
-the code before its fix)."""
+"""The server stays responsive to every client whatever one client sends: a body that never
+finishes arriving is a 408 after --request-body-timeout-s, and chat_template_kwargs naming the
+renderer's own arguments is a 400 naming the key. Each test failed on the code before its fix."""
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
 
 import pytest
 import requests
 
-from treadle.runtime.server.testing import ServerProcess
+from treadle.runtime.server.testing import ServerProcess, sse_events, wait_idle
 
 pytestmark = pytest.mark.slow
 T = 300
+BODY_TIMEOUT_S = 2
 
 
 @pytest.fixture(scope="module")
 def srv():
-    s = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"])
+    s = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning",
+                       "--request-body-timeout-s", str(BODY_TIMEOUT_S)])
     yield s
     s.close()
 
@@ -24,6 +29,100 @@ def srv():
 def post(srv, path: str, body, **kw) -> requests.Response:
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
     return requests.post(srv.url + path, data=data, headers={"Content-Type": "application/json"}, timeout=T, **kw)
+
+
+# ---------------------------------------------------------------- a body that never ends
+
+
+def _raw_request(srv, head: bytes) -> socket.socket:
+    host, port = srv.url.split("//")[1].split(":")
+    s = socket.create_connection((host, int(port)), timeout=T)
+    s.sendall(head)
+    return s
+
+
+def _read_all(s: socket.socket) -> bytes:
+    data = b""
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except (ConnectionResetError, BrokenPipeError):
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+def test_a_body_that_never_arrives_whole_is_408(srv, trickle):
+    """Headers and a Content-Length, then a byte now and then (or nothing): the connection
+    and its handler were held forever. Now a 408 naming the flag once --request-body-timeout-s
+    has passed, and the connection is closed; the server answers others meanwhile."""
+    s = _raw_request(srv, b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 1000\r\n\r\n{\"text\": ")
+    stop = threading.Event()
+
+    def drip() -> None:
+        while trickle and not stop.wait(0.2):
+            try:
+                s.sendall(b" ")
+            except OSError:
+                return
+
+    dripper = threading.Thread(target=drip)
+    dripper.start()
+    try:
+        assert requests.get(srv.url + "/health", timeout=T).status_code == 200
+        s.settimeout(BODY_TIMEOUT_S * 30)  # the old server never answered: this ends the test
+        try:
+            reply = _read_all(s)
+        except socket.timeout:
+            pytest.fail("no answer to a body that never arrived whole")
+    finally:
+        stop.set()
+        dripper.join()
+        s.close()
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), reply[:500]
+    assert b"connection: close" in head.lower()
+    err = json.loads(body)["error"]
+    assert err["code"] == "request_timeout" and "--request-body-timeout-s" in err["message"], err
+    wait_idle(srv.url)
+
+
+def test_a_body_sent_in_time_is_served_and_a_long_stream_is_not_cut(srv):
+    """The deadline is the body's: a request whose body came in slow pieces, but whole within
+    the timeout, is served, and a stream lasting longer than the timeout (which waits on the
+    same receive channel for the client's disconnect) runs to its end."""
+    payload = json.dumps({"text": "Count: one, two,", "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+    s = _raw_request(srv, b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(payload))
+    for part in (payload[:10], payload[10:20], payload[20:]):
+        time.sleep(BODY_TIMEOUT_S / 8)
+        s.sendall(part.encode())
+    reply = _read_all(s)
+    s.close()
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:500]
+    n = 200
+    r = requests.post(srv.url + "/generate", json={"text": "Once upon a time", "stream": True,
+                                                   "sampling_params": {"max_new_tokens": n, "ignore_eos": True,
+                                                                       "temperature": 0}},
+                      stream=True, timeout=T)
+    assert r.status_code == 200
+    events = sse_events(r)
+    assert events[-1] == "[DONE]", events[-2:]
+    assert events[-2]["meta_info"]["completion_tokens"] == n, events[-2]
+    wait_idle(srv.url)
+
+
+def test_request_body_timeout_flag_is_checked():
+    from treadle.runtime.engine_args import EngineArgs
+
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="request_body_timeout_s"):
+            EngineArgs(request_body_timeout_s=bad)
+    assert EngineArgs().request_body_timeout_s == 30.0
 
 
 # ---------------------------------------------------------------- chat_template_kwargs

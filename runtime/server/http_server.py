@@ -111,16 +111,47 @@ class Gate:
         if refusal is not None:
             return await JSONResponse(refusal.body(), refusal.status, headers=refusal.headers)(scope, receive, send)
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, body_deadline(receive, self.state.args.request_body_timeout_s), send)
         except Exception as e:
             if started:
                 raise  # a response under way (a stream renders its own error event): nothing to add
+            if isinstance(e, APIError):  # the body's timeout where no handler turned it into its answer
+                return await JSONResponse(e.body(), e.status, headers=e.headers)(scope, receive, send)
             # answered here, not by the app's catch-all, which re-raises to the server: uvicorn
             # then dropped the keep-alive connection without a `Connection: close`, and the
             # client's next request on it was reset
             log.exception("internal error on %s", path)
             body = error_body(f"internal server error: {type(e).__name__}: {e}", "server_error")
             await JSONResponse(body, 500)(scope, receive, send)
+
+
+def body_deadline(receive: Receive, timeout_s: float) -> Receive:
+    """`receive` with a deadline for the request body: the whole body must be in within
+    `timeout_s` of the request's headers, or reading it raises a 408 (the connection then
+    closes). A client that sent its headers and a Content-Length and then trickled the body,
+    or none of it (slowloris), held its connection and its handler forever. Once the body is
+    in, receive is the server's own again (a stream waits on it for the client's disconnect,
+    for as long as the stream lasts)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    body_done = False
+
+    async def receive_before_deadline() -> dict:
+        nonlocal body_done
+        if body_done:
+            return await receive()
+        try:
+            message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            body_done = True  # once: what follows (a disconnect) is the server's to see
+            raise APIError(f"the request body did not arrive whole within {timeout_s:g} s of its headers "
+                           "(--request-body-timeout-s)", 408, "invalid_request_error", None, "request_timeout",
+                           {"Connection": "close"}) from None
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            body_done = True
+        return message
+
+    return receive_before_deadline
 
 
 # the routes that start generation: refused before their body is read when the server is full
