@@ -1,6 +1,7 @@
-"""The server stays responsive to every client whatever one client sends: a body that never
-finishes arriving is a 408 after --request-body-timeout-s, and chat_template_kwargs naming the
-renderer's own arguments is a 400 naming the key. Each test failed on the code before its fix."""
+"""The server stays responsive to every client whatever one client sends: work in the size of a
+client's input runs off the event loop, a body that never finishes arriving is a 408 after
+--request-body-timeout-s, and chat_template_kwargs naming the renderer's own arguments is a
+400 naming the key. Each test failed on the code before its fix."""
 from __future__ import annotations
 
 import json
@@ -29,6 +30,94 @@ def srv():
 def post(srv, path: str, body, **kw) -> requests.Response:
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
     return requests.post(srv.url + path, data=data, headers={"Content-Type": "application/json"}, timeout=T, **kw)
+
+
+def probe_while(srv, fn) -> tuple[object, float, list[float]]:
+    """Run `fn` on a thread; meanwhile time GET /health again and again. Returns fn's result,
+    its duration, and each probe's latency."""
+    out: dict = {}
+
+    def run() -> None:
+        t = time.monotonic()
+        out["result"] = fn()
+        out["duration"] = time.monotonic() - t
+
+    th = threading.Thread(target=run)
+    th.start()
+    latencies = []
+    while th.is_alive():
+        t = time.monotonic()
+        assert requests.get(srv.url + "/health", timeout=T).status_code == 200
+        latencies.append(time.monotonic() - t)
+        time.sleep(0.02)
+    th.join()
+    return out["result"], out["duration"], latencies
+
+
+# ---------------------------------------------------------------- work off the event loop
+
+
+def test_health_answers_while_a_huge_detokenize_runs(srv):
+    """9M token ids: checking and decoding them ran on the event loop, and /health (every
+    client) waited for the whole of it (3.2 s). Now a probe waits at most for a piece of it
+    (the body's JSON parse holds the GIL): well under half of the big request's time, where
+    on the old code the probe sent during its decode waited for nearly all of it."""
+    n = 9_000_000
+    body = json.dumps({"tokens": [100] * n})
+    r, duration, latencies = probe_while(srv, lambda: post(srv, "/detokenize", body))
+    assert r.status_code == 200, r.text[:300]
+    assert len(r.json()["prompt"]) == n  # token 100 is one character
+    assert latencies
+    assert max(latencies) < 0.5 * duration, (max(latencies), duration, len(latencies))
+
+
+def test_detokenize_still_decodes_as_the_tokenizer(srv, smollm2_tokenizer):
+    ids = smollm2_tokenizer.encode("Héllo, wörld! 你好 🙂 <|im_start|>  x\n\ty")
+    r = post(srv, "/detokenize", {"tokens": ids})
+    assert r.status_code == 200 and r.json()["prompt"] == smollm2_tokenizer.decode(ids), r.text
+    r = post(srv, "/detokenize", {"tokens": [1, 49152]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tokens" and "49152" in r.text
+
+
+@pytest.mark.parametrize("path,field,make", [
+    ("/tokenize", "prompt", lambda n: {"prompt": ["a"] * n}),
+    ("/generate", "text", lambda n: {"text": ["a"] * n, "sampling_params": {"max_new_tokens": 1}}),
+    ("/v1/completions", "prompt", lambda n: {"prompt": ["a"] * n, "max_tokens": 1}),
+    ("/v1/completions", "prompt", lambda n: {"prompt": [[1]] * n, "max_tokens": 1}),
+])
+def test_more_prompts_than_the_server_holds_is_400_before_tokenizing(srv, path, field, make):
+    """A list of 200,000 one-letter prompts was tokenized whole (seconds of a builder thread;
+    a 64 MiB body of them, minutes, with four such requests stopping every other client's
+    request from being built) only to be refused after. Now the count is checked first: the
+    400 names the field and comes while every builder thread is still free, so a normal
+    request sent beside four of them is answered."""
+    body = json.dumps(make(200_000))
+    results: list = [None] * 4
+
+    def bad(i: int) -> None:
+        results[i] = post(srv, path, body)
+
+    threads = [threading.Thread(target=bad, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    ok = post(srv, "/generate", {"text": "The capital of France is",
+                                 "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+    for t in threads:
+        t.join(T)
+    assert ok.status_code == 200, ok.text
+    for r in results:
+        assert r.status_code == 400, r.text[:300]
+        err = r.json()["error"]
+        assert err["param"] == field and "200000" in err["message"], err
+    wait_idle(srv.url)
+
+
+def test_tokenize_of_a_prompt_list_still_works(srv, smollm2_tokenizer):
+    r = post(srv, "/tokenize", {"prompt": ["hello", "world"], "add_special_tokens": False})
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == [smollm2_tokenizer.encode("hello", add_special_tokens=False),
+                                  smollm2_tokenizer.encode("world", add_special_tokens=False)]
+    assert r.json()["count"] == [len(x) for x in r.json()["tokens"]]
 
 
 # ---------------------------------------------------------------- a body that never ends

@@ -310,56 +310,27 @@ def create_app(state: ServerState) -> FastAPI:
                 "incremental_streaming_output": state.args.incremental_streaming_output}
 
     @app.post("/tokenize")
-    async def tokenize(request: Request) -> dict:
+    async def tokenize(request: Request) -> Response:
         """vLLM's /tokenize: {"prompt": text} (or a list of texts) -> {"tokens", "count",
         "max_model_len"}, the ids /generate would see for that text; `add_special_tokens`
         false leaves out what the tokenizer adds (BOS). {"messages": [...]} (with
         add_generation_prompt, continue_final_message, chat_template_kwargs): the ids of the
         prompt /v1/chat/completions would make of them."""
         obj = await read_json(request)
-        _no_unknown(obj, {"model", "prompt", "add_special_tokens", "messages", "add_generation_prompt",
-                          "continue_final_message", "chat_template_kwargs"})
-        state.check_model(obj.get("model"))
-        add = obj.get("add_special_tokens", True)
-        if not isinstance(add, bool):
-            raise APIError.bad_request("add_special_tokens must be a boolean", "add_special_tokens")
-        if tm.tokenizer is None:
-            raise APIError.bad_request("this model has no tokenizer", "prompt")
-        if ("prompt" in obj) == ("messages" in obj):
-            raise APIError.bad_request("give exactly one of prompt or messages", "prompt")
-        if "messages" in obj:
-            gen, cont = obj.get("add_generation_prompt", True), obj.get("continue_final_message", False)
-            if not isinstance(gen, bool) or not isinstance(cont, bool):
-                raise APIError.bad_request("add_generation_prompt and continue_final_message must be booleans",
-                                           "add_generation_prompt")
-            ids = await tm.off_loop(lambda: tm.encode(
-                tm.chat_prompt(obj["messages"], None, obj.get("chat_template_kwargs"), gen, cont), "messages",
-                add_special_tokens=add))
-            return {"tokens": ids, "count": len(ids), "max_model_len": state.model_info["context_len"]}
-        prompt = obj["prompt"]
-        single = isinstance(prompt, str)
-        texts = [prompt] if single else prompt
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise APIError.bad_request("prompt must be a string or a non-empty list of strings", "prompt")
-        ids = await tm.off_loop(lambda: [tm.encode(t, "prompt", add_special_tokens=add) for t in texts])
-        return {"tokens": ids[0] if single else ids, "count": len(ids[0]) if single else [len(x) for x in ids],
-                "max_model_len": state.model_info["context_len"]}
+        # checked, tokenized and rendered on a builder thread: each takes time in the size of
+        # the client's input, which must not hold the event loop (and every other client)
+        return await tm.off_loop(_tokenize, state, obj)
 
     @app.post("/detokenize")
-    async def detokenize(request: Request) -> dict:
+    async def detokenize(request: Request) -> Response:
         """vLLM's /detokenize: {"tokens": [ids]} -> {"prompt": text}."""
         obj = await read_json(request)
         _no_unknown(obj, {"model", "tokens"})
         state.check_model(obj.get("model"))
-        ids, vocab = obj.get("tokens"), state.model_info["vocab_size"]
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise APIError.bad_request("tokens must be a list of integers", "tokens")
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise APIError.bad_request(f"tokens must be in [0, {vocab}); got {bad[0]}", "tokens")
-        if tm.tokenizer is None:
-            raise APIError.bad_request("this model has no tokenizer", "tokens")
-        return {"prompt": tm.tokenizer.decode(ids)}
+        # checking, decoding and rendering take time in the number of ids (9M ids held the
+        # event loop, and every other client's request, /health too, for seconds): a builder
+        # thread's work
+        return await tm.off_loop(_detokenize, tm, obj.get("tokens"), state.model_info["vocab_size"])
 
     @app.get("/get_server_info")
     async def get_server_info() -> dict:
@@ -422,6 +393,62 @@ def _version() -> str:
         return "unknown"
 
 
+def _tokenize(state: ServerState, obj: dict) -> Response:
+    """/tokenize's reply (on a builder thread)."""
+    tm = state.tm
+    _no_unknown(obj, {"model", "prompt", "add_special_tokens", "messages", "add_generation_prompt",
+                      "continue_final_message", "chat_template_kwargs"})
+    state.check_model(obj.get("model"))
+    add = obj.get("add_special_tokens", True)
+    if not isinstance(add, bool):
+        raise APIError.bad_request("add_special_tokens must be a boolean", "add_special_tokens")
+    if tm.tokenizer is None:
+        raise APIError.bad_request("this model has no tokenizer", "prompt")
+    if ("prompt" in obj) == ("messages" in obj):
+        raise APIError.bad_request("give exactly one of prompt or messages", "prompt")
+    limit = state.model_info["context_len"]
+    if "messages" in obj:
+        gen, cont = obj.get("add_generation_prompt", True), obj.get("continue_final_message", False)
+        if not isinstance(gen, bool) or not isinstance(cont, bool):
+            raise APIError.bad_request("add_generation_prompt and continue_final_message must be booleans",
+                                       "add_generation_prompt")
+        ids = tm.encode(tm.chat_prompt(obj["messages"], None, obj.get("chat_template_kwargs"), gen, cont), "messages",
+                        add_special_tokens=add)
+        return ReplyJSON({"tokens": ids, "count": len(ids), "max_model_len": limit})
+    prompt = obj["prompt"]
+    single = isinstance(prompt, str)
+    texts = [prompt] if single else prompt
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise APIError.bad_request("prompt must be a string or a non-empty list of strings", "prompt")
+    tm.check_prompt_count(len(texts), "prompt")
+    ids = [tm.encode(t, "prompt", add_special_tokens=add) for t in texts]
+    return ReplyJSON({"tokens": ids[0] if single else ids, "count": len(ids[0]) if single else [len(x) for x in ids],
+                      "max_model_len": limit})
+
+
+def _detokenize(tm: TokenizerManager, ids: Any, vocab: int) -> Response:
+    """/detokenize's reply (on a builder thread): the ids checked and decoded, the JSON rendered."""
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise APIError.bad_request("tokens must be a list of integers", "tokens")
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError.bad_request(f"tokens must be in [0, {vocab}); got {bad}", "tokens")
+    if tm.tokenizer is None:
+        raise APIError.bad_request("this model has no tokenizer", "tokens")
+    return ReplyJSON({"prompt": _decode_releasing_the_gil(tm.tokenizer, ids)})
+
+
+def _decode_releasing_the_gil(tokenizer: Any, ids: list[int]) -> str:
+    """tokenizer.decode(ids), through the Rust tokenizer's decode_batch where it is the same
+    text: a fast tokenizer's decode holds the GIL throughout (9M ids: 1.6 s in which the event
+    loop, on another thread, could not run), its decode_batch lets go of it."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "decode_batch") or getattr(tokenizer, "clean_up_tokenization_spaces",
+                                                                          True):
+        return tokenizer.decode(ids)
+    return backend.decode_batch([ids], skip_special_tokens=False)[0]
+
+
 def _no_unknown(obj: dict, accepted: set[str]) -> None:
     unknown = sorted(set(obj) - accepted)
     if unknown:
@@ -449,6 +476,7 @@ def build_native(tm: TokenizerManager, obj: dict) -> tuple[list[TokenizedGenerat
         prompts = [{"input_ids": x} for x in ([ids] if single else ids)]
     if not prompts:
         raise APIError.bad_request("the batch is empty", "text" if text is not None else "input_ids")
+    tm.check_prompt_count(len(prompts), "text" if text is not None else "input_ids")  # before tokenizing them
     sp = obj.get("sampling_params")
     if isinstance(sp, list):
         if len(sp) != len(prompts):

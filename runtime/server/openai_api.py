@@ -183,10 +183,12 @@ def _completion_prompts(tm: TokenizerManager, prompt: Any) -> list[list[int]]:
         return [tm.encode(prompt, "prompt")]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
+            tm.check_prompt_count(len(prompt), "prompt")  # before tokenizing them all
             return [tm.encode(p, "prompt") for p in prompt]
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return [list(prompt)]
         if all(isinstance(p, list) for p in prompt):
+            tm.check_prompt_count(len(prompt), "prompt")
             return [list(p) for p in prompt]
     raise APIError.bad_request("prompt must be a string, a list of strings, or token ids", "prompt")
 

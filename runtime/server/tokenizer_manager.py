@@ -389,6 +389,16 @@ class TokenizerManager:
 
     # ================================================================== running requests
 
+    def check_prompt_count(self, n: int, param: str) -> None:
+        """A 400 for a list of more prompts than the server holds at once, before any of them
+        is tokenized: 100,000 one-letter prompts held a builder thread for seconds (a 64 MiB
+        body of them, minutes) only to be refused after, and four such requests stopped every
+        other client's request from being built meanwhile."""
+        if n > self.max_in_flight:
+            raise APIError.bad_request(
+                f"{param} holds {n} prompts, more than this server holds at once ({self.max_in_flight}: "
+                "--max-running-requests + --max-queued-requests); it could never be admitted: split it", param)
+
     def check_capacity(self, n: int) -> None:
         """Raise 503 when draining, dead, or `n` more requests would overflow the queue; 400
         when `n` is more than the server ever holds at once (a retry would never help)."""
