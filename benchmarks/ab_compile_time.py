@@ -23,8 +23,7 @@ if __name__ == "__main__":
     from bench_constrained import SCHEMAS
 
     import treadle.constrained
-    from treadle.constrained import GrammarSpec
-    from treadle.constrained.compiler import GrammarCompiler
+    from treadle.constrained import GrammarCompiler, GrammarSpec
     from treadle.runtime.model_source import resolve_model_source
     from treadle.runtime.tokenizer import load_tokenizer
 

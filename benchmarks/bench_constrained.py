@@ -94,7 +94,7 @@ def bench_grammar_libs(tok, eos_ids: list[int], vocab_size: int, args) -> None:
     from outlines_core.json_schema import build_regex_from_schema
 
     from treadle.constrained import GrammarCompiler, GrammarMatcher, GrammarSpec, allocate_token_bitmask
-    from treadle.constrained.vocabulary import build_vocabulary
+    from treadle.constrained.index.vocabulary import build_vocabulary
 
     words = (vocab_size + 31) // 32
     # ---------------------------------------------------------------- treadle compile
@@ -251,7 +251,7 @@ def bench_grammar_libs(tok, eos_ids: list[int], vocab_size: int, args) -> None:
 
     # treadle: fresh CompiledGrammars (per-state mask rows not yet cached) for the first
     # pass, then the same grammars again (rows cached: the steady state of a served schema).
-    from treadle.constrained.grammar import CompiledGrammar
+    from treadle.constrained.compile.grammar import CompiledGrammar
 
     fresh = {n: CompiledGrammar(index=g.index, regex=g.regex, vocab_size=g.vocab_size,
                                 num_tokens=g.num_tokens, eos_token_ids=g.eos_token_ids, token_bytes=g.token_bytes,

@@ -4,7 +4,7 @@ lengths).
 
 One engine (CUDA graphs and overlap scheduling as configured), sampled requests
 (temperature 1 by default, a seed each) over a mix of schemas: plain objects, a tool call with a
-free-form ``arguments`` (a hole, constrained/json_holes.py) and ``{"type": "object"}`` (the
+free-form ``arguments`` (a hole, constrained/index/json_holes.py) and ``{"type": "object"}`` (the
 pushdown grammar). Each batch runs constrained with jump-forward on at every batch size
 (CUDA's default is off: this is the figure behind that), constrained with it off (a second
 engine), then unconstrained with ``ignore_eos`` and each request's constrained
@@ -56,7 +56,7 @@ RECURSIVE = {
         "name": {"type": "string", "maxLength": 12}, "parent": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}},
         "required": ["name", "parent"]}}, "$ref": "#/$defs/n"},
 }
-# --schema-set tags: structural tags (constrained/structural_tag.py), free text whose segments
+# --schema-set tags: structural tags (constrained/ebnf/structural_tag.py), free text whose segments
 # follow schemas; random weights write a 1-char trigger often, the others seldom (free-text masks)
 _CALL = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
 TAGS = {

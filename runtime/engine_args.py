@@ -72,15 +72,15 @@ class EngineArgs:
     # the compiled-grammar cache is kept under this many bytes (specs, token indexes, mask rows;
     # /get_server_info's "grammar_cache" says what it holds)
     grammar_cache_bytes: int = 1 << 30
-    # a grammar whose token index would be larger than this estimate (constrained/grammar_size.py)
+    # a grammar whose token index would be larger than this estimate (constrained/index/grammar_size.py)
     # is a 400 naming it, before it is built
     grammar_max_size: int = 150_000
     # the token index of a grammar: "lazy" parses its regex into a byte automaton and computes
-    # each state's token mask when a request first gets there (constrained/lazy_index.py; compiles
+    # each state's token mask when a request first gets there (constrained/index/lazy_index.py; compiles
     # in milliseconds to a second); "outlines" builds outlines-core's whole index up front
     grammar_index: Literal["lazy", "outlines"] = "lazy"
     # token indexes that took a second or more to build are kept here for the next process
-    # (constrained/disk_cache.py); None = <cache root>/grammars, "" = off
+    # (constrained/compile/disk_cache.py); None = <cache root>/grammars, "" = off
     grammar_cache_dir: str | None = None
     json_whitespace_pattern: str | None = None  # None = compact JSON
     # strict = declared properties only (a model should not invent keys); spec = also the
@@ -89,9 +89,9 @@ class EngineArgs:
     # the default of each request's json_schema_lenient: drop the assertion keywords treadle cannot
     # enforce instead of refusing the schema, and list them in meta_info (docs/json-schema.md)
     json_schema_lenient: bool = False
-    # how deep nesting recursion unrolls into a regex: EBNF rules (constrained/ebnf.py), and
+    # how deep nesting recursion unrolls into a regex: EBNF rules (constrained/ebnf/ebnf.py), and
     # JSON schema $ref cycles under a json_whitespace_pattern (compact output calls them to any
-    # depth, constrained/json_holes.py); deeper output is not generated, and the regex grows with it
+    # depth, constrained/index/json_holes.py); deeper output is not generated, and the regex grows with it
     grammar_max_recursion_depth: int = 3
     # speculative decoding (runtime/ngram_draft.py): draft the tokens that
     # followed the latest earlier occurrence of the last speculative_ngram_size tokens

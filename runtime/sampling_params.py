@@ -73,12 +73,12 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None
     choices: list[str] | None = None
-    ebnf: str | None = None  # a GBNF grammar whose rule "root" is the output (constrained/ebnf.py)
-    # free text whose tagged segments follow schemas (constrained/structural_tag.py), as JSON text
+    ebnf: str | None = None  # a GBNF grammar whose rule "root" is the output (constrained/ebnf/ebnf.py)
+    # free text whose tagged segments follow schemas (constrained/ebnf/structural_tag.py), as JSON text
     structural_tag: str | None = None
     # a reasoning block (<think>...</think>) comes before the constrained answer, and is free:
     # "open" (the prompt opened it) or "maybe" (the reply may open one); the chat endpoint sets
-    # it under --reasoning-parser think (constrained/reasoning_prefix.py)
+    # it under --reasoning-parser think (constrained/ebnf/reasoning_prefix.py)
     grammar_after_reasoning: str | None = None
     # token id -> added to its logit before sampling (OpenAI's logit_bias: -100 bans, 100 forces)
     logit_bias: dict[int, float] | None = None
@@ -216,8 +216,8 @@ class SamplingParams:
         self._check_whole_chars()
         if self.structural_tag is not None or self.grammar_after_reasoning is not None:
             # checked where they are defined (constrained/), named as sampling params here
-            from treadle.constrained.reasoning_prefix import check_mode
-            from treadle.constrained.structural_tag import StructuralTag
+            from treadle.constrained.ebnf.reasoning_prefix import check_mode
+            from treadle.constrained.ebnf.structural_tag import StructuralTag
 
             try:
                 if self.structural_tag is not None:
@@ -241,7 +241,7 @@ class SamplingParams:
         lenient = default if self.json_schema_lenient is None else self.json_schema_lenient
         if not lenient or self.json_schema is None or self.json_schema_dropped is not None:
             return
-        from treadle.constrained.json_schema import drop_unenforceable
+        from treadle.constrained.schema.json_schema import drop_unenforceable
 
         schema, dropped = drop_unenforceable(self.json_schema, mode=mode, whitespace_pattern=whitespace_pattern,
                                              max_recursion_depth=max_recursion_depth,

@@ -11,7 +11,7 @@ import interegular
 import numpy as np
 from interegular.fsm import anything_else
 
-from treadle.constrained.json_holes import CALL_CHARS, CANARY_CHAR, ENTRY_CHAR, HOLE_CHARS, KINDS
+from treadle.constrained.index.json_holes import CALL_CHARS, CANARY_CHAR, ENTRY_CHAR, HOLE_CHARS, KINDS
 
 __all__ = ["HoleOracle", "Oracle", "allowed_ids", "compiled_walks", "live_states", "random_walk"]
 

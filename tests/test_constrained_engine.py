@@ -340,7 +340,7 @@ EBNF_TASKS = [
 def test_ebnf_outputs_are_in_the_grammar(engine, temperature):
     from json_checks import HoleOracle
 
-    from treadle.constrained.ebnf import ebnf_to_regex
+    from treadle.constrained.ebnf.ebnf import ebnf_to_regex
 
     tok = engine.tokenizer
     prompts = [_chat(tok, q) for q, _ in EBNF_TASKS]
@@ -385,7 +385,7 @@ def test_recursive_schemas_nest_to_any_depth(engine, temperature):
             continue  # a small model may nest on until max_new_tokens
         _assert_valid_json(out, FILE_TREE, "recursive schema")
     if temperature == 0.0:  # the copy nests deeper than the unrolled regex would allow
-        from treadle.constrained.json_schema import json_schema_to_regex
+        from treadle.constrained.schema.json_schema import json_schema_to_regex
 
         text = outs[0]["text"]
         assert text.startswith(deep[:100]) and _deepest(json.loads(text)) >= 9, text

@@ -9,7 +9,7 @@ import pytest
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from treadle.constrained.vocabulary import build_vocabulary, gpt2_byte_decoder, token_bytes_table
+from treadle.constrained.index.vocabulary import build_vocabulary, gpt2_byte_decoder, token_bytes_table
 
 PIECES = ["▁", "a", "b", "c", "▁a", "▁hello", "▁world", "he", "llo", "é", "{", "}", '"', ":", ",", '",', "▁ab"]
 

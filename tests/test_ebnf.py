@@ -1,4 +1,4 @@
-"""EBNF grammars (constrained/ebnf.py): the parser, the regex each grammar becomes checked
+"""EBNF grammars (constrained/ebnf/ebnf.py): the parser, the regex each grammar becomes checked
 against an independent recognizer of the grammar itself, clear errors, and token-level walks
 through the compiled grammar with the real SmolLM2 vocabulary."""
 
@@ -11,7 +11,7 @@ import interegular
 import pytest
 
 from treadle.constrained import GrammarSpec
-from treadle.constrained.ebnf import (
+from treadle.constrained.ebnf.ebnf import (
     Alt, Cls, EbnfError, Lit, Ref, Rep, Seq, ebnf_to_regex, parse_ebnf,
 )
 from json_checks import allowed_ids
@@ -308,7 +308,7 @@ def test_spec_from_params():
 
 @pytest.fixture(scope="module")
 def compiler(smollm2_tokenizer):
-    from treadle.constrained.compiler import GrammarCompiler
+    from treadle.constrained.compile.compiler import GrammarCompiler
 
     tok = smollm2_tokenizer
     c = GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok))
@@ -318,7 +318,7 @@ def compiler(smollm2_tokenizer):
 
 @pytest.mark.parametrize("name", ["right_list", "left_sum", "multiline", "arith", "mutual", "dyck"])
 def test_random_token_walks_end_in_the_grammar(compiler, smollm2_tokenizer, name):
-    from treadle.constrained.bitmask import allocate_token_bitmask
+    from treadle.constrained.decode.bitmask import allocate_token_bitmask
 
     text = EXACT[name] if name in EXACT else NESTED[name][0]
     g = parse_ebnf(text)
@@ -376,8 +376,8 @@ def test_natural_tokenization_is_accepted_and_jumps_are_forced(compiler, smollm2
 
 
 def test_recursion_depth_is_a_compiler_setting(smollm2_tokenizer):
-    from treadle.constrained.compiler import GrammarCompiler
-    from treadle.constrained.json_holes import ENTRY_CHAR
+    from treadle.constrained.compile.compiler import GrammarCompiler
+    from treadle.constrained.index.json_holes import ENTRY_CHAR
     from treadle.runtime.engine_args import EngineArgs
 
     tok = smollm2_tokenizer
@@ -416,8 +416,8 @@ def test_any_text_gives_a_regex_or_an_ebnf_error():
               'b ::= ', '"\\u00e9"', '[\\x00-\\x1f]', '-', '^', 'root ::= a\n', 'a ::= "(" a ")" | ""\n',
               'b ::= b "x" | ""\n', 'ws ::= | " "\n', 'a ::= "[" a ("," a)* "]" | "x"\n', 'a ::= "{" b a "}" | b\n',
               'b ::= "<" a ws b ">" | "y"\n']
-    from treadle.constrained.ebnf import call_boundaries
-    from treadle.constrained.json_holes import ENTRY_CHAR
+    from treadle.constrained.ebnf.ebnf import call_boundaries
+    from treadle.constrained.index.json_holes import ENTRY_CHAR
 
     rng = random.Random(7)
     compiled = called = 0
@@ -504,7 +504,7 @@ def test_calls_are_the_grammar_at_any_depth(name):
     mutations."""
     from json_checks import HoleOracle
 
-    from treadle.constrained.json_holes import CALL_CHARS, ENTRY_CHAR
+    from treadle.constrained.index.json_holes import CALL_CHARS, ENTRY_CHAR
 
     text = CALLED[name]
     g = parse_ebnf(text)
@@ -555,8 +555,8 @@ def test_random_grammars_with_calls_equal_the_recognizer(smollm2_tokenizer):
     token and in the tokenizer's own tokens."""
     from json_checks import HoleOracle
 
-    from treadle.constrained.compiler import build_compiled_grammar
-    from treadle.constrained.ebnf import call_boundaries
+    from treadle.constrained.compile.compiler import build_compiled_grammar
+    from treadle.constrained.ebnf.ebnf import call_boundaries
 
     tok = smollm2_tokenizer
     eos = tok.eos_token_id
@@ -595,7 +595,7 @@ def test_random_grammars_with_calls_equal_the_recognizer(smollm2_tokenizer):
 
 
 def test_calls_fall_back_to_unrolling_where_they_cannot_run(compiler):
-    from treadle.constrained.ebnf import call_boundaries
+    from treadle.constrained.ebnf.ebnf import call_boundaries
 
     # left recursion through another rule: a stack of calls cannot nest it at one position
     left = 'root ::= a\na ::= b "x" | "y"\nb ::= a "z" | "w"'
@@ -651,9 +651,9 @@ def test_call_masks_equal_the_oracle_over_the_whole_vocabulary(compiler, smollm2
     matcher's own acceptance agree on every token that can cross."""
     from json_checks import HoleOracle
 
-    from treadle.constrained.bitmask import allocate_token_bitmask
-    from treadle.constrained.compiler import build_compiled_grammar
-    from treadle.constrained.ebnf import call_boundaries
+    from treadle.constrained.decode.bitmask import allocate_token_bitmask
+    from treadle.constrained.compile.compiler import build_compiled_grammar
+    from treadle.constrained.ebnf.ebnf import call_boundaries
 
     tok = smollm2_tokenizer
     eos = tok.eos_token_id

@@ -1,4 +1,4 @@
-"""constrained/fsm_crawl.py: interegular's FSM operations through the linear crawl give the
+"""constrained/regex/fsm_crawl.py: interegular's FSM operations through the linear crawl give the
 very FSMs the library's own crawl gives (same states, numbering, finals and edges)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import interegular
 import interegular.fsm as ifsm
 import pytest
 
-from treadle.constrained import fsm_crawl
+from treadle.constrained.regex import fsm_crawl
 
 PATTERNS = [
     "arn:([a-z0-9-]+):personalize:.*:.*:.+",

@@ -1,4 +1,4 @@
-"""fsm_to_regex (constrained/fsm_regex.py): the regex written back from a character FSM
+"""fsm_to_regex (constrained/regex/fsm_regex.py): the regex written back from a character FSM
 accepts exactly what the FSM does, checked by FSM equivalence over random regexes and the
 key sets it is used for (intersections and differences)."""
 
@@ -9,8 +9,8 @@ import random
 import interegular
 import pytest
 
-from treadle.constrained.fsm_regex import fsm_to_regex
-from treadle.constrained.regex_text import SAFE_RAW_CHAR, pattern_to_body
+from treadle.constrained.regex.fsm_regex import fsm_to_regex
+from treadle.constrained.regex.regex_text import SAFE_RAW_CHAR, pattern_to_body
 
 ATOMS = ["a", "b", "c", "[ab]", "[^a\"\\\\]", "x_", "(?:ab|c)", "[0-9]"]
 
@@ -60,7 +60,7 @@ def test_a_regex_nesting_past_the_parsers_depth_is_refused() -> None:
     import interegular
     import pytest
 
-    from treadle.constrained.fsm_regex import MAX_NESTING, fsm_to_regex
+    from treadle.constrained.regex.fsm_regex import MAX_NESTING, fsm_to_regex
 
     fsm = interegular.parse_pattern('"[a-z]{1,200}"').to_fsm()
     with pytest.raises(ValueError, match="nest"):
@@ -72,8 +72,8 @@ def test_a_regex_nesting_past_the_parsers_depth_is_refused() -> None:
 def _reference_elimination(fsm, limit: int = 20_000):
     """fsm_to_regex's state elimination as first written (every round scans every edge for
     each state's predecessors): the order and the regex the heap version must reproduce."""
-    from treadle.constrained.fsm_regex import _alt, _edge_classes, _live_states
-    from treadle.constrained.regex_text import has_top_level_alternation
+    from treadle.constrained.regex.fsm_regex import _alt, _edge_classes, _live_states
+    from treadle.constrained.regex.regex_text import has_top_level_alternation
 
     def _group(x: str) -> str:
         return f"(?:{x})" if has_top_level_alternation(x) else x

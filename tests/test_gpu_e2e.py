@@ -127,7 +127,7 @@ def test_constrained_outputs_validate_on_gpu(tmp_path):
                             max_new_tokens=64)
         assert g.holes is not None and g.holes.entries[0] is not None
         # an EBNF grammar whose outputs may end early and go on (index_markers.py)
-        from treadle.constrained.ebnf import ebnf_to_regex
+        from treadle.constrained.ebnf.ebnf import ebnf_to_regex
 
         ebnf = 'root ::= num ("," num)*\nnum ::= "-"? [0-9]+ ("." [0-9]+)?'
         _replay_sampled(e, {"ebnf": ebnf}, "Numbers:", lambda t: re.fullmatch(ebnf_to_regex(ebnf), t),

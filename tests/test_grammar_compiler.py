@@ -94,7 +94,7 @@ def test_bad_specs_fail_fast_and_are_cached(compiler):
 def test_regex_step_runs_in_the_worker_not_the_caller(compiler, smol):
     """Checking a large regex takes interegular seconds: the caller (the scheduler) must not
     wait for it, and its errors still come back as the grammar's own ValueError."""
-    from treadle.constrained.regex_text import RegexDialectError
+    from treadle.constrained.regex.regex_text import RegexDialectError
 
     spec = GrammarSpec.from_params(regex="(" + "|".join(f"zz{i}[a-z]{{0,5}}" for i in range(400)) + ")")
     fut = compiler.compile_async(spec)
@@ -251,7 +251,7 @@ def test_disk_cache_serves_a_new_compiler(smol, tmp_path):
     """A build kept on disk by one compiler (one process) is loaded, not rebuilt, by the next;
     unreadable files are misses; another vocabulary never reads it; the folder stays bounded.
     (outlines-core's indexes only: a lazy index has nothing to keep.)"""
-    from treadle.constrained.disk_cache import GrammarDiskCache
+    from treadle.constrained.compile.disk_cache import GrammarDiskCache
 
     spec = GrammarSpec.from_params(regex=r"[0-9]{3}-[a-z]+")
     with GrammarCompiler(smol, [EOS], vocab_size=V, disk_cache_dir=str(tmp_path), token_index="outlines") as c:

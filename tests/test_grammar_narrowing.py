@@ -12,9 +12,9 @@ import jsonschema
 import pytest
 
 from treadle.constrained import GrammarSpec
-from treadle.constrained.compiler import GrammarTooLarge, spec_automaton
-from treadle.constrained.index_markers import END_CHAR, START_CHAR
-from treadle.constrained.lazy_index import LazyIndex, TokenArrays, build_nfa
+from treadle.constrained.compile.compiler import GrammarTooLarge, spec_automaton
+from treadle.constrained.index.index_markers import END_CHAR, START_CHAR
+from treadle.constrained.index.lazy_index import LazyIndex, TokenArrays, build_nfa
 
 BYTES = TokenArrays({b: bytes([b]) for b in range(256)})  # one token per byte: walks spell bytes
 

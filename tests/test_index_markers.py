@@ -9,8 +9,8 @@ import interegular
 import pytest
 
 from treadle.constrained import GrammarSpec, allocate_token_bitmask
-from treadle.constrained.compiler import GrammarCompiler
-from treadle.constrained.vocabulary import token_bytes_table
+from treadle.constrained.compile.compiler import GrammarCompiler
+from treadle.constrained.index.vocabulary import token_bytes_table
 from json_checks import allowed_ids, live_states
 
 EOS = 2

@@ -1,4 +1,4 @@
-"""The "any JSON" pushdown grammar (constrained/json_any.py): masks against an independent
+"""The "any JSON" pushdown grammar (constrained/index/json_any.py): masks against an independent
 character-level oracle over the whole SmolLM2 vocabulary, random walks that must end in
 valid JSON, the matcher contract (reject / rollback / jump / terminate), and the compiler
 routing schemas that ask only for JSON to it."""
@@ -16,7 +16,7 @@ from treadle.constrained import (
     CompiledGrammar, GrammarCompiler, GrammarSpec, JsonAnyGrammar, allocate_token_bitmask, json_any_root,
     token_bytes_table,
 )
-from treadle.constrained.json_any import JsonPushdown
+from treadle.constrained.index.json_any import JsonPushdown
 
 from json_checks import Oracle, allowed_ids, random_walk
 

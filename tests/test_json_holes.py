@@ -1,4 +1,4 @@
-"""Schema holes (constrained/json_holes.py): any-values inside a JSON schema run on the
+"""Schema holes (constrained/index/json_holes.py): any-values inside a JSON schema run on the
 pushdown automaton. Masks are checked over the whole SmolLM2 vocabulary against an oracle
 that knows nothing of the walk (an NFA over interegular's DFA of the regex and the JSON
 oracle of tests/json_checks.py, with hole boundaries allowed anywhere); random walks must end
@@ -16,10 +16,10 @@ import pytest
 
 from treadle.constrained import GrammarCompiler, GrammarSpec, allocate_token_bitmask, build_compiled_grammar
 from treadle.constrained import token_bytes_table
-from treadle.constrained.json_any import JsonPushdown
-from treadle.constrained.json_holes import CALL_CHARS, ENTRY_CHAR, HOLE_CHARS, schema_allows_holes
-from treadle.constrained.json_schema import json_schema_to_regex
-from treadle.constrained.matcher import HoleMatcher
+from treadle.constrained.index.json_any import JsonPushdown
+from treadle.constrained.index.json_holes import CALL_CHARS, ENTRY_CHAR, HOLE_CHARS, schema_allows_holes
+from treadle.constrained.schema.json_schema import json_schema_to_regex
+from treadle.constrained.decode.matcher import HoleMatcher
 
 from json_checks import HoleOracle, allowed_ids, random_walk
 
@@ -316,7 +316,7 @@ def test_compiler_gives_schemas_with_any_values_holes(smol):
 # ------------------------------------------------------------------ recursive $refs as calls
 
 def test_recursive_refs_are_calls_not_unrolled():
-    from treadle.constrained.json_holes import MAX_CALLS
+    from treadle.constrained.index.json_holes import MAX_CALLS
 
     rx = json_schema_to_regex(TREE, holes=True)
     assert sum(c in rx for c in CALL_CHARS) == 1 and rx.count(ENTRY_CHAR) == 1  # one definition

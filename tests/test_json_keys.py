@@ -1,4 +1,4 @@
-"""Unique keys (constrained/json_keys.py): the lexer, the candidate search against brute
+"""Unique keys (constrained/decode/json_keys.py): the lexer, the candidate search against brute
 force, and matchers of real JSON grammars over SmolLM2's vocabulary (mask and acceptance
 agree, rollback forgets keys, the grammar wins where unique keys would leave nothing), and
 the real model, whose loops used to repeat keys."""
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from treadle.constrained import GrammarCompiler, GrammarSpec, allocate_token_bitmask, bitmask_to_bool
-from treadle.constrained.json_keys import START, KeyIndex, feed, schema_has_free_keys
+from treadle.constrained.decode.json_keys import START, KeyIndex, feed, schema_has_free_keys
 
 
 def run(text: bytes, cut: int = 3):

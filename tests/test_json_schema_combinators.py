@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from test_json_schema_structure import walks  # the schema's regex and its random walks, each validated
 
-from treadle.constrained.json_schema import UnsupportedSchemaError, json_schema_to_regex
+from treadle.constrained.schema.json_schema import UnsupportedSchemaError, json_schema_to_regex
 
 
 def dumps(value: Any) -> str:

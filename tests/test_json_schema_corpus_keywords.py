@@ -16,8 +16,8 @@ import regex as ecma_re
 from json_checks import compiled_walks
 from test_json_schema_patterns import random_strings
 
-from treadle.constrained.json_schema import UnsupportedSchemaError, drop_unenforceable, json_schema_to_regex
-from treadle.constrained.regex_text import PROPERTY_WINDOW
+from treadle.constrained.schema.json_schema import UnsupportedSchemaError, drop_unenforceable, json_schema_to_regex
+from treadle.constrained.regex.regex_text import PROPERTY_WINDOW
 
 
 

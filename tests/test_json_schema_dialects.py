@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 from json_checks import sample_regex
 
-from treadle.constrained.json_schema import UnsupportedSchemaError, json_schema_to_regex
+from treadle.constrained.schema.json_schema import UnsupportedSchemaError, json_schema_to_regex
 
 D4 = "http://json-schema.org/draft-04/schema#"
 D7 = "http://json-schema.org/draft-07/schema#"
@@ -226,7 +226,7 @@ def test_long_max_length_bounds_the_patterns_repetitions() -> None:
 
 
 def test_lenient_translation_drops_and_names() -> None:
-    from treadle.constrained.json_schema import drop_unenforceable
+    from treadle.constrained.schema.json_schema import drop_unenforceable
 
     schema = {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.3},
                                                "s": {"type": "string", "not": {"format": "email"}}},

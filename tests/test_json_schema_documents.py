@@ -1,5 +1,5 @@
 """Refs to documents beyond the schema itself (issue 31): json-schema.org's meta-schemas resolve
-offline, embedded as jsonschema resolves them (constrained/json_schema_documents.py), and the
+offline, embedded as jsonschema resolves them (constrained/schema/json_schema_documents.py), and the
 dynamic refs of a document of several resources resolve where every evaluation path agrees."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from test_grammar_compiler import accepts
 from test_lazy_index import EOS, V
 
 from treadle.constrained import GrammarCompiler, GrammarSpec
-from treadle.constrained.json_schema import UnsupportedSchemaError, json_schema_to_regex
+from treadle.constrained.schema.json_schema import UnsupportedSchemaError, json_schema_to_regex
 
 D4 = "http://json-schema.org/draft-04/schema#"
 D7 = "http://json-schema.org/draft-07/schema#"

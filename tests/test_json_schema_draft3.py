@@ -1,5 +1,5 @@
 """Draft-03 schemas (issue 31): read by rewriting them into the 2020-12 spelling
-(constrained/json_schema_dialects.py), each keyword draft-03 spells its own way checked sound:
+(constrained/schema/json_schema_dialects.py), each keyword draft-03 spells its own way checked sound:
 random strings of the compiled regex, and chosen valid and invalid instances, judged by
 jsonschema's Draft3Validator (formats checked)."""
 
@@ -19,8 +19,8 @@ from test_lazy_index import EOS, V
 
 from treadle.constrained import GrammarCompiler, GrammarSpec
 
-from treadle.constrained.json_schema import UnsupportedSchemaError, json_schema_to_regex
-from treadle.constrained.json_schema_dialects import dialect_of, to_2020_12
+from treadle.constrained.schema.json_schema import UnsupportedSchemaError, json_schema_to_regex
+from treadle.constrained.schema.json_schema_dialects import dialect_of, to_2020_12
 
 D3 = "http://json-schema.org/draft-03/schema#"
 

@@ -16,7 +16,7 @@ import interegular
 import pytest
 from test_json_schema_patterns import body_of, check_subset, random_strings, tree_strings
 
-from treadle.constrained import fsm_crawl
+from treadle.constrained.regex import fsm_crawl
 
 
 @contextlib.contextmanager
@@ -156,7 +156,7 @@ def test_a_format_under_a_max_length_is_written_shorter(fmt: str, hi: int) -> No
     # the format's strings reach 175 characters)
     import jsonschema
 
-    from treadle.constrained.regex_text import FORMATS
+    from treadle.constrained.regex.regex_text import FORMATS
 
     schema = {"type": "string", "format": fmt, "maxLength": hi}
     body = body_of(schema)
@@ -172,7 +172,7 @@ def test_a_format_under_a_max_length_is_written_shorter(fmt: str, hi: int) -> No
 def test_a_format_with_a_pattern_keeps_the_branches_inside_it() -> None:
     # the 2019-09 / 2020-12 core vocabularies' $id: format uri-reference, pattern ^[^#]*#?$
     # (their product's regex passed 20,000 characters: refused before)
-    from treadle.constrained.regex_text import FORMATS
+    from treadle.constrained.regex.regex_text import FORMATS
 
     schema = {"format": "uri-reference", "pattern": "^[^#]*#?$"}
     body = body_of(schema)
@@ -189,8 +189,8 @@ def test_a_uri_format_under_a_url_pattern_writes_the_web_urls_it_matches(fmt: st
     import jsonschema
     import rfc3987
 
-    from treadle.constrained.json_schema import _WEB_URLS
-    from treadle.constrained.regex_text import FORMATS
+    from treadle.constrained.schema.json_schema import _WEB_URLS
+    from treadle.constrained.regex.regex_text import FORMATS
 
     web, whole = interegular.parse_pattern(_WEB_URLS).to_fsm(), interegular.parse_pattern(FORMATS[fmt]).to_fsm()
     assert (web - whole).empty()  # every web URL is of the format

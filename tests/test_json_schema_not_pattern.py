@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 from test_json_schema_oneof import accepted, checker, refused, walks
 
-from treadle.constrained.json_schema import json_schema_to_regex
-from treadle.constrained.json_schema_parts import Unsatisfiable
+from treadle.constrained.schema.json_schema import json_schema_to_regex
+from treadle.constrained.schema.json_schema_parts import Unsatisfiable
 
 _SPACE = "\t\n\u000b\f\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 

@@ -20,8 +20,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from treadle.constrained.json_schema import UnsupportedSchemaError, json_schema_to_regex
-from treadle.constrained.lazy_index import LazyIndex, TokenArrays, build_nfa
+from treadle.constrained.schema.json_schema import UnsupportedSchemaError, json_schema_to_regex
+from treadle.constrained.index.lazy_index import LazyIndex, TokenArrays, build_nfa
 
 
 def checker(schema: dict):  # noqa: ANN201
@@ -361,7 +361,7 @@ def _k8s_all(kinds: int) -> dict:
 
 @pytest.mark.parametrize("mode", ["strict", "spec"])
 def test_kubernetes_all_kinds_two_branches_accept_everything(mode: str) -> None:
-    from treadle.constrained.json_schema_parts import Unsatisfiable
+    from treadle.constrained.schema.json_schema_parts import Unsatisfiable
 
     schema = _k8s_all(100)
     for value in ({"kind": "Kind1"}, None, 1, "x", {}):

@@ -13,9 +13,9 @@ import pytest
 import regex as ecma_re
 
 from test_json_schema_patterns import random_strings
-from treadle.constrained.json_schema import UnsupportedSchemaError, json_schema_to_regex
-from treadle.constrained.regex_ecma import pattern_json_body, pattern_subset_body
-from treadle.constrained.regex_text import RegexDialectError
+from treadle.constrained.schema.json_schema import UnsupportedSchemaError, json_schema_to_regex
+from treadle.constrained.regex.regex_ecma import pattern_json_body, pattern_subset_body
+from treadle.constrained.regex.regex_text import RegexDialectError
 
 
 def written_strings(pattern: str, n: int = 80) -> list[str]:

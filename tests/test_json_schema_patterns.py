@@ -12,9 +12,9 @@ import re
 import interegular
 import pytest
 
-from treadle.constrained.json_schema import UnsupportedSchemaError, json_schema_to_regex
-from treadle.constrained.regex_ecma import pattern_subset_body
-from treadle.constrained.regex_text import RegexDialectError, reshaped_repetitions
+from treadle.constrained.schema.json_schema import UnsupportedSchemaError, json_schema_to_regex
+from treadle.constrained.regex.regex_ecma import pattern_subset_body
+from treadle.constrained.regex.regex_text import RegexDialectError, reshaped_repetitions
 
 
 def random_strings(regex: str, n: int, seed: int = 0, max_len: int = 200) -> list[str]:
@@ -598,7 +598,7 @@ def test_format_uri_with_a_pattern_of_the_scheme(pattern: str, schemes: list[str
     ("\\d+", False),  # a category: not told here
 ])
 def test_json_safe_atoms_agrees_with_the_automaton(body: str, safe: bool) -> None:
-    from treadle.constrained.regex_text import SAFE_RAW_CHAR, json_safe_atoms
+    from treadle.constrained.regex.regex_text import SAFE_RAW_CHAR, json_safe_atoms
 
     assert json_safe_atoms(body) is safe
     if safe:

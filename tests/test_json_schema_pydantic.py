@@ -21,7 +21,7 @@ import pytest
 from pydantic import AnyUrl, BaseModel, Field, HttpUrl, IPvAnyAddress
 
 from treadle.constrained import GrammarSpec, allocate_token_bitmask, build_compiled_grammar, token_bytes_table
-from treadle.constrained.json_any import JsonPushdown
+from treadle.constrained.index.json_any import JsonPushdown
 
 from json_checks import random_walk
 

@@ -1,4 +1,4 @@
-"""Unit tests for treadle.constrained.json_schema (JSON Schema -> regex)."""
+"""Unit tests for treadle.constrained.schema.json_schema (JSON Schema -> regex)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treadle.constrained.json_schema import (
+from treadle.constrained.schema.json_schema import (
     UnsupportedSchemaError,
     choices_to_regex,
     escape_literal,
     json_schema_to_regex,
     validate_regex,
 )
-from treadle.constrained.json_holes import ENTRY_CHAR
-from treadle.constrained.regex_numbers import int_range_regex, number_regex
-from treadle.constrained.regex_text import BOUNDED_FORMATS, excluded_key_regex, string_regex
+from treadle.constrained.index.json_holes import ENTRY_CHAR
+from treadle.constrained.schema.regex_numbers import int_range_regex, number_regex
+from treadle.constrained.regex.regex_text import BOUNDED_FORMATS, excluded_key_regex, string_regex
 
 
 def dumps(value: object, **kw: object) -> str:
@@ -999,7 +999,7 @@ def test_openai_json_object_grammar() -> None:
         assert not re.fullmatch(rx, bad), bad
 
 def test_rebase_refs_points_local_refs_under_the_embedding() -> None:
-    from treadle.constrained.json_schema import rebase_refs
+    from treadle.constrained.schema.json_schema import rebase_refs
     schema = {"type": "object",
               "properties": {"a": {"$ref": "#/$defs/A"}, "self": {"$ref": "#"}, "anchor": {"$ref": "#here"},
                              "const": {"$ref": "#/$defs/A"},  # a property named like a data keyword
@@ -1026,7 +1026,7 @@ def test_rebase_refs_points_local_refs_under_the_embedding() -> None:
         jsonschema.validate({"x": {"a": [1]}}, outer)
     with pytest.raises(ValueError, match="pointer"):
         rebase_refs(schema, "$defs/t0")
-    from treadle.constrained.json_schema import embedded_defs
+    from treadle.constrained.schema.json_schema import embedded_defs
     assert embedded_defs({"t0": schema}) == {"t0": out}
     with pytest.raises(ValueError, match="escaping"):
         embedded_defs({"a/b": schema})

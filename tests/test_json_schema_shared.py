@@ -15,10 +15,10 @@ import jsonschema
 import pytest
 from json_checks import compiled_walks
 
-from treadle.constrained.json_holes import CALL_CHARS
-from treadle.constrained.json_schema import json_schema_to_regex
-from treadle.constrained.json_schema_parts import excluded_key_fsm
-from treadle.constrained.regex_text import excluded_key_regex
+from treadle.constrained.index.json_holes import CALL_CHARS
+from treadle.constrained.schema.json_schema import json_schema_to_regex
+from treadle.constrained.schema.json_schema_parts import excluded_key_fsm
+from treadle.constrained.regex.regex_text import excluded_key_regex
 
 
 
@@ -116,7 +116,7 @@ def test_the_finite_value_check_of_a_recursive_definition_stays_small() -> None:
     code = '''
 import resource
 resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-from treadle.constrained.json_schema import json_schema_to_regex
+from treadle.constrained.schema.json_schema import json_schema_to_regex
 leaf = {"type": "object", "additionalProperties": False,
         "properties": {f"leaf_property_{i}": {"type": "string", "maxLength": 8} for i in range(60)}}
 node = {"type": "object", "additionalProperties": False,

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 from json_checks import sample_regex
 
-from treadle.constrained.json_schema import UnsupportedSchemaError, json_schema_to_regex
+from treadle.constrained.schema.json_schema import UnsupportedSchemaError, json_schema_to_regex
 
 
 def checker(schema: dict):  # noqa: ANN201
@@ -137,7 +137,7 @@ def test_an_unresolvable_ref_in_an_embedded_resource_is_refused_by_name() -> Non
 def test_schemas_with_a_root_id_embedded_together_keep_their_own_definitions() -> None:
     # two tools' schemas, each naming itself and its own "#/$defs/v", converted together (a
     # structural tag's): each ref means its own schema's definition
-    from treadle.constrained.json_schema import json_schemas_to_regexes
+    from treadle.constrained.schema.json_schema import json_schemas_to_regexes
 
     tools = [{"$id": f"https://example.com/{name}", "type": "object", "additionalProperties": False,
               "required": ["v"], "properties": {"v": {"$ref": "#/$defs/v"}}, "$defs": {"v": {"type": t}}}
@@ -287,7 +287,7 @@ def test_the_empty_pattern_alone_leaves_keys_to_additional_properties_too(extra:
 # 500, maxLength 10000 (was a 400: "minLength 500 exceeds the supported 256")
 @pytest.mark.parametrize("lengths", [{"minLength": 500, "maxLength": 10000}, {"minLength": 1000}])
 def test_a_plain_string_of_a_long_minimum_length_is_written(lengths: dict) -> None:
-    from treadle.constrained.lazy_index import build_nfa
+    from treadle.constrained.index.lazy_index import build_nfa
 
     schema = {"type": "object", "required": ["d"], "additionalProperties": False,
               "properties": {"d": {"type": "string", **lengths}}}
@@ -357,7 +357,7 @@ def test_an_anyof_branch_it_cannot_write_is_still_named_where_it_must_be() -> No
 
 
 def test_the_lenient_opt_in_drops_the_keyword_and_keeps_the_branch() -> None:
-    from treadle.constrained.json_schema import drop_unenforceable
+    from treadle.constrained.schema.json_schema import drop_unenforceable
 
     schema = {"anyOf": [{"type": "string", "pattern": "(a)\\1"}, {"type": "null"}]}
     rewritten, dropped = drop_unenforceable(schema)
@@ -636,8 +636,8 @@ def test_unique_objects_written_of_distinct_sizes() -> None:
 def test_unanchored_key_pattern_branches_share_their_padding() -> None:
     """stylelintrc's unit keys ``(em|ex|...|%)`` (unanchored): their superset reading is one padded
     group, not a union of 15 padded branches, whose automaton product took past 30 s to build."""
-    from treadle.constrained.regex_ecma import key_pattern_bodies
-    from treadle.constrained.regex_text import SAFE_RAW_CHAR
+    from treadle.constrained.regex.regex_ecma import key_pattern_bodies
+    from treadle.constrained.regex.regex_text import SAFE_RAW_CHAR
 
     _, outer = key_pattern_bodies("(em|ex|ch|vw|vh|cm|mm|in|pt|pc|px|rem|vmin|vmax|%)|^a$")
     assert outer.count(SAFE_RAW_CHAR + "*") == 2

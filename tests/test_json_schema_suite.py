@@ -23,9 +23,9 @@ from typing import Iterator
 import interegular
 import pytest
 
-from treadle.constrained import json_schema
-from treadle.constrained.json_schema import json_schema_to_regex
-from treadle.constrained.regex_text import FORMATS
+from treadle.constrained.schema import json_schema
+from treadle.constrained.schema.json_schema import json_schema_to_regex
+from treadle.constrained.regex.regex_text import FORMATS
 
 SUITES = Path(__file__).resolve().parents[2] / "shared" / "data" / "JSON-Schema-Test-Suite" / "tests"
 SUITE = SUITES / "draft2020-12"

@@ -10,7 +10,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from treadle.constrained import GrammarMatcher, JumpPlan, build_compiled_grammar, plan_jump_forward
-from treadle.constrained.vocabulary import token_bytes_table
+from treadle.constrained.index.vocabulary import token_bytes_table
 
 EOS = 2
 V = 49152

@@ -1,4 +1,4 @@
-"""The lazy token index (constrained/lazy_index.py) against outlines-core's index: the same
+"""The lazy token index (constrained/index/lazy_index.py) against outlines-core's index: the same
 allowed tokens and the same final states at every state of random token walks, over the whole
 vocabulary of the embedded model; its UTF-8 byte ranges exact; what it does not read falls
 back to outlines-core."""
@@ -10,10 +10,10 @@ import re
 import pytest
 
 from treadle.constrained import GrammarCompiler, GrammarSpec, build_compiled_grammar
-from treadle.constrained.index_markers import marked, marker_token_ids
-from treadle.constrained.json_holes import PLACEHOLDERS
-from treadle.constrained.lazy_index import LazyIndex, LazyUnsupported, build_nfa, utf8_sequences
-from treadle.constrained.vocabulary import build_vocabulary, lazy_tokens
+from treadle.constrained.index.index_markers import marked, marker_token_ids
+from treadle.constrained.index.json_holes import PLACEHOLDERS
+from treadle.constrained.index.lazy_index import LazyIndex, LazyUnsupported, build_nfa, utf8_sequences
+from treadle.constrained.index.vocabulary import build_vocabulary, lazy_tokens
 
 EOS = 2
 V = 49152
@@ -125,7 +125,7 @@ def test_an_index_past_its_dfa_cap_fails_its_request_alone(monkeypatch):
     """A lazy index makes DFA states as requests explore it, in the scheduler; past its cap (a
     regex that determinizes exponentially) the request that asked fails with a message naming
     it, and the rest of its batch goes on, with no KV leaked."""
-    from treadle.constrained import lazy_index
+    from treadle.constrained.index import lazy_index
     from treadle.runtime import Engine
 
     monkeypatch.setattr(lazy_index, "MAX_DFA_STATES", 12)

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from treadle.constrained import compiler
-from treadle.constrained.compiler import GrammarTooLarge, NARROW_SHARES, lazy_nfa
-from treadle.constrained.index_markers import MEMBER_OPTIONAL, MEMBER_REQUIRED, MEMBERS_CLOSE, MEMBERS_OPEN, marked
-from treadle.constrained.lazy_index import LazyTooLarge, build_nfa, nfa_of, parse_regex
+from treadle.constrained.compile import compiler
+from treadle.constrained.compile.compiler import GrammarTooLarge, NARROW_SHARES, lazy_nfa
+from treadle.constrained.index.index_markers import MEMBER_OPTIONAL, MEMBER_REQUIRED, MEMBERS_CLOSE, MEMBERS_OPEN, marked
+from treadle.constrained.index.lazy_index import LazyTooLarge, build_nfa, nfa_of, parse_regex
 
 
 def _c(ch: str) -> tuple:
@@ -44,7 +44,7 @@ def test_plain_runs_and_classes_parse_to_one_node_per_character():
 
 @pytest.mark.parametrize("bad", ["[ab", "ab\\", "[a\\", "a{2,1}", "(ab"])
 def test_malformed_text_is_still_refused(bad):
-    from treadle.constrained.lazy_index import LazyUnsupported
+    from treadle.constrained.index.lazy_index import LazyUnsupported
 
     with pytest.raises(LazyUnsupported):
         parse_regex(bad)
@@ -168,7 +168,7 @@ def test_counted_copies_made_at_once_are_the_copies_made_one_by_one():
     # and moves as shifting them one at a time (a body with epsilon moves and one without)
     import numpy as np
 
-    from treadle.constrained import lazy_index as li
+    from treadle.constrained.index import lazy_index as li
 
     class OneByOne(li._Builder):
         def copies(self, body, k, least=None):
@@ -213,8 +213,8 @@ def test_counted_copies_made_at_once_are_the_copies_made_one_by_one():
 def test_ordered_members_of_at_least_one_optional_entry_make_no_dead_state():
     # {"minProperties": 1} over optional members: no A_n state is made (the empty sequence is
     # not allowed) and every state reaches the end, so the index skips its dead-state pass
-    from treadle.constrained.lazy_index import LazyIndex, TokenArrays
-    from treadle.constrained.index_markers import MEMBERS_OPEN_NONEMPTY
+    from treadle.constrained.index.lazy_index import LazyIndex, TokenArrays
+    from treadle.constrained.index.index_markers import MEMBERS_OPEN_NONEMPTY
 
     rx = "\\{" + MEMBERS_OPEN_NONEMPTY + "," + "".join(MEMBER_OPTIONAL + f'"{k}":[0-9]' for k in "abc") + MEMBERS_CLOSE + "\\}"
     nfa = build_nfa(rx)

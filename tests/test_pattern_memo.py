@@ -6,9 +6,9 @@ from __future__ import annotations
 import interegular
 import pytest
 
-from treadle.constrained import regex_ecma, regex_text
-from treadle.constrained.regex_ecma import pattern_subset_body
-from treadle.constrained.regex_text import RegexDialectError
+from treadle.constrained.regex import regex_ecma, regex_text
+from treadle.constrained.regex.regex_ecma import pattern_subset_body
+from treadle.constrained.regex.regex_text import RegexDialectError
 
 
 def _counting(monkeypatch) -> list:

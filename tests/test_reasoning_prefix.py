@@ -1,4 +1,4 @@
-"""A reasoning block before the constrained answer (constrained/reasoning_prefix.py): the
+"""A reasoning block before the constrained answer (constrained/ebnf/reasoning_prefix.py): the
 regex around a grammar's, on examples for every kind (with calls: the definitions stay
 reachable), the compiled grammar on SmolLM2's vocabulary (a thinking reply then JSON, the
 block free, the answer constrained), and an Engine request whose reply starts inside the
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from treadle.constrained.grammar import GrammarSpec
+from treadle.constrained.compile.grammar import GrammarSpec
 from treadle.runtime.sampling_params import SamplingParams
 
 OBJ = {"type": "object", "properties": {"a": {"type": "integer"}, "extra": {"type": "object"}}, "required": ["a"]}
@@ -43,7 +43,7 @@ def test_the_block_is_free_and_the_answer_constrained(params, answers, wrong):
 
 
 def test_calls_keep_their_definitions():
-    from treadle.constrained.json_holes import ENTRY_CHAR
+    from treadle.constrained.index.json_holes import ENTRY_CHAR
 
     plain = GrammarSpec.from_params(json_schema=TREE).to_regex(holes=True)
     wrapped = GrammarSpec.from_params(json_schema=TREE, reasoning="open").to_regex(holes=True)
@@ -65,7 +65,7 @@ def test_mode_and_params_are_checked():
 
 @pytest.fixture(scope="module")
 def compiler(smollm2_tokenizer):
-    from treadle.constrained.compiler import GrammarCompiler
+    from treadle.constrained.compile.compiler import GrammarCompiler
 
     tok = smollm2_tokenizer
     with GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok)) as c:
@@ -78,7 +78,7 @@ def test_a_thinking_reply_then_json_on_the_real_vocabulary(compiler, smollm2_tok
     answer only valid JSON, EOS only once it is complete. Any-JSON ({"type": "object"}) runs
     on the regex with a hole here, not the pushdown grammar alone."""
     from json_checks import allowed_ids
-    from treadle.constrained.bitmask import allocate_token_bitmask
+    from treadle.constrained.decode.bitmask import allocate_token_bitmask
 
     tok = smollm2_tokenizer
     g = compiler.compile(GrammarSpec.from_params(json_schema=schema, reasoning="maybe"))

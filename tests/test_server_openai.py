@@ -427,7 +427,7 @@ SEARCH = {"type": "function", "function": {
 
 def test_tool_with_a_free_form_parameter(client):
     """A free-form parameter (``filters: {"type": "object"}``) is a hole in the call grammar
-    (constrained/json_holes.py), not a regex unrolled two levels: the calls validate. (The
+    (constrained/index/json_holes.py), not a regex unrolled two levels: the calls validate. (The
     small model, sampled, may also nest on until max_tokens: those replies end in "length".)"""
     ask = [{"role": "user", "content": 'Call search with city "Rome" and filters {"pool": {"required": true}, '
                                        '"price": {"max": 100, "currency": "EUR"}}.'}]

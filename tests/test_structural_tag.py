@@ -1,4 +1,4 @@
-"""Structural tags (constrained/structural_tag.py): free text whose tagged segments follow
+"""Structural tags (constrained/ebnf/structural_tag.py): free text whose tagged segments follow
 JSON schemas. The free-text regex against a plain substring check, the whole regex on
 examples, and the compiled grammar on the real SmolLM2 vocabulary: the model's own
 tokenization of replies with calls (free-form, recursive and any-JSON arguments) accepted,
@@ -15,8 +15,8 @@ import jsonschema
 import pytest
 
 from json_checks import allowed_ids
-from treadle.constrained.grammar import GrammarSpec
-from treadle.constrained.structural_tag import structural_tag_to_regex, trigger_free_regex
+from treadle.constrained.compile.grammar import GrammarSpec
+from treadle.constrained.ebnf.structural_tag import structural_tag_to_regex, trigger_free_regex
 from treadle.runtime.sampling_params import SamplingParams
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
@@ -128,7 +128,7 @@ def test_trigger_free_regex_is_exactly_the_strings_without_a_trigger():
     assert not free.fullmatch("7")
     assert len(trigger_free_regex(["<tool_call>"])) < 400  # grows with the triggers' automaton, not 2^n
     # a union with the empty string matches it, whatever the other side looks like
-    from treadle.constrained.free_text import _union
+    from treadle.constrained.regex.free_text import _union
     for other in ("a", "(?:a|b)(?:c)?", "(?:ab)?c", "[^<]"):
         assert re.fullmatch(_union("", other), "") and re.fullmatch(_union(other, ""), "")
 
@@ -149,7 +149,7 @@ def test_regex_accepts_free_text_with_valid_segments_only():
 def test_structures_convert_together_with_their_own_refs():
     """Each schema's local refs mean what they meant alone (ORDER's #/$defs, TREE's #), and the
     recursive ones are calls of one list of definitions."""
-    from treadle.constrained.json_holes import CALL_CHARS, ENTRY_CHAR
+    from treadle.constrained.index.json_holes import CALL_CHARS, ENTRY_CHAR
 
     value = GrammarSpec.from_params(structural_tag=TOOLS).value
     with_calls = structural_tag_to_regex(value, holes=True)
@@ -164,7 +164,7 @@ def test_structures_convert_together_with_their_own_refs():
 
 @pytest.fixture(scope="module")
 def compiled(smollm2_tokenizer):
-    from treadle.constrained.compiler import GrammarCompiler
+    from treadle.constrained.compile.compiler import GrammarCompiler
 
     tok = smollm2_tokenizer
     with GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok)) as c:
@@ -184,7 +184,7 @@ DOCS = [
 
 
 def test_model_tokenizations_of_valid_replies_are_accepted(compiled, smollm2_tokenizer):
-    from treadle.constrained.bitmask import allocate_token_bitmask
+    from treadle.constrained.decode.bitmask import allocate_token_bitmask
 
     tok = smollm2_tokenizer
     g = compiled["tools"]
@@ -230,7 +230,7 @@ def test_random_walks_through_segments_parse_and_validate(compiled, smollm2_toke
     """Sample allowed tokens; now and then write the trigger (as the model's tokens) to open a
     segment, and steer to an end after a while. Every text must read back as free text and
     valid segments, and a refused token never changes the matcher."""
-    from treadle.constrained.bitmask import allocate_token_bitmask
+    from treadle.constrained.decode.bitmask import allocate_token_bitmask
 
     tok = smollm2_tokenizer
     tag = TOOLS if name == "tools" else FUNCS
@@ -340,7 +340,7 @@ FORMAT_CASES = {
 
 @pytest.fixture(scope="module")
 def format_grammars(smollm2_tokenizer):
-    from treadle.constrained.compiler import GrammarCompiler
+    from treadle.constrained.compile.compiler import GrammarCompiler
 
     tok = smollm2_tokenizer
     with GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok)) as c:
@@ -373,8 +373,8 @@ def test_legacy_form_is_a_triggered_tags_format():
 
 
 def test_format_bounds_are_the_bytes_around_json_values():
-    from treadle.constrained.json_holes import ENTRY_AFTER, EXIT_AT
-    from treadle.constrained.structural_tag import structural_tag_bounds
+    from treadle.constrained.index.json_holes import ENTRY_AFTER, EXIT_AT
+    from treadle.constrained.ebnf.structural_tag import structural_tag_bounds
 
     f = fmt({"type": "sequence", "elements": [
         {"type": "tag", "begin": "<x>", "content": {"type": "json_schema", "json_schema": {}}, "end": ["|", "</x>"]},

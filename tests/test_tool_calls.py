@@ -73,7 +73,7 @@ def test_a_function_without_parameters_is_called_with_empty_arguments(mode, para
     """OpenAI: an omitted `parameters` is an empty parameter list, so the arguments are `{}`
     (they used to be any JSON object, and the model nested `{"type": {"type": ...` on). An
     explicit `"properties": {}` means the same in the default strict mode."""
-    from treadle.constrained.grammar import GrammarSpec
+    from treadle.constrained.compile.grammar import GrammarSpec
     fn = {"name": "ping"} if parameters is None else {"name": "ping", "parameters": parameters}
     tools = ({"type": "function", "function": fn}, WEATHER)
     for choice, empty, other in [
@@ -119,8 +119,8 @@ TREE = {"type": "function", "function": {"name": "make_tree", "parameters": {
 def test_required_choice_keeps_the_tools_own_refs(tools):
     """Each tool's local refs still resolve inside the combined schema (they used to point at
     its root, which has no such $defs: 'cannot resolve'), and its regex admits real calls."""
-    from treadle.constrained.grammar import GrammarSpec
-    from treadle.constrained.json_schema import json_schema_to_regex
+    from treadle.constrained.compile.grammar import GrammarSpec
+    from treadle.constrained.schema.json_schema import json_schema_to_regex
     text = plan("required", tools=tools).sampling_overrides(None)["json_schema"]
     schema = json.loads(text)
     order = {"name": "place_order", "arguments": {"ship_to": {"city": "Oslo"},
@@ -148,7 +148,7 @@ def test_auto_choice_with_a_strict_tool_constrains_the_calls_only():
     """A `strict` tool makes "auto" a structural tag: text stays free, a <tool_call> block the
     model opens must name a listed tool, laid out as the prompt shows, with valid arguments
     (a non-strict tool's: any JSON object). Parsed back by the usual "auto" parser."""
-    from treadle.constrained.grammar import GrammarSpec
+    from treadle.constrained.compile.grammar import GrammarSpec
 
     strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
     p = plan("auto", parallel=False, tools=(strict, TIME))

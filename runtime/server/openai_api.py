@@ -40,7 +40,7 @@ _GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice
 _IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "stream_options",
             "stream", "logprobs", "top_logprobs", "response_format", "echo", "best_of")
 # response_format json_object: any JSON object, nested to any depth (compiled to the pushdown
-# automaton of constrained/json_any.py; with --json-whitespace-pattern, to a regex)
+# automaton of constrained/index/json_any.py; with --json-whitespace-pattern, to a regex)
 JSON_OBJECT_SCHEMA = {"type": "object"}
 _COMPLETION_FIELDS = {"model", "rid", "prompt", "suffix", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED}
 _CHAT_FIELDS = {"model", "rid", "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",

@@ -9,13 +9,13 @@ starts the reply inside it. A reply cut by `max_tokens` inside the block is all 
 A request keeps the raw text with `separate_reasoning: false`.
 
 A constraint (response_format, a grammar, a tool choice) then holds for the answer only: the
-block before it stays free (constrained/reasoning_prefix.py), when the template opened the
+block before it stays free (constrained/ebnf/reasoning_prefix.py), when the template opened the
 block or the model has `<think>` tokens (`model_thinks`); a grammar that names `</think>`
 itself holds from the first token.
 """
 from __future__ import annotations
 
-from treadle.constrained.reasoning_prefix import CLOSE, OPEN
+from treadle.constrained.ebnf.reasoning_prefix import CLOSE, OPEN
 from treadle.runtime.detokenizer import partial_suffix_len
 
 _thinks: dict[int, tuple[object, bool]] = {}

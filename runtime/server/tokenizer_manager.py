@@ -139,7 +139,7 @@ class TokenizerManager:
         # GIL while it works, and encoding without truncation or padding changes no tokenizer
         # state, so several may run at once.
         self._builders = concurrent.futures.ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="treadle-build")
-        from treadle.constrained.vocabulary import token_bytes_table
+        from treadle.constrained.index.vocabulary import token_bytes_table
 
         # each token's bytes (logprob entries): a tenth of a second, once, at start-up
         self._token_table: list[bytes | None] = []

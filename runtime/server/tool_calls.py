@@ -34,7 +34,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from treadle.constrained.json_schema import embedded_defs
+from treadle.constrained.schema.json_schema import embedded_defs
 from treadle.runtime.detokenizer import partial_suffix_len
 from treadle.runtime.server.protocol import APIError
 
@@ -107,7 +107,7 @@ class ToolPlan:
         return over
 
     def structural_tag(self) -> dict:
-        """The reply under "auto" as a structural tag (constrained/structural_tag.py): free
+        """The reply under "auto" as a structural tag (constrained/ebnf/structural_tag.py): free
         text, and each `<tool_call>` block a call of a listed tool laid out as the prompt shows
         it, with arguments valid under its `parameters` (a strict tool's) or any JSON object."""
         return {"structures": [{"begin": f'{OPEN}\n{{"name": {json.dumps(t.name)}, "arguments": ',

@@ -44,8 +44,8 @@ from typing import Any
 
 import interegular
 
-from treadle.constrained.fsm_regex import fsm_to_regex
-from treadle.constrained.regex_text import (
+from treadle.constrained.regex.fsm_regex import fsm_to_regex
+from treadle.constrained.regex.regex_text import (
     MAX_REPEAT,
     json_safe_atoms,
     has_top_level_alternation,
@@ -537,7 +537,7 @@ def _branch_body(s: bool, e: bool, core: str, passed: set | None = None) -> str 
     if length is not None:
         # a leading lookahead of lengths only: the rest's body, its repetitions reshaped so its
         # strings have those lengths (json_schema's minLength / maxLength reading: a subset)
-        from treadle.constrained.json_schema import _reshaped_to_lengths
+        from treadle.constrained.schema.json_schema import _reshaped_to_lengths
 
         lo, hi, rest = length
         body = _branch_body(True, e, rest, passed)
@@ -1741,7 +1741,7 @@ def _ascii_member(atom: str, ch: str) -> bool:
 
 def _property_member(escape: str, ch: str) -> bool | None:
     """Whether ``ch`` has the property (None for a property regex_text does not know)."""
-    from treadle.constrained.regex_text import _property_test
+    from treadle.constrained.regex.regex_text import _property_test
 
     try:
         test = _property_test(escape, 0)

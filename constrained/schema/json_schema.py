@@ -51,12 +51,12 @@ import jsonschema
 import referencing
 import referencing.exceptions
 
-from treadle.constrained import fsm_crawl
-from treadle.constrained import regex_numbers as nums
-from treadle.constrained import regex_text as text
-from treadle.constrained.fsm_regex import fsm_to_regex, length_range
-from treadle.constrained.json_schema_dialects import dialect_of, to_2020_12
-from treadle.constrained.json_schema_logic import (
+from treadle.constrained.regex import fsm_crawl
+from treadle.constrained.schema import regex_numbers as nums
+from treadle.constrained.regex import regex_text as text
+from treadle.constrained.regex.fsm_regex import fsm_to_regex, length_range
+from treadle.constrained.schema.json_schema_dialects import dialect_of, to_2020_12
+from treadle.constrained.schema.json_schema_logic import (
     Apart,
     closed_forbids,
     complement,
@@ -65,9 +65,9 @@ from treadle.constrained.json_schema_logic import (
     dependencies_as_anyof,
     repeated,
 )
-from treadle.constrained.json_holes import CALL_CHARS, HOLE_CHARS, MAX_CALLS, schema_allows_holes, with_definitions
-from treadle.constrained.members import MAX_SPELT_CHARS, MembersTooLarge, members_safe
-from treadle.constrained.json_schema_parts import (
+from treadle.constrained.index.json_holes import CALL_CHARS, HOLE_CHARS, MAX_CALLS, schema_allows_holes, with_definitions
+from treadle.constrained.schema.members import MAX_SPELT_CHARS, MembersTooLarge, members_safe
+from treadle.constrained.schema.json_schema_parts import (
     ANNOTATIONS,
     DYNAMIC_REFS,
     FAMILIES,
@@ -82,8 +82,8 @@ from treadle.constrained.json_schema_parts import (
     schema_types,
     static_dynamic_refs,
 )
-from treadle.constrained.regex_ecma import key_pattern_bodies, pattern_json_body, pattern_subset_body
-from treadle.constrained.regex_text import choices_to_regex, escape_literal, validate_regex
+from treadle.constrained.regex.regex_ecma import key_pattern_bodies, pattern_json_body, pattern_subset_body
+from treadle.constrained.regex.regex_text import choices_to_regex, escape_literal, validate_regex
 
 __all__ = [
     "UnsupportedSchemaError",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from treadle.constrained.index_markers import (MEMBER_OPTIONAL, MEMBER_REQUIRED, MEMBERS_CLOSE, MEMBERS_OPEN,
+from treadle.constrained.index.index_markers import (MEMBER_OPTIONAL, MEMBER_REQUIRED, MEMBERS_CLOSE, MEMBERS_OPEN,
                                                MEMBERS_OPEN_NONEMPTY)
 
 __all__ = ["WIDE", "regex_size", "schema_size"]

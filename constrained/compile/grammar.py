@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from treadle.constrained.index_markers import initial_state as index_initial_state
-from treadle.constrained.index_markers import is_final as index_is_final
-from treadle.constrained.index_markers import marker_token_ids, reserved_token_ids
-from treadle.constrained.json_holes import PLACEHOLDERS
+from treadle.constrained.index.index_markers import initial_state as index_initial_state
+from treadle.constrained.index.index_markers import is_final as index_is_final
+from treadle.constrained.index.index_markers import marker_token_ids, reserved_token_ids
+from treadle.constrained.index.json_holes import PLACEHOLDERS
 
 __all__ = ["GrammarSpec", "CompiledGrammar"]
 
@@ -64,7 +64,7 @@ class GrammarSpec:
         if not given:
             return None
         if reasoning:
-            from treadle.constrained.reasoning_prefix import CLOSE, check_mode
+            from treadle.constrained.ebnf.reasoning_prefix import CLOSE, check_mode
 
             check_mode(reasoning)
             spec = GrammarSpec.from_params(regex=regex, json_schema=json_schema, choices=choices, ebnf=ebnf,
@@ -72,7 +72,7 @@ class GrammarSpec:
             # a grammar that names "</think>" writes the block itself: it holds from the start
             return spec if spec is None or CLOSE in spec.value else GrammarSpec(spec.kind, spec.value, reasoning)
         if structural_tag is not None:
-            from treadle.constrained.structural_tag import StructuralTag
+            from treadle.constrained.ebnf.structural_tag import StructuralTag
 
             return GrammarSpec("structural_tag", StructuralTag.parse(structural_tag).canonical())
         if ebnf is not None:
@@ -113,15 +113,15 @@ class GrammarSpec:
         for grammars) on anything the regex backend cannot represent faithfully.
         """
         if self.reasoning:
-            from treadle.constrained.reasoning_prefix import after_reasoning
+            from treadle.constrained.ebnf.reasoning_prefix import after_reasoning
 
             inner = GrammarSpec(self.kind, self.value).to_regex(whitespace_pattern, json_schema_mode, holes=holes,
                                                                 max_recursion_depth=max_recursion_depth, members=members)
             return after_reasoning(inner, self.reasoning)
         # Imported lazily: json_schema.py is a sibling owned separately and pulls more in.
-        from treadle.constrained.ebnf import ebnf_to_regex
-        from treadle.constrained.json_schema import choices_to_regex, json_schema_to_regex
-        from treadle.constrained.regex_text import translate_regex
+        from treadle.constrained.ebnf.ebnf import ebnf_to_regex
+        from treadle.constrained.schema.json_schema import choices_to_regex, json_schema_to_regex
+        from treadle.constrained.regex.regex_text import translate_regex
 
         if self.kind == "regex":
             # linear; interegular's check (validate_regex: a DFA build, a minute on 5,000
@@ -132,7 +132,7 @@ class GrammarSpec:
         if self.kind == "ebnf":
             return ebnf_to_regex(self.value, max_recursion_depth=max_recursion_depth, calls=holes)
         if self.kind == "structural_tag":
-            from treadle.constrained.structural_tag import structural_tag_to_regex
+            from treadle.constrained.ebnf.structural_tag import structural_tag_to_regex
 
             return structural_tag_to_regex(self.value, whitespace_pattern=whitespace_pattern, mode=json_schema_mode,
                                            holes=holes, max_recursion_depth=max_recursion_depth)
@@ -221,7 +221,7 @@ class CompiledGrammar:
 
     def matcher(self, max_rollback: int = 64) -> Any:
         """A new ``GrammarMatcher`` (a ``HoleMatcher`` with holes) at the initial state (imports torch)."""
-        from treadle.constrained.matcher import GrammarMatcher
+        from treadle.constrained.decode.matcher import GrammarMatcher
 
         return GrammarMatcher(self, max_rollback)
 

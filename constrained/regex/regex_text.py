@@ -26,7 +26,7 @@ from typing import Any
 
 import interegular
 
-from treadle.constrained import fsm_crawl as _fsm_crawl  # noqa: F401  (interegular's crawl, made linear)
+from treadle.constrained.regex import fsm_crawl as _fsm_crawl  # noqa: F401  (interegular's crawl, made linear)
 
 # Characters that are special outside a character class in either dialect. Escaping only
 # these keeps the output acceptable to all three engines (Rust rejects some escapes that
@@ -690,7 +690,7 @@ def pattern_with_length(pattern: str, min_length: int, max_length: int | None) -
         one = pattern_to_body("^" + atom + "$", subset=True)  # checked and made JSON-safe as any pattern
     except RegexDialectError:
         # (a class holding '"', '\\' or a control: its other characters, regex_ecma's subset reading)
-        from treadle.constrained.regex_ecma import pattern_subset_body
+        from treadle.constrained.regex.regex_ecma import pattern_subset_body
 
         one = "(?:" + pattern_subset_body("^" + atom + "$") + ")"
     if hi is None:

@@ -13,7 +13,7 @@ Importing this module does not import torch.
 """
 from __future__ import annotations
 
-from treadle.constrained.index_markers import (MEMBER_CHARS, MEMBER_OPTIONAL, MEMBER_REQUIRED, MEMBERS_CLOSE,
+from treadle.constrained.index.index_markers import (MEMBER_CHARS, MEMBER_OPTIONAL, MEMBER_REQUIRED, MEMBERS_CLOSE,
                                                MEMBERS_OPEN, MEMBERS_OPEN_NONEMPTY)
 
 __all__ = ["MAX_SPELT_CHARS", "MEMBERS_MIN_CHARS", "MembersTooLarge", "expand_members", "has_members", "members_safe", "members_text",

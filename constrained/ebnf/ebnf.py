@@ -57,8 +57,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Union
 
-from treadle.constrained.json_holes import CALL_CHARS, MAX_CALLS, PLACEHOLDER_RANGE, with_definitions
-from treadle.constrained.regex_text import MAX_REPEAT, class_literal, escape_literal
+from treadle.constrained.index.json_holes import CALL_CHARS, MAX_CALLS, PLACEHOLDER_RANGE, with_definitions
+from treadle.constrained.regex.regex_text import MAX_REPEAT, class_literal, escape_literal
 
 __all__ = ["EbnfError", "Grammar", "call_boundaries", "ebnf_to_regex", "parse_ebnf", "MAX_REGEX_CHARS"]
 
@@ -530,7 +530,7 @@ class _Emitter:
         self.calls = calls and bool(self.unrolled)
         self.defs: dict[str, int] = {}  # called rule -> its definition's index (CALL_CHARS)
         if self.calls:
-            from treadle.constrained.ebnf_calls import Analysis
+            from treadle.constrained.ebnf.ebnf_calls import Analysis
 
             self.analysis = Analysis(self.rules)
             if self.analysis.left_recursive(self.unrolled) or _names_reserved(self.rules):

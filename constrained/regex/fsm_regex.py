@@ -16,7 +16,7 @@ from typing import Any
 
 from interegular.fsm import anything_else
 
-from treadle.constrained.regex_text import class_literal
+from treadle.constrained.regex.regex_text import class_literal
 
 __all__ = ["fsm_to_regex", "length_range"]
 

@@ -32,8 +32,8 @@ from typing import Any, Callable
 
 import interegular
 
-from treadle.constrained.json_schema_parts import ALL_TYPES, FAMILIES, UnsupportedSchemaError, schema_types
-from treadle.constrained.regex_ecma import key_pattern_bodies
+from treadle.constrained.schema.json_schema_parts import ALL_TYPES, FAMILIES, UnsupportedSchemaError, schema_types
+from treadle.constrained.regex.regex_ecma import key_pattern_bodies
 
 __all__ = ["Apart", "canonical", "closed_forbids", "complement", "conditional_branches", "contains_as_prefix",
            "dependencies_as_anyof", "repeated"]

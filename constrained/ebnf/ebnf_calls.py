@@ -23,7 +23,7 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
-from treadle.constrained.ebnf import Alt, Cls, Lit, Node, Ref, Rep, Seq
+from treadle.constrained.ebnf.ebnf import Alt, Cls, Lit, Node, Ref, Rep, Seq
 
 __all__ = ["Analysis"]
 

@@ -28,21 +28,21 @@ from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any
 
-from treadle.constrained.compile_worker import WorkerProcess
-from treadle.constrained.disk_cache import GrammarDiskCache, vocabulary_fingerprint
-from treadle.constrained.grammar import CompiledGrammar, GrammarSpec
-from treadle.constrained.grammar_size import regex_size, schema_size
-from treadle.constrained.members import MembersTooLarge, expand_members, has_members, members_safe
-from treadle.constrained.index_markers import MEMBER_CHARS, check_regex, marked
-from treadle.constrained.json_any import JsonAnyGrammar, JsonPushdown, json_any_root
-from treadle.constrained.ebnf import call_boundaries
-from treadle.constrained.json_holes import WRITTEN, Holes, hole_tables, regex_has_holes, schema_allows_holes
-from treadle.constrained.json_keys import schema_has_free_keys
-from treadle.constrained.regex_text import validate_regex
-from treadle.constrained.structural_tag import structural_tag_bounds
-from treadle.constrained.lazy_index import (DEFAULT_MAX_NFA_STATES, LazyIndex, LazyNFA, LazyTooLarge,
+from treadle.constrained.compile.compile_worker import WorkerProcess
+from treadle.constrained.compile.disk_cache import GrammarDiskCache, vocabulary_fingerprint
+from treadle.constrained.compile.grammar import CompiledGrammar, GrammarSpec
+from treadle.constrained.index.grammar_size import regex_size, schema_size
+from treadle.constrained.schema.members import MembersTooLarge, expand_members, has_members, members_safe
+from treadle.constrained.index.index_markers import MEMBER_CHARS, check_regex, marked
+from treadle.constrained.index.json_any import JsonAnyGrammar, JsonPushdown, json_any_root
+from treadle.constrained.ebnf.ebnf import call_boundaries
+from treadle.constrained.index.json_holes import WRITTEN, Holes, hole_tables, regex_has_holes, schema_allows_holes
+from treadle.constrained.decode.json_keys import schema_has_free_keys
+from treadle.constrained.regex.regex_text import validate_regex
+from treadle.constrained.ebnf.structural_tag import structural_tag_bounds
+from treadle.constrained.index.lazy_index import (DEFAULT_MAX_NFA_STATES, LazyIndex, LazyNFA, LazyTooLarge,
                                              LazyUnsupported, nfa_of, parse_regex)
-from treadle.constrained.vocabulary import build_vocabulary, lazy_tokens
+from treadle.constrained.index.vocabulary import build_vocabulary, lazy_tokens
 
 __all__ = ["GrammarCompiler", "GrammarCompileError", "GrammarTooLarge", "build_compiled_grammar"]
 

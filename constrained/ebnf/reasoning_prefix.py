@@ -20,9 +20,9 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
-from treadle.constrained.json_holes import ENTRY_CHAR, PLACEHOLDER_RANGE, WRITTEN
-from treadle.constrained.regex_text import escape_literal
-from treadle.constrained.free_text import trigger_free_regex
+from treadle.constrained.index.json_holes import ENTRY_CHAR, PLACEHOLDER_RANGE, WRITTEN
+from treadle.constrained.regex.regex_text import escape_literal
+from treadle.constrained.regex.free_text import trigger_free_regex
 
 __all__ = ["MODES", "after_reasoning", "check_mode"]
 

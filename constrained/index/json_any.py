@@ -378,7 +378,7 @@ class JsonAnyGrammar:
         return self.pda.bitmask_words
 
     def matcher(self, max_rollback: int = 64) -> Any:
-        """A new ``JsonAnyMatcher`` (constrained/matcher.py) at the initial state (imports torch)."""
-        from treadle.constrained.matcher import JsonAnyMatcher
+        """A new ``JsonAnyMatcher`` (constrained/decode/matcher.py) at the initial state (imports torch)."""
+        from treadle.constrained.decode.matcher import JsonAnyMatcher
 
         return JsonAnyMatcher(self, max_rollback)

@@ -43,7 +43,7 @@ class WorkerProcess:
 
     def __init__(self, vocab: Any, memory_limit_bytes: int | None) -> None:
         env = dict(os.environ)
-        self.proc = subprocess.Popen([sys.executable, "-m", "treadle.constrained.compile_worker"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "treadle.constrained.compile.compile_worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         _write(self.proc.stdin, (vocab, memory_limit_bytes))
         self.last_bytes = 0
@@ -92,7 +92,7 @@ def _regex_job(spec: Any, whitespace_pattern: str | None, mode: str, holes: bool
     index, ("lazy", text, its LazyNFA) for the lazy one (lazy_index.py), ("invalid", the
     ValueError naming the grammar's problem, a GrammarTooLarge past ``max_size``), ("oom", why)
     or ("error", what went wrong)."""
-    from treadle.constrained.compiler import spec_automaton
+    from treadle.constrained.compile.compiler import spec_automaton
 
     try:
         regex, nfa = spec_automaton(spec, whitespace_pattern, mode, holes, depth, max_size, lazy)
@@ -119,13 +119,13 @@ def main() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
     from outlines_core import Index
 
-    from treadle.constrained.index_markers import marked
+    from treadle.constrained.index.index_markers import marked
 
     # what the regex step imports (the schema and EBNF translators, jsonschema, interegular) is
     # loaded now, so that no grammar's time limit pays for it
-    import treadle.constrained.ebnf  # noqa: F401
-    import treadle.constrained.json_schema  # noqa: F401
-    from treadle.constrained.compiler import spec_automaton  # noqa: F401
+    import treadle.constrained.ebnf.ebnf  # noqa: F401
+    import treadle.constrained.schema.json_schema  # noqa: F401
+    from treadle.constrained.compile.compiler import spec_automaton  # noqa: F401
 
     _write(stdout, ("ready",))
     while True:

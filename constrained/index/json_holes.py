@@ -70,8 +70,8 @@ from typing import Any
 
 import numpy as np
 
-from treadle.constrained.index_markers import RESERVED_LEAD, reserved_token_ids
-from treadle.constrained.json_any import JsonPushdown
+from treadle.constrained.index.index_markers import RESERVED_LEAD, reserved_token_ids
+from treadle.constrained.index.json_any import JsonPushdown
 
 __all__ = ["CALL_CHARS", "HOLE_CHARS", "PLACEHOLDER_RANGE", "Holes", "placeholder_vocabulary", "regex_has_holes", "schema_allows_holes",
            "with_definitions"]

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from treadle.constrained.index_markers import (MEMBER_OPTIONAL, MEMBER_REQUIRED, MEMBERS_CLOSE, MEMBERS_OPEN,
+from treadle.constrained.index.index_markers import (MEMBER_OPTIONAL, MEMBER_REQUIRED, MEMBERS_CLOSE, MEMBERS_OPEN,
                                                MEMBERS_OPEN_NONEMPTY)
 
 __all__ = ["LazyIndex", "LazyIndexExhausted", "LazyNFA", "LazyUnsupported", "TokenArrays", "build_nfa", "nfa_of",

@@ -18,8 +18,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from treadle.constrained.index_markers import MARKERS, marker_token_ids
-from treadle.constrained.json_holes import PLACEHOLDERS, placeholder_vocabulary
+from treadle.constrained.index.index_markers import MARKERS, marker_token_ids
+from treadle.constrained.index.json_holes import PLACEHOLDERS, placeholder_vocabulary
 
 __all__ = ["token_bytes_table", "build_vocabulary", "gpt2_byte_decoder", "lazy_tokens"]
 
@@ -213,7 +213,7 @@ def lazy_tokens(table: list[bytes | None], eos_token_ids: list[int] | tuple[int,
     """The vocabulary of a lazy token index (lazy_index.TokenArrays): the same tokens as
     ``build_vocabulary`` gives outlines-core (every real token with bytes but the EOS ids, the
     placeholder pseudo-tokens, the index markers' pseudo-tokens). Cached per (table, eos ids)."""
-    from treadle.constrained.lazy_index import TokenArrays
+    from treadle.constrained.index.lazy_index import TokenArrays
 
     eos = tuple(int(e) for e in eos_token_ids)
     key = (id(table), eos)

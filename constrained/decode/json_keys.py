@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from treadle.constrained.reasoning_prefix import CLOSE, MODES
+from treadle.constrained.ebnf.reasoning_prefix import CLOSE, MODES
 
 __all__ = ["KeyIndex", "KeyState", "START", "feed", "key_index", "schema_has_free_keys", "unique_keys_start"]
 

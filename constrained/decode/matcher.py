@@ -17,9 +17,9 @@ from collections import deque
 import numpy as np
 import torch
 
-from treadle.constrained.grammar import CompiledGrammar
-from treadle.constrained.json_any import JsonAnyGrammar
-from treadle.constrained.json_keys import START, KeyIndex, KeyState, feed, key_index, unique_keys_start
+from treadle.constrained.compile.grammar import CompiledGrammar
+from treadle.constrained.index.json_any import JsonAnyGrammar
+from treadle.constrained.decode.json_keys import START, KeyIndex, KeyState, feed, key_index, unique_keys_start
 
 __all__ = ["MatcherBase", "GrammarMatcher", "HoleMatcher", "JsonAnyMatcher", "write_mask_row"]
 
@@ -310,7 +310,7 @@ class HoleMatcher(GrammarMatcher):
 
 
 class JsonAnyMatcher(MatcherBase):
-    """Grammar state of one request under a ``JsonAnyGrammar`` (constrained/json_any.py): the
+    """Grammar state of one request under a ``JsonAnyGrammar`` (constrained/index/json_any.py): the
     lexer state and the stack of open containers."""
 
     __slots__ = ("_g", "_pda", "_state", "_stack")

@@ -14,10 +14,10 @@ from urllib.parse import unquote
 import interegular
 import referencing.exceptions
 
-from treadle.constrained.fsm_regex import fsm_to_regex
-from treadle.constrained.members import MAX_SPELT_CHARS, MEMBERS_MIN_CHARS, members_text, spell_members, spelt_length
-from treadle.constrained.regex_ecma import key_pattern_bodies, key_pattern_matches
-from treadle.constrained.regex_text import (
+from treadle.constrained.regex.fsm_regex import fsm_to_regex
+from treadle.constrained.schema.members import MAX_SPELT_CHARS, MEMBERS_MIN_CHARS, members_text, spell_members, spelt_length
+from treadle.constrained.regex.regex_ecma import key_pattern_bodies, key_pattern_matches
+from treadle.constrained.regex.regex_text import (
     MAX_REPEAT,
     escape_literal,
     excluded_key_regex,
@@ -26,7 +26,7 @@ from treadle.constrained.regex_text import (
 )
 
 if TYPE_CHECKING:
-    from treadle.constrained.json_schema import _Converter
+    from treadle.constrained.schema.json_schema import _Converter
 
 
 class UnsupportedSchemaError(ValueError):
@@ -266,7 +266,7 @@ class Merger:
                for k in ("unevaluatedProperties", "unevaluatedItems")):
             raise UnsupportedSchemaError(f"json_schema: keyword 'if' combined in allOf at {path} beside unevaluated* "
                                          "is not supported")
-        from treadle.constrained.json_schema_logic import conditional_branches  # (it imports this module)
+        from treadle.constrained.schema.json_schema_logic import conditional_branches  # (it imports this module)
 
         branches = conditional_branches(p, lambda ref: self.resolve(ref, path))
         out = {k: v for k, v in p.items() if k not in cond}
@@ -339,7 +339,7 @@ class Merger:
 
     def _apart(self) -> Any:
         if self._prover is None:
-            from treadle.constrained.json_schema_logic import Apart  # (it imports this module)
+            from treadle.constrained.schema.json_schema_logic import Apart  # (it imports this module)
 
             self._prover = Apart(self, self._validator_for, strict=False, steps=PRODUCT_PROOF_STEPS)
         return self._prover
@@ -348,7 +348,7 @@ class Merger:
         """A validator of ``schema`` (a part of the root: refs resolve in it) that reads treadle's own
         keywords, formats unchecked (a value it finds valid may be so: the proofs stay exact)."""
         if self._validator is None:
-            from treadle.constrained.json_schema import _Validator, _no_retrieve  # (it imports this module)
+            from treadle.constrained.schema.json_schema import _Validator, _no_retrieve  # (it imports this module)
 
             self._validator = _Validator(self.root, registry=referencing.Registry(retrieve=_no_retrieve))
         return self._validator.evolve(schema=schema)

@@ -51,9 +51,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from treadle.constrained.free_text import group, trigger_free_regex
-from treadle.constrained.json_holes import ENTRY_AFTER, EXIT_AT, JSON_BOUNDS, PLACEHOLDER_RANGE, WRITTEN, Bounds, with_definitions
-from treadle.constrained.regex_text import escape_literal, translate_regex, validate_regex
+from treadle.constrained.regex.free_text import group, trigger_free_regex
+from treadle.constrained.index.json_holes import ENTRY_AFTER, EXIT_AT, JSON_BOUNDS, PLACEHOLDER_RANGE, WRITTEN, Bounds, with_definitions
+from treadle.constrained.regex.regex_text import escape_literal, translate_regex, validate_regex
 
 __all__ = ["StructuralTag", "structural_tag_bounds", "structural_tag_to_regex", "trigger_free_regex"]
 
@@ -434,7 +434,7 @@ class _Emitter:
         if isinstance(node, Regex):
             return group(validate_regex(node.pattern))
         if isinstance(node, Grammar):
-            from treadle.constrained.ebnf import ebnf_to_regex
+            from treadle.constrained.ebnf.ebnf import ebnf_to_regex
 
             return group(ebnf_to_regex(node.ebnf, max_recursion_depth=self.depth))
         if isinstance(node, AnyText):
@@ -475,7 +475,7 @@ def structural_tag_to_regex(value: str, *, whitespace_pattern: str | None = None
     """The regex of a structural tag (its canonical JSON text). With ``holes`` the schemas'
     any-values are holes and their recursive refs calls (json_holes.py), as for one schema,
     unless the format has a regex or a grammar node."""
-    from treadle.constrained.json_schema import json_schemas_to_regexes
+    from treadle.constrained.schema.json_schema import json_schemas_to_regexes
 
     root = StructuralTag.parse(value).format
     nodes = [n for n, _ in _walk(root)]

@@ -51,8 +51,8 @@ from urllib.parse import unquote, urldefrag, urljoin
 import jsonschema
 import referencing.jsonschema
 
-from treadle.constrained.json_schema_documents import embedded, missing_documents
-from treadle.constrained.json_schema_parts import DYNAMIC_REFS, UnsupportedSchemaError, pointed
+from treadle.constrained.schema.json_schema_documents import embedded, missing_documents
+from treadle.constrained.schema.json_schema_parts import DYNAMIC_REFS, UnsupportedSchemaError, pointed
 
 __all__ = ["ASSERTIONS", "DIALECTS", "dialect_of", "to_2020_12"]
 

@@ -10,7 +10,7 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
-from treadle.constrained.regex_text import class_literal, escape_literal
+from treadle.constrained.regex.regex_text import class_literal, escape_literal
 
 __all__ = ["group", "trigger_free_regex"]
 
