@@ -194,7 +194,8 @@ def sglang_server_info(info: dict, model_path: str | None, version: str | None) 
     """`info` (a /get_server_info, or an Engine's) with SGLang's top-level keys added: each
     engine argument not already there, `model_path` the model loaded (the argument is None
     for the embedded model) and `version`. Keys the runtime already reports win."""
-    out = {**(info.get("engine_args") or {}), **info}
+    args = {k: v for k, v in (info.get("engine_args") or {}).items() if k != "api_key"}  # as the server's
+    out = {**args, **info}
     if model_path:
         out["model_path"] = model_path
     out.setdefault("version", version or package_version())

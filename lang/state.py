@@ -232,7 +232,8 @@ class ProgramState:
 
     async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False):
         """Async form of `text_iter` (the blocking waits run in a worker thread). With
-        `return_meta_data`, yields (text, meta_info so far of the gen that wrote it), as SGLang."""
+        `return_meta_data` and a `var_name`, yields (text, meta_info so far of the gen that wrote
+        it), as SGLang; without a `var_name` it yields text alone, as SGLang's does."""
         if var_name is not None and not self._ex.stream:  # its value once, as text_iter
             value = await asyncio.to_thread(self.__getitem__, var_name)
             yield (value, self._ex.meta.get(var_name)) if return_meta_data else value
@@ -243,7 +244,7 @@ class ProgramState:
             item = await asyncio.to_thread(next, it, end)
             if item is end:
                 return
-            yield item if return_meta_data else item[0]
+            yield item if return_meta_data and var_name is not None else item[0]
 
     def __repr__(self) -> str:
         return f"ProgramState(text={self._ex.text_[-60:]!r}, variables={sorted(self._ex.variables)})"

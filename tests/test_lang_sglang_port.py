@@ -107,6 +107,7 @@ def test_server_info_has_sglang_top_level_keys(backend):
     assert isinstance(info["model_path"], str) and os.path.exists(info["model_path"])  # the resolved model file
     assert info["max_total_tokens"] == 8192
     assert "prompt_tokens" in info and "cache_hit_rate" in info  # treadle's counters stay
+    assert "api_key" not in info  # a key is no server information (the server leaves it out too)
 
 
 @sgl.function
@@ -134,6 +135,13 @@ def test_text_iter_of_a_name_written_again(backend):
 
     (value, meta), = asyncio.run(collect(state, "item"))
     assert value == state["item"] and meta == state.get_meta_info("item")
+
+    # without a variable name the text comes alone, return_meta_data or not (it yielded
+    # (text, meta) pairs, None for the program's own text)
+    for stream in (False, True):
+        st = numbered.run(temperature=0, stream=stream)
+        pieces = asyncio.run(collect(st, None))
+        assert all(isinstance(p, str) for p in pieces) and "".join(pieces) == st.text()
 
     streamed = numbered.run(temperature=0, stream=True)
     assert "".join(streamed.text_iter("item")) == "".join(items[:2]) + streamed["item"]
