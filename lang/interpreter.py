@@ -307,7 +307,8 @@ class StreamExecutor:
 
     def _role_end(self, role: str) -> None:
         assert self.role == role, f"role {role!r} ends but {self.role!r} is open"
-        self.messages_.append({"role": role, "content": self.text_[self.role_start:]})
+        # the message's text, its leading whitespace stripped as SGLang's (the prompt keeps it)
+        self.messages_.append({"role": role, "content": self.text_[self.role_start:].lstrip()})
         self.role = None
         self._append(self.backend.chat_template.role_end(role))
 

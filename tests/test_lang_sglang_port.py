@@ -186,3 +186,19 @@ def test_split_reasoning_as_sglang_parsers():
     assert split_reasoning("a</think>b", "deepseek-r1") == ("a", "b")  # its template opens the block
     assert split_reasoning("cut short", "deepseek-r1") == ("cut short", "")
     assert split_reasoning("\u25c1think\u25b7a\u25c1/think\u25b7b", "Kimi") == ("a", "b")
+
+
+def test_messages_strip_leading_whitespace_as_sglang(backend):
+    """SGLang's messages() holds each message's text with its leading whitespace stripped (the
+    prompt text keeps it); treadle's kept it."""
+    @sgl.function
+    def chat(s):
+        s += sgl.system("\n Be brief.")
+        s += sgl.user("  What is the capital of France?")
+        s += sgl.assistant(" The capital is" + sgl.gen("city", max_tokens=3, stop="."))
+
+    state = chat(temperature=0)
+    assert state.messages() == [{"role": "system", "content": "Be brief."},
+                                {"role": "user", "content": "What is the capital of France?"},
+                                {"role": "assistant", "content": "The capital is" + state["city"]}]
+    assert "<|im_start|>user\n  What is the capital of France?<|im_end|>" in state.text()
