@@ -175,7 +175,8 @@ def _check_gemv(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scal
 
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, *,
              out_dtype: torch.dtype | None = None, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """Decode (M <= GEMV_MAX_M rows): ``x @ (w * w_scale[:, None]).T (+ bias)`` with x as it is
+    """Decode (kernels/gemv.py's up to MAX_M rows; fp8_linear takes it for GEMV_MAX_M):
+    ``x @ (w * w_scale[:, None]).T (+ bias)`` with x as it is
     (weight-only FP8: at a few rows the cost is the weight's bytes, and quantizing x would be
     one more launch a linear for no speed). kernels/gemv.py's kernel, one byte an element."""
     _on_kernel_device(x, "fp8_gemv_ref")

@@ -423,6 +423,15 @@ def _gemm_config(m: int, n: int) -> Int4Config:
     return Int4Config("gemm", block_m, block_n, 128, 8 if block_m == 128 else 4, 3)
 
 
+def _gemv_config(m: int, n: int, k: int, group_size: int) -> Int4Config | None:
+    """The GEMV's launch (up to GEMV_MAX_M rows, power-of-two groups): 16 columns a program, 32
+    past 8192 columns."""
+    if m > GEMV_MAX_M or group_size & (group_size - 1):
+        return None
+    bn = 16 if n <= 8192 else 32
+    return Int4Config("gemv", 1, bn, group_size, 4, 1, gemv_split(m, n, k, group_size, bn))
+
+
 def pick_config(m: int, n: int, k: int, group_size: int) -> Int4Config:
     """The default config of an [m, k] x [k, n] product with group_size-wide groups (the module
     docstring's measurements):
@@ -431,9 +440,9 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> Int4Config:
     - m <= TC_MAX_M with groups a multiple of 128: "tc" (a 16-row tile, 64 columns, 4 warps,
       3 stages, K split so that there are about 2 programs an SM);
     - otherwise "dequant" (the weight in x's dtype, then cuBLAS)."""
-    if m <= GEMV_MAX_M and not group_size & (group_size - 1):
-        bn = 16 if n <= 8192 else 32
-        return Int4Config("gemv", 1, bn, group_size, 4, 1, gemv_split(m, n, k, group_size, bn))
+    gemv = _gemv_config(m, n, k, group_size)
+    if gemv is not None:
+        return gemv
     if m <= TC_MAX_M and _tc_fits(k, group_size):
         return Int4Config("tc", 16, 64, TC_BLOCK_K, 4, 3, tc_split(m, n, k, 16, 64))
     return Int4Config("dequant", 0, 64, 128, 4, 1)
@@ -448,9 +457,9 @@ def candidate_configs(m: int, n: int, k: int, group_size: int) -> list[Int4Confi
         found += [Int4Config("tc", 16, 64, TC_BLOCK_K, 4, 3, s) for s in (1, 2, 4, 8) if s <= k // TC_BLOCK_K]
         if group_size % 256 == 0:
             found.append(Int4Config("tc", 16, 64, 256, 4, 3, tc_split(m, n, k, 16, 64, 256)))
-        if m <= GEMV_MAX_M and not group_size & (group_size - 1):
-            bn = 16 if n <= 8192 else 32
-            found.append(Int4Config("gemv", 1, bn, group_size, 4, 1, gemv_split(m, n, k, group_size, bn)))
+        gemv = _gemv_config(m, n, k, group_size)
+        if gemv is not None:
+            found.append(gemv)
     elif m <= _SWEEP_GEMM_MAX_M:
         base = _gemm_config(m, n)
         bm = base.block_m
