@@ -161,8 +161,9 @@ class EngineArgs:
         "the largest HTTP request body the server reads; a larger one is a 413 before it is "
         "read whole")})
     request_body_timeout_s: float = field(default=30.0, metadata={"help": (
-        "seconds a client has to send a request's whole body once its headers are in; a body "
-        "still coming after that (a slow or stalled sender) is a 408 and the connection closes")})
+        "seconds a client has to send a request's headers (from connecting, or from its previous "
+        "response) and then its whole body (from the headers); one still coming after that (a slow "
+        "or stalled sender) is a 408 and the connection closes")})
 
     def __post_init__(self) -> None:
         # every Literal-typed field takes only its listed values (the CLI's choices too), and

@@ -205,6 +205,36 @@ def test_a_body_sent_in_time_is_served_and_a_long_stream_is_not_cut(srv):
     wait_idle(srv.url)
 
 
+_HEALTH = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+
+
+@pytest.mark.parametrize("sent", [b"", _HEALTH, _HEALTH + b"\r\n" + _HEALTH], ids=["nothing", "half", "second-half"])
+def test_headers_that_never_arrive_whole_close_the_connection(srv, sent):
+    """A connection that sends nothing, or half a request's headers (after a whole request and
+    its answer, on a keep-alive connection, too): uvicorn waited for the headers forever, each
+    such connection held open (a file descriptor) for as long as the client liked. Now after
+    --request-body-timeout-s the connection is closed, with a 408 when part of a request came."""
+    s = _raw_request(srv, sent)
+    s.settimeout(BODY_TIMEOUT_S * 15)  # the old server never closed it: this ends the test
+    try:
+        reply = _read_all(s)
+    except socket.timeout:
+        pytest.fail("the connection is still open")
+    finally:
+        s.close()
+    if sent.count(b"GET") == 2:
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:300]
+        reply = reply[reply.index(b"\r\n\r\n") + 4:]  # the first answer has no body
+    if not sent:
+        assert reply == b""
+    else:
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower(), reply[:500]
+        err = json.loads(body)["error"]
+        assert err["code"] == "request_timeout" and "--request-body-timeout-s" in err["message"], err
+    assert requests.get(srv.url + "/health", timeout=T).status_code == 200
+
+
 def test_request_body_timeout_flag_is_checked():
     from treadle.runtime.engine_args import EngineArgs
 

@@ -28,6 +28,7 @@ import uvicorn
 
 from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.server.detokenizer_process import run_detokenizer_process
+from treadle.runtime.server.http_protocol import header_deadline_protocol
 from treadle.runtime.server.ipc import IpcPaths
 from treadle.runtime.server.scheduler_process import run_scheduler_process
 
@@ -216,7 +217,7 @@ def launch_server(args: EngineArgs, on_ready: Callable[[str], None] | None = Non
                             child_pids={name: p.pid for name, p in children.procs.items()})
         config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
                                 access_log=args.log_level == "debug", timeout_graceful_shutdown=5,
-                                lifespan="off")
+                                lifespan="off", http=header_deadline_protocol(args.request_body_timeout_s))
         server = _Server(config, state, children)
 
         async def main() -> None:
