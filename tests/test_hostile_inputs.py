@@ -431,6 +431,16 @@ def test_logit_bias_and_renamed_fields_are_named_in_their_400(srv):
     post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(2)}, 200)
 
 
+def test_abort_request_with_an_unknown_field_is_400(srv):
+    """/abort_request read rid and ignored the rest: {"rid": ..., "abort_all": true} (SGLang's
+    field, which treadle does not take) was a 200 {"success": false} that stopped nothing, and a
+    misspelt field the same."""
+    for field in ("abort_all", "rid_"):
+        r = post(srv, "/abort_request", {"rid": "x", field: True}, 400)
+        assert param_of(r) == field and "unknown" in r.json()["error"]["message"], r.text
+    assert post(srv, "/abort_request", {"rid": "x"}, 200).json() == {"success": False}
+
+
 # ---------------------------------------------------------------- bystanders of each poison
 # (a non-finite logits row deep in a batch: test_hostile_batch.py, in the Engine)
 

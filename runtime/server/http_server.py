@@ -350,6 +350,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/abort_request")
     async def abort_request(request: Request) -> dict:
         obj = await read_json(request)
+        _no_unknown(obj, {"rid"})  # SGLang's abort_all (or a typo) was ignored: a 200 that stopped nothing
         rid = obj.get("rid")
         if not isinstance(rid, str):
             raise APIError.bad_request("rid must be a string", "rid")
