@@ -441,6 +441,23 @@ def test_abort_request_with_an_unknown_field_is_400(srv):
     assert post(srv, "/abort_request", {"rid": "x"}, 200).json() == {"success": False}
 
 
+def test_more_stop_strings_than_the_cap_is_400(srv):
+    """Each stop string is looked for after every token, in the detokenizer process and the
+    scheduler step all requests share: 200,000 of them (a 1.6 MB body) took the detokenizer
+    0.4 s a token, every other client's output waiting meanwhile. Now more than 128 stop
+    strings (or more stop_token_ids than the vocabulary has) is a 400 naming the field."""
+    stops = [f"QZX{i}" for i in range(129)]
+    r = post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(2, stop=stops)}, 400)
+    assert param_of(r) == "stop" and "128" in r.json()["error"]["message"], r.text
+    r = post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                           "stop": stops}, 400)
+    assert param_of(r) == "stop", r.text
+    r = post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(2, stop_token_ids=[5] * 49153)}, 400)
+    assert param_of(r) == "stop_token_ids", r.text
+    post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(2, stop=stops[:128])}, 200)
+    post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(2, stop_token_ids=[5] * 49152)}, 200)
+
+
 # ---------------------------------------------------------------- bystanders of each poison
 # (a non-finite logits row deep in a batch: test_hostile_batch.py, in the Engine)
 
