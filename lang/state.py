@@ -232,22 +232,53 @@ class ProgramState:
 
     async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False):
         """Async form of `text_iter` (the blocking waits run in a worker thread). With
-        `return_meta_data` and a `var_name`, yields (text, meta_info so far of the gen that wrote
-        it), as SGLang; without a `var_name` it yields text alone, as SGLang's does."""
+        `return_meta_data` and a `var_name`, yields (text, meta_info of the gen that wrote it), as
+        SGLang: streamed, the meta so far, but with the output logprob lists holding only this
+        chunk's tokens and `output_token_logprobs_length` counting all (get_meta_info(var) has
+        them all); without a `var_name` it yields text alone, as SGLang's does."""
         if var_name is not None and not self._ex.stream:  # its value once, as text_iter
             value = await asyncio.to_thread(self.__getitem__, var_name)
             yield (value, self._ex.meta.get(var_name)) if return_meta_data else value
             return
         it = self._deltas(var_name)
         end = object()
+        seen: dict[str, Any] = {}
         while True:
             item = await asyncio.to_thread(next, it, end)
             if item is end:
                 return
-            yield item if return_meta_data and var_name is not None else item[0]
+            if return_meta_data and var_name is not None:
+                yield item[0], _chunk_meta(item[1], seen)
+            else:
+                yield item[0]
 
     def __repr__(self) -> str:
         return f"ProgramState(text={self._ex.text_[-60:]!r}, variables={sorted(self._ex.variables)})"
+
+
+# meta_info lists that SGLang's streamed chunks carry only the new part of
+_INCREMENTAL_META_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
+
+
+def _chunk_meta(meta: dict | None, seen: dict[str, Any]) -> dict | None:
+    """A streamed chunk's meta_info as SGLang's text_async_iter(var, return_meta_data=True)
+    yields it: the output logprob lists hold only the tokens since the previous chunk (the
+    runtime's are cumulative), `output_token_logprobs_length` counts them all. `seen` holds
+    what earlier chunks of the same request (meta "id") had; a new request starts over."""
+    if not meta:
+        return meta
+    if seen.get("id") != meta.get("id"):
+        seen.clear()
+        seen["id"] = meta.get("id")
+    out = dict(meta)
+    for key in _INCREMENTAL_META_KEYS:
+        full = meta.get(key)
+        if isinstance(full, list):
+            out[key] = full[seen.get(key, 0):]
+            seen[key] = len(full)
+    if isinstance(meta.get("output_token_logprobs"), list):
+        out["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
+    return out
 
 
 class _VarScope:

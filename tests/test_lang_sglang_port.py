@@ -202,3 +202,34 @@ def test_messages_strip_leading_whitespace_as_sglang(backend):
                                 {"role": "user", "content": "What is the capital of France?"},
                                 {"role": "assistant", "content": "The capital is" + state["city"]}]
     assert "<|im_start|>user\n  What is the capital of France?<|im_end|>" in state.text()
+
+
+def test_stream_logprobs_as_sglang_test_programs(backend):
+    """SGLang's test_programs.test_stream_logprobs: each chunk's meta from
+    text_async_iter(var, return_meta_data=True) has only that chunk's output_token_logprobs and
+    output_token_logprobs_length counting them all (the chunks had every logprob so far, and
+    no length key); get_meta_info keeps them all."""
+    @sgl.function
+    def qa(s, question):
+        s += sgl.system("You are a helpful assistant.")
+        s += sgl.user(question)
+        s += sgl.assistant(sgl.gen("answer", return_logprob=True, top_logprobs_num=2))
+
+    async def collect_chunks():
+        ret = qa(question="Compose a short travel blog post about Hawaii.", stream=True, temperature=0,
+                 max_new_tokens=16, ignore_eos=True)
+        return ret, [x async for x in ret.text_async_iter("answer", return_meta_data=True)]
+
+    state, chunks = asyncio.run(collect_chunks())
+    assert len(chunks) > 1
+    prev_completion_tokens = prev_length = 0
+    for chunk_text, meta_info in chunks:
+        assert chunk_text
+        completion_tokens, length = meta_info["completion_tokens"], meta_info["output_token_logprobs_length"]
+        assert completion_tokens == length
+        assert len(meta_info["output_token_logprobs"]) == completion_tokens - prev_completion_tokens
+        assert len(meta_info["output_top_logprobs"]) == length - prev_length
+        prev_completion_tokens = prev_length = completion_tokens
+    full = state.get_meta_info("answer")
+    assert [t for _, meta in chunks for t in meta["output_token_logprobs"]] == full["output_token_logprobs"]
+    assert len(full["output_token_logprobs"]) == full["completion_tokens"] == 16
