@@ -458,6 +458,26 @@ def test_more_stop_strings_than_the_cap_is_400(srv):
     post(srv, "/generate", {"text": PROMPT, "sampling_params": greedy(2, stop_token_ids=[5] * 49152)}, 200)
 
 
+def test_many_tools_or_messages_are_refused_before_any_rendering(srv):
+    """tools were checked for a second function of a name by a scan of the list per tool:
+    40,000 tools (a 2 MB body) held a builder thread for 44 s before the 400 (a 64 MiB body,
+    hours), four such requests stopping every other client's request from being built. Now
+    more than 1,024 tools is a 400 naming the field at once, and more messages than the
+    context holds tokens is a 400 before the template renders them; duplicate names are
+    still found."""
+    tool = lambda i: {"type": "function", "function": {"name": f"f{i}"}}  # noqa: E731
+    msgs = [{"role": "user", "content": "hi"}]
+    r = post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "tools": [tool(i) for i in range(1025)]},
+             400)
+    assert param_of(r) == "tools" and "1025" in r.json()["error"]["message"], r.text
+    r = post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "tools": [tool(1), tool(2), tool(1)]},
+             400)
+    assert param_of(r) == "tools" and "tools[2]" in r.json()["error"]["message"], r.text
+    for path in ("/v1/chat/completions", "/tokenize"):
+        r = post(srv, path, {"messages": msgs * 8193}, 400)
+        assert param_of(r) == "messages" and "8193 messages" in r.json()["error"]["message"], r.text
+
+
 # ---------------------------------------------------------------- bystanders of each poison
 # (a non-finite logits row deep in a batch: test_hostile_batch.py, in the Engine)
 

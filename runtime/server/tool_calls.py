@@ -39,6 +39,7 @@ from treadle.runtime.detokenizer import partial_suffix_len
 from treadle.runtime.server.protocol import APIError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")  # \Z: "$" admits a trailing newline
+MAX_TOOLS = 1024  # functions in a request's tools (OpenAI takes 128)
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # an omitted `parameters` means a function without arguments (OpenAI's definition)
 NO_PARAMETERS: dict = {"type": "object", "properties": {}, "additionalProperties": False}  # `{}` in any mode
@@ -290,7 +291,11 @@ def plan_tools(body: dict) -> ToolPlan | None:
         return None
     if not isinstance(tools_in, list):
         raise APIError.bad_request("tools must be a list of function tools", "tools")
+    if len(tools_in) > MAX_TOOLS:  # each is checked, rendered into the prompt and the grammar: bounded work
+        raise APIError.bad_request(f"tools has {len(tools_in)} functions; this server takes at most {MAX_TOOLS}",
+                                   "tools")
     tools: list[Tool] = []
+    names: set[str] = set()  # a second function of a name (was a scan of the list per tool: 40,000 took 44 s)
     for i, t in enumerate(tools_in):
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
@@ -298,8 +303,9 @@ def plan_tools(body: dict) -> ToolPlan | None:
         name = fn.get("name")
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise APIError.bad_request(f"tools[{i}].function.name must be 1-64 letters, digits, _ or -", "tools")
-        if any(x.name == name for x in tools):
+        if name in names:
             raise APIError.bad_request(f"tools[{i}]: a second function named {name!r}", "tools")
+        names.add(name)
         params = fn.get("parameters", NO_PARAMETERS)
         if not isinstance(params, dict):
             raise APIError.bad_request(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
