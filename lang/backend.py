@@ -48,6 +48,13 @@ class Backend(ABC):
             self._template = self._load_chat_template()
         return self._template
 
+    @property
+    def endpoint(self) -> "Backend":
+        """This backend: `set_default_backend(runtime)` keeps the Runtime's endpoint, and SGLang
+        programs reach it as `sgl.global_config.default_backend.endpoint` (SGLang keeps the
+        Runtime there)."""
+        return self
+
     @abstractmethod
     def _load_chat_template(self) -> ChatTemplate: ...
 

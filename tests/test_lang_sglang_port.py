@@ -103,6 +103,12 @@ def test_select_meta_of_the_other_choices_methods(backend):
 
 def test_server_info_has_sglang_top_level_keys(backend):
     info = sgl.get_server_info()
+    # SGLang's test_programs.test_gen_min_new_tokens reaches the default Runtime's endpoint so
+    # (an AttributeError here before: the default backend is the endpoint itself)
+    endpoint = sgl.global_config.default_backend.endpoint
+    assert endpoint is sgl.get_default_backend()
+    if isinstance(endpoint, sgl.RuntimeEndpoint):
+        assert endpoint.get_model_name() == info["model_path"]
     assert isinstance(info["version"], str) and info["version"]
     assert isinstance(info["model_path"], str) and os.path.exists(info["model_path"])  # the resolved model file
     assert info["max_total_tokens"] == 8192
