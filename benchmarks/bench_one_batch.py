@@ -10,8 +10,10 @@ Figures (one JSON line each, all written to --output, default
 benchmarks/results/one_batch_<device>.json):
 - copy_bandwidth: device-to-device copy (bytes read + written), median of several
   (CUDA events on GPU, perf_counter on CPU).
-- roofline: weight bytes (every parameter once) and the batch-1 decode ceiling
-  copy bandwidth / weight bytes (tok/s): each decode step reads every weight once.
+- roofline: weight bytes (every parameter once: weight_gb) and the bytes a batch-1 decode step
+  reads (bs1_step_weight_gb: the same but for an untied embedding table, of which a step
+  reads one row; llama3-8b's is 1.05 GB of its 16.06), and the batch-1 decode ceiling copy
+  bandwidth / step bytes (tok/s).
 - treadle (per batch size): random prompts of --input-len tokens (fixed seed), the radix cache
   flushed before every timed call. t_full = generate(max_new_tokens=output_len),
   t_prefill = generate(max_new_tokens=1) (~ prefill + one sample).
@@ -34,10 +36,10 @@ benchmarks/results/one_batch_<device>.json):
   KV read growing a token per step. bound_output_tok_s = bs * output_len / bound_s;
   pct_of_output_bound = output tok/s / bound_output_tok_s; in the hf record bound_over_hf =
   bound_output_tok_s / HF output tok/s: the largest ratio over HF any engine could show.
-- mixtures of experts (--model dummy:qwen3-30b-a3b, dummy:mixtral-8x7b): "weight bytes" in the
-  roofline, the step roofline and the bound are the bytes a forward over n tokens actually
-  reads: every parameter except the experts and an untied embedding table, the embedding rows
-  of the n tokens, and per MoE layer the experts the n tokens activate, E (1 - (1 - K/E)^n)
+- "weight bytes" in the roofline, the step roofline and the bound are the bytes a forward
+  over n tokens actually reads: every parameter except an untied embedding table (and a
+  mixture of experts' experts), the embedding rows of the n tokens, and, for mixtures of
+  experts (--model dummy:qwen3-30b-a3b, dummy:mixtral-8x7b), per MoE layer the experts the n tokens activate, E (1 - (1 - K/E)^n)
   (the expectation under uniform routing, which random routers are close to; exactly K for one
   token); the FLOPs per token count K experts. The roofline record gives both figures.
 - summary: table of bs, treadle output tok/s, decode tok/s, HF tok/s, ratio, % of roofline at bs 1,
@@ -184,15 +186,17 @@ def moe_experts(model: torch.nn.Module) -> list:
 
 
 def step_weight_bytes(model: torch.nn.Module, cfg):
-    """n tokens -> the weight bytes a forward over them reads (the module docstring's MoE
-    paragraph); a dense model reads every parameter once whatever n."""
+    """n tokens -> the weight bytes a forward over them reads (the module docstring's
+    "weight bytes"): every parameter once, but an untied embedding table only its n rows and,
+    in a mixture of experts, only the experts the n tokens activate."""
     wb = weight_bytes(model)
     experts = moe_experts(model)
-    if not experts:
-        return lambda n: wb
-    expert_bytes = sum(m.gate_up_proj.nbytes + m.down_proj.nbytes for m in experts)
     emb = model.embed_tokens.weight
     untied = not cfg.tie_word_embeddings
+    if not experts:
+        base = wb - (emb.nbytes if untied else 0)
+        return lambda n: base + (min(n, emb.shape[0]) * emb[0].nbytes if untied else 0)
+    expert_bytes = sum(m.gate_up_proj.nbytes + m.down_proj.nbytes for m in experts)
     base = wb - expert_bytes - (emb.nbytes if untied else 0)
     e, k = cfg.num_experts, cfg.num_experts_per_tok
 
@@ -381,8 +385,8 @@ def run_quantized(args, dev: torch.device, dtype: torch.dtype, bw: float, peak: 
             emit({"figure": "fp8_compute_peak", "matmul_tflops": round(peak_q / 1e12, 3), "n": n,
                   "over_float_peak": round(peak_q / peak, 2)})
         emit({"figure": "roofline_quantized", "quantization": engine.runner.quantization.describe(),
-              "weight_bytes": wb_all, "weight_gb": round(wb_all / 1e9, 3), "copy_gb_s": round(bw / 1e9, 1),
-              "bs1_decode_roofline_tok_s": round(bw / wb(1), 2), "engine_load_s": round(load_s, 2),
+              "weight_bytes": wb_all, "weight_gb": round(wb_all / 1e9, 3), "bs1_step_weight_gb": round(wb(1) / 1e9, 3),
+              "copy_gb_s": round(bw / 1e9, 1), "bs1_decode_roofline_tok_s": round(bw / wb(1), 2), "engine_load_s": round(load_s, 2),
               "matmul_peak_tflops": round(peak_q / 1e12, 3)})
         recs = run_batches(engine, args, cfg, wb, kv_token_bytes, bw, peak_q, per_token, dev, "treadle_quantized")
     finally:

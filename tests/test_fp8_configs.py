@@ -82,8 +82,13 @@ def test_unknown_launch_is_refused() -> None:
 @pytest.mark.parametrize("m", [1, 128])
 @pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)])  # llama3-8b's linears
 def test_gpu_every_launch_on_llama3_shapes(m: int, n: int, k: int) -> None:
+    # Error per row against the row's largest output: an entry near zero is a sum of terms as
+    # large as the row's and carries their rounding (cuBLAS's rowwise FP8 product is rounded to
+    # bf16, 2^-9 of the largest; Hopper's e4m3 MMA adds 128 products at a time in less than
+    # fp32). On an H100 the worst rows were 0.7% (scaled_mm) and 0.03% (mm).
     x, w, ws, b = _case(m, n, k, seed=6)
     for cfg in candidate_configs(m, n, k):
-        torch.testing.assert_close(fp8_linear(x, w, ws, b, out_dtype=torch.float32, config=cfg),
-                                   fp8_linear_ref(x, w, ws, b, out_dtype=torch.float32, config=cfg),
-                                   atol=2e-2, rtol=2e-2, msg=str(cfg))
+        y = fp8_linear(x, w, ws, b, out_dtype=torch.float32, config=cfg)
+        ref = fp8_linear_ref(x, w, ws, b, out_dtype=torch.float32, config=cfg)
+        worst = ((y - ref).abs().amax(dim=1) / ref.abs().amax(dim=1)).max().item()
+        assert worst < 2e-2, f"{cfg}: a row off by {worst:.2%} of its largest output"
