@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -13,17 +12,12 @@ import pytest
 import requests
 
 from treadle.lang import RuntimeEndpoint, assistant, function, gen, select, system, user
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from treadle.runtime.server.testing import free_port
 
 
 @pytest.fixture(scope="module")
 def server():
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "treadle.runtime.launch_server", "--port", str(port),
                              "--max-total-tokens", "16384"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -58,7 +52,7 @@ def backend(server):
 
 
 def test_unreachable_url_names_it():
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     with pytest.raises(ConnectionError, match=f"127.0.0.1:{port}"):
         RuntimeEndpoint(f"http://127.0.0.1:{port}")
 

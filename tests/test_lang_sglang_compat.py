@@ -6,18 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 
 import pytest
 import requests
 
 import treadle.lang as sgl
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from treadle.runtime.server.testing import free_port
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +23,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def runtime():
-    rt = sgl.Runtime(port=_free_port(), max_total_tokens=8192)
+    rt = sgl.Runtime(port=free_port(), max_total_tokens=8192)
     url = rt.url
     assert requests.get(url + "/health", timeout=5).status_code == 200
     yield rt
