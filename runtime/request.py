@@ -50,6 +50,7 @@ class Req:
     draft_masks: Any = None  # int32 [len(draft) + 1, words]: the grammar mask at each draft position
     draft_kind: str = ""  # "jump" (a grammar's forced text) or "ngram" (speculative)
     ngram: Any = None  # NgramIndex of prompt + output, for n-gram drafts (speculative decoding)
+    logit_bias_index: Any = None  # (token ids, values) tensors of params.logit_bias, built at its first step
 
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)

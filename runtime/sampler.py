@@ -80,21 +80,37 @@ class Sampler:
         rows: list[int] = []
         cols: list[int] = []
         vals: list[float] = []
+        biased: list[tuple[int, Req]] = []
         for i, r in enumerate(reqs):
             p = r.params
             if p.logit_bias:
-                rows += [i] * len(p.logit_bias)
-                cols += p.logit_bias.keys()
-                vals += p.logit_bias.values()
+                biased.append((i, r))
             if ban_early_stops and r.grammar is None and len(r.output_ids) < p.min_new_tokens:
                 stops = self._stop_ids(r)
                 rows += [i] * len(stops)
                 cols += stops
                 vals += [-float("inf")] * len(stops)
-        if not rows:
+        if not rows and not biased:
             return logits
-        idx = to_device(rows + cols, logits.device).view(2, -1)
-        return logits.index_put((idx[0], idx[1]), to_device(vals, logits.device, torch.float32), accumulate=True)
+        dev = logits.device
+        row_parts, col_parts, val_parts = [], [], []
+        if rows:
+            idx = to_device(rows + cols, dev).view(2, -1)
+            row_parts.append(idx[0])
+            col_parts.append(idx[1])
+            val_parts.append(to_device(vals, dev, torch.float32))
+        for i, r in biased:
+            # a request's logit_bias (up to the whole vocabulary) is made tensors once, at its
+            # first step: rebuilding 49k entries from the dict took 65 ms of every step of the
+            # batch it ran in
+            if r.logit_bias_index is None:
+                b = r.params.logit_bias
+                r.logit_bias_index = (to_device(list(b.keys()), dev), to_device(list(b.values()), dev, torch.float32))
+            ids, bias = r.logit_bias_index
+            row_parts.append(torch.full_like(ids, i))
+            col_parts.append(ids)
+            val_parts.append(bias)
+        return logits.index_put((torch.cat(row_parts), torch.cat(col_parts)), torch.cat(val_parts), accumulate=True)
 
     def _penalty_counts(self, reqs: list[Req], outputs: list[list[int]]) -> torch.Tensor | None:
         if not any(r.params.has_penalties for r in reqs):

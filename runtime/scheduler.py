@@ -42,6 +42,26 @@ MAX_FAILED_STEPS = 3  # consecutive failed steps after which the error is raised
 # the most top logprobs a token may ask for (vLLM's max_logprobs default, OpenAI's limit): each
 # prompt position with logprobs keeps that many (id, logprob) pairs as Python objects
 MAX_TOP_LOGPROBS = 20
+# the most prompt positions one step scores for a request's prompt logprobs: each is a row of
+# logits over the vocabulary (log-softmaxed, top-k'd), so a 4,000-token prompt with `echo`
+# held one CPU step for tens of seconds and stalled every other request. A prompt wanting
+# logprobs is prefilled in chunks of this many scored positions, and between its chunks the
+# other requests get a step (the returned values are the same: each chunk attends to the
+# prefix's KV as a whole prefill would)
+PROMPT_LOGPROB_CHUNK = 256
+
+
+def scored_chunk_cap(req: Req, start: int) -> int:
+    """The most tokens ``req``'s next prefill chunk, from position ``start``, may compute so
+    that it scores at most PROMPT_LOGPROB_CHUNK prompt positions (unbounded for a request
+    without prompt logprobs)."""
+    if not req.wants_prompt_logprobs:
+        return 1 << 62
+    last = len(req.input_ids) - 1  # positions [first, last) are scored
+    first = max(start, req.logprob_start_len - 1, 0)
+    if first + PROMPT_LOGPROB_CHUNK >= last:
+        return 1 << 62
+    return first - start + PROMPT_LOGPROB_CHUNK
 
 
 class Scheduler:
@@ -68,6 +88,9 @@ class Scheduler:
         self.sampler = Sampler(cfg.vocab_size, runner.device, tuple(sorted(self.eos_ids)))
         self.seed_rng = random.Random(args.seed)
         self.chunk_size = args.chunked_prefill_size if args.chunked_prefill_size > 0 else None
+        # the chunked request's last chunk was cut by PROMPT_LOGPROB_CHUNK: the next step goes
+        # to the others (running requests decode, waiting ones are admitted) before its next chunk
+        self._chunk_yields = False
 
         self.waiting: deque[Req] = deque()
         self.grammar_queue: list[Req] = []
@@ -339,20 +362,26 @@ class Scheduler:
         budget = PrefillBudget(self.allocator.available_size() + self.tree.evictable_size() - self._decode_reserve(),
                                self.args.max_prefill_tokens, chunk)
         plan: list[tuple[Req, int]] = []
-        if self.chunked is not None:
+        yield_now = self._chunk_yields and self.chunked is not None and bool(self.running or self.waiting)
+        self._chunk_yields = False
+        if yield_now and self.running:
+            return []  # the running requests decode a token between a scored prompt's chunks
+        if self.chunked is not None and not yield_now:
             req = self.chunked
-            n = min(req.num_pending, budget.max_extend())
+            cap = scored_chunk_cap(req, req.kv_len)
+            n = min(req.num_pending, budget.max_extend(), cap)
             if n <= 0:
                 return []
             budget.take(n, 0)
             plan.append((req, n))
             if n < req.num_pending:
+                self._chunk_yields = n == cap
                 return plan
             self.chunked = None
         max_running = self.runner.max_running
         admitted: list[list[int]] = [r.fill_ids for r, _ in plan]
         for req in order_waiting(self.waiting, self.args.schedule_policy, self.tree, self.args.starvation_bound_s):
-            if len(self.running) + len(plan) >= max_running or self.req_to_token_pool.available_size() == 0:
+            if len(self.running) + len(plan) + yield_now >= max_running or self.req_to_token_pool.available_size() == 0:
                 break
             match = self.tree.match_prefix(match_key(req))
             prefix = len(match.slots)
@@ -367,10 +396,12 @@ class Scheduler:
             budget.total -= locked
             input_cap = budget.input if plan else max(budget.input, extend)  # a lone big prompt may exceed it
             chunk_cap = budget.chunk if budget.chunk is not None else extend
+            scored_cap = scored_chunk_cap(req, req.kv_len)
+            chunk_cap = min(chunk_cap, scored_cap)
             if extend + reserve <= budget.total and extend <= min(input_cap, chunk_cap):
                 n = extend
-            elif self.chunk_size is not None and extend > chunk_cap and min(chunk_cap, budget.total) > 0 \
-                    and (plan or chunk_cap >= 1):
+            elif (self.chunk_size is not None or scored_cap < extend) and self.chunked is None \
+                    and extend > chunk_cap and min(chunk_cap, budget.total) > 0 and (plan or chunk_cap >= 1):
                 n = min(chunk_cap, budget.total, budget.input if plan else chunk_cap)
             else:
                 n = 0
@@ -384,6 +415,7 @@ class Scheduler:
             admitted.append(req.fill_ids)
             if n < extend:
                 self.chunked = req
+                self._chunk_yields = n == scored_cap
                 break
         return plan
 
