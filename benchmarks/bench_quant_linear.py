@@ -56,7 +56,7 @@ def timed(fn, reps: int) -> float:
 def make_weights(fmt: str, layers: int, dev: torch.device) -> list[dict]:
     """`layers` copies of the four projections in `fmt`, each a dict with the call's tensors."""
     from treadle.kernels.fp8_linear import quantize_weight_ref
-    from treadle.kernels.int4_linear import n_major, pack_cols, pack_rows
+    from treadle.kernels.int4_linear import pack_cols, pack_rows
 
     g = torch.Generator(device=dev).manual_seed(0)
     out = []
@@ -72,7 +72,7 @@ def make_weights(fmt: str, layers: int, dev: torch.device) -> list[dict]:
             else:
                 q = torch.randint(0, 16, (k, n), device=dev, generator=g, dtype=torch.int32)
                 z = torch.randint(0, 16, (k // 128, n), device=dev, generator=g, dtype=torch.int32)
-                layer[name] = {"q": n_major(pack_rows(q)), "z": pack_cols(z),
+                layer[name] = {"q": pack_rows(q), "z": pack_cols(z),
                                "s": (torch.rand(k // 128, n, device=dev, generator=g) * 0.01).half()}
             del w
         out.append(layer)

@@ -49,7 +49,7 @@ import triton.language as tl
 from treadle.kernels import pdl
 
 __all__ = ["GEMV_MAX_M", "TC_MAX_M", "Int4Config", "pick_config", "candidate_configs",
-           "int4_linear", "int4_linear_ref", "dequantize", "dequantize_ref", "n_major", "unpack_rows", "pack_rows",
+           "int4_linear", "int4_linear_ref", "dequantize", "dequantize_ref", "unpack_rows", "pack_rows",
            "unpack_cols", "pack_cols"]
 
 GEMV_MAX_M = 4  # the GEMV's rows
@@ -69,7 +69,7 @@ _PATHS = ("gemv", "tc", "gemm", "dequant")
 def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
     """int32 [R, N] with 8 nibbles an int along the rows -> int32 values [8R, N] (row 8r + j = nibble j)."""
     shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
-    return ((packed[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(-1, packed.shape[1])
+    return ((packed[:, None, :] >> shifts[None, :, None]) & 0xF).view(-1, packed.shape[1])
 
 
 def pack_rows(q: torch.Tensor) -> torch.Tensor:
@@ -98,12 +98,6 @@ def pack_cols(q: torch.Tensor) -> torch.Tensor:
     for j in range(1, 8):
         acc |= q[:, :, j] << (4 * j)
     return acc
-
-
-def n_major(qweight: torch.Tensor) -> torch.Tensor:
-    """The same [K // 8, N] packed weight stored n-major (strides (1, K // 8)): each output's
-    packed inputs contiguous, the layout the GEMV streams (treadle's run-time storage)."""
-    return qweight.t().contiguous().t()
 
 
 def dequantize_ref(qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -208,7 +202,7 @@ def _write_out(acc, y_ptr, b_ptr, ms, ns, mmask, nmask, stride_ym, part_id, HAS_
 def _int4_tc_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr,
     M, N, K,
-    stride_xm, stride_qk, stride_qn, stride_sg, stride_zg, stride_ym,
+    stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, KIND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
 ):
@@ -230,7 +224,7 @@ def _int4_tc_kernel(
     b0 = tl.program_id(1) * per
     for b in range(b0, tl.minimum(b0 + per, blocks)):
         k0 = b * BLOCK_K
-        packed = tl.load(qw_ptr + (k0 // 8 + rs).to(tl.int64)[:, None] * stride_qk + ns.to(tl.int64)[None, :] * stride_qn,
+        packed = tl.load(qw_ptr + (k0 // 8 + rs).to(tl.int64)[:, None] * stride_qk + ns[None, :],
                          mask=nmask[None, :], other=0, eviction_policy="evict_first")
         part = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         xs = tl.zeros([BLOCK_M, BLOCK_K // 8], tl.float32)  # the 8 x tiles added, then one row sum
@@ -251,7 +245,7 @@ def _int4_tc_kernel(
 def _int4_gemm_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr,
     M, N, K,
-    stride_xm, stride_qk, stride_qn, stride_sg, stride_zg, stride_ym,
+    stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, KIND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -267,7 +261,7 @@ def _int4_gemm_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         rmask = k0 + rs * 8 < K
-        packed = tl.load(qw_ptr + (k0 // 8 + rs).to(tl.int64)[:, None] * stride_qk + ns.to(tl.int64)[None, :] * stride_qn,
+        packed = tl.load(qw_ptr + (k0 // 8 + rs).to(tl.int64)[:, None] * stride_qk + ns[None, :],
                          mask=rmask[:, None] & nmask[None, :], other=0)
         s, zs = _group_scales(s_ptr, z_ptr, k0, rs, rmask, ns, nmask, stride_sg, stride_zg, GROUP, BLOCK_K)
         for i in tl.static_range(4):
@@ -281,7 +275,7 @@ def _int4_gemm_kernel(
 def _dequant_kernel(
     qw_ptr, s_ptr, z_ptr, w_ptr,
     N, K,
-    stride_qk, stride_qn, stride_sg, stride_zg, stride_wk,
+    stride_qk, stride_sg, stride_zg, stride_wk,
     GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # grid: (cdiv(K, BLOCK_K), cdiv(N, BLOCK_N)); w[k0 + 8r + j, n] from sub-tile j of one
@@ -292,7 +286,7 @@ def _dequant_kernel(
     rs = tl.arange(0, BLOCK_K // 8)
     rmask = k0 + rs * 8 < K
     mask = rmask[:, None] & nmask[None, :]
-    packed = tl.load(qw_ptr + (k0 // 8 + rs).to(tl.int64)[:, None] * stride_qk + ns.to(tl.int64)[None, :] * stride_qn, mask=mask, other=0)
+    packed = tl.load(qw_ptr + (k0 // 8 + rs).to(tl.int64)[:, None] * stride_qk + ns[None, :], mask=mask, other=0)
     s, zs = _group_scales(s_ptr, z_ptr, k0, rs, rmask, ns, nmask, stride_sg, stride_zg, GROUP, BLOCK_K)
     rows = w_ptr + (k0 + rs * 8).to(tl.int64)[:, None] * stride_wk + ns[None, :]
     for i in tl.static_range(4):
@@ -302,86 +296,80 @@ def _dequant_kernel(
 
 
 @triton.jit
-def _gemv_tile(w_ptrs, nmask, gmask, EVEN: tl.constexpr):
-    """One step's [BLOCK_N, GS, R] packed ints, streamed once (evict-first)."""
-    if EVEN:
-        packed = tl.load(w_ptrs, mask=nmask[:, None, None], other=0, eviction_policy="evict_first")
-    else:
-        packed = tl.load(w_ptrs, mask=nmask[:, None, None] & gmask[None, :, None], other=0,
-                         eviction_policy="evict_first")
-    return packed
-
-
-@triton.jit
-def _nibble(packed, high, i: tl.constexpr):
-    """q of nibble i of each int as an exact fp32, by one bitwise op and one FMA: kept in place
-    and OR-ed into the 23-bit mantissa of 2^23 the nibble reads 2^23 + q * 2^e (e = 4i for
-    i < 5; nibbles 5-7 would reach the exponent, so they come from ``high = packed >> 12``,
-    e = 4i - 12), and f * 2^-e - 2^(23 - e) = q exactly."""
-    if i < 5:
-        f = ((packed & (0xF << (4 * i))) | 0x4B000000).to(tl.float32, bitcast=True)
-        q = f * (1.0 / (1 << (4 * i))) - (8388608.0 / (1 << (4 * i)))
-    else:
-        f = ((high & (0xF << (4 * i - 12))) | 0x4B000000).to(tl.float32, bitcast=True)
-        q = f * (1.0 / (1 << (4 * i - 12))) - (8388608.0 / (1 << (4 * i - 12)))
-    return q
-
-
-@triton.jit
 def _int4_gemv_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr,
-    N, K,
-    stride_xm, stride_qk, stride_qn, stride_sg, stride_zg, stride_ym,
-    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr,
+    M, N, K,
+    stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
 ):
-    # grid: (M, cdiv(N, BLOCK_N)); one program = BLOCK_N outputs of one row of x over the whole
-    # of K, no split and no second pass (the rows of x for one column block are neighbours in
-    # launch order, so a second row reads w from L2). Made for n-major storage (`n_major`),
-    # where an output's packed inputs are contiguous: a step loads a [BLOCK_N, GS, R] tile (GS
-    # groups of R = GROUP // 8 ints), each output's BLOCK_K // 2 bytes in one run, as the bf16
-    # GEMV streams its rows. Each nibble costs one bitwise op, one FMA to make it a float
-    # (`_nibble`) and one FMA with x; the zero and the scale are folded in once an int, for
-    # its 8 inputs: acc += s * sum_i(q_i x_i) - s * z * sum_i(x_i).
-    m = tl.program_id(0).to(tl.int64)
-    ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # grid: (M, cdiv(N, BLOCK_N), SPLIT); one program = BLOCK_N outputs of one row of x over
+    # 1/SPLIT of K's groups (the rows of x for one column block are neighbours in launch order,
+    # so a second row reads w from L2). Each step is one packed row, [BLOCK_N] ints (a warp's
+    # 512 contiguous bytes at 128 columns), unrolled over a group's GROUP // 8 rows so their
+    # loads are in flight together. The 8 inputs of a packed row are 8 scalars of x: every
+    # thread multiplies its ints' nibbles by the same x[8r + j], so x costs no layout shuffle
+    # and one load for all of a thread's columns. Nibbles become floats by `_magic_halves`'
+    # trick (two nibbles a bitwise op, no int-to-float conversion), 128 + q multiplied into
+    # x as they are; the offset, the zero and the scale are folded once a group:
+    # acc += s * sum((128 + q) x) - s * (128 + z) * sum(x).
+    #
+    # With SPLIT > 1 each program writes its fp32 partial sums to ws[part, m, :], and the last
+    # of a column block's SPLIT programs to arrive (an acq_rel counter at cnt[m, block], which
+    # it sets back to 0) adds them in part order, adds the bias and stores y: one launch,
+    # deterministic, no zeroed buffer.
+    m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    part_id = tl.program_id(2)
+    ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = ns < N
     R: tl.constexpr = GROUP // 8
-    GS: tl.constexpr = BLOCK_K // GROUP
-    gi = tl.arange(0, GS)
-    cols = gi[:, None] * R + tl.arange(0, R)[None, :]  # [GS, R]: a step's packed ints, in order
-    w_ptrs = qw_ptr + ns.to(tl.int64)[:, None, None] * stride_qn + cols[None, :, :].to(tl.int64) * stride_qk
-    x_row = x_ptr + m * stride_xm
     groups = K // GROUP
-    zshift = ((ns % 8) * 4)[:, None]
-    # the first tile before waiting on the kernel that writes x (kernels/pdl.py)
-    packed = _gemv_tile(w_ptrs, nmask, gi < groups, EVEN)
+    per = tl.cdiv(groups, SPLIT)
+    g0 = part_id * per
+    g1 = tl.minimum(g0 + per, groups)
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    zshift = (ns % 8) * 4
+    acc = tl.zeros([BLOCK_N], tl.float32)
     pdl.wait(PDL)
     pdl.launch_dependents(PDL)
-    acc = tl.zeros([BLOCK_N, GS, R], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        g0 = k0 // GROUP
-        gmask = g0 + gi < groups
-        if k0 > 0:
-            packed = _gemv_tile(w_ptrs + (k0 // 8) * stride_qk, nmask, gmask, EVEN)
-        smask = nmask[:, None] & gmask[None, :]
-        s = tl.load(s_ptr + (g0 + gi)[None, :] * stride_sg + ns[:, None], mask=smask, other=0.0).to(tl.float32)
-        zp = tl.load(z_ptr + (g0 + gi)[None, :] * stride_zg + (ns // 8)[:, None], mask=smask, other=0)
-        zs = ((zp >> zshift) & 0xF).to(tl.float32) * s  # [BLOCK_N, GS]
-        xk = x_row + k0 + cols * 8  # [GS, R]: input 8c of each int c
-        high = packed >> 12
-        xi = tl.load(xk, mask=gmask[:, None], other=0.0).to(tl.float32)
-        xsum = xi
-        part = _nibble(packed, high, 0) * xi[None, :, :]
-        for i in tl.static_range(1, 8):
-            xi = tl.load(xk + i, mask=gmask[:, None], other=0.0).to(tl.float32)
-            xsum += xi
-            part += _nibble(packed, high, i) * xi[None, :, :]
-        acc += part * s[:, :, None] - zs[:, :, None] * xsum[None, :, :]
-    y = tl.sum(tl.sum(acc, axis=2), axis=1)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + ns, mask=nmask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + m * stride_ym + ns, y.to(y_ptr.dtype.element_ty), mask=nmask)
+    for g in range(g0, g1):
+        rows = qw_ptr + g * R * stride_qk + ns
+        s = tl.load(s_ptr + g * stride_sg + ns, mask=nmask, other=0.0).to(tl.float32)
+        z = ((tl.load(z_ptr + g * stride_zg + ns // 8, mask=nmask, other=0) >> zshift) & 0xF).to(tl.float32)
+        xg = x_row + g * GROUP
+        part = tl.zeros([BLOCK_N], tl.float32)
+        xsum = 0.0
+        for r in tl.static_range(R):
+            p = tl.load(rows + r * stride_qk, mask=nmask, other=0, eviction_policy="evict_first")
+            for i in tl.static_range(4):
+                # nibbles i and 4 + i of each int as bf16 128 + q in the two halves of v
+                v = ((p >> (4 * i)) & 0x000F000F) | 0x43004300
+                lo = (v << 16).to(tl.float32, bitcast=True)  # 128 + q[8r + i]
+                hi = (v & -65536).to(tl.float32, bitcast=True)  # 128 + q[8r + 4 + i]  (0xFFFF0000)
+                x_lo = tl.load(xg + r * 8 + i).to(tl.float32)
+                x_hi = tl.load(xg + r * 8 + 4 + i).to(tl.float32)
+                xsum += x_lo
+                xsum += x_hi
+                part = tl.fma(lo, x_lo, part)
+                part = tl.fma(hi, x_hi, part)
+        acc += part * s - ((128.0 + z) * s) * xsum
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + ns, mask=nmask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + m.to(tl.int64) * stride_ym + ns, acc.to(y_ptr.dtype.element_ty), mask=nmask)
+    else:
+        tl.store(ws_ptr + (part_id * M + m).to(tl.int64) * N + ns, acc, mask=nmask)
+        tl.debug_barrier()  # every thread's partials written before the counter is released
+        cnt = cnt_ptr + m * tl.num_programs(1) + pid_n
+        arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:
+            y = tl.zeros([BLOCK_N], tl.float32)
+            for i in range(SPLIT):  # L2 only (.cg): another SM wrote them
+                y += tl.load(ws_ptr + (i * M + m).to(tl.int64) * N + ns, mask=nmask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                y += tl.load(b_ptr + ns, mask=nmask, other=0.0).to(tl.float32)
+            tl.store(y_ptr + m.to(tl.int64) * stride_ym + ns, y.to(y_ptr.dtype.element_ty), mask=nmask)
+            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor, group_size: int,
@@ -434,6 +422,14 @@ class Int4Config(NamedTuple):
     split: int = 1
 
 
+def gemv_split(m: int, n: int, k: int, group_size: int, block_n: int) -> int:
+    """How many parts the GEMV cuts K into: about 4 programs an SM (of an H100 / H200's 132)
+    when the column blocks alone are fewer, each part at least 2 groups long."""
+    programs = m * triton.cdiv(n, block_n)
+    want = triton.cdiv(4 * SMS, programs)
+    return max(1, min(want, (k // group_size) // 2))
+
+
 def tc_split(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int = TC_BLOCK_K) -> int:
     """How many parts the tc kernel cuts K into: about 2 programs an SM when the output tiles
     alone are fewer, each part at least 4 blocks of block_k inputs."""
@@ -454,12 +450,12 @@ def _gemm_config(m: int, n: int) -> Int4Config:
 
 
 def _gemv_config(m: int, n: int, k: int, group_size: int) -> Int4Config | None:
-    """The GEMV's launch (up to GEMV_MAX_M rows, power-of-two groups): 4 outputs a program,
-    2,048 inputs (1 KB of each output's packed weights) a step, 2 warps -- the bf16 GEMV's
-    shape of work (kernels/gemv.py) at half a byte an input."""
-    if m > GEMV_MAX_M or group_size & (group_size - 1):
+    """The GEMV's launch (up to GEMV_MAX_M rows, groups of at most 256): 128 columns a
+    program (a warp's 512 bytes a packed row) on one warp, K split while the column blocks
+    are fewer than ~4 programs an SM."""
+    if m > GEMV_MAX_M or group_size > 256:
         return None
-    return Int4Config("gemv", 1, 4, max(group_size, min(2048, triton.next_power_of_2(k))), 2, 1)
+    return Int4Config("gemv", 1, 128, group_size, 1, 1, gemv_split(m, n, k, group_size, 128))
 
 
 def pick_config(m: int, n: int, k: int, group_size: int) -> Int4Config:
@@ -489,9 +485,9 @@ def candidate_configs(m: int, n: int, k: int, group_size: int) -> list[Int4Confi
             found.append(Int4Config("tc", 16, 64, 256, 4, 3, tc_split(m, n, k, 16, 64, 256)))
         gemv = _gemv_config(m, n, k, group_size)
         if gemv is not None:
-            found += [gemv._replace(block_n=bn, block_k=max(group_size, bk), warps=w) for bn, bk, w in
-                      ((2, 2048, 2), (8, 2048, 2), (4, 1024, 2), (4, 4096, 2), (4, 2048, 4), (8, 2048, 4),
-                       (8, 1024, 4), (16, 1024, 4))]
+            found += [gemv._replace(block_n=bn, warps=w, split=gemv_split(m, n, k, group_size, bn)) for bn, w in
+                      ((128, 1), (64, 1), (256, 1), (256, 2), (512, 4))]
+            found += [gemv._replace(split=s) for s in (1, 2, 4, 8, 16) if s <= k // group_size]
     elif m <= _SWEEP_GEMM_MAX_M:
         base = _gemm_config(m, n)
         bm = base.block_m
@@ -511,17 +507,17 @@ def candidate_configs(m: int, n: int, k: int, group_size: int) -> list[Int4Confi
 def _validate(cfg: Int4Config, k: int, group_size: int) -> None:
     if cfg.path not in _PATHS:
         raise ValueError(f"path must be one of {_PATHS}, got {cfg.path!r}")
-    pow2 = (cfg.block_n, cfg.block_k) + ((cfg.block_m,) if cfg.path in ("tc", "gemm") else ())
+    pow2 = (cfg.block_n,) + ((cfg.block_k,) if cfg.path != "gemv" else ()) + ((cfg.block_m,) if cfg.path in ("tc", "gemm") else ())
     if any(v <= 0 or v & (v - 1) for v in pow2) or cfg.split < 1 or cfg.warps < 1 or cfg.stages < 1:
         raise ValueError(f"block sizes must be powers of two, split, warps and stages positive: {cfg}")
-    if cfg.path == "gemv" and (group_size & (group_size - 1) or cfg.block_k % group_size):
-        raise ValueError(f"the GEMV takes a power-of-two group size and a block_k it divides: {cfg}")
+    if cfg.path == "gemv" and (cfg.block_k != group_size or group_size > 256):
+        raise ValueError(f"the GEMV takes groups of at most 256 as its block_k, got {cfg}")
     if cfg.path == "tc" and (cfg.block_k < TC_BLOCK_K or group_size % cfg.block_k or cfg.block_m < 16):
         raise ValueError(f"tc needs block_m >= 16 and a block_k >= 128 that divides the group size: {cfg}")
     if cfg.path == "gemm" and (cfg.block_k < TC_BLOCK_K or cfg.block_m < 16):
         raise ValueError(f"gemm needs block_m >= 16 and block_k >= 128 (16 packed rows a dot): {cfg}")
-    if cfg.path != "tc" and cfg.split != 1:
-        raise ValueError(f"only tc splits K: {cfg}")
+    if cfg.path != "tc" and cfg.path != "gemv" and cfg.split != 1:
+        raise ValueError(f"only gemv and tc split K: {cfg}")
     if cfg.path == "dequant" and cfg.block_k < 8:
         raise ValueError(f"dequant's block_k is at least one packed row (8): {cfg}")
 
@@ -540,14 +536,34 @@ def _split_out(y: torch.Tensor, split: int) -> torch.Tensor:
     return y if split == 1 else torch.zeros(y.shape, dtype=torch.float32, device=y.device)
 
 
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _gemv_counters(device: torch.device, need: int) -> torch.Tensor:
+    """The GEMV's split-K arrival counters on `device`: zeros, and back to zero after every
+    launch (the last program of a column block resets its own). Kept for the process, grown
+    outside CUDA-graph capture; launches on one stream at a time share them."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < need:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("the int4 GEMV's counters must be allocated before CUDA-graph capture: run the "
+                               "shape once eagerly first")
+        have = torch.zeros(max(need, 1 << 16), dtype=torch.int32, device=device)
+        _COUNTERS[device] = have
+    return have
+
+
 def _run_gemv(x, qweight, scales, qzeros, group_size, bias, y, cfg):
     m, k = x.shape
     n = y.shape[1]
-    _int4_gemv_kernel[(m, triton.cdiv(n, cfg.block_n))](
-        x, qweight, scales, qzeros, bias if bias is not None else scales, y, n, k,
-        x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), qzeros.stride(0), y.stride(0),
-        GROUP=group_size, HAS_BIAS=bias is not None, EVEN=k % cfg.block_k == 0, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, num_warps=cfg.warps, num_stages=cfg.stages, **pdl.options(x))
+    blocks = triton.cdiv(n, cfg.block_n)
+    ws = torch.empty((cfg.split, m, n), dtype=torch.float32, device=x.device) if cfg.split > 1 else y
+    cnt = _gemv_counters(x.device, m * blocks) if cfg.split > 1 else y
+    _int4_gemv_kernel[(m, blocks, cfg.split)](
+        x, qweight, scales, qzeros, bias if bias is not None else scales, y, ws, cnt, m, n, k,
+        x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), y.stride(0),
+        GROUP=group_size, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
+        num_warps=cfg.warps, num_stages=cfg.stages, **pdl.options(x))
     return y
 
 
@@ -557,7 +573,7 @@ def _run_tc(x, qweight, scales, qzeros, group_size, bias, y, cfg):
     out = _split_out(y, cfg.split)
     _int4_tc_kernel[(triton.cdiv(n, cfg.block_n), cfg.split, triton.cdiv(m, cfg.block_m))](
         x, qweight, scales, qzeros, bias if bias is not None else scales, out, m, n, k,
-        x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), qzeros.stride(0), out.stride(0),
+        x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), out.stride(0),
         GROUP=group_size, HAS_BIAS=bias is not None, KIND=_kind(x), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT=cfg.split, num_warps=cfg.warps, num_stages=cfg.stages)
     return out
@@ -568,7 +584,7 @@ def _run_gemm(x, qweight, scales, qzeros, group_size, bias, y, cfg):
     n = y.shape[1]
     _int4_gemm_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))](
         x, qweight, scales, qzeros, bias if bias is not None else scales, y, m, n, k,
-        x.stride(0), qweight.stride(0), qweight.stride(1), scales.stride(0), qzeros.stride(0), y.stride(0),
+        x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), y.stride(0),
         GROUP=group_size, HAS_BIAS=bias is not None, KIND=_kind(x), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, num_warps=cfg.warps, num_stages=cfg.stages)
     return y
@@ -581,13 +597,6 @@ def _run_dequant(x, qweight, scales, qzeros, group_size, bias, y, cfg):
 
 
 _RUNNERS = {"gemv": _run_gemv, "tc": _run_tc, "gemm": _run_gemm, "dequant": _run_dequant}
-
-
-def _packed(qweight: torch.Tensor) -> torch.Tensor:
-    """qweight as it is when either layout is dense (k-major or `n_major`), else k-major."""
-    if qweight.stride(0) == 1 or qweight.stride(1) == 1:
-        return qweight
-    return qweight.contiguous()
 
 
 def _on_kernel_device(t: torch.Tensor) -> None:
@@ -603,10 +612,10 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor
     _on_kernel_device(qweight)
     cfg = config or Int4Config("dequant", 0, 64, 128, 4, 1)
     _validate(cfg, k, group_size)
-    qweight, scales, qzeros = _packed(qweight), scales.contiguous(), qzeros.contiguous()
+    qweight, scales, qzeros = qweight.contiguous(), scales.contiguous(), qzeros.contiguous()
     w = torch.empty((k, n), dtype=dtype, device=qweight.device)
     _dequant_kernel[(triton.cdiv(k, cfg.block_k), triton.cdiv(n, cfg.block_n))](
-        qweight, scales, qzeros, w, n, k, qweight.stride(0), qweight.stride(1), scales.stride(0), qzeros.stride(0), w.stride(0),
+        qweight, scales, qzeros, w, n, k, qweight.stride(0), scales.stride(0), qzeros.stride(0), w.stride(0),
         GROUP=group_size, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.warps, num_stages=cfg.stages)
     return w
 
@@ -627,7 +636,7 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qz
         return y
     cfg = config or pick_config(m, n, k, group_size)
     _validate(cfg, k, group_size)
-    qweight, scales, qzeros = _packed(qweight), scales.contiguous(), qzeros.contiguous()
+    qweight, scales, qzeros = qweight.contiguous(), scales.contiguous(), qzeros.contiguous()
     out = _RUNNERS[cfg.path](x, qweight, scales, qzeros, group_size, bias, y, cfg)
     return out if out is y else y.copy_(out)
 

@@ -1,7 +1,6 @@
 """4-bit weight-only (W4A16) linear layers: AWQ and GPTQ checkpoints, and round-to-nearest
 quantization at load in either layout. Both are repacked at load into the one layout
-kernels/int4_linear.py reads (q packed along K, zeros along N, fp16 scales, groups in order),
-the packed weight stored n-major (each output's packed inputs contiguous, for the GEMV).
+kernels/int4_linear.py reads (q packed along K, zeros along N, fp16 scales, groups in order).
 
 AWQ (version gemm), per [K, N] weight with G-wide groups along K:
     qweight [K, N/8]     nibble j of qweight[k, c] = q[k, 8c + AWQ_ORDER[j]]
@@ -22,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from treadle.kernels.int4_linear import dequantize_ref, int4_linear, n_major, pack_cols, pack_rows, unpack_cols, unpack_rows
+from treadle.kernels.int4_linear import dequantize_ref, int4_linear, pack_cols, pack_rows, unpack_cols, unpack_rows
 from treadle.runtime.models import ops
 from treadle.runtime.quantization.base import QuantMethod, new_param, replace_param
 
@@ -102,7 +101,7 @@ class Int4Method(QuantMethod):
 
     def _store(self, layer: nn.Module, q: torch.Tensor, z: torch.Tensor, scales: torch.Tensor) -> None:
         group = self._group(layer)
-        replace_param(layer, "qweight", n_major(pack_rows(q)))  # each output's inputs contiguous: the GEMV's stream
+        replace_param(layer, "qweight", pack_rows(q).contiguous())
         replace_param(layer, "qzeros", pack_cols(z).contiguous())
         replace_param(layer, "scales", scales.to(SCALE_DTYPE).contiguous())
         layer.group_size = group
