@@ -164,6 +164,10 @@ class EngineArgs:
         "seconds a client has to send a request's headers (from connecting, or from its previous "
         "response) and then its whole body (from the headers); one still coming after that (a slow "
         "or stalled sender) is a 408 and the connection closes")})
+    stream_write_timeout_s: float = field(default=60.0, metadata={"help": (
+        "seconds a response may wait for its client to read: a connection whose unsent output "
+        "stays above the write buffer's high-water mark (64 KiB) this long (a client that stopped "
+        "reading a stream) is closed, and its request aborted and its KV freed")})
 
     def __post_init__(self) -> None:
         # every Literal-typed field takes only its listed values (the CLI's choices too), and
@@ -214,6 +218,8 @@ class EngineArgs:
             raise ValueError("dist_timeout_s must be > 0")
         if not self.request_body_timeout_s > 0 or self.request_body_timeout_s == float("inf"):
             raise ValueError(f"request_body_timeout_s must be a finite number > 0, got {self.request_body_timeout_s}")
+        if not self.stream_write_timeout_s > 0 or self.stream_write_timeout_s == float("inf"):
+            raise ValueError(f"stream_write_timeout_s must be a finite number > 0, got {self.stream_write_timeout_s}")
         if self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
         if not 0 <= self.port <= 65535:

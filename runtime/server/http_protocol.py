@@ -7,19 +7,31 @@ them. Here a connection has --request-body-timeout-s to send a whole set of head
 from the connection or from its previous response; past it, the connection is closed (after
 a 408 when some of a request had come). Once the headers are in, the body's own deadline is
 the Gate's (http_server.body_deadline), and a response may take as long as it takes.
+
+It also bounds how long a response may wait for its client to read. uvicorn stops writing
+when the socket's buffer is full (flow control) and waits for the client, forever: a client
+that opened a stream and never read it held the connection, and every chunk the request went
+on producing queued in memory, for as long as it kept the socket open. Here a connection
+whose transport stays paused (its unsent output above the high-water mark) for
+--stream-write-timeout-s is aborted; the handler then sees a disconnect, as for any client
+gone, which aborts the request and frees its KV.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from treadle.runtime.server.protocol import error_body
 
+log = logging.getLogger("treadle.server")
 
-def header_deadline_protocol(timeout_s: float) -> type[H11Protocol]:
-    """The protocol class for uvicorn.Config(http=...), with a `timeout_s` header deadline."""
+
+def header_deadline_protocol(timeout_s: float, write_timeout_s: float | None = None) -> type[H11Protocol]:
+    """The protocol class for uvicorn.Config(http=...), with a `timeout_s` header deadline
+    and, unless None, a `write_timeout_s` bound on a paused (unread) response."""
     body = json.dumps(error_body(f"the request's headers did not arrive within {timeout_s:g} s "
                                  "(--request-body-timeout-s)", code="request_timeout")).encode()
     reply = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
@@ -32,10 +44,33 @@ def header_deadline_protocol(timeout_s: float) -> type[H11Protocol]:
             super().connection_made(transport)
             self._arm()
 
+        _write_timer: asyncio.TimerHandle | None = None
+
         def connection_lost(self, exc: Exception | None) -> None:
             if self._header_timer is not None:
                 self._header_timer.cancel()
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
             super().connection_lost(exc)
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if write_timeout_s is not None and self._write_timer is None:
+                self._write_timer = self.loop.call_later(write_timeout_s, self._write_stalled)
+
+        def resume_writing(self) -> None:
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+            super().resume_writing()
+
+        def _write_stalled(self) -> None:
+            self._write_timer = None
+            log.warning("closing a connection from %s: its client read none of its response for %g s "
+                        "(--stream-write-timeout-s); its request is aborted",
+                        "%s:%d" % tuple(self.client[:2]) if self.client else "?", write_timeout_s)
+            self.transport.abort()  # close() would wait to flush what the client does not read
 
         def on_response_complete(self) -> None:
             self._arm()

@@ -217,7 +217,8 @@ def launch_server(args: EngineArgs, on_ready: Callable[[str], None] | None = Non
                             child_pids={name: p.pid for name, p in children.procs.items()})
         config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
                                 access_log=args.log_level == "debug", timeout_graceful_shutdown=5,
-                                lifespan="off", http=header_deadline_protocol(args.request_body_timeout_s))
+                                lifespan="off", http=header_deadline_protocol(
+                                    args.request_body_timeout_s, args.stream_write_timeout_s))
         server = _Server(config, state, children)
 
         async def main() -> None:
