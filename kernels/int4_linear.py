@@ -22,9 +22,12 @@ so it meets x's columns k0 + 8r + j (a strided [BLOCK_M, R] load) in its own ``t
 
 ``int4_linear`` runs one of four paths (``Int4Config.path``; ``pick_config`` picks from an
 H100 sweep, benchmarks/results/quant_linear_sweep_h100.json):
-- ``gemv`` (M <= 4, a power-of-two group): fp32 FMAs on nibbles OR-ed into 2^23, K cut into
-  parts when the column blocks are too few. The fastest at one row on 3 of llama3-8b's 4
-  projections (45 us for gate_up against tc's best 49; within 2% of tc on down).
+- ``gemv`` (M <= 4, groups of at most 256): a program streams BLOCK_N columns one packed row
+  at a time (a warp's 512 contiguous bytes at 128 columns), a group's rows unrolled; the 8
+  inputs of a row are scalars of x shared by all of a thread's columns (no layout shuffle),
+  two nibbles a bitwise op by the trick above. K is cut into SPLIT parts when the column
+  blocks are too few; the last part of a column block to arrive (an acq_rel counter) adds the
+  parts' fp32 sums in order: one launch, deterministic.
 - ``tc`` (M <= 16 past that, G a multiple of 128): the sub-tiles go into the tensor cores as
   they are, 128 + q in bf16/fp16, one 128-input block a step; the zero and the scale are folded
   into the block's fp32 partial product afterwards: ``(part - rowsum(x) * (128 + z)) * s``. K may
@@ -50,7 +53,7 @@ from treadle.kernels import pdl
 
 __all__ = ["GEMV_MAX_M", "TC_MAX_M", "Int4Config", "pick_config", "candidate_configs",
            "int4_linear", "int4_linear_ref", "dequantize", "dequantize_ref", "unpack_rows", "pack_rows",
-           "unpack_cols", "pack_cols"]
+           "unpack_cols", "pack_cols", "gemv_counters"]
 
 GEMV_MAX_M = 4  # the GEMV's rows
 TC_MAX_M = 16  # the tensor-core small-M kernel's rows (one 16-row dot tile)
@@ -539,7 +542,7 @@ def _split_out(y: torch.Tensor, split: int) -> torch.Tensor:
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
-def _gemv_counters(device: torch.device, need: int) -> torch.Tensor:
+def gemv_counters(device: torch.device, need: int) -> torch.Tensor:
     """The GEMV's split-K arrival counters on `device`: zeros, and back to zero after every
     launch (the last program of a column block resets its own). Kept for the process, grown
     outside CUDA-graph capture; launches on one stream at a time share them."""
@@ -558,7 +561,7 @@ def _run_gemv(x, qweight, scales, qzeros, group_size, bias, y, cfg):
     n = y.shape[1]
     blocks = triton.cdiv(n, cfg.block_n)
     ws = torch.empty((cfg.split, m, n), dtype=torch.float32, device=x.device) if cfg.split > 1 else y
-    cnt = _gemv_counters(x.device, m * blocks) if cfg.split > 1 else y
+    cnt = gemv_counters(x.device, m * blocks) if cfg.split > 1 else y
     _int4_gemv_kernel[(m, blocks, cfg.split)](
         x, qweight, scales, qzeros, bias if bias is not None else scales, y, ws, cnt, m, n, k,
         x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), y.stride(0),

@@ -21,7 +21,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from treadle.kernels.int4_linear import dequantize_ref, int4_linear, pack_cols, pack_rows, unpack_cols, unpack_rows
+from treadle.kernels.int4_linear import (
+    dequantize_ref, gemv_counters, int4_linear, pack_cols, pack_rows, unpack_cols, unpack_rows,
+)
 from treadle.runtime.models import ops
 from treadle.runtime.quantization.base import QuantMethod, new_param, replace_param
 
@@ -105,6 +107,8 @@ class Int4Method(QuantMethod):
         replace_param(layer, "qzeros", pack_cols(z).contiguous())
         replace_param(layer, "scales", scales.to(SCALE_DTYPE).contiguous())
         layer.group_size = group
+        if layer.qweight.is_cuda:  # the GEMV's split-K counters, made before any CUDA-graph capture
+            gemv_counters(layer.qweight.device, 0)
 
     def quantize_loaded(self, layer: nn.Module) -> None:
         """Round to nearest with the format's zero convention (AWQ asymmetric, GPTQ symmetric),
