@@ -369,6 +369,7 @@ def create_app(state: ServerState) -> FastAPI:
         reqs, single, aliases = await tm.off_loop(build_native, tm, obj)
         stream = bool(obj.get("stream", False))
         tm.check_capacity(len(reqs))
+        tm.check_prompt_logprobs(reqs, "logprob_start_len")
         if stream:
             return await stream_or_error(request, native_stream(tm, reqs, aliases),
                                          _render_native(single and len(reqs) == 1,
@@ -469,6 +470,8 @@ def build_native(tm: TokenizerManager, obj: dict) -> tuple[list[TokenizedGenerat
         if not isinstance(text, (str, list)):
             raise APIError.bad_request("text must be a string or a list of strings", "text")
         single = isinstance(text, str)
+        if not single and not all(isinstance(t, str) for t in text):
+            raise APIError.bad_request("text must be a string or a list of strings", "text")
         prompts: list[dict] = [{"text": t} for t in ([text] if single else text)]
     else:
         if not isinstance(ids, list):

@@ -299,6 +299,7 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
             reqs.append(r)
             aliases[r.rid] = tuple(dict.fromkeys(x for x in (name, b.rid) if x is not None and x != r.rid))
     tm.check_capacity(len(reqs))
+    tm.check_prompt_logprobs(reqs, "logprobs")
 
     def generate(r: TokenizedGenerateReq):
         chunks = tm.generate(r, aliases[r.rid])

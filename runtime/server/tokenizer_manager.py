@@ -36,6 +36,9 @@ log = logging.getLogger("treadle.server")
 T = TypeVar("T")
 BUILD_THREADS = 4  # threads that build requests (TokenizerManager.off_loop)
 MAX_STOP_STRINGS = 128  # a request's stop strings (OpenAI takes 4)
+# prompt logprob values (scored prompt tokens x (1 + top logprobs)) one request may ask for, over
+# its prompts and n samples: 24 full 8k-token prompts with top 20, 256 2k-token ones with top 1
+MAX_PROMPT_LOGPROB_ENTRIES = 1 << 22
 
 
 @dataclass
@@ -411,6 +414,23 @@ class TokenizerManager:
             raise APIError.bad_request(
                 f"{param} holds {n} prompts, more than this server holds at once ({self.max_in_flight}: "
                 "--max-running-requests + --max-queued-requests); it could never be admitted: split it", param)
+
+    def check_prompt_logprobs(self, reqs: list[TokenizedGenerateReq], param: str) -> None:
+        """A 400 for a request whose prompt logprobs (echo + logprobs, logprob_start_len) come
+        to more than MAX_PROMPT_LOGPROB_ENTRIES values over all its parts: each scored prompt
+        position is a row of logits over the vocabulary, and its logprob and top logprobs are
+        kept as Python objects until the reply is sent. n samples score the same prompt n times:
+        echo + logprobs 20 over an 8,000-token prompt with n=128 asked for 21M values (hours of
+        CPU steps, gigabytes in each process the reply passes through)."""
+        total = 0
+        for r in reqs:
+            if r.return_logprob and r.logprob_start_len is not None and r.logprob_start_len >= 0:
+                total += max(0, len(r.input_ids) - r.logprob_start_len) * (1 + max(0, r.top_logprobs_num))
+        if total > MAX_PROMPT_LOGPROB_ENTRIES:
+            raise APIError.bad_request(
+                f"the request asks for {total:,} prompt logprob values (scored prompt tokens times 1 + top "
+                f"logprobs, over its prompts and n samples), more than the {MAX_PROMPT_LOGPROB_ENTRIES:,} "
+                "one request may: ask for fewer top logprobs or samples, or split it", param)
 
     def check_capacity(self, n: int) -> None:
         """Raise 503 when draining, dead, or `n` more requests would overflow the queue; 400

@@ -1,0 +1,71 @@
+"""Hostile request bodies found by a sweep over /generate's and the OpenAI routes' fields (types,
+NaN/Infinity, huge numbers, empty lists, nested nulls, lone surrogates, out-of-vocabulary ids,
+batches with one bad item, pathological grammars): the ones that were still wrong. Each test
+failed on the code before its fix."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from treadle.runtime.server.testing import ServerProcess, wait_idle
+
+pytestmark = pytest.mark.slow
+T = 60
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"])
+    yield s
+    s.close()
+
+
+def post(srv, path: str, body: dict, timeout: float = T) -> requests.Response:
+    return requests.post(srv.url + path, data=json.dumps(body), headers={"Content-Type": "application/json"},
+                         timeout=timeout)
+
+
+@pytest.mark.parametrize("text", [["hi", None], ["hi", 5], ["hi", ["nested"]], [None]])
+def test_a_non_string_in_a_text_batch_is_a_400_naming_text(srv, text):
+    """It was answered as if the client had sent input_ids ("input_ids must be a list of
+    integers", param input_ids), a field the request did not have."""
+    r = post(srv, "/generate", {"text": text, "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "text", r.text
+    assert "input_ids" not in r.json()["error"]["message"]
+
+
+PROMPT_IDS = [(i * 37) % 40000 + 100 for i in range(2000)]
+
+
+@pytest.mark.parametrize("path,body,param", [
+    # n samples score the same prompt n times: 128 x 2,000 positions x 21 values
+    ("/v1/completions", {"prompt": PROMPT_IDS, "echo": True, "logprobs": 20, "n": 128, "max_tokens": 1}, "logprobs"),
+    ("/generate", {"input_ids": [PROMPT_IDS] * 128, "return_logprob": True, "logprob_start_len": 0,
+                   "top_logprobs_num": 20, "sampling_params": {"max_new_tokens": 1}}, "logprob_start_len"),
+])
+def test_prompt_logprobs_past_the_per_request_cap_are_400(srv, path, body, param):
+    """Such a request was accepted: hours of CPU steps scoring prompt positions, and its
+    values (5.4M here) kept as Python objects in every process the reply passes through. Now
+    it is refused before anything is queued."""
+    try:
+        r = post(srv, path, body, timeout=20)
+    except requests.Timeout:
+        pytest.fail("the request was accepted (it would run for hours)")
+    finally:
+        wait_idle(srv.url, timeout_s=120)  # the old code: the timed-out client's requests are aborted
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert err["param"] == param and "prompt logprob values" in err["message"], err
+
+
+def test_prompt_logprobs_within_the_cap_are_served(srv):
+    r = post(srv, "/v1/completions", {"prompt": PROMPT_IDS[:40], "echo": True, "logprobs": 1, "n": 2,
+                                      "max_tokens": 1, "temperature": 0})
+    assert r.status_code == 200, r.text
+    for c in r.json()["choices"]:
+        assert len(c["logprobs"]["token_logprobs"]) == 41 and c["logprobs"]["token_logprobs"][0] is None
+    i = wait_idle(srv.url)
+    assert i["protected_slots"] == 0 and i["free_slots"] + i["evictable_slots"] == i["total_slots"]
