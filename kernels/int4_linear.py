@@ -426,10 +426,11 @@ class Int4Config(NamedTuple):
 
 
 def gemv_split(m: int, n: int, k: int, group_size: int, block_n: int) -> int:
-    """How many parts the GEMV cuts K into: about 4 programs an SM (of an H100 / H200's 132)
-    when the column blocks alone are fewer, each part at least 2 groups long."""
+    """How many parts the GEMV cuts K into: a program is one warp and its loads in flight are
+    one group's rows, so it wants many, about 24 an SM (of an H100 / H200's 132; an H100 sweep:
+    llama3-8b's gate_up 60.5 us in 3 parts, 30.2 us in 16), each part at least 2 groups long."""
     programs = m * triton.cdiv(n, block_n)
-    want = triton.cdiv(4 * SMS, programs)
+    want = triton.cdiv(24 * SMS, programs)
     return max(1, min(want, (k // group_size) // 2))
 
 
@@ -462,17 +463,20 @@ def _gemv_config(m: int, n: int, k: int, group_size: int) -> Int4Config | None:
 
 
 def pick_config(m: int, n: int, k: int, group_size: int) -> Int4Config:
-    """The default config of an [m, k] x [k, n] product with group_size-wide groups (the module
-    docstring's measurements):
-    - m <= GEMV_MAX_M and a power-of-two group: "gemv", K split while the column blocks are
-      fewer than ~4 programs an SM;
-    - m <= TC_MAX_M with groups a multiple of 128: "tc" (a 16-row tile, 64 columns, 4 warps,
-      3 stages, K split so that there are about 2 programs an SM);
+    """The default config of an [m, k] x [k, n] product with group_size-wide groups (an H100
+    sweep, benchmarks/results/quant_linear_sweep_gemv_h100.json):
+    - one row: "gemv" (K split for about 24 programs an SM), but "tc" for K > 8192 with groups
+      a multiple of 128 (llama3-8b's down projection: 30.1 us against the GEMV's 38.6);
+    - up to TC_MAX_M rows with groups a multiple of 128: "tc" (a 16-row tile, 64 columns, 4
+      warps, 3 stages, K split so that there are about 2 programs an SM): at 4 rows it beat
+      the GEMV, whose programs for each row read w again, on every llama3-8b shape;
+    - up to GEMV_MAX_M rows with other groups (up to 256): "gemv";
     - otherwise "dequant" (the weight in x's dtype, then cuBLAS)."""
+    tc = m <= TC_MAX_M and _tc_fits(k, group_size)
     gemv = _gemv_config(m, n, k, group_size)
-    if gemv is not None:
+    if gemv is not None and (not tc or (m == 1 and k <= 8192)):
         return gemv
-    if m <= TC_MAX_M and _tc_fits(k, group_size):
+    if tc:
         return Int4Config("tc", 16, 64, TC_BLOCK_K, 4, 3, tc_split(m, n, k, 16, 64))
     return Int4Config("dequant", 0, 64, 128, 4, 1)
 
@@ -490,7 +494,7 @@ def candidate_configs(m: int, n: int, k: int, group_size: int) -> list[Int4Confi
         if gemv is not None:
             found += [gemv._replace(block_n=bn, warps=w, split=gemv_split(m, n, k, group_size, bn)) for bn, w in
                       ((128, 1), (64, 1), (256, 1), (256, 2), (512, 4))]
-            found += [gemv._replace(split=s) for s in (1, 2, 4, 8, 16) if s <= k // group_size]
+            found += [gemv._replace(split=s) for s in (1, 4, 16, 32, 64) if s <= k // group_size // 2]
     elif m <= _SWEEP_GEMM_MAX_M:
         base = _gemm_config(m, n)
         bm = base.block_m

@@ -171,8 +171,10 @@ def test_int4_dequantize_kernel_is_exact_in_fp32(k: int, n: int, group: int) -> 
 
 def test_int4_pick_config_and_candidates() -> None:
     # the H100 sweep's choices: the GEMV at one row, tc up to 16, the dequantized weight and cuBLAS above
-    assert pick_config(1, 28672, 4096, 128) == Int4Config("gemv", 1, 128, 128, 1, 1, 3)  # 224 column blocks
-    assert pick_config(1, 4096, 14336, 128) == Int4Config("gemv", 1, 128, 128, 1, 1, 17)  # 32 blocks, 112 groups
+    assert pick_config(1, 28672, 4096, 128) == Int4Config("gemv", 1, 128, 128, 1, 1, 15)  # 224 column blocks
+    assert pick_config(1, 4096, 4096, 128) == Int4Config("gemv", 1, 128, 128, 1, 1, 16)  # 32 groups in parts of 2
+    assert pick_config(1, 4096, 14336, 128).path == "tc"  # K > 8192
+    assert pick_config(4, 4096, 4096, 128).path == "tc"
     assert pick_config(4, 4096, 4096, 96).path == "gemv"  # any group up to 256
     assert pick_config(16, 4096, 14336, 128).path == "tc" and pick_config(16, 4096, 14336, 128).split > 1
     assert pick_config(16, 4096, 4096, 64).path == "dequant"  # groups of 64: no 128-input block in one group
