@@ -141,8 +141,6 @@ CATEGORIES = {
 # vocabulary groups are unsupported rather than misses.)
 _IF_PATTERN_PROPERTIES = ("unevaluatedProperties: unevaluatedProperties can see annotations from if without then "
                           "and else / valid in case if is evaluated")
-_IF_ELSE_MULTIPLE = ("treadle does not write multipleOf 2 on numbers, so only the 'if' and 'then' branch is written "
-                     "(narrowing)")
 _CONTAINS_FIRST = "contains is written as the first items: an array whose matching item comes later is not written"
 _ONEOF_NON_INTEGERS = ("oneOf [integer, minimum 2]: the second branch needs numbers that are not integers, which "
                        "cannot be written apart from integers, so it is left out (narrowing)")
@@ -155,8 +153,6 @@ _IF_ELSE_MISSES = {
         "contains keyword with const keyword / array with two items 5 is valid")},
     "minContains: minContains=2 with contains / some elements match, valid minContains": _CONTAINS_FIRST,
     "oneOf: oneOf / second oneOf valid": _ONEOF_NON_INTEGERS,
-    "if-then-else: if and else without then / valid through else": _IF_ELSE_MULTIPLE,
-    "if-then-else: validate against correct branch, then vs else / valid through else": _IF_ELSE_MULTIPLE,
 }
 _DIGITS_ONLY = ("strict mode writes a listed whole number in its digits only (1, never 1.0, which draft-03 / -04 "
                 "call no integer): the float spelling is not written (narrowing)")

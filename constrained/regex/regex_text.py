@@ -180,10 +180,17 @@ URI_AFTER_SCHEME = (r"://[a-zA-Z0-9][a-zA-Z0-9._~-]*(?::[0-9]{1,5})?"
 _URI = r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}" + URI_AFTER_SCHEME
 _SEGMENT = r"[a-zA-Z0-9._~-]+"
 _VARSPEC = r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*(?::[1-9][0-9]{0,3}|\*)?"  # RFC 6570 varname [modifier]
+_BOUNDED_URI = rf"https?://{_LABEL}(?:\.{_LABEL}){{0,3}}(?::[0-9]{{1,5}})?(?:/[a-zA-Z0-9._~-]{{0,20}}){{0,5}}"
+_BOUNDED_REF = (rf"(?:{_BOUNDED_URI}|/?[a-zA-Z0-9._~-]{{1,20}}(?:/[a-zA-Z0-9._~-]{{1,20}}){{0,5}}"
+                r"(?:#[a-zA-Z0-9._~/-]{0,20})?|#[a-zA-Z0-9._~/-]{0,20})")
 # formats whose strings have no longest one, as written under a maxLength: a subset that has
 BOUNDED_FORMATS: dict[str, str] = {
     # (http and https only, as before: Pydantic's HttpUrl, which writes maxLength 2083, takes no other)
-    "uri": rf"https?://{_LABEL}(?:\.{_LABEL}){{0,3}}(?::[0-9]{{1,5}})?(?:/[a-zA-Z0-9._~-]{{0,20}}){{0,5}}",
+    "uri": _BOUNDED_URI,
+    "iri": _BOUNDED_URI,  # every URI is an IRI
+    # those URLs, or relative paths of at most 6 plain segments and a fragment (as uri-reference)
+    "uri-reference": _BOUNDED_REF,
+    "iri-reference": _BOUNDED_REF,
 }
 FORMATS: dict[str, str] = {
     "date": _DATE,
@@ -215,6 +222,8 @@ FORMATS: dict[str, str] = {
     # regexes of literal text (letters, digits, space, '_', '-', ',', ':', '/', '@', '=') and '.':
     # each compiles in every regex dialect (a subset of the regexes)
     "regex": r"[a-zA-Z0-9 _.,:/@=-]*",
+    # RFC 6531 extends RFC 5321: every address of the email subset is an internationalized one
+    "idn-email": rf"[a-zA-Z0-9_]{{1,20}}(?:[.+-][a-zA-Z0-9_]{{1,20}}){{0,3}}@{_LABEL}(?:\.{_LABEL}){{1,3}}",
 }
 
 

@@ -77,6 +77,7 @@ from treadle.constrained.schema.json_schema_parts import (
     Merger,
     UnsupportedSchemaError,
     array_regex,
+    check_keyword_values,
     check_metaschemas,
     object_regex,
     schema_types,
@@ -305,6 +306,7 @@ def _checked(schema: Any, whitespace_pattern: str | None, max_recursion_depth: i
     if max_recursion_depth < 0:
         raise ValueError("json_schema: max_recursion_depth must be >= 0")
     check_metaschemas(schema, "$")
+    check_keyword_values(schema, "$", draft3=dialect_of(schema) == "draft-03")
     return to_2020_12(static_dynamic_refs(schema))
 
 
@@ -630,7 +632,8 @@ class _Converter:
             if ok:
                 kept.append(_literal(value, digits))
         if not kept:
-            raise Unsatisfiable(f"json_schema: keyword 'enum' at {path}: no listed value is valid")
+            named = "enum" if "enum" in schema else "const"
+            raise Unsatisfiable(f"json_schema: keyword '{named}' at {path}: no listed value is valid")
         return _alt(kept)
 
     def _valid_under(self, part: Any, value: Any) -> bool:
@@ -1083,16 +1086,23 @@ class _Converter:
         for t in sorted(types, key=["null", "boolean", "integer", "number", "string", "array", "object"].index):
             if untyped and not any(k in schema for k in FAMILIES.get("number" if t == "integer" else t, ())):
                 part = self._other_type(t)  # (its values are still those __not_in__ lets through)
-                parts.append(self._not_listed(part, t, schema["__not_in__"], path) if "__not_in__" in schema else part)
-                continue
-            self._reject_unsupported(schema, t, path)
-            try:
-                part = self._one_type(t, schema, path)
-                parts.append(self._not_listed(part, t, schema["__not_in__"], path) if "__not_in__" in schema else part)
-            except NoOutput as exc:
-                if not untyped:
-                    raise
-                first_error = first_error or exc  # no value of this type: the others remain
+            else:
+                self._reject_unsupported(schema, t, path)
+                try:
+                    part = self._one_type(t, schema, path)
+                except NoOutput as exc:
+                    if not untyped:
+                        raise
+                    first_error = first_error or exc  # no value of this type: the others remain
+                    continue
+            if "__not_in__" in schema:
+                try:
+                    part = self._not_listed(part, t, schema["__not_in__"], path)
+                except Unsatisfiable as exc:
+                    # every value of this type is excluded (not: {const: null}): the other types remain
+                    first_error = first_error or exc
+                    continue
+            parts.append(part)
         if not parts:
             assert first_error is not None
             raise first_error
@@ -1182,7 +1192,7 @@ class _Converter:
             if key in schema and not self._trivial(key, schema[key], schema, t):
                 if key in _SUPPORTED.get("number" if t == "integer" else t, ()):
                     continue
-                if key == "multipleOf" and t == "integer" and _bounded_multiples(schema) is not None:
+                if key == "multipleOf" and t == "integer" and _integer_multiples(schema) is not None:
                     continue
                 if key == "multipleOf" and t == "number" and not self.spec and nums.multiple_grid(schema[key]):
                     continue  # strict mode: the multiples on a grid of 1/2**a (a sound subset; the spec mode refuses)
@@ -1211,10 +1221,10 @@ class _Converter:
             return "(?:true|false)"
         try:
             if t == "integer" and "multipleOf" in schema and not self._trivial("multipleOf", schema["multipleOf"], schema, t):
-                listed = _bounded_multiples(schema)  # (not None: _reject_unsupported saw to it)
-                if not listed:
+                written = _integer_multiples(schema)  # (not None: _reject_unsupported saw to it)
+                if not written:
                     raise Unsatisfiable(f"json_schema: keyword 'multipleOf' at {path}: no multiple within the bounds")
-                return "(?:" + "|".join(str(v) for v in listed) + ")"
+                return written
             if t == "integer":
                 return nums.integer_regex(schema, zero_fraction=not self.digits)
             if t == "number" and "multipleOf" in schema:
@@ -1514,6 +1524,28 @@ def _bounded_multiples(schema: dict) -> list[int] | None:
     if (last - first) // m + 1 > MAX_LISTED_MULTIPLES or not exact and max(abs(first), abs(last)) > 2**53:
         return None
     return list(range(first, last + 1, m))
+
+
+def _integer_multiples(schema: dict) -> str | None:
+    """The regex of the integers a whole ``multipleOf`` allows under the schema's bounds ("" for
+    none), or None where they cannot be written: listed where both bounds hold at most
+    ``MAX_LISTED_MULTIPLES`` of them (``_bounded_multiples``); else exactly, by their last
+    digits, where the multipleOf divides a power of ten (5, 25, 100: Pydantic's
+    ``multiple_of=5`` on an int, with no bound or one; an open side stops at 15 digits, as for
+    any integer). Another (3, 7, 86400) with a side open is refused."""
+    listed = _bounded_multiples(schema)
+    if listed is not None:
+        return "(?:" + "|".join(str(v) for v in listed) + ")" if listed else ""
+    m = schema.get("multipleOf")
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m < 1 or m != int(m):
+        return None
+    try:
+        lo, hi = nums.integer_bounds(schema)
+    except nums.BoundsError:
+        return None  # (a bound that is no finite number: refused where the integer is written)
+    if isinstance(m, float) and any(b is not None and abs(b) > 2**53 for b in (lo, hi)):
+        return None  # validators divide float(n) by a float m: exact for |n| <= 2**53 only
+    return nums.decimal_multiples_regex(lo, hi, int(m))
 
 
 # anchors, word boundaries and lookarounds: what may keep an empty match from every position

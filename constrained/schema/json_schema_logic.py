@@ -84,7 +84,8 @@ def dependencies_as_anyof(schema: dict, path: str) -> tuple[dict, list]:
             parts.append({"anyOf": [{"properties": {name: False}}, sub]})
         else:
             parts.append({"properties": {name: False}})  # narrower: the property is left out
-    if required != list(rest.get("required", [])):
+    given = rest.get("required", [])  # (draft-03's boolean: a dependency's names replace it)
+    if required != (list(given) if isinstance(given, list) else []):
         rest["required"] = required
     return rest, parts
 
@@ -167,6 +168,9 @@ def _types(declared: Any) -> set[str] | None:
     return types & (ALL_TYPES | {"integer"})
 
 
+MAX_CONTAINS = 256  # contains_as_prefix writes minContains items out: at most this many (as minItems)
+
+
 def contains_as_prefix(schema: dict, path: str) -> dict:
     """``contains`` (with ``minContains`` / ``maxContains``) said by ``prefixItems`` and
     ``maxItems``: the first items also satisfy ``contains``, the array stops at maxContains."""
@@ -178,6 +182,9 @@ def contains_as_prefix(schema: dict, path: str) -> dict:
     for key, value in (("minContains", need), ("maxContains", cap)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} must be a non-negative integer")
+    if need > MAX_CONTAINS:  # each is written out as an item (a minContains of 10**30 overflowed)
+        raise UnsupportedSchemaError(f"json_schema: keyword 'minContains' at {path}: more than {MAX_CONTAINS:,} "
+                                     "items are not supported")
     rest = {k: v for k, v in schema.items() if k not in ("contains", "minContains", "maxContains")}
     items = rest.get("items", True)
     if need > 0:

@@ -134,6 +134,128 @@ def check_metaschemas(schema: Any, path: str) -> None:
                 check_metaschemas(sub, f"{path}.{key}.{name}")
 
 
+_SCHEMA_LIST_KEYS = ("prefixItems", "allOf", "anyOf", "oneOf")
+_SCHEMA_KEYS = ("additionalProperties", "unevaluatedProperties", "unevaluatedItems", "contains", "propertyNames",
+                "not", "if", "then", "else", "additionalItems")
+_COUNT_KEYS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
+               "maxContains")
+_TYPE_NAMES = frozenset({"null", "boolean", "integer", "number", "string", "array", "object", "any"})  # any: draft-03
+_STRING_KEYS = ("pattern", "format", "$ref", "$id", "$anchor", "$dynamicRef", "$dynamicAnchor", "$recursiveRef")
+
+
+def _is_schema(value: Any) -> bool:
+    return isinstance(value, (dict, bool))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_keyword_values(schema: Any, path: str, draft3: bool = False) -> None:
+    """Refuse (naming the keyword and its path) an assertion or applicator keyword whose value is
+    of a kind no draft allows (``"pattern": {...}``, ``"properties": 0``, ``"type": [null]``,
+    ``"minLength": "5"``), anywhere in ``schema``, before anything reads it: such a schema is
+    invalid under its metaschema, and reading it raised TypeErrors (a 500 on the server). The
+    forms of every draft treadle reads pass (draft-03's ``required: true`` and schemas in a
+    ``type`` list, draft-04's boolean ``exclusiveMinimum``, ``items`` as a list). Annotations
+    (``title``, ``examples``, unknown keywords) are not looked at."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise UnsupportedSchemaError(f"json_schema: the schema at {path} must be an object or a boolean, "
+                                     f"got {type(schema).__name__}")
+
+    def bad(key: str, what: str) -> UnsupportedSchemaError:
+        return UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} must be {what}")
+
+    def each(value: Any, sub: str) -> None:
+        check_keyword_values(value, sub, draft3)
+
+    t = schema.get("type")
+    if "type" in schema and not (isinstance(t, str) or isinstance(t, list) and all(
+            isinstance(x, str) or draft3 and _is_schema(x) for x in t)):  # (draft-03: schemas too)
+        raise bad("type", "a type name or a list of them")
+    unknown = [x for x in ([t] if isinstance(t, str) else t if isinstance(t, list) else [])
+               if isinstance(x, str) and x not in _TYPE_NAMES]
+    if unknown:
+        raise UnsupportedSchemaError(f"json_schema: keyword 'type' at {path}: unknown type {unknown[0]!r}")
+    if isinstance(t, list):
+        for i, x in enumerate(t):
+            if not isinstance(x, str):
+                each(x, f"{path}.type[{i}]")
+    for key in _STRING_KEYS:
+        if key in schema and not isinstance(schema[key], str):
+            raise bad(key, "a string")
+    for key in ("minimum", "maximum"):
+        if key in schema and not _is_number(schema[key]):
+            raise bad(key, "a number")
+    for key in ("multipleOf", "divisibleBy"):
+        if key in schema and not (_is_number(schema[key]) and schema[key] > 0):
+            raise bad(key, "a number greater than 0")
+    for key in ("exclusiveMinimum", "exclusiveMaximum"):
+        if key in schema and not (_is_number(schema[key]) or isinstance(schema[key], bool)):
+            raise bad(key, "a number")
+    for key in _COUNT_KEYS:
+        v = schema.get(key)
+        # (a boolean is compared as the number it equals, as validators do: napari's "minItems": true)
+        if key in schema and not (isinstance(v, (int, float)) and v >= 0 and (isinstance(v, int) or v == int(v))):
+            raise bad(key, "a non-negative integer")
+    if "uniqueItems" in schema and not isinstance(schema["uniqueItems"], bool):
+        raise bad("uniqueItems", "a boolean")
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        raise bad("enum", "an array")
+    req = schema.get("required")
+    # (draft-03's boolean is a property's own; in another draft, beside an object's keywords, a list)
+    object_level = any(k in schema for k in ("properties", "dependentRequired", "dependencies", "dependentSchemas"))
+    if "required" in schema and not (isinstance(req, bool) and (draft3 or not object_level) or isinstance(req, list) and all(
+            isinstance(x, str) for x in req)):
+        raise bad("required", "an array of property names")
+    for key in _SCHEMA_KEYS:
+        if key in schema:
+            each(schema[key], f"{path}.{key}")
+    for key in _SCHEMA_LIST_KEYS:
+        if key in schema:
+            if not isinstance(schema[key], list):
+                raise bad(key, "an array of schemas")
+            for i, sub in enumerate(schema[key]):
+                each(sub, f"{path}.{key}[{i}]")
+    items = schema.get("items")
+    if "items" in schema:
+        for i, sub in enumerate(items) if isinstance(items, list) else [(None, items)]:
+            each(sub, f"{path}.items" + ("" if i is None else f"[{i}]"))
+    for key in _SUBSCHEMA_MAPS:
+        if key in schema:
+            if not isinstance(schema[key], dict):
+                raise bad(key, "an object of schemas")
+            for name, sub in schema[key].items():
+                if key in ("$defs", "definitions") and not _is_schema(sub):
+                    continue  # (a definition is read only where a $ref names it: Merger.resolve)
+                each(sub, f"{path}.{key}.{name}")
+    if "dependentRequired" in schema:
+        dep = schema["dependentRequired"]
+        if not isinstance(dep, dict) or not all(
+                isinstance(v, list) and all(isinstance(x, str) for x in v) for v in dep.values()):
+            raise bad("dependentRequired", "an object of arrays of property names")
+    if "dependencies" in schema:
+        dep = schema["dependencies"]
+        if not isinstance(dep, dict):
+            raise bad("dependencies", "an object")
+        for name, v in dep.items():
+            if isinstance(v, list):
+                if not all(isinstance(x, str) for x in v):
+                    raise bad("dependencies", "an object of schemas or arrays of property names")
+            elif not isinstance(v, str):  # (draft-03: one property name)
+                each(v, f"{path}.dependencies.{name}")
+    for key in ("extends", "disallow"):  # draft-03
+        v = schema.get(key)
+        if isinstance(v, list):
+            for i, sub in enumerate(v):
+                if not isinstance(sub, str):
+                    each(sub, f"{path}.{key}[{i}]")
+        elif key in schema and not isinstance(v, str):
+            each(v, f"{path}.{key}")
+
+
 class Merger:
     """Resolves in-document ``$ref`` pointers and merges ``allOf`` parts into one schema."""
 
@@ -432,6 +554,8 @@ def _localize_unevaluated(part: dict, has_applicators: bool, path: str) -> dict:
 
 def _intersect_types(a: Any, b: Any, path: str) -> list[str]:
     def norm(t: Any) -> set[str]:
+        if not (isinstance(t, str) or isinstance(t, list) and all(isinstance(x, str) for x in t)):
+            raise UnsupportedSchemaError(f"json_schema: keyword 'type' at {path} must be a string or list")
         s = {t} if isinstance(t, str) else set(t)
         return s | {"integer"} if "number" in s else s
 

@@ -363,7 +363,8 @@ def number_literal_regex(value: int | float) -> str:
 
     ``const: 1`` also matches "1.0" and ``const: 0.5`` "0.50": the same number, parsing to
     the same double. Integers beyond 2**53 keep their digits only (a ".0" spelling would
-    parse to a different double). Besides ``json.dumps``'s own form, no exponent spelling.
+    parse to a different double); a float there whose double is not its decimal (1.5e300)
+    keeps its fraction ("1500...0.0", never the integer "1500...0"). Besides ``json.dumps``'s own form, no exponent spelling.
     """
     assert isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     own = json.dumps(value).replace(".", r"\.").replace("+", r"\+")
@@ -375,8 +376,83 @@ def number_literal_regex(value: int | float) -> str:
         spelled = sign + plain.replace(".", r"\.") + "0{0,6}"
     elif isinstance(value, int) and abs(value) > 2**53:
         spelled = sign + str(abs(value))
+    elif isinstance(value, float) and Fraction(value) != exact:
+        # a double past 2**53 whose decimal is not its value (1.5e300): the digits alone parse
+        # to that integer, which equality (exact, as Python compares an int and a float) finds
+        # different; with a fraction they parse to the double
+        spelled = sign + str(abs(exact.numerator)) + r"\.0{1,6}"
     else:
         spelled = sign + str(abs(exact.numerator)) + ZERO_FRACTION
     if re.fullmatch(spelled, json.dumps(value)):
         return spelled
     return f"(?:{spelled}|{own})"
+
+
+MAX_SUFFIXES = 1000  # a whole multipleOf m dividing 10**k is written exactly where 10**k / m <= this
+
+
+def decimal_multiples_regex(lo: int | None, hi: int | None, m: int) -> str | None:
+    """Canonical decimal integers in ``[lo, hi]`` that are multiples of the whole ``m`` (a side
+    left open stops where ``int_range_regex``'s does), exactly, where ``m`` divides a power of
+    ten 10**k with at most ``MAX_SUFFIXES`` multiples below it (2, 5, 16, 25, 100, 1000, ...):
+    whether n is a multiple is decided by its last k digits. None for another ``m`` (3, 7, 64);
+    "" where no multiple lies within the bounds."""
+    k, rest = 0, m
+    for p in (2, 5):
+        e = 0
+        while rest % p == 0:
+            rest, e = rest // p, e + 1
+        k = max(k, e)
+    if rest != 1 or 10**k // m > MAX_SUFFIXES:
+        return None
+    if lo is None:
+        lo = -max(INT_LIMIT, 10 ** len(str(abs(hi))) - 1) if hi is not None and hi < -INT_LIMIT else -INT_LIMIT
+    if hi is None:
+        hi = max(INT_LIMIT, 10 ** len(str(abs(lo))) - 1) if lo > INT_LIMIT else INT_LIMIT
+    parts = []
+    if lo < 0 and max(1, -hi) <= -lo:
+        neg = _nonneg_multiples(max(1, -hi), -lo, m, k)
+        if neg:
+            parts.append("-" + neg)
+    if hi >= 0 and max(0, lo) <= hi:
+        pos = _nonneg_multiples(max(0, lo), hi, m, k)
+        if pos:
+            parts.append(pos)
+    return "(?:" + "|".join(parts) + ")" if parts else ""
+
+
+def _nonneg_multiples(lo: int, hi: int, m: int, k: int) -> str:
+    """The multiples of ``m`` in ``[lo, hi]`` (0 <= lo <= hi; m divides 10**k): those below 10**k
+    listed, the others a prefix p (a range of integers) then k digits s, n = p * 10**k + s."""
+    size = 10**k
+
+    def suffixes(a: int, b: int) -> str:
+        """The k-digit (zero-padded) multiples of m in [a, b], as one group; "" for none."""
+        texts = [str(s).zfill(k) if k else "" for s in range(-(-a // m) * m, b + 1, m)]
+        return "(?:" + "|".join(texts) + ")" if texts else ""
+
+    alts = []
+    if lo < size:  # below 10**k: the multiples themselves
+        alts += [str(s) for s in range(-(-lo // m) * m, min(hi, size - 1) + 1, m)]
+    p_lo, p_hi = max(lo // size, 1), hi // size
+    if p_lo <= p_hi:
+        a = lo % size if p_lo == lo // size else 0  # the first prefix starts within its block
+        if p_lo == p_hi:
+            tail = suffixes(a, hi % size)
+            if tail:
+                alts.append(str(p_lo) + tail)
+        else:
+            first, last = p_lo, p_hi
+            if a:  # the first prefix with the suffixes from a
+                tail = suffixes(a, size - 1)
+                if tail:
+                    alts.append(str(p_lo) + tail)
+                first += 1
+            if hi % size < size - m:  # the last prefix with the suffixes up to hi's
+                tail = suffixes(0, hi % size)
+                if tail:
+                    alts.append(str(p_hi) + tail)
+                last -= 1
+            if first <= last:
+                alts.append(nonneg_range_regex(first, last) + suffixes(0, size - 1))
+    return "(?:" + "|".join(alts) + ")" if alts else ""
