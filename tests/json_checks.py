@@ -5,6 +5,7 @@ random walk through a matcher's masks."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import interegular
@@ -13,7 +14,7 @@ from interegular.fsm import anything_else
 
 from treadle.constrained.index.json_holes import CALL_CHARS, CANARY_CHAR, ENTRY_CHAR, HOLE_CHARS, KINDS
 
-__all__ = ["HoleOracle", "Oracle", "allowed_ids", "compiled_walks", "live_states", "random_walk"]
+__all__ = ["HoleOracle", "Oracle", "accepted_ids", "allowed_ids", "compiled_walks", "live_states", "random_walk"]
 
 _CLOSING = (b"}", b"]", b'"', b",", b"0")
 
@@ -36,6 +37,34 @@ def live_states(fsm) -> set:
 def allowed_ids(row: np.ndarray) -> set[int]:
     """Token ids set in an int32 bitmask row."""
     return set(np.flatnonzero(np.unpackbits(np.ascontiguousarray(row).view(np.uint8), bitorder="little")).tolist())
+
+
+def accepted_ids(oracle, table: list, skip: tuple = ()) -> set[int]:
+    """The ids ``i`` (not in ``skip``) whose non-empty bytes ``table[i]`` ``oracle`` (an
+    ``Oracle`` or a ``HoleOracle``) can read from its state: exactly
+    ``{i for i, tb in enumerate(table) if tb and i not in skip and oracle.copy().feed(tb)}``,
+    since ``feed`` reads its bytes one at a time and fails at the first it cannot take. Here
+    each distinct byte prefix of the vocabulary is fed once, on a copy of its parent prefix's
+    state (a trie walk), so tokens that share a prefix share its work and every token under a
+    dead prefix is refused without feeding. ``oracle`` itself is left as it was."""
+    memo: dict[bytes, object] = {b"": oracle}  # prefix -> state after it, None where it died
+    out = set()
+    for i, tb in enumerate(table):
+        if not tb or i in skip:
+            continue
+        k = len(tb)
+        while tb[:k] not in memo:
+            k -= 1
+        state = memo[tb[:k]]
+        while state is not None and k < len(tb):
+            state = state.copy()
+            if not state.feed(tb[k:k + 1]):
+                state = None
+            k += 1
+            memo[tb[:k]] = state
+        if state is not None:
+            out.add(i)
+    return out
 
 
 def random_walk(m, bitmask, table: list, eos: int, rng: random.Random, *, steps: int, stop_p: float,
@@ -259,12 +288,16 @@ class HoleOracle:
     Configurations: (DFA state, pending bytes of a character, Oracle or None, return states)."""
 
     def __init__(self, regex: str) -> None:
+        self.fsm, self.live, self.entries = _hole_automaton(regex)
+        self.configs = [(self.fsm.initial, b"", None, ())]
+
+    @classmethod
+    def _automaton(cls, regex: str) -> tuple:
         fsm = interegular.parse_pattern(regex).to_fsm()
-        self.fsm = fsm
-        self.live = live_states(fsm)
-        e = self._step(fsm.initial, ENTRY_CHAR)
-        self.entries = {c: self._step(e, c) if e is not None else None for c in CALL_CHARS}
-        self.configs = [(fsm.initial, b"", None, ())]
+        o = cls.__new__(cls)
+        o.fsm, o.live = fsm, live_states(fsm)
+        e = o._step(fsm.initial, ENTRY_CHAR)
+        return fsm, o.live, {c: o._step(e, c) if e is not None else None for c in CALL_CHARS}
 
     def _sym(self, ch: str):
         return self.fsm.alphabet[ch] if ch in self.fsm.alphabet else self.fsm.alphabet[anything_else]
@@ -363,17 +396,29 @@ class HoleOracle:
         return c
 
 
+@functools.lru_cache(maxsize=64)
+def _hole_automaton(regex: str) -> tuple:
+    """A HoleOracle's DFA of ``regex``, its live states and its calls' entry states: built once
+    per regex (tests build an oracle per string they check); no oracle changes them."""
+    return HoleOracle._automaton(regex)
+
+
+_walk_tables: list = [None, None, None]  # the last FSM sample_regex walked, its live states, its keys' chars
+
+
 def sample_regex(fsm, rng: random.Random, *, steps: int = 400, stop_p: float = 0.3) -> str | None:
     """A random string of an interegular FSM (a walk over its live states, stopping at a final
     state with chance ``stop_p``, always once ``steps`` are spent and a final state is
     reached); None when the walk cannot finish. ``anything_else`` is written as a character
     the alphabet does not list."""
-    live = live_states(fsm)
+    if _walk_tables[0] is not fsm:  # callers walk one FSM many times: its tables once
+        by_key: dict = {}
+        for ch, key in fsm.alphabet.items():
+            by_key.setdefault(key, []).append(ch)
+        _walk_tables[:] = [fsm, live_states(fsm), by_key]
+    live, by_key = _walk_tables[1], _walk_tables[2]
     if fsm.initial not in live:
         return None
-    by_key: dict = {}
-    for ch, key in fsm.alphabet.items():
-        by_key.setdefault(key, []).append(ch)
     other = next(c for c in "é€ж~ 界" if c not in fsm.alphabet)
     state, out = fsm.initial, []
     for step in range(steps * 2):

@@ -18,7 +18,7 @@ from treadle.constrained import (
 )
 from treadle.constrained.index.json_any import JsonPushdown
 
-from json_checks import Oracle, allowed_ids, random_walk
+from json_checks import Oracle, accepted_ids, allowed_ids, random_walk
 
 EOS = 2
 V = 49152
@@ -59,13 +59,7 @@ def test_masks_equal_the_oracle_over_the_whole_vocabulary(pda, root):
         state, stack = pda.run(g.initial, (), data)
         assert state != 0, prefix
         got = allowed_ids(pda.mask(state, stack))
-        want = set()
-        for i, tb in enumerate(table):
-            if i == EOS:
-                if o.final():
-                    want.add(i)
-            elif tb and o.copy().feed(tb):
-                want.add(i)
+        want = ({EOS} if o.final() else set()) | accepted_ids(o, table, skip=(EOS,))
         assert got == want, (prefix, sorted(table[i] for i in got - want)[:10],
                              sorted(table[i] for i in want - got)[:10])
 
@@ -179,7 +173,7 @@ def test_masks_equal_the_oracle_on_a_vocabulary_of_bracket_runs():
             o, data = _oracle_at(root, prefix)
             state, stack = pda.run(g.initial, (), data)
             got = allowed_ids(pda.mask(state, stack))
-            want = {i for i, tb in enumerate(table) if tb and o.copy().feed(tb)} | ({EOS} if o.final() else set())
+            want = accepted_ids(o, table) | ({EOS} if o.final() else set())
             assert got == want, (root, prefix, sorted(tokens[i] for i in got ^ want)[:10])
             # the scalar path agrees with the mask
             assert {i for i, tb in enumerate(table) if tb and pda.run(state, stack, tb)[0] != 0} == got - {EOS}
