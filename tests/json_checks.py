@@ -14,9 +14,41 @@ from interegular.fsm import anything_else
 
 from treadle.constrained.index.json_holes import CALL_CHARS, CANARY_CHAR, ENTRY_CHAR, HOLE_CHARS, KINDS
 
-__all__ = ["HoleOracle", "Oracle", "accepted_ids", "allowed_ids", "compiled_walks", "live_states", "random_walk"]
+__all__ = ["BYTE_TOKENS", "HoleOracle", "Oracle", "accepted_ids", "allowed_ids", "byte_walks", "compiled_walks",
+           "live_states", "random_walk"]
 
 _CLOSING = (b"}", b"]", b'"', b",", b"0")
+
+
+def _byte_tokens():
+    from treadle.constrained.index.lazy_index import TokenArrays
+    return TokenArrays({b: bytes([b]) for b in range(256)})
+
+
+BYTE_TOKENS = _byte_tokens()  # a vocabulary of the 256 single bytes
+
+
+def byte_walks(regex: str, n: int, *, seed: int = 0, steps: int = 400, stop_p: float = 0.3) -> list[bytes | None]:
+    """n random walks of ``regex``'s automaton over single bytes (``BYTE_TOKENS``): each stops at
+    an accepting state with probability stop_p, or where nothing can follow; None for a walk
+    that reaches a dead end or runs `steps` bytes without ending in an accepting state."""
+    from treadle.constrained.index.lazy_index import LazyIndex, build_nfa
+
+    index = LazyIndex(build_nfa(regex), BYTE_TOKENS)
+    rng, out = random.Random(seed), []
+    for _ in range(n):
+        s, text, ended = index.get_initial_state(), bytearray(), None
+        for _ in range(steps):
+            allowed = [int(t) for t in index.get_allowed_tokens(s)]
+            if index.is_final_state(s) and (not allowed or rng.random() < stop_p):
+                ended = bytes(text)
+                break
+            if not allowed:
+                break
+            text.append(rng.choice(allowed))
+            s = index.get_next_state(s, text[-1])
+        out.append(ended)
+    return out
 
 
 def live_states(fsm) -> set:

@@ -6,33 +6,18 @@ parts shrink as email's do."""
 from __future__ import annotations
 
 import json
-import random
 import re
 
 import jsonschema
 
-from treadle.constrained.index.lazy_index import LazyIndex, TokenArrays, build_nfa
+from json_checks import byte_walks
 from treadle.constrained.schema.json_schema import json_schema_to_regex
 
-BYTES = TokenArrays({b: bytes([b]) for b in range(256)})
 ADDRESS = re.compile(r"[A-Za-z0-9_.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
 
 
 def _strings(schema: dict, n: int = 60) -> list[str]:
-    index = LazyIndex(build_nfa(json_schema_to_regex(schema)), BYTES)
-    rng, out = random.Random(0), []
-    for _ in range(n):
-        s, text = index.get_initial_state(), bytearray()
-        for _ in range(300):
-            if index.is_final_state(s) and rng.random() < 0.15:
-                break
-            allowed = [int(t) for t in index.get_allowed_tokens(s)]
-            if not allowed:
-                break
-            text.append(rng.choice(allowed))
-            s = index.get_next_state(s, text[-1])
-        if index.is_final_state(s):
-            out.append(json.loads(text))
+    out = [json.loads(t) for t in byte_walks(json_schema_to_regex(schema), n, steps=300, stop_p=0.15) if t is not None]
     assert len(out) >= n // 2
     return out
 

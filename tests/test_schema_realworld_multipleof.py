@@ -8,7 +8,6 @@ multiples. Walks of each compiled regex validate; valid instances are taken."""
 from __future__ import annotations
 
 import json
-import random
 import re
 from typing import Annotated
 
@@ -16,32 +15,16 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from treadle.constrained.index.lazy_index import LazyIndex, TokenArrays, build_nfa
+from json_checks import byte_walks
 from treadle.constrained.schema.json_schema import json_schema_to_regex
 
-BYTES = TokenArrays({b: bytes([b]) for b in range(256)})
-
-
-def _walk(index: LazyIndex, rng: random.Random, steps: int = 400) -> bytes | None:
-    s, out = index.get_initial_state(), bytearray()
-    for _ in range(steps):
-        if index.is_final_state(s) and rng.random() < 0.3:
-            return bytes(out)
-        allowed = [int(t) for t in index.get_allowed_tokens(s)]
-        if not allowed:
-            return bytes(out) if index.is_final_state(s) else None
-        out.append(rng.choice(allowed))
-        s = index.get_next_state(s, out[-1])
-    return None
 
 
 def _check(schema: dict, valid: list, invalid: list, mode: str = "strict", walks: int = 60) -> None:
     rx = json_schema_to_regex(schema, mode=mode)
     validator = jsonschema.Draft202012Validator(schema)
-    index = LazyIndex(build_nfa(rx), BYTES)
-    rng, done = random.Random(0), 0
-    for _ in range(walks):
-        text = _walk(index, rng)
+    done = 0
+    for text in byte_walks(rx, walks):
         assert text is not None, "dead end"
         value = json.loads(text)
         assert validator.is_valid(value), (schema, text)

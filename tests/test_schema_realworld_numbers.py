@@ -8,31 +8,19 @@ exactly (1e21, 2**60 as a float) keep their digits."""
 from __future__ import annotations
 
 import json
-import random
 
 import jsonschema
 import pytest
 
-from treadle.constrained.index.lazy_index import LazyIndex, TokenArrays, build_nfa
+from json_checks import byte_walks
 from treadle.constrained.schema.json_schema import json_schema_to_regex
 
-BYTES = TokenArrays({b: bytes([b]) for b in range(256)})
 
 
 def _texts(schema: dict, n: int = 40) -> set[str]:
-    index = LazyIndex(build_nfa(json_schema_to_regex(schema)), BYTES)
-    rng, out = random.Random(0), set()
-    for _ in range(n):
-        s, text = index.get_initial_state(), bytearray()
-        while True:
-            allowed = [int(t) for t in index.get_allowed_tokens(s)]
-            if index.is_final_state(s) and (not allowed or rng.random() < 0.3):
-                break
-            assert allowed, text
-            text.append(rng.choice(allowed))
-            s = index.get_next_state(s, text[-1])
-        out.add(text.decode())
-    return out
+    walks = byte_walks(json_schema_to_regex(schema), n)
+    assert None not in walks, "a walk ended in a dead end"
+    return {t.decode() for t in walks}
 
 
 @pytest.mark.parametrize("schema", [

@@ -7,32 +7,19 @@ fragment). Walks validate under jsonschema's format checker (rfc3987) and the le
 from __future__ import annotations
 
 import json
-import random
 import re
 
 import jsonschema
 import pytest
 
-from treadle.constrained.index.lazy_index import LazyIndex, TokenArrays, build_nfa
+from json_checks import byte_walks
 from treadle.constrained.schema.json_schema import json_schema_to_regex
 
-BYTES = TokenArrays({b: bytes([b]) for b in range(256)})
 
 
 def _values(schema: dict, n: int = 40) -> list:
-    index = LazyIndex(build_nfa(json_schema_to_regex(schema)), BYTES)
-    rng, out = random.Random(0), []
-    for _ in range(n):
-        s, text = index.get_initial_state(), bytearray()
-        for _ in range(400):
-            allowed = [int(t) for t in index.get_allowed_tokens(s)]
-            if index.is_final_state(s) and (not allowed or rng.random() < 0.1):
-                break
-            assert allowed, text
-            text.append(rng.choice(allowed))
-            s = index.get_next_state(s, text[-1])
-        if index.is_final_state(s):
-            out.append(json.loads(text))
+    walks = byte_walks(json_schema_to_regex(schema), n, stop_p=0.1)
+    out = [json.loads(t) for t in walks if t is not None]
     assert len(out) >= n // 2
     return out
 
