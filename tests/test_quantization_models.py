@@ -161,7 +161,8 @@ def test_tiny_checkpoint_loads_what_its_format_says(fmt, tmp_path, reference_eng
                                   ("self_attn.o_proj", ["self_attn.o_proj"]),
                                   ("mlp.gate_up_proj", ["mlp.gate_proj", "mlp.up_proj"]), ("mlp.down_proj", ["mlp.down_proj"])):
                 expect = torch.cat([want[f"model.layers.{i}.{p}.weight"] for p in parts])
-                assert torch.equal(got[f"layers.{i}.{merged}.weight"], expect), (fmt, i, merged)
+                have = got[f"layers.{i}.{merged}.weight"]
+                assert torch.equal(have, expect.to(have.device)), (fmt, i, merged)
         out = e.generate(input_ids=PROMPTS, sampling_params=GREEDY)
         assert "fp8" in e.get_server_info()["quantization"] or fmt.startswith(("awq", "gptq"))
     reference_engine.runner.model.load_weights(want.items())
