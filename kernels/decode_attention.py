@@ -118,14 +118,16 @@ def _decode_stage1_kernel(
         offs = n_start + offs_n
         n_mask = offs < hi
         slots = tl.load(tokens + offs, mask=n_mask, other=0).to(tl.int64)  # masked -> dummy slot 0
-        k = tl.load(k_base + slots[:, None] * stride_ks + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+        # masked keys and values read as 0, never as the dummy slot's contents (0 * NaN is NaN)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + slots[:, None] * stride_ks + offs_d[None, :], mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
         qk = tl.where(n_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))  # finite: the first block has >= 1 key
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+        v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
         m_i = m_new
 
@@ -344,6 +346,8 @@ def decode_attention_ref(
     scores = torch.matmul(qg, k.float().transpose(-1, -2)).mul_(sm_scale)  # [B, Hk, G, L]
     pad = torch.arange(max_len, device=q.device)[None, :] >= seq_lens.to(q.device)[:, None]  # [B, L]
     scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    if bs > 1 and bool(pad.any()):  # a padded position's value must not be NaN or inf: 0 * NaN is NaN
+        v = v.float().masked_fill_(pad[:, None, :, None], 0)
     out = torch.matmul(torch.softmax(scores, dim=-1), v.float())  # [B, Hk, G, D]
     o.copy_(out.reshape(bs, num_heads, head_dim).to(o.dtype))
 

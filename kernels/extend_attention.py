@@ -60,7 +60,11 @@ def _attend_block(
         slots = tl.load(tokens + offs, mask=n_mask, other=0).to(tl.int64)  # masked -> dummy slot 0
     else:
         slots = tl.load(tokens + offs).to(tl.int64)
-    k = tl.load(k_base + slots[:, None] * stride_ks + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+    if CAUSAL:  # masked keys read as 0, not as the dummy slot's contents: 0 * NaN would be NaN
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+    else:
+        kv_mask = d_mask[None, :]
+    k = tl.load(k_base + slots[:, None] * stride_ks + offs_d[None, :], mask=kv_mask, other=0.0)
     qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
     if CAUSAL:
         visible = (offs[None, :] <= q_pos[:, None]) & n_mask[None, :]
@@ -70,7 +74,7 @@ def _attend_block(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+    v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :], mask=kv_mask, other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
     return acc, m_new, l_i
 
@@ -296,6 +300,10 @@ def _extend_padded(q, k_buffer, v_buffer, o, req_to_token, reqs, group: int, sm_
     slots = req_to_token[rows, :max_len].long().reshape(-1)  # past a request's length: stale, masked
     k = k_buffer.index_select(0, slots).view(bs, max_len, num_kv_heads, head_dim).transpose(1, 2)
     v = v_buffer.index_select(0, slots).view(bs, max_len, num_kv_heads, head_dim).transpose(1, 2)
+    beyond = torch.arange(max_len, device=dev)[None, :] >= (prefix + ext)[:, None]  # [B, L]
+    if bool(beyond.any()):  # stale slots read as 0: a masked NaN or inf would still reach the output
+        k = k.float().masked_fill_(beyond[:, None, :, None], 0)
+        v = v.float().masked_fill_(beyond[:, None, :, None], 0)
     # token index per (request, extend position); padding rows read token 0 and are dropped
     i = torch.arange(max_ext, device=dev)
     tok = torch.tensor([r[3] for r in reqs], device=dev)[:, None] + i[None, :]
