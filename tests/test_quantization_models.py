@@ -3,7 +3,8 @@ FP8 per channel and per tensor, fbgemm_fp8, AWQ, GPTQ with and without act-order
 by code written from the formats' specs (not treadle's packers), load to the weights the spec
 says and give the greedy tokens of a float model holding those weights; the embedded SmolLM2
 quantized at load (fp8, awq) gives the greedy tokens of its own dequantized-fp32 reference;
-unknown formats are refused by name; the server reports its quantization."""
+unknown formats are refused by name; the server reports its quantization. These run on the CPU
+(device="cpu") on a GPU machine too, where the gpu-marked tests below cover the kernels."""
 from __future__ import annotations
 
 import json
@@ -143,14 +144,14 @@ def _ct(strategy: str, acts: dict | None) -> dict:
 @pytest.fixture(scope="module")
 def reference_engine():
     """A float tiny-llama: each test loads the weights a checkpoint stands for into it."""
-    with Engine(model_path="dummy:tiny-llama", max_total_tokens=1024) as e:
+    with Engine(model_path="dummy:tiny-llama", max_total_tokens=1024, device="cpu") as e:
         yield e
 
 
 @pytest.mark.parametrize("fmt", ["ct-channel", "ct-tensor", "fbgemm", "awq", "gptq", "gptq-act"])
 def test_tiny_checkpoint_loads_what_its_format_says(fmt, tmp_path, reference_engine):
     path, want = _quantized_checkpoint(fmt, tmp_path)
-    with Engine(model_path=path, max_total_tokens=1024) as e:
+    with Engine(model_path=path, max_total_tokens=1024, device="cpu") as e:
         model = e.runner.model
         qkv = model.layers[0].self_attn.qkv_proj
         assert qkv.quant is not None and not hasattr(qkv, "g_idx")
@@ -201,10 +202,10 @@ def test_embedded_model_quantized_at_load_matches_its_dequantized_reference(smol
     prompts = [smollm2_tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                      tokenize=False) for p in HELD_OUT]
     params = {"max_new_tokens": 8, "temperature": 0}  # the CPU dequantizes every weight each step: keep it short
-    with Engine(max_total_tokens=2048, gguf_dequantize=True) as ref:  # the float32 path
+    with Engine(max_total_tokens=2048, gguf_dequantize=True, device="cpu") as ref:  # the float32 path
         floats = dict(ref.runner.model.named_parameters())
         for method, dtypes in (("fp8", {torch.float8_e4m3fn}), ("awq", {torch.int32})):
-            with Engine(quantization=method, max_total_tokens=2048) as q:
+            with Engine(quantization=method, max_total_tokens=2048, device="cpu") as q:
                 assert {p.dtype for p in q.runner.model.layers[3].mlp.down_proj.parameters()} >= dtypes
                 out = q.generate(prompts, sampling_params=params)
                 deq = dequantized_weights(q.runner.model)
@@ -223,7 +224,7 @@ def test_server_reports_its_quantization():
     from treadle.runtime.server.testing import ServerProcess
 
     with ServerProcess(["--model-path", "dummy:tiny-llama", "--quantization", "gptq", "--max-total-tokens", "1024",
-                        "--log-level", "warning"]) as srv:
+                        "--device", "cpu", "--log-level", "warning"]) as srv:
         info = requests.get(srv.url + "/get_server_info", timeout=30).json()
         assert info["quantization"].startswith("gptq (4-bit weights, group 64")
         assert info["engine_args"]["quantization"] == "gptq"
@@ -236,7 +237,7 @@ def test_tensor_parallel_cuts_packed_tensors_per_rank(tmp_path, reference_engine
     """tp_size 2 (gloo): every rank loads its slice of a GPTQ checkpoint (packed along K in the
     row-parallel layers, whose g_idx then starts past group 0) and the ranks give the tp 1 tokens."""
     path, want = _quantized_checkpoint("gptq", tmp_path)
-    with Engine(model_path=path, max_total_tokens=1024, tp_size=2) as e:
+    with Engine(model_path=path, max_total_tokens=1024, tp_size=2, device="cpu") as e:
         out = e.generate(input_ids=PROMPTS, sampling_params=GREEDY)
     reference_engine.runner.model.load_weights(want.items())
     assert reference_engine.flush_cache()
