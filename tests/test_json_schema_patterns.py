@@ -588,9 +588,10 @@ def test_format_uri_with_a_pattern_of_the_scheme(pattern: str, schemes: list[str
 
 # regex_text.json_safe_atoms: a body whose atoms are all raw JSON characters needs no automaton
 # to say so (SageMaker::Space's ^https://([.\-_a-zA-Z0-9]+/?){3,1016}$ built one for minutes);
-# where it says yes, the automaton agrees
+# where it says yes, the automaton agrees (the count is 8: json_safe_atoms reads a repeat's body
+# whatever its bounds, and interegular's DFA of {3,32} took ~85 s, of {3,8} 0.06 s)
 @pytest.mark.parametrize("body,safe", [
-    ("(?:https://([.0-9A-Z_a-z-]+/?){3,32})", True),
+    ("(?:https://([.0-9A-Z_a-z-]+/?){3,8})", True),
     ('[^"\\\\\\x00-\\x1f]*(?:a|b{2,5})[^"\\\\\\x00-\\x1f]*', True),
     ("[ -~]+", False),  # holds '"' and '\\'
     ("a\\nb", False),
