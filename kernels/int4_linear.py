@@ -128,7 +128,7 @@ def _magic_halves(packed, i: tl.constexpr, KIND: tl.constexpr):
             hi = (v >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
         else:
             lo = (v << 16).to(tl.float32, bitcast=True)
-            hi = ((v >> 16) << 16).to(tl.float32, bitcast=True)
+            hi = (v & -65536).to(tl.float32, bitcast=True)  # 0xFFFF0000: the top half in place
     return lo, hi
 
 
@@ -345,10 +345,7 @@ def _int4_gemv_kernel(
         for r in tl.static_range(R):
             p = tl.load(rows + r * stride_qk, mask=nmask, other=0, eviction_policy="evict_first")
             for i in tl.static_range(4):
-                # nibbles i and 4 + i of each int as bf16 128 + q in the two halves of v
-                v = ((p >> (4 * i)) & 0x000F000F) | 0x43004300
-                lo = (v << 16).to(tl.float32, bitcast=True)  # 128 + q[8r + i]
-                hi = (v & -65536).to(tl.float32, bitcast=True)  # 128 + q[8r + 4 + i]  (0xFFFF0000)
+                lo, hi = _magic_halves(p, i, 0)  # 128 + q[8r + i], 128 + q[8r + 4 + i] in fp32
                 x_lo = tl.load(xg + r * 8 + i).to(tl.float32)
                 x_hi = tl.load(xg + r * 8 + 4 + i).to(tl.float32)
                 xsum += x_lo
