@@ -499,7 +499,10 @@ class _Shaper:
             head["json_schema_dropped"] = self.json_schema_dropped
         if self.chat and i not in self.role_sent:
             self.role_sent.add(i)
-            out.append(sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+            # a reply that is only tool calls (a named or required tool_choice) has null content,
+            # as OpenAI's first chunk says; streamed, it added up to "" (unstreamed: null)
+            content = None if self.tools is not None and self.tools.choice != "auto" else ""
+            out.append(sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": content},
                                                  "logprobs": None, "finish_reason": None}]}))
         text, ids, lps, tops = self.with_echo(i, ch.acc, ch.text, ch.ids, ch.logprobs, ch.top_logprobs)
         if not text and not ch.finished and not lps:
@@ -513,6 +516,14 @@ class _Shaper:
             c["delta"] = self._chat_delta(i, ch, c)
             if not c["delta"] and not ch.finished and not ch.logprobs:
                 return out
+            if ch.finished and c["delta"].get("tool_calls"):
+                # calls, then the finish in a chunk of its own with an empty delta, as OpenAI
+                # sends them: the openai client's stream helper ends a call (its
+                # tool_calls.function.arguments.done event) on a later chunk, so a call that
+                # came with the finish_reason never ended there
+                calls = {k: v for k, v in c.items() if k != "matched_stop"}
+                out.append(sse({**head, "choices": [{**calls, "finish_reason": None}]}))
+                c = {**c, "logprobs": None, "delta": {}}
         else:
             c["text"] = text
         out.append(sse({**head, "choices": [c]}))

@@ -325,7 +325,9 @@ def plan_tools(body: dict) -> ToolPlan | None:
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(fn, dict):
         raise APIError.bad_request('tool_choice must be "none", "auto", "required" or '
                                    '{"type": "function", "function": {"name": ...}}', "tool_choice")
-    if fn.get("name") not in {t.name for t in tools}:
+    if not isinstance(fn.get("name"), str):  # a list or object here made a TypeError, a 500
+        raise APIError.bad_request("tool_choice.function.name must be a string", "tool_choice")
+    if fn["name"] not in {t.name for t in tools}:
         raise APIError.bad_request(f"tool_choice names {fn.get('name')!r}, which is not in tools", "tool_choice")
     return ToolPlan(tuple(tools), "named", fn["name"], parallel)
 
