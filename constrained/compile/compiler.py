@@ -740,8 +740,9 @@ class GrammarCompiler:
                 continue
             self._retire(w)
             raise GrammarCompileError(
-                f"compile of {what} timed out after {self._timeout_s:g}s; simplify the grammar "
-                "(fewer alternatives / bounded repetitions) or raise the compile timeout"
+                f"compile of {what} timed out after {self._timeout_s:g}s, the grammar compile time limit (a "
+                "server's --grammar-compile-timeout-s: a compile's own work, its time queued for a worker not "
+                "counted); simplify the grammar (fewer alternatives / bounded repetitions) or raise the limit"
             )
         budget[0] -= time.monotonic() - start
         try:

@@ -34,10 +34,14 @@ __all__ = ["TooLarge", "crawl", "interegular_crawl", "limit"]
 
 
 class TooLarge(BaseException):
-    """A crawl under ``limit`` found more states than it allows or ran past its deadline. A
-    BaseException, so that code catching interegular's many ``Exception``s (and turning them
-    into a verdict on the pattern, perhaps remembered) lets it through to the caller that set
-    the limit."""
+    """A crawl under ``limit`` found more states than it allows or ran past its deadline
+    (``late``). A BaseException, so that code catching interegular's many ``Exception``s (and
+    turning them into a verdict on the pattern, perhaps remembered) lets it through to the
+    caller that set the limit."""
+
+    def __init__(self, message: str, late: bool = False) -> None:
+        super().__init__(message)
+        self.late = late
 
 
 # (most states of one crawl, deadline by time.perf_counter()) of the innermost limit, or None
@@ -83,8 +87,10 @@ def crawl(alphabet: Any, initial: Any, final: Callable[[Any], bool], follow: Cal
     i = 0
     while i < len(states):
         state = states[i]
-        if len(states) > most or not i & 63 and time.perf_counter() > deadline:
-            raise TooLarge(f"an automaton past {most} states or its deadline")
+        if len(states) > most:
+            raise TooLarge(f"an automaton past {most} states")
+        if not i & 63 and time.perf_counter() > deadline:
+            raise TooLarge("an automaton's build past its deadline", late=True)
         if final(state):
             finals.add(i)
         row: dict[Any, int] = {}
@@ -111,7 +117,7 @@ def _union(*alphabets: Any) -> Any:
     hold a symbol per character, and a union of them takes a tenth of a second."""
     bound = _BOUND.get()
     if bound is not None and time.perf_counter() > bound[1]:
-        raise TooLarge("an alphabet union past its deadline")
+        raise TooLarge("an alphabet union past its deadline", late=True)
     return _library_union(*alphabets)
 
 

@@ -652,15 +652,87 @@ def pattern_to_body(pattern: str, subset: bool = False) -> str:
         except re.error as exc:  # e.g. a class range out of order ("[_-.]"): the schema's, a 400
             raise RegexDialectError(f"pattern: {exc}") from exc
         # The narrowed pattern must never emit a raw character that JSON has to escape.
-        fsm = interegular.parse_pattern(translated).to_fsm()
-        safe = interegular.parse_pattern(SAFE_RAW_CHAR + "*").to_fsm()
-        if not (fsm - safe).empty():
+        verdict = _tree_verdict(translated)
+        if verdict is None:  # (a text the lazy index's parser does not read: interegular's DFA)
+            fsm = interegular.parse_pattern(translated).to_fsm()
+            safe = interegular.parse_pattern(SAFE_RAW_CHAR + "*").to_fsm()
+            verdict = (not fsm.empty(), not (fsm - safe).empty())
+        matches, unsafe = verdict
+        if unsafe:
             raise RegexDialectError("pattern: can match characters that JSON must escape (quote, backslash, control)")
-        if fsm.empty():
+        if not matches:
             raise RegexDialectError("pattern: matches no string")
     left = "" if anchored_start else SAFE_RAW_CHAR + "*"
     right = "" if anchored_end else SAFE_RAW_CHAR + "*"
     return left + (f"(?:{translated})" if translated else "") + right
+
+
+# the code points SAFE_RAW_CHAR leaves out, as sorted (lo, hi) ranges
+_UNSAFE_RANGES = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C))
+
+
+def _tree_verdict(translated: str) -> tuple[bool, bool] | None:
+    """(whether ``translated`` matches some string, whether one of its strings holds a character
+    JSON must escape), read off its parse tree in time linear in the pattern; None where the lazy
+    index's parser (lazy_index.parse_regex) does not read it. The same verdicts as interegular's
+    ``fsm.empty()`` and ``(fsm - SAFE_RAW_CHAR*).empty()``, without building the DFA, which is
+    exponential in a pattern like ``(a|b)*a(a|b){30}`` (2^31 states: a JSON schema holding it ran
+    into the compile timeout while the same regex as a ``regex`` constraint compiled at once).
+
+    A character is in some string of the language exactly when it is in a literal that is live:
+    the root is live when its language is not empty; a branch of a live alternation when its own
+    is not; an item of a live sequence always (all of them are non-empty then); the body of a
+    live repetition when it may repeat at least once and its language is not empty."""
+    from treadle.constrained.index.lazy_index import LazyUnsupported, parse_regex
+
+    try:
+        tree = parse_regex(translated)
+    except (LazyUnsupported, RecursionError):
+        return None
+    nonempty: dict[int, bool] = {}
+
+    def full(node: tuple) -> bool:
+        hit = nonempty.get(id(node))
+        if hit is not None:
+            return hit
+        kind = node[0]
+        if kind == "lit":
+            out = bool(node[1])
+        elif kind == "seq":
+            out = all(full(n) for n in node[1])
+        elif kind == "alt":
+            out = any([full(n) for n in node[1]])  # (every branch's verdict kept for the walk)
+        elif kind == "rep":
+            out = node[2] == 0 or full(node[1])
+        else:  # an ordered-members node: not in a pattern's text
+            raise LazyUnsupported(kind)
+        nonempty[id(node)] = out
+        return out
+
+    seen: dict[int, bool] = {}
+
+    def unsafe(node: tuple) -> bool:  # ``node`` live (which it is wherever it stands, if anywhere)
+        hit = seen.get(id(node))
+        if hit is not None:
+            return hit
+        kind = node[0]
+        if kind == "lit":
+            out = any(lo <= b and a <= hi for lo, hi in node[1] for a, b in _UNSAFE_RANGES)
+        elif kind == "seq":
+            out = any(unsafe(n) for n in node[1])
+        elif kind == "alt":
+            out = any(unsafe(n) for n in node[1] if full(n))
+        else:  # "rep"
+            out = node[3] != 0 and full(node[1]) and unsafe(node[1])
+        seen[id(node)] = out
+        return out
+
+    try:
+        if not full(tree):
+            return False, False
+        return True, unsafe(tree)
+    except (LazyUnsupported, RecursionError):
+        return None
 
 
 # `^ATOM QUANT?$`: one character (a class, an escape, `.` or a literal), repeated

@@ -166,11 +166,32 @@ def json_schema_to_regex(
         conv = _Converter(schema, whitespace_pattern or "", max_recursion_depth, mode, holes)
         conv.members = members and members_safe(json.dumps(schema, ensure_ascii=False))
         conv.leave_out_branches = leave_out_branches and not conv.spec
-        root = conv.convert(schema, "$")
+        with fsm_crawl.limit(states=MAX_AUTOMATON_STATES):
+            root = conv.convert(schema, "$")
         return with_definitions(root, conv.definitions)
     except RecursionError as exc:
         raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
+    except fsm_crawl.TooLarge as exc:
+        raise _automaton_refusal(exc) from None
 
+
+def _automaton_refusal(exc: fsm_crawl.TooLarge) -> UnsupportedSchemaError:
+    """The 400 of a translation whose automata passed ``MAX_AUTOMATON_STATES`` (or, ``late``, the
+    deadline of the opt-in leniency's translation)."""
+    limit = "the time limit of the opt-in leniency's translation" if exc.late else f"{MAX_AUTOMATON_STATES:,} states"
+    return UnsupportedSchemaError(
+        f"json_schema: an automaton the schema needs passes {limit} (a 'pattern' with assertions, a 'not' of "
+        "a pattern, a pattern beside a 'format' or length bounds, or 'patternProperties' / 'propertyNames' "
+        "patterns, whose exact automata grow exponentially, as '(a|b)*a(a|b){30}' does); simplify the pattern")
+
+
+# The most states one automaton (an interegular crawl, fsm_crawl.py) may have while a schema is
+# translated: the translation builds exact DFAs where a pattern is intersected, complemented or
+# searched under assertions, and those grow exponentially in a hostile pattern ('(a|b)*a(a|b){k}'
+# has 2^(k+1)); about 60 us a state on a 2-core box, so a refusal comes within seconds instead of
+# running into the compile timeout (or, where the opt-in leniency translates the schema where the
+# request arrives, without any timeout). A plain 'pattern' builds no DFA (regex_text._tree_verdict).
+MAX_AUTOMATON_STATES = 100_000
 
 # No (sub)schema's regex may pass this many chars (nor a spelt-out sequence of its members):
 # past it the conversion stops with a refusal naming the size, before the text (copied into
@@ -183,6 +204,7 @@ SHARED_MIN_CHARS = 20_000
 SHARED_REUSED_CHARS = 2_000  # ... or longer than this and wanted a second time
 _REF_TEXT = re.compile(r'"\$ref": "((?:[^"\\]|\\.)*)"')  # a ref in a schema's json.dumps text (escaped: over-reach)
 LENIENT_MAX_DROPS = 64  # keywords one lenient translation may drop before it gives up
+LENIENT_MAX_SECONDS = 10.0  # ... and the time its automata may take, all its rounds together
 _NAMED = re.compile(r"keyword '([^']+)' at (\$[^\s:]*)")
 
 
@@ -200,10 +222,15 @@ def drop_unenforceable(schema: dict | str | bool, *, whitespace_pattern: str | N
     if isinstance(root, dict):
         root = {k: v for k, v in root.items() if k != "$schema"}  # already rewritten: read it as is
     dropped: list[dict[str, str]] = []
+    deadline = time.perf_counter() + LENIENT_MAX_SECONDS
     while True:
         try:
-            json_schema_to_regex(root, whitespace_pattern=whitespace_pattern, max_recursion_depth=max_recursion_depth,
-                                 mode=mode, holes=holes, leave_out_branches=False)
+            # (where the request arrives, on a thread that builds requests: no compile worker's
+            # timeout bounds it, so its automata stop at a deadline of their own)
+            with fsm_crawl.limit(seconds=max(0.0, deadline - time.perf_counter())):
+                json_schema_to_regex(root, whitespace_pattern=whitespace_pattern,
+                                     max_recursion_depth=max_recursion_depth, mode=mode, holes=holes,
+                                     leave_out_branches=False)
             return root, dropped
         except NoOutput:
             raise
@@ -276,10 +303,13 @@ def json_schemas_to_regexes(
     root = {"$defs": embedded_defs({f"s{i}": s for i, s in enumerate(checked)})}
     try:
         conv = _Converter(root, whitespace_pattern or "", max_recursion_depth, mode, holes)
-        regexes = [conv.convert(root["$defs"][f"s{i}"], path) for i, path in enumerate(paths)]
+        with fsm_crawl.limit(states=MAX_AUTOMATON_STATES):
+            regexes = [conv.convert(root["$defs"][f"s{i}"], path) for i, path in enumerate(paths)]
         return regexes, conv.definitions
     except RecursionError as exc:
         raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
+    except fsm_crawl.TooLarge as exc:
+        raise _automaton_refusal(exc) from None
 
 
 def _checked(schema: Any, whitespace_pattern: str | None, max_recursion_depth: int, mode: str) -> dict | bool:
