@@ -16,7 +16,9 @@ jump-forward, the GPU sampler). The syntax:
   character), rule references, grouping ``( )``, alternation ``|``, an empty alternative;
 * quantifiers ``*``, ``+``, ``?``, ``{n}``, ``{n,}``, ``{n,m}``, ``{,m}`` (at most 256);
 * escapes in literals and classes: ``\\n \\r \\t \\\\ \\" \\' \\[ \\] \\- \\^ \\/``,
-  ``\\xHH``, ``\\uHHHH``, ``\\UHHHHHHHH``.
+  xgrammar's ``\\a \\b \\f \\v \\0 \\e \\?``, ``\\xHH``, ``\\uHHHH``, ``\\UHHHHHHHH``;
+* as in llama.cpp, a quantifier may follow whitespace (``"a" *``), and a rule name may
+  start with a digit.
 
 **Recursion.** A regex cannot nest without bound, so recursion is handled in three ways:
 
@@ -27,7 +29,8 @@ jump-forward, the GPU sampler). The syntax:
   becomes **calls** (``calls=True``, as the compiler asks): a call target entered again
   inside its own expansion is a call placeholder, and its text is appended once as a
   definition (json_holes.py's ``with_definitions``), which the matcher runs as a stack of
-  calls, so it nests to any depth. The targets: a recursive rule whose alternatives do not
+  calls, so it nests to any depth (where those first expansions in place, nested in each
+  other, pass ``MAX_REGEX_CHARS``, every reference to a target is a call). The targets: a recursive rule whose alternatives do not
   all nest has those that do split off (``factor ::= [0-9]+ | "(" expr ")"`` calls only
   ``"(" expr ")"``), and in an alternative that nests, the stretch between the literals
   around the nesting is a rule of its own (``name "(" args ")"`` may call ``"(" args
@@ -63,11 +66,14 @@ from treadle.constrained.regex.regex_text import MAX_REPEAT, class_literal, esca
 __all__ = ["EbnfError", "Grammar", "call_boundaries", "ebnf_to_regex", "parse_ebnf", "MAX_REGEX_CHARS"]
 
 MAX_REGEX_CHARS = 200_000  # an unrolled grammar longer than this is refused (its DFA build would take minutes)
-_NAME_START = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
-_NAME_CHARS = _NAME_START | set("0123456789-")
+_NAME_START = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_0123456789")  # llama.cpp: 2digit
+_NAME_CHARS = _NAME_START | set("-")
+# llama.cpp's escapes, and xgrammar's C-style ones (\a \b \f \v \0 \e \?)
 _SIMPLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "'": "'", "[": "[", "]": "]",
-                   "-": "-", "^": "^", "/": "/"}
+                   "-": "-", "^": "^", "/": "/", "a": "\a", "b": "\b", "f": "\f", "v": "\v", "0": "\0",
+                   "e": "\x1b", "?": "?"}
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+_RESERVED = 0x100000  # the first code point of the range grammars never generate (index_markers.py)
 
 
 class EbnfError(ValueError):
@@ -293,10 +299,14 @@ class _Parser:
             ranges.append((ord(lo), ord(hi)))
         if not ranges and not negated:
             raise self.error("empty character class", start)
+        if not negated:  # U+100000-U+10FFFF is never generated (index_markers.py): [\x00-\U0010FFFF] stops before
+            ranges = [(lo, min(hi, _RESERVED - 1)) if lo < _RESERVED else (lo, hi) for lo, hi in ranges]
         return Cls(negated, tuple(sorted(set(ranges))))
 
     def quantified(self, node: Node) -> Node:
         while True:
+            save = self.i
+            self.skip()  # llama.cpp reads '"a" *' as '"a"*'
             c = self.peek()
             if c == "*":
                 lo, hi = 0, None
@@ -309,6 +319,7 @@ class _Parser:
                 node = Rep(node, lo, hi)
                 continue
             else:
+                self.i = save
                 return node
             self.i += 1
             node = Rep(node, lo, hi)
@@ -470,6 +481,10 @@ class _NoCalls(Exception):
     """The grammar cannot run its recursion as calls: it unrolls instead."""
 
 
+class _TooLarge(EbnfError):
+    """A rule's regex passed ``MAX_REGEX_CHARS``."""
+
+
 def _split_recursive(rules: dict[str, Node]) -> dict[str, Node]:
     """With calls, rules of their own for the parts of recursive rules that nest, so that a
     call can be placed there, where the first and last bytes are few:
@@ -518,7 +533,7 @@ def _bracketed(alt: Node, comp: frozenset[str], name: str, out: dict[str, Node])
 
 
 class _Emitter:
-    def __init__(self, grammar: Grammar, max_depth: int, calls: bool = False) -> None:
+    def __init__(self, grammar: Grammar, max_depth: int, calls: bool = False, eager: bool = False) -> None:
         self.rules = {n: (_as_loop(n, b) or b) for n, b in grammar.rules.items()}
         if calls:
             self.rules = _split_recursive(self.rules)
@@ -528,6 +543,7 @@ class _Emitter:
         self.scc, self.unrolled = _recursion(graph)
         self.memo: dict[tuple, _Frag | None] = {}
         self.calls = calls and bool(self.unrolled)
+        self.eager = eager  # every reference to a call target is a call, not only those inside it
         self.defs: dict[str, int] = {}  # called rule -> its definition's index (CALL_CHARS)
         if self.calls:
             from treadle.constrained.ebnf.ebnf_calls import Analysis
@@ -567,7 +583,7 @@ class _Emitter:
         matches nothing; a call to one that may be empty is optional at its site."""
         if name not in self.analysis.productive:
             return None
-        if active.get(name):
+        if active.get(name) or self.eager:
             i = self.defs.setdefault(name, len(self.defs))
             if i >= MAX_CALLS:
                 raise _NoCalls
@@ -585,14 +601,20 @@ class _Emitter:
 
     def emit(self, root: str) -> _Frag | None:
         """The root's regex, with the definitions of the calls it makes appended (json_holes.py)."""
-        out = self.rule(root, {})
+        out = self.definition(root) if root in self.targets else self.rule(root, {})
         if out is None or not self.defs:
             return out
         texts: list[str] = []
         while len(texts) < len(self.defs):  # a definition may call rules not called before
             name = next(n for n, i in self.defs.items() if i == len(texts))
-            texts.append(self.rule(name, {})[0])  # type: ignore[index]  # productive: not None
+            texts.append(self.definition(name)[0])  # type: ignore[index]  # productive: not None
         return with_definitions(out[0], texts), ALTERNATION
+
+    def definition(self, name: str) -> _Frag | None:
+        """A call target's text: its body, with the rule active (entered again, it is a call)."""
+        if name not in self.analysis.productive:
+            return None
+        return self.node(self.rules[name], {name: 1})
 
     def inline(self, name: str, active: dict[str, int]) -> _Frag | None:
         """A recursive rule that is not a call target, with calls: its body in place."""
@@ -621,7 +643,10 @@ class _Emitter:
         else:
             out = self.node(self.rules[name], active)
         if out is not None and len(out[0]) > MAX_REGEX_CHARS:
-            raise EbnfError(f"ebnf: rule {name!r} unrolled {self.max_depth} levels of recursion is a regex of "
+            if self.calls:
+                raise _TooLarge(f"ebnf: rule {name!r} is a regex of {len(out[0])} characters, over the "
+                                f"{MAX_REGEX_CHARS} supported; flatten the grammar")
+            raise _TooLarge(f"ebnf: rule {name!r} unrolled {self.max_depth} levels of recursion is a regex of "
                             f"{len(out[0])} characters, over the {MAX_REGEX_CHARS} supported; lower the "
                             "nesting or the recursion depth")
         self.memo[key] = out
@@ -688,9 +713,9 @@ def _names_reserved(rules: dict[str, Node]) -> bool:
     where the call placeholders are: such a grammar unrolls, and its regex is refused."""
     def bad(node: Node) -> bool:
         if isinstance(node, Lit):
-            return any(ord(c) >= 0x100000 for c in node.text)
+            return any(ord(c) >= _RESERVED for c in node.text)
         if isinstance(node, Cls):
-            return any(hi >= 0x100000 for _, hi in node.ranges)
+            return any(hi >= _RESERVED for _, hi in node.ranges)
         if isinstance(node, (Seq, Alt)):
             return any(map(bad, node.items))
         if isinstance(node, Rep):
@@ -735,23 +760,32 @@ def _with_calls(text: str, root: str) -> tuple[str, tuple[frozenset[int], ...]] 
     rules, more than ``MAX_CALLS`` called rules, reserved code points): it unrolls then.
     Cached: a compile asks for the regex and the bounds separately."""
     grammar = parse_ebnf(text, root)
-    try:
-        emitter = _Emitter(grammar, 0, calls=True)
-        if not emitter.calls:
+    # First a call target is called only where it is entered again inside itself (its first
+    # entry is expanded in place, so fewer tokens cross calls). Where targets nest in each
+    # other's first entries (C's statements, expressions, calls and parentheses), those
+    # expansions multiply: then every reference to a target is a call.
+    for eager in (False, True):
+        try:
+            emitter = _Emitter(grammar, 0, calls=True, eager=eager)
+            if not emitter.calls:
+                return None
+            out = emitter.emit(root)
+        except _NoCalls:
             return None
-        out = emitter.emit(root)
-    except _NoCalls:
-        return None
-    except RecursionError:
-        raise EbnfError(f"ebnf: rule {root!r} expands too deeply (rules within rules); flatten the grammar") from None
-    if out is None:
-        raise EbnfError(f"ebnf: rule {root!r} matches nothing (does some rule recurse without a way to stop?)")
-    if not emitter.defs:
-        return None  # the recursion is never reached from the root
-    if len(out[0]) > MAX_REGEX_CHARS:
-        raise EbnfError(f"ebnf: the grammar is a regex of {len(out[0])} characters, over the "
-                        f"{MAX_REGEX_CHARS} supported; flatten the grammar")
-    return out[0], emitter.analysis.boundaries(set(emitter.defs))
+        except _TooLarge:
+            if eager:
+                raise
+            continue
+        except RecursionError:
+            raise EbnfError(f"ebnf: rule {root!r} expands too deeply (rules within rules); flatten the grammar") from None
+        if out is None:
+            raise EbnfError(f"ebnf: rule {root!r} matches nothing (does some rule recurse without a way to stop?)")
+        if not emitter.defs:
+            return None  # the recursion is never reached from the root
+        if len(out[0]) <= MAX_REGEX_CHARS:
+            return out[0], emitter.analysis.boundaries(set(emitter.defs))
+    raise EbnfError(f"ebnf: the grammar is a regex of {len(out[0])} characters, over the "
+                    f"{MAX_REGEX_CHARS} supported; flatten the grammar")
 
 
 def call_boundaries(text: str, root: str = "root") -> tuple[frozenset[int], ...] | None:
