@@ -28,7 +28,8 @@ def _counting(monkeypatch) -> list:
 
 def test_a_pattern_seen_again_builds_no_fsm(monkeypatch):
     calls = _counting(monkeypatch)
-    pattern = "^[a-zA-Z0-9]+(?:-[a-z]{2,4})?_repeat_memo$"
+    # a lookahead keeps it on interegular's automata (a plain pattern is read off its parse tree)
+    pattern = "^(?!x)[a-zA-Z0-9]+(?:-[a-z]{2,4})?_repeat_memo$"
     first = pattern_subset_body(pattern)
     assert calls  # the first time: its FSMs (the check that JSON may hold its characters raw)
     n = len(calls)
