@@ -320,23 +320,31 @@ class HoleOracle:
     Configurations: (DFA state, pending bytes of a character, Oracle or None, return states)."""
 
     def __init__(self, regex: str) -> None:
-        self.fsm, self.live, self.entries = _hole_automaton(regex)
+        self.fsm, self.live, self.entries, self.memo = _hole_automaton(regex)
         self.configs = [(self.fsm.initial, b"", None, ())]
 
     @classmethod
     def _automaton(cls, regex: str) -> tuple:
         fsm = interegular.parse_pattern(regex).to_fsm()
         o = cls.__new__(cls)
-        o.fsm, o.live = fsm, live_states(fsm)
+        o.fsm, o.live, o.memo = fsm, live_states(fsm), {}
         e = o._step(fsm.initial, ENTRY_CHAR)
-        return fsm, o.live, {c: o._step(e, c) if e is not None else None for c in CALL_CHARS}
+        return fsm, o.live, {c: o._step(e, c) if e is not None else None for c in CALL_CHARS}, o.memo
 
     def _sym(self, ch: str):
         return self.fsm.alphabet[ch] if ch in self.fsm.alphabet else self.fsm.alphabet[anything_else]
 
     def _step(self, q, ch: str):
+        # memoized per automaton (``self.memo``, shared by every oracle of the regex): the DFA
+        # never changes, and the same steps are taken millions of times
+        key = (q, ch)
+        try:
+            return self.memo[key]
+        except KeyError:
+            pass
         t = self.fsm.map.get(q, {}).get(self._sym(ch))
-        return t if t in self.live else None
+        t = self.memo[key] = t if t in self.live else None
+        return t
 
     def _some_char_starts(self, q, buf: bytes) -> bool:
         """Whether the DFA takes some character whose UTF-8 starts with ``buf`` (the characters
@@ -358,9 +366,11 @@ class HoleOracle:
         return self._step(q, ch)
 
     def _holes_at(self, q):
-        if self._step(q, CANARY_CHAR) is not None:
-            return []
-        return [(k, a) for k in KINDS if (a := self._step(q, HOLE_CHARS[k])) is not None]
+        key = ("holes", q)
+        if key not in self.memo:
+            self.memo[key] = [] if self._step(q, CANARY_CHAR) is not None else [
+                (k, a) for k in KINDS if (a := self._step(q, HOLE_CHARS[k])) is not None]
+        return self.memo[key]
 
     def _expand(self, q, calls) -> list:
         """(q, calls) and what calls and returns reach from it without reading."""
@@ -373,12 +383,20 @@ class HoleOracle:
             out.append((q, calls))
             if calls and q in self.fsm.finals:
                 todo.append((calls[-1], calls[:-1]))
-            if self._step(q, CANARY_CHAR) is None and len(calls) < 64:
-                for c in CALL_CHARS:
-                    a = self._step(q, c)
-                    if a is not None and self.entries[c] is not None:
-                        todo.append((self.entries[c], (*calls, a)))
+            if len(calls) < 64:
+                for entry, a in self._calls_at(q):
+                    todo.append((entry, (*calls, a)))
         return out
+
+    def _calls_at(self, q) -> list:
+        """(entry state, return state) of each call the DFA can take at ``q`` (none where the
+        canary goes on: only a character class takes it); memoized like ``_step``."""
+        key = ("calls", q)
+        if key not in self.memo:
+            self.memo[key] = [] if self._step(q, CANARY_CHAR) is not None else [
+                (self.entries[c], a) for c in CALL_CHARS
+                if (a := self._step(q, c)) is not None and self.entries[c] is not None]
+        return self.memo[key]
 
     def _outer(self, q0, pend: bytes, b: int, calls0, out: list) -> None:
         for q, calls in self._expand(q0, calls0) if not pend else [(q0, calls0)]:
@@ -424,14 +442,15 @@ class HoleOracle:
 
     def copy(self) -> HoleOracle:
         c = HoleOracle.__new__(HoleOracle)
-        c.fsm, c.live, c.entries, c.configs = self.fsm, self.live, self.entries, list(self.configs)
+        c.fsm, c.live, c.entries, c.memo, c.configs = self.fsm, self.live, self.entries, self.memo, list(self.configs)
         return c
 
 
 @functools.lru_cache(maxsize=64)
 def _hole_automaton(regex: str) -> tuple:
-    """A HoleOracle's DFA of ``regex``, its live states and its calls' entry states: built once
-    per regex (tests build an oracle per string they check); no oracle changes them."""
+    """A HoleOracle's DFA of ``regex``, its live states, its calls' entry states and the memo of
+    its steps: built once per regex (tests build an oracle per string they check); the memo only
+    records what the DFA gives, no oracle changes the rest."""
     return HoleOracle._automaton(regex)
 
 
