@@ -118,16 +118,17 @@ def _decode_stage1_kernel(
         offs = n_start + offs_n
         n_mask = offs < hi
         slots = tl.load(tokens + offs, mask=n_mask, other=0).to(tl.int64)  # masked -> dummy slot 0
-        # masked keys and values read as 0, never as the dummy slot's contents (0 * NaN is NaN)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + slots[:, None] * stride_ks + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(k_base + slots[:, None] * stride_ks + offs_d[None, :], mask=d_mask[None, :], other=0.0)
         qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
         qk = tl.where(n_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))  # finite: the first block has >= 1 key
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :], mask=kv_mask, other=0.0)
+        # a masked key's value reads as 0, not as the dummy slot's (p = 0 times NaN is NaN; its
+        # score is -inf by the where above, NaN or not)
+        v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :],
+                    other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
         m_i = m_new
 

@@ -60,11 +60,7 @@ def _attend_block(
         slots = tl.load(tokens + offs, mask=n_mask, other=0).to(tl.int64)  # masked -> dummy slot 0
     else:
         slots = tl.load(tokens + offs).to(tl.int64)
-    if CAUSAL:  # masked keys read as 0, not as the dummy slot's contents: 0 * NaN would be NaN
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-    else:
-        kv_mask = d_mask[None, :]
-    k = tl.load(k_base + slots[:, None] * stride_ks + offs_d[None, :], mask=kv_mask, other=0.0)
+    k = tl.load(k_base + slots[:, None] * stride_ks + offs_d[None, :], mask=d_mask[None, :], other=0.0)
     qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
     if CAUSAL:
         visible = (offs[None, :] <= q_pos[:, None]) & n_mask[None, :]
@@ -74,7 +70,11 @@ def _attend_block(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :], mask=kv_mask, other=0.0)
+    if CAUSAL:  # a masked key's value reads as 0, not as the dummy slot's: p = 0 times NaN is NaN
+        v_mask = n_mask[:, None] & d_mask[None, :]  # (its score is -inf by the where above, NaN or not)
+    else:
+        v_mask = d_mask[None, :]
+    v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :], mask=v_mask, other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
     return acc, m_new, l_i
 
