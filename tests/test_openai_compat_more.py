@@ -78,6 +78,10 @@ def test_stream_helper_ends_every_tool_call(client, kw):
     if "extra_body" in kw:
         assert [json.loads(tc.function.arguments)["city"] for tc in message.tool_calls] == ["Paris", "Rome"]
         assert final.choices[0].finish_reason == "tool_calls"
+    else:
+        # a reply that can only be tool calls has content null, streamed (as OpenAI's first
+        # chunk says) as unstreamed; it added up to "" from the role chunk
+        assert message.content is None, message
 
 
 def test_streamed_finish_chunk_of_a_tool_reply_is_empty(server):
@@ -91,13 +95,3 @@ def test_streamed_finish_chunk_of_a_tool_reply_is_empty(server):
     assert chunks[-1]["finish_reason"] == "tool_calls" and chunks[-1]["delta"] == {}, chunks[-1]
     assert all(c["finish_reason"] is None for c in chunks[:-1]), chunks
     assert sum(len(c["delta"].get("tool_calls") or []) for c in chunks) == 2, chunks
-
-
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_streamed_tool_only_reply_has_null_content(client, choice):
-    """A reply that can only be tool calls has content null, streamed (as OpenAI's first chunk
-    says) as unstreamed; streamed, it added up to "" from the role chunk."""
-    kw = dict(model="default", messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=80, temperature=0)
-    plain = client.chat.completions.create(**kw).choices[0].message
-    _, final = _events(client, tool_choice=choice)
-    assert plain.content is None and final.choices[0].message.content is None, final.choices[0].message
