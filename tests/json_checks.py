@@ -28,10 +28,14 @@ def _byte_tokens():
 BYTE_TOKENS = _byte_tokens()  # a vocabulary of the 256 single bytes
 
 
-def byte_walks(regex: str, n: int, *, seed: int = 0, steps: int = 400, stop_p: float = 0.3) -> list[bytes | None]:
+def byte_walks(regex: str, n: int, *, seed: int = 0, steps: int = 400, stop_p: float = 0.3,
+               by_state: bool = False) -> list[bytes | None]:
     """n random walks of ``regex``'s automaton over single bytes (``BYTE_TOKENS``): each stops at
     an accepting state with probability stop_p, or where nothing can follow; None for a walk
-    that reaches a dead end or runs `steps` bytes without ending in an accepting state."""
+    that reaches a dead end or runs `steps` bytes without ending in an accepting state. With
+    ``by_state`` each step first picks one of the states the allowed bytes lead to, then a byte
+    leading there (as ``sample_regex`` picks an edge of interegular's DFA: a '1' beside the
+    many bytes that open a string is as likely as the string)."""
     from treadle.constrained.index.lazy_index import LazyIndex, build_nfa
 
     index = LazyIndex(build_nfa(regex), BYTE_TOKENS)
@@ -45,6 +49,11 @@ def byte_walks(regex: str, n: int, *, seed: int = 0, steps: int = 400, stop_p: f
                 break
             if not allowed:
                 break
+            if by_state:
+                targets: dict = {}
+                for b in allowed:
+                    targets.setdefault(index.get_next_state(s, b), []).append(b)
+                allowed = targets[rng.choice(list(targets))]
             text.append(rng.choice(allowed))
             s = index.get_next_state(s, text[-1])
         out.append(ended)

@@ -45,7 +45,7 @@ def walks3(schema: dict, valid: tuple = (), invalid: tuple = (), *, n: int = 40,
     seen = 0
     # walks of the lazy byte automaton (json_checks.byte_walks), each also matched by Python's
     # re: interegular's whole DFA of these regexes (up to ~185k characters) took ~55 s to build
-    for data in byte_walks(pattern, n, seed=seed):
+    for data in byte_walks(pattern, n, seed=seed, by_state=True):
         if data is None:
             continue
         text = data.decode()
