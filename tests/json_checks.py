@@ -108,6 +108,9 @@ def accepted_ids(oracle, table: list, skip: tuple = ()) -> set[int]:
     return out
 
 
+_closing_tables: list = [None, None]  # the last table random_walk walked, and which of its ids start with a closer
+
+
 def random_walk(m, bitmask, table: list, eos: int, rng: random.Random, *, steps: int, stop_p: float,
                 free_steps: int, steer_after: int) -> bytes:
     """Sample allowed tokens from a fresh matcher ``m`` until it takes EOS (taken with chance
@@ -117,17 +120,24 @@ def random_walk(m, bitmask, table: list, eos: int, rng: random.Random, *, steps:
     changes nothing, and the sampled one is accepted."""
     out = b""
     refusable = [i for i in range(3, len(table), 97) if table[i]]
+    if _closing_tables[0] is not table:  # which ids start with a closer: once per table
+        _closing_tables[:] = [table, np.array([bool(tb) and tb[:1] in _CLOSING for tb in table] + [False], dtype=bool)]
+    closing = _closing_tables[1]
     for step in range(steps):
         m.fill_next_token_bitmask(bitmask, 0)
-        allowed_set = allowed_ids(bitmask[0].numpy())
-        allowed = sorted(allowed_set)
+        # allowed_ids' ids, kept as numpy's sorted array too (the steer below selects on it)
+        ids = np.flatnonzero(np.unpackbits(np.ascontiguousarray(bitmask[0].numpy()).view(np.uint8),
+                                           bitorder="little"))
+        allowed = ids.tolist()
+        allowed_set = set(allowed)
         assert allowed, out
         if eos in allowed_set and rng.random() < (stop_p if step < free_steps else 1.0):
             tok = eos
         else:
             pick = allowed
             if step > steer_after:
-                pick = [a for a in allowed if a != eos and table[a][:1] in _CLOSING] or allowed
+                near = ids[closing[np.minimum(ids, len(table))]]
+                pick = near[near != eos].tolist() or allowed
             tok = rng.choice(pick)
         banned = rng.choice([i for i in refusable if i not in allowed_set])
         before = m.state
