@@ -1,7 +1,9 @@
 """Incremental detokenization: turn a growing list of output ids into text deltas that never
 end inside a UTF-8 character, and trim stops: a stop string (holding back text that might be the
 start of one while streaming) and the stop token that finished the request (a `stop_token_ids`
-entry or EOS, as SGLang trims it; `output_ids` keep it). `no_stop_trim` keeps both.
+entry or EOS, as SGLang trims it; `output_ids` keep it). `no_stop_trim` keeps both, and the
+rest of the text of the token a stop string ended in (SGLang's); `include_stop_str` (vLLM's
+`include_stop_str_in_output`) keeps the stop token, and the text up to the end of the stop string.
 
 With `min_new_tokens`, a stop string counts only if it ends in the text of token number
 min_new_tokens or a later one, as the scheduler decides (Scheduler._check_finished): one
@@ -19,8 +21,9 @@ _CONTEXT_TOKENS = 5
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = True, stop: list[str] | None = None,
                  no_stop_trim: bool = False, spaces_between_special_tokens: bool = True,
-                 min_new_tokens: int = 0) -> None:
+                 min_new_tokens: int = 0, include_stop_str: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.include_stop_str = include_stop_str
         self.min_new_tokens = min_new_tokens
         self._stops_from: int | None = 0 if min_new_tokens <= 1 else None  # see _stop_search_start
         self.skip_special_tokens = skip_special_tokens
@@ -40,7 +43,7 @@ class IncrementalDetokenizer:
         """Append token ids; return the new text that is safe to show. ``finished`` is the
         request's finish reason on its last output (a stop token is its last new id)."""
         done = finished is not None
-        if done and isinstance(finished.get("matched"), int) and not self.no_stop_trim:
+        if done and isinstance(finished.get("matched"), int) and not (self.no_stop_trim or self.include_stop_str):
             new_ids = new_ids[:-1]
         self.ids.extend(new_ids)
         if len(self.ids) > self.read_offset:
@@ -58,10 +61,11 @@ class IncrementalDetokenizer:
         if self.stop and not self.no_stop_trim:
             start = self._stop_search_start()
             # the first stop string that ends at or after `start` (none before min_new_tokens)
-            cut = -1 if start is None else min(
-                (i for i in (visible.find(s, max(0, start - len(s) + 1)) for s in self.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                visible, self.stopped = visible[:cut], True
+            found = [] if start is None else [
+                (i, s) for i, s in ((visible.find(s, max(0, start - len(s) + 1)), s) for s in self.stop) if i >= 0]
+            if found:  # the first in the text (of two there, the first listed: the scheduler's `matched`)
+                cut, stop = min(found, key=lambda f: f[0])
+                visible, self.stopped = visible[:cut + len(stop) if self.include_stop_str else cut], True
             elif not finished:
                 # keep back a tail that could still grow into a stop string (before
                 # min_new_tokens too: the stop may end in a token that counts)

@@ -463,7 +463,8 @@ class Engine:
     def _detokenizer(self, r: TokenizedGenerateReq) -> IncrementalDetokenizer:
         p = r.sampling_params
         return IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens, p.stop, p.no_stop_trim,
-                                      p.spaces_between_special_tokens, p.min_new_tokens) \
+                                      p.spaces_between_special_tokens, p.min_new_tokens,
+                                      p.include_stop_str_in_output) \
             if self.tokenizer is not None else _NoText()
 
     def _done(self, rid: str) -> None:

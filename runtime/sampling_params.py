@@ -70,6 +70,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
+    # vLLM's: the text ends right after a matched stop string (no_stop_trim keeps the rest of its
+    # token too, as SGLang's), and a matched stop token's text stays
+    include_stop_str_in_output: bool = False
     regex: str | None = None
     json_schema: str | None = None
     choices: list[str] | None = None
@@ -151,7 +154,8 @@ class SamplingParams:
                                  f"{v.bit_length()} bits")
             if not math.isfinite(v):  # JSON parsers accept NaN / Infinity
                 raise ValueError(f"sampling_params.{name} must be a finite number, got {v}")
-        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+                     "include_stop_str_in_output"):
             check_type(name, (bool,))
         if self.json_schema_lenient is not None and not isinstance(self.json_schema_lenient, bool):
             raise ValueError(f"sampling_params.json_schema_lenient must be a boolean, got {self.json_schema_lenient!r}")

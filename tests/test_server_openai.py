@@ -286,6 +286,13 @@ def test_vllm_guided_names(client):
     cut = client.completions.create(**kw).choices[0]
     kept = client.completions.create(**kw, extra_body={"include_stop_str_in_output": True}).choices[0]
     assert kept.text == cut.text + "7" and kept.finish_reason == cut.finish_reason == "stop", (kept, cut)
+    # vLLM's meaning: the text ends right after the stop string, also inside a token (" Paris" -> " Par";
+    # no_stop_trim, SGLang's, keeps the whole token)
+    kw = dict(model="smol", prompt="The capital of France is", max_tokens=30, temperature=0, stop=["r"])
+    cut = client.completions.create(**kw).choices[0].text
+    kept = client.completions.create(**kw, extra_body={"include_stop_str_in_output": True}).choices[0].text
+    whole = client.completions.create(**kw, extra_body={"no_stop_trim": True}).choices[0].text
+    assert kept == cut + "r" and whole.startswith(kept) and whole != kept, (cut, kept, whole)
 
 
 def test_extra_body_ebnf(client):

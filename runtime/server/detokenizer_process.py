@@ -37,7 +37,7 @@ class DetokenizerManager:
             if isinstance(msg, DetokInit):
                 self.states[msg.rid] = IncrementalDetokenizer(
                     self.tokenizer, msg.skip_special_tokens, msg.stop, msg.no_stop_trim,
-                    msg.spaces_between_special_tokens, msg.min_new_tokens)
+                    msg.spaces_between_special_tokens, msg.min_new_tokens, msg.include_stop_str)
             elif isinstance(msg, ReqOutput):
                 out.append(self._detok(msg))
             elif isinstance(msg, ControlOut):

@@ -51,6 +51,7 @@ class DetokInit:
     no_stop_trim: bool
     spaces_between_special_tokens: bool
     min_new_tokens: int = 0  # stop strings count only from there (IncrementalDetokenizer)
+    include_stop_str: bool = False  # the text ends right after a matched stop string (vLLM's)
 
 
 @dataclass(slots=True)

@@ -32,10 +32,9 @@ _PASSED = ("temperature", "top_p", "n", "stop", "seed", "frequency_penalty", "pr
            # treadle / SGLang extras, sent by clients as extra_body
            "top_k", "min_p", "repetition_penalty", "ignore_eos", "regex", "json_schema", "choices", "ebnf",
            "structural_tag", "stop_token_ids", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens", "logit_bias",
-           "json_schema_lenient")
+           "json_schema_lenient", "include_stop_str_in_output")
 # vLLM's names for the same constraints and options (extra_body), accepted so its clients work unchanged
-_GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choices", "guided_grammar": "ebnf",
-           "include_stop_str_in_output": "no_stop_trim"}
+_GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choices", "guided_grammar": "ebnf"}
 # accepted and without effect here
 _IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "stream_options",
             "stream", "logprobs", "top_logprobs", "response_format", "echo", "best_of")
@@ -272,9 +271,7 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
                            rid=rid)
     except APIError as e:  # report the OpenAI field name the client actually sent
         for ours, theirs in (("max_new_tokens", "max_completion_tokens" if "max_completion_tokens" in body
-                              else "max_tokens"), ("min_new_tokens", "min_tokens"),
-                             ("no_stop_trim", "include_stop_str_in_output" if "include_stop_str_in_output" in body
-                              else "no_stop_trim")):
+                              else "max_tokens"), ("min_new_tokens", "min_tokens")):
             e.message = e.message.replace(f"sampling_params.{ours}", theirs)
             if e.param == ours:
                 e.param = theirs

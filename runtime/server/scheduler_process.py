@@ -146,7 +146,7 @@ def _handle(sched: Any, msg: object, to_send: list) -> None:
     if isinstance(msg, TokenizedGenerateReq):
         p = msg.sampling_params
         to_send.append(DetokInit(msg.rid, p.skip_special_tokens, list(p.stop), p.no_stop_trim,
-                                 p.spaces_between_special_tokens, p.min_new_tokens))
+                                 p.spaces_between_special_tokens, p.min_new_tokens, p.include_stop_str_in_output))
         sched.add_request(msg)
     elif isinstance(msg, AbortReq):
         sched.abort(msg.rid)
