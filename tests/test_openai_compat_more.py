@@ -95,3 +95,17 @@ def test_streamed_finish_chunk_of_a_tool_reply_is_empty(server):
     assert chunks[-1]["finish_reason"] == "tool_calls" and chunks[-1]["delta"] == {}, chunks[-1]
     assert all(c["finish_reason"] is None for c in chunks[:-1]), chunks
     assert sum(len(c["delta"].get("tool_calls") or []) for c in chunks) == 2, chunks
+
+
+def test_chat_hints_are_accepted_and_other_modalities_refused(client, server):
+    """reasoning_effort, verbosity, prediction and modalities ["text"] are what the openai client
+    sends for newer models: a reply as without them (they were 'unknown field' 400s); a wrong
+    type, or an audio modality this server cannot write, is a 400 naming the field."""
+    kw = dict(model="default", messages=[{"role": "user", "content": "Say hi."}], max_tokens=6, temperature=0)
+    plain = client.chat.completions.create(**kw).choices[0].message.content
+    hinted = client.chat.completions.create(**kw, reasoning_effort="low", verbosity="low", modalities=["text"],
+                                            prediction={"type": "content", "content": "Hi"})
+    assert hinted.choices[0].message.content == plain
+    for field, value in (("modalities", ["text", "audio"]), ("reasoning_effort", 3), ("prediction", "Hi")):
+        r = requests.post(server.url + "/v1/chat/completions", json={**kw, field: value}, timeout=T)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)

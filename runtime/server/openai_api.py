@@ -41,10 +41,13 @@ _IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "sa
 # response_format json_object: any JSON object, nested to any depth (compiled to the pushdown
 # automaton of constrained/index/json_any.py; with --json-whitespace-pattern, to a regex)
 JSON_OBJECT_SCHEMA = {"type": "object"}
+# chat hints OpenAI's client sends that change no token here (checked for type, then without
+# effect, as in vLLM for models without such a control): {field: the type it must have}
+_CHAT_HINTS = {"reasoning_effort": str, "verbosity": str, "prediction": dict}
 _COMPLETION_FIELDS = {"model", "rid", "prompt", "suffix", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED}
 _CHAT_FIELDS = {"model", "rid", "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
-                "add_generation_prompt", "continue_final_message",
-                "separate_reasoning", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED}
+                "add_generation_prompt", "continue_final_message", "modalities",
+                "separate_reasoning", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED, *_CHAT_HINTS}
 
 
 def register_openai_routes(app: FastAPI, state: ServerState) -> None:
@@ -110,6 +113,12 @@ def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateR
     tm = state.tm
     _check_fields(body, _CHAT_FIELDS)
     state.check_model(body.get("model"))
+    for name, kind in _CHAT_HINTS.items():
+        if body.get(name) is not None and not isinstance(body[name], kind):
+            raise APIError.bad_request(f"{name} must be {'a string' if kind is str else 'an object'}", name)
+    modalities = body.get("modalities")
+    if modalities is not None and (not isinstance(modalities, list) or any(m != "text" for m in modalities)):
+        raise APIError.bad_request('modalities: this server writes text only (["text"])', "modalities")
     tools = plan_tools(body)
     lp, top = body.get("logprobs", False), body.get("top_logprobs")
     if lp is not None and not isinstance(lp, bool):
