@@ -80,12 +80,19 @@ def grammar(smol, pda, schema, mode="strict"):
     return _grammars[key]
 
 
+_single: list = [None, None]  # the last table single_byte_tokens read, and its answer
+
+
 def single_byte_tokens(table) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for i, b in enumerate(table):
-        if b and len(b) == 1 and i != EOS:
-            out.setdefault(b[0], i)
-    return out
+    """byte -> the first token of that one byte; computed once per table (feed_bytes asks at
+    every prefix: a scan of the 49k tokens each time was most of the mask tests' time)."""
+    if _single[0] is not table:
+        out: dict[int, int] = {}
+        for i, b in enumerate(table):
+            if b and len(b) == 1 and i != EOS:
+                out.setdefault(b[0], i)
+        _single[:] = [table, out]
+    return _single[1]
 
 
 def feed_bytes(m, data: bytes, table) -> None:
