@@ -206,3 +206,31 @@ def _unrolled_error(text: str) -> str:
     with pytest.raises(EbnfError) as info:
         ebnf_to_regex(text)  # unrolled 3 levels: too large, as before
     return str(info.value)
+
+
+# left recursion written with a leading group (ISO-EBNF style lists and expressions): a loop,
+# like 'list ::= list "," item | item', not three unrolled levels
+LEFT_GROUPS = {
+    "optional": ('root ::= list\nlist ::= (list ",")? item\nitem ::= [0-9]+', ",".join(["12"] * 40)),
+    "operators": ('root ::= expr\nexpr ::= (expr ("+" | "-"))? term\nterm ::= [0-9]+ | "(" expr ")"',
+                  "+".join(["1"] * 30) + "-(2+3+4+5+6+7)"),
+    "alternative": ('root ::= r\nr ::= ("a" | r) "b" | "c"', "c" + "b" * 30),
+    "nested_group": ('root ::= r\nr ::= ((r "x") "y")? "z"', "z" + "xyz" * 20),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEFT_GROUPS))
+def test_left_recursion_through_a_leading_group_is_a_loop(compiler, smollm2_tokenizer, name):
+    text, doc = LEFT_GROUPS[name]
+    g = parse_ebnf(text)
+    assert recognizes(g, doc)
+    m = compiler.compile(GrammarSpec("ebnf", text)).matcher()
+    assert all(m.accept_token(t) for t in smollm2_tokenizer.encode(doc, add_special_tokens=False)), doc
+    assert m.accept_token(smollm2_tokenizer.eos_token_id)
+    if name != "operators":  # no nesting left: the regex is exactly the grammar
+        rx = re.compile(ebnf_to_regex(text))
+        rng = random.Random(name)
+        for _ in range(30):
+            s = derive(g, rng, budget=10)
+            for t in [s, *mutations(s, rng, ",+-()abcxyz12", 3)]:
+                assert bool(rx.fullmatch(t)) == recognizes(g, t), t

@@ -24,7 +24,8 @@ jump-forward, the GPU sampler). The syntax:
 
 * where a rule refers to itself at the very start or the very end of an alternative
   (``list ::= item "," list | item``, ``sum ::= sum "+" num | num``), that recursion is a
-  loop: ``r ::= p r | r s | b`` becomes ``p* b s*``, with no depth limit;
+  loop: ``r ::= p r | r s | b`` becomes ``p* b s*``, with no depth limit (a leading group
+  is opened first: ``list ::= (list ",")? item`` is ``item | list "," item``);
 * what recursion is left (nesting such as ``"(" expr ")"``, rules that call each other)
   becomes **calls** (``calls=True``, as the compiler asks): a call target entered again
   inside its own expansion is a call placeholder, and its text is appended once as a
@@ -430,12 +431,56 @@ def _recursion(graph: dict[str, set[str]]) -> tuple[dict[str, frozenset[str]], s
     return scc, {n for n in graph if len(scc[n]) > 1 or n in graph[n]}
 
 
+def _begins_with(name: str, node: Node) -> bool:
+    """Whether ``node`` may begin with a reference to ``name`` through groups, alternatives
+    and optional items (``(name ",")?``, ``("a" | name)``)."""
+    if isinstance(node, Ref):
+        return node.name == name
+    if isinstance(node, Seq):
+        return bool(node.items) and _begins_with(name, node.items[0])
+    if isinstance(node, Alt):
+        return any(_begins_with(name, x) for x in node.items)
+    if isinstance(node, Rep):
+        return node.max == 1 and _begins_with(name, node.item)
+    return False
+
+
+def _opened(name: str, alt: Node, limit: int = 64) -> list[Node]:
+    """``alt`` as alternatives, its leading group opened where rule ``name`` may begin with
+    itself through it: ``(a | r) s`` is ``a s | r s``, ``(r ",")? t`` is ``t | r "," t``, so
+    that ``_as_loop`` sees the left recursion. ``[alt]`` otherwise, or past ``limit`` forms."""
+    forms, changed = [alt], True
+    while changed:
+        changed, out = False, []
+        for a in forms:
+            items = list(a.items) if isinstance(a, Seq) else [a]
+            head = items[0] if items else None
+            if head is None or isinstance(head, Ref) or not _begins_with(name, head):
+                out.append(a)
+                continue
+            if isinstance(head, Alt):
+                options = head.items
+            elif isinstance(head, Rep):
+                options = (head.item,) if head.min else (Seq(()), head.item)
+            else:  # a Seq: a group of items
+                options = (head,)
+            for o in options:
+                new = (list(o.items) if isinstance(o, Seq) else [o]) + items[1:]
+                out.append(new[0] if len(new) == 1 else Seq(tuple(new)))
+            changed = True
+        if len(out) > limit:
+            return [alt]
+        forms = out
+    return forms
+
+
 def _as_loop(name: str, body: Node) -> Node | None:
     """``body`` of rule ``name`` with the recursion at the very start or end of its
-    alternatives turned into loops: ``r ::= p r | r s | b`` becomes ``p* b s*``. Other
+    alternatives turned into loops: ``r ::= p r | r s | b`` becomes ``p* b s*`` (a leading
+    group through which ``r`` begins with itself is opened first: ``_opened``). Other
     references to ``name`` (nested inside ``p``, ``s`` or ``b``) are kept, and unroll later.
     None when no alternative starts or ends with ``name``."""
-    alts = body.items if isinstance(body, Alt) else (body,)
+    alts = [f for alt in (body.items if isinstance(body, Alt) else (body,)) for f in _opened(name, alt)]
     prefixes, bases, suffixes = [], [], []
     for alt in alts:
         items = list(alt.items) if isinstance(alt, Seq) else [alt]
