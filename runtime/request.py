@@ -49,6 +49,9 @@ class Req:
     draft: list[int] = field(default_factory=list)
     draft_masks: Any = None  # int32 [len(draft) + 1, words]: the grammar mask at each draft position
     draft_kind: str = ""  # "jump" (a grammar's forced text) or "ngram" (speculative)
+    # the longest jump draft to propose next: after a draft the model left early, twice what it
+    # kept (at least 1), after one it took whole, twice its length (scheduler._verify_draft)
+    jump_cap: int | None = None
     ngram: Any = None  # NgramIndex of prompt + output, for n-gram drafts (speculative decoding)
     logit_bias_index: Any = None  # (token ids, values) tensors of params.logit_bias, built at its first step
 

@@ -812,6 +812,8 @@ class Scheduler:
             # the canonical encoding would re-cut the tail: draft the forced text on its own
             plan = plan_jump_forward(self.tokenizer, table, [], jump, holdback=0)
         limit = min(req.remaining_new_tokens(), self.context_len - 1 - req.seq_len)
+        if req.jump_cap is not None:
+            limit = min(limit, req.jump_cap)
         accepted = self._set_draft(req, plan.new_token_ids[: max(0, limit)], "jump")
         self.stats["draft_tokens"] += accepted
         return accepted > 0
@@ -883,6 +885,11 @@ class Scheduler:
         if req.draft_kind == "jump":
             req.num_jump_tokens += a
             self.stats["jump_tokens"] += a
+            # a model that spells the forced text in other tokens (smaller pieces) leaves each
+            # draft at its first token: propose fewer next time rather than compute a 64-token
+            # extend a step for nothing; drafts it takes whole grow back (outputs are the same
+            # whatever the length: only the work differs)
+            req.jump_cap = max(1, 2 * a) if a < k else 2 * k
         else:
             self.stats["spec_accepted_tokens"] += a
         for j in range(a + 1):

@@ -716,3 +716,19 @@ def test_the_engine_loop_does_not_spin_while_a_grammar_compiles(engine):
         del sched.step
     assert re.fullmatch(rx, out["text"]) or out["meta_info"]["finish_reason"]["type"] == "length", out
     assert counts["idle_steps"] <= elapsed / GRAMMAR_POLL_S * 1.5 + 10, (counts, elapsed)
+
+
+def test_drafts_the_model_leaves_at_once_shrink(engine):
+    """A sentence the greedy model spells in smaller pieces than the draft's tokens: each jump
+    draft is left at its first token. The next draft is then shorter (down to one token) rather
+    than the whole forced rest, a 30-token extend a step for nothing; the output is the same
+    (draft lengths change the work, not the tokens)."""
+    tok = engine.tokenizer
+    forced = "The quick brown fox jumps over the lazy dog. " * 2
+    i0 = engine.get_server_info()
+    out = engine.generate(_chat(tok, "Say it."), {"choices": [forced], "max_new_tokens": 200, "temperature": 0})
+    assert out["text"] == forced
+    i1 = engine.get_server_info()
+    proposed, steps = i1["draft_tokens"] - i0["draft_tokens"], len(out["output_ids"])
+    assert proposed <= 2 * steps + len(tok.encode(forced)), (proposed, steps)
+    engine.check_integrity()
