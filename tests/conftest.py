@@ -46,3 +46,14 @@ def smollm2_tokenizer():
     from treadle.runtime.tokenizer import load_tokenizer
 
     return load_tokenizer(resolve_model_source(None))
+
+
+@pytest.fixture(scope="module")
+def smollm2_compiler(smollm2_tokenizer):
+    """A GrammarCompiler of the embedded model's vocabulary with the defaults, one per module."""
+    from treadle.constrained.compile.compiler import GrammarCompiler
+
+    tok = smollm2_tokenizer
+    c = GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok))
+    yield c
+    c.close()

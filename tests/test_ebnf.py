@@ -336,13 +336,8 @@ def test_spec_from_params():
 
 
 @pytest.fixture(scope="module")
-def compiler(smollm2_tokenizer):
-    from treadle.constrained.compile.compiler import GrammarCompiler
-
-    tok = smollm2_tokenizer
-    c = GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok))
-    yield c
-    c.close()
+def compiler(smollm2_compiler):
+    return smollm2_compiler
 
 
 @pytest.fixture(scope="module")
