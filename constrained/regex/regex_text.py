@@ -326,8 +326,8 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
                         raw_rest[-1] = pattern[j : j + 4]
                         body_parts.append(pattern[j : j + 4])
                         j += 2
-                    elif e in ("u", "U"):
-                        ch_, size = _code_point_escape(pattern, j)
+                    elif e in ("u", "U"):  # (a surrogate only in a user's regex: _generable_class drops it)
+                        ch_, size = _code_point_escape(pattern, j, surrogate=not ecma)
                         raw_rest[-1] = pattern[j:j + size]
                         body_parts.append(class_literal(ch_))
                         j += size
@@ -370,7 +370,7 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
             else:
                 if ecma and negated:
                     body += _JSON_UNSAFE_CLASS_BODY
-                cls = "[" + ("^" if negated else "") + body + "]"
+                cls = _generable_class("[" + ("^" if negated else "") + body + "]", i)
                 out.append(_json_safe_class(cls, i) if ecma and subset and not negated else cls)
             i = j + 1
             can_quantify = True
@@ -574,16 +574,78 @@ def _shorthand_chars(letter: str, ecma: bool) -> str:
     return " " if ecma else " \t\n\r\f\v"
 
 
-def _code_point_escape(pattern: str, i: int) -> tuple[str, int]:
-    """The character of the ``\\uXXXX`` or ``\\UXXXXXXXX`` escape at ``i``, and its length."""
+def _code_point_escape(pattern: str, i: int, surrogate: bool = False) -> tuple[str, int]:
+    """The character of the ``\\uXXXX`` or ``\\UXXXXXXXX`` escape at ``i``, and its length; a
+    surrogate (U+D800-U+DFFF) is refused unless ``surrogate``."""
     size = 6 if pattern[i + 1] == "u" else 10
     digits = pattern[i + 2 : i + size]
     if not re.fullmatch(r"[0-9a-fA-F]+", digits) or len(digits) != size - 2:
         raise RegexDialectError(f"regex: escape '\\{pattern[i + 1]}' at offset {i} needs exactly {size - 2} hex digits")
     code = int(digits, 16)
-    if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
+    if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF and not surrogate:
         raise RegexDialectError(f"regex: escape '{pattern[i:i + size]}' at offset {i} is not a Unicode scalar value")
     return chr(code), size
+
+
+# the code points no output under a grammar holds: the surrogates (UTF-8 has none) and
+# U+100000-U+10FFFF (index_markers.py), as sorted (lo, hi) ranges
+_NEVER_GENERATED = ((0xD800, 0xDFFF), (0x100000, 0x10FFFF))
+
+
+def _generable_class(cls: str, offset: int) -> str:
+    """The class ``cls`` (translated, Python dialect, no categories) over the code points a grammar
+    generates: ``[\\x00-\\U0010FFFF]`` stops at U+FFFFF, a negated class no longer lists the
+    surrogates or U+100000-U+10FFFF (as the EBNF path reads classes, ebnf.py). Exact on every
+    output a grammar can write: the class matches the same such characters, so the regex does
+    too (and its complement, where a pattern is read negatively). ``cls`` itself when it names
+    none of them; ``RegexDialectError`` when it matches no character a grammar generates."""
+    named = any(0xD800 <= ord(c) <= 0xDFFF or ord(c) >= 0x100000 for c in cls)
+    if not named and not (cls.startswith("[^") and any(ord(c) > 0xFFFF for c in cls)):
+        return cls  # (a negated class can only leave nothing out naming a code point past U+FFFF)
+    try:
+        parsed = list(_sre_parse.parse(cls))
+    except re.error:  # (a range out of order: the pattern's check names it)
+        return cls
+    if len(parsed) != 1 or parsed[0][0] is not _sre_constants.IN:
+        return cls
+    negated, ranges = False, []
+    for op, arg in parsed[0][1]:
+        if op is _sre_constants.NEGATE:
+            negated = True
+        elif op is _sre_constants.LITERAL:
+            ranges.append((arg, arg))
+        elif op is _sre_constants.RANGE:
+            ranges.append(arg)
+        else:  # (a category: the translation writes shorthands out)
+            return cls
+    kept: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        pieces = [(lo, hi)]
+        for a, b in _NEVER_GENERATED:
+            pieces = [p for x, y in pieces for p in (((x, y),) if y < a or x > b else ((x, a - 1), (b + 1, y)))
+                      if p[0] <= p[1]]
+        kept += pieces
+    covered = _merged(kept + list(_NEVER_GENERATED))
+    if not kept and not negated or negated and covered == [(0, 0x10FFFF)]:
+        raise RegexDialectError(
+            f"regex: the class at offset {offset} matches no character a grammar generates (only surrogates, which "
+            "UTF-8 text never holds, or code points of U+100000-U+10FFFF, which are reserved: index_markers.py)")
+    if not named:
+        return cls
+    if negated and not kept:
+        return "(?:[^\\n]|\\n)"  # any character
+    return "[" + ("^" if negated else "") + "".join(
+        class_literal(chr(a)) if a == b else f"{class_literal(chr(a))}-{class_literal(chr(b))}" for a, b in kept) + "]"
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def _ends_with_anchor(pattern: str) -> bool:

@@ -1,0 +1,87 @@
+"""Exploratory findings (session 36) in constrained decoding, each a case that was wrong before
+its fix: regex classes naming the code points no grammar generates, JSON Schema keywords that
+were refused though they can be enforced, and schemas as Pydantic v2 writes them."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import zlib
+
+import jsonschema
+import pytest
+
+from treadle.constrained import GrammarSpec, allocate_token_bitmask, build_compiled_grammar, token_bytes_table
+from treadle.constrained.index.json_any import JsonPushdown
+
+from json_checks import random_walk
+
+EOS = 2
+V = 49152
+
+
+@pytest.fixture(scope="module")
+def vocab(smol):
+    table = token_bytes_table(smol)
+    return table, JsonPushdown(table, len(table), V, (EOS,))
+
+
+def _walks(smol, vocab, spec: GrammarSpec, seed: str, n: int = 6, steps: int = 300) -> list[str]:
+    """Texts of the random walks of ``spec``'s grammar that ended (at least half of them)."""
+    table, pda = vocab
+    g = build_compiled_grammar(spec.to_regex(holes=True), smol, [EOS], vocab_size=V, spec=spec, pda=pda)
+    rng = random.Random(zlib.crc32(seed.encode()))
+    bm = allocate_token_bitmask(1, V)
+    done = []
+    for _ in range(n):
+        m = g.matcher()
+        out = random_walk(m, bm, table, EOS, rng, steps=steps, stop_p=0.3, free_steps=40, steer_after=80)
+        if m.is_terminated():
+            done.append(out.decode())
+    assert len(done) >= n // 2, (seed, done)
+    return done
+
+
+# ---------------------------------------------------------------- regex classes and reserved code points
+
+@pytest.mark.parametrize("regex", [
+    r"<[\x00-\U0010FFFF]{1,12}>",       # "any character", up to the last code point
+    "<[\\u0000-\\U0010ffff]{1,12}>",
+    '"[^"\\U0010FFFF]{0,12}"',          # a negated class that also leaves out U+10FFFF
+    '"[^"\\U00100000-\\U0010FFFF]{0,12}"',
+    "<[a-z\\U0010FFFF]{1,12}>",         # a reserved member beside real ones
+    r"<[^\ud800-\udfff]{1,12}>",        # Python re: every character but the surrogates
+    r"<[\x20-\ud7ff\ue000-\U0010ffff]{1,12}>",
+])
+def test_a_regex_class_naming_reserved_code_points_is_clipped_as_in_ebnf(smol, vocab, regex):
+    """A class touching U+100000-U+10FFFF (or the surrogates) matches the same characters a grammar
+    can write once those are left out: it was refused as naming a reserved code point, while the
+    EBNF path clipped the same class. Every output still fullmatches the regex as Python reads it."""
+    for text in _walks(smol, vocab, GrammarSpec.from_params(regex=regex), regex):
+        assert re.fullmatch(regex, text), (regex, text)
+
+
+@pytest.mark.parametrize("regex", [
+    "[\\U00100000-\\U0010FFFF]",   # only reserved code points
+    "a[\\ud800-\\udfff]",           # only surrogates
+    "[^\\x00-\\U000FFFFF]",          # only reserved code points left: compiled to a dead end before
+    "a|[^\\x00-\\ud7ff\\ue000-\\U000fffff]",
+])
+def test_a_regex_class_of_no_character_a_grammar_writes_is_refused(regex):
+    with pytest.raises(ValueError, match="no character a grammar generates"):
+        GrammarSpec.from_params(regex=regex).to_regex()
+
+
+def test_a_reserved_literal_is_still_refused_by_name():
+    from treadle.constrained.compile.compiler import spec_regex
+
+    with pytest.raises(ValueError, match="U\\+10FFFF is reserved"):
+        spec_regex(GrammarSpec.from_params(regex="a\\U0010FFFF"), None, "strict", False, 3)
+
+
+def test_a_schema_pattern_over_every_code_point_compiles(smol, vocab):
+    schema = {"type": "string", "pattern": "^[\\x00-\\U0010FFFF]{1,8}$"}
+    v = jsonschema.Draft202012Validator(schema)
+    for text in _walks(smol, vocab, GrammarSpec.from_params(json_schema=schema), "pattern-all"):
+        v.validate(json.loads(text))
