@@ -1,5 +1,7 @@
 """How fast do the quantized linears stream their weights? FP8 (kernels/fp8_linear.py) and
-4-bit (kernels/int4_linear.py) against bf16 (ops.linear: cuBLAS, or the Triton GEMV at one
+4-bit (kernels/int4_linear.py, Triton: format int4; kernels/int4_mma.py, CUDA on the tensor
+cores: format int4mma; int4read: the int4mma launch loading its weights and doing nothing
+else, its bound) against bf16 (ops.linear: cuBLAS, or the Triton GEMV at one
 row), one llama3-8b layer's four projections, `--layers` distinct weights of each so nothing
 is served from L2, at several row counts, each call replayed from a CUDA graph.
 
@@ -70,9 +72,10 @@ def make_weights(fmt: str, layers: int, dev: torch.device) -> list[dict]:
                 wq, s = quantize_weight_ref(w)
                 layer[name] = {"w": wq, "s": s}
             else:
+                from treadle.kernels.int4_mma import pack_mma
                 q = torch.randint(0, 16, (k, n), device=dev, generator=g, dtype=torch.int32)
                 z = torch.randint(0, 16, (k // 128, n), device=dev, generator=g, dtype=torch.int32)
-                layer[name] = {"q": pack_rows(q), "z": pack_cols(z),
+                layer[name] = {"q": pack_mma(q) if fmt in ("int4mma", "int4read") else pack_rows(q), "z": pack_cols(z),
                                "s": (torch.rand(k // 128, n, device=dev, generator=g) * 0.01).half()}
             del w
         out.append(layer)
@@ -89,6 +92,14 @@ def call(fmt: str, x: torch.Tensor, t: dict, config=None) -> torch.Tensor:
         return ops.linear(x, t["w"])
     if fmt == "fp8":
         return fp8_linear(x, t["w"], t["s"], config=config)
+    if fmt == "int4mma":
+        from treadle.kernels.int4_mma import int4_mma_linear
+        return int4_mma_linear(x, t["q"], t["s"], t["z"], 128, config=config)
+    if fmt == "int4read":  # the bound of int4mma: its loads alone
+        from treadle.kernels.int4_mma import int4_mma_read_bound, pick_mma_config
+        n, k = t["q"].shape[0] * 16, t["q"].shape[1] * 64
+        t.setdefault("sink", torch.zeros(1, dtype=torch.int32, device=x.device))
+        return int4_mma_read_bound(t["q"], config or pick_mma_config(x.shape[0], n, k), t["sink"])
     return int4_linear(x, t["q"], t["s"], t["z"], 128, config=config)
 
 
@@ -113,7 +124,11 @@ def matches_ref(fmt: str, x: torch.Tensor, t: dict, config) -> bool:
     if fmt == "fp8":
         ref = fp8_linear_ref(x, t["w"], t["s"], out_dtype=torch.float32, config=config)
         return bool(torch.allclose(y, ref, atol=2e-2, rtol=2e-2))
-    ref = int4_linear_ref(x, t["q"], t["s"], t["z"], 128, out_dtype=torch.float32)
+    q = t["q"]
+    if fmt == "int4mma":
+        from treadle.kernels.int4_mma import mma_to_rows
+        q = mma_to_rows(q)
+    ref = int4_linear_ref(x, q, t["s"], t["z"], 128, out_dtype=torch.float32)
     return bool(torch.allclose(y, ref, atol=0.5, rtol=2e-2))
 
 
@@ -121,6 +136,9 @@ def candidates(fmt: str, m: int, n: int, k: int) -> list:
     if fmt == "fp8":
         from treadle.kernels.fp8_linear import candidate_configs
         return candidate_configs(m, n, k)
+    if fmt == "int4mma":
+        from treadle.kernels.int4_mma import candidate_mma_configs
+        return candidate_mma_configs(m, n, k)
     from treadle.kernels.int4_linear import candidate_configs
     return candidate_configs(m, n, k, 128)
 
@@ -188,6 +206,16 @@ def sweep(args, ms: list[int], bw: float, recs: list) -> None:
                 if best is not None:
                     recs.append({**best, "figure": "best"})
                     print(json.dumps(recs[-1]), flush=True)
+                    if fmt == "int4mma":  # the same launch reading the same weights and nothing else
+                        from treadle.kernels.int4_mma import MmaConfig
+                        cfg = MmaConfig(**best["config"])
+                        t = timed(run("int4read", weights, x, m, {name}, cfg), args.reps) / args.layers
+                        qb = weights[0][name]["q"].nbytes
+                        recs.append({"figure": "read_bound", "format": fmt, "m": m, "proj": name, "config": best["config"],
+                                     "us": round(t * 1e6, 2), "qweight_gb_s": round(qb / t / 1e9, 1),
+                                     "pct_of_copy_bw": round(100 * qb / t / bw, 1),
+                                     "gemv_share_of_bound": round(t * 1e6 / best["us"], 3)})
+                        print(json.dumps(recs[-1]), flush=True)
         del weights
         torch.cuda.empty_cache()
 

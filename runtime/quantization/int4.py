@@ -14,6 +14,11 @@ GPTQ:
 Act-order weights are sorted by group at load (perm = argsort(g_idx)), which the layer
 applies to x's columns before the kernel: x[:, perm] @ w[perm] = x @ w.
 
+On a CUDA device where NVRTC is at hand (kernels/cuda_jit.py) and the shape allows (N a
+multiple of 16, K of 64, groups a multiple of 64), q is kept instead in the mma layout of
+kernels/int4_mma.py (``layer.int4_layout == "mma"``): the tensor-core GEMV for up to 16 rows,
+the weight dequantized for cuBLAS past that. ``TREADLE_INT4_MMA=0`` keeps the Triton layout.
+
 On the CPU the weight is dequantized and multiplied in the activations' dtype.
 """
 from __future__ import annotations
@@ -21,6 +26,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+import os
+
+from treadle.kernels import int4_mma
 from treadle.kernels.int4_linear import (
     dequantize_ref, gemv_counters, int4_linear, pack_cols, pack_rows, unpack_cols, unpack_rows,
 )
@@ -101,13 +109,22 @@ class Int4Method(QuantMethod):
                 layer.register_buffer("perm", perm, persistent=False)
         self._store(layer, q, z, layer.scales.data)
 
+    def _use_mma(self, q: torch.Tensor, group: int) -> bool:
+        k, n = q.shape
+        return (q.is_cuda and os.environ.get("TREADLE_INT4_MMA", "1") != "0"
+                and int4_mma.supports(n, k, group, torch.bfloat16, SCALE_DTYPE) and int4_mma.available(q.device))
+
     def _store(self, layer: nn.Module, q: torch.Tensor, z: torch.Tensor, scales: torch.Tensor) -> None:
         group = self._group(layer)
-        replace_param(layer, "qweight", pack_rows(q).contiguous())
+        mma = self._use_mma(q, group)
+        replace_param(layer, "qweight", int4_mma.pack_mma(q) if mma else pack_rows(q).contiguous())
         replace_param(layer, "qzeros", pack_cols(z).contiguous())
         replace_param(layer, "scales", scales.to(SCALE_DTYPE).contiguous())
         layer.group_size = group
-        if layer.qweight.is_cuda:  # the GEMV's split-K counters, made before any CUDA-graph capture
+        layer.int4_layout = "mma" if mma else "rows"
+        if mma:  # compiled and loaded now, not inside a CUDA-graph capture
+            int4_mma.prepare(q.device, SCALE_DTYPE)
+        elif layer.qweight.is_cuda:  # the GEMV's split-K counters, made before any CUDA-graph capture
             gemv_counters(layer.qweight.device, 0)
 
     def quantize_loaded(self, layer: nn.Module) -> None:
@@ -123,12 +140,19 @@ class Int4Method(QuantMethod):
             perm = getattr(layer, "perm", None)
             if perm is not None:
                 x = x.index_select(1, perm)
+            if getattr(layer, "int4_layout", "rows") == "mma":
+                if x.dtype in (torch.bfloat16, torch.float16):
+                    return int4_mma.int4_mma_linear(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size,
+                                                    None if bias is None else bias.to(x.dtype))
+                w = int4_mma.int4_mma_dequantize(layer.qweight, layer.scales, layer.qzeros, layer.group_size)
+                return ops.linear(x, w.to(x.dtype), bias)
             return int4_linear(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size, bias)
         # the float path's own matmul, so a float model of the dequantized weights is exact
         return ops.linear(x, self.dequantize(layer).to(x.dtype), bias)
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
-        w = dequantize_ref(layer.qweight, layer.scales, layer.qzeros, layer.group_size)  # [K, N], sorted inputs
+        rows = int4_mma.mma_to_rows(layer.qweight) if getattr(layer, "int4_layout", "rows") == "mma" else layer.qweight
+        w = dequantize_ref(rows, layer.scales, layer.qzeros, layer.group_size)  # [K, N], sorted inputs
         perm = getattr(layer, "perm", None)
         if perm is not None:
             w = torch.empty_like(w).index_copy_(0, perm, w)  # back to the inputs' own order

@@ -1,0 +1,183 @@
+"""kernels/int4_mma.py: the mma layout (CPU), a torch model of what the CUDA kernel computes from it
+(CPU: the fragment layouts as the PTX ISA gives them for mma.m16n8k16), and the kernels against
+their reference on the GPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from treadle.kernels import cuda_jit
+from treadle.kernels.int4_linear import dequantize_ref, pack_cols, unpack_rows
+from treadle.kernels.int4_mma import (
+    MmaConfig, available, candidate_mma_configs, int4_mma_dequantize, int4_mma_linear, int4_mma_linear_ref,
+    _DEFAULT_CONFIGS, mma_to_rows, pack_mma, pick_mma_config, supports, unpack_mma,
+)
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _weights(k: int, n: int, group: int, seed: int = 0, scale_dtype=torch.float16):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (k, n), generator=g, dtype=torch.int32)
+    z = torch.randint(0, 16, (k // group, n), generator=g, dtype=torch.int32)
+    s = (torch.rand(k // group, n, generator=g) * 0.02 + 0.001).to(scale_dtype)
+    return q, pack_cols(z), s
+
+
+@pytest.mark.parametrize("k,n", [(64, 16), (128, 48), (256, 32), (640, 80)])
+def test_pack_mma_round_trips(k: int, n: int) -> None:
+    q = torch.randint(0, 16, (k, n), dtype=torch.int32, generator=torch.Generator().manual_seed(k + n))
+    packed = pack_mma(q)
+    assert packed.shape == (n // 16, k // 64, 32, 4) and packed.dtype == torch.int32
+    assert torch.equal(unpack_mma(packed), q)
+    assert torch.equal(unpack_rows(mma_to_rows(packed)), q)
+
+
+def test_pack_mma_refuses_shapes_it_cannot_tile() -> None:
+    with pytest.raises(ValueError, match="N % 16"):
+        pack_mma(torch.zeros(64, 24, dtype=torch.int32))
+    with pytest.raises(ValueError, match="K % 64"):
+        pack_mma(torch.zeros(96, 16, dtype=torch.int32))
+
+
+def _bf16_pair(word: int) -> tuple[float, float]:
+    """The two bf16 halves of a 32-bit register (low, high) as floats."""
+    lo = torch.tensor([word & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float().item()
+    hi = torch.tensor([(word >> 16) & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float().item()
+    return lo, hi
+
+
+def _emulate_gemv(x: torch.Tensor, packed: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
+                  group: int) -> torch.Tensor:
+    """What int4_mma_gemv computes (one 8-row tile of x), step by step: each lane's registers
+    made as the kernel makes them, placed where mma.m16n8k16 reads them (PTX ISA: A row
+    g / g + 8, columns 2t + (0, 1) / + 8; B rows 2t + (0, 1) / + 8, column g), the two mmas a
+    step, and the scale once a group."""
+    m, k = x.shape
+    nt_count, kc = packed.shape[0], packed.shape[1]
+    z = torch.stack([(zeros >> (4 * j)) & 0xF for j in range(8)], dim=-1).reshape(zeros.shape[0], -1)  # [groups, N]
+    y = torch.zeros(nt_count * 16, 8)
+    xb = torch.zeros(8, k)
+    xb[:m] = x.float()
+    for nt in range(nt_count):
+        acc = torch.zeros(16, 8)
+        d = torch.zeros(16, 8)
+        for c in range(kc):
+            grp = c * 64 // group
+            for s in range(4):
+                a = torch.zeros(16, 16)
+                b = torch.zeros(16, 8)
+                az = torch.zeros(16, 16)
+                for lane in range(32):
+                    g, t = lane // 4, lane % 4
+                    word = int(packed[nt, c, lane, s]) & 0xFFFFFFFF
+                    regs = [((word >> (4 * i)) & 0x000F000F) | 0x43004300 for i in range(4)]
+                    rows_cols = [(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)]
+                    for reg, (r, col) in zip(regs, rows_cols):
+                        a[r, col], a[r, col + 1] = _bf16_pair(reg)
+                    for r in (g, g + 8):
+                        zc = -(128.0 + float(z[grp, nt * 16 + r]))
+                        for col in (2 * t, 2 * t + 8):
+                            az[r, col] = az[r, col + 1] = zc
+                    # B: lane's x words 2s, 2s + 1 = inputs 16t + 4s + (0, 1), (2, 3) of the chunk
+                    base = c * 64 + 16 * t + 4 * s
+                    b[2 * t, g], b[2 * t + 1, g] = xb[g, base], xb[g, base + 1]
+                    b[2 * t + 8, g], b[2 * t + 9, g] = xb[g, base + 2], xb[g, base + 3]
+                d += a @ b + az @ b
+            if (c + 1) * 64 % group == 0 or c + 1 == kc:
+                acc += scales[grp, nt * 16:nt * 16 + 16].float()[:, None] * d
+                d.zero_()
+        y[nt * 16:nt * 16 + 16] = acc
+    return y[:, :m].T
+
+
+@pytest.mark.parametrize("group", [64, 128])
+def test_kernel_model_matches_the_dequantized_reference(group: int) -> None:
+    k, n, m = 256, 32, 3
+    q, zeros, scales = _weights(k, n, group, seed=group)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    packed = pack_mma(q)
+    emulated = _emulate_gemv(x, packed, zeros, scales, group)
+    ref = x.float() @ dequantize_ref(mma_to_rows(packed), scales, zeros, group)
+    torch.testing.assert_close(emulated, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(int4_mma_linear_ref(x, packed, scales, zeros, group).float(), ref,
+                               atol=2e-2, rtol=1e-2)
+
+
+def test_supports_and_cpu_refusal() -> None:
+    assert supports(4096, 4096, 128, torch.bfloat16, torch.float16)
+    assert not supports(4096, 4096, 32, torch.bfloat16, torch.float16)  # groups under 64 inputs
+    assert not supports(4096, 4096, 128, torch.float32, torch.float16)  # fp32 activations
+    assert not supports(4104, 4096, 128, torch.bfloat16, torch.float16)  # N not a multiple of 16
+    assert candidate_mma_configs(1, 4096, 4096)[0] == pick_mma_config(1, 4096, 4096)
+    # prepare() compiles what pick_mma_config can return, so nothing compiles inside a graph capture
+    picked = {(1 if m <= 8 else 2, pick_mma_config(m, n, 4096)) for m in range(1, 17) for n in (16, 4096, 6144, 28672)}
+    assert picked <= set(_DEFAULT_CONFIGS)
+    q, zeros, scales = _weights(128, 32, 64)
+    x = torch.randn(2, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="CUDA device"):
+        int4_mma_linear(x, pack_mma(q), scales, zeros, 64)
+    with pytest.raises(ValueError, match="K = 128 inputs but x has 64"):
+        int4_mma_linear(x[:, :64], pack_mma(q), scales, zeros, 64)
+    if not torch.cuda.is_available():
+        assert not available() and cuda_jit.unavailable_reason() == "no CUDA device"
+
+
+# ------------------------------------------------------------------------- GPU
+
+def _gpu_case(k: int, n: int, group: int, m: int, dtype: torch.dtype, scale_dtype=torch.float16, seed: int = 0):
+    q, zeros, scales = _weights(k, n, group, seed, scale_dtype)
+    dev = torch.device("cuda")
+    x = (torch.randn(m, k, generator=torch.Generator().manual_seed(seed + 7))).to(dtype).to(dev)
+    return x, pack_mma(q).to(dev), scales.to(dev), zeros.to(dev)
+
+
+@gpu
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 9, 16, 17, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k,n,group", [(4096, 6144, 128), (1024, 272, 64), (512, 64, 512), (14336, 256, 128)])
+def test_gpu_int4_mma_linear_matches_ref(m: int, dtype: torch.dtype, k: int, n: int, group: int) -> None:
+    x, packed, scales, zeros = _gpu_case(k, n, group, m, dtype, seed=m + n)
+    y = int4_mma_linear(x, packed, scales, zeros, group)
+    ref = int4_mma_linear_ref(x.float(), packed, scales, zeros, group).float()
+    assert y.dtype == dtype and y.shape == (m, n)
+    scale = ref.abs().mean().item()
+    torch.testing.assert_close(y.float(), ref, atol=2e-2 * scale, rtol=2e-2)
+
+
+@gpu
+@pytest.mark.parametrize("cfg", [MmaConfig(4, 2), MmaConfig(8, 4), MmaConfig(16, 8)])
+def test_gpu_int4_mma_configs_bias_strides_and_bf16_scales(cfg: MmaConfig) -> None:
+    k, n, group = 2048, 512, 128
+    x, packed, scales, zeros = _gpu_case(k, n, group, 5, torch.bfloat16, torch.bfloat16, seed=3)
+    wide = torch.zeros(5, k + 64, dtype=torch.bfloat16, device=x.device)
+    wide[:, 64:] = x
+    bias = torch.randn(n, device=x.device).to(torch.bfloat16)
+    y = int4_mma_linear(wide[:, 64:], packed, scales, zeros, group, bias, config=cfg)
+    ref = int4_mma_linear_ref(x.float(), packed, scales, zeros, group, bias.float()).float()
+    scale = ref.abs().mean().item()
+    torch.testing.assert_close(y.float(), ref, atol=2e-2 * scale, rtol=2e-2)
+
+
+@gpu
+def test_gpu_int4_mma_dequantize_is_the_reference_weight() -> None:
+    k, n, group = 1024, 96, 128
+    _, packed, scales, zeros = _gpu_case(k, n, group, 1, torch.bfloat16)
+    w = int4_mma_dequantize(packed, scales, zeros, group, torch.bfloat16)
+    ref = dequantize_ref(mma_to_rows(packed), scales, zeros, group).T.to(torch.bfloat16)
+    assert torch.equal(w, ref)
+
+
+@gpu
+def test_gpu_int4_mma_replays_in_a_cuda_graph() -> None:
+    k, n, group = 4096, 1024, 128
+    x, packed, scales, zeros = _gpu_case(k, n, group, 1, torch.bfloat16, seed=5)
+    y = int4_mma_linear(x, packed, scales, zeros, group)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = int4_mma_linear(x, packed, scales, zeros, group)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, int4_mma_linear(x, packed, scales, zeros, group))
+    assert not torch.equal(out, y)
