@@ -85,3 +85,62 @@ def test_a_schema_pattern_over_every_code_point_compiles(smol, vocab):
     v = jsonschema.Draft202012Validator(schema)
     for text in _walks(smol, vocab, GrammarSpec.from_params(json_schema=schema), "pattern-all"):
         v.validate(json.loads(text))
+
+
+# ---------------------------------------------------------------- formats that were refused
+
+# RFC 6901, read on the decoded string
+_POINTER = re.compile(r"(?:/(?:[^/~]|~[01])*)*")
+
+
+def _relative_pointer_ok(value: str) -> bool:
+    """draft-handrews-relative-json-pointer-01, and jsonschema's checker's reading of its
+    leading zeros (it refuses a digit after any 0, "100" too) and of the empty pointer."""
+    m = re.fullmatch(r"(0|[1-9][0-9]*)(.*)", value, re.S)
+    if not m or re.search(r"0[0-9]", m.group(1)):
+        return False
+    return m.group(2) == "#" or bool(m.group(2)) and bool(_POINTER.fullmatch(m.group(2)))
+
+
+@pytest.mark.parametrize("fmt,extra", [
+    ("json-pointer", {}), ("json-pointer", {"maxLength": 24}),
+    ("relative-json-pointer", {}), ("relative-json-pointer", {"maxLength": 24}),
+    ("idn-hostname", {}), ("idn-hostname", {"maxLength": 24}),
+])
+def test_pointer_and_idn_hostname_formats_are_written(smol, vocab, fmt, extra):
+    """format json-pointer, relative-json-pointer and idn-hostname were refused; each is a regular
+    language (idn-hostname written as the ASCII host names of the hostname subset, which idna
+    accepts): every output is one, as RFC 6901 / the relative pointer draft / idna read it."""
+    schema = {"type": "object", "properties": {"v": {"type": "string", "format": fmt, **extra}}, "required": ["v"],
+              "additionalProperties": False}
+    v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    for text in _walks(smol, vocab, GrammarSpec.from_params(json_schema=schema), fmt + str(extra)):
+        value = json.loads(text)["v"]
+        v.validate(json.loads(text))
+        if fmt == "json-pointer":
+            assert _POINTER.fullmatch(value), value
+        elif fmt == "relative-json-pointer":
+            assert _relative_pointer_ok(value), value
+        else:
+            import idna
+
+            idna.encode(value)
+        assert len(value) <= extra.get("maxLength", 10**9)
+
+
+def test_formats_refuse_what_they_must():
+    from treadle.constrained.schema.json_schema import json_schema_to_regex
+
+    rx = {f: re.compile(json_schema_to_regex({"type": "string", "format": f}))
+          for f in ("json-pointer", "relative-json-pointer", "idn-hostname")}
+    for good in ('""', '"/a~0b/c~1"', '"/"', '"/a//b"'):
+        assert rx["json-pointer"].fullmatch(good), good
+    for bad in ('"a"', '"/a~2"', '"/a~"'):
+        assert not rx["json-pointer"].fullmatch(bad), bad
+    for good in ('"0#"', '"1/a"', '"10/"', '"2#"'):
+        assert rx["relative-json-pointer"].fullmatch(good), good
+    for bad in ('"#"', '"01/a"', '"1"', '"/a"', '"1#/a"'):
+        assert not rx["relative-json-pointer"].fullmatch(bad), bad
+    assert rx["idn-hostname"].fullmatch('"api.example-1.com"')
+    for bad in ('"-a.com"', '"ab--c"', '"xn--abc"', '"a b"'):
+        assert not rx["idn-hostname"].fullmatch(bad), bad

@@ -179,6 +179,8 @@ URI_AFTER_SCHEME = (r"://[a-zA-Z0-9][a-zA-Z0-9._~-]*(?::[0-9]{1,5})?"
                     rf"(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?")
 _URI = r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}" + URI_AFTER_SCHEME
 _SEGMENT = r"[a-zA-Z0-9._~-]+"
+_POINTER = r'(?:/(?:[^"\\\x00-\x1f/~]|~[01])*)*'
+_BOUNDED_POINTER = r"(?:/(?:[a-zA-Z0-9._-]|~[01]){0,20}){0,6}"
 _VARSPEC = r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*(?::[1-9][0-9]{0,3}|\*)?"  # RFC 6570 varname [modifier]
 _BOUNDED_URI = rf"https?://{_LABEL}(?:\.{_LABEL}){{0,3}}(?::[0-9]{{1,5}})?(?:/[a-zA-Z0-9._~-]{{0,20}}){{0,5}}"
 _BOUNDED_REF = (rf"(?:{_BOUNDED_URI}|/?[a-zA-Z0-9._~-]{{1,20}}(?:/[a-zA-Z0-9._~-]{{1,20}}){{0,5}}"
@@ -191,6 +193,9 @@ BOUNDED_FORMATS: dict[str, str] = {
     # those URLs, or relative paths of at most 6 plain segments and a fragment (as uri-reference)
     "uri-reference": _BOUNDED_REF,
     "iri-reference": _BOUNDED_REF,
+    # up to 6 tokens of at most 20 plain characters or ~0 / ~1
+    "json-pointer": _BOUNDED_POINTER,
+    "relative-json-pointer": rf"(?:0|[1-9]{{1,4}}0?)(?:#|{_BOUNDED_POINTER[:-5]}{{1,6}})",
 }
 FORMATS: dict[str, str] = {
     "date": _DATE,
@@ -222,6 +227,16 @@ FORMATS: dict[str, str] = {
     # regexes of literal text (letters, digits, space, '_', '-', ',', ':', '/', '@', '=') and '.':
     # each compiles in every regex dialect (a subset of the regexes)
     "regex": r"[a-zA-Z0-9 _.,:/@=-]*",
+    # RFC 6901: "/"-prefixed reference tokens, '~' only as ~0 or ~1, characters written raw
+    # (no JSON escapes: a subset)
+    "json-pointer": _POINTER,
+    # draft-handrews-relative-json-pointer-01: a non-negative integer, then '#' or a JSON pointer
+    # (a subset: not the empty one, which jsonschema's checker reads as false, and no digit after
+    # a 0, which its leading-zero check refuses in "100" too; no index manipulation)
+    "relative-json-pointer": rf"(?:0|[1-9]{{1,4}}0?)(?:#|{_POINTER[:-1]}+)",
+    # RFC 5890: an ASCII host name of the hostname subset is an IDNA one (its labels LDH, no "--"
+    # at all, so no A-label or hyphens in the 3rd and 4th places for idna to refuse)
+    "idn-hostname": rf"{_HOST_LABEL}(?:\.{_HOST_LABEL}){{0,3}}",
     # RFC 6531 extends RFC 5321: every address of the email subset is an internationalized one
     "idn-email": rf"[a-zA-Z0-9_]{{1,20}}(?:[.+-][a-zA-Z0-9_]{{1,20}}){{0,3}}@{_LABEL}(?:\.{_LABEL}){{1,3}}",
 }
