@@ -40,6 +40,15 @@ class ProgramState:
 
     def __iadd__(self, other: Any) -> "ProgramState":
         """Append text or a DSL expression (gen, select, role, ...)."""
+        if isinstance(other, _RoleScope):
+            # `s += s.system("...")` (SGLang's tutorial: "same as s += system(...)"):
+            # s.system(content) has already added the message
+            if other.state is not self:
+                raise TypeError(f"s.{other.role}(...) of another program state cannot be added here; "
+                                f"use sgl.{other.role}(...)")
+            if not other.done:
+                raise TypeError(f"s.{other.role}() without content opens a scope: use `with s.{other.role}():`")
+            return self
         for node in ir.flatten(ir.to_expr(other)):
             self._ex.submit(self._check(node))
         return self
