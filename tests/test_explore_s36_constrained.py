@@ -144,3 +144,46 @@ def test_formats_refuse_what_they_must():
     assert rx["idn-hostname"].fullmatch('"api.example-1.com"')
     for bad in ('"-a.com"', '"ab--c"', '"xn--abc"', '"a b"'):
         assert not rx["idn-hostname"].fullmatch(bad), bad
+
+
+# ---------------------------------------------------------------- prefixItems with contains
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "contains": {"type": "string"}},
+    {"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "string"},
+     "contains": {"type": "string", "maxLength": 3}, "minContains": 2, "maxItems": 5},
+    {"type": "array", "prefixItems": [{"type": "boolean"}], "contains": {"type": "integer", "minimum": 5},
+     "maxContains": 3},
+])
+def test_prefix_items_with_contains_is_written(smol, vocab, schema):
+    """prefixItems beside contains was refused; the contained items are written after the prefix
+    (a subset, as contains alone is written at the front): every output is valid."""
+    v = jsonschema.Draft202012Validator(schema)
+    for text in _walks(smol, vocab, GrammarSpec.from_params(json_schema=schema), json.dumps(schema)):
+        v.validate(json.loads(text))
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False,
+     "contains": {"type": "string"}},
+    {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "maxItems": 2,
+     "contains": {"type": "string"}},
+    {"type": "array", "prefixItems": [{"type": "string"}], "maxContains": 1, "contains": {"type": "string"}},
+])
+def test_prefix_items_with_contains_the_prefix_must_hold_is_refused_by_name(schema):
+    """Where only the prefix could hold the contained item, the refusal names contains (valid
+    arrays exist, so it must not read as unsatisfiable)."""
+    from treadle.constrained.schema.json_schema import UnsupportedSchemaError, json_schema_to_regex
+
+    with pytest.raises(UnsupportedSchemaError, match="'contains' at \\$ together with prefixItems"):
+        json_schema_to_regex(schema)
+
+
+def test_multiple_of_refusal_says_what_is_written():
+    from treadle.constrained.schema.json_schema import UnsupportedSchemaError, json_schema_to_regex
+
+    for schema in ({"type": "integer", "multipleOf": 7, "minimum": 0}, {"type": "number", "multipleOf": 3}):
+        with pytest.raises(UnsupportedSchemaError, match="'multipleOf' at \\$ is not supported \\(.*minimum and a max"):
+            json_schema_to_regex(schema)
+    with pytest.raises(UnsupportedSchemaError, match="'multipleOf' at \\$ is not supported \\(.*1/k"):
+        json_schema_to_regex({"type": "number", "multipleOf": 0.3})

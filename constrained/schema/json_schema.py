@@ -1226,7 +1226,8 @@ class _Converter:
                     continue
                 if key == "multipleOf" and t == "number" and not self.spec and nums.multiple_grid(schema[key]):
                     continue  # strict mode: the multiples on a grid of 1/2**a (a sound subset; the spec mode refuses)
-                raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} is not supported")
+                raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} is not supported"
+                                             + (_MULTIPLE_OF_HELP.get(t, "") if key == "multipleOf" else ""))
 
     @staticmethod
     def _trivial(key: str, value: Any, schema: dict, t: str) -> bool:
@@ -1525,6 +1526,14 @@ _SUPPORTED = {
 
 
 MAX_LISTED_MULTIPLES = 4096  # an integer multipleOf between bounds: at most this many multiples listed
+# why a multipleOf was refused, and what is written instead
+_MULTIPLE_OF_HELP = {
+    "integer": (" (a multipleOf such as 3, 7 or 86400 is written only between a minimum and a maximum with at most "
+                f"{MAX_LISTED_MULTIPLES} multiples between them; one dividing a power of ten, such as 2, 5, 25 or 100, "
+                "with any bounds)"),
+    "number": (" (a fractional multipleOf is written only as 1/k for a small k, such as 0.5, 0.25, 0.1 or 0.01, "
+               "in strict mode; a whole one as for an integer)"),
+}
 
 
 def _bounded_multiples(schema: dict) -> list[int] | None:

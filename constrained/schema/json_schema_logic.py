@@ -173,9 +173,11 @@ MAX_CONTAINS = 256  # contains_as_prefix writes minContains items out: at most t
 
 def contains_as_prefix(schema: dict, path: str) -> dict:
     """``contains`` (with ``minContains`` / ``maxContains``) said by ``prefixItems`` and
-    ``maxItems``: the first items also satisfy ``contains``, the array stops at maxContains."""
-    if "prefixItems" in schema or "unevaluatedItems" in schema or schema.get("uniqueItems") is True:
-        raise UnsupportedSchemaError(f"json_schema: keyword 'contains' at {path} together with prefixItems, "
+    ``maxItems``: the first items after the schema's own ``prefixItems`` also satisfy
+    ``contains`` (and ``items``), the array stops at maxContains (a subset of the arrays allowed:
+    however many of its items match, no array is longer than maxContains)."""
+    if "unevaluatedItems" in schema or schema.get("uniqueItems") is True:
+        raise UnsupportedSchemaError(f"json_schema: keyword 'contains' at {path} together with "
                                      "unevaluatedItems or uniqueItems is not supported")
     need = schema.get("minContains", 1)
     cap = schema.get("maxContains")
@@ -187,9 +189,19 @@ def contains_as_prefix(schema: dict, path: str) -> dict:
                                      "items are not supported")
     rest = {k: v for k, v in schema.items() if k not in ("contains", "minContains", "maxContains")}
     items = rest.get("items", True)
+    prefix = rest.get("prefixItems", [])
+    if not isinstance(prefix, list):
+        raise UnsupportedSchemaError(f"json_schema: keyword 'prefixItems' at {path} must be a list")
+    least = len(prefix) + need if need > 0 else 0  # the items written: the prefix's, then the contained ones
+    tops = [v for v in (rest.get("maxItems"), cap) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if prefix and need > 0 and (items is False or tops and least > min(tops)):
+        # the contained items would have to be among the prefix's: not written
+        raise UnsupportedSchemaError(f"json_schema: keyword 'contains' at {path} together with prefixItems is not "
+                                     "supported where no item after the prefix can hold it (items false, or maxItems "
+                                     f"or maxContains below the {len(prefix)} prefix items + minContains {need})")
     if need > 0:
-        rest["prefixItems"] = [{"allOf": [items, schema["contains"]]}] * need
-        rest["minItems"] = max(rest.get("minItems", 0), need)
+        rest["prefixItems"] = list(prefix) + [{"allOf": [items, schema["contains"]]}] * need
+        rest["minItems"] = max(rest.get("minItems", 0), least)
     if cap is not None:
         rest["maxItems"] = min(rest.get("maxItems", cap), cap)
     return rest
