@@ -187,3 +187,27 @@ def test_multiple_of_refusal_says_what_is_written():
             json_schema_to_regex(schema)
     with pytest.raises(UnsupportedSchemaError, match="'multipleOf' at \\$ is not supported \\(.*1/k"):
         json_schema_to_regex({"type": "number", "multipleOf": 0.3})
+
+
+# ---------------------------------------------------------------- dates
+
+def test_format_date_never_writes_year_zero():
+    """format date wrote "0000-03-06" (a walk of Pydantic's date field): RFC 3339's grammar has
+    year 0000, but jsonschema's date check (date.fromisoformat), rfc3339-validator's date-time
+    check and Pydantic refuse it. Every date of every year the regex writes is a real one."""
+    import datetime
+
+    from treadle.constrained.schema.json_schema import json_schema_to_regex
+
+    for fmt, tail in (("date", ""), ("date-time", "T00:00:00Z")):
+        rx = re.compile(json_schema_to_regex({"type": "string", "format": fmt}))
+        for year in [*range(0, 30), *range(96, 104), *range(396, 404), *range(1896, 1904), *range(9990, 10000)]:
+            for month in range(1, 13):
+                for day in range(1, 32):
+                    text = f"{year:04d}-{month:02d}-{day:02d}"
+                    try:
+                        datetime.date.fromisoformat(text)
+                        real = True
+                    except ValueError:
+                        real = False
+                    assert bool(rx.fullmatch(f'"{text}{tail}"')) == real, (fmt, text)

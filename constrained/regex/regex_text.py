@@ -152,12 +152,15 @@ def _not_in_trie(node: dict) -> str:
 
 
 # ---------------------------------------------------------------- formats
-_LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[048]|[2468][048]|[13579][26])00)"
+_LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_YEAR = r"(?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"  # 0001-9999
 _DATE = (
-    r"(?:[0-9]{4}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])"
+    rf"(?:{_YEAR}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])"
     r"|(?:0[13-9]|1[0-2])-(?:29|30)|(?:0[13578]|1[02])-31)"
     rf"|{_LEAP_YEAR}-02-29)"
-)  # every output is a real calendar date: Feb 29 only in a leap year (by 4, centuries by 400)
+)  # every output is a real calendar date: Feb 29 only in a leap year (by 4, centuries by 400), no
+# year 0000 (RFC 3339 writes it, but Python's date.fromisoformat, jsonschema's date check,
+# rfc3339-validator's date-time check and Pydantic all refuse it)
 _TIME = (
     r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
     r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
