@@ -238,8 +238,16 @@ class StreamExecutor:
         logprob = {**self.logprob, **gen.logprob}
         name = gen.name or self.new_name()
         self.gen_starts[name] = len(self.text_)
+        # SGLang's way to read the next token's distribution (its cot_decoding example): a gen
+        # of max_tokens=0 with return_logprob gives one output position's logprobs (the next
+        # token's top_logprobs_num) and writes no text. The runtime computes that position by
+        # sampling one token, which is dropped.
+        peek = params.get("max_new_tokens") == 0 and bool(logprob.get("return_logprob"))
         try:
-            if self.stream:
+            if peek:
+                _, meta = self.backend.generate(self.text_, {**params, "max_new_tokens": 1}, logprob)
+                out, meta = "", {**meta, "completion_tokens": 0, "finish_reason": {"type": "length", "length": 0}}
+            elif self.stream:
                 out, meta = "", {}
                 for delta, meta in self.backend.generate_stream(self.text_, params, logprob):
                     out += delta

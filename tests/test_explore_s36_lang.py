@@ -60,3 +60,49 @@ def test_adding_another_states_role_message_is_refused(engine):
 
     with pytest.raises(TypeError, match="another program state"):
         prog.run()
+
+
+# SGLang's examples/frontend_language/usage/cot_decoding.py: a gen of max_tokens=0 with
+# top_logprobs_num=k reads the next token's top k, then each branch continues from one of them
+@sgl.function
+def cot_decoding(s, question, get_top_k):
+    s += "Question: " + question + "\nAnswer:"
+    step_0 = s.fork(1)[0]
+    forks = s.fork(get_top_k)
+    step_0 += sgl.gen("get_top_k", max_tokens=0, return_logprob=True, top_logprobs_num=get_top_k,
+                      return_text_in_logprobs=True)
+    logprobs = step_0.get_meta_info("get_top_k")["output_top_logprobs"][0]
+    for f, token in zip(forks, logprobs):
+        logprob, token_id, text = token
+        f += text
+        f += sgl.gen("answer", temperature=0, max_tokens=4)
+    return [f.text() for f in forks]
+
+
+@sgl.function
+def next_token(s, question):
+    s += "Question: " + question + "\nAnswer:" + sgl.gen("tok", max_tokens=1, temperature=0, return_logprob=True,
+                                                         top_logprobs_num=3, return_text_in_logprobs=True)
+
+
+def test_a_gen_of_no_tokens_with_top_logprobs_reads_the_next_tokens_distribution(engine):
+    """Its output_top_logprobs was [] (IndexError in SGLang's cot_decoding example): now one
+    position, the next token's top k, as SGLang returns; the gen still writes no text."""
+    q = "How many eggs are in a dozen?"
+    texts = cot_decoding.run(question=q, get_top_k=3).ret_value
+    ref = next_token.run(question=q).get_meta_info("tok")["output_top_logprobs"][0]
+    assert len(texts) == 3
+    for text, (lp, tid, tok) in zip(texts, ref):
+        assert text.startswith(f"Question: {q}\nAnswer:{tok}")
+
+    @sgl.function
+    def peek(s):
+        s += "Question: " + q + "\nAnswer:"
+        s += sgl.gen("p", max_tokens=0, return_logprob=True, top_logprobs_num=3, return_text_in_logprobs=True)
+
+    st = peek.run()
+    meta = st.get_meta_info("p")
+    assert st["p"] == "" and st.text() == f"Question: {q}\nAnswer:"
+    assert [(tid, tok) for _, tid, tok in meta["output_top_logprobs"][0]] == [(tid, tok) for _, tid, tok in ref]
+    assert [lp for lp, _, _ in meta["output_top_logprobs"][0]] == pytest.approx([lp for lp, _, _ in ref], abs=1e-4)
+    assert len(meta["output_token_logprobs"]) == 1 and meta["completion_tokens"] == 0
