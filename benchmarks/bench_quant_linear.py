@@ -208,14 +208,15 @@ def sweep(args, ms: list[int], bw: float, recs: list) -> None:
                     print(json.dumps(recs[-1]), flush=True)
                     if fmt == "int4mma":  # the same launch reading the same weights and nothing else
                         from treadle.kernels.int4_mma import MmaConfig
-                        cfg = MmaConfig(**best["config"])
-                        t = timed(run("int4read", weights, x, m, {name}, cfg), args.reps) / args.layers
-                        qb = weights[0][name]["q"].nbytes
-                        recs.append({"figure": "read_bound", "format": fmt, "m": m, "proj": name, "config": best["config"],
-                                     "us": round(t * 1e6, 2), "qweight_gb_s": round(qb / t / 1e9, 1),
-                                     "pct_of_copy_bw": round(100 * qb / t / bw, 1),
-                                     "gemv_share_of_bound": round(t * 1e6 / best["us"], 3)})
-                        print(json.dumps(recs[-1]), flush=True)
+                        for order in (0, 1):  # and with the block's warps reading in the other order
+                            cfg = MmaConfig(**best["config"])._replace(order=order)
+                            t = timed(run("int4read", weights, x, m, {name}, cfg), args.reps) / args.layers
+                            qb = weights[0][name]["q"].nbytes
+                            recs.append({"figure": "read_bound", "format": fmt, "m": m, "proj": name,
+                                         "config": cfg._asdict(), "us": round(t * 1e6, 2),
+                                         "qweight_gb_s": round(qb / t / 1e9, 1), "pct_of_copy_bw": round(100 * qb / t / bw, 1),
+                                         "gemv_share_of_bound": round(t * 1e6 / best["us"], 3)})
+                            print(json.dumps(recs[-1]), flush=True)
         del weights
         torch.cuda.empty_cache()
 

@@ -7,6 +7,7 @@
 //   MT     8-row tiles of x (1: up to 8 rows, 2: up to 16)
 //   WARPS  warps of a block; they cut K among them and add their sums in shared memory
 //   UNROLL chunks (64 inputs) a warp loads ahead
+//   ORDER  how a block's warps share K: 0 a contiguous range each, 1 units of UNROLL chunks in turn
 //   PDL    1: programmatic dependent launch (sm_90+): the weights of a warp's first chunks are
 //          loaded before waiting for the kernel before (which writes x), see kernels/pdl.py
 
@@ -114,8 +115,56 @@ __device__ __forceinline__ GroupParams group_params(const u16* scales, const u32
     return p;
 }
 
+// One 64-input chunk of a lane: its 16-byte A word quad `w`, x's B fragments loaded here, 8 mmas
+// per tile of x (the weights' and the zero tile's, each into its own accumulator).
+__device__ __forceinline__ void chunk_mma(const uint4 w, const uint4* const (&xr)[MT], const bool (&xv)[MT], int c,
+                                          const GroupParams& gp, float (&dw)[MT][4], float (&dz)[MT][4], u32 magic) {
+    u32 xb[MT][8];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        uint4 lo = make_uint4(0, 0, 0, 0), hi = make_uint4(0, 0, 0, 0);
+        if (xv[mt]) {
+            lo = load_cached(xr[mt] + c * 8);
+            hi = load_cached(xr[mt] + c * 8 + 1);
+        }
+        xb[mt][0] = lo.x; xb[mt][1] = lo.y; xb[mt][2] = lo.z; xb[mt][3] = lo.w;
+        xb[mt][4] = hi.x; xb[mt][5] = hi.y; xb[mt][6] = hi.z; xb[mt][7] = hi.w;
+    }
+    const u32 words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        u32 a0, a1, a2, a3;  // (q >> 4i) & 0x000F000F | MAGIC: one shift and one lop3 a register
+        asm("{\n\t.reg .b32 t1, t2, t3;\n\t"
+            "shr.b32 t1, %4, 4;\n\tshr.b32 t2, %4, 8;\n\tshr.b32 t3, %4, 12;\n\t"
+            "lop3.b32 %0, %4, 0x000F000F, %5, 0xea;\n\tlop3.b32 %1, t1, 0x000F000F, %5, 0xea;\n\t"
+            "lop3.b32 %2, t2, 0x000F000F, %5, 0xea;\n\tlop3.b32 %3, t3, 0x000F000F, %5, 0xea;\n\t}"
+            : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(words[s]), "r"(magic));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            mma(dw[mt], a0, a1, a2, a3, xb[mt][2 * s], xb[mt][2 * s + 1]);
+            mma(dz[mt], gp.z0, gp.z1, gp.z0, gp.z1, xb[mt][2 * s], xb[mt][2 * s + 1]);
+        }
+    }
+}
+
+// acc += s * (sum (offset + q) x - (offset + z) sum x) for the group just done; the sums restart.
+__device__ __forceinline__ void flush_group(float (&acc)[MT][4], float (&dw)[MT][4], float (&dz)[MT][4],
+                                            const GroupParams& gp) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        acc[mt][0] += gp.s0 * (dw[mt][0] + dz[mt][0]);
+        acc[mt][1] += gp.s0 * (dw[mt][1] + dz[mt][1]);
+        acc[mt][2] += gp.s1 * (dw[mt][2] + dz[mt][2]);
+        acc[mt][3] += gp.s1 * (dw[mt][3] + dz[mt][3]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) dw[mt][i] = dz[mt][i] = 0.0f;
+    }
+}
+
 // grid: (N / 16); block: WARPS warps. Block nt makes outputs n0 = 16 nt .. n0 + 15 of every row
-// of x; warp w takes its share of K's 64-input chunks. y[m, n] for m < M; bias may be null.
+// of x; its warps share K's 64-input chunks. ORDER 0: warp w takes one contiguous range of
+// chunks; ORDER 1: units of UNROLL chunks are dealt to the warps in turn, so that at any moment
+// a block's warps read neighbouring memory. y[m, n] for m < M; bias may be null.
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 int4_mma_gemv(const uint4* __restrict__ qw, const u16* __restrict__ scales, const u32* __restrict__ qzeros,
               const u16* __restrict__ x, const u16* __restrict__ bias, u16* __restrict__ y,
@@ -129,10 +178,8 @@ int4_mma_gemv(const uint4* __restrict__ qw, const u16* __restrict__ scales, cons
     const int n0 = nt * 16;
     const int kc = K >> 6;  // chunks of 64 inputs
     const int gc = group >> 6;  // chunks a group
-    const int per = (kc + WARPS - 1) / WARPS;
-    const int c0 = min(kc, warp * per);
-    const int c1 = min(kc, c0 + per);
     const uint4* wp = qw + (size_t)nt * kc * 32 + lane;
+    const u32 magic = MAGIC;
 
     const uint4* xr[MT];
     bool xv[MT];
@@ -150,14 +197,19 @@ int4_mma_gemv(const uint4* __restrict__ qw, const u16* __restrict__ scales, cons
         for (int i = 0; i < 4; ++i) acc[mt][i] = dw[mt][i] = dz[mt][i] = 0.0f;
 
     uint4 cur[UNROLL], nxt[UNROLL];
+#if ORDER == 0
+    const int per = (kc + WARPS - 1) / WARPS;
+    const int c0 = min(kc, warp * per);
+    const int c1 = min(kc, c0 + per);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u)
         if (c0 + u < c1) cur[u] = load_stream(wp + (size_t)(c0 + u) * 32);
 
-    int flush = (c0 / gc + 1) * gc;  // the first chunk of the next group
+    int grp = c0 / gc;  // the group after the one in hand: counted, not divided for, in the loop
+    int flush = (grp + 1) * gc;  // the first chunk of the next group
     GroupParams gp, gn;
-    if (c0 < c1) gp = group_params(scales, qzeros, c0 / gc, N, n0, g);
-    if (flush < c1) gn = group_params(scales, qzeros, flush / gc, N, n0, g);
+    if (c0 < c1) gp = group_params(scales, qzeros, grp, N, n0, g);
+    if (flush < c1) gn = group_params(scales, qzeros, grp + 1, N, n0, g);
     pdl_wait();
     pdl_launch_dependents();
 
@@ -169,45 +221,14 @@ int4_mma_gemv(const uint4* __restrict__ qw, const u16* __restrict__ scales, cons
         for (int u = 0; u < UNROLL; ++u) {
             const int c = base + u;
             if (c < c1) {
-                u32 xb[MT][8];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    uint4 lo = make_uint4(0, 0, 0, 0), hi = make_uint4(0, 0, 0, 0);
-                    if (xv[mt]) {
-                        lo = load_cached(xr[mt] + c * 8);
-                        hi = load_cached(xr[mt] + c * 8 + 1);
-                    }
-                    xb[mt][0] = lo.x; xb[mt][1] = lo.y; xb[mt][2] = lo.z; xb[mt][3] = lo.w;
-                    xb[mt][4] = hi.x; xb[mt][5] = hi.y; xb[mt][6] = hi.z; xb[mt][7] = hi.w;
-                }
-                const u32 words[4] = {cur[u].x, cur[u].y, cur[u].z, cur[u].w};
-#pragma unroll
-                for (int s = 0; s < 4; ++s) {
-                    const u32 q = words[s];
-                    const u32 a0 = (q & 0x000F000Fu) | MAGIC;
-                    const u32 a1 = ((q >> 4) & 0x000F000Fu) | MAGIC;
-                    const u32 a2 = ((q >> 8) & 0x000F000Fu) | MAGIC;
-                    const u32 a3 = ((q >> 12) & 0x000F000Fu) | MAGIC;
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        mma(dw[mt], a0, a1, a2, a3, xb[mt][2 * s], xb[mt][2 * s + 1]);
-                        mma(dz[mt], gp.z0, gp.z1, gp.z0, gp.z1, xb[mt][2 * s], xb[mt][2 * s + 1]);
-                    }
-                }
+                chunk_mma(cur[u], xr, xv, c, gp, dw, dz, magic);
                 if (c + 1 == flush || c + 1 == c1) {
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        acc[mt][0] += gp.s0 * (dw[mt][0] + dz[mt][0]);
-                        acc[mt][1] += gp.s0 * (dw[mt][1] + dz[mt][1]);
-                        acc[mt][2] += gp.s1 * (dw[mt][2] + dz[mt][2]);
-                        acc[mt][3] += gp.s1 * (dw[mt][3] + dz[mt][3]);
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) dw[mt][i] = dz[mt][i] = 0.0f;
-                    }
+                    flush_group(acc, dw, dz, gp);
                     if (c + 1 == flush && flush < c1) {
                         gp = gn;
                         flush += gc;
-                        if (flush < c1) gn = group_params(scales, qzeros, flush / gc, N, n0, g);
+                        ++grp;
+                        if (flush < c1) gn = group_params(scales, qzeros, grp + 1, N, n0, g);
                     }
                 }
             }
@@ -215,6 +236,44 @@ int4_mma_gemv(const uint4* __restrict__ qw, const u16* __restrict__ scales, cons
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) cur[u] = nxt[u];
     }
+#else
+    const int units = (kc + UNROLL - 1) / UNROLL;
+    GroupParams gp_cur, gp_nxt;
+    int unit = warp;
+    if (unit < units) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (unit * UNROLL + u < kc) cur[u] = load_stream(wp + (size_t)(unit * UNROLL + u) * 32);
+        gp_cur = group_params(scales, qzeros, unit * UNROLL / gc, N, n0, g);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    for (; unit < units; unit += WARPS) {
+        const int next = unit + WARPS;
+        if (next < units) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+                if (next * UNROLL + u < kc) nxt[u] = load_stream(wp + (size_t)(next * UNROLL + u) * 32);
+            gp_nxt = group_params(scales, qzeros, next * UNROLL / gc, N, n0, g);
+        }
+        GroupParams gp = gp_cur;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int c = unit * UNROLL + u;
+            if (c < kc) {
+                if (u > 0 && c % gc == 0) {  // a unit longer than a group: the next group starts here
+                    flush_group(acc, dw, dz, gp);
+                    gp = group_params(scales, qzeros, c / gc, N, n0, g);
+                }
+                chunk_mma(cur[u], xr, xv, c, gp, dw, dz, magic);
+            }
+        }
+        flush_group(acc, dw, dz, gp);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) cur[u] = nxt[u];
+        gp_cur = gp_nxt;
+    }
+#endif
 
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -286,17 +345,18 @@ int4_mma_read_bound(const uint4* __restrict__ qw, u32* __restrict__ sink, int N,
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int kc = K >> 6;
+    const uint4* wp = qw + (size_t)blockIdx.x * kc * 32 + lane;
+    uint4 cur[UNROLL], nxt[UNROLL];
+    u32 h = 0;
+#if ORDER == 0
     const int per = (kc + WARPS - 1) / WARPS;
     const int c0 = min(kc, warp * per);
     const int c1 = min(kc, c0 + per);
-    const uint4* wp = qw + (size_t)blockIdx.x * kc * 32 + lane;
-    uint4 cur[UNROLL], nxt[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u)
         if (c0 + u < c1) cur[u] = load_stream(wp + (size_t)(c0 + u) * 32);
     pdl_wait();
     pdl_launch_dependents();
-    u32 h = 0;
     for (int base = c0; base < c1; base += UNROLL) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
@@ -307,5 +367,29 @@ int4_mma_read_bound(const uint4* __restrict__ qw, u32* __restrict__ sink, int N,
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) cur[u] = nxt[u];
     }
+#else
+    const int units = (kc + UNROLL - 1) / UNROLL;
+    int unit = warp;
+    if (unit < units) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (unit * UNROLL + u < kc) cur[u] = load_stream(wp + (size_t)(unit * UNROLL + u) * 32);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    for (; unit < units; unit += WARPS) {
+        const int next = unit + WARPS;
+        if (next < units) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+                if (next * UNROLL + u < kc) nxt[u] = load_stream(wp + (size_t)(next * UNROLL + u) * 32);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (unit * UNROLL + u < kc) h ^= cur[u].x ^ cur[u].y ^ cur[u].z ^ cur[u].w;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) cur[u] = nxt[u];
+    }
+#endif
     if (h == 0x9e3779b9u) sink[0] = h;
 }

@@ -63,9 +63,11 @@ _BIT = torch.tensor([[0, 16, 8, 24], [4, 20, 12, 28]], dtype=torch.int64)
 
 
 class MmaConfig(NamedTuple):
-    """warps: a block's warps, which cut K among them; unroll: 64-input chunks a warp loads ahead."""
+    """warps: a block's warps, which cut K among them; unroll: 64-input chunks a warp loads ahead;
+    order: 0 a contiguous range of chunks a warp, 1 units of `unroll` chunks dealt in turn."""
     warps: int
     unroll: int
+    order: int = 0
 
 
 def supports(n: int, k: int, group_size: int, x_dtype: torch.dtype, scale_dtype: torch.dtype) -> bool:
@@ -123,18 +125,18 @@ def int4_mma_linear_ref(x: torch.Tensor, qweight_mma: torch.Tensor, scales: torc
 # ------------------------------------------------------------------------- the kernels
 
 @functools.lru_cache(maxsize=None)
-def _module(kind: int, skind: int, mt: int, warps: int, unroll: int) -> cuda_jit.Module:
+def _module(kind: int, skind: int, mt: int, warps: int, unroll: int, order: int = 0) -> cuda_jit.Module:
     with open(_SOURCE) as f:
         source = f.read()
     # griddepcontrol is an sm_90 instruction: Ampere builds leave it out
     use_pdl = int(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9)
     return cuda_jit.Module(source, "int4_mma", {"KIND": kind, "SKIND": skind, "MT": mt, "WARPS": warps,
-                                                "UNROLL": unroll, "PDL": use_pdl})
+                                                "UNROLL": unroll, "ORDER": order, "PDL": use_pdl})
 
 
 @functools.lru_cache(maxsize=None)
-def _gemv(kind: int, skind: int, mt: int, warps: int, unroll: int) -> cuda_jit.Function:
-    return _module(kind, skind, mt, warps, unroll).function("int4_mma_gemv", _SIG_GEMV)
+def _gemv(kind: int, skind: int, mt: int, cfg: MmaConfig) -> cuda_jit.Function:
+    return _module(kind, skind, mt, cfg.warps, cfg.unroll, cfg.order).function("int4_mma_gemv", _SIG_GEMV)
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,7 +152,7 @@ def prepare(device: torch.device, scale_dtype: torch.dtype = torch.float16) -> N
     skind = _KIND[scale_dtype]
     for kind in _KIND.values():
         for mt, cfg in _DEFAULT_CONFIGS:  # everything pick_mma_config returns (about 0.3 s a variant)
-            _gemv(kind, skind, mt, cfg.warps, cfg.unroll).prepare(index)
+            _gemv(kind, skind, mt, cfg).prepare(index)
         _dequant(kind, skind).prepare(index)
 
 
@@ -172,7 +174,7 @@ _DEFAULT_CONFIGS = ((1, MmaConfig(4, 2)), (1, MmaConfig(8, 4)), (1, MmaConfig(16
 
 def candidate_mma_configs(m: int, n: int, k: int) -> list[MmaConfig]:
     """Configs worth timing for this shape, the default first."""
-    found = [pick_mma_config(m, n, k)] + [MmaConfig(w, u) for w in (4, 8, 16) for u in (2, 4, 8)]
+    found = [pick_mma_config(m, n, k)] + [MmaConfig(w, u, o) for o in (0, 1) for w in (4, 8, 16) for u in (2, 4)]
     return list(dict.fromkeys(found))
 
 
@@ -217,7 +219,7 @@ def int4_mma_linear(x: torch.Tensor, qweight_mma: torch.Tensor, scales: torch.Te
         return y
     cfg = config or pick_mma_config(m, n, k)
     qweight_mma, scales, qzeros = qweight_mma.contiguous(), scales.contiguous(), qzeros.contiguous()
-    fn = _gemv(_KIND[x.dtype], _KIND[scales.dtype], 1 if m <= 8 else 2, cfg.warps, cfg.unroll)
+    fn = _gemv(_KIND[x.dtype], _KIND[scales.dtype], 1 if m <= 8 else 2, cfg)
     fn.launch((n // 16,), (32 * cfg.warps,), qweight_mma, scales, qzeros, x, bias, y,
               m, n, k, x.stride(0), y.stride(0), group_size, device=x.device, pdl=pdl.enabled(x))
     return y
@@ -242,6 +244,6 @@ def int4_mma_read_bound(qweight_mma: torch.Tensor, config: MmaConfig, sink: torc
     """For benchmarks: the GEMV's blocks and loads over the same weights, with no arithmetic (the
     time a kernel of this shape needs to stream these bytes)."""
     n, k = qweight_mma.shape[0] * 16, qweight_mma.shape[1] * 64
-    fn = _module(1, 2, 1, config.warps, config.unroll).function("int4_mma_read_bound", "ppii")
+    fn = _module(1, 2, 1, config.warps, config.unroll, config.order).function("int4_mma_read_bound", "ppii")
     fn.launch((n // 16,), (32 * config.warps,), qweight_mma, sink, n, k, device=qweight_mma.device,
               pdl=pdl.enabled(qweight_mma))

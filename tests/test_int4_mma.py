@@ -146,9 +146,11 @@ def test_gpu_int4_mma_linear_matches_ref(m: int, dtype: torch.dtype, k: int, n: 
 
 
 @gpu
-@pytest.mark.parametrize("cfg", [MmaConfig(4, 2), MmaConfig(8, 4), MmaConfig(16, 8)])
-def test_gpu_int4_mma_configs_bias_strides_and_bf16_scales(cfg: MmaConfig) -> None:
-    k, n, group = 2048, 512, 128
+@pytest.mark.parametrize("cfg,group", [(MmaConfig(4, 2), 128), (MmaConfig(8, 4), 128), (MmaConfig(16, 8), 64),
+                                       (MmaConfig(8, 2, 1), 128), (MmaConfig(4, 4, 1), 128),
+                                       (MmaConfig(16, 2, 1), 64), (MmaConfig(8, 2, 1), 2048)])
+def test_gpu_int4_mma_configs_bias_strides_and_bf16_scales(cfg: MmaConfig, group: int) -> None:
+    k, n = 2048, 512
     x, packed, scales, zeros = _gpu_case(k, n, group, 5, torch.bfloat16, torch.bfloat16, seed=3)
     wide = torch.zeros(5, k + 64, dtype=torch.bfloat16, device=x.device)
     wide[:, 64:] = x
