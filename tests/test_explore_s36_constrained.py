@@ -211,3 +211,52 @@ def test_format_date_never_writes_year_zero():
                     except ValueError:
                         real = False
                     assert bool(rx.fullmatch(f'"{text}{tail}"')) == real, (fmt, text)
+
+
+# ---------------------------------------------------------------- formats only Pydantic writes
+
+def _pydantic_models():
+    import ipaddress
+    import uuid as uuid_
+
+    from pydantic import UUID1, UUID4, UUID5, BaseModel, IPvAnyInterface, IPvAnyNetwork
+
+    class Ids(BaseModel):
+        u1: UUID1
+        u4: UUID4
+        u5: UUID5
+        plain: uuid_.UUID
+
+    class Nets(BaseModel):
+        n4: ipaddress.IPv4Network
+        n6: ipaddress.IPv6Network
+        anyn: IPvAnyNetwork
+        i4: ipaddress.IPv4Interface
+        i6: ipaddress.IPv6Interface
+        anyi: IPvAnyInterface
+
+    return {"ids": Ids, "nets": Nets}
+
+
+@pytest.mark.parametrize("name", ["ids", "nets"])
+def test_pydantic_only_formats_parse_back(smol, vocab, name):
+    """UUID4, IPv4Network, IPvAnyInterface ... write formats no validator checks ("uuid4",
+    "ipv4network"): read as annotations, any string was written and Pydantic
+    refused it. Written as the subsets Pydantic parses (networks with no host bits set)."""
+    model = _pydantic_models()[name]
+    schema = model.model_json_schema()
+    v = jsonschema.Draft202012Validator(schema)
+    for text in _walks(smol, vocab, GrammarSpec.from_params(json_schema=schema), name, n=6, steps=400):
+        v.validate(json.loads(text))
+        model.model_validate_json(text)
+
+
+def test_pydantic_only_formats_refuse_what_pydantic_refuses():
+    from treadle.constrained.regex.regex_text import PYDANTIC_FORMATS
+
+    rx = {k: re.compile(v) for k, v in PYDANTIC_FORMATS.items()}
+    assert rx["uuid4"].fullmatch("12345678-1234-4234-9234-123456789abc")
+    assert not rx["uuid4"].fullmatch("12345678-1234-1234-9234-123456789abc")  # version 1
+    assert not rx["uuid4"].fullmatch("12345678-1234-4234-1234-123456789abc")  # not RFC 4122's variant
+    assert rx["ipv4network"].fullmatch("10.1.0.0/16") and not rx["ipv4network"].fullmatch("10.1.0.1/16")
+    assert rx["ipv4interface"].fullmatch("10.1.0.1/16") and not rx["ipv4interface"].fullmatch("10.1.0.1/33")

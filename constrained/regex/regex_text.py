@@ -245,6 +245,32 @@ FORMATS: dict[str, str] = {
 }
 
 
+# Formats only Pydantic writes (its UUID1..UUID8, IPv4Network, IPvAnyInterface, ...): no
+# validator checks them, so they would be annotations, but Pydantic parses the field back with
+# them; a subset of any string, so writing them is sound and the model reads the output back.
+# (Not "base64": Base64Str also wants the decoded bytes to be UTF-8, Base64Bytes does not.)
+_IPV4 = rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}"
+_IPV6 = rf"{_H16}(?::{_H16}){{7}}"
+# networks with no host bits set (ipaddress's strict reading, which Pydantic uses): a /32 address,
+# or one whose last 1, 2 or 3 octets are 0 under /24, /16, /8
+_IPV4_NETWORK = rf"(?:{_IPV4}/32|{_OCTET}\.{_OCTET}\.{_OCTET}\.0/24|{_OCTET}\.{_OCTET}\.0\.0/16|{_OCTET}\.0\.0\.0/8)"
+_IPV6_NETWORK = rf"{_IPV6}/128"
+_IPV4_INTERFACE = rf"{_IPV4}(?:/(?:3[0-2]|[12]?[0-9]))?"
+_IPV6_INTERFACE = rf"{_IPV6}(?:/(?:12[0-8]|1[01][0-9]|[1-9]?[0-9]))?"
+PYDANTIC_FORMATS: dict[str, str] = {
+    # RFC 4122 variant (so uuid.UUID.version reads the version digit), that version
+    **{f"uuid{v}": rf"[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-{v}[0-9a-fA-F]{{3}}-[89abAB][0-9a-fA-F]{{3}}-[0-9a-fA-F]{{12}}"
+       for v in range(1, 9)},
+    "ipv4network": _IPV4_NETWORK,
+    "ipv6network": _IPV6_NETWORK,
+    "ipvanynetwork": f"(?:{_IPV4_NETWORK}|{_IPV6_NETWORK})",
+    "ipv4interface": _IPV4_INTERFACE,
+    "ipv6interface": _IPV6_INTERFACE,
+    "ipvanyinterface": f"(?:{_IPV4_INTERFACE}|{_IPV6_INTERFACE})",
+}
+FORMATS.update(PYDANTIC_FORMATS)
+
+
 # ---------------------------------------------------------------- dialect checking
 _ALLOWED_ESCAPES = set("nrtfv")
 # \d \w \s as class bodies, with their ASCII meanings (Python's and Rust's are Unicode-wide,
