@@ -183,3 +183,22 @@ def test_gpu_int4_mma_replays_in_a_cuda_graph() -> None:
     torch.cuda.synchronize()
     assert torch.equal(out, int4_mma_linear(x, packed, scales, zeros, group))
     assert not torch.equal(out, y)
+
+
+def test_a_kernel_build_failure_keeps_the_triton_layout(monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A model still loads where the mma kernels do not build (say an NVRTC newer than the
+    driver): the failure is logged and the layer keeps kernels/int4_linear.py's layout."""
+    from treadle.runtime.quantization import int4 as runtime_int4
+
+    def refuse(device, scale_dtype):
+        raise cuda_jit.CudaJitError("compiling int4_mma failed: NVRTC_ERROR_INVALID_OPTION")
+
+    monkeypatch.setattr(runtime_int4.int4_mma, "prepare", refuse)
+    runtime_int4._mma_ready.cache_clear()
+    try:
+        with caplog.at_level("WARNING"):
+            assert runtime_int4._mma_ready(torch.device("cpu")) is False
+        assert "Triton ones serve instead" in caplog.text and "NVRTC_ERROR_INVALID_OPTION" in caplog.text
+    finally:
+        runtime_int4._mma_ready.cache_clear()

@@ -23,17 +23,21 @@ On the CPU the weight is dequantized and multiplied in the activations' dtype.
 """
 from __future__ import annotations
 
+import functools
+import logging
+import os
+
 import torch
 from torch import nn
 
-import os
-
-from treadle.kernels import int4_mma
+from treadle.kernels import cuda_jit, int4_mma
 from treadle.kernels.int4_linear import (
     dequantize_ref, gemv_counters, int4_linear, pack_cols, pack_rows, unpack_cols, unpack_rows,
 )
 from treadle.runtime.models import ops
 from treadle.runtime.quantization.base import QuantMethod, new_param, replace_param
+
+logger = logging.getLogger(__name__)
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble j of an AWQ int holds column 8c + AWQ_ORDER[j]
 _AWQ_INVERSE = (0, 4, 1, 5, 2, 6, 3, 7)  # column j of a block sits in nibble _AWQ_INVERSE[j]
@@ -69,6 +73,17 @@ def quantize_rtn(w: torch.Tensor, group: int, sym: bool) -> tuple[torch.Tensor, 
     scale = scale.to(SCALE_DTYPE)  # stored as fp16: quantize against the rounded scale
     q = (wg / scale.float()[:, None, :] + zero[:, None, :]).round().clamp(0, 15)
     return q.reshape(k, n).to(torch.uint8), zero.to(torch.uint8), scale
+
+
+@functools.lru_cache(maxsize=None)
+def _mma_ready(device: torch.device) -> bool:
+    """Compile and load the mma kernels for `device` now (not inside a CUDA-graph capture)."""
+    try:
+        int4_mma.prepare(device, SCALE_DTYPE)
+    except cuda_jit.CudaJitError as e:
+        logger.warning("the 4-bit tensor-core kernels do not build on %s, the Triton ones serve instead: %s", device, e)
+        return False
+    return True
 
 
 class Int4Method(QuantMethod):
@@ -110,9 +125,13 @@ class Int4Method(QuantMethod):
         self._store(layer, q, z, layer.scales.data)
 
     def _use_mma(self, q: torch.Tensor, group: int) -> bool:
+        """The mma layout where its kernels compile and load here (once a device: a failure, say an
+        NVRTC newer than the driver, is logged and the Triton layout kept)."""
         k, n = q.shape
-        return (q.is_cuda and os.environ.get("TREADLE_INT4_MMA", "1") != "0"
-                and int4_mma.supports(n, k, group, torch.bfloat16, SCALE_DTYPE) and int4_mma.available(q.device))
+        if not (q.is_cuda and os.environ.get("TREADLE_INT4_MMA", "1") != "0"
+                and int4_mma.supports(n, k, group, torch.bfloat16, SCALE_DTYPE) and int4_mma.available(q.device)):
+            return False
+        return _mma_ready(q.device)
 
     def _store(self, layer: nn.Module, q: torch.Tensor, z: torch.Tensor, scales: torch.Tensor) -> None:
         group = self._group(layer)
@@ -122,9 +141,7 @@ class Int4Method(QuantMethod):
         replace_param(layer, "scales", scales.to(SCALE_DTYPE).contiguous())
         layer.group_size = group
         layer.int4_layout = "mma" if mma else "rows"
-        if mma:  # compiled and loaded now, not inside a CUDA-graph capture
-            int4_mma.prepare(q.device, SCALE_DTYPE)
-        elif layer.qweight.is_cuda:  # the GEMV's split-K counters, made before any CUDA-graph capture
+        if not mma and layer.qweight.is_cuda:  # the GEMV's split-K counters, made before any CUDA-graph capture
             gemv_counters(layer.qweight.device, 0)
 
     def quantize_loaded(self, layer: nn.Module) -> None:
