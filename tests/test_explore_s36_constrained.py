@@ -260,3 +260,26 @@ def test_pydantic_only_formats_refuse_what_pydantic_refuses():
     assert not rx["uuid4"].fullmatch("12345678-1234-4234-1234-123456789abc")  # not RFC 4122's variant
     assert rx["ipv4network"].fullmatch("10.1.0.0/16") and not rx["ipv4network"].fullmatch("10.1.0.1/16")
     assert rx["ipv4interface"].fullmatch("10.1.0.1/16") and not rx["ipv4interface"].fullmatch("10.1.0.1/33")
+
+
+# ---------------------------------------------------------------- a user's regex: forms that mean the same
+
+@pytest.mark.parametrize("regex", [
+    r"(?P<year>\d{4})-(?P<month>0[1-9]|1[0-2])",  # outlines' examples name their groups
+    r"(?<word>[a-z]{1,8}) (?P<n>\d{1,3})",
+    r"<a[0-9]{0,4}?b>",  # lazy: a whole-string match takes the same strings
+    r"[a-z]{1,6}?@[a-z]{2,5}?\.com",
+    r"x??y{1,3}?",
+    r"(?#a comment)[0-9]{2}",
+])
+def test_named_groups_lazy_quantifiers_and_comments_read_as_python_does(smol, vocab, regex):
+    """Named groups, lazy quantifiers and comments were refused in a regex constraint; under a
+    whole-string match each means what its plain form does. Outputs fullmatch the regex."""
+    for text in _walks(smol, vocab, GrammarSpec.from_params(regex=regex), regex):
+        assert re.fullmatch(regex.replace("(?<", "(?P<"), text), (regex, text)
+
+
+@pytest.mark.parametrize("regex", [r"(?P=n)", r"(?<=a)b", r"(?<!a)b", r"a*+", r"a{2}+", r"(?P<n>a)(?P=n)", r"(?i)a"])
+def test_backreferences_lookbehinds_possessives_and_flags_are_still_refused(regex):
+    with pytest.raises(ValueError):
+        GrammarSpec.from_params(regex=regex).to_regex()

@@ -6,7 +6,8 @@ classes only, no ``\\b``, no lookaround, no backreferences, no lazy or possessiv
 quantifiers, no named groups, no inline flags, no anchors. A user's regex may also write
 ``\\d \\w \\s`` and their negations, read with their ASCII meanings as outlines reads them
 (``[0-9]``, ``[a-zA-Z0-9_]``, ``[ \\t\\n\\r\\f\\v]``), also inside a class (``[\\s\\S]``,
-``[^\\S\\n]``), and any escaped punctuation; it is translated into the dialect
+``[^\\S\\n]``), and any escaped punctuation, named groups, lazy quantifiers and comments
+(which match the strings their plain forms do); it is translated into the dialect
 (``translate_regex``).
 """
 
@@ -278,6 +279,10 @@ _ALLOWED_ESCAPES = set("nrtfv")
 _SHORTHAND = {"d": "0-9", "w": "a-zA-Z0-9_", "s": " \\t\\n\\r\\f\\v"}
 
 
+# a named group's head in Python's spelling or ECMA's / .NET's (not a lookbehind "(?<=" / "(?<!")
+_NAMED_GROUP = re.compile(r"\(\?P?<(?![=!])[A-Za-z_][A-Za-z0-9_]*>")
+
+
 def _shorthand_body(letter: str, ecma: bool) -> str:
     """A class body for ``\\<letter>``; in a JSON string body (``ecma``) ``\\s`` narrows to the
     space, the one whitespace character JSON writes raw."""
@@ -419,9 +424,16 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
             i = j + 1
             can_quantify = True
         elif ch == "(":
+            named = None if ecma else _NAMED_GROUP.match(pattern, i)
             if pattern.startswith("(?:", i):
                 out.append("(?:")
                 i += 3
+            elif named:  # a user's (?P<name>x) / (?<name>x): the group (x), which matches the same
+                out.append("(")
+                i = named.end()
+            elif not ecma and pattern.startswith("(?#", i) and ")" in pattern[i:]:  # a comment: nothing
+                i = pattern.index(")", i) + 1
+                continue  # (what came before keeps its quantifier state: Python reads "a(?#c)*" as "a*")
             elif pattern.startswith("(?", i):
                 raise RegexDialectError(
                     f"regex: group syntax '{pattern[i:i+3]}' at offset {i} is not supported "
@@ -442,8 +454,9 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
                 tok = m.group(0)
             else:
                 tok = ch
-            if prev_quant and ch == "?" and ecma and subset:
-                # lazy ('*?', '{2,5}?'): which match a search finds, never whether one exists
+            if prev_quant and ch == "?" and (ecma and subset or not ecma):
+                # lazy ('*?', '{2,5}?'): which match a search finds, never whether one exists (nor
+                # which strings a whole-string match takes: a user's regex reads so)
                 i += 1
                 prev_quant = can_quantify = False
                 continue
