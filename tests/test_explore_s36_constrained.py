@@ -283,3 +283,24 @@ def test_named_groups_lazy_quantifiers_and_comments_read_as_python_does(smol, vo
 def test_backreferences_lookbehinds_possessives_and_flags_are_still_refused(regex):
     with pytest.raises(ValueError):
         GrammarSpec.from_params(regex=regex).to_regex()
+
+
+# ---------------------------------------------------------------- EBNF: negated classes and reserved code points
+
+def test_ebnf_negated_class_naming_reserved_code_points_leaves_them_out(smol, vocab):
+    """[^"\\U0010FFFF] was refused as naming a reserved code point (a positive class was already
+    clipped); leaving one out of a negated class changes no output a grammar writes."""
+    from treadle.constrained.ebnf.ebnf import ebnf_to_regex
+
+    assert ebnf_to_regex('root ::= "<" [^">\\U0010FFFF]{1,6} ">"') == ebnf_to_regex('root ::= "<" [^">]{1,6} ">"')
+    assert ebnf_to_regex('root ::= [^\\U00100000-\\U0010FFFF]') == ebnf_to_regex('root ::= [^]')
+    for text in _walks(smol, vocab, GrammarSpec.from_params(ebnf='root ::= "<" [^">\\U0010FFFF]{1,6} ">"'), "ebnf-neg"):
+        assert re.fullmatch(r'<[^">]{1,6}>', text), text
+
+
+def test_ebnf_negated_class_of_no_generated_character_is_refused():
+    """[^\\x00-\\U000FFFFF] leaves only reserved code points: it compiled, and its mask was empty."""
+    from treadle.constrained.ebnf.ebnf import EbnfError, ebnf_to_regex
+
+    with pytest.raises(EbnfError, match="no character a grammar generates"):
+        ebnf_to_regex('root ::= "a" [^\\x00-\\U000FFFFF]')

@@ -302,6 +302,16 @@ class _Parser:
             raise self.error("empty character class", start)
         if not negated:  # U+100000-U+10FFFF is never generated (index_markers.py): [\x00-\U0010FFFF] stops before
             ranges = [(lo, min(hi, _RESERVED - 1)) if lo < _RESERVED else (lo, hi) for lo, hi in ranges]
+        else:  # and leaving it out changes nothing: [^"\U0010FFFF] is [^"]
+            ranges = [(lo, min(hi, _RESERVED - 1)) for lo, hi in ranges if lo < _RESERVED]
+            at = 0  # the first code point below U+100000 the class may match (past the surrogates)
+            for lo, hi in sorted(ranges + [(0xD800, 0xDFFF)]):
+                if lo > at:
+                    break
+                at = max(at, hi + 1)
+            if at >= _RESERVED:
+                raise self.error("the class matches no character a grammar generates (only code points of "
+                                 "U+100000-U+10FFFF, which are reserved, or surrogates)", start)
         return Cls(negated, tuple(sorted(set(ranges))))
 
     def quantified(self, node: Node) -> Node:
