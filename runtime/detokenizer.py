@@ -35,6 +35,10 @@ class IncrementalDetokenizer:
         self.read_offset = 0  # ids whose text is final
         self.sent = 0  # characters of `visible` already returned
         self.stopped = False
+        self._cut: int | None = None  # where the text ends once a stop string was found
+        self._searched = 0  # characters of the text searched for stop strings (none ends before)
+        self._holds = [0] * len(self.stop)  # per stop string: its start the text ended with ...
+        self._held_at = 0  # ... when the text had this many characters
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -58,18 +62,32 @@ class IncrementalDetokenizer:
     def _visible_delta(self, finished: bool) -> str:
         visible = self.text
         hold = 0
-        if self.stop and not self.no_stop_trim:
+        if self.stop and not self.no_stop_trim and self._cut is None:
             start = self._stop_search_start()
-            # the first stop string that ends at or after `start` (none before min_new_tokens)
-            found = [] if start is None else [
-                (i, s) for i, s in ((visible.find(s, max(0, start - len(s) + 1)), s) for s in self.stop) if i >= 0]
+            # the first stop string that ends at or after `start` (none before min_new_tokens);
+            # the text only grows, and one found earlier would have ended it: search where a
+            # stop string can end in the new text only
+            found = []
+            if start is not None:
+                for j, s in enumerate(self.stop):
+                    i = visible.find(s, max(0, start - len(s) + 1, self._searched - len(s) + 1))
+                    if i >= 0:
+                        found.append((i, j))
+                self._searched = len(visible)
             if found:  # the first in the text (of two there, the first listed: the scheduler's `matched`)
-                cut, stop = min(found, key=lambda f: f[0])
-                visible, self.stopped = visible[:cut + len(stop) if self.include_stop_str else cut], True
+                cut, j = min(found)
+                self._cut, self.stopped = cut + len(self.stop[j]) if self.include_stop_str else cut, True
             elif not finished:
                 # keep back a tail that could still grow into a stop string (before
-                # min_new_tokens too: the stop may end in a token that counts)
-                hold = max(partial_suffix_len(visible, s) for s in self.stop)
+                # min_new_tokens too: the stop may end in a token that counts). A tail that
+                # starts a stop string now began where one did before, or in the new text:
+                # it is at most the last one plus the new characters long
+                grown = len(visible) - self._held_at
+                self._holds = [partial_suffix_len(visible, s, h + grown) for s, h in zip(self.stop, self._holds)]
+                self._held_at = len(visible)
+                hold = max(self._holds)
+        if self._cut is not None:
+            visible = visible[:self._cut]
         if hold:
             visible = visible[:-hold]
         if len(visible) <= self.sent:
@@ -91,10 +109,22 @@ class IncrementalDetokenizer:
         return self.text[: self.sent]
 
 
-def partial_suffix_len(text: str, marker: str) -> int:
+def partial_suffix_len(text: str, marker: str, most: int | None = None) -> int:
     """Length of the longest end of `text` that is a proper start of `marker` (text to hold
-    back while streaming: it may still become `marker`)."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
+    back while streaming: it may still become `marker`); at most `most` (a bound the caller
+    knows, which keeps a long marker from costing its length squared at every call)."""
+    top = min(len(marker) - 1, len(text))
+    if most is not None:
+        top = min(top, most)
+    first = marker[:1]
+    k = top
+    while k > 0:
+        # an end that starts `marker` begins with its first character: jump to the next one
+        at = text.find(first, len(text) - k)
+        if at < 0:
+            return 0
+        k = len(text) - at
+        if marker.startswith(text[at:]):
             return k
+        k -= 1
     return 0

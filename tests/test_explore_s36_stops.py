@@ -1,0 +1,87 @@
+"""Long stop strings in the detokenizer. The detokenizer (one process for every request of a
+server) held back the text that could still become a stop string by trying every length of
+every stop string's prefix at every token, each a copy of that prefix: per token, the square
+of min(output, stop) characters. Eight stop strings of 20,000 characters (a 160 KB request)
+and 3,000 output tokens took it over 20 s, during which no other stream moved (the first test
+failed on the code before the fix: 20.7 s). The others hold the streamed text to the naive
+rule the detokenizer had: cut at the first stop string, hold back a tail that may start one."""
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from treadle.runtime.detokenizer import IncrementalDetokenizer, partial_suffix_len
+
+
+def _naive_partial(text: str, marker: str) -> int:
+    return max((k for k in range(1, min(len(marker) - 1, len(text)) + 1) if text.endswith(marker[:k])), default=0)
+
+
+def _naive_visible(text: str, stops: list[str], finished: bool, include: bool = False) -> str:
+    """What the client may see of `text` (min_new_tokens 0): cut at the first stop string in
+    it, else without a tail that may still grow into one."""
+    found = [(text.find(s), j) for j, s in enumerate(stops) if text.find(s) >= 0]
+    if found:
+        at, j = min(found)
+        return text[:at + len(stops[j]) if include else at]
+    hold = 0 if finished else max(_naive_partial(text, s) for s in stops)
+    return text[:len(text) - hold]
+
+
+@pytest.fixture(scope="module")
+def ids(smollm2_tokenizer):
+    rnd = random.Random(0)
+    text = " ".join(rnd.choice(["the", "a", "cat", "sat", "on", "mat", "and", "ab", "ba"]) for _ in range(3000))
+    return smollm2_tokenizer.encode(text, add_special_tokens=False)[:3000]
+
+
+def test_long_stop_strings_cost_about_the_new_text_per_token(smollm2_tokenizer, ids):
+    d = IncrementalDetokenizer(smollm2_tokenizer, stop=["Z" * 20000 + str(i) for i in range(8)])
+    t = time.perf_counter()
+    for tid in ids:
+        assert d.add([tid]) is not None
+    took = time.perf_counter() - t
+    assert d.output_text == smollm2_tokenizer.decode(ids)
+    assert took < 3.0, f"{took:.1f} s for {len(ids)} tokens"
+
+
+def test_a_stop_string_the_output_follows_for_long_is_still_cheap(smollm2_tokenizer, ids):
+    """The held-back tail is as long as the output while it matches the stop string's start."""
+    full = smollm2_tokenizer.decode(ids)
+    d = IncrementalDetokenizer(smollm2_tokenizer, stop=[full + "!"])
+    t = time.perf_counter()
+    out = "".join(d.add([tid]) for tid in ids)
+    assert out == "" and time.perf_counter() - t < 3.0
+    assert d.add([], {"type": "length"}) == full
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_streamed_text_equals_the_naive_rule(smollm2_tokenizer, seed):
+    rnd = random.Random(seed)
+    words = ["a", "b", "ab", " ", "ba", "é", "中", "🙂", "aab"]
+    text = "".join(rnd.choice(words) for _ in range(rnd.randint(5, 60)))
+    ids = smollm2_tokenizer.encode(text, add_special_tokens=False)
+    full = smollm2_tokenizer.decode(ids)
+    stops = ["".join(rnd.choice(words) for _ in range(rnd.randint(1, 6))) for _ in range(rnd.randint(1, 4))]
+    include = rnd.random() < 0.3
+    d = IncrementalDetokenizer(smollm2_tokenizer, stop=stops, include_stop_str=include)
+    out = ""
+    for k, tid in enumerate(ids):
+        last = k == len(ids) - 1
+        out += d.add([tid], {"type": "length"} if last else None)
+        shown = smollm2_tokenizer.decode(ids[:k + 1])
+        if not last and shown.endswith("\ufffd"):
+            continue  # a character not yet whole: the detokenizer waits for it
+        want = _naive_visible(shown, stops, last, include)
+        if len(want) >= len(out) or d.stopped:
+            assert out == want, (text, stops, k)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_partial_suffix_len_bounded_equals_naive(seed):
+    rnd = random.Random(seed)
+    text = "".join(rnd.choice("ab") for _ in range(rnd.randint(0, 30)))
+    marker = "".join(rnd.choice("ab") for _ in range(rnd.randint(1, 30)))
+    assert partial_suffix_len(text, marker) == _naive_partial(text, marker)
