@@ -304,3 +304,30 @@ def test_ebnf_negated_class_of_no_generated_character_is_refused():
 
     with pytest.raises(EbnfError, match="no character a grammar generates"):
         ebnf_to_regex('root ::= "a" [^\\x00-\\U000FFFFF]')
+
+
+# ---------------------------------------------------------------- a format under a minLength
+
+@pytest.mark.parametrize("fmt,lo,hi", [
+    ("hostname", 3, 64), ("hostname", 5, 100), ("hostname", 10, 20), ("email", 10, 20), ("uri", 10, 20),
+    ("uri-reference", 3, 64), ("json-pointer", 3, 64), ("hostname", 4, None),
+])
+def test_a_format_under_a_min_length_above_its_shortest_strings_is_written(fmt, lo, hi):
+    """{"format": "hostname", "minLength": 3, "maxLength": 64} was refused (a format whose
+    automaton is too large to intersect with the lengths was written only under bounds that
+    cut none of its strings off); its repetitions now also take a least count: every string the
+    regex matches is the format's and has lo..hi characters."""
+    from treadle.constrained.regex.regex_text import FORMATS
+    from treadle.constrained.schema.json_schema import json_schema_to_regex
+    from json_checks import sample_regex
+
+    schema = {"type": "string", "format": fmt, "minLength": lo, **({} if hi is None else {"maxLength": hi})}
+    import interegular
+
+    fsm = interegular.parse_pattern(json_schema_to_regex(schema)).to_fsm()
+    whole = re.compile('"' + FORMATS[fmt] + '"')
+    rng = random.Random(zlib.crc32(json.dumps(schema).encode()))
+    for _ in range(200):
+        t = sample_regex(fsm, rng, stop_p=0.1)
+        assert whole.fullmatch(t), (schema, t)
+        assert lo <= len(json.loads(t)) <= (hi if hi is not None else 10**9), (schema, t)

@@ -1907,7 +1907,8 @@ def _capped_to_length(rx: str, lo: int, hi: int | None) -> str | None:
     """``rx`` (a format's regex, no assertions) with every repetition at most ``k`` rounds
     (``text.reshaped_repetitions``: a subset), ``k`` the largest up to 64 whose strings all
     have ``lo..hi`` characters, or None (band-manifest's email under maxLength 100: each part
-    of ``[a-zA-Z0-9_]{1,20}(?:[.+-][a-zA-Z0-9_]{1,20}){0,3}@...`` shortened alike). Lengths
+    of ``[a-zA-Z0-9_]{1,20}(?:[.+-][a-zA-Z0-9_]{1,20}){0,3}@...`` shortened alike); where a
+    minLength passes the shortest strings, every repetition at least some rounds too. Lengths
     read from Python's parse (its widths are the language's: every part matches something)."""
     best = None
     for k in range(1, 65):
@@ -1916,7 +1917,27 @@ def _capped_to_length(rx: str, lo: int, hi: int | None) -> str | None:
         if shortest < lo or hi is not None and longest > hi:
             break
         best = cand
-    return best
+    if best is not None or _sre_parser.parse(rx).getwidth()[0] >= lo:
+        return best
+    # a minLength above the format's shortest strings (hostname under minLength 3): each repetition
+    # at least ``least`` rounds too, the least that reaches it, and at most the most rounds that
+    # stay within the maxLength; the counted ones only first ("a.b" stays "ab.c", its hyphens
+    # optional), then every one (an optional part then required)
+    for loops in (False, True):
+        for least in range(1, 65):
+            if _sre_parser.parse(text.reshaped_repetitions(rx, least, None, loops=loops)).getwidth()[0] < lo:
+                continue
+            if hi is None:
+                return text.reshaped_repetitions(rx, least, None, loops=loops)
+            for most in range(least, 65):
+                cand = text.reshaped_repetitions(rx, least, most, loops=loops)
+                if _sre_parser.parse(cand).getwidth()[1] > hi:
+                    break
+                best = cand
+            if best is not None:
+                return best
+            break
+    return None
 
 
 # texts where equal values are equal texts (see _Converter._not_listed)
