@@ -52,7 +52,9 @@ __all__ = ["MMA_MAX_M", "MmaConfig", "supports", "available", "pack_mma", "unpac
            "int4_mma_linear", "int4_mma_linear_ref", "int4_mma_dequantize", "pick_mma_config",
            "candidate_mma_configs", "prepare", "int4_mma_read_bound"]
 
-MMA_MAX_M = 16  # two 8-row tiles of x
+MMA_MAX_M = 64  # rows the tensor-core GEMV takes (eight 8-row tiles of x); more are dequantized for cuBLAS
+_MAX_TILES = 8
+_SHARED_BYTES = 48 * 1024  # a block's static shared memory: its warps' partial sums, 512 bytes a tile each
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "int4_mma.cu")
 _KIND = {torch.bfloat16: 1, torch.float16: 2}
 _SIG_GEMV = "pppppp" + "iiiiii"
@@ -64,10 +66,12 @@ _BIT = torch.tensor([[0, 16, 8, 24], [4, 20, 12, 28]], dtype=torch.int64)
 
 class MmaConfig(NamedTuple):
     """warps: a block's warps, which cut K among them; unroll: 64-input chunks a warp loads ahead;
-    order: 0 a contiguous range of chunks a warp, 1 units of `unroll` chunks dealt in turn."""
+    order: 0 a contiguous range of chunks a warp, 1 units of `unroll` chunks dealt in turn;
+    dequant: instead of the GEMV, dequantize the weight and multiply by cuBLAS."""
     warps: int
     unroll: int
     order: int = 0
+    dequant: bool = False
 
 
 def supports(n: int, k: int, group_size: int, x_dtype: torch.dtype, scale_dtype: torch.dtype) -> bool:
@@ -156,11 +160,26 @@ def prepare(device: torch.device, scale_dtype: torch.dtype = torch.float16) -> N
         _dequant(kind, skind).prepare(index)
 
 
+def _tiles(m: int) -> int:
+    """8-row tiles of x the GEMV is compiled for: 1, 2, 4 or 8."""
+    return 1 if m <= 8 else 2 if m <= 16 else 4 if m <= 32 else 8
+
+
 def pick_mma_config(m: int, n: int, k: int) -> MmaConfig:
-    """From an H100 sweep of llama3-8b's projections (benchmarks/results/int4_mma_sweep_h100.json,
-    PDL on): up to 8 rows, 4 warps a block when there are at least 1,024 column tiles (gate_up,
-    1,792), 8 from 320 (qkv, 384), else 16 (o and down, 256), so that every SM has work in one
-    wave; 2 chunks loaded ahead (4 with 8 warps). Two tiles of x (9-16 rows): 8 warps, 2 ahead."""
+    """From H100 sweeps of llama3-8b's projections (benchmarks/results/int4_mma_sweep_h100.json
+    and int4_mma_sweep_mid_h100.json, PDL on). Up to 8 rows: 4 warps a block when there are at
+    least 1,024 column tiles (gate_up, 1,792), 8 from 320 (qkv, 384), else 16 (o and down, 256),
+    so that every SM has work in one wave; 2 chunks loaded ahead (4 with 8 warps). 9-16 rows: 8
+    warps, 2 ahead; 17-32: the same with the chunks dealt in turn (124.9 us a layer at 24 rows,
+    bf16 165.9 at 32); 33-64: 4 warps, 4 ahead, in turn (263.1 us at 64 rows, bf16 169.7). Past
+    MMA_MAX_M rows the weight is dequantized for cuBLAS (about 440 us a layer at 64 to 128 rows on
+    the H100, results/quant_linear_int4mma_nopdl_h100.json)."""
+    if m > MMA_MAX_M:
+        return MmaConfig(0, 0, dequant=True)
+    if m > 32:
+        return MmaConfig(4, 4, 1)
+    if m > 16:
+        return MmaConfig(8, 2, 1)
     if m > 8:
         return MmaConfig(8, 2)
     tiles = n // 16
@@ -169,12 +188,18 @@ def pick_mma_config(m: int, n: int, k: int) -> MmaConfig:
     return MmaConfig(8, 4) if tiles >= 320 else MmaConfig(16, 2)
 
 
-_DEFAULT_CONFIGS = ((1, MmaConfig(4, 2)), (1, MmaConfig(8, 4)), (1, MmaConfig(16, 2)), (2, MmaConfig(8, 2)))
+_DEFAULT_CONFIGS = ((1, MmaConfig(4, 2)), (1, MmaConfig(8, 4)), (1, MmaConfig(16, 2)), (2, MmaConfig(8, 2)),
+                    (4, MmaConfig(8, 2, 1)), (8, MmaConfig(4, 4, 1)))
 
 
 def candidate_mma_configs(m: int, n: int, k: int) -> list[MmaConfig]:
     """Configs worth timing for this shape, the default first."""
-    found = [pick_mma_config(m, n, k)] + [MmaConfig(w, u, o) for o in (0, 1) for w in (4, 8, 16) for u in (2, 4)]
+    found = [pick_mma_config(m, n, k)]
+    if m <= _MAX_TILES * 8:
+        found += [MmaConfig(w, u, o) for o in (0, 1) for w in (4, 8, 16) for u in (2, 4)
+                  if w * _tiles(m) * 512 <= _SHARED_BYTES]
+    if m > 8:
+        found.append(MmaConfig(0, 0, dequant=True))
     return list(dict.fromkeys(found))
 
 
@@ -205,21 +230,25 @@ def _check(x, qweight_mma, scales, qzeros, group_size, bias) -> tuple[int, int, 
 def int4_mma_linear(x: torch.Tensor, qweight_mma: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
                     group_size: int, bias: torch.Tensor | None = None, config: MmaConfig | None = None) -> torch.Tensor:
     """``x [M, K] @ dequant(w) (+ bias)`` -> [M, N] in x's dtype: the tensor-core GEMV for
-    M <= MMA_MAX_M, else the weight dequantized to [N, K] and multiplied by cuBLAS."""
+    M <= MMA_MAX_M (config's choice), else the weight dequantized to [N, K] and multiplied by cuBLAS."""
     m, n, k = _check(x, qweight_mma, scales, qzeros, group_size, bias)
     if x.device.type != "cuda":
         raise ValueError(f"the mma kernels need a CUDA device (got {x.device}); use int4_mma_linear_ref on CPU")
-    if m > MMA_MAX_M:
+    cfg = config or pick_mma_config(m, n, k)
+    if cfg.dequant:
         w = int4_mma_dequantize(qweight_mma, scales, qzeros, group_size, x.dtype)
         return torch.nn.functional.linear(x, w, bias)
+    if m > _MAX_TILES * 8:
+        raise ValueError(f"the int4 tensor-core GEMV takes at most {_MAX_TILES * 8} rows, got {m}; use a dequant config")
+    if cfg.warps * _tiles(m) * 512 > _SHARED_BYTES:
+        raise ValueError(f"{cfg.warps} warps of {_tiles(m)} tiles of x need more than 48 KB of shared memory")
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
-    cfg = config or pick_mma_config(m, n, k)
     qweight_mma, scales, qzeros = qweight_mma.contiguous(), scales.contiguous(), qzeros.contiguous()
-    fn = _gemv(_KIND[x.dtype], _KIND[scales.dtype], 1 if m <= 8 else 2, cfg)
+    fn = _gemv(_KIND[x.dtype], _KIND[scales.dtype], _tiles(m), cfg)
     fn.launch((n // 16,), (32 * cfg.warps,), qweight_mma, scales, qzeros, x, bias, y,
               m, n, k, x.stride(0), y.stride(0), group_size, device=x.device, pdl=pdl.enabled(x))
     return y

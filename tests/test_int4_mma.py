@@ -10,7 +10,7 @@ from treadle.kernels import cuda_jit
 from treadle.kernels.int4_linear import dequantize_ref, pack_cols, unpack_rows
 from treadle.kernels.int4_mma import (
     MmaConfig, available, candidate_mma_configs, int4_mma_dequantize, int4_mma_linear, int4_mma_linear_ref,
-    _DEFAULT_CONFIGS, mma_to_rows, pack_mma, pick_mma_config, supports, unpack_mma,
+    _DEFAULT_CONFIGS, MMA_MAX_M, _tiles, mma_to_rows, pack_mma, pick_mma_config, supports, unpack_mma,
 )
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -111,8 +111,10 @@ def test_supports_and_cpu_refusal() -> None:
     assert not supports(4104, 4096, 128, torch.bfloat16, torch.float16)  # N not a multiple of 16
     assert candidate_mma_configs(1, 4096, 4096)[0] == pick_mma_config(1, 4096, 4096)
     # prepare() compiles what pick_mma_config can return, so nothing compiles inside a graph capture
-    picked = {(1 if m <= 8 else 2, pick_mma_config(m, n, 4096)) for m in range(1, 17) for n in (16, 4096, 6144, 28672)}
+    picked = {(_tiles(m), pick_mma_config(m, n, 4096)) for m in range(1, MMA_MAX_M + 1)
+              for n in (16, 4096, 6144, 28672)}
     assert picked <= set(_DEFAULT_CONFIGS)
+    assert pick_mma_config(MMA_MAX_M + 1, 4096, 4096).dequant
     q, zeros, scales = _weights(128, 32, 64)
     x = torch.randn(2, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="CUDA device"):
@@ -133,7 +135,7 @@ def _gpu_case(k: int, n: int, group: int, m: int, dtype: torch.dtype, scale_dtyp
 
 
 @gpu
-@pytest.mark.parametrize("m", [1, 2, 3, 8, 9, 16, 17, 64])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 9, 16, 17, 32, 33, 64, 65])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("k,n,group", [(4096, 6144, 128), (1024, 272, 64), (512, 64, 512), (14336, 256, 128)])
 def test_gpu_int4_mma_linear_matches_ref(m: int, dtype: torch.dtype, k: int, n: int, group: int) -> None:
@@ -148,7 +150,8 @@ def test_gpu_int4_mma_linear_matches_ref(m: int, dtype: torch.dtype, k: int, n: 
 @gpu
 @pytest.mark.parametrize("cfg,group", [(MmaConfig(4, 2), 128), (MmaConfig(8, 4), 128), (MmaConfig(16, 8), 64),
                                        (MmaConfig(8, 2, 1), 128), (MmaConfig(4, 4, 1), 128),
-                                       (MmaConfig(16, 2, 1), 64), (MmaConfig(8, 2, 1), 2048)])
+                                       (MmaConfig(16, 2, 1), 64), (MmaConfig(8, 2, 1), 2048),
+                                       (MmaConfig(0, 0, dequant=True), 128)])
 def test_gpu_int4_mma_configs_bias_strides_and_bf16_scales(cfg: MmaConfig, group: int) -> None:
     k, n = 2048, 512
     x, packed, scales, zeros = _gpu_case(k, n, group, 5, torch.bfloat16, torch.bfloat16, seed=3)
@@ -162,8 +165,22 @@ def test_gpu_int4_mma_configs_bias_strides_and_bf16_scales(cfg: MmaConfig, group
 
 
 @gpu
-def test_gpu_int4_mma_dequantize_is_the_reference_weight() -> None:
-    k, n, group = 1024, 96, 128
+@pytest.mark.parametrize("m", [40, 64])
+def test_gpu_int4_mma_gemv_takes_up_to_64_rows_when_asked(m: int) -> None:
+    k, n, group = 1024, 256, 128
+    x, packed, scales, zeros = _gpu_case(k, n, group, m, torch.bfloat16, seed=m)
+    y = int4_mma_linear(x, packed, scales, zeros, group, config=MmaConfig(8, 2))
+    ref = int4_mma_linear_ref(x.float(), packed, scales, zeros, group).float()
+    torch.testing.assert_close(y.float(), ref, atol=2e-2 * ref.abs().mean().item(), rtol=2e-2)
+    with pytest.raises(ValueError, match="at most 64 rows"):
+        int4_mma_linear(torch.cat([x, x]), packed, scales, zeros, group, config=MmaConfig(8, 2))
+    with pytest.raises(ValueError, match="48 KB of shared memory"):
+        int4_mma_linear(torch.cat([x, x])[:64], packed, scales, zeros, group, config=MmaConfig(16, 2))
+
+
+@gpu
+@pytest.mark.parametrize("k,n,group", [(1024, 96, 128), (1152, 32, 64), (4096, 48, 4096)])
+def test_gpu_int4_mma_dequantize_is_the_reference_weight(k: int, n: int, group: int) -> None:
     _, packed, scales, zeros = _gpu_case(k, n, group, 1, torch.bfloat16)
     w = int4_mma_dequantize(packed, scales, zeros, group, torch.bfloat16)
     ref = dequantize_ref(mma_to_rows(packed), scales, zeros, group).T.to(torch.bfloat16)
