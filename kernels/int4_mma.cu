@@ -60,25 +60,17 @@ __device__ __forceinline__ uint4 load_cached(const uint4* p) {  // activations: 
     return v;
 }
 
-__device__ __forceinline__ float scale_to_float(u16 s) {
-#if SKIND == 1
-    return __uint_as_float(((u32)s) << 16);
-#else
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s));
-    return f;
-#endif
-}
-
-__device__ __forceinline__ float act_to_float(u16 v) {
-#if KIND == 1
-    return __uint_as_float(((u32)v) << 16);
-#else
+template <int DTYPE>  // 1: bf16 bits, 2: fp16 bits
+__device__ __forceinline__ float half_to_float(u16 v) {
+    if (DTYPE == 1) return __uint_as_float(((u32)v) << 16);
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
     return f;
-#endif
 }
+
+__device__ __forceinline__ float scale_to_float(u16 s) { return half_to_float<SKIND>(s); }
+
+__device__ __forceinline__ float act_to_float(u16 v) { return half_to_float<KIND>(v); }
 
 __device__ __forceinline__ u32 pack2(float lo, float hi) {  // two floats rounded into one x-dtype pair
     u32 r;
