@@ -36,11 +36,16 @@ class CudaJitError(RuntimeError):
 # ------------------------------------------------------------------------- the libraries
 
 def _nvrtc_candidates() -> list[str]:
-    found = [os.environ["TREADLE_NVRTC"]] if os.environ.get("TREADLE_NVRTC") else []
+    """Paths to try, the one of PyTorch's own CUDA major version first (its driver runs that
+    NVRTC's output)."""
+    found = []
     for base in sys.path:  # the pip packages (nvidia/cu13/lib, nvidia/cuda_nvrtc/lib), torch/lib
         for pattern in ("nvidia/*/lib/libnvrtc.so*", "nvidia/cuda_nvrtc/lib/libnvrtc.so*", "torch/lib/libnvrtc*.so*"):
             found += sorted(p for p in glob.glob(os.path.join(base, pattern)) if "builtins" not in p)
-    return found + ["libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"]
+    major = (torch.version.cuda or "").split(".")[0]
+    found.sort(key=lambda p: not (major and (f".so.{major}" in p or f"/cu{major}/" in p)))  # stable
+    first = [os.environ["TREADLE_NVRTC"]] if os.environ.get("TREADLE_NVRTC") else []
+    return list(dict.fromkeys(first + found + ([f"libnvrtc.so.{major}"] if major else []) + ["libnvrtc.so"]))
 
 
 @functools.lru_cache(maxsize=None)

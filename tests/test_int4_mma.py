@@ -219,3 +219,20 @@ def test_a_kernel_build_failure_keeps_the_triton_layout(monkeypatch: pytest.Monk
         assert "Triton ones serve instead" in caplog.text and "NVRTC_ERROR_INVALID_OPTION" in caplog.text
     finally:
         runtime_int4._mma_ready.cache_clear()
+
+
+def test_nvrtc_of_torchs_cuda_major_is_tried_first(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a machine has the NVRTC of two CUDA versions, the one PyTorch was built with comes
+    first (its driver runs that NVRTC's output); TREADLE_NVRTC goes before both."""
+    for sub, name in (("cu12", "libnvrtc.so.12"), ("cu13", "libnvrtc.so.13"), ("cu13", "libnvrtc-builtins.so.13.0")):
+        (tmp_path / "nvidia" / sub / "lib").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "nvidia" / sub / "lib" / name).write_bytes(b"")
+    monkeypatch.setattr("sys.path", [str(tmp_path)])
+    monkeypatch.delenv("TREADLE_NVRTC", raising=False)
+    for version, first in (("13.0", "cu13/lib/libnvrtc.so.13"), ("12.8", "cu12/lib/libnvrtc.so.12")):
+        monkeypatch.setattr(torch.version, "cuda", version)
+        found = cuda_jit._nvrtc_candidates()
+        assert found[0].endswith(first) and not any("builtins" in p for p in found)
+        assert found[-1] == "libnvrtc.so" and len(found) == len(set(found))
+    monkeypatch.setenv("TREADLE_NVRTC", "/opt/nvrtc/libnvrtc.so.13")
+    assert cuda_jit._nvrtc_candidates()[0] == "/opt/nvrtc/libnvrtc.so.13"
