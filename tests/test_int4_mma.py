@@ -236,3 +236,44 @@ def test_nvrtc_of_torchs_cuda_major_is_tried_first(tmp_path, monkeypatch: pytest
         assert found[-1] == "libnvrtc.so" and len(found) == len(set(found))
     monkeypatch.setenv("TREADLE_NVRTC", "/opt/nvrtc/libnvrtc.so.13")
     assert cuda_jit._nvrtc_candidates()[0] == "/opt/nvrtc/libnvrtc.so.13"
+
+
+@gpu
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gpu_quantized_layer_keeps_the_mma_layout_and_matches_its_weight(act_order: bool) -> None:
+    """A merged int4 linear on CUDA stores the mma layout and its bf16 and fp32 branches (the
+    GEMV, dequantize-then-cuBLAS past 64 rows, the exact fp32 weight for fp32 x) agree with
+    x @ dequantize().T, act-order's permutation included."""
+    from treadle.kernels.int4_linear import pack_rows as rows_pack
+    from treadle.runtime.models.parallel import ColumnParallelLinear
+    from treadle.runtime.quantization.base import make_method
+    from treadle.runtime.quantization.config import QuantConfig
+
+    g = torch.Generator().manual_seed(11)
+    layer = ColumnParallelLinear(256, [64, 64], bias=True)
+    with torch.no_grad():
+        layer.weight.normal_(0, 0.1, generator=g)
+        layer.bias.normal_(generator=g)
+    layer = layer.to("cuda")
+    if act_order:
+        layer.quant = make_method(QuantConfig("gptq", "gptq", group_size=64, desc_act=True, sym=True, zero_offset=1))
+        layer.quant.create_weights(layer)
+        g_idx = torch.empty(256, dtype=torch.int32)
+        g_idx[torch.randperm(256, generator=g)] = torch.arange(256, dtype=torch.int32) // 64
+        with torch.no_grad():
+            layer.qweight.copy_(rows_pack(torch.randint(0, 16, (256, 128), generator=g)))
+            layer.qzeros.copy_(pack_cols(torch.randint(0, 16, (4, 128), generator=g)))
+            layer.scales.copy_(torch.rand(4, 128, generator=g) * 0.05)
+            layer.g_idx.copy_(g_idx)
+        layer.quant.process_after_loading(layer)
+    else:
+        layer.quant = make_method(QuantConfig("awq", "load", group_size=64))
+        layer.quant.quantize_loaded(layer)
+    assert layer.int4_layout == "mma" and layer.qweight.dim() == 4
+    w = layer.quant.dequantize(layer)
+    for m, dtype in ((1, torch.bfloat16), (40, torch.bfloat16), (100, torch.bfloat16), (3, torch.float32)):
+        x = torch.randn(m, 256, generator=g).to("cuda")
+        want = x @ w.T + layer.bias.float()
+        got = layer(x.to(dtype)).float()
+        tol = 1e-4 if dtype == torch.float32 else 3e-2 * want.abs().max().item()
+        torch.testing.assert_close(got, want, atol=tol, rtol=0 if dtype == torch.float32 else 2e-2)

@@ -161,16 +161,18 @@ class Int4Method(QuantMethod):
                 if x.dtype in (torch.bfloat16, torch.float16):
                     return int4_mma.int4_mma_linear(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size,
                                                     None if bias is None else bias.to(x.dtype))
-                w = int4_mma.int4_mma_dequantize(layer.qweight, layer.scales, layer.qzeros, layer.group_size)
-                return ops.linear(x, w.to(x.dtype), bias)
+                # fp32 activations: the exact fp32 weight (slow; GPU models run in bf16 / fp16)
+                return ops.linear(x, self.dequantize(layer, sorted_inputs=True).to(x.dtype), bias)
             return int4_linear(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size, bias)
         # the float path's own matmul, so a float model of the dequantized weights is exact
         return ops.linear(x, self.dequantize(layer).to(x.dtype), bias)
 
-    def dequantize(self, layer: nn.Module) -> torch.Tensor:
+    def dequantize(self, layer: nn.Module, sorted_inputs: bool = False) -> torch.Tensor:
+        """The fp32 weight [N, K], its inputs in their own order (or, with `sorted_inputs`, in
+        the act-order sort the kernels read them in)."""
         rows = int4_mma.mma_to_rows(layer.qweight) if getattr(layer, "int4_layout", "rows") == "mma" else layer.qweight
         w = dequantize_ref(rows, layer.scales, layer.qzeros, layer.group_size)  # [K, N], sorted inputs
         perm = getattr(layer, "perm", None)
-        if perm is not None:
+        if perm is not None and not sorted_inputs:
             w = torch.empty_like(w).index_copy_(0, perm, w)  # back to the inputs' own order
         return w.T.contiguous()
