@@ -34,13 +34,13 @@ def _parse_bool(text: str) -> bool:
 # write "24 hours" writes the token " hours" and stops with "24". (SGLang's regex allows only
 # more spaces and newlines after the digits, which a small model rarely picks: it writes digits
 # until max_tokens, "24000000000000000000".) The string regex is wider than SGLang's REGEX_STR
-# (any character but a quote, backslash or newline, not only word characters and spaces), so
-# the value is always a JSON string literal.
+# (any character but a quote, a backslash or a control character such as a newline, not only
+# word characters and spaces), so the value is always a JSON string literal.
 DTYPE_REGEX: dict[type, tuple[str, Any, tuple[str, ...]]] = {
     int: (r"[-+]?[0-9]+([ \n.][\s\S]*)?", int, (" ", "\n", ".")),
     float: (r"[-+]?[0-9]*\.?[0-9]+([ \n][\s\S]*)?", float, (" ", "\n")),
     bool: (ir.REGEX_BOOL, _parse_bool, ()),
-    str: (r'"[^"\\\n]{0,200}"', json.loads, ()),
+    str: (r'"[^"\\\x00-\x1f]{0,200}"', json.loads, ()),
 }
 # DSL keyword -> runtime sampling_params field
 _PARAM_NAMES = {"max_tokens": "max_new_tokens"}

@@ -106,3 +106,38 @@ def test_a_gen_of_no_tokens_with_top_logprobs_reads_the_next_tokens_distribution
     assert [(tid, tok) for _, tid, tok in meta["output_top_logprobs"][0]] == [(tid, tok) for _, tid, tok in ref]
     assert [lp for lp, _, _ in meta["output_top_logprobs"][0]] == pytest.approx([lp for lp, _, _ in ref], abs=1e-4)
     assert len(meta["output_token_logprobs"]) == 1 and meta["completion_tokens"] == 0
+
+
+@sgl.function
+def typed_values(s):
+    s += "Pi: " + sgl.gen("p", dtype=float, max_tokens=8) + " ok? " + sgl.gen("b", dtype=bool)
+    s += " name: " + sgl.gen("n", dtype=str, max_tokens=16)
+
+
+def test_a_str_gen_writes_no_control_character(engine):
+    """gen(dtype=str)'s regex allowed any character but a quote, a backslash or a newline, and
+    the value is then read as a JSON string, which takes no control character: greedy, this
+    program wrote '");\\rfprintf(stderr, "' and failed with "does not parse: is constrained
+    decoding enabled on the backend?"."""
+    with pytest.raises(ValueError) as info:  # the tiny model's string runs past 16 tokens now
+        typed_values.run(temperature=0)
+    assert "stopped at max_tokens" in str(info.value) and "\\r" not in str(info.value), info.value
+
+    @sgl.function
+    def quoted(s):
+        s += 'printf("' + sgl.gen("n", dtype=str, max_tokens=16)
+
+    assert quoted.run(temperature=0)["n"] == '"{name}={value}); // "'
+
+
+def test_the_str_dtype_regex_holds_only_json_strings():
+    import json
+    import re
+
+    from treadle.lang.interpreter import DTYPE_REGEX
+
+    regex = DTYPE_REGEX[str][0]
+    for text in ['"a\rb"', '"a\tb"', '"\x00"', '"\x1f"']:
+        assert re.fullmatch(regex, text) is None, repr(text)
+    for text in ['"Paris"', '""', '"é中🙂 \x7f!"']:
+        assert re.fullmatch(regex, text) and isinstance(json.loads(text), str)
