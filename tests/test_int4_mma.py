@@ -13,7 +13,7 @@ from treadle.kernels.int4_mma import (
     _DEFAULT_CONFIGS, MMA_MAX_M, _tiles, mma_to_rows, pack_mma, pick_mma_config, supports, unpack_mma,
 )
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+gpu = pytest.mark.gpu  # skipped without CUDA (conftest)
 
 
 def _weights(k: int, n: int, group: int, seed: int = 0, scale_dtype=torch.float16):
