@@ -331,3 +331,32 @@ def test_a_format_under_a_min_length_above_its_shortest_strings_is_written(fmt, 
         t = sample_regex(fsm, rng, stop_p=0.1)
         assert whole.fullmatch(t), (schema, t)
         assert lo <= len(json.loads(t)) <= (hi if hi is not None else 10**9), (schema, t)
+
+
+# ---------------------------------------------------------------- lone surrogates (a JSON "\ud800" decoded)
+
+@pytest.mark.parametrize("params", [
+    {"regex": "a\ud800"}, {"ebnf": 'root ::= "a\ud800"'}, {"choices": ["a\ud800", "b"]},
+    {"json_schema": {"type": "string", "pattern": "^a\ud800$"}},
+])
+def test_a_lone_surrogate_in_a_grammar_is_refused_by_name(smollm2_compiler, params):
+    """A request's JSON "\\ud800" decodes to a lone surrogate, which no UTF-8 output holds: it was
+    refused as "the token index was not built with the start marker" (or, as a choice, compiled
+    to bytes that decode to no text)."""
+    with pytest.raises(ValueError, match="U\\+D800 is a lone surrogate"):
+        smollm2_compiler.compile(GrammarSpec.from_params(**params))
+
+
+@pytest.mark.parametrize("schema", [
+    {"const": "a\ud800"},
+    {"enum": ["\udc00x", "y"]},
+    {"type": "object", "properties": {"k\ud800": {"type": "integer"}}, "required": ["k\ud800"]},
+    {"type": "object", "properties": {"k\ud800": {"type": "integer"}}, "required": ["k\ud800"],
+     "additionalProperties": {"type": "boolean"}, "maxProperties": 3},
+])
+def test_a_lone_surrogate_in_a_json_value_is_written_as_its_escape(smol, vocab, schema):
+    """JSON writes a lone surrogate as its escape (the value parses back the same): a const, an
+    enum value or a property name holding one is served, not refused."""
+    v = jsonschema.Draft202012Validator(schema)
+    for text in _walks(smol, vocab, GrammarSpec.from_params(json_schema=schema), ascii(schema)):
+        assert v.is_valid(json.loads(text)), text

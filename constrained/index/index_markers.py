@@ -93,11 +93,17 @@ def reserved_token_ids(table: list[bytes | None]) -> frozenset[int]:
 
 
 def check_regex(regex: str, allowed: frozenset[str] = frozenset()) -> None:
-    """Raise ``ValueError`` when ``regex`` names a reserved code point (other than ``allowed``)."""
+    """Raise ``ValueError`` when ``regex`` names a reserved code point (other than ``allowed``), or a
+    surrogate (a JSON "\\ud800" decodes to one): no UTF-8 text holds it, so the index could not
+    be built (it was refused as "not built with the start marker") or wrote bytes that decode to
+    no text."""
     for ch in regex:
         if ord(ch) >= 0x100000 and ch not in allowed:
             raise ValueError(f"grammar: code point U+{ord(ch):06X} is reserved (U+100000-U+10FFFF, "
                              "Supplementary Private Use Area-B, is never generated under a grammar)")
+        if 0xD800 <= ord(ch) <= 0xDFFF:
+            raise ValueError(f"grammar: code point U+{ord(ch):04X} is a lone surrogate, which UTF-8 text (what a "
+                             "model writes) cannot hold")
 
 
 def is_final(index: Any, state: int, end_id: int) -> bool:

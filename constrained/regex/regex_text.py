@@ -13,6 +13,7 @@ quantifiers, no named groups, no inline flags, no anchors. A user's regex may al
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata as _unicodedata
 
@@ -76,6 +77,16 @@ def escape_literal(text: str) -> str:
     return "".join(out)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_text(value: Any) -> str:
+    """``value`` as compact JSON text, non-ASCII characters raw, but a lone surrogate (a string
+    JSON's "\\ud800" decoded to) as its escape: UTF-8 text cannot hold it raw, and the escape
+    parses back to the same string."""
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
+
+
 def choices_to_regex(choices: list[str]) -> str:
     """Return an alternation regex matching exactly one of ``choices``."""
     if not isinstance(choices, list) or not choices:
@@ -134,7 +145,7 @@ def raw_names_trie(names: list[str]) -> dict:
     where a name ends ("" is never an edge character)."""
     trie: dict = {}
     for name in names:
-        if any(not re.fullmatch(SAFE_RAW_CHAR, ch) for ch in name):
+        if any(not re.fullmatch(SAFE_RAW_CHAR, ch) or _SURROGATE.fullmatch(ch) for ch in name):
             continue
         node = trie
         for ch in name:
@@ -663,10 +674,13 @@ def _generable_class(cls: str, offset: int) -> str:
         parsed = list(_sre_parse.parse(cls))
     except re.error:  # (a range out of order: the pattern's check names it)
         return cls
-    if len(parsed) != 1 or parsed[0][0] is not _sre_constants.IN:
+    if len(parsed) != 1 or parsed[0][0] not in (_sre_constants.IN, _sre_constants.LITERAL, _sre_constants.NOT_LITERAL):
         return cls
+    op, arg = parsed[0]  # (a class of one member parses as a literal, or a negated one)
+    members = arg if op is _sre_constants.IN else [(_sre_constants.LITERAL, arg)] if op is _sre_constants.LITERAL \
+        else [(_sre_constants.NEGATE, None), (_sre_constants.LITERAL, arg)]
     negated, ranges = False, []
-    for op, arg in parsed[0][1]:
+    for op, arg in members:
         if op is _sre_constants.NEGATE:
             negated = True
         elif op is _sre_constants.LITERAL:

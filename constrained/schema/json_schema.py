@@ -408,9 +408,9 @@ def _literal(value: Any, digits: bool = False) -> str:
     if isinstance(value, list):
         return r"\[" + ",".join(_literal(v, digits) for v in value) + r"\]"
     if isinstance(value, dict):
-        pairs = (escape_literal(json.dumps(k, ensure_ascii=False)) + ":" + _literal(v, digits) for k, v in value.items())
+        pairs = (escape_literal(text.json_text(k)) + ":" + _literal(v, digits) for k, v in value.items())
         return r"\{" + ",".join(pairs) + r"\}"
-    return escape_literal(json.dumps(value, ensure_ascii=False))
+    return escape_literal(text.json_text(value))
 
 
 def _integer_only(schema: Any) -> bool:

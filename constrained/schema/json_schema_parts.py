@@ -21,6 +21,7 @@ from treadle.constrained.regex.regex_text import (
     MAX_REPEAT,
     escape_literal,
     excluded_key_regex,
+    json_text,
     raw_names_trie,
     reshaped_repetitions,
 )
@@ -850,7 +851,7 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
         props = {**props, **{n: undeclared for n in listed if n not in props}}
     entries: list[list] = []  # [text, required]
     for name, sub in props.items():
-        key = escape_literal(json.dumps(name, ensure_ascii=False)) + conv.COLON
+        key = escape_literal(json_text(name)) + conv.COLON
         try:
             entries.append([key + conv.convert(patterns.also(name, sub), f"{path}.properties.{name}"), name in required])
         except NoOutput:
@@ -860,7 +861,7 @@ def object_regex(conv: _Converter, schema: dict, path: str) -> str:
     for name in required:
         if name in props:
             continue
-        key = escape_literal(json.dumps(name, ensure_ascii=False)) + conv.COLON
+        key = escape_literal(json_text(name)) + conv.COLON
         matched = patterns.undeclared(name)
         if matched is not None:  # its value is the matching patterns', not additionalProperties'
             entries.append([key + conv.convert(matched, f"{path}.patternProperties"), True])
@@ -1288,7 +1289,7 @@ class PropertyNames:
             return excluded_key_regex(names)
         listed = self.literals()
         if listed is not None:
-            keys = [escape_literal(json.dumps(k, ensure_ascii=False)) for k in listed if k not in names]
+            keys = [escape_literal(json_text(k)) for k in listed if k not in names]
             return "(?:" + "|".join(keys) + ")" if keys else None
         valid = self.key_regex()
         if not names or not valid:
