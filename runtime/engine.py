@@ -54,6 +54,9 @@ class Engine:
         # their prompt's warm-up), so that abort(rid) reaches them all, even before they are sent
         self._groups: dict[str, _Group] = {}
         self._group_of: dict[str, _Group] = {}
+        # "<rid>-<i>", the i-th prompt of a batch sent with n > 1 as `rid` -> that batch's group
+        # (abort("<rid>-<i>") stops that prompt's samples, as the server's /abort_request)
+        self._prompt_groups: dict[str, _Group] = {}
         self._stopped = threading.Event()
         self._error: BaseException | None = None
         self._exit_lock = threading.Lock()  # orders the thread's exit against shutdown giving up on it
@@ -160,15 +163,19 @@ class Engine:
     def abort(self, rid: str) -> None:
         """Stop request `rid`: one request by its id, a batch or n samples by the rid given
         for them (the parts are "<rid>-<i>" for the prompts of a batch, "<rid>-<j>" for the
-        samples of one prompt, as the server names them), parts not yet sent and their prompt's
-        warm-up included. Aborted requests finish with finish_reason "abort" and free their KV
-        at once."""
+        samples of one prompt, as the server names them; "<rid>-<i>" also stops the samples
+        "<rid>-<i>-<j>" of the i-th prompt of a batch sent with n > 1), parts not yet sent and
+        their prompt's warm-up included. Aborted requests finish with finish_reason "abort"
+        and free their KV at once."""
         with self._lock:
             group = self._groups.get(rid)
+            of_prompt = self._prompt_groups.get(rid)
         if group is not None:
             self._abort_group(group)
-        else:
-            self._inbox.put(("abort", rid))
+            return
+        if of_prompt is not None:
+            self._abort_prompt(of_prompt, rid)
+        self._inbox.put(("abort", rid))
 
     def _abort_reqs(self, reqs: list[TokenizedGenerateReq], group: "_Group | None") -> None:
         """Abort one call's requests: through their group when they have one."""
@@ -191,11 +198,19 @@ class Engine:
             for r in group.rids:
                 self._inbox.put(("abort", r))
 
+    def _abort_prompt(self, group: "_Group", alias: str) -> None:
+        """Abort the samples of one prompt of a batch (sent and not yet sent, its warm-up too)."""
+        with self._lock:  # ordered against _submit, as _abort_group
+            group.stopped.add(alias)
+            for r, a in group.prompt_of.items():
+                if a == alias:
+                    self._inbox.put(("abort", r))
+
     def _check_free(self, base: str, reqs: list[TokenizedGenerateReq]) -> None:
         """ValueError when the call's rid or a part's is another running call's (its parts
         too: another caller's "<rid>-0" is not to be taken over). Call with the lock held."""
         taken = [x for x in dict.fromkeys((base, *(r.rid for r in reqs)))
-                 if x in self._groups or x in self._outboxes or x in self._group_of]
+                 if x in self._groups or x in self._outboxes or x in self._group_of or x in self._prompt_groups]
         if taken:
             raise ValueError(f"request id {taken[0]!r} is already in use")
 
@@ -207,11 +222,18 @@ class Engine:
             yield None
             return
         group = _Group([r.rid for r in reqs])
+        for r in reqs:  # a batch with n > 1: the parts are "<base>-<i>-<j>", of prompt "<base>-<i>"
+            head = r.rid.rsplit("-", 1)[0]
+            if head != base and head.startswith(base + "-"):
+                group.prompt_of[r.rid] = head
+        aliases = set(group.prompt_of.values())
         with self._lock:
             self._check_free(base, reqs)
             self._groups[base] = group
             for r in reqs:
                 self._group_of[r.rid] = group
+            for a in aliases:
+                self._prompt_groups.setdefault(a, group)
         try:
             yield group
         finally:
@@ -219,6 +241,9 @@ class Engine:
                 del self._groups[base]
                 for r in reqs:
                     self._group_of.pop(r.rid, None)
+                for a in aliases:
+                    if self._prompt_groups.get(a) is group:
+                        del self._prompt_groups[a]
 
     def flush_cache(self) -> bool:
         """Drop the radix cache (only when idle). Returns whether it was flushed."""
@@ -343,21 +368,26 @@ class Engine:
             raise EngineDeadError("the engine is shut down")
 
     def _submit(self, r: TokenizedGenerateReq, group: "_Group | None" = None,
-                box: queue.Queue | None = None) -> queue.Queue:
+                box: queue.Queue | None = None, prompt: str | None = None) -> queue.Queue:
         """Send `r` to the engine thread and return the box its outputs arrive in (`box`: one
         several requests share; their outputs carry their rids). A request of an aborted
-        group (or the warm-up of one, `group`) is not sent: it finishes as aborted at once."""
+        group (or the warm-up of one, `group`), or of an aborted prompt of a batch (its warm-up:
+        `prompt`), is not sent: it finishes as aborted at once."""
         self._check_running()
         box = queue.Queue() if box is None else box
         with self._lock:
             if r.rid in self._outboxes:
                 raise ValueError(f"request id {r.rid!r} is already in use")
             group = group or self._group_of.get(r.rid)
-            if group is not None and group.aborted:
+            if group is not None:
+                prompt = prompt or group.prompt_of.get(r.rid)
+            if group is not None and (group.aborted or (prompt is not None and prompt in group.stopped)):
                 box.put(ReqOutput(r.rid, [], {"type": "abort", "message": "aborted"}, len(r.input_ids), 0, 0))
                 return box
             if group is not None and r.rid not in group.rids:
                 group.rids.append(r.rid)  # a warm-up: aborted with its group
+                if prompt is not None:
+                    group.prompt_of[r.rid] = prompt  # and with its prompt
             self._outboxes[r.rid] = box
             self._inbox.put(("add", r))
         return box
@@ -370,7 +400,10 @@ class Engine:
         for ids, same in groups.items():
             if len(same) > 1 and not self.args.disable_radix_cache:
                 warm = TokenizedGenerateReq(uuid.uuid4().hex, list(ids), SamplingParams(max_new_tokens=0))
-                self._collect(warm, self._submit(warm, self._group_of.get(same[0].rid)))
+                group = self._group_of.get(same[0].rid)
+                # the warm-up of one prompt of a batch (not of two equal prompts) stops with it
+                prompts = {group.prompt_of.get(r.rid) for r in same} if group is not None else {None}
+                self._collect(warm, self._submit(warm, group, prompt=prompts.pop() if len(prompts) == 1 else None))
 
     def _run(self, reqs: list[TokenizedGenerateReq], sent: set[str]) -> list[dict]:
         t0 = time.monotonic()
@@ -565,6 +598,8 @@ class _Group:
     def __init__(self, rids: list[str]) -> None:
         self.rids = rids
         self.aborted = False
+        self.prompt_of: dict[str, str] = {}  # a batch with n > 1: part (or warm-up) rid -> "<rid>-<i>"
+        self.stopped: set[str] = set()  # the prompts "<rid>-<i>" aborted by that name
 
 
 class _Shutdown(Exception):
