@@ -281,7 +281,8 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
     except APIError as e:  # report the OpenAI field name the client actually sent
         for ours, theirs in (("max_new_tokens", "max_completion_tokens" if "max_completion_tokens" in body
                               else "max_tokens"), ("min_new_tokens", "min_tokens")):
-            e.message = e.message.replace(f"sampling_params.{ours}", theirs)
+            # also where another field's message quotes it ("min_tokens must be in [0, max_tokens=2]")
+            e.message = e.message.replace(f"sampling_params.{ours}", theirs).replace(ours, theirs)
             if e.param == ours:
                 e.param = theirs
         e.message = e.message.replace("sampling_params.", "")
