@@ -235,13 +235,20 @@ def _pydantic_models():
         i6: ipaddress.IPv6Interface
         anyi: IPvAnyInterface
 
-    return {"ids": Ids, "nets": Nets}
+    from pydantic import Base64Bytes, Base64Str, Base64UrlStr
+
+    class Blobs(BaseModel):
+        text: Base64Str
+        raw: Base64Bytes
+        url: Base64UrlStr
+
+    return {"ids": Ids, "nets": Nets, "blobs": Blobs}
 
 
-@pytest.mark.parametrize("name", ["ids", "nets"])
+@pytest.mark.parametrize("name", ["ids", "nets", "blobs"])
 def test_pydantic_only_formats_parse_back(smol, vocab, name):
-    """UUID4, IPv4Network, IPvAnyInterface ... write formats no validator checks ("uuid4",
-    "ipv4network"): read as annotations, any string was written and Pydantic
+    """UUID4, IPv4Network, IPvAnyInterface, Base64Str ... write formats no validator checks ("uuid4",
+    "ipv4network", "base64"): read as annotations, any string was written and Pydantic
     refused it. Written as the subsets Pydantic parses (networks with no host bits set)."""
     model = _pydantic_models()[name]
     schema = model.model_json_schema()
@@ -360,3 +367,28 @@ def test_a_lone_surrogate_in_a_json_value_is_written_as_its_escape(smol, vocab, 
     v = jsonschema.Draft202012Validator(schema)
     for text in _walks(smol, vocab, GrammarSpec.from_params(json_schema=schema), ascii(schema)):
         assert v.is_valid(json.loads(text)), text
+
+
+def test_base64_formats_are_exactly_the_base64_of_ascii_text():
+    """"base64" / "base64url" (Base64Str must decode to UTF-8): the padded encodings of ASCII bytes.
+    Every 1-, 2- and 3-byte ASCII string's encoding matches; every string the classes allow
+    decodes to ASCII."""
+    import base64
+
+    from treadle.constrained.regex.regex_text import PYDANTIC_FORMATS
+
+    std, url = re.compile(PYDANTIC_FORMATS["base64"]), re.compile(PYDANTIC_FORMATS["base64url"])
+    for b1 in range(128):
+        for b2 in range(128):
+            for data in (bytes([b1]), bytes([b1, b2]), *(bytes([b1, b2, b3]) for b3 in (0, 1, 62, 63, 64, 126, 127))):
+                assert std.fullmatch(base64.b64encode(data).decode()), data
+                assert url.fullmatch(base64.urlsafe_b64encode(data).decode()), data
+    assert not std.fullmatch(base64.b64encode(b"\x80").decode()) and not std.fullmatch("aGk")
+    rng = random.Random(5)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_="
+    for _ in range(20000):
+        t = "".join(rng.choice(alphabet) for _ in range(rng.choice((4, 8))))
+        if std.fullmatch(t):
+            base64.b64decode(t, validate=True).decode("ascii")
+        if url.fullmatch(t):
+            base64.urlsafe_b64decode(t).decode("ascii")

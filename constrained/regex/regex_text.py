@@ -260,7 +260,14 @@ FORMATS: dict[str, str] = {
 # Formats only Pydantic writes (its UUID1..UUID8, IPv4Network, IPvAnyInterface, ...): no
 # validator checks them, so they would be annotations, but Pydantic parses the field back with
 # them; a subset of any string, so writing them is sound and the model reads the output back.
-# (Not "base64": Base64Str also wants the decoded bytes to be UTF-8, Base64Bytes does not.)
+# Base64Str wants the decoded bytes to be UTF-8 (Base64Bytes takes any): padded base64 of ASCII
+# bytes, read per quad of characters (3 bytes b1 b2 b3 below 0x80: the first holds b1's top 6 bits,
+# so it is one of the first 32 letters; the second b1's low 2 and b2's top 4, which are below 8;
+# the third b2's low 4 and b3's top 2, which are 0 or 1; the fourth anything), each class exactly
+# the characters those bytes give; base64url the same with '-' and '_' for '+' and '/' (only the
+# fourth character of a quad can be either)
+_B64_Q = "[A-Za-f][A-HQ-Xg-nw-z0-3][ABEFIJMNQRUVYZcdghklopstwx014589]"
+_B64_TAIL = "(?:[A-Za-f][AQgw]==|[A-Za-f][A-HQ-Xg-nw-z0-3][AEIMQUYcgkosw048]=)?"
 _IPV4 = rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}"
 _IPV6 = rf"{_H16}(?::{_H16}){{7}}"
 # networks with no host bits set (ipaddress's strict reading, which Pydantic uses): a /32 address,
@@ -279,8 +286,12 @@ PYDANTIC_FORMATS: dict[str, str] = {
     "ipv4interface": _IPV4_INTERFACE,
     "ipv6interface": _IPV6_INTERFACE,
     "ipvanyinterface": f"(?:{_IPV4_INTERFACE}|{_IPV6_INTERFACE})",
+    "base64": rf"(?:{_B64_Q}[A-Za-z0-9+/])*{_B64_TAIL}",
+    "base64url": rf"(?:{_B64_Q}[A-Za-z0-9_\-])*{_B64_TAIL}",
 }
 FORMATS.update(PYDANTIC_FORMATS)
+BOUNDED_FORMATS["base64"] = rf"(?:{_B64_Q}[A-Za-z0-9+/]){{0,64}}{_B64_TAIL}"
+BOUNDED_FORMATS["base64url"] = rf"(?:{_B64_Q}[A-Za-z0-9_\-]){{0,64}}{_B64_TAIL}"
 
 
 # ---------------------------------------------------------------- dialect checking
