@@ -275,8 +275,11 @@ class StreamExecutor:
         if self.tracing:
             self.trace_stopped = True
             return
-        choice, meta = self.backend.select(self.text_, sel.choices, sel.method)
         name = sel.name or self.new_name()
+        try:
+            choice, meta = self.backend.select(self.text_, sel.choices, sel.method)
+        except ValueError as e:  # the runtime refused it: say which select, as a gen's does
+            raise ValueError(f"select({name!r}): {e}") from e
         self.gen_starts[name] = len(self.text_)
         self._append(choice, sel.name)
         self._set_var(name, choice, meta)

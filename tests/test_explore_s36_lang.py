@@ -141,3 +141,13 @@ def test_the_str_dtype_regex_holds_only_json_strings():
         assert re.fullmatch(regex, text) is None, repr(text)
     for text in ['"Paris"', '""', '"é中🙂 \x7f!"']:
         assert re.fullmatch(regex, text) and isinstance(json.loads(text), str)
+
+
+def test_a_select_the_runtime_refuses_says_which_select(engine):
+    """A gen's refusal named the gen ("gen('c'): ..."); a select's named nothing."""
+    @sgl.function
+    def prog(s):
+        s += "word " * 8185 + sgl.select("pick", ["alpha beta gamma delta epsilon zeta", "b"])
+
+    with pytest.raises(ValueError, match=r"^select\('pick'\): .*(context length|KV pool)"):
+        prog.run()
