@@ -485,6 +485,8 @@ class _Converter:
             raise UnsupportedSchemaError(f"json_schema: schema at {path} must be an object or boolean")
         if "__refs__" in schema:  # merged from resolved refs (Merger.merge_all): inside them
             return self._inside(schema["__refs__"], {k: v for k, v in schema.items() if k != "__refs__"}, path)
+        if not self.spec and isinstance(schema.get("discriminator"), dict):
+            schema = _tag_required(schema)
         # Annotations (every keyword that is not an assertion, whatever its name) never change
         # validity: leave them out (in the spec mode `format` is one of them).
         schema = {k: v for k, v in schema.items() if k not in self.annotations}
@@ -1523,6 +1525,26 @@ _SUPPORTED = {
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties", "unevaluatedProperties",
                "propertyNames", "patternProperties"},
 }
+
+
+def _tag_required(schema: dict) -> dict:
+    """A oneOf / anyOf beside OpenAPI's ``discriminator`` (an annotation: Pydantic writes one for
+    every discriminated union) with its ``propertyName`` required in each object branch (strict
+    mode: a subset). Pydantic's validator reads the tag before anything else, so a branch whose
+    tag has a default ({"type": "leaf"} left out) was valid JSON Schema it refused."""
+    name = schema["discriminator"].get("propertyName")
+    kind = "oneOf" if "oneOf" in schema else "anyOf" if "anyOf" in schema else None
+    if not isinstance(name, str) or kind is None or not isinstance(schema[kind], list):
+        return schema
+    branches = []
+    for b in schema[kind]:
+        if isinstance(b, dict) and (not isinstance(b.get("required", []), list) or name in b.get("required", [])):
+            branches.append(b)
+        elif isinstance(b, dict):
+            branches.append({**b, "required": [*b.get("required", []), name]})
+        else:
+            branches.append(b)
+    return {**schema, kind: branches}
 
 
 MAX_LISTED_MULTIPLES = 4096  # an integer multipleOf between bounds: at most this many multiples listed
