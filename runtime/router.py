@@ -470,14 +470,23 @@ def create_router_app(args: RouterArgs) -> FastAPI:
         return JSONResponse({"success": True, **({"skipped_out_of_rotation": skipped} if skipped else {})})
 
     @app.post("/abort_request")
-    async def abort_request(request: Request) -> dict:
+    async def abort_request(request: Request) -> Response:
         body = await read_body(request, args.max_request_bytes)
-        rid = parse_json_object(body).get("rid")  # a 400 as a replica's, before asking them all
-        if not isinstance(rid, str):
+        obj = parse_json_object(body)  # a 400 as a replica's, before asking them all
+        unknown = sorted(set(obj) - {"rid"})
+        if unknown:  # SGLang's abort_all (or a typo): every replica refuses it, as it stops nothing
+            raise APIError.bad_request(f"unknown field(s) {', '.join(unknown)}; accepted: rid", unknown[0])
+        if not isinstance(obj.get("rid"), str):
             raise APIError.bad_request("rid must be a string", "rid")
         res = await router.broadcast("POST", "/abort_request", body, request)
-        return {"success": any(x is not None and x.status_code == 200 and (_json_object(x) or {}).get("success")
-                               for x in res)}
+        answered = [(r, x) for r, x in zip(router.replicas, res) if x is not None]
+        if answered and all(400 <= x.status_code < 500 for _, x in answered):
+            # every replica refused it (a wrong API key): the client hears why, not "nothing to stop"
+            r, x = answered[0]
+            return Response(x.content, x.status_code, media_type=x.headers.get("content-type"),
+                            headers={REPLICA_HEADER: r.url})
+        return JSONResponse({"success": any(x.status_code == 200 and (_json_object(x) or {}).get("success")
+                                            for _, x in answered)})
 
     add_cors(app, args.allowed_origins)
     return app

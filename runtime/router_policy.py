@@ -60,7 +60,12 @@ class TextPrefixTree:
 
     def insert(self, text: str) -> None:
         """Add `text` (splitting an edge where it diverges), then evict LRU leaves until the
-        tree holds at most `max_chars` characters. Touches the whole path of `text`."""
+        tree holds at most `max_chars` characters. Touches the whole path of `text`. A text
+        longer than `max_chars` is never held (it would evict every leaf, itself last): it only
+        touches what of it the tree holds."""
+        if len(text) > self.max_chars:
+            self.match(text)
+            return
         node, pos, now = self.root, 0, next(self._clock)
         while pos < len(text):
             child = node.children.get(text[pos])

@@ -70,3 +70,70 @@ def test_abort_of_one_prompt_before_its_samples_are_sent(engine):
     res = out[0]
     assert [o["meta_info"]["finish_reason"]["type"] for o in res] == ["length", "length", "abort", "abort"]
     _all_free(engine)
+
+
+def test_router_abort_request_refuses_an_unknown_field():
+    """The router's /abort_request answered {"rid": ..., "abort_all": true} (SGLang's field, or a
+    typo) with a 200 {"success": false}: every replica refused it with a 400, and the router
+    swallowed that. It is a 400 naming the field, as a replica's, before asking them all."""
+    from fastapi.testclient import TestClient
+
+    from treadle.runtime.router import RouterArgs, create_router_app
+
+    app = create_router_app(RouterArgs(workers=("http://127.0.0.1:9",), health_interval_s=60.0))
+    with TestClient(app) as client:
+        r = client.post("/abort_request", json={"rid": "x", "abort_all": True})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert "abort_all" in err["message"] and err["param"] == "abort_all"
+        assert client.post("/abort_request", json={"rid": 3}).status_code == 400
+        # a well-formed abort with no replica up: nothing to stop
+        r = client.post("/abort_request", json={"rid": "x"})
+        assert r.status_code == 200 and r.json() == {"success": False}
+
+
+def test_router_abort_request_relays_the_replicas_refusal():
+    """An abort every replica refused (401: a wrong or missing API key) was a 200 {"success":
+    false}, as if there were nothing to stop; the client now gets the replica's 401."""
+    import httpx
+    from fastapi.testclient import TestClient
+
+    from treadle.runtime.router import RouterArgs, create_router_app
+
+    seen = []
+
+    def replica(req: httpx.Request) -> httpx.Response:
+        seen.append(req.url.path)
+        if req.url.path == "/health":
+            return httpx.Response(200)
+        if req.headers.get("authorization") != "Bearer good":
+            return httpx.Response(401, json={"error": {"message": "invalid API key", "type": "invalid_request_error",
+                                                       "param": None, "code": "invalid_api_key"}})
+        return httpx.Response(200, json={"success": True})
+
+    app = create_router_app(RouterArgs(workers=("http://replica-a", "http://replica-b"), health_interval_s=60.0))
+    app.state.router.client = httpx.AsyncClient(transport=httpx.MockTransport(replica))
+    with TestClient(app) as client:
+        r = client.post("/abort_request", json={"rid": "x"}, headers={"Authorization": "Bearer bad"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
+        r = client.post("/abort_request", json={"rid": "x"}, headers={"Authorization": "Bearer good"})
+        assert r.status_code == 200 and r.json() == {"success": True}, r.text
+    assert seen.count("/abort_request") == 4
+
+
+def test_router_tree_keeps_what_it_holds_when_a_prompt_exceeds_its_bound():
+    """A prompt longer than --max-tree-chars was inserted whole, then evicted with everything
+    else (every older leaf first, then itself): one over-long request (a replica may well
+    refuse it) left the router knowing nothing of that replica's cache. A prompt the tree can
+    never hold now leaves it as it is, only refreshing the prefix of it the tree shares."""
+    from treadle.runtime.router_policy import CacheAwarePolicy, CacheAwareConfig, TextPrefixTree
+
+    t = TextPrefixTree(max_chars=100)
+    t.insert("system A: " + "a" * 30)
+    t.insert("system B: " + "b" * 30)
+    t.insert("system A: " + "z" * 300)
+    assert t.size == 73 and t.match("system A: " + "a" * 30) == 40 and t.match("system B: " + "b" * 30) == 40
+    p = CacheAwarePolicy(2, CacheAwareConfig(max_tree_chars=100))
+    p.on_routed(1, "shared prefix " * 5)
+    p.on_routed(1, "x" * 500)
+    assert p.choose("shared prefix " * 5 + "?", [0, 1], [0, 0])[0] == 1
