@@ -40,3 +40,17 @@ def test_min_tokens_over_max_tokens_names_the_fields_the_client_sent(srv, path, 
     err = r.json()["error"]
     assert err["param"] == "min_tokens" and "max_new_tokens" not in err["message"], err
     assert f"{name}=" in err["message"], err
+
+
+def test_a_named_tool_choice_with_a_response_format_names_the_function(srv):
+    """The 400 said "tool_choice 'named' constrains the reply itself": 'named' is treadle's word
+    for the object the client sent, not a tool_choice value."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    r = post(srv, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tools": tools,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "response_format": {"type": "json_object"}})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "tool_choice" and "'named'" not in err["message"], err
+    assert "get_weather" in err["message"], err

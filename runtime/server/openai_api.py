@@ -268,7 +268,8 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
         if own and tools.choice == "auto":  # the request's own constraint wins; calls are parsed as before
             overrides.pop("structural_tag", None)
         if own and set(overrides) & set(GRAMMAR_FIELDS):
-            raise APIError.bad_request(f"tool_choice {tools.choice!r} constrains the reply itself; it cannot be "
+            choice = f"naming function {tools.named!r}" if tools.choice == "named" else repr(tools.choice)
+            raise APIError.bad_request(f"tool_choice {choice} constrains the reply itself; it cannot be "
                                        "combined with response_format, regex, json_schema, choices, ebnf or "
                                        "structural_tag", "tool_choice")
         params.update(overrides)
