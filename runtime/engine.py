@@ -306,6 +306,8 @@ class Engine:
                stream, rid, return_text_in_logprobs=False) -> tuple[list[TokenizedGenerateReq], bool, str]:
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt (text) or input_ids")
+        if rid is not None and not isinstance(rid, str):  # the parts are named "<rid>-<i>"
+            raise ValueError(f"rid must be a string (one for the whole call), got {type(rid).__name__}")
         if prompt is not None:
             single = isinstance(prompt, str)
             if not single and not isinstance(prompt, (list, tuple)):

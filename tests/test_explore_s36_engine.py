@@ -137,3 +137,15 @@ def test_router_tree_keeps_what_it_holds_when_a_prompt_exceeds_its_bound():
     p.on_routed(1, "shared prefix " * 5)
     p.on_routed(1, "x" * 500)
     assert p.choose("shared prefix " * 5 + "?", [0, 1], [0, 0])[0] == 1
+
+
+@pytest.mark.parametrize("rid", [["a", "b"], 5, ("a", "b"), b"x", {"a": 1}])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_rid_that_is_not_a_string_is_a_value_error(engine, rid, stream):
+    """A rid of another type was a TypeError (unhashable, or "<rid>-<i>" failing to
+    concatenate) for a batch, and for one prompt ran under a non-string id that the server's
+    ids never are. It is a ValueError naming rid, nothing queued."""
+    for prompts in ("Hi", ["Hi", "Yo"]):
+        with pytest.raises(ValueError, match="rid must be a string"):
+            engine.generate(prompts, {"max_new_tokens": 2}, rid=rid, stream=stream)
+    assert not engine._outboxes and not engine._groups and not engine._group_of
