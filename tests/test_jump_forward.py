@@ -198,3 +198,25 @@ def test_scheduler_loop_with_jumps_stays_valid(person, smol, table):
         assert m.is_terminated()
         assert re.fullmatch(PERSON, b"".join(table[t] for t in out).decode())
     assert jumps >= 6
+
+
+def test_a_long_forced_literal_is_jumped_in_bounded_pieces(smol):
+    """A grammar forcing 5,000 characters (a user's regex "Q" + "b" * 5000, or a schema's long
+    property name) yields its forced text JUMP_MAX_BYTES at a time: each byte costs a mask row
+    on the scheduler's thread, and the whole literal at once held every other request for
+    seconds (23 s for 30,000 characters on a server). The pieces still add up to the literal."""
+    from treadle.constrained.compile.grammar import JUMP_MAX_BYTES
+
+    literal = "Q" + "b" * 5000
+    m = GrammarMatcher(build_compiled_grammar(re.escape(literal), smol, [EOS], vocab_size=V))
+    text, steps = "", 0
+    while True:
+        jump = m.find_jump_forward_string()
+        if not jump:
+            break
+        assert len(jump.encode()) <= JUMP_MAX_BYTES
+        steps += 1
+        for t in enc(smol, jump):
+            assert m.accept_token(t)
+        text += jump
+    assert literal.startswith(text) and len(literal) - len(text) <= 1 and steps >= 5000 // JUMP_MAX_BYTES

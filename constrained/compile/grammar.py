@@ -22,9 +22,12 @@ from treadle.constrained.index.index_markers import is_final as index_is_final
 from treadle.constrained.index.index_markers import marker_token_ids, reserved_token_ids
 from treadle.constrained.index.json_holes import PLACEHOLDERS
 
-__all__ = ["GrammarSpec", "CompiledGrammar"]
+__all__ = ["GrammarSpec", "CompiledGrammar", "JUMP_MAX_BYTES"]
 
 _tables_lock = threading.Lock()
+# the most forced text one jump_string call reads: a draft is at most a matcher's rollback (64
+# tokens) and forced text runs about 3-4 bytes a token, so one step rarely wants more
+JUMP_MAX_BYTES = 256
 _tables: dict[tuple[int, int], tuple] = {}  # (id(table), width) -> (table, first bytes, single-byte tokens)
 
 GrammarKind = Literal["regex", "json_schema", "choices", "ebnf", "structural_tag"]
@@ -270,7 +273,10 @@ class CompiledGrammar:
         """The text the grammar forces from token-FSM ``state`` on, maybe "": while every token
         allowed starts with one byte (EOS not allowed), that byte, cut to whole characters.
         Read off the mask rows, so a hole's start (whose values open with many bytes) ends
-        it. Cached per state."""
+        it. At most JUMP_MAX_BYTES: each byte costs a mask row (about a millisecond on the
+        scheduler's thread the first time), and a step drafts at most a matcher's rollback
+        worth of tokens anyway; a longer forced text is jumped over in the steps after.
+        Cached per state."""
         hit = self._jumps.get(state)
         if hit is not None:
             return hit
@@ -278,7 +284,7 @@ class CompiledGrammar:
         out = bytearray()
         s: int | None = state
         seen: set[int] = set()
-        while s is not None and s not in seen:
+        while s is not None and s not in seen and len(out) < JUMP_MAX_BYTES:
             seen.add(s)
             ids = np.flatnonzero(np.unpackbits(self.mask_row(s).view(np.uint8), bitorder="little"))
             firsts = first[ids]
