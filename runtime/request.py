@@ -52,6 +52,7 @@ class Req:
     # the longest jump draft to propose next: after a draft the model left early, twice what it
     # kept (at least 1), after one it took whole, twice its length (scheduler._verify_draft)
     jump_cap: int | None = None
+    stop_bytes: int | None = None  # the longest stop string's UTF-8 bytes, measured once (scheduler._stop_window)
     ngram: Any = None  # NgramIndex of prompt + output, for n-gram drafts (speculative decoding)
     logit_bias_index: Any = None  # (token ids, values) tensors of params.logit_bias, built at its first step
 

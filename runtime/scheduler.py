@@ -784,7 +784,9 @@ class Scheduler:
         characters missed them), plus one for a token that begins before the string, plus
         the special tokens among them that decoding skips."""
         p = req.params
-        need = max(len(s.encode("utf-8", "surrogatepass")) for s in p.stop) + 2
+        if req.stop_bytes is None:  # once a request: 128 stops of 50,000 characters re-encoded every token
+            req.stop_bytes = max(len(s.encode("utf-8", "surrogatepass")) for s in p.stop)  # took seconds
+        need = min(req.stop_bytes + 2, len(req.output_ids))
         if not p.skip_special_tokens or not self.special_ids:
             return need
         k = need

@@ -755,7 +755,7 @@ def test_the_stop_string_window_holds_multibyte_stops_and_skipped_special_tokens
     assert file_sep not in tok.all_special_ids and file_sep in sched.special_ids
     enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
     for stop, out in (("🐧🐧", enc("Once 🐧🐧")), ("ab", enc("x a") + [file_sep] * 5 + enc("b"))):
-        r = SimpleNamespace(params=SamplingParams(stop=[stop]), output_ids=out)
+        r = SimpleNamespace(params=SamplingParams(stop=[stop]), output_ids=out, stop_bytes=None)
         window = out[-sched._stop_window(r):]
         assert stop in tok.decode(window, skip_special_tokens=True), (stop, window)
 
