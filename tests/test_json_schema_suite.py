@@ -441,7 +441,7 @@ def test_formats_refuse_what_the_suite_calls_invalid(fmt: str) -> None:
     """Every format treadle enforces writes only strings the suite's optional/format tests do
     not mark invalid (its formats are conservative subsets: some valid strings are not written).
     Pydantic's ipvanyaddress, not a suite format, is exactly ipv4 or ipv6, both checked here (its
-    other formats, PYDANTIC_FORMATS, are not the suite's: test_explore_s36_constrained checks them)."""
+    other formats, PYDANTIC_FORMATS, are not the suite's: test_constrained_realworld_cases checks them)."""
     assert FORMATS["ipvanyaddress"] == f"(?:{FORMATS['ipv4']}|{FORMATS['ipv6']})"
     path = SUITE / "optional" / "format" / f"{fmt}.json"
     rx = re.compile('"' + FORMATS[fmt] + '"')

@@ -1,6 +1,6 @@
-"""Exploratory findings (session 36) in constrained decoding, each a case that was wrong before
-its fix: regex classes naming the code points no grammar generates, JSON Schema keywords that
-were refused though they can be enforced, and schemas as Pydantic v2 writes them."""
+"""Real-world constrained-decoding cases, each wrong before its fix: regex classes naming the
+code points no grammar generates, JSON Schema keywords that were refused though they can be
+enforced, and schemas as Pydantic v2 writes them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Exploratory tests of the offline Engine, the router and the radix cache (session 36): each
-one a bug found, checked end to end with the embedded model or on the tree alone."""
+"""The offline Engine, the router and the radix cache: each test a bug found, checked end to
+end with the embedded model or on the tree alone."""
 from __future__ import annotations
 
 import threading
