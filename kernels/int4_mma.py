@@ -1,5 +1,5 @@
 """4-bit weight-only (W4A16) linear on the tensor cores, fed straight from memory: the int4 path
-for decode batches (up to 16 rows) and the dequantization for prefill, in CUDA C++
+for decode batches (up to 64 rows) and the dequantization for prefill, in CUDA C++
 (kernels/int4_mma.cu) compiled at run time by NVRTC (kernels/cuda_jit.py).
 
 Why not Triton: at batch 1 a decode step streams ~3.5 GB of 4-bit weights (llama3-8b), so the
@@ -150,7 +150,7 @@ def _dequant(kind: int, skind: int) -> cuda_jit.Function:
 
 def prepare(device: torch.device, scale_dtype: torch.dtype = torch.float16) -> None:
     """Compile and load, for `device`, the variants the default configs launch (bf16 and fp16
-    activations, 1 and 2 tiles of x, the dequantization): a model does this at load, so that no
+    activations, 1, 2, 4 and 8 tiles of x, the dequantization): a model does this at load, so that no
     kernel is first compiled inside a CUDA-graph capture."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     skind = _KIND[scale_dtype]

@@ -16,7 +16,7 @@ applies to x's columns before the kernel: x[:, perm] @ w[perm] = x @ w.
 
 On a CUDA device where NVRTC is at hand (kernels/cuda_jit.py) and the shape allows (N a
 multiple of 16, K of 64, groups a multiple of 64), q is kept instead in the mma layout of
-kernels/int4_mma.py (``layer.int4_layout == "mma"``): the tensor-core GEMV for up to 16 rows,
+kernels/int4_mma.py (``layer.int4_layout == "mma"``): the tensor-core GEMV for up to 64 rows,
 the weight dequantized for cuBLAS past that. ``TREADLE_INT4_MMA=0`` keeps the Triton layout.
 
 On the CPU the weight is dequantized and multiplied in the activations' dtype.
