@@ -40,6 +40,13 @@ class IncrementalDetokenizer:
         self._holds = [0] * len(self.stop)  # per stop string: its start the text ended with ...
         self._held_at = 0  # ... when the text had this many characters
 
+    @classmethod
+    def for_params(cls, tokenizer: Any, p: Any) -> "IncrementalDetokenizer":
+        """The detokenizer of a request from its SamplingParams, or from the DetokInit the
+        scheduler sends the detokenizer process (the same fields)."""
+        return cls(tokenizer, p.skip_special_tokens, list(p.stop), p.no_stop_trim, p.spaces_between_special_tokens,
+                   p.min_new_tokens, p.include_stop_str_in_output)
+
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 

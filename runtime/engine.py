@@ -496,11 +496,9 @@ class Engine:
                     self._abandon([r for r in reqs if r.rid in left and r.rid in sent], group)
 
     def _detokenizer(self, r: TokenizedGenerateReq) -> IncrementalDetokenizer:
-        p = r.sampling_params
-        return IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens, p.stop, p.no_stop_trim,
-                                      p.spaces_between_special_tokens, p.min_new_tokens,
-                                      p.include_stop_str_in_output) \
-            if self.tokenizer is not None else _NoText()
+        if self.tokenizer is None:
+            return _NoText()
+        return IncrementalDetokenizer.for_params(self.tokenizer, r.sampling_params)
 
     def _done(self, rid: str) -> None:
         with self._lock:

@@ -35,9 +35,7 @@ class DetokenizerManager:
         out: list = []
         for msg in msgs:
             if isinstance(msg, DetokInit):
-                self.states[msg.rid] = IncrementalDetokenizer(
-                    self.tokenizer, msg.skip_special_tokens, msg.stop, msg.no_stop_trim,
-                    msg.spaces_between_special_tokens, msg.min_new_tokens, msg.include_stop_str)
+                self.states[msg.rid] = IncrementalDetokenizer.for_params(self.tokenizer, msg)
             elif isinstance(msg, ReqOutput):
                 out.append(self._detok(msg))
             elif isinstance(msg, ControlOut):

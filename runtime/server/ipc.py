@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 from treadle.runtime.io_struct import ReqOutput
 
@@ -51,7 +52,13 @@ class DetokInit:
     no_stop_trim: bool
     spaces_between_special_tokens: bool
     min_new_tokens: int = 0  # stop strings count only from there (IncrementalDetokenizer)
-    include_stop_str: bool = False  # the text ends right after a matched stop string (vLLM's)
+    include_stop_str_in_output: bool = False  # the text ends right after a matched stop string (vLLM's)
+
+    @classmethod
+    def of(cls, rid: str, p: Any) -> "DetokInit":
+        """The rendering fields of SamplingParams `p` (IncrementalDetokenizer.for_params reads them)."""
+        return cls(rid, p.skip_special_tokens, list(p.stop), p.no_stop_trim, p.spaces_between_special_tokens,
+                   p.min_new_tokens, p.include_stop_str_in_output)
 
 
 @dataclass(slots=True)

@@ -144,9 +144,7 @@ def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = N
 
 def _handle(sched: Any, msg: object, to_send: list) -> None:
     if isinstance(msg, TokenizedGenerateReq):
-        p = msg.sampling_params
-        to_send.append(DetokInit(msg.rid, p.skip_special_tokens, list(p.stop), p.no_stop_trim,
-                                 p.spaces_between_special_tokens, p.min_new_tokens, p.include_stop_str_in_output))
+        to_send.append(DetokInit.of(msg.rid, msg.sampling_params))
         sched.add_request(msg)
     elif isinstance(msg, AbortReq):
         sched.abort(msg.rid)
