@@ -1,7 +1,7 @@
 """Hostile request bodies found by a sweep over /generate's and the OpenAI routes' fields (types,
 NaN/Infinity, huge numbers, empty lists, nested nulls, lone surrogates, out-of-vocabulary ids,
-batches with one bad item, pathological grammars): the ones that were still wrong. Each test
-failed on the code before its fix."""
+batches with one bad item, pathological grammars): the ones that were still wrong, and 400s that
+named a field the client never sent. Each test failed on the code before its fix."""
 from __future__ import annotations
 
 import json
@@ -69,3 +69,36 @@ def test_prompt_logprobs_within_the_cap_are_served(srv):
         assert len(c["logprobs"]["token_logprobs"]) == 41 and c["logprobs"]["token_logprobs"][0] is None
     i = wait_idle(srv.url)
     assert i["protected_slots"] == 0 and i["free_slots"] + i["evictable_slots"] == i["total_slots"]
+
+
+# OpenAI requests answered with a 400 that named a field or value the client never sent
+
+@pytest.mark.parametrize("path,body,name", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "min_tokens": 3},
+     "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2,
+                              "min_tokens": 3}, "max_completion_tokens"),
+    ("/v1/completions", {"prompt": "hi", "min_tokens": 20}, "max_tokens"),  # OpenAI's default of 16
+])
+def test_min_tokens_over_max_tokens_names_the_fields_the_client_sent(srv, path, body, name):
+    """The message said "min_tokens must be in [0, max_new_tokens=2]": a field (treadle's
+    native name) the OpenAI request did not have."""
+    r = post(srv, path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "min_tokens" and "max_new_tokens" not in err["message"], err
+    assert f"{name}=" in err["message"], err
+
+
+def test_a_named_tool_choice_with_a_response_format_names_the_function(srv):
+    """The 400 said "tool_choice 'named' constrains the reply itself": 'named' is treadle's word
+    for the object the client sent, not a tool_choice value."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    r = post(srv, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tools": tools,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "response_format": {"type": "json_object"}})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "tool_choice" and "'named'" not in err["message"], err
+    assert "get_weather" in err["message"], err
