@@ -244,31 +244,10 @@ def test_gpu_quantized_layer_keeps_the_mma_layout_and_matches_its_weight(act_ord
     """A merged int4 linear on CUDA stores the mma layout and its bf16 and fp32 branches (the
     GEMV, dequantize-then-cuBLAS past 64 rows, the exact fp32 weight for fp32 x) agree with
     x @ dequantize().T, act-order's permutation included."""
-    from treadle.kernels.int4_linear import pack_rows as rows_pack
-    from treadle.runtime.models.parallel import ColumnParallelLinear
-    from treadle.runtime.quantization.base import make_method
-    from treadle.runtime.quantization.config import QuantConfig
+    from quantized_layers import quantized_linear  # tests/quantized_layers.py
 
     g = torch.Generator().manual_seed(11)
-    layer = ColumnParallelLinear(256, [64, 64], bias=True)
-    with torch.no_grad():
-        layer.weight.normal_(0, 0.1, generator=g)
-        layer.bias.normal_(generator=g)
-    layer = layer.to("cuda")
-    if act_order:
-        layer.quant = make_method(QuantConfig("gptq", "gptq", group_size=64, desc_act=True, sym=True, zero_offset=1))
-        layer.quant.create_weights(layer)
-        g_idx = torch.empty(256, dtype=torch.int32)
-        g_idx[torch.randperm(256, generator=g)] = torch.arange(256, dtype=torch.int32) // 64
-        with torch.no_grad():
-            layer.qweight.copy_(rows_pack(torch.randint(0, 16, (256, 128), generator=g)))
-            layer.qzeros.copy_(pack_cols(torch.randint(0, 16, (4, 128), generator=g)))
-            layer.scales.copy_(torch.rand(4, 128, generator=g) * 0.05)
-            layer.g_idx.copy_(g_idx)
-        layer.quant.process_after_loading(layer)
-    else:
-        layer.quant = make_method(QuantConfig("awq", "load", group_size=64))
-        layer.quant.quantize_loaded(layer)
+    layer = quantized_linear("gptq-act" if act_order else "awq", 256, [64, 64], 64, g, "cuda")
     assert layer.int4_layout == "mma" and layer.qweight.dim() == 4
     w = layer.quant.dequantize(layer)
     for m, dtype in ((1, torch.bfloat16), (40, torch.bfloat16), (100, torch.bfloat16), (3, torch.float32)):

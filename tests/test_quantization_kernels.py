@@ -262,32 +262,10 @@ def test_gpu_llama3_shapes(m: int, n: int, k: int) -> None:
 def test_quantized_layer_kernel_path_matches_its_dequantized_weight(method: str) -> None:
     """A merged linear's GPU branch (the kernels, act-order's input permutation) run here under
     the interpreter, against x @ dequantize().T: what the CPU branch and the reference compute."""
-    from treadle.runtime.models.parallel import ColumnParallelLinear
-    from treadle.runtime.quantization.base import make_method
-    from treadle.runtime.quantization.config import QuantConfig
+    from quantized_layers import quantized_linear  # tests/quantized_layers.py
 
     g = _g(10)
-    layer = ColumnParallelLinear(64, [32, 16], bias=True)
-    with torch.no_grad():
-        layer.weight.normal_(0, 0.1, generator=g)
-        layer.bias.normal_(generator=g)
-    layer = layer.to(DEV)
-    if method == "gptq-act":
-        qc = QuantConfig("gptq", "gptq", group_size=32, desc_act=True, sym=True, zero_offset=1)
-        layer.quant = make_method(qc)
-        layer.quant.create_weights(layer)
-        g_idx = torch.empty(64, dtype=torch.int32)
-        g_idx[torch.randperm(64, generator=g)] = torch.arange(64, dtype=torch.int32) // 32
-        with torch.no_grad():
-            layer.qweight.copy_(pack_rows(torch.randint(0, 16, (64, 48), generator=g)))
-            layer.qzeros.copy_(pack_cols(torch.randint(0, 16, (2, 48), generator=g)))
-            layer.scales.copy_(torch.rand(2, 48, generator=g) * 0.05)
-            layer.g_idx.copy_(g_idx)
-        layer.quant.process_after_loading(layer)
-        assert layer.perm is not None
-    else:
-        layer.quant = make_method(QuantConfig(method, "load", group_size=32))
-        layer.quant.quantize_loaded(layer)
+    layer = quantized_linear(method, 64, [32, 16], 32, g, DEV)
     layer.quant.use_kernels = True
     for m in (1, 20):
         x = torch.randn(m, 64, generator=g).to(DEV)
