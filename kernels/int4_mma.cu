@@ -60,6 +60,21 @@ __device__ __forceinline__ uint4 load_cached(const uint4* p) {  // activations: 
     return v;
 }
 
+// The chunks first .. first + UNROLL - 1 that lie before `end`, a warp's 16 bytes a lane each
+// (the GEMV's and its read bound's one load schedule).
+__device__ __forceinline__ void load_chunks(uint4 (&buf)[UNROLL], const uint4* wp, int first, int end) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+        if (first + u < end) buf[u] = load_stream(wp + (size_t)(first + u) * 32);
+}
+
+// ORDER 0: warp `warp`'s contiguous range [c0, c1) of K's `kc` chunks.
+__device__ __forceinline__ void warp_range(int kc, int warp, int& c0, int& c1) {
+    const int per = (kc + WARPS - 1) / WARPS;
+    c0 = min(kc, warp * per);
+    c1 = min(kc, c0 + per);
+}
+
 template <int DTYPE>  // 1: bf16 bits, 2: fp16 bits
 __device__ __forceinline__ float half_to_float(u16 v) {
     if (DTYPE == 1) return __uint_as_float(((u32)v) << 16);
@@ -190,12 +205,9 @@ int4_mma_gemv(const uint4* __restrict__ qw, const u16* __restrict__ scales, cons
 
     uint4 cur[UNROLL], nxt[UNROLL];
 #if ORDER == 0
-    const int per = (kc + WARPS - 1) / WARPS;
-    const int c0 = min(kc, warp * per);
-    const int c1 = min(kc, c0 + per);
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-        if (c0 + u < c1) cur[u] = load_stream(wp + (size_t)(c0 + u) * 32);
+    int c0, c1;
+    warp_range(kc, warp, c0, c1);
+    load_chunks(cur, wp, c0, c1);
 
     int grp = c0 / gc;  // the group after the one in hand: counted, not divided for, in the loop
     int flush = (grp + 1) * gc;  // the first chunk of the next group
@@ -206,9 +218,7 @@ int4_mma_gemv(const uint4* __restrict__ qw, const u16* __restrict__ scales, cons
     pdl_launch_dependents();
 
     for (int base = c0; base < c1; base += UNROLL) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (base + UNROLL + u < c1) nxt[u] = load_stream(wp + (size_t)(base + UNROLL + u) * 32);
+        load_chunks(nxt, wp, base + UNROLL, c1);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int c = base + u;
@@ -233,9 +243,7 @@ int4_mma_gemv(const uint4* __restrict__ qw, const u16* __restrict__ scales, cons
     GroupParams gp_cur, gp_nxt;
     int unit = warp;
     if (unit < units) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (unit * UNROLL + u < kc) cur[u] = load_stream(wp + (size_t)(unit * UNROLL + u) * 32);
+        load_chunks(cur, wp, unit * UNROLL, kc);
         gp_cur = group_params(scales, qzeros, unit * UNROLL / gc, N, n0, g);
     }
     pdl_wait();
@@ -243,9 +251,7 @@ int4_mma_gemv(const uint4* __restrict__ qw, const u16* __restrict__ scales, cons
     for (; unit < units; unit += WARPS) {
         const int next = unit + WARPS;
         if (next < units) {
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
-                if (next * UNROLL + u < kc) nxt[u] = load_stream(wp + (size_t)(next * UNROLL + u) * 32);
+            load_chunks(nxt, wp, next * UNROLL, kc);
             gp_nxt = group_params(scales, qzeros, next * UNROLL / gc, N, n0, g);
         }
         GroupParams gp = gp_cur;
@@ -341,18 +347,13 @@ int4_mma_read_bound(const uint4* __restrict__ qw, u32* __restrict__ sink, int N,
     uint4 cur[UNROLL], nxt[UNROLL];
     u32 h = 0;
 #if ORDER == 0
-    const int per = (kc + WARPS - 1) / WARPS;
-    const int c0 = min(kc, warp * per);
-    const int c1 = min(kc, c0 + per);
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-        if (c0 + u < c1) cur[u] = load_stream(wp + (size_t)(c0 + u) * 32);
+    int c0, c1;
+    warp_range(kc, warp, c0, c1);
+    load_chunks(cur, wp, c0, c1);
     pdl_wait();
     pdl_launch_dependents();
     for (int base = c0; base < c1; base += UNROLL) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (base + UNROLL + u < c1) nxt[u] = load_stream(wp + (size_t)(base + UNROLL + u) * 32);
+        load_chunks(nxt, wp, base + UNROLL, c1);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
             if (base + u < c1) h ^= cur[u].x ^ cur[u].y ^ cur[u].z ^ cur[u].w;
@@ -363,18 +364,14 @@ int4_mma_read_bound(const uint4* __restrict__ qw, u32* __restrict__ sink, int N,
     const int units = (kc + UNROLL - 1) / UNROLL;
     int unit = warp;
     if (unit < units) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (unit * UNROLL + u < kc) cur[u] = load_stream(wp + (size_t)(unit * UNROLL + u) * 32);
+        load_chunks(cur, wp, unit * UNROLL, kc);
     }
     pdl_wait();
     pdl_launch_dependents();
     for (; unit < units; unit += WARPS) {
         const int next = unit + WARPS;
         if (next < units) {
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
-                if (next * UNROLL + u < kc) nxt[u] = load_stream(wp + (size_t)(next * UNROLL + u) * 32);
+            load_chunks(nxt, wp, next * UNROLL, kc);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
