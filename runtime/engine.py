@@ -27,7 +27,7 @@ from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import OutputAccum, ReqOutput, TokenizedGenerateReq, split_samples
 from treadle.runtime.model_runner import ModelRunner
 from treadle.runtime.sampling_params import SamplingParams
-from treadle.runtime.scheduler import GRAMMAR_POLL_S, Scheduler, check_context, validate_request
+from treadle.runtime.scheduler import GRAMMAR_POLL_S, GrammarCheck, Scheduler, check_context, validate_request
 from treadle.runtime.tokenizer import encode_prompt, load_tokenizer, token_texts
 
 log = logging.getLogger("treadle")
@@ -35,6 +35,28 @@ log = logging.getLogger("treadle")
 
 class EngineDeadError(RuntimeError):
     pass
+
+
+class BatchError(ValueError):
+    """Some requests of a batch are invalid. `errors`: the index of each bad one -> what is
+    wrong with it. Raised before anything of the batch is queued (a grammar that does not
+    compile: `errors` indexes the prompts, `results` is None), or, for an error only found
+    while running (a grammar that cannot go on), once every request has finished: `results`
+    then holds the batch's results in order, the failed ones' with `meta_info["error"]`, and
+    `errors` indexes that list."""
+
+    def __init__(self, message: str, errors: dict[int, str], results: list[dict] | None = None) -> None:
+        super().__init__(message)
+        self.errors = errors
+        self.results = results
+
+
+def _batch_message(errors: dict[int, str], what: str) -> str:
+    """"prompt 1 of the batch: <its error>" (the first of several, naming them all)."""
+    first = min(errors)
+    if len(errors) == 1:
+        return f"{what} {first} of the batch: {errors[first]}"
+    return f"{what}s {', '.join(map(str, sorted(errors)))} of the batch failed; {what} {first}: {errors[first]}"
 
 
 class Engine:
@@ -101,9 +123,19 @@ class Engine:
                  rid: str | None = None) -> dict | list | Iterator[dict]:
         """Generate for one prompt (returns a dict; a list of n dicts when n > 1) or a batch
         (returns a list). Invalid input raises ValueError before anything is queued. Logprobs
-        are `(logprob, token_id, text)` triples in meta_info, as SGLang's (io_struct.OutputAccum)."""
-        reqs, single, base = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
-                                         top_logprobs_num, stream, rid, return_text_in_logprobs)
+        are `(logprob, token_id, text)` triples in meta_info, as SGLang's (io_struct.OutputAccum).
+
+        A batch is checked whole before any of it is queued, grammars included (each is
+        compiled, as the scheduler would, and the compile is cached for it): one bad request
+        raises a `BatchError` (a ValueError) naming every bad prompt by its index and what is
+        wrong, and nothing runs, so the caller loses nothing and can resend the rest. An error
+        found only while running fails that request alone: the others finish, and a batch then
+        raises a BatchError carrying every result (`results`); a batch's stream yields the
+        others' chunks to the end, then raises it."""
+        reqs, single, base, grammars = self._build_all(prompt, input_ids, sampling_params, return_logprob,
+                                                   logprob_start_len, top_logprobs_num, stream, rid,
+                                                   return_text_in_logprobs)
+        self._check_grammars(grammars, single)
         if stream:
             with self._lock:  # now, as unstreamed (checked again when it starts)
                 self._check_free(base, reqs)
@@ -126,13 +158,15 @@ class Engine:
         """asyncio form of `generate`; with stream=True an async iterator of chunks. Cancelling
         the awaiting task aborts its requests (their KV is freed at once)."""
         if stream:  # checked now (a ValueError at the call, as unstreamed); run as iterated
-            return self._astream(self.generate(prompt, sampling_params, input_ids, return_logprob=return_logprob,
-                                               logprob_start_len=logprob_start_len,
-                                               top_logprobs_num=top_logprobs_num,
-                                               return_text_in_logprobs=return_text_in_logprobs, stream=True,
-                                               rid=rid))
-        reqs, single, base = self._build(prompt, input_ids, sampling_params, return_logprob, logprob_start_len,
-                                         top_logprobs_num, stream, rid, return_text_in_logprobs)
+            return self._astream(await asyncio.to_thread(
+                self.generate, prompt, sampling_params, input_ids, return_logprob=return_logprob,
+                logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+                return_text_in_logprobs=return_text_in_logprobs, stream=True, rid=rid))
+        reqs, single, base, grammars = self._build_all(prompt, input_ids, sampling_params, return_logprob,
+                                                   logprob_start_len, top_logprobs_num, stream, rid,
+                                                   return_text_in_logprobs)
+        if grammars:  # compiles: off the event loop
+            await asyncio.to_thread(self._check_grammars, grammars, single)
         t0 = time.monotonic()
         with self._grouped(base, reqs) as group:
             sent: set[str] = set()
@@ -302,8 +336,14 @@ class Engine:
             raise ValueError("this model has no tokenizer: pass input_ids instead of text")
         return encode_prompt(self.tokenizer, text)
 
-    def _build(self, prompt, input_ids, sampling_params, return_logprob, logprob_start_len, top_logprobs_num,
-               stream, rid, return_text_in_logprobs=False) -> tuple[list[TokenizedGenerateReq], bool, str]:
+    def _build(self, *args: Any, **kwargs: Any) -> tuple[list[TokenizedGenerateReq], bool, str]:
+        """The call's requests (n samples split), whether it was one prompt, and its rid."""
+        return self._build_all(*args, **kwargs)[:3]
+
+    def _build_all(self, prompt, input_ids, sampling_params, return_logprob, logprob_start_len, top_logprobs_num,
+                   stream, rid, return_text_in_logprobs=False
+                   ) -> tuple[list[TokenizedGenerateReq], bool, str, list[tuple[int, SamplingParams]]]:
+        """_build's, and the prompts with a grammar (index, params) for _check_grammars."""
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt (text) or input_ids")
         if rid is not None and not isinstance(rid, str):  # the parts are named "<rid>-<i>"
@@ -354,7 +394,24 @@ class Engine:
             check_context(len(ids), given[i], self.runner.context_len)
             validate_request(r, self.runner.config.vocab_size, self.runner.context_len, self.runner.allocator.num_slots)
             reqs.extend(split_samples(r))  # the prompt is warmed once first (_warm_prefix)
-        return reqs, single, base
+        return reqs, single, base, [(i, p) for i, p in enumerate(plist) if p.has_grammar]
+
+    def _check_grammars(self, grammars: list[tuple[int, SamplingParams]], single: bool) -> None:
+        """Compile the grammars of a call's prompts (`grammars`: index, params) before any of
+        it is queued, with the scheduler's compiler (thread-safe; the scheduler's own compile
+        of them then finds them cached). One prompt's bad grammar raises a ValueError with the
+        message the scheduler would give; a batch's, a BatchError naming each bad prompt."""
+        if not grammars:
+            return
+        compiler = self.scheduler._grammar_compiler
+        if compiler is None:  # made on the engine thread, which owns the scheduler
+            compiler = self._call(lambda s: s.grammar_compiler)
+        errors = GrammarCheck(compiler, grammars).wait()
+        if not errors:
+            return
+        if single:
+            raise ValueError(next(iter(errors.values())))
+        raise BatchError(_batch_message(errors, "prompt"), errors)
 
     def _shape(self, results: list[dict], reqs: list[TokenizedGenerateReq], single: bool):
         if single:
@@ -423,14 +480,18 @@ class Engine:
         return boxes
 
     def _gather(self, reqs: list[TokenizedGenerateReq], boxes: list[queue.Queue], t0: float) -> list[dict]:
-        """Wait for every submitted request; a failed one raises (see below)."""
+        """Wait for every submitted request; a failed one raises once all have finished (see
+        generate), with every result in the exception's `results`."""
         results = [self._collect(r, b, t0) for r, b in zip(reqs, boxes)]
-        errors = [res["meta_info"]["finish_reason"].get("message") for res in results
-                  if res["meta_info"].get("error")]
+        errors = {i: res["meta_info"]["finish_reason"].get("message") for i, res in enumerate(results)
+                  if res["meta_info"].get("error")}
         if errors:
             # a failed batch step is the engine's error (RuntimeError); the rest, the input's
-            kind = RuntimeError if any(res["meta_info"].get("internal_error") for res in results) else ValueError
-            raise kind(errors[0] if len(errors) == 1 else f"{len(errors)} requests failed; first: {errors[0]}")
+            internal = any(res["meta_info"].get("internal_error") for res in results)
+            message = next(iter(errors.values())) if len(results) == 1 else _batch_message(errors, "result")
+            e = RuntimeError(message) if internal else BatchError(message, errors, results)
+            e.results = results
+            raise e
         return results
 
     def _next(self, box: queue.Queue) -> ReqOutput:
@@ -468,6 +529,8 @@ class Engine:
             box: queue.Queue = queue.Queue()
             where = {r.rid: i for i, r in enumerate(reqs)}
             left, sent = set(where), set()
+            failed: dict[int, str] = {}
+            internal = False
             try:
                 self._warm_prefix(reqs)
                 state = {r.rid: (self._detokenizer(r), OutputAccum(r, functools.partial(token_texts, self.tokenizer)))
@@ -478,8 +541,14 @@ class Engine:
                     detok, acc = state[out.rid]
                     acc.add(out)
                     delta = detok.add(out.new_ids, out.finished)
-                    if out.error:
+                    if out.error and not indexed:
                         raise (RuntimeError if out.internal else ValueError)(out.error)
+                    if out.error:  # this one alone: the others stream to their end, then it is raised
+                        failed[where[out.rid]] = out.error
+                        internal |= out.internal
+                        left.discard(out.rid)
+                        self._done(out.rid)
+                        continue
                     # new ids without new text too (a piece of a character, a tail held back as
                     # a possible stop string): the chunks' output_ids add up to the output's
                     if delta or out.new_ids or out.finished is not None:
@@ -491,6 +560,9 @@ class Engine:
                     if out.finished is not None:
                         left.discard(out.rid)
                         self._done(out.rid)
+                if failed:
+                    message = _batch_message(failed, "result")
+                    raise RuntimeError(message) if internal else BatchError(message, failed)
             finally:
                 if left:  # the consumer stopped early (or one failed): abort the rest of what was sent
                     self._abandon([r for r in reqs if r.rid in left and r.rid in sent], group)

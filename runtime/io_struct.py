@@ -42,9 +42,12 @@ class AbortReq:
 
 @dataclass(slots=True)
 class ControlReq:
-    """flush_cache / get_info / check_integrity; answered with a ControlOut of the same id."""
+    """flush_cache / get_info / check_integrity / check_grammars (`payload`: the (index,
+    SamplingParams) of a batch's prompts with a grammar; answered once they have compiled,
+    with {index: error} of the bad ones); answered with a ControlOut of the same id."""
     kind: str
     req_id: int = 0
+    payload: object = None
 
 
 @dataclass(slots=True)

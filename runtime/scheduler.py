@@ -300,11 +300,7 @@ class Scheduler:
                   return_logprob=r.return_logprob, logprob_start_len=r.logprob_start_len,
                   top_logprobs_num=r.top_logprobs_num, stream=r.stream)
         if p.has_grammar:
-            from treadle.constrained import GrammarSpec
-
-            spec = GrammarSpec.from_params(regex=p.regex, json_schema=p.json_schema, choices=p.choices, ebnf=p.ebnf,
-                                           structural_tag=p.structural_tag, reasoning=p.grammar_after_reasoning)
-            req.grammar_future = self.grammar_compiler.compile_async(spec)
+            req.grammar_future = self.grammar_compiler.compile_async(grammar_spec(p))
         return req
 
     @property
@@ -928,6 +924,60 @@ class Scheduler:
         self.outputs.append(ReqOutput(rid=rid, new_ids=[], finished={"type": "abort", "message": message},
                                       prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=0,
                                       error=message, internal=internal))
+
+
+def grammar_spec(p: Any):
+    """The GrammarSpec of a request's output constraint (the compile cache's key)."""
+    from treadle.constrained import GrammarSpec
+
+    return GrammarSpec.from_params(regex=p.regex, json_schema=p.json_schema, choices=p.choices, ebnf=p.ebnf,
+                                   structural_tag=p.structural_tag, reasoning=p.grammar_after_reasoning)
+
+
+class GrammarCheck:
+    """The grammars of a batch's prompts compiled before any of the batch is queued, so that
+    one bad grammar refuses the batch whole (nothing of it half-run) naming each bad prompt.
+    `grammars`: (index, SamplingParams) of the prompts with a grammar; the compiles go through
+    `compiler` (the scheduler's: thread-safe, and its cache then serves the requests' own
+    compiles). `errors` maps a bad prompt's index to the message the scheduler would give."""
+
+    RETRIES = 3  # a compile cancelled under the check (its requests were aborted) is started again
+
+    def __init__(self, compiler: Any, grammars: list[tuple[int, Any]]) -> None:
+        self.compiler = compiler
+        self.errors: dict[int, str] = {}
+        self._pending: list[list] = []  # [index, spec, future, tries]
+        for i, p in grammars:
+            try:
+                spec = grammar_spec(p)
+                self._pending.append([i, spec, compiler.compile_async(spec), 1])
+            except ValueError as e:
+                self.errors[i] = str(e)
+
+    def done(self) -> bool:
+        """Whether every compile has settled (never blocks)."""
+        still = []
+        for item in self._pending:
+            i, spec, fut, tries = item
+            if not fut.done():
+                still.append(item)
+            elif fut.cancelled() and tries < self.RETRIES:
+                item[2:] = [self.compiler.compile_async(spec), tries + 1]
+                still.append(item)
+            elif fut.cancelled():
+                self.errors[i] = "grammar compilation failed: cancelled"
+            elif fut.exception() is not None:
+                self.errors[i] = f"grammar compilation failed: {fut.exception()}"
+        self._pending = still
+        return not still
+
+    def wait(self) -> dict[int, str]:
+        """Block until every compile has settled; returns `errors`."""
+        import concurrent.futures
+
+        while not self.done():
+            concurrent.futures.wait([item[2] for item in self._pending])
+        return self.errors
 
 
 def check_context(prompt_tokens: int, params: Any, context_len: int) -> None:

@@ -366,10 +366,12 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         obj = await read_json(request)
-        reqs, single, aliases = await tm.off_loop(build_native, tm, obj)
+        reqs, single, aliases, grammars = await tm.off_loop(build_native, tm, obj)
         stream = bool(obj.get("stream", False))
         tm.check_capacity(len(reqs))
         tm.check_prompt_logprobs(reqs, "logprob_start_len")
+        if len(reqs) > 1:  # a bad grammar refuses the batch (or n samples) whole, before any of it runs
+            await tm.check_grammars(grammars, batch=isinstance(obj.get("sampling_params"), list) and not single)
         if stream:
             return await stream_or_error(request, native_stream(tm, reqs, aliases),
                                          _render_native(single and len(reqs) == 1,
@@ -458,10 +460,12 @@ def _no_unknown(obj: dict, accepted: set[str]) -> None:
                                    unknown[0])
 
 
-def build_native(tm: TokenizerManager, obj: dict) -> tuple[list[TokenizedGenerateReq], bool, dict[str, tuple]]:
+def build_native(tm: TokenizerManager, obj: dict
+                 ) -> tuple[list[TokenizedGenerateReq], bool, dict[str, tuple], list[tuple[int, SamplingParams]]]:
     """The /generate body -> requests (batch items and n samples expanded), whether the input
-    was a single prompt, and the other rids /abort_request reaches each part by (the batch's
-    rid, the rid of the item its n samples came from)."""
+    was a single prompt, the other rids /abort_request reaches each part by (the batch's
+    rid, the rid of the item its n samples came from), and the (index, params) of the prompts
+    with a grammar to check first (only the first when they share one params object)."""
     _no_unknown(obj, _GENERATE_FIELDS)
     text, ids = obj.get("text"), obj.get("input_ids")
     if (text is None) == (ids is None):
@@ -510,16 +514,18 @@ def build_native(tm: TokenizerManager, obj: dict) -> tuple[list[TokenizedGenerat
         if isinstance(v, list) and len(v) != len(prompts):
             raise APIError.bad_request(f"{len(v)} values of {name} for {len(prompts)} prompts", name)
         per_prompt[name] = v if isinstance(v, list) else [v] * len(prompts)
-    reqs, aliases = [], {}
+    reqs, aliases, grammars = [], {}, []
     batch_name = (rid,) if isinstance(rid, str) and not single else ()
     for i, (p, sparams, r) in enumerate(zip(prompts, params, rids)):
         req = tm.make_req(**p, params=sparams, **{k: v[i] for k, v in per_prompt.items()}, stream=stream, rid=r)
+        if req.sampling_params.has_grammar and (isinstance(sp, list) or not grammars):
+            grammars.append((i, req.sampling_params))
         for part in tm.expand_n(req):
             reqs.append(part)
             aliases[part.rid] = batch_name + ((req.rid,) if part is not req else ())
     if len({r.rid for r in reqs}) != len(reqs):
         raise APIError.bad_request("request ids must be unique", "rid")
-    return reqs, single, aliases
+    return reqs, single, aliases, grammars
 
 
 async def run_native(tm: TokenizerManager, reqs: list[TokenizedGenerateReq], aliases: dict[str, tuple]) -> list[dict]:

@@ -105,10 +105,12 @@ def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = N
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
     last_stats = 0.0
+    checks: list = []  # check_grammars requests whose compiles run: (ControlReq, GrammarCheck)
     while True:
         # busy: take whatever arrived without waiting; idle: sleep on the socket
         # (only grammars compiling: look again shortly)
-        timeout = 0 if sched.has_runnable_work() else grammar_poll_ms if sched.has_work() else IDLE_POLL_MS
+        timeout = 0 if sched.has_runnable_work() else grammar_poll_ms if sched.has_work() or checks \
+            else IDLE_POLL_MS
         to_send: list = []
         arrived = False
         if poller.poll(timeout):
@@ -119,8 +121,8 @@ def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = N
                     break
                 for msg in msgs:
                     arrived |= isinstance(msg, TokenizedGenerateReq)
-                    _handle(sched, msg, to_send)
-        elif not sched.has_work():
+                    _handle(sched, msg, to_send, checks)
+        elif not sched.has_work() and not checks:
             if not parent_alive(ppid):
                 log.info("parent process is gone; exiting")
                 return
@@ -133,6 +135,10 @@ def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = N
             to_send.append(ControlOut("stats", 0, {**sched.info(), "pid": os.getpid()}))
             push.send_pyobj(to_send)
             to_send = []
+        if checks:  # answered once all their compiles have settled
+            settled = [c for c in checks if c[1].done()]
+            checks[:] = [c for c in checks if c not in settled]
+            to_send.extend(ControlOut(m.kind, m.req_id, {"errors": c.errors}) for m, c in settled)
         if sched.has_work():
             to_send.extend(sched.step())
         else:  # aborts of waiting requests and rejections are emitted without a step
@@ -142,12 +148,22 @@ def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = N
             push.send_pyobj(to_send)
 
 
-def _handle(sched: Any, msg: object, to_send: list) -> None:
+def _handle(sched: Any, msg: object, to_send: list, checks: list) -> None:
     if isinstance(msg, TokenizedGenerateReq):
         to_send.append(DetokInit.of(msg.rid, msg.sampling_params))
         sched.add_request(msg)
     elif isinstance(msg, AbortReq):
         sched.abort(msg.rid)
+    elif isinstance(msg, ControlReq) and msg.kind == "check_grammars":
+        from treadle.runtime.scheduler import GrammarCheck
+
+        try:  # the compiles start now; the answer waits for them (see _loop), the steps do not
+            checks.append((msg, GrammarCheck(sched.grammar_compiler, msg.payload)))
+        except ValueError as e:  # no compiler (a model without a tokenizer): every grammar's error
+            to_send.append(ControlOut(msg.kind, msg.req_id, {"errors": {i: str(e) for i, _ in msg.payload}}))
+        except Exception as e:  # noqa: BLE001 - reported back; the scheduler keeps serving
+            log.exception("control request %s failed", msg.kind)
+            to_send.append(ControlOut(msg.kind, msg.req_id, {"error": f"{type(e).__name__}: {e}"}))
     elif isinstance(msg, ControlReq):
         to_send.append(ControlOut(msg.kind, msg.req_id, _control(sched, msg.kind)))
     else:

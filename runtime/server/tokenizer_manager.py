@@ -578,14 +578,42 @@ class TokenizerManager:
                 raise
             return {**snapshot, "stale_s": round(time.monotonic() - heard, 3)}
 
-    async def control(self, kind: str, timeout: float = 30.0) -> Any:
+    async def check_grammars(self, grammars: list[tuple[int, SamplingParams]], batch: bool) -> None:
+        """Compile the grammars of a request's prompts (`grammars`: index, params) in the
+        scheduler before any of it is sent, so that one bad grammar refuses the whole request
+        with a 400 and nothing of it runs (the compiles are cached for the requests after).
+        `batch`: the prompts have params of their own, and the 400 names each bad one by its
+        index ("prompt 1 of the batch", param "sampling_params[1].regex"); else it is the
+        grammar's own error, as a single request's."""
+        if not grammars:
+            return
+        timeout = 30.0 + self.args.grammar_compile_timeout_s * len(grammars)
+        res = await self.control("check_grammars", timeout, payload=list(grammars))
+        if "error" in res:
+            raise APIError(f"checking the grammars failed: {res['error']}", 500, "server_error", None, "internal_error")
+        errors: dict[int, str] = res["errors"]
+        if not errors:
+            return
+        params = dict(grammars)
+        first = min(errors)
+        field = next(f for f in GRAMMAR_FIELDS if getattr(params[first], f) is not None)
+        if not batch:
+            raise APIError.bad_request(errors[first], field)
+        if len(errors) == 1:
+            message = f"prompt {first} of the batch: {errors[first]}"
+        else:
+            message = (f"prompts {', '.join(map(str, sorted(errors)))} of the batch have a grammar that does not "
+                       f"compile; prompt {first}: {errors[first]}")
+        raise APIError.bad_request(message, f"sampling_params[{first}].{field}")
+
+    async def control(self, kind: str, timeout: float = 30.0, payload: object = None) -> Any:
         """Run a control request in the scheduler and return its result."""
         if self.dead:
             raise APIError(f"a server process died: {self.dead}", 503, "server_error", None, "server_process_died")
         req_id = next(self.control_ids)
         fut = asyncio.get_running_loop().create_future()
         self.control_futs[req_id] = fut
-        self._push.send_pyobj([ControlReq(kind, req_id)])
+        self._push.send_pyobj([ControlReq(kind, req_id, payload)])
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError as e:

@@ -1,0 +1,81 @@
+"""/generate with a list of prompts, one of them with a bad grammar (an invalid regex, a refused
+JSON schema, an EBNF that does not parse): a 400 naming the bad prompt by its index and the
+field, before any of the batch runs (it was a 400 with the grammar's error alone, after the
+good prompts had started; a stream could start streaming the good ones, then end in an error
+event). The same for stream=True and for n samples of one prompt (their shared prompt was
+prefilled first, for nothing)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from treadle.runtime.server.testing import ServerProcess, wait_idle
+
+pytestmark = pytest.mark.slow
+T = 120
+GREEDY = {"max_new_tokens": 4, "temperature": 0}
+PROMPTS = ["The capital of France is", "One, two, three,", "def add(a, b):"]
+BAD = {
+    "regex": ({"regex": "(ab"}, "regex"),
+    "json_schema": ({"json_schema": '{"type": "integer", "multipleOf": 7}'}, "multipleOf"),
+    "ebnf": ({"ebnf": 'root ::= ("a"'}, "ebnf"),
+}
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"])
+    yield s
+    s.close()
+
+
+def post(srv, body: dict, **kw) -> requests.Response:
+    return requests.post(srv.url + "/generate", data=json.dumps(body), headers={"Content-Type": "application/json"},
+                         timeout=T, **kw)
+
+
+def ran(srv) -> tuple[int, int]:
+    """(requests the scheduler took, prompt tokens it computed) so far, once idle."""
+    info = wait_idle(srv.url)
+    return info["requests"], info["prompt_tokens"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("kind", sorted(BAD))
+def test_a_bad_grammar_in_a_batch_is_a_400_naming_its_index_and_nothing_runs(srv, kind, stream):
+    bad, word = BAD[kind]
+    before = ran(srv)
+    r = post(srv, {"text": PROMPTS, "stream": stream,
+                   "sampling_params": [GREEDY, {**GREEDY, **bad}, {**GREEDY, "regex": "[a-z]+"}]})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["message"].startswith("prompt 1 of the batch: ") and word in err["message"], err
+    assert err["param"] == f"sampling_params[1].{kind}", err
+    assert ran(srv) == before  # nothing of the batch reached the scheduler
+    good = post(srv, {"text": [PROMPTS[0], PROMPTS[2]], "sampling_params": [GREEDY, {**GREEDY, "regex": "[a-z]+"}]})
+    assert good.status_code == 200, good.text
+    assert good.json()[1]["text"].isalpha(), good.text
+
+
+def test_every_bad_prompt_is_named(srv):
+    r = post(srv, {"text": PROMPTS, "sampling_params": [{**GREEDY, "ebnf": "root ::= ("}, GREEDY,
+                                                         {**GREEDY, "regex": "(ab"}]})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["message"].startswith("prompts 0, 2 of the batch "), err
+    assert err["param"] == "sampling_params[0].ebnf", err
+
+
+def test_n_samples_of_a_bad_grammar_prefill_nothing(srv):
+    before = ran(srv)
+    for body in ({"text": PROMPTS[0], "sampling_params": {**GREEDY, "regex": "(ab", "n": 3}},
+                 {"text": PROMPTS[:2], "sampling_params": {**GREEDY, "regex": "(ab"}}):
+        r = post(srv, body)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]  # one params object for all: the grammar's own error, as one request's
+        assert err["param"] == "regex" and err["message"].startswith("grammar compilation failed"), err
+    assert ran(srv) == before
+    ok = post(srv, {"text": PROMPTS[0], "sampling_params": {**GREEDY, "regex": "[0-9]{2}", "n": 2}})
+    assert ok.status_code == 200 and [x["text"].isdigit() for x in ok.json()] == [True, True], ok.text
