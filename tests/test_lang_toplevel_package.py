@@ -79,6 +79,15 @@ def test_importing_the_runtime_does_not_load_the_dsl():
     assert out.returncode == 0, out.stderr
 
 
+def test_the_subpackages_are_attributes_on_first_use():
+    """SGLang programs reach `sgl.lang.ir`; a subpackage not yet imported was an AttributeError."""
+    out = subprocess.run([sys.executable, "-c", "import treadle as sgl; print(sgl.lang.ir.REGEX_INT);"
+                          "print(sgl.constrained.__name__, 'radix_cache' in dir(sgl))"],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[-+]?[0-9]+[ \\n]*", "treadle.constrained True"]
+
+
 def test_the_editable_install_maps_the_top_level_package(tmp_path):
     """From a folder outside the checkout `treadle` comes through the installed package's
     mapping, not the current directory (pyproject.toml's package-dir)."""

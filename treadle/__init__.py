@@ -47,6 +47,10 @@ _MISSING = {
 
 __all__ = sorted(_FROM_LANG | {"__version__"})
 
+# the subpackages, imported on first use as attributes (`import treadle; treadle.lang.ir`), as
+# SGLang programs reach `sgl.lang.ir`
+_SUBPACKAGES = frozenset({"lang", "runtime", "radix_cache", "constrained", "kernels"})
+
 
 def __getattr__(name: str) -> Any:
     if name in _FROM_LANG:
@@ -55,6 +59,10 @@ def __getattr__(name: str) -> Any:
         value = getattr(treadle.lang, name)
         globals()[name] = value  # loaded once
         return value
+    if name in _SUBPACKAGES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")  # the import binds it here
     if name == "__version__":
         from importlib.metadata import PackageNotFoundError, version
 
@@ -71,4 +79,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | _SUBPACKAGES)
