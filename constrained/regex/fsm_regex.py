@@ -28,19 +28,38 @@ def fsm_to_regex(fsm: Any, limit: int = 20_000) -> str | None:
     if fsm.initial not in live:
         return None
     classes = _edge_classes(fsm)
+    # the states numbered in an order of the automaton's own (breadth first from the start,
+    # edges by their least character), not interegular's, which follows the hash order of
+    # its alphabet: the elimination order, so the regex and whether it fits ``limit``, are
+    # then the same in every process (a format under a minLength was a 400 in some runs only)
+    by_symbol = fsm.alphabet.by_transition
+
+    def symbol_key(symbol: Any) -> tuple:
+        chars = [c for c in by_symbol[symbol] if c is not anything_else]
+        return (not chars, min(chars) if chars else "")
+
+    rank, order = {fsm.initial: 0}, [fsm.initial]
+    for p in order:  # (grows as it goes: a breadth-first walk)
+        for symbol in sorted(fsm.map.get(p, {}), key=symbol_key):
+            q = fsm.map[p][symbol]
+            if q in live and q not in rank:
+                rank[q] = len(rank)
+                order.append(q)
     start, end = object(), object()
-    edges: dict[Any, dict[Any, str]] = {q: {} for q in (start, *live)}
-    edges[start][fsm.initial] = ""
-    for p in live:
+    edges: dict[Any, dict[Any, str]] = {q: {} for q in (start, *range(len(order)))}
+    edges[start][0] = ""
+    for p in order:
         by_target: dict[Any, list] = {}
-        for symbol, q in fsm.map.get(p, {}).items():
+        for symbol in sorted(fsm.map.get(p, {}), key=symbol_key):
+            q = fsm.map[p][symbol]
             if q in live:
-                by_target.setdefault(q, []).append(symbol)
+                by_target.setdefault(rank[q], []).append(symbol)
         for q, symbols in by_target.items():
-            edges[p][q] = classes(symbols)
+            edges[rank[p]][q] = classes(symbols)
         if p in fsm.finals:
-            edges[p][end] = _alt(edges[p].get(end), "")
-    # state elimination, fewest paths through first (ties by name): each state's
+            edges[rank[p]][end] = _alt(edges[rank[p]].get(end), "")
+    live = set(range(len(order)))
+    # state elimination, fewest paths through first (ties by the order above): each state's
     # predecessors are kept up to date and the choice comes from a heap, so each elimination
     # costs its own edges (a key set of ~1,000 names was cubic: 13 s)
     preds: dict[Any, set] = {q: set() for q in live}
@@ -48,10 +67,9 @@ def fsm_to_regex(fsm: Any, limit: int = 20_000) -> str | None:
         for q in row:
             if q is not end and q != p:
                 preds[q].add(p)
-    names = {q: str(q) for q in live}
 
     def key(s: Any) -> tuple:
-        return (len(preds[s]) * (len(edges[s]) - (s in edges[s])), names[s])
+        return (len(preds[s]) * (len(edges[s]) - (s in edges[s])), s)
 
     pending = set(live)
     heap = [(key(q), n, q) for n, q in enumerate(live)]

@@ -196,7 +196,9 @@ _URI = r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}" + URI_AFTER_SCHEME
 _SEGMENT = r"[a-zA-Z0-9._~-]+"
 _POINTER = r'(?:/(?:[^"\\\x00-\x1f/~]|~[01])*)*'
 _BOUNDED_POINTER = r"(?:/(?:[a-zA-Z0-9._-]|~[01]){0,20}){0,6}"
-_VARSPEC = r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*(?::[1-9][0-9]{0,3}|\*)?"  # RFC 6570 varname [modifier]
+# RFC 6570 varname [modifier]: a prefix of 1 to 3 digits (the RFC allows up to 9999; the
+# uri_template package, jsonschema's uri-template checker, takes 3 digits at most)
+_VARSPEC = r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*(?::[1-9][0-9]{0,2}|\*)?"
 _BOUNDED_URI = rf"https?://{_LABEL}(?:\.{_LABEL}){{0,3}}(?::[0-9]{{1,5}})?(?:/[a-zA-Z0-9._~-]{{0,20}}){{0,5}}"
 _BOUNDED_REF = (rf"(?:{_BOUNDED_URI}|/?[a-zA-Z0-9._~-]{{1,20}}(?:/[a-zA-Z0-9._~-]{{1,20}}){{0,5}}"
                 r"(?:#[a-zA-Z0-9._~/-]{0,20})?|#[a-zA-Z0-9._~/-]{0,20})")
@@ -358,6 +360,11 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
                 else:
                     out.append("[" + body + "]")
                 i += 2
+            elif nxt in "123456789" or nxt == "k" and pattern.startswith("<", i + 2):
+                ref = re.match(r"\\(?:[1-9][0-9]*|k<[^>]*>)", pattern[i:])
+                raise RegexDialectError(
+                    f"regex: backreference '{ref.group(0) if ref else pattern[i:i + 2]}' at offset {i} is not "
+                    "supported (what it matches depends on what a group matched: no automaton can check it)")
             else:
                 raise RegexDialectError(
                     f"regex: escape '\\{nxt}' at offset {i} is not supported "
@@ -456,6 +463,10 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
             elif not ecma and pattern.startswith("(?#", i) and ")" in pattern[i:]:  # a comment: nothing
                 i = pattern.index(")", i) + 1
                 continue  # (what came before keeps its quantifier state: Python reads "a(?#c)*" as "a*")
+            elif pattern.startswith("(?P=", i):
+                raise RegexDialectError(
+                    f"regex: backreference '{pattern[i:pattern.find(')', i) + 1 or None]}' at offset {i} is not "
+                    "supported (what it matches depends on what a group matched: no automaton can check it)")
             elif pattern.startswith("(?", i):
                 raise RegexDialectError(
                     f"regex: group syntax '{pattern[i:i+3]}' at offset {i} is not supported "
@@ -932,21 +943,29 @@ def bounded_repetitions(body: str, most: int) -> str:
 
 
 def reshaped_repetitions(body: str, least: int, most: int | None, cap_counted: bool = True,
-                         loops: bool = True, optional: bool = True) -> str:
+                         loops: bool = True, optional: bool = True, only: int | None = None) -> str:
     """``body`` (a translated regex) with every repetition's range narrowed toward
     ``least..most`` repetitions: ``*`` is ``{least,most}``, ``+`` ``{max(1,least),most}``,
     ``?`` is required once ``least`` is 1 or more, ``{m,}`` is ``{a,a+most}`` with ``a =
     max(m, least)``, and (``cap_counted``) ``{m,n}`` is ``{a,min(n, max(a, most))}`` with
     ``a = max(m, min(least, n))``; ``most`` None leaves upper bounds as they are. Without
     ``loops``, only counted ``{m,n}`` change (``*``, ``+``, ``?``, ``{m,}`` stay); without
-    ``optional``, ``?`` is ``{0}`` (the part left out) where ``least`` is 0.
+    ``optional``, ``?`` is ``{0}`` (the part left out) where ``least`` is 0. With ``only``, the
+    ``only``-th quantifier of ``body`` alone (counted from 0 in the order written,
+    ``quantifier_sites`` lists them) changes; the others stay as written.
 
     Each new range lies inside the old one, and concatenation, alternation and repetition
     are monotone, so the result's strings are some of ``body``'s (sound wherever ``body``
     is). Raising ``least`` lengthens the shortest strings (for a minLength), lowering
     ``most`` shortens the longest (for a maxLength)."""
+    return _reshaped(body, least, most, cap_counted, loops, optional, only)[0]
+
+
+def _reshaped(body: str, least: int, most: int | None, cap_counted: bool, loops: bool, optional: bool,
+              only: int | None) -> tuple[str, list[int]]:
+    """``reshaped_repetitions``' text, and where each quantifier of ``body`` starts."""
     assert most is None or most >= least
-    out, i = [], 0
+    out, i, sites = [], 0, []
 
     def counted(lo: int, top: int | None) -> str:
         if top is None:
@@ -974,6 +993,13 @@ def reshaped_repetitions(body: str, least: int, most: int | None, cap_counted: b
             out.append("(?:")
             i += 3
             continue
+        quantifier = _QUANTIFIER.match(body, i)
+        if quantifier:
+            sites.append(i)
+            if only is not None and len(sites) - 1 != only:  # another quantifier: as written
+                out.append(quantifier.group(0))
+                i = quantifier.end()
+                continue
         if c in "*+?" and not loops:
             out.append(c)
         elif c == "{" and not loops and re.match(r"\{\d+,\}", body[i:]):
@@ -1004,7 +1030,17 @@ def reshaped_repetitions(body: str, least: int, most: int | None, cap_counted: b
         else:
             out.append(c)
         i += 1
-    return "".join(out)
+    return "".join(out), sites
+
+
+# a quantifier of a translated regex, where one stands (outside classes, not a group's "(?")
+_QUANTIFIER = re.compile(r"[*+?]|\{\d+(?:,\d*)?\}")
+
+
+def quantifier_sites(body: str) -> list[int]:
+    """Where each quantifier of ``body`` (a translated regex) starts, in the order written:
+    ``reshaped_repetitions``' ``only`` indexes this list."""
+    return _reshaped(body, 0, None, True, True, True, None)[1]
 
 
 def has_top_level_alternation(core: str) -> bool:

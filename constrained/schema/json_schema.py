@@ -1875,12 +1875,20 @@ def _format_with_length(fmt: str, lo: int, hi: int | None, path: str) -> str:
         raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path}: {fmt!r} with minLength/maxLength "
                                      f"{lo}..{hi} is not supported: its strings have {shortest} to {longest} "
                                      "characters, and only bounds that cut none of them off are")
-    length = _lengths_fsm(lo, hi)
+    # a bound every string of the format meets says nothing (a smaller product to write)
+    length = _lengths_fsm(0 if lo <= shortest else lo, None if longest is not None and hi is not None and
+                          hi >= longest else hi)
     try:
         out = fsm_to_regex(fsm & length)
-    except ValueError as exc:  # the intersection's regex is too long
-        raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path} together with minLength/maxLength "
-                                     f"{lo}..{hi} is not supported: {exc}") from exc
+    except ValueError:  # the intersection's regex is too long: a subset that fits, if any
+        fitted = _one_repetition_to_length(rx, lo, hi) or _capped_to_length(rx, lo, hi)
+        if fitted is None:
+            raise UnsupportedSchemaError(
+                f"json_schema: keyword 'format' at {path} together with minLength/maxLength {lo}..{hi} is not "
+                f"supported: {fmt!r} strings have {shortest} to {longest} characters, its strings within the "
+                "lengths are too many ways apart to write as one regex, and no repetition of it raised or bounded "
+                "fits them") from None
+        return fitted
     if out is None:
         raise Unsatisfiable(f"json_schema: keyword 'format' at {path}: no {fmt!r} string has {lo}..{hi} characters")
     return out
@@ -1923,6 +1931,58 @@ def _format_branches_inside(fmt: str, pattern_fsm: Any) -> str | None:
                 kept.append(cand)
                 break
     return "(?:" + "|".join(kept) + ")" if kept else None
+
+
+def _one_repetition_to_length(rx: str, lo: int, hi: int | None) -> str | None:
+    """``rx`` (a format's regex, no assertions) with one repetition given enough rounds that
+    every string has at least ``lo`` characters, the others as written (a subset, and the
+    format's own strings elsewhere: ``https://`` URLs under minLength 10 have a host of 6
+    characters or more), or None. Under a ``hi`` too, the repetitions are then bounded to the
+    most rounds (up to 64 more) whose strings all have at most ``hi`` characters; a class
+    repeated alone (``format: regex`` under 1..1000) is that class ``lo`` to ``hi`` times
+    (exact). The repetitions of a class are tried first (their rounds are plain characters),
+    unbounded ones before counted ones, each in the order written. A regex of top-level
+    branches (uri-reference: a URI, a path, a fragment) has each branch fitted alone, those
+    that fit kept."""
+    bare = re.fullmatch(r"(\[(?:\\.|[^\]\\])*\])\*", rx)
+    if bare:
+        return f"{bare.group(1)}{{{lo},{'' if hi is None else hi}}}"
+    whole = _one_repetition_fitted(rx, lo, hi)
+    if whole is not None or not _top_branches(rx):
+        return whole
+    kept = [b for b in (_one_repetition_fitted(br, lo, hi) for br in _top_branches(rx)) if b is not None]
+    return "(?:" + "|".join(kept) + ")" if kept else None
+
+
+def _one_repetition_fitted(rx: str, lo: int, hi: int | None) -> str | None:
+    """``_one_repetition_to_length`` for one branch (see there)."""
+    width = lambda r: _sre_parser.parse(r).getwidth()  # noqa: E731
+    raised: list[str] = [rx] if width(rx)[0] >= lo else []  # (no repetition needs more rounds)
+    if not raised:
+        sites = []
+        for n, at in enumerate(text.quantifier_sites(rx)):
+            on_class = at > 0 and rx[at - 1] == "]"  # (a preference only: an escaped "]" may pass for one)
+            unbounded = re.match(r"[*+]|\{\d+,\}", rx[at:]) is not None
+            sites.append((not on_class, not unbounded, n))
+        for _, _, n in sorted(sites):
+            if width(text.reshaped_repetitions(rx, lo, None, only=n))[0] < lo:
+                continue  # rounds of it alone never reach lo (a bound, or an optional part around it)
+            low, high = 1, lo
+            while low < high:  # the fewest rounds that reach lo: the shortest grows with them
+                mid = (low + high) // 2
+                if width(text.reshaped_repetitions(rx, mid, None, only=n))[0] >= lo:
+                    high = mid
+                else:
+                    low = mid + 1
+            raised.append(text.reshaped_repetitions(rx, low, None, only=n))
+    for cand in raised:
+        if hi is None:
+            return cand
+        for k in range(64, -1, -1):  # every repetition bounded (its least kept): the most rounds that fit hi
+            bounded = text.reshaped_repetitions(cand, 0, k, cap_counted=False)
+            if width(bounded)[1] <= hi:
+                return bounded
+    return None
 
 
 def _capped_to_length(rx: str, lo: int, hi: int | None) -> str | None:
