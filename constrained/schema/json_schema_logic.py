@@ -139,6 +139,15 @@ def complement(schema: Any, resolve: Callable[[str], Any], depth: int = 0) -> li
             if broken:
                 value = broken[0] if len(broken) == 1 else {"anyOf": broken}
                 out.append({"type": "object", "required": [name], "properties": {name: value}})
+    contains = schema.get("contains")
+    least = schema.get("minContains", 1)
+    if "contains" in schema and isinstance(contains, (dict, bool)) and not (isinstance(least, int) and least <= 0):
+        # (minContains 0 is met by every array) arrays none of whose items is valid under it
+        out.append({"type": "array", "items": {"not": contains}})
+    items = schema.get("items")
+    if isinstance(items, (dict, bool)) and items is not True and "prefixItems" not in schema:
+        # (beside prefixItems it says only of the later items) arrays with an item invalid under it
+        out.append({"type": "array", "contains": {"not": items}})
     if isinstance(schema.get("pattern"), str):  # strings it does not match (json_schema.py writes them)
         out.append({"type": "string", "__not_pattern__": [schema["pattern"]]})
     if "const" in schema or "enum" in schema:
