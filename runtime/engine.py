@@ -125,7 +125,7 @@ class Engine:
         (returns a list). Invalid input raises ValueError before anything is queued. Logprobs
         are `(logprob, token_id, text)` triples in meta_info, as SGLang's (io_struct.OutputAccum).
 
-        A batch is checked whole before any of it is queued, grammars included (each is
+        A batch (or n samples) is checked whole before any of it is queued, grammars included (each is
         compiled, as the scheduler would, and the compile is cached for it): one bad request
         raises a `BatchError` (a ValueError) naming every bad prompt by its index and what is
         wrong, and nothing runs, so the caller loses nothing and can resend the rest. An error
@@ -135,7 +135,8 @@ class Engine:
         reqs, single, base, grammars = self._build_all(prompt, input_ids, sampling_params, return_logprob,
                                                    logprob_start_len, top_logprobs_num, stream, rid,
                                                    return_text_in_logprobs)
-        self._check_grammars(grammars, single)
+        if len(reqs) > 1:  # one request alone is never half-run: its grammar compiles in the scheduler
+            self._check_grammars(grammars, single)
         if stream:
             with self._lock:  # now, as unstreamed (checked again when it starts)
                 self._check_free(base, reqs)
@@ -165,7 +166,7 @@ class Engine:
         reqs, single, base, grammars = self._build_all(prompt, input_ids, sampling_params, return_logprob,
                                                    logprob_start_len, top_logprobs_num, stream, rid,
                                                    return_text_in_logprobs)
-        if grammars:  # compiles: off the event loop
+        if grammars and len(reqs) > 1:  # as generate's; compiles: off the event loop
             await asyncio.to_thread(self._check_grammars, grammars, single)
         t0 = time.monotonic()
         with self._grouped(base, reqs) as group:

@@ -87,3 +87,27 @@ def test_grammar_errors_do_not_disturb_the_results_of_good_batches(engine):
     again = engine.generate(PROMPTS, params)
     assert [r["output_ids"] for r in again] == [r["output_ids"] for r in first]
     assert again[1]["text"].isdigit() and again[2]["text"] in ("yes", "no")
+
+
+def test_a_request_failing_while_running_loses_the_others_results(engine):
+    """An error no check can find before running (here a row whose logits go NaN, as in
+    test_hostile_batch) fails its request alone: a batch still raises, but carries every
+    result, the others' as they are alone; a batch's stream yields the others to their end
+    first. Before, the others' results were dropped, and a stream stopped at the error."""
+    from test_hostile_batch import POISON_TOKENS, poison_rows
+
+    alone = engine.generate([PROMPTS[0], PROMPTS[2]], GREEDY)
+    engine._call(lambda s: poison_rows(s, after=1))
+    params = [GREEDY, {**GREEDY, "max_new_tokens": POISON_TOKENS}, GREEDY]
+    with pytest.raises(RuntimeError, match="result 1 of the batch") as info:
+        engine.generate(PROMPTS, params)
+    results = info.value.results
+    assert [results[0]["output_ids"], results[2]["output_ids"]] == [r["output_ids"] for r in alone]
+    assert results[1]["meta_info"]["error"]
+    chunks = []
+    with pytest.raises(RuntimeError, match="result 1 of the batch"):
+        for c in engine.generate(PROMPTS, params, stream=True):
+            chunks.append(c)
+    streamed = {i: [t for c in chunks if c["index"] == i for t in c["output_ids"]] for i in (0, 2)}
+    assert [streamed[0], streamed[2]] == [r["output_ids"] for r in alone]
+    engine.check_integrity()
