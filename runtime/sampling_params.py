@@ -131,8 +131,10 @@ class SamplingParams:
         if isinstance(self.structural_tag, dict):
             self.structural_tag = json.dumps(self.structural_tag, separators=(",", ":"), ensure_ascii=False)
         if isinstance(self.logit_bias, dict):  # JSON object keys are strings: "1234" -> 1234
-            self.logit_bias = {int(k) if isinstance(k, str) and k.isdecimal() else k: v
-                               for k, v in self.logit_bias.items()} or None
+            # ASCII digits only ("٥" and "５" are no token id; int() read them as 5), and not
+            # past what int() converts (5,000 digits raised its own error): validate names it
+            self.logit_bias = {int(k) if isinstance(k, str) and k.isascii() and k.isdecimal() and len(k) <= 20
+                               else k: v for k, v in self.logit_bias.items()} or None
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the first out-of-range field."""

@@ -221,6 +221,11 @@ async def read_json(request: Request) -> dict:
     --max-request-bytes, before the rest is read). A body of a megabyte or more is parsed on
     a builder thread (TokenizerManager.off_loop)."""
     state: ServerState = request.app.state.server
+    coding = request.headers.get("content-encoding", "").strip().lower()
+    if coding not in ("", "identity"):  # RFC 9110 15.5.16: a content coding the server does not take is a 415
+        raise APIError(f"the request body is sent with Content-Encoding {coding!r}; this server reads only "
+                       "uncompressed bodies: send it without a Content-Encoding", 415, "invalid_request_error",
+                       None, "unsupported_content_encoding", {"Accept-Encoding": "identity"})
     raw = await read_body(request, state.args.max_request_bytes)
     # a megabyte or more takes milliseconds to parse: a builder thread's work (an abort or a
     # probe, small, never waits behind the builders)

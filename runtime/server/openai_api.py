@@ -308,10 +308,17 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
             aliases[r.rid] = tuple(dict.fromkeys(x for x in (name, b.rid) if x is not None and x != r.rid))
     tm.check_capacity(len(reqs))
     tm.check_prompt_logprobs(reqs, "logprobs")
+    if len(reqs) > 1 and base[0].sampling_params.has_grammar:
+        # prompts and n samples share one grammar: a bad one is a 400 before any of them runs
+        # (their shared prompt was prefilled first, for nothing)
+        try:
+            await tm.check_grammars([(0, base[0].sampling_params)], batch=False)
+        except APIError as e:
+            _locate_grammar_error(e, body, tools)
+            raise
 
     def generate(r: TokenizedGenerateReq):
-        chunks = tm.generate(r, aliases[r.rid])
-        return chunks if tools is None else _tool_errors(chunks, tools)
+        return _grammar_errors(tm.generate(r, aliases[r.rid]), body, tools)
 
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     shaper = _Shaper(tm, rid, state.model_name, chat, int(time.time()), len(reqs) // len(base), tools, echoes,
@@ -352,17 +359,32 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
     return ReplyJSON(out)
 
 
-async def _tool_errors(chunks, tools: ToolPlan):
-    """`chunks`, with a grammar error of the tools' schemas located in the request's `tools`
-    (the grammar is built around them: its paths would name that wrapper)."""
+async def _grammar_errors(chunks, body: dict, tools: ToolPlan | None):
+    """`chunks`, with a grammar error named by the field the client sent (_locate_grammar_error)."""
     async with contextlib.aclosing(chunks):
         try:
             async for c in chunks:
                 yield c
         except APIError as e:
-            if e.param in GRAMMAR_FIELDS:
-                e.message, e.param = tools.locate(e.message), "tools"
+            _locate_grammar_error(e, body, tools)
             raise
+
+
+def _locate_grammar_error(e: APIError, body: dict, tools: ToolPlan | None) -> None:
+    """A grammar error (its param a sampling param: json_schema, regex, ...) named by the field
+    the client sent it in: response_format, a vLLM guided_* alias, or `tools` when the grammar
+    is built around the tools' schemas (its paths would name that wrapper: located in them)."""
+    if e.param not in GRAMMAR_FIELDS:
+        return
+    rf = body.get("response_format")
+    if isinstance(rf, dict) and rf.get("type") not in (None, "text"):
+        e.param = "response_format"
+        return
+    alias = next((a for a, name in _GUIDED.items() if name == e.param and body.get(a) is not None), None)
+    if alias is not None:
+        e.param = alias
+    elif tools is not None and body.get(e.param) is None:
+        e.message, e.param = tools.locate(e.message), "tools"
 
 
 class _Shaper:

@@ -35,6 +35,7 @@ from treadle.runtime.server.protocol import APIError, overloaded
 log = logging.getLogger("treadle.server")
 T = TypeVar("T")
 BUILD_THREADS = 4  # threads that build requests (TokenizerManager.off_loop)
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # OpenAI's message roles
 MAX_STOP_STRINGS = 128  # a request's stop strings (OpenAI takes 4)
 # prompt logprob values (scored prompt tokens x (1 + top logprobs)) one request may ask for, over
 # its prompts and n samples: 24 full 8k-token prompts with top 20, 256 2k-token ones with top 1
@@ -305,7 +306,13 @@ class TokenizerManager:
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise APIError.bad_request(f"messages[{i}] must be an object with a string 'role'", "messages")
+            if m["role"] not in CHAT_ROLES:  # as OpenAI: a role the template may not know is not rendered blindly
+                raise APIError.bad_request(f"messages[{i}].role: invalid value {m['role']!r}; supported values are "
+                                           f"{', '.join(repr(r) for r in CHAT_ROLES)}", f"messages[{i}].role")
             content = m.get("content")
+            if content is None and m["role"] != "assistant":  # an assistant's may be left out (its tool calls)
+                raise APIError.bad_request(f"messages[{i}]: a {m['role']} message needs a 'content' (a string or a "
+                                           "list of text parts)", f"messages[{i}].content")
             if isinstance(content, list):  # content parts: only text (and an assistant's refusal) carry meaning here
                 texts = []
                 for part in content:
