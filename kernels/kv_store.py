@@ -148,20 +148,9 @@ def dot_operand_dtype(dtype: torch.dtype, on_gpu: bool) -> tl.dtype:
     return tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
 
 
-def store_kv(
-    k_buffer: torch.Tensor,  # [num_slots, Hk, D]
-    v_buffer: torch.Tensor,  # [num_slots, Hk, D]
-    slots: torch.Tensor,  # [T] int64 (or int32)
-    k: torch.Tensor,  # [T, Hk, D]
-    v: torch.Tensor,  # [T, Hk, D]
-) -> None:
-    """Scatter k[t] / v[t] into k_buffer[slots[t]] / v_buffer[slots[t]] (cast to the pool dtype).
-
-    k / v are fp16/bf16/fp32; the pool is one of those or float8_e5m2 (rounded to nearest even).
-    Requires: pool rows contiguous (stride(1) == D, stride(2) == 1) and identical K/V pool
-    layouts; k / v rows contiguous per token (any token stride); slots in [0, num_slots).
-    Slots must be distinct (duplicate slots race, as in the reference's undefined order).
-    """
+def check_store(k_buffer: torch.Tensor, v_buffer: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor) -> None:
+    """store_kv's argument checks (also those of kernels/rope.py's fused rotate-and-store)."""
     for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D [*, Hk, D], got shape {tuple(t.shape)}")
@@ -186,6 +175,24 @@ def store_kv(
                 f"{name} must have shape [T={num_tokens}, Hk={k_buffer.shape[1]}, D={k_buffer.shape[2]}], "
                 f"got {tuple(t.shape)}"
             )
+
+
+def store_kv(
+    k_buffer: torch.Tensor,  # [num_slots, Hk, D]
+    v_buffer: torch.Tensor,  # [num_slots, Hk, D]
+    slots: torch.Tensor,  # [T] int64 (or int32)
+    k: torch.Tensor,  # [T, Hk, D]
+    v: torch.Tensor,  # [T, Hk, D]
+) -> None:
+    """Scatter k[t] / v[t] into k_buffer[slots[t]] / v_buffer[slots[t]] (cast to the pool dtype).
+
+    k / v are fp16/bf16/fp32; the pool is one of those or float8_e5m2 (rounded to nearest even).
+    Requires: pool rows contiguous (stride(1) == D, stride(2) == 1) and identical K/V pool
+    layouts; k / v rows contiguous per token (any token stride); slots in [0, num_slots).
+    Slots must be distinct (duplicate slots race, as in the reference's undefined order).
+    """
+    check_store(k_buffer, v_buffer, slots, k, v)
+    num_tokens = slots.shape[0]
     check_device(_store_kv_kernel, k_buffer=k_buffer, v_buffer=v_buffer, slots=slots, k=k, v=v)
     if num_tokens == 0:
         return

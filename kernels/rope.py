@@ -16,6 +16,10 @@ host sync); the reference raises an IndexError.
 the normalised head is rounded to the dtype, multiplied by its weight, rounded again, then
 rotated. It equals rmsnorm then rope as two launches, without the two copies and three
 launches that costs a layer at decode.
+
+``kv_store=(k_buffer, v_buffer, slots, v)`` also writes each token's rotated k and its v into
+the KV pool rows ``slots[t]`` (cast to the pool dtype, as kernels/kv_store.py's ``store_kv``):
+the attention backends' rotate-and-store, one launch a layer instead of two.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import triton
 import triton.language as tl
 
 from treadle.kernels import pdl
+from treadle.kernels.kv_store import check_store, store_kv_ref
 
 __all__ = ["apply_rope", "apply_rope_ref", "build_cos_sin_cache"]
 
@@ -44,11 +49,12 @@ def _norm_half(x, rstd, w_ptr, d, dtype):
 def _rotate_heads(
     x_ptr, cos, sin, w_ptr, eps,
     num_heads, token,
-    stride_t, stride_h,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, NORM: tl.constexpr,
+    stride_t, stride_h, dst_ptr,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr,
 ):
     # Rotates all heads of one token in tiles of [BLOCK_H, HALF]; cos/sin are [HALF] fp32.
-    # NORM: each head RMS-normalised by the weight at w_ptr first.
+    # NORM: each head RMS-normalised by the weight at w_ptr first. STORE: the rotated heads
+    # are also written to dst_ptr, a pool row of contiguous [heads, 2 * HALF] (in its dtype).
     d = tl.arange(0, HALF)
     for h0 in range(0, num_heads, BLOCK_H):
         h = h0 + tl.arange(0, BLOCK_H)
@@ -64,16 +70,24 @@ def _rotate_heads(
         o2 = x2 * cos[None, :] + x1 * sin[None, :]
         tl.store(ptr, o1.to(x_ptr.dtype.element_ty), mask=mask)
         tl.store(ptr + HALF, o2.to(x_ptr.dtype.element_ty), mask=mask)
+        if STORE:
+            # through x's dtype first: the pool holds what store_kv would copy from x
+            dst = dst_ptr + h[:, None] * (2 * HALF) + d[None, :]
+            tl.store(dst, o1.to(x_ptr.dtype.element_ty).to(dst_ptr.dtype.element_ty), mask=mask)
+            tl.store(dst + HALF, o2.to(x_ptr.dtype.element_ty).to(dst_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _rope_kernel(
     q_ptr, k_ptr, pos_ptr, cache_ptr, qw_ptr, kw_ptr, eps,
+    v_ptr, k_buf, v_buf, slots_ptr,  # STORE only
     num_q_heads, num_k_heads,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_cache, stride_vt, stride_buf,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr,
+    BLOCK_V: tl.constexpr, PDL: tl.constexpr,
 ):
-    # grid: (T,); one program (normalises and) rotates every q and k head of one token.
+    # grid: (T,); one program (normalises and) rotates every q and k head of one token and,
+    # with STORE, writes its k and v into the pool row slots[token].
     pdl.wait(PDL)
     pdl.launch_dependents(PDL)
     token = tl.program_id(0).to(tl.int64)
@@ -81,8 +95,19 @@ def _rope_kernel(
     d = tl.arange(0, HALF)
     cos = tl.load(cache_ptr + pos * stride_cache + d)
     sin = tl.load(cache_ptr + pos * stride_cache + HALF + d)
-    _rotate_heads(q_ptr, cos, sin, qw_ptr, eps, num_q_heads, token, stride_qt, stride_qh, HALF, BLOCK_H, NORM)
-    _rotate_heads(k_ptr, cos, sin, kw_ptr, eps, num_k_heads, token, stride_kt, stride_kh, HALF, BLOCK_H, NORM)
+    k_dst = k_buf
+    if STORE:
+        slot = tl.load(slots_ptr + token).to(tl.int64)
+        k_dst = k_buf + slot * stride_buf
+        row = num_k_heads * 2 * HALF  # v's [Hk, D] row is contiguous in v and in the pool
+        for start in range(0, row, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            vals = tl.load(v_ptr + token * stride_vt + offs, mask=offs < row)
+            tl.store(v_buf + slot * stride_buf + offs, vals.to(v_buf.dtype.element_ty), mask=offs < row)
+    _rotate_heads(q_ptr, cos, sin, qw_ptr, eps, num_q_heads, token, stride_qt, stride_qh, q_ptr,
+                  HALF, BLOCK_H, NORM, False)
+    _rotate_heads(k_ptr, cos, sin, kw_ptr, eps, num_k_heads, token, stride_kt, stride_kh, k_dst,
+                  HALF, BLOCK_H, NORM, STORE)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
@@ -126,14 +151,18 @@ def _check_norm(q: torch.Tensor, qk_norm: tuple) -> None:
 
 
 def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-               qk_norm: tuple | None = None) -> None:
+               qk_norm: tuple | None = None, kv_store: tuple | None = None) -> None:
     """Rotate ``q: [T, Hq, D]`` and ``k: [T, Hk, D]`` in place by ``positions: [T]`` (Triton),
-    each head RMS-normalised first with ``qk_norm=(q_weight [D], k_weight [D], eps)``.
+    each head RMS-normalised first with ``qk_norm=(q_weight [D], k_weight [D], eps)``; with
+    ``kv_store=(k_buffer, v_buffer, slots, v)``, also store the rotated k and ``v: [T, Hk, D]``
+    at the pool rows ``slots: [T]`` (store_kv's rules and checks).
 
     q/k may be strided views (e.g. slices of a fused qkv buffer) as long as the head dim is
     contiguous.
     """
     _check(q, k, positions, cos_sin_cache, qk_norm)
+    if kv_store is not None:
+        _check_kv_store(k, kv_store)
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(f"q must be on a CUDA device (got {q.device}); use apply_rope_ref on CPU")
     T, Hq, D = q.shape
@@ -142,18 +171,37 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_si
     half = D // 2
     block_h = max(1, min(triton.next_power_of_2(max(Hq, k.shape[1])), max(1, 4096 // half)))
     qw, kw, eps = qk_norm if qk_norm is not None else (cos_sin_cache, cos_sin_cache, 0.0)
+    k_buf, v_buf, slots, v = kv_store if kv_store is not None else (k, k, positions, k)
+    row = k.shape[1] * D
     _rope_kernel[(T,)](
         q, k, positions, cos_sin_cache, qw, kw, float(eps),
+        v, k_buf, v_buf, slots,
         Hq, k.shape[1],
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-        HALF=half, BLOCK_H=block_h, NORM=qk_norm is not None, num_warps=4, **pdl.options(q),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0), v.stride(0),
+        k_buf.stride(0),
+        HALF=half, BLOCK_H=block_h, NORM=qk_norm is not None, STORE=kv_store is not None,
+        BLOCK_V=min(triton.next_power_of_2(row), 4096), num_warps=4, **pdl.options(q),
     )
 
 
+def _check_kv_store(k: torch.Tensor, kv_store: tuple) -> None:
+    if not isinstance(kv_store, tuple) or len(kv_store) != 4:
+        raise ValueError("kv_store must be (k_buffer, v_buffer, slots, v)")
+    k_buffer, v_buffer, slots, v = kv_store
+    check_store(k_buffer, v_buffer, slots, k, v)
+    for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer), ("slots", slots), ("v", v)):
+        if t.device != k.device:
+            raise ValueError(f"{name} is on {t.device} but k is on {k.device}")
+    if v.dtype != k.dtype:
+        raise ValueError(f"v must have k's dtype {k.dtype}, got {v.dtype}")
+
+
 def apply_rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-                   qk_norm: tuple | None = None) -> None:
+                   qk_norm: tuple | None = None, kv_store: tuple | None = None) -> None:
     """Pure-torch reference of :func:`apply_rope` (in place, any device, fp32 math)."""
     _check(q, k, positions, cos_sin_cache, qk_norm)
+    if kv_store is not None:
+        _check_kv_store(k, kv_store)
     if qk_norm is not None:
         from treadle.kernels.rmsnorm import rmsnorm_ref
 
@@ -166,6 +214,9 @@ def apply_rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, co
         xf = x.float()
         x1, x2 = xf[..., :half], xf[..., half:]
         x.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype))
+    if kv_store is not None:
+        k_buffer, v_buffer, slots, v = kv_store
+        store_kv_ref(k_buffer, v_buffer, slots, k, v)
 
 
 def _inv_freq(head_dim: int, theta: float, rope_scaling: dict | None) -> torch.Tensor:

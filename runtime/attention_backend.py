@@ -1,5 +1,6 @@
 """Attention backends behind one interface: `plan` (host-side metadata, outside any CUDA
-graph) and `forward` (stores the new K/V into the pool, then attends; graph-safe on GPU).
+graph) and `forward` (rotates q and k when given `rope`, stores the new K/V into the pool, then
+attends; graph-safe on GPU; the Triton backend rotates and stores in one kernel).
 
 `torch` works on any device (the kernels' *_ref functions); `triton` is the GPU default.
 Both take the pool in the model dtype or as an fp8_e5m2 KV cache (`kv_cache_dtype`): new K/V
@@ -15,9 +16,11 @@ import torch
 from treadle.kernels import decode_attention as dec
 from treadle.kernels import extend_attention as ext
 from treadle.kernels import kv_store
+from treadle.kernels import rope as rope_k
 from treadle.radix_cache import TokenToKVPool
 from treadle.runtime import cpu_ops
 from treadle.runtime.forward_batch import ForwardBatch, ForwardMode
+from treadle.runtime.models import ops
 
 
 class AttentionBackend(Protocol):
@@ -25,9 +28,11 @@ class AttentionBackend(Protocol):
         """Prepare per-batch metadata (host work). Called once per step before the forward."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
-                fb: ForwardBatch, scale: float) -> torch.Tensor:
+                fb: ForwardBatch, scale: float, rope: tuple | None = None) -> torch.Tensor:
         """Store k, v [T, Hk, D] at fb.out_cache_loc in `layer`'s pool, then return the
-        attention output [T, Hq, D] of q [T, Hq, D] over each request's cached + new keys."""
+        attention output [T, Hq, D] of q [T, Hq, D] over each request's cached + new keys.
+        rope = (positions [T], cos_sin, qk_norm or None): q and k are first rotated in place
+        (models/ops.apply_rope's arguments)."""
 
 
 class TorchAttentionBackend:
@@ -38,7 +43,9 @@ class TorchAttentionBackend:
     def plan(self, fb: ForwardBatch) -> None:
         pass
 
-    def forward(self, q, k, v, layer, fb, scale):
+    def forward(self, q, k, v, layer, fb, scale, rope=None):
+        if rope is not None:
+            ops.apply_rope(q, k, *rope)
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         kv_store.store_kv_ref(k_buf, v_buf, fb.out_cache_loc, k, v)
         o = torch.empty_like(q)
@@ -74,9 +81,13 @@ class TritonAttentionBackend:
             "kv_splits": dec.default_kv_splits(fb.batch_size, num_kv_heads, max_seq, q_device(self.kv_pool)),
         }
 
-    def forward(self, q, k, v, layer, fb, scale):
+    def forward(self, q, k, v, layer, fb, scale, rope=None):
         k_buf, v_buf = self.kv_pool.get_kv(layer)
-        kv_store.store_kv(k_buf, v_buf, fb.out_cache_loc, k, v)
+        if rope is not None:
+            positions, cos_sin, qk_norm = rope
+            rope_k.apply_rope(q, k, positions, cos_sin, qk_norm, kv_store=(k_buf, v_buf, fb.out_cache_loc, v))
+        else:
+            kv_store.store_kv(k_buf, v_buf, fb.out_cache_loc, k, v)
         o = torch.empty_like(q)
         if fb.mode is ForwardMode.DECODE:
             meta = fb.attn_meta

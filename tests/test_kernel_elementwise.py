@@ -129,6 +129,44 @@ def test_apply_rope_leaves_v_alone() -> None:
     assert not torch.equal(qkv[:, : 4 * D], before[:, : 4 * D])
 
 
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float8_e5m2])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_apply_rope_with_kv_store_writes_the_rotated_k_and_v_into_their_slots(pool_dtype, qk_norm) -> None:
+    # the attention backends' rotate-and-store: the pool rows hold what rope then store_kv
+    # would write (k rotated, v as it is, cast to the pool dtype); other rows are untouched
+    from treadle.kernels.kv_store import store_kv
+
+    T, Hq, Hk, D, slots_n = 4, 4, 2, 64, 16
+    cache = build_cos_sin_cache(D, 64, 10000.0, None, DEV)
+    pos = torch.tensor([0, 3, 17, 63], device=DEV)
+    slots = torch.tensor([9, 2, 15, 4], device=DEV)
+    qkv = _rand(T, (Hq + 2 * Hk) * D, dtype=torch.bfloat16, seed=6) * 2
+    norm = (_rand(D, dtype=torch.bfloat16, seed=7), _rand(D, dtype=torch.bfloat16, seed=8), 1e-6) if qk_norm else None
+
+    def views(t):
+        return (t[:, : Hq * D].view(T, Hq, D), t[:, Hq * D: (Hq + Hk) * D].view(T, Hk, D),
+                t[:, (Hq + Hk) * D:].view(T, Hk, D))
+
+    pools = [(torch.full((slots_n, Hk, D), 0.5, device=DEV).to(pool_dtype),
+              torch.full((slots_n, Hk, D), 0.25, device=DEV).to(pool_dtype)) for _ in range(2)]
+    ref = qkv.clone()
+    q, k, v = views(ref)
+    apply_rope_ref(q, k, pos, cache, qk_norm=norm)
+    q2, k2, v2 = views(qkv)
+    apply_rope(q2, k2, pos, cache, qk_norm=norm, kv_store=(*pools[1], slots, v2))
+    torch.testing.assert_close(qkv, ref, **TOL[torch.bfloat16])
+    # bit for bit what store_kv (the launch this one replaces) writes from the rotated k and the v
+    store_kv(*pools[0], slots, k2, v2)
+    for got, want in zip(pools[1], pools[0]):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    fill = torch.full((T, Hk, D), 0.5, device=DEV)
+    assert not torch.equal(pools[1][0][slots].float(), fill)
+    with pytest.raises(ValueError, match="kv_store"):
+        apply_rope(q2, k2, pos, cache, kv_store=(pools[1][0], slots, v2))
+    with pytest.raises(ValueError, match=r"k must have shape \[T=2"):  # two slots for four tokens
+        apply_rope(q2, k2, pos, cache, kv_store=(*pools[1], slots[:2], v2))
+
+
 @pytest.mark.parametrize("scaling", [
     None,
     {"rope_type": "linear", "factor": 4.0},

@@ -55,8 +55,9 @@ class LlamaAttention(nn.Module):
         qk_norm = None
         if self.q_norm is not None:  # Qwen3: each head RMS-normalised, in the rotation's pass
             qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
-        ops.apply_rope(q, k, positions, cos_sin, qk_norm)
-        o = fb.attn_backend.forward(q, k, v, self.layer_id, fb, self.scale)  # [T, Hq, D]
+        # the backend rotates q and k (ops.apply_rope) as it stores k and v: one kernel on the GPU
+        o = fb.attn_backend.forward(q, k, v, self.layer_id, fb, self.scale,
+                                    rope=(positions, cos_sin, qk_norm))  # [T, Hq, D]
         return self.o_proj(o.reshape(t, q_size))
 
 
