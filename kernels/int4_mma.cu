@@ -10,6 +10,13 @@
 //   ORDER  how a block's warps share K: 0 a contiguous range each, 1 units of UNROLL chunks in turn
 //   PDL    1: programmatic dependent launch (sm_90+): the weights of a warp's first chunks are
 //          loaded before waiting for the kernel before (which writes x), see kernels/pdl.py
+//   GATED  1: the weight is a gate/up pair interleaved by 8 outputs (each 16-output tile: the
+//          gate's outputs 8 nt .. 8 nt + 7, then the up's same outputs) and the GEMV writes
+//          silu(gate) * up, N / 2 outputs a row (kernels/activation.py's SwiGLU, fused)
+
+#ifndef GATED
+#define GATED 0
+#endif
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -278,6 +285,27 @@ int4_mma_gemv(const uint4* __restrict__ qw, const u16* __restrict__ scales, cons
 #pragma unroll
         for (int i = 0; i < 4; ++i) red[warp][(mt * 4 + i) * 32 + lane] = acc[mt][i];
     __syncthreads();
+#if GATED
+    // red[.][(mt * 4 + i) * 32 + l] is row (l >> 2) + 8 (i >= 2) of the tile, x row mt * 8 +
+    // 2 (l & 3) + (i & 1): the gate of output 8 nt + (l >> 2) at i = 0, 1 and its up at i + 2
+    for (int idx = threadIdx.x; idx < MT * 64; idx += WARPS * 32) {
+        const int mt = idx >> 6, i = (idx >> 5) & 1, l = idx & 31;
+        const int src = (mt * 4 + i) * 32 + l;
+        float gate = 0.0f, up = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            gate += red[w][src];
+            up += red[w][src + 64];
+        }
+        const int b = mt * 8 + 2 * (l & 3) + i;
+        if (b < M) {
+            // rounded as the unfused path rounds the GEMV's outputs, then SiLU(gate) * up in fp32
+            gate = act_to_float(to_act(gate));
+            up = act_to_float(to_act(up));
+            y[(size_t)b * ldy + nt * 8 + (l >> 2)] = to_act(gate / (1.0f + __expf(-gate)) * up);
+        }
+    }
+#else
     for (int idx = threadIdx.x; idx < MT * 128; idx += WARPS * 32) {
         float v = 0.0f;
 #pragma unroll
@@ -291,6 +319,7 @@ int4_mma_gemv(const uint4* __restrict__ qw, const u16* __restrict__ scales, cons
             y[(size_t)b * ldy + n] = to_act(v);
         }
     }
+#endif
 }
 
 // grid: (N / 16, K / 64 / 4); block: 4 warps, a warp one (16-output tile, 64-input chunk).

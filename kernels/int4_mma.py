@@ -32,6 +32,12 @@ mma a step, of the constant tile -(128 + z) (one value a row) with the same x: D
 in fp32, and the scale is applied once a group: y += s * D. Scales and zeros stay as
 kernels/int4_linear.py keeps them ([K // G, N] and [K // G, N // 8]).
 
+A gate/up pair (a SwiGLU MLP's merged gate_up projection, gate outputs then up outputs) can be
+stored interleaved by 8 outputs (`interleave_gate_up`): each 16-output tile then holds 8 gate
+outputs in its rows g and their up outputs in its rows g + 8, which a lane's accumulators hold
+side by side, so ``int4_mma_linear(..., gated=True)`` writes silu(gate) * up itself (no
+activation kernel, no [M, 2I] intermediate).
+
 ``int4_mma_linear`` needs N % 16 == 0, K % 64 == 0, a group that is a multiple of 64 and divides
 K, x in bf16 or fp16 and scales in fp16 or bf16 (`supports`); the runtime keeps the Triton
 layout for anything else. ``int4_mma_linear_ref`` (CPU) unpacks and multiplies in fp32.
@@ -46,9 +52,11 @@ import torch
 import triton
 
 from treadle.kernels import cuda_jit, pdl
+from treadle.kernels.activation import silu_and_mul, silu_and_mul_ref
 from treadle.kernels.int4_linear import dequantize_ref, pack_rows
 
 __all__ = ["MMA_MAX_M", "MmaConfig", "supports", "available", "pack_mma", "unpack_mma", "mma_to_rows",
+           "interleave_gate_up", "deinterleave_gate_up",
            "int4_mma_linear", "int4_mma_linear_ref", "int4_mma_dequantize", "pick_mma_config",
            "candidate_mma_configs", "prepare", "int4_mma_read_bound"]
 
@@ -116,31 +124,56 @@ def mma_to_rows(packed: torch.Tensor) -> torch.Tensor:
     return pack_rows(unpack_mma(packed))
 
 
+def _gate_up_order(n: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Output index of each interleaved position: 16 m + r holds gate output 8 m + r (r < 8) or up
+    output 8 m + r - 8 (the pair's outputs n / 2 + 8 m + r - 8)."""
+    if n % 16:
+        raise ValueError(f"a gate/up pair interleaved by 8 needs 16 | N, got N={n}")
+    pos = torch.arange(n, device=device)
+    tile, r = pos // 16, pos % 16
+    return torch.where(r < 8, 8 * tile + r, n // 2 + 8 * tile + r - 8)
+
+
+def interleave_gate_up(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """A gate/up pair's tensor along its output dim (gate outputs, then up outputs; N % 16 == 0)
+    -> the interleaved order the gated GEMV reads (a copy). For q [K, N], the scales [K // G, N]
+    and the zeros unpacked to [K // G, N]."""
+    return t.index_select(dim, _gate_up_order(t.shape[dim], t.device))
+
+
+def deinterleave_gate_up(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """`interleave_gate_up`'s inverse (a copy)."""
+    order = _gate_up_order(t.shape[dim], t.device)
+    return t.index_select(dim, torch.argsort(order))
+
+
 def int4_mma_linear_ref(x: torch.Tensor, qweight_mma: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
-                        group_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Pure torch: dequantize to fp32, multiply, round once to x's dtype."""
+                        group_size: int, bias: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
+    """Pure torch: dequantize to fp32, multiply, round once to x's dtype; gated (an interleaved
+    gate/up pair): then SiLU(gate) * up as kernels/activation.py's reference, [M, N / 2]."""
     w = dequantize_ref(mma_to_rows(qweight_mma), scales, qzeros, group_size)
     y = x.float() @ w
     if bias is not None:
         y = y + bias.float()
-    return y.to(x.dtype)
+    y = y.to(x.dtype)
+    return silu_and_mul_ref(deinterleave_gate_up(y)) if gated else y
 
 
 # ------------------------------------------------------------------------- the kernels
 
 @functools.lru_cache(maxsize=None)
-def _module(kind: int, skind: int, mt: int, warps: int, unroll: int, order: int = 0) -> cuda_jit.Module:
+def _module(kind: int, skind: int, mt: int, warps: int, unroll: int, order: int = 0, gated: int = 0) -> cuda_jit.Module:
     with open(_SOURCE) as f:
         source = f.read()
     # griddepcontrol is an sm_90 instruction: Ampere builds leave it out
     use_pdl = int(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9)
     return cuda_jit.Module(source, "int4_mma", {"KIND": kind, "SKIND": skind, "MT": mt, "WARPS": warps,
-                                                "UNROLL": unroll, "ORDER": order, "PDL": use_pdl})
+                                                "UNROLL": unroll, "ORDER": order, "PDL": use_pdl, "GATED": gated})
 
 
 @functools.lru_cache(maxsize=None)
-def _gemv(kind: int, skind: int, mt: int, cfg: MmaConfig) -> cuda_jit.Function:
-    return _module(kind, skind, mt, cfg.warps, cfg.unroll, cfg.order).function("int4_mma_gemv", _SIG_GEMV)
+def _gemv(kind: int, skind: int, mt: int, cfg: MmaConfig, gated: bool = False) -> cuda_jit.Function:
+    return _module(kind, skind, mt, cfg.warps, cfg.unroll, cfg.order, int(gated)).function("int4_mma_gemv", _SIG_GEMV)
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,13 +183,14 @@ def _dequant(kind: int, skind: int) -> cuda_jit.Function:
 
 def prepare(device: torch.device, scale_dtype: torch.dtype = torch.float16) -> None:
     """Compile and load, for `device`, the variants the default configs launch (bf16 and fp16
-    activations, 1, 2, 4 and 8 tiles of x, the dequantization): a model does this at load, so that no
-    kernel is first compiled inside a CUDA-graph capture."""
+    activations, 1, 2, 4 and 8 tiles of x, plain and gated, the dequantization): a model does this
+    at load, so that no kernel is first compiled inside a CUDA-graph capture."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     skind = _KIND[scale_dtype]
     for kind in _KIND.values():
         for mt, cfg in _DEFAULT_CONFIGS:  # everything pick_mma_config returns (about 0.3 s a variant)
-            _gemv(kind, skind, mt, cfg).prepare(index)
+            for gated in (False, True):
+                _gemv(kind, skind, mt, cfg, gated).prepare(index)
         _dequant(kind, skind).prepare(index)
 
 
@@ -228,27 +262,33 @@ def _check(x, qweight_mma, scales, qzeros, group_size, bias) -> tuple[int, int, 
 
 
 def int4_mma_linear(x: torch.Tensor, qweight_mma: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
-                    group_size: int, bias: torch.Tensor | None = None, config: MmaConfig | None = None) -> torch.Tensor:
+                    group_size: int, bias: torch.Tensor | None = None, config: MmaConfig | None = None,
+                    gated: bool = False) -> torch.Tensor:
     """``x [M, K] @ dequant(w) (+ bias)`` -> [M, N] in x's dtype: the tensor-core GEMV for
-    M <= MMA_MAX_M (config's choice), else the weight dequantized to [N, K] and multiplied by cuBLAS."""
+    M <= MMA_MAX_M (config's choice), else the weight dequantized to [N, K] and multiplied by cuBLAS.
+    gated: w is an interleaved gate/up pair (`interleave_gate_up`, no bias) and the result is
+    silu(gate) * up, [M, N / 2], as kernels/activation.py's silu_and_mul of the plain product."""
     m, n, k = _check(x, qweight_mma, scales, qzeros, group_size, bias)
     if x.device.type != "cuda":
         raise ValueError(f"the mma kernels need a CUDA device (got {x.device}); use int4_mma_linear_ref on CPU")
+    if gated and bias is not None:
+        raise ValueError("a gated (gate/up) int4 linear takes no bias")
     cfg = config or pick_mma_config(m, n, k)
     if cfg.dequant:
         w = int4_mma_dequantize(qweight_mma, scales, qzeros, group_size, x.dtype)
-        return torch.nn.functional.linear(x, w, bias)
+        y = torch.nn.functional.linear(x, w, bias)
+        return silu_and_mul(deinterleave_gate_up(y)) if gated else y
     if m > _MAX_TILES * 8:
         raise ValueError(f"the int4 tensor-core GEMV takes at most {_MAX_TILES * 8} rows, got {m}; use a dequant config")
     if cfg.warps * _tiles(m) * 512 > _SHARED_BYTES:
         raise ValueError(f"{cfg.warps} warps of {_tiles(m)} tiles of x need more than 48 KB of shared memory")
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.contiguous()
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((m, n // 2 if gated else n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
     qweight_mma, scales, qzeros = qweight_mma.contiguous(), scales.contiguous(), qzeros.contiguous()
-    fn = _gemv(_KIND[x.dtype], _KIND[scales.dtype], _tiles(m), cfg)
+    fn = _gemv(_KIND[x.dtype], _KIND[scales.dtype], _tiles(m), cfg, gated)
     fn.launch((n // 16,), (32 * cfg.warps,), qweight_mma, scales, qzeros, x, bias, y,
               m, n, k, x.stride(0), y.stride(0), group_size, device=x.device, pdl=pdl.enabled(x))
     return y

@@ -7,20 +7,24 @@ import torch
 from treadle.kernels.int4_linear import pack_cols, pack_rows
 
 
-def quantized_linear(method: str, k: int, outs: list[int], group: int, g: torch.Generator, device: str):
-    """ColumnParallelLinear(k, outs) with a bias and random weights on `device`, quantized as
-    `method`: "gptq-act" loads a random GPTQ act-order checkpoint (a shuffled g_idx, so the
-    layer sorts its inputs: `layer.perm`) through the loader's path; any other method (fp8, awq,
-    gptq) quantizes the float weight at load."""
+def quantized_linear(method: str, k: int, outs: list[int], group: int, g: torch.Generator, device: str,
+                     bias: bool = True, act_and_mul: str | None = None):
+    """ColumnParallelLinear(k, outs) with a bias (unless `bias` is False) and random weights on
+    `device`, quantized as `method`: "gptq-act" loads a random GPTQ act-order checkpoint (a
+    shuffled g_idx, so the layer sorts its inputs: `layer.perm`) through the loader's path; any
+    other method (fp8, awq, gptq) quantizes the float weight at load. act_and_mul "silu": a
+    SwiGLU gate/up pair, as LlamaMLP marks its gate_up_proj."""
     from treadle.runtime.models.parallel import ColumnParallelLinear
     from treadle.runtime.quantization.base import make_method
     from treadle.runtime.quantization.config import QuantConfig
 
     n = sum(outs)
-    layer = ColumnParallelLinear(k, outs, bias=True)
+    layer = ColumnParallelLinear(k, outs, bias=bias)
+    layer.act_and_mul = act_and_mul
     with torch.no_grad():
         layer.weight.normal_(0, 0.1, generator=g)
-        layer.bias.normal_(generator=g)
+        if bias:
+            layer.bias.normal_(generator=g)
     layer = layer.to(device)
     if method != "gptq-act":
         layer.quant = make_method(QuantConfig(method, "load", group_size=group))

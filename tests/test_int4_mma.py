@@ -7,11 +7,13 @@ import pytest
 import torch
 
 from treadle.kernels import cuda_jit
-from treadle.kernels.int4_linear import dequantize_ref, pack_cols, unpack_rows
+from treadle.kernels.int4_linear import dequantize_ref, pack_cols, pack_rows, unpack_rows
 from treadle.kernels.int4_mma import (
-    MmaConfig, available, candidate_mma_configs, int4_mma_dequantize, int4_mma_linear, int4_mma_linear_ref,
-    _DEFAULT_CONFIGS, MMA_MAX_M, _tiles, mma_to_rows, pack_mma, pick_mma_config, supports, unpack_mma,
+    MmaConfig, available, candidate_mma_configs, deinterleave_gate_up, int4_mma_dequantize, int4_mma_linear,
+    int4_mma_linear_ref, interleave_gate_up, _DEFAULT_CONFIGS, MMA_MAX_M, _tiles, mma_to_rows, pack_mma,
+    pick_mma_config, supports, unpack_mma,
 )
+from treadle.kernels.activation import silu_and_mul, silu_and_mul_ref
 
 gpu = pytest.mark.gpu  # skipped without CUDA (conftest)
 
@@ -102,6 +104,57 @@ def test_kernel_model_matches_the_dequantized_reference(group: int) -> None:
     torch.testing.assert_close(emulated, ref, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(int4_mma_linear_ref(x, packed, scales, zeros, group).float(), ref,
                                atol=2e-2, rtol=1e-2)
+
+
+def test_interleave_gate_up_puts_each_gate_beside_its_up_in_a_tile() -> None:
+    n = 48  # a pair of 24 outputs: three 16-output tiles
+    cols = torch.arange(n)[None, :].repeat(2, 1)
+    inter = interleave_gate_up(cols)
+    for tile in range(n // 16):
+        for r in range(8):  # tile rows r and r + 8: gate output 8 tile + r and its up
+            assert inter[0, 16 * tile + r] == 8 * tile + r
+            assert inter[0, 16 * tile + 8 + r] == n // 2 + 8 * tile + r
+    assert torch.equal(deinterleave_gate_up(inter), cols)
+    assert torch.equal(deinterleave_gate_up(interleave_gate_up(cols.T, dim=0), dim=0), cols.T)
+    with pytest.raises(ValueError, match="16 | N"):
+        interleave_gate_up(torch.zeros(2, 40))
+
+
+def _emulate_gated_epilogue(y_tiles: torch.Tensor, m: int) -> torch.Tensor:
+    """int4_mma_gemv's GATED epilogue as written, from the plain sums y_tiles [N, 8] (tile row,
+    x row): red[(mt * 4 + i) * 32 + l] holds the mma D register c_i of lane l (PTX ISA: c0, c1
+    row l / 4, columns 2 (l % 4) + 0, 1; c2, c3 row l / 4 + 8, the same columns); the loop over
+    idx < MT * 64 takes i = 0, 1 and its partner at src + 64."""
+    n = y_tiles.shape[0]
+    out = torch.zeros(m, n // 2)
+    rnd = lambda v: torch.tensor(v).to(torch.bfloat16).float()  # noqa: E731 (to_act then act_to_float)
+    for nt in range(n // 16):
+        red = torch.zeros(4 * 32)
+        for lane in range(32):
+            for i in range(4):
+                red[i * 32 + lane] = y_tiles[16 * nt + lane // 4 + (8 if i >= 2 else 0), 2 * (lane % 4) + (i & 1)]
+        for idx in range(64):
+            i, lane = (idx >> 5) & 1, idx & 31
+            gate, up = rnd(red[i * 32 + lane].item()), rnd(red[i * 32 + lane + 64].item())
+            b = 2 * (lane & 3) + i
+            if b < m:
+                out[b, nt * 8 + (lane >> 2)] = (gate / (1 + torch.exp(-gate)) * up).to(torch.bfloat16).float()
+    return out
+
+
+def test_gated_kernel_model_is_silu_and_mul_of_the_plain_product() -> None:
+    k, n, m, group = 128, 32, 5, 64
+    q, zeros, scales = _weights(k, n, group, seed=5)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    zi = pack_cols(interleave_gate_up(torch.stack([(zeros >> (4 * j)) & 0xF for j in range(8)], -1).reshape(-1, n)))
+    packed, si = pack_mma(interleave_gate_up(q)), interleave_gate_up(scales)
+    y_tiles = _emulate_gemv(x, packed, zi, si, group).T  # [N, m] interleaved
+    y_tiles = torch.cat([y_tiles, torch.zeros(n, 8 - m)], dim=1)
+    plain = (x.float() @ dequantize_ref(pack_rows(q), scales, zeros, group)).to(torch.bfloat16)  # [m, N] in order
+    want = silu_and_mul_ref(plain).float()
+    torch.testing.assert_close(_emulate_gated_epilogue(y_tiles, m), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(int4_mma_linear_ref(x, packed, si, zi, group, gated=True).float(), want,
+                               atol=2e-2, rtol=2e-2)
 
 
 def test_supports_and_cpu_refusal() -> None:
@@ -256,3 +309,53 @@ def test_gpu_quantized_layer_keeps_the_mma_layout_and_matches_its_weight(act_ord
         got = layer(x.to(dtype)).float()
         tol = 1e-4 if dtype == torch.float32 else 3e-2 * want.abs().max().item()
         torch.testing.assert_close(got, want, atol=tol, rtol=0 if dtype == torch.float32 else 2e-2)
+
+
+@gpu
+@pytest.mark.parametrize("m", [1, 5, 9, 24, 40, 64, 100])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gated_gemv_is_silu_and_mul_of_the_plain_product(m: int, dtype: torch.dtype) -> None:
+    """The fused SwiGLU epilogue (and, past 64 rows, dequantize-then-cuBLAS) against the plain GEMV
+    of the same interleaved weight put back in order and kernels/activation.py's silu_and_mul."""
+    k, n, group = 512, 96, 128
+    q, zeros, scales = _weights(k, n, group, seed=m)
+    zi = pack_cols(interleave_gate_up(torch.stack([(zeros >> (4 * j)) & 0xF for j in range(8)], -1).reshape(-1, n)))
+    packed, si, zi = pack_mma(interleave_gate_up(q)).cuda(), interleave_gate_up(scales).cuda(), zi.cuda()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype).cuda()
+    plain = deinterleave_gate_up(int4_mma_linear(x, packed, si, zi, group))
+    want = silu_and_mul(plain)
+    got = int4_mma_linear(x, packed, si, zi, group, gated=True)
+    assert got.shape == (m, n // 2) and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=1e-2)
+    if m <= MMA_MAX_M:  # the same rounding of gate and up, the same fp32 SiLU: nearly always the same bits
+        assert (got != want).float().mean().item() < 0.02
+    ref = int4_mma_linear_ref(x.cpu(), packed.cpu(), si.cpu(), zi.cpu(), group, gated=True)
+    torch.testing.assert_close(got.float().cpu(), ref.float(), atol=3e-2, rtol=3e-2)
+    with pytest.raises(ValueError, match="no bias"):
+        int4_mma_linear(x, packed, si, zi, group, torch.zeros(n, dtype=dtype, device="cuda"), gated=True)
+
+
+@gpu
+@pytest.mark.parametrize("method", ["awq", "gptq-act"])
+def test_gpu_quantized_gate_up_pair_is_interleaved_and_fuses_the_swiglu(method: str) -> None:
+    """A SwiGLU gate/up pair (LlamaMLP's gate_up_proj) is stored interleaved; its silu_and_mul is
+    one kernel and equals the SwiGLU of x @ dequantize().T, and its plain forward comes back in
+    order; a pair without act_and_mul keeps the plain layout."""
+    from quantized_layers import quantized_linear  # tests/quantized_layers.py
+
+    from treadle.kernels import activation
+
+    g = torch.Generator().manual_seed(12)
+    layer = quantized_linear(method, 256, [128, 128], 64, g, "cuda", bias=False, act_and_mul="silu")
+    assert layer.int4_layout == "mma" and layer.gate_up_interleaved
+    plain_layer = quantized_linear("awq", 256, [128, 128], 64, g, "cuda", bias=False)
+    assert not plain_layer.gate_up_interleaved
+    w = layer.quant.dequantize(layer)  # [N, K], outputs in order
+    for m in (1, 7, 33, 80):
+        x = torch.randn(m, 256, generator=g).to("cuda")
+        want_plain = x @ w.T
+        torch.testing.assert_close(layer(x.bfloat16()).float(), want_plain, atol=3e-2 * want_plain.abs().max().item(),
+                                   rtol=2e-2)
+        want = activation.silu_and_mul_ref(want_plain)
+        got = layer.silu_and_mul(x.bfloat16()).float()
+        torch.testing.assert_close(got, want, atol=3e-2 * want.abs().max().item(), rtol=3e-2)

@@ -65,10 +65,11 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext) -> None:
         super().__init__()
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, ctx=ctx)
+        self.gate_up_proj.act_and_mul = "silu"
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, ctx=ctx)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj.silu_and_mul(x))
 
 
 class LlamaDecoderLayer(nn.Module):

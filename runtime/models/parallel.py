@@ -95,6 +95,9 @@ class ColumnParallelLinear(nn.Module):
         out = sum(self.local_sizes)
         self.in_local, self.out_local, self.shard_sizes = in_features, out, self.local_sizes
         self.quant = None  # a QuantMethod once quantized (runtime/quantization)
+        # "silu": a gate/up pair whose caller takes silu(gate) * up (`silu_and_mul`); a quantized
+        # layer may then keep its weight in a layout that fuses the two
+        self.act_and_mul: str | None = None
         self.weight = nn.Parameter(torch.empty(out, in_features), requires_grad=False)
         _set_loader(self.weight, self._load)
         self.bias = None
@@ -115,6 +118,12 @@ class ColumnParallelLinear(nn.Module):
         if self.quant is not None:
             return self.quant.apply(self, x, self.bias)
         return ops.linear(x, self.weight, self.bias)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """A gate/up pair (act_and_mul "silu"): silu(gate) * up of x's projection, [T, out_local / 2]."""
+        if self.quant is not None:
+            return self.quant.apply_silu_and_mul(self, x, self.bias)
+        return ops.silu_and_mul(self.forward(x))
 
 
 class QKVParallelLinear(ColumnParallelLinear):

@@ -17,6 +17,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from treadle.runtime.models import ops
 from treadle.runtime.models.parallel import ColumnParallelLinear, RowParallelLinear
 from treadle.runtime.quantization.config import QuantConfig
 
@@ -79,6 +80,11 @@ class QuantMethod:
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, in_local] -> [T, out_local] in x's dtype."""
         raise NotImplementedError
+
+    def apply_silu_and_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """A gate/up pair's (layer.act_and_mul == "silu") SwiGLU: silu(gate) * up, [T, out_local / 2].
+        A method whose kernel can fuse it overrides this."""
+        return ops.silu_and_mul(self.apply(layer, x, bias))
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         """The fp32 weight [out_local, in_local] this layer multiplies by (its reference)."""

@@ -18,6 +18,9 @@ On a CUDA device where NVRTC is at hand (kernels/cuda_jit.py) and the shape allo
 multiple of 16, K of 64, groups a multiple of 64), q is kept instead in the mma layout of
 kernels/int4_mma.py (``layer.int4_layout == "mma"``): the tensor-core GEMV for up to 64 rows,
 the weight dequantized for cuBLAS past that. ``TREADLE_INT4_MMA=0`` keeps the Triton layout.
+A SwiGLU gate/up pair (``layer.act_and_mul == "silu"``) is then stored interleaved by 8
+outputs (``layer.gate_up_interleaved``), so that its GEMV writes silu(gate) * up itself
+(``apply_silu_and_mul``); its plain ``apply`` puts the outputs back in order.
 
 On the CPU the weight is dequantized and multiplied in the activations' dtype.
 """
@@ -136,11 +139,17 @@ class Int4Method(QuantMethod):
     def _store(self, layer: nn.Module, q: torch.Tensor, z: torch.Tensor, scales: torch.Tensor) -> None:
         group = self._group(layer)
         mma = self._use_mma(q, group)
+        # a gate/up pair whose caller takes silu(gate) * up: interleaved, the GEMV fuses the SwiGLU
+        interleave = (mma and getattr(layer, "act_and_mul", None) == "silu" and len(layer.shard_sizes) == 2
+                      and layer.shard_sizes[0] == layer.shard_sizes[1] and q.shape[1] % 16 == 0)
+        if interleave:
+            q, z, scales = (int4_mma.interleave_gate_up(t) for t in (q, z, scales))
         replace_param(layer, "qweight", int4_mma.pack_mma(q) if mma else pack_rows(q).contiguous())
         replace_param(layer, "qzeros", pack_cols(z).contiguous())
         replace_param(layer, "scales", scales.to(SCALE_DTYPE).contiguous())
         layer.group_size = group
         layer.int4_layout = "mma" if mma else "rows"
+        layer.gate_up_interleaved = interleave
         if not mma and layer.qweight.is_cuda:  # the GEMV's split-K counters, made before any CUDA-graph capture
             gemv_counters(layer.qweight.device, 0)
 
@@ -159,19 +168,32 @@ class Int4Method(QuantMethod):
                 x = x.index_select(1, perm)
             if getattr(layer, "int4_layout", "rows") == "mma":
                 if x.dtype in (torch.bfloat16, torch.float16):
-                    return int4_mma.int4_mma_linear(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size,
-                                                    None if bias is None else bias.to(x.dtype))
+                    y = int4_mma.int4_mma_linear(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size,
+                                                 None if bias is None else bias.to(x.dtype))
+                    return int4_mma.deinterleave_gate_up(y) if layer.gate_up_interleaved else y
                 # fp32 activations: the exact fp32 weight (slow; GPU models run in bf16 / fp16)
                 return ops.linear(x, self.dequantize(layer, sorted_inputs=True).to(x.dtype), bias)
             return int4_linear(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size, bias)
         # the float path's own matmul, so a float model of the dequantized weights is exact
         return ops.linear(x, self.dequantize(layer).to(x.dtype), bias)
 
+    def apply_silu_and_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if (getattr(layer, "gate_up_interleaved", False) and bias is None and self.kernels(x)
+                and x.dtype in (torch.bfloat16, torch.float16)):
+            perm = getattr(layer, "perm", None)
+            if perm is not None:
+                x = x.index_select(1, perm)
+            return int4_mma.int4_mma_linear(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size,
+                                            gated=True)
+        return super().apply_silu_and_mul(layer, x, bias)
+
     def dequantize(self, layer: nn.Module, sorted_inputs: bool = False) -> torch.Tensor:
         """The fp32 weight [N, K], its inputs in their own order (or, with `sorted_inputs`, in
-        the act-order sort the kernels read them in)."""
+        the act-order sort the kernels read them in), its outputs in their own order."""
         rows = int4_mma.mma_to_rows(layer.qweight) if getattr(layer, "int4_layout", "rows") == "mma" else layer.qweight
         w = dequantize_ref(rows, layer.scales, layer.qzeros, layer.group_size)  # [K, N], sorted inputs
+        if getattr(layer, "gate_up_interleaved", False):
+            w = int4_mma.deinterleave_gate_up(w)
         perm = getattr(layer, "perm", None)
         if perm is not None and not sorted_inputs:
             w = torch.empty_like(w).index_copy_(0, perm, w)  # back to the inputs' own order
