@@ -441,7 +441,10 @@ class Merger:
         if kept is None:
             kept = self._products[key] = self._product(left, right, rest)
         if len(kept) > ANYOF_PRODUCT_MAX:
-            raise UnsupportedSchemaError(f"json_schema: keyword '{keyword}' at {path}: too many combined branches")
+            raise UnsupportedSchemaError(
+                f"json_schema: keyword '{keyword}' at {path}: too many combined branches (more than "
+                f"{ANYOF_PRODUCT_MAX} ways to satisfy a branch of each of an allOf's anyOf / oneOf parts, which its "
+                "if / then / else rules count as too: a rule is met by its then or by each way its if fails)")
         if not kept:
             raise Unsatisfiable(f"json_schema: keyword '{keyword}' at {path}: no value satisfies a branch of each part")
         return list(kept)
