@@ -971,6 +971,17 @@ class GrammarCheck:
         self._pending = still
         return not still
 
+    def cancel(self, needed: set) -> None:
+        """Give up the check (its client left): stop the compiles of it not in `needed` (the
+        futures queued requests or other checks wait for), freeing their workers at once."""
+        for _, _, fut, _ in self._pending:
+            if fut not in needed and not fut.done():
+                self.compiler.cancel(fut)
+        self._pending = []
+
+    def futures(self) -> set:
+        return {item[2] for item in self._pending}
+
     def wait(self) -> dict[int, str]:
         """Block until every compile has settled; returns `errors`."""
         import concurrent.futures

@@ -7,6 +7,7 @@ prefilled first, for nothing)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import requests
@@ -79,3 +80,28 @@ def test_n_samples_of_a_bad_grammar_prefill_nothing(srv):
     assert ran(srv) == before
     ok = post(srv, {"text": PROMPTS[0], "sampling_params": {**GREEDY, "regex": "[0-9]{2}", "n": 2}})
     assert ok.status_code == 200 and [x["text"].isdigit() for x in ok.json()] == [True, True], ok.text
+
+
+def test_a_client_leaving_while_its_batch_grammars_compile_frees_the_compile_worker():
+    """The grammars of a batch compile before any of it is sent: a client that leaves then
+    stops those compiles (the worker building one is replaced at once), as an aborted request
+    stops its own; before, the one worker built the left batch's minute-long grammar to its
+    end while the next client's grammar queued behind it."""
+    import time
+
+    slow = "(" + "|".join(f"zz{i}[a-z]{{0,5}}" for i in range(4000)) + ")"  # outlines' index: a minute or more
+    with ServerProcess(["--max-total-tokens", "4096", "--log-level", "warning", "--grammar-index", "outlines",
+                        "--grammar-compile-workers", "1", "--grammar-compile-timeout-s", "600",
+                        "--grammar-max-size", str(10 ** 9)]) as s:
+        ok = post(s, {"text": "Hi", "sampling_params": {**GREEDY, "regex": "ok"}})  # the worker is up
+        assert ok.status_code == 200, ok.text
+        with pytest.raises(requests.exceptions.ReadTimeout):
+            requests.post(s.url + "/generate", json={"text": PROMPTS[:2], "sampling_params": [
+                GREEDY, {**GREEDY, "regex": slow}]}, timeout=3)
+        t0 = time.monotonic()
+        r = post(s, {"text": "Pick a number:", "sampling_params": {"max_new_tokens": 8, "regex": "[0-9]{3}q"}})
+        waited = time.monotonic() - t0
+        assert r.status_code == 200 and re.fullmatch("[0-9]{3}q", r.json()["text"]), r.text
+        assert waited < 30, f"the next grammar waited {waited:.0f}s behind the left batch's"
+        info = wait_idle(s.url)
+        assert info["requests"] == 2 and info["free_slots"] + info["evictable_slots"] == info["total_slots"]

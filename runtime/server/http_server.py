@@ -376,7 +376,8 @@ def create_app(state: ServerState) -> FastAPI:
         tm.check_capacity(len(reqs))
         tm.check_prompt_logprobs(reqs, "logprob_start_len")
         if len(reqs) > 1:  # a bad grammar refuses the batch (or n samples) whole, before any of it runs
-            await tm.check_grammars(grammars, batch=isinstance(obj.get("sampling_params"), list) and not single)
+            await until_done_or_disconnect(request, tm.check_grammars(
+                grammars, batch=isinstance(obj.get("sampling_params"), list) and not single))
         if stream:
             return await stream_or_error(request, native_stream(tm, reqs, aliases),
                                          _render_native(single and len(reqs) == 1,

@@ -312,7 +312,7 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
         # prompts and n samples share one grammar: a bad one is a 400 before any of them runs
         # (their shared prompt was prefilled first, for nothing)
         try:
-            await tm.check_grammars([(0, base[0].sampling_params)], batch=False)
+            await until_done_or_disconnect(request, tm.check_grammars([(0, base[0].sampling_params)], batch=False))
         except APIError as e:
             _locate_grammar_error(e, body, tools)
             raise

@@ -154,6 +154,12 @@ def _handle(sched: Any, msg: object, to_send: list, checks: list) -> None:
         sched.add_request(msg)
     elif isinstance(msg, AbortReq):
         sched.abort(msg.rid)
+    elif isinstance(msg, ControlReq) and msg.kind == "cancel_check_grammars":  # its client left
+        gone = [c for c in checks if c[0].req_id == msg.payload]
+        for c in gone:
+            checks.remove(c)
+            needed = {r.grammar_future for r in sched.grammar_queue}.union(*(o.futures() for _, o in checks))
+            c[1].cancel(needed)
     elif isinstance(msg, ControlReq) and msg.kind == "check_grammars":
         from treadle.runtime.scheduler import GrammarCheck
 

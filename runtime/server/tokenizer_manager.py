@@ -623,6 +623,10 @@ class TokenizerManager:
         self._push.send_pyobj([ControlReq(kind, req_id, payload)])
         try:
             return await asyncio.wait_for(fut, timeout)
+        except asyncio.CancelledError:  # the client left: a grammar check's compiles are stopped
+            if kind == "check_grammars" and not self.dead:
+                self._push.send_pyobj([ControlReq("cancel_check_grammars", 0, req_id)])
+            raise
         except asyncio.TimeoutError as e:
             raise APIError(f"the scheduler did not answer {kind} within {timeout}s", 503, "server_error") from e
         except SchedulerDied as e:
