@@ -187,6 +187,10 @@ class PackedLinear(nn.Module):
             y = packed_linear(self.lib, x.contiguous(), self.packed)
         return y if self.bias is None else y + self.bias
 
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """As ColumnParallelLinear.silu_and_mul, for a packed gate/up pair (LlamaMLP's gate_up_proj)."""
+        return ops.silu_and_mul(self(x))
+
     def extra_repr(self) -> str:
         return f"{self.packed.kind}, out={self.packed.shape[0]}, in={self.packed.shape[1]}"
 
