@@ -300,7 +300,8 @@ class Scheduler:
                   return_logprob=r.return_logprob, logprob_start_len=r.logprob_start_len,
                   top_logprobs_num=r.top_logprobs_num, stream=r.stream)
         if p.has_grammar:
-            req.grammar_future = self.grammar_compiler.compile_async(grammar_spec(p))
+            spec = grammar_spec(p)  # before the compiler: a spec's own error is the request's to report
+            req.grammar_future = self.grammar_compiler.compile_async(spec)
         return req
 
     @property
