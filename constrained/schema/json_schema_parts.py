@@ -330,6 +330,7 @@ class Merger:
 
     def _merge_into(self, r: dict, p: dict, path: str) -> None:
         p = self._conditional_as_anyof(r, p, path)
+        p = _patterns_under_additional(r, p)
         _merge_objects(r, p)
         # `items` beside `prefixItems` means "after the prefix"; from another conjunct it
         # means "every item". Refuse the mix rather than reinterpret it.
@@ -357,9 +358,8 @@ class Merger:
                 r[key] = {"anyOf": [*_conjuncts(r[key], "anyOf"), value]}
             elif r[key] == value:
                 pass
-            elif key == "patternProperties" and isinstance(value, dict) and isinstance(r[key], dict) \
-                    and all(d.get("additionalProperties", True) in (True, {}) for d in (r, p)):
-                # (each side's additionalProperties would see only its own patterns: none here)
+            elif key == "patternProperties" and isinstance(value, dict) and isinstance(r[key], dict):
+                # (each side's patterns carry the other's additionalProperties: _patterns_under_additional)
                 merged = dict(r[key])
                 for pattern, sub in value.items():
                     merged[pattern] = {"allOf": [merged[pattern], sub]} if pattern in merged else sub
@@ -519,6 +519,27 @@ def _conjuncts(schema: Any, key: str = "allOf") -> list:
     if isinstance(schema, dict) and list(schema) == [key] and isinstance(schema[key], list):
         return schema[key]
     return [schema]
+
+
+def _patterns_under_additional(r: dict, p: dict) -> dict:
+    """``p`` (and ``r``, in place) with each side's ``patternProperties`` carrying the other
+    side's ``additionalProperties`` beside them, before the two are merged into one object.
+
+    In its own part a key matching the other part's pattern (and none of this part's
+    properties or patterns) is an additional one there; merged, the pattern would take it out
+    of that ``additionalProperties`` (``{"additionalProperties": false}`` with
+    ``{"patternProperties": {"^x-": {}}}`` wrote ``{"x-a": 1}``). Beside the pattern it holds
+    for every key the pattern matches: for one the other part declares or matches too, more
+    than that part asks (a subset: sound)."""
+    trivial = (None, True, {})
+    ra, pa = r.get("additionalProperties"), p.get("additionalProperties")
+    rpp, ppp = r.get("patternProperties"), p.get("patternProperties")
+    if isinstance(ppp, dict) and ppp and ra not in trivial:
+        p = dict(p)
+        p["patternProperties"] = {pat: {"allOf": [sub, ra]} for pat, sub in ppp.items()}
+    if isinstance(rpp, dict) and rpp and pa not in trivial:
+        r["patternProperties"] = {pat: {"allOf": [sub, pa]} for pat, sub in rpp.items()}
+    return p
 
 
 def _merge_objects(r: dict, p: dict) -> None:
