@@ -91,7 +91,9 @@ def test_the_subpackages_are_attributes_on_first_use():
 def test_the_editable_install_maps_the_top_level_package(tmp_path):
     """From a folder outside the checkout `treadle` comes through the installed package's
     mapping, not the current directory (pyproject.toml's package-dir)."""
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the install's own mapping
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=tmp_path, env=env,
+                         timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == os.path.join(REPO, "treadle", "__init__.py")
 
