@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sysconfig
 import sys
 import zipfile
 
@@ -121,3 +122,11 @@ def test_a_wheel_holds_the_top_level_package_and_nothing_generic(tmp_path):
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(target / "treadle" / "__init__.py")
+    # run inside the checkout with that install and no editable mapping (-S: no .pth files; torch
+    # and the rest from this interpreter's site-packages): the checkout's treadle/ comes first on
+    # sys.path, and the installed subpackages must still be found
+    site = sysconfig.get_paths()["purelib"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), site]))
+    out = subprocess.run([sys.executable, "-S", "-c", PROBE], capture_output=True, text=True, cwd=REPO, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr

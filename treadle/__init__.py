@@ -20,7 +20,14 @@ docs/porting-from-sglang.md lists what differs from SGLang.
 """
 from __future__ import annotations
 
+import pkgutil
 from typing import Any
+
+# Python run inside a checkout puts the checkout first on sys.path, and its treadle/ (this
+# file alone: the subpackages are the checkout's top-level folders, which only an editable
+# install maps) would hide an installed (non-editable) treadle's subpackages: __path__ takes
+# in every treadle/ on sys.path, so `import treadle.runtime` finds the installed one.
+__path__ = pkgutil.extend_path(__path__, __name__)
 
 # SGLang's top-level frontend names, and treadle.lang's other public names (treadle.lang.__all__
 # but its `ir` module): `import treadle as sgl` and `import treadle.lang as sgl` give the same
