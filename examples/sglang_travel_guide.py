@@ -2,7 +2,7 @@
 treadle, only the import line differs.
 
     import sglang as sgl           # on SGLang
-    import treadle.lang as sgl     # on treadle
+    import treadle as sgl          # on treadle
 
 It uses roles, select, gen_int, gen with a stop string, fork/join, var_scope, a direct call
 with sampling keywords, run_batch with a progress bar, and streaming. With no arguments it
@@ -13,7 +13,7 @@ pass --model-path) and shuts it down at the end; --url uses a running server ins
 """
 import argparse
 
-import treadle.lang as sgl  # on SGLang: import sglang as sgl
+import treadle as sgl  # on SGLang: import sglang as sgl
 
 
 @sgl.function
