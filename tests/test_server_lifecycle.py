@@ -363,3 +363,24 @@ def test_a_held_tokenization_holds_nothing_else_and_bodies_are_bounded(tmp_path)
     finally:
         release.touch()
         srv.close()
+
+
+def _child_environ(pid: int) -> list[dict[str, str]]:
+    """The environments of a process's child processes, from /proc."""
+    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    envs = []
+    for kid in kids:
+        with open(f"/proc/{kid}/environ", "rb") as f:
+            pairs = [e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e]
+        envs.append({k.decode(): v.decode(errors="replace") for k, v in pairs})
+    return envs
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the children's environments from /proc")
+def test_the_scheduler_and_detokenizer_threads_wait_passively(server_a):
+    # their OpenMP threads sleep between parallel regions (launcher.CHILD_ENV): spinning ones held
+    # the cores the other processes need for the same token (2x slower on a 2-core box)
+    assert "OMP_WAIT_POLICY" not in os.environ or os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    envs = [e for e in _child_environ(server_a.proc.pid) if "OMP_WAIT_POLICY" in e or "PATH" in e]
+    assert len(envs) >= 2, envs  # the scheduler and the detokenizer (and spawn's resource tracker)
+    assert all(e.get("OMP_WAIT_POLICY") == "PASSIVE" for e in envs)

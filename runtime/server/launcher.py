@@ -44,19 +44,34 @@ class LaunchError(RuntimeError):
     """A child process failed to start."""
 
 
+# The children's OpenMP threads (torch's CPU kernels, runtime/cpu_quant.c's packed matmuls)
+# sleep between parallel regions instead of spinning (OpenMP's OMP_WAIT_POLICY; a value the
+# user set is kept). A decode step on the CPU is ~120 short regions, and between two of them
+# the spinning threads held the cores the detokenizer, this process and the tokenizer need for
+# the same token: on the 2-core dev box one 64-token /generate of the embedded model took
+# 4.3-8.0 s spinning against 2.1-2.2 s passive (and 2.2 s with OMP_NUM_THREADS=1).
+CHILD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 class _Children:
     def __init__(self, args: EngineArgs, paths: IpcPaths) -> None:
         ctx = mp.get_context("spawn")  # fork after torch/zmq initialisation is unsafe
         self.procs: dict[str, mp.process.BaseProcess] = {}
         self.conns = {}
         targets = {"scheduler": run_scheduler_process, "detokenizer": run_detokenizer_process}
-        for name, target in targets.items():
-            recv, send = ctx.Pipe(duplex=False)
-            # not daemonic: the scheduler starts its own grammar-compile workers
-            p = ctx.Process(target=target, args=(args, paths, send, os.getpid()), name=f"treadle-{name}")
-            p.start()
-            send.close()
-            self.procs[name], self.conns[name] = p, recv
+        added = {k: v for k, v in CHILD_ENV.items() if k not in os.environ}
+        os.environ.update(added)  # a spawned child starts with this process's environment
+        try:
+            for name, target in targets.items():
+                recv, send = ctx.Pipe(duplex=False)
+                # not daemonic: the scheduler starts its own grammar-compile workers
+                p = ctx.Process(target=target, args=(args, paths, send, os.getpid()), name=f"treadle-{name}")
+                p.start()
+                send.close()
+                self.procs[name], self.conns[name] = p, recv
+        finally:
+            for k in added:
+                os.environ.pop(k, None)
 
     def wait_ready(self, timeout_s: float) -> dict[str, dict]:
         """Every child's ready info; LaunchError if one reports an error, dies or is late."""
