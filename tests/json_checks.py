@@ -178,12 +178,12 @@ class Oracle:
     @staticmethod
     def _number_ok(t: bytes) -> bool:
         import re
-        return re.fullmatch(rb"-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?", t) is not None
+        return re.fullmatch(rb"-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,2})?", t) is not None
 
     @staticmethod
     def _number_prefix(t: bytes) -> bool:
         import re
-        return re.fullmatch(rb"-?((0|[1-9][0-9]{0,15})((\.[0-9]{0,16})|(\.[0-9]{1,16})?([eE]([+-]?[0-9]{0,3})?)?)?)?",
+        return re.fullmatch(rb"-?((0|[1-9][0-9]{0,15})((\.[0-9]{0,16})|(\.[0-9]{1,16})?([eE]([+-]?[0-9]{0,2})?)?)?)?",
                             t) is not None
 
     def _end_value(self) -> None:

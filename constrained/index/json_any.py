@@ -16,7 +16,7 @@ every level allowed (``json_schema: {}`` took 34 s to build, three levels of ``j
   holds, so it is cached on that key and shared by every request of the vocabulary.
 
 Lexical rules match the regex backend's (``json_schema.py``): compact (no whitespace),
-integers of at most 16 digits, fractions of at most 16, exponents of at most 3, string
+integers of at most 16 digits, fractions of at most 16, exponents of at most 2, string
 escapes ``\\"\\\\/bfnrt``, ``\\uXXXX`` in values (no lone surrogates), well-formed UTF-8.
 Keys take the same characters and simple escapes, not ``\\u``.
 
@@ -63,6 +63,10 @@ def json_any_root(schema: Any) -> str | None:
     return None
 
 
+
+# a number's exponent digits (as regex_numbers.NUMBER): 3 made -4.800e892, -inf to a double reader
+EXP_DIGITS = 2
+
 class _Tables:
     """The lexer: states, NEXT[ctx, state, byte] and ACT[ctx, state, byte]."""
 
@@ -75,7 +79,7 @@ class _Tables:
         for k in range(1, 17):
             self._state(f"INT{k}")
             self._state(f"FRAC{k}")
-        for k in range(1, 4):
+        for k in range(1, EXP_DIGITS + 1):
             self._state(f"EXP{k}")
         self.literals = {"t": "true", "f": "false", "n": "null"}
         for word in self.literals.values():
@@ -94,7 +98,7 @@ class _Tables:
         self._build()
         self.next[self.next < 0] = 0  # DEAD
         self.complete = frozenset(self.ids[n] for n in ["ZERO", "AFTER"] + [f"INT{k}" for k in range(1, 17)]
-                                  + [f"FRAC{k}" for k in range(1, 17)] + [f"EXP{k}" for k in range(1, 4)])
+                                  + [f"FRAC{k}" for k in range(1, 17)] + [f"EXP{k}" for k in range(1, EXP_DIGITS + 1)])
         # forced text (jump-forward): the rest of a literal
         self.forced = {self.ids[f"LIT_{w}{i}"]: w[i:] for w in self.literals.values() for i in range(1, len(w))}
 
@@ -136,7 +140,7 @@ class _Tables:
         e("AFTER", "}", "AFTER", POP, (OBJ,))
         e("AFTER", ",", "VALUE", NONE, (ARR,))
         e("AFTER", "]", "AFTER", POP, (ARR,))
-        # numbers: -?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?
+        # numbers: -?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,2})?
         e("MINUS", "0", "ZERO")
         e("MINUS", "123456789", "INT1")
         for src in ["ZERO"] + [f"INT{k}" for k in range(1, 17)]:
@@ -150,8 +154,8 @@ class _Tables:
         e("EXP0", "+-", "EXP_SIGN")
         e("EXP0", digits, "EXP1")
         e("EXP_SIGN", digits, "EXP1")
-        e("EXP1", digits, "EXP2")
-        e("EXP2", digits, "EXP3")
+        for k in range(1, EXP_DIGITS):
+            e(f"EXP{k}", digits, f"EXP{k + 1}")
         for word in self.literals.values():
             for i in range(1, len(word)):
                 e(f"LIT_{word}{i}", word[i], f"LIT_{word}{i + 1}" if i + 1 < len(word) else "AFTER")
@@ -195,7 +199,7 @@ class _Tables:
         # a finished number ends where the next byte is what may follow a value
         after = self.ids["AFTER"]
         for n in ["ZERO"] + [f"INT{k}" for k in range(1, 17)] + [f"FRAC{k}" for k in range(1, 17)] + \
-                 [f"EXP{k}" for k in range(1, 4)]:
+                 [f"EXP{k}" for k in range(1, EXP_DIGITS + 1)]:
             s = self.ids[n]
             own = self.next[:, s, :] < 0
             self.next[:, s, :][own] = self.next[:, after, :][own]

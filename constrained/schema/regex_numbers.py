@@ -28,7 +28,9 @@ _FRAC_ANY = r"(?:\.[0-9]{1,6})?"
 # JSON Schema counts 1.0 as an integer: the integer type also takes a zero fraction.
 ZERO_FRACTION = r"(?:\.0{1,6})?"
 
-NUMBER = r"-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,16})?(?:[eE][+-]?[0-9]{1,3})?"
+# (exponents of at most 2 digits: 3 wrote -4.800e892, -inf to a reader of doubles, on which
+# jsonschema's multipleOf raised; with 2 every text is a finite double, none that is not 0 reads as 0)
+NUMBER = r"-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,16})?(?:[eE][+-]?[0-9]{1,2})?"
 
 
 class BoundsError(ValueError):
