@@ -56,6 +56,25 @@ def _split_range(seq_len, split, num_splits, ALIGN: tl.constexpr):
 
 
 @triton.jit
+def _attend_tile(q, k_base, v_base, slots, n_mask, offs_d, d_mask, m_i, l_i, acc, qk_scale,
+                 stride_ks, stride_vs, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+    """One tile of keys (their pool slots; n_mask: which are keys) folded into the online softmax."""
+    k = tl.load(k_base + slots[:, None] * stride_ks + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+    qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
+    qk = tl.where(n_mask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))  # finite: the first tile has >= 1 key
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    # a masked key's value reads as 0, not as the dummy slot's (p = 0 times NaN is NaN; its
+    # score is -inf by the where above, NaN or not)
+    v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :],
+                other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_stage1_kernel(
     # pointers
     Q, KBuf, VBuf, ReqToToken, ReqPoolIdx, SeqLens,
@@ -82,8 +101,6 @@ def _decode_stage1_kernel(
     DIRECT: tl.constexpr,  # one split: write the final output (O's dtype) and skip stage 2
     PDL: tl.constexpr,
 ):
-    pdl.wait(PDL)
-    pdl.launch_dependents(PDL)
     b = tl.program_id(0)
     kv_h = tl.program_id(1)
     split = tl.program_id(2)
@@ -94,43 +111,43 @@ def _decode_stage1_kernel(
     g_mask = offs_g < group
     d_mask = offs_d < HEAD_DIM
     out_ptrs = PartOut + b.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :]
+    # The index tables (seq_lens, the request rows, req_to_token) are written before the step
+    # starts, never by a kernel of it: they and the first key tile's slots are read before the
+    # wait (kernels/pdl.py), so that the first keys' loads follow it at once. The keys and
+    # values are read after it: the kernel before this one stores the newest token's.
     seq_len = tl.load(SeqLens + b).to(tl.int32)
     lo, hi, _ = _split_range(seq_len, split, num_splits, BLOCK_N)
+    row = tl.load(ReqPoolIdx + b).to(tl.int64)
+    tokens = ReqToToken + row * stride_req
+    offs = lo + offs_n
+    n_mask = offs < hi
+    slots = tl.load(tokens + offs, mask=n_mask, other=0).to(tl.int64)  # masked -> dummy slot 0
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
     if lo >= hi:
         if DIRECT:  # seq_len == 0: a zero output, as stage 2 would give
             tl.store(out_ptrs, tl.zeros([BLOCK_H, BLOCK_D], tl.float32).to(PartOut.dtype.element_ty),
                      mask=g_mask[:, None] & d_mask[None, :])
         return
-    row = tl.load(ReqPoolIdx + b).to(tl.int64)
 
     # [BLOCK_H, BLOCK_D]: rows past the group are zero (tl.dot needs >= 16 rows)
     q_ptrs = Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(DOT_DTYPE)
 
-    tokens = ReqToToken + row * stride_req
     k_base = KBuf + kv_h * stride_kh
     v_base = VBuf + kv_h * stride_vh
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for n_start in range(lo, hi, BLOCK_N):
+    m_i, l_i, acc = _attend_tile(q, k_base, v_base, slots, n_mask, offs_d, d_mask, m_i, l_i, acc, qk_scale,
+                                 stride_ks, stride_vs, DOT_DTYPE, PRECISION)
+    for n_start in range(lo + BLOCK_N, hi, BLOCK_N):
         offs = n_start + offs_n
         n_mask = offs < hi
-        slots = tl.load(tokens + offs, mask=n_mask, other=0).to(tl.int64)  # masked -> dummy slot 0
-        k = tl.load(k_base + slots[:, None] * stride_ks + offs_d[None, :], mask=d_mask[None, :], other=0.0)
-        qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
-        qk = tl.where(n_mask[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))  # finite: the first block has >= 1 key
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        # a masked key's value reads as 0, not as the dummy slot's (p = 0 times NaN is NaN; its
-        # score is -inf by the where above, NaN or not)
-        v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :],
-                    other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
-        m_i = m_new
+        slots = tl.load(tokens + offs, mask=n_mask, other=0).to(tl.int64)
+        m_i, l_i, acc = _attend_tile(q, k_base, v_base, slots, n_mask, offs_d, d_mask, m_i, l_i, acc, qk_scale,
+                                     stride_ks, stride_vs, DOT_DTYPE, PRECISION)
 
     tl.store(out_ptrs, (acc / l_i[:, None]).to(PartOut.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
     if not DIRECT:

@@ -14,10 +14,14 @@ weights) and only then waits:
     ...
     tl.store(...)           # only after the wait: the previous kernel may still read it
 
-A kernel launched with ``launch_pdl=True`` must call ``wait`` before it reads anything an
-earlier kernel writes and before it writes anything, and every one of its programs must call
-it, even one with nothing to do: the next kernel's ``wait`` waits only for this kernel, so
-this kernel must not finish before the one before it. ``launch_dependents`` lets the next
+A kernel launched with ``launch_pdl=True`` must call ``wait`` before it reads anything the
+kernel just before it writes and before it writes anything. Constant tables, and what was
+written before the step's first kernel (its positions, sequence lengths and slot tables,
+copied in first), may be read before the wait: every kernel here calls ``launch_dependents``
+only after its own ``wait``, so when a kernel starts, all but the one before it have
+finished. Every one of a kernel's programs must call ``wait``, even one with nothing to do:
+the next kernel's ``wait`` waits only for this kernel, so this kernel must not finish before
+the one before it. ``launch_dependents`` lets the next
 kernel launch before this one's blocks have exited (each block calls it once). Both are
 no-ops in a kernel launched without PDL, so a kernel can always carry them.
 

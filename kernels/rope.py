@@ -88,9 +88,9 @@ def _rope_kernel(
 ):
     # grid: (T,); one program (normalises and) rotates every q and k head of one token and,
     # with STORE, writes its k and v into the pool row slots[token].
-    pdl.wait(PDL)
-    pdl.launch_dependents(PDL)
     token = tl.program_id(0).to(tl.int64)
+    # positions and slots are written before the step starts, never by a kernel of it, and the
+    # table is constant: read before the wait (kernels/pdl.py); q, k and v after it
     pos = tl.load(pos_ptr + token)
     d = tl.arange(0, HALF)
     cos = tl.load(cache_ptr + pos * stride_cache + d)
@@ -99,6 +99,9 @@ def _rope_kernel(
     if STORE:
         slot = tl.load(slots_ptr + token).to(tl.int64)
         k_dst = k_buf + slot * stride_buf
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
+    if STORE:
         row = num_k_heads * 2 * HALF  # v's [Hk, D] row is contiguous in v and in the pool
         for start in range(0, row, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
