@@ -8,7 +8,9 @@ import os
 import pytest
 import torch
 
-from treadle.kernels.fused_moe import fused_moe, fused_moe_ref, moe_align, moe_route, moe_route_ref
+from treadle.kernels.fused_moe import (
+    fused_moe, fused_moe_ref, moe_align, moe_route, moe_route_ref, moe_router,
+)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 needs_kernel = pytest.mark.skipif(
@@ -90,6 +92,30 @@ def test_fused_moe_matches_definition_both_paths(t, e, k, h, inter):
             torch.testing.assert_close(got.double().cpu(), want, atol=1e-4, rtol=1e-4)
 
 
+@needs_kernel
+@pytest.mark.parametrize("t,e,k,h,renorm", [(1, 8, 2, 48, True), (3, 60, 4, 96, False), (8, 128, 8, 1536, True)])
+def test_router_in_one_launch_matches_the_matmul_then_route(t, e, k, h, renorm):
+    # moe_router = the router's fp32 logits, then moe_route; the program that takes the last
+    # ticket routes, and leaves the ticket zero for the next layer's launch
+    x = _rand(t, h, seed=t)
+    gate = _rand(e, h, seed=t + 1, scale=h ** -0.5)
+    ticket = torch.zeros(1, dtype=torch.int32, device=DEV)
+    for start, local in ((0, e), (e // 2, e - e // 2)):  # all experts here; those of rank 1 of 2
+        w, ids = moe_router(x, gate, k, renorm, ticket, start, local)
+        ref_w, ref_ids = moe_route_ref(x.double() @ gate.double().T, k, renorm, start, local)
+        assert torch.equal(ids.cpu(), ref_ids.cpu())
+        torch.testing.assert_close(w, ref_w, atol=1e-5, rtol=1e-5)
+        assert int(ticket) == 0
+    with pytest.raises(ValueError, match="gate_weight"):
+        moe_router(x, gate[:, :-1].contiguous(), k, renorm, ticket)
+    with pytest.raises(ValueError, match="1 <= T"):
+        moe_router(_rand(9, h, seed=0), gate, k, renorm, ticket)
+    with pytest.raises(ValueError, match="ticket"):
+        moe_router(x, gate, k, renorm, ticket.float())
+    with pytest.raises(ValueError, match="top_k"):
+        moe_router(x, gate, e + 1, renorm, ticket)
+
+
 def test_fused_moe_rejects_bad_arguments():
     x, w13, w2, logits = _case(2, 4, 2, 16, 8, device="cpu")
     weights, ids = moe_route_ref(logits, 2, True)
@@ -152,3 +178,21 @@ def test_fused_moe_gpu_fp32_and_expert_parallel_and_graph_capture():
     want = _per_pair(x, w13, w2, wts, ix)
     torch.testing.assert_close(out["many"].double().cpu(), want, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(out["one"].double().cpu(), want[:1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 4])
+def test_router_in_one_launch_is_race_free_over_many_launches(t):
+    # Qwen3-30B-A3B's router (128 experts, hidden 2048, top 8): 200 back-to-back launches on one
+    # ticket, as the layers of a decode step make them, each routed from its own logits
+    e, k, h = 128, 8, 2048
+    gate = _rand(e, h, seed=1, scale=h ** -0.5, dtype=torch.bfloat16, device="cuda")
+    xs = [_rand(t, h, seed=10 + i, dtype=torch.bfloat16, device="cuda") for i in range(4)]
+    ticket = torch.zeros(1, dtype=torch.int32, device="cuda")
+    got = [moe_router(xs[i % 4], gate, k, True, ticket) for i in range(200)]
+    torch.cuda.synchronize()
+    assert int(ticket) == 0
+    for i, (w, ids) in enumerate(got):
+        ref_w, ref_ids = moe_route_ref(xs[i % 4].double() @ gate.double().T, k, True)
+        assert torch.equal(ids, ref_ids), i
+        torch.testing.assert_close(w, ref_w, atol=1e-4, rtol=1e-4)

@@ -103,10 +103,16 @@ class SparseMoeBlock(nn.Module):
         self.gate = nn.Linear(hidden, num_experts, bias=False)
         self.gate.weight.requires_grad_(False)
         self.experts = FusedExperts(num_experts, hidden, inter, ctx, expert_parallel)
+        # fm.moe_router's ticket (it leaves it zero): the router of a few tokens in one launch
+        self.register_buffer("route_ticket", torch.zeros(1, dtype=torch.int32), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ex = self.experts
-        logits = ops.linear(x, self.gate.weight, out_dtype=torch.float32)  # [T, E]
-        route = fm.moe_route if x.is_cuda else fm.moe_route_ref
-        weights, ids = route(logits, self.top_k, self.renormalize, ex.expert_start, ex.num_local)
+        if x.is_cuda and x.shape[0] <= fm.ROUTER_MAX_TOKENS and x.stride(1) == 1:
+            weights, ids = fm.moe_router(x, self.gate.weight, self.top_k, self.renormalize, self.route_ticket,
+                                         ex.expert_start, ex.num_local)
+        else:
+            logits = ops.linear(x, self.gate.weight, out_dtype=torch.float32)  # [T, E]
+            route = fm.moe_route if x.is_cuda else fm.moe_route_ref
+            weights, ids = route(logits, self.top_k, self.renormalize, ex.expert_start, ex.num_local)
         return all_reduce(ex(x, weights, ids), self.ctx)
