@@ -366,7 +366,7 @@ def test_a_held_tokenization_holds_nothing_else_and_bodies_are_bounded(tmp_path)
 
 
 def _child_environ(pid: int) -> list[dict[str, str]]:
-    """The environments of a process's child processes, from /proc."""
+    """The environments of a process's child processes, from /proc (Linux, as the server's tests)."""
     kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
     envs = []
     for kid in kids:
@@ -376,7 +376,6 @@ def _child_environ(pid: int) -> list[dict[str, str]]:
     return envs
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the children's environments from /proc")
 def test_the_scheduler_and_detokenizer_threads_wait_passively(server_a):
     # their OpenMP threads sleep between parallel regions (launcher.CHILD_ENV): spinning ones held
     # the cores the other processes need for the same token (2x slower on a 2-core box)
