@@ -11,15 +11,9 @@ import pytest
 
 from treadle.runtime import Engine
 from treadle.runtime.engine import BatchError
+from batch_grammar_cases import BAD, GREEDY, PROMPTS  # tests/batch_grammar_cases.py
 
 pytestmark = pytest.mark.slow
-GREEDY = {"max_new_tokens": 4, "temperature": 0}
-PROMPTS = ["The capital of France is", "One, two, three,", "def add(a, b):"]
-BAD = {
-    "regex": ({"regex": "(ab"}, "regex"),
-    "json_schema": ({"json_schema": '{"type": "integer", "multipleOf": 7}'}, "multipleOf"),
-    "ebnf": ({"ebnf": 'root ::= ("a"'}, "ebnf"),
-}
 
 
 @pytest.fixture(scope="module")

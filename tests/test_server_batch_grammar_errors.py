@@ -13,16 +13,10 @@ import pytest
 import requests
 
 from treadle.runtime.server.testing import ServerProcess, wait_idle
+from batch_grammar_cases import BAD, GREEDY, PROMPTS  # tests/batch_grammar_cases.py
 
 pytestmark = pytest.mark.slow
 T = 120
-GREEDY = {"max_new_tokens": 4, "temperature": 0}
-PROMPTS = ["The capital of France is", "One, two, three,", "def add(a, b):"]
-BAD = {
-    "regex": ({"regex": "(ab"}, "regex"),
-    "json_schema": ({"json_schema": '{"type": "integer", "multipleOf": 7}'}, "multipleOf"),
-    "ebnf": ({"ebnf": 'root ::= ("a"'}, "ebnf"),
-}
 
 
 @pytest.fixture(scope="module")
