@@ -282,7 +282,9 @@ def plan_tools(body: dict) -> ToolPlan | None:
     """Validate `tools` / `tool_choice` / `parallel_tool_calls`; None when tools play no part
     (none given, or tool_choice "none"). Raises APIError(400) naming the bad field."""
     tools_in, choice = body.get("tools"), body.get("tool_choice")
-    parallel = body.get("parallel_tool_calls", True)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is None:  # left out or null (vLLM's and SGLang's Optional[bool]): OpenAI's default
+        parallel = True
     if not isinstance(parallel, bool):
         raise APIError.bad_request("parallel_tool_calls must be a boolean", "parallel_tool_calls")
     if tools_in is None or tools_in == []:
