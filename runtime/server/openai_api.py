@@ -75,8 +75,8 @@ def register_openai_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request)
-        reqs, tools, think = await tm.off_loop(_build_chat, state, body)
-        return await _serve(request, state, body, reqs, chat=True, tools=tools, think=think)
+        reqs, tools, think, echo = await tm.off_loop(_build_chat, state, body)
+        return await _serve(request, state, body, reqs, chat=True, tools=tools, think=think, chat_echo=echo)
 
 
 # ====================================================================== building requests
@@ -107,15 +107,22 @@ def _build_completion(state: ServerState, body: dict) -> tuple[list[TokenizedGen
     return reqs, echoes
 
 
-def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateReq], ToolPlan | None, bool | None]:
-    """A /v1/chat/completions body -> its request, its tools and whether the reply's
-    reasoning is split off (True: the prompt opened the <think> block)."""
+def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateReq], ToolPlan | None, bool | None,
+                                                         str | None]:
+    """A /v1/chat/completions body -> its request, its tools, whether the reply's reasoning
+    is split off (True: the prompt opened the <think> block) and, with vLLM's `echo`, the
+    text the reply starts with."""
     tm = state.tm
     _check_fields(body, _CHAT_FIELDS)
     state.check_model(body.get("model"))
     for name, kind in _CHAT_HINTS.items():
         if body.get(name) is not None and not isinstance(body[name], kind):
             raise APIError.bad_request(f"{name} must be {'a string' if kind is str else 'an object'}", name)
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise APIError.bad_request("echo must be a boolean", "echo")
+    if body.get("best_of") not in (None, body.get("n") or 1):  # as on completions: never silently one sample
+        raise APIError.bad_request("best_of is not supported by this server", "best_of")
     modalities = body.get("modalities")
     if modalities is not None and (not isinstance(modalities, list) or any(m != "text" for m in modalities)):
         raise APIError.bad_request('modalities: this server writes text only (["text"])', "modalities")
@@ -139,10 +146,16 @@ def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateR
                                    "false with it", "continue_final_message")
     prompt = tm.chat_prompt(body.get("messages"), tools, body.get("chat_template_kwargs"), gen, cont)
     last = (body.get("messages") or [{}])[-1]
-    continued = last.get("content") if cont and isinstance(last, dict) else None
-    if isinstance(continued, list):  # content parts: their text
-        continued = "".join(p.get("text", "") for p in continued if isinstance(p, dict))
-    opened = opens_in_prompt(prompt, continued if isinstance(continued, str) else None)
+    last_text = last.get("content") if isinstance(last, dict) else None
+    if isinstance(last_text, list):  # content parts: their text (joined as the prompt has them)
+        last_text = "".join(p.get("text", "") for p in last_text if isinstance(p, dict))
+    if not isinstance(last_text, str):
+        last_text = None
+    continued = last_text if cont else None
+    opened = opens_in_prompt(prompt, continued)
+    # vLLM's echo: the last message's text leads the reply when it has the reply's role (the
+    # assistant's; with add_generation_prompt false, the last message's own)
+    chat_echo = last_text if echo and last_text and (not gen or last.get("role") == "assistant") else None
     think = opened if state.args.reasoning_parser == "think" and separate else None
     # a constraint holds for the answer: the reasoning block before it stays free
     after = None
@@ -150,7 +163,7 @@ def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateR
         after = "open" if opened else "maybe" if model_thinks(tm.tokenizer) else None
     reqs = [_make(tm, body, tm.encode(prompt, "messages"), default_max=None, return_logprob=bool(lp), top=top or 0,
                   tools=tools, grammar_after_reasoning=after, rid=_rids(body, 1)[0])]
-    return reqs, tools, think
+    return reqs, tools, think, chat_echo
 
 
 # ====================================================================== request mapping
@@ -296,7 +309,8 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
 
 async def _serve(request: Request, state: ServerState, body: dict, base: list[TokenizedGenerateReq],
                  chat: bool, tools: ToolPlan | None = None,
-                 echoes: list[tuple[str, list[int]]] | None = None, think: bool | None = None) -> Response:
+                 echoes: list[tuple[str, list[int]]] | None = None, think: bool | None = None,
+                 chat_echo: str | None = None) -> Response:
     tm = state.tm
     # choice index = prompt * n + sample; /abort_request reaches each part by the request's
     # rid and by its prompt's ("<rid>-<i>" of a list of prompts)
@@ -324,6 +338,7 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
     shaper = _Shaper(tm, rid, state.model_name, chat, int(time.time()), len(reqs) // len(base), tools, echoes,
                      think)
     shaper.json_schema_dropped = reqs[0].sampling_params.json_schema_dropped
+    shaper.chat_echo = chat_echo
     if body.get("stream"):
         include_usage = shaper.include_usage = (body.get("stream_options") or {}).get("include_usage") is True
 
@@ -408,6 +423,7 @@ class _Shaper:
         self.text_offset: dict[int, tuple[int, Any]] = {}  # per choice: characters so far, their decoder
         self.include_usage = False  # stream_options.include_usage
         self.json_schema_dropped: list | None = None  # json_schema_lenient's list, on every chunk
+        self.chat_echo: str | None = None  # chat with vLLM's echo: the text each reply starts with
 
     def _tok(self, tid: int) -> str:
         """A token's text in logprobs: its own bytes as text, or, for a piece of a character,
@@ -476,6 +492,8 @@ class _Shaper:
                 c["message"]["content"] = reply.content
                 if reply.calls:
                     c["message"]["tool_calls"] = [call.as_openai() for call in reply.calls]
+            if self.chat_echo is not None:
+                c["message"]["content"] = self.chat_echo + (c["message"]["content"] or "")
         else:
             c["text"] = text
         return c
@@ -532,6 +550,8 @@ class _Shaper:
             # a reply that is only tool calls (a named or required tool_choice) has null content,
             # as OpenAI's first chunk says; streamed, it added up to "" (unstreamed: null)
             content = None if self.tools is not None and self.tools.choice != "auto" else ""
+            if self.chat_echo is not None:  # vLLM's echo: it comes first, as the unstreamed reply has it
+                content = self.chat_echo
             out.append(sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": content},
                                                  "logprobs": None, "finish_reason": None}]}))
         text, ids, lps, tops = self.with_echo(i, ch.acc, ch.text, ch.ids, ch.logprobs, ch.top_logprobs)
