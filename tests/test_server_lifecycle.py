@@ -105,6 +105,23 @@ def test_non_stream_disconnect_aborts(server_a):
     assert info(url)["generated_tokens"] - before < 4000
 
 
+def _environ(pid: int) -> dict[str, str]:
+    """A process's environment, from /proc (Linux, as the server's tests)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        pairs = [e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e]
+    return {k.decode(): v.decode(errors="replace") for k, v in pairs}
+
+
+def test_the_scheduler_and_detokenizer_threads_wait_passively(server_a):
+    # their OpenMP threads sleep between parallel regions (launcher.CHILD_ENV): spinning ones held
+    # the cores the other processes need for the same token (2x slower on a 2-core box); before
+    # the SIGTERM test, which ends server A
+    assert "OMP_WAIT_POLICY" not in os.environ or os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    pids = info(server_a.url)["pids"]
+    children = [pids[name] for name in ("scheduler", "detokenizer")]
+    assert all(_environ(pid).get("OMP_WAIT_POLICY") == "PASSIVE" for pid in children), pids
+
+
 def test_sigterm_drains_in_flight_and_exits_zero(server_a):
     url = server_a.url
     box: dict = {}
@@ -364,22 +381,3 @@ def test_a_held_tokenization_holds_nothing_else_and_bodies_are_bounded(tmp_path)
         release.touch()
         srv.close()
 
-
-def _child_environ(pid: int) -> list[dict[str, str]]:
-    """The environments of a process's child processes, from /proc (Linux, as the server's tests)."""
-    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    envs = []
-    for kid in kids:
-        with open(f"/proc/{kid}/environ", "rb") as f:
-            pairs = [e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e]
-        envs.append({k.decode(): v.decode(errors="replace") for k, v in pairs})
-    return envs
-
-
-def test_the_scheduler_and_detokenizer_threads_wait_passively(server_a):
-    # their OpenMP threads sleep between parallel regions (launcher.CHILD_ENV): spinning ones held
-    # the cores the other processes need for the same token (2x slower on a 2-core box)
-    assert "OMP_WAIT_POLICY" not in os.environ or os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    envs = [e for e in _child_environ(server_a.proc.pid) if "OMP_WAIT_POLICY" in e or "PATH" in e]
-    assert len(envs) >= 2, envs  # the scheduler and the detokenizer (and spawn's resource tracker)
-    assert all(e.get("OMP_WAIT_POLICY") == "PASSIVE" for e in envs)
