@@ -74,6 +74,9 @@ _SIMPLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "'": "
                    "-": "-", "^": "^", "/": "/", "a": "\a", "b": "\b", "f": "\f", "v": "\v", "0": "\0",
                    "e": "\x1b", "?": "?"}
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+# vLLM's guided_grammar may be Lark (name: body, ?rule, %import): not this dialect
+_LARK = ("; this looks like a Lark grammar, which is not supported: GBNF rules are written "
+         "'name ::= body', the output is rule 'root', and terminals are string literals or [classes]")
 _RESERVED = 0x100000  # the first code point of the range grammars never generate (index_markers.py)
 
 
@@ -189,10 +192,13 @@ class _Parser:
             raise self.error("the grammar is empty")
         while self.i < len(self.s):
             start = self.i
+            if self.peek() in ("?", "!", "%"):  # Lark's ?rule, !rule, %import, %ignore
+                raise self.error("expected a rule name" + _LARK)
             name = self.name()
             self.skip()
             if not self.s.startswith("::=", self.i):
-                raise self.error(f"expected '::=' after the rule name {name!r}")
+                lark = _LARK if self.peek() == ":" else ""
+                raise self.error(f"expected '::=' after the rule name {name!r}" + lark)
             self.i += 3
             if name in rules:
                 raise self.error(f"rule {name!r} is defined twice", start)
@@ -569,12 +575,72 @@ def _split_recursive(rules: dict[str, Node]) -> dict[str, Node]:
     return out
 
 
+def _shape(node: Node) -> object:
+    """``node`` without the positions of its references: equal for equal text."""
+    if isinstance(node, Ref):
+        return ("ref", node.name)
+    if isinstance(node, (Seq, Alt)):
+        return (type(node).__name__, tuple(_shape(x) for x in node.items))
+    if isinstance(node, Rep):
+        return ("rep", _shape(node.item), node.min, node.max)
+    return node
+
+
 def _bracketed(alt: Node, comp: frozenset[str], name: str, out: dict[str, Node]) -> Node:
-    """``alt`` with the stretch of its items from the last literal before the first item that
-    nests to the first literal after the last one as a rule of its own (added to ``out``),
-    when that stretch is not the whole of ``alt``."""
+    """``alt`` with each stretch of its items from the last literal before an item that nests
+    to the first literal after it as a rule of its own (added to ``out``), when that stretch
+    is not the whole of ``alt``. Items that nest with no literal between them share a
+    stretch; a last group that nests with no literal after it (C's ``("else" "{" stmt* "}")?``)
+    is bracketed inside. Equal stretches share one rule (``"{" stmt* "}"`` after ``while``,
+    ``for``, ``if`` and ``else``), so a single call target can break every cycle."""
+    if isinstance(alt, Rep) and alt.item is not None:
+        inner = _bracketed(alt.item, comp, name, out)
+        return alt if inner is alt.item else Rep(inner, alt.min, alt.max)
     if not isinstance(alt, Seq):
         return alt
+    items = alt.items
+    nest = [i for i, x in enumerate(items) if any(r.name in comp for r in _refs(x))]
+    lit = [i for i, x in enumerate(items) if isinstance(x, Lit) and x.text]
+    if not nest:
+        return alt
+    spans: list[list[int]] = []  # [first nesting item, last nesting item] with no literal between
+    for i in nest:
+        if spans and not any(spans[-1][1] < j < i for j in lit):
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    stretches: list[tuple[int, int, Node | None]] = []  # (start, end, replacement or None: the items)
+    for lo, hi in spans:
+        a = max((j for j in lit if j < lo), default=None)
+        b = min((j for j in lit if j > hi), default=None)
+        if a is None or b is None:
+            if lo == hi == len(items) - 1 and isinstance(items[lo], (Rep, Seq)):
+                inner = _bracketed(items[lo], comp, name, out)
+                if inner is not items[lo]:
+                    stretches.append((lo, lo, inner))
+                    continue
+            return _bracketed_whole(alt, comp, name, out)
+        if stretches and a <= stretches[-1][1]:  # overlapping stretches (at a shared literal) merge
+            if stretches[-1][2] is not None:
+                return _bracketed_whole(alt, comp, name, out)
+            stretches[-1] = (stretches[-1][0], b, None)
+        else:
+            stretches.append((a, b, None))
+    if len(stretches) == 1 and stretches[0][:2] == (0, len(items) - 1) and stretches[0][2] is None:
+        return alt
+    new: list[Node] = []
+    at = 0
+    for a, b, repl in stretches:
+        new.extend(items[at:a])
+        new.append(repl if repl is not None else _inner_rule(Seq(items[a:b + 1]), name, out))
+        at = b + 1
+    new.extend(items[at:])
+    return Seq(tuple(new))
+
+
+def _bracketed_whole(alt: Seq, comp: frozenset[str], name: str, out: dict[str, Node]) -> Node:
+    """The one stretch from the literal before the first item that nests to the literal after
+    the last (``alt`` itself when there is none, or it is the whole)."""
     items = alt.items
     nest = [i for i, x in enumerate(items) if any(r.name in comp for r in _refs(x))]
     lit = [i for i, x in enumerate(items) if isinstance(x, Lit) and x.text]
@@ -582,14 +648,50 @@ def _bracketed(alt: Node, comp: frozenset[str], name: str, out: dict[str, Node])
     b = min((i for i in lit if i > nest[-1]), default=None)
     if a is None or b is None or (a, b) == (0, len(items) - 1):
         return alt
+    return Seq(items[:a] + (_inner_rule(Seq(items[a:b + 1]), name, out),) + items[b + 1:])
+
+
+def _inner_rule(body: Seq, name: str, out: dict[str, Node]) -> Ref:
+    """A reference to a rule ``name#inK`` of ``body``: one already made with an equal body, or
+    a new one."""
+    shape = _shape(body)
+    for n, b in out.items():
+        if "#in" in n and _shape(b) == shape:
+            return Ref(n, 0, 0)
     inner = f"{name}#in{sum(n.startswith(name + '#in') for n in out)}"
-    out[inner] = Seq(items[a:b + 1])
-    return Seq(items[:a] + (Ref(inner, 0, 0),) + items[b + 1:])
+    out[inner] = body
+    return Ref(inner, 0, 0)
+
+
+def _inline_tails(rules: dict[str, Node]) -> dict[str, Node]:
+    """Each rule with an alternative that is only a reference to another rule whose
+    alternatives begin or end with the first (``factor ::= ... | unary``, ``unary ::= "-"
+    factor``) given that rule's alternatives in its place (``factor ::= ... | "-" factor``),
+    so that ``_as_loop`` makes the recursion a loop. The same language: a rule's body for a
+    reference to it."""
+    out = dict(rules)
+    for name, body in rules.items():
+        alts = body.items if isinstance(body, Alt) else (body,)
+        new: list[Node] = []
+        changed = False
+        for x in alts:
+            q = rules.get(x.name) if isinstance(x, Ref) and x.name != name else None
+            if q is not None:
+                q_alts = q.items if isinstance(q, Alt) else (q,)
+                ends = [(y.items[0], y.items[-1]) if isinstance(y, Seq) and y.items else (y, y) for y in q_alts]
+                if any(isinstance(e, Ref) and e.name == name for pair in ends for e in pair):
+                    new.extend(q_alts)
+                    changed = True
+                    continue
+            new.append(x)
+        if changed:
+            out[name] = new[0] if len(new) == 1 else Alt(tuple(new))
+    return out
 
 
 class _Emitter:
     def __init__(self, grammar: Grammar, max_depth: int, calls: bool = False, eager: bool = False) -> None:
-        self.rules = {n: (_as_loop(n, b) or b) for n, b in grammar.rules.items()}
+        self.rules = {n: (_as_loop(n, b) or b) for n, b in _inline_tails(grammar.rules).items()}
         if calls:
             self.rules = _split_recursive(self.rules)
         self.max_depth = max_depth
