@@ -364,6 +364,7 @@ def test_rewrites_keep_the_language(text, doc):
     '?start: value\n?value: "a" | NUMBER\n%import common.NUMBER',
     'start: expr\nexpr: NUMBER ("+" NUMBER)*\n%import common.NUMBER\n%ignore " "',
     'root: "yes" | "no"',
+    'root ::= word+\nword ::= /[a-z]+/ " "',
 ])
 def test_lark_grammars_are_refused_naming_the_dialect(text):
     """vLLM's ``guided_grammar`` may be Lark; treadle takes GBNF (docs/structured-output.md):

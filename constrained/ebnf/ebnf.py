@@ -256,6 +256,8 @@ class _Parser:
             return Ref(name, line, col)
         if c == "'":
             raise self.error("string literals take double quotes")
+        if c == "/":
+            raise self.error("unexpected '/' (a /regex/ terminal" + _LARK + ")")
         raise self.error(f"unexpected {c!r}" + (" (lookahead assertions are not supported)" if c == "=" else ""))
 
     def char(self) -> str:
