@@ -39,7 +39,7 @@ def test_tiny_moe_matches_hf(name, tmp_path):
     assert ModelConfig.from_hf_dict(hf.config.to_dict()) == DUMMY_CONFIGS[name]  # the config round-trips
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 49000, (n,), generator=g).tolist() for n in (1, 6, 29)]
-    with Engine(model_path=path, max_total_tokens=2048) as e:
+    with Engine(model_path=path, device="cpu", max_total_tokens=2048) as e:  # the CPU parity, on any machine
         out = e.generate(input_ids=prompts, sampling_params={"max_new_tokens": 10, "temperature": 0,
                                                               "ignore_eos": True},
                          return_logprob=True, logprob_start_len=0)
