@@ -378,12 +378,16 @@ def create_app(state: ServerState) -> FastAPI:
         if len(reqs) > 1:  # a bad grammar refuses the batch (or n samples) whole, before any of it runs
             await until_done_or_disconnect(request, tm.check_grammars(
                 grammars, batch=isinstance(obj.get("sampling_params"), list) and not single))
+        # one prompt, one sample: its failure is the response's (a 400 / 500, or a stream's error
+        # event); a batch or n samples answer with every part's own outcome, a failed part's
+        # result carrying its `error` (docs/serving.md), so one part failing mid-run (its grammar,
+        # its logits, a failed step) costs the others nothing
+        one = single and len(reqs) == 1
         if stream:
-            return await stream_or_error(request, native_stream(tm, reqs, aliases),
-                                         _render_native(single and len(reqs) == 1,
-                                                        state.args.incremental_streaming_output))
-        results = await until_done_or_disconnect(request, run_native(tm, reqs, aliases))
-        return ReplyJSON(results[0] if single and len(results) == 1 else results)
+            return await stream_or_error(request, native_stream(tm, reqs, aliases, per_part=not one),
+                                         _render_native(one, state.args.incremental_streaming_output))
+        results = await until_done_or_disconnect(request, run_native(tm, reqs, aliases, per_part=not one))
+        return ReplyJSON(results[0] if one else results)
 
     from treadle.runtime.server.openai_api import register_openai_routes
 
@@ -534,23 +538,39 @@ def build_native(tm: TokenizerManager, obj: dict
     return reqs, single, aliases, grammars
 
 
-async def run_native(tm: TokenizerManager, reqs: list[TokenizedGenerateReq], aliases: dict[str, tuple]) -> list[dict]:
+def native_result(chunk: Any) -> dict:
+    """A request's native result from its last chunk; a failed one's carries `error` (the
+    OpenAI-shaped error a request of its own would have been answered with) beside what it
+    made before, its meta_info's finish_reason being {"type": "abort", "message": ...}."""
+    res = chunk.acc.result()
+    if chunk.error is not None:
+        res["error"] = chunk.error.body()["error"]
+    return res
+
+
+async def run_native(tm: TokenizerManager, reqs: list[TokenizedGenerateReq], aliases: dict[str, tuple],
+                     per_part: bool = False) -> list[dict]:
+    """Each request's result. `per_part`: a request that fails has its result (with `error`)
+    like the others, which run on; else its failure is raised (and stops the others)."""
     async def one(r: TokenizedGenerateReq) -> dict:
         last = None
-        async for chunk in tm.generate(r, aliases[r.rid]):
+        async for chunk in tm.generate(r, aliases[r.rid], errors_as_output=per_part):
             last = chunk
-        return last.acc.result()
+        return native_result(last)
 
     with tm.reserve(reqs, aliases):
         await tm.warm_prefixes(reqs, aliases)
         return await gather_all([one(r) for r in reqs])
 
 
-async def native_stream(tm: TokenizerManager, reqs: list[TokenizedGenerateReq], aliases: dict[str, tuple]):
-    """(index, chunk) pairs of all requests; the prompt is warmed first when shared."""
+async def native_stream(tm: TokenizerManager, reqs: list[TokenizedGenerateReq], aliases: dict[str, tuple],
+                        per_part: bool = False):
+    """(index, chunk) pairs of all requests; the prompt is warmed first when shared.
+    `per_part`: as run_native's (a failed request's last chunk carries its error)."""
     with tm.reserve(reqs, aliases):
         await tm.warm_prefixes(reqs, aliases)
-        async for item in merge_streams([tm.generate(r, aliases[r.rid]) for r in reqs]):
+        async for item in merge_streams([tm.generate(r, aliases[r.rid], errors_as_output=per_part)
+                                         for r in reqs]):
             yield item
 
 
@@ -562,7 +582,7 @@ def _render_native(single: bool, incremental: bool):
         i, chunk = item
         if not chunk.text and not chunk.ids and not chunk.finished:
             return []
-        res = chunk.acc.result()
+        res = native_result(chunk)
         if incremental:
             res["text"] = chunk.text
             res["output_ids"] = list(chunk.ids)

@@ -51,6 +51,9 @@ class Chunk:
     top_logprobs: list
     acc: "Accum"
     finished: bool
+    # the request's own failure (generate(..., errors_as_output=True)): the error a request of
+    # its own would have been answered with; the chunk is its last, with what it made before
+    error: APIError | None = None
 
 
 class Accum(OutputAccum):
@@ -106,6 +109,16 @@ def _renderer_arguments(tokenizer: Any) -> set[str]:
             continue
         own |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
     return own
+
+
+def _output_error(r: TokenizedGenerateReq, out: ReqOutput) -> APIError:
+    """The error a request that ended with `out.error` is answered with: a 500 for a failed
+    batch step (the server's fault, not the request's), else a 400 (its grammar could not go
+    on, named by the grammar's field)."""
+    if out.internal:
+        return APIError(out.error, 500, "server_error", None, "internal_error")
+    grammar = [f for f in GRAMMAR_FIELDS if getattr(r.sampling_params, f) is not None]
+    return APIError.bad_request(out.error, grammar[0] if grammar and out.error.startswith("grammar") else None)
 
 
 class TokenizerManager:
@@ -503,11 +516,14 @@ class TokenizerManager:
                     del self.states[rid]
 
     async def generate(self, r: TokenizedGenerateReq, aliases: tuple[str, ...] = (),
-                       internal: bool = False) -> AsyncIterator[Chunk]:
+                       internal: bool = False, errors_as_output: bool = False) -> AsyncIterator[Chunk]:
         """Send `r` and yield its progress. Stops after the finished chunk; raises APIError on
         a scheduler-side rejection. If the consumer stops early, the request is aborted.
         ``aliases``: other rids `abort_named` stops it by (the batch or n samples it is part of).
-        ``internal``: the server's own probe, left out of the metrics."""
+        ``internal``: the server's own probe, left out of the metrics. ``errors_as_output``:
+        the request's failure (its own, or a failed batch step's) is its last chunk, with what
+        it made before and the APIError in `error`, instead of raised: one part of a batch
+        failing leaves the others' results alone (a server process dying still raises)."""
         st = self.states.get(r.rid)
         if st is None:
             st = self.states[r.rid] = ReqState(asyncio.Queue(), time.monotonic(), aliases=aliases,
@@ -536,16 +552,14 @@ class TokenizerManager:
                                             last.cached_tokens if last else 0), "")
                 out = m.out
                 finished = out.finished is not None
-                if out.error:
-                    if out.internal:  # a failed batch step: the server's fault, not the request's
-                        raise APIError(out.error, 500, "server_error", None, "internal_error")
-                    grammar = [f for f in GRAMMAR_FIELDS if getattr(r.sampling_params, f) is not None]
-                    raise APIError.bad_request(out.error, grammar[0] if grammar and
-                                               out.error.startswith("grammar") else None)
+                error = _output_error(r, out) if out.error else None
+                if error is not None and not errors_as_output:
+                    raise error
                 self._observe(st, out, finished)
                 acc.text += m.text_delta
                 acc.add(out)
-                yield Chunk(m.text_delta, out.new_ids, out.output_logprobs, out.output_top_logprobs, acc, finished)
+                yield Chunk(m.text_delta, out.new_ids, out.output_logprobs, out.output_top_logprobs, acc, finished,
+                            error)
                 if finished:
                     return
         finally:

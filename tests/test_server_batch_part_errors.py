@@ -1,0 +1,67 @@
+"""A native /generate batch whose parts fail mid-run one by one: each part's outcome is its
+own. The real server runs with forward calls of its scheduler made to raise
+(runtime/fault_injection.py), which fails the batch step and the requests in it; a part that
+finished before that step keeps its result, the failed part's result carries its `error`
+(docs/serving.md, "/generate"), streamed or not. Before, the whole batch was a 500 and the
+good results were dropped."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from treadle.runtime.server.testing import ServerProcess, wait_idle
+
+T = 120
+# part 0 ends with the token its prefill samples; part 1 needs decode steps after that
+PARAMS = [{"max_new_tokens": 1, "temperature": 0}, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}]
+TEXTS = ["The capital of France is", "Count to ten: one, two,"]
+
+
+@pytest.fixture(scope="module")
+def srv():
+    # forward 1: the batch's prefill (part 0 ends there), 2: fails part 1; after the rebuilt
+    # state, 3: the streamed batch's prefill, 4: fails its part 1
+    with ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"],
+                       env={"TREADLE_FAULT_FORWARD_CALLS": "2,4"}) as s:
+        yield s
+
+
+def assert_failed_part(res: dict) -> None:
+    err = res["error"]
+    assert err["code"] == "internal_error" and err["type"] == "server_error", err
+    assert "injected fault" in err["message"], err
+    assert res["meta_info"]["finish_reason"]["type"] == "abort", res
+
+
+def test_a_batch_part_failing_mid_run_keeps_the_other_parts_results(srv):
+    r = requests.post(srv.url + "/generate", json={"text": TEXTS, "sampling_params": PARAMS}, timeout=T)
+    assert r.status_code == 200, r.text
+    good, bad = r.json()
+    assert "error" not in good and "error" not in good["meta_info"], good
+    assert good["meta_info"]["finish_reason"] == {"type": "length", "length": 1}, good
+    assert good["meta_info"]["completion_tokens"] == 1 and len(good["output_ids"]) == 1 and good["text"], good
+    assert_failed_part(bad)
+
+    # streamed: part 0's events run to their end, part 1's last event is its error, then [DONE]
+    events = []
+    with requests.post(srv.url + "/generate", json={"text": TEXTS, "sampling_params": PARAMS, "stream": True},
+                       stream=True, timeout=T) as s:
+        assert s.status_code == 200, s.text
+        for line in s.iter_lines(decode_unicode=True):
+            if line.startswith("data: "):
+                events.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
+    assert events[-1] == "[DONE]", events
+    by_part = {i: [e for e in events[:-1] if e.get("index") == i] for i in (0, 1)}
+    assert len(by_part[0]) + len(by_part[1]) == len(events) - 1, events  # every event names its part
+    assert by_part[0][-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 1}, by_part[0]
+    assert not any("error" in e for e in by_part[0]), by_part[0]
+    assert_failed_part(by_part[1][-1])
+
+    # the server serves on, every KV slot back
+    ok = requests.post(srv.url + "/generate", json={"text": TEXTS, "sampling_params": PARAMS}, timeout=T)
+    assert ok.status_code == 200 and [x["meta_info"]["completion_tokens"] for x in ok.json()] == [1, 8], ok.text
+    assert not any("error" in x for x in ok.json()), ok.text
+    info = wait_idle(srv.url)
+    assert info["free_slots"] + info["evictable_slots"] == info["total_slots"] and info["protected_slots"] == 0, info
