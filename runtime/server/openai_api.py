@@ -46,6 +46,7 @@ JSON_OBJECT_SCHEMA = {"type": "object"}
 _CHAT_HINTS = {"reasoning_effort": str, "verbosity": str, "prediction": dict}
 _COMPLETION_FIELDS = {"model", "rid", "prompt", "suffix", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED}
 _CHAT_FIELDS = {"model", "rid", "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+                "functions", "function_call",  # OpenAI's legacy function calling (tool_calls.legacy_plan)
                 "add_generation_prompt", "continue_final_message", "modalities",
                 "separate_reasoning", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED, *_CHAT_HINTS}
 
@@ -399,7 +400,18 @@ def _locate_grammar_error(e: APIError, body: dict, tools: ToolPlan | None) -> No
     if alias is not None:
         e.param = alias
     elif tools is not None and body.get(e.param) is None:
-        e.message, e.param = tools.locate(e.message), "tools"
+        e.message, e.param = tools.locate(e.message), "functions" if tools.legacy else "tools"
+
+
+def as_function_call(call: dict) -> dict:
+    """An OpenAI tool call (or its streamed piece) as the legacy `function_call`: its function's
+    name (the first piece has it) and arguments, without the call's id, type and index."""
+    fn = call.get("function", {})
+    return {k: fn[k] for k in ("name", "arguments") if k in fn}
+
+
+def _legacy_finish(finish: str | None) -> str | None:
+    return "function_call" if finish == "tool_calls" else finish
 
 
 class _Shaper:
@@ -490,7 +502,10 @@ class _Shaper:
                 reply = self.tools.parse(answer, finish_reason(fin))
                 c["finish_reason"] = reply.finish_reason
                 c["message"]["content"] = reply.content
-                if reply.calls:
+                if reply.calls and self.tools.legacy:  # the legacy reply: one function_call
+                    c["message"]["function_call"] = as_function_call(reply.calls[0].as_openai())
+                    c["finish_reason"] = _legacy_finish(c["finish_reason"])
+                elif reply.calls:
                     c["message"]["tool_calls"] = [call.as_openai() for call in reply.calls]
             if self.chat_echo is not None:
                 c["message"]["content"] = self.chat_echo + (c["message"]["content"] or "")
@@ -529,6 +544,11 @@ class _Shaper:
                 more, c["finish_reason"] = ts.finish(answer, c["finish_reason"])
             else:
                 more = ts.feed(answer)
+            if self.tools.legacy:  # the legacy delta: function_call's name, then its arguments
+                c["finish_reason"] = _legacy_finish(c["finish_reason"])
+                calls = more.pop("tool_calls", None)
+                if calls:  # one call a reply (legacy_plan)
+                    more["function_call"] = as_function_call(calls[0])
             return {**delta, **more}
         sent = self.content_sent.get(i, 0)
         if len(answer) > sent:
@@ -566,7 +586,7 @@ class _Shaper:
             c["delta"] = self._chat_delta(i, ch, c)
             if not c["delta"] and not ch.finished and not ch.logprobs:
                 return out
-            if ch.finished and c["delta"].get("tool_calls"):
+            if ch.finished and (c["delta"].get("tool_calls") or c["delta"].get("function_call")):
                 # calls, then the finish in a chunk of its own with an empty delta, as OpenAI
                 # sends them: the openai client's stream helper ends a call (its
                 # tool_calls.function.arguments.done event) on a later chunk, so a call that

@@ -79,6 +79,9 @@ class ToolPlan:
     choice: str  # "auto" | "required" | "named"
     named: str | None  # the function a "named" choice forces
     parallel: bool
+    # OpenAI's legacy `functions` / `function_call` (plan_tools): the reply's call comes as
+    # message.function_call (one, never several) and finish_reason "function_call"
+    legacy: bool = False
 
     # ------------------------------------------------------------------ decoding
     def sampling_overrides(self, stop: Any) -> dict:
@@ -121,7 +124,7 @@ class ToolPlan:
         grammar wraps the tools' parameters (an array of calls, a structural tag), whose
         paths the client never wrote."""
         def tool(i: int) -> str:
-            return f"tools[{i}].function.parameters"
+            return f"functions[{i}].parameters" if self.legacy else f"tools[{i}].function.parameters"
 
         named = next((i for i, t in enumerate(self.tools) if t.name == self.named), 0)
         message = re.sub(r"\$\.items(?:\.(?:any|one)Of\[(\d+)\])?\.properties\.arguments",
@@ -280,7 +283,10 @@ class ToolStream:
 
 def plan_tools(body: dict) -> ToolPlan | None:
     """Validate `tools` / `tool_choice` / `parallel_tool_calls`; None when tools play no part
-    (none given, or tool_choice "none"). Raises APIError(400) naming the bad field."""
+    (none given, or tool_choice "none"). Raises APIError(400) naming the bad field. OpenAI's
+    legacy `functions` / `function_call` are the same as tools (`legacy_plan`)."""
+    if body.get("functions") is not None or body.get("function_call") is not None:
+        return legacy_plan(body)
     tools_in, choice = body.get("tools"), body.get("tool_choice")
     parallel = body.get("parallel_tool_calls")
     if parallel is None:  # left out or null (vLLM's and SGLang's Optional[bool]): OpenAI's default
@@ -332,6 +338,45 @@ def plan_tools(body: dict) -> ToolPlan | None:
     if fn["name"] not in {t.name for t in tools}:
         raise APIError.bad_request(f"tool_choice names {fn.get('name')!r}, which is not in tools", "tool_choice")
     return ToolPlan(tuple(tools), "named", fn["name"], parallel)
+
+
+# the words of plan_tools' errors, restated in the legacy fields' terms
+_LEGACY_WORDS = (("tools[", "functions["), ("].function.", "]."), ("tool_choice", "function_call"),
+                 ("in tools", "in functions"), ("tools list", "functions list"), ("tools has", "functions has"),
+                 ('must be {"type": "function", "function": {...}}', "must be a function definition object"),
+                 ("function_call.function.name", "function_call.name"))
+
+
+def legacy_plan(body: dict) -> ToolPlan | None:
+    """OpenAI's deprecated function calling (which its API still takes): `functions` (a list
+    of {name, description, parameters}) and `function_call` ("none", "auto" or {"name": ...})
+    are `tools` of those functions and the same `tool_choice`, with at most one call a reply
+    (the legacy reply has room for one: message.function_call). Mixed with the tools fields
+    it is a 400 (which would win is anyone's guess)."""
+    mixed = next((k for k in ("tools", "tool_choice", "parallel_tool_calls") if body.get(k) is not None), None)
+    if mixed is not None:
+        raise APIError.bad_request(f"functions and function_call are the legacy form of tools and tool_choice: "
+                                   f"send {mixed} without them", mixed)
+    functions, call = body.get("functions"), body.get("function_call")
+    if functions is not None and not isinstance(functions, list):
+        raise APIError.bad_request("functions must be a list of function definitions", "functions")
+    tools = [{"type": "function", "function": f} for f in functions or []]
+    if isinstance(call, dict):
+        if set(call) != {"name"}:
+            raise APIError.bad_request('function_call must be "none", "auto" or {"name": ...}', "function_call")
+        choice: Any = {"type": "function", "function": {"name": call["name"]}}
+    elif call in (None, "none", "auto"):
+        choice = call
+    else:
+        raise APIError.bad_request('function_call must be "none", "auto" or {"name": ...}', "function_call")
+    try:
+        plan = plan_tools({"tools": tools, "tool_choice": choice, "parallel_tool_calls": False})
+    except APIError as e:
+        for ours, theirs in _LEGACY_WORDS:
+            e.message = e.message.replace(ours, theirs)
+        e.param = {"tools": "functions", "tool_choice": "function_call"}.get(e.param or "", e.param)
+        raise
+    return None if plan is None else ToolPlan(plan.tools, plan.choice, plan.named, False, legacy=True)
 
 
 def template_knows_tools(template: str | None) -> bool:
@@ -390,6 +435,28 @@ def _tools_prompt(plan: ToolPlan) -> str:
             "To call a function, answer with a <tool_call> block holding a JSON object with its "
             "name and arguments, one block per call:\n"
             f'{OPEN}\n{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}\n{CLOSE}')
+
+
+def legacy_message(i: int, m: dict) -> dict:
+    """messages[i] with OpenAI's legacy function calling in today's terms: an assistant's
+    `function_call` ({name, arguments}) is its one tool call, and a `function` message (a
+    function's result, named by `name`) a `tool` message. APIError(400) for a malformed one."""
+    fc = m.get("function_call")
+    if fc is not None:
+        if m.get("role") != "assistant" or not isinstance(fc, dict) or not isinstance(fc.get("name"), str) \
+                or not isinstance(fc.get("arguments", "{}"), (str, dict)):
+            raise APIError.bad_request(f"messages[{i}].function_call must be {{\"name\", \"arguments\"}} on an "
+                                       "assistant message", "messages")
+        if m.get("tool_calls") is not None:
+            raise APIError.bad_request(f"messages[{i}] has both tool_calls and function_call: send one", "messages")
+        m = {**m, "tool_calls": [{"id": f"call_{i}", "type": "function", "function": fc}]}
+        del m["function_call"]
+    if m.get("role") == "function":
+        if not isinstance(m.get("name"), str):
+            raise APIError.bad_request(f"messages[{i}]: a function message needs the `name` of the function whose "
+                                       "result it holds", f"messages[{i}].name")
+        m = {**m, "role": "tool"}
+    return m
 
 
 def check_message_tool_fields(i: int, m: dict) -> None:
