@@ -142,7 +142,7 @@ class GrammarSpec:
         if self.kind == "json_schema":
             return json_schema_to_regex(
                 json.loads(self.value), whitespace_pattern=whitespace_pattern, mode=json_schema_mode, holes=holes,
-                max_recursion_depth=max_recursion_depth, members=members)
+                max_recursion_depth=max_recursion_depth, members=members, unique_check=True)
         raise ValueError(f"unknown grammar kind {self.kind!r}")
 
 
@@ -201,6 +201,7 @@ class CompiledGrammar:
     from_disk: bool = False  # loaded from the disk cache (compile_time_s: the original build's)
     holes: Any = None  # json_holes.Holes when the regex has any-value or call placeholders
     free_keys: bool = True  # its output may hold object keys it does not name (json_keys.py checks them)
+    unique_strings: bool = field(init=False)  # its matcher keeps string items distinct (unique_items.py)
     _rows: dict[int, Any] = field(default_factory=dict, repr=False)
     _jumps: dict[int, str] = field(default_factory=dict, repr=False)
     _finals: dict[int, bool] = field(default_factory=dict, repr=False)
@@ -215,6 +216,12 @@ class CompiledGrammar:
         start, self.end_token = marker_token_ids(len(self.token_bytes), len(PLACEHOLDERS))
         self.initial_state = index_initial_state(self.index, start)
         self.reserved_tokens = reserved_token_ids(self.token_bytes)
+        self.unique_strings = False
+        if self.spec is not None and self.spec.kind == "json_schema" and "uniqueItems" in self.spec.value:
+            from treadle.constrained.schema.unique_strings import unique_strings_checked
+
+            # the same verdict the translator took from the same text (GrammarSpec.to_regex)
+            self.unique_strings = unique_strings_checked(self.spec.value)
         if self.holes is not None:
             self.holes.bind(self)
 

@@ -7,7 +7,9 @@ state, from which the grammar also reads the forced text of jump-forward. ``Hole
 adds the holes of a schema regex (json_holes.py): any-JSON values
 run on the pushdown automaton. ``JsonAnyMatcher`` follows that automaton alone
 (``JsonAnyGrammar``). A matcher of a JSON grammar also keeps the keys each open object has
-had, and its mask leaves out tokens that would repeat one (json_keys.py).
+had, and its mask leaves out tokens that would repeat one (json_keys.py); one whose schema
+asks for unique free strings (``set[str]``) keeps each array's string items, and its mask
+leaves out tokens that would repeat one (unique_items.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from treadle.constrained.compile.grammar import CompiledGrammar
 from treadle.constrained.index.json_any import JsonAnyGrammar
 from treadle.constrained.decode.json_keys import START, KeyIndex, KeyState, feed, key_index, unique_keys_start
+from treadle.constrained.decode.unique_items import ItemIndex, ItemState, feed_items, item_index, unique_items_start
 
 __all__ = ["MatcherBase", "GrammarMatcher", "HoleMatcher", "JsonAnyMatcher", "write_mask_row"]
 
@@ -83,19 +86,22 @@ class MatcherBase:
     the open objects: the mask leaves out the tokens that would repeat one, and
     ``accept_token`` refuses the same tokens."""
 
-    __slots__ = ("_eos", "_terminated", "_history", "_num_accepted", "_key_index", "_keys")
+    __slots__ = ("_eos", "_terminated", "_history", "_num_accepted", "_key_index", "_keys", "_item_index", "_items")
 
     def _init_base(self, eos_token_ids: tuple[int, ...], max_rollback: int, keys: KeyIndex | None = None,
-                   keys_start: KeyState = START) -> None:
+                   keys_start: KeyState = START, items: ItemIndex | None = None,
+                   items_start: ItemState | None = None) -> None:
         if max_rollback < 0:
             raise ValueError(f"max_rollback must be >= 0, got {max_rollback}")
         self._eos = frozenset(eos_token_ids)
         self._terminated = False
-        # a snapshot taken *before* each accepted token: (*_snapshot(), keys, terminated)
+        # a snapshot taken *before* each accepted token: (*_snapshot(), keys, items, terminated)
         self._history: deque[tuple] = deque(maxlen=max_rollback)
         self._num_accepted = 0
         self._key_index = keys
         self._keys = keys_start
+        self._item_index = items
+        self._items = items_start
 
     @property
     def num_accepted(self) -> int:
@@ -117,9 +123,19 @@ class MatcherBase:
             self._push()
             self._terminated = True
             return True
+        unique = self._item_index
+        if unique is not None:
+            data = unique.table[token_id] if 0 <= token_id < len(unique.table) else None
+            items, repeated = feed_items(self._items, data) if data else (self._items, False)
+            if repeated:  # a string item its array already has: never (unique_items.py)
+                return False
         index = self._key_index
         if index is None:
-            return self._advance(token_id)
+            if not self._advance(token_id):
+                return False
+            if unique is not None:
+                self._items = items
+            return True
         data = index.table[token_id] if 0 <= token_id < len(index.table) else None
         keys, repeated = feed(self._keys, data) if data else (self._keys, False)
         if repeated and index.refuses(self._keys, self._mask(), token_id):
@@ -127,6 +143,8 @@ class MatcherBase:
         if not self._advance(token_id):
             return False
         self._keys = keys
+        if unique is not None:
+            self._items = items
         return True
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
@@ -143,6 +161,8 @@ class MatcherBase:
         index = self._key_index
         if index is not None and (self._keys[0] or index.two_keys):  # an open container, or a token that opens one
             mask = index.filter(self._keys, mask)
+        if self._item_index is not None:
+            mask = self._item_index.filter(self._items, mask)
         write_mask_row(bitmask, row, self._words(), mask, self._eos)
 
     @property
@@ -166,7 +186,7 @@ class MatcherBase:
             return
         for _ in range(num_tokens - 1):
             self._history.pop()
-        *snap, self._keys, self._terminated = self._history.pop()
+        *snap, self._keys, self._items, self._terminated = self._history.pop()
         self._restore(snap)
         self._num_accepted -= num_tokens
 
@@ -175,7 +195,7 @@ class MatcherBase:
         self.__init__(self._g, self._history.maxlen or 0)  # type: ignore[misc,attr-defined]
 
     def _push(self) -> None:
-        self._history.append((*self._snapshot(), self._keys, self._terminated))
+        self._history.append((*self._snapshot(), self._keys, self._items, self._terminated))
         self._num_accepted += 1
 
 
@@ -194,7 +214,9 @@ class GrammarMatcher(MatcherBase):
     def __init__(self, grammar: CompiledGrammar, max_rollback: int = 64) -> None:
         start = unique_keys_start(grammar)
         keys = key_index(grammar.token_bytes, grammar.num_tokens) if start is not None else None
-        self._init_base(grammar.eos_token_ids, max_rollback, keys, start or START)
+        items_start = unique_items_start(grammar)
+        items = item_index(grammar.token_bytes, grammar.num_tokens) if items_start is not None else None
+        self._init_base(grammar.eos_token_ids, max_rollback, keys, start or START, items, items_start)
         self._g = grammar
         self._state: int = grammar.initial_state
 

@@ -67,6 +67,7 @@ from treadle.constrained.schema.json_schema_logic import (
 )
 from treadle.constrained.index.json_holes import CALL_CHARS, HOLE_CHARS, MAX_CALLS, schema_allows_holes, with_definitions
 from treadle.constrained.schema.members import MAX_SPELT_CHARS, MembersTooLarge, members_safe
+from treadle.constrained.schema.unique_strings import unique_strings_checked
 from treadle.constrained.schema.json_schema_parts import (
     ANNOTATIONS,
     DYNAMIC_REFS,
@@ -141,6 +142,7 @@ def json_schema_to_regex(
     holes: bool = False,
     members: bool = False,
     leave_out_branches: bool = True,
+    unique_check: bool = False,
 ) -> str:
     """Compile a JSON Schema (draft 2020-12) to a regex matching only valid JSON texts.
 
@@ -158,14 +160,19 @@ def json_schema_to_regex(
     ``leave_out_branches`` (strict mode): an ``anyOf`` branch it cannot write is left out
     while another branch can be written (a subset); False refuses it instead, as the opt-in
     leniency (``drop_unenforceable``) wants, to drop the keyword and keep the branch.
+    ``unique_check``: the regex is for a JSON-schema grammar whose matcher checks string items
+    for uniqueness (unique_strings.py, for the schemas ``unique_strings_checked`` names), so an
+    array of unique free strings is written as a plain list of strings.
     Raises ``UnsupportedSchemaError`` (a ``ValueError``) for keywords it cannot enforce.
     """
+    checked = unique_check and unique_strings_checked(schema)
     schema = _checked(schema, whitespace_pattern, max_recursion_depth, mode)
     holes = holes and not whitespace_pattern and schema_allows_holes(json.dumps(schema, ensure_ascii=False))
     try:
         conv = _Converter(schema, whitespace_pattern or "", max_recursion_depth, mode, holes)
         conv.members = members and members_safe(json.dumps(schema, ensure_ascii=False))
         conv.leave_out_branches = leave_out_branches and not conv.spec
+        conv.unique_strings = checked
         with fsm_crawl.limit(states=MAX_AUTOMATON_STATES):
             root = conv.convert(schema, "$")
         return with_definitions(root, conv.definitions)
@@ -230,7 +237,7 @@ def drop_unenforceable(schema: dict | str | bool, *, whitespace_pattern: str | N
             with fsm_crawl.limit(seconds=max(0.0, deadline - time.perf_counter())):
                 json_schema_to_regex(root, whitespace_pattern=whitespace_pattern,
                                      max_recursion_depth=max_recursion_depth, mode=mode, holes=holes,
-                                     leave_out_branches=False)
+                                     leave_out_branches=False, unique_check=True)
             return root, dropped
         except NoOutput:
             raise
@@ -434,6 +441,7 @@ class _Converter:
         self.holes = holes
         self.calls = holes and calls  # recursive refs as calls (holes only)
         self.members = False  # ordered-members nodes for long property sequences (json_schema_to_regex)
+        self.unique_strings = False  # the matcher checks string items for uniqueness (unique_strings.py)
         self.leave_out_branches = mode != "spec"  # an anyOf branch it cannot write is left out (a subset)
         self.mode = mode
         self.ws = ws

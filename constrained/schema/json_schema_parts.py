@@ -811,6 +811,13 @@ def _unique_array_regex(conv: _Converter, schema: dict, lo: int, hi: int | None,
     ``set[Literal[...]]``, booleans): every order of every subset whose size fits, spelled
     out (each value is written at most once, in any of its spellings)."""
     items = schema.get("items", schema.get("unevaluatedItems", True))
+    if getattr(conv, "unique_strings", False) and "prefixItems" not in schema and "contains" not in schema \
+            and "items" in schema:
+        from treadle.constrained.schema.unique_strings import free_string_items
+
+        if free_string_items(conv.root, items):
+            # the matcher keeps every array's string items distinct (unique_strings.py): a plain list
+            return array_regex(conv, {k: v for k, v in schema.items() if k != "uniqueItems"}, path)
     values = None if "prefixItems" in schema else conv.listed_scalars(items, f"{path}.items")
     if values is None or len(values) > UNIQUE_MAX_VALUES:
         if not conv.spec and lo <= 1:

@@ -1,0 +1,174 @@
+"""Unique string items: a JSON grammar's mask leaves out the tokens that would close a string
+item equal to an earlier item of its array.
+
+For the schemas unique_strings.py names (an array of unique free strings, ``set[str]``, and
+no array whose string items are limited), the regex writes that array as a plain list of
+strings, and the matcher (matcher.py) keeps the items distinct: a small lexer follows the
+output (``ItemState``: the open containers, each array with the strings it has had as direct
+items, and the item being written), and the mask leaves out every token that, run through
+the lexer, would close an item its array already has. ``accept_token`` refuses the same
+tokens. Items compare as decoded JSON strings (``"a"``, ``"\\u0061"`` and ``"\\x61"``... one
+value), as a validator compares them.
+
+Every array of the output is checked, not only the unique ones (the text does not say which
+subschema an array came from): fewer arrays are written, each still valid. A string item of
+those schemas can always be continued by a character into a value its array has not had, so
+after leaving those tokens out another always remains; were none to remain, the mask is an
+error (a ``ValueError``: the request stops, it never writes a repeated item).
+
+Only tokens holding a quote can close a string (163 of SmolLM2's 49,152): those the row
+allows are run through the lexer, where an array is open. After a reasoning block
+(reasoning_prefix.py) the lexer starts at ``</think>``. Importing this module does not import
+torch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from typing import Any
+
+import numpy as np
+
+from treadle.constrained.ebnf.reasoning_prefix import CLOSE, MODES
+
+__all__ = ["ITEMS_START", "ItemIndex", "ItemState", "feed_items", "item_index", "unique_items_start"]
+
+# (open containers, innermost last: None for an object, the decoded strings it has had as
+#  direct items for an array; 0 outside a string, 1 in one, 2 after its backslash, 3 in a
+#  reasoning block before the JSON, 4 before a reasoning block or the JSON; the raw bytes of
+#  the string item being written, None when the string is no array item, in a reasoning block
+#  its last bytes)
+ItemState = tuple[tuple["frozenset[str] | None", ...], int, "bytes | None"]
+ITEMS_START: ItemState = ((), 0, None)
+_THINKING: dict[str, ItemState] = dict(zip(MODES, (((), 3, b""), ((), 4, None))))
+_THINK_END = CLOSE.encode()
+
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_OPEN_OBJ, _OPEN_ARR, _CLOSE = ord("{"), ord("["), frozenset(b"}]")
+_STRUCTURE = re.compile(rb'[{}\[\]"]')  # the bytes that change anything outside a string
+_STRING_END = re.compile(rb'["\\]')  # and inside one
+_EMPTY: frozenset[str] = frozenset()
+
+
+def _decoded(raw: bytes) -> str | bytes:
+    try:
+        return json.loads(b'"' + raw + b'"')
+    except ValueError:  # not a JSON string's inside (no grammar writes one): compared as written
+        return raw
+
+
+def feed_items(state: ItemState, data: bytes) -> tuple[ItemState, bool]:
+    """The lexer's state after ``data``, and whether ``data`` closed a string item its array
+    had had."""
+    frames, mode, item = state
+    if mode >= 3:  # the JSON comes after "</think>" (reasoning_prefix.py); it cannot start with "<"
+        if mode == 4:
+            if not data:
+                return state, False
+            if data[0] != ord("<"):
+                return feed_items(ITEMS_START, data)
+            item = b""
+        seen = item + data
+        at = seen.find(_THINK_END)
+        if at < 0:
+            return ((), 3, seen[-(len(_THINK_END) - 1):]), False
+        return feed_items(ITEMS_START, seen[at + len(_THINK_END):])
+    if mode == 0 and not _STRUCTURE.search(data):
+        return state, False
+    if mode == 1 and not _STRING_END.search(data):
+        return ((frames, 1, item + data) if item is not None else state), False
+    stack = list(frames)
+    repeated = False
+    start = 0  # where the item's bytes in ``data`` begin
+    for j, b in enumerate(data):
+        if mode == 1:
+            if b == _QUOTE:
+                mode = 0
+                if item is not None:
+                    value = _decoded(item + data[start:j])
+                    repeated |= value in stack[-1]
+                    stack[-1] = stack[-1] | {value}
+                    item = None
+            elif b == _BACKSLASH:
+                mode = 2
+        elif mode == 2:
+            mode = 1
+        elif b == _QUOTE:
+            mode = 1
+            if stack and stack[-1] is not None:
+                item, start = b"", j + 1
+        elif b == _OPEN_OBJ:
+            stack.append(None)
+        elif b == _OPEN_ARR:
+            stack.append(_EMPTY)
+        elif b in _CLOSE:
+            if stack:
+                stack.pop()
+    if item is not None and mode != 0:
+        item += data[start:]
+    return (tuple(stack), mode, item), repeated
+
+
+class ItemIndex:
+    """The tokens of one vocabulary that can close a string (they hold a quote), and those that
+    could open an array and write two items in it (a bracket and four quotes)."""
+
+    def __init__(self, table: list[bytes | None], num_tokens: int) -> None:
+        self.table = table
+        self.quoted = np.array([i for i, b in enumerate(table[:num_tokens]) if b and _QUOTE in b], dtype=np.int64)
+        self.opening = np.array([i for i in self.quoted.tolist()
+                                 if table[i].count(b'"') >= 4 and _OPEN_ARR in table[i]], dtype=np.int64)
+
+    def repeaters(self, state: ItemState, row: np.ndarray) -> list[int]:
+        """The tokens ``row`` (an int32 mask row) allows that would repeat a string item."""
+        frames, mode, _ = state
+        if mode >= 3:
+            return []
+        candidates = self.quoted if any(f is not None for f in frames) else self.opening
+        if not candidates.size:
+            return []
+        words = row.view(np.uint32)
+        ids = candidates[candidates >> 5 < words.size]
+        allowed = ids[(words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 == 1]
+        return [t for t in allowed.tolist() if feed_items(state, self.table[t])[1]]
+
+    def filter(self, state: ItemState, row: np.ndarray) -> np.ndarray:
+        """``row`` without the tokens that would repeat an item (a copy; ``row`` itself, a shared
+        read-only row, when none would). ``ValueError`` where no token would remain."""
+        drop = self.repeaters(state, row)
+        if not drop:
+            return row
+        out = row.copy()
+        words = out.view(np.uint32)
+        for t in drop:
+            words[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+        if not words.any():
+            raise ValueError("uniqueItems: every token the grammar allows would repeat an array item")
+        return out
+
+
+_lock = threading.Lock()
+_indexes: dict[tuple[int, int], ItemIndex] = {}  # (id(table), num_tokens); the index keeps its table alive
+
+
+def item_index(table: list[bytes | None], num_tokens: int) -> ItemIndex:
+    """The ``ItemIndex`` of a bytes table (built once per table)."""
+    with _lock:
+        hit = _indexes.get((id(table), num_tokens))
+        if hit is not None and hit.table is table:
+            return hit
+    index = ItemIndex(table, num_tokens)
+    with _lock:
+        _indexes[(id(table), num_tokens)] = index
+    return index
+
+
+def unique_items_start(grammar: Any) -> ItemState | None:
+    """Where a compiled grammar's item check starts, None for no check (``unique_strings``
+    False: the compiler's verdict, unique_strings.py)."""
+    if not getattr(grammar, "unique_strings", False):
+        return None
+    spec = grammar.spec
+    return _THINKING[spec.reasoning] if spec.reasoning else ITEMS_START
