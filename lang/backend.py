@@ -21,6 +21,10 @@ from typing import Any, Iterator, NamedTuple
 
 from treadle.lang.chat_template import ChatTemplate
 
+# a package path for SGLang's module paths under sglang.lang.backend (runtime_endpoint,
+# base_backend, openai, ...), which treadle/__init__.py's finder gives; nothing else is found here
+__path__: list[str] = []
+
 CHOICE_METHODS = ("token_length_normalized", "greedy_token", "sum", "unconditional_likelihood_normalized")
 
 

@@ -160,6 +160,34 @@ class StreamExecutor:
                    or isinstance(e, ir.SeparateReasoning) and name in (e.name, reasoning_name(e.name))
                    or isinstance(e, ir.Join) and e.mode != "concat" for e in nodes)
 
+    # ------------------------------------------------------------ SGLang's attribute names
+
+    @property
+    def meta_info(self) -> dict[str, dict]:
+        """Each variable's meta info by name (SGLang's StreamExecutor.meta_info)."""
+        return self.meta
+
+    @property
+    def variable_event(self) -> dict[str, threading.Event]:
+        """SGLang's StreamExecutor.variable_event (its reasoning example prints its keys): per
+        variable set or to be set by a queued node, an Event that is set once it has a value. A
+        snapshot: an Event does not change after it is returned; wait with `s[name]`."""
+        with self._cv:
+            nodes = [*self._pending, *([self._running] if self._running is not None else [])]
+            names = dict.fromkeys(self.variables)
+            for e in nodes:
+                if isinstance(e, (ir.Gen, ir.Select, ir.SetVar, ir.VarScopeEnd)) and e.name is not None:
+                    names.setdefault(e.name)
+                elif isinstance(e, ir.SeparateReasoning):
+                    names.setdefault(e.name)
+                    names.setdefault(reasoning_name(e.name))
+            out = {}
+            for name in names:
+                out[name] = threading.Event()
+                if name in self.variables and not self._will_set(name):
+                    out[name].set()
+            return out
+
     def new_name(self) -> str:
         self._anon += 1
         return f"_gen_{self._anon}"
@@ -334,3 +362,13 @@ class StreamExecutor:
         for n in names:
             self._set_var(n, [br.variables.get(n) for br in join.branches],
                           {"branches": [br.meta.get(n) for br in join.branches]})
+
+
+def __getattr__(name: str) -> Any:
+    """SGLang's sglang.lang.interpreter also holds the state classes: `ProgramState`, and
+    `ProgramStateGroup` (treadle's ForkGroup, what `s.fork(n)` returns)."""
+    if name in ("ProgramState", "ProgramStateGroup"):
+        from treadle.lang.state import ForkGroup, ProgramState
+
+        return ProgramState if name == "ProgramState" else ForkGroup
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}", name=name)

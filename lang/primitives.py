@@ -5,29 +5,26 @@ from typing import Any
 
 from treadle.lang import ir
 from treadle.lang.backend import CHOICE_METHODS
+# SGLang's names for select's choices_method values, re-exported (treadle.lang.choices has them)
+from treadle.lang.choices import greedy_token_selection, token_length_normalized, unconditional_likelihood_normalized
 from treadle.lang.interpreter import DTYPE_REGEX
 from treadle.runtime.sampling_params import schema_of
 
 
 _DTYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str}
 
-# SGLang's names for select's choices_method values
-token_length_normalized = "token_length_normalized"
-greedy_token_selection = "greedy_token"
-unconditional_likelihood_normalized = "unconditional_likelihood_normalized"
-
 
 def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
         n: int | None = None, stop: str | list[str] | None = None,
-        stop_token_ids: list[int] | None = None, temperature: float | None = None, top_p: float | None = None,
-        top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
-        presence_penalty: float | None = None, repetition_penalty: float | None = None,
-        ignore_eos: bool | None = None, seed: int | None = None, regex: str | None = None,
-        json_schema: str | dict | type | None = None, choices: list[str] | None = None, ebnf: str | None = None,
-        dtype: type | str | None = None, choices_method: str | None = None,
+        stop_token_ids: list[int] | None = None, stop_regex: str | list[str] | None = None,
+        temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+        min_p: float | None = None, frequency_penalty: float | None = None,
+        presence_penalty: float | None = None, ignore_eos: bool | None = None,
         return_logprob: bool | None = None, logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
-        stop_regex: str | list[str] | None = None) -> ir.Gen | ir.Select:
+        dtype: type | str | None = None, choices: list[str] | None = None, choices_method: str | None = None,
+        regex: str | None = None, json_schema: str | dict | type | None = None, *,
+        repetition_penalty: float | None = None, seed: int | None = None, ebnf: str | None = None) -> ir.Gen | ir.Select:
     """Generate text into variable `name` (readable as `s[name]`).
 
     Unset arguments fall back to the run() defaults, then to the runtime's. `regex`,
@@ -42,7 +39,9 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     SGLang: every choice is scored and the best one taken (for a grammar over the choices,
     decoded token by token, use `regex`). `return_logprob` (with `logprob_start_len`,
     `top_logprobs_num`, `return_text_in_logprobs`) puts the logprobs in
-    `s.get_meta_info(name)`, as the runtime's meta_info has them."""
+    `s.get_meta_info(name)`, as the runtime's meta_info has them. The parameters are SGLang's, in
+    its order, so a positional call means what it means there (`gen("x", 16, None, None, "\\n")`
+    stops at a newline); treadle's own (`repetition_penalty`, `seed`, `ebnf`) are keyword-only."""
     _check_name("gen", name)
     check_n_and_stop_regex(f"gen({name!r})", n, stop_regex)
     if choices is not None:
@@ -70,15 +69,35 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
                   {k: v for k, v in logprob.items() if v is not None})
 
 
-def gen_int(name: str | None = None, **kwargs: Any) -> ir.Gen:
-    """gen(..., dtype=int): an integer's text ('24'), ended by a space or newline."""
-    return gen(name, dtype=int, **kwargs)
+def gen_int(name: str | None = None, max_tokens: int | None = None, n: int | None = None,
+            stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
+            stop_regex: str | list[str] | None = None, temperature: float | None = None,
+            top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
+            frequency_penalty: float | None = None, presence_penalty: float | None = None,
+            ignore_eos: bool | None = None, return_logprob: bool | None = None,
+            logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
+            return_text_in_logprobs: bool | None = None, **kwargs: Any) -> ir.Gen:
+    """gen(..., dtype=int): an integer's text ('24'), ended by a space or newline. The
+    parameters are SGLang's gen_int's, in its order (`gen_int("n", 8)` is max_tokens=8); other
+    gen keywords may follow by name."""
+    return gen(name, max_tokens, None, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k, min_p,
+               frequency_penalty, presence_penalty, ignore_eos, return_logprob, logprob_start_len,
+               top_logprobs_num, return_text_in_logprobs, dtype=int, **kwargs)
 
 
-def gen_string(name: str | None = None, **kwargs: Any) -> ir.Gen:
+def gen_string(name: str | None = None, max_tokens: int | None = None, n: int | None = None,
+               stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
+               stop_regex: str | list[str] | None = None, temperature: float | None = None,
+               top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
+               frequency_penalty: float | None = None, presence_penalty: float | None = None,
+               ignore_eos: bool | None = None, return_logprob: bool | None = None,
+               logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
+               return_text_in_logprobs: bool | None = None, **kwargs: Any) -> ir.Gen:
     """gen(..., dtype=str): a JSON string literal, stored with its quotes ('"Paris"'), as SGLang;
-    json.loads(s[name]) gives the string."""
-    return gen(name, dtype=str, **kwargs)
+    json.loads(s[name]) gives the string. The parameters are SGLang's gen_string's, in its order."""
+    return gen(name, max_tokens, None, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k, min_p,
+               frequency_penalty, presence_penalty, ignore_eos, return_logprob, logprob_start_len,
+               top_logprobs_num, return_text_in_logprobs, dtype=str, **kwargs)
 
 
 def image(path: Any) -> ir.Expr:

@@ -37,6 +37,25 @@ class Program:
         # program taking `n` or `seed` gets it, rather than it becoming a sampling default)
         self._own_keywords = {p.name for p in params} & RUN_KEYWORDS
 
+    # SGLang's SglFunction attribute names
+    @property
+    def func(self) -> Callable:
+        """The decorated function."""
+        return self.fn
+
+    @property
+    def bind_arguments(self) -> dict[str, Any]:
+        """The arguments fixed by `bind`."""
+        return self.bound
+
+    @property
+    def arg_defaults(self) -> list[Any]:
+        """The defaults of the program's parameters after the state, in order (None where a
+        parameter has none), as SGLang's."""
+        params = list(inspect.signature(self.fn).parameters.values())[1:]
+        return [None if p.default is p.empty else p.default for p in params
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
     def bind(self, **kwargs: Any) -> "Program":
         """A copy with some arguments fixed (they also count as constant when tracing)."""
         return Program(self.fn, {**self.bound, **kwargs}, self.num_api_spec_tokens)

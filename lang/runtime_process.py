@@ -110,7 +110,9 @@ class Runtime:
         return self.endpoint.flush_cache()
 
     def get_server_info(self) -> dict:
-        return self.endpoint.get_server_info()
+        """The server's info (as `sgl.get_server_info()`). SGLang's is a coroutine: this dict
+        may also be awaited (`await runtime.get_server_info()`), giving itself."""
+        return _AwaitableDict(self.endpoint.get_server_info())
 
     def get_tokenizer(self) -> Any:
         """The served model's tokenizer, loaded in this process."""
@@ -142,6 +144,14 @@ class Runtime:
             yield item[0]
 
     add_request = async_generate
+
+
+class _AwaitableDict(dict):
+    """A dict that `await` gives back unchanged: a call SGLang makes a coroutine works both ways."""
+
+    def __await__(self):
+        return self
+        yield  # a generator function: `await` runs it, and it returns at once
 
 
 def _flags(kwargs: dict[str, Any]) -> list[str]:

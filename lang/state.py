@@ -36,6 +36,13 @@ class ProgramState:
     def ret_value(self, value: Any) -> None:
         self._ret = value
 
+    @property
+    def stream_executor(self) -> StreamExecutor:
+        """The executor running this state's calls, under SGLang's name: its `variables`,
+        `variable_event` (name -> Event set once the variable has a value), `meta_info`,
+        `text_`, `messages_` and `sync()` read as SGLang's do."""
+        return self._ex
+
     # ------------------------------------------------------------ writing
 
     def __iadd__(self, other: Any) -> "ProgramState":

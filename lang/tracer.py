@@ -58,3 +58,15 @@ def extract_prefix(fn: Callable, backend: Backend, constants: dict[str, Any] | N
     text = ex.text_
     cut = text.find(_MARK)
     return text if cut < 0 else text[:cut]
+
+
+def extract_prefix_by_tracing(program: Any, backend: Any = None) -> str:
+    """SGLang's name and signature: the constant prefix of a `@function` program (its bound
+    arguments used as constants), as `program.trace_prefix(backend)` gives it; `backend` is a
+    Backend, an Engine, a Runtime or a URL (None: the default backend). The prefix is the text
+    before the first argument or generated part; cache it with `backend.cache_prefix(prefix)`."""
+    from treadle.lang.backend import as_backend
+
+    fn = getattr(program, "fn", program)
+    return extract_prefix(fn, as_backend(backend), dict(getattr(program, "bound", {}) or {}))
+

@@ -20,7 +20,11 @@ docs/porting-from-sglang.md lists what differs from SGLang.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import pkgutil
+import sys
+import types
 from typing import Any
 
 # Python run inside a checkout puts the checkout first on sys.path, and its treadle/ (this
@@ -45,6 +49,77 @@ _FROM_LANG = frozenset({
     "REGEX_INT", "REGEX_FLOAT", "REGEX_BOOL", "REGEX_STR", "Backend", "ChatTemplate", "EngineBackend",
     "ForkGroup", "GlobalConfig", "Program", "ProgramState", "get_default_backend",
 })
+
+# SGLang's module paths that its programs import from, under treadle: the module -> per name, the
+# module of treadle's object ("treadle.lang.backend.runtime_endpoint" exists because
+# treadle.lang.backend has a __path__ for it). Each is a module of its own whose names are
+# treadle's objects, loaded on first use.
+_SGLANG_MODULES: dict[str, dict[str, str]] = {
+    "treadle.global_config": {"global_config": "treadle.lang.global_config",
+                              "GlobalConfig": "treadle.lang.global_config"},
+    "treadle.lang.backend.runtime_endpoint": {"RuntimeEndpoint": "treadle.lang.backend_http",
+                                              "Runtime": "treadle.lang.runtime_process"},
+    "treadle.lang.backend.base_backend": {"BaseBackend": "treadle.lang.backend"},
+    **{f"treadle.lang.backend.{mod}": {cls: "treadle.lang"}
+       for mod, cls in (("openai", "OpenAI"), ("anthropic", "Anthropic"), ("vertexai", "VertexAI"),
+                        ("litellm", "LiteLLM"))},
+}
+
+
+class _SGLangModule(types.ModuleType):
+    """One of _SGLANG_MODULES: its names resolve to treadle's objects on first use."""
+
+    def __getattr__(self, name: str) -> Any:
+        names = _SGLANG_MODULES[self.__name__]
+        if name not in names:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r} (treadle has SGLang's "
+                                 f"{', '.join(sorted(names))} here)", name=name)
+        import importlib
+
+        source = importlib.import_module(names[name])
+        value = getattr(source, "Backend" if name == "BaseBackend" else name)
+        setattr(self, name, value)
+        return value
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(_SGLANG_MODULES[self.__name__]))
+
+
+class _SGLangModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the modules of _SGLANG_MODULES (`from treadle.global_config import global_config`,
+    `from treadle.lang.backend.runtime_endpoint import RuntimeEndpoint`), as SGLang's programs
+    import them from sglang.*."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in _SGLANG_MODULES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, origin="treadle (SGLang's module path)")
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        module = _SGLangModule(spec.name, f"SGLang's {spec.name.replace('treadle', 'sglang', 1)}, under treadle: "
+                                          f"{', '.join(sorted(_SGLANG_MODULES[spec.name]))}")
+        module.__all__ = sorted(_SGLANG_MODULES[spec.name])
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+class _Package(types.ModuleType):
+    """This package's class: importing treadle.global_config (SGLang's module path) binds the module
+    as the package's `global_config`, which would hide the object that `sgl.global_config` is
+    (SGLang's sglang/__init__.py rebinds it to its object too); that binding is skipped, and
+    `treadle.global_config` stays the object."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "global_config" and isinstance(value, _SGLangModule):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+if not any(isinstance(f, _SGLangModuleFinder) for f in sys.meta_path):
+    sys.meta_path.append(_SGLangModuleFinder())
 
 # SGLang's top-level names treadle does not have, with what to use instead
 _MISSING = {

@@ -1,0 +1,197 @@
+"""SGLang programs that import from SGLang's module paths (`from sglang.lang.api import
+set_default_backend`, as its frontend tutorial writes; `sglang.global_config`,
+`sglang.lang.backend.runtime_endpoint`, `sglang.lang.choices`, `sglang.lang.tracer`,
+`sglang.lang.interpreter`) and that pass gen's arguments by position, in SGLang's order. Ported by
+writing `treadle` for `sglang`, nothing else changed; run on the embedded model in process
+(`sgl.Engine`) and, where a call is the server's, over HTTP (`sgl.Runtime`)."""
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+from test_lang_sglang_port import engine, runtime  # noqa: F401  (an Engine and a Runtime per module)
+
+import treadle as sgl
+
+
+@pytest.fixture
+def backend(engine):
+    sgl.set_default_backend(engine)
+    yield engine
+    sgl.global_config.default_backend = None
+
+
+def test_the_frontend_tutorials_imports_from_sglang_lang_api(engine):
+    # SGLang's frontend tutorial: `from sglang import ...` and `from sglang.lang.api import set_default_backend`
+    from treadle import assistant, function, gen, system, user
+    from treadle.lang.api import set_default_backend
+
+    @function
+    def multi_turn_question(s, question_1, question_2):
+        s += system("You are a helpful assistant.")
+        s += user(question_1)
+        s += assistant(gen("answer_1", max_tokens=6))
+        s += user(question_2)
+        s += assistant(gen("answer_2", max_tokens=6))
+
+    set_default_backend(engine)
+    try:
+        state = multi_turn_question(question_1="What is the capital of France?", question_2="And of Italy?",
+                                    temperature=0)
+        assert [m["role"] for m in state.messages()] == ["system", "user", "assistant", "user", "assistant"]
+        assert state["answer_2"]
+    finally:
+        sgl.global_config.default_backend = None
+    from treadle.lang import api
+
+    for name in ("function", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant",
+                 "user_begin", "user_end", "assistant_begin", "assistant_end", "system_begin", "system_end",
+                 "image", "video", "separate_reasoning", "flush_cache", "get_server_info", "Runtime", "Engine"):
+        assert getattr(api, name) is getattr(sgl, name), name
+
+
+def test_global_config_module_is_the_object_sgl_global_config_is(backend):
+    from treadle.global_config import global_config  # was: from sglang.global_config import global_config
+
+    assert global_config is sgl.global_config
+    import treadle.global_config  # noqa: F401  (the module again: sgl.global_config stays the object)
+
+    assert sgl.global_config is global_config and sgl.global_config.default_backend is not None
+    global_config.enable_precache_with_tracing = False
+    try:
+        assert sgl.lang.global_config.enable_precache_with_tracing is False
+    finally:
+        global_config.enable_precache_with_tracing = True
+
+
+def test_runtime_endpoint_from_its_sglang_module_runs_a_program(runtime):
+    from treadle.lang.backend.base_backend import BaseBackend
+    from treadle.lang.backend.runtime_endpoint import Runtime, RuntimeEndpoint
+
+    assert Runtime is sgl.Runtime and RuntimeEndpoint is sgl.RuntimeEndpoint
+    backend = RuntimeEndpoint(runtime.url)
+    assert isinstance(backend, BaseBackend)
+
+    @sgl.function
+    def text_qa(s, question):
+        s += "Q: " + question + "\n"
+        s += "A:" + sgl.gen("answer", stop="\n", max_tokens=8)
+
+    state = text_qa.run(question="What is the capital of France?", temperature=0, backend=backend)
+    assert "Paris" in state["answer"]
+    from treadle.lang.backend.openai import OpenAI
+
+    with pytest.raises(ValueError, match="no API backends"):
+        OpenAI("gpt-3.5-turbo")
+
+
+def test_await_runtime_get_server_info_as_sglangs_coroutine(runtime):
+    async def main():
+        return await runtime.get_server_info()  # SGLang's Runtime.get_server_info is async
+
+    info = asyncio.run(main())
+    assert info["model_path"].endswith(".gguf") and "version" in info
+    assert runtime.get_server_info()["model_path"] == info["model_path"]  # and a plain call still works
+
+
+def test_choices_methods_from_sglang_lang_choices(backend):
+    from treadle.lang.choices import greedy_token_selection, unconditional_likelihood_normalized
+
+    @sgl.function
+    def capital(s):
+        s += sgl.user("What is the capital of France?")
+        s += sgl.assistant(sgl.gen("answer", choices=["London", "Paris", "Berlin"],
+                                   choices_method=greedy_token_selection))
+        s += sgl.user("And of Germany?")
+        s += sgl.assistant(sgl.gen("again", choices=["London", "Paris", "Berlin"],
+                                   choices_method=unconditional_likelihood_normalized))
+
+    state = capital.run()
+    assert state["answer"] == "Paris"
+    assert "greedy_logprob_matrix" in state.get_meta_info("answer")
+    assert "normalized_unconditional_prompt_logprobs" in state.get_meta_info("again")
+
+
+FEW_SHOT = """The following are questions with answers.
+Q: What is the capital of France?
+A: Paris
+Q: What is the capital of Germany?
+A: Berlin
+"""
+
+
+@sgl.function
+def few_shot_qa(s, question):
+    s += FEW_SHOT
+    s += "Q: " + question + "\n"
+    s += "A:" + sgl.gen("answer", stop="\n", temperature=0, max_tokens=6)
+
+
+def test_extract_prefix_by_tracing_then_cache_it(backend, engine):
+    # SGLang's trace-and-cache demo: `from sglang.lang.tracer import extract_prefix_by_tracing`
+    from treadle.lang.tracer import extract_prefix_by_tracing
+
+    prefix = extract_prefix_by_tracing(few_shot_qa, backend)
+    assert prefix == FEW_SHOT + "Q: "
+    assert extract_prefix_by_tracing(few_shot_qa.bind(question="What is the capital of Italy?"), None) == (
+        FEW_SHOT + "Q: What is the capital of Italy?\nA:")
+    sgl.flush_cache()
+    sgl.global_config.default_backend.cache_prefix(prefix)
+    state = few_shot_qa.run(question="What is the capital of Italy?")
+    assert state.get_meta_info("answer")["cached_tokens"] >= len(engine.encode(prefix)) - 1
+
+
+def test_sglfunction_and_stream_executor_attributes(backend):
+    @sgl.function
+    def qa(s, question, hint="none"):
+        s += "Q: " + question + " (hint: " + hint + ")\nA:"
+        s += sgl.gen("answer", max_tokens=4, temperature=0)
+
+    assert qa.func.__name__ == "qa" and qa.arg_names == ["question", "hint"]
+    assert qa.arg_defaults == [None, "none"]
+    assert qa.bind(hint="geography").bind_arguments == {"hint": "geography"}
+    state = qa.run(question="What is the capital of France?")
+    # SGLang's reasoning example prints state.stream_executor.variable_event.keys()
+    events = state.stream_executor.variable_event
+    assert list(events) == ["answer"] and events["answer"].is_set()
+    assert state.stream_executor.variables["answer"] == state["answer"]
+    assert state.stream_executor.meta_info["answer"]["completion_tokens"] == 4
+    assert state.stream_executor.text_ == state.text()
+    from treadle.lang.interpreter import ProgramState, ProgramStateGroup
+
+    assert isinstance(state, ProgramState)
+
+    @sgl.function
+    def two(s):
+        s += "Hi"
+        forks = s.fork(2)
+        assert isinstance(forks, ProgramStateGroup)
+        forks.join()
+
+    two.run()
+
+
+def test_gen_arguments_by_position_in_sglangs_order(backend):
+    # sgl.gen(name, max_tokens, min_tokens, n, stop, stop_token_ids, stop_regex, temperature, ...)
+    expr = sgl.gen("answer", 8, None, None, "\n", None, None, 0.0, 0.9, 5)
+    assert expr.params == {"max_tokens": 8, "stop": ["\n"], "temperature": 0.0, "top_p": 0.9, "top_k": 5}
+    # ... ignore_eos, return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs,
+    # dtype, choices, choices_method, regex, json_schema
+    expr = sgl.gen("n", 4, None, None, None, None, None, 0, None, None, None, None, None, None, True, None, 2,
+                   None, None, None, None, r"[0-9]+")
+    assert expr.params == {"max_tokens": 4, "temperature": 0, "regex": "[0-9]+"}
+    assert expr.logprob == {"return_logprob": True, "top_logprobs_num": 2}
+
+    @sgl.function
+    def count(s):
+        s += "Count: 1, 2, 3, 4," + sgl.gen("next", 8, None, None, ",", None, None, 0.0)
+        s += "\nA day has " + sgl.gen_int("hours", 4, None, None, None, None, 0.0) + " hours"
+
+    state = count.run()
+    assert state["next"] == " 5" and state.get_meta_info("next")["finish_reason"]["matched"] == ","
+    assert re.fullmatch(r"[0-9]+", state["hours"]) and state.get_meta_info("hours")["completion_tokens"] <= 4
+    # sgl.gen_int / gen_string(name, max_tokens, n, stop, stop_token_ids, stop_regex, temperature, ...)
+    expr = sgl.gen_string("city", 12, None, "}", None, None, 0.5)
+    assert expr.dtype is str and expr.params == {"max_tokens": 12, "stop": ["}"], "temperature": 0.5}
+
