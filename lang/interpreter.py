@@ -196,7 +196,7 @@ class StreamExecutor:
 
     def copy(self) -> "StreamExecutor":
         """A branch starting from this state's current (synced) text, variables and role."""
-        ex = StreamExecutor(self.backend, self.defaults, self.stream, self.threaded, self.tracing, self.logprob)
+        ex = self._new_branch_executor()
         ex.text_ = self.text_
         ex.variables = dict(self.variables)
         ex.meta = dict(self.meta)
@@ -208,6 +208,9 @@ class StreamExecutor:
         with self._cv:
             self.branches.append(ex)
         return ex
+
+    def _new_branch_executor(self) -> "StreamExecutor":
+        return StreamExecutor(self.backend, self.defaults, self.stream, self.threaded, self.tracing, self.logprob)
 
     # ------------------------------------------------------------ execution
 

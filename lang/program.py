@@ -67,6 +67,13 @@ class Program:
         on that state and returns what the body returns."""
         if args and isinstance(args[0], ProgramState):
             return self.fn(*args, **{**self.bound, **kwargs})
+        from treadle.lang.tracer import tracing_now
+
+        if tracing_now():  # called from a body being traced: traced too, as SGLang's (run keywords dropped)
+            params = set(inspect.signature(self.fn).parameters)
+            return self.trace(**dict(zip(self.arg_names, args)),
+                              **{k: v for k, v in kwargs.items()
+                                 if k in params or k not in RUN_KEYWORDS | {"stream", "backend", "use_thread"}})
         return self.run(*args, **kwargs)
 
     def run(self, *args: Any, backend: Any = None, stream: bool = False, max_new_tokens: int | None = None,
@@ -197,6 +204,19 @@ class Program:
         finally:
             if bar is not None:
                 bar.close()
+
+    def trace(self, *, backend: Backend | Any = None, **kwargs: Any) -> Any:
+        """SGLang's `prog.trace(**arguments)`: run the body once without generating and return a
+        ProgramTrace (treadle.lang.tracer) of the expressions it added: `.nodes`,
+        `.last_node.print_graph_dfs()`, `.print_graph()`, `.text()` (with `{name}` where an
+        argument or a generated variable goes), `["name"]`, `.ret_value`. Arguments not given are
+        placeholders. Roles render with `backend`'s chat template (else the default backend's;
+        as nothing when there is none); nothing is sent to it. Errors of the body propagate."""
+        from treadle.lang import backend as backend_mod
+        from treadle.lang.tracer import trace_program
+
+        be = as_backend(backend) if backend is not None else backend_mod._default
+        return trace_program(self.fn, {**self.bound, **kwargs}, be)
 
     def trace_prefix(self, backend: Backend | Any = None) -> str:
         """The constant text every run starts with (what run_batch caches up front)."""

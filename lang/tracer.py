@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
+import threading
+from dataclasses import dataclass
 from typing import Any, Callable
 
+from treadle.lang import ir
 from treadle.lang.backend import Backend
+from treadle.lang.chat_template import ChatTemplate
 from treadle.lang.interpreter import StopTracing, StreamExecutor
+from treadle.lang.reasoning import reasoning_name
 from treadle.lang.state import ProgramState
 
 log = logging.getLogger("treadle.lang")
@@ -70,3 +76,187 @@ def extract_prefix_by_tracing(program: Any, backend: Any = None) -> str:
     fn = getattr(program, "fn", program)
     return extract_prefix(fn, as_backend(backend), dict(getattr(program, "bound", {}) or {}))
 
+
+# ---------------------------------------------------------------- prog.trace(): the whole program
+
+_tracing = threading.local()  # .trace: the ProgramTrace being built in this thread, if any
+
+
+class TraceNode:
+    """One expression a traced program added. `prev` is the one before it in the same state (for
+    the first of a fork branch, the parent's last one), so the nodes form SGLang's graph:
+    `print_graph_dfs()` writes the path from the program's start to this node, one per line."""
+
+    def __init__(self, expr: ir.Expr, prev: "TraceNode | None") -> None:
+        self.expr, self.prev = expr, prev
+
+    def __repr__(self) -> str:
+        return describe(self.expr)
+
+    def print_graph_dfs(self) -> str:
+        path, node = [], self
+        while node is not None:
+            path.append(node)
+            node = node.prev
+        return "\n".join(f"%{i} = {describe(n.expr)}" for i, n in enumerate(reversed(path)))
+
+
+@dataclass(eq=False)
+class ForkBranch(ir.Expr):
+    """A trace's mark where a fork branch starts (branch `index` of the fork)."""
+
+    index: int
+
+
+def describe(expr: ir.Expr) -> str:
+    """A node as text; an argument's placeholder reads `{name}`."""
+    def text(value: str) -> str:
+        return repr(_MARKED.sub(lambda m: "{" + m.group(1) + "}", value))
+
+    if isinstance(expr, ir.Constant):
+        return f"Constant({text(expr.text)})"
+    if isinstance(expr, ir.Gen):
+        fields = [f"{k}={v!r}" for k, v in {**expr.params, **expr.logprob}.items()]
+        if expr.dtype is not None:
+            fields.append(f"dtype={expr.dtype.__name__}")
+        return f"Gen({', '.join([repr(expr.name), *fields])})"
+    if isinstance(expr, ir.Select):
+        return f"Select({expr.name!r}, choices={expr.choices!r}, choices_method={expr.method!r})"
+    if isinstance(expr, (ir.RoleBegin, ir.RoleEnd)):
+        return f"{type(expr).__name__}({expr.role!r})"
+    if isinstance(expr, ir.Join):
+        return f"Join({expr.mode!r}, {len(expr.branches)} branches)"
+    if isinstance(expr, ir.SetVar):
+        return f"SetVar({expr.name!r}, {text(expr.value) if isinstance(expr.value, str) else repr(expr.value)})"
+    if isinstance(expr, (ir.VarScopeBegin, ir.VarScopeEnd)):
+        return f"{type(expr).__name__}({expr.name!r})"
+    if isinstance(expr, ir.SeparateReasoning):
+        return f"SeparateReasoning({expr.name!r}, model_type={expr.model_type!r})"
+    if isinstance(expr, ForkBranch):
+        return f"ForkBranch({expr.index})"
+    return type(expr).__name__
+
+
+_MARKED = re.compile(f"{_MARK}([^{_MARK}]*){_MARK}")
+
+
+class ProgramTrace:
+    """What `prog.trace(**arguments)` returns, as SGLang's tracer state: the program's body run
+    once with nothing generated. An argument not given, and every generated variable, is a
+    placeholder text (`s["x"]` reads one, `if s["x"] == "yes"` is False, as SGLang's variables
+    compare); the expressions are recorded in `nodes`, in the order the body added them (fork
+    branches' after their ForkBranch). `last_node.print_graph_dfs()` writes the path to the last
+    one, `print_graph()` all of them. Roles render with the backend's chat template when there
+    is a backend, else as nothing. Programs called from the body are traced too."""
+
+    def __init__(self, arguments: dict[str, Any]) -> None:
+        self.arguments = arguments
+        self.nodes: list[TraceNode] = []
+        self.ret_value: Any = None
+        self.state: ProgramState | None = None
+
+    @property
+    def last_node(self) -> TraceNode | None:
+        return self.nodes[-1] if self.nodes else None
+
+    @property
+    def variables(self) -> dict[str, Any]:
+        return self.state.variables() if self.state is not None else {}
+
+    def __getitem__(self, name: str) -> Any:
+        return self.state[name]
+
+    def text(self) -> str:
+        """The program's text with `{name}` where an argument or a generated variable goes."""
+        return _MARKED.sub(lambda m: "{" + m.group(1) + "}", self.state.text()) if self.state is not None else ""
+
+    def print_graph(self) -> str:
+        """Every node, one per line (SGLang's CompiledFunction.print_graph prints its graph);
+        returned and printed."""
+        out = "\n".join(f"%{i} = {describe(n.expr)}" for i, n in enumerate(self.nodes))
+        print(out)
+        return out
+
+
+class _TraceBackend(Backend):
+    """The backend a traced program sees: the real one's chat template (when there is one), and
+    nothing sent anywhere."""
+
+    def __init__(self, backend: Backend | None) -> None:
+        self.real = backend
+
+    def _load_chat_template(self) -> ChatTemplate:
+        if self.real is not None:
+            return self.real.chat_template
+        return ChatTemplate({r: "" for r in ir.ROLES}, {r: "" for r in ir.ROLES}, "")
+
+    def cache_prefix(self, text: str) -> dict:
+        return {}
+
+    def _nothing(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a traced program sends nothing to a backend")
+
+    generate = generate_stream = encode = prompt_logprobs = _nothing
+
+    def context_token(self) -> int | None:
+        return None
+
+
+class _GraphTracer(StreamExecutor):
+    """Runs a program's expressions without generating: records each, and gives every gen/select
+    variable a placeholder text."""
+
+    def __init__(self, backend: Backend, trace: ProgramTrace, prev: TraceNode | None = None) -> None:
+        super().__init__(backend, threaded=False)
+        self.trace, self.last = trace, prev
+        self._forked: dict[int, int] = {}  # id of the node a fork starts after -> branches made there
+
+    def _record(self, expr: ir.Expr) -> None:
+        self.last = TraceNode(expr, self.last)
+        self.trace.nodes.append(self.last)
+
+    def _execute(self, expr: ir.Expr) -> None:
+        self._record(expr)
+        if isinstance(expr, (ir.Gen, ir.Select)):
+            name = expr.name or self.new_name()
+            self.gen_starts[name] = len(self.text_)
+            value = Placeholder(name)
+            self._append(value, name)
+            self._set_var(name, value, {})
+        elif isinstance(expr, ir.SeparateReasoning):
+            self._set_var(reasoning_name(expr.name), Placeholder(reasoning_name(expr.name)), {})
+        else:
+            super()._execute(expr)
+
+    def _new_branch_executor(self) -> StreamExecutor:
+        index = self._forked.get(id(self.last), 0)
+        self._forked[id(self.last)] = index + 1
+        branch = _GraphTracer(self.backend, self.trace, self.last)
+        branch._record(ForkBranch(index))
+        return branch
+
+
+def trace_program(fn: Callable, arguments: dict[str, Any], backend: Backend | None) -> ProgramTrace:
+    """Run `fn` once on a tracing state (see ProgramTrace); parameters without a value in
+    `arguments` (and no default) get placeholders. The program's own errors propagate."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    kwargs = dict(arguments)
+    for p in params:
+        if p.name not in kwargs and p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            kwargs[p.name] = Placeholder(p.name)
+    trace = ProgramTrace(kwargs)
+    trace.state = ProgramState(_GraphTracer(_TraceBackend(backend), trace))
+    outer = getattr(_tracing, "trace", None)
+    _tracing.trace = trace
+    try:
+        trace.ret_value = fn(trace.state, **kwargs)
+    finally:
+        _tracing.trace = outer
+    trace.state._ex.end()
+    trace.state._ex.raise_if_failed()
+    return trace
+
+
+def tracing_now() -> bool:
+    """Whether this thread is inside `prog.trace()` (a program called from a traced body is traced)."""
+    return getattr(_tracing, "trace", None) is not None

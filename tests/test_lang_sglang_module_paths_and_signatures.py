@@ -195,3 +195,62 @@ def test_gen_arguments_by_position_in_sglangs_order(backend):
     expr = sgl.gen_string("city", 12, None, "}", None, None, 0.5)
     assert expr.dtype is str and expr.params == {"max_tokens": 12, "stop": ["}"], "temperature": 0.5}
 
+
+@sgl.function
+def expand(s, tip):
+    s += "Please expand the following tip into a detailed paragraph:" + tip + "\n"
+    s += sgl.gen("detailed_tip", max_tokens=8)
+
+
+@sgl.function
+def tip_suggestion(s, topic):
+    s += "Here are 2 tips for " + topic + ".\n"
+    s += "1." + sgl.gen("tip_1", stop=["\n", ":", "."]) + "\n"
+    s += "2." + sgl.gen("tip_2", stop=["\n", ":", "."]) + "\n"
+    branch1 = expand(tip=s["tip_1"])
+    branch2 = expand(tip=s["tip_2"])
+    s += "Tip 1: " + branch1["detailed_tip"] + "\n"
+    s += "Tip 2: " + branch2["detailed_tip"] + "\n"
+    s += "In summary" + sgl.gen("summary", max_tokens=8)
+
+
+def test_trace_records_the_program_without_generating(engine):
+    # SGLang's tracing tests: prog.trace() with no backend, then tracer.last_node.print_graph_dfs()
+    tracer = few_shot_qa.trace()
+    assert tracer.last_node.print_graph_dfs().splitlines() == [
+        f"%0 = Constant({FEW_SHOT!r})", "%1 = Constant('Q: {question}\\n')", "%2 = Constant('A:')",
+        "%3 = Gen('answer', max_tokens=6, stop=['\\n'], temperature=0)"]
+    assert tracer.text() == FEW_SHOT + "Q: {question}\nA:{answer}"
+    # a program called from a traced body is traced (nothing runs: there is no backend at all)
+    tracer = tip_suggestion.trace(topic="staying healthy")
+    assert tracer.text().endswith("Tip 1: {detailed_tip}\nTip 2: {detailed_tip}\nIn summary{summary}")
+    assert [repr(n) for n in tracer.nodes if "Gen" in repr(n)] == [
+        "Gen('tip_1', stop=['\\n', ':', '.'])", "Gen('tip_2', stop=['\\n', ':', '.'])", "Gen('summary', max_tokens=8)"]
+
+    @sgl.function
+    def tips(s):
+        s += sgl.user("Here are two tips for staying healthy: 1. Balanced Diet. 2. Regular Exercise.")
+        forks = s.fork(2)
+        for i, f in enumerate(forks):
+            f += f"Now, expand tip {i + 1} into a paragraph:\n"
+            f += sgl.gen("detailed_tip", max_tokens=16, stop="\n\n")
+        forks.join()
+        if s["detailed_tip"][0] == "x":  # a variable is a placeholder, equal to no answer
+            s += "never"
+        s += sgl.assistant(sgl.select("best", ["1", "2"]))
+
+    # with a backend, roles render through its chat template; nothing is sent to it
+    before = engine.get_server_info()["prompt_tokens"]
+    tracer = tips.trace(backend=engine)
+    assert [repr(n) for n in tracer.nodes] == [
+        "RoleBegin('user')", "Constant('Here are two tips for staying healthy: 1. Balanced Diet. 2. Regular Exercise.')",
+        "RoleEnd('user')", "ForkBranch(0)", "ForkBranch(1)", "Constant('Now, expand tip 1 into a paragraph:\\n')",
+        "Gen('detailed_tip', max_tokens=16, stop=['\\n\\n'])", "Constant('Now, expand tip 2 into a paragraph:\\n')",
+        "Gen('detailed_tip', max_tokens=16, stop=['\\n\\n'])", "Join('gather', 2 branches)", "RoleBegin('assistant')",
+        "Select('best', choices=['1', '2'], choices_method='token_length_normalized')", "RoleEnd('assistant')"]
+    assert tracer.nodes[8].print_graph_dfs().splitlines()[2:] == [  # the path through branch 1
+        "%2 = RoleEnd('user')", "%3 = ForkBranch(1)", "%4 = Constant('Now, expand tip 2 into a paragraph:\\n')",
+        "%5 = Gen('detailed_tip', max_tokens=16, stop=['\\n\\n'])"]
+    assert tracer.text().startswith("<|im_start|>system\n") and tracer.text().endswith(
+        "<|im_start|>assistant\n{best}<|im_end|>\n")
+    assert engine.get_server_info()["prompt_tokens"] == before
