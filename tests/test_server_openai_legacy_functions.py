@@ -116,6 +116,8 @@ def test_legacy_history_renders_as_tool_calls_and_results(srv, client):
     ({"functions": [{"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "strng"}}}}],
       "function_call": {"name": "f"}}, "functions", "functions[0].parameters"),
     ({"messages": ASK + [{"role": "function", "content": "21"}]}, "messages[1].name", "needs the `name`"),
+    ({"messages": ASK + [{"role": "function", "name": "get_weather", "content": None}]}, "messages[1].content",
+     "a function message needs a 'content'"),
     ({"messages": ASK + [{"role": "user", "content": "x", "function_call": {"name": "f"}}]}, "messages",
       "function_call must be"),
 ])

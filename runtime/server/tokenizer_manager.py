@@ -322,11 +322,11 @@ class TokenizerManager:
             if m["role"] not in CHAT_ROLES:  # as OpenAI: a role the template may not know is not rendered blindly
                 raise APIError.bad_request(f"messages[{i}].role: invalid value {m['role']!r}; supported values are "
                                            f"{', '.join(repr(r) for r in CHAT_ROLES)}", f"messages[{i}].role")
-            m = tool_calls.legacy_message(i, m)  # function_call / a function message: as tool calls and results
             content = m.get("content")
             if content is None and m["role"] != "assistant":  # an assistant's may be left out (its tool calls)
                 raise APIError.bad_request(f"messages[{i}]: a {m['role']} message needs a 'content' (a string or a "
                                            "list of text parts)", f"messages[{i}].content")
+            m = tool_calls.legacy_message(i, m)  # function_call / a function message: as tool calls and results
             if isinstance(content, list):  # content parts: only text (and an assistant's refusal) carry meaning here
                 texts = []
                 for part in content:
