@@ -254,3 +254,28 @@ def test_trace_records_the_program_without_generating(engine):
     assert tracer.text().startswith("<|im_start|>system\n") and tracer.text().endswith(
         "<|im_start|>assistant\n{best}<|im_end|>\n")
     assert engine.get_server_info()["prompt_tokens"] == before
+
+
+def test_runtime_takes_sglangs_names_for_treadles_server_arguments():
+    # SGLang's examples start their Runtime with its server-argument names
+    from treadle.runtime.server.testing import free_port
+
+    runtime = sgl.Runtime(port=free_port(), max_total_tokens=4096, random_seed=7, disable_cuda_graph=True,
+                          disable_overlap_schedule=True, trust_remote_code=True)
+    try:
+        info = runtime.get_server_info()
+        assert (info["seed"], info["cuda_graph"], info["overlap_schedule"]) == (7, False, "off")
+
+        @sgl.function
+        def qa(s, question):
+            s += sgl.user(question)
+            s += sgl.assistant(sgl.gen("answer", max_tokens=4))
+
+        assert qa.run(question="Hi!", temperature=0, backend=runtime)["answer"]
+    finally:
+        runtime.shutdown()
+    # the ones treadle has no equivalent for say why, before anything starts
+    with pytest.raises(ValueError, match="chat_template: roles render with the served model's own chat template"):
+        sgl.Runtime(chat_template="chatml")
+    with pytest.raises(ValueError, match="both name treadle's 'seed'"):
+        sgl.Runtime(random_seed=1, seed=2)
