@@ -15,15 +15,20 @@ _ZERO = {"max_new_tokens": 0}
 
 
 class RuntimeEndpoint(Backend):
-    """Backend over a running server at `url` (e.g. "http://127.0.0.1:30000").
+    """Backend over a running server at `base_url` (e.g. "http://127.0.0.1:30000").
 
-    SGLang's keywords: `verify` is requests' TLS verification (a CA bundle path, or False);
-    `chat_template_name` is not used (roles always render through the served model's own chat
-    template, read from /get_model_info) and warns when given.
+    SGLang's parameters, in its order: `api_key`; `verify` is requests' TLS verification (a CA
+    bundle path, or False); `chat_template_name` is not used (roles always render through the
+    served model's own chat template, read from /get_model_info) and warns when given. Treadle's
+    own are keyword-only: `timeout_s` per request, and `url` as another name for `base_url`.
     Raises ConnectionError naming the URL when the server cannot be reached."""
 
-    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 600.0, verify: Any = None,
-                 chat_template_name: str | None = None) -> None:
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, verify: Any = None,
+                 chat_template_name: str | None = None, *, url: str | None = None,
+                 timeout_s: float = 600.0) -> None:
+        if (base_url is None) == (url is None):
+            raise TypeError("RuntimeEndpoint() takes the server's URL once: RuntimeEndpoint(base_url)")
+        url = base_url if url is None else url
         if chat_template_name is not None:
             warnings.warn(f"RuntimeEndpoint(chat_template_name={chat_template_name!r}) is ignored: treadle renders "
                           "roles with the served model's own chat template", stacklevel=2)

@@ -128,9 +128,12 @@ class Runtime:
         return load_tokenizer(resolve_model_source(args.model_path, tokenizer_path=args.tokenizer_path))
 
     def generate(self, prompt: str | list[str], sampling_params: dict | None = None, return_logprob: Any = False,
-                 logprob_start_len: Any = None, top_logprobs_num: Any = None) -> str:
+                 logprob_start_len: Any = None, top_logprobs_num: Any = None, lora_path: Any = None) -> str:
         """POST /generate and return the response body as JSON text (SGLang's Runtime.generate).
-        A request the server refuses is a ValueError naming its message."""
+        A request the server refuses is a ValueError naming its message. `lora_path` (SGLang's)
+        must be None, or a list of Nones: treadle serves no LoRA adapters."""
+        if lora_path is not None and not (isinstance(lora_path, list) and all(p is None for p in lora_path)):
+            raise ValueError(f"Runtime.generate(lora_path={lora_path!r}): treadle serves no LoRA adapters")
         body = {"text": prompt, "sampling_params": sampling_params or {}, "return_logprob": return_logprob}
         if logprob_start_len is not None:
             body["logprob_start_len"] = logprob_start_len

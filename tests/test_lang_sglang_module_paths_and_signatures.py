@@ -279,3 +279,25 @@ def test_runtime_takes_sglangs_names_for_treadles_server_arguments():
         sgl.Runtime(chat_template="chatml")
     with pytest.raises(ValueError, match="both name treadle's 'seed'"):
         sgl.Runtime(random_seed=1, seed=2)
+
+
+def test_runtime_endpoint_and_generate_take_sglangs_parameters(runtime):
+    # RuntimeEndpoint(base_url, api_key=None, verify=None, chat_template_name=None), as SGLang's
+    backend = sgl.RuntimeEndpoint(base_url=runtime.url)
+    assert backend.base_url == runtime.url
+    backend = sgl.RuntimeEndpoint(runtime.url, None, False)  # verify, by position
+    assert backend.session.verify is False and backend.timeout_s == 600.0
+    with pytest.raises(TypeError, match="URL once"):
+        sgl.RuntimeEndpoint()
+
+    @sgl.function
+    def capital(s):
+        s += "The capital of France is" + sgl.gen("city", max_tokens=2)
+
+    assert "Paris" in capital.run(temperature=0, backend=backend)["city"]
+    # Runtime.generate(prompt, sampling_params, return_logprob, logprob_start_len, top_logprobs_num, lora_path)
+    out = runtime.generate("The capital of France is", {"max_new_tokens": 2, "temperature": 0}, False, None, None,
+                           None)
+    assert "Paris" in out
+    with pytest.raises(ValueError, match="no LoRA"):
+        runtime.generate("Hi", {"max_new_tokens": 1}, lora_path=["adapter"])
