@@ -100,6 +100,18 @@ def gen_string(name: str | None = None, max_tokens: int | None = None, n: int | 
                top_logprobs_num, return_text_in_logprobs, dtype=str, **kwargs)
 
 
+def build_regex_from_object(object: Any, whitespace_pattern: str | None = None) -> str:
+    """SGLang's helper (sglang.srt.constrained): the regex of the JSON texts a schema allows, for
+    `gen(regex=...)`. `object` is a Pydantic model class, a schema dict or its JSON text;
+    `whitespace_pattern` is the regex allowed between JSON tokens (None: no whitespace). Written
+    by treadle's own JSON Schema compiler (gen(json_schema=...) takes the schema directly, and
+    is the better way: it has no regex size limits)."""
+    from treadle.constrained.schema.json_schema import json_schema_to_regex
+
+    schema = schema_of(object)
+    return json_schema_to_regex(schema, whitespace_pattern=whitespace_pattern)
+
+
 def image(path: Any) -> ir.Expr:
     """SGLang's image input. treadle serves text-only models: always a ValueError."""
     raise ValueError(f"image({path!r}): treadle serves text-only models, so a program cannot add an image; "

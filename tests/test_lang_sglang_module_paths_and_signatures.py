@@ -7,6 +7,7 @@ writing `treadle` for `sglang`, nothing else changed; run on the embedded model 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import pytest
@@ -301,3 +302,37 @@ def test_runtime_endpoint_and_generate_take_sglangs_parameters(runtime):
     assert "Paris" in out
     with pytest.raises(ValueError, match="no LoRA"):
         runtime.generate("Hi", {"max_new_tokens": 1}, lora_path=["adapter"])
+
+
+def test_json_decode_example_builds_its_regex_with_build_regex_from_object(backend):
+    # SGLang's examples/frontend_language/usage/json_decode.py
+    from enum import Enum
+
+    from pydantic import BaseModel
+
+    from treadle.srt.constrained import build_regex_from_object as older_path
+    from treadle.srt.constrained.outlines_backend import build_regex_from_object
+
+    assert older_path is build_regex_from_object
+
+    class Weapon(str, Enum):
+        sword = "sword"
+        axe = "axe"
+        mace = "mace"
+
+    class Wizard(BaseModel):
+        name: str
+        age: int
+        weapon: Weapon
+
+    @sgl.function
+    def pydantic_wizard_gen(s):
+        s += "Give me a description about a wizard in the JSON format.\n"
+        s += sgl.gen("character", max_tokens=48, temperature=0, regex=build_regex_from_object(Wizard))
+
+    state = pydantic_wizard_gen.run()
+    wizard = Wizard.model_validate_json(state["character"])
+    assert wizard.weapon in Weapon
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    assert re.fullmatch(build_regex_from_object(schema), '{"n":12}')
+    assert re.fullmatch(build_regex_from_object(json.dumps(schema), r"[ ]?"), '{ "n": 12 }')

@@ -63,6 +63,10 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
     **{f"treadle.lang.backend.{mod}": {cls: "treadle.lang"}
        for mod, cls in (("openai", "OpenAI"), ("anthropic", "Anthropic"), ("vertexai", "VertexAI"),
                         ("litellm", "LiteLLM"))},
+    # SGLang's json_decode example builds its regex with the server package's helper
+    "treadle.srt": {},
+    "treadle.srt.constrained": {"build_regex_from_object": "treadle.lang.primitives"},
+    "treadle.srt.constrained.outlines_backend": {"build_regex_from_object": "treadle.lang.primitives"},
 }
 
 
@@ -99,6 +103,8 @@ class _SGLangModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module = _SGLangModule(spec.name, f"SGLang's {spec.name.replace('treadle', 'sglang', 1)}, under treadle: "
                                           f"{', '.join(sorted(_SGLANG_MODULES[spec.name]))}")
         module.__all__ = sorted(_SGLANG_MODULES[spec.name])
+        if any(name.startswith(spec.name + ".") for name in _SGLANG_MODULES):
+            module.__path__ = []  # a package: its submodules above come from this finder too
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
