@@ -49,12 +49,10 @@ class Program:
         return self.bound
 
     @property
-    def arg_defaults(self) -> list[Any]:
-        """The defaults of the program's parameters after the state, in order (None where a
-        parameter has none), as SGLang's."""
-        params = list(inspect.signature(self.fn).parameters.values())[1:]
-        return [None if p.default is p.empty else p.default for p in params
-                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    def arg_defaults(self) -> tuple | list:
+        """The defaults of the program's last positional parameters, as SGLang's (the
+        `inspect.getfullargspec` defaults: a tuple, or [] when none has one)."""
+        return inspect.getfullargspec(self.fn).defaults or []
 
     def bind(self, **kwargs: Any) -> "Program":
         """A copy with some arguments fixed (they also count as constant when tracing)."""
