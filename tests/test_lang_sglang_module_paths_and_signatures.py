@@ -336,3 +336,33 @@ def test_json_decode_example_builds_its_regex_with_build_regex_from_object(backe
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     assert re.fullmatch(build_regex_from_object(schema), '{"n":12}')
     assert re.fullmatch(build_regex_from_object(json.dumps(schema), r"[ ]?"), '{ "n": 12 }')
+
+
+def test_frontend_tutorials_helpers_from_sglang_utils(runtime, capsys):
+    # the tutorial waits for its server, prints each result with print_highlight, and stops the server
+    import subprocess
+    import sys
+
+    from treadle.utils import print_highlight, terminate_process, wait_for_server
+
+    wait_for_server(runtime.url)
+    sgl.set_default_backend(sgl.RuntimeEndpoint(runtime.url))
+    try:
+        @sgl.function
+        def text_qa(s, question):
+            s += sgl.user(question)
+            s += sgl.assistant(sgl.gen("answer", stop="\n", max_tokens=6))
+
+        states = text_qa.run_batch([{"question": "What is the capital of France?"},
+                                    {"question": "What is the capital of Japan?"}], progress_bar=True, temperature=0)
+        for i, state in enumerate(states):
+            print_highlight(f"Answer {i + 1}: {states[i]['answer']}")
+    finally:
+        sgl.global_config.default_backend = None
+    out = capsys.readouterr().out
+    assert out.startswith("Answer 1: ") and "\nAnswer 2: " in out
+    with pytest.raises(TimeoutError, match="did not become ready within 0.5 s"):
+        wait_for_server("http://127.0.0.1:9", timeout=0.5)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    terminate_process(proc)
+    assert proc.returncode is not None

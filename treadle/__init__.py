@@ -63,6 +63,9 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
     **{f"treadle.lang.backend.{mod}": {cls: "treadle.lang"}
        for mod, cls in (("openai", "OpenAI"), ("anthropic", "Anthropic"), ("vertexai", "VertexAI"),
                         ("litellm", "LiteLLM"))},
+    # the helpers SGLang's frontend tutorial uses around its programs
+    "treadle.utils": {name: "treadle.lang.utils" for name in ("print_highlight", "wait_for_server",
+                                                                "terminate_process")},
     # SGLang's json_decode example builds its regex with the server package's helper
     "treadle.srt": {},
     "treadle.srt.constrained": {"build_regex_from_object": "treadle.lang.primitives"},
