@@ -55,6 +55,10 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         raise ValueError(f"gen({name!r}): dtype must be one of int, float, bool, str; got {dtype!r}")
     if isinstance(stop, str):
         stop = [stop]
+    elif isinstance(stop, tuple):  # SGLang's default is (), and its JSON makes any tuple a list
+        stop = list(stop)
+    if isinstance(stop_token_ids, tuple):
+        stop_token_ids = list(stop_token_ids)
     if regex is not None:
         _check_regex(name, regex)
     json_schema = schema_of(json_schema)  # a Pydantic model class: its schema

@@ -280,6 +280,9 @@ def _defaults(args: dict) -> tuple[dict, dict]:
 
     check_n_and_stop_regex("run()", args.get("n"), args.get("stop_regex"))
     given = {k: args[k] for k in SAMPLING_DEFAULTS if args.get(k) is not None}
+    for key in ("stop", "stop_token_ids"):  # tuples as SGLang takes them (its JSON makes them lists)
+        if isinstance(given.get(key), tuple):
+            given[key] = list(given[key])
     stop = given.get("stop")
     SamplingParams.from_dict({**given, **({"stop": [stop]} if isinstance(stop, str) else {})}).validate()
     return given, {k: args[k] for k in LOGPROB_DEFAULTS if args.get(k) is not None}

@@ -366,3 +366,24 @@ def test_frontend_tutorials_helpers_from_sglang_utils(runtime, capsys):
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     terminate_process(proc)
     assert proc.returncode is not None
+
+
+def test_stop_and_stop_token_ids_as_tuples(backend, engine):
+    # SGLang's sampling params default stop to () and send any tuple as a JSON list
+    comma = engine.encode(",")[-1]
+
+    @sgl.function
+    def count(s, stop, stop_token_ids):
+        s += "Count: 1, 2," + sgl.gen("a", max_tokens=8, stop=stop, stop_token_ids=stop_token_ids)
+
+    assert count.run((",", "."), None, temperature=0)["a"] == " 3"
+    assert count.run(None, (comma,), temperature=0)["a"] == " 3"
+    assert count.run((), None, temperature=0).get_meta_info("a")["finish_reason"]["type"] == "length"
+
+    @sgl.function
+    def plain(s):
+        s += "Count: 1, 2," + sgl.gen("a", max_tokens=8)
+
+    # as run()'s defaults too
+    assert plain.run(temperature=0, stop=(",",))["a"] == " 3"
+    assert plain.run(temperature=0, stop_token_ids=(comma,))["a"] == " 3"
