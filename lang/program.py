@@ -216,6 +216,12 @@ class Program:
         be = as_backend(backend) if backend is not None else backend_mod._default
         return trace_program(self.fn, {**self.bound, **kwargs}, be)
 
+    def compile(self, *, backend: Backend | Any = None) -> "CompiledProgram":
+        """SGLang's `prog.compile()`: the program with its traced graph. `print_graph()` prints
+        the trace (`prog.trace()`'s); `run` and `run_batch` run the program as it is (treadle
+        runs every program through its interpreter; the trace is for reading)."""
+        return CompiledProgram(self, self.trace(backend=backend))
+
     def trace_prefix(self, backend: Backend | Any = None) -> str:
         """The constant text every run starts with (what run_batch caches up front)."""
         return extract_prefix(self.fn, as_backend(backend), self.bound)
@@ -228,6 +234,26 @@ class Program:
         if prefix:
             be.cache_prefix(prefix)
         return prefix
+
+
+class CompiledProgram:
+    """What `prog.compile()` returns: `print_graph()`, and `run` / `run_batch` / a direct call as
+    the program's."""
+
+    def __init__(self, program: Program, trace: Any) -> None:
+        self.program, self.trace = program, trace
+
+    def print_graph(self) -> str:
+        return self.trace.print_graph()
+
+    def run(self, *args: Any, **kwargs: Any) -> ProgramState:
+        return self.program.run(*args, **kwargs)
+
+    def run_batch(self, *args: Any, **kwargs: Any) -> Any:
+        return self.program.run_batch(*args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.program(*args, **kwargs)
 
 
 def function(fn: Callable | None = None, num_api_spec_tokens: int | None = None) -> Any:

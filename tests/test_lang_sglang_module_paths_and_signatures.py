@@ -387,3 +387,17 @@ def test_stop_and_stop_token_ids_as_tuples(backend, engine):
     # as run()'s defaults too
     assert plain.run(temperature=0, stop=(",",))["a"] == " 3"
     assert plain.run(temperature=0, stop_token_ids=(comma,))["a"] == " 3"
+
+
+def test_compile_prints_the_graph_and_runs_as_the_program(backend, capsys):
+    # SGLang's tracing test_multi_function: compiled = tip_suggestion.compile(); compiled.print_graph(); compiled.run(...)
+    compiled = tip_suggestion.compile()
+    compiled.print_graph()
+    graph = capsys.readouterr().out
+    assert "Gen('tip_1', stop=['\\n', ':', '.'])" in graph and graph.rstrip().endswith("Gen('summary', max_tokens=8)")
+    state = compiled.run(topic="staying healthy", temperature=0, max_new_tokens=8)
+    assert state.text().startswith("Here are 2 tips for staying healthy.\n1.") and state["summary"]
+    states = compiled.run_batch([{"topic": "sleeping well"}, {"topic": "eating well"}], temperature=0,
+                                max_new_tokens=8)
+    assert [s.text().split(".\n")[0] for s in states] == ["Here are 2 tips for sleeping well",
+                                                          "Here are 2 tips for eating well"]
