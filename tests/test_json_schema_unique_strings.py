@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from enum import Enum
 from typing import Annotated, Literal
 
 import jsonschema
@@ -16,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from treadle.constrained import GrammarSpec, allocate_token_bitmask, build_compiled_grammar, token_bytes_table
 from treadle.constrained.schema.json_schema import drop_unenforceable
-from treadle.constrained.schema.unique_strings import unique_strings_checked
+from treadle.constrained.schema.unique_strings import unique_string_slots
 
 from json_checks import random_walk
 
@@ -32,9 +33,9 @@ class Tagged(BaseModel):
 
 
 class Coded(BaseModel):
-    """A set of free strings beside a list whose strings a pattern limits: checking that list's
-    items too could leave the matcher no token (its two-letter codes run out), so the set is
-    narrowed by the regex as before."""
+    """A set of free strings beside a list whose strings a pattern limits: the check keeps to
+    the arrays under the key "tags" (checking "codes" too could leave the matcher no token once
+    its two codes are written)."""
     tags: set[str]
     codes: list[Annotated[str, Field(pattern=r"^[AB]$")]]
 
@@ -157,25 +158,18 @@ def test_set_of_str_with_the_model_writes_distinct_items(smollm2_tokenizer):
     assert len(json.loads(plain["text"])["items"]) > len(set(json.loads(plain["text"])["items"]))  # it would repeat
 
 
-def test_unique_check_stays_off_where_another_array_limits_its_strings(smollm2_tokenizer, table):
+def test_unique_check_keeps_to_the_keys_of_unique_arrays(smollm2_tokenizer, table):
     tok = smollm2_tokenizer
     coded = Coded.model_json_schema()
-    assert not unique_strings_checked(coded)
-    assert unique_strings_checked(Shopping.model_json_schema()) and unique_strings_checked(Tagged.model_json_schema())
-    # an enum list, a string with a maxLength, one below a oneOf: the same
-    for other in ({"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 3},
-                  {"type": "array", "items": {"type": "string", "maxLength": 1}},
-                  {"oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "integer"}]},
-                  {"type": "array", "items": {"$ref": "#/$defs/Code"}}):
-        schema = {"type": "object", "$defs": {"Code": {"type": "string", "pattern": "^[A-Z]{2}$"}},
-                  "properties": {"tags": {"type": "array", "uniqueItems": True, "items": {"type": "string"}},
-                                 "other": other}}
-        assert not unique_strings_checked(schema), other
+    assert unique_string_slots(coded) == {"tags"}
     g = _grammar(tok, coded)
-    assert not g.unique_strings
     m = g.matcher()
-    _feed(m, tok, '{"tags":["x"')
-    assert not m.accept_token(tok.encode(",", add_special_tokens=False)[0])  # at most one item, as before
+    _feed(m, tok, '{"tags":["x","y"],"codes":["A","A","B","A"]}')  # codes may repeat, tags may not
+    assert m.can_terminate()
+    m = g.matcher()
+    _feed(m, tok, '{"tags":["x","')
+    x = tok.encode("x", add_special_tokens=False)[0]
+    assert m.accept_token(x) and not m.accept_token(tok.encode('"', add_special_tokens=False)[0])
     bm = allocate_token_bitmask(1, len(tok))
     rng = random.Random(3)
     for _ in range(4):
@@ -183,6 +177,45 @@ def test_unique_check_stays_off_where_another_array_limits_its_strings(smollm2_t
         out = random_walk(m, bm, table, tok.eos_token_id, rng, steps=300, stop_p=0.3, free_steps=60, steer_after=100)
         if m.is_terminated():
             jsonschema.validate(json.loads(out), coded)
+    assert unique_string_slots({"type": "array", "uniqueItems": True, "items": {"type": "array", "uniqueItems": True,
+                                                                                "items": {"type": "string"}}}) == {0, 1}
+    # a oneOf of disjoint types (a string or a list of strings, compose-spec's string_or_list) is
+    # written as it is: its list is checked like any other
+    either = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "uniqueItems": True}]}
+    assert unique_string_slots({"type": "object", "properties": {"env_file": either}}) == {"env_file"}
+
+
+@pytest.mark.parametrize("other", [
+    {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 3},  # under the same key: enum items
+    {"type": "array", "items": {"type": "string", "maxLength": 1}},
+    {"type": "array", "items": {"$ref": "#/$defs/Code"}},
+    # a oneOf whose branches overlap: one is written where the other fails (strings under 2 characters)
+    {"oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "array", "items": {"type": "string",
+                                                                                             "minLength": 2}}]},
+])
+def test_unique_check_stays_off_where_an_array_under_the_same_key_limits_its_strings(smollm2_tokenizer, table,
+                                                                                      other):
+    tok = smollm2_tokenizer
+    schema = {"type": "object", "$defs": {"Code": {"type": "string", "pattern": "^[A-Z]{2}$"}},
+              "properties": {"tags": {"anyOf": [{"type": "array", "uniqueItems": True, "items": {"type": "string"}},
+                                                other]},
+                             "more": {"type": "object", "properties": {"tags": other}}}}
+    assert unique_string_slots(schema) is None
+    for elsewhere in ({"type": "object", "additionalProperties": other},  # under any key
+                      {"type": "array", "items": other}):  # as an item, beside list[set[str]]
+        assert unique_string_slots({"type": "object", "properties": {
+            "tags": {"type": "array", "uniqueItems": True, "items": {"type": "string"}},
+            "lists": {"type": "array", "items": {"type": "array", "uniqueItems": True, "items": {"type": "string"}}},
+            "x": elsewhere}, "$defs": schema["$defs"]}) is None, elsewhere
+    g = _grammar(tok, schema)
+    assert not g.unique_strings  # the regex narrows the set as before: every output still validates
+    bm = allocate_token_bitmask(1, len(tok))
+    rng = random.Random(5)
+    for _ in range(3):
+        m = g.matcher()
+        out = random_walk(m, bm, table, tok.eos_token_id, rng, steps=300, stop_p=0.3, free_steps=60, steer_after=100)
+        if m.is_terminated():
+            jsonschema.validate(json.loads(out), schema)
 
 
 def test_unique_strings_in_spec_mode_after_a_reasoning_block_and_when_lenient(smollm2_tokenizer):
@@ -202,3 +235,63 @@ def test_unique_strings_in_spec_mode_after_a_reasoning_block_and_when_lenient(sm
     m.rollback(1)
     m.rollback(1)
     assert m.accept_token(tok.encode("a", add_special_tokens=False)[0]) and not m.accept_token(q)
+
+
+class Palette(BaseModel):
+    """A set of a 12-value Enum (and of 8 literals): past 6 values, every order of every subset is
+    too many to spell out; at most one item was written."""
+    colours: set[Enum("Colour", {f"c{i}": f"colour-{i}" for i in range(12)}, type=str)]
+    flags: set[Literal["a", "b", "c", "d", "e", "f", "g", "h"]] = set()
+
+
+def test_set_of_a_large_enum_writes_any_subset_in_the_order_listed(smollm2_tokenizer, table):
+    import regex
+
+    tok = smollm2_tokenizer
+    schema = Palette.model_json_schema()
+    rx = GrammarSpec.from_params(json_schema=schema).to_regex()
+    assert regex.fullmatch(rx, '{"colours":["colour-0","colour-5","colour-11"],"flags":["a","b","h"]}')
+    assert regex.fullmatch(rx, '{"colours":[],"flags":["g"]}')
+    for repeated in ('{"colours":["colour-5","colour-5"]}', '{"colours":[],"flags":["a","a"]}'):
+        assert not regex.fullmatch(rx, repeated)
+    assert not regex.fullmatch(rx, '{"colours":["colour-5","colour-1"]}')  # (in the order listed only)
+    g = _grammar(tok, schema)
+    bm = allocate_token_bitmask(1, len(tok))
+    rng = random.Random(11)
+    sizes = []
+    for _ in range(8):
+        m = g.matcher()
+        out = random_walk(m, bm, table, tok.eos_token_id, rng, steps=300, stop_p=0.05, free_steps=200, steer_after=250)
+        if m.is_terminated():
+            value = json.loads(out)
+            jsonschema.validate(value, schema)
+            Palette.model_validate_json(out)
+            sizes.append(len(value["colours"]))
+    assert len(sizes) >= 5 and max(sizes) >= 2, sizes
+    # up to 64 values, with minItems 1, inside nested objects
+    many = {"type": "array", "uniqueItems": True, "minItems": 1, "items": {"enum": [f"v{i}" for i in range(64)]}}
+    rx = GrammarSpec.from_params(json_schema={"type": "object", "properties": {"a": {"type": "object", "properties": {
+        "b": many}}}}).to_regex()
+    assert regex.fullmatch(rx, '{"a":{"b":["v0","v9","v63"]}}') and not regex.fullmatch(rx, '{"a":{"b":[]}}')
+
+
+def test_draft7_metaschema_writes_several_required_names_and_dependencies(smollm2_tokenizer):
+    """The draft-07 metaschema as a schema (a property holding a schema, or a schema generator):
+    its "required" and the lists of its "dependencies" (under any key) are unique free strings,
+    its "type" a unique list of the 7 type names: all written with several items now."""
+    import jsonschema_specifications
+
+    tok = smollm2_tokenizer
+    meta = jsonschema_specifications.REGISTRY["http://json-schema.org/draft-07/schema#"].contents
+    g = _grammar(tok, meta)
+    assert g.unique_strings
+    m = g.matcher()
+    text = '{"required":["id","name"],"dependencies":{"id":["name","kind"]},"type":["integer","string"]}'
+    _feed(m, tok, text)  # (in the metaschema's order of properties)
+    assert m.can_terminate()
+    jsonschema.Draft7Validator.check_schema(json.loads(text))
+    q = tok.encode('"', add_special_tokens=False)[0]
+    for start in ('{"required":["id","name","id', '{"dependencies":{"a":["x","x'):
+        m = g.matcher()
+        _feed(m, tok, start)
+        assert not m.accept_token(q), start

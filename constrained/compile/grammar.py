@@ -201,7 +201,8 @@ class CompiledGrammar:
     from_disk: bool = False  # loaded from the disk cache (compile_time_s: the original build's)
     holes: Any = None  # json_holes.Holes when the regex has any-value or call placeholders
     free_keys: bool = True  # its output may hold object keys it does not name (json_keys.py checks them)
-    unique_strings: bool = field(init=False)  # its matcher keeps string items distinct (unique_items.py)
+    # the slots whose arrays its matcher keeps string items distinct in (unique_items.py), None for none
+    unique_slots: frozenset | None = field(init=False)
     _rows: dict[int, Any] = field(default_factory=dict, repr=False)
     _jumps: dict[int, str] = field(default_factory=dict, repr=False)
     _finals: dict[int, bool] = field(default_factory=dict, repr=False)
@@ -216,14 +217,19 @@ class CompiledGrammar:
         start, self.end_token = marker_token_ids(len(self.token_bytes), len(PLACEHOLDERS))
         self.initial_state = index_initial_state(self.index, start)
         self.reserved_tokens = reserved_token_ids(self.token_bytes)
-        self.unique_strings = False
+        self.unique_slots = None
         if self.spec is not None and self.spec.kind == "json_schema" and "uniqueItems" in self.spec.value:
-            from treadle.constrained.schema.unique_strings import unique_strings_checked
+            from treadle.constrained.schema.unique_strings import unique_string_slots
 
             # the same verdict the translator took from the same text (GrammarSpec.to_regex)
-            self.unique_strings = unique_strings_checked(self.spec.value)
+            self.unique_slots = unique_string_slots(self.spec.value)
         if self.holes is not None:
             self.holes.bind(self)
+
+    @property
+    def unique_strings(self) -> bool:
+        """Whether its matcher keeps some arrays' string items distinct (unique_items.py)."""
+        return self.unique_slots is not None
 
     @property
     def bitmask_words(self) -> int:

@@ -1,23 +1,22 @@
 """Unique string items: a JSON grammar's mask leaves out the tokens that would close a string
 item equal to an earlier item of its array.
 
-For the schemas unique_strings.py names (an array of unique free strings, ``set[str]``, and
-no array whose string items are limited), the regex writes that array as a plain list of
-strings, and the matcher (matcher.py) keeps the items distinct: a small lexer follows the
-output (``ItemState``: the open containers, each array with the strings it has had as direct
-items, and the item being written), and the mask leaves out every token that, run through
-the lexer, would close an item its array already has. ``accept_token`` refuses the same
-tokens. Items compare as decoded JSON strings (``"a"``, ``"\\u0061"`` and ``"\\x61"``... one
-value), as a validator compares them.
+For the schemas unique_strings.py names (an array of unique free strings, ``set[str]``), the
+regex writes that array as a plain list of strings, and the matcher (matcher.py) keeps the
+items distinct: a small lexer follows the output (``ItemState``: the open containers, each
+object with its last key, each array checked or not by its slot, the key it stands under or
+ROOT / ITEM, and a checked one with the strings it has had as direct items), and the mask
+leaves out every token that, run through the lexer, would close an item its array already
+has. ``accept_token`` refuses the same tokens. Items and keys compare as decoded JSON strings
+(``"a"`` and ``"\\u0061"`` are one value), as a validator compares them.
 
-Every array of the output is checked, not only the unique ones (the text does not say which
-subschema an array came from): fewer arrays are written, each still valid. A string item of
-those schemas can always be continued by a character into a value its array has not had, so
-after leaving those tokens out another always remains; were none to remain, the mask is an
-error (a ``ValueError``: the request stops, it never writes a repeated item).
+The checked arrays' string items can always be continued into a new value (unique_strings.py
+says when the check is on), so after leaving those tokens out another always remains; were
+none to remain, the mask is an error (a ``ValueError``: the request stops, it never writes a
+repeated item).
 
 Only tokens holding a quote can close a string (163 of SmolLM2's 49,152): those the row
-allows are run through the lexer, where an array is open. After a reasoning block
+allows are run through the lexer, where a checked array is open. After a reasoning block
 (reasoning_prefix.py) the lexer starts at ``</think>``. Importing this module does not import
 torch.
 """
@@ -32,22 +31,23 @@ from typing import Any
 import numpy as np
 
 from treadle.constrained.ebnf.reasoning_prefix import CLOSE, MODES
+from treadle.constrained.schema.unique_strings import ANY_KEY, ITEM, ROOT
 
-__all__ = ["ITEMS_START", "ItemIndex", "ItemState", "feed_items", "item_index", "unique_items_start"]
+__all__ = ["ItemIndex", "ItemState", "feed_items", "item_index", "items_start", "unique_items_start"]
 
-# (open containers, innermost last: None for an object, the decoded strings it has had as
-#  direct items for an array; 0 outside a string, 1 in one, 2 after its backslash, 3 in a
-#  reasoning block before the JSON, 4 before a reasoning block or the JSON; the raw bytes of
-#  the string item being written, None when the string is no array item, in a reasoning block
-#  its last bytes)
-ItemState = tuple[tuple["frozenset[str] | None", ...], int, "bytes | None"]
-ITEMS_START: ItemState = ((), 0, None)
-_THINKING: dict[str, ItemState] = dict(zip(MODES, (((), 3, b""), ((), 4, None))))
+# (open containers, innermost last: for an array the decoded strings it has had as direct items
+#  where it is checked, False where not; for an object (its last key, decoded; whether a key
+#  comes next); 0 outside a string, 1 in one, 2 after its backslash, 3 in a reasoning block
+#  before the JSON, 4 before a reasoning block or the JSON; the raw bytes of the item or key
+#  being written, None for another string, in a reasoning block its last bytes; the slots whose
+#  arrays are checked: property names, ROOT, ITEM)
+ItemState = tuple[tuple[Any, ...], int, "bytes | None", frozenset]
 _THINK_END = CLOSE.encode()
 
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _OPEN_OBJ, _OPEN_ARR, _CLOSE = ord("{"), ord("["), frozenset(b"}]")
-_STRUCTURE = re.compile(rb'[{}\[\]"]')  # the bytes that change anything outside a string
+_COLON, _COMMA = ord(":"), ord(",")
+_STRUCTURE = re.compile(rb'[{}\[\]":,]')  # the bytes that change anything outside a string
 _STRING_END = re.compile(rb'["\\]')  # and inside one
 _EMPTY: frozenset[str] = frozenset()
 
@@ -59,56 +59,77 @@ def _decoded(raw: bytes) -> str | bytes:
         return raw
 
 
+def items_start(slots: frozenset, reasoning: str = "") -> ItemState:
+    """The lexer's first state for a grammar checking the arrays at ``slots`` (``reasoning``:
+    reasoning_prefix.py's mode, "" for none)."""
+    if not reasoning:
+        return ((), 0, None, slots)
+    return ((), 3, b"", slots) if reasoning == MODES[0] else ((), 4, None, slots)
+
+
 def feed_items(state: ItemState, data: bytes) -> tuple[ItemState, bool]:
-    """The lexer's state after ``data``, and whether ``data`` closed a string item its array
-    had had."""
-    frames, mode, item = state
+    """The lexer's state after ``data``, and whether ``data`` closed a string item its (checked)
+    array had had."""
+    frames, mode, buf, slots = state
     if mode >= 3:  # the JSON comes after "</think>" (reasoning_prefix.py); it cannot start with "<"
         if mode == 4:
             if not data:
                 return state, False
             if data[0] != ord("<"):
-                return feed_items(ITEMS_START, data)
-            item = b""
-        seen = item + data
+                return feed_items(((), 0, None, slots), data)
+            buf = b""
+        seen = buf + data
         at = seen.find(_THINK_END)
         if at < 0:
-            return ((), 3, seen[-(len(_THINK_END) - 1):]), False
-        return feed_items(ITEMS_START, seen[at + len(_THINK_END):])
+            return ((), 3, seen[-(len(_THINK_END) - 1):], slots), False
+        return feed_items(((), 0, None, slots), seen[at + len(_THINK_END):])
     if mode == 0 and not _STRUCTURE.search(data):
         return state, False
     if mode == 1 and not _STRING_END.search(data):
-        return ((frames, 1, item + data) if item is not None else state), False
+        return ((frames, 1, buf + data, slots) if buf is not None else state), False
     stack = list(frames)
     repeated = False
-    start = 0  # where the item's bytes in ``data`` begin
+    start = 0  # where the item's or key's bytes in ``data`` begin
     for j, b in enumerate(data):
         if mode == 1:
             if b == _QUOTE:
                 mode = 0
-                if item is not None:
-                    value = _decoded(item + data[start:j])
-                    repeated |= value in stack[-1]
-                    stack[-1] = stack[-1] | {value}
-                    item = None
+                if buf is not None:
+                    value = _decoded(buf + data[start:j])
+                    top = stack[-1]
+                    if isinstance(top, frozenset):
+                        repeated |= value in top
+                        stack[-1] = top | {value}
+                    else:  # a key
+                        stack[-1] = (value, False)
+                    buf = None
             elif b == _BACKSLASH:
                 mode = 2
         elif mode == 2:
             mode = 1
         elif b == _QUOTE:
             mode = 1
-            if stack and stack[-1] is not None:
-                item, start = b"", j + 1
+            top = stack[-1] if stack else False
+            if isinstance(top, frozenset) or (isinstance(top, tuple) and top[1]):
+                buf, start = b"", j + 1
         elif b == _OPEN_OBJ:
-            stack.append(None)
+            stack.append((None, True))
         elif b == _OPEN_ARR:
-            stack.append(_EMPTY)
+            if not stack:
+                checked = ROOT in slots
+            elif isinstance(stack[-1], tuple):  # the value of a key: that name's, or every key's (ANY_KEY)
+                checked = stack[-1][0] in slots or ANY_KEY in slots
+            else:
+                checked = ITEM in slots
+            stack.append(_EMPTY if checked else False)
         elif b in _CLOSE:
             if stack:
                 stack.pop()
-    if item is not None and mode != 0:
-        item += data[start:]
-    return (tuple(stack), mode, item), repeated
+        elif (b == _COLON or b == _COMMA) and stack and isinstance(stack[-1], tuple):
+            stack[-1] = (stack[-1][0], b == _COMMA)
+    if buf is not None and mode != 0:
+        buf += data[start:]
+    return (tuple(stack), mode, buf, slots), repeated
 
 
 class ItemIndex:
@@ -123,10 +144,10 @@ class ItemIndex:
 
     def repeaters(self, state: ItemState, row: np.ndarray) -> list[int]:
         """The tokens ``row`` (an int32 mask row) allows that would repeat a string item."""
-        frames, mode, _ = state
+        frames, mode, _, _ = state
         if mode >= 3:
             return []
-        candidates = self.quoted if any(f is not None for f in frames) else self.opening
+        candidates = self.quoted if any(isinstance(f, frozenset) for f in frames) else self.opening
         if not candidates.size:
             return []
         words = row.view(np.uint32)
@@ -166,9 +187,9 @@ def item_index(table: list[bytes | None], num_tokens: int) -> ItemIndex:
 
 
 def unique_items_start(grammar: Any) -> ItemState | None:
-    """Where a compiled grammar's item check starts, None for no check (``unique_strings``
-    False: the compiler's verdict, unique_strings.py)."""
-    if not getattr(grammar, "unique_strings", False):
+    """Where a compiled grammar's item check starts, None for no check (``unique_slots`` None:
+    the compiler's verdict, unique_strings.py)."""
+    slots = getattr(grammar, "unique_slots", None)
+    if slots is None:
         return None
-    spec = grammar.spec
-    return _THINKING[spec.reasoning] if spec.reasoning else ITEMS_START
+    return items_start(slots, grammar.spec.reasoning)

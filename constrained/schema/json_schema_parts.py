@@ -761,6 +761,7 @@ def array_regex(conv: _Converter, schema: dict, path: str) -> str:
 
 
 UNIQUE_MAX_VALUES = 6  # uniqueItems over at most this many listed values (1,957 orders at 6)
+UNIQUE_ORDERED_MAX_VALUES = 64  # past 6, up to this many: every subset, in the order listed (one group each)
 
 
 DISTINCT_LENGTHS = 64  # extra members (keys) and unique string items told apart by lengths: 1 to this many characters
@@ -819,6 +820,16 @@ def _unique_array_regex(conv: _Converter, schema: dict, lo: int, hi: int | None,
             # the matcher keeps every array's string items distinct (unique_strings.py): a plain list
             return array_regex(conv, {k: v for k, v in schema.items() if k != "uniqueItems"}, path)
     values = None if "prefixItems" in schema else conv.listed_scalars(items, f"{path}.items")
+    if values is not None and UNIQUE_MAX_VALUES < len(values) <= UNIQUE_ORDERED_MAX_VALUES and lo <= 1 \
+            and (hi is None or hi >= len(values)) and "contains" not in schema and not conv.spec:
+        # every subset, each in the order listed (every order would be n! spelt out): a non-empty
+        # run over the first k values is one over the first k - 1, then maybe the k-th, or the
+        # k-th alone (each value spelt once)
+        body = ""
+        for v in values:
+            text = conv.literal_regex(v)
+            body = f"(?:{body}(?:{conv.COMMA}{text})?|{text})" if body else text
+        return conv.OPEN_A + (f"(?:{body})?" if lo == 0 else body) + conv.CLOSE_A
     if values is None or len(values) > UNIQUE_MAX_VALUES:
         if not conv.spec and lo <= 1:
             # strict mode: at most one item, which is always unique (objects, strings, any items)

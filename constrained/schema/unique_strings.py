@@ -3,23 +3,34 @@
 No regular language holds exactly the arrays of distinct unbounded strings, so the regex alone
 could write such an array only narrowed (at most one item, or items of distinct lengths). A
 JSON-schema grammar can instead have its matcher check the items as they are written
-(constrained/decode/unique_items.py): every array of its output keeps the strings it has had
-as direct items, and the mask leaves out each token that would close a string item equal to
-an earlier one (compared as decoded JSON values, ``"a"`` and ``"\\u0061"`` alike). The regex
+(constrained/decode/unique_items.py): each checked array of its output keeps the strings it
+has had as direct items, and the mask leaves out each token that would close a string item
+equal to an earlier one (compared as decoded JSON values, ``"a"`` and ``"\\u0061"`` alike). The regex
 then writes the array as a plain list of strings.
 
-The check applies to every array of the output, not only to those the schema says are
-unique (text alone does not tell which subschema an array came from). That is sound for the
-others (fewer arrays are written, each still valid) and never leaves the matcher without a
-token as long as every string item of every array can always be continued into a string no
-earlier item holds: a free string (no ``pattern``, ``format``, ``maxLength``, listed values)
-can, by one more character. ``unique_strings_checked`` says whether a schema is of that kind:
-it has an array of unique free strings, and every schema that stands for array items
-anywhere in it (``items``, ``prefixItems``, ``contains``, ...) either holds no string or
-holds free strings only. Where not, the regex narrows as before.
+The text alone does not say which subschema an array came from, so the matcher tells arrays
+apart by their *slot*: the key of the object member the array is the value of (``ROOT`` for
+the whole output, ``ITEM`` for an item of another array). ``unique_string_slots`` walks the
+schema (refs and combinators keep the slot; ``properties`` name it; ``additionalProperties`` /
+``patternProperties`` give ``ANY_KEY``) and gives the slots where a ``uniqueItems`` stands;
+where one stands at ``ANY_KEY`` (a map of unique lists, the metaschemas' ``dependencies``), the
+arrays under every key are checked. Every array at those slots is checked: the unique ones
+exactly, the others (another branch under the same key) written fewer. That never leaves the
+matcher without a token as long as every string item at those slots can always be continued
+into a string no earlier item holds:
+a free string (no ``pattern``, ``format``, ``maxLength``, listed values; ``minLength`` up to
+64) can, by one more character. So the check is on (and the regex writes plain lists) only
+where an array of unique free strings stands, and every item schema at those slots (or at
+``ANY_KEY``, whose keys may spell any name) holds free strings or none, or stands beside a
+``uniqueItems`` itself (listed values the regex writes distinct: the check finds nothing to
+leave out there), and none below a ``oneOf`` / ``not`` / ``if`` (whose branches the translator
+narrows against each other), and every ref is local. Elsewhere the regex narrows as before
+(``set[str]`` beside a ``list[Literal[...]]`` under the same key: at most one item).
 
-The grammar's matcher and the translator ask the same question of the same schema text, so
-they agree: the translator writes plain lists only where the matcher checks them.
+Whatever array the translator writes as a plain list has a ``uniqueItems`` from some part the
+walk reaches at that array's slot (refs, ``allOf`` merges and the other combinators keep the
+slot), so it is checked. The grammar's matcher and the translator take the verdict from the
+same schema text.
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ from urllib.parse import unquote
 from treadle.constrained.schema.json_schema_dialects import to_2020_12
 from treadle.constrained.schema.json_schema_parts import static_dynamic_refs
 
-__all__ = ["free_string_items", "unique_strings_checked"]
+__all__ = ["ANY_KEY", "ITEM", "ROOT", "free_string_items", "unique_string_slots", "unique_strings_checked"]
 
 _DATA = frozenset({"const", "enum", "default", "examples"})  # their values are data, never schemas
 _ITEM_ONE = ("items", "additionalItems", "contains", "unevaluatedItems")  # a schema of array items
@@ -40,7 +51,7 @@ _ITEM_MANY = ("prefixItems",)  # a list of them
 # the others fail, a not's complement, an if's else): item schemas below them may be narrowed
 _NARROWING = frozenset({"oneOf", "not", "if", "then", "else", "dependentSchemas"})
 # keywords that restrict which strings a schema holds
-_STRING_LIMITS = ("pattern", "format", "maxLength", "enum", "const", "not", "if", "then", "else", "oneOf",
+_STRING_LIMITS = ("pattern", "format", "maxLength", "enum", "const", "not", "if", "then", "else",
                   "$dynamicRef", "$recursiveRef", "contentSchema")
 MAX_FREE_MIN_LENGTH = 64  # a free string's minLength (its regex stays unbounded: {n,})
 _TYPES = frozenset({"null", "boolean", "object", "array", "number", "integer", "string"})
@@ -69,6 +80,41 @@ def _resolve(root: Any, ref: Any) -> Any:
     return node
 
 
+_ALL = frozenset({"null", "boolean", "object", "array", "number", "string"})
+
+
+def _types(root: Any, schema: Any, seen: frozenset = frozenset()) -> frozenset:
+    """Over-approximation: the JSON types ``schema`` may hold (integer as number)."""
+    if not isinstance(schema, dict):
+        return _ALL if schema is not False else frozenset()
+    out = _ALL
+    t = schema.get("type")
+    names = [t] if isinstance(t, str) else t if isinstance(t, list) else None
+    if names is not None and all(isinstance(x, str) and x in _TYPES for x in names):
+        out &= frozenset("number" if x == "integer" else x for x in names)
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if isinstance(values, list):
+        out &= frozenset(_json_type(v) for v in values)
+    if "$ref" in schema and schema["$ref"] not in seen:
+        out &= _types(root, _resolve(root, schema["$ref"]), seen | {schema["$ref"]})
+    for sub in schema.get("allOf", []) if isinstance(schema.get("allOf"), list) else []:
+        out &= _types(root, sub, seen)
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list):
+            out &= frozenset().union(*(_types(root, sub, seen) for sub in schema[key]))
+    return out
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "object")
+
+
 def _may_be_string(root: Any, schema: Any, seen: frozenset) -> bool:
     """Over-approximation: whether ``schema`` may hold a string."""
     if not isinstance(schema, dict):
@@ -95,23 +141,32 @@ def _may_be_string(root: Any, schema: Any, seen: frozenset) -> bool:
     return True
 
 
-def _free(root: Any, schema: Any, seen: frozenset) -> bool:
-    """Whether every string ``schema`` holds is free: no limit but a small ``minLength``, so that
-    any start of one can be continued by a character (through refs, ``allOf`` and ``anyOf``)."""
+def _disjoint(root: Any, branches: list) -> bool:
+    """Whether no two of a ``oneOf``'s branches share a type: each is written as it is."""
+    types = [_types(root, b) for b in branches]
+    return all(not (types[i] & types[j]) for i in range(len(types)) for j in range(i))
+
+
+def _free(root: Any, schema: Any, seen: frozenset, most: int = MAX_FREE_MIN_LENGTH) -> bool:
+    """Whether every string ``schema`` holds is free: no limit but a ``minLength`` up to ``most``,
+    so that any start of one can be continued by a character (through refs, ``allOf``, ``anyOf``
+    and a ``oneOf`` of disjoint types)."""
     if not isinstance(schema, dict) or not _may_be_string(root, schema, seen):
         return True
-    if any(key in schema for key in _STRING_LIMITS):
-        return False
+    if any(key in schema for key in _STRING_LIMITS) or any(key.startswith("__") for key in schema):
+        return False  # (the translator's own keywords, __not_pattern__ ..., in a schema it merged)
     n = schema.get("minLength", 0)
-    if not isinstance(n, (int, float)) or isinstance(n, bool) or n > MAX_FREE_MIN_LENGTH:
+    if not isinstance(n, (int, float)) or isinstance(n, bool) or n > most:
         return False
     if "$ref" in schema:
         ref = schema["$ref"]
-        if ref not in seen and not _free(root, _resolve(root, ref), seen | {ref}):
+        if ref not in seen and not _free(root, _resolve(root, ref), seen | {ref}, most):
             return False
-    for key in ("allOf", "anyOf"):
+    if "oneOf" in schema and not (isinstance(schema["oneOf"], list) and _disjoint(root, schema["oneOf"])):
+        return False
+    for key in ("allOf", "anyOf", "oneOf"):
         subs = schema.get(key, [])
-        if not isinstance(subs, list) or not all(_free(root, s, seen) for s in subs):
+        if not isinstance(subs, list) or not all(_free(root, s, seen, most) for s in subs):
             return False
     return True
 
@@ -133,51 +188,113 @@ def free_string_items(root: Any, items: Any) -> bool:
         return False
 
 
-def _walk(root: Any, node: Any, narrowed: bool, found: list[bool], followed: set[str]) -> None:
-    """Check every schema under ``node`` that stands for array items; ``found[0]`` becomes True
-    at an array of unique free strings. Raises ``_Unknown`` where the check cannot be on. The
-    whole document is walked once as it stands; below a narrowing keyword, refs are followed
-    too (``followed``: those walked so), since what they point to is narrowed there."""
-    if isinstance(node, list):
-        for x in node:
-            _walk(root, x, narrowed, found, followed)
-        return
-    if not isinstance(node, dict):
-        return
-    if "$dynamicRef" in node or "$recursiveRef" in node or ("$ref" in node and not (
-            isinstance(node["$ref"], str) and node["$ref"].startswith("#"))):
-        raise _Unknown("ref")
-    if "$ref" in node:
-        target = _resolve(root, node["$ref"])  # an unresolvable one: off
-        if narrowed and node["$ref"] not in followed:
-            followed.add(node["$ref"])
-            _walk(root, target, True, found, followed)
-    items = [node[k] for k in _ITEM_ONE if k in node]
-    items += [x for k in _ITEM_MANY if isinstance(node.get(k), list) for x in node[k]]
-    items += [x for x in node["items"]] if isinstance(node.get("items"), list) else []
-    for sub in items:
-        if isinstance(sub, dict) and _may_be_string(root, sub, frozenset()):
-            if narrowed or not _free(root, sub, frozenset()):
-                raise _Unknown("items")
-    if node.get("uniqueItems") is True and "items" in node and free_string_items(root, node["items"]):
-        found[0] = True
-    for key, value in node.items():
-        if key in _DATA:
-            continue
-        _walk(root, value, narrowed or key in _NARROWING, found, followed)
+ROOT, ITEM, ANY_KEY = 0, 1, 2  # slots besides property names: the whole output, an array item, an undeclared key
+
+
+class _Walk:
+    """Where each schema of the document stands: its *slot*, the key of the object member it is
+    the value of (``ROOT`` for the output, ``ITEM`` for an array item, ``ANY_KEY`` for a member
+    no property declares), through refs and combinators, which keep the slot. Collects the slots
+    of ``uniqueItems`` and the item schemas at each slot. Raises ``_Unknown`` where the check
+    cannot be on."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.unique: set = set()  # slots where a schema with uniqueItems stands
+        self.found = False  # an array of unique free strings
+        # (slot, item schema, below a narrowing keyword, beside a uniqueItems)
+        self.items: list[tuple[Any, Any, bool, bool]] = []
+        self._done: set[tuple[int, Any, bool]] = set()
+
+    def walk(self, node: Any, slot: Any, narrowed: bool) -> None:
+        if not isinstance(node, dict) or (id(node), slot, narrowed) in self._done:
+            return
+        self._done.add((id(node), slot, narrowed))
+        if "$dynamicRef" in node or "$recursiveRef" in node:
+            raise _Unknown("dynamic ref")
+        if "$ref" in node:
+            self.walk(_resolve(self.root, node["$ref"]), slot, narrowed)
+        if node.get("uniqueItems") is True:
+            self.unique.add(slot)
+            if "items" in node and free_string_items(self.root, node["items"]):
+                self.found = True
+        subs = [node[k] for k in _ITEM_ONE if k in node and not isinstance(node[k], list)]
+        subs += [x for k in (*_ITEM_MANY, "items") if isinstance(node.get(k), list) for x in node[k]]
+        unique = node.get("uniqueItems") is True
+        for sub in subs:
+            self.items.append((slot, sub, narrowed, unique))
+            self.walk(sub, ITEM, narrowed)
+        for key in ("allOf", "anyOf"):
+            for sub in node.get(key, []) if isinstance(node.get(key), list) else []:
+                self.walk(sub, slot, narrowed)
+        if isinstance(node.get("oneOf"), list):
+            # a branch of types no other branch takes is written as it is (string or list of strings);
+            # others may be narrowed against each other
+            types = [_types(self.root, sub) for sub in node["oneOf"]]
+            for i, sub in enumerate(node["oneOf"]):
+                others = frozenset().union(*(t for j, t in enumerate(types) if j != i))
+                self.walk(sub, slot, narrowed or bool(types[i] & others))
+        for key in ("not", "if", "then", "else"):
+            self.walk(node.get(key), slot, True)
+        for sub in (node.get("dependentSchemas") or {}).values() if isinstance(node.get("dependentSchemas"), dict) \
+                else ():
+            self.walk(sub, slot, True)
+        if isinstance(node.get("properties"), dict):
+            for name, sub in node["properties"].items():
+                self.walk(sub, name, narrowed)
+        for sub in (node.get("patternProperties") or {}).values() if isinstance(node.get("patternProperties"), dict) \
+                else ():
+            self.walk(sub, ANY_KEY, narrowed)
+        for key in ("additionalProperties", "unevaluatedProperties"):
+            self.walk(node.get(key), ANY_KEY, narrowed)
+
+
+def unique_string_slots(schema: Any) -> frozenset | None:
+    """The slots (property names, ``ROOT``, ``ITEM``) whose arrays a JSON schema's matcher
+    checks for unique string items, None for no check (see the module docstring): the slots
+    where a ``uniqueItems`` stands, when one of them is an array of unique free strings and every
+    item schema at those slots holds free strings or none."""
+    try:
+        if isinstance(schema, str):
+            schema = json.loads(schema)
+        if not isinstance(schema, dict):
+            return None
+        root = to_2020_12(static_dynamic_refs(schema))
+        w = _Walk(root)
+        w.walk(root, ROOT, False)
+        if not w.found:
+            return None
+        names = any(isinstance(x, str) for x in w.unique)
+
+        def checked(slot: Any) -> bool:  # the arrays the matcher checks (unique_items.feed_items)
+            if slot in w.unique:
+                return True
+            if slot == ANY_KEY:  # an undeclared key may spell a checked name
+                return names
+            return ANY_KEY in w.unique and slot not in (ROOT, ITEM)  # every key is checked
+
+        # the string-holding item schemas at each slot, as written: a narrowing keyword narrows
+        # an item schema against another one at the same place, so where a slot has only one,
+        # it is written as it is wherever it stands
+        kinds: dict[Any, set[str]] = {}
+        for slot, sub, _, _ in w.items:
+            if _may_be_string(root, sub, frozenset()):
+                kinds.setdefault(slot, set()).add(json.dumps(sub, sort_keys=True))
+        for slot, sub, narrowed, unique in w.items:
+            if not checked(slot) or not _may_be_string(root, sub, frozenset()):
+                continue
+            if narrowed and (len(kinds[slot] | kinds.get(ANY_KEY, set())) > 1 or not _free(root, sub, frozenset(), 0)):
+                return None  # (a narrowed minLength may be written as the lengths below it)
+            # items beside a uniqueItems (outside a narrowing keyword) are written distinct whatever
+            # they are (listed values by the regex; free strings by the check): nothing to leave out
+            if (narrowed or not unique) and not _free(root, sub, frozenset()):
+                return None
+        return frozenset(w.unique)
+    except (_Unknown, ValueError, TypeError, RecursionError, AttributeError):
+        return None
 
 
 def unique_strings_checked(schema: Any) -> bool:
     """Whether a JSON schema (as a grammar spec holds it: a dict, a bool or its JSON text) is
     compiled with unique string items checked by its matcher (see the module docstring)."""
-    try:
-        if isinstance(schema, str):
-            schema = json.loads(schema)
-        if not isinstance(schema, dict):
-            return False
-        root = to_2020_12(static_dynamic_refs(schema))
-        found = [False]
-        _walk(root, root, False, found, set())
-        return found[0]
-    except (_Unknown, ValueError, TypeError, RecursionError):
-        return False
+    return unique_string_slots(schema) is not None
