@@ -1,6 +1,7 @@
-"""The helpers of SGLang's `sglang.utils` that its frontend tutorial uses around a program
-(`from treadle.utils import print_highlight, wait_for_server, terminate_process` ports them):
-printing a result, waiting for a server to come up, stopping a server process."""
+"""The helpers of SGLang's `sglang.utils` that its frontend tutorial and examples use around a
+program (`from treadle.utils import print_highlight, wait_for_server, terminate_process,
+http_request` ports them): printing a result, waiting for a server to come up, stopping a
+server process, one HTTP request to a server."""
 from __future__ import annotations
 
 import os
@@ -73,6 +74,20 @@ def terminate_process(process: Any, timeout: float = 30.0) -> None:
     if process.is_alive():
         process.kill()
         process.join()
+
+
+def http_request(url: str, json: Any = None, stream: bool = False, api_key: str | None = None, verify: Any = None,
+                 method: str | None = None) -> requests.Response:
+    """One request to a server, as SGLang's helper: a POST of `json` (a GET without it, unless
+    `method` says otherwise), with `api_key` as a bearer token and `verify` as requests' TLS
+    verification. Returns the response (`.json()`, `.status_code`), whatever its status; with
+    `stream=True` its body is read as it comes (`.iter_lines()`)."""
+    headers = {"Content-Type": "application/json; charset=utf-8"}
+    if api_key is not None:
+        headers["Authorization"] = f"Bearer {api_key}"
+    method = method or ("GET" if json is None else "POST")
+    return requests.request(method, url, json=json, headers=headers, stream=stream,
+                            verify=True if verify is None else verify)
 
 
 def _ipython_kernel() -> Any:

@@ -401,3 +401,20 @@ def test_compile_prints_the_graph_and_runs_as_the_program(backend, capsys):
                                 max_new_tokens=8)
     assert [s.text().split(".\n")[0] for s in states] == ["Here are 2 tips for sleeping well",
                                                           "Here are 2 tips for eating well"]
+
+
+def test_json_logprobs_example_requests_through_http_request(runtime):
+    # SGLang's examples/frontend_language/usage/json_logprobs.py: srt_api_request with sglang.utils.http_request
+    from treadle.utils import http_request
+
+    character_regex = r"""\{"name": "[A-Z][a-z]{1,12}", "house": "(Gryffindor|Slytherin)"\}"""
+    data = {"text": "Hermione Granger is a character in Harry Potter. Her information as JSON:\n",
+            "sampling_params": {"temperature": 0, "max_new_tokens": 32, "regex": character_regex},
+            "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 3, "return_text_in_logprobs": True}
+    res = http_request(runtime.url + "/generate", json=data).json()
+    assert re.fullmatch(character_regex, res["text"])
+    meta = res["meta_info"]
+    assert len(meta["output_token_logprobs"]) == meta["completion_tokens"]
+    assert all(len(top) <= 3 for top in meta["output_top_logprobs"])
+    assert http_request(runtime.url + "/health").status_code == 200
+    assert http_request(runtime.url + "/generate", json={"text": "x", "sampling_params": {"top_p": 0}}).status_code == 400

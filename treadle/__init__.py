@@ -65,7 +65,7 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
                         ("litellm", "LiteLLM"))},
     # the helpers SGLang's frontend tutorial uses around its programs
     "treadle.utils": {name: "treadle.lang.utils" for name in ("print_highlight", "wait_for_server",
-                                                                "terminate_process")},
+                                                                "terminate_process", "http_request")},
     # SGLang's json_decode example builds its regex with the server package's helper
     "treadle.srt": {},
     "treadle.srt.constrained": {"build_regex_from_object": "treadle.lang.primitives"},
