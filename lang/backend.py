@@ -248,11 +248,12 @@ _default: Backend | None = None
 _default_lock = threading.Lock()
 
 
-def set_default_backend(backend: Any) -> Backend:
-    """Use `backend` (a Backend, an Engine, or a server URL) when `run` is given none."""
+def set_default_backend(backend: Any) -> Backend | None:
+    """Use `backend` (a Backend, an Engine, a Runtime, or a server URL) when `run` is given none;
+    None clears it, as SGLang's (`global_config.default_backend = None`)."""
     global _default
     with _default_lock:
-        _default = as_backend(backend)
+        _default = None if backend is None else as_backend(backend)
         return _default
 
 

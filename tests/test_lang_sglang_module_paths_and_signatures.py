@@ -418,3 +418,13 @@ def test_json_logprobs_example_requests_through_http_request(runtime):
     assert all(len(top) <= 3 for top in meta["output_top_logprobs"])
     assert http_request(runtime.url + "/health").status_code == 200
     assert http_request(runtime.url + "/generate", json={"text": "x", "sampling_params": {"top_p": 0}}).status_code == 400
+
+
+def test_set_default_backend_none_clears_it(engine):
+    sgl.set_default_backend(engine)
+    sgl.set_default_backend(None)  # SGLang's sets global_config.default_backend = None
+    assert sgl.global_config.default_backend is None
+    with pytest.raises(ValueError, match="no backend"):
+        few_shot_qa.run(question="What is the capital of Italy?")
+    sgl.set_default_backend(None)  # and again, with none set
+    assert sgl.global_config.default_backend is None
