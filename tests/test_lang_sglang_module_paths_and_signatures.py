@@ -257,7 +257,7 @@ def test_trace_records_the_program_without_generating(engine):
     assert engine.get_server_info()["prompt_tokens"] == before
 
 
-def test_runtime_takes_sglangs_names_for_treadles_server_arguments():
+def test_runtime_takes_sglangs_names_for_treadles_server_arguments(capfd):
     # SGLang's examples start their Runtime with its server-argument names
     from treadle.runtime.server.testing import free_port
 
@@ -275,6 +275,7 @@ def test_runtime_takes_sglangs_names_for_treadles_server_arguments():
         assert qa.run(question="Hi!", temperature=0, backend=runtime)["answer"]
     finally:
         runtime.shutdown()
+    assert capfd.readouterr().out == ""  # log_level "error", SGLang's default: the server printed nothing
     # the ones treadle has no equivalent for say why, before anything starts
     with pytest.raises(ValueError, match="chat_template: roles render with the served model's own chat template"):
         sgl.Runtime(chat_template="chatml")
