@@ -158,19 +158,20 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
     return ir.Select(name, list(choices), choices_method)
 
 
-def system(content: Any = "") -> ir.Role:
-    """A system message: `s += system("You are ...")`."""
-    return ir.Role("system", [ir.to_expr(content)])
+def system(expr: Any = "") -> ir.Role:
+    """A system message: `s += system("You are ...")` (`expr`: text or DSL expressions, SGLang's
+    parameter name)."""
+    return ir.Role("system", [ir.to_expr(expr)])
 
 
-def user(content: Any = "") -> ir.Role:
+def user(expr: Any = "") -> ir.Role:
     """A user message: `s += user("Hi")`."""
-    return ir.Role("user", [ir.to_expr(content)])
+    return ir.Role("user", [ir.to_expr(expr)])
 
 
-def assistant(content: Any = "") -> ir.Role:
+def assistant(expr: Any = "") -> ir.Role:
     """An assistant message: `s += assistant(gen("answer", max_tokens=32))`."""
-    return ir.Role("assistant", [ir.to_expr(content)])
+    return ir.Role("assistant", [ir.to_expr(expr)])
 
 
 def system_begin() -> ir.RoleBegin:

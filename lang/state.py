@@ -83,17 +83,17 @@ class ProgramState:
             self._names.update((node.name, reasoning_name(node.name)))
         return node
 
-    def system(self, content: Any = None) -> "_RoleScope":
+    def system(self, expr: Any = None) -> "_RoleScope":
         """`with s.system(): s += "..."` (or `s.system("...")` to add a whole message)."""
-        return _RoleScope(self, "system", content)
+        return _RoleScope(self, "system", expr)
 
-    def user(self, content: Any = None) -> "_RoleScope":
+    def user(self, expr: Any = None) -> "_RoleScope":
         """`with s.user(): s += "..."` (or `s.user("...")` to add a whole message)."""
-        return _RoleScope(self, "user", content)
+        return _RoleScope(self, "user", expr)
 
-    def assistant(self, content: Any = None) -> "_RoleScope":
+    def assistant(self, expr: Any = None) -> "_RoleScope":
         """`with s.assistant(): s += gen(...)` (or `s.assistant("...")`)."""
-        return _RoleScope(self, "assistant", content)
+        return _RoleScope(self, "assistant", expr)
 
     def var_scope(self, name: str) -> "_VarScope":
         """`with s.var_scope("x"): s += ...`: variable `x` holds the text written inside the

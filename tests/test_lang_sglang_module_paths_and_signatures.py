@@ -429,3 +429,15 @@ def test_set_default_backend_none_clears_it(engine):
         few_shot_qa.run(question="What is the capital of Italy?")
     sgl.set_default_backend(None)  # and again, with none set
     assert sgl.global_config.default_backend is None
+
+
+def test_roles_take_their_content_as_sglangs_expr_keyword(backend):
+    @sgl.function
+    def chat(s):
+        s += sgl.system(expr="You are terse.")
+        s.user(expr="What is the capital of France?")
+        s += sgl.assistant(expr=sgl.gen("answer", max_tokens=6))
+
+    state = chat.run(temperature=0)
+    assert [m["role"] for m in state.messages()] == ["system", "user", "assistant"]
+    assert state.messages()[1]["content"] == "What is the capital of France?"
