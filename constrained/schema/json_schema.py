@@ -463,6 +463,7 @@ class _Converter:
         self._memo: dict[tuple, str] = {}
         self._verdicts: dict[tuple, tuple[bool, Any]] = {}  # (id(part), value's JSON) -> (valid, part)
         self._reach: dict[str, frozenset[str]] = {}  # ref -> the refs its target reaches
+        self._refs_of: dict[str, frozenset[str]] = {}  # ref -> the refs inside its target (not followed)
         registry = referencing.Registry(retrieve=_no_retrieve)
         checker = None if self.spec else jsonschema.Draft202012Validator.FORMAT_CHECKER
         self._validator = _Validator(root, registry=registry, format_checker=checker)
@@ -820,22 +821,39 @@ class _Converter:
         seen: set[str] = set()
         todo = [ref]
         while todo:
-            r = todo.pop()
-            try:
-                stack = [self.merger.resolve(r, path)]
-            except UnsupportedSchemaError:  # (no value can be inside a ref that does not resolve)
-                continue
-            while stack:
-                node = stack.pop()
-                if isinstance(node, dict):
-                    inner = node.get("$ref")
-                    if isinstance(inner, str) and inner not in seen:
-                        seen.add(inner)
+            for inner in self._refs_below(todo.pop(), path):
+                if inner not in seen:
+                    seen.add(inner)
+                    known = self._reach.get(inner)
+                    if known is None:
                         todo.append(inner)
-                    stack.extend(node.values())
-                elif isinstance(node, list):
-                    stack.extend(node)
+                    else:  # (what it reaches, all of it)
+                        seen |= known
         out = self._reach[ref] = frozenset(seen)
+        return out
+
+    def _refs_below(self, ref: str, path: str) -> frozenset[str]:
+        """The ref strings met below ``ref``'s target, not following them (once per ref: walking
+        every target again for each ref that reaches it took renovate's schema, 6,689 refs
+        deep in each other, 9 s)."""
+        hit = self._refs_of.get(ref)
+        if hit is not None:
+            return hit
+        found: set[str] = set()
+        try:
+            stack = [self.merger.resolve(ref, path)]
+        except UnsupportedSchemaError:  # (no value can be inside a ref that does not resolve)
+            stack = []
+        while stack:
+            node = stack.pop()
+            if isinstance(node, dict):
+                inner = node.get("$ref")
+                if isinstance(inner, str):
+                    found.add(inner)
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+        out = self._refs_of[ref] = frozenset(found)
         return out
 
     def _call(self, ref: str, target: Any, path: str) -> str:

@@ -256,8 +256,10 @@ def unique_string_slots(schema: Any) -> frozenset | None:
     item schema at those slots holds free strings or none."""
     try:
         if isinstance(schema, str):
+            if "uniqueItems" not in schema:
+                return None
             schema = json.loads(schema)
-        if not isinstance(schema, dict):
+        if not isinstance(schema, dict) or "uniqueItems" not in json.dumps(schema):
             return None
         root = to_2020_12(static_dynamic_refs(schema))
         w = _Walk(root)
