@@ -116,9 +116,10 @@ def build_regex_from_object(object: Any, whitespace_pattern: str | None = None) 
     return json_schema_to_regex(schema, whitespace_pattern=whitespace_pattern)
 
 
-def image(path: Any) -> ir.Expr:
-    """SGLang's image input. treadle serves text-only models: always a ValueError."""
-    raise ValueError(f"image({path!r}): treadle serves text-only models, so a program cannot add an image; "
+def image(expr: Any) -> ir.Expr:
+    """SGLang's image input (`expr`: a path, URL or bytes). treadle serves text-only models:
+    always a ValueError."""
+    raise ValueError(f"image({expr!r}): treadle serves text-only models, so a program cannot add an image; "
                      "describe it in text, or run this program on SGLang with a vision model")
 
 

@@ -256,8 +256,9 @@ class CompiledProgram:
         return self.program(*args, **kwargs)
 
 
-def function(fn: Callable | None = None, num_api_spec_tokens: int | None = None) -> Any:
-    """Decorator turning `def prog(s, ...)` into a Program (`@function` or `@function(...)`).
+def function(func: Callable | None = None, num_api_spec_tokens: int | None = None) -> Any:
+    """Decorator turning `def prog(s, ...)` into a Program (`@function` or `@function(...)`;
+    `function(func=...)` with SGLang's parameter name).
 
     `num_api_spec_tokens` (SGLang's speculative execution for API models behind a chat-only
     interface) is accepted and kept as `prog.num_api_spec_tokens`; it changes nothing here, as
@@ -265,9 +266,9 @@ def function(fn: Callable | None = None, num_api_spec_tokens: int | None = None)
     if num_api_spec_tokens is not None and (isinstance(num_api_spec_tokens, bool)
                                             or not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1):
         raise ValueError(f"num_api_spec_tokens must be a positive int or None, got {num_api_spec_tokens!r}")
-    if fn is None:
+    if func is None:
         return lambda f: Program(f, num_api_spec_tokens=num_api_spec_tokens)
-    return Program(fn, num_api_spec_tokens=num_api_spec_tokens)
+    return Program(func, num_api_spec_tokens=num_api_spec_tokens)
 
 
 def _split_args(batch_kwargs: list[dict]) -> tuple[dict, set[str]]:

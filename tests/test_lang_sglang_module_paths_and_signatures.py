@@ -441,3 +441,8 @@ def test_roles_take_their_content_as_sglangs_expr_keyword(backend):
     state = chat.run(temperature=0)
     assert [m["role"] for m in state.messages()] == ["system", "user", "assistant"]
     assert state.messages()[1]["content"] == "What is the capital of France?"
+    # the other keyword names of SGLang's api: function(func=...), image(expr=...)
+    terse = sgl.function(func=chat.func, num_api_spec_tokens=None)
+    assert terse.run(temperature=0)["answer"] == state["answer"]
+    with pytest.raises(ValueError, match="text-only models"):
+        sgl.image(expr="example_image.png")
