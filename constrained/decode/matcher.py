@@ -138,7 +138,7 @@ class MatcherBase:
             return True
         data = index.table[token_id] if 0 <= token_id < len(index.table) else None
         keys, repeated = feed(self._keys, data) if data else (self._keys, False)
-        if repeated and index.refuses(self._keys, self._mask(), token_id):
+        if repeated and index.refuses(self._keys, self._unique_row(), token_id):
             return False
         if not self._advance(token_id):
             return False
@@ -157,13 +157,16 @@ class MatcherBase:
         if self._terminated:
             write_mask_row(bitmask, row, self._words(), None, self._eos)
             return
-        mask = self._mask()
+        mask = self._unique_row()  # unique items first: they never give way; unique keys give way to both
         index = self._key_index
         if index is not None and (self._keys[0] or index.two_keys):  # an open container, or a token that opens one
             mask = index.filter(self._keys, mask)
-        if self._item_index is not None:
-            mask = self._item_index.filter(self._items, mask)
         write_mask_row(bitmask, row, self._words(), mask, self._eos)
+
+    def _unique_row(self) -> np.ndarray:
+        """The grammar's row less the tokens that would repeat a string item (unique_items.py)."""
+        mask = self._mask()
+        return mask if self._item_index is None else self._item_index.filter(self._items, mask)
 
     @property
     def keys_unique(self) -> bool:
