@@ -47,17 +47,18 @@ def _store_row(y_row, acc, scale, bias, rows, rmask):
 
 @triton.jit
 def _w_chunk(w_ptrs, k0, cols, rmask, K, EVEN: tl.constexpr):
-    # w[rows, k0 : k0 + BLOCK_K] in fp32, streamed once (evict-first)
+    # w[rows, k0 : k0 + BLOCK_K] in its own dtype, streamed once (evict-first)
     if EVEN:
         w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
     else:
         w = tl.load(w_ptrs + k0, mask=rmask[:, None] & (k0 + cols < K)[None, :], other=0.0,
                     eviction_policy="evict_first")
-    return w.to(tl.float32)
+    return w
 
 
 @triton.jit
 def _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M: tl.constexpr, EVEN: tl.constexpr):
+    w = w.to(tl.float32)
     acc0 += w * _x_chunk(x_ptr, k0, cols, K, EVEN)[None, :]
     if M > 1:
         acc1 += w * _x_chunk(x_ptr + stride_xm, k0, cols, K, EVEN)[None, :]
@@ -74,7 +75,7 @@ def _gemv_kernel(
     N, K,
     stride_xm, stride_wn, stride_ym,
     M: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD2: tl.constexpr, PDL: tl.constexpr,
 ):
     # grid: (cdiv(N, BLOCK_N),); one program = BLOCK_N output features for all M tokens, one
     # fp32 partial-product tile per token (M <= 4, unrolled: the tiles live in registers).
@@ -82,9 +83,12 @@ def _gemv_kernel(
     rmask = rows < N
     cols = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + cols[None, :]
-    # the first chunk of weights (and the scales) before waiting on the kernel that writes x
-    # (kernels/pdl.py): under PDL these loads overlap that kernel's tail
+    # the first chunk of weights, the second too where K has one (AHEAD2), and the scales
+    # before waiting on the kernel that writes x (kernels/pdl.py): under PDL these loads
+    # overlap that kernel's tail. Held in the weight's own dtype until used.
     w = _w_chunk(w_ptrs, 0, cols, rmask, K, EVEN)
+    if AHEAD2:
+        w_second = _w_chunk(w_ptrs, BLOCK_K, cols, rmask, K, EVEN)
     scale = tl.full([BLOCK_N], 1.0, tl.float32)
     if HAS_SCALE:
         scale = tl.load(s_ptr + rows, mask=rmask, other=0.0)
@@ -98,7 +102,12 @@ def _gemv_kernel(
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, 0, cols, K, M, EVEN)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
+    start = BLOCK_K
+    if AHEAD2:
+        acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w_second, x_ptr, stride_xm, BLOCK_K, cols, K,
+                                             M, EVEN)
+        start = 2 * BLOCK_K
+    for k0 in range(start, K, BLOCK_K):
         w = _w_chunk(w_ptrs, k0, cols, rmask, K, EVEN)
         acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M, EVEN)
     _store_row(y_ptr, acc0, scale, bias, rows, rmask)
@@ -175,7 +184,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
         x, w, w_scale if w_scale is not None else x, bias if bias is not None else x, y,
         n, k, x.stride(0), w.stride(0), y.stride(0),
         M=m, HAS_SCALE=w_scale is not None, HAS_BIAS=bias is not None, EVEN=even, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, num_stages=stages, **pdl.options(x),
+        AHEAD2=m == 1 and k > block_k, num_warps=warps, num_stages=stages, **pdl.options(x),
     )
     return y
 

@@ -23,6 +23,16 @@ def _rand(*shape: int, dtype: torch.dtype, seed: int, device: str = DEV) -> torc
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,k", [(8, 2048), (9, 2148), (4, 3072)])
+def test_gemv_one_row_with_two_chunks_loaded_before_the_wait(dtype: torch.dtype, n: int, k: int) -> None:
+    # one row of x and K past one 1,024-wide chunk: the second chunk is loaded ahead with the
+    # first (AHEAD2), whole (2,048), with a masked tail (2,148) or followed by a third (3,072)
+    x, w, b = _rand(1, k, dtype=dtype, seed=0), _rand(n, k, dtype=dtype, seed=1), _rand(n, dtype=dtype, seed=2)
+    torch.testing.assert_close(gemv(x, w, b), gemv_ref(x, w, b), **TOL[dtype])
+
+
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 2, 3, MAX_M])
 @pytest.mark.parametrize("n,k", [(37, 100), (16, 1024), (5, 3)])
