@@ -357,44 +357,63 @@ def _moe_gemv_up_kernel(
 
 
 @triton.jit
+def _down_weights(w_rows, wmask, k0, cols, inter: tl.constexpr, EVEN: tl.constexpr):
+    # chunk k0 of every expert's rows, [K_PAD, BLOCK_N, BLOCK_K] in the weights' dtype, streamed once
+    if EVEN:
+        return tl.load(w_rows + k0, mask=wmask, other=0.0, eviction_policy="evict_first")
+    return tl.load(w_rows + k0, mask=wmask & (k0 + cols < inter)[None, None, :], other=0.0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
+def _down_acts(a_rows, amask, wt, k0, cols, inter: tl.constexpr):
+    # the same inputs of the K activations, [K_PAD, BLOCK_K] in fp32, times their routing weights
+    a = tl.load(a_rows + k0, mask=amask & (k0 + cols < inter)[None, :], other=0.0)
+    return a.to(tl.float32) * wt[:, None]
+
+
+@triton.jit
 def _moe_gemv_down_kernel(
     act_ptr, w2_ptr, ids_ptr, topk_w_ptr, out_ptr,
     hidden, inter: tl.constexpr, num_experts,
     stride_at, stride_we, stride_wn, stride_ot,
-    TOP_K: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    # grid: (T, cdiv(H, BLOCK_N)); out[t, n] = sum_k w[t, k] * (w2_e[n] . act[t*K + k]): the
-    pdl.wait(PDL)
-    pdl.launch_dependents(PDL)
-    # routing weight scales the activation chunk, so one [BLOCK_N, BLOCK_K] fp32 tile
-    # collects every expert's products and is reduced once; the K experts are unrolled so
-    # their weight loads can be in flight together
+    # grid: (T, cdiv(H, BLOCK_N)); out[t, n] = sum_k w[t, k] * (w2_e[n] . act[t*K + k]): one
+    # [K_PAD, BLOCK_N, BLOCK_K] fp32 tile collects every expert's products (the routing weight
+    # scales the activation chunk) and is reduced once at the end.
+    # The routing was written by the router, the kernel before the up projection (which runs
+    # just before this one), so the expert ids, their routing weights and the weights they pick
+    # are read before the wait (kernels/pdl.py): the first two chunks of every expert's rows
+    # load while the up projection finishes. Only the activations wait.
     t = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < hidden
+    ks = tl.arange(0, K_PAD)
+    pairs = t * TOP_K + ks
+    e = tl.load(ids_ptr + pairs, mask=ks < TOP_K, other=num_experts)
+    valid = e < num_experts  # an expert on another rank (or a padding k): nothing read, weight 0
+    wt = tl.load(topk_w_ptr + pairs, mask=valid, other=0.0)
     cols = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k in tl.static_range(TOP_K):
-        pair = t * TOP_K + k
-        e = tl.load(ids_ptr + pair)
-        valid = e < num_experts
-        wt = tl.where(valid, tl.load(topk_w_ptr + pair), 0.0)
-        w_rows = w2_ptr + tl.where(valid, e, 0).to(tl.int64) * stride_we \
-            + offs_n[:, None].to(tl.int64) * stride_wn + cols[None, :]
-        a_row = act_ptr + pair * stride_at + cols
-        mrow = mask_n & (offs_n * 0 + e < num_experts)
-        kvalid = cols * 0 + e < num_experts
-        for k0 in tl.static_range(0, inter, BLOCK_K):  # unrolled with the experts: all loads in flight
-            if EVEN:
-                a = tl.load(a_row + k0, mask=kvalid, other=0.0).to(tl.float32)
-                m = mrow[:, None] & kvalid[None, :]
-            else:
-                mask_k = (k0 + cols < inter) & kvalid
-                a = tl.load(a_row + k0, mask=mask_k, other=0.0).to(tl.float32)
-                m = mrow[:, None] & mask_k[None, :]
-            w = tl.load(w_rows + k0, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            acc += w * (a * wt)[None, :]
-    tl.store(out_ptr + t * stride_ot + offs_n, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=mask_n)
+    w_rows = w2_ptr + tl.where(valid, e, 0).to(tl.int64)[:, None, None] * stride_we \
+        + offs_n.to(tl.int64)[None, :, None] * stride_wn + cols[None, None, :]
+    a_rows = act_ptr + pairs[:, None] * stride_at + cols[None, :]
+    wmask = valid[:, None, None] & mask_n[None, :, None]
+    amask = valid[:, None]
+    w0 = _down_weights(w_rows, wmask, 0, cols, inter, EVEN)
+    if inter > BLOCK_K:
+        w1 = _down_weights(w_rows, wmask, BLOCK_K, cols, inter, EVEN)
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
+    acc = w0.to(tl.float32) * _down_acts(a_rows, amask, wt, 0, cols, inter)[:, None, :]
+    if inter > BLOCK_K:
+        acc += w1.to(tl.float32) * _down_acts(a_rows, amask, wt, BLOCK_K, cols, inter)[:, None, :]
+    for k0 in tl.static_range(2 * BLOCK_K, inter, BLOCK_K):  # unrolled: every chunk's loads in flight
+        w = _down_weights(w_rows, wmask, k0, cols, inter, EVEN)
+        acc += w.to(tl.float32) * _down_acts(a_rows, amask, wt, k0, cols, inter)[:, None, :]
+    y = tl.sum(tl.sum(acc, axis=2), axis=0)
+    tl.store(out_ptr + t * stride_ot + offs_n, y.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
 # ------------------------------------------------------------------------------- wrappers
@@ -507,14 +526,14 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
             part = torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
             _moe_gemv_down_kernel[(t * top_k, triton.cdiv(h, cfg["bn_down"]))](
                 act, w2, topk_ids, topk_weights, part, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
-                part.stride(0), TOP_K=1, EVEN=inter % cfg["bk_down"] == 0, BLOCK_N=cfg["bn_down"],
+                part.stride(0), TOP_K=1, K_PAD=1, EVEN=inter % cfg["bk_down"] == 0, BLOCK_N=cfg["bn_down"],
                 BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"], **pdl.options(x))
             torch.sum(part.view(t, top_k, h), dim=1, out=out)
             return out
         _moe_gemv_down_kernel[(t, triton.cdiv(h, cfg["bn_down"]))](
             act, w2, topk_ids, topk_weights, out, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
-            out.stride(0), TOP_K=top_k, EVEN=inter % cfg["bk_down"] == 0, BLOCK_N=cfg["bn_down"],
-            BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"], **pdl.options(x))
+            out.stride(0), TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), EVEN=inter % cfg["bk_down"] == 0,
+            BLOCK_N=cfg["bn_down"], BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"], **pdl.options(x))
         return out
     pairs = t * top_k
     bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]

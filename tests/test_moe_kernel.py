@@ -87,7 +87,10 @@ def test_fused_moe_matches_definition_both_paths(t, e, k, h, inter):
         mine = (w13[start : start + local].contiguous(), w2[start : start + local].contiguous())
         want = _per_pair(x, *mine, weights, ids)
         torch.testing.assert_close(fused_moe_ref(x, *mine, weights, ids).double().cpu(), want, atol=1e-5, rtol=1e-5)
-        for decode, config in ((True, None), (True, {"split_down": True, "bn_down": 16}), (False, None)):
+        # bk_down 16 and 8: the down projection's rows in 2 chunks (the second masked at 24) and
+        # in 3 or 4, so the chunks loaded before the wait and those after are both checked
+        for decode, config in ((True, None), (True, {"split_down": True, "bn_down": 16}), (True, {"bk_down": 16}),
+                               (True, {"bk_down": 8, "bn_down": 4}), (False, None)):
             got = fused_moe(x, *mine, weights, ids, decode_path=decode, config=config)
             torch.testing.assert_close(got.double().cpu(), want, atol=1e-4, rtol=1e-4)
 
