@@ -120,7 +120,16 @@ class RuntimeEndpoint(Backend):
         payload: dict[str, Any] = {"input_ids": seqs, "sampling_params": [dict(_ZERO) for _ in seqs]}
         if start > 0:
             payload.update(return_logprob=True, logprob_start_len=start, return_text_in_logprobs=True)
-        return [o["meta_info"] for o in self._generate(payload).json()]
+        outs = self._generate(payload).json()
+        for i, o in enumerate(outs):
+            # a part that failed mid-run comes back in the 200 list with its own error and no
+            # scores (docs/serving.md): scoring it as an empty sum would pick a choice silently
+            err = o.get("error")
+            if err:
+                msg = err.get("message") if isinstance(err, dict) else err
+                kind = ValueError if isinstance(err, dict) and err.get("type") == "invalid_request_error" else RuntimeError
+                raise kind(f"the server at {self.url} failed part {i} of a scoring batch: {msg}")
+        return [o["meta_info"] for o in outs]
 
     def get_server_info(self) -> dict:
         info = self._get("/get_server_info")

@@ -65,3 +65,25 @@ def test_a_batch_part_failing_mid_run_keeps_the_other_parts_results(srv):
     assert not any("error" in x for x in ok.json()), ok.text
     info = wait_idle(srv.url)
     assert info["free_slots"] + info["evictable_slots"] == info["total_slots"] and info["protected_slots"] == 0, info
+
+
+@pytest.fixture(scope="module")
+def srv_first_forward_fails():
+    with ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"],
+                       env={"TREADLE_FAULT_FORWARD_CALLS": "1"}) as s:
+        yield s
+
+
+def test_a_select_over_http_raises_when_its_scoring_batch_fails(srv_first_forward_fails):
+    # select scores its choices in one /generate batch; the batch's step fails, so every part
+    # comes back with its error and no scores. Before, each choice summed to 0 and the first won.
+    from treadle.lang import RuntimeEndpoint, function, select
+
+    @function
+    def pick(s):
+        s += "The sky is " + select("colour", choices=["blue", "green"])
+
+    with pytest.raises(RuntimeError, match="failed part 0 of a scoring batch: .*injected fault"):
+        pick.run(backend=RuntimeEndpoint(srv_first_forward_fails.url))["colour"]
+    wait_idle(srv_first_forward_fails.url)
+
