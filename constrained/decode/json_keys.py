@@ -31,12 +31,12 @@ import torch.
 from __future__ import annotations
 
 import re
-import threading
 from typing import Any
 
 import numpy as np
 
 from treadle.constrained.ebnf.reasoning_prefix import CLOSE, MODES
+from treadle.constrained.index.vocabulary import per_table
 
 __all__ = ["KeyIndex", "KeyState", "START", "feed", "key_index", "schema_has_free_keys", "unique_keys_start"]
 
@@ -201,20 +201,9 @@ class KeyIndex:
         return filtered is not row and not int(filtered.view(np.uint32)[token_id >> 5]) >> (token_id & 31) & 1
 
 
-_lock = threading.Lock()
-_indexes: dict[tuple[int, int], KeyIndex] = {}  # (id(table), num_tokens); the index keeps its table alive
-
-
 def key_index(table: list[bytes | None], num_tokens: int) -> KeyIndex:
     """The ``KeyIndex`` of a bytes table (built once per table)."""
-    with _lock:
-        hit = _indexes.get((id(table), num_tokens))
-        if hit is not None and hit.table is table:
-            return hit
-    index = KeyIndex(table, num_tokens)
-    with _lock:
-        _indexes[(id(table), num_tokens)] = index
-    return index
+    return per_table(KeyIndex, table, num_tokens)
 
 
 _ONE = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "additionalItems", "contains",

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from typing import Any
 
 import numpy as np
 
 from treadle.constrained.ebnf.reasoning_prefix import CLOSE, MODES
+from treadle.constrained.index.vocabulary import per_table
 from treadle.constrained.schema.unique_strings import ANY_KEY, ITEM, ROOT
 
 __all__ = ["ItemIndex", "ItemState", "feed_items", "item_index", "items_start", "unique_items_start"]
@@ -170,20 +170,9 @@ class ItemIndex:
         return out
 
 
-_lock = threading.Lock()
-_indexes: dict[tuple[int, int], ItemIndex] = {}  # (id(table), num_tokens); the index keeps its table alive
-
-
 def item_index(table: list[bytes | None], num_tokens: int) -> ItemIndex:
     """The ``ItemIndex`` of a bytes table (built once per table)."""
-    with _lock:
-        hit = _indexes.get((id(table), num_tokens))
-        if hit is not None and hit.table is table:
-            return hit
-    index = ItemIndex(table, num_tokens)
-    with _lock:
-        _indexes[(id(table), num_tokens)] = index
-    return index
+    return per_table(ItemIndex, table, num_tokens)
 
 
 def unique_items_start(grammar: Any) -> ItemState | None:

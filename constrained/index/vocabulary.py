@@ -21,7 +21,7 @@ from typing import Any
 from treadle.constrained.index.index_markers import MARKERS, marker_token_ids
 from treadle.constrained.index.json_holes import PLACEHOLDERS, placeholder_vocabulary
 
-__all__ = ["token_bytes_table", "build_vocabulary", "gpt2_byte_decoder", "lazy_tokens"]
+__all__ = ["token_bytes_table", "build_vocabulary", "gpt2_byte_decoder", "lazy_tokens", "per_table"]
 
 _BYTE_FALLBACK_RE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _CACHE_SIZE = 8
@@ -29,6 +29,7 @@ _cache_lock = threading.Lock()
 # key -> (tokenizer kept alive so its id() cannot be reused, value)
 _table_cache: OrderedDict[int, tuple[Any, list[bytes | None]]] = OrderedDict()
 _vocab_cache: OrderedDict[tuple[int, tuple[int, ...]], tuple[Any, Any]] = OrderedDict()
+_derived_cache: OrderedDict[tuple[Any, int, int], tuple[Any, Any]] = OrderedDict()
 
 
 def gpt2_byte_decoder() -> dict[str, int]:
@@ -151,6 +152,15 @@ def _store(cache: OrderedDict, key: Any, owner: Any, value: Any) -> Any:
         while len(cache) > _CACHE_SIZE:
             cache.popitem(last=False)
     return value
+
+
+def per_table(factory: Any, table: list[bytes | None], num_tokens: int) -> Any:
+    """``factory(table, num_tokens)``, built once per bytes table (a decode-time index over the
+    vocabulary: constrained/decode/json_keys.py's and unique_items.py's), least recently used
+    out first as the tables are."""
+    key = (factory, id(table), num_tokens)
+    hit = _lookup(_derived_cache, key, table)
+    return hit if hit is not None else _store(_derived_cache, key, table, factory(table, num_tokens))
 
 
 def _indexed_tokens(table: list[bytes | None], eos: tuple[int, ...]) -> Any:

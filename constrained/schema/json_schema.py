@@ -80,6 +80,7 @@ from treadle.constrained.schema.json_schema_parts import (
     array_regex,
     check_keyword_values,
     check_metaschemas,
+    json_type,
     object_regex,
     schema_types,
     static_dynamic_refs,
@@ -1171,7 +1172,7 @@ class _Converter:
         values must have one spelling for that: strings are written with raw characters only,
         numbers with at most 9 integer and 6 fraction digits and no exponent (distinct texts
         are then distinct doubles), and no negative zero."""
-        mine = [v for v in listed if _scalar_key(v) is not None and _type_of_scalar(v) == ("number" if t == "integer" else t)]
+        mine = [v for v in listed if _scalar_key(v) is not None and json_type(v) == ("number" if t == "integer" else t)]
         if not mine:
             return part
         if t in ("null", "boolean"):
@@ -2058,14 +2059,6 @@ _ONE_SPELLING = {
 
 def _forbids_none(key: str) -> bool:
     return False
-
-
-def _type_of_scalar(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    return "string" if isinstance(value, str) else "number"
 
 
 def _is_lone_if(schema: dict) -> bool:

@@ -647,14 +647,15 @@ def _has_nested_id(node: Any, top: bool) -> bool:
     return False
 
 
-def _type_of(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """The JSON type of a schema's literal (a const or enum value): integers are "number"."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, (int, float)):
         return "number"
-    return {str: "string", list: "array", dict: "object"}[type(value)]
+    return {str: "string", list: "array", tuple: "array"}.get(type(value), "object")
 
 
 def schema_types(merger: Merger, schema: Any, hops: int = 0) -> frozenset[str]:
@@ -667,9 +668,9 @@ def schema_types(merger: Merger, schema: Any, hops: int = 0) -> frozenset[str]:
         names = {declared} if isinstance(declared, str) else set(declared)
         types &= frozenset("number" if n == "integer" else n for n in names)
     if "const" in schema:
-        types &= {_type_of(schema["const"])}
+        types &= {json_type(schema["const"])}
     if isinstance(schema.get("enum"), list):
-        types &= {_type_of(v) for v in schema["enum"]}
+        types &= {json_type(v) for v in schema["enum"]}
     if "$ref" in schema:
         try:
             types &= schema_types(merger, merger.resolve(schema["$ref"], "$"), hops + 1)

@@ -40,7 +40,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from treadle.constrained.schema.json_schema_dialects import to_2020_12
-from treadle.constrained.schema.json_schema_parts import static_dynamic_refs
+from treadle.constrained.schema.json_schema_parts import json_type, static_dynamic_refs
 
 __all__ = ["ANY_KEY", "ITEM", "ROOT", "free_string_items", "unique_string_slots", "unique_strings_checked"]
 
@@ -94,7 +94,7 @@ def _types(root: Any, schema: Any, seen: frozenset = frozenset()) -> frozenset:
         out &= frozenset("number" if x == "integer" else x for x in names)
     values = [schema["const"]] if "const" in schema else schema.get("enum")
     if isinstance(values, list):
-        out &= frozenset(_json_type(v) for v in values)
+        out &= frozenset(json_type(v) for v in values)
     if "$ref" in schema and schema["$ref"] not in seen:
         out &= _types(root, _resolve(root, schema["$ref"]), seen | {schema["$ref"]})
     for sub in schema.get("allOf", []) if isinstance(schema.get("allOf"), list) else []:
@@ -103,16 +103,6 @@ def _types(root: Any, schema: Any, seen: frozenset = frozenset()) -> frozenset:
         if isinstance(schema.get(key), list):
             out &= frozenset().union(*(_types(root, sub, seen) for sub in schema[key]))
     return out
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), "object")
 
 
 def _may_be_string(root: Any, schema: Any, seen: frozenset) -> bool:
