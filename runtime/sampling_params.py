@@ -46,6 +46,41 @@ def _json_strings(value: Any):
             stack.extend(v)
 
 
+# Error messages quote what a client sent (a field name, a model name, a value) at most this
+# many characters: a 5 MB model name made a 5 MB error body
+QUOTE_CHARS = 160
+QUOTE_ITEMS = 8
+
+
+def clip(text: Any, limit: int = QUOTE_CHARS) -> str:
+    """`text` as an error message quotes it: whole up to `limit` characters, else its first
+    `limit`, an ellipsis and its length."""
+    text = text if isinstance(text, str) else str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def quoted(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """repr(value) as an error message quotes it, bounded the same way (a container's repr
+    too: a few of its items, each bounded)."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value):,} characters)"
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = r.maxlong = limit
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = QUOTE_ITEMS
+    r.maxlevel = 4
+    return clip(r.repr(value), 4 * limit)
+
+
+def clip_names(names: Any, items: int = QUOTE_ITEMS, limit: int = QUOTE_CHARS) -> str:
+    """A list of client-sent names (unknown fields) as an error message lists them: the first
+    `items`, each clipped, then how many more."""
+    names = list(names)
+    shown = ", ".join(clip(n, limit) for n in names[:items])
+    return shown if len(names) <= items else f"{shown} and {len(names) - items:,} more"
+
+
 MAX_N = 128  # parallel samples of one prompt (OpenAI's limit); each is a request of its own
 MAX_TEMPERATURE = 100.0  # far past any useful one (OpenAI allows 2); 1e300 was inf in float32
 MIN_REPETITION_PENALTY = 0.01  # a seen logit grows at most 100x; 1e-40 made it inf and failed the batch
@@ -106,7 +141,7 @@ class SamplingParams:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(
-                f"unknown sampling_params field(s): {', '.join(unknown)}; "
+                f"unknown sampling_params field(s): {clip_names(unknown)}; "
                 f"accepted: {', '.join(sorted(known))}"
             )
         if d.get("json_schema_dropped") is not None:
@@ -141,7 +176,7 @@ class SamplingParams:
         def check_type(name: str, types: tuple[type, ...]) -> None:
             v = getattr(self, name)
             if isinstance(v, bool) and bool not in types:
-                raise ValueError(f"sampling_params.{name} must be a number, got {v!r}")
+                raise ValueError(f"sampling_params.{name} must be a number, got {quoted(v)}")
             if not isinstance(v, types):
                 raise ValueError(f"sampling_params.{name} has the wrong type: {type(v).__name__}")
 
@@ -160,7 +195,8 @@ class SamplingParams:
                      "include_stop_str_in_output"):
             check_type(name, (bool,))
         if self.json_schema_lenient is not None and not isinstance(self.json_schema_lenient, bool):
-            raise ValueError(f"sampling_params.json_schema_lenient must be a boolean, got {self.json_schema_lenient!r}")
+            raise ValueError("sampling_params.json_schema_lenient must be a boolean, got "
+                             f"{quoted(self.json_schema_lenient)}")
         if self.max_new_tokens < 0:
             raise ValueError(f"sampling_params.max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:
@@ -189,7 +225,7 @@ class SamplingParams:
         if not 1 <= self.n <= MAX_N:
             raise ValueError(f"sampling_params.n must be in [1, {MAX_N}], got {self.n}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"sampling_params.seed must be an integer, got {self.seed!r}")
+            raise ValueError(f"sampling_params.seed must be an integer, got {quoted(self.seed)}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError("sampling_params.stop must be a string or a list of non-empty strings")
         if not isinstance(self.stop_token_ids, list) or not all(

@@ -22,8 +22,9 @@ from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.server.metrics import ServerMetrics
-from treadle.runtime.server.protocol import (APIError, ReplyJSON, add_cors, add_error_handlers, error_body,
-                                             overloaded, parse_json_object, read_body, unauthorized)
+from treadle.runtime.server.protocol import (APIError, ReplyJSON, add_cors, add_error_handlers, clip, clip_names,
+                                             error_body, overloaded, parse_json_object, quoted, read_body,
+                                             unauthorized)
 from treadle.runtime.server.streaming import (ClientGone, gather_all, merge_streams, sse,
                                               stream_or_error, until_done_or_disconnect)
 from treadle.runtime.server.tokenizer_manager import TokenizerManager
@@ -64,7 +65,7 @@ class ServerState:
             return
         if not isinstance(model, str):
             raise APIError.bad_request("model must be a string", "model")
-        raise APIError(f"the model {model!r} does not exist: this server serves {self.model_name!r} (or send "
+        raise APIError(f"the model {quoted(model)} does not exist: this server serves {self.model_name!r} (or send "
                        '"default")', 404, "invalid_request_error", "model", "model_not_found")
 
 
@@ -198,19 +199,20 @@ def _browser_refusal(scope: Scope, hosts: set[str] | None, allowed_origins: str 
     host = _host_name(headers.get(b"host", b"").decode("latin-1").strip().lower())
     if hosts is not None and host and host not in hosts and not _is_ip(host) and not host.endswith(".localhost"):
         return APIError(f"this server answers to {', '.join(sorted(hosts))} and IP addresses, not the Host "
-                        f"{host!r}: start it with --allowed-hosts {host} (or an --api-key) to serve that name",
+                        f"{quoted(host)}: start it with --allowed-hosts {clip(host)} (or an --api-key) to serve "
+                        "that name",
                         403, "invalid_request_error", None, "host_not_allowed")
     if scope["method"] != "POST":
         return None
     ctype = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
     if ctype and ctype not in _JSON_TYPES and not ctype.endswith("+json"):
-        return APIError(f"the request body must be JSON (Content-Type: application/json), got {ctype!r}", 415,
+        return APIError(f"the request body must be JSON (Content-Type: application/json), got {quoted(ctype)}", 415,
                         "invalid_request_error", None, "unsupported_media_type")
     origin = headers.get(b"origin", b"").decode("latin-1").strip()
     if origin:
         allowed = {o.strip() for o in (allowed_origins or "").split(",") if o.strip()}
         if "*" not in allowed and origin not in allowed:
-            return APIError(f"requests from the web page origin {origin!r} are refused: a server without an API "
+            return APIError(f"requests from the web page origin {quoted(origin)} are refused: a server without an API "
                             "key serves only the origins --allowed-origins lists", 403, "invalid_request_error",
                             None, "origin_not_allowed")
     return None
@@ -223,7 +225,7 @@ async def read_json(request: Request) -> dict:
     state: ServerState = request.app.state.server
     coding = request.headers.get("content-encoding", "").strip().lower()
     if coding not in ("", "identity"):  # RFC 9110 15.5.16: a content coding the server does not take is a 415
-        raise APIError(f"the request body is sent with Content-Encoding {coding!r}; this server reads only "
+        raise APIError(f"the request body is sent with Content-Encoding {quoted(coding)}; this server reads only "
                        "uncompressed bodies: send it without a Content-Encoding", 415, "invalid_request_error",
                        None, "unsupported_content_encoding", {"Accept-Encoding": "identity"})
     raw = await read_body(request, state.args.max_request_bytes)
@@ -466,7 +468,7 @@ def _decode_releasing_the_gil(tokenizer: Any, ids: list[int]) -> str:
 def _no_unknown(obj: dict, accepted: set[str]) -> None:
     unknown = sorted(set(obj) - accepted)
     if unknown:
-        raise APIError.bad_request(f"unknown field(s) {', '.join(unknown)}; accepted: {', '.join(sorted(accepted))}",
+        raise APIError.bad_request(f"unknown field(s) {clip_names(unknown)}; accepted: {', '.join(sorted(accepted))}",
                                    unknown[0])
 
 

@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS
 from treadle.runtime.server.http_server import ServerState, read_json
-from treadle.runtime.server.protocol import APIError, ReplyJSON, finish_reason, matched_stop
+from treadle.runtime.server.protocol import APIError, ReplyJSON, clip_names, finish_reason, matched_stop, quoted
 from treadle.runtime.server.reasoning import ReasoningStream, model_thinks, opens_in_prompt
 from treadle.runtime.server.reasoning import split as reasoning_split
 from treadle.runtime.server.tool_calls import NAME_RE, ToolPlan, ToolStream, plan_tools
@@ -183,7 +183,7 @@ def _rids(body: dict, n: int) -> list[str | None]:
 def _check_fields(body: dict, allowed: set[str]) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
-        raise APIError.bad_request(f"unknown field(s): {', '.join(unknown)}", unknown[0])
+        raise APIError.bad_request(f"unknown field(s): {clip_names(unknown)}", unknown[0])
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise APIError.bad_request("stream must be a boolean", "stream")
@@ -282,7 +282,7 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
         if own and tools.choice == "auto":  # the request's own constraint wins; calls are parsed as before
             overrides.pop("structural_tag", None)
         if own and set(overrides) & set(GRAMMAR_FIELDS):
-            choice = f"naming function {tools.named!r}" if tools.choice == "named" else repr(tools.choice)
+            choice = f"naming function {quoted(tools.named)}" if tools.choice == "named" else quoted(tools.choice)
             raise APIError.bad_request(f"tool_choice {choice} constrains the reply itself; it cannot be "
                                        "combined with response_format, regex, json_schema, choices, ebnf or "
                                        "structural_tag", "tool_choice")

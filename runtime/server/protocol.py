@@ -16,6 +16,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from treadle.runtime.sampling_params import clip, clip_names, quoted  # noqa: F401 (re-exported for the server)
+
 _PARAM_RE = re.compile(r"sampling_params\.(\w+)|sampling_params field\(s\): (\w+)"
                        r"|^(top_logprobs_num|logprob_start_len|input_ids|return_logprob|return_text_in_logprobs"
                        r"|json_schema|structural_tag)\b")
@@ -49,9 +51,26 @@ class APIError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
+# The longest error message sent: messages quote a client's values through
+# sampling_params.quoted / clip (QUOTE_CHARS each); this bounds the rest (a grammar compiler's
+# message quoting a 5 MB rule name, a library's exception text), so an error body stays small
+# whatever the request held
+MAX_ERROR_MESSAGE_CHARS = 4000
+
+
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": whole_chars(message), "type": type, "param": whole_chars(param), "code": code}}
+    return {"error": {"message": whole_chars(bounded_message(message)), "type": type,
+                      "param": whole_chars(None if param is None else clip(param)), "code": code}}
+
+
+def bounded_message(message: str, limit: int = MAX_ERROR_MESSAGE_CHARS) -> str:
+    """`message` whole up to `limit` characters; else its start and its end (where a message
+    says what to do) with how much was cut between them."""
+    if not isinstance(message, str) or len(message) <= limit:
+        return message
+    head, tail = limit * 3 // 4, limit // 4
+    return f"{message[:head]} ... [{len(message) - head - tail:,} characters cut] ... {message[-tail:]}"
 
 
 def whole_chars(text: str | None) -> str | None:

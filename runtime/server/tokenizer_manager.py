@@ -24,13 +24,14 @@ import zmq.asyncio
 from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import (AbortReq, ControlOut, ControlReq, OutputAccum, ReqOutput,
                                        TokenizedGenerateReq, split_samples)
+from treadle.runtime.nesting import MAX_GRAMMAR_NESTING, json_depth
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
 from treadle.runtime.tokenizer import check_text, token_texts
 from treadle.runtime.scheduler import check_context, validate_request
 from treadle.runtime.server.ipc import IpcPaths, StrOutput
 from treadle.runtime.server.metrics import ServerMetrics
 from treadle.runtime.server import tool_calls
-from treadle.runtime.server.protocol import APIError, overloaded
+from treadle.runtime.server.protocol import APIError, overloaded, quoted
 
 log = logging.getLogger("treadle.server")
 T = TypeVar("T")
@@ -309,19 +310,25 @@ class TokenizerManager:
                                            "chat_template_kwargs")
             # template variables only: not the renderer's own arguments (tokenize, chat_template,
             # self, conversations, ...), which made a TypeError quoting transformers' internals
+            # nested JSON the template may walk: past the limit the grammar fields have
+            # (nesting.MAX_GRAMMAR_NESTING), not a RecursionError quoted from the renderer
+            if json_depth(template_kwargs) > MAX_GRAMMAR_NESTING:
+                raise APIError.bad_request(f"chat_template_kwargs nests more than {MAX_GRAMMAR_NESTING} levels deep "
+                                           "(the limit on nested JSON in a request's fields); flatten it",
+                                           "chat_template_kwargs")
             own = _renderer_arguments(self.tokenizer)
             taken = next((k for k in template_kwargs if k in own), None)
             if taken is not None:
                 raise APIError.bad_request(
-                    f"chat_template_kwargs: {taken!r} is an argument of the chat template renderer, not a template "
-                    f"variable (the names it reserves: {', '.join(sorted(own))})", "chat_template_kwargs")
+                    f"chat_template_kwargs: {quoted(taken)} is an argument of the chat template renderer, not a "
+                    f"template variable (the names it reserves: {', '.join(sorted(own))})", "chat_template_kwargs")
         norm = []
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise APIError.bad_request(f"messages[{i}] must be an object with a string 'role'", "messages")
             if m["role"] not in CHAT_ROLES:  # as OpenAI: a role the template may not know is not rendered blindly
-                raise APIError.bad_request(f"messages[{i}].role: invalid value {m['role']!r}; supported values are "
-                                           f"{', '.join(repr(r) for r in CHAT_ROLES)}", f"messages[{i}].role")
+                raise APIError.bad_request(f"messages[{i}].role: invalid value {quoted(m['role'])}; supported "
+                                           f"values are {', '.join(repr(r) for r in CHAT_ROLES)}", f"messages[{i}].role")
             content = m.get("content")
             if content is None and m["role"] != "assistant":  # an assistant's may be left out (its tool calls)
                 raise APIError.bad_request(f"messages[{i}]: a {m['role']} message needs a 'content' (a string or a "
@@ -358,6 +365,9 @@ class TokenizerManager:
             return apply_chat_template(self.tokenizer, norm, add_generation_prompt=add_generation_prompt,
                                        tools=[t.spec for t in tools.tools] if tools is not None and native else None,
                                        continue_final_message=continue_final_message, **(template_kwargs or {}))
+        except RecursionError as e:  # a message's own fields nested too deeply for the template to walk
+            raise APIError.bad_request(f"cannot apply the chat template: messages or tools nest too deeply for it; "
+                                       f"keep them within {MAX_GRAMMAR_NESTING} levels", "messages") from e
         except Exception as e:  # a template error is the caller's input problem (e.g. role order)
             raise APIError.bad_request(f"cannot apply the chat template: {e}", "messages") from e
 
@@ -502,7 +512,7 @@ class TokenizerManager:
         one as aborted without sending it. Whatever was not sent is released on exit. A 503
         when they would overflow the in-flight limit (`check_capacity`)."""
         if any(r.rid in self.states for r in reqs):
-            raise APIError.bad_request(f"request id {next(r.rid for r in reqs if r.rid in self.states)!r} is "
+            raise APIError.bad_request(f"request id {quoted(next(r.rid for r in reqs if r.rid in self.states))} is "
                                        "already in use", "rid")
         # checked again where they are registered, with no await between: the handlers'
         # early check can pass for many requests of a burst before any of them is held
@@ -530,7 +540,7 @@ class TokenizerManager:
             st = self.states[r.rid] = ReqState(asyncio.Queue(), time.monotonic(), aliases=aliases,
                                                internal=internal)
         elif st.sent:
-            raise APIError.bad_request(f"request id {r.rid!r} is already in use", "rid")
+            raise APIError.bad_request(f"request id {quoted(r.rid)} is already in use", "rid")
         acc = Accum(r, functools.partial(token_texts, self.tokenizer))
         acc.created = st.created  # its arrival (a shared prompt's warm-up may come first)
         if st.aborted:  # reserved, then aborted before it was sent

@@ -36,7 +36,7 @@ from typing import Any
 
 from treadle.constrained.schema.json_schema import embedded_defs
 from treadle.runtime.detokenizer import partial_suffix_len
-from treadle.runtime.server.protocol import APIError
+from treadle.runtime.server.protocol import APIError, quoted
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")  # \Z: "$" admits a trailing newline
 MAX_TOOLS = 1024  # functions in a request's tools (OpenAI takes 128)
@@ -312,7 +312,7 @@ def plan_tools(body: dict) -> ToolPlan | None:
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise APIError.bad_request(f"tools[{i}].function.name must be 1-64 letters, digits, _ or -", "tools")
         if name in names:
-            raise APIError.bad_request(f"tools[{i}]: a second function named {name!r}", "tools")
+            raise APIError.bad_request(f"tools[{i}]: a second function named {quoted(name)}", "tools")
         names.add(name)
         params = fn.get("parameters", NO_PARAMETERS)
         if not isinstance(params, dict):
@@ -336,7 +336,7 @@ def plan_tools(body: dict) -> ToolPlan | None:
     if not isinstance(fn.get("name"), str):  # a list or object here made a TypeError, a 500
         raise APIError.bad_request("tool_choice.function.name must be a string", "tool_choice")
     if fn["name"] not in {t.name for t in tools}:
-        raise APIError.bad_request(f"tool_choice names {fn.get('name')!r}, which is not in tools", "tool_choice")
+        raise APIError.bad_request(f"tool_choice names {quoted(fn.get('name'))}, which is not in tools", "tool_choice")
     return ToolPlan(tuple(tools), "named", fn["name"], parallel)
 
 
