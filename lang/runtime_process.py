@@ -6,7 +6,9 @@
     runtime.shutdown()
 
 Keyword arguments are the server's flags (EngineArgs field names: `model_path`, `tp_size`,
-`max_total_tokens`, ...); an unknown one is a ValueError before anything starts.
+`max_total_tokens`, ...), or SGLang's names for them (`random_seed`, ...: engine_args.SGLANG_ARGS,
+the table sgl.Engine and `python -m treadle.launch_server` use too); an unknown one is a
+ValueError before anything starts.
 """
 from __future__ import annotations
 
@@ -35,17 +37,13 @@ class Runtime:
     `port`, the first free port from 30000 is taken, as SGLang."""
 
     def __init__(self, log_level: str = "error", launch_timeout: float = 300.0, **kwargs: Any) -> None:
-        from treadle.runtime.engine_args import EngineArgs
+        from treadle.runtime.engine_args import EngineArgs, translate_sglang_args
 
         self.pid: int | None = None
         self._proc: subprocess.Popen | None = None
-        kwargs = sglang_server_args(kwargs)
+        kwargs = translate_sglang_args(kwargs, "Runtime")  # SGLang's names (random_seed, ...): ValueError
         if "port" not in kwargs:
             kwargs["port"] = _free_port_from(30000, kwargs.get("host", "127.0.0.1"))
-        sglang_only = sorted(k for k in kwargs if k in _SGLANG_ONLY_ARGS)
-        if sglang_only:
-            raise ValueError("Runtime(): SGLang's " + "; ".join(f"{k}: {_SGLANG_ONLY_ARGS[k]}" for k in sglang_only)
-                             + " (treadle's arguments: `treadle serve --help`)")
         self.server_args = EngineArgs.from_kwargs(log_level=log_level, **kwargs)  # ValueError: a bad argument
         host = self.server_args.host
         self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{self.server_args.port}"
@@ -163,53 +161,6 @@ class _AwaitableDict(dict):
     def __await__(self):
         return self
         yield  # a generator function: `await` runs it, and it returns at once
-
-
-def _is_true(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"Runtime({name}={value!r}): a bool, as SGLang's flag")
-    return value
-
-
-def _no_effect(name: str, value: Any) -> dict:
-    _is_true(name, value)  # checked, then nothing to pass on
-    return {}
-
-
-# SGLang's server arguments that have a treadle equivalent: name -> (value -> treadle's arguments)
-_SGLANG_SERVER_ARGS: dict[str, Any] = {
-    "random_seed": lambda v: {"seed": v},
-    "disable_cuda_graph": lambda v: {"cuda_graph": False} if _is_true("disable_cuda_graph", v) else {},
-    "disable_overlap_schedule": lambda v: ({"overlap_schedule": "off"} if _is_true("disable_overlap_schedule", v)
-                                           else {}),
-    # treadle loads every model it serves with its own model classes and tokenizer loader: no
-    # code from the model's repository runs, with or without it
-    "trust_remote_code": lambda v: _no_effect("trust_remote_code", v),
-}
-# SGLang's server arguments with no treadle equivalent: what the ValueError says instead
-_SGLANG_ONLY_ARGS = {
-    "chat_template": "roles render with the served model's own chat template",
-    "enable_torch_compile": "treadle has no torch.compile path (CUDA graphs are on by default on a GPU)",
-    "grammar_backend": "treadle compiles every grammar with its own engine",
-    "dp_size": "a server is one replica; run several behind treadle's router (docs/scaling.md)",
-    "stream_interval": "the server streams every token",
-    "is_embedding": "treadle serves generative models only",
-    "skip_tokenizer_init": "the server always loads the tokenizer",
-}
-
-
-def sglang_server_args(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`kwargs` with SGLang's names for treadle's arguments translated (random_seed -> seed,
-    disable_cuda_graph=True -> cuda_graph=False, disable_overlap_schedule=True ->
-    overlap_schedule="off"; trust_remote_code changes nothing). Both names at once is a ValueError."""
-    out = {k: v for k, v in kwargs.items() if k not in _SGLANG_SERVER_ARGS}
-    for name, value in kwargs.items():
-        if name in _SGLANG_SERVER_ARGS:
-            for key, new in _SGLANG_SERVER_ARGS[name](value).items():
-                if key in kwargs:
-                    raise ValueError(f"Runtime({name}=..., {key}=...): both name treadle's {key!r}; give one")
-                out[key] = new
-    return out
 
 
 def _flags(kwargs: dict[str, Any]) -> list[str]:

@@ -23,7 +23,7 @@ import weakref
 from typing import Any, Iterator
 
 from treadle.runtime.detokenizer import IncrementalDetokenizer
-from treadle.runtime.engine_args import EngineArgs
+from treadle.runtime.engine_args import EngineArgs, translate_sglang_args
 from treadle.runtime.io_struct import OutputAccum, ReqOutput, TokenizedGenerateReq, split_samples
 from treadle.runtime.model_runner import ModelRunner
 from treadle.runtime.sampling_params import SamplingParams
@@ -61,7 +61,8 @@ def _batch_message(errors: dict[int, str], what: str) -> str:
 
 class Engine:
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
-        self.args = EngineArgs.from_kwargs(model_path=model_path, **kwargs)
+        # EngineArgs' names, and SGLang's server-argument names for them (random_seed, ...), as sgl.Runtime
+        self.args = EngineArgs.from_kwargs(**translate_sglang_args({"model_path": model_path, **kwargs}, "Engine"))
         self._tp = None  # tp_worker.LeaderGroup when tp_size > 1: this thread's scheduler is rank 0
         if self.args.tp_size > 1:
             self._start_tensor_parallel()

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import typing
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Callable, Literal, get_args, get_origin
 
 
 @dataclass(frozen=True)
@@ -281,3 +281,81 @@ def _check_type(name: str, value: Any, tp: Any) -> None:
     if not ok:
         want = {int: "an integer", float: "a number", bool: "a boolean", str: "a string"}[base]
         raise ValueError(f"{name} must be {want}{' or None' if optional else ''}, got {value!r}")
+
+
+# ---- SGLang's server-argument names ----------------------------------------------------------
+# One table for every entry point that takes SGLang's names: sgl.Runtime(...) and sgl.Engine(...)
+# (keywords), and `python -m treadle.launch_server` (flags, `--random-seed` for random_seed).
+# SGLang's arguments whose name is treadle's too (model_path, tp_size, mem_fraction_static,
+# context_length, log_level, port, ...) need no entry.
+
+
+@dataclass(frozen=True)
+class SGLangArg:
+    """One of SGLang's server arguments that treadle has under another name or form.
+    `type` is the value's: bool is a flag with no value on the command line (SGLang's
+    store_true), and must be a bool as a keyword. `translate(value)` gives treadle's arguments;
+    `help` says what it is in treadle."""
+
+    type: type
+    translate: Callable[[Any], dict[str, Any]]
+    help: str
+
+
+SGLANG_ARGS: dict[str, SGLangArg] = {
+    "random_seed": SGLangArg(int, lambda v: {"seed": v}, "treadle's --seed"),
+    "disable_cuda_graph": SGLangArg(bool, lambda v: {"cuda_graph": False} if v else {}, "treadle's --no-cuda-graph"),
+    "disable_overlap_schedule": SGLangArg(bool, lambda v: {"overlap_schedule": "off"} if v else {},
+                                          "treadle's --overlap-schedule off"),
+    # treadle loads every model it serves with its own model classes and tokenizer loader: no
+    # code from the model's repository runs, with or without it
+    "trust_remote_code": SGLangArg(bool, lambda v: {}, "no effect: treadle runs no code from a model's repository"),
+    "enable_metrics": SGLangArg(bool, lambda v: {}, "no effect: the server always serves /metrics"),
+}
+
+# SGLang's server arguments with no treadle equivalent: why, for the error that names them
+SGLANG_ONLY_ARGS: dict[str, str] = {
+    "chat_template": "roles render with the served model's own chat template",
+    "enable_torch_compile": "treadle has no torch.compile path (CUDA graphs are on by default on a GPU)",
+    "grammar_backend": "treadle compiles every grammar with its own engine",
+    "dp_size": "a server is one replica; run several behind treadle's router (docs/scaling.md)",
+    "stream_interval": "the server streams every token",
+    "is_embedding": "treadle serves generative models only",
+    "skip_tokenizer_init": "the server always loads the tokenizer",
+}
+
+
+def sglang_flag(name: str) -> str:
+    """The command-line flag of an argument name: random_seed -> --random-seed."""
+    return "--" + name.replace("_", "-")
+
+
+def translate_sglang_args(kwargs: dict[str, Any], caller: str | None) -> dict[str, Any]:
+    """`kwargs` with SGLang's names of SGLANG_ARGS translated to treadle's (random_seed -> seed,
+    disable_cuda_graph=True -> cuda_graph=False, disable_overlap_schedule=True ->
+    overlap_schedule="off"; trust_remote_code and enable_metrics change nothing); other names are
+    left as they are, for EngineArgs to check. A ValueError for any name of SGLANG_ONLY_ARGS (each
+    with why), a value of the wrong type, or both names of one argument; its message names the
+    keywords of `caller` ("Runtime", "Engine": `Runtime(random_seed=..., seed=...)`), or, with
+    `caller` None, the command-line flags (`--random-seed and --seed`)."""
+    only = sorted(k for k in kwargs if k in SGLANG_ONLY_ARGS)
+    if only:
+        raise ValueError(("SGLang's " if caller is None else f"{caller}(): SGLang's ")
+                         + "; ".join(f"{k if caller else sglang_flag(k)}: {SGLANG_ONLY_ARGS[k]}" for k in only)
+                         + " (treadle's arguments: `treadle serve --help`)")
+    out = {k: v for k, v in kwargs.items() if k not in SGLANG_ARGS}
+    for name, value in kwargs.items():
+        arg = SGLANG_ARGS.get(name)
+        if arg is None:
+            continue
+        if arg.type is bool and not isinstance(value, bool):
+            raise ValueError(f"{caller}({name}={value!r}): a bool, as SGLang's flag")
+        for key, new in arg.translate(value).items():
+            if key in kwargs:
+                both = f"{caller}({name}=..., {key}=...)" if caller else f"{sglang_flag(name)} and {sglang_flag(key)}"
+                raise ValueError(f"{both}: both name treadle's {key!r}; give one")
+            out[key] = new
+    return out
+
+# SGLang's short spellings of its flags (one option of two strings there): the flag -> the long one
+SGLANG_FLAG_ALIASES: dict[str, str] = {"--tp": "--tp-size", "--model": "--model-path", "--dp": "--dp-size"}
