@@ -33,7 +33,7 @@ class Runtime:
 
     `set_default_backend(runtime)` or `run(backend=runtime)` run programs on it through
     `runtime.endpoint`, a RuntimeEndpoint. `log_level` is the server's (default "error", so it
-    prints only errors; below "info" its ready banner is not printed either, as SGLang's); `launch_timeout` bounds the wait for it to become healthy. Without a
+    prints only errors; its ready banner is an info line, as SGLang's); `launch_timeout` bounds the wait for it to become healthy. Without a
     `port`, the first free port from 30000 is taken, as SGLang."""
 
     def __init__(self, log_level: str = "error", launch_timeout: float = 300.0, **kwargs: Any) -> None:
@@ -49,10 +49,9 @@ class Runtime:
         self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{self.server_args.port}"
         self.generate_url = self.url + "/generate"
         cmd = [sys.executable, "-m", "treadle.runtime.launch_server", *_flags({"log_level": log_level, **kwargs})]
-        # the server prints its "ready" banner on stdout (its logs and errors go to stderr): as
-        # SGLang's Runtime, a quiet log level prints nothing
-        quiet = str(log_level).lower() not in ("info", "debug")
-        self._proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL if quiet else None,
+        # the server logs to stderr, its ready banner too (an info line): as SGLang's Runtime, a
+        # quiet log level prints nothing
+        self._proc = subprocess.Popen(cmd, start_new_session=True,
                                       env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
         self.pid = self._proc.pid
         atexit.register(self.shutdown)

@@ -245,7 +245,7 @@ def launch_server(args: EngineArgs, on_ready: Callable[[str], None] | None = Non
                 while not server.started and not server.should_exit:
                     await asyncio.sleep(0.05)
                 if server.started:
-                    (on_ready or _print_flush)(banner(args, info))
+                    (on_ready or _log_ready)(banner(args, info))
 
             announcer = asyncio.ensure_future(announce())
             try:
@@ -266,8 +266,10 @@ def launch_server(args: EngineArgs, on_ready: Callable[[str], None] | None = Non
         paths.cleanup()
 
 
-def _print_flush(msg: str) -> None:
-    print(msg, flush=True)
+def _log_ready(msg: str) -> None:
+    # a log line at info level on the log's stream (stderr), as SGLang's "ready to roll": quiet
+    # below info, and never on stdout, which stays the program's
+    log.info("%s", msg)
 
 
 def install_sigterm_as_exit() -> None:
