@@ -107,7 +107,7 @@ class ToolPlan:
             over["structural_tag"] = json.dumps(self.structural_tag(), ensure_ascii=False)
         if not self.parallel:  # auto: end the reply with its first call
             stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
-            over["stop"] = [*stops, CLOSE]
+            over["stop"] = stops if CLOSE in stops else [*stops, CLOSE]
         return over
 
     def structural_tag(self) -> dict:
