@@ -13,7 +13,10 @@ from typing import Any, Callable, Literal, get_args, get_origin
 @dataclass(frozen=True)
 class EngineArgs:
     # model
-    model_path: str | None = None  # None = the embedded SmolLM2-135M-Instruct GGUF
+    model_path: str | None = field(default=None, metadata={"help": (
+        "an HF model directory, a .gguf file or dummy:<name>; unset, or the Hugging Face id "
+        "HuggingFaceTB/SmolLM2-135M-Instruct, serves the embedded SmolLM2-135M-Instruct GGUF "
+        "(treadle downloads no model)")})
     tokenizer_path: str | None = None  # HF tokenizer dir or .gguf; None = the model's own
     dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
     gguf_dequantize: bool = field(default=False, metadata={"help": (
