@@ -64,6 +64,9 @@ def quoted(value: Any, limit: int = QUOTE_CHARS) -> str:
     too: a few of its items, each bounded)."""
     if isinstance(value, str):
         return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value):,} characters)"
+    if isinstance(value, int) and not isinstance(value, bool):  # up to 4,300 digits reach here from JSON
+        digits = str(value)
+        return digits if len(digits) <= limit else f"{digits[:limit]}... ({len(digits.lstrip('-')):,} digits)"
     import reprlib
 
     r = reprlib.Repr()
@@ -198,11 +201,11 @@ class SamplingParams:
             raise ValueError("sampling_params.json_schema_lenient must be a boolean, got "
                              f"{quoted(self.json_schema_lenient)}")
         if self.max_new_tokens < 0:
-            raise ValueError(f"sampling_params.max_new_tokens must be >= 0, got {self.max_new_tokens}")
+            raise ValueError(f"sampling_params.max_new_tokens must be >= 0, got {quoted(self.max_new_tokens)}")
         if self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:
             raise ValueError(
                 f"sampling_params.min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
-                f"got {self.min_new_tokens}"
+                f"got {quoted(self.min_new_tokens)}"
             )
         # the kernels compute in float32: 1 / temperature past MAX_TEMPERATURE, and a logit over
         # repetition_penalty under MIN_REPETITION_PENALTY, could leave its range and turn the
@@ -213,7 +216,7 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"sampling_params.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1 or self.top_k == 0:
-            raise ValueError(f"sampling_params.top_k must be -1 (off) or >= 1, got {self.top_k}")
+            raise ValueError(f"sampling_params.top_k must be -1 (off) or >= 1, got {quoted(self.top_k)}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"sampling_params.min_p must be in [0, 1], got {self.min_p}")
         for name in ("frequency_penalty", "presence_penalty"):
@@ -223,7 +226,7 @@ class SamplingParams:
             raise ValueError(f"sampling_params.repetition_penalty must be in [{MIN_REPETITION_PENALTY}, 2], "
                              f"got {self.repetition_penalty}")
         if not 1 <= self.n <= MAX_N:
-            raise ValueError(f"sampling_params.n must be in [1, {MAX_N}], got {self.n}")
+            raise ValueError(f"sampling_params.n must be in [1, {MAX_N}], got {quoted(self.n)}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"sampling_params.seed must be an integer, got {quoted(self.seed)}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):

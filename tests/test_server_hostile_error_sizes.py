@@ -106,3 +106,13 @@ def test_chat_template_kwargs_nested_past_the_limit_is_a_400_naming_field_and_li
     ok = post(srv, "/v1/chat/completions", chat(chat_template_kwargs={"x": shallow}))
     assert ok.status_code == 200, ok.text[:300]
     assert wait_idle(srv.url)["num_in_flight"] == 0
+
+
+@pytest.mark.parametrize("field", ["n", "top_k", "max_new_tokens", "min_new_tokens"])
+def test_a_4300_digit_integer_is_quoted_by_its_first_digits_and_count(srv, field):
+    sign = "-" if field in ("top_k", "max_new_tokens") else ""
+    raw = '{"text": "hi", "sampling_params": {"%s": %s%s}}' % (field, sign, "9" * 4300)
+    r = requests.post(srv.url + "/generate", data=raw, headers={"Content-Type": "application/json"}, timeout=T)
+    assert r.status_code == 400, r.text[:300]
+    assert len(r.content) < 1024, (len(r.content), r.text[:300])
+    assert "(4,300 digits)" in r.json()["error"]["message"], r.text[:500]

@@ -448,7 +448,7 @@ def _detokenize(tm: TokenizerManager, ids: Any, vocab: int) -> Response:
         raise APIError.bad_request("tokens must be a list of integers", "tokens")
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
-        raise APIError.bad_request(f"tokens must be in [0, {vocab}); got {bad}", "tokens")
+        raise APIError.bad_request(f"tokens must be in [0, {vocab}); got {quoted(bad)}", "tokens")
     if tm.tokenizer is None:
         raise APIError.bad_request("this model has no tokenizer", "tokens")
     return ReplyJSON({"prompt": _decode_releasing_the_gil(tm.tokenizer, ids)})
