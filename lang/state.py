@@ -157,11 +157,19 @@ class ProgramState:
     def get_var(self, name: str) -> Any:
         return self[name]
 
-    def get_meta_info(self, name: str) -> dict:
+    def get_meta_info(self, name: str) -> dict | None:
         """Runtime meta of the call that produced `name`: prompt_tokens, cached_tokens,
-        completion_tokens, finish_reason (for select also the per-choice scores)."""
-        self[name]
-        return self._ex.meta[name]
+        completion_tokens, finish_reason (for select also the per-choice scores). None, as
+        SGLang's, for a name no call produced: unknown, never set, or set by `s[name] = ...`."""
+        if self._ex.tracing:
+            raise StopTracing  # a value depending on generation: the constant prefix ends here
+        if name not in self._names:
+            self._wait_body()
+        if name in self._names:
+            self._ex.wait_var(name)  # raises the program's error if it failed before setting name
+        else:
+            self._ex.raise_if_failed()
+        return self._ex.meta.get(name) or None  # s[name] = ... leaves an empty meta
 
     def __contains__(self, name: str) -> bool:
         """Whether variable `name` has a value now (does not wait), as SGLang's `name in s`."""

@@ -42,6 +42,19 @@ def test_text_and_variables(backend):
     assert meta["finish_reason"]["type"] in ("stop", "length")
 
 
+
+def test_get_meta_info_is_none_for_a_name_no_call_produced(backend):
+    # as SGLang's: a variable set by s[name] = ..., and a name the program never used, have none
+    @function
+    def prog(s):
+        s["note"] = "set by hand"
+        s += "Say hi: " + gen("hi", max_tokens=2, temperature=0)
+
+    st = prog.run(backend=backend)
+    assert st.get_meta_info("note") is None
+    assert st.get_meta_info("never_used") is None
+    assert st.get_meta_info("hi")["completion_tokens"] <= 2
+
 def test_same_as_engine_greedy(engine, backend):
     prompt = "The three primary colors are"
 
