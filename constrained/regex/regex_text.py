@@ -1166,6 +1166,17 @@ def _stable_window() -> list[tuple[int, str]]:
     return out
 
 
+def _literal_brackets(items: str) -> str:
+    """A class body with each unescaped ``[``, ``|``, ``&`` and ``~`` escaped: literals in ECMA's
+    classes (no v flag), which Python reads as literals too but warns that a later version may
+    read ``[`` as a nested set and ``||`` ``&&`` ``~~`` as set operations."""
+    out, escaped = [], False
+    for ch in items:
+        out.append("\\" + ch if ch in "[|&~" and not escaped else ch)
+        escaped = ch == "\\" and not escaped
+    return "".join(out)
+
+
 def _property_class(text: str, properties: list[str], body: str | None, negated: bool, subset: bool,
                     offset: int, raw_rest: str = "") -> str:
     """A class holding Unicode property escapes (``[\\p{L}\\p{N}_.-]``, ``\\P{C}``) of a string
@@ -1185,7 +1196,8 @@ def _property_class(text: str, properties: list[str], body: str | None, negated:
         raise RegexDialectError(f"regex: Unicode property '{properties[0]}' at offset {offset} is read by its ASCII "
                                 "members only, which a negation would not leave out")
     try:
-        rest = re.compile("[" + (body if not negated else raw_rest) + "]") if (raw_rest if negated else body) else None
+        items = raw_rest if negated else body
+        rest = re.compile("[" + _literal_brackets(items) + "]") if items else None
     except re.error as exc:
         raise RegexDialectError(f"pattern: the class at offset {offset}: {exc}") from exc
     members = []
