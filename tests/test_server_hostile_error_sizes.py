@@ -116,3 +116,18 @@ def test_a_4300_digit_integer_is_quoted_by_its_first_digits_and_count(srv, field
     assert r.status_code == 400, r.text[:300]
     assert len(r.content) < 1024, (len(r.content), r.text[:300])
     assert "(4,300 digits)" in r.json()["error"]["message"], r.text[:500]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/generate", {"text": "hi", "rid": "r" * 1_000_000, "sampling_params": {"max_new_tokens": 1, "n": 64}}),
+    ("/generate", {"text": ["a", "b"], "rid": ["r" * 1_000_000, "s"], "sampling_params": {"max_new_tokens": 1}}),
+    ("/v1/chat/completions", {"model": "default", "messages": MSGS, "max_tokens": 1, "n": 64, "rid": "r" * 1_000_000}),
+], ids=["generate_n64", "generate_batch", "chat_n64"])
+def test_a_megabyte_rid_is_a_400_not_copied_into_every_sample(srv, path, body):
+    # before: a 200 whose 64 results each echoed "<rid>-<i>", a 64 MB answer from a 1 MB body
+    r = post(srv, path, body)
+    assert r.status_code == 400, (r.status_code, len(r.content))
+    err = r.json()["error"]
+    assert err["param"] == "rid" and "1,000,000 characters" in err["message"] and "512" in err["message"], err
+    ok = post(srv, path, {**body, "rid": "r" * 512} if isinstance(body["rid"], str) else {**body, "rid": ["r" * 512, "s"]})
+    assert ok.status_code == 200, ok.text[:300]

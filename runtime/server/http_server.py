@@ -27,7 +27,7 @@ from treadle.runtime.server.protocol import (APIError, ReplyJSON, add_cors, add_
                                              unauthorized)
 from treadle.runtime.server.streaming import (ClientGone, gather_all, merge_streams, sse,
                                               stream_or_error, until_done_or_disconnect)
-from treadle.runtime.server.tokenizer_manager import TokenizerManager
+from treadle.runtime.server.tokenizer_manager import TokenizerManager, check_rid
 
 log = logging.getLogger("treadle.server")
 
@@ -507,6 +507,8 @@ def build_native(tm: TokenizerManager, obj: dict
     else:
         raise APIError.bad_request("sampling_params must be an object or a list of objects", "sampling_params")
     rid = obj.get("rid")
+    for r in rid if isinstance(rid, list) else [rid]:
+        check_rid(r)
     if isinstance(rid, list):
         rids = [r if r != "" else None for r in rid]
     elif rid is None or rid == "":  # no name: each request gets its own (a batch's were "-0", "-1", ...)

@@ -24,7 +24,7 @@ from treadle.runtime.server.reasoning import ReasoningStream, model_thinks, open
 from treadle.runtime.server.reasoning import split as reasoning_split
 from treadle.runtime.server.tool_calls import NAME_RE, ToolPlan, ToolStream, plan_tools
 from treadle.runtime.server.streaming import gather_all, merge_streams, sse, stream_or_error, until_done_or_disconnect
-from treadle.runtime.server.tokenizer_manager import Accum, Chunk, TokenizerManager
+from treadle.runtime.server.tokenizer_manager import Accum, Chunk, TokenizerManager, check_rid
 
 # OpenAI name -> sampling param name, for fields whose meaning is the same
 _RENAMED = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
@@ -177,6 +177,7 @@ def _rids(body: dict, n: int) -> list[str | None]:
         return [None] * n
     if not isinstance(rid, str) or not rid:
         raise APIError.bad_request("rid must be a non-empty string", "rid")
+    check_rid(rid)
     return [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
 
 

@@ -38,6 +38,17 @@ T = TypeVar("T")
 BUILD_THREADS = 4  # threads that build requests (TokenizerManager.off_loop)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # OpenAI's message roles
 MAX_STOP_STRINGS = 128  # a request's stop strings (OpenAI takes 4)
+# a client's request id: it is copied into each part of a batch or of n samples ("<rid>-<i>") and
+# echoed in each one's result, so a 1 MB rid with n=64 made a 64 MB /generate answer (a 64 MB
+# one with n=128, 8 GB)
+MAX_RID_CHARS = 512
+
+
+def check_rid(rid: Any) -> None:
+    """A 400 for a client's request id (`rid`) longer than MAX_RID_CHARS."""
+    if isinstance(rid, str) and len(rid) > MAX_RID_CHARS:
+        raise APIError.bad_request(f"rid has {len(rid):,} characters; this server takes at most {MAX_RID_CHARS}",
+                                   "rid")
 # prompt logprob values (scored prompt tokens x (1 + top logprobs)) one request may ask for, over
 # its prompts and n samples: 24 full 8k-token prompts with top 20, 256 2k-token ones with top 1
 MAX_PROMPT_LOGPROB_ENTRIES = 1 << 22
@@ -408,6 +419,8 @@ class TokenizerManager:
         if rid is not None and not isinstance(rid, str):
             raise APIError.bad_request("rid must be a string", "rid")
         if rid is not None:  # echoed in every response: one that cannot be UTF-8 failed it with a 500
+            if len(rid) > MAX_RID_CHARS + 16:  # the rid checked where it came in, and its part's suffix
+                check_rid(rid)
             try:
                 check_text(rid)
             except ValueError as e:
