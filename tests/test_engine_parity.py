@@ -158,7 +158,7 @@ def test_bad_input_raises_value_error(engine):
     ({"cuda_graph": 1}, "cuda_graph must be a boolean"),
     ({"device": "bogus"}, "device 'bogus'"),  # was torch's RuntimeError
     ({"context_length": 100000}, "more than the model's max_position_embeddings 8192"),  # was accepted
-    ({"no_such_option": 1}, "unknown engine argument"),  # (SGLang's random_seed is translated: test_engine_takes_sglang_server_arg_names)
+    ({"no_such_option": 1}, "unknown engine argument"),  # (random_seed, SGLang's name, is taken)
 ])
 def test_bad_engine_arguments_are_named(kwargs, needle):
     with pytest.raises(ValueError, match=re.escape(needle)):
