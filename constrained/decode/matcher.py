@@ -123,28 +123,21 @@ class MatcherBase:
             self._push()
             self._terminated = True
             return True
-        unique = self._item_index
+        items, unique = self._items, self._item_index
         if unique is not None:
             data = unique.table[token_id] if 0 <= token_id < len(unique.table) else None
-            items, repeated = feed_items(self._items, data) if data else (self._items, False)
+            items, repeated = feed_items(items, data) if data else (items, False)
             if repeated:  # a string item its array already has: never (unique_items.py)
                 return False
-        index = self._key_index
-        if index is None:
-            if not self._advance(token_id):
+        keys, index = self._keys, self._key_index
+        if index is not None:
+            data = index.table[token_id] if 0 <= token_id < len(index.table) else None
+            keys, repeated = feed(keys, data) if data else (keys, False)
+            if repeated and index.refuses(self._keys, self._unique_row(), token_id):
                 return False
-            if unique is not None:
-                self._items = items
-            return True
-        data = index.table[token_id] if 0 <= token_id < len(index.table) else None
-        keys, repeated = feed(self._keys, data) if data else (self._keys, False)
-        if repeated and index.refuses(self._keys, self._unique_row(), token_id):
-            return False
         if not self._advance(token_id):
             return False
-        self._keys = keys
-        if unique is not None:
-            self._items = items
+        self._keys, self._items = keys, items
         return True
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
