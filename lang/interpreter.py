@@ -168,6 +168,13 @@ class StreamExecutor:
         return self.meta
 
     @property
+    def is_finished(self) -> bool:
+        """SGLang's StreamExecutor.is_finished (its RAG example polls it after a run): the program
+        ended and every queued node has run, or it failed."""
+        with self._cv:
+            return self.error is not None or (self.ended and not self._pending and not self._busy)
+
+    @property
     def variable_event(self) -> dict[str, threading.Event]:
         """SGLang's StreamExecutor.variable_event (its reasoning example prints its keys): per
         variable set or to be set by a queued node, an Event that is set once it has a value. A

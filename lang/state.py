@@ -277,7 +277,13 @@ class ProgramState:
                 yield item[0]
 
     def __repr__(self) -> str:
-        return f"ProgramState(text={self._ex.text_[-60:]!r}, variables={sorted(self._ex.variables)})"
+        """`ProgramState(<the whole text>)`, as SGLang's (waits for queued work, as its `text()`
+        does; a failed state shows the text it had). SGLang's cot_decoding example reads a
+        state's text back as `str(state)[len("ProgramState("):-1]`."""
+        if not self._ex.tracing:
+            self._wait_body()
+            self._ex.sync()
+        return f"ProgramState({self._ex.text_})"
 
 
 # meta_info lists that SGLang's streamed chunks carry only the new part of
