@@ -10,16 +10,19 @@ A backend turns prompt text into results; it knows nothing of program states:
                        prompt logprobs of a batch of token sequences (max_new_tokens=0);
                        `choice_logprobs` scores `select`'s choices with them, here, the same
                        way for every backend
+
+`Backend` is also SGLang's `BaseBackend` (sglang.lang.backend.base_backend): `BaseBackend()`
+makes one that generates nothing, whose chat template is SGLang's "default" until set
+(`backend.chat_template = get_chat_template("llama-2-chat")`), for tracing a program with roles.
 """
 from __future__ import annotations
 
 import math
 import sys
 import threading
-from abc import ABC, abstractmethod
 from typing import Any, Iterator, NamedTuple
 
-from treadle.lang.chat_template import ChatTemplate
+from treadle.lang.chat_template import ChatTemplate, get_chat_template
 
 # a package path for SGLang's module paths under sglang.lang.backend (runtime_endpoint,
 # base_backend, openai, ...), which treadle/__init__.py's finder gives; nothing else is found here
@@ -40,17 +43,35 @@ class ChoiceScores(NamedTuple):
     outputs: list[list[Any]] | None = None
 
 
-class Backend(ABC):
-    """What the interpreter needs from a serving runtime."""
+class Backend:
+    """What the interpreter needs from a serving runtime. Each runtime's backend implements the
+    methods below that raise NotImplementedError here."""
 
     _template: ChatTemplate | None = None
 
     @property
     def chat_template(self) -> ChatTemplate:
-        """Role strings, derived once from the model's chat template."""
+        """How roles render: derived once from the model's chat template, unless set (SGLang's
+        `backend.chat_template = get_chat_template(name)`)."""
         if self._template is None:
             self._template = self._load_chat_template()
         return self._template
+
+    @chat_template.setter
+    def chat_template(self, template: ChatTemplate) -> None:
+        if not isinstance(template, ChatTemplate):
+            raise TypeError(f"a backend's chat_template is a ChatTemplate, got {template!r}; "
+                            "take one from treadle.lang.chat_template.get_chat_template(name)")
+        self._template = template
+
+    def get_chat_template(self) -> ChatTemplate:
+        """SGLang's BaseBackend.get_chat_template: `chat_template`."""
+        return self.chat_template
+
+    def template_stop_strs(self) -> list[str]:
+        """The stop strings of a template set on this backend (a named one, as SGLang adds them to
+        every gen); none for the model-derived template, or before roles load it."""
+        return list(self._template.stop_str) if self._template is not None else []
 
     @property
     def endpoint(self) -> "Backend":
@@ -59,38 +80,43 @@ class Backend(ABC):
         Runtime there)."""
         return self
 
-    @abstractmethod
-    def _load_chat_template(self) -> ChatTemplate: ...
+    def _load_chat_template(self) -> ChatTemplate:
+        """The template roles render with when none is set: SGLang's BaseBackend has "default"."""
+        return get_chat_template("default")
 
-    @abstractmethod
     def cache_prefix(self, text: str) -> dict:
         """Prefill `text` (max_new_tokens=0) so later requests sharing it hit the cache.
-        Returns the request's meta_info."""
+        Returns the request's meta_info (SGLang's BaseBackend caches nothing: an empty one)."""
+        return {}
 
-    @abstractmethod
     def generate(self, text: str, params: dict, logprob: dict | None = None) -> tuple[str, dict]:
         """Generate after `text` with sampling `params`; returns (output text, meta_info).
         `logprob`: return_logprob / logprob_start_len / top_logprobs_num /
         return_text_in_logprobs, as the runtime takes them (the logprobs land in meta_info).
         Raises ValueError for a request the runtime rejects (bad regex, ...)."""
+        raise self._cannot("generate")
 
-    @abstractmethod
     def generate_stream(self, text: str, params: dict, logprob: dict | None = None) -> Iterator[tuple[str, dict]]:
         """Like `generate`, yielding (text delta, meta_info so far) as tokens arrive."""
+        raise self._cannot("generate")
 
-    @abstractmethod
     def encode(self, texts: list[str]) -> list[list[int]]:
         """The token ids of each text, as the runtime tokenizes a prompt."""
+        raise self._cannot("tokenize")
 
-    @abstractmethod
     def context_token(self) -> int | None:
         """A token to put before a sequence whose first token must be scored (BOS, else EOS)."""
+        return None
 
-    @abstractmethod
     def prompt_logprobs(self, seqs: list[list[int]], start: int) -> list[dict]:
         """Prefill each token sequence (max_new_tokens=0) in one batched request; returns each
         one's meta_info, whose input_token_logprobs (with token texts) cover positions start..
         of its sequence. With start = 0 only the prefill is wanted (the sequence is cached for what follows)."""
+        raise self._cannot("score a select")
+
+    def _cannot(self, what: str) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} cannot {what}: it serves no model (run the program on "
+                                   "an Engine, a Runtime or a RuntimeEndpoint)")
 
     def choice_logprobs(self, text: str, choices: list[str]) -> ChoiceScores:
         """Per choice, the logprobs of the tokens that spell it after `text`: tokenize the

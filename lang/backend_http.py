@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from typing import Any, Iterator
 
 import requests
 
 from treadle.lang.backend import Backend, sglang_server_info
-from treadle.lang.chat_template import ChatTemplate, jinja_renderer
+from treadle.lang.chat_template import ChatTemplate, get_chat_template, jinja_renderer
 
 _ZERO = {"max_new_tokens": 0}
 
@@ -18,8 +17,10 @@ class RuntimeEndpoint(Backend):
     """Backend over a running server at `base_url` (e.g. "http://127.0.0.1:30000").
 
     SGLang's parameters, in its order: `api_key`; `verify` is requests' TLS verification (a CA
-    bundle path, or False); `chat_template_name` is not used (roles always render through the
-    served model's own chat template, read from /get_model_info) and warns when given. Treadle's
+    bundle path, or False); `chat_template_name` names one of SGLang's templates
+    (treadle.lang.chat_template) to render roles with, its stop strings added to every gen, as
+    SGLang's; without it roles render through the served model's own chat template, read from
+    /get_model_info (SGLang guesses a named one from the model path). Treadle's
     own are keyword-only: `timeout_s` per request, and `url` as another name for `base_url`.
     Raises ConnectionError naming the URL when the server cannot be reached."""
 
@@ -29,9 +30,6 @@ class RuntimeEndpoint(Backend):
         if (base_url is None) == (url is None):
             raise TypeError("RuntimeEndpoint() takes the server's URL once: RuntimeEndpoint(base_url)")
         url = base_url if url is None else url
-        if chat_template_name is not None:
-            warnings.warn(f"RuntimeEndpoint(chat_template_name={chat_template_name!r}) is ignored: treadle renders "
-                          "roles with the served model's own chat template", stacklevel=2)
         self.url = self.base_url = url.rstrip("/")
         self.api_key = api_key
         self.timeout_s = timeout_s
@@ -41,6 +39,8 @@ class RuntimeEndpoint(Backend):
         if api_key:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
         self.model_info = self._get("/get_model_info")
+        if chat_template_name is not None:  # SGLang's named template (a KeyError naming the known ones)
+            self.chat_template = get_chat_template(chat_template_name)
         # how the server streams /generate: the whole output so far (SGLang's default) or what is new
         self._incremental = bool(self.model_info.get("incremental_streaming_output"))
 

@@ -1,13 +1,24 @@
-"""Role rendering through the model's own chat template.
+"""Chat templates: how roles render into a program's text.
 
-The template is rendered with a placeholder as the message content and the output is split
-around it, giving each role's begin and end strings. `s += user("hi")` then appends
-begin("user") + "hi" + end("user"), so a program's text equals what the tokenizer's
-`apply_chat_template` would produce for the same messages.
+A backend's template is, by default, derived from the model's own chat template: it is rendered
+with a placeholder as the message content and the output is split around it, giving each role's
+prefix and suffix. `s += user("hi")` then appends prefix("user") + "hi" + suffix("user"), so a
+program's text equals what the tokenizer's `apply_chat_template` would produce for the same
+messages.
+
+SGLang's module (`from sglang.lang.chat_template import get_chat_template`) is here too: its
+`ChatTemplate` fields and methods, `ChatTemplateStyle`, and a registry of named templates
+(`get_chat_template("llama-2-chat")`, `register_chat_template(...)`) that a backend takes in
+place of the model's own (`backend.chat_template = get_chat_template("chatml")`, or
+`RuntimeEndpoint(url, chat_template_name="chatml")`). A named template's `stop_str` is added to
+every gen's stop strings, as SGLang does; the model-derived one has none (the model ends its
+message with its end-of-turn token).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from enum import Enum, auto
 from typing import Callable
 
 from treadle.lang.ir import ROLES
@@ -19,22 +30,69 @@ _FILL = "TREADLEFILLER5813"
 Renderer = Callable[[list[dict], bool], str]
 
 
-@dataclass(frozen=True)
-class ChatTemplate:
-    """Begin/end strings per role, plus `implicit_prefix`: the text the template puts
-    before a conversation that does not open with a system message (e.g. a default
-    system prompt), inserted when a program's first role is not "system"."""
+class ChatTemplateStyle(Enum):
+    """SGLang's: PLAIN templates give each role a fixed prefix and suffix; LLAMA2 puts a leading
+    system message inside the first user turn ("[INST] <<SYS>>...<</SYS>>\\n\\n...")."""
 
-    begin: dict[str, str]
-    end: dict[str, str]
-    implicit_prefix: str
+    PLAIN = auto()
+    LLAMA2 = auto()
+
+
+@dataclass
+class ChatTemplate:
+    """SGLang's ChatTemplate, field for field and in its order, plus treadle's `implicit_prefix`:
+    the text a model's own template puts before a conversation that does not open with a
+    system message (e.g. its default system prompt). SGLang's `default_system_prompt` is added
+    as a system message instead (it shows in `s.messages()`, as in SGLang)."""
+
+    name: str
+    default_system_prompt: str | None
+    role_prefix_and_suffix: dict[str, tuple[str, str]]
+    stop_str: list[str] | tuple[str, ...] = ()
+    image_token: str = "<image>"
+    audio_token: str = "<audio>"
+    style: ChatTemplateStyle = ChatTemplateStyle.PLAIN
+    implicit_prefix: str = ""
+
+    def get_prefix_and_suffix(self, role: str, hist_messages: list[dict]) -> tuple[str, str]:
+        """The text before and after a `role` message that follows `hist_messages`, as SGLang's."""
+        prefix, suffix = self.role_prefix_and_suffix.get(role, ("", ""))
+        if self.style == ChatTemplateStyle.LLAMA2:
+            if role == "system" and not hist_messages:
+                user_prefix, _ = self.role_prefix_and_suffix.get("user", ("", ""))
+                system_prefix, system_suffix = self.role_prefix_and_suffix.get("system", ("", ""))
+                return user_prefix + system_prefix, system_suffix
+            if role == "user" and len(hist_messages) == 1 and hist_messages[0]["content"] is not None:
+                return "", suffix
+        return prefix, suffix
+
+    def get_prompt(self, messages: list[dict]) -> str:
+        """The text of a whole conversation, as SGLang's: a system message whose content is None
+        takes the default system prompt (and is left out when there is none)."""
+        prompt = ""
+        for i, message in enumerate(messages):
+            role, content = message["role"], message["content"]
+            if role == "system" and content is None:
+                content = self.default_system_prompt
+                if content is None:
+                    continue
+            prefix, suffix = self.get_prefix_and_suffix(role, messages[:i])
+            prompt += f"{prefix}{content}{suffix}"
+        return prompt
+
+    def role_begin(self, role: str) -> str:
+        _check_role(role)
+        return self.role_prefix_and_suffix.get(role, ("", ""))[0]
+
+    def role_end(self, role: str) -> str:
+        _check_role(role)
+        return self.role_prefix_and_suffix.get(role, ("", ""))[1]
 
     @classmethod
-    def from_renderer(cls, render: Renderer) -> "ChatTemplate":
+    def from_renderer(cls, render: Renderer, name: str = "model") -> "ChatTemplate":
         """Derive the role strings by rendering placeholder conversations."""
-        begin: dict[str, str] = {}
-        end: dict[str, str] = {}
-        begin["system"], end["system"] = _split(render([{"role": "system", "content": _PH}], False), "system")
+        parts: dict[str, tuple[str, str]] = {}
+        parts["system"] = _split(render([{"role": "system", "content": _PH}], False), "system")
         # user / assistant: render after a fixed history, and keep only the added tail
         histories = {"user": [{"role": "system", "content": _FILL}],
                      "assistant": [{"role": "system", "content": _FILL}, {"role": "user", "content": _FILL}]}
@@ -44,19 +102,16 @@ class ChatTemplate:
             if not full.startswith(base):
                 raise ValueError(f"the chat template re-renders earlier messages when a {role} message is added; "
                                  "roles cannot be rendered incrementally with this template")
-            begin[role], end[role] = _split(full[len(base):], role)
+            parts[role] = _split(full[len(base):], role)
         first_user = render([{"role": "user", "content": _PH}], False)
-        idx = first_user.find(begin["user"] + _PH)
+        idx = first_user.find(parts["user"][0] + _PH)
         implicit = first_user[:idx] if idx > 0 else ""
-        return cls(begin, end, implicit)
+        return cls(name, None, parts, implicit_prefix=implicit)
 
-    def role_begin(self, role: str) -> str:
-        _check_role(role)
-        return self.begin[role]
-
-    def role_end(self, role: str) -> str:
-        _check_role(role)
-        return self.end[role]
+    @classmethod
+    def empty(cls) -> "ChatTemplate":
+        """Roles that render as nothing (a trace without a backend)."""
+        return cls("empty", None, {r: ("", "") for r in ROLES})
 
 
 def _split(text: str, role: str) -> tuple[str, str]:
@@ -83,3 +138,119 @@ def jinja_renderer(template: str, bos_token: str = "", eos_token: str = "") -> R
                                bos_token=bos_token, eos_token=eos_token)
 
     return render
+
+
+# ---------------------------------------------------------------- SGLang's registry
+
+chat_template_registry: dict[str, ChatTemplate] = {}
+matching_function_registry: list[Callable[[str], str | None]] = []
+
+
+def register_chat_template(template: ChatTemplate) -> None:
+    """Add (or replace) a named template, as SGLang's."""
+    chat_template_registry[template.name] = template
+
+
+def register_chat_template_matching_function(func: Callable[[str], str | None]) -> Callable[[str], str | None]:
+    """Add a function from a model path to a template name (or None), as SGLang's; a decorator."""
+    matching_function_registry.append(func)
+    return func
+
+
+def get_chat_template(name: str) -> ChatTemplate:
+    """The registered template of that name; a KeyError (as SGLang's) naming the known ones."""
+    try:
+        return chat_template_registry[name]
+    except KeyError:
+        raise KeyError(f"no chat template named {name!r}; registered: {', '.join(sorted(chat_template_registry))}"
+                       ) from None
+
+
+def get_chat_template_by_model_path(model_path: str) -> ChatTemplate:
+    """The template the first matching function names for `model_path`, else "default", as
+    SGLang's. (treadle's backends render roles with the model's own template, not this.)"""
+    for matching_func in matching_function_registry:
+        name = matching_func(model_path)
+        if name is not None:
+            return get_chat_template(name)
+    return get_chat_template("default")
+
+
+def _chatml() -> dict[str, tuple[str, str]]:
+    return {r: (f"<|im_start|>{r}\n", "<|im_end|>\n") for r in ROLES}
+
+
+def _llama3(start: str, end: str, eot: str) -> dict[str, tuple[str, str]]:
+    return {r: (f"{start}{r}{end}\n\n", eot) for r in ROLES}
+
+
+# SGLang's named templates (sglang/lang/chat_template.py), those of text models and their strings
+for _t in (
+    ChatTemplate("default", None, {"system": ("SYSTEM:", "\n"), "user": ("USER:", "\n"),
+                                   "assistant": ("ASSISTANT:", "\n")}),
+    ChatTemplate("claude", None, {"system": ("", ""), "user": ("\n\nHuman: ", ""),
+                                  "assistant": ("\n\nAssistant:", "")}),
+    ChatTemplate("chatml", None, _chatml(), stop_str=("<|im_end|>",)),
+    ChatTemplate("chatml-llava", "You are a helpful assistant.", _chatml(), stop_str=("<|im_end|>",),
+                 image_token="<image>\n"),
+    ChatTemplate("qwen", "You are a helpful assistant.", _chatml(), stop_str=("<|im_end|>",)),
+    ChatTemplate("qwen2-vl", "You are a helpful assistant.", _chatml(), stop_str=("<|im_end|>",),
+                 image_token="<|vision_start|><|image_pad|><|vision_end|>"),
+    ChatTemplate("vicuna_v1.1",
+                 "A chat between a curious user and an artificial intelligence assistant. "
+                 "The assistant gives helpful, detailed, and polite answers to the user's questions.",
+                 {"system": ("", " "), "user": ("USER:", " "), "assistant": ("ASSISTANT:", "</s>")},
+                 image_token=" <image>\n"),
+    ChatTemplate("llama-2-chat", None, {"system": ("<<SYS>>\n", "\n<</SYS>>\n\n"), "user": ("[INST] ", " [/INST]"),
+                                        "assistant": ("", " </s><s>")}, style=ChatTemplateStyle.LLAMA2),
+    ChatTemplate("mistral", None, {"system": ("[SYSTEM_PROMPT] ", " [/SYSTEM_PROMPT]"), "user": ("[INST] ", " [/INST]"),
+                                   "assistant": ("", " </s><s>")}, stop_str=("</s>",), image_token="[IMG]"),
+    ChatTemplate("llama-3-instruct", None, _llama3("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+                 stop_str=("<|eot_id|>",), image_token="<|image|>"),
+    ChatTemplate("llama-3-instruct-llava", None, _llama3("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+                 stop_str=("<|eot_id|>",), image_token="<image>\n"),
+    ChatTemplate("llama-4", None, _llama3("<|header_start|>", "<|header_end|>", "<|eot|>"),
+                 stop_str=("<|eot|>",), image_token="<|image|>"),
+    ChatTemplate("gemma-it", None, {"system": ("", ""), "user": ("<start_of_turn>user\n", "<end_of_turn>\n"),
+                                    "assistant": ("<start_of_turn>model\n", "<end_of_turn>\n")}),
+    ChatTemplate("yi-1.5", None, {"system": ("", ""),
+                                  "user": ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"),
+                                  "assistant": ("", "<|im_end|>\n")}, stop_str=("<|im_end|>",)),
+    ChatTemplate("deepseek-v3", None, {"system": ("", ""), "user": ("<｜User｜>", ""),
+                                       "assistant": ("<｜Assistant｜>", "<｜end▁of▁sentence｜>")},
+                 stop_str=("<｜end▁of▁sentence｜>",)),
+    ChatTemplate("c4ai-command-r", None,
+                 {"system": ("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>", "<|END_OF_TURN_TOKEN|>"),
+                  "user": ("<|START_OF_TURN_TOKEN|><|USER_TOKEN|>", "<|END_OF_TURN_TOKEN|>"),
+                  "assistant": ("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>")}),
+    ChatTemplate("glm-4", None, {"system": ("<|system|>\n", ""), "user": ("<|user|>\n", ""),
+                                 "assistant": ("<|assistant|>\n", "")},
+                 stop_str=["<|user|>", "<|endoftext|>", "<|observation|>"]),
+):
+    register_chat_template(_t)
+
+
+def _matcher(pattern: str, name: str, unless: str | None = None) -> Callable[[str], str | None]:
+    def match(model_path: str) -> str | None:
+        if not re.search(pattern, model_path, re.IGNORECASE):
+            return None
+        return None if unless and re.search(unless, model_path, re.IGNORECASE) else name
+
+    match.__name__ = f"match_{name.replace('-', '_').replace('.', '_')}"
+    return match
+
+
+# SGLang's matching functions for the templates above, in its order
+for _args in ((r"deepseek-(v3|r1)", "deepseek-v3", r"base"), (r"tinyllama", "chatml"), (r"qwen.*vl", "qwen2-vl"),
+              (r"qwen.*(chat|instruct)", "qwen", r"llava"),
+              (r"llava-v1\.6-34b|llava-v1\.6-yi-34b|llava-next-video-34b|llava-onevision-qwen2", "chatml-llava"),
+              (r"llama-2.*chat|codellama.*instruct", "llama-2-chat"),
+              (r"pixtral|(mistral|mixtral).*instruct", "mistral"),
+              (r"llama-3.*instruct", "llama-3-instruct"), (r"llama-4", "llama-4"),
+              (r"vicuna|llava-v1\.5|llava-next-video-7b", "vicuna_v1.1"), (r"gemma.*it", "gemma-it"),
+              (r"c4ai-command-r", "c4ai-command-r"), (r"yi-1\.5.*chat", "yi-1.5")):
+    register_chat_template_matching_function(_matcher(*_args))
+
+__all__ = ["ChatTemplate", "ChatTemplateStyle", "chat_template_registry", "get_chat_template",
+           "get_chat_template_by_model_path", "jinja_renderer", "matching_function_registry",
+           "register_chat_template", "register_chat_template_matching_function"]

@@ -257,6 +257,11 @@ class StreamExecutor:
 
         params = {**global_config.output_params(), **{_PARAM_NAMES.get(k, k): v for k, v in self.defaults.items()}}
         params.update({_PARAM_NAMES.get(k, k): v for k, v in gen.params.items() if v is not None})
+        template_stops = self.backend.template_stop_strs()  # a named template's, as SGLang adds them
+        if template_stops:
+            stop = params.get("stop") or []
+            stop = [stop] if isinstance(stop, str) else list(stop)
+            params["stop"] = stop + [t for t in template_stops if t not in stop]
         if gen.dtype is not None:
             if any(k in params for k in GRAMMAR_FIELDS):
                 raise ValueError(f"gen({gen.name!r}): dtype cannot be combined with regex/json_schema/choices/ebnf")
@@ -349,17 +354,25 @@ class StreamExecutor:
     def _role_begin(self, role: str) -> None:
         template = self.backend.chat_template
         if not self.roles_used and role != "system":
-            self._append(template.implicit_prefix)  # e.g. the template's default system prompt
+            self.roles_used = True
+            if template.default_system_prompt:  # a named (SGLang) template's: a system message, as SGLang
+                self._role_begin("system")
+                self._append(template.default_system_prompt)
+                self._role_end("system")
+            else:
+                self._append(template.implicit_prefix)  # e.g. the model template's default system prompt
         self.roles_used = True
-        self._append(template.role_begin(role))
+        prefix, _ = template.get_prefix_and_suffix(role, self.messages_)
+        self._append(prefix)
         self.role, self.role_start = role, len(self.text_)
 
     def _role_end(self, role: str) -> None:
         assert self.role == role, f"role {role!r} ends but {self.role!r} is open"
+        _, suffix = self.backend.chat_template.get_prefix_and_suffix(role, self.messages_)
         # the message's text, its leading whitespace stripped as SGLang's (the prompt keeps it)
         self.messages_.append({"role": role, "content": self.text_[self.role_start:].lstrip()})
         self.role = None
-        self._append(self.backend.chat_template.role_end(role))
+        self._append(suffix)
 
     def _join(self, join: ir.Join) -> None:
         if join.mode == "concat":

@@ -188,7 +188,7 @@ class _TraceBackend(Backend):
     def _load_chat_template(self) -> ChatTemplate:
         if self.real is not None:
             return self.real.chat_template
-        return ChatTemplate({r: "" for r in ir.ROLES}, {r: "" for r in ir.ROLES}, "")
+        return ChatTemplate.empty()
 
     def cache_prefix(self, text: str) -> dict:
         return {}

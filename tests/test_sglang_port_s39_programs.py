@@ -1,6 +1,7 @@
 """SGLang programs as SGLang's examples and tests write them (`import treadle as sgl`, nothing else
 changed), on the embedded model in process: a state's str() as SGLang's cot_decoding example
-reads it, and the executor's `is_finished` its RAG example polls."""
+reads it, the executor's `is_finished` its RAG example polls, and `sglang.lang.chat_template`
+(named templates on a backend, SGLang's BaseBackend for tracing with one)."""
 from __future__ import annotations
 
 from math import exp
@@ -99,3 +100,94 @@ def test_stream_executor_is_finished_as_sglangs_rag_example_polls_it(engine):
     while not failed.stream_executor.is_finished and time.monotonic() < deadline:
         time.sleep(0.05)
     assert failed.stream_executor.is_finished and isinstance(failed.error(), RuntimeError)
+
+
+# SGLang's test/lang/test_tracing.py, test_role: a BaseBackend with a named template, for compile
+@sgl.function
+def multi_turn_chat(s):
+    s += sgl.user("Who are you?")
+    s += sgl.assistant(sgl.gen("answer_1"))
+    s += sgl.user("Who created you?")
+    s += sgl.assistant(sgl.gen("answer_2"))
+
+
+def test_base_backend_with_a_named_template_traces_roles_as_sglang():
+    """`BaseBackend()` failed (an abstract class), `backend.chat_template = ...` had no setter and
+    `get_chat_template` did not exist. The llama-2 template puts a first system message in the
+    first user turn, as SGLang's get_prompt does."""
+    from treadle.lang.backend.base_backend import BaseBackend
+    from treadle.lang.chat_template import ChatTemplateStyle, get_chat_template
+
+    backend = BaseBackend()
+    assert backend.chat_template is get_chat_template("default") and backend.get_chat_template().name == "default"
+    backend.chat_template = get_chat_template("llama-2-chat")
+    compiled = multi_turn_chat.compile(backend=backend)
+    assert "RoleBegin('user')" in compiled.print_graph()
+    assert compiled.trace.text() == "[INST] Who are you? [/INST]{answer_1} </s><s>[INST] Who created you? [/INST]" \
+                                    "{answer_2} </s><s>"
+
+    @sgl.function
+    def with_system(s):
+        s += sgl.system("Be brief.")
+        s += sgl.user("Hi")
+        s += sgl.assistant("Hello")
+        s += sgl.user("Bye")
+
+    template = get_chat_template("llama-2-chat")
+    assert template.style is ChatTemplateStyle.LLAMA2
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}]
+    assert with_system.trace(backend=backend).text() == template.get_prompt(messages) == (
+        "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]Hello </s><s>[INST] Bye [/INST]")
+    with pytest.raises(TypeError, match="get_chat_template"):
+        backend.chat_template = "chatml"
+    with pytest.raises(KeyError, match="chatml"):
+        get_chat_template("no-such-template")
+    with pytest.raises(NotImplementedError, match="serves no model"):
+        multi_turn_chat.run(backend=backend)
+
+
+def test_sglang_template_names_and_model_path_matching():
+    from treadle.lang.chat_template import get_chat_template, get_chat_template_by_model_path
+
+    # SGLang's registry names and the matching its RuntimeEndpoint does by model path
+    assert get_chat_template("chatml").role_prefix_and_suffix["user"] == ("<|im_start|>user\n", "<|im_end|>\n")
+    assert get_chat_template("qwen").default_system_prompt == "You are a helpful assistant."
+    assert get_chat_template("llama-3-instruct").stop_str == ("<|eot_id|>",)
+    assert get_chat_template_by_model_path("meta-llama/Meta-Llama-3.1-8B-Instruct").name == "llama-3-instruct"
+    assert get_chat_template_by_model_path("Qwen/Qwen2.5-7B-Instruct").name == "qwen"
+    assert get_chat_template_by_model_path("meta-llama/Llama-2-7b-chat-hf").name == "llama-2-chat"
+    assert get_chat_template_by_model_path("deepseek-ai/DeepSeek-V3").name == "deepseek-v3"
+    assert get_chat_template_by_model_path("HuggingFaceTB/SmolLM2-135M-Instruct").name == "default"
+
+
+@sgl.function
+def qa(s, question):
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=16))
+
+
+def test_a_named_template_on_the_default_backend_renders_roles_and_adds_its_stop_strings(engine):
+    """A named template set on a backend renders the roles (a default system prompt becomes a
+    system message, as SGLang's), and its stop_str joins every gen's stop strings, as SGLang's
+    _resolve_sampling_params does; the model's own template adds none."""
+    from treadle.lang.chat_template import (ChatTemplate, chat_template_registry, get_chat_template,
+                                            register_chat_template)
+
+    plain = qa.run(question="Name three colors.", temperature=0)
+    assert " " in plain["answer"]  # no stop strings from the model's own template
+
+    backend = sgl.global_config.default_backend
+    register_chat_template(ChatTemplate("s39-chatml-space", "You are terse.",
+                                        get_chat_template("chatml").role_prefix_and_suffix, stop_str=(" ",)))
+    try:
+        backend.chat_template = get_chat_template("s39-chatml-space")
+        state = qa.run(question="Name three colors.", temperature=0)
+    finally:
+        backend._template = None  # the model's own again
+        del chat_template_registry["s39-chatml-space"]
+    assert state.messages()[0] == {"role": "system", "content": "You are terse."}
+    assert state.text().startswith("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\n"
+                                   "Name three colors.<|im_end|>\n<|im_start|>assistant\n")
+    assert " " not in state["answer"] and state.get_meta_info("answer")["finish_reason"]["matched"] == " "
+    assert qa.run(question="Name three colors.", temperature=0)["answer"] == plain["answer"]
