@@ -1,15 +1,17 @@
-"""The helpers of SGLang's `sglang.utils` that its frontend tutorial and examples use around a
-program (`from treadle.utils import print_highlight, wait_for_server, terminate_process,
-http_request` ports them): printing a result, waiting for a server to come up, stopping a
-server process, one HTTP request to a server."""
+"""The helpers of SGLang's `sglang.utils` that its tutorials, examples and benchmarks use around a
+program (`from treadle.utils import print_highlight, wait_for_server, ...` ports them): printing
+a result, starting a server command and waiting for it to come up, stopping it, one HTTP
+request to a server, merging an offline Engine's stream, reading JSONL and writing states'
+text; and `get_tokenizer` of `sglang.srt.hf_transformers_utils`."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import requests
 
@@ -103,3 +105,120 @@ def _html(text: str) -> str:
     import html
 
     return html.escape(text).replace("\n", "<br>")
+
+
+# ---------------------------------------------------------------- starting a server from a notebook
+
+def execute_shell_command(command: str) -> subprocess.Popen:
+    """Start `command` (split on whitespace, backslash line continuations joined), as SGLang's
+    helper: its output goes to this process's stdout and stderr. A command starting with
+    `python` or `python3` runs on this interpreter (`sys.executable`), whose environment has
+    treadle installed, wherever PATH's `python` points. The process leads a session of its own,
+    so `terminate_process` can stop the server's children with it."""
+    parts = command.replace("\\\n", " ").replace("\\", " ").split()
+    if not parts:
+        raise ValueError("execute_shell_command: the command is empty")
+    if parts[0] in ("python", "python3"):
+        parts[0] = sys.executable
+    return subprocess.Popen(parts, text=True, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def launch_server_cmd(command: str, host: str = "0.0.0.0", port: int | None = None) -> tuple[subprocess.Popen, int]:
+    """Start a server command with `--port` added (a free port from 30000 when `port` is None),
+    as SGLang's tutorials do first: `launch_server_cmd("python -m treadle.launch_server
+    --model-path HuggingFaceTB/SmolLM2-135M-Instruct --host 0.0.0.0")` returns (process, port);
+    then `wait_for_server(f"http://localhost:{port}")`, and `terminate_process(process)` at the end."""
+    if port is None:
+        port = _free_port(host)
+    return execute_shell_command(f"{command} --port {port}"), port
+
+
+def _free_port(host: str, start: int = 30000, end: int = 40000) -> int:
+    import socket
+
+    for port in range(start, end):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host if host not in ("", "::") else "0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {start}..{end - 1} on {host}")
+
+
+# ---------------------------------------------------------------- the offline Engine's streaming helpers
+
+def trim_overlap(existing_text: str, new_chunk: str) -> str:
+    """`new_chunk` without its longest prefix that is a suffix of `existing_text` (SGLang's helper)."""
+    for i in range(min(len(existing_text), len(new_chunk)), 0, -1):
+        if existing_text.endswith(new_chunk[:i]):
+            return new_chunk[i:]
+    return new_chunk
+
+
+def stream_and_merge(llm: Any, prompt: str, sampling_params: dict | None = None) -> str:
+    """The whole text of a streamed `llm.generate(prompt, sampling_params, stream=True)`, as
+    SGLang's offline-engine example merges it. treadle's Engine streams each chunk's new text,
+    so merging joins them (SGLang's trims the overlap of its chunks, which repeat the text
+    so far; trimming new text would cut a chunk that happens to start with the text's end)."""
+    return "".join(chunk["text"] for chunk in llm.generate(prompt, sampling_params, stream=True))
+
+
+async def async_stream_and_merge(llm: Any, prompt: str, sampling_params: dict | None = None):
+    """Yield each new piece of a streamed `await llm.async_generate(prompt, sampling_params,
+    stream=True)`, as SGLang's offline-engine example prints them (see `stream_and_merge`)."""
+    generator = await llm.async_generate(prompt, sampling_params, stream=True)
+    async for chunk in generator:
+        yield chunk["text"]
+
+
+# ---------------------------------------------------------------- SGLang's benchmark helpers
+
+def read_jsonl(filename: str) -> Iterator[Any]:
+    """Yield each JSON line of a file, skipping lines that start with '#' (SGLang's helper)."""
+    with open(filename) as fin:
+        for line in fin:
+            if line.startswith("#"):
+                continue
+            yield json.loads(line)
+
+
+def dump_state_text(filename: str, states: list, mode: str = "w") -> None:
+    """Write each program state's text (a string as is, anything else by `str`) to a file between
+    separator lines, as SGLang's helper."""
+    from treadle.lang.state import ProgramState
+
+    with open(filename, mode) as fout:
+        for i, s in enumerate(states):
+            if isinstance(s, ProgramState):
+                s = s.text()
+            elif not isinstance(s, str):
+                s = str(s)
+            fout.write("=" * 40 + f" {i} " + "=" * 40 + "\n" + s + "\n" + "=" * 80 + "\n\n")
+
+
+# ---------------------------------------------------------------- sglang.srt.hf_transformers_utils
+
+def get_tokenizer(tokenizer_name: str, *args: Any, tokenizer_mode: str = "auto", trust_remote_code: bool = False,
+                  tokenizer_revision: str | None = None, **kwargs: Any) -> Any:
+    """SGLang's `get_tokenizer(model_path)`: the transformers tokenizer of a model, as treadle
+    loads it for serving (`tokenizer_name` is a model path treadle serves: an HF directory, a
+    .gguf file, or the embedded model's Hugging Face id, as `RuntimeEndpoint.get_model_name()`
+    gives it). No download, no remote code: `trust_remote_code` changes nothing;
+    `tokenizer_mode` "auto" or "slow" and `tokenizer_revision` None are taken (the local files are
+    loaded as they are); other arguments are a ValueError."""
+    from treadle.runtime.model_source import resolve_model_source
+    from treadle.runtime.tokenizer import load_tokenizer
+
+    if args or kwargs:
+        raise ValueError(f"get_tokenizer({tokenizer_name!r}): treadle takes no other tokenizer arguments "
+                         f"({', '.join([*map(repr, args), *kwargs])})")
+    if tokenizer_mode not in ("auto", "slow"):
+        raise ValueError(f"get_tokenizer: tokenizer_mode must be 'auto' or 'slow', got {tokenizer_mode!r}")
+    if tokenizer_revision is not None:
+        raise ValueError("get_tokenizer: tokenizer_revision must be None: treadle loads local files and "
+                         "downloads no revision")
+    tokenizer = load_tokenizer(resolve_model_source(tokenizer_name))
+    if tokenizer is None:
+        raise ValueError(f"the model {tokenizer_name!r} has no tokenizer")
+    return tokenizer

@@ -63,13 +63,20 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
     **{f"treadle.lang.backend.{mod}": {cls: "treadle.lang"}
        for mod, cls in (("openai", "OpenAI"), ("anthropic", "Anthropic"), ("vertexai", "VertexAI"),
                         ("litellm", "LiteLLM"))},
-    # the helpers SGLang's frontend tutorial uses around its programs
-    "treadle.utils": {name: "treadle.lang.utils" for name in ("print_highlight", "wait_for_server",
-                                                                "terminate_process", "http_request")},
+    # the helpers SGLang's tutorials, examples and benchmarks use around their programs
+    "treadle.utils": {name: "treadle.lang.utils" for name in (
+        "print_highlight", "wait_for_server", "terminate_process", "http_request", "launch_server_cmd",
+        "execute_shell_command", "trim_overlap", "stream_and_merge", "async_stream_and_merge", "read_jsonl",
+        "dump_state_text")},
     # SGLang's json_decode example builds its regex with the server package's helper
     "treadle.srt": {},
     "treadle.srt.constrained": {"build_regex_from_object": "treadle.lang.primitives"},
     "treadle.srt.constrained.outlines_backend": {"build_regex_from_object": "treadle.lang.primitives"},
+    # a served model's tokenizer (SGLang's test programs count tokens with it); the second path is
+    # where newer SGLang keeps the module
+    "treadle.srt.hf_transformers_utils": {"get_tokenizer": "treadle.lang.utils"},
+    "treadle.srt.utils": {},
+    "treadle.srt.utils.hf_transformers_utils": {"get_tokenizer": "treadle.lang.utils"},
 }
 
 
@@ -79,8 +86,9 @@ class _SGLangModule(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         names = _SGLANG_MODULES[self.__name__]
         if name not in names:
-            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r} (treadle has SGLang's "
-                                 f"{', '.join(sorted(names))} here)", name=name)
+            has = f"SGLang's {', '.join(sorted(names))}" if names else "only the submodules SGLang's programs import"
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r} (treadle has {has} here)",
+                                 name=name)
         import importlib
 
         source = importlib.import_module(names[name])
