@@ -29,19 +29,76 @@ def reasoning_name(name: str) -> str:
     return f"{name}_reasoning_content"
 
 
-def split_reasoning(text: str, model_type: str) -> tuple[str, str]:
-    """(reasoning, answer) of `text`, as SGLang's reasoning parser splits it: no block gives
-    ("", text); a block never closed (cut by max_tokens) is all reasoning."""
+def split_reasoning(text: str, model_type: str, force: bool | None = None) -> tuple[str, str]:
+    """(reasoning, answer) of `text`, as SGLang's reasoning parser's one-time parse
+    (detect_and_parse) splits it: no block gives ("", text) unchanged; otherwise every opening
+    tag is dropped and the rest stripped, the reasoning is what comes before the closing tag and
+    the answer what follows it, stripped; a block never closed (cut by max_tokens) is all
+    reasoning. `force` (None: the model type's own) reads a reply as starting inside the block."""
     start, end, forced = REASONING_MODEL_TYPES[_model_type(model_type)]
-    if not forced and start not in text:
+    if not (forced if force is None else force) and start not in text:
         return "", text
-    body = text
-    while body.startswith(start):
-        body = body[len(start):]
+    body = text.replace(start, "").strip()
     if end not in body:
         return body, ""
     reasoning, answer = body.split(end, 1)
-    return reasoning, answer
+    return reasoning, answer.strip()
+
+
+class ReasoningParser:
+    """SGLang's `sglang.srt.reasoning_parser.ReasoningParser` (also `sglang.srt.parser.
+    reasoning_parser`), for a tagged thinking block (the model types of
+    REASONING_MODEL_TYPES): `parse_non_stream(text)` gives (reasoning, answer) as
+    separate_reasoning splits a gen; `parse_stream_chunk(delta)` the new (reasoning, answer)
+    text of each streamed delta, holding back a delta that may be the start of a tag.
+    `stream_reasoning=False` holds the reasoning back until the block closes (the reasoning
+    text then comes whole); `force_reasoning` reads the reply as starting inside the block
+    (None: the model type's own, as SGLang's)."""
+
+    def __init__(self, model_type: str | None = None, stream_reasoning: bool = True,
+                 force_reasoning: bool | None = None) -> None:
+        if not model_type:
+            raise ValueError("Model type must be specified")
+        if not isinstance(model_type, str) or model_type.lower() not in REASONING_MODEL_TYPES:
+            raise ValueError(f"Unsupported model type: {model_type} (treadle knows the tagged thinking blocks "
+                             f"of {', '.join(REASONING_MODEL_TYPES)})")
+        self.model_type = model_type.lower()
+        self.think_start_token, self.think_end_token, forced = REASONING_MODEL_TYPES[self.model_type]
+        self.force_reasoning = forced if force_reasoning is None else bool(force_reasoning)
+        self.stream_reasoning = stream_reasoning
+        self._in_reasoning = self.force_reasoning
+        self._stripped_start = False
+        self._buffer = ""
+        self._held = ""  # reasoning held back (stream_reasoning=False) until the block closes
+
+    def parse_non_stream(self, full_text: str) -> tuple[str, str]:
+        """(reasoning text, answer text) of a whole reply."""
+        return split_reasoning(full_text, self.model_type, self.force_reasoning)
+
+    def parse_stream_chunk(self, chunk_text: str) -> tuple[str, str]:
+        """(new reasoning text, new answer text) after one more streamed delta."""
+        self._buffer += chunk_text
+        text = self._buffer
+        start, end = self.think_start_token, self.think_end_token
+        if any(tag.startswith(text) and tag != text for tag in (start, end)):
+            return "", ""  # maybe the start of a tag: wait for more
+        if not self._stripped_start and start in text:
+            text = text.replace(start, "")
+            self._stripped_start = True
+            self._in_reasoning = True
+        if self._in_reasoning and end in text:
+            idx = text.find(end)
+            reasoning = self._held + text[:idx]
+            self._buffer = self._held = ""
+            self._in_reasoning = False
+            return reasoning.rstrip(), text[idx + len(end):]
+        self._buffer = ""
+        if self._in_reasoning:
+            if self.stream_reasoning:
+                return text, ""
+            self._held += text
+            return "", ""
+        return "", text
 
 
 def _model_type(model_type: Any) -> str:

@@ -77,6 +77,10 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
     "treadle.srt.hf_transformers_utils": {"get_tokenizer": "treadle.lang.utils"},
     "treadle.srt.utils": {},
     "treadle.srt.utils.hf_transformers_utils": {"get_tokenizer": "treadle.lang.utils"},
+    # SGLang's reasoning doc splits an offline Engine's output with it (the second path is newer SGLang's)
+    "treadle.srt.reasoning_parser": {"ReasoningParser": "treadle.lang.reasoning"},
+    "treadle.srt.parser": {},
+    "treadle.srt.parser.reasoning_parser": {"ReasoningParser": "treadle.lang.reasoning"},
 }
 
 
