@@ -55,8 +55,22 @@ class Program:
         return inspect.getfullargspec(self.fn).defaults or []
 
     def bind(self, **kwargs: Any) -> "Program":
-        """A copy with some arguments fixed (they also count as constant when tracing)."""
+        """A copy with some arguments fixed (they also count as constant when tracing). A name the
+        program has no parameter for is a ValueError, as SGLang asserts it (a program taking
+        **kwargs takes any)."""
+        params = list(inspect.signature(self.fn).parameters.values())[1:]
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            unknown = [k for k in kwargs if k not in {p.name for p in params if p.kind != p.VAR_POSITIONAL}]
+            if unknown:
+                raise ValueError(f"bind({', '.join(unknown)}=...): the program {self.fn.__name__}() has no such "
+                                 f"parameter; its parameters: {', '.join(p.name for p in params) or '(none)'}")
         return Program(self.fn, {**self.bound, **kwargs}, self.num_api_spec_tokens)
+
+    def _required_args(self) -> list[str]:
+        """The positional parameters a run must be given: no default, and not bound."""
+        params = list(inspect.signature(self.fn).parameters.values())[1:]
+        return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                and p.default is p.empty and p.name not in self.bound]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """`prog(question="...", temperature=0)` runs the program, as `prog.run(...)` (sampling
@@ -166,9 +180,11 @@ class Program:
             if isinstance(item, dict):
                 out.append(item)
             elif isinstance(item, (list, tuple)):
-                if len(item) > len(self.arg_names):
-                    raise ValueError(f"run_batch: {len(item)} arguments {item!r} for a program taking "
-                                     f"{len(self.arg_names)} ({', '.join(self.arg_names)})")
+                # as SGLang's: between the required arguments and all of them ("mismatch the signature")
+                if not len(self._required_args()) <= len(item) <= len(self.arg_names):
+                    raise ValueError(f"run_batch: {len(item)} arguments {item!r} mismatch the program's signature: "
+                                     f"it takes {len(self._required_args())} to {len(self.arg_names)} "
+                                     f"({', '.join(self.arg_names)}) in order")
                 out.append(dict(zip(self.arg_names, item)))
             else:
                 raise ValueError("run_batch takes a list of dicts of keyword arguments (or of argument tuples), "

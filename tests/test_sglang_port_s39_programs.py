@@ -191,3 +191,31 @@ def test_a_named_template_on_the_default_backend_renders_roles_and_adds_its_stop
                                    "Name three colors.<|im_end|>\n<|im_start|>assistant\n")
     assert " " not in state["answer"] and state.get_meta_info("answer")["finish_reason"]["matched"] == " "
     assert qa.run(question="Name three colors.", temperature=0)["answer"] == plain["answer"]
+
+
+def test_run_batch_argument_tuples_and_bind_are_checked_against_the_signature(engine):
+    """SGLang's run_batch raises "Given arguments mismatch the SGL function signature" for an
+    argument tuple shorter than the required parameters, before running any; here each run
+    failed on its own with a TypeError kept on its state. SGLang's bind asserts each name is a
+    parameter; here an unknown one was taken and every run failed later."""
+    @sgl.function
+    def p(s, a, b, c="!"):
+        s += a + b + c + sgl.gen("x", max_tokens=2)
+
+    with pytest.raises(ValueError, match="mismatch the program's signature"):
+        p.run_batch([("one", "two"), ("one",)])
+    with pytest.raises(ValueError, match="mismatch the program's signature"):
+        p.run_batch([("one", "two", "three", "four")])
+    states = p.run_batch([("Hi", " there"), ("Hi", " there", "?")], temperature=0)
+    assert all(st.error() is None and st["x"] for st in states)
+    assert states[1].text().startswith("Hi there?")
+    with pytest.raises(ValueError, match="no such parameter"):
+        p.bind(zzz=1)
+    bound = p.bind(b=" you")  # a bound parameter need not be in the tuples
+    assert bound.run_batch([("Hey",)], temperature=0)[0].text().startswith("Hey you!")
+
+    @sgl.function
+    def takes_any(s, **kwargs):
+        s += kwargs["greeting"] + sgl.gen("x", max_tokens=2)
+
+    assert takes_any.bind(greeting="Hello").run(temperature=0)["x"]
