@@ -146,6 +146,12 @@ def _free_port(host: str, start: int = 30000, end: int = 40000) -> int:
     raise RuntimeError(f"no free port in {start}..{end - 1} on {host}")
 
 
+def is_in_ci() -> bool:
+    """SGLang's `sglang.test.test_utils.is_in_ci`, which its doc notebooks call in their first cell:
+    whether the SGLANG_IS_IN_CI environment variable is true ("1", "true", "yes", any case)."""
+    return os.environ.get("SGLANG_IS_IN_CI", "false").strip().lower() in ("1", "true", "yes")
+
+
 # ---------------------------------------------------------------- the offline Engine's streaming helpers
 
 def trim_overlap(existing_text: str, new_chunk: str) -> str:

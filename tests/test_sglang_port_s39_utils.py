@@ -16,7 +16,13 @@ import treadle as sgl
 @pytest.fixture(scope="module")
 def server():
     """SGLang's frontend tutorial, its first cell (the model: the embedded one's HF id)."""
-    from treadle.utils import launch_server_cmd, terminate_process, wait_for_server
+    from treadle.test.test_utils import is_in_ci
+    from treadle.utils import print_highlight, terminate_process, wait_for_server  # noqa: F401
+
+    if is_in_ci():
+        from treadle.test.doc_patch import launch_server_cmd
+    else:
+        from treadle.utils import launch_server_cmd
 
     server_process, port = launch_server_cmd(
         "python -m treadle.launch_server --model-path HuggingFaceTB/SmolLM2-135M-Instruct --host 0.0.0.0 "
@@ -132,3 +138,17 @@ def test_benchmark_helpers_read_jsonl_and_dump_state_text(tmp_path):
     dump_state_text(str(out), ["first", 2])
     assert out.read_text() == ("=" * 40 + " 0 " + "=" * 40 + "\nfirst\n" + "=" * 80 + "\n\n"
                                + "=" * 40 + " 1 " + "=" * 40 + "\n2\n" + "=" * 80 + "\n\n")
+
+
+def test_the_doc_notebooks_ci_switch(monkeypatch):
+    """SGLang's doc notebooks start with `from sglang.test.test_utils import is_in_ci` and, in CI,
+    `from sglang.test.doc_patch import launch_server_cmd`; neither module existed."""
+    from treadle.test.doc_patch import launch_server_cmd
+    from treadle.test.test_utils import is_in_ci
+    from treadle.utils import launch_server_cmd as helper
+
+    assert launch_server_cmd is helper
+    monkeypatch.setenv("SGLANG_IS_IN_CI", "true")
+    assert is_in_ci()
+    monkeypatch.setenv("SGLANG_IS_IN_CI", "0")
+    assert not is_in_ci()

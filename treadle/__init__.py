@@ -81,6 +81,11 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
     "treadle.srt.reasoning_parser": {"ReasoningParser": "treadle.lang.reasoning"},
     "treadle.srt.parser": {},
     "treadle.srt.parser.reasoning_parser": {"ReasoningParser": "treadle.lang.reasoning"},
+    # the first cell of SGLang's doc notebooks: `from sglang.test.test_utils import is_in_ci`, and
+    # `from sglang.test.doc_patch import launch_server_cmd` (its CI wrapper of the helper)
+    "treadle.test": {},
+    "treadle.test.test_utils": {"is_in_ci": "treadle.lang.utils"},
+    "treadle.test.doc_patch": {"launch_server_cmd": "treadle.lang.utils"},
 }
 
 
