@@ -6,6 +6,8 @@ token bitmask and the text to jump forward:
 - matcher.py: ``GrammarMatcher`` / ``HoleMatcher`` / ``JsonAnyMatcher`` accept tokens, fill
   the next-token bitmask, roll back and find forced text;
 - json_keys.py: the keys each open JSON object has had, left out of the mask;
+- unique_items.py: the string items each checked array has had (``set[str]``), left out too;
+- json_lexer.py: the JSON byte lexer both follow the output with;
 - bitmask.py: the int32 bitmask layout (allocate, reset, apply in torch, unpack);
 - jump_forward.py: canonical retokenization of forced text (what to roll back, what to add).
 

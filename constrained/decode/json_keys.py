@@ -7,9 +7,10 @@ that loops writes ``{"tags":123,"tags":123,...}`` until ``max_tokens`` (SmolLM2 
 a Pydantic ``dict[str, int]``), and a parser keeps only the last of them. Declared
 properties cannot repeat: the schema's regex writes each at most once and keeps declared
 names out of the free keys. Free keys can, so a matcher of a JSON grammar (matcher.py) also
-runs a small lexer over its output (``KeyState``: the open containers, each object with the
-keys it has had, and the string being written), and its mask leaves out every token that
-would close a key its object already has. Two kinds of token can:
+runs a small lexer over its output (json_lexer.py's, which unique_items.py shares; ``KeyState``:
+the open containers, each object with the keys it has had, and the string being written), and
+its mask leaves out every token that would close a key its object already has. Two kinds of
+token can:
 
 * one that finishes the key being written: the rest of a key already seen, then its closing
   quote (``"tag`` then ``s"``, ``"tags`` then ``":``), found from the token's *stem* (the
@@ -30,87 +31,43 @@ import torch.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 
-from treadle.constrained.ebnf.reasoning_prefix import CLOSE, MODES
+from treadle.constrained.decode.json_lexer import JsonLexer
+from treadle.constrained.ebnf.reasoning_prefix import MODES
 from treadle.constrained.index.vocabulary import per_table
 
 __all__ = ["KeyIndex", "KeyState", "START", "feed", "key_index", "schema_has_free_keys", "unique_keys_start"]
 
 # (open containers, innermost last: (keys the object has had, a key may come next) for an
-#  object, (None, False) for an array; 0 outside a string, 1 in one, 2 after its backslash,
+#  object, False for an array; 0 outside a string, 1 in one, 2 after its backslash,
 #  3 in a reasoning block before the JSON, 4 before a reasoning block or the JSON; the key
 #  being written, None when the string being written is not a key, in a reasoning block
-#  its last bytes)
-KeyState = tuple[tuple[tuple["frozenset[bytes] | None", bool], ...], int, "bytes | None"]
+#  its last bytes): json_lexer.py's state
+KeyState = tuple[tuple["tuple[frozenset[bytes], bool] | bool", ...], int, "bytes | None"]
 START: KeyState = ((), 0, None)
 _THINKING: dict[str, KeyState] = dict(zip(MODES, (((), 3, b""), ((), 4, None))))  # reasoning_prefix.py's modes
-_THINK_END = CLOSE.encode()
 
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
-_OPEN_OBJ, _OPEN_ARR, _CLOSE = ord("{"), ord("["), frozenset(b"}]")
-_COLON, _COMMA = ord(":"), ord(",")
-_STRUCTURE = re.compile(rb'[{}\[\]":,]')  # the bytes that change anything outside a string
-_STRING_END = re.compile(rb'["\\]')  # and inside one
 _EMPTY: frozenset[bytes] = frozenset()
 
 
-def feed(state: KeyState, data: bytes) -> tuple[KeyState, bool]:
-    """The lexer's state after ``data``, and whether ``data`` closed a key its object had had."""
-    frames, mode, key = state
-    if mode >= 3:  # the JSON comes after "</think>" (reasoning_prefix.py); it cannot start with "<"
-        if mode == 4:
-            if not data:
-                return state, False
-            if data[0] != ord("<"):
-                return feed(START, data)
-            key = b""
-        seen = key + data
-        at = seen.find(_THINK_END)
-        if at < 0:
-            return ((), 3, seen[-(len(_THINK_END) - 1):]), False
-        return feed(START, seen[at + len(_THINK_END):])
-    if mode == 0 and not _STRUCTURE.search(data):
-        return state, False
-    if mode == 1 and not _STRING_END.search(data):
-        return ((frames, 1, key + data) if key is not None else state), False
-    stack = list(frames)
-    repeated = False
-    for b in data:
-        if mode == 1:
-            if b == _QUOTE:
-                mode = 0
-                if key is not None:
-                    keys = stack[-1][0]
-                    repeated |= key in keys
-                    stack[-1] = (keys | {key}, False)
-                    key = None
-                continue
-            if b == _BACKSLASH:
-                mode = 2
-        elif mode == 2:
-            mode = 1
-        else:
-            if b == _QUOTE:
-                mode = 1
-                if stack and stack[-1][0] is not None and stack[-1][1]:
-                    key = b""
-            elif b == _OPEN_OBJ:
-                stack.append((_EMPTY, True))
-            elif b == _OPEN_ARR:
-                stack.append((None, False))
-            elif b in _CLOSE:
-                if stack:
-                    stack.pop()
-            elif (b == _COLON or b == _COMMA) and stack and stack[-1][0] is not None:
-                stack[-1] = (stack[-1][0], b == _COMMA)
-            continue
-        if key is not None:
-            key += bytes((b,))
-    return (tuple(stack), mode, key), repeated
+class _KeyLexer(JsonLexer):
+    """An object's frame holds the keys it has had; a key closing is a repeat where it is one of them."""
+
+    object_frame = (_EMPTY, True)
+
+    def close_string(self, stack: list, raw: bytes) -> bool:
+        keys = stack[-1][0]
+        stack[-1] = (keys | {raw}, False)
+        return raw in keys
+
+
+# feed(state, data): the lexer's state after ``data``, and whether ``data`` closed a key its
+# object had had
+feed = _KeyLexer().feed
 
 
 def _stem(data: bytes, escaped: int) -> bytes | None:
@@ -169,7 +126,8 @@ class KeyIndex:
                     if key + stem in keys:
                         closing += ids
         inside: list[int] = self.two_keys  # they hold a key whole: run through the lexer
-        for keys, _ in frames:
+        for frame in frames:
+            keys = frame[0] if isinstance(frame, tuple) else None  # an object's keys (an array's frame is False)
             if keys and not keys.isdisjoint(self._inside_keys):
                 for k in keys & self._inside_keys:
                     inside = inside + self._inside[k]

@@ -3,9 +3,10 @@ item equal to an earlier item of its array.
 
 For the schemas unique_strings.py names (an array of unique free strings, ``set[str]``), the
 regex writes that array as a plain list of strings, and the matcher (matcher.py) keeps the
-items distinct: a small lexer follows the output (``ItemState``: the open containers, each
-object with its last key, each array checked or not by its slot, the key it stands under or
-ROOT / ITEM, and a checked one with the strings it has had as direct items), and the mask
+items distinct: a small lexer follows the output (json_lexer.py's, which json_keys.py shares;
+``ItemState``: the open containers, each object with its last key, each array checked or not
+by its slot, the key it stands under or ROOT / ITEM, and a checked one with the strings it has
+had as direct items), and the mask
 leaves out every token that, run through the lexer, would close an item its array already
 has. ``accept_token`` refuses the same tokens. Items and keys compare as decoded JSON strings
 (``"a"`` and ``"\\u0061"`` are one value), as a validator compares them.
@@ -24,12 +25,12 @@ torch.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import numpy as np
 
-from treadle.constrained.ebnf.reasoning_prefix import CLOSE, MODES
+from treadle.constrained.decode.json_lexer import JsonLexer
+from treadle.constrained.ebnf.reasoning_prefix import MODES
 from treadle.constrained.index.vocabulary import per_table
 from treadle.constrained.schema.unique_strings import ANY_KEY, ITEM, ROOT
 
@@ -39,16 +40,11 @@ __all__ = ["ItemIndex", "ItemState", "feed_items", "item_index", "items_start", 
 #  where it is checked, False where not; for an object (its last key, decoded; whether a key
 #  comes next); 0 outside a string, 1 in one, 2 after its backslash, 3 in a reasoning block
 #  before the JSON, 4 before a reasoning block or the JSON; the raw bytes of the item or key
-#  being written, None for another string, in a reasoning block its last bytes; the slots whose
-#  arrays are checked: property names, ROOT, ITEM)
+#  being written, None for another string, in a reasoning block its last bytes: json_lexer.py's
+#  state; the slots whose arrays are checked: property names, ROOT, ITEM)
 ItemState = tuple[tuple[Any, ...], int, "bytes | None", frozenset]
-_THINK_END = CLOSE.encode()
 
-_QUOTE, _BACKSLASH = ord('"'), ord("\\")
-_OPEN_OBJ, _OPEN_ARR, _CLOSE = ord("{"), ord("["), frozenset(b"}]")
-_COLON, _COMMA = ord(":"), ord(",")
-_STRUCTURE = re.compile(rb'[{}\[\]":,]')  # the bytes that change anything outside a string
-_STRING_END = re.compile(rb'["\\]')  # and inside one
+_QUOTE, _OPEN_ARR = ord('"'), ord("[")
 _EMPTY: frozenset[str] = frozenset()
 
 
@@ -59,77 +55,41 @@ def _decoded(raw: bytes) -> str | bytes:
         return raw
 
 
+class _ItemLexer(JsonLexer):
+    """An object's frame holds its last key; an array's is checked (a frozenset of its string
+    items) by the slot it stands in; an item closing is a repeat where its array had it."""
+
+    def open_array(self, stack: list, state: ItemState) -> Any:
+        slots = state[3]
+        if not stack:
+            checked = ROOT in slots
+        elif isinstance(stack[-1], tuple):  # the value of a key: that name's, or every key's (ANY_KEY)
+            checked = stack[-1][0] in slots or ANY_KEY in slots
+        else:
+            checked = ITEM in slots
+        return _EMPTY if checked else False
+
+    def close_string(self, stack: list, raw: bytes) -> bool:
+        value = _decoded(raw)
+        top = stack[-1]
+        if isinstance(top, frozenset):
+            stack[-1] = top | {value}
+            return value in top
+        stack[-1] = (value, False)  # a key
+        return False
+
+
+# feed_items(state, data): the lexer's state after ``data``, and whether ``data`` closed a
+# string item its (checked) array had had
+feed_items = _ItemLexer().feed
+
+
 def items_start(slots: frozenset, reasoning: str = "") -> ItemState:
     """The lexer's first state for a grammar checking the arrays at ``slots`` (``reasoning``:
     reasoning_prefix.py's mode, "" for none)."""
     if not reasoning:
         return ((), 0, None, slots)
     return ((), 3, b"", slots) if reasoning == MODES[0] else ((), 4, None, slots)
-
-
-def feed_items(state: ItemState, data: bytes) -> tuple[ItemState, bool]:
-    """The lexer's state after ``data``, and whether ``data`` closed a string item its (checked)
-    array had had."""
-    frames, mode, buf, slots = state
-    if mode >= 3:  # the JSON comes after "</think>" (reasoning_prefix.py); it cannot start with "<"
-        if mode == 4:
-            if not data:
-                return state, False
-            if data[0] != ord("<"):
-                return feed_items(((), 0, None, slots), data)
-            buf = b""
-        seen = buf + data
-        at = seen.find(_THINK_END)
-        if at < 0:
-            return ((), 3, seen[-(len(_THINK_END) - 1):], slots), False
-        return feed_items(((), 0, None, slots), seen[at + len(_THINK_END):])
-    if mode == 0 and not _STRUCTURE.search(data):
-        return state, False
-    if mode == 1 and not _STRING_END.search(data):
-        return ((frames, 1, buf + data, slots) if buf is not None else state), False
-    stack = list(frames)
-    repeated = False
-    start = 0  # where the item's or key's bytes in ``data`` begin
-    for j, b in enumerate(data):
-        if mode == 1:
-            if b == _QUOTE:
-                mode = 0
-                if buf is not None:
-                    value = _decoded(buf + data[start:j])
-                    top = stack[-1]
-                    if isinstance(top, frozenset):
-                        repeated |= value in top
-                        stack[-1] = top | {value}
-                    else:  # a key
-                        stack[-1] = (value, False)
-                    buf = None
-            elif b == _BACKSLASH:
-                mode = 2
-        elif mode == 2:
-            mode = 1
-        elif b == _QUOTE:
-            mode = 1
-            top = stack[-1] if stack else False
-            if isinstance(top, frozenset) or (isinstance(top, tuple) and top[1]):
-                buf, start = b"", j + 1
-        elif b == _OPEN_OBJ:
-            stack.append((None, True))
-        elif b == _OPEN_ARR:
-            if not stack:
-                checked = ROOT in slots
-            elif isinstance(stack[-1], tuple):  # the value of a key: that name's, or every key's (ANY_KEY)
-                checked = stack[-1][0] in slots or ANY_KEY in slots
-            else:
-                checked = ITEM in slots
-            stack.append(_EMPTY if checked else False)
-        elif b in _CLOSE:
-            if stack:
-                stack.pop()
-        elif (b == _COLON or b == _COMMA) and stack and isinstance(stack[-1], tuple):
-            stack[-1] = (stack[-1][0], b == _COMMA)
-    if buf is not None and mode != 0:
-        buf += data[start:]
-    return (tuple(stack), mode, buf, slots), repeated
 
 
 class ItemIndex:
