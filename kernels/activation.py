@@ -2,6 +2,12 @@
 
 ``silu_and_mul(x)`` with ``x: [T, 2I]`` returns ``silu(x[:, :I]) * x[:, I:]`` as ``[T, I]``.
 The kernel computes in fp32 and rounds once to the input dtype.
+
+With ``quant=ActQuant(...)`` it returns the product quantized per token for an FP8 linear (an
+``Fp8Act``, kernels/fp8_quant.py; Llama's down projection) instead: one program a row, two
+passes over the row's gate/up (amax, then quantize; the second reads them back from cache),
+the bf16 product never written. Rounded to x's dtype first, so bit for bit ``per_token_quant``
+of the unfused output.
 """
 from __future__ import annotations
 
@@ -10,6 +16,9 @@ import triton
 import triton.language as tl
 
 from treadle.kernels import pdl
+from treadle.kernels.fp8_quant import (
+    ActQuant, Fp8Act, empty_act, interpreting, per_token_quant_ref, quantize, token_scale,
+)
 
 __all__ = ["silu_and_mul", "silu_and_mul_ref"]
 
@@ -35,6 +44,38 @@ def _silu_and_mul_kernel(
     tl.store(out_ptr + row * stride_out + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _silu_mul_block(x_ptr, row, offs, mask, inter, stride_x):
+    # silu(gate) * up over one block of a row, rounded to x's dtype, in fp32
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    return (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _silu_and_mul_quant_kernel(
+    x_ptr, q_ptr, s_ptr,
+    inter, scale_ub,
+    stride_x, stride_q,
+    HAS_UB: tl.constexpr, GRID_ROUND: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+):
+    # grid: (T,); one program = one token's row: its amax, then the quantized row
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    amax = tl.zeros([BLOCK], tl.float32)
+    for i0 in range(0, inter, BLOCK):
+        y = _silu_mul_block(x_ptr, row, i0 + cols, i0 + cols < inter, inter, stride_x)
+        amax = tl.maximum(amax, tl.abs(y))
+    scale = token_scale(tl.max(amax, axis=0), scale_ub, HAS_UB)
+    tl.store(s_ptr + row, scale)
+    for i0 in range(0, inter, BLOCK):
+        y = _silu_mul_block(x_ptr, row, i0 + cols, i0 + cols < inter, inter, stride_x)
+        tl.store(q_ptr + row * stride_q + i0 + cols, quantize(y, scale, GRID_ROUND).to(q_ptr.dtype.element_ty),
+                 mask=i0 + cols < inter)
+
+
 def _check(x: torch.Tensor) -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError("x must be a torch.Tensor")
@@ -46,12 +87,27 @@ def _check(x: torch.Tensor) -> None:
         raise ValueError("x must be contiguous")
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """``x: [T, 2I]`` -> ``[T, I]`` = ``silu(x[:, :I]) * x[:, I:]`` (Triton)."""
+def _check_quant(quant: ActQuant | None) -> None:
+    if quant is not None and not isinstance(quant, ActQuant):
+        raise ValueError(f"quant must be an ActQuant or None, got {type(quant).__name__}")
+
+
+def silu_and_mul(x: torch.Tensor, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
+    """``x: [T, 2I]`` -> ``[T, I]`` = ``silu(x[:, :I]) * x[:, I:]`` (Triton), or its per-token FP8
+    quantization with ``quant``."""
     _check(x)
-    if x.device.type != "cuda" and not _interpreting():
+    _check_quant(quant)
+    if x.device.type != "cuda" and not interpreting():
         raise ValueError(f"x must be on a CUDA device (got {x.device}); use silu_and_mul_ref on CPU")
     num_tokens, inter = x.shape[0], x.shape[1] // 2
+    if quant is not None:
+        act = empty_act(num_tokens, inter, x.device, x.dtype)
+        if num_tokens and inter:
+            _silu_and_mul_quant_kernel[(num_tokens,)](
+                x, act.q, act.scale, inter, float(quant.scale_ub or 0.0), x.stride(0), act.q.stride(0),
+                HAS_UB=quant.scale_ub is not None, GRID_ROUND=interpreting(),
+                BLOCK=min(2048, triton.next_power_of_2(inter)), num_warps=8, **pdl.options(x))
+        return act
     out = torch.empty((num_tokens, inter), dtype=x.dtype, device=x.device)
     if num_tokens == 0 or inter == 0:
         return out
@@ -61,15 +117,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul_ref(x: torch.Tensor, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
     """Pure-torch reference with the same signature (any device): fp32 math, cast back."""
     _check(x)
+    _check_quant(quant)
     inter = x.shape[1] // 2
     xf = x.float()
-    return (torch.nn.functional.silu(xf[:, :inter]) * xf[:, inter:]).to(x.dtype)
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    y = (torch.nn.functional.silu(xf[:, :inter]) * xf[:, inter:]).to(x.dtype)
+    return y if quant is None else Fp8Act(*per_token_quant_ref(y, quant.scale_ub), y.dtype)

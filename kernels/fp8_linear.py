@@ -7,21 +7,23 @@ Shapes:
     xq, x_scale      [M, K] float8_e4m3fn and [M] fp32: x's dynamic per-token quantization,
                      ``x_scale[m] = min(amax|x[m]|, scale_ub) / 448`` and ``xq = x / x_scale``
 
-Three ops, each with a pure-torch ``*_ref`` of the same signature:
-- ``per_token_quant``: one program per row, two passes over the row (amax, then quantize).
+The ops, each with a pure-torch ``*_ref`` of the same signature:
+- ``per_token_quant`` (kernels/fp8_quant.py): x's quantization, its own launch; a kernel that
+  produces x can do it instead and hand over an ``Fp8Act`` (``wants_quantized_input`` says when).
 - ``fp8_gemv``: for a few rows (decode), weight-only: kernels/gemv.py's GEMV reading one
   byte an element, each output times its row's scale. cuBLAS's FP8 matmul is no faster than
   bf16 at these sizes (145 vs 139 us for M = 1 on the H200, issue #34), and quantizing x
   would cost a launch a linear, so decode takes this one.
 - ``fp8_mm``: W8A8 for a decode batch (up to MM_MAX_M rows), x quantized per token, e4m3
   ``tl.dot`` over K cut into SPLIT parts, each part's fp32 tile written to a workspace and the
-  parts added by a second launch that also adds the bias and rounds. cuBLAS's FP8 matmul at
+  parts added by a second launch that also adds the bias and rounds (one part: the tile is the
+  output, one launch). cuBLAS's FP8 matmul at
   128 rows gives a [128, N] output only N / 128 tiles, 32 for llama3-8b's o and down
   projections on a 132-SM GPU: it streamed those weights at 33% and 42% of the copy
   bandwidth on an H100 (benchmarks/results/quant_linear_sweep_h100.json). Splitting K puts
   every SM to work. The split is deterministic (no atomics).
 - ``fp8_linear``: ``fp8_gemv`` for M <= GEMV_MAX_M rows, ``fp8_mm`` up to MM_MAX_M, else
-  quantize x and ``torch._scaled_mm`` with row-wise scales (cuBLAS FP8 tensor cores: 2,860
+  quantize x (unless given an Fp8Act) and ``torch._scaled_mm`` with row-wise scales (cuBLAS FP8 tensor cores: 2,860
   vs 5,080 us against bf16 at M = 8192). ``fp8_linear_ref`` does the same in fp32 torch
   (``fp8_gemv_ref`` / ``scaled_mm_ref``). ``Fp8Config`` names a launch (the GEMV's tile,
   fp8_mm's tile and split, or _scaled_mm) for benchmarks/bench_quant_linear.py --sweep.
@@ -33,7 +35,6 @@ this GEMV's 66-93% at one row, and matched _scaled_mm at 16 rows
 """
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -42,24 +43,21 @@ import triton.language as tl
 
 from treadle.kernels import pdl
 
+from treadle.kernels.fp8_quant import (
+    FP8_DTYPE, FP8_MAX, ActQuant, Fp8Act, check_x as _check_x, interpreting as _interpreting, per_token_quant,
+    per_token_quant_ref,
+)
 from treadle.kernels.gemv import MAX_M as GEMV_MAX, gemv, gemv_ref
 from treadle.kernels.gemv import pick_config as gemv_pick_config
 
-__all__ = ["FP8_MAX", "FP8_DTYPE", "GEMV_MAX_M", "MM_MAX_M", "Fp8Config", "fp8_mm", "pick_config", "candidate_configs", "per_token_quant",
-           "per_token_quant_ref",
-           "fp8_gemv", "fp8_gemv_ref", "scaled_mm_ref", "fp8_linear", "fp8_linear_ref", "quantize_weight_ref"]
+__all__ = ["FP8_MAX", "FP8_DTYPE", "GEMV_MAX_M", "MM_MAX_M", "ActQuant", "Fp8Act", "Fp8Config", "fp8_mm", "pick_config",
+           "candidate_configs", "per_token_quant", "per_token_quant_ref", "fp8_gemv", "fp8_gemv_ref", "scaled_mm_ref",
+           "fp8_linear", "fp8_linear_ref", "quantize_weight_ref", "wants_quantized_input"]
 
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0  # the largest finite float8_e4m3fn
 GEMV_MAX_M = 1  # (kernels/gemv.py takes up to 4 rows; at 4, 222 us against _scaled_mm's ~130 on the H200)
 MM_MAX_M = 256  # fp8_mm by default up to here (a decode batch) where cuBLAS's tiles are few; _scaled_mm above
 MM_MAX_TILES = 40
-_MIN_SCALE = 1e-12  # an all-zero row gets this scale (its values quantize to 0)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _on_kernel_device(t: torch.Tensor, ref_name: str) -> None:
@@ -67,81 +65,7 @@ def _on_kernel_device(t: torch.Tensor, ref_name: str) -> None:
         raise ValueError(f"tensors must be on a CUDA device (got {t.device}); use {ref_name} on CPU")
 
 
-# ------------------------------------------------------------------------- per-token quant
-
-@triton.jit
-def _round_to_e4m3_grid(v):
-    # RTNE onto float8_e4m3fn's values, in fp32 (|v| <= 448): 3 mantissa bits for normals
-    # (|v| >= 2^-6), a fixed 2^-9 step below. Only for the interpreter, whose fp8 cast rounds
-    # up without carrying into the exponent (124.7 becomes 64, not 128): values already on the
-    # grid cast exactly. The GPU's cvt.rn.satfinite rounds correctly by itself.
-    bits = v.to(tl.uint32, bitcast=True)
-    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
-    sub = ((v * 512.0 + 12582912.0) - 12582912.0) / 512.0  # 1.5 * 2^23: fp32 addition rounds to an integer
-    return tl.where(tl.abs(v) >= 0.015625, normal, sub)
-
-
-@triton.jit
-def _per_token_quant_kernel(
-    x_ptr, xq_ptr, s_ptr,
-    K, scale_ub,
-    stride_xm, stride_qm,
-    HAS_UB: tl.constexpr, BLOCK_K: tl.constexpr, GRID_ROUND: tl.constexpr,
-):
-    # grid: (M,); one program = one token row
-    m = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_K)
-    amax = tl.zeros([BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + m * stride_xm + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
-    top = tl.max(amax, axis=0)
-    if HAS_UB:
-        top = tl.minimum(top, scale_ub)
-    scale = tl.maximum(top / 448.0, 1e-12)
-    tl.store(s_ptr + m, scale)
-    for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + m * stride_xm + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
-        if GRID_ROUND:
-            q = _round_to_e4m3_grid(q)
-        tl.store(xq_ptr + m * stride_qm + k0 + cols, q.to(xq_ptr.dtype.element_ty), mask=k0 + cols < K)
-
-
-def _check_x(x: torch.Tensor) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise ValueError("x must be a [M, K] tensor")
-    if x.dtype not in _DTYPES:
-        raise ValueError(f"x must be fp32/fp16/bf16, got {x.dtype}")
-    if x.stride(1) != 1:
-        raise ValueError("x must have a unit last stride")
-
-
-def per_token_quant(x: torch.Tensor, scale_ub: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (xq [M, K] float8_e4m3fn, x_scale [M] fp32), amax clamped to scale_ub."""
-    _check_x(x)
-    _on_kernel_device(x, "per_token_quant_ref")
-    m, k = x.shape
-    xq = torch.empty((m, k), dtype=FP8_DTYPE, device=x.device)
-    scale = torch.empty((m,), dtype=torch.float32, device=x.device)
-    if m:
-        block_k = min(1024, triton.next_power_of_2(max(k, 16)))
-        _per_token_quant_kernel[(m,)](x, xq, scale, k, float(scale_ub or 0.0), x.stride(0), xq.stride(0),
-                                      HAS_UB=scale_ub is not None, BLOCK_K=block_k,
-                                      GRID_ROUND=_interpreting(), num_warps=4)
-    return xq, scale
-
-
-def per_token_quant_ref(x: torch.Tensor, scale_ub: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pure-torch `per_token_quant` (any device)."""
-    _check_x(x)
-    amax = x.float().abs().amax(dim=1) if x.shape[1] else x.new_zeros(x.shape[0], dtype=torch.float32)
-    if scale_ub is not None:
-        amax = amax.clamp(max=scale_ub)
-    scale = (amax / FP8_MAX).clamp(min=_MIN_SCALE)
-    xq = (x.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return xq, scale
-
+# ------------------------------------------------------------------------- weights
 
 def quantize_weight_ref(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A float weight [N, K] -> (float8_e4m3fn [N, K], per-row scale [N] fp32): quantizing at
@@ -203,13 +127,15 @@ def scaled_mm_ref(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_sc
 
 @triton.jit
 def _fp8_mm_kernel(
-    xq_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr,
+    xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, part_ptr,
     M, N, K, k_per,
-    stride_xm, stride_wn, stride_ps, stride_pm,
-    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    stride_xm, stride_wn, stride_ym, stride_ps, stride_pm,
+    SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     # grid: (cdiv(N, BLOCK_N), SPLIT, cdiv(M, BLOCK_M)); one program = a [BLOCK_M, BLOCK_N] tile
-    # of the product over K's part [split * k_per, (split + 1) * k_per), scaled, into part[split]
+    # of the product over K's part [split * k_per, (split + 1) * k_per), scaled: with one part
+    # the output itself (bias added, rounded), with several into part[split] for _sum_parts_kernel
     ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     ms = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -235,8 +161,15 @@ def _fp8_mm_kernel(
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     xs = tl.load(xs_ptr + ms, mask=mmask, other=0.0)
-    tl.store(part_ptr + split * stride_ps + ms.to(tl.int64)[:, None] * stride_pm + ns[None, :],
-             acc * xs[:, None] * ws[None, :], mask=mmask[:, None] & nmask[None, :])
+    acc = acc * xs[:, None] * ws[None, :]
+    omask = mmask[:, None] & nmask[None, :]
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + ns, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + ms.to(tl.int64)[:, None] * stride_ym + ns[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=omask)
+    else:
+        tl.store(part_ptr + split * stride_ps + ms.to(tl.int64)[:, None] * stride_pm + ns[None, :], acc, mask=omask)
 
 
 @triton.jit
@@ -260,10 +193,11 @@ def _sum_parts_kernel(
 
 
 def mm_split(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int) -> int:
-    """K parts that give about two programs an SM of an H100/H200 (132 SMs), each part at
-    least 4 K blocks long."""
+    """K parts that give about one program an SM of an H100/H200 (132 SMs), each part at least 4
+    K blocks long (at 128 rows, 8 warps a program: one a program an SM beat two on every
+    llama3-8b shape, benchmarks/results/quant_linear_sweep_fp8_mm2_h100.json)."""
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
-    return max(1, min(264 // max(tiles, 1), triton.cdiv(k, 4 * block_k), 16))
+    return max(1, min(132 // max(tiles, 1), triton.cdiv(k, 4 * block_k), 16))
 
 
 def fp8_mm(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
@@ -271,7 +205,7 @@ def fp8_mm(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: to
            config: "Fp8Config | None" = None) -> torch.Tensor:
     """The W8A8 product ``(xq * x_scale[:, None]) @ (w * w_scale[:, None]).T (+ bias)`` of
     per_token_quant's output, for a decode batch: tiles of config.block_m rows x block_n
-    outputs, K in config.split parts (Triton, two launches)."""
+    outputs, K in config.split parts (Triton; a second launch adds the parts when there are several)."""
     _check_gemv(xq, x_scale, w, w_scale, bias, out_dtype)
     _on_kernel_device(xq, "scaled_mm_ref")
     m, k = xq.shape
@@ -287,17 +221,18 @@ def fp8_mm(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: to
     split = cfg.split or mm_split(m, n, k, cfg.block_m, cfg.block_n, cfg.block_k)
     k_per = triton.cdiv(triton.cdiv(k, cfg.block_k), split) * cfg.block_k
     split = triton.cdiv(k, k_per)  # no empty part
-    part = torch.empty((split, m, n), dtype=torch.float32, device=xq.device)
+    part = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else y[None]
     launch = dict(num_warps=cfg.warps) if _interpreting() else dict(num_warps=cfg.warps, num_stages=cfg.stages)
     _fp8_mm_kernel[(triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))](
-        xq, x_scale, w, w_scale, part, m, n, k, k_per,
-        xq.stride(0), w.stride(0), part.stride(0), part.stride(1),
-        IEEE=_interpreting(), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        **launch, **pdl.options(xq))
-    block = min(1024, triton.next_power_of_2(n))
-    _sum_parts_kernel[(m, triton.cdiv(n, block))](
-        part, bias if bias is not None else part, y, n, part.stride(0), part.stride(1), y.stride(0),
-        SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4, **pdl.options(xq))
+        xq, x_scale, w, w_scale, bias if bias is not None else w_scale, y, part, m, n, k, k_per,
+        xq.stride(0), w.stride(0), y.stride(0), part.stride(0), part.stride(1),
+        SPLIT=split, HAS_BIAS=bias is not None, IEEE=_interpreting(), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, **launch, **pdl.options(xq))
+    if split > 1:
+        block = min(1024, triton.next_power_of_2(n))
+        _sum_parts_kernel[(m, triton.cdiv(n, block))](
+            part, bias if bias is not None else part, y, n, part.stride(0), part.stride(1), y.stride(0),
+            SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4, **pdl.options(xq))
     return y
 
 
@@ -317,17 +252,25 @@ class Fp8Config(NamedTuple):
     stages: int = 1
 
 
-def _mm_config(m: int, n: int, k: int, block_n: int = 32, block_k: int = 128, stages: int = 4) -> Fp8Config:
+def _mm_config(m: int, n: int, k: int, block_n: int | None = None, block_k: int | None = None,
+               stages: int | None = None, warps: int = 8) -> Fp8Config:
+    """fp8_mm's launch: 32 x 128 tiles on 5 stages, or 64 x 256 on 4 past K = 8,192 (unless given),
+    mm_split's parts."""
+    long_k = k > 8192
+    block_n = block_n or (64 if long_k else 32)
+    block_k = block_k or (256 if long_k else 128)
+    stages = stages or (3 if block_n * block_k >= 32768 else 4 if block_k >= 256 else 5)  # within 227 KB of shared memory
     block_m = 64 if m <= 64 else 128
-    return Fp8Config("mm", block_n, block_k, 4, block_m, mm_split(m, n, k, block_m, block_n, block_k), stages)
+    return Fp8Config("mm", block_n, block_k, warps, block_m, mm_split(m, n, k, block_m, block_n, block_k), stages)
 
 
 def pick_config(m: int, n: int, k: int) -> Fp8Config:
     """The GEMV up to GEMV_MAX_M rows with kernels/gemv.py's tile; up to MM_MAX_M rows fp8_mm where
     cuBLAS's 128 x 128 output tiles would be too few for the GPU (at most MM_MAX_TILES), else
-    _scaled_mm. On an H100 at 128 rows fp8_mm took 15.1 / 41.2 us for llama3-8b's o / down (32
-    tiles) against _scaled_mm's 17.1 / 47.3, and lost on qkv (48 tiles: 19.7 vs 18.0) and
-    gate_up (224: 64.7 vs 53.8) (benchmarks/results/quant_linear_sweep_fp8_mm_h100.json)."""
+    _scaled_mm. On an H100 at 128 rows, each with x quantized in the same launch, fp8_mm took
+    14.5 / 38.7 us for llama3-8b's o / down (32 of cuBLAS's tiles) against _scaled_mm's ~17 / 47,
+    and tied on qkv (48 tiles: 17.5 vs 17.7); _scaled_mm won gate_up (224: 53.8 against 54.5)
+    (benchmarks/results/quant_linear_sweep_fp8_mm2_h100.json)."""
     if m > GEMV_MAX_M:
         if m <= MM_MAX_M and triton.cdiv(n, 128) * triton.cdiv(m, 128) <= MM_MAX_TILES:
             return _mm_config(m, n, k)
@@ -337,13 +280,17 @@ def pick_config(m: int, n: int, k: int) -> Fp8Config:
 
 
 def candidate_configs(m: int, n: int, k: int) -> list[Fp8Config]:
-    """Launches worth timing for one shape (bench_quant_linear.py --sweep): GEMV tiles of 2-8 rows
-    by 512-2048 columns on 2 or 4 warps (up to kernels/gemv.py's MAX_M rows), and _scaled_mm."""
+    """Launches worth timing for one shape (bench_quant_linear.py --sweep): fp8_mm's tiles on 4 or
+    8 warps with mm_split's parts, half and twice that (up to MM_MAX_M rows), GEMV tiles of 2-8
+    rows by 512-2048 columns on 2 or 4 warps (up to kernels/gemv.py's MAX_M rows), and _scaled_mm."""
     out = [Fp8Config("scaled_mm")]
     if m <= MM_MAX_M:
-        out += [_mm_config(m, n, k, bn, bk, st) for bn in (32, 64, 128) for bk in (128, 256) for st in (3, 4)
-                if bn * bk <= 16384]
-        out += [c._replace(split=1) for c in out[-2:]]
+        for bn in (32, 64, 128):
+            for bk in (128, 256):
+                for warps in (4, 8):
+                    cfg = _mm_config(m, n, k, bn, bk, None, warps)
+                    out += [cfg, cfg._replace(split=max(1, cfg.split // 2)), cfg._replace(split=2 * cfg.split)]
+        out = list(dict.fromkeys(out))
     if m <= GEMV_MAX:
         out += [Fp8Config("gemv", bn, bk, w) for bn in (2, 4, 8) for bk in (512, 1024, 2048) for w in (2, 4)
                 if bn * bk <= 8192]
@@ -352,26 +299,38 @@ def candidate_configs(m: int, n: int, k: int) -> list[Fp8Config]:
 
 # ------------------------------------------------------------------------- linear
 
-def _check_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor) -> None:
-    _check_x(x)
+def _check_linear(x: "torch.Tensor | Fp8Act", w: torch.Tensor, w_scale: torch.Tensor) -> None:
+    if isinstance(x, Fp8Act):
+        if x.q.dtype != FP8_DTYPE or x.q.dim() != 2 or x.scale.shape != (x.q.shape[0],):
+            raise ValueError("an Fp8Act must hold q [M, K] float8_e4m3fn and scale [M]")
+    else:
+        _check_x(x)
     if w.dtype != FP8_DTYPE or w.dim() != 2 or w.shape[1] != x.shape[1]:
         raise ValueError(f"w must be float8_e4m3fn [N, K={x.shape[1]}], got {w.dtype} {tuple(w.shape)}")
 
 
-def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
+def wants_quantized_input(m: int, n: int, k: int) -> bool:
+    """Whether `fp8_linear` quantizes an m-row input for an [n, k] weight (every path but the
+    weight-only GEMV): a kernel producing that input may then hand it over as an Fp8Act."""
+    return pick_config(m, n, k).path != "gemv"
+
+
+def fp8_linear(x: "torch.Tensor | Fp8Act", w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
                scale_ub: float | None = None, out_dtype: torch.dtype | None = None,
                config: Fp8Config | None = None) -> torch.Tensor:
-    """x [M, K] -> [M, N] in out_dtype (default x's), by `pick_config`'s launch unless given: for
-    M <= GEMV_MAX_M the weight-only GEMV (x as it is), else x quantized per token (Triton) and
-    torch._scaled_mm (K and N multiples of 16)."""
+    """x [M, K] -> [M, N] in out_dtype (default x's, an Fp8Act's its own), by `pick_config`'s launch
+    unless given: for M <= GEMV_MAX_M the weight-only GEMV (x as it is), else x quantized per
+    token (Triton; or already, an Fp8Act) and fp8_mm or torch._scaled_mm (K and N multiples of 16)."""
     _check_linear(x, w, w_scale)
     out_dtype = out_dtype or x.dtype
     cfg = config or pick_config(x.shape[0], w.shape[0], x.shape[1])
     if cfg.path == "gemv":
+        if isinstance(x, Fp8Act):
+            raise ValueError("the weight-only GEMV takes x unquantized (see wants_quantized_input)")
         return fp8_gemv(x, w, w_scale, bias, out_dtype=out_dtype, config=(cfg.block_n, cfg.block_k, cfg.warps, 1))
     if cfg.path not in ("mm", "scaled_mm"):
         raise ValueError(f"unknown fp8 launch path {cfg.path!r} (gemv, mm, scaled_mm)")
-    xq, sx = per_token_quant(x, scale_ub)
+    xq, sx = (x.q, x.scale) if isinstance(x, Fp8Act) else per_token_quant(x, scale_ub)
     if cfg.path == "mm":
         return fp8_mm(xq, sx, w, w_scale, bias, out_dtype=out_dtype, config=cfg)
     _check_gemv(xq, sx, w, w_scale, bias, out_dtype)
@@ -386,12 +345,14 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: to
     return y.to(out_dtype)
 
 
-def fp8_linear_ref(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
+def fp8_linear_ref(x: "torch.Tensor | Fp8Act", w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
                    scale_ub: float | None = None, out_dtype: torch.dtype | None = None,
                    config: Fp8Config | None = None) -> torch.Tensor:
     """Pure-torch `fp8_linear` (same launch choice): for the GEMV w dequantized and x as it is,
-    else x quantized per token; both sides dequantized, fp32 matmul."""
+    else x quantized per token (unless an Fp8Act already); both sides dequantized, fp32 matmul."""
     _check_linear(x, w, w_scale)
+    if isinstance(x, Fp8Act):
+        return scaled_mm_ref(x.q, x.scale, w, w_scale, bias, out_dtype=out_dtype or x.dtype)
     if (config or pick_config(x.shape[0], w.shape[0], x.shape[1])).path == "gemv":
         return fp8_gemv_ref(x, w, w_scale, bias, out_dtype=out_dtype or x.dtype)
     xq, sx = per_token_quant_ref(x, scale_ub)

@@ -5,6 +5,11 @@
 rounded to ``x.dtype`` and then multiplied by the weight (so bf16 matches HF bit for bit in
 the common case). ``fused_add_rmsnorm(x, residual, w, eps)`` is in place:
 ``residual += x`` then ``x = rmsnorm(residual)`` (the pre-norm decoder-layer pattern).
+
+Both take ``quant=ActQuant(...)`` to return the normed rows quantized per token for an FP8
+linear (an ``Fp8Act``, kernels/fp8_quant.py) instead of writing them in ``x.dtype``: the row is
+in registers already, so its amax costs no second read. The values are rounded to x's dtype
+first, so the result is bit for bit ``per_token_quant`` of the unfused output.
 """
 from __future__ import annotations
 
@@ -15,6 +20,9 @@ import triton
 import triton.language as tl
 
 from treadle.kernels import pdl
+from treadle.kernels.fp8_quant import (
+    ActQuant, Fp8Act, empty_act, interpreting, per_token_quant_ref, quantize, token_scale,
+)
 
 __all__ = ["rmsnorm", "fused_add_rmsnorm", "rmsnorm_ref", "fused_add_rmsnorm_ref"]
 
@@ -23,10 +31,11 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 @triton.jit
 def _rmsnorm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr,
-    hidden, eps,
-    stride_x, stride_res, stride_out,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, res_ptr, w_ptr, out_ptr, q_ptr, s_ptr,
+    hidden, eps, scale_ub,
+    stride_x, stride_res, stride_out, stride_q,
+    HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr, HAS_UB: tl.constexpr, GRID_ROUND: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     # grid: (T,); one program normalises one row of H <= BLOCK elements held in registers.
     row = tl.program_id(0).to(tl.int64)
@@ -43,8 +52,14 @@ def _rmsnorm_kernel(
         tl.store(res_ptr + row * stride_res + offs, x, mask=mask)
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / hidden + eps)
-    y = (xf * rstd).to(out_ptr.dtype.element_ty).to(tl.float32) * w
-    tl.store(out_ptr + row * stride_out + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    y = (xf * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    if QUANT:  # per token, of y as rounded to x's dtype (kernels/fp8_quant.py)
+        y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
+        scale = token_scale(tl.max(tl.abs(y), axis=0), scale_ub, HAS_UB)
+        tl.store(s_ptr + row, scale)
+        tl.store(q_ptr + row * stride_q + offs, quantize(y, scale, GRID_ROUND).to(q_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(out_ptr + row * stride_out + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> None:
@@ -72,47 +87,75 @@ def _check_device(x: torch.Tensor) -> None:
         raise ValueError(f"x must be on a CUDA device (got {x.device}); use the *_ref functions on CPU")
 
 
-def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor, eps: float) -> None:
+def _check_quant(quant: ActQuant | None) -> None:
+    if quant is not None and not isinstance(quant, ActQuant):
+        raise ValueError(f"quant must be an ActQuant or None, got {type(quant).__name__}")
+
+
+def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor, eps: float,
+            act: Fp8Act | None = None, scale_ub: float | None = None) -> None:
     num_tokens, hidden = x.shape
     if num_tokens == 0:
         return
     block = triton.next_power_of_2(hidden)
     warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
     res = residual if residual is not None else x
+    q, s = (act.q, act.scale) if act is not None else (out, out)
     _rmsnorm_kernel[(num_tokens,)](
-        x, res, weight, out,
-        hidden, float(eps),
-        x.stride(0), res.stride(0), out.stride(0),
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=warps, **pdl.options(x),
+        x, res, weight, out, q, s,
+        hidden, float(eps), float(scale_ub or 0.0),
+        x.stride(0), res.stride(0), out.stride(0), q.stride(0),
+        HAS_RESIDUAL=residual is not None, QUANT=act is not None, HAS_UB=scale_ub is not None,
+        GRID_ROUND=interpreting(), BLOCK=block, num_warps=warps, **pdl.options(x),
     )
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x: [T, H]``, ``weight: [H]`` -> new ``[T, H]`` tensor in ``x.dtype`` (Triton)."""
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
+    """``x: [T, H]``, ``weight: [H]`` -> new ``[T, H]`` tensor in ``x.dtype``, or its per-token FP8
+    quantization with ``quant`` (Triton)."""
     _check(x, weight, eps)
+    _check_quant(quant)
     _check_device(x)
+    if quant is not None:
+        act = empty_act(*x.shape, x.device, x.dtype)
+        _launch(x, None, weight, x, eps, act, quant.scale_ub)
+        return act
     out = torch.empty_like(x)
     _launch(x, None, weight, out, eps)
     return out
 
 
-def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    """In place: ``residual += x`` then ``x[:] = rmsnorm(residual)``; both ``[T, H]`` (Triton)."""
+def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                      quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
+    """In place: ``residual += x`` then ``x[:] = rmsnorm(residual)``; both ``[T, H]`` (Triton).
+    Returns x, or with ``quant`` the normed rows quantized per token (x is then left as it was)."""
     _check(x, weight, eps, residual)
+    _check_quant(quant)
     _check_device(x)
+    if quant is not None:
+        act = empty_act(*x.shape, x.device, x.dtype)
+        _launch(x, residual, weight, x, eps, act, quant.scale_ub)
+        return act
     _launch(x, residual, weight, x, eps)
+    return x
 
 
-def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
     """Pure-torch reference (any device), same signature and rounding order as the kernel."""
     _check(x, weight, eps)
+    _check_quant(quant)
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return (y.float() * weight.float()).to(x.dtype)
+    y = (y.float() * weight.float()).to(x.dtype)
+    return y if quant is None else Fp8Act(*per_token_quant_ref(y, quant.scale_ub), y.dtype)
 
 
-def fused_add_rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+def fused_add_rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                          quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
     """Pure-torch reference of :func:`fused_add_rmsnorm` (in place, any device)."""
     _check(x, weight, eps, residual)
     residual.copy_((residual.float() + x.float()).to(residual.dtype))
+    if quant is not None:
+        return rmsnorm_ref(residual, weight, eps, quant)
     x.copy_(rmsnorm_ref(residual, weight, eps))
+    return x

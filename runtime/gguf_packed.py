@@ -187,9 +187,14 @@ class PackedLinear(nn.Module):
             y = packed_linear(self.lib, x.contiguous(), self.packed)
         return y if self.bias is None else y + self.bias
 
-    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """As ColumnParallelLinear.silu_and_mul, for a packed gate/up pair (LlamaMLP's gate_up_proj)."""
+    def silu_and_mul(self, x: torch.Tensor, quant: object = None) -> torch.Tensor:
+        """As ColumnParallelLinear.silu_and_mul, for a packed gate/up pair (LlamaMLP's gate_up_proj);
+        on the CPU `quant` is never set (no input here is quantized per token)."""
         return ops.silu_and_mul(self(x))
+
+    def input_quant(self, x: torch.Tensor) -> None:
+        """As ColumnParallelLinear.input_quant: these weights take their input as it is."""
+        return None
 
     def extra_repr(self) -> str:
         return f"{self.packed.kind}, out={self.packed.shape[0]}, in={self.packed.shape[1]}"

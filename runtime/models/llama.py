@@ -8,6 +8,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from treadle.kernels.fp8_quant import ActQuant, Fp8Act
 from treadle.runtime.forward_batch import ForwardBatch
 from treadle.runtime.model_config import ModelConfig
 from treadle.runtime.models import ops
@@ -43,7 +44,11 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim ** -0.5
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor,
+    def input_quant(self, x: torch.Tensor) -> ActQuant | None:
+        """How the q/k/v projection would quantize x (runtime/models/parallel.py), for the norm before it."""
+        return self.qkv_proj.input_quant(x)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor | Fp8Act, cos_sin: torch.Tensor,
                 fb: ForwardBatch) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hk) D]
@@ -68,8 +73,12 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj.act_and_mul = "silu"
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, ctx=ctx)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj.silu_and_mul(x))
+    def input_quant(self, x: torch.Tensor) -> ActQuant | None:
+        return self.gate_up_proj.input_quant(x)
+
+    def forward(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:
+        # an FP8 down projection gets silu(gate) * up quantized by the SiLU kernel itself
+        return self.down_proj(self.gate_up_proj.silu_and_mul(x, self.down_proj.input_quant(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -82,15 +91,17 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 cos_sin: torch.Tensor, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        # pre-norm with the residual add fused into the norm: x holds the normed input
+        # pre-norm with the residual add fused into the norm: x holds the normed input, quantized
+        # per token by the norm's kernel where the projection after it is FP8 (ops.rmsnorm)
+        norm = self.input_layernorm
         if residual is None:
             residual = x
-            x = self.input_layernorm(x)
+            x = ops.rmsnorm(x, norm.weight, norm.eps, self.self_attn.input_quant(x))
         else:
-            ops.fused_add_rmsnorm(x, residual, self.input_layernorm.weight, self.input_layernorm.eps)
+            x = ops.fused_add_rmsnorm(x, residual, norm.weight, norm.eps, self.self_attn.input_quant(x))
         x = self.self_attn(positions, x, cos_sin, fb)
-        ops.fused_add_rmsnorm(x, residual, self.post_attention_layernorm.weight,
-                              self.post_attention_layernorm.eps)
+        norm = self.post_attention_layernorm
+        x = ops.fused_add_rmsnorm(x, residual, norm.weight, norm.eps, self.mlp.input_quant(x))
         return self.mlp(x), residual
 
 

@@ -106,6 +106,10 @@ class SparseMoeBlock(nn.Module):
         # fm.moe_router's ticket (it leaves it zero): the router of a few tokens in one launch
         self.register_buffer("route_ticket", torch.zeros(1, dtype=torch.int32), persistent=False)
 
+    def input_quant(self, x: torch.Tensor) -> None:
+        """As LlamaMLP.input_quant: the router and the experts take x as it is."""
+        return None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ex = self.experts
         if x.is_cuda and x.shape[0] <= fm.ROUTER_MAX_TOKENS and x.stride(1) == 1:

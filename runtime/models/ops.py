@@ -7,25 +7,31 @@ import torch
 import torch.nn.functional as F
 
 from treadle.kernels import activation, gemv as gemv_k, rmsnorm as rmsnorm_k, rope
+from treadle.kernels.fp8_quant import ActQuant, Fp8Act
 from treadle.runtime import cpu_ops  # float32 CPU: one C pass an op (runtime/cpu_ops.c)
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
+    """RMSNorm of x's rows; with `quant` (a linear layer's `input_quant`) the CUDA kernel may
+    return them quantized per token instead (elsewhere the plain tensor, which that layer takes too)."""
     if x.is_cuda:
-        return rmsnorm_k.rmsnorm(x, weight, eps)
+        return rmsnorm_k.rmsnorm(x, weight, eps, quant)
     if cpu_ops.usable(x, weight):
         return cpu_ops.rmsnorm(x, weight, eps)
     return rmsnorm_k.rmsnorm_ref(x, weight, eps)
 
 
-def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    """In place: residual += x; x = rmsnorm(residual)."""
+def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                      quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
+    """In place: residual += x; x = rmsnorm(residual). Returns x, or with `quant` on CUDA the
+    normed rows quantized per token (as `rmsnorm`)."""
     if x.is_cuda:
-        rmsnorm_k.fused_add_rmsnorm(x, residual, weight, eps)
-    elif cpu_ops.usable(x, residual, weight) and x.is_contiguous() and residual.is_contiguous():
+        return rmsnorm_k.fused_add_rmsnorm(x, residual, weight, eps, quant)
+    if cpu_ops.usable(x, residual, weight) and x.is_contiguous() and residual.is_contiguous():
         cpu_ops.fused_add_rmsnorm(x, residual, weight, eps)
     else:
         rmsnorm_k.fused_add_rmsnorm_ref(x, residual, weight, eps)
+    return x
 
 
 def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
@@ -44,9 +50,10 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_si
         rope.apply_rope_ref(q, k, positions, cos_sin)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
+    """silu(gate) * up; with `quant` the CUDA kernel may return it quantized per token (as `rmsnorm`)."""
     if x.is_cuda:
-        return activation.silu_and_mul(x)
+        return activation.silu_and_mul(x, quant)
     if cpu_ops.usable(x) and x.dim() == 2:
         return cpu_ops.silu_and_mul(x)
     return activation.silu_and_mul_ref(x)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from treadle.kernels.fp8_quant import ActQuant, Fp8Act
 from treadle.runtime.models import ops
 
 
@@ -114,16 +115,22 @@ class ColumnParallelLinear(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:
         if self.quant is not None:
             return self.quant.apply(self, x, self.bias)
         return ops.linear(x, self.weight, self.bias)
 
-    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """A gate/up pair (act_and_mul "silu"): silu(gate) * up of x's projection, [T, out_local / 2]."""
+    def input_quant(self, x: torch.Tensor | Fp8Act) -> ActQuant | None:
+        """The form this layer would quantize an input like x into (None: it takes x as it is): a
+        kernel producing its input may hand it over that way (an Fp8Act), or as a plain tensor."""
+        return self.quant.input_quant(self, x) if self.quant is not None else None
+
+    def silu_and_mul(self, x: torch.Tensor | Fp8Act, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
+        """A gate/up pair (act_and_mul "silu"): silu(gate) * up of x's projection, [T, out_local / 2];
+        with `quant` (the next layer's `input_quant`) possibly quantized per token for it."""
         if self.quant is not None:
-            return self.quant.apply_silu_and_mul(self, x, self.bias)
-        return ops.silu_and_mul(self.forward(x))
+            return self.quant.apply_silu_and_mul(self, x, self.bias, quant)
+        return ops.silu_and_mul(self.forward(x), quant)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -187,10 +194,14 @@ class RowParallelLinear(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:
         y = self.quant.apply(self, x, None) if self.quant is not None else ops.linear(x, self.weight)
         y = all_reduce(y, self.ctx)
         return y + self.bias if self.bias is not None else y
+
+    def input_quant(self, x: torch.Tensor | Fp8Act) -> ActQuant | None:
+        """As ColumnParallelLinear.input_quant."""
+        return self.quant.input_quant(self, x) if self.quant is not None else None
 
 
 class VocabParallelEmbedding(nn.Module):

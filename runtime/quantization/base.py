@@ -17,6 +17,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from treadle.kernels.fp8_quant import ActQuant, Fp8Act
 from treadle.runtime.models import ops
 from treadle.runtime.models.parallel import ColumnParallelLinear, RowParallelLinear
 from treadle.runtime.quantization.config import QuantConfig
@@ -81,10 +82,17 @@ class QuantMethod:
         """x [T, in_local] -> [T, out_local] in x's dtype."""
         raise NotImplementedError
 
-    def apply_silu_and_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """A gate/up pair's (layer.act_and_mul == "silu") SwiGLU: silu(gate) * up, [T, out_local / 2].
+    def input_quant(self, layer: nn.Module, x: torch.Tensor) -> ActQuant | None:
+        """The per-token quantization `apply` would give an input like x (None: it takes x as it
+        is), which the kernel producing x may do instead (runtime/models/parallel.py)."""
+        return None
+
+    def apply_silu_and_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                           quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
+        """A gate/up pair's (layer.act_and_mul == "silu") SwiGLU: silu(gate) * up, [T, out_local / 2],
+        possibly quantized per token as `quant` (the next layer's input_quant) asks.
         A method whose kernel can fuse it overrides this."""
-        return ops.silu_and_mul(self.apply(layer, x, bias))
+        return ops.silu_and_mul(self.apply(layer, x, bias), quant)
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         """The fp32 weight [out_local, in_local] this layer multiplies by (its reference)."""

@@ -16,7 +16,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from treadle.kernels.fp8_linear import FP8_DTYPE, fp8_linear, quantize_weight_ref
+from treadle.kernels.fp8_linear import (
+    FP8_DTYPE, ActQuant, Fp8Act, fp8_linear, quantize_weight_ref, wants_quantized_input,
+)
 from treadle.runtime.models import ops
 from treadle.runtime.quantization.base import QuantMethod, new_param, replace_param
 
@@ -51,9 +53,17 @@ class Fp8Method(QuantMethod):
         replace_param(layer, "weight", w)
         replace_param(layer, "weight_scale", scale)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def input_quant(self, layer: nn.Module, x: torch.Tensor | Fp8Act) -> ActQuant | None:
+        if self.kernels(x) and wants_quantized_input(x.shape[0], layer.out_local, layer.in_local):
+            return ActQuant(self.qc.activation_scale_ub)
+        return None
+
+    def apply(self, layer: nn.Module, x: torch.Tensor | Fp8Act, bias: torch.Tensor | None) -> torch.Tensor:
+        """x as it is, or (on the GPU, from a kernel that fused `input_quant`'s quantization) an Fp8Act."""
         if self.kernels(x):
             return fp8_linear(x, layer.weight, layer.weight_scale, bias, self.qc.activation_scale_ub)
+        if isinstance(x, Fp8Act):
+            x = x.dequantize(x.dtype)
         # the float path's own matmul, so a float model of the dequantized weights is exact
         return ops.linear(x, self.dequantize(layer).to(x.dtype), bias)
 

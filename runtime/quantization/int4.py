@@ -177,7 +177,8 @@ class Int4Method(QuantMethod):
         # the float path's own matmul, so a float model of the dequantized weights is exact
         return ops.linear(x, self.dequantize(layer).to(x.dtype), bias)
 
-    def apply_silu_and_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply_silu_and_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                           quant: object = None) -> torch.Tensor:
         if (getattr(layer, "gate_up_interleaved", False) and bias is None and self.kernels(x)
                 and x.dtype in (torch.bfloat16, torch.float16)):
             perm = getattr(layer, "perm", None)
@@ -185,7 +186,7 @@ class Int4Method(QuantMethod):
                 x = x.index_select(1, perm)
             return int4_mma.int4_mma_linear(x, layer.qweight, layer.scales, layer.qzeros, layer.group_size,
                                             gated=True)
-        return super().apply_silu_and_mul(layer, x, bias)
+        return super().apply_silu_and_mul(layer, x, bias, quant)
 
     def dequantize(self, layer: nn.Module, sorted_inputs: bool = False) -> torch.Tensor:
         """The fp32 weight [N, K], its inputs in their own order (or, with `sorted_inputs`, in
