@@ -1023,8 +1023,12 @@ def _branch_fsm(start: bool, end: bool, core: str, most: int | None = None) -> A
 
 
 def _minimal(fsm: Any) -> Any:
-    """``fsm`` with equivalent states merged (Moore's partition refinement over its live
-    states; the same strings): fewer states make a shorter regex, written sooner."""
+    """``fsm`` with equivalent states merged (the same strings): fewer states make a shorter
+    regex, written sooner. Its live states are split by Hopcroft's partition refinement (n k
+    log n for n states and k symbols; Moore's rounds, one per state of a counted chain, took
+    seconds on a URL pattern's ``{1,256}``); a missing or dead transition goes to a sink. The
+    merged states are numbered by where each first stands among the live states sorted by
+    ``str``."""
     from interegular.fsm import FSM
 
     back: dict = {}
@@ -1041,16 +1045,49 @@ def _minimal(fsm: Any) -> Any:
         return fsm
     symbols = list(fsm.alphabet.by_transition)
     states = sorted(live, key=str)
-    block = {q: int(q in fsm.finals) for q in states}
-    count = len(set(block.values()))
-    while True:
-        signature = {q: (block[q], *(block.get(fsm.map.get(q, {}).get(sym), -1) for sym in symbols)) for q in states}
-        ids: dict = {}
-        new_block = {q: ids.setdefault(signature[q], len(ids)) for q in states}
-        block = new_block
-        if len(ids) == count:
-            break
-        count = len(ids)
+    index = {q: i for i, q in enumerate(states)}
+    sink = len(states)
+    # per symbol: target -> the states going there on it (the sink goes to itself)
+    sources: list[dict[int, list[int]]] = [{sink: [sink]} for _ in symbols]
+    for i, q in enumerate(states):
+        row = fsm.map.get(q, {})
+        for k, sym in enumerate(symbols):
+            sources[k].setdefault(index.get(row.get(sym), sink), []).append(i)
+    finals = {i for i, q in enumerate(states) if q in fsm.finals}
+    blocks = [b for b in (finals, set(range(sink + 1)) - finals) if b]
+    block_of = [0] * (sink + 1)
+    for b, members in enumerate(blocks):
+        for i in members:
+            block_of[i] = b
+    waiting = [min(range(len(blocks)), key=lambda b: len(blocks[b]))]
+    queued = set(waiting)
+    while waiting:
+        a = waiting.pop()
+        queued.discard(a)
+        splitter = list(blocks[a])  # as it stands now: splits below do not change it
+        for into in sources:
+            hit: dict[int, list[int]] = {}
+            for t in splitter:
+                for i in into.get(t, ()):
+                    hit.setdefault(block_of[i], []).append(i)
+            for b, members in hit.items():
+                if len(members) == len(blocks[b]):
+                    continue
+                part = set(members)
+                blocks[b] -= part
+                blocks.append(part)
+                new = len(blocks) - 1
+                for i in part:
+                    block_of[i] = new
+                if b in queued:
+                    queued.add(new)
+                    waiting.append(new)
+                else:
+                    smaller = new if len(part) <= len(blocks[b]) else b
+                    queued.add(smaller)
+                    waiting.append(smaller)
+    ids: dict[int, int] = {}
+    block = {q: ids.setdefault(block_of[i], len(ids)) for i, q in enumerate(states)}
     fmap: dict = {}
     for q in states:
         row = fmap.setdefault(block[q], {})
