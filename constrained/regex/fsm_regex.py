@@ -96,7 +96,7 @@ def fsm_to_regex(fsm: Any, limit: int = 20_000) -> str | None:
                 # alternation, so it concatenates as it is
                 edges[p][r] = _alt(edges[p].get(r), a + star + b)
                 if len(edges[p][r]) > limit:
-                    raise ValueError(f"a key set's regex would exceed {limit} characters")
+                    raise ValueError(f"its automaton written back as a regex would exceed {limit} characters")
         for s in {*into, *(r for r, _ in outs)}:
             if s in pending:
                 heapq.heappush(heap, (key(s), tick, s))
@@ -104,7 +104,7 @@ def fsm_to_regex(fsm: Any, limit: int = 20_000) -> str | None:
     out = edges[start].get(end)
     depth = _nesting(out or "")
     if depth > MAX_NESTING:
-        raise ValueError(f"a key set's regex would nest {depth} groups deep")
+        raise ValueError(f"its automaton written back as a regex would nest {depth} groups deep")
     return out
 
 
