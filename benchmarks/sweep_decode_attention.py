@@ -1,9 +1,11 @@
 """Sweep decode-attention launch parameters (splits, key tile, warps, stages) on the GPU for a
 bf16 and an fp8_e5m2 KV pool, and print the fastest per shape next to what the defaults in
 kernels/decode_attention.py pick; how those defaults were chosen. Each config is timed as
-CUDA-graph replays (as the model runs at decode), llama3-8b heads (Hq 32, Hk 8, D 128).
+CUDA-graph replays (as the model runs at decode), llama3-8b heads (Hq 32, Hk 8, D 128) unless
+--heads says otherwise (qwen3-30b-a3b: 32,4), at the (batch, keys) cases of --cases.
 
     python benchmarks/sweep_decode_attention.py [--out results/decode_attention_sweep.json]
+    python benchmarks/sweep_decode_attention.py --heads 32,4 --cases 1x576 --pools bfloat16
 """
 import argparse
 import itertools
@@ -20,7 +22,8 @@ import treadle.kernels.decode_attention as da
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_info  # noqa: E402
 
-HQ, HK, D, DEV = 32, 8, 128, "cuda"
+D, DEV = 128, "cuda"
+HQ, HK = 32, 8  # --heads
 
 
 def case(bs: int, seq: int, pool: torch.dtype):
@@ -36,10 +39,20 @@ def case(bs: int, seq: int, pool: torch.dtype):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None)
+    p.add_argument("--heads", default="32,8", help="query heads, kv heads")
+    p.add_argument("--cases", default="1x4096,32x576,128x576,256x576", help="batch x keys, comma-separated")
+    p.add_argument("--pools", default="bfloat16,float8_e5m2")
+    p.add_argument("--splits", default="1,2,4,8,32")
+    p.add_argument("--block-n", default="32,64,128")
+    p.add_argument("--warps", default="2,4")
+    p.add_argument("--stages", default="2,3")
     args = p.parse_args()
+    global HQ, HK
+    HQ, HK = (int(v) for v in args.heads.split(","))
+    cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")]
+    pools = [getattr(torch, name) for name in args.pools.split(",")]
     records = [{"figure": "meta", **machine_info(), "command": "python " + " ".join(sys.argv)}]
-    for (bs, seq), pool in itertools.product(((1, 4096), (32, 576), (128, 576), (256, 576)),
-                                             (torch.bfloat16, torch.float8_e5m2)):
+    for (bs, seq), pool in itertools.product(cases, pools):
         q, kb, vb, r2t, idx, lens = case(bs, seq, pool)
         o, want = torch.empty_like(q), torch.empty_like(q)
         da.decode_attention_ref(q, kb, vb, want, r2t, idx, lens, D ** -0.5)
@@ -56,7 +69,9 @@ def main() -> None:
         default_splits = da.default_kv_splits(bs, HK, seq, DEV)
         default_us = run(default_splits)
         res = []
-        for splits, bn, warps, stages in itertools.product([1, 2, 4, 8, 32], [32, 64, 128], [2, 4], [2, 3]):
+        ints = lambda v: [int(x) for x in v.split(",")]  # noqa: E731
+        for splits, bn, warps, stages in itertools.product(ints(args.splits), ints(args.block_n), ints(args.warps),
+                                                           ints(args.stages)):
             if triton.cdiv(seq, splits) < bn // 2 or (bs > 1 and splits > 8) or (bs == 1 and splits < 8):
                 continue
             orig = da._decode_blocks
@@ -68,7 +83,7 @@ def main() -> None:
             finally:
                 da._decode_blocks = orig
         res.sort()
-        rec = {"figure": "decode_attention_sweep", "bs": bs, "keys": seq, "pool": str(pool).split(".")[-1],
+        rec = {"figure": "decode_attention_sweep", "heads": [HQ, HK], "bs": bs, "keys": seq, "pool": str(pool).split(".")[-1],
                "kv_mb": round(kv_bytes / 1e6, 1), "default": {"splits": default_splits, "us": round(default_us, 1),
                                                                "gb_s": round(kv_bytes / default_us / 1e3)},
                "best": [{"splits": s, "block_n": bn, "warps": w, "stages": st, "us": round(us, 1),

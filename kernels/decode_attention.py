@@ -229,12 +229,15 @@ def _decode_blocks(on_gpu: bool, block_d: int, splits: int) -> tuple[int, int, i
     """(BLOCK_N, num_warps, num_stages) for stage 1."""
     if not on_gpu:
         return 16, 1, 1
-    # H200 sweeps (benchmarks/sweep_decode_attention.py, D 128, GQA 4). Split requests: 32-key
-    # tiles with 2 warps beat 64 x 4 warps at every batch. One split per request (big batches):
-    # 64-key tiles, 3 stages, the sweep's best at bs 128 and 256 (bs 128 x 576 keys: 76 us for
-    # bf16 and 66 for an fp8 pool, whose 128-byte rows need the longer tile to keep as many
-    # bytes in flight, against 83 and 87 with the previous 2 splits x 32-key tiles)
-    return (64, 2, 3) if splits == 1 else (32, 2, 2)
+    # H200 sweeps (benchmarks/sweep_decode_attention.py, D 128, GQA 4). One split per request
+    # (big batches): 64-key tiles, 3 stages, the sweep's best at bs 128 and 256 (bs 128 x 576
+    # keys: 76 us for bf16 and 66 for an fp8 pool, whose 128-byte rows need the longer tile to
+    # keep as many bytes in flight, against 83 and 87 with the previous 2 splits x 32-key tiles).
+    # Split requests: default_kv_splits gives a split at most 64 keys where it has SMs to spare,
+    # so one 64-key tile on 4 warps and no pipelining (nothing to overlap within a split): on an
+    # H100, batch 1 x 576 keys with Qwen3-MoE's heads (GQA 8), 4.5 us against 6.1 for the
+    # previous 32-key tiles on 2 warps and 2 stages (results/decode_attention_sweep_moe_bs1_h100.json)
+    return (64, 2, 3) if splits == 1 else (64, 4, 1)
 
 
 def decode_attention(
