@@ -17,7 +17,7 @@ import triton.language as tl
 
 from treadle.kernels import pdl
 from treadle.kernels.fp8_quant import (
-    ActQuant, Fp8Act, empty_act, interpreting, per_token_quant_ref, quantize, token_scale,
+    ActQuant, Fp8Act, check_quant, empty_act, interpreting, per_token_quant_ref, quantize, token_scale,
 )
 
 __all__ = ["silu_and_mul", "silu_and_mul_ref"]
@@ -87,16 +87,11 @@ def _check(x: torch.Tensor) -> None:
         raise ValueError("x must be contiguous")
 
 
-def _check_quant(quant: ActQuant | None) -> None:
-    if quant is not None and not isinstance(quant, ActQuant):
-        raise ValueError(f"quant must be an ActQuant or None, got {type(quant).__name__}")
-
-
 def silu_and_mul(x: torch.Tensor, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
     """``x: [T, 2I]`` -> ``[T, I]`` = ``silu(x[:, :I]) * x[:, I:]`` (Triton), or its per-token FP8
     quantization with ``quant``."""
     _check(x)
-    _check_quant(quant)
+    check_quant(quant)
     if x.device.type != "cuda" and not interpreting():
         raise ValueError(f"x must be on a CUDA device (got {x.device}); use silu_and_mul_ref on CPU")
     num_tokens, inter = x.shape[0], x.shape[1] // 2
@@ -120,7 +115,7 @@ def silu_and_mul(x: torch.Tensor, quant: ActQuant | None = None) -> torch.Tensor
 def silu_and_mul_ref(x: torch.Tensor, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
     """Pure-torch reference with the same signature (any device): fp32 math, cast back."""
     _check(x)
-    _check_quant(quant)
+    check_quant(quant)
     inter = x.shape[1] // 2
     xf = x.float()
     y = (torch.nn.functional.silu(xf[:, :inter]) * xf[:, inter:]).to(x.dtype)

@@ -117,6 +117,12 @@ def _per_token_quant_kernel(
         tl.store(xq_ptr + m * stride_qm + k0 + cols, q.to(xq_ptr.dtype.element_ty), mask=k0 + cols < K)
 
 
+def check_quant(quant: ActQuant | None) -> None:
+    """A producer's `quant` argument: an ActQuant or None."""
+    if quant is not None and not isinstance(quant, ActQuant):
+        raise ValueError(f"quant must be an ActQuant or None, got {type(quant).__name__}")
+
+
 def check_x(x: torch.Tensor) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError("x must be a [M, K] tensor")

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from treadle.kernels import pdl
 from treadle.kernels.fp8_quant import (
-    ActQuant, Fp8Act, empty_act, interpreting, per_token_quant_ref, quantize, token_scale,
+    ActQuant, Fp8Act, check_quant, empty_act, interpreting, per_token_quant_ref, quantize, token_scale,
 )
 
 __all__ = ["rmsnorm", "fused_add_rmsnorm", "rmsnorm_ref", "fused_add_rmsnorm_ref"]
@@ -87,11 +87,6 @@ def _check_device(x: torch.Tensor) -> None:
         raise ValueError(f"x must be on a CUDA device (got {x.device}); use the *_ref functions on CPU")
 
 
-def _check_quant(quant: ActQuant | None) -> None:
-    if quant is not None and not isinstance(quant, ActQuant):
-        raise ValueError(f"quant must be an ActQuant or None, got {type(quant).__name__}")
-
-
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor, eps: float,
             act: Fp8Act | None = None, scale_ub: float | None = None) -> None:
     num_tokens, hidden = x.shape
@@ -114,7 +109,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, quant: ActQuant |
     """``x: [T, H]``, ``weight: [H]`` -> new ``[T, H]`` tensor in ``x.dtype``, or its per-token FP8
     quantization with ``quant`` (Triton)."""
     _check(x, weight, eps)
-    _check_quant(quant)
+    check_quant(quant)
     _check_device(x)
     if quant is not None:
         act = empty_act(*x.shape, x.device, x.dtype)
@@ -130,7 +125,7 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     """In place: ``residual += x`` then ``x[:] = rmsnorm(residual)``; both ``[T, H]`` (Triton).
     Returns x, or with ``quant`` the normed rows quantized per token (x is then left as it was)."""
     _check(x, weight, eps, residual)
-    _check_quant(quant)
+    check_quant(quant)
     _check_device(x)
     if quant is not None:
         act = empty_act(*x.shape, x.device, x.dtype)
@@ -143,7 +138,7 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
 def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
     """Pure-torch reference (any device), same signature and rounding order as the kernel."""
     _check(x, weight, eps)
-    _check_quant(quant)
+    check_quant(quant)
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     y = (y.float() * weight.float()).to(x.dtype)
