@@ -16,6 +16,9 @@ from typing import Any
 _REPLACEMENT = "\ufffd"
 # Tokens decoded together with the new ones so that merges and leading spaces come out right.
 _CONTEXT_TOKENS = 5
+# Tokens a text ending in U+FFFD is held for, waiting for the rest of a character (UTF-8 has at
+# most 4 bytes a character, a token at least 1): past this it holds invalid bytes, and is final
+_MAX_HELD_TOKENS = 8
 
 
 class IncrementalDetokenizer:
@@ -61,10 +64,27 @@ class IncrementalDetokenizer:
             prefix_text = self._decode(self.ids[self.prefix_offset: self.read_offset])
             full = self._decode(self.ids[self.prefix_offset:])
             if done or not full.endswith(_REPLACEMENT):
-                self.text += full[len(prefix_text):]
-                self.read_offset = len(self.ids)
-                self.prefix_offset = max(0, self.read_offset - _CONTEXT_TOKENS)
+                self._commit(full, prefix_text, len(self.ids))
+            elif len(self.ids) - self.read_offset > _MAX_HELD_TOKENS:
+                # still U+FFFD at the end after more tokens than a character has bytes: invalid
+                # bytes (or the U+FFFD character itself), not a character yet to come. Held on,
+                # every token decoded the whole held tail again (8,000 forced byte tokens took
+                # the detokenizer, which every request shares, half a minute) and a stream sent
+                # nothing. The text is final up to where the last character may still be
+                # coming: the first of the last 3 tokens' starts where it is a prefix of `full`
+                n = len(self.ids)
+                for end in range(n - 3, n + 1):
+                    part = full if end == n else self._decode(self.ids[self.prefix_offset:end])
+                    if full.startswith(part):
+                        break
+                self._commit(part, prefix_text, end)
         return self._visible_delta(done)
+
+    def _commit(self, text: str, prefix_text: str, end: int) -> None:
+        """The text of ids[prefix_offset:end] is final: keep what it adds, read on from `end`."""
+        self.text += text[len(prefix_text):]
+        self.read_offset = end
+        self.prefix_offset = max(0, end - _CONTEXT_TOKENS)
 
     def _visible_delta(self, finished: bool) -> str:
         visible = self.text

@@ -26,6 +26,7 @@ from treadle.runtime.ngram_draft import NgramIndex
 from treadle.runtime.model_runner import ModelRunner
 from treadle.runtime.request import Req
 from treadle.runtime.sampler import Sampler, prompt_logprobs
+from treadle.runtime.sampling_params import quoted
 from treadle.runtime.schedule_policy import PrefillBudget, match_key, order_waiting
 
 log = logging.getLogger("treadle")
@@ -346,7 +347,15 @@ class Scheduler:
         self.grammar_queue = still
 
     def _decode_reserve(self) -> int:
-        return int(sum(min(r.remaining_new_tokens(), RESERVE_CLIP) for r in self.running) * self.new_token_ratio)
+        return int(sum(self._new_tokens_left(r) for r in self.running) * self.new_token_ratio)
+
+    def _new_tokens_left(self, req: Req) -> int:
+        """The tokens `req` may still write, as its reserve counts them (at most RESERVE_CLIP):
+        what is left of its max_new_tokens, cut by the context, where it ends whatever that
+        says. Uncut, a prompt of context - 1 tokens with the default 128 new tokens counted
+        slots it can never use, could never be admitted even on an idle server, and, first in
+        line, kept every request after it waiting (every one: the server hung)."""
+        return min(req.remaining_new_tokens(), max(0, self.context_len - req.seq_len), RESERVE_CLIP)
 
     def _schedule_prefill(self) -> list[tuple[Req, int]]:
         """Pick this step's prefill plan: (request, new tokens to compute) pairs. Admitted
@@ -387,7 +396,7 @@ class Scheduler:
                 # step and reuse that KV instead of computing the same prefix twice
                 continue
             extend = req.seq_len - prefix
-            reserve = int(min(req.remaining_new_tokens(), RESERVE_CLIP) * self.new_token_ratio)
+            reserve = int(self._new_tokens_left(req) * self.new_token_ratio)
             # locking the prefix takes it out of the evictable pool this budget counted
             locked = -self.tree.inc_lock_ref(match.last_node)
             budget.total -= locked
@@ -783,15 +792,19 @@ class Scheduler:
         p = req.params
         if req.stop_bytes is None:  # once a request: 128 stops of 50,000 characters re-encoded every token
             req.stop_bytes = max(len(s.encode("utf-8", "surrogatepass")) for s in p.stop)  # took seconds
-        need = min(req.stop_bytes + 2, len(req.output_ids))
+        out = req.output_ids
+        need = min(req.stop_bytes + 2, len(out))
         if not p.skip_special_tokens or not self.special_ids:
             return need
-        k = need
-        while k < len(req.output_ids):  # widen by the skipped ones until the window holds `need` others
-            skipped = sum(t in self.special_ids for t in req.output_ids[-k:])
-            if k - skipped >= need:
-                break
-            k = need + skipped
+        # widen by the skipped ones until the window holds `need` others: one walk back from the
+        # end (recounting the window at each widening cost its length squared over the need:
+        # 8,000 special tokens, forced by logit_bias with a 1-character stop, took 2.2 s of every
+        # step, and of every other request's in it)
+        k = kept = 0
+        special = self.special_ids
+        while kept < need and k < len(out):
+            k += 1
+            kept += out[-k] not in special
         return k
 
     def _propose_draft(self, req: Req) -> bool:
@@ -998,7 +1011,7 @@ def check_context(prompt_tokens: int, params: Any, context_len: int) -> None:
     m = params.get("max_new_tokens") if isinstance(params, dict) else None
     if isinstance(m, int) and not isinstance(m, bool) and prompt_tokens < context_len < prompt_tokens + m:
         raise ValueError(
-            f"sampling_params.max_new_tokens ({m}) + the prompt ({prompt_tokens} tokens) exceed the context "
+            f"sampling_params.max_new_tokens ({quoted(m)}) + the prompt ({prompt_tokens} tokens) exceed the context "
             f"length {context_len}: at most {context_len - prompt_tokens} new tokens fit; lower it or shorten "
             "the prompt")
 
@@ -1013,7 +1026,8 @@ def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int,
     if not ids:
         raise ValueError("the prompt is empty: give at least one token")
     if min(ids) < 0 or max(ids) >= vocab_size:
-        raise ValueError(f"input_ids must be in [0, {vocab_size}); got token id {max(ids) if max(ids) >= vocab_size else min(ids)}")
+        raise ValueError(f"input_ids must be in [0, {vocab_size}); got token id "
+                         f"{quoted(max(ids) if max(ids) >= vocab_size else min(ids))}")
     if len(ids) >= context_len:
         raise ValueError(
             f"the prompt has {len(ids)} tokens, more than the context length {context_len} allows "
@@ -1030,18 +1044,18 @@ def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int,
             f"of {num_slots} slots; lower max_new_tokens")
     for name in ("return_logprob", "return_text_in_logprobs"):
         if not isinstance(getattr(r, name), bool):
-            raise ValueError(f"{name} must be a boolean, got {getattr(r, name)!r}")
+            raise ValueError(f"{name} must be a boolean, got {quoted(getattr(r, name))}")
     for name in ("logprob_start_len", "top_logprobs_num"):
         v = getattr(r, name)
         if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{name} must be an integer, got {v!r}")
+            raise ValueError(f"{name} must be an integer, got {quoted(v)}")
     if r.logprob_start_len < -1:
         raise ValueError(f"logprob_start_len must be -1 (no prompt logprobs) or a prompt position >= 0, "
-                         f"got {r.logprob_start_len}")
+                         f"got {quoted(r.logprob_start_len)}")
     if r.return_logprob and r.logprob_start_len >= len(ids):
-        raise ValueError(f"logprob_start_len {r.logprob_start_len} must be < the prompt length {len(ids)}")
+        raise ValueError(f"logprob_start_len {quoted(r.logprob_start_len)} must be < the prompt length {len(ids)}")
     if not 0 <= r.top_logprobs_num <= MAX_TOP_LOGPROBS:
-        raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {r.top_logprobs_num}")
+        raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {quoted(r.top_logprobs_num)}")
 
 
 def _shares_uncached_prefix(ids: list[int], admitted: list[list[int]], cached: int) -> bool:

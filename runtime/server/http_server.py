@@ -529,7 +529,7 @@ def build_native(tm: TokenizerManager, obj: dict
             raise APIError.bad_request(f"{len(v)} values of {name} for {len(prompts)} prompts", name)
         per_prompt[name] = v if isinstance(v, list) else [v] * len(prompts)
     reqs, aliases, grammars = [], {}, []
-    batch_name = (rid,) if isinstance(rid, str) and not single else ()
+    batch_name = (rid,) if isinstance(rid, str) and rid and not single else ()  # "" is no name (rids above)
     for i, (p, sparams, r) in enumerate(zip(prompts, params, rids)):
         req = tm.make_req(**p, params=sparams, **{k: v[i] for k, v in per_prompt.items()}, stream=stream, rid=r)
         if req.sampling_params.has_grammar and (isinstance(sp, list) or not grammars):

@@ -89,8 +89,20 @@ async def merge_streams(gens: list[AsyncIterator[Any]]) -> AsyncIterator[tuple[i
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+# characters JSON writes as they are, but where Python's str.splitlines() (and so a client reading
+# a stream with requests' iter_lines(decode_unicode=True)) ends a line: a reply holding one cut
+# its event in two, neither of them JSON. Inside a JSON string (the only place a non-ASCII
+# character can be) their escapes mean the same
+_LINE_BREAKS = (("\x85", "\\u0085"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+
+
 def sse(obj: Any) -> str:
-    return f"data: {json_text(obj)}\n\n"
+    text = json_text(obj)
+    if not text.isascii():
+        for char, escape in _LINE_BREAKS:
+            if char in text:
+                text = text.replace(char, escape)
+    return f"data: {text}\n\n"
 
 
 class AbortOnDisconnectStream(StreamingResponse):

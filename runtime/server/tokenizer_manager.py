@@ -371,7 +371,11 @@ class TokenizerManager:
             # not know the role would show it as a turn the model never saw in training
             norm = [{**m, "role": "system"} if m["role"] == "developer" else m for m in norm]
         native = tool_calls.template_knows_tools(template)
-        norm = tool_calls.render_messages(norm, tools, native)
+        try:
+            norm = tool_calls.render_messages(norm, tools, native)
+        except RecursionError as e:  # a tool call's arguments, JSON text, nested past what Python reads
+            raise APIError.bad_request(f"messages: a tool call's arguments nest too deeply to read; keep them within "
+                                       f"{MAX_GRAMMAR_NESTING} levels", "messages") from e
         try:
             return apply_chat_template(self.tokenizer, norm, add_generation_prompt=add_generation_prompt,
                                        tools=[t.spec for t in tools.tools] if tools is not None and native else None,
@@ -565,9 +569,10 @@ class TokenizerManager:
         st.sent = True
         self._push.send_pyobj([r])
         finished = False
+        held: list = []  # an output taken from the queue while merging, for the next chunk
         try:
             while True:
-                m = await st.queue.get()
+                m = held.pop() if held else await st.queue.get()
                 if isinstance(m, SchedulerDied):
                     raise APIError(f"a server process died: {m}", 503, "server_error", None, "server_process_died")
                 if isinstance(m, ServerStopping):
@@ -583,8 +588,27 @@ class TokenizerManager:
                 self._observe(st, out, finished)
                 acc.text += m.text_delta
                 acc.add(out)
-                yield Chunk(m.text_delta, out.new_ids, out.output_logprobs, out.output_top_logprobs, acc, finished,
-                            error)
+                text, ids = m.text_delta, list(out.new_ids)
+                lps, tops = list(out.output_logprobs), list(out.output_top_logprobs)
+                # the outputs that queued while the consumer was busy (a client reading slowly,
+                # a big chunk rendering) come in this one chunk: a stream of cumulative chunks
+                # (/generate's, prompt logprobs in each) rendered and sent every one of them,
+                # megabytes each, however far behind it was, holding the event loop meanwhile
+                while not finished and error is None and not st.queue.empty():
+                    nxt = st.queue.get_nowait()
+                    if not isinstance(nxt, StrOutput) or nxt.out.error:
+                        held.append(nxt)  # a failure or the server's end: a chunk of its own
+                        break
+                    o = nxt.out
+                    finished = o.finished is not None
+                    self._observe(st, o, finished)
+                    acc.text += nxt.text_delta
+                    acc.add(o)
+                    text += nxt.text_delta
+                    ids += o.new_ids
+                    lps += o.output_logprobs
+                    tops += o.output_top_logprobs
+                yield Chunk(text, ids, lps, tops, acc, finished, error)
                 if finished:
                     return
         finally:
