@@ -215,3 +215,34 @@ def test_a_stream_that_fell_behind_sends_what_queued_as_one_chunk(srv):
     assert last["text"] == whole["text"] and last["output_ids"] == whole["output_ids"]
     assert_pool_whole(srv)
 
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/models", "/v1/models/default", "/version", "/get_model_info",
+                                  "/metrics"])
+def test_head_is_answered_wherever_get_is(srv, path):
+    """`curl -I` and monitors that probe with HEAD got a 405 from every route: HTTP servers
+    must answer HEAD where they answer GET (RFC 9110 9.1), with GET's status and headers and
+    no body."""
+    import socket
+
+    got = requests.get(srv.url + path, timeout=T)
+    head = requests.head(srv.url + path, timeout=T)
+    assert head.status_code == got.status_code == 200, (head.status_code, head.text)
+    assert head.headers.get("content-type") == got.headers.get("content-type")
+    # no body on the wire: a GET after it on the same connection reads as its own response
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=T) as s:
+        s.sendall(b"HEAD %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                  % path.encode())
+        raw = b""
+        while not raw.endswith(b"}"):
+            part = s.recv(1 << 16)
+            assert part, raw
+            raw += part
+    first, second = raw.split(b"\r\n\r\n", 1)
+    assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200"), raw[:500]
+    assert second.endswith(b'\r\n\r\n' + requests.get(srv.url + "/version", timeout=T).content)
+
+
+def test_head_of_a_post_route_is_still_a_405(srv):
+    r = requests.head(srv.url + "/generate", timeout=T)
+    assert r.status_code == 405 and "POST" in r.headers.get("allow", "")

@@ -111,6 +111,10 @@ class Gate:
                                  "retry later")
         if refusal is not None:
             return await JSONResponse(refusal.body(), refusal.status, headers=refusal.headers)(scope, receive, send)
+        if scope["method"] == "HEAD":
+            # served as GET (RFC 9110: a server answers HEAD wherever it answers GET; `curl -I` and
+            # monitors got a 405); uvicorn, which keeps the request's own scope, sends no body
+            scope = {**scope, "method": "GET"}
         try:
             await self.app(scope, body_deadline(receive, self.state.args.request_body_timeout_s), send)
         except Exception as e:
