@@ -59,13 +59,19 @@ class Sampler:
         an empty row would draw a token the grammar refuses)."""
         if num_output >= req.params.min_new_tokens:
             return
-        kept = mask[row].clone()
-        for t in self._stop_ids(req):
-            # clear bit t % 32 of word t // 32 (int32 arithmetic: wrap the sign bit)
-            w = int(mask[row, t // 32]) & ~(1 << (t % 32))
-            mask[row, t // 32] = w - (1 << 32) if w >= (1 << 31) else w
-        if not bool(mask[row].any()):
-            mask[row] = kept
+        stops = self._stop_ids(req)
+        if not stops:
+            return
+        # the row's words as unsigned 32-bit values in int64: clearing bit 31 of a negative int32
+        # word one token at a time in Python ints went below int32's range (a RuntimeError that
+        # failed the whole step; found by helper-54); and one tensor op instead of two a stop token
+        bits = mask[row].to(torch.int64) & 0xFFFFFFFF
+        t = torch.tensor(stops, dtype=torch.int64)
+        # distinct tokens are distinct bits, so their sum within a word is their OR
+        clear = torch.zeros_like(bits).index_add_(0, t // 32, torch.ones_like(t) << (t % 32))
+        bits &= ~clear
+        if bool(bits.any()):  # else the row allows nothing else, and stays as it was
+            mask[row] = torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32)
 
     def _stop_ids(self, req: Req) -> list[int]:
         """The tokens that would end ``req``: banned while it is under min_new_tokens."""
