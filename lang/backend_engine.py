@@ -41,8 +41,16 @@ class EngineBackend(Backend):
         return out["text"], out["meta_info"]
 
     def generate_stream(self, text: str, params: dict, logprob: dict | None = None) -> Iterator[tuple[str, dict]]:
+        # the engine's chunks hold the text so far (SGLang's), or what is new with its
+        # incremental_streaming_output; the interpreter takes what is new
+        incremental = getattr(getattr(self.engine, "args", None), "incremental_streaming_output", False)
+        sent = 0
         for chunk in self.engine.generate(text, dict(params), stream=True, **(logprob or {})):
-            yield chunk["text"], chunk["meta_info"]
+            if incremental:
+                yield chunk["text"], chunk["meta_info"]
+            else:
+                yield chunk["text"][sent:], chunk["meta_info"]
+                sent = len(chunk["text"])
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [self.engine.encode(t) for t in texts]

@@ -164,18 +164,23 @@ def trim_overlap(existing_text: str, new_chunk: str) -> str:
 
 def stream_and_merge(llm: Any, prompt: str, sampling_params: dict | None = None) -> str:
     """The whole text of a streamed `llm.generate(prompt, sampling_params, stream=True)`, as
-    SGLang's offline-engine example merges it. treadle's Engine streams each chunk's new text,
-    so merging joins them (SGLang's trims the overlap of its chunks, which repeat the text
-    so far; trimming new text would cut a chunk that happens to start with the text's end)."""
-    return "".join(chunk["text"] for chunk in llm.generate(prompt, sampling_params, stream=True))
+    SGLang's offline-engine example merges it: each chunk holds the text so far (the Engine's
+    default, as SGLang's), and what it adds past the merged text is kept (`trim_overlap`)."""
+    final_text = ""
+    for chunk in llm.generate(prompt, sampling_params, stream=True):
+        final_text += trim_overlap(final_text, chunk["text"])
+    return final_text
 
 
 async def async_stream_and_merge(llm: Any, prompt: str, sampling_params: dict | None = None):
-    """Yield each new piece of a streamed `await llm.async_generate(prompt, sampling_params,
-    stream=True)`, as SGLang's offline-engine example prints them (see `stream_and_merge`)."""
+    """Yield what each chunk of a streamed `await llm.async_generate(prompt, sampling_params,
+    stream=True)` adds to the text so far, as SGLang's offline-engine example prints them."""
     generator = await llm.async_generate(prompt, sampling_params, stream=True)
+    final_text = ""
     async for chunk in generator:
-        yield chunk["text"]
+        cleaned_chunk = trim_overlap(final_text, chunk["text"])
+        final_text += cleaned_chunk
+        yield cleaned_chunk
 
 
 # ---------------------------------------------------------------- SGLang's benchmark helpers

@@ -5,7 +5,9 @@
         print(out["text"])
 
 `generate` takes one prompt or a batch (text or input_ids) with one sampling-params dict or a
-list of them; `stream=True` yields incremental chunks; `async_generate` is the asyncio form.
+list of them; `stream=True` yields chunks, each with the text and output_ids so far as SGLang's
+Engine (only what is new with `incremental_streaming_output=True`); `async_generate` is the
+asyncio form.
 """
 from __future__ import annotations
 
@@ -524,9 +526,12 @@ class Engine:
                 return acc.result(r.rid, detok.output_text)
 
     def _stream(self, reqs: list[TokenizedGenerateReq], base: str, indexed: bool) -> Iterator[dict]:
-        """Chunks of `reqs` as their outputs arrive, in one shared box: each chunk's text and
-        output_ids are what is new, meta_info is cumulative; with `indexed` (a batch, n
-        samples) each carries the index of its result in the unstreamed list, as SGLang's."""
+        """Chunks of `reqs` as their outputs arrive, in one shared box. As SGLang's Engine (and
+        treadle's /generate stream), each chunk's text and output_ids are the output so far,
+        or only what is new with the engine argument incremental_streaming_output; meta_info
+        is cumulative; with `indexed` (a batch, n samples) each carries the index of its
+        result in the unstreamed list."""
+        incremental = self.args.incremental_streaming_output
         with self._grouped(base, reqs) as group:
             box: queue.Queue = queue.Queue()
             where = {r.rid: i for i, r in enumerate(reqs)}
@@ -554,8 +559,9 @@ class Engine:
                     # new ids without new text too (a piece of a character, a tail held back as
                     # a possible stop string): the chunks' output_ids add up to the output's
                     if delta or out.new_ids or out.finished is not None:
-                        chunk = acc.result(out.rid, delta)
-                        chunk["output_ids"] = out.new_ids
+                        chunk = acc.result(out.rid, delta if incremental else detok.output_text)
+                        if incremental:
+                            chunk["output_ids"] = out.new_ids
                         if indexed:
                             chunk["index"] = where[out.rid]
                         yield chunk

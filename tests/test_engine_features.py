@@ -95,7 +95,9 @@ def test_stream_yields_the_same_text(engine, prompts):
     full = engine.generate(prompts[3], GREEDY)
     chunks = list(engine.generate(prompts[3], GREEDY, stream=True))
     assert len(chunks) > 1
-    assert "".join(c["text"] for c in chunks) == full["text"]
+    # SGLang's: each chunk holds the text and ids so far
+    assert chunks[-1]["text"] == full["text"] and chunks[-1]["output_ids"] == full["output_ids"]
+    assert all(b["text"].startswith(a["text"]) for a, b in zip(chunks, chunks[1:]))
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
     # e2e_latency (SGLang's meta_info) on the finished output only; a batch's from the call's start
     assert chunks[-1]["meta_info"]["e2e_latency"] > 0 and "e2e_latency" not in chunks[0]["meta_info"]
@@ -108,22 +110,22 @@ def test_stream_yields_the_same_text(engine, prompts):
 def test_a_batch_and_n_samples_stream(engine, prompts):
     """stream=True takes a batch and n samples too (it took one prompt with n=1): the chunks
     of all arrive as they are made, each with the index of its result in the unstreamed list,
-    and each index's texts and ids add up to that result. A consumer that stops early aborts
-    the rest."""
+    and each index's last chunk is that result (the text and ids so far, as SGLang's). A
+    consumer that stops early aborts the rest."""
     params = [GREEDY, {**GREEDY, "max_new_tokens": 12}]
     full = engine.generate(prompts[:2], params)
     chunks = list(engine.generate(prompts[:2], params, stream=True))
     for i, want in enumerate(full):
         mine = [c for c in chunks if c["index"] == i]
-        assert "".join(c["text"] for c in mine) == want["text"]
-        assert [t for c in mine for t in c["output_ids"]] == want["output_ids"]
+        assert mine[-1]["text"] == want["text"]
+        assert mine[-1]["output_ids"] == want["output_ids"]
         assert mine[-1]["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
     last = {c["index"]: k for k, c in enumerate(chunks)}
     assert last[1] < last[0]  # the shorter one ended first: they ran side by side
     twice = engine.generate(prompts[0], {**GREEDY, "n": 2}, stream=True)
     got = {}
     for c in twice:
-        got[c["index"]] = got.get(c["index"], "") + c["text"]
+        got[c["index"]] = c["text"]
     assert got == {0: full[0]["text"], 1: full[0]["text"]}
     it = engine.generate(prompts[:2], {**GREEDY, "max_new_tokens": 400}, stream=True, rid="cut")
     first = next(it)
@@ -237,14 +239,14 @@ def test_a_stop_string_before_min_new_tokens_is_text(engine):
         sp = {**base, "stop": stop, "min_new_tokens": m}
         out = engine.generate(chat, sp)
         assert (out["text"], out["meta_info"]["finish_reason"]["matched"]) == (text, matched), (stop, m, out)
-        assert "".join(c["text"] for c in engine.generate(chat, sp, stream=True)) == text
+        assert list(engine.generate(chat, sp, stream=True))[-1]["text"] == text
 
 
 def test_a_stop_string_of_multibyte_characters_is_a_stop(engine):
     """An emoji is several byte tokens: a stop string of two of them spans 6 tokens, more than
     the window the scheduler decoded (its length in characters + 2), so it never matched and
     the request ran to max_new_tokens, finish_reason "length", while the text was cut at it.
-    Streamed, the chunks' output_ids add up to the output's (chunks without new text dropped
+    Streamed, the last chunk's output_ids are the output's (chunks without new text dropped
     theirs: a piece of a character has none)."""
     prompt, greedy = "Emoji story: 🐶🐱🐭", {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
     plain = engine.generate(prompt, greedy)
@@ -255,8 +257,9 @@ def test_a_stop_string_of_multibyte_characters_is_a_stop(engine):
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": "🐧🐧"}, out["meta_info"]
     assert out["text"] == "" and out["meta_info"]["completion_tokens"] == 2 * per
     chunks = list(engine.generate(prompt, greedy, stream=True))
-    assert [t for c in chunks for t in c["output_ids"]] == plain["output_ids"]
-    assert "".join(c["text"] for c in chunks) == plain["text"]
+    assert chunks[-1]["output_ids"] == plain["output_ids"]
+    assert chunks[-1]["text"] == plain["text"]
+    assert all(b["output_ids"][:len(a["output_ids"])] == a["output_ids"] for a, b in zip(chunks, chunks[1:]))
 
 
 def test_stop_token_is_trimmed_from_the_text(engine, prompts):
@@ -269,7 +272,7 @@ def test_stop_token_is_trimmed_from_the_text(engine, prompts):
     out = engine.generate(prompts[3], p)
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": ids[k]}
     assert out["output_ids"] == ids[:k + 1] and out["text"] == tok.decode(ids[:k])
-    assert "".join(c["text"] for c in engine.generate(prompts[3], p, stream=True)) == out["text"]
+    assert list(engine.generate(prompts[3], p, stream=True))[-1]["text"] == out["text"]
     assert engine.generate(prompts[3], {**p, "no_stop_trim": True})["text"] == tok.decode(ids[:k + 1])
     eos = {"max_new_tokens": 64, "temperature": 0, "skip_special_tokens": False}
     out = engine.generate(prompts[1], eos)
@@ -437,7 +440,7 @@ def test_overlap_schedule_matches_plain_path(prompts):
     for mode in ("off", "on"):
         with Engine(max_total_tokens=8192, overlap_schedule=mode) as e:
             res = e.generate(prompts, params, return_logprob=True, top_logprobs_num=2)
-            streamed = "".join(c["text"] for c in e.generate(prompts[0], params[3], stream=True))
+            streamed = list(e.generate(prompts[0], params[3], stream=True))[-1]["text"]
             # abort while the step is in flight: the others finish, no slot leaks
             it = e.generate(prompts[1], {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}, stream=True)
             next(it)
@@ -611,7 +614,7 @@ def test_async_stream_checks_its_input_at_the_call(engine, prompts):
         with pytest.raises(ValueError, match="temperature"):
             await engine.async_generate(prompts[0], {"temperature": -1}, stream=True)
         it = await engine.async_generate(prompts[0], GREEDY, stream=True)
-        return "".join([c["text"] async for c in it])
+        return [c["text"] async for c in it][-1]  # the text so far, as SGLang's
 
     assert asyncio.run(main()) == engine.generate(prompts[0], GREEDY)["text"]
 

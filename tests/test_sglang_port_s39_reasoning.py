@@ -54,12 +54,13 @@ def test_reasoning_parser_on_an_offline_engine_output(llm):
     assert generated_text.startswith("<think>\n") and re.fullmatch(r"[A-Z][a-z]{2,10}", text)
     assert reasoning_text == generated_text[len("<think>\n"):generated_text.index("</think>")]
 
-    # streamed, the deltas split into the same reasoning and answer
+    # streamed (each chunk holds the text so far, as SGLang's), the deltas split into the same
+    # reasoning and answer
     parser = ReasoningParser(model_type="qwen3")
-    reasoning, answer = "", ""
+    reasoning, answer, so_far = "", "", ""
     for chunk in llm.generate("What is the capital of France? Think first.", sampling_params, stream=True):
-        r, a = parser.parse_stream_chunk(chunk["text"])
-        reasoning, answer = reasoning + r, answer + a
+        r, a = parser.parse_stream_chunk(chunk["text"][len(so_far):])
+        reasoning, answer, so_far = reasoning + r, answer + a, chunk["text"]
     assert reasoning.strip() == reasoning_text.strip() and answer.strip() == text
 
     # DeepSeek-R1's template opens the block: its reply starts inside it
