@@ -47,6 +47,8 @@ class ProgramState:
 
     def __iadd__(self, other: Any) -> "ProgramState":
         """Append text or a DSL expression (gen, select, role, ...)."""
+        if other is None:  # SGLang's error (e.g. `s += forks.join()`, which returns None)
+            raise ValueError("Tried to append None to state.")
         if isinstance(other, _RoleScope):
             # `s += s.system("...")` (SGLang's tutorial: "same as s += system(...)"):
             # s.system(content) has already added the message
@@ -381,11 +383,11 @@ class ForkGroup(list):
             branch += part
         return self
 
-    def join(self, mode: str = "gather") -> ir.Expr:
+    def join(self, mode: str = "gather") -> None:
         """Wait for every branch and bring them into the parent, as SGLang's `forks.join()`:
         "gather" (or "gather_variable") makes each variable the branches created a list in the
         parent; "concat" (or "concate_and_append") appends every branch's new text in order.
-        Returns an empty text, so `s += forks.join()` does the same."""
+        Returns None, as SGLang's (so `s += forks.join()` is its ValueError)."""
         if mode not in self._MODES:
             raise ValueError(f"join mode must be one of {', '.join(self._MODES)}; got {mode!r}")
         if self._joined:
@@ -396,4 +398,3 @@ class ForkGroup(list):
         self.parent += ir.Join([br._ex for br in self], self._MODES[mode])
         for br in self:  # joined: the branches' streams (text_iter) end
             br._ex.end()
-        return ir.Constant("")

@@ -103,7 +103,7 @@ def test_fork_branches_share_the_prefix(backend):
         forks = s.fork(3)
         for i, f in enumerate(forks):
             f += f" (idea {i})" + gen("idea", max_tokens=6, temperature=0)
-        s += forks.join()
+        forks.join()
 
     st = tot.run(backend=backend)
     ideas = st["idea"]

@@ -152,7 +152,7 @@ def test_roles_and_fork_over_http(backend):
         forks = s.fork(2)
         for f in forks:
             f += assistant(gen("color", max_tokens=6, temperature=0))
-        s += forks.join()
+        forks.join()
 
     st = chat.run(backend=backend)
     assert st.text().startswith("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nName a color.")
