@@ -86,6 +86,23 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
     "treadle.test": {},
     "treadle.test.test_utils": {"is_in_ci": "treadle.lang.utils"},
     "treadle.test.doc_patch": {"launch_server_cmd": "treadle.lang.utils"},
+    # SGLang's server arguments: `Engine(**dataclasses.asdict(ServerArgs.from_cli_args(args)))`
+    "treadle.srt.server_args": {"ServerArgs": "treadle.lang.server_args"},
+    "treadle.srt.entrypoints": {},
+    "treadle.srt.entrypoints.engine": {"Engine": "treadle.runtime"},
+    # the function-calling doc parses an offline Engine's reply with SGLang's parser; the tool
+    # types are at three paths over SGLang's versions
+    "treadle.srt.function_call": {},
+    "treadle.srt.function_call.function_call_parser": {"FunctionCallParser": "treadle.lang.function_call"},
+    "treadle.srt.function_call.core_types": {name: "treadle.lang.function_call"
+                                             for name in ("ToolCallItem", "StreamingParseResult")},
+    "treadle.srt.managers": {},
+    "treadle.srt.managers.io_struct": {"Tool": "treadle.lang.function_call", "Function": "treadle.lang.function_call"},
+    "treadle.srt.entrypoints.openai": {},
+    "treadle.srt.entrypoints.openai.protocol": {"Tool": "treadle.lang.function_call",
+                                                "Function": "treadle.lang.function_call"},
+    "treadle.srt.openai_api": {},
+    "treadle.srt.openai_api.protocol": {"Tool": "treadle.lang.function_call", "Function": "treadle.lang.function_call"},
 }
 
 
@@ -148,12 +165,9 @@ if not any(isinstance(f, _SGLangModuleFinder) for f in sys.meta_path):
     sys.meta_path.append(_SGLangModuleFinder())
 
 # SGLang's top-level names treadle does not have, with what to use instead
-_MISSING = {
-    "ServerArgs": "treadle's server arguments are treadle.runtime.EngineArgs, with treadle's names; "
-                  "pass them to sgl.Runtime(...) or sgl.Engine(...) by name",
-}
+_MISSING: dict[str, str] = {}
 
-__all__ = sorted(_FROM_LANG | {"__version__"})
+__all__ = sorted(_FROM_LANG | {"__version__", "ServerArgs"})
 
 # the subpackages, imported on first use as attributes (`import treadle; treadle.lang.ir`), as
 # SGLang programs reach `sgl.lang.ir`
@@ -167,6 +181,11 @@ def __getattr__(name: str) -> Any:
         value = getattr(treadle.lang, name)
         globals()[name] = value  # loaded once
         return value
+    if name == "ServerArgs":  # SGLang's sgl.ServerArgs (sglang.srt.server_args.ServerArgs)
+        from treadle.lang.server_args import ServerArgs
+
+        globals()[name] = ServerArgs
+        return ServerArgs
     if name in _SUBPACKAGES:
         import importlib
 
