@@ -32,6 +32,10 @@ gc.set_threshold(20_000, 10, 10)
 
 
 def pytest_collection_finish(session):
+    for item in session.items:
+        for name in _SHARED_FIXTURES:
+            if name in getattr(item, "fixturenames", ()):
+                _LAST_USER[name] = item.nodeid
     gc.collect()
     gc.freeze()
 
@@ -39,8 +43,44 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     yield
+    for name, last in _LAST_USER.items():
+        if last == item.nodeid:
+            _release(name)
     if nextitem is None or nextitem.module is not item.module:
         gc.collect()
+
+
+def pytest_sessionfinish(session):
+    for name in list(_SHARED):  # a run stopped early (-x) never reached the last users
+        _release(name)
+
+
+def pytest_unconfigure(config):
+    gc.unfreeze()  # so the interpreter's last collection frees them (nanobind reports leaks otherwise)
+
+
+# Costly things several modules read as they are, made at the first test that asks and released
+# after the last one (in collection order), so none outlives its users by a module.
+_SHARED_FIXTURES = ("hf_smollm2",)
+_SHARED: dict[str, object] = {}
+_CLOSE: dict[str, object] = {}
+_LAST_USER: dict[str, str] = {}
+
+
+def _shared(name: str, make, close=None):
+    if name not in _SHARED:
+        _SHARED[name] = make()
+        if close is not None:
+            _CLOSE[name] = close
+    return _SHARED[name]
+
+
+def _release(name: str) -> None:
+    if name in _SHARED:
+        value = _SHARED.pop(name)
+        close = _CLOSE.pop(name, None)
+        if close is not None:
+            close(value)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -79,3 +119,22 @@ def smollm2_compiler(smollm2_tokenizer):
     c = GrammarCompiler(tok, [tok.eos_token_id], vocab_size=len(tok))
     yield c
     c.close()
+
+
+@pytest.fixture(scope="module")
+def hf_smollm2():
+    """HF transformers' own float32 model of the embedded GGUF (its dequantization, ~20 s to load),
+    in eval mode: the reference of test_engine_parity's greedy runs and of test_weights' tensors,
+    loaded once for both. Read only."""
+
+    def load():
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from treadle.runtime.model_source import embedded_model_path
+
+        path = embedded_model_path()
+        return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                    dtype=torch.float32).eval()
+
+    return _shared("hf_smollm2", load)

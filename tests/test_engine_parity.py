@@ -2,7 +2,6 @@
 SmolLM2 GGUF (ragged batch and one by one) and tiny random Llama / Qwen2 / Qwen3 checkpoints."""
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np
@@ -11,7 +10,6 @@ import torch
 
 from treadle.runtime import Engine
 from treadle.runtime.model_config import DUMMY_CONFIGS
-from treadle.runtime.model_source import embedded_model_path
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.scheduler import check_context
 from treadle.runtime.tokenizer import apply_chat_template
@@ -32,12 +30,8 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def hf_model():
-    from transformers import AutoModelForCausalLM
-
-    path = embedded_model_path()
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    return model.eval()
+def hf_model(hf_smollm2):
+    return hf_smollm2  # HF's float32 model of the embedded GGUF (conftest.py; test_weights reads it too)
 
 
 def _hf_greedy(model, ids: list[int], n: int, eos: int) -> list[int]:

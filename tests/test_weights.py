@@ -28,14 +28,10 @@ def cache_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def hf_gguf_state() -> dict[str, torch.Tensor]:
-    """HF transformers' own dequantization of the embedded GGUF (the reference, ~20 s)."""
-    from transformers import AutoModelForCausalLM
-
-    path = embedded_model_path()
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                 dtype=torch.float32)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+def hf_gguf_state(hf_smollm2) -> dict[str, torch.Tensor]:
+    """HF transformers' own dequantization of the embedded GGUF (the reference; its float32 model
+    is loaded once for this module and test_engine_parity, conftest.py)."""
+    return dict(hf_smollm2.state_dict())
 
 
 def test_gguf_state_dict_equals_hf_gguf_loader(hf_gguf_state) -> None:
