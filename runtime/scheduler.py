@@ -39,7 +39,13 @@ INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.0
 GRAMMAR_POLL_S = 0.005  # how often a loop whose only work is compiling grammars looks at them
 JUMP_LOOKBACK = 3  # output tokens re-encoded at a jump-forward boundary
 IN_BATCH_PREFIX_MIN = 32  # shared uncached tokens that make a request wait for another's prefill
-MAX_FAILED_STEPS = 3  # consecutive failed steps after which the error is raised (see _recover)
+# failed steps in a row that no request explains (a lone request's step failed and so did a
+# one-token canary forward after it, or no request was in the step) after which the error is
+# raised (see _recover): the server is broken, not a request
+MAX_FAILED_STEPS = 3
+# the failed steps a request must make fail alone, each followed by a canary forward that passes,
+# before the failure is its own: a fault that does not recur is not the request's
+STRIKES_TO_FAIL = 2
 # the most top logprobs a token may ask for (vLLM's max_logprobs default, OpenAI's limit): each
 # prompt position with logprobs keeps that many (id, logprob) pairs as Python objects
 MAX_TOP_LOGPROBS = 20
@@ -114,7 +120,14 @@ class Scheduler:
         # a failed step stops the requests it touched, not the scheduler (off with tensor
         # parallelism: the other ranks would not know)
         self.recover_step_errors = args.tp_size == 1
-        self._failed_steps = 0
+        self._failed_steps = 0  # unexplained failed steps in a row (see MAX_FAILED_STEPS)
+        # the requests whose tokens the step in progress computes (set before each forward): a
+        # failed step's suspects
+        self._step_reqs: list[Req] = []
+        # after a failed step, the requests of that step run one at a time, alone, until each has
+        # been prefilled again and sampled a token (then it batches again): ordered as a set
+        self._suspects: dict[Req, None] = {}
+        self._strikes: dict[Req, int] = {}  # failed steps a request was alone in (STRIKES_TO_FAIL)
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._grammar_compiler = None
         self.check_integrity_at_idle = True
@@ -184,8 +197,8 @@ class Scheduler:
 
     def step(self) -> list[ReqOutput]:
         """Run one batch and return the outputs it produced. An exception inside the step
-        stops the requests the step touched, with an internal error, instead of the
-        scheduler (:meth:`_recover`)."""
+        stops the request that caused it, never the others, nor the scheduler (:meth:`_recover`)."""
+        self._step_reqs = []
         try:
             out = self._step()
         except Exception as e:
@@ -194,37 +207,98 @@ class Scheduler:
         return out
 
     def _recover(self, err: Exception) -> list[ReqOutput]:
-        """After a step raised: every request that holds KV or was being scheduled finishes
-        with an internal error naming the exception, and the KV state is rebuilt from empty,
-        prefix cache included (the step may have left slots half-written or unaccounted, and
-        cached KV must never be wrong). Waiting requests keep their place and run next. The
-        error is raised instead, as before, with recovery off, when the rebuilt state fails
-        its integrity check (e.g. a broken CUDA context), or after MAX_FAILED_STEPS failed
-        steps in a row."""
-        self._failed_steps += 1
-        if not self.recover_step_errors or self._failed_steps > MAX_FAILED_STEPS:
+        """After a step raised: the KV state is rebuilt from empty, prefix cache included (the
+        step may have left slots half-written or unaccounted, and cached KV must never be
+        wrong), and every request that held KV goes back to the front of the waiting queue
+        with its output so far (re-prefilled as prompt + output, as after a retraction).
+
+        Which request made the step fail is found by running the step's requests again one at
+        a time, alone (the suspects, see :meth:`_schedule_suspect`); one that passes batches
+        again. A step of a single request that fails is followed by a canary: one token of a
+        fixed prompt alone. The canary passing puts the failure on the request (a strike); at
+        STRIKES_TO_FAIL strikes it finishes with an error of its own (a 400: the request made
+        the step fail), and only it. The canary failing too, or a step failing with no request
+        in it, is the server's: that request gets an internal error, and after
+        MAX_FAILED_STEPS such failures with no passing step between them the error is raised
+        (also at once with recovery off, or when the rebuilt state fails its integrity check,
+        e.g. a broken CUDA context)."""
+        if not self.recover_step_errors:
             raise err
-        log.error("a batch step failed; stopping the requests in it", exc_info=err)
         queued = {id(r) for r in self.waiting} | {id(r) for r in self.grammar_queue}
-        victims = [r for r in self._live.values() if id(r) not in queued]
-        self.running, self.chunked, self.inflight = [], None, None
-        message = f"internal error in a batch step ({type(err).__name__}: {err}); the request was stopped"
+        holders = [r for r in self._live.values() if id(r) not in queued]
+        stepped = [r for r in self._step_reqs if r.rid in self._live] or holders
+        lone = stepped[0] if len(stepped) == 1 else None
+        self._step_reqs = []
+        self.running, self.chunked, self.inflight, self._chunk_yields = [], None, None, False
+        log.error("a batch step of %d request(s) failed (%s: %s); %s", len(stepped), type(err).__name__, err,
+                  "running it again alone" if lone is None else "checking the server with a canary",
+                  exc_info=err)
         try:
             self.tree.forget()
             self.allocator.clear()
             self.req_to_token_pool.clear()
-            for req in victims:
+            for req in holders:
                 req.req_pool_idx, req.last_node, req.prefix_len, req.kv_len = None, None, 0, 0
                 req.draft, req.draft_masks = [], None
-                req.finished = None
-                req.finish("abort", message=message)
-                self._emit(req, error=message)
+                # prompt logprobs are computed again with the prompt (as after a retraction)
+                req.input_logprobs.clear()
+                req.input_top_logprobs.clear()
+            server_fault = not stepped or (lone is not None and not self._canary_passes())
+            requeue = []
+            for req in holders:
+                if req.finished is not None:  # it ended in the step, before the failure
+                    self._emit(req)
+                elif req is lone and server_fault:
+                    message = f"internal error in a batch step ({type(err).__name__}: {err}); the request was stopped"
+                    req.finish("abort", message=message)
+                    self._emit(req, error=message)
+                elif req is lone and self._strikes.get(req, 0) + 1 >= STRIKES_TO_FAIL:
+                    message = (f"this request made its batch step fail, each time it ran alone "
+                               f"({type(err).__name__}: {err}); it was stopped, and no other request was affected")
+                    log.warning("request %s: %s", req.rid, message)
+                    req.finish("abort", message=message)
+                    self._emit(req, error=message, internal=False)
+                else:
+                    if req is lone:
+                        self._strikes[req] = self._strikes.get(req, 0) + 1
+                    if any(r is req for r in stepped):
+                        self._suspects[req] = None
+                    requeue.append(req)
+            self.waiting.extendleft(reversed(requeue))
             self.check_integrity()
         except Exception:
             log.exception("recovery from the failed step failed")
             raise err from None
+        if server_fault:
+            self._failed_steps += 1
+            if self._failed_steps > MAX_FAILED_STEPS:
+                raise err
         out, self.outputs = self.outputs, []
         return out
+
+    def _canary_passes(self) -> bool:
+        """Run one token of a fixed prompt alone through the model (its KV written to a slot
+        freed after): whether the model still computes finite logits, i.e. whether a failed
+        step of a single request was that request's doing or the server's. Requires an idle
+        KV state (after the rebuild); leaves it as it was."""
+        row = self.req_to_token_pool.alloc()
+        slots = self.allocator.alloc(1)
+        try:
+            token = min(self.eos_ids) if self.eos_ids else 0
+            fb = ForwardBatch.build(ForwardMode.EXTEND, [token], [0], slots, [row], [0], [1], [0], self.runner.device)
+            self.req_to_token[row, 0] = slots[0].to(self.req_to_token.dtype)
+            ok = bool(torch.isfinite(self.runner.forward(fb)).all())
+            if ok:
+                self._failed_steps = 0
+            else:
+                log.error("the canary step's logits are not finite")
+            return ok
+        except Exception:  # noqa: BLE001 - the answer: the server cannot run even this step
+            log.exception("the canary step failed too")
+            return False
+        finally:
+            self.allocator.free(slots)
+            self.req_to_token_pool.free(row)
 
     def _step(self) -> list[ReqOutput]:
         self._poll_grammars()
@@ -234,9 +308,9 @@ class Scheduler:
                 out, self.outputs = self.outputs, []
                 return out
             self._finish_inflight()
-        plan = self._schedule_prefill()
+        plan = self._schedule_suspect() if self._suspects else self._schedule_prefill()
         if plan:
-            mixed = self._mix_in_running(plan)
+            mixed = [] if self._suspects else self._mix_in_running(plan)
             done = self._run_extend(plan, mixed)
             if mixed:
                 self.stats["mixed_steps"] += 1
@@ -244,6 +318,8 @@ class Scheduler:
                 self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
             riders = {id(r) for r, _ in mixed}  # already running
             self.running.extend(r for r in done if r.finished is None and id(r) not in riders)
+            for r in done:  # prefilled again and sampled alone: it batches again
+                self._suspects.pop(r, None)
         elif self.running:
             self._run_running()
         if self.check_integrity_at_idle and not self.has_work():
@@ -425,6 +501,23 @@ class Scheduler:
                 break
         return plan
 
+    def _schedule_suspect(self) -> list[tuple[Req, int]]:
+        """After a failed step: the plan of the first suspect alone (its next prefill chunk),
+        or nothing when it cannot be admitted now (the running requests then decode, without
+        it). No other request is admitted while suspects are left."""
+        assert self.chunked is None or self.chunked in self._suspects, "only suspects are admitted now"
+        first = next((r for r in self.waiting if r in self._suspects), None) if self.chunked is None else None
+        if self.chunked is None and first is None:
+            self._suspects.clear()  # none is waiting any more (each finished or was aborted)
+            return self._schedule_prefill()
+        queue, self.waiting = self.waiting, deque([first] if first is not None else [])
+        try:
+            return self._schedule_prefill()
+        finally:
+            if first is not None and not self.waiting:
+                queue.remove(first)  # admitted
+            self.waiting = queue
+
     def _mix_in_running(self, plan: list[tuple[Req, int]]) -> list[tuple[Req, int]]:
         """--enable-mixed-chunk: the running requests' pending tokens join this prefill step
         (a decode is an extend of one token), so they still advance a token while prompts are
@@ -556,6 +649,7 @@ class Scheduler:
             ForwardMode.DECODE, input_ids, pos, slots, [r.req_pool_idx for r in reqs],
             pos, [1] * len(reqs), list(range(len(reqs))), self.runner.device)
         self.req_to_token[fb.req_pool_indices, fb.positions] = fb.out_cache_loc.to(self.req_to_token.dtype)
+        self._step_reqs = list(reqs)
         logits = self.runner.forward(fb)
         for r in reqs:
             r.kv_len += 1
@@ -664,6 +758,7 @@ class Scheduler:
             [r.kv_len for r, _ in plan], [n for _, n in plan], logits_rows, self.runner.device)
         rows = torch.repeat_interleave(fb.req_pool_indices, fb.extend_lens, output_size=total)
         self.req_to_token[rows, fb.positions] = fb.out_cache_loc.to(self.req_to_token.dtype)
+        self._step_reqs = [r for r, _ in plan]
         logits = self.runner.forward(fb)
         self.stats["forward_steps"] += 1
         for req, n in plan:
@@ -923,6 +1018,8 @@ class Scheduler:
             first_token_at=req.first_token_at)
         if req.finished is not None:
             self._live.pop(req.rid, None)
+            self._suspects.pop(req, None)
+            self._strikes.pop(req, None)
         if req.wants_prompt_logprobs and not req.input_logprobs_sent and (req.finished is not None or new):
             # once, as soon as the prompt is computed (a stream's first token, e.g. to echo the
             # prompt first); aligned with input_ids[logprob_start_len:], the first prompt token

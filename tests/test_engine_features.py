@@ -8,6 +8,7 @@ import time
 import pytest
 
 from treadle.runtime import Engine
+from treadle.runtime.engine import BatchError
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.scheduler import validate_request
@@ -455,12 +456,15 @@ def test_overlap_schedule_matches_plain_path(prompts):
     assert outs["on"][2] == outs["off"][2]
 
 
-def test_a_failed_step_fails_its_requests_and_the_engine_serves_on(engine, prompts, reference):
-    """An exception inside a batch step (injected into the real model's forward) ends the
-    requests of that step with a RuntimeError naming it; the engine keeps serving, the same
-    prompts then give the same greedy outputs, and no KV slot leaks."""
-    runner = engine.scheduler.runner
-    real = runner.forward
+def test_a_failed_step_costs_only_the_request_that_makes_it_fail(engine, prompts, reference):
+    """An exception inside a batch step (injected into the real model's forward), once, mid-decode
+    of a batch of three: the three run again (their output so far kept, their KV rebuilt), and
+    give the reference outputs token for token, no error. A request that makes every step it is
+    in fail (from its 5th token on) ends alone with an error of its own (a BatchError, a
+    ValueError), the two beside it with their reference outputs; no KV slot leaks. Before, a
+    failed step ended every request in it with a RuntimeError."""
+    sched = engine.scheduler
+    real = sched.runner.forward
     calls = {"n": 0}
 
     def flaky(fb):
@@ -469,13 +473,27 @@ def test_a_failed_step_fails_its_requests_and_the_engine_serves_on(engine, promp
             raise RuntimeError("injected forward failure")
         return real(fb)
 
-    runner.forward = flaky
+    poison = {**GREEDY, "max_new_tokens": GREEDY["max_new_tokens"] - 1}  # how `poisoned` knows it
+
+    def poisoned(fb):
+        rows = set(fb.req_pool_indices.tolist())
+        if any(r.req_pool_idx in rows and r.params.max_new_tokens == poison["max_new_tokens"]
+               and len(r.output_ids) >= 5 for r in list(sched._live.values())):
+            raise RuntimeError("injected poison")
+        return real(fb)
+
+    sched.runner.forward = flaky
     try:
-        with pytest.raises(RuntimeError, match="internal error in a batch step.*injected forward failure"):
-            engine.generate(prompts[:3], GREEDY)
+        out = engine.generate(prompts[:3], GREEDY)
+        assert calls["n"] > 3 and [o["output_ids"] for o in out] == reference[:3]
+        engine.check_integrity()
+        sched.runner.forward = poisoned
+        with pytest.raises(BatchError, match="made its batch step fail.*injected poison") as e:
+            engine.generate(prompts[:3], [GREEDY, poison, GREEDY])
     finally:
-        runner.forward = real
-    assert calls["n"] >= 3
+        sched.runner.forward = real
+    assert list(e.value.errors) == [1] and len(e.value.results[1]["output_ids"]) == 5
+    assert [e.value.results[i]["output_ids"] for i in (0, 2)] == [reference[0], reference[2]]
     engine.check_integrity()
     again = engine.generate(prompts, GREEDY)
     assert [o["output_ids"] for o in again] == reference

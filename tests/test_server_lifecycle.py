@@ -1,7 +1,7 @@
 """Server lifecycle against real server subprocesses: many concurrent streams with
 disconnects (no leaked KV), back-pressure (503), SIGTERM drain (exit 0), a dead
-scheduler (the server exits non-zero within seconds) and a failed batch step (a 500, then
-serving on).
+scheduler (the server exits non-zero within seconds), a failed batch step that does not
+recur (no request hurt) and a broken model (a 500, then the server exits).
 
 Tests run in file order: the SIGTERM test ends server A, after which server B starts."""
 from __future__ import annotations
@@ -297,26 +297,51 @@ def test_a_failed_output_loop_fails_its_requests_and_exits_nonzero():
         srv.close()
 
 
-def test_a_failed_batch_step_is_a_500_and_the_server_serves_on():
-    """Forward calls 2 and 4 of the real scheduler process raise (runtime/fault_injection.py):
-    the non-streamed request of the failed step gets a 500 naming the failure, the streamed
-    one an SSE error event after its first chunk; the next request is served, and no KV slot
-    is leaked."""
+def test_a_failed_batch_step_that_does_not_recur_costs_no_request():
+    """Forward calls 2 and 12 of the real scheduler process raise (runtime/fault_injection.py),
+    one in a plain request's decode, one in a streamed one's: each request is prefilled again
+    (its output so far kept) and finishes with the text it gives with no fault, the stream
+    with no error event; no KV slot is leaked. Before, each got a 500 (an SSE error event)."""
     srv = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"],
-                        env={"TREADLE_FAULT_FORWARD_CALLS": "2,4"})
+                        env={"TREADLE_FAULT_FORWARD_CALLS": "2,12"})
+    try:
+        body = {"text": "The capital of France is",
+                "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}
+        # forward 1 prefill, 2 fails, 3 the canary, 4 the prefill again, 5-10 decode
+        r = requests.post(srv.url + "/generate", json=body, timeout=T)
+        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 8, r.text
+        chunks = stream(srv.url, body)  # forward 11 prefill, 12 fails, 13 the canary, ...
+        assert not any("error" in c for c in chunks) and chunks[-1]["text"] == r.json()["text"], chunks
+        ok = requests.post(srv.url + "/generate", json=body, timeout=T)
+        assert ok.status_code == 200 and ok.json()["text"] == r.json()["text"], ok.text
+        assert_no_leaked_kv(srv.url)
+        assert srv.proc.poll() is None
+    finally:
+        srv.close()
+
+
+def test_a_broken_model_is_a_500_and_then_the_server_exits():
+    """Every forward from call 3 on raises (a broken model or device): the canary forward run
+    after a lone request's failed step fails too, so the failure is the server's: a 500 naming
+    it, and after a few such failures in a row the scheduler stops and the server exits non-zero
+    (a supervisor restarts it) instead of failing every request forever."""
+    srv = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"],
+                        env={"TREADLE_FAULT_FORWARD_CALLS": "3-"})
     try:
         body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
-        r = requests.post(srv.url + "/generate", json=body, timeout=T)  # forward 1 prefill, 2 fails
+        r = requests.post(srv.url + "/generate", json=body, timeout=T)
         assert r.status_code == 500, r.text
         err = r.json()["error"]
         assert err["code"] == "internal_error" and "injected fault" in err["message"], err
-        chunks = stream(srv.url, body)  # forward 3 prefill (the cache was reset), 4 fails
-        assert len(chunks) >= 2 and "error" in chunks[-1], chunks
-        assert "injected fault" in chunks[-1]["error"]["message"] and "text" in chunks[0], chunks
-        ok = requests.post(srv.url + "/generate", json=body, timeout=T)
-        assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 8, ok.text
-        assert_no_leaked_kv(srv.url)
-        assert srv.proc.poll() is None
+        for _ in range(8):
+            if srv.proc.poll() is not None:
+                break
+            try:
+                r = requests.post(srv.url + "/generate", json=body, timeout=T)
+            except requests.ConnectionError:
+                break
+            assert r.status_code in (500, 503), r.text
+        assert srv.proc.wait(timeout=60) != 0, srv.log_tail()
     finally:
         srv.close()
 

@@ -33,8 +33,8 @@ STATS_PERIOD_S = 0.5
 
 def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, ppid: int) -> None:
     """Process entry point. Reports ("ready", info) or ("error", traceback) on `conn`, then
-    serves until the parent disappears. A failed batch step costs only the requests in it
-    (`Scheduler._recover`: they get a 500); any other exception in the loop, or a step the
+    serves until the parent disappears. A failed batch step costs only the request that made
+    it fail (`Scheduler._recover`); any other exception in the loop, or a step the
     scheduler cannot recover from, ends the process with a non-zero code (the server's
     watchdog then takes the whole server down)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -55,12 +55,13 @@ def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, p
             tokenizer = load_tokenizer(runner.source)
             sched = tp.make_scheduler(runner, tokenizer)
         else:
-            from treadle.runtime.fault_injection import install_forward_faults
+            from treadle.runtime.fault_injection import install_forward_faults, install_poison
 
             runner = ModelRunner(args)
             install_forward_faults(runner)  # tests only: a no-op unless TREADLE_FAULT_FORWARD_CALLS is set
             tokenizer = load_tokenizer(runner.source)
             sched = Scheduler(args, runner, tokenizer)
+            install_poison(sched, tokenizer)  # tests only: a no-op unless TREADLE_FAULT_POISON_MARKER is set
         ctx = zmq.Context(1)
         pull = ctx.socket(zmq.PULL)
         pull.bind(paths.scheduler_in)

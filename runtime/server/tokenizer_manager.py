@@ -125,8 +125,9 @@ def _renderer_arguments(tokenizer: Any) -> set[str]:
 
 def _output_error(r: TokenizedGenerateReq, out: ReqOutput) -> APIError:
     """The error a request that ended with `out.error` is answered with: a 500 for a failed
-    batch step (the server's fault, not the request's), else a 400 (its grammar could not go
-    on, named by the grammar's field)."""
+    batch step that is the server's fault, not the request's, else a 400 (its grammar could
+    not go on, named by the grammar's field, or the request made its batch step fail, run
+    alone, twice: scheduler._recover)."""
     if out.internal:
         return APIError(out.error, 500, "server_error", None, "internal_error")
     grammar = [f for f in GRAMMAR_FIELDS if getattr(r.sampling_params, f) is not None]
