@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import json
 import threading
+import warnings
 from typing import Any
 
 from treadle.lang import ir
@@ -263,8 +264,11 @@ class StreamExecutor:
             stop = [stop] if isinstance(stop, str) else list(stop)
             params["stop"] = stop + [t for t in template_stops if t not in stop]
         if gen.dtype is not None:
+            if "regex" in params and "regex" in gen.params:  # SGLang's warning: its dtype regex replaces it
+                warnings.warn(f"Both dtype and regex are set. Only dtype will be used. dtype: {gen.dtype.__name__}, "
+                              f"regex: {params.pop('regex')}", stacklevel=2)
             if any(k in params for k in GRAMMAR_FIELDS):
-                raise ValueError(f"gen({gen.name!r}): dtype cannot be combined with regex/json_schema/choices/ebnf")
+                raise ValueError(f"gen({gen.name!r}): dtype cannot be combined with json_schema/choices/ebnf")
             regex, _, stops = DTYPE_REGEX[gen.dtype]
             params["regex"] = regex
             if stops:
@@ -300,18 +304,19 @@ class StreamExecutor:
                 self._append(out, name)
         except ValueError as e:  # the runtime refused it: say which gen
             raise ValueError(f"gen({name!r}): {e}") from e
-        if gen.dtype is not None:  # the value stays the text, as SGLang's; it must parse
+        if gen.dtype is not None:  # the value stays the text, as SGLang's, which stores it unchecked
             try:
                 DTYPE_REGEX[gen.dtype][1](out)
-            except ValueError as e:
+            except ValueError:
                 reason = (meta or {}).get("finish_reason") or {}
                 kind = reason.get("type") if isinstance(reason, dict) else reason
                 why = ("it stopped at max_tokens before the value was complete; raise max_tokens" if kind == "length"
                        else f"the stop string {reason.get('matched')!r} ended it before the value was complete"
                        if kind == "stop" and isinstance(reason, dict) and isinstance(reason.get("matched"), str)
                        else "is constrained decoding enabled on the backend?")
-                raise ValueError(f"gen({name!r}, dtype={gen.dtype.__name__}) produced {out!r}, which does not "
-                                 f"parse: {why}") from e
+                # a warning, not an error: SGLang's program goes on with the text (a cut value too)
+                warnings.warn(f"gen({name!r}, dtype={gen.dtype.__name__}) produced {out!r}, which does not "
+                              f"parse: {why}", stacklevel=2)
         self._set_var(name, out, meta)
 
     def _select(self, sel: ir.Select) -> None:

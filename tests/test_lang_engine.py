@@ -604,12 +604,16 @@ def test_a_role_scope_left_by_an_exception_is_closed(backend, engine):
 
 
 def test_a_typed_gen_cut_by_max_tokens_says_so(backend):
+    """As SGLang's, the cut value is stored as generated and the program goes on (it raised a
+    ValueError until session 40); a warning says why it does not parse."""
     @function
     def prog(s):
         s += "Q: Name a fruit.\nA: " + gen("t", dtype=str, max_tokens=3, temperature=0)
+        s += " Done."
 
-    with pytest.raises(ValueError, match="stopped at max_tokens before the value was complete"):
-        prog.run(backend=backend)["t"]
+    with pytest.warns(UserWarning, match="stopped at max_tokens before the value was complete"):
+        st = prog.run(backend=backend)
+    assert st["t"].startswith('"') and st.text().endswith(st["t"] + " Done.")
 
 
 def test_run_batch_of_one_runs_the_body_once_and_checks_num_threads_first(backend):

@@ -119,9 +119,10 @@ def test_a_str_gen_writes_no_control_character(engine):
     the value is then read as a JSON string, which takes no control character: greedy, this
     program wrote '");\\rfprintf(stderr, "' and failed with "does not parse: is constrained
     decoding enabled on the backend?"."""
-    with pytest.raises(ValueError) as info:  # the tiny model's string runs past 16 tokens now
-        typed_values.run(temperature=0)
-    assert "stopped at max_tokens" in str(info.value) and "\\r" not in str(info.value), info.value
+    with pytest.warns(UserWarning) as info:  # the tiny model's string runs past 16 tokens now (kept, as SGLang's)
+        state = typed_values.run(temperature=0)
+    message = " ".join(str(w.message) for w in info)
+    assert "stopped at max_tokens" in message and "\\r" not in message and "\r" not in state["n"], message
 
     @sgl.function
     def quoted(s):
