@@ -3,7 +3,9 @@
 Shapes:
     x        [M, K]  fp32 / fp16 / bf16 activations
     w        [N, K]  float8_e4m3fn weight (an ``nn.Linear`` layout), row-major
-    w_scale  [N]     fp32, one scale per output row (a per-tensor scale is expanded to rows)
+    w_scale  [N]     fp32, one scale per output row (a per-tensor scale is expanded to rows),
+             or [N, KB] fp32, one per row and per ``scale_block_k(K, KB)`` inputs: a block-
+             quantized checkpoint's (e.g. 128 x 128 blocks) scales repeated down their rows
     xq, x_scale      [M, K] float8_e4m3fn and [M] fp32: x's dynamic per-token quantization,
                      ``x_scale[m] = min(amax|x[m]|, scale_ub) / 448`` and ``xq = x / x_scale``
 
@@ -22,6 +24,10 @@ The ops, each with a pure-torch ``*_ref`` of the same signature:
   projections on a 132-SM GPU: it streamed those weights at 33% and 42% of the copy
   bandwidth on an H100 (benchmarks/results/quant_linear_sweep_h100.json). Splitting K puts
   every SM to work. The split is deterministic (no atomics).
+- Block-scaled weights ([N, KB] scales) take the same GEMV (each chunk times its scales) and
+  ``fp8_mm`` at every other size (each K block's partial product times its column's scales
+  before it is added; BLOCK_K at most the scale block): cuBLAS's row-wise scaled matmul has
+  no per-block scales.
 - ``fp8_linear``: ``fp8_gemv`` for M <= GEMV_MAX_M rows, ``fp8_mm`` up to MM_MAX_M, else
   quantize x (unless given an Fp8Act) and ``torch._scaled_mm`` with row-wise scales (cuBLAS FP8 tensor cores: 2,860
   vs 5,080 us against bf16 at M = 8192). ``fp8_linear_ref`` does the same in fp32 torch
@@ -47,7 +53,7 @@ from treadle.kernels.fp8_quant import (
     FP8_DTYPE, FP8_MAX, ActQuant, Fp8Act, check_x as _check_x, interpreting as _interpreting, per_token_quant,
     per_token_quant_ref,
 )
-from treadle.kernels.gemv import MAX_M as GEMV_MAX, gemv, gemv_ref
+from treadle.kernels.gemv import MAX_M as GEMV_MAX, dequantize_blocks, gemv, gemv_ref, scale_block_k
 from treadle.kernels.gemv import pick_config as gemv_pick_config
 
 __all__ = ["FP8_MAX", "FP8_DTYPE", "GEMV_MAX_M", "MM_MAX_M", "ActQuant", "Fp8Act", "Fp8Config", "fp8_mm", "pick_config",
@@ -79,13 +85,19 @@ def quantize_weight_ref(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _check_gemv(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                 bias: torch.Tensor | None, out_dtype: torch.dtype) -> None:
-    """The W8A8 product's arguments: xq and w float8_e4m3fn, x_scale [M] and w_scale [N] fp32."""
+    """The W8A8 product's arguments: xq and w float8_e4m3fn, x_scale [M] and w_scale [N] (or
+    [N, KB], block-scaled) fp32."""
     if xq.dtype != FP8_DTYPE or w.dtype != FP8_DTYPE:
         raise ValueError(f"xq and w must be float8_e4m3fn, got {xq.dtype} and {w.dtype}")
     if xq.dim() != 2 or w.dim() != 2 or xq.shape[1] != w.shape[1]:
         raise ValueError(f"need xq [M, K] and w [N, K], got {tuple(xq.shape)} and {tuple(w.shape)}")
-    if x_scale.shape != (xq.shape[0],) or w_scale.shape != (w.shape[0],):
-        raise ValueError(f"need x_scale [M] and w_scale [N], got {tuple(x_scale.shape)} and {tuple(w_scale.shape)}")
+    if x_scale.shape != (xq.shape[0],) or w_scale.shape[:1] != (w.shape[0],) or w_scale.dim() > 2:
+        raise ValueError(f"need x_scale [M] and w_scale [N] or [N, KB], got {tuple(x_scale.shape)} and "
+                         f"{tuple(w_scale.shape)}")
+    if w_scale.dim() == 2:
+        scale_block_k(w.shape[1], w_scale.shape[1])  # raises when the columns do not fit K
+        if not w_scale.is_contiguous():
+            raise ValueError("a block-scaled w_scale [N, KB] must be contiguous")
     if x_scale.dtype != torch.float32 or w_scale.dtype != torch.float32:
         raise ValueError("x_scale and w_scale must be fp32")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != w.shape[0]):
@@ -117,7 +129,10 @@ def scaled_mm_ref(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_sc
                   bias: torch.Tensor | None = None, *, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """The W8A8 product in torch: both sides dequantized to fp32, multiplied, rounded once."""
     _check_gemv(xq, x_scale, w, w_scale, bias, out_dtype)
-    y = (xq.float() @ w.float().T) * x_scale[:, None] * w_scale[None, :]
+    if w_scale.dim() == 2:
+        y = (xq.float() @ dequantize_blocks(w, w_scale).T) * x_scale[:, None]
+    else:
+        y = (xq.float() @ w.float().T) * x_scale[:, None] * w_scale[None, :]
     if bias is not None:
         y = y + bias.float()
     return y.to(out_dtype)
@@ -129,13 +144,16 @@ def scaled_mm_ref(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_sc
 def _fp8_mm_kernel(
     xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, part_ptr,
     M, N, K, k_per,
-    stride_xm, stride_wn, stride_ym, stride_ps, stride_pm,
+    stride_xm, stride_wn, stride_ym, stride_ps, stride_pm, stride_sn,
     SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    SCALE_K: tl.constexpr = 0,
 ):
     # grid: (cdiv(N, BLOCK_N), SPLIT, cdiv(M, BLOCK_M)); one program = a [BLOCK_M, BLOCK_N] tile
     # of the product over K's part [split * k_per, (split + 1) * k_per), scaled: with one part
-    # the output itself (bias added, rounded), with several into part[split] for _sum_parts_kernel
+    # the output itself (bias added, rounded), with several into part[split] for _sum_parts_kernel.
+    # SCALE_K > 0: w_scale is [N, cdiv(K, SCALE_K)] and each BLOCK_K step (within one scale
+    # block: BLOCK_K divides SCALE_K) is scaled by its column before it is added
     ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     ms = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -144,7 +162,8 @@ def _fp8_mm_kernel(
     mmask = ms < M
     k_lo = split * k_per
     k_hi = tl.minimum(k_lo + k_per, K)
-    ws = tl.load(ws_ptr + ns, mask=nmask, other=0.0)
+    if SCALE_K == 0:
+        ws = tl.load(ws_ptr + ns, mask=nmask, other=0.0)
     pdl.wait(PDL)  # (kernels/pdl.py)
     pdl.launch_dependents(PDL)
     x_ptrs = xq_ptr + ms.to(tl.int64)[:, None] * stride_xm + (k_lo + ks)[None, :]
@@ -154,14 +173,22 @@ def _fp8_mm_kernel(
         kmask = (k0 + ks < k_hi)[None, :]
         x = tl.load(x_ptrs, mask=mmask[:, None] & kmask, other=0.0)
         w = tl.load(w_ptrs, mask=nmask[:, None] & kmask, other=0.0, eviction_policy="evict_first")
-        if IEEE:  # the interpreter has no fp8 dot: exact in fp32 (e4m3 products fit its mantissa)
+        if SCALE_K > 0:
+            wsk = tl.load(ws_ptr + ns.to(tl.int64) * stride_sn + k0 // SCALE_K, mask=nmask, other=0.0)
+            if IEEE:
+                acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee") * wsk[None, :]
+            else:
+                acc += tl.dot(x, tl.trans(w)) * wsk[None, :]
+        elif IEEE:  # the interpreter has no fp8 dot: exact in fp32 (e4m3 products fit its mantissa)
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:  # Hopper's e4m3 MMA adds in less than fp32: promote to the fp32 tile each BLOCK_K
             acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=BLOCK_K)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     xs = tl.load(xs_ptr + ms, mask=mmask, other=0.0)
-    acc = acc * xs[:, None] * ws[None, :]
+    if SCALE_K == 0:
+        acc = acc * ws[None, :]
+    acc = acc * xs[:, None]
     omask = mmask[:, None] & nmask[None, :]
     if SPLIT == 1:
         if HAS_BIAS:
@@ -218,16 +245,18 @@ def fp8_mm(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor, w_scale: to
         return y
     if k == 0:
         return y.copy_(bias.expand(m, n) if bias is not None else torch.zeros_like(y))
-    split = cfg.split or mm_split(m, n, k, cfg.block_m, cfg.block_n, cfg.block_k)
-    k_per = triton.cdiv(triton.cdiv(k, cfg.block_k), split) * cfg.block_k
+    scale_k = scale_block_k(k, w_scale.shape[1]) if w_scale.dim() == 2 else 0
+    block_k = min(cfg.block_k, scale_k) if scale_k else cfg.block_k
+    split = cfg.split or mm_split(m, n, k, cfg.block_m, cfg.block_n, block_k)
+    k_per = triton.cdiv(triton.cdiv(k, block_k), split) * block_k
     split = triton.cdiv(k, k_per)  # no empty part
     part = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else y[None]
     launch = dict(num_warps=cfg.warps) if _interpreting() else dict(num_warps=cfg.warps, num_stages=cfg.stages)
     _fp8_mm_kernel[(triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))](
         xq, x_scale, w, w_scale, bias if bias is not None else w_scale, y, part, m, n, k, k_per,
-        xq.stride(0), w.stride(0), y.stride(0), part.stride(0), part.stride(1),
+        xq.stride(0), w.stride(0), y.stride(0), part.stride(0), part.stride(1), w_scale.stride(0) if scale_k else 0,
         SPLIT=split, HAS_BIAS=bias is not None, IEEE=_interpreting(), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, **launch, **pdl.options(xq))
+        BLOCK_K=block_k, SCALE_K=scale_k, **launch, **pdl.options(xq))
     if split > 1:
         block = min(1024, triton.next_power_of_2(n))
         _sum_parts_kernel[(m, triton.cdiv(n, block))](
@@ -264,13 +293,19 @@ def _mm_config(m: int, n: int, k: int, block_n: int | None = None, block_k: int 
     return Fp8Config("mm", block_n, block_k, warps, block_m, mm_split(m, n, k, block_m, block_n, block_k), stages)
 
 
-def pick_config(m: int, n: int, k: int) -> Fp8Config:
+def pick_config(m: int, n: int, k: int, blocked: bool = False) -> Fp8Config:
     """The GEMV up to GEMV_MAX_M rows with kernels/gemv.py's tile; up to MM_MAX_M rows fp8_mm where
     cuBLAS's 128 x 128 output tiles would be too few for the GPU (at most MM_MAX_TILES), else
     _scaled_mm. On an H100 at 128 rows, each with x quantized in the same launch, fp8_mm took
     14.5 / 38.7 us for llama3-8b's o / down (32 of cuBLAS's tiles) against _scaled_mm's ~17 / 47,
     and tied on qkv (48 tiles: 17.5 vs 17.7); _scaled_mm won gate_up (224: 53.8 against 54.5)
-    (benchmarks/results/quant_linear_sweep_fp8_mm2_h100.json)."""
+    (benchmarks/results/quant_linear_sweep_fp8_mm2_h100.json).
+    `blocked` (a block-scaled weight): fp8_mm at every size above the GEMV's, 128 x 128 tiles
+    past MM_MAX_M rows (cuBLAS's row-wise scaled matmul has no per-block scales)."""
+    if m > GEMV_MAX_M and blocked:
+        if m <= MM_MAX_M:
+            return _mm_config(m, n, k)
+        return Fp8Config("mm", 128, 128, 8, 128, 1, 3)
     if m > GEMV_MAX_M:
         if m <= MM_MAX_M and triton.cdiv(n, 128) * triton.cdiv(m, 128) <= MM_MAX_TILES:
             return _mm_config(m, n, k)
@@ -323,7 +358,8 @@ def fp8_linear(x: "torch.Tensor | Fp8Act", w: torch.Tensor, w_scale: torch.Tenso
     token (Triton; or already, an Fp8Act) and fp8_mm or torch._scaled_mm (K and N multiples of 16)."""
     _check_linear(x, w, w_scale)
     out_dtype = out_dtype or x.dtype
-    cfg = config or pick_config(x.shape[0], w.shape[0], x.shape[1])
+    blocked = w_scale.dim() == 2
+    cfg = config or pick_config(x.shape[0], w.shape[0], x.shape[1], blocked)
     if cfg.path == "gemv":
         if isinstance(x, Fp8Act):
             raise ValueError("the weight-only GEMV takes x unquantized (see wants_quantized_input)")
@@ -333,6 +369,8 @@ def fp8_linear(x: "torch.Tensor | Fp8Act", w: torch.Tensor, w_scale: torch.Tenso
     xq, sx = (x.q, x.scale) if isinstance(x, Fp8Act) else per_token_quant(x, scale_ub)
     if cfg.path == "mm":
         return fp8_mm(xq, sx, w, w_scale, bias, out_dtype=out_dtype, config=cfg)
+    if blocked:
+        raise ValueError("torch._scaled_mm has no per-block weight scales: a block-scaled weight takes fp8_mm")
     _check_gemv(xq, sx, w, w_scale, bias, out_dtype)
     if w.shape[0] % 16 or w.shape[1] % 16:
         raise ValueError(f"torch._scaled_mm needs N and K multiples of 16, got w {tuple(w.shape)}")
@@ -353,7 +391,7 @@ def fp8_linear_ref(x: "torch.Tensor | Fp8Act", w: torch.Tensor, w_scale: torch.T
     _check_linear(x, w, w_scale)
     if isinstance(x, Fp8Act):
         return scaled_mm_ref(x.q, x.scale, w, w_scale, bias, out_dtype=out_dtype or x.dtype)
-    if (config or pick_config(x.shape[0], w.shape[0], x.shape[1])).path == "gemv":
+    if (config or pick_config(x.shape[0], w.shape[0], x.shape[1], w_scale.dim() == 2)).path == "gemv":
         return fp8_gemv_ref(x, w, w_scale, bias, out_dtype=out_dtype or x.dtype)
     xq, sx = per_token_quant_ref(x, scale_ub)
     return scaled_mm_ref(xq, sx, w, w_scale, bias, out_dtype=out_dtype or x.dtype)

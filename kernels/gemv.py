@@ -8,9 +8,12 @@ product per token in registers and reducing it once at the end: no split-K pass,
 second launch, and the weight is loaded exactly once with an evict-first hint (it will not
 be reused before the next step). ``x`` is tiny and stays in cache.
 
-``w`` may also be float8_e4m3fn with one fp32 scale per row (``w_scale``): the FP8 linear's
+``w`` may also be float8_e4m3fn with one fp32 scale per row (``w_scale`` [N]): the FP8 linear's
 decode path (kernels/fp8_linear.py), which streams one byte an element and multiplies each
-output by its row's scale after the reduction.
+output by its row's scale after the reduction. Block-quantized FP8 (DeepSeek / Qwen FP8
+checkpoints, a scale per 128 x 128 block) gives a scale per row and per ``scale_block_k``
+inputs instead (``w_scale`` [N, cdiv(K, scale_block_k)], the blocks' scales repeated down their
+rows): each weight chunk is multiplied by its scales before the products.
 
 ``gemv_ref`` is ``torch.nn.functional.linear`` in fp32, rounded to the output dtype.
 """
@@ -24,7 +27,7 @@ import triton.language as tl
 
 from treadle.kernels import pdl
 
-__all__ = ["gemv", "gemv_ref", "MAX_M", "pick_config"]
+__all__ = ["gemv", "gemv_ref", "MAX_M", "pick_config", "scale_block_k", "dequantize_blocks"]
 
 MAX_M = 4
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -57,6 +60,15 @@ def _w_chunk(w_ptrs, k0, cols, rmask, K, EVEN: tl.constexpr):
 
 
 @triton.jit
+def _block_scaled(w, s_ptr, rows, k0, cols, rmask, K, stride_sn, SCALE_K: tl.constexpr):
+    # w[rows, k0 : k0 + BLOCK_K] in fp32 times its scales s[rows, (k0 + cols) // SCALE_K]
+    kmask = k0 + cols < K
+    s = tl.load(s_ptr + rows[:, None] * stride_sn + ((k0 + cols) // SCALE_K)[None, :],
+                mask=rmask[:, None] & kmask[None, :], other=0.0)
+    return w.to(tl.float32) * s
+
+
+@triton.jit
 def _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M: tl.constexpr, EVEN: tl.constexpr):
     w = w.to(tl.float32)
     acc0 += w * _x_chunk(x_ptr, k0, cols, K, EVEN)[None, :]
@@ -73,12 +85,14 @@ def _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M: tl.
 def _gemv_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr,
     N, K,
-    stride_xm, stride_wn, stride_ym,
+    stride_xm, stride_wn, stride_ym, stride_sn,
     M: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD2: tl.constexpr, PDL: tl.constexpr,
+    SCALE_K: tl.constexpr = 0,
 ):
     # grid: (cdiv(N, BLOCK_N),); one program = BLOCK_N output features for all M tokens, one
     # fp32 partial-product tile per token (M <= 4, unrolled: the tiles live in registers).
+    # SCALE_K > 0: w_scale is [N, cdiv(K, SCALE_K)], applied to each chunk (block-quantized FP8)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     cols = tl.arange(0, BLOCK_K)
@@ -89,8 +103,12 @@ def _gemv_kernel(
     w = _w_chunk(w_ptrs, 0, cols, rmask, K, EVEN)
     if AHEAD2:
         w_second = _w_chunk(w_ptrs, BLOCK_K, cols, rmask, K, EVEN)
+    if SCALE_K > 0:
+        w = _block_scaled(w, s_ptr, rows, 0, cols, rmask, K, stride_sn, SCALE_K)
+        if AHEAD2:
+            w_second = _block_scaled(w_second, s_ptr, rows, BLOCK_K, cols, rmask, K, stride_sn, SCALE_K)
     scale = tl.full([BLOCK_N], 1.0, tl.float32)
-    if HAS_SCALE:
+    if HAS_SCALE and SCALE_K == 0:
         scale = tl.load(s_ptr + rows, mask=rmask, other=0.0)
     bias = tl.zeros([BLOCK_N], tl.float32)
     if HAS_BIAS:
@@ -109,6 +127,8 @@ def _gemv_kernel(
         start = 2 * BLOCK_K
     for k0 in range(start, K, BLOCK_K):
         w = _w_chunk(w_ptrs, k0, cols, rmask, K, EVEN)
+        if SCALE_K > 0:
+            w = _block_scaled(w, s_ptr, rows, k0, cols, rmask, K, stride_sn, SCALE_K)
         acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M, EVEN)
     _store_row(y_ptr, acc0, scale, bias, rows, rmask)
     if M > 1:
@@ -117,6 +137,26 @@ def _gemv_kernel(
         _store_row(y_ptr + 2 * stride_ym, acc2, scale, bias, rows, rmask)
     if M > 3:
         _store_row(y_ptr + 3 * stride_ym, acc3, scale, bias, rows, rmask)
+
+
+def scale_block_k(k: int, blocks: int) -> int:
+    """The inputs a scale column covers when K inputs have `blocks` of them: the power of two
+    (at least 32) b with cdiv(k, b) == blocks. Block sizes are powers of two (checked where a
+    checkpoint's config is read), and that b is then the only one: cdiv(k, blocks) lies in
+    (b / 2, b] for two blocks or more, and one block covers all of K whatever its size."""
+    if blocks < 1:
+        raise ValueError(f"a block-scaled weight needs at least one scale column, got {blocks}")
+    b = max(32, triton.next_power_of_2(triton.cdiv(k, blocks)))
+    if triton.cdiv(k, b) != blocks:
+        raise ValueError(f"{blocks} scale columns do not cover {k} inputs in power-of-two blocks")
+    return b
+
+
+def dequantize_blocks(w: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """fp32 [N, K]: w times its scales, w_scale [N, KB] holding one per row and scale_block_k inputs."""
+    k = w.shape[1]
+    b = scale_block_k(k, w_scale.shape[1])
+    return w.float() * w_scale.float().repeat_interleave(b, dim=1)[:, :k]
 
 
 def pick_config(m: int, n: int, k: int) -> tuple[int, int, int, int]:
@@ -155,8 +195,9 @@ def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out_dtyp
     if w_scale is None and w.dtype != x.dtype:
         raise ValueError(f"w ({w.dtype}) must have x's dtype ({x.dtype})")
     if w_scale is not None and (not isinstance(w_scale, torch.Tensor) or w_scale.dtype != torch.float32
-                                or w_scale.shape != (w.shape[0],) or w_scale.device != x.device):
-        raise ValueError(f"w_scale must be fp32 [N={w.shape[0]}] on x's device")
+                                or w_scale.shape[:1] != (w.shape[0],) or w_scale.dim() > 2
+                                or w_scale.device != x.device or not w_scale.is_contiguous()):
+        raise ValueError(f"w_scale must be contiguous fp32 [N={w.shape[0]}] or [N, K blocks] on x's device")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != w.shape[0]):
         raise ValueError(f"bias must be [N={w.shape[0]}], got {tuple(bias.shape)}")
     if out_dtype is not None and out_dtype not in _DTYPES:
@@ -167,7 +208,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
          out_dtype: torch.dtype | None = None, config: tuple[int, int, int, int] | None = None,
          w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``x [M<=4, K] @ (w[N, K] * w_scale[:, None]).T (+ bias)`` -> ``[M, N]`` in ``out_dtype``
-    (default x's); w_scale (fp32 [N]) only with a float8_e4m3fn w."""
+    (default x's); w_scale (fp32 [N], or [N, KB]: a scale per row and per scale_block_k(K, KB)
+    inputs) only with a float8_e4m3fn w."""
     _check(x, w, bias, out_dtype, w_scale)
     if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(f"x must be on a CUDA device (got {x.device}); use gemv_ref on CPU")
@@ -180,11 +222,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
         return y.copy_(bias.expand(m, n) if bias is not None else torch.zeros_like(y))
     block_n, block_k, warps, stages = config or pick_config(m, n, k)
     even = n % block_n == 0 and k % block_k == 0
+    blocked = w_scale is not None and w_scale.dim() == 2
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, w_scale if w_scale is not None else x, bias if bias is not None else x, y,
-        n, k, x.stride(0), w.stride(0), y.stride(0),
+        n, k, x.stride(0), w.stride(0), y.stride(0), w_scale.stride(0) if blocked else 0,
         M=m, HAS_SCALE=w_scale is not None, HAS_BIAS=bias is not None, EVEN=even, BLOCK_N=block_n, BLOCK_K=block_k,
-        AHEAD2=m == 1 and k > block_k, num_warps=warps, num_stages=stages, **pdl.options(x),
+        AHEAD2=m == 1 and k > block_k, SCALE_K=scale_block_k(k, w_scale.shape[1]) if blocked else 0,
+        num_warps=warps, num_stages=stages, **pdl.options(x),
     )
     return y
 
@@ -194,9 +238,12 @@ def gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
              w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Pure-torch reference with the same signature: fp32 math, rounded once."""
     _check(x, w, bias, out_dtype, w_scale)
-    y = x.float() @ w.float().T
-    if w_scale is not None:
-        y = y * w_scale[None, :]
+    if w_scale is not None and w_scale.dim() == 2:
+        y = x.float() @ dequantize_blocks(w, w_scale).T
+    else:
+        y = x.float() @ w.float().T
+        if w_scale is not None:
+            y = y * w_scale[None, :]
     if bias is not None:
         y = y + bias.float()
     return y.to(out_dtype or x.dtype)

@@ -3,9 +3,15 @@ for with `--quantization` to quantize a float checkpoint at load.
 
 Formats read (the layouts their publishers document; no package of theirs is imported):
 - `compressed-tensors`, format `float-quantized` (or `naive-quantized`) with 8-bit float weights:
-  `weight` float8_e4m3fn [N, K], `weight_scale` [N, 1] (strategy "channel") or one value
-  (strategy "tensor"), `input_scale` for static activations (read, not used: treadle
-  quantizes activations per token, dynamically).
+  `weight` float8_e4m3fn [N, K], `weight_scale` [N, 1] (strategy "channel"), one value
+  (strategy "tensor"), [N / bn, K / bk] (strategy "block", block_structure [bn, bk]) or
+  [N, K / G] (strategy "group", group_size G), `input_scale` for static activations (read,
+  not used: treadle quantizes activations per token, dynamically).
+- `fp8` (the FP8 format of transformers and vLLM, which DeepSeek-V3's and Qwen3's FP8 releases
+  use): `weight` float8_e4m3fn [N, K] with, when `weight_block_size` [bn, bk] is set,
+  `weight_scale_inv` [cdiv(N, bn), cdiv(K, bk)] (a block's weights are q * scale: the name is
+  the inverse of the quantizing scale), else `weight_scale` one value a tensor; `input_scale`
+  when `activation_scheme` is "static" (read, not used).
 - `fbgemm_fp8`: `weight` float8_e4m3fn [N, K], `weight_scale` [N, 1]; activations per token,
   their amax capped at `activation_scale_ub`.
 - `awq` (version "gemm", 4 bits, zero point): `qweight` int32 [K, N/8], `qzeros` int32
@@ -25,7 +31,8 @@ if TYPE_CHECKING:
     from treadle.runtime.model_config import ModelConfig
 
 METHODS = ("fp8", "awq", "gptq")
-_READ = "compressed-tensors (float-quantized FP8), fbgemm_fp8, awq (version gemm, 4-bit) and gptq (4-bit)"
+_READ = ("compressed-tensors (float-quantized FP8), fp8 (per tensor or block-wise), fbgemm_fp8, awq (version gemm, "
+         "4-bit) and gptq (4-bit)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +42,10 @@ class QuantConfig:
     method: what runs ("fp8": FP8 weights, FP8 per-token activations on the GPU; "awq" and
         "gptq": 4-bit weights, both run by the same W4A16 kernels once repacked).
     source: the checkpoint format it was read from, or "load" when quantized at load.
-    weight_strategy (fp8): "channel" (a scale per output row) or "tensor" (one per tensor).
+    weight_strategy (fp8): "channel" (a scale per output row), "tensor" (one per tensor) or
+        "block" (one per weight_block = (rows, inputs) block; a "group" of G inputs is (1, G)).
+    scale_name (fp8): the checkpoint's name of the weight scales ("weight_scale", or the fp8
+        format's "weight_scale_inv" for blocks).
     static_input_scale (fp8): the checkpoint carries input_scale tensors (read and unused).
     activation_scale_ub (fp8): a cap on each token's amax (fbgemm_fp8's activation_scale_ub).
     group_size (int4): input features a scale and zero cover; 0 = all of a row (GPTQ's -1).
@@ -46,6 +56,8 @@ class QuantConfig:
     method: Literal["fp8", "awq", "gptq"]
     source: str
     weight_strategy: str = "channel"
+    weight_block: tuple[int, int] | None = None
+    scale_name: str = "weight_scale"
     static_input_scale: bool = False
     activation_scale_ub: float | None = None
     group_size: int = 128
@@ -62,7 +74,9 @@ class QuantConfig:
     def describe(self) -> str:
         """A short line for logs and /get_server_info."""
         if self.method == "fp8":
-            w = "per-channel" if self.weight_strategy == "channel" else "per-tensor"
+            w = {"channel": "per-channel", "tensor": "per-tensor"}.get(self.weight_strategy)
+            if self.weight_block is not None:
+                w = f"{self.weight_block[0]}x{self.weight_block[1]}-block"
             how = "quantized at load" if self.source == "load" else self.source
             return f"fp8 ({how}; {w} weight scales, dynamic per-token activation scales)"
         how = "quantized at load, round to nearest" if self.source == "load" else f"{self.source} checkpoint"
@@ -91,6 +105,8 @@ def parse_quantization_config(d: Mapping[str, Any] | None) -> QuantConfig | None
     method = d.get("quant_method")
     if method == "compressed-tensors":
         return _compressed_tensors(d)
+    if method == "fp8":
+        return _fp8(d)
     if method == "fbgemm_fp8":
         ub = d.get("activation_scale_ub", 1200.0)
         return QuantConfig("fp8", "fbgemm_fp8", activation_scale_ub=None if ub is None else float(ub),
@@ -115,6 +131,35 @@ def parse_quantization_config(d: Mapping[str, Any] | None) -> QuantConfig | None
                      f"treadle reads; it reads {_READ}")
 
 
+def _block(block: Any, where: str) -> tuple[int, int]:
+    """A weight block [rows, inputs]: positive ints, the inputs a power of two of at least 32
+    (the kernels' K steps stay within one block)."""
+    if not isinstance(block, (list, tuple)) or len(block) != 2 or not all(
+            isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block):
+        raise ValueError(f"{where} must be two positive integers [rows, inputs], got {block!r}")
+    bn, bk = block
+    if bk < 32 or bk & (bk - 1):
+        raise ValueError(f"{where} {list(block)}: treadle reads FP8 blocks whose input width is a power of two of "
+                         "at least 32")
+    return bn, bk
+
+
+def _fp8(d: Mapping[str, Any]) -> QuantConfig:
+    fmt = d.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise ValueError(f"fp8 checkpoint with fmt={fmt!r}: treadle reads e4m3 FP8 weights")
+    scheme = d.get("activation_scheme", "dynamic")
+    if scheme not in ("dynamic", "static"):
+        raise ValueError(f"fp8 checkpoint with activation_scheme={scheme!r}: treadle reads dynamic or static")
+    ignore = tuple(d.get("ignored_layers") or d.get("modules_to_not_convert") or ())
+    block = d.get("weight_block_size")
+    if block is None:
+        return QuantConfig("fp8", "fp8", weight_strategy="tensor", static_input_scale=scheme == "static",
+                           ignore=ignore)
+    return QuantConfig("fp8", "fp8", weight_strategy="block", weight_block=_block(block, "weight_block_size"),
+                       scale_name="weight_scale_inv", static_input_scale=scheme == "static", ignore=ignore)
+
+
 def _group(g: Any) -> int:
     g = int(g)
     if g == -1:
@@ -137,18 +182,25 @@ def _compressed_tensors(d: Mapping[str, Any]) -> QuantConfig:
         raise ValueError(f"compressed-tensors with {len(groups)} config groups: treadle reads exactly one")
     g = groups[0]
     w, a = g.get("weights") or {}, g.get("input_activations")
-    if w.get("type") != "float" or w.get("num_bits") != 8 or w.get("strategy") not in ("channel", "tensor") \
-            or w.get("dynamic") or w.get("group_size") or w.get("block_structure"):
+    strategy = w.get("strategy")
+    if w.get("type") != "float" or w.get("num_bits") != 8 or strategy not in ("channel", "tensor", "block", "group") \
+            or w.get("dynamic") or (w.get("group_size") and strategy != "group") \
+            or (w.get("block_structure") and strategy != "block"):
         raise ValueError(f"compressed-tensors weights {dict(w)} are not read: treadle reads 8-bit float weights with "
-                         "strategy channel or tensor (no groups or blocks)")
+                         "strategy channel, tensor, block or group")
+    block = None
+    if strategy == "block":
+        block = _block(w.get("block_structure"), "compressed-tensors weights block_structure")
+    elif strategy == "group":
+        block = _block([1, w.get("group_size")], "compressed-tensors weights [1, group_size]")
     static = False
     if a is not None:
-        if a.get("type") != "float" or a.get("num_bits") != 8 or a.get("strategy") not in ("token", "tensor"):
+        if a.get("type") != "float" or a.get("num_bits") != 8 or a.get("strategy") not in ("token", "tensor", "group"):
             raise ValueError(f"compressed-tensors input_activations {dict(a)} are not read: treadle reads 8-bit "
-                             "float activations, per token or per tensor")
+                             "float activations, per token, per tensor or per group (run per token)")
         static = not a.get("dynamic", False)
-    return QuantConfig("fp8", "compressed-tensors", weight_strategy=w["strategy"], static_input_scale=static,
-                       ignore=tuple(d.get("ignore") or ()))
+    return QuantConfig("fp8", "compressed-tensors", weight_strategy="block" if block else strategy,
+                       weight_block=block, static_input_scale=static, ignore=tuple(d.get("ignore") or ()))
 
 
 def resolve_quantization(cfg: ModelConfig, flag: str, tp_size: int = 1) -> QuantConfig | None:
@@ -176,6 +228,12 @@ def resolve_quantization(cfg: ModelConfig, flag: str, tp_size: int = 1) -> Quant
                          f"{qc.describe()}); serve it in bf16")
     if qc.method != "fp8":
         qc = _fit_groups(cfg, qc, tp_size)
+    elif qc.weight_block is not None and tp_size > 1:
+        # a row-parallel rank's inputs must start on a block: its scale columns are its own
+        widths = [cfg.num_heads * cfg.head_dim // tp_size, cfg.intermediate_size // tp_size]
+        if any(w_ % qc.weight_block[1] for w_ in widths):
+            raise ValueError(f"FP8 blocks of {qc.weight_block[1]} inputs do not divide the row-parallel input widths "
+                             f"{widths} on each of {tp_size} ranks")
     return qc
 
 
