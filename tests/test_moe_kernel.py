@@ -74,7 +74,10 @@ def test_route_ref_normalisation():
 
 
 @needs_kernel
-@pytest.mark.parametrize("t,e,k", [(1, 8, 2), (6, 4, 3)])
+# 3 tokens x top-3 of 4 experts: 9 pairs, so an expert takes several, also among the 2 local ones
+# of the expert-parallel half (each token picks at least one of them); 6 tokens proved no more
+# and cost 20 s a case in the Triton interpreter
+@pytest.mark.parametrize("t,e,k", [(1, 8, 2), (3, 4, 3)])
 @pytest.mark.parametrize("h,inter", [(48, 24), (64, 32)], ids=["masked", "even"])
 def test_fused_moe_matches_definition_both_paths(t, e, k, h, inter):
     # 48 / 24: not powers of two, masked tiles; 64 / 32: chunks that divide the rows, no masks
