@@ -8,6 +8,11 @@ from the connection or from its previous response; past it, the connection is cl
 a 408 when some of a request had come). Once the headers are in, the body's own deadline is
 the Gate's (http_server.body_deadline), and a response may take as long as it takes.
 
+A request h11 cannot parse (headers past its buffer, a malformed request line or header) is
+answered in the OpenAI error shape like every other refusal, a 431 for headers too large (the
+status h11 gives, RFC 6585) and a 400 for the rest, not uvicorn's plain-text 400 "Invalid HTTP
+request received." that JSON clients could not read.
+
 It also bounds how long a response may wait for its client to read. uvicorn stops writing
 when the socket's buffer is full (flow control) and waits for the client, forever: a client
 that opened a stream and never read it held the connection, and every chunk the request went
@@ -22,6 +27,7 @@ import asyncio
 import json
 import logging
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from treadle.runtime.server.protocol import error_body
@@ -40,9 +46,38 @@ def header_deadline_protocol(timeout_s: float, write_timeout_s: float | None = N
     class HeaderDeadlineH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
 
+        _protocol_error: h11.RemoteProtocolError | None = None
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm()
+            parse = self.conn.next_event
+
+            def next_event() -> object:  # keeps h11's error for send_400_response (uvicorn drops it)
+                try:
+                    return parse()
+                except h11.RemoteProtocolError as e:
+                    self._protocol_error = e
+                    raise
+
+            self.conn.next_event = next_event
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to a request h11 could not parse, in JSON (see the module doc)."""
+            e = self._protocol_error
+            if e is not None and e.error_status_hint == 431:
+                status, code, reason = 431, "request_header_fields_too_large", b"Request Header Fields Too Large"
+                limit = getattr(self.conn, "_max_incomplete_event_size", 0)
+                message = (f"the request's headers are too large: this server reads at most {limit // 1024} KiB of "
+                           "request line and headers; send large values in the JSON body")
+            else:
+                status, code, reason = 400, "invalid_http_request", b"Bad Request"
+                message = f"invalid HTTP/1.1 request: {e}" if e is not None else msg
+            body = json.dumps(error_body(message, code=code)).encode()
+            # written whole: h11's connection is in its error state and sends nothing more
+            self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                                 b"content-length: %d\r\n\r\n" % (status, reason, len(body)) + body)
+            self.transport.close()
 
         _write_timer: asyncio.TimerHandle | None = None
 
