@@ -384,12 +384,19 @@ class StreamExecutor:
             for br in join.branches:
                 self._append(br.text_[br.fork_len:])
             return
-        # gather: every variable a branch set (created, or generated again) becomes a list
-        # over branches; a branch that did not set it gives the value it inherited, if any
-        names = dict.fromkeys(n for br in join.branches for n in br.written)
-        for n in names:
-            self._set_var(n, [br.variables.get(n) for br in join.branches],
-                          {"branches": [br.meta.get(n) for br in join.branches]})
+        # gather, as SGLang's: each variable a branch has that the parent has not becomes the
+        # list of the values of the branches that have it, in branch order; a name the parent
+        # has (from before the fork, or set since) keeps the parent's value
+        mine = set(self.variables)
+        values: dict[str, list] = {}
+        metas: dict[str, list] = {}
+        for br in join.branches:
+            for n in br.written:
+                if n not in mine and n in br.variables:
+                    values.setdefault(n, []).append(br.variables[n])
+                    metas.setdefault(n, []).append(br.meta.get(n))
+        for n, vals in values.items():
+            self._set_var(n, vals, {"branches": metas[n]})
 
 
 def __getattr__(name: str) -> Any:

@@ -61,3 +61,28 @@ def test_adding_none_is_sglangs_value_error(backend):
 
     with pytest.raises(ValueError, match="Tried to append None to state"):
         plain.run(backend=backend)
+
+
+def test_gather_join_takes_only_names_new_in_the_branches(backend):
+    """SGLang's gather join: the names a branch has that the parent has not become lists of
+    the values of the branches that have them; a name the parent already has keeps the
+    parent's value. treadle listed every name a branch set (the parent's `answer` became a
+    list, so `s += s["answer"]` then failed) and put None for a branch without the name."""
+    @sgl.function
+    def agent(s):
+        s += "Name an animal:" + sgl.gen("answer", max_tokens=3, temperature=0)
+        mine = s["answer"]
+        forks = s.fork(3)
+        for i, f in enumerate(forks):
+            f += f"\nName a city ({i}):" + sgl.gen("answer", max_tokens=3, temperature=0)
+            if i != 1:
+                f += "\nName a river:" + sgl.gen("river", max_tokens=3, temperature=0)
+        rivers = [forks[0]["river"], forks[2]["river"]]
+        forks.join()
+        s += "\nSo: " + s["answer"]
+        return mine, rivers
+
+    state = agent.run(backend=backend)
+    mine, rivers = state.ret_value
+    assert state["answer"] == mine and state.text().endswith("\nSo: " + mine)
+    assert state["river"] == rivers
