@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from treadle.kernels import pdl
+from treadle.kernels.gemv import scale_block_k
 
 __all__ = ["moe_route", "moe_router", "moe_route_ref", "moe_align", "pick_config", "fused_moe", "fused_moe_ref"]
 
@@ -265,14 +266,16 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
 
 @triton.jit
 def _moe_gemm_kernel(
-    a_ptr, w_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
+    a_ptr, w_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr, s_ptr,
     n_out, k_in, num_pairs,
-    stride_am, stride_we, stride_wn, stride_cm,
+    stride_am, stride_we, stride_wn, stride_cm, stride_se, stride_sn,
     A_DIV: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_K: tl.constexpr = 0,
 ):
     # grid: (blocks of sorted pairs * column blocks,). c[pair, n] = a[pair // A_DIV] @ w[e, n]^T,
-    # GATED: silu(rows n) * (rows n + n_out) of w; WEIGHTED: times the pair's routing weight
+    # GATED: silu(rows n) * (rows n + n_out) of w; WEIGHTED: times the pair's routing weight.
+    # SCALE_K > 0: w is FP8 with scales s[e, n, k // SCALE_K]; each K step's weights (within one
+    # scale block) are dequantized to a's dtype before the product (weight-only FP8)
     pid = tl.program_id(0)
     num_n = tl.cdiv(n_out, BLOCK_N)
     pid_m = pid // num_n
@@ -295,12 +298,18 @@ def _moe_gemm_kernel(
         mask_k = offs_k < k_in - k0 * BLOCK_K
         a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        if SCALE_K > 0:
+            s_rows = s_ptr + e * stride_se + offs_n.to(tl.int64) * stride_sn + (k0 * BLOCK_K) // SCALE_K
+            b = (b.to(tl.float32) * tl.load(s_rows, mask=mask_n, other=0.0)[None, :]).to(a_ptr.dtype.element_ty)
         if IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
         if GATED:
             b_up = tl.load(b_ptrs + n_out * stride_wn, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            if SCALE_K > 0:
+                s_up = tl.load(s_rows + n_out * stride_sn, mask=mask_n, other=0.0)
+                b_up = (b_up.to(tl.float32) * s_up[None, :]).to(a_ptr.dtype.element_ty)
             if IEEE:
                 acc_up = tl.dot(a, b_up, acc_up, input_precision="ieee")
             else:
@@ -317,12 +326,14 @@ def _moe_gemm_kernel(
 
 @triton.jit
 def _moe_gemv_up_kernel(
-    x_ptr, w13_ptr, ids_ptr, act_ptr,
+    x_ptr, w13_ptr, ids_ptr, act_ptr, s_ptr,
     hidden: tl.constexpr, inter, num_experts,
-    stride_xt, stride_we, stride_wn, stride_at,
+    stride_xt, stride_we, stride_wn, stride_at, stride_se, stride_sn,
     TOP_K: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    SCALE_K: tl.constexpr = 0,
 ):
     # grid: (T*K, cdiv(I, BLOCK_N)); act[pair, n] = silu(gate_e[n] . x[t]) * (up_e[n] . x[t]).
+    # SCALE_K > 0: FP8 weights times their scales s[e, n, k // SCALE_K] (as kernels/gemv.py's)
     pdl.wait(PDL)
     pdl.launch_dependents(PDL)
     # As kernels/gemv.py: [BLOCK_N, BLOCK_K] fp32 partial products kept in registers and
@@ -349,6 +360,11 @@ def _moe_gemv_up_kernel(
             m = mask_n[:, None] & mask_k[None, :]
         g = tl.load(w_gate + k0, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
         u = tl.load(w_up + k0, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        if SCALE_K > 0:
+            s_gate = s_ptr + tl.where(valid, e, 0).to(tl.int64) * stride_se + offs_n[:, None].to(tl.int64) * stride_sn \
+                + ((k0 + cols) // SCALE_K)[None, :]
+            g *= tl.load(s_gate, mask=m, other=0.0)
+            u *= tl.load(s_gate + inter * stride_sn, mask=m, other=0.0)
         acc_g += g * xv[None, :]
         acc_u += u * xv[None, :]
     sg = tl.sum(acc_g, axis=1)
@@ -366,6 +382,16 @@ def _down_weights(w_rows, wmask, k0, cols, inter: tl.constexpr, EVEN: tl.constex
 
 
 @triton.jit
+def _down_scaled(w, s_rows, wmask, k0, cols, inter: tl.constexpr, SCALE_K: tl.constexpr):
+    # a chunk of down weights in fp32, FP8 ones (SCALE_K > 0) times their scales s[e, n, k // SCALE_K]
+    if SCALE_K == 0:
+        return w.to(tl.float32)
+    s = tl.load(s_rows + ((k0 + cols) // SCALE_K)[None, None, :], mask=wmask & (k0 + cols < inter)[None, None, :],
+                other=0.0)
+    return w.to(tl.float32) * s
+
+
+@triton.jit
 def _down_acts(a_rows, amask, wt, k0, cols, inter: tl.constexpr):
     # the same inputs of the K activations, [K_PAD, BLOCK_K] in fp32, times their routing weights
     a = tl.load(a_rows + k0, mask=amask & (k0 + cols < inter)[None, :], other=0.0)
@@ -374,11 +400,11 @@ def _down_acts(a_rows, amask, wt, k0, cols, inter: tl.constexpr):
 
 @triton.jit
 def _moe_gemv_down_kernel(
-    act_ptr, w2_ptr, ids_ptr, topk_w_ptr, out_ptr,
+    act_ptr, w2_ptr, ids_ptr, topk_w_ptr, out_ptr, s_ptr,
     hidden, inter: tl.constexpr, num_experts,
-    stride_at, stride_we, stride_wn, stride_ot,
+    stride_at, stride_we, stride_wn, stride_ot, stride_se, stride_sn,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, SCALE_K: tl.constexpr = 0,
 ):
     # grid: (T, cdiv(H, BLOCK_N)); out[t, n] = sum_k w[t, k] * (w2_e[n] . act[t*K + k]): one
     # [K_PAD, BLOCK_N, BLOCK_K] fp32 tile collects every expert's products (the routing weight
@@ -406,12 +432,17 @@ def _moe_gemv_down_kernel(
         w1 = _down_weights(w_rows, wmask, BLOCK_K, cols, inter, EVEN)
     pdl.wait(PDL)
     pdl.launch_dependents(PDL)
-    acc = w0.to(tl.float32) * _down_acts(a_rows, amask, wt, 0, cols, inter)[:, None, :]
+    s_rows = s_ptr + tl.where(valid, e, 0).to(tl.int64)[:, None, None] * stride_se \
+        + offs_n.to(tl.int64)[None, :, None] * stride_sn
+    acc = _down_scaled(w0, s_rows, wmask, 0, cols, inter, SCALE_K) * _down_acts(a_rows, amask, wt, 0, cols,
+                                                                                 inter)[:, None, :]
     if inter > BLOCK_K:
-        acc += w1.to(tl.float32) * _down_acts(a_rows, amask, wt, BLOCK_K, cols, inter)[:, None, :]
+        acc += _down_scaled(w1, s_rows, wmask, BLOCK_K, cols, inter, SCALE_K) \
+            * _down_acts(a_rows, amask, wt, BLOCK_K, cols, inter)[:, None, :]
     for k0 in tl.static_range(2 * BLOCK_K, inter, BLOCK_K):  # unrolled: every chunk's loads in flight
         w = _down_weights(w_rows, wmask, k0, cols, inter, EVEN)
-        acc += w.to(tl.float32) * _down_acts(a_rows, amask, wt, k0, cols, inter)[:, None, :]
+        acc += _down_scaled(w, s_rows, wmask, k0, cols, inter, SCALE_K) \
+            * _down_acts(a_rows, amask, wt, k0, cols, inter)[:, None, :]
     y = tl.sum(tl.sum(acc, axis=2), axis=0)
     tl.store(out_ptr + t * stride_ot + offs_n, y.to(out_ptr.dtype.element_ty), mask=mask_n)
 
@@ -419,7 +450,9 @@ def _moe_gemv_down_kernel(
 # ------------------------------------------------------------------------------- wrappers
 
 def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-           topk_ids: torch.Tensor) -> None:
+           topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None
+           ) -> tuple[int, int]:
+    """The arguments' checks; returns the scales' block widths (0, 0 without scales)."""
     for name, t in (("x", x), ("w13", w13), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor")
@@ -433,8 +466,23 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: t
         raise ValueError(f"topk_ids and topk_weights must both be [T, K] with T = {x.shape[0]}")
     if topk_ids.dtype != torch.int32 or topk_weights.dtype != torch.float32:
         raise ValueError("topk_ids must be int32 and topk_weights float32")
-    if x.dtype not in _DTYPES or w13.dtype != x.dtype or w2.dtype != x.dtype:
-        raise ValueError(f"x, w13 and w2 must share one of fp32/fp16/bf16, got {x.dtype}, {w13.dtype}, {w2.dtype}")
+    if (w13_scale is None) != (w2_scale is None):
+        raise ValueError("give both w13_scale and w2_scale (FP8 experts) or neither")
+    if w13_scale is None:
+        if x.dtype not in _DTYPES or w13.dtype != x.dtype or w2.dtype != x.dtype:
+            raise ValueError(f"x, w13 and w2 must share one of fp32/fp16/bf16, got {x.dtype}, {w13.dtype}, {w2.dtype}")
+        return 0, 0
+    if x.dtype not in _DTYPES or w13.dtype != torch.float8_e4m3fn or w2.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"with scales, w13 and w2 must be float8_e4m3fn and x fp32/fp16/bf16, got {w13.dtype}, "
+                         f"{w2.dtype}, {x.dtype}")
+    blocks = []
+    for name, sc, w in (("w13_scale", w13_scale, w13), ("w2_scale", w2_scale, w2)):
+        if not isinstance(sc, torch.Tensor) or sc.dtype != torch.float32 or sc.dim() != 3 \
+                or sc.shape[:2] != w.shape[:2] or not sc.is_contiguous() or sc.device != x.device:
+            raise ValueError(f"{name} must be contiguous fp32 [E, N, K blocks] = [{w.shape[0]}, {w.shape[1]}, ...] "
+                             f"on x's device, got {tuple(sc.shape) if isinstance(sc, torch.Tensor) else sc!r}")
+        blocks.append(scale_block_k(w.shape[2], sc.shape[2]))
+    return blocks[0], blocks[1]
 
 
 def pick_config(t: int, top_k: int, num_experts: int, hidden: int, inter: int) -> dict:
@@ -494,11 +542,14 @@ def _tuned(num_experts: int, top_k: int, hidden: int, inter: int) -> dict[int, d
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, decode_path: bool | None = None, config: dict | None = None) -> torch.Tensor:
+              topk_ids: torch.Tensor, decode_path: bool | None = None, config: dict | None = None, *,
+              w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The module docstring's `out` [T, H] in x's dtype (Triton). decode_path None picks the
     path from the sizes, True / False forces one (tests); config overrides `pick_config`'s
-    launch parameters (benchmarks)."""
-    _check(x, w13, w2, topk_weights, topk_ids)
+    launch parameters (benchmarks). FP8 experts (weight-only): w13 and w2 float8_e4m3fn with
+    fp32 scales [E, N, cdiv(K, b)], one per output row and per b inputs (b a power of two:
+    per channel, b covers K; a block-quantized checkpoint's 128)."""
+    sk13, sk2 = _check(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
     if x.device.type != "cuda" and not _interpreting():
         raise ValueError(f"x must be on a CUDA device (got {x.device}); use fused_moe_ref on CPU")
     if not (x.stride(1) == 1 and w13.is_contiguous() and w2.is_contiguous()
@@ -516,24 +567,28 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if not cfg["decode"] and x.element_size() == 4:  # fp32 tiles: half the K depth fits shared memory
         cfg["block_k"] = min(cfg["block_k"], 64)
     cfg.update(config or {})
+    s13 = w13_scale if w13_scale is not None else w13
+    s2 = w2_scale if w2_scale is not None else w2
+    ss13 = (s13.stride(0), s13.stride(1)) if sk13 else (0, 0)
+    ss2 = (s2.stride(0), s2.stride(1)) if sk2 else (0, 0)
     if cfg["decode"]:
         act = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
         _moe_gemv_up_kernel[(t * top_k, triton.cdiv(inter, cfg["bn_up"]))](
-            x, w13, topk_ids, act, h, inter, e, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-            TOP_K=top_k, EVEN=h % cfg["bk_up"] == 0, BLOCK_N=cfg["bn_up"], BLOCK_K=cfg["bk_up"],
+            x, w13, topk_ids, act, s13, h, inter, e, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), *ss13,
+            TOP_K=top_k, EVEN=h % cfg["bk_up"] == 0, BLOCK_N=cfg["bn_up"], BLOCK_K=cfg["bk_up"], SCALE_K=sk13,
             num_warps=cfg.get("warps_up", cfg["warps"]), **pdl.options(x))
         if cfg.get("split_down"):  # each pair on its own programs: K partial rows, summed after
             part = torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
             _moe_gemv_down_kernel[(t * top_k, triton.cdiv(h, cfg["bn_down"]))](
-                act, w2, topk_ids, topk_weights, part, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
-                part.stride(0), TOP_K=1, K_PAD=1, EVEN=inter % cfg["bk_down"] == 0, BLOCK_N=cfg["bn_down"],
-                BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"], **pdl.options(x))
+                act, w2, topk_ids, topk_weights, part, s2, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
+                part.stride(0), *ss2, TOP_K=1, K_PAD=1, EVEN=inter % cfg["bk_down"] == 0, BLOCK_N=cfg["bn_down"],
+                BLOCK_K=cfg["bk_down"], SCALE_K=sk2, num_warps=cfg["warps"], **pdl.options(x))
             torch.sum(part.view(t, top_k, h), dim=1, out=out)
             return out
         _moe_gemv_down_kernel[(t, triton.cdiv(h, cfg["bn_down"]))](
-            act, w2, topk_ids, topk_weights, out, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
-            out.stride(0), TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), EVEN=inter % cfg["bk_down"] == 0,
-            BLOCK_N=cfg["bn_down"], BLOCK_K=cfg["bk_down"], num_warps=cfg["warps"], **pdl.options(x))
+            act, w2, topk_ids, topk_weights, out, s2, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
+            out.stride(0), *ss2, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), EVEN=inter % cfg["bk_down"] == 0,
+            BLOCK_N=cfg["bn_down"], BLOCK_K=cfg["bk_down"], SCALE_K=sk2, num_warps=cfg["warps"], **pdl.options(x))
         return out
     pairs = t * top_k
     bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]
@@ -543,25 +598,29 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     act = torch.empty((pairs, inter), dtype=x.dtype, device=x.device)
     blocks = block_expert.numel()
     _moe_gemm_kernel[(blocks * triton.cdiv(inter, bn),)](
-        x, w13, act, topk_weights, sorted_ids, block_expert, num_padded, inter, h, pairs,
-        x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        A_DIV=top_k, GATED=True, WEIGHTED=False, IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **launch)
+        x, w13, act, topk_weights, sorted_ids, block_expert, num_padded, s13, inter, h, pairs,
+        x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), *ss13,
+        A_DIV=top_k, GATED=True, WEIGHTED=False, IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_K=min(bk, sk13) if sk13 else bk, SCALE_K=sk13, **launch)
     # pairs of experts on other ranks are never written: they must read as zeros
     down = torch.zeros((pairs, h), dtype=x.dtype, device=x.device)
     _moe_gemm_kernel[(blocks * triton.cdiv(h, bn),)](
-        act, w2, down, topk_weights, sorted_ids, block_expert, num_padded, h, inter, pairs,
-        act.stride(0), w2.stride(0), w2.stride(1), down.stride(0),
-        A_DIV=1, GATED=False, WEIGHTED=True, IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **launch)
+        act, w2, down, topk_weights, sorted_ids, block_expert, num_padded, s2, h, inter, pairs,
+        act.stride(0), w2.stride(0), w2.stride(1), down.stride(0), *ss2,
+        A_DIV=1, GATED=False, WEIGHTED=True, IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_K=min(bk, sk2) if sk2 else bk, SCALE_K=sk2, **launch)
     torch.sum(down.view(t, top_k, h), dim=1, out=out)
     return out
 
 
 def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor, decode_path: bool | None = None, config: dict | None = None) -> torch.Tensor:
-    """Pure-torch `fused_moe` (any device): each pair's expert weights gathered and applied
-    with a batched matmul, in chunks of pairs that bound the gathered bytes (no loop over
-    experts). decode_path and config are accepted for the same signature and ignored."""
-    _check(x, w13, w2, topk_weights, topk_ids)
+                  topk_ids: torch.Tensor, decode_path: bool | None = None, config: dict | None = None, *,
+                  w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Pure-torch `fused_moe` (any device): each pair's expert weights gathered (FP8 ones
+    dequantized, in x's dtype) and applied with a batched matmul, in chunks of pairs that bound
+    the gathered bytes (no loop over experts). decode_path and config are accepted for the same
+    signature and ignored."""
+    sk13, sk2 = _check(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
     t, h = x.shape
     e, two_i, _ = w13.shape
     inter, top_k = two_i // 2, topk_ids.shape[1]
@@ -574,11 +633,20 @@ def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     for s in range(0, t * top_k, chunk):
         sel = ids[s : s + chunk]
         xs = x[torch.arange(s, s + sel.numel(), device=x.device) // top_k].unsqueeze(2)  # [p, H, 1]
-        gu = torch.bmm(w13[sel], xs).squeeze(2)  # [p, 2I]
+        gu = torch.bmm(_expert_weights(w13, w13_scale, sel, sk13, x.dtype), xs).squeeze(2)  # [p, 2I]
         act = (torch.nn.functional.silu(gu[:, :inter].float()) * gu[:, inter:].float()).to(x.dtype)
-        y = torch.bmm(w2[sel], act.unsqueeze(2)).squeeze(2)  # [p, H]
+        y = torch.bmm(_expert_weights(w2, w2_scale, sel, sk2, x.dtype), act.unsqueeze(2)).squeeze(2)  # [p, H]
         down[s : s + sel.numel()] = y * wts[s : s + sel.numel(), None]
     return down.view(t, top_k, h).sum(dim=1)
+
+
+def _expert_weights(w: torch.Tensor, scale: torch.Tensor | None, sel: torch.Tensor, block: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """w[sel] in `dtype`: FP8 experts dequantized with their scales [E, N, cdiv(K, block)]."""
+    if scale is None:
+        return w[sel]
+    k = w.shape[2]
+    return (w[sel].float() * scale[sel].repeat_interleave(block, dim=2)[:, :, :k]).to(dtype)
 
 
 def _interpreting() -> bool:

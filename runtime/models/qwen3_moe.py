@@ -34,8 +34,11 @@ class MoeDecoderLayer(LlamaDecoderLayer):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-# one expert's tensor in a checkpoint: layers.{L}.mlp.experts.{e}.{gate,up,down}_proj.weight
-_EXPERT = re.compile(r"^(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+# one expert's tensor in a checkpoint: layers.{L}.mlp.experts.{e}.{gate,up,down}_proj.weight, and
+# in FP8 checkpoints its scales (weight_scale, or weight_scale_inv of block-wise fp8) and the
+# static input_scale (read, not used: activations stay as they are)
+_EXPERT = re.compile(r"^(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\."
+                     r"(weight|weight_scale|weight_scale_inv|input_scale)$")
 
 
 class Qwen3MoeForCausalLM(LlamaForCausalLM):
@@ -64,8 +67,17 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
                 e, part = int(m.group(2)), m.group(3)
                 if not 0 <= e < experts.num_experts:
                     raise ValueError(f"checkpoint tensor {name!r} names expert {e} of {experts.num_experts}")
-                experts.load_expert(tensor.to(experts.down_proj.dtype), e, part)
-                filled.add(f"{m.group(1)}/{e}/{part}")
+                kind = m.group(4)
+                if kind == "input_scale":
+                    continue
+                if kind == "weight":
+                    if not experts.is_fp8:
+                        tensor = tensor.to(experts.down_proj.dtype)
+                    experts.load_expert(tensor, e, part)
+                    filled.add(f"{m.group(1)}/{e}/{part}")
+                else:
+                    experts.load_expert(tensor, e, part, scale=True)
+                    filled.add(f"{m.group(1)}/{e}/{part}/scale")
                 continue
             name, shard = self._load_one(params, name, tensor)
             if name.endswith(".experts.gate_up_proj") or name.endswith(".experts.down_proj"):
@@ -88,10 +100,12 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
                 expected |= {f"{name}/{s}" for s in "qkv"}
             elif ".gate_up_proj." in name:
                 expected |= {f"{name}/0", f"{name}/1"}
-            elif name.endswith(".experts.gate_up_proj") or name.endswith(".experts.down_proj"):
-                base = name.rsplit(".", 1)[0]
-                parts = ("gate", "up") if name.endswith("gate_up_proj") else ("down",)
-                expected |= {f"{base}/{e}/{part}" for e in range(self.get_submodule(base).num_experts)
+            elif name.endswith((".experts.gate_up_proj", ".experts.down_proj", ".experts.gate_up_scale",
+                                ".experts.down_scale")):
+                base, leaf = name.rsplit(".", 1)
+                parts = ("gate", "up") if leaf.startswith("gate_up") else ("down",)
+                tail = "/scale" if leaf.endswith("_scale") else ""
+                expected |= {f"{base}/{e}/{part}{tail}" for e in range(self.get_submodule(base).num_experts)
                              for part in parts}
             else:
                 expected.add(name)

@@ -129,6 +129,17 @@ def quantized_linears(model: nn.Module, qc: QuantConfig) -> Iterator[tuple[str, 
         yield name, m
 
 
+def _experts(model: nn.Module, qc: QuantConfig) -> Iterator[tuple[str, nn.Module]]:
+    """(name, FusedExperts) of every mixture-of-experts layer the config quantizes (FP8 only)."""
+    from treadle.runtime.models.moe import FusedExperts
+
+    for name, m in model.named_modules():
+        if isinstance(m, FusedExperts) and not qc.skips(f"model.{name}"):
+            if qc.method != "fp8":
+                raise ValueError(f"{qc.method} mixture-of-experts layers are not supported (FP8 ones are)")
+            yield name, m
+
+
 def prepare_model(model: nn.Module, qc: QuantConfig) -> None:
     """Before loading a checkpoint of `qc`'s format: give each quantized linear its method and
     the format's parameters, for `load_weights` to fill. A no-op when quantizing at load."""
@@ -137,6 +148,8 @@ def prepare_model(model: nn.Module, qc: QuantConfig) -> None:
     for _, layer in quantized_linears(model, qc):
         layer.quant = make_method(qc)
         layer.quant.create_weights(layer)
+    for _, experts in _experts(model, qc):
+        experts.to_fp8(qc.weight_block)
 
 
 def finish_model(model: nn.Module, qc: QuantConfig) -> None:
@@ -147,6 +160,9 @@ def finish_model(model: nn.Module, qc: QuantConfig) -> None:
         else:
             layer.quant = make_method(qc)
             layer.quant.quantize_loaded(layer)
+    if not qc.from_checkpoint:
+        for _, experts in _experts(model, qc):
+            experts.quantize_fp8()
     if next(model.parameters()).is_cuda:
         torch.cuda.empty_cache()  # the float weights just freed go to the KV pool
 
@@ -154,5 +170,9 @@ def finish_model(model: nn.Module, qc: QuantConfig) -> None:
 def dequantized_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """{parameter name: fp32 weight} for every quantized linear: what a float model must hold
     to compute what the quantized one computes (the reference of the tests)."""
-    return {f"{name}.weight": m.quant.dequantize(m) for name, m in model.named_modules()
-            if getattr(m, "quant", None) is not None}
+    out = {f"{name}.weight": m.quant.dequantize(m) for name, m in model.named_modules()
+           if getattr(m, "quant", None) is not None}
+    for name, m in model.named_modules():
+        if getattr(m, "is_fp8", False):  # FP8 experts (runtime/models/moe.py)
+            out.update({f"{name}.{k}": w for k, w in m.dequantized().items()})
+    return out

@@ -223,9 +223,9 @@ def resolve_quantization(cfg: ModelConfig, flag: str, tp_size: int = 1) -> Quant
         qc = QuantConfig(flag, "load", group_size=128, sym=flag == "gptq", zero_offset=1 if flag == "gptq" else 0)
     if qc is None:
         return None
-    if cfg.num_experts > 0:
-        raise ValueError(f"quantized mixture-of-experts models are not supported yet ({cfg.architecture}, "
-                         f"{qc.describe()}); serve it in bf16")
+    if cfg.num_experts > 0 and qc.method != "fp8":
+        raise ValueError(f"4-bit mixture-of-experts models are not supported yet ({cfg.architecture}, "
+                         f"{qc.describe()}); serve it in FP8 or bf16")
     if qc.method != "fp8":
         qc = _fit_groups(cfg, qc, tp_size)
     elif qc.weight_block is not None and tp_size > 1:
