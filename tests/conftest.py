@@ -60,11 +60,23 @@ def pytest_unconfigure(config):
 
 
 # Costly things several modules read as they are, made at the first test that asks and released
-# after the last one (in collection order), so none outlives its users by a module.
-_SHARED_FIXTURES = ("hf_smollm2",)
+# after the last one. The modules that use one run one after another (from the first's place in
+# the order), so none is held while other modules run theirs.
+_SHARED_FIXTURES = ("hf_smollm2", "plain_server")
 _SHARED: dict[str, object] = {}
 _CLOSE: dict[str, object] = {}
 _LAST_USER: dict[str, str] = {}
+
+
+def _bring_sharing_modules_together(items) -> None:
+    for name in _SHARED_FIXTURES:
+        users = list(dict.fromkeys(item.path for item in items if name in getattr(item, "fixturenames", ())))
+        if len(users) < 2:
+            continue
+        moved = [item for item in items if item.path in users[1:]]
+        rest = [item for item in items if item.path not in users[1:]]
+        at = max(i for i, item in enumerate(rest) if item.path == users[0]) + 1
+        items[:] = rest[:at] + moved + rest[at:]
 
 
 def _shared(name: str, make, close=None):
@@ -84,6 +96,7 @@ def _release(name: str) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
+    _bring_sharing_modules_together(items)
     if _HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs CUDA")
@@ -138,3 +151,15 @@ def hf_smollm2():
                                                     dtype=torch.float32).eval()
 
     return _shared("hf_smollm2", load)
+
+
+@pytest.fixture(scope="module")
+def plain_server():
+    """A real server subprocess of the embedded model with plain flags (--max-total-tokens 4096
+    --log-level warning), shared by the modules that need nothing more of a server and leave it
+    idle as they found it (counters they read, they read as differences). A test that kills,
+    poisons or reconfigures a server starts its own."""
+    from treadle.runtime.server.testing import ServerProcess
+
+    return _shared("plain_server", lambda: ServerProcess(["--max-total-tokens", "4096", "--log-level", "warning"]),
+                   lambda srv: srv.close())

@@ -10,7 +10,7 @@ import openai
 import pytest
 import requests
 
-from treadle.runtime.server.testing import ServerProcess, sse_events
+from treadle.runtime.server.testing import sse_events
 
 pytestmark = pytest.mark.slow
 T = 300  # a hang guard, not a speed check
@@ -31,10 +31,8 @@ TWO_CALLS = {"regex": re.escape(call("Paris") + "\n" + call("Rome"))}
 
 
 @pytest.fixture(scope="module")
-def server():
-    srv = ServerProcess(["--max-total-tokens", "4096", "--log-level", "warning"])
-    yield srv
-    srv.close()
+def server(plain_server):
+    return plain_server  # shared with other modules (conftest.py)
 
 
 @pytest.fixture(scope="module")

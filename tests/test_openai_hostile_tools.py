@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from treadle.runtime.server.testing import ServerProcess, wait_idle
+from treadle.runtime.server.testing import wait_idle
 
 pytestmark = pytest.mark.slow
 T = 120
@@ -16,10 +16,8 @@ STOPS = [f"stop{i}" for i in range(128)]
 
 
 @pytest.fixture(scope="module")
-def srv():
-    s = ServerProcess(["--max-total-tokens", "4096", "--log-level", "warning"])
-    yield s
-    s.close()
+def srv(plain_server):
+    return plain_server  # shared with other modules (conftest.py)
 
 
 def chat(srv, **fields) -> requests.Response:

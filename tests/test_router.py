@@ -69,15 +69,12 @@ class RouterProcess:
 
 
 @pytest.fixture(scope="module")
-def replicas():
-    srvs = []
-    try:
-        for _ in range(2):
-            srvs.append(ServerProcess(["--max-total-tokens", "4096", "--log-level", "warning"]))
-        yield srvs
-    finally:
-        for s in srvs:
-            s.close()
+def replicas(plain_server):
+    # the first is the plain server other modules share (conftest.py); the second, which
+    # test_killed_replica_loses_no_request kills, is this module's own, of the same flags
+    srv = ServerProcess(["--max-total-tokens", "4096", "--log-level", "warning"])
+    yield [plain_server, srv]
+    srv.close()
 
 
 @pytest.fixture

@@ -20,10 +20,8 @@ T = 120
 
 
 @pytest.fixture(scope="module")
-def srv():
-    s = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"])
-    yield s
-    s.close()
+def srv(plain_server):
+    return plain_server  # shared with other modules (conftest.py); its counters are read as differences
 
 
 def post(srv, body: dict, **kw) -> requests.Response:

@@ -12,8 +12,6 @@ import openai
 import pytest
 import requests
 
-from treadle.runtime.server.testing import ServerProcess
-
 T = 120
 WEATHER = {"name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
@@ -26,9 +24,8 @@ FORCED = {"choices": ["Let me check. " + CALL]}
 
 
 @pytest.fixture(scope="module")
-def srv():
-    with ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"]) as s:
-        yield s
+def srv(plain_server):
+    return plain_server  # shared with other modules (conftest.py)
 
 
 @pytest.fixture(scope="module")
