@@ -152,6 +152,42 @@ def is_in_ci() -> bool:
     return os.environ.get("SGLANG_IS_IN_CI", "false").strip().lower() in ("1", "true", "yes")
 
 
+# ---------------------------------------------------------------- sglang.test.test_utils: the benchmarks' harness
+
+def add_common_sglang_args_and_parse(parser: Any) -> Any:
+    """SGLang's benchmark scripts' (benchmark/*/bench_sglang.py) common flags, added to their own
+    parser, which is then parsed: --parallel (run_batch threads, 64), --host
+    ("http://127.0.0.1"), --port (30000), --backend ("srt"), --device ("gpu"), --result-file
+    ("result.jsonl") and --raw-result-file, as SGLang's."""
+    parser.add_argument("--parallel", type=int, default=64)
+    parser.add_argument("--host", type=str, default="http://127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--backend", type=str, default="srt")
+    parser.add_argument("--device", type=str, default="gpu")
+    parser.add_argument("--result-file", type=str, default="result.jsonl")
+    parser.add_argument("--raw-result-file", type=str)
+    return parser.parse_args()
+
+
+def select_sglang_backend(args: Any) -> Any:
+    """The backend of a benchmark's --backend: "srt" (and "srt-..."), a RuntimeEndpoint at
+    --host:--port ("srt-no-parallel" also sets global_config.enable_parallel_encoding = False);
+    "gpt-..." is SGLang's OpenAI backend, which treadle has not (its ValueError). Anything else
+    is SGLang's ValueError."""
+    if args.backend.startswith("srt"):
+        from treadle.lang.backend_http import RuntimeEndpoint
+        from treadle.lang.global_config import global_config
+
+        if args.backend == "srt-no-parallel":
+            global_config.enable_parallel_encoding = False
+        return RuntimeEndpoint(f"{args.host}:{args.port}")
+    if args.backend.startswith("gpt-"):
+        import treadle.lang
+
+        return treadle.lang.OpenAI(args.backend)
+    raise ValueError(f"Invalid backend: {args.backend}")
+
+
 # ---------------------------------------------------------------- the offline Engine's streaming helpers
 
 def trim_overlap(existing_text: str, new_chunk: str) -> str:

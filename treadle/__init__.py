@@ -84,7 +84,8 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
     # the first cell of SGLang's doc notebooks: `from sglang.test.test_utils import is_in_ci`, and
     # `from sglang.test.doc_patch import launch_server_cmd` (its CI wrapper of the helper)
     "treadle.test": {},
-    "treadle.test.test_utils": {"is_in_ci": "treadle.lang.utils"},
+    "treadle.test.test_utils": {name: "treadle.lang.utils" for name in (
+        "is_in_ci", "add_common_sglang_args_and_parse", "select_sglang_backend")},
     "treadle.test.doc_patch": {"launch_server_cmd": "treadle.lang.utils"},
     # SGLang's server arguments: `Engine(**dataclasses.asdict(ServerArgs.from_cli_args(args)))`
     "treadle.srt.server_args": {"ServerArgs": "treadle.lang.server_args"},
