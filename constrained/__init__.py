@@ -34,6 +34,7 @@ _EXPORTS = {
     "CompiledGrammar": "compile.grammar",
     "GrammarCompiler": "compile.compiler",
     "GrammarCompileError": "compile.compiler",
+    "GrammarCompileTimeout": "compile.compiler",
     "GrammarTooLarge": "compile.compiler",
     "build_compiled_grammar": "compile.compiler",
     "GrammarMatcher": "decode.matcher",

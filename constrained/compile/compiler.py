@@ -10,7 +10,9 @@ never the scheduler a step. A grammar whose token index would be too large
 regex at once, a JSON schema with too many optional properties before its translation, any
 other grammar as soon as its regex is written. Results and failures are cached by spec in an
 LRU bounded in bytes (``cache_bytes``: the specs, the indexes and the mask rows they grew),
-so a repeated spec costs a dict lookup and a server fed many large grammars stays bounded.
+so a repeated spec costs a dict lookup and a server fed many large grammars stays bounded. A
+timeout is not cached (``GrammarCompileTimeout``): it is the machine's load as much as the
+grammar's, and the translation's own bounds, whose refusals are cached, count work instead.
 
 Programs that create a ``GrammarCompiler`` must guard their entry point with
 ``if __name__ == "__main__":`` (the spawn start method re-imports ``__main__``).
@@ -44,7 +46,8 @@ from treadle.constrained.index.lazy_index import (DEFAULT_MAX_NFA_STATES, LazyIn
                                              LazyUnsupported, nfa_of, parse_regex)
 from treadle.constrained.index.vocabulary import build_vocabulary, lazy_tokens
 
-__all__ = ["GrammarCompiler", "GrammarCompileError", "GrammarTooLarge", "build_compiled_grammar"]
+__all__ = ["GrammarCompiler", "GrammarCompileError", "GrammarCompileTimeout", "GrammarTooLarge",
+           "build_compiled_grammar"]
 
 log = logging.getLogger("treadle")
 
@@ -63,6 +66,12 @@ class _Cancelled(Exception):
 
 class GrammarCompileError(ValueError):
     """A grammar could not be compiled (rejected, timed out, or out of memory)."""
+
+
+class GrammarCompileTimeout(GrammarCompileError):
+    """A compile ran past ``timeout_s``: the last-resort safety net, a wall-clock bound that
+    depends on the machine's load, so it is no verdict on the grammar and is not cached (the
+    translation's own bounds are counted in work, fsm_crawl.limit, and their refusals are)."""
 
 
 class GrammarTooLarge(GrammarCompileError):
@@ -445,7 +454,7 @@ class GrammarCompiler:
 
         Never blocks on either step (see the module docstring): an invalid or unsupported
         grammar fails the future with a ``ValueError`` naming the problem. Futures are cached
-        by spec, including failed ones.
+        by spec, including failed ones (not those that timed out: ``GrammarCompileTimeout``).
         """
         if not isinstance(spec, GrammarSpec):
             raise ValueError(f"compile needs a GrammarSpec, got {type(spec).__name__}")
@@ -632,6 +641,12 @@ class GrammarCompiler:
             result = self._in_worker(fut, lambda w: self._compile_in(w, spec, regex, fut, budget))
         except _Cancelled:  # its worker was stopped and replaced (_in_worker)
             return
+        except GrammarCompileTimeout as e:  # the machine's load as much as the grammar: not cached
+            with self._lock:
+                if self._cache.get(spec) is fut:
+                    del self._cache[spec]
+            _settle(fut, exc=e)
+            return
         except ValueError as e:  # the grammar's fault (GrammarCompileError included): cached
             _settle(fut, exc=e)
             return
@@ -739,7 +754,7 @@ class GrammarCompiler:
             if time.monotonic() < deadline:
                 continue
             self._retire(w)
-            raise GrammarCompileError(
+            raise GrammarCompileTimeout(
                 f"compile of {what} timed out after {self._timeout_s:g}s, the grammar compile time limit (a "
                 "server's --grammar-compile-timeout-s: a compile's own work, its time queued for a worker not "
                 "counted); simplify the grammar (fewer alternatives / bounded repetitions) or raise the limit"

@@ -44,6 +44,7 @@ from typing import Any
 
 import interegular
 
+from treadle.constrained.regex import fsm_crawl
 from treadle.constrained.regex.fsm_regex import fsm_to_regex
 from treadle.constrained.regex.regex_text import (
     MAX_REPEAT,
@@ -86,7 +87,7 @@ def pattern_subset_body(pattern: str) -> str:
     return body
 
 
-@lru_cache(maxsize=4096)
+@fsm_crawl.memo(maxsize=4096)  # (charged its work on every call: fsm_crawl.memo)
 def _subset_body_or_error(pattern: str) -> tuple[str | None, RegexDialectError | None]:
     try:
         return _absorbed_counts(_pattern_subset_body(pattern)), None
@@ -781,7 +782,7 @@ def _written(fsm: Any, limit: int = 20_000) -> str | None:
     return out
 
 
-@lru_cache(maxsize=256)
+@fsm_crawl.memo(maxsize=256)
 def _fsm(regex: str) -> Any:
     return interegular.parse_pattern(regex).to_fsm()
 

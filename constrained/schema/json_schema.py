@@ -36,7 +36,6 @@ import contextlib
 import itertools
 import json
 import math
-import time
 import re
 from fractions import Fraction
 from typing import Any, Literal
@@ -184,9 +183,10 @@ def json_schema_to_regex(
 
 
 def _automaton_refusal(exc: fsm_crawl.TooLarge) -> UnsupportedSchemaError:
-    """The 400 of a translation whose automata passed ``MAX_AUTOMATON_STATES`` (or, ``late``, the
-    deadline of the opt-in leniency's translation)."""
-    limit = "the time limit of the opt-in leniency's translation" if exc.late else f"{MAX_AUTOMATON_STATES:,} states"
+    """The 400 of a translation whose automata passed ``MAX_AUTOMATON_STATES`` (or, ``work``, the
+    steps of work of the opt-in leniency's translation)."""
+    limit = (f"{LENIENT_MAX_STEPS:,} steps of work, the bound of the opt-in leniency's translation" if exc.work
+             else f"{MAX_AUTOMATON_STATES:,} states")
     return UnsupportedSchemaError(
         f"json_schema: an automaton the schema needs passes {limit} (a 'pattern' with assertions, a 'not' of "
         "a pattern, a pattern beside a 'format' or length bounds, or 'patternProperties' / 'propertyNames' "
@@ -212,7 +212,9 @@ SHARED_MIN_CHARS = 20_000
 SHARED_REUSED_CHARS = 2_000  # ... or longer than this and wanted a second time
 _REF_TEXT = re.compile(r'"\$ref": "((?:[^"\\]|\\.)*)"')  # a ref in a schema's json.dumps text (escaped: over-reach)
 LENIENT_MAX_DROPS = 64  # keywords one lenient translation may drop before it gives up
-LENIENT_MAX_SECONDS = 10.0  # ... and the time its automata may take, all its rounds together
+# ... and the work its automata may take, all its rounds together (fsm_crawl's steps: about 10 s
+# on a quiet 2-core box; counted in work, so that the verdict does not depend on the load)
+LENIENT_MAX_STEPS = 25_000_000
 _NAMED = re.compile(r"keyword '([^']+)' at (\$[^\s:]*)")
 
 
@@ -230,27 +232,29 @@ def drop_unenforceable(schema: dict | str | bool, *, whitespace_pattern: str | N
     if isinstance(root, dict):
         root = {k: v for k, v in root.items() if k != "$schema"}  # already rewritten: read it as is
     dropped: list[dict[str, str]] = []
-    deadline = time.perf_counter() + LENIENT_MAX_SECONDS
-    while True:
-        try:
-            # (where the request arrives, on a thread that builds requests: no compile worker's
-            # timeout bounds it, so its automata stop at a deadline of their own)
-            with fsm_crawl.limit(seconds=max(0.0, deadline - time.perf_counter())):
-                json_schema_to_regex(root, whitespace_pattern=whitespace_pattern,
-                                     max_recursion_depth=max_recursion_depth, mode=mode, holes=holes,
-                                     leave_out_branches=False, unique_check=True)
-            return root, dropped
-        except NoOutput:
-            raise
-        except UnsupportedSchemaError as exc:
-            named = _NAMED.search(str(exc))
-            if named is None or len(dropped) >= LENIENT_MAX_DROPS:
-                raise
-            keyword, path = named.groups()
-            where = _drop(root, keyword, path)
-            if where is None:
-                raise
-            dropped.append({"keyword": keyword, "path": where, "reason": str(exc)})
+    # (where the request arrives, on a thread that builds requests: no compile worker's timeout
+    # bounds it, so its automata stop at a budget of their own, one for all rounds)
+    try:
+        with fsm_crawl.limit(steps=LENIENT_MAX_STEPS):
+            while True:
+                try:
+                    json_schema_to_regex(root, whitespace_pattern=whitespace_pattern,
+                                         max_recursion_depth=max_recursion_depth, mode=mode, holes=holes,
+                                         leave_out_branches=False, unique_check=True)
+                    return root, dropped
+                except NoOutput:
+                    raise
+                except UnsupportedSchemaError as exc:
+                    named = _NAMED.search(str(exc))
+                    if named is None or len(dropped) >= LENIENT_MAX_DROPS:
+                        raise
+                    keyword, path = named.groups()
+                    where = _drop(root, keyword, path)
+                    if where is None:
+                        raise
+                    dropped.append({"keyword": keyword, "path": where, "reason": str(exc)})
+    except fsm_crawl.TooLarge as exc:  # the budget of all rounds spent
+        raise _automaton_refusal(exc) from None
 
 
 def _drop(root: Any, keyword: str, path: str) -> str | None:
@@ -1398,7 +1402,7 @@ class _Converter:
         error: UnsupportedSchemaError | None = None
         for cand in itertools.chain([body], _narrowed_bodies(body)):  # (narrowed only where the body fails)
             try:
-                with fsm_crawl.limit(states=_PATTERN_STATES, seconds=_LENGTH_SECONDS):
+                with fsm_crawl.limit(states=_PATTERN_STATES, steps=_LENGTH_STEPS):
                     return _Converter._fitted_to_lengths(cand, lo, hi, path)
             except fsm_crawl.TooLarge:
                 continue
@@ -1686,9 +1690,9 @@ def _small_fsm(build: Any) -> Any:
 
 def _builds(regex: str) -> bool:
     """Whether ``regex``'s automaton builds within ``_PATTERN_STATES`` states a crawl and
-    ``_NARROW_SECONDS``."""
+    ``_NARROW_STEPS`` steps of work."""
     try:
-        with fsm_crawl.limit(states=_PATTERN_STATES, seconds=_NARROW_SECONDS):
+        with fsm_crawl.limit(states=_PATTERN_STATES, steps=_NARROW_STEPS):
             interegular.parse_pattern(regex).to_fsm()
     except fsm_crawl.TooLarge:
         return False
@@ -1745,7 +1749,7 @@ def _bounded_subset_body(pattern: str) -> str:
         if cand is None:
             continue
         try:
-            with fsm_crawl.limit(states=_PATTERN_STATES, seconds=_LENGTH_SECONDS):
+            with fsm_crawl.limit(states=_PATTERN_STATES, steps=_LENGTH_STEPS):
                 return pattern_subset_body(cand)
         except fsm_crawl.TooLarge:
             continue
@@ -1824,7 +1828,7 @@ def _reshaped_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
     core = body.removeprefix(pad).removesuffix(pad)
     # (the padded body is not reshaped: its padding and core overlap, and bounded copies of
     # both make an automaton of thousands of states)
-    deadline = time.perf_counter() + _RESHAPE_SECONDS
+    start = fsm_crawl.spent()  # (a translation runs under a limit, which counts the work)
     # the core, then (where it cannot fit) the core less its optional parts: HealthImaging's
     # ARN, whose '(/imageset/[0-9a-z]{32})?' alone passes maxLength 127
     dropped = text.reshaped_repetitions(core, 0, None, optional=False)
@@ -1858,7 +1862,7 @@ def _reshaped_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
                 continue
             if b_range[0] >= lo:
                 best = bounded
-            if time.perf_counter() > deadline:  # overlapping repetitions: each step costs more
+            if fsm_crawl.spent() - start > _RESHAPE_STEPS:  # overlapping repetitions: each step costs more
                 break
         if best is not None:
             return best
@@ -1871,9 +1875,12 @@ _URI_FORMATS = frozenset({"uri", "iri", "uri-reference", "iri-reference"})
 _URI_SCHEMES = ("https", "http", "ftp", "sftp", "ftps", "ws", "wss", "git", "ssh", "s3", "file")
 _LENGTH_STATES = 400  # a pattern's automaton under a length range: beyond this, fewer lengths
 _PATTERN_STATES = 5000  # one crawl of a pattern's automaton under lengths: past this, its repetitions bounded
-_LENGTH_SECONDS = 1.5  # ... and past this long
-_NARROW_SECONDS = 0.5  # a narrowed body's automaton: past this long, it is not taken
-_RESHAPE_SECONDS = 1.0  # the repetitions' bounds tried after this long: no larger ones
+_LENGTH_STEPS = 4_000_000  # ... and the work of all its crawls past this (about 1.5 s)
+# (Budgets of work, fsm_crawl's steps, not seconds: a pattern's verdict must not depend on the
+# machine's load, and a refusal is cached. Each is about the time it stood for before on a quiet
+# 2-core box, where a crawl does about 2.5 million steps a second of CPU.)
+_NARROW_STEPS = 1_250_000  # a narrowed body's automaton: past this much work (about 0.5 s), it is not taken
+_RESHAPE_STEPS = 2_500_000  # the repetitions' bounds tried after this much work (about 1 s): no larger ones
 _LENGTH_PRODUCT = 3000  # ... and a product of its states and lengths past this is not built
 _FORMAT_INTERSECT_STATES = 100  # date, time, date-time, duration, ipv4, ipv6, uuid
 

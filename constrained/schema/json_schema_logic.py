@@ -24,7 +24,6 @@ nothing breaks S in a way a schema can say.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
@@ -32,6 +31,7 @@ from typing import Any, Callable
 
 import interegular
 
+from treadle.constrained.regex import fsm_crawl
 from treadle.constrained.schema.json_schema_parts import ALL_TYPES, FAMILIES, UnsupportedSchemaError, schema_types
 from treadle.constrained.regex.regex_ecma import key_pattern_bodies
 
@@ -637,7 +637,7 @@ def _holds_only_forbidden(a_all: list[dict], b_node: dict, forbids: Callable[[st
     return True
 
 
-@functools.lru_cache(maxsize=256)
+@fsm_crawl.memo(maxsize=256)  # (charged its work on every call: fsm_crawl.memo)
 def _key_fsm(body: str) -> Any:
     return interegular.parse_pattern(body).to_fsm()
 

@@ -4,7 +4,6 @@ and the object / array builders (kept apart so json_schema.py reads top to botto
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import math
 import re
@@ -14,6 +13,7 @@ from urllib.parse import unquote
 import interegular
 import referencing.exceptions
 
+from treadle.constrained.regex import fsm_crawl
 from treadle.constrained.regex.fsm_regex import fsm_to_regex
 from treadle.constrained.schema.members import MAX_SPELT_CHARS, MEMBERS_MIN_CHARS, members_text, spell_members, spelt_length
 from treadle.constrained.regex.regex_ecma import key_pattern_bodies, key_pattern_matches
@@ -1071,7 +1071,7 @@ def _extras(conv: _Converter, names: list[str], undeclared: Any, value_re: str |
     return key + conv.COLON + value_re
 
 
-@functools.lru_cache(maxsize=256)
+@fsm_crawl.memo(maxsize=256)  # (charged its work on every call: fsm_crawl.memo)
 def _fsm(regex: str) -> Any:
     """The FSM of ``regex`` (interegular's; their operations make new ones, so one is shared):
     a key pattern's, met again at each object it applies to, is parsed once."""
