@@ -330,10 +330,11 @@ def _moe_gemv_up_kernel(
     hidden: tl.constexpr, inter, num_experts,
     stride_xt, stride_we, stride_wn, stride_at, stride_se, stride_sn,
     TOP_K: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    SCALE_K: tl.constexpr = 0,
+    SCALE_K: tl.constexpr = 0, ROW_SCALE: tl.constexpr = False,
 ):
     # grid: (T*K, cdiv(I, BLOCK_N)); act[pair, n] = silu(gate_e[n] . x[t]) * (up_e[n] . x[t]).
-    # SCALE_K > 0: FP8 weights times their scales s[e, n, k // SCALE_K] (as kernels/gemv.py's)
+    # SCALE_K > 0: FP8 weights times their scales s[e, n, k // SCALE_K] (as kernels/gemv.py's);
+    # ROW_SCALE (one block covers K: a scale per row) applies them once, to the sums
     pdl.wait(PDL)
     pdl.launch_dependents(PDL)
     # As kernels/gemv.py: [BLOCK_N, BLOCK_K] fp32 partial products kept in registers and
@@ -360,7 +361,7 @@ def _moe_gemv_up_kernel(
             m = mask_n[:, None] & mask_k[None, :]
         g = tl.load(w_gate + k0, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
         u = tl.load(w_up + k0, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        if SCALE_K > 0:
+        if SCALE_K > 0 and not ROW_SCALE:
             s_gate = s_ptr + tl.where(valid, e, 0).to(tl.int64) * stride_se + offs_n[:, None].to(tl.int64) * stride_sn \
                 + ((k0 + cols) // SCALE_K)[None, :]
             g *= tl.load(s_gate, mask=m, other=0.0)
@@ -368,7 +369,12 @@ def _moe_gemv_up_kernel(
         acc_g += g * xv[None, :]
         acc_u += u * xv[None, :]
     sg = tl.sum(acc_g, axis=1)
-    y = sg / (1.0 + tl.exp(-sg)) * tl.sum(acc_u, axis=1)
+    su = tl.sum(acc_u, axis=1)
+    if ROW_SCALE:
+        s_row = s_ptr + tl.where(valid, e, 0).to(tl.int64) * stride_se + offs_n.to(tl.int64) * stride_sn
+        sg *= tl.load(s_row, mask=mask_n, other=0.0)
+        su *= tl.load(s_row + inter * stride_sn, mask=mask_n, other=0.0)
+    y = sg / (1.0 + tl.exp(-sg)) * su
     tl.store(act_ptr + pair * stride_at + offs_n, y.to(act_ptr.dtype.element_ty), mask=offs_n < inter)
 
 
@@ -404,7 +410,7 @@ def _moe_gemv_down_kernel(
     hidden, inter: tl.constexpr, num_experts,
     stride_at, stride_we, stride_wn, stride_ot, stride_se, stride_sn,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr, SCALE_K: tl.constexpr = 0,
+    PDL: tl.constexpr, SCALE_K: tl.constexpr = 0, ROW_SCALE: tl.constexpr = False,
 ):
     # grid: (T, cdiv(H, BLOCK_N)); out[t, n] = sum_k w[t, k] * (w2_e[n] . act[t*K + k]): one
     # [K_PAD, BLOCK_N, BLOCK_K] fp32 tile collects every expert's products (the routing weight
@@ -434,16 +440,23 @@ def _moe_gemv_down_kernel(
     pdl.launch_dependents(PDL)
     s_rows = s_ptr + tl.where(valid, e, 0).to(tl.int64)[:, None, None] * stride_se \
         + offs_n.to(tl.int64)[None, :, None] * stride_sn
-    acc = _down_scaled(w0, s_rows, wmask, 0, cols, inter, SCALE_K) * _down_acts(a_rows, amask, wt, 0, cols,
+    chunk_k: tl.constexpr = 0 if ROW_SCALE else SCALE_K  # per row: scaled once, after the sums
+    acc = _down_scaled(w0, s_rows, wmask, 0, cols, inter, chunk_k) * _down_acts(a_rows, amask, wt, 0, cols,
                                                                                  inter)[:, None, :]
     if inter > BLOCK_K:
-        acc += _down_scaled(w1, s_rows, wmask, BLOCK_K, cols, inter, SCALE_K) \
+        acc += _down_scaled(w1, s_rows, wmask, BLOCK_K, cols, inter, chunk_k) \
             * _down_acts(a_rows, amask, wt, BLOCK_K, cols, inter)[:, None, :]
     for k0 in tl.static_range(2 * BLOCK_K, inter, BLOCK_K):  # unrolled: every chunk's loads in flight
         w = _down_weights(w_rows, wmask, k0, cols, inter, EVEN)
-        acc += _down_scaled(w, s_rows, wmask, k0, cols, inter, SCALE_K) \
+        acc += _down_scaled(w, s_rows, wmask, k0, cols, inter, chunk_k) \
             * _down_acts(a_rows, amask, wt, k0, cols, inter)[:, None, :]
-    y = tl.sum(tl.sum(acc, axis=2), axis=0)
+    if ROW_SCALE:
+        s_row = s_ptr + tl.where(valid, e, 0).to(tl.int64)[:, None] * stride_se \
+            + offs_n.to(tl.int64)[None, :] * stride_sn
+        per_k = tl.sum(acc, axis=2) * tl.load(s_row, mask=valid[:, None] & mask_n[None, :], other=0.0)
+        y = tl.sum(per_k, axis=0)
+    else:
+        y = tl.sum(tl.sum(acc, axis=2), axis=0)
     tl.store(out_ptr + t * stride_ot + offs_n, y.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
@@ -576,19 +589,22 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         _moe_gemv_up_kernel[(t * top_k, triton.cdiv(inter, cfg["bn_up"]))](
             x, w13, topk_ids, act, s13, h, inter, e, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), *ss13,
             TOP_K=top_k, EVEN=h % cfg["bk_up"] == 0, BLOCK_N=cfg["bn_up"], BLOCK_K=cfg["bk_up"], SCALE_K=sk13,
+            ROW_SCALE=bool(sk13) and s13.shape[2] == 1,
             num_warps=cfg.get("warps_up", cfg["warps"]), **pdl.options(x))
         if cfg.get("split_down"):  # each pair on its own programs: K partial rows, summed after
             part = torch.empty((t * top_k, h), dtype=x.dtype, device=x.device)
             _moe_gemv_down_kernel[(t * top_k, triton.cdiv(h, cfg["bn_down"]))](
                 act, w2, topk_ids, topk_weights, part, s2, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
                 part.stride(0), *ss2, TOP_K=1, K_PAD=1, EVEN=inter % cfg["bk_down"] == 0, BLOCK_N=cfg["bn_down"],
-                BLOCK_K=cfg["bk_down"], SCALE_K=sk2, num_warps=cfg["warps"], **pdl.options(x))
+                BLOCK_K=cfg["bk_down"], SCALE_K=sk2, ROW_SCALE=bool(sk2) and s2.shape[2] == 1, num_warps=cfg["warps"],
+                **pdl.options(x))
             torch.sum(part.view(t, top_k, h), dim=1, out=out)
             return out
         _moe_gemv_down_kernel[(t, triton.cdiv(h, cfg["bn_down"]))](
             act, w2, topk_ids, topk_weights, out, s2, h, inter, e, act.stride(0), w2.stride(0), w2.stride(1),
             out.stride(0), *ss2, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), EVEN=inter % cfg["bk_down"] == 0,
-            BLOCK_N=cfg["bn_down"], BLOCK_K=cfg["bk_down"], SCALE_K=sk2, num_warps=cfg["warps"], **pdl.options(x))
+            BLOCK_N=cfg["bn_down"], BLOCK_K=cfg["bk_down"], SCALE_K=sk2, ROW_SCALE=bool(sk2) and s2.shape[2] == 1,
+            num_warps=cfg["warps"], **pdl.options(x))
         return out
     pairs = t * top_k
     bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]
