@@ -108,6 +108,9 @@ def test_parser_formats_and_errors():
         out_text, out_calls = out_text + t, out_calls + c
     assert out_text.strip() == "Sure." and [c.name for c in out_calls] == ["get_current_weather"]
 
+    from treadle.srt.function_call_parser import FunctionCallParser as older_path  # older SGLang's module
+
+    assert older_path is FunctionCallParser
     with pytest.raises(ValueError, match="Unsupported tool_call_parser: no_such"):
         FunctionCallParser(tools, "no_such")
     with pytest.raises(ValueError, match="Unsupported tool_call_parser: pythonic.*qwen25"):

@@ -97,6 +97,9 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
     "treadle.srt.function_call.function_call_parser": {"FunctionCallParser": "treadle.lang.function_call"},
     "treadle.srt.function_call.core_types": {name: "treadle.lang.function_call"
                                              for name in ("ToolCallItem", "StreamingParseResult")},
+    # older SGLang's one module for all of them
+    "treadle.srt.function_call_parser": {name: "treadle.lang.function_call" for name in (
+        "FunctionCallParser", "ToolCallItem", "StreamingParseResult")},
     "treadle.srt.managers": {},
     "treadle.srt.managers.io_struct": {"Tool": "treadle.lang.function_call", "Function": "treadle.lang.function_call"},
     "treadle.srt.entrypoints.openai": {},
