@@ -258,13 +258,13 @@ class ProgramState:
 
     async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False):
         """Async form of `text_iter` (the blocking waits run in a worker thread). With
-        `return_meta_data` and a `var_name`, yields (text, meta_info of the gen that wrote it), as
-        SGLang: streamed, the meta so far, but with the output logprob lists holding only this
-        chunk's tokens and `output_token_logprobs_length` counting all (get_meta_info(var) has
-        them all); without a `var_name` it yields text alone, as SGLang's does."""
-        if var_name is not None and not self._ex.stream:  # its value once, as text_iter
-            value = await asyncio.to_thread(self.__getitem__, var_name)
-            yield (value, self._ex.meta.get(var_name)) if return_meta_data else value
+        `return_meta_data` and a `var_name` of a streamed run, yields (text, meta_info of the
+        gen that wrote it), as SGLang: the meta so far, but with the output logprob lists
+        holding only this chunk's tokens and `output_token_logprobs_length` counting all
+        (get_meta_info(var) has them all). Not streamed, or without a `var_name`, it yields
+        text alone, return_meta_data or not, as SGLang's does."""
+        if var_name is not None and not self._ex.stream:  # its value once, as text_iter (no meta: SGLang's)
+            yield await asyncio.to_thread(self.__getitem__, var_name)
             return
         it = self._deltas(var_name)
         end = object()

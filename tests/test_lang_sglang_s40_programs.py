@@ -117,3 +117,21 @@ def test_a_benchmark_script_runs_against_a_server(tmp_path):
         assert bad.returncode != 0 and "Invalid backend: vllm" in bad.stderr
     finally:
         runtime.shutdown()
+
+
+def test_text_async_iter_with_meta_of_a_run_not_streamed_yields_the_value(backend):
+    """SGLang's text_async_iter(var, return_meta_data=True) of a run without stream=True yields
+    the variable's value alone (its meta only comes with streamed chunks); treadle yielded a
+    (value, meta) pair, so `print(out, end="")` printed a tuple."""
+    import asyncio
+
+    @sgl.function
+    def qa(s, question):
+        s += sgl.user(question) + sgl.assistant(sgl.gen("answer", max_tokens=8, temperature=0))
+
+    state = qa.run(question="Name a color.")
+
+    async def main():
+        return [out async for out in state.text_async_iter(var_name="answer", return_meta_data=True)]
+
+    assert asyncio.run(main()) == [state["answer"]]
