@@ -54,3 +54,67 @@ def test_a_malformed_header_line_is_a_json_400(srv):
     ok = requests.post(srv.url + "/generate", timeout=T, json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
     assert ok.status_code == 200, ok.text
     wait_idle(srv.url)
+
+
+def test_json_pieces_write_json_dumps_text_in_bounded_pieces():
+    """A reply is encoded in pieces (protocol.json_pieces) whose text is json.dumps's, none
+    long: one json.dumps call over a 50 MB reply held the GIL, and with it the event loop and
+    every other client, for seconds (ReplyJSON now writes its pieces on a builder thread)."""
+    import random
+
+    from treadle.runtime.server.protocol import ReplyJSON, json_pieces
+
+    rng = random.Random(0)
+
+    def value(depth: int = 0):
+        c = rng.random()
+        if depth > 3 or c < 0.3:
+            return rng.choice([1, -2.5, None, True, "a\u00e9\"\\", "\ud800x", 1e300, [], {}, ()])
+        if c < 0.6:
+            return [value(depth + 1) for _ in range(rng.randrange(12))]
+        if c < 0.7:
+            return tuple(value(depth + 1) for _ in range(rng.randrange(5)))
+        return {f"k{i}\u00e9": value(depth + 1) for i in range(rng.randrange(5))}
+
+    for _ in range(300):
+        v = value()
+        for ascii_only in (False, True):
+            want = json.dumps(v, ensure_ascii=ascii_only, allow_nan=False, separators=(",", ":"))
+            assert "".join(json_pieces(v, ensure_ascii=ascii_only)) == want, v
+    with pytest.raises(ValueError):
+        json_pieces([[float("nan")], [1.0]])
+    # n samples with top-20 logprobs: 1.1 MB of JSON, no piece over 32 KB
+    reply = [{"text": "x", "meta_info": {"output_top_logprobs": [[(-1.5, i, "tok") for i in range(20)]] * 300,
+                                         "output_token_logprobs": [(-0.1, 5, None)] * 300}}] * 8
+    pieces = json_pieces(reply)
+    assert "".join(pieces) == json.dumps(reply, separators=(",", ":")) and max(map(len, pieces)) < 32_000
+    assert ReplyJSON({"s": "\ud800"}).body == b'{"s":"\\ud800"}'
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
+def test_a_reply_too_large_for_the_event_loop_is_made_whole(srv, path):
+    """n samples with top-20 logprobs, a reply past INLINE_REPLY_ENTRIES: made and encoded on a
+    builder thread, and whole (every sample, every position's 20 top logprobs)."""
+    from treadle.runtime.server.http_server import INLINE_REPLY_ENTRIES
+
+    n, m = 8, 130
+    assert n * m * 21 > INLINE_REPLY_ENTRIES
+    if path == "/generate":
+        body = {"text": "Once upon a time", "return_logprob": True, "top_logprobs_num": 20,
+                "return_text_in_logprobs": True,
+                "sampling_params": {"max_new_tokens": m, "n": n, "temperature": 1.0, "ignore_eos": True}}
+    else:
+        body = {"model": "default", "prompt": "Once upon a time", "max_tokens": m, "n": n, "logprobs": 20,
+                "temperature": 1.0, "ignore_eos": True}
+    r = requests.post(srv.url + path, json=body, timeout=600)
+    assert r.status_code == 200, r.text[:500]
+    if path == "/generate":
+        results = r.json()
+        assert len(results) == n
+        for res in results:
+            tops = res["meta_info"]["output_top_logprobs"]
+            assert len(tops) == m and all(len(t) == 20 and t[0][2] is not None for t in tops)
+    else:
+        choices = r.json()["choices"]
+        assert len(choices) == n and all(len(c["logprobs"]["top_logprobs"]) == m for c in choices)
+    wait_idle(srv.url)

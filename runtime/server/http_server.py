@@ -392,8 +392,13 @@ def create_app(state: ServerState) -> FastAPI:
         if stream:
             return await stream_or_error(request, native_stream(tm, reqs, aliases, per_part=not one),
                                          _render_native(one, state.args.incremental_streaming_output))
-        results = await until_done_or_disconnect(request, run_native(tm, reqs, aliases, per_part=not one))
-        return ReplyJSON(results[0] if one else results)
+        lasts = await until_done_or_disconnect(request, run_native(tm, reqs, aliases, per_part=not one))
+
+        def reply() -> ReplyJSON:
+            results = [native_result(c) for c in lasts]
+            return ReplyJSON(results[0] if one else results)
+
+        return await off_loop_if_large(tm, reply_entries([c.acc for c in lasts]), reply)
 
     from treadle.runtime.server.openai_api import register_openai_routes
 
@@ -546,6 +551,26 @@ def build_native(tm: TokenizerManager, obj: dict
     return reqs, single, aliases, grammars
 
 
+# a reply of more logprob entries and tokens than this is made and encoded on a builder thread:
+# 50 MB of JSON (n samples with top logprobs) took the event loop, and every other client, for
+# seconds (json_pieces lets the loop run while a thread encodes)
+INLINE_REPLY_ENTRIES = 20_000
+
+
+def reply_entries(accs: list[Any]) -> int:
+    """The tokens and logprob values the results of these outputs (Accum) hold: their size."""
+    n = 0
+    for acc in accs:
+        per = 1 + len(acc.tops[0]) if acc.tops and acc.tops[0] else 2 if acc.logprobs else 1
+        n += len(acc.ids) * per + len(acc.input_logprobs or ()) * (1 + len((acc.input_tops or [[]])[-1] or ()))
+    return n
+
+
+async def off_loop_if_large(tm: TokenizerManager, entries: int, build: Any) -> Any:
+    """``build()`` here when the reply is small, else on a builder thread."""
+    return build() if entries < INLINE_REPLY_ENTRIES else await tm.off_loop(build)
+
+
 def native_result(chunk: Any) -> dict:
     """A request's native result from its last chunk; a failed one's carries `error` (the
     OpenAI-shaped error a request of its own would have been answered with) beside what it
@@ -557,14 +582,14 @@ def native_result(chunk: Any) -> dict:
 
 
 async def run_native(tm: TokenizerManager, reqs: list[TokenizedGenerateReq], aliases: dict[str, tuple],
-                     per_part: bool = False) -> list[dict]:
-    """Each request's result. `per_part`: a request that fails has its result (with `error`)
+                     per_part: bool = False) -> list[Any]:
+    """Each request's last chunk (native_result makes its result). `per_part`: a request that fails has its result (with `error`)
     like the others, which run on; else its failure is raised (and stops the others)."""
-    async def one(r: TokenizedGenerateReq) -> dict:
+    async def one(r: TokenizedGenerateReq) -> Any:
         last = None
         async for chunk in tm.generate(r, aliases[r.rid], errors_as_output=per_part):
             last = chunk
-        return native_result(last)
+        return last
 
     with tm.reserve(reqs, aliases):
         await tm.warm_prefixes(reqs, aliases)

@@ -18,7 +18,7 @@ from fastapi.responses import Response
 
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS
-from treadle.runtime.server.http_server import ServerState, read_json
+from treadle.runtime.server.http_server import ServerState, off_loop_if_large, read_json, reply_entries
 from treadle.runtime.server.protocol import APIError, ReplyJSON, clip_names, finish_reason, matched_stop, quoted
 from treadle.runtime.server.reasoning import ReasoningStream, model_thinks, opens_in_prompt
 from treadle.runtime.server.reasoning import split as reasoning_split
@@ -367,13 +367,17 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
     accs = await until_done_or_disconnect(request, run())
     for i, acc in enumerate(accs):
         shaper.accs[i] = acc
-    obj = "chat.completion" if chat else "text_completion"
-    choices = [shaper.choice(i, acc) for i, acc in enumerate(accs)]
-    out = {"id": rid, "object": obj, "created": shaper.created, "model": shaper.model, "choices": choices,
-           "usage": shaper.usage()}
-    if shaper.json_schema_dropped is not None:  # json_schema_lenient: the keywords dropped, never silently
-        out["json_schema_dropped"] = shaper.json_schema_dropped
-    return ReplyJSON(out)
+
+    def reply() -> ReplyJSON:  # on a builder thread when large (http_server.off_loop_if_large)
+        obj = "chat.completion" if chat else "text_completion"
+        choices = [shaper.choice(i, acc) for i, acc in enumerate(accs)]
+        out = {"id": rid, "object": obj, "created": shaper.created, "model": shaper.model, "choices": choices,
+               "usage": shaper.usage()}
+        if shaper.json_schema_dropped is not None:  # json_schema_lenient: the keywords dropped, never silently
+            out["json_schema_dropped"] = shaper.json_schema_dropped
+        return ReplyJSON(out)
+
+    return await off_loop_if_large(tm, reply_entries(accs), reply)
 
 
 async def _grammar_errors(chunks, body: dict, tools: ToolPlan | None):

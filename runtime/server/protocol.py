@@ -86,13 +86,60 @@ class ReplyJSON(JSONResponse):
     """A JSON reply whose strings may hold a lone surrogate (a model that wrote a "\\ud800"
     escape in a tool call's arguments, which are parsed and written out again): those
     replies are written with every non-ASCII character escaped, as JSON allows, instead of
-    failing to encode (a 500 after the request had run)."""
+    failing to encode (a 500 after the request had run). Written in pieces (json_pieces), so
+    that a large reply encoded on a thread lets the event loop run between them."""
 
     def render(self, content: Any) -> bytes:
         try:
-            return super().render(content)
+            return "".join(json_pieces(content, ensure_ascii=False)).encode("utf-8")
         except UnicodeEncodeError:
-            return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+            return "".join(json_pieces(content, ensure_ascii=True)).encode("ascii")
+
+
+JSON_PIECE_ITEMS = 64  # list items (each a flat list or tuple) one C json.dumps call writes
+
+
+def json_pieces(obj: Any, ensure_ascii: bool = False) -> list[str]:
+    """``obj``'s compact JSON text (as JSONResponse writes it: no NaN, "," and ":" separators)
+    in pieces whose concatenation is json.dumps's text. json's C encoder holds the GIL for a
+    whole call: one call over a 50 MB reply (n samples with top logprobs) stopped every other
+    thread, the event loop's included, for seconds even when run on a builder thread. Here no
+    call writes more than JSON_PIECE_ITEMS items of a list of lists (a reply's logprob
+    triples), with the interpreter free to switch threads between calls."""
+    dumps = json.JSONEncoder(ensure_ascii=ensure_ascii, allow_nan=False, separators=(",", ":")).encode
+    out: list[str] = []
+
+    def walk(x: Any) -> None:
+        if type(x) is dict and all(type(k) is str for k in x):
+            out.append("{")
+            for i, (k, v) in enumerate(x.items()):
+                out.append(("," if i else "") + dumps(k) + ":")
+                walk(v)
+            out.append("}")
+        elif type(x) in (list, tuple) and len(x) > 1 and type(x[0]) in (dict, list, tuple):
+            out.append("[")
+            if _flat(x[0]):  # e.g. logprob triples, or a position's top-logprob list: slices of them
+                for i in range(0, len(x), JSON_PIECE_ITEMS):
+                    out.append(("," if i else "") + dumps(list(x[i:i + JSON_PIECE_ITEMS]))[1:-1])
+            else:
+                for i, v in enumerate(x):
+                    if i:
+                        out.append(",")
+                    walk(v)
+            out.append("]")
+        else:
+            out.append(dumps(x))
+
+    walk(obj)
+    return out
+
+
+def _flat(x: Any) -> bool:
+    """Whether ``x`` is a short list or tuple of scalars or of short tuples of scalars."""
+    if type(x) not in (list, tuple) or len(x) > 64:
+        return False
+    return all(type(v) not in (dict, list, tuple) or (type(v) in (list, tuple) and len(v) <= 8 and
+                                                       all(type(w) not in (dict, list, tuple) for w in v)) for v in x)
 
 
 def json_text(obj: Any) -> str:
