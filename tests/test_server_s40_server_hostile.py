@@ -3,7 +3,9 @@ stalled the server, fixed; the server is the embedded SmolLM2 on the CPU."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import time
 
 import pytest
 import requests
@@ -118,3 +120,41 @@ def test_a_reply_too_large_for_the_event_loop_is_made_whole(srv, path):
         choices = r.json()["choices"]
         assert len(choices) == n and all(len(c["logprobs"]["top_logprobs"]) == m for c in choices)
     wait_idle(srv.url)
+
+
+def test_large_bodies_wait_for_each_other_not_small_requests(tmp_path):
+    """Four /tokenize bodies of over a megabyte each (as many as there are builder threads)
+    whose tokenizing is held (runtime/fault_injection.py: until the test makes a file): a
+    small /generate and a small /tokenize are still built and answered meanwhile, as the large
+    ones run on their own bulk thread, one after another; then the large ones are answered.
+    Before, the four held every builder thread, and every other request waited for them (64 MiB
+    bodies of million-character texts: minutes of tokenizing each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from treadle.runtime.fault_injection import HOLD_ENV, HOLD_MARKER
+    from treadle.runtime.server.tokenizer_manager import BUILD_THREADS, BULK_BODY_BYTES
+
+    release = str(tmp_path / "release")
+    with ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"], env={HOLD_ENV: release}) as s:
+        # four texts of 300,000 characters (each under the most a prompt may have), the first held
+        texts = [HOLD_MARKER + " " + "word " * 60_000] + ["word " * 60_000] * 3
+        assert len(json.dumps(texts)) > BULK_BODY_BYTES
+        with ThreadPoolExecutor(BUILD_THREADS) as pool:
+            large = [pool.submit(requests.post, s.url + "/tokenize", json={"prompt": texts}, timeout=600)
+                     for _ in range(BUILD_THREADS)]
+            deadline = time.monotonic() + 120
+            while not os.path.exists(release + ".held"):  # the first large one is held
+                assert time.monotonic() < deadline and not any(f.done() for f in large)
+                time.sleep(0.05)
+            try:
+                small = requests.post(s.url + "/generate", timeout=60,
+                                      json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+                assert small.status_code == 200, small.text
+                tok = requests.post(s.url + "/tokenize", json={"prompt": "Hello there"}, timeout=60)
+                assert tok.status_code == 200 and tok.json()["count"] > 0, tok.text
+                assert not any(f.done() for f in large)  # still held
+            finally:
+                open(release, "w").close()
+            for f in large:
+                r = f.result()
+                assert r.status_code == 200 and r.json()["count"][1] >= 60_000, r.text[:300]

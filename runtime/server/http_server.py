@@ -27,7 +27,7 @@ from treadle.runtime.server.protocol import (APIError, ReplyJSON, add_cors, add_
                                              unauthorized)
 from treadle.runtime.server.streaming import (ClientGone, gather_all, merge_streams, sse,
                                               stream_or_error, until_done_or_disconnect)
-from treadle.runtime.server.tokenizer_manager import TokenizerManager, check_rid
+from treadle.runtime.server.tokenizer_manager import TokenizerManager, check_rid, mark_request_size
 
 log = logging.getLogger("treadle.server")
 
@@ -233,6 +233,7 @@ async def read_json(request: Request) -> dict:
                        "uncompressed bodies: send it without a Content-Encoding", 415, "invalid_request_error",
                        None, "unsupported_content_encoding", {"Accept-Encoding": "identity"})
     raw = await read_body(request, state.args.max_request_bytes)
+    mark_request_size(len(raw))  # a large body's building goes to the bulk thread (TokenizerManager.off_loop)
     # a megabyte or more takes milliseconds to parse: a builder thread's work (an abort or a
     # probe, small, never waits behind the builders)
     return parse_json_object(raw) if len(raw) < INLINE_PARSE_BYTES else await state.tm.off_loop(parse_json_object, raw)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import functools
 import inspect
 import itertools
@@ -36,6 +37,19 @@ from treadle.runtime.server.protocol import APIError, overloaded, quoted
 log = logging.getLogger("treadle.server")
 T = TypeVar("T")
 BUILD_THREADS = 4  # threads that build requests (TokenizerManager.off_loop)
+# A request whose body is this large or more is built on the bulk thread(s) instead: 64 MiB
+# /tokenize bodies (64 texts of a million characters each: a minute of tokenizing apiece) took
+# all BUILD_THREADS, and every other client's request, however small, waited to be built. Bulk
+# requests now wait for each other, never the small ones for them.
+BULK_BODY_BYTES = 1 << 20
+BULK_THREADS = 1
+_bulk_request = contextvars.ContextVar("treadle_bulk_request", default=False)
+
+
+def mark_request_size(nbytes: int) -> None:
+    """Record the size of the body of the request the current task serves: its builder work
+    (TokenizerManager.off_loop) then goes to the bulk thread(s) when it is BULK_BODY_BYTES or more."""
+    _bulk_request.set(nbytes >= BULK_BODY_BYTES)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # OpenAI's message roles
 MAX_STOP_STRINGS = 128  # a request's stop strings (OpenAI takes 4)
 # a client's request id: it is copied into each part of a batch or of n samples ("<rid>-<i>") and
@@ -170,6 +184,7 @@ class TokenizerManager:
         # GIL while it works, and encoding without truncation or padding changes no tokenizer
         # state, so several may run at once.
         self._builders = concurrent.futures.ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="treadle-build")
+        self._bulk_builders = concurrent.futures.ThreadPoolExecutor(BULK_THREADS, thread_name_prefix="treadle-bulk")
         from treadle.constrained.index.vocabulary import token_bytes_table
 
         # each token's bytes (logprob entries): a tenth of a second, once, at start-up
@@ -204,6 +219,7 @@ class TokenizerManager:
         if self._recv_task is not None:
             self._recv_task.cancel()
         self._builders.shutdown(wait=False, cancel_futures=True)
+        self._bulk_builders.shutdown(wait=False, cancel_futures=True)
         self._push.close(linger=0)
         self._pull.close(linger=0)
         self._push_ctx.term()
@@ -267,8 +283,10 @@ class TokenizerManager:
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on a builder thread (its exceptions raised here): for work that
-        tokenizes, which must not hold the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._builders, functools.partial(fn, *args))
+        tokenizes, which must not hold the event loop. For a request with a large body
+        (mark_request_size), on the bulk thread(s)."""
+        pool = self._bulk_builders if _bulk_request.get() else self._builders
+        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args))
 
     def encode(self, text: str, param: str = "text", add_special_tokens: bool = True) -> list[int]:
         """The prompt's token ids; a text too long to fit the context whatever its tokens is a
