@@ -4,6 +4,7 @@ batch activates, for each batch size and a small sweep of launch configurations.
 
     python benchmarks/bench_fused_moe.py                       # H200: qwen3-30b-a3b, bf16
     python benchmarks/bench_fused_moe.py --tokens 1,32 --sweep  # also try other configs
+    python benchmarks/bench_fused_moe.py --fp8 --tokens 1,32 --sweep  # FP8 experts (a scale per row)
 
 Each timed graph runs --layers distinct layers' experts (several times the L2 cache), so
 every layer streams its weights from HBM as in the model. One JSON line a measurement; written
@@ -31,6 +32,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--tokens", default="1,2,4,8,32,128,512,4096")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--sweep", action="store_true", help="also time other launch configurations")
+    p.add_argument("--fp8", action="store_true", help="FP8 experts with a scale per row (--quantization fp8's)")
     p.add_argument("--write-config", default=None,
                    help="with --sweep: write the fastest config per token count here, in the form "
                         "TREADLE_FUSED_MOE_CONFIG reads (kernels/fused_moe.py pick_config)")
@@ -38,10 +40,12 @@ def _parse() -> argparse.Namespace:
     return p.parse_args()
 
 
-def sweep_configs(decode: bool) -> list[dict]:
+def sweep_configs(decode: bool, fp8: bool = False) -> list[dict]:
     if decode:
-        return [dict(decode=True, bn_up=a, bk_up=1024, warps_up=wu, bn_down=c, bk_down=bd, split_down=False, warps=w)
-                for a, wu, c, bd, w in itertools.product((2, 4, 8), (2, 4), (2, 4, 8), (128, 256), (2, 4))]
+        bks = (1024, 2048) if fp8 else (1024,)  # one byte a weight: the same bytes in twice the inputs
+        downs, warps = ((2, 4), (4,)) if fp8 else ((2, 4, 8), (2, 4))
+        return [dict(decode=True, bn_up=a, bk_up=bu, warps_up=wu, bn_down=c, bk_down=bd, split_down=False, warps=w)
+                for a, bu, wu, c, bd, w in itertools.product((2, 4, 8), bks, (2, 4), downs, (128, 256), warps)]
     return [dict(decode=False, block_m=m, block_n=n, block_k=k, warps=w, stages=3)
             for m, n, k, w in itertools.product((16, 32), (64, 128), (128, 256), (4, 8))]
 
@@ -57,7 +61,7 @@ def main() -> None:
     records = [{"figure": "meta", **machine_info(("torch", "triton")), "device": torch.cuda.get_device_name(dev),
                 "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": args.model, "experts": e, "top_k": k,
-                "hidden": h, "inter": inter, "layers": args.layers}]
+                "hidden": h, "inter": inter, "layers": args.layers, "fp8": args.fp8}]
     bw = copy_bandwidth(dev, 2048)
     records.append({"figure": "copy_bandwidth", "gb_s": round(bw / 1e9, 1)})
     print(json.dumps(records[-1]), flush=True)
@@ -66,6 +70,15 @@ def main() -> None:
            for _ in range(args.layers)]
     w2 = [torch.randn(e, h, inter, device=dev, dtype=torch.bfloat16, generator=g) * inter ** -0.5
           for _ in range(args.layers)]
+    s13 = s2 = [None] * args.layers
+    if args.fp8:
+        from treadle.kernels.fp8_linear import quantize_weight_ref
+
+        def fp8(w):
+            q, sc = quantize_weight_ref(w.reshape(-1, w.shape[2]))
+            return q.reshape(w.shape), sc.reshape(w.shape[0], w.shape[1], 1)
+        w13, s13 = map(list, zip(*[fp8(w) for w in w13]))
+        w2, s2 = map(list, zip(*[fp8(w) for w in w2]))
     expert_bytes = w13[0][0].nbytes + w2[0][0].nbytes
 
     def time_us(t: int, config: dict | None) -> float:
@@ -73,9 +86,9 @@ def main() -> None:
         logits = torch.randn(t, e, device=dev, generator=g)
 
         def run():
-            for a, b in zip(w13, w2):
+            for a, b, sa, sb in zip(w13, w2, s13, s2):
                 wts, ids = moe_route(logits, k, True)
-                fused_moe(x, a, b, wts, ids, config=config)
+                fused_moe(x, a, b, wts, ids, config=config, w13_scale=sa, w2_scale=sb)
 
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -104,7 +117,7 @@ def main() -> None:
         active = e * (1 - (1 - k / e) ** t)
         read = active * expert_bytes
         base = pick_config(t, k, e, h, inter)
-        configs = [None] + (sweep_configs(base["decode"]) if args.sweep and t <= 512 else [])
+        configs = [None] + (sweep_configs(base["decode"], args.fp8) if args.sweep and t <= 512 else [])
         best = None
         for c in configs:
             try:
@@ -129,7 +142,7 @@ def main() -> None:
             json.dump({"device": torch.cuda.get_device_name(dev), "model": args.model, "shape": [e, k, h, inter],
                        "command": records[0]["command"], "configs": tuned}, f, indent=1)
 
-    out = args.output or os.path.join(HERE, "results", f"fused_moe_{args.model}_cuda.json")
+    out = args.output or os.path.join(HERE, "results", f"fused_moe_{args.model}{'_fp8' if args.fp8 else ''}_cuda.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(records, f, indent=1)
