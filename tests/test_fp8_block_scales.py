@@ -134,29 +134,22 @@ def _checkpoint(path, fmt: str, bn: int, bk: int):
 
     from treadle.runtime.model_config import DUMMY_CONFIGS
 
+    from test_quantization_models import _float_weights  # tiny-llama's float weights, HF names
+
     c = DUMMY_CONFIGS["tiny-llama"]
-    g = torch.Generator().manual_seed(11)
-    qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    shapes = {"self_attn.q_proj": (qd, c.hidden_size), "self_attn.k_proj": (kvd, c.hidden_size),
-              "self_attn.v_proj": (kvd, c.hidden_size), "self_attn.o_proj": (c.hidden_size, qd),
-              "mlp.gate_proj": (c.intermediate_size, c.hidden_size), "mlp.up_proj": (c.intermediate_size, c.hidden_size),
-              "mlp.down_proj": (c.hidden_size, c.intermediate_size)}
-    floats = {"model.embed_tokens.weight": torch.randn(c.vocab_size, c.hidden_size, generator=g),
-              "lm_head.weight": torch.randn(c.vocab_size, c.hidden_size, generator=g) * 0.1,
-              "model.norm.weight": torch.ones(c.hidden_size)}
-    out = dict(floats)
-    for i in range(c.num_layers):
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            out[f"model.layers.{i}.{norm}.weight"] = floats[f"model.layers.{i}.{norm}.weight"] = torch.ones(c.hidden_size)
-        for name, shape in shapes.items():
-            key = f"model.layers.{i}.{name}"
-            w = torch.randn(*shape, generator=g) * 0.08
-            q, s = block_quantize(w, bn, bk)
-            out[key + ".weight"] = q
-            out[key + (".weight_scale_inv" if fmt == "fp8" else ".weight_scale")] = s
-            if fmt == "fp8":
-                out[key + ".input_scale"] = torch.tensor(0.02)  # activation_scheme static: read, unused
-            floats[key + ".weight"] = q.float() * s.repeat_interleave(bn, 0)[:shape[0]].repeat_interleave(bk, 1)[:, :shape[1]]
+    floats = _float_weights(seed=11)
+    out = {}
+    for key, w in floats.items():
+        if not any(f".{p}." in key for p in PROJ):
+            out[key] = w
+            continue
+        q, s = block_quantize(w, bn, bk)
+        name = key.removesuffix(".weight")
+        out[key] = q
+        out[name + (".weight_scale_inv" if fmt == "fp8" else ".weight_scale")] = s
+        if fmt == "fp8":
+            out[name + ".input_scale"] = torch.tensor(0.02)  # activation_scheme static: read, unused
+        floats[key] = q.float() * s.repeat_interleave(bn, 0)[:w.shape[0]].repeat_interleave(bk, 1)[:, :w.shape[1]]
     if fmt == "fp8":
         qcfg = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "static", "weight_block_size": [bn, bk],
                 "ignored_layers": ["lm_head"]}
