@@ -133,7 +133,9 @@ class Scheduler:
         self.check_integrity_at_idle = True
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "jump_tokens": 0,
                       "draft_tokens": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0, "overlap_steps": 0, "mixed_steps": 0, "retractions": 0, "forward_steps": 0, "decode_steps": 0, "requests": 0,
-                      "failed_rows": 0}  # requests stopped alone for non-finite logits
+                      "failed_rows": 0,  # requests stopped alone for non-finite logits
+                      # batch steps that raised (_recover), and the requests stopped as their cause
+                      "failed_steps": 0, "failed_step_requests": 0}
 
     # ================================================================== public API
 
@@ -224,6 +226,7 @@ class Scheduler:
         e.g. a broken CUDA context)."""
         if not self.recover_step_errors:
             raise err
+        self.stats["failed_steps"] += 1
         queued = {id(r) for r in self.waiting} | {id(r) for r in self.grammar_queue}
         holders = [r for r in self._live.values() if id(r) not in queued]
         stepped = [r for r in self._step_reqs if r.rid in self._live] or holders
@@ -256,6 +259,7 @@ class Scheduler:
                     message = (f"this request made its batch step fail, each time it ran alone "
                                f"({type(err).__name__}: {err}); it was stopped, and no other request was affected")
                     log.warning("request %s: %s", req.rid, message)
+                    self.stats["failed_step_requests"] += 1
                     req.finish("abort", message=message)
                     self._emit(req, error=message, internal=False)
                 else:

@@ -93,6 +93,7 @@ def test_poisoned_requests_spaced_out_never_stop_the_scheduler():
         res = collect(drain(sched, check_each_step=True))
         assert res[f"ok{i}"][0] == reference_greedy([12, 13 + i], 4) and not res[f"ok{i}"][1].error
     assert runner.raised == 20  # twice alone each
+    assert sched.stats["failed_steps"] == 20 and sched.stats["failed_step_requests"] == 10
     assert_clean(sched, runner)
 
 

@@ -88,6 +88,8 @@ def test_poisoned_requests_spaced_out_never_take_the_server_down(srv):
     assert status == 200 and body["meta_info"]["completion_tokens"] == 16, body
     assert srv.proc.poll() is None
     assert_no_leaked_kv(srv.url)
+    info = wait_idle(srv.url)  # the scheduler's counts: the failed steps, the requests stopped for them
+    assert info["failed_step_requests"] >= 10 and info["failed_steps"] >= 2 * info["failed_step_requests"], info
     r = requests.post(srv.url + "/v1/chat/completions", timeout=T, json={
         "model": "default", "messages": [{"role": "user", "content": MARKER}], "max_tokens": 4})
     assert r.status_code == 400 and "made its batch step fail" in r.json()["error"]["message"], r.text
