@@ -84,6 +84,35 @@ def clip_names(names: Any, items: int = QUOTE_ITEMS, limit: int = QUOTE_CHARS) -
     return shown if len(names) <= items else f"{shown} and {len(names) - items:,} more"
 
 
+def _sglang_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """`d` without SGLang's sampling fields that treadle has its own way or ignores at their
+    defaults: sampling_seed is treadle's seed (both, unequal: a ValueError); custom_params
+    (the data of a custom logit processor), stop_regex and stream_interval are taken at
+    SGLang's defaults (None; None or []; None or 1) and refused, by name, at any other value."""
+    if not any(k in d for k in ("sampling_seed", "custom_params", "stop_regex", "stream_interval")):
+        return d
+    d = dict(d)
+    if "sampling_seed" in d:
+        seed = d.pop("sampling_seed")
+        if seed is not None:
+            if d.get("seed") is not None and d["seed"] != seed:
+                raise ValueError(f"sampling_params: sampling_seed {quoted(seed)} and seed {quoted(d['seed'])} "
+                                 "differ (both are the request's seed; give one)")
+            d["seed"] = seed
+    if d.pop("custom_params", None) is not None:
+        raise ValueError("sampling_params.custom_params is not supported: treadle runs no custom logit "
+                         "processor (leave it None)")
+    regex = d.pop("stop_regex", None)
+    if regex is not None and regex != []:
+        raise ValueError(f"sampling_params.stop_regex is not supported (got {quoted(regex)}): stop on "
+                         "strings (stop) or token ids (stop_token_ids), or constrain the output with regex")
+    interval = d.pop("stream_interval", None)
+    if interval is not None and (isinstance(interval, bool) or interval != 1):
+        raise ValueError(f"sampling_params.stream_interval is not supported (got {quoted(interval)}): "
+                         "treadle streams every token (leave it None or 1)")
+    return d
+
+
 MAX_N = 128  # parallel samples of one prompt (OpenAI's limit); each is a request of its own
 MAX_TEMPERATURE = 100.0  # far past any useful one (OpenAI allows 2); 1e300 was inf in float32
 MIN_REPETITION_PENALTY = 0.01  # a seen logit grows at most 100x; 1e-40 made it inf and failed the batch
@@ -140,6 +169,7 @@ class SamplingParams:
             return d
         if not isinstance(d, dict):
             raise ValueError(f"sampling_params must be an object, got {type(d).__name__}")
+        d = _sglang_fields(d)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
