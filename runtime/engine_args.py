@@ -137,9 +137,9 @@ class EngineArgs:
         "think: return a reasoning model's <think>...</think> as reasoning_content, apart from "
         "the answer, on /v1/chat/completions (Qwen3, QwQ, DeepSeek-R1)")})
     incremental_streaming_output: bool = field(default=False, metadata={"help": (
-        "/generate streams: each chunk's text and output_ids are only what is new; by default "
-        "(SGLang's) they are everything so far. The OpenAI endpoints and Engine.generate(stream=True) "
-        "always send what is new")})
+        "/generate streams and Engine.generate(stream=True): each chunk's text and output_ids are "
+        "only what is new; by default (SGLang's) they are everything so far (SGLang's --stream-output "
+        "turns it on too). The OpenAI endpoints always send what is new")})
     # the names both logging (upper-cased) and uvicorn take (uvicorn's "trace" is no logging level)
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     shutdown_grace_s: float = 10.0
@@ -314,6 +314,9 @@ SGLANG_ARGS: dict[str, SGLangArg] = {
     # code from the model's repository runs, with or without it
     "trust_remote_code": SGLangArg(bool, lambda v: {}, "no effect: treadle runs no code from a model's repository"),
     "enable_metrics": SGLangArg(bool, lambda v: {}, "no effect: the server always serves /metrics"),
+    # SGLang's "output as a sequence of disjoint segments"
+    "stream_output": SGLangArg(bool, lambda v: {"incremental_streaming_output": True} if v else {},
+                               "treadle's --incremental-streaming-output"),
 }
 
 # SGLang's server arguments with no treadle equivalent: why, for the error that names them
@@ -322,10 +325,74 @@ SGLANG_ONLY_ARGS: dict[str, str] = {
     "enable_torch_compile": "treadle has no torch.compile path (CUDA graphs are on by default on a GPU)",
     "grammar_backend": "treadle compiles every grammar with its own engine",
     "dp_size": "a server is one replica; run several behind treadle's router (docs/scaling.md)",
-    "stream_interval": "the server streams every token",
+    "stream_interval": "treadle streams every token",
     "is_embedding": "treadle serves generative models only",
-    "skip_tokenizer_init": "the server always loads the tokenizer",
+    "skip_tokenizer_init": "treadle always loads the tokenizer",
+    "load_format": "treadle reads the checkpoint's own format (safetensors or GGUF; dummy:<name> for random weights)",
+    "tokenizer_mode": "treadle loads the model's tokenizer its own way",
+    "page_size": "the KV pool hands out single-token pages",
+    "sampling_backend": "treadle samples with its own fused kernel",
+    "schedule_conservativeness": "admission reserves each running request's decode budget (no knob)",
+    "tool_call_parser": "the server does not parse tool calls (treadle.srt's FunctionCallParser does, in Python)",
 }
+
+
+def _is(*values: Any) -> Callable[[Any], bool]:
+    return lambda v: any(v is x or (type(v) is type(x) and v == x) for x in values)
+
+
+# SGLang's server arguments that SGLANG_ONLY_ARGS refuses, at the values that change nothing in
+# treadle (SGLang's defaults, or a setting treadle has its own way): a keyword (Engine, Runtime,
+# ServerArgs) at one of them is taken and dropped, with a debug line (an info line where treadle
+# does it another way); at any other value it is refused with why
+SGLANG_NOOP_VALUES: dict[str, Callable[[Any], bool]] = {
+    "chat_template": _is(None),
+    "enable_torch_compile": _is(False),
+    "grammar_backend": _is(None, "xgrammar", "outlines", "llguidance"),
+    "dp_size": _is(1),
+    "stream_interval": _is(1),
+    "is_embedding": _is(False),
+    "skip_tokenizer_init": _is(False),
+    "load_format": _is("auto"),
+    "tokenizer_mode": _is("auto"),
+    "page_size": _is(None, 1),
+    "sampling_backend": _is(None, "flashinfer", "pytorch"),
+    "schedule_conservativeness": _is(1.0, 1),
+    "tool_call_parser": _is(None),
+}
+# those of them whose accepted values other than the default ask for what treadle does its own way
+SGLANG_OWN_WAY: dict[str, str] = {
+    "grammar_backend": "treadle compiles grammars with its own engine (constrained/)",
+    "sampling_backend": "treadle samples with its own fused kernel",
+}
+# SGLang's arguments that are treadle's too, whose SGLang default None is treadle's own default
+SGLANG_NONE_IS_DEFAULT = ("quantization", "speculative_algorithm", "reasoning_parser")
+
+
+def _take_sglang_defaults(kwargs: dict[str, Any], caller: str | None) -> dict[str, Any]:
+    """`kwargs` less SGLang's arguments at values that change nothing in treadle (logged)."""
+    import logging
+
+    log = logging.getLogger("treadle")
+    out = {}
+    for name, value in kwargs.items():
+        if caller is not None and name in SGLANG_NONE_IS_DEFAULT and value is None:
+            continue
+        ok = SGLANG_NOOP_VALUES.get(name)
+        if ok is None or not ok(value):
+            out[name] = value
+            continue
+        why = SGLANG_OWN_WAY.get(name)
+        if why is not None and value is not None:
+            log.info("%s(%s=%r): %s; taken and ignored", caller or "", name, value, why)
+        else:
+            log.debug("%s(%s=%r): SGLang's default, taken", caller or "", name, value)
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def sglang_flag(name: str) -> str:
@@ -337,15 +404,19 @@ def translate_sglang_args(kwargs: dict[str, Any], caller: str | None) -> dict[st
     """`kwargs` with SGLang's names of SGLANG_ARGS translated to treadle's (random_seed -> seed,
     disable_cuda_graph=True -> cuda_graph=False, disable_overlap_schedule=True ->
     overlap_schedule="off"; trust_remote_code and enable_metrics change nothing); other names are
-    left as they are, for EngineArgs to check. A ValueError for any name of SGLANG_ONLY_ARGS (each
+    left as they are, for EngineArgs to check. SGLang's arguments at values that change nothing
+    in treadle (SGLANG_NOOP_VALUES: dp_size=1, grammar_backend="xgrammar", ...; quantization=None
+    and the like as keywords) are dropped. A ValueError for any other name of SGLANG_ONLY_ARGS (each
     with why), a value of the wrong type, or both names of one argument; its message names the
     keywords of `caller` ("Runtime", "Engine": `Runtime(random_seed=..., seed=...)`), or, with
     `caller` None, the command-line flags (`--random-seed and --seed`)."""
+    kwargs = _take_sglang_defaults(kwargs, caller)
     only = sorted(k for k in kwargs if k in SGLANG_ONLY_ARGS)
     if only:
         raise ValueError(("SGLang's " if caller is None else f"{caller}(): SGLang's ")
                          + "; ".join(f"{k if caller else sglang_flag(k)}: {SGLANG_ONLY_ARGS[k]}" for k in only)
-                         + " (treadle's arguments: `treadle serve --help`)")
+                         + " (not supported: " + ", ".join(f"{k}={_short(kwargs[k])}" for k in only)
+                         + "; treadle's arguments: `treadle serve --help`)")
     out = {k: v for k, v in kwargs.items() if k not in SGLANG_ARGS}
     for name, value in kwargs.items():
         arg = SGLANG_ARGS.get(name)
