@@ -28,7 +28,7 @@ from treadle.runtime.detokenizer import IncrementalDetokenizer
 from treadle.runtime.engine_args import EngineArgs, translate_sglang_args
 from treadle.runtime.io_struct import OutputAccum, ReqOutput, TokenizedGenerateReq, split_samples
 from treadle.runtime.model_runner import ModelRunner
-from treadle.runtime.sampling_params import SamplingParams
+from treadle.runtime.sampling_params import SamplingParams, quoted
 from treadle.runtime.scheduler import GRAMMAR_POLL_S, GrammarCheck, Scheduler, check_context, validate_request
 from treadle.runtime.tokenizer import encode_prompt, load_tokenizer, token_texts
 
@@ -120,10 +120,14 @@ class Engine:
     # ================================================================== public API
 
     def generate(self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,
-                 input_ids: list[int] | list[list[int]] | None = None, *, return_logprob: bool = False,
-                 logprob_start_len: int | None = None, top_logprobs_num: int = 0,
-                 return_text_in_logprobs: bool = False, stream: bool = False,
-                 rid: str | None = None) -> dict | list | Iterator[dict]:
+                 input_ids: list[int] | list[list[int]] | None = None, *,
+                 return_logprob: bool | list[bool] = False, logprob_start_len: int | list[int] | None = None,
+                 top_logprobs_num: int | list[int] = 0, return_text_in_logprobs: bool = False,
+                 stream: bool = False, rid: str | None = None, image_data: Any = None, audio_data: Any = None,
+                 video_data: Any = None, token_ids_logprob: Any = None, lora_path: Any = None,
+                 custom_logit_processor: Any = None, return_hidden_states: Any = False,
+                 bootstrap_host: Any = None, bootstrap_port: Any = None, bootstrap_room: Any = None,
+                 data_parallel_rank: Any = None) -> dict | list | Iterator[dict]:
         """Generate for one prompt (returns a dict; a list of n dicts when n > 1) or a batch
         (returns a list). Invalid input raises ValueError before anything is queued. Logprobs
         are `(logprob, token_id, text)` triples in meta_info, as SGLang's (io_struct.OutputAccum).
@@ -134,7 +138,18 @@ class Engine:
         wrong, and nothing runs, so the caller loses nothing and can resend the rest. An error
         found only while running fails that request alone: the others finish, and a batch then
         raises a BatchError carrying every result (`results`); a batch's stream yields the
-        others' chunks to the end, then raises it."""
+        others' chunks to the end, then raises it.
+
+        return_logprob, logprob_start_len and top_logprobs_num take one value or a list of one
+        per prompt, as SGLang's. SGLang's other keywords (image_data, lora_path,
+        custom_logit_processor, return_hidden_states, token_ids_logprob, bootstrap_*,
+        data_parallel_rank, ...) are taken at their defaults (None, False; a list of them, one
+        per prompt); any other value is a ValueError naming the keyword (`_SGLANG_ONLY`)."""
+        _check_sglang_only(image_data=image_data, audio_data=audio_data, video_data=video_data,
+                           token_ids_logprob=token_ids_logprob, lora_path=lora_path,
+                           custom_logit_processor=custom_logit_processor, return_hidden_states=return_hidden_states,
+                           bootstrap_host=bootstrap_host, bootstrap_port=bootstrap_port,
+                           bootstrap_room=bootstrap_room, data_parallel_rank=data_parallel_rank)
         reqs, single, base, grammars = self._build_all(prompt, input_ids, sampling_params, return_logprob,
                                                    logprob_start_len, top_logprobs_num, stream, rid,
                                                    return_text_in_logprobs)
@@ -155,12 +170,22 @@ class Engine:
 
     async def async_generate(self, prompt: str | list[str] | None = None,
                              sampling_params: dict | list[dict] | None = None,
-                             input_ids: list[int] | list[list[int]] | None = None, *, return_logprob: bool = False,
-                             logprob_start_len: int | None = None, top_logprobs_num: int = 0,
+                             input_ids: list[int] | list[list[int]] | None = None, *,
+                             return_logprob: bool | list[bool] = False,
+                             logprob_start_len: int | list[int] | None = None, top_logprobs_num: int | list[int] = 0,
                              return_text_in_logprobs: bool = False, stream: bool = False,
-                             rid: str | None = None):
-        """asyncio form of `generate`; with stream=True an async iterator of chunks. Cancelling
-        the awaiting task aborts its requests (their KV is freed at once)."""
+                             rid: str | None = None, image_data: Any = None, audio_data: Any = None,
+                             video_data: Any = None, token_ids_logprob: Any = None, lora_path: Any = None,
+                             custom_logit_processor: Any = None, return_hidden_states: Any = False,
+                             bootstrap_host: Any = None, bootstrap_port: Any = None, bootstrap_room: Any = None,
+                             data_parallel_rank: Any = None):
+        """asyncio form of `generate` (its keywords); with stream=True an async iterator of
+        chunks. Cancelling the awaiting task aborts its requests (their KV is freed at once)."""
+        _check_sglang_only(image_data=image_data, audio_data=audio_data, video_data=video_data,
+                           token_ids_logprob=token_ids_logprob, lora_path=lora_path,
+                           custom_logit_processor=custom_logit_processor, return_hidden_states=return_hidden_states,
+                           bootstrap_host=bootstrap_host, bootstrap_port=bootstrap_port,
+                           bootstrap_room=bootstrap_room, data_parallel_rank=data_parallel_rank)
         if stream:  # checked now (a ValueError at the call, as unstreamed); run as iterated
             return self._astream(await asyncio.to_thread(
                 self.generate, prompt, sampling_params, input_ids, return_logprob=return_logprob,
@@ -383,16 +408,19 @@ class Engine:
             p.apply_leniency(self.args.json_schema_lenient, mode=self.args.json_schema_mode,
                              whitespace_pattern=self.args.json_whitespace_pattern,
                              max_recursion_depth=self.args.grammar_max_recursion_depth)
-        start = -1 if logprob_start_len is None else logprob_start_len  # its type: validate_request
+        count = len(ids_list)
+        return_logprob = _per_prompt("return_logprob", return_logprob, count)
+        starts = [-1 if x is None else x  # its type: validate_request
+                  for x in _per_prompt("logprob_start_len", logprob_start_len, count)]
+        top_nums = [0 if x is None else x for x in _per_prompt("top_logprobs_num", top_logprobs_num, count)]
         if return_text_in_logprobs is True and self.tokenizer is None:
             raise ValueError("this model has no tokenizer to give token texts (return_text_in_logprobs)")
         reqs: list[TokenizedGenerateReq] = []
         base = rid or uuid.uuid4().hex
         for i, (ids, p) in enumerate(zip(ids_list, plist)):
             r = TokenizedGenerateReq(rid=f"{base}-{i}" if len(ids_list) > 1 else base,
-                                     input_ids=ids, sampling_params=p, return_logprob=return_logprob,
-                                     logprob_start_len=start,
-                                     top_logprobs_num=0 if top_logprobs_num is None else top_logprobs_num,
+                                     input_ids=ids, sampling_params=p, return_logprob=return_logprob[i],
+                                     logprob_start_len=starts[i], top_logprobs_num=top_nums[i],
                                      stream=stream,
                                      return_text_in_logprobs=return_text_in_logprobs)
             check_context(len(ids), given[i], self.runner.context_len)
@@ -650,6 +678,51 @@ class Engine:
                 box = self._outboxes.get(out.rid)
             if box is not None:
                 box.put(out)
+
+
+def _per_prompt(name: str, value: Any, count: int) -> list:
+    """One value of a generate keyword per prompt: a list (SGLang's per-prompt form) must have one
+    for each of the `count` prompts; anything else is every prompt's (validate_request checks it)."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != count:
+            raise ValueError(f"{name}: a list of {len(value)} values for {count} prompt{'s' if count > 1 else ''} "
+                             "(give one value, or one per prompt)")
+        return list(value)
+    return [value] * count
+
+
+# SGLang's Engine.generate keywords for what treadle does not do: why, for the error naming them.
+# Each is taken at SGLang's default (None; False for return_hidden_states; rank 0, the only one,
+# for data_parallel_rank), and as a list of such values, one per prompt
+_SGLANG_ONLY: dict[str, str] = {
+    "image_data": "treadle serves text-only models",
+    "audio_data": "treadle serves text-only models",
+    "video_data": "treadle serves text-only models",
+    "token_ids_logprob": "treadle returns the sampled and top-k tokens' logprobs only (top_logprobs_num)",
+    "lora_path": "treadle serves no LoRA adapters",
+    "custom_logit_processor": "treadle runs no custom logit processor",
+    "return_hidden_states": "treadle returns no hidden states",
+    "bootstrap_host": "treadle has no prefill/decode disaggregation",
+    "bootstrap_port": "treadle has no prefill/decode disaggregation",
+    "bootstrap_room": "treadle has no prefill/decode disaggregation",
+    "data_parallel_rank": "an Engine is one replica (rank 0)",
+}
+
+
+def _unset(name: str, value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_unset(name, v) for v in value)
+    if name == "data_parallel_rank" and value == 0 and not isinstance(value, bool):
+        return True
+    return value is None or value is False
+
+
+def _check_sglang_only(**kwargs: Any) -> None:
+    """ValueError naming each of SGLang's keywords given at a value treadle cannot honour."""
+    bad = [name for name, value in kwargs.items() if not _unset(name, value)]
+    if bad:
+        raise ValueError("; ".join(f"{name}={quoted(kwargs[name], 60)} is not supported: {_SGLANG_ONLY[name]}"
+                                   for name in bad) + " (SGLang's default, None or False, is taken)")
 
 
 def _shutdown_at_exit(ref: "weakref.ref[Engine]") -> None:
