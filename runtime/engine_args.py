@@ -369,14 +369,26 @@ SGLANG_OWN_WAY: dict[str, str] = {
 SGLANG_NONE_IS_DEFAULT = ("quantization", "speculative_algorithm", "reasoning_parser")
 
 
+# SGLang's reasoning parsers whose block is <think>...</think>, opened by the reply (or by the
+# prompt's template): treadle's reasoning_parser "think" reads them. (SGLang's deepseek-r1 and
+# qwen3-thinking read a reply as inside the block from its start, even untagged: not these.)
+SGLANG_THINK_PARSERS = ("qwen3", "deepseek-v3", "glm45", "dots", "nanbeige", "interns1", "mimo")
+
+
 def _take_sglang_defaults(kwargs: dict[str, Any], caller: str | None) -> dict[str, Any]:
-    """`kwargs` less SGLang's arguments at values that change nothing in treadle (logged)."""
+    """`kwargs` less SGLang's arguments at values that change nothing in treadle (logged), and
+    SGLang's reasoning_parser names of a <think> block as treadle's "think"."""
     import logging
 
     log = logging.getLogger("treadle")
     out = {}
     for name, value in kwargs.items():
         if caller is not None and name in SGLANG_NONE_IS_DEFAULT and value is None:
+            continue
+        if name == "reasoning_parser" and value in SGLANG_THINK_PARSERS:
+            log.info("%s(reasoning_parser=%r): treadle's reasoning_parser 'think' (its <think> blocks)",
+                     caller or "", value)
+            out[name] = "think"
             continue
         ok = SGLANG_NOOP_VALUES.get(name)
         if ok is None or not ok(value):

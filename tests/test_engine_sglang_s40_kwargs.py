@@ -139,3 +139,12 @@ def test_engine_takes_sglang_server_args_at_their_defaults():
         assert out["text"] in ("Paris", "Lyon")
     finally:
         engine.shutdown()
+
+
+def test_sglang_reasoning_parser_names_of_a_think_block_are_treadles_think():
+    # the one table of SGLang's names serves ServerArgs, Runtime and Engine alike (no model loads here)
+    assert sgl.ServerArgs(reasoning_parser="qwen3").reasoning_parser == "think"
+    assert sgl.ServerArgs(reasoning_parser=None).reasoning_parser == "none"
+    # deepseek-r1 reads an untagged reply as reasoning: treadle's think does not
+    with pytest.raises(ValueError, match="reasoning_parser must be one of none, think, got 'deepseek-r1'"):
+        sgl.ServerArgs(reasoning_parser="deepseek-r1")
