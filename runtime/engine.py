@@ -63,6 +63,11 @@ def _batch_message(errors: dict[int, str], what: str) -> str:
 
 class Engine:
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        # SGLang's skip_tokenizer_init=True: the Engine takes input_ids only and gives output_ids
+        # (its text is ""); the scheduler keeps the tokenizer (stop strings, grammars)
+        skip_tokenizer_init = kwargs.pop("skip_tokenizer_init", False)
+        if not isinstance(skip_tokenizer_init, bool):
+            raise ValueError(f"Engine(skip_tokenizer_init={skip_tokenizer_init!r}): a bool, as SGLang's")
         # EngineArgs' names, and SGLang's server-argument names for them (random_seed, ...), as sgl.Runtime
         self.args = EngineArgs.from_kwargs(**translate_sglang_args({"model_path": model_path, **kwargs}, "Engine"))
         self._tp = None  # tp_worker.LeaderGroup when tp_size > 1: this thread's scheduler is rank 0
@@ -72,6 +77,9 @@ class Engine:
             self.runner = ModelRunner(self.args)
             self.tokenizer = load_tokenizer(self.runner.source)
             self.scheduler = Scheduler(self.args, self.runner, self.tokenizer)
+        self.skip_tokenizer_init = skip_tokenizer_init
+        if skip_tokenizer_init:
+            self.tokenizer = None
         self._inbox: queue.Queue = queue.Queue()
         self._outboxes: dict[str, queue.Queue] = {}
         self._lock = threading.Lock()
@@ -362,7 +370,8 @@ class Engine:
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
-            raise ValueError("this model has no tokenizer: pass input_ids instead of text")
+            raise ValueError("Engine(skip_tokenizer_init=True) takes input_ids, not text" if self.skip_tokenizer_init
+                             else "this model has no tokenizer: pass input_ids instead of text")
         return encode_prompt(self.tokenizer, text)
 
     def _build(self, *args: Any, **kwargs: Any) -> tuple[list[TokenizedGenerateReq], bool, str]:

@@ -327,7 +327,7 @@ SGLANG_ONLY_ARGS: dict[str, str] = {
     "dp_size": "a server is one replica; run several behind treadle's router (docs/scaling.md)",
     "stream_interval": "treadle streams every token",
     "is_embedding": "treadle serves generative models only",
-    "skip_tokenizer_init": "treadle always loads the tokenizer",
+    "skip_tokenizer_init": "the server always loads the tokenizer (sgl.Engine takes skip_tokenizer_init=True)",
     "load_format": "treadle reads the checkpoint's own format (safetensors or GGUF; dummy:<name> for random weights)",
     "tokenizer_mode": "treadle loads the model's tokenizer its own way",
     "page_size": "the KV pool hands out single-token pages",

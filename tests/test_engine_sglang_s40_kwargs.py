@@ -116,7 +116,7 @@ SGLANG_SERVER_DEFAULTS = dict(dp_size=1, enable_torch_compile=False, is_embeddin
 
 @pytest.mark.parametrize("name, value", [
     ("dp_size", 2), ("enable_torch_compile", True), ("is_embedding", True), ("chat_template", "chatml"),
-    ("grammar_backend", "my-backend"), ("skip_tokenizer_init", True), ("load_format", "pt"),
+    ("grammar_backend", "my-backend"), ("load_format", "pt"),
     ("tokenizer_mode", "slow"), ("page_size", 16), ("schedule_conservativeness", 0.3),
     ("tool_call_parser", "qwen25"), ("stream_interval", 4),
 ])
@@ -148,3 +148,22 @@ def test_sglang_reasoning_parser_names_of_a_think_block_are_treadles_think():
     # deepseek-r1 reads an untagged reply as reasoning: treadle's think does not
     with pytest.raises(ValueError, match="reasoning_parser must be one of none, think, got 'deepseek-r1'"):
         sgl.ServerArgs(reasoning_parser="deepseek-r1")
+
+
+def test_engine_with_skip_tokenizer_init_takes_input_ids_and_gives_output_ids(llm):
+    ids = llm.encode(PROMPTS[0])
+    want = llm.generate(input_ids=ids, sampling_params=GREEDY)
+    engine = sgl.Engine(max_total_tokens=4096, skip_tokenizer_init=True)
+    try:
+        assert engine.tokenizer is None  # as SGLang's tokenizer_manager.tokenizer
+        out = engine.generate(input_ids=ids, sampling_params=GREEDY)
+        assert out["output_ids"] == want["output_ids"] and out["text"] == ""
+        batch = engine.generate(input_ids=[ids, llm.encode(PROMPTS[1])], sampling_params=GREEDY)
+        assert batch[0]["output_ids"] == want["output_ids"]
+        chunks = list(engine.generate(input_ids=ids, sampling_params=GREEDY, stream=True))
+        assert chunks[-1]["output_ids"] == want["output_ids"]
+        with pytest.raises(ValueError, match="skip_tokenizer_init=True\\) takes input_ids, not text"):
+            engine.generate(PROMPTS[0], GREEDY)
+        engine.check_integrity()
+    finally:
+        engine.shutdown()
