@@ -535,7 +535,8 @@ class _Converter:
             return self._alternatives(schema, path)
         branches = conditional_branches(schema, lambda ref: self.merger.resolve(ref, path))
         if branches is not None:
-            self._no_unevaluated(schema, "if", path)
+            if not self._conditional_evaluates_nothing_new(schema):
+                self._no_unevaluated(schema, "if", path)
             rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
             return self._some_of(rest, branches, path + ".if", "if")
         schema = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}  # alone, they never decide
@@ -558,6 +559,35 @@ class _Converter:
         for key in ("unevaluatedProperties", "unevaluatedItems"):
             if key in schema and schema[key] is not True and schema[key] != {}:
                 raise UnsupportedSchemaError(f"json_schema: keyword '{keyword}' at {path} beside {key} is not supported")
+
+    def _conditional_evaluates_nothing_new(self, schema: dict) -> bool:
+        """Whether ``if`` / ``then`` / ``else`` evaluate no property that ``schema``'s own
+        ``properties`` / ``patternProperties`` do not (the same names, the same pattern texts),
+        and ``schema`` has no ``unevaluatedItems``: then what they evaluate when they pass is
+        evaluated anyway, unevaluatedProperties sees the same members in the rewrite as in the
+        schema, and the rewrite is sound beside it. OpenAPI 3.2's Responses Object: "if no
+        property is a status code (``patternProperties: {code: false}``), then ``default`` is
+        required", beside ``unevaluatedProperties: false`` and the same status-code pattern."""
+        if schema.get("unevaluatedItems", True) not in (True, {}):
+            return False
+        names, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
+        if not isinstance(names, dict) or not isinstance(patterns, dict):
+            return False
+        for key in ("if", "then", "else"):
+            sub = schema.get(key, True)
+            if sub is True or sub is False:
+                continue
+            if not isinstance(sub, dict):
+                return False
+            evaluating = {k: v for k, v in sub.items() if k in ("properties", "patternProperties")}
+            others = {k: v for k, v in sub.items() if k not in evaluating}
+            if not self._quiet(others):
+                return False
+            for k, own in (("properties", names), ("patternProperties", patterns)):
+                inner = evaluating.get(k, {})
+                if not isinstance(inner, dict) or not set(inner) <= set(own):
+                    return False
+        return True
 
     def _evaluates_nothing(self, dependents: Any) -> bool:
         """Whether the ``dependentSchemas`` subschemas evaluate no property (for unevaluated*):
