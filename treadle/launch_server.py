@@ -8,9 +8,11 @@ It takes every flag of `treadle serve` (the same server), and SGLang's names for
 from the one table sgl.Runtime(...) and sgl.Engine(...) use too (runtime/engine_args.py:
 SGLANG_ARGS, SGLANG_FLAG_ALIASES): `--random-seed` is `--seed`, `--disable-cuda-graph`
 `--no-cuda-graph`, `--disable-overlap-schedule` `--overlap-schedule off`, `--tp` `--tp-size`,
-`--model` `--model-path`; `--trust-remote-code` and `--enable-metrics` change nothing. A flag of
-neither, or one of SGLang's treadle has no equivalent for (`--chat-template`, ...), is a usage
-error naming each (exit 2), before anything starts.
+`--model` `--model-path`; `--trust-remote-code` and `--enable-metrics` change nothing. SGLang's
+flags treadle has no equivalent for (`--dp-size`, `--grammar-backend`, `--chat-template`, ...;
+SGLANG_ONLY_ARGS) are taken at values that change nothing here (`--dp-size 1`, `--grammar-backend
+xgrammar`: SGLANG_NOOP_VALUES), as Engine(...) takes them. A flag of neither, or one of those at
+another value, is a usage error naming each (exit 2), before anything starts.
 """
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ import typing
 from dataclasses import fields
 
 PROG = "python -m treadle.launch_server"
+# the value types of SGLang's flags in SGLANG_ONLY_ARGS that are not strings
+_ONLY_TYPES = {"enable_torch_compile": bool, "is_embedding": bool, "skip_tokenizer_init": bool, "dp_size": int,
+               "stream_interval": int, "page_size": int, "schedule_conservativeness": float}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,7 +34,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from treadle.runtime.engine_args import SGLANG_ARGS, EngineArgs, sglang_flag
+    from treadle.runtime.engine_args import SGLANG_ARGS, SGLANG_ONLY_ARGS, EngineArgs, sglang_flag
 
     p = _Parser(prog=PROG, allow_abbrev=False,  # `--model` must not pass for a prefix of some other flag
                 description="Serve a model over HTTP: `treadle serve` with SGLang's flag names too. With no "
@@ -42,6 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
             sglang.add_argument(sglang_flag(name), action="store_true", help=arg.help)
         else:
             sglang.add_argument(sglang_flag(name), type=arg.type, help=arg.help)
+    only = p.add_argument_group("SGLang's flags without a treadle equivalent: taken at values that change nothing "
+                                "here (SGLang's defaults), else refused")
+    for name, why in SGLANG_ONLY_ARGS.items():
+        kind = _ONLY_TYPES.get(name, str)
+        if kind is bool:
+            only.add_argument(sglang_flag(name), action="store_true", default=argparse.SUPPRESS, help=why)
+        else:
+            only.add_argument(sglang_flag(name), type=kind, default=argparse.SUPPRESS, help=why)
     # only the flags given reach the namespace (EngineArgs fills in the rest): a default must not
     # clash with SGLang's name of the same argument (--random-seed with --seed's default)
     defaults = {f.name: f.default for f in fields(EngineArgs)}
@@ -61,11 +74,15 @@ def parse_args(argv: list[str]):
     argv = [_unalias(a, SGLANG_FLAG_ALIASES) for a in argv]
     parser = build_parser()
     ns, extras = parser.parse_known_args(argv)
+    problems = []
+    try:
+        kwargs = translate_sglang_args(vars(ns), None)  # SGLang's flags at values that change nothing: taken
+    except ValueError as e:
+        problems.append(str(e))
     if extras:
         flags = [a.split("=", 1)[0] for a in extras if a.startswith("-")]
         sglang_only = {f: f[2:].replace("-", "_") for f in flags if f[2:].replace("-", "_") in SGLANG_ONLY_ARGS}
         unknown = [f for f in flags if f not in sglang_only]
-        problems = []
         if sglang_only:
             problems.append("SGLang's " + "; ".join(f"{f}: {SGLANG_ONLY_ARGS[n]}" for f, n in sglang_only.items()))
         if unknown:
@@ -73,9 +90,10 @@ def parse_args(argv: list[str]):
                             "treadle's nor one of SGLang's it translates)")
         if not flags:
             problems.append(f"unexpected arguments: {' '.join(extras)}")
+    if problems:
         parser.error("; ".join(problems))
     try:
-        return EngineArgs.from_kwargs(**translate_sglang_args(vars(ns), None))
+        return EngineArgs.from_kwargs(**kwargs)
     except ValueError as e:
         parser.error(str(e))
 
