@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from treadle.runtime.detokenizer import IncrementalDetokenizer
 from treadle.runtime.engine_args import EngineArgs, translate_sglang_args
@@ -59,6 +59,12 @@ def _batch_message(errors: dict[int, str], what: str) -> str:
     if len(errors) == 1:
         return f"{what} {first} of the batch: {errors[first]}"
     return f"{what}s {', '.join(map(str, sorted(errors)))} of the batch failed; {what} {first}: {errors[first]}"
+
+
+class _TokenizerManagerView(NamedTuple):
+    """What SGLang programs read of `engine.tokenizer_manager` (treadle tokenizes in the Engine)."""
+    tokenizer: Any
+    model_path: str | None
 
 
 class Engine:
@@ -101,6 +107,13 @@ class Engine:
         # then would otherwise be torn down mid-step, aborting the process)
         self._at_exit = functools.partial(_shutdown_at_exit, weakref.ref(self))
         atexit.register(self._at_exit)
+
+    @property
+    def tokenizer_manager(self) -> "_TokenizerManagerView":
+        """SGLang's `engine.tokenizer_manager`, as far as programs read it: its `tokenizer` (the
+        model's, None with skip_tokenizer_init) and `model_path`, as SGLang's docs use them
+        (e.g. `llm.tokenizer_manager.tokenizer.apply_chat_template(...)`)."""
+        return _TokenizerManagerView(self.tokenizer, self.args.model_path)
 
     def _start_tensor_parallel(self) -> None:
         """Spawn ranks 1..tp_size-1 (followers, see tp_worker.py) and become rank 0."""

@@ -167,3 +167,15 @@ def test_engine_with_skip_tokenizer_init_takes_input_ids_and_gives_output_ids(ll
         engine.check_integrity()
     finally:
         engine.shutdown()
+
+
+def test_tokenizer_manager_tokenizer_renders_chat_as_sglangs_docs_use_it(llm):
+    """SGLang's function-calling doc: `llm.tokenizer_manager.tokenizer.apply_chat_template(...)`
+    then `llm.generate(prompt, ...)`: the model's own tokenizer (AttributeError before)."""
+    tok = llm.tokenizer_manager.tokenizer
+    assert tok is llm.tokenizer
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Say hi."}], tokenize=False,
+                                     add_generation_prompt=True)
+    assert prompt.rstrip().endswith("assistant")
+    out = llm.generate(prompt, GREEDY)
+    assert out["text"] and llm.tokenizer_manager.model_path == llm.args.model_path
