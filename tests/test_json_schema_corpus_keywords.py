@@ -145,7 +145,8 @@ QBUSINESS_AUTH = {
 def test_oneof_of_closed_objects_each_requiring_its_own_key_is_enforced() -> None:
     rx = _walks_validate(QBUSINESS_AUTH)
     for kind in ("BasicAuthConfiguration", "OAuth2ClientCredentialConfiguration", "NoAuthConfiguration"):
-        assert any(kind in t for t in random_strings(rx.pattern, 30, seed=1)), kind
+        # walks from several seeds: one seed's 30 walks missed a branch once (set order varies by run)
+        assert any(kind in t for seed in range(1, 9) for t in random_strings(rx.pattern, 30, seed=seed)), kind
 
 
 @pytest.mark.parametrize("branches", [
