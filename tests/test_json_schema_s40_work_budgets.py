@@ -4,7 +4,7 @@ The translation's bounds on pattern automata were wall-clock budgets (``fsm_craw
 json_schema's _LENGTH_SECONDS, _NARROW_SECONDS, _RESHAPE_SECONDS, LENIENT_MAX_SECONDS): the same
 schema was written one way on a quiet box and another (narrower, or refused) under load, and the
 compiler cached whichever came first. They are now counted in work (fsm_crawl's steps), and the
-compile's wall-clock timeout, the last-resort net, is no longer cached as a verdict.
+compile's wall-clock timeout, the last-resort net, is no verdict: remembered for TIMEOUT_MEMORY_S only.
 
 The tests compare verdicts (the regex written, or the refusal's message), never durations: a
 slower clock is simulated by scaling ``time.perf_counter`` in a subprocess (deterministic; the
@@ -165,18 +165,27 @@ EOS, V = 2, 49152
 HEAVY = r"[a-z]{0,1000}"  # outlines-core's index of it takes seconds
 
 
-def test_a_timeout_is_not_cached(smol):
-    """The compile's wall-clock timeout is the last-resort net, not a verdict: the spec leaves
-    the cache and is compiled afresh when asked again (before: the timeout was remembered)."""
+def test_a_timeout_is_remembered_a_while_not_for_good(smol, monkeypatch):
+    """The compile's wall-clock timeout is the last-resort net, not a verdict: a spec that timed
+    out answers with that timeout for TIMEOUT_MEMORY_S (a client repeating it holds no worker),
+    then is compiled afresh (before c394793: remembered for good; between it and this: never,
+    so each repeat held a worker for the whole limit)."""
+    from treadle.constrained.compile import compiler
+
     with GrammarCompiler(smol, [EOS], vocab_size=V, timeout_s=0.2, token_index="outlines") as c:
         spec = GrammarSpec.from_params(regex=HEAVY)
         first = c.compile_async(spec)
         with pytest.raises(GrammarCompileTimeout, match="timed out after 0.2s"):
             first.result()
         assert isinstance(first.exception(), GrammarCompileError)  # (still what callers catch)
-        assert c.cache_info()["entries"] == 0
-        again = c.compile_async(spec)
-        assert again is not first
+        assert c.compile_async(spec) is first  # within TIMEOUT_MEMORY_S: the same answer, at once
+        monkeypatch.setattr(compiler, "TIMEOUT_MEMORY_S", 0.0)
+        other = GrammarSpec.from_params(regex=HEAVY + "x")
+        timed_out = c.compile_async(other)
+        with pytest.raises(GrammarCompileTimeout):
+            timed_out.result()
+        again = c.compile_async(other)  # remembered no longer: compiled again
+        assert again is not timed_out
         with pytest.raises(GrammarCompileTimeout):
             again.result()
         bad = GrammarSpec.from_params(regex="a(?=b)")  # a refusal on the grammar's merits stays cached

@@ -11,8 +11,10 @@ regex at once, a JSON schema with too many optional properties before its transl
 other grammar as soon as its regex is written. Results and failures are cached by spec in an
 LRU bounded in bytes (``cache_bytes``: the specs, the indexes and the mask rows they grew),
 so a repeated spec costs a dict lookup and a server fed many large grammars stays bounded. A
-timeout is not cached (``GrammarCompileTimeout``): it is the machine's load as much as the
-grammar's, and the translation's own bounds, whose refusals are cached, count work instead.
+timeout (``GrammarCompileTimeout``) is the machine's load as much as the grammar's, so it is
+no verdict: it is remembered only for ``TIMEOUT_MEMORY_S`` (a client repeating a spec that timed
+out gets the error at once, instead of holding a worker for the whole limit each time), then
+compiled again. The translation's own bounds, whose refusals are cached, count work instead.
 
 Programs that create a ``GrammarCompiler`` must guard their entry point with
 ``if __name__ == "__main__":`` (the spawn start method re-imports ``__main__``).
@@ -58,6 +60,8 @@ MAX_CROSSING = 4096
 _STARTUP_TIMEOUT_S = 120.0
 # How often a compile in progress looks whether it was cancelled.
 _CANCEL_POLL_S = 0.05
+# How long a spec whose compile timed out answers with that timeout before it is tried again.
+TIMEOUT_MEMORY_S = 300.0
 
 
 class _Cancelled(Exception):
@@ -70,8 +74,9 @@ class GrammarCompileError(ValueError):
 
 class GrammarCompileTimeout(GrammarCompileError):
     """A compile ran past ``timeout_s``: the last-resort safety net, a wall-clock bound that
-    depends on the machine's load, so it is no verdict on the grammar and is not cached (the
-    translation's own bounds are counted in work, fsm_crawl.limit, and their refusals are)."""
+    depends on the machine's load, so it is no verdict on the grammar: it is remembered only for
+    TIMEOUT_MEMORY_S, then the spec is compiled again (the translation's own bounds are counted in
+    work, fsm_crawl.limit, and their refusals are cached)."""
 
 
 class GrammarTooLarge(GrammarCompileError):
@@ -436,6 +441,8 @@ class GrammarCompiler:
         self._disk = GrammarDiskCache(disk_cache_dir, vocabulary_fingerprint(
             self._table, self._eos, self._vocab_size)) if disk_cache_dir else None
         self._cache: OrderedDict[GrammarSpec, Future[CompiledGrammar]] = OrderedDict()
+        # specs whose compile timed out -> when that stops answering for them (TIMEOUT_MEMORY_S)
+        self._timed_out: dict[GrammarSpec, float] = {}
         self._json_pda: JsonPushdown | None = None  # built at the first "any JSON" spec
         self._lock = threading.Lock()
         self._closed = False
@@ -454,7 +461,8 @@ class GrammarCompiler:
 
         Never blocks on either step (see the module docstring): an invalid or unsupported
         grammar fails the future with a ``ValueError`` naming the problem. Futures are cached
-        by spec, including failed ones (not those that timed out: ``GrammarCompileTimeout``).
+        by spec, including failed ones (those that timed out, ``GrammarCompileTimeout``, for
+        TIMEOUT_MEMORY_S only).
         """
         if not isinstance(spec, GrammarSpec):
             raise ValueError(f"compile needs a GrammarSpec, got {type(spec).__name__}")
@@ -462,6 +470,9 @@ class GrammarCompiler:
             if self._closed:
                 raise ValueError("GrammarCompiler is closed")
             fut = self._cache.get(spec)
+            if fut is not None and spec in self._timed_out and time.monotonic() >= self._timed_out[spec]:
+                del self._cache[spec], self._timed_out[spec]  # remembered long enough: compile again
+                fut = None
             if fut is not None and not fut.cancelled():
                 self._cache.move_to_end(spec)
                 return fut
@@ -562,6 +573,7 @@ class GrammarCompiler:
             spec, fut = self._cache.popitem(last=False)
             total -= self._entry_bytes(spec, fut)
             self._index_bytes.pop(spec, None)
+            self._timed_out.pop(spec, None)
 
     def _json_any_root(self, spec: GrammarSpec) -> str | None:
         """The root kind when ``spec`` is a schema that asks only for JSON (json_any.py),
@@ -641,10 +653,10 @@ class GrammarCompiler:
             result = self._in_worker(fut, lambda w: self._compile_in(w, spec, regex, fut, budget))
         except _Cancelled:  # its worker was stopped and replaced (_in_worker)
             return
-        except GrammarCompileTimeout as e:  # the machine's load as much as the grammar: not cached
+        except GrammarCompileTimeout as e:  # the machine's load as much as the grammar: remembered a while
             with self._lock:
                 if self._cache.get(spec) is fut:
-                    del self._cache[spec]
+                    self._timed_out[spec] = time.monotonic() + TIMEOUT_MEMORY_S
             _settle(fut, exc=e)
             return
         except ValueError as e:  # the grammar's fault (GrammarCompileError included): cached
