@@ -308,14 +308,24 @@ class LeaderGroup:
         self.heartbeat_s = min(5.0, args.dist_timeout_s / 4)
         self.followers = Followers(args, [r for r in local_ranks(args) if r != 0])
         self.scheduler: TPScheduler | None = None
-        # join in a thread, so that a follower dying at startup fails us now, not at the timeout
+        # join in a thread, so that a follower dying at startup fails us now, not at the timeout.
+        # A follower can die just after the group formed, before the thread has returned: the
+        # group it joined is then left (under `lock`, by whichever of the two comes second), so a
+        # failed start never leaves this process in a group no later Engine could replace
         joined: dict[str, Any] = {}
+        lock = threading.Lock()
 
         def rendezvous() -> None:
             try:
-                joined["group"] = init_tp_group(0, args, resolve_device(args.device).type)
+                group = init_tp_group(0, args, resolve_device(args.device).type)
             except BaseException as e:
                 joined["error"] = e
+                return
+            with lock:
+                if joined.get("abandoned"):
+                    destroy_tp_group()
+                else:
+                    joined["group"] = group
 
         t = threading.Thread(target=rendezvous, name="treadle-tp-rendezvous", daemon=True)
         t.start()
@@ -325,6 +335,10 @@ class LeaderGroup:
                 self.followers.check()
             except RuntimeError:
                 self.followers.join(0.0)
+                with lock:
+                    joined["abandoned"] = True
+                    if "group" in joined:
+                        destroy_tp_group()
                 raise
         if "error" in joined:
             self._fail_start(joined["error"])

@@ -236,6 +236,9 @@ def test_block_fp8_configs_that_cannot_run_are_refused_by_name(tmp_path):
     # o's 64 inputs, 16 a rank (the ranks find it as they load: a RuntimeError naming their ValueError)
     with pytest.raises((ValueError, RuntimeError), match="blocks of 64 inputs do not divide"):
         Engine(model_path=path, tp_size=4, device="cpu")
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # the failed start left no group behind (a later TP Engine can start)
 
 
 @pytest.mark.gpu
