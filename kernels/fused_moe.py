@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from treadle.kernels import pdl
-from treadle.kernels.gemv import scale_block_k
+from treadle.kernels.gemv import dequantize_blocks, scale_block_k
 
 __all__ = ["moe_route", "moe_router", "moe_route_ref", "moe_align", "pick_config", "fused_moe", "fused_moe_ref"]
 
@@ -636,7 +636,7 @@ def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     dequantized, in x's dtype) and applied with a batched matmul, in chunks of pairs that bound
     the gathered bytes (no loop over experts). decode_path and config are accepted for the same
     signature and ignored."""
-    sk13, sk2 = _check(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
+    _check(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
     t, h = x.shape
     e, two_i, _ = w13.shape
     inter, top_k = two_i // 2, topk_ids.shape[1]
@@ -649,20 +649,17 @@ def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     for s in range(0, t * top_k, chunk):
         sel = ids[s : s + chunk]
         xs = x[torch.arange(s, s + sel.numel(), device=x.device) // top_k].unsqueeze(2)  # [p, H, 1]
-        gu = torch.bmm(_expert_weights(w13, w13_scale, sel, sk13, x.dtype), xs).squeeze(2)  # [p, 2I]
+        gu = torch.bmm(_expert_weights(w13, w13_scale, sel, x.dtype), xs).squeeze(2)  # [p, 2I]
         act = (torch.nn.functional.silu(gu[:, :inter].float()) * gu[:, inter:].float()).to(x.dtype)
-        y = torch.bmm(_expert_weights(w2, w2_scale, sel, sk2, x.dtype), act.unsqueeze(2)).squeeze(2)  # [p, H]
+        y = torch.bmm(_expert_weights(w2, w2_scale, sel, x.dtype), act.unsqueeze(2)).squeeze(2)  # [p, H]
         down[s : s + sel.numel()] = y * wts[s : s + sel.numel(), None]
     return down.view(t, top_k, h).sum(dim=1)
 
 
-def _expert_weights(w: torch.Tensor, scale: torch.Tensor | None, sel: torch.Tensor, block: int,
-                    dtype: torch.dtype) -> torch.Tensor:
-    """w[sel] in `dtype`: FP8 experts dequantized with their scales [E, N, cdiv(K, block)]."""
-    if scale is None:
-        return w[sel]
-    k = w.shape[2]
-    return (w[sel].float() * scale[sel].repeat_interleave(block, dim=2)[:, :, :k]).to(dtype)
+def _expert_weights(w: torch.Tensor, scale: torch.Tensor | None, sel: torch.Tensor, dtype: torch.dtype
+                    ) -> torch.Tensor:
+    """w[sel] in `dtype`: FP8 experts dequantized with their scales [E, N, K blocks]."""
+    return w[sel] if scale is None else dequantize_blocks(w[sel], scale[sel]).to(dtype)
 
 
 def _interpreting() -> bool:

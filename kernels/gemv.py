@@ -153,10 +153,11 @@ def scale_block_k(k: int, blocks: int) -> int:
 
 
 def dequantize_blocks(w: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
-    """fp32 [N, K]: w times its scales, w_scale [N, KB] holding one per row and scale_block_k inputs."""
-    k = w.shape[1]
-    b = scale_block_k(k, w_scale.shape[1])
-    return w.float() * w_scale.float().repeat_interleave(b, dim=1)[:, :k]
+    """fp32 [..., N, K]: w times its scales, w_scale [..., N, KB] holding one per row and
+    scale_block_k inputs (FP8 experts [E, N, K] too)."""
+    k = w.shape[-1]
+    b = scale_block_k(k, w_scale.shape[-1])
+    return w.float() * w_scale.float().repeat_interleave(b, dim=-1)[..., :k]
 
 
 def pick_config(m: int, n: int, k: int) -> tuple[int, int, int, int]:

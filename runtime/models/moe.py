@@ -96,12 +96,10 @@ class FusedExperts(nn.Module):
 
     def dequantized(self) -> dict[str, torch.Tensor]:
         """{"gate_up_proj", "down_proj": fp32 [E_local, ...]}: the float experts FP8 ones stand for."""
-        out = {}
-        for name, scale in (("gate_up_proj", self.gate_up_scale), ("down_proj", self.down_scale)):
-            w = getattr(self, name)
-            block = w.shape[2] if scale.shape[2] == 1 else self.fp8_block[1]
-            out[name] = w.float() * scale.repeat_interleave(block, dim=2)[:, :, :w.shape[2]]
-        return out
+        from treadle.kernels.gemv import dequantize_blocks
+
+        return {"gate_up_proj": dequantize_blocks(self.gate_up_proj, self.gate_up_scale),
+                "down_proj": dequantize_blocks(self.down_proj, self.down_scale)}
 
     def _cols(self) -> slice:
         """This rank's slice of an expert's intermediate columns."""
