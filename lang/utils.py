@@ -1,8 +1,8 @@
 """The helpers of SGLang's `sglang.utils` that its tutorials, examples and benchmarks use around a
 program (`from treadle.utils import print_highlight, wait_for_server, ...` ports them): printing
 a result, starting a server command and waiting for it to come up, stopping it, one HTTP
-request to a server, merging an offline Engine's stream, reading JSONL and writing states'
-text; and `get_tokenizer` of `sglang.srt.hf_transformers_utils`."""
+request to a server, merging an offline Engine's stream, fetching a benchmark's data, reading
+JSONL and writing states' text; and `get_tokenizer` of `sglang.srt.hf_transformers_utils`."""
 from __future__ import annotations
 
 import json
@@ -242,6 +242,65 @@ def dump_state_text(filename: str, states: list, mode: str = "w") -> None:
             elif not isinstance(s, str):
                 s = str(s)
             fout.write("=" * 40 + f" {i} " + "=" * 40 + "\n" + s + "\n" + "=" * 80 + "\n\n")
+
+
+def download_and_cache_file(url: str, filename: str | None = None) -> str:
+    """The path of a local copy of `url`, downloaded once (SGLang's helper; its gsm8k and
+    hellaswag benchmarks fetch their data with it): `filename`, by default the URL's last path
+    part in the temporary directory (/tmp). A file already there is returned as it is, without
+    a request. The download goes to a temporary file beside it, renamed into place once
+    complete, so a failed one leaves no partial file to be taken for the data next time; an
+    HTTP error status raises requests' HTTPError."""
+    import tempfile
+
+    from tqdm import tqdm
+
+    if filename is None:
+        name = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        if not name:
+            raise ValueError(f"download_and_cache_file: the URL {url!r} names no file; pass filename=")
+        filename = os.path.join(tempfile.gettempdir(), name)
+    if os.path.exists(filename):
+        return filename
+    print(f"Downloading from {url} to {filename}")
+    with requests.get(url, stream=True, timeout=60) as response:
+        response.raise_for_status()
+        total = int(response.headers.get("content-length", 0))
+        fd, partial = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(filename)),
+                                       prefix=os.path.basename(filename) + ".", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as fout, tqdm(desc=filename, total=total, unit="B", unit_scale=True,
+                                                   unit_divisor=1024) as bar:
+                for chunk in response.iter_content(chunk_size=1 << 16):
+                    fout.write(chunk)
+                    bar.update(len(chunk))
+            os.replace(partial, filename)
+        except BaseException:
+            os.unlink(partial)
+            raise
+    return filename
+
+
+def dump_bench_raw_result(path: str | None, states: list, preds: list, labels: list) -> None:
+    """Write one JSON line per program state to `path` (SGLang's `sglang.test.test_utils` helper,
+    which its benchmarks call with `--raw-result-file`; nothing without a path): `prompt_id`,
+    `prompt` (the state's text before its `answer`), `output` (`state["answer"]`) and `correct`
+    (whether `preds[i] == labels[i]`)."""
+    if not path:
+        return
+    if not len(states) == len(preds) == len(labels):
+        raise ValueError(f"dump_bench_raw_result: {len(states)} states, {len(preds)} preds and {len(labels)} "
+                         "labels; give one of each per question")
+    rows = []
+    for i, state in enumerate(states):
+        output = state["answer"]
+        prompt = state.text()
+        if output and prompt.endswith(output):
+            prompt = prompt[: -len(output)]
+        rows.append({"prompt_id": i, "prompt": prompt, "output": output, "correct": bool(preds[i] == labels[i])})
+    print(f"BenchRawResultDumper save results to {path}")
+    with open(path, "w") as fout:
+        fout.write("\n".join(json.dumps(row) for row in rows))
 
 
 # ---------------------------------------------------------------- sglang.srt.hf_transformers_utils

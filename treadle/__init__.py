@@ -57,6 +57,11 @@ _FROM_LANG = frozenset({
 _SGLANG_MODULES: dict[str, dict[str, str]] = {
     "treadle.global_config": {"global_config": "treadle.lang.global_config",
                               "GlobalConfig": "treadle.lang.global_config"},
+    # older SGLang's sglang/api.py, where its benchmarks import set_default_backend from
+    "treadle.api": {name: "treadle.lang.api" for name in (
+        "Engine", "Runtime", "assistant", "assistant_begin", "assistant_end", "flush_cache", "function", "gen",
+        "gen_int", "gen_string", "get_server_info", "image", "select", "separate_reasoning", "set_default_backend",
+        "system", "system_begin", "system_end", "user", "user_begin", "user_end", "video")},
     "treadle.lang.backend.runtime_endpoint": {"RuntimeEndpoint": "treadle.lang.backend_http",
                                               "Runtime": "treadle.lang.runtime_process"},
     "treadle.lang.backend.base_backend": {"BaseBackend": "treadle.lang.backend"},
@@ -67,7 +72,7 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
     "treadle.utils": {name: "treadle.lang.utils" for name in (
         "print_highlight", "wait_for_server", "terminate_process", "http_request", "launch_server_cmd",
         "execute_shell_command", "trim_overlap", "stream_and_merge", "async_stream_and_merge", "read_jsonl",
-        "dump_state_text")},
+        "dump_state_text", "download_and_cache_file")},
     # SGLang's json_decode example builds its regex with the server package's helper
     "treadle.srt": {},
     "treadle.srt.constrained": {"build_regex_from_object": "treadle.lang.primitives"},
@@ -85,7 +90,7 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
     # `from sglang.test.doc_patch import launch_server_cmd` (its CI wrapper of the helper)
     "treadle.test": {},
     "treadle.test.test_utils": {name: "treadle.lang.utils" for name in (
-        "is_in_ci", "add_common_sglang_args_and_parse", "select_sglang_backend")},
+        "is_in_ci", "add_common_sglang_args_and_parse", "select_sglang_backend", "dump_bench_raw_result")},
     "treadle.test.doc_patch": {"launch_server_cmd": "treadle.lang.utils"},
     # SGLang's server arguments: `Engine(**dataclasses.asdict(ServerArgs.from_cli_args(args)))`
     "treadle.srt.server_args": {"ServerArgs": "treadle.lang.server_args"},
