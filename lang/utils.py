@@ -146,48 +146,6 @@ def _free_port(host: str, start: int = 30000, end: int = 40000) -> int:
     raise RuntimeError(f"no free port in {start}..{end - 1} on {host}")
 
 
-def is_in_ci() -> bool:
-    """SGLang's `sglang.test.test_utils.is_in_ci`, which its doc notebooks call in their first cell:
-    whether the SGLANG_IS_IN_CI environment variable is true ("1", "true", "yes", any case)."""
-    return os.environ.get("SGLANG_IS_IN_CI", "false").strip().lower() in ("1", "true", "yes")
-
-
-# ---------------------------------------------------------------- sglang.test.test_utils: the benchmarks' harness
-
-def add_common_sglang_args_and_parse(parser: Any) -> Any:
-    """SGLang's benchmark scripts' (benchmark/*/bench_sglang.py) common flags, added to their own
-    parser, which is then parsed: --parallel (run_batch threads, 64), --host
-    ("http://127.0.0.1"), --port (30000), --backend ("srt"), --device ("gpu"), --result-file
-    ("result.jsonl") and --raw-result-file, as SGLang's."""
-    parser.add_argument("--parallel", type=int, default=64)
-    parser.add_argument("--host", type=str, default="http://127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--backend", type=str, default="srt")
-    parser.add_argument("--device", type=str, default="gpu")
-    parser.add_argument("--result-file", type=str, default="result.jsonl")
-    parser.add_argument("--raw-result-file", type=str)
-    return parser.parse_args()
-
-
-def select_sglang_backend(args: Any) -> Any:
-    """The backend of a benchmark's --backend: "srt" (and "srt-..."), a RuntimeEndpoint at
-    --host:--port ("srt-no-parallel" also sets global_config.enable_parallel_encoding = False);
-    "gpt-..." is SGLang's OpenAI backend, which treadle has not (its ValueError). Anything else
-    is SGLang's ValueError."""
-    if args.backend.startswith("srt"):
-        from treadle.lang.backend_http import RuntimeEndpoint
-        from treadle.lang.global_config import global_config
-
-        if args.backend == "srt-no-parallel":
-            global_config.enable_parallel_encoding = False
-        return RuntimeEndpoint(f"{args.host}:{args.port}")
-    if args.backend.startswith("gpt-"):
-        import treadle.lang
-
-        return treadle.lang.OpenAI(args.backend)
-    raise ValueError(f"Invalid backend: {args.backend}")
-
-
 # ---------------------------------------------------------------- the offline Engine's streaming helpers
 
 def trim_overlap(existing_text: str, new_chunk: str) -> str:
@@ -279,28 +237,6 @@ def download_and_cache_file(url: str, filename: str | None = None) -> str:
             os.unlink(partial)
             raise
     return filename
-
-
-def dump_bench_raw_result(path: str | None, states: list, preds: list, labels: list) -> None:
-    """Write one JSON line per program state to `path` (SGLang's `sglang.test.test_utils` helper,
-    which its benchmarks call with `--raw-result-file`; nothing without a path): `prompt_id`,
-    `prompt` (the state's text before its `answer`), `output` (`state["answer"]`) and `correct`
-    (whether `preds[i] == labels[i]`)."""
-    if not path:
-        return
-    if not len(states) == len(preds) == len(labels):
-        raise ValueError(f"dump_bench_raw_result: {len(states)} states, {len(preds)} preds and {len(labels)} "
-                         "labels; give one of each per question")
-    rows = []
-    for i, state in enumerate(states):
-        output = state["answer"]
-        prompt = state.text()
-        if output and prompt.endswith(output):
-            prompt = prompt[: -len(output)]
-        rows.append({"prompt_id": i, "prompt": prompt, "output": output, "correct": bool(preds[i] == labels[i])})
-    print(f"BenchRawResultDumper save results to {path}")
-    with open(path, "w") as fout:
-        fout.write("\n".join(json.dumps(row) for row in rows))
 
 
 # ---------------------------------------------------------------- sglang.srt.hf_transformers_utils

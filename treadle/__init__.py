@@ -80,7 +80,7 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
     # a served model's tokenizer (SGLang's test programs count tokens with it); the second path is
     # where newer SGLang keeps the module
     "treadle.srt.hf_transformers_utils": {"get_tokenizer": "treadle.lang.utils"},
-    "treadle.srt.utils": {},
+    "treadle.srt.utils": {"kill_process_tree": "treadle.lang.testing"},
     "treadle.srt.utils.hf_transformers_utils": {"get_tokenizer": "treadle.lang.utils"},
     # SGLang's reasoning doc splits an offline Engine's output with it (the second path is newer SGLang's)
     "treadle.srt.reasoning_parser": {"ReasoningParser": "treadle.lang.reasoning"},
@@ -89,8 +89,11 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
     # the first cell of SGLang's doc notebooks: `from sglang.test.test_utils import is_in_ci`, and
     # `from sglang.test.doc_patch import launch_server_cmd` (its CI wrapper of the helper)
     "treadle.test": {},
-    "treadle.test.test_utils": {name: "treadle.lang.utils" for name in (
-        "is_in_ci", "add_common_sglang_args_and_parse", "select_sglang_backend", "dump_bench_raw_result")},
+    # and its tests' harness: the model, URL and base class of a test, starting and stopping servers
+    "treadle.test.test_utils": {name: "treadle.lang.testing" for name in (
+        "is_in_ci", "add_common_sglang_args_and_parse", "select_sglang_backend", "dump_bench_raw_result",
+        "DEFAULT_MODEL_NAME_FOR_TEST", "DEFAULT_SMALL_MODEL_NAME_FOR_TEST", "DEFAULT_URL_FOR_TEST",
+        "DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH", "CustomTestCase", "popen_launch_server")},
     "treadle.test.doc_patch": {"launch_server_cmd": "treadle.lang.utils"},
     # SGLang's server arguments: `Engine(**dataclasses.asdict(ServerArgs.from_cli_args(args)))`
     "treadle.srt.server_args": {"ServerArgs": "treadle.lang.server_args"},
