@@ -1,6 +1,7 @@
 """SGLang's gsm8k and hellaswag benchmark scripts (benchmark/*/bench_sglang.py), written as SGLang
-writes them with only `sglang` changed to `treadle`, run against a real server in processes of
-their own; and the helper they fetch their data with, against a real HTTP server (session 41)."""
+writes them with only `sglang` changed to `treadle`, and its `python -m sglang.test.few_shot_gsm8k`,
+run against a real server in processes of their own; and the helper they fetch their data with,
+against a real HTTP server (session 41)."""
 from __future__ import annotations
 
 import http.server
@@ -293,6 +294,38 @@ def test_hellaswag_benchmark_script_with_older_sglangs_api_module(server, tmp_pa
     from treadle import api
 
     assert api.set_default_backend is sgl.set_default_backend and api.gen is sgl.gen
+
+
+def test_few_shot_gsm8k_module_as_sglangs_docs_run_it(server, tmp_path):
+    """`python -m sglang.test.few_shot_gsm8k`, which SGLang's docs run to check a launched model,
+    was missing (No module named treadle.test.few_shot_gsm8k)."""
+    host, port = server
+    _write_jsonl(tmp_path / "test.jsonl", GSM8K_LINES)
+    run = subprocess.run([sys.executable, "-m", "treadle.test.few_shot_gsm8k", "--data-path", "test.jsonl",
+                          "--num-questions", "3", "--num-shots", "2", "--max-new-tokens", "24", "--parallel", "2",
+                          "--host", host, "--port", port], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Accuracy: " in run.stdout and "Invalid: " in run.stdout and "Output throughput: " in run.stdout
+    assert (tmp_path / "tmp_output_gsm8k.txt").read_text().count("Question: " + GSM8K_LINES[2]["question"]) == 1
+
+
+def test_few_shot_gsm8k_run_eval_as_sglangs_tests_call_it(server, tmp_path, monkeypatch):
+    """SGLang's server tests: `metrics = run_eval(SimpleNamespace(...))`, then its accuracy."""
+    from types import SimpleNamespace
+
+    from treadle.test.few_shot_gsm8k import run_eval
+
+    host, port = server
+    _write_jsonl(tmp_path / "test.jsonl", GSM8K_LINES)
+    monkeypatch.chdir(tmp_path)
+    args = SimpleNamespace(num_shots=2, data_path=str(tmp_path / "test.jsonl"), num_questions=4, max_new_tokens=24,
+                           parallel=4, host=host, port=int(port))
+    try:
+        metrics = run_eval(args)
+    finally:
+        sgl.set_default_backend(None)
+    assert set(metrics) == {"accuracy", "invalid", "latency", "output_throughput"}
+    assert 0 <= metrics["accuracy"] <= 1 and metrics["output_throughput"] > 0
 
 
 @pytest.fixture

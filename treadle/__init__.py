@@ -118,6 +118,14 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
 }
 
 
+# SGLang's modules that are also scripts (`python -m sglang.test.few_shot_gsm8k`): the module's own
+# file is loaded under SGLang's path, so `-m` runs it and `from treadle.test.few_shot_gsm8k import
+# run_eval` imports it
+_SGLANG_SCRIPTS: dict[str, str] = {
+    "treadle.test.few_shot_gsm8k": "treadle.lang.few_shot_gsm8k",
+}
+
+
 class _SGLangModule(types.ModuleType):
     """One of _SGLANG_MODULES: its names resolve to treadle's objects on first use."""
 
@@ -144,6 +152,9 @@ class _SGLangModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     import them from sglang.*."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname in _SGLANG_SCRIPTS:
+            source = importlib.util.find_spec(_SGLANG_SCRIPTS[fullname])
+            return importlib.util.spec_from_file_location(fullname, source.origin)
         if fullname not in _SGLANG_MODULES:
             return None
         return importlib.util.spec_from_loader(fullname, self, origin="treadle (SGLang's module path)")
