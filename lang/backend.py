@@ -168,14 +168,19 @@ class Backend:
     def flush_cache(self) -> bool:
         raise NotImplementedError(f"{type(self).__name__} cannot flush its cache")
 
-    def select(self, text: str, choices: list[str], method: str = "token_length_normalized") -> tuple[str, dict]:
+    def select(self, text: str, choices: list[str], method: Any = "token_length_normalized") -> tuple[str, dict]:
         """Pick the choice the model finds most likely after `text`.
 
-        Returns (choice, meta) where meta has the per-choice scores and token counts."""
+        `method` names one of CHOICE_METHODS, or is a ChoicesSamplingMethod of the program's
+        own (treadle.lang.choices), called with the scores to decide. Returns (choice, meta)
+        where meta has the per-choice scores and token counts."""
+        from treadle.lang.choices import ChoicesSamplingMethod
+
         if not choices or not all(isinstance(c, str) and c for c in choices):
             raise ValueError(f"select needs a non-empty list of non-empty strings, got {choices!r}")
-        if method not in CHOICE_METHODS:
-            raise ValueError(f"unknown choices_method {method!r}; use one of {', '.join(CHOICE_METHODS)}")
+        if method not in CHOICE_METHODS and not isinstance(method, ChoicesSamplingMethod):
+            raise ValueError(f"unknown choices_method {method!r}; use one of {', '.join(CHOICE_METHODS)} "
+                             "or a ChoicesSamplingMethod")
         scores = self.choice_logprobs(text, choices)
         lps = scores.token_logprobs
         # SGLang's keys first: per choice, the mean logprob of its tokens, its tokens'
@@ -183,6 +188,8 @@ class Backend:
         meta = {"normalized_prompt_logprobs": [sum(lp) / max(len(lp), 1) for lp in lps],
                 "input_token_logprobs": scores.entries, "output_token_logprobs": scores.outputs,
                 **scores.meta}
+        if method not in CHOICE_METHODS:  # the program's own method decides
+            return self._select_by(method, choices, meta, scores.token_ids)
         uncond = None
         if method == "unconditional_likelihood_normalized":
             meta["unconditional_token_logprobs"] = entries = self.unconditional_logprobs(scores.token_ids)
@@ -195,6 +202,24 @@ class Backend:
             meta["greedy_logprob_matrix"] = [lp + [sum(lp) / len(lp)] * (width - len(lp)) for lp in lps]
         meta.update({"choices": list(choices), "scores": values, "method": method, "token_logprobs": lps})
         return choices[best], meta
+
+
+    def _select_by(self, method: Any, choices: list[str], meta: dict, token_ids: list[list[int]]) -> tuple[str, dict]:
+        """A ChoicesSamplingMethod's pick, given SGLang's keywords (and each choice scored alone
+        when it requires that); its meta_info joins the select's."""
+        uncond = None
+        if method.requires_unconditional_logprobs:
+            meta["unconditional_token_logprobs"] = uncond = self.unconditional_logprobs(token_ids)
+        decision = method(choices=list(choices), normalized_prompt_logprobs=meta["normalized_prompt_logprobs"],
+                          input_token_logprobs=meta["input_token_logprobs"],
+                          output_token_logprobs=meta["output_token_logprobs"], unconditional_token_logprobs=uncond)
+        if getattr(decision, "decision", None) not in choices:
+            raise ValueError(f"choices_method {type(method).__name__} returned {decision!r}: it must return a "
+                             f"ChoicesDecision whose decision is one of {choices!r}")
+        meta.update(decision.meta_info or {})
+        meta.update({"choices": list(choices), "method": type(method).__name__,
+                     "token_logprobs": [[e[0] for e in es] for es in meta["input_token_logprobs"]]})
+        return decision.decision, meta
 
 
 def pick_choice(token_logprobs: list[list[float]], method: str,

@@ -6,7 +6,8 @@ from typing import Any
 from treadle.lang import ir
 from treadle.lang.backend import CHOICE_METHODS
 # SGLang's names for select's choices_method values, re-exported (treadle.lang.choices has them)
-from treadle.lang.choices import greedy_token_selection, token_length_normalized, unconditional_likelihood_normalized
+from treadle.lang.choices import (ChoicesSamplingMethod, greedy_token_selection, token_length_normalized,
+                                  unconditional_likelihood_normalized)
 from treadle.lang.interpreter import DTYPE_REGEX
 from treadle.runtime.sampling_params import schema_of
 
@@ -22,7 +23,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         presence_penalty: float | None = None, ignore_eos: bool | None = None,
         return_logprob: bool | None = None, logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
-        dtype: type | str | None = None, choices: list[str] | None = None, choices_method: str | None = None,
+        dtype: type | str | None = None, choices: list[str] | None = None, choices_method: Any = None,
         regex: str | None = None, json_schema: str | dict | type | None = None, *,
         repetition_penalty: float | None = None, seed: int | None = None, ebnf: str | None = None) -> ir.Gen | ir.Select:
     """Generate text into variable `name` (readable as `s[name]`).
@@ -140,22 +141,23 @@ def check_n_and_stop_regex(where: str, n: Any, stop_regex: Any) -> None:
 
 
 def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
-           choices_method: str = token_length_normalized) -> ir.Select:
+           choices_method: Any = token_length_normalized) -> ir.Select:
     """Append the choice the model scores highest after the current text, into `name`.
 
     All choices are scored in one batched request from the prompt logprobs of
     `text + choice`; `choices_method` is "token_length_normalized" (mean logprob, default),
     "sum", "greedy_token", or "unconditional_likelihood_normalized" (the mean gain of each
-    token's logprob over the choice scored alone: one more batched request). The pick is
-    the best score: `temperature` is 0, as in SGLang's runtime backend."""
+    token's logprob over the choice scored alone: one more batched request), or a
+    ChoicesSamplingMethod (treadle.lang.choices) of the program's own, called with the scores.
+    The pick is the best score: `temperature` is 0, as in SGLang's runtime backend."""
     _check_name("select", name)
     if temperature != 0:
         raise ValueError(f"select({name!r}) takes the best-scored choice: temperature must be 0, got {temperature!r}")
     if not choices or not isinstance(choices, (list, tuple)) or not all(isinstance(c, str) and c for c in choices):
         raise ValueError(f"select({name!r}) needs a non-empty list of non-empty strings, got {choices!r}")
-    if choices_method not in CHOICE_METHODS:
+    if choices_method not in CHOICE_METHODS and not isinstance(choices_method, ChoicesSamplingMethod):
         raise ValueError(f"select({name!r}): unknown choices_method {choices_method!r}; "
-                         f"use one of {', '.join(CHOICE_METHODS)}")
+                         f"use one of {', '.join(CHOICE_METHODS)} or a ChoicesSamplingMethod")
     return ir.Select(name, list(choices), choices_method)
 
 
