@@ -1139,10 +1139,26 @@ class _Converter:
                 keyed.append(keys)
         return False
 
+    def _branch_node(self, branch: Any) -> Any:
+        """An object branch as ``_keys`` and ``_tags`` read it: pure ``$ref``s followed, and so is
+        a ``$ref`` with only ``required`` beside it, those keys added to its target's own (exact:
+        the two hold together). ``_tag_required`` writes one of those for each ``$ref`` branch of
+        a union beside a ``discriminator`` (an annotation, which must not make a oneOf whose
+        targets are told apart by their tags look unproven, and be refused beside
+        unevaluatedProperties)."""
+        if isinstance(branch, dict) and "$ref" in branch and isinstance(branch.get("required"), list) \
+                and self._annotations_only({k: v for k, v in branch.items() if k not in ("$ref", "required")}):
+            node = self._follow({"$ref": branch["$ref"]}, "$")
+            own = node.get("required", []) if isinstance(node, dict) else None
+            if isinstance(own, list):
+                return {**node, "required": list(dict.fromkeys([*own, *branch["required"]]))}
+            return node
+        return self._follow(branch, "$")
+
     def _keys(self, branch: Any) -> tuple[frozenset, Any]:
         """An object branch's own required keys, and a test of the keys no object valid under it
         can hold (json_schema_logic.closed_forbids). Refs are followed; other branches give nothing."""
-        node = self._follow(branch, "$")
+        node = self._branch_node(branch)
         if not isinstance(node, dict):
             return frozenset(), _forbids_none
         required = node.get("required", [])
@@ -1152,7 +1168,7 @@ class _Converter:
     def _tags(self, branch: Any) -> dict[str, frozenset]:
         """Required properties of an object branch whose values are listed (const / enum of
         scalars): name -> their ``_scalar_key``s. Refs are followed; anything else gives no tags."""
-        node = self._follow(branch, "$")
+        node = self._branch_node(branch)
         if not isinstance(node, dict) or not isinstance(node.get("properties"), dict):
             return {}
         out = {}
