@@ -95,6 +95,12 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
         "DEFAULT_MODEL_NAME_FOR_TEST", "DEFAULT_SMALL_MODEL_NAME_FOR_TEST", "DEFAULT_URL_FOR_TEST",
         "DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH", "CustomTestCase", "popen_launch_server")},
     "treadle.test.doc_patch": {"launch_server_cmd": "treadle.lang.utils"},
+    # its library of frontend test programs, which its test/lang/test_srt_backend.py runs
+    "treadle.test.test_programs": {name: "treadle.lang.sglang_test_programs" for name in (
+        "test_few_shot_qa", "test_mt_bench", "test_select", "test_decode_int", "test_decode_json_regex",
+        "test_decode_json", "test_expert_answer", "test_tool_use", "test_react", "test_parallel_decoding",
+        "test_parallel_encoding", "test_stream", "test_regex", "test_dtype_gen", "test_hellaswag_select",
+        "test_gen_min_new_tokens")},
     # SGLang's server arguments: `Engine(**dataclasses.asdict(ServerArgs.from_cli_args(args)))`
     "treadle.srt.server_args": {"ServerArgs": "treadle.lang.server_args"},
     "treadle.srt.entrypoints": {},
