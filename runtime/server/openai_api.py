@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from treadle.runtime.io_struct import TokenizedGenerateReq
-from treadle.runtime.sampling_params import GRAMMAR_FIELDS
+from treadle.runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
 from treadle.runtime.server.http_server import ServerState, off_loop_if_large, read_json, reply_entries
 from treadle.runtime.server.protocol import APIError, ReplyJSON, clip_names, finish_reason, matched_stop, quoted
 from treadle.runtime.server.reasoning import ReasoningStream, model_thinks, opens_in_prompt
@@ -76,7 +76,12 @@ def register_openai_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request)
-        reqs, tools, think, echo = await tm.off_loop(_build_chat, state, body)
+        reqs, tools, think, echo, checks = await tm.off_loop(_build_chat, state, body)
+        if checks:  # each tool's parameters alone first (ToolPlan.checked_tools)
+            errors = await until_done_or_disconnect(request, tm.grammar_errors(checks))
+            if errors:
+                first = min(errors)
+                raise APIError.bad_request(tools.locate(errors[first], first), "functions" if tools.legacy else "tools")
         return await _serve(request, state, body, reqs, chat=True, tools=tools, think=think, chat_echo=echo)
 
 
@@ -109,10 +114,10 @@ def _build_completion(state: ServerState, body: dict) -> tuple[list[TokenizedGen
 
 
 def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateReq], ToolPlan | None, bool | None,
-                                                         str | None]:
+                                                         str | None, list[tuple[int, SamplingParams]]]:
     """A /v1/chat/completions body -> its request, its tools, whether the reply's reasoning
-    is split off (True: the prompt opened the <think> block) and, with vLLM's `echo`, the
-    text the reply starts with."""
+    is split off (True: the prompt opened the <think> block), with vLLM's `echo` the text the
+    reply starts with, and the tools' parameters to compile alone first (_tool_checks)."""
     tm = state.tm
     _check_fields(body, _CHAT_FIELDS)
     state.check_model(body.get("model"))
@@ -164,7 +169,27 @@ def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateR
         after = "open" if opened else "maybe" if model_thinks(tm.tokenizer) else None
     reqs = [_make(tm, body, tm.encode(prompt, "messages"), default_max=None, return_logprob=bool(lp), top=top or 0,
                   tools=tools, grammar_after_reasoning=after, rid=_rids(body, 1)[0])]
-    return reqs, tools, think, chat_echo
+    return reqs, tools, think, chat_echo, _tool_checks(tm, tools, reqs[0].sampling_params)
+
+
+def _tool_checks(tm: TokenizerManager, tools: ToolPlan | None, sp: SamplingParams) -> list[tuple[int, SamplingParams]]:
+    """The json_schema params of each tool's parameters that ToolPlan.checked_tools compiles
+    alone (index = the tool's), made as the request's own grammar is (its leniency too); a
+    schema refused already here is a 400 naming its tool."""
+    if tools is None:
+        return []
+    checks = []
+    for i in tools.checked_tools(sp.structural_tag):
+        try:
+            p = SamplingParams.from_dict({"max_new_tokens": 1, "json_schema_lenient": sp.json_schema_lenient,
+                                          "json_schema": json.dumps(tools.tools[i].parameters)})
+            p.apply_leniency(tm.args.json_schema_lenient, mode=tm.args.json_schema_mode,
+                             whitespace_pattern=tm.args.json_whitespace_pattern,
+                             max_recursion_depth=tm.args.grammar_max_recursion_depth)
+        except ValueError as e:
+            raise APIError.bad_request(tools.locate(str(e), i), "functions" if tools.legacy else "tools") from e
+        checks.append((i, p))
+    return checks
 
 
 # ====================================================================== request mapping

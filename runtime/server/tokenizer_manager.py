@@ -674,13 +674,7 @@ class TokenizerManager:
         `batch`: the prompts have params of their own, and the 400 names each bad one by its
         index ("prompt 1 of the batch", param "sampling_params[1].regex"); else it is the
         grammar's own error, as a single request's."""
-        if not grammars:
-            return
-        timeout = 30.0 + self.args.grammar_compile_timeout_s * len(grammars)
-        res = await self.control("check_grammars", timeout, payload=list(grammars))
-        if "error" in res:
-            raise APIError(f"checking the grammars failed: {res['error']}", 500, "server_error", None, "internal_error")
-        errors: dict[int, str] = res["errors"]
+        errors = await self.grammar_errors(grammars)
         if not errors:
             return
         params = dict(grammars)
@@ -694,6 +688,17 @@ class TokenizerManager:
             message = (f"prompts {', '.join(map(str, sorted(errors)))} of the batch have a grammar that does not "
                        f"compile; prompt {first}: {errors[first]}")
         raise APIError.bad_request(message, f"sampling_params[{first}].{field}")
+
+    async def grammar_errors(self, grammars: list[tuple[int, SamplingParams]]) -> dict[int, str]:
+        """Compile `grammars` (index, params) in the scheduler (cached for the requests after);
+        the error of each that does not compile, by index."""
+        if not grammars:
+            return {}
+        timeout = 30.0 + self.args.grammar_compile_timeout_s * len(grammars)
+        res = await self.control("check_grammars", timeout, payload=list(grammars))
+        if "error" in res:
+            raise APIError(f"checking the grammars failed: {res['error']}", 500, "server_error", None, "internal_error")
+        return res["errors"]
 
     async def control(self, kind: str, timeout: float = 30.0, payload: object = None) -> Any:
         """Run a control request in the scheduler and return its result."""

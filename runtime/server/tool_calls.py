@@ -119,19 +119,37 @@ class ToolPlan:
                                 "end": f"}}\n{CLOSE}"} for t in self.tools],
                 "triggers": [OPEN]}
 
-    def locate(self, message: str) -> str:
-        """A grammar error's schema path (`at $...`) restated in the request's terms: the
-        grammar wraps the tools' parameters (an array of calls, a structural tag), whose
-        paths the client never wrote."""
-        def tool(i: int) -> str:
-            return f"functions[{i}].parameters" if self.legacy else f"tools[{i}].function.parameters"
+    def checked_tools(self, structural_tag: str | None) -> list[int]:
+        """The tools whose parameters are compiled on their own before the request runs
+        (openai_api), so that one whose parameters do not compile or accept no value is a 400
+        naming it: under "required" every tool, as the call array's grammar leaves out a branch
+        that accepts nothing (the model could never call that tool; with one tool the error was
+        the wrapper's "minItems at $"); under "auto" the strict tools while the request's
+        `structural_tag` is theirs (its errors at a schema's root named no tool). A named
+        function's grammar is its own parameters (`locate` names it)."""
+        if self.choice == "required":
+            return list(range(len(self.tools)))
+        if self.choice == "auto" and structural_tag is not None:
+            return [i for i, t in enumerate(self.tools) if t.strict]
+        return []
 
+    def where(self, i: int) -> str:
+        """Tool `i`'s parameters, as the request names them."""
+        return f"functions[{i}].parameters" if self.legacy else f"tools[{i}].function.parameters"
+
+    def locate(self, message: str, tool: int | None = None) -> str:
+        """A grammar error's schema path (`at $...`) restated in the request's terms: the
+        grammar wraps the tools' parameters (an array of calls, each tool's under $defs; a
+        structural tag), whose paths the client never wrote. `tool`: the error is of that
+        tool's parameters compiled alone (`checked_tools`), rooted at `$`."""
         named = next((i for i, t in enumerate(self.tools) if t.name == self.named), 0)
         message = re.sub(r"\$\.items(?:\.(?:any|one)Of\[(\d+)\])?\.properties\.arguments",
-                         lambda m: tool(int(m.group(1) or 0)), message)
-        message = re.sub(r"\$\.structures\[(\d+)\]\.schema", lambda m: tool(int(m.group(1))), message)
-        if self.choice == "named":
-            message = re.sub(r"\$(?=[.\[\s]|$)", tool(named), message)
+                         lambda m: self.where(int(m.group(1) or 0)), message)
+        message = re.sub(r"\$\.\$defs\.tool_(\d+)", lambda m: self.where(int(m.group(1))), message)
+        message = re.sub(r"\$\.structures\[(\d+)\]\.schema", lambda m: self.where(int(m.group(1))), message)
+        if tool is not None or self.choice == "named":
+            # the root, where a path or the message's ":" follows it
+            message = re.sub(r"\$(?=[.\[\s:]|$)", self.where(named if tool is None else tool), message)
         return message
 
     def _tool(self, name: str | None) -> Tool:
