@@ -379,8 +379,15 @@ class TokenizerManager:
                 raise APIError.bad_request(f"messages[{i}].content must be a string or a list of text parts",
                                            "messages")
             tool_calls.check_message_tool_fields(i, m)
-            norm.append({**{k: m[k] for k in ("tool_calls", "tool_call_id", "name") if m.get(k) is not None},
-                         "role": m["role"], "content": content})
+            entry = {**{k: m[k] for k in ("tool_calls", "tool_call_id", "name") if m.get(k) is not None},
+                     "role": m["role"], "content": content}
+            for key in ("content", "name", "tool_call_id"):  # named here, not by a character of the prompt
+                if isinstance(entry.get(key), str):
+                    try:
+                        check_text(entry[key])
+                    except ValueError as e:
+                        raise APIError.bad_request(f"messages[{i}].{key}: {e}", "messages") from None
+            norm.append(entry)
         if continue_final_message and norm[-1]["role"] != "assistant":
             raise APIError.bad_request("continue_final_message needs an assistant message last (the reply to "
                                        "continue)", "continue_final_message")

@@ -202,7 +202,39 @@ def _dump(args: Any) -> str:
     """Arguments as compact JSON, as the grammar of a named call writes them."""
     if not isinstance(args, dict):
         raise TypeError("arguments must be an object")
-    return json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+    return json_text(args, separators=(",", ":"))
+
+
+_LONE_RE = re.compile("[\ud800-\udfff]")
+
+
+def json_text(value: Any, **kw: Any) -> str:
+    """json.dumps(value, ensure_ascii=False), a lone surrogate in it written as its \\uXXXX
+    escape: the same JSON value, and a text that is whole UTF-8. A model may write "\\ud800" in
+    a call's arguments (valid JSON); written out raw, the reply's arguments were no UTF-8 a
+    client could send back (httpx's json= raises), and sent back escaped, the next turn's
+    prompt held half a character: a 400 naming a character of the rendered prompt."""
+    text = json.dumps(value, ensure_ascii=False, **kw)
+    # json.loads joins a surrogate pair into one character: any left here is lone
+    return _LONE_RE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def lone_surrogate_at(value: Any, path: str) -> str | None:
+    """The path of the first string (or object key) in `value` holding a lone surrogate, or None."""
+    stack = [(value, path)]
+    while stack:  # a loop, not recursion: a schema nested deeply is still walked
+        v, at = stack.pop()
+        if isinstance(v, str):
+            if _LONE_RE.search(v):
+                return at
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                if isinstance(k, str) and _LONE_RE.search(k):
+                    return f"{at} (the key {json.dumps(k)})"
+                stack.append((item, f"{at}.{k}"))
+        elif isinstance(v, list):
+            stack.extend((item, f"{at}[{j}]") for j, item in enumerate(v))
+    return None
 
 
 _ITEM_GAP_RE = re.compile(r"\s*,?\s*")
@@ -332,6 +364,10 @@ def plan_tools(body: dict) -> ToolPlan | None:
         if name in names:
             raise APIError.bad_request(f"tools[{i}]: a second function named {quoted(name)}", "tools")
         names.add(name)
+        lone = lone_surrogate_at(fn, f"tools[{i}].function")  # rendered into the prompt and the grammar
+        if lone is not None:
+            raise APIError.bad_request(f"{lone} has a lone surrogate, half of a character: send whole characters",
+                                       "tools")
         params = fn.get("parameters", NO_PARAMETERS)
         if not isinstance(params, dict):
             raise APIError.bad_request(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
@@ -422,7 +458,7 @@ def render_messages(messages: list[dict], plan: ToolPlan | None, native: bool) -
             else:
                 out.append({"role": "user", "content": block, "_tool": True})
         elif m.get("tool_calls"):
-            calls = "\n".join(f'{OPEN}\n{json.dumps({"name": c["function"]["name"], "arguments": _args(c)}, ensure_ascii=False)}\n{CLOSE}'
+            calls = "\n".join(f'{OPEN}\n{json_text({"name": c["function"]["name"], "arguments": _args(c)})}\n{CLOSE}'
                               for c in m["tool_calls"])
             out.append({"role": m["role"], "content": (m["content"] + "\n" if m["content"] else "") + calls})
         else:
@@ -439,11 +475,17 @@ def _native(m: dict) -> dict:
 
 
 def _args(call: dict) -> Any:
+    """A call's arguments as a mapping (their JSON text when it is not JSON); the text, made
+    whole UTF-8 (json_text), when they hold a lone surrogate: a template writes the mapping out
+    itself (`| tojson`, raw characters), which would put half a character in the prompt."""
     a = call["function"].get("arguments", "{}")
     try:
-        return json.loads(a) if isinstance(a, str) else a
+        value = json.loads(a) if isinstance(a, str) else a
     except ValueError:
         return a
+    if lone_surrogate_at(value, "") is not None:
+        return json_text(value)
+    return value
 
 
 def _tools_prompt(plan: ToolPlan) -> str:
@@ -490,5 +532,8 @@ def check_message_tool_fields(i: int, m: dict) -> None:
                     or not isinstance(fn.get("arguments", "{}"), (str, dict)):
                 raise APIError.bad_request(f"messages[{i}].tool_calls[{j}] must have function.name and "
                                            "function.arguments (a JSON string)", "messages")
+            if _LONE_RE.search(fn["name"]):  # rendered into the prompt (the arguments are made whole: _args)
+                raise APIError.bad_request(f"messages[{i}].tool_calls[{j}].function.name has a lone surrogate, half "
+                                           "of a character: send whole characters", "messages")
     if m["role"] == "tool" and m.get("tool_call_id") is not None and not isinstance(m["tool_call_id"], str):
         raise APIError.bad_request(f"messages[{i}].tool_call_id must be a string", "messages")
