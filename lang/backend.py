@@ -255,12 +255,19 @@ def pick_choice(token_logprobs: list[list[float]], method: str,
 def sglang_server_info(info: dict, model_path: str | None, version: str | None) -> dict:
     """`info` (a /get_server_info, or an Engine's) with SGLang's top-level keys added: each
     engine argument not already there, `model_path` the model loaded (the argument is None
-    for the embedded model) and `version`. Keys the runtime already reports win."""
+    for the embedded model), `version`, and its scheduler's `max_total_num_tokens` (the KV
+    pool's size in tokens, `total_slots`) and `max_req_input_len` (the longest prompt the
+    runtime takes: less than both the context length and the pool). Keys the runtime already
+    reports win."""
     args = {k: v for k, v in (info.get("engine_args") or {}).items() if k != "api_key"}  # as the server's
     out = {**args, **info}
     if model_path:
         out["model_path"] = model_path
     out.setdefault("version", version or package_version())
+    if isinstance(info.get("total_slots"), int):
+        out.setdefault("max_total_num_tokens", info["total_slots"])
+        if isinstance(info.get("context_length"), int):
+            out.setdefault("max_req_input_len", min(info["context_length"], info["total_slots"]) - 1)
     return out
 
 

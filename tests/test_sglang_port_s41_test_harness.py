@@ -71,7 +71,7 @@ class TestServerLaunch(CustomTestCase):
             cls.base_url,
             timeout=DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH,
             api_key="sk-test",
-            other_args=["--log-level", "warning", "--max-total-tokens", "4096"],
+            other_args=["--log-level", "warning", "--max-total-tokens", "1024"],
         )
 
     @classmethod
@@ -98,6 +98,21 @@ class TestServerLaunch(CustomTestCase):
     def test_api_key(self):
         response = requests.post(self.base_url + "/generate", json={"text": "Hi"})
         self.assertEqual(response.status_code, 401)
+
+    def test_server_info_has_sglangs_scheduler_keys(self):
+        """SGLang's get_server_info has its scheduler's max_total_num_tokens (the KV pool, in
+        tokens) and max_req_input_len at the top level; treadle's had neither (KeyError)."""
+        info = sgl.get_server_info(sgl.RuntimeEndpoint(self.base_url, api_key="sk-test"))
+        self.assertEqual(info["max_total_num_tokens"], 1024)  # --max-total-tokens
+        self.assertEqual(info["max_req_input_len"], min(info["context_length"], 1024) - 1)
+        # the longest prompt it names is taken, one token more is refused
+        tokens = [1] * info["max_req_input_len"]
+        ok = requests.post(self.base_url + "/generate", headers={"Authorization": "Bearer sk-test"},
+                           json={"input_ids": tokens, "sampling_params": {"max_new_tokens": 1}})
+        self.assertEqual(ok.status_code, 200, ok.text)
+        too_long = requests.post(self.base_url + "/generate", headers={"Authorization": "Bearer sk-test"},
+                                 json={"input_ids": tokens + [1], "sampling_params": {"max_new_tokens": 1}})
+        self.assertEqual(too_long.status_code, 400, too_long.text)
 
     def test_program_over_runtime_endpoint(self):
         @sgl.function
