@@ -329,6 +329,7 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
         e.message = e.message.replace("sampling_params.", "")
         if e.param == "input_ids":  # the prompt: what the client sent it as
             e.param = "messages" if "messages" in body else "prompt"
+        _locate_grammar_error(e, body, tools)  # a grammar refused as it is read (empty, too deep, ...)
         raise
 
 
@@ -422,15 +423,24 @@ def _locate_grammar_error(e: APIError, body: dict, tools: ToolPlan | None) -> No
     is built around the tools' schemas (its paths would name that wrapper: located in them)."""
     if e.param not in GRAMMAR_FIELDS:
         return
+    field = e.param
+    # an error of reading the grammar starts with the sampling field's name (a compile error
+    # with "grammar compilation failed"): that name becomes the client's
+    own = e.message.startswith(field) and e.message[len(field):len(field) + 1] in ("", " ", ".", ":")
     rf = body.get("response_format")
     if isinstance(rf, dict) and rf.get("type") not in (None, "text"):
         e.param = "response_format"
-        return
-    alias = next((a for a, name in _GUIDED.items() if name == e.param and body.get(a) is not None), None)
-    if alias is not None:
-        e.param = alias
-    elif tools is not None and body.get(e.param) is None:
+        sent = "response_format.json_schema.schema" if field == "json_schema" else "response_format"
+    elif (alias := next((a for a, name in _GUIDED.items() if name == field and body.get(a) is not None), None)):
+        e.param = sent = alias
+    elif tools is not None and body.get(field) is None:
         e.message, e.param = tools.locate(e.message), "functions" if tools.legacy else "tools"
+        sent = tools.where(next(i for i, t in enumerate(tools.tools) if t.name == tools.named)) \
+            if tools.choice == "named" else f"{e.param}: the grammar of the calls, built from their parameters,"
+    else:
+        return
+    if own:
+        e.message = sent + e.message[len(field):]
 
 
 def as_function_call(call: dict) -> dict:
