@@ -94,14 +94,17 @@ class GrammarSpec:
                 raise ValueError(f"choices must all be strings, got {bad[0]!r}")
             return GrammarSpec("choices", json.dumps(list(choices), ensure_ascii=False))
         schema = json_schema
-        if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"json_schema is not valid JSON: {e}") from e
-        if not isinstance(schema, (dict, bool)):
-            raise ValueError(f"json_schema must be an object or a boolean, got {type(schema).__name__}")
-        return GrammarSpec("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
+        try:
+            if isinstance(schema, str):
+                try:
+                    schema = json.loads(schema)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"json_schema is not valid JSON: {e}") from e
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError(f"json_schema must be an object or a boolean, got {type(schema).__name__}")
+            return GrammarSpec("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
+        except RecursionError as e:  # (json reads and writes nesting by recursion)
+            raise ValueError("json_schema: schema nests too deeply to convert") from e
 
     def to_regex(self, whitespace_pattern: str | None = None, json_schema_mode: str = "strict",
                  holes: bool = False, max_recursion_depth: int = 3, members: bool = False) -> str:
@@ -140,8 +143,10 @@ class GrammarSpec:
             return structural_tag_to_regex(self.value, whitespace_pattern=whitespace_pattern, mode=json_schema_mode,
                                            holes=holes, max_recursion_depth=max_recursion_depth)
         if self.kind == "json_schema":
+            # (the text, not its parse: json_schema_to_regex reads it, a schema too deep for that
+            # refused like any other)
             return json_schema_to_regex(
-                json.loads(self.value), whitespace_pattern=whitespace_pattern, mode=json_schema_mode, holes=holes,
+                self.value, whitespace_pattern=whitespace_pattern, mode=json_schema_mode, holes=holes,
                 max_recursion_depth=max_recursion_depth, members=members, unique_check=True)
         raise ValueError(f"unknown grammar kind {self.kind!r}")
 

@@ -131,6 +131,9 @@ ASSERTED_FORMATS = frozenset(
     "iri-reference uuid uri-template json-pointer relative-json-pointer regex".split())
 # OpenAPI string formats that allow any string (Pydantic writes bytes and SecretStr so)
 OPENAPI_ANY_STRING = frozenset({"binary", "password"})
+# the refusal of a schema nested deeper than the translation's recursive walks reach (Python's
+# recursion limit: some hundreds of levels), a ValueError like any other, never a RecursionError
+TOO_DEEP = "json_schema: schema nests too deeply to convert"
 
 
 def json_schema_to_regex(
@@ -177,7 +180,7 @@ def json_schema_to_regex(
             root = conv.convert(schema, "$")
         return with_definitions(root, conv.definitions)
     except RecursionError as exc:
-        raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
+        raise UnsupportedSchemaError(TOO_DEEP) from exc
     except fsm_crawl.TooLarge as exc:
         raise _automaton_refusal(exc) from None
 
@@ -319,14 +322,22 @@ def json_schemas_to_regexes(
             regexes = [conv.convert(root["$defs"][f"s{i}"], path) for i, path in enumerate(paths)]
         return regexes, conv.definitions
     except RecursionError as exc:
-        raise UnsupportedSchemaError("json_schema: schema nests too deeply to convert") from exc
+        raise UnsupportedSchemaError(TOO_DEEP) from exc
     except fsm_crawl.TooLarge as exc:
         raise _automaton_refusal(exc) from None
 
 
 def _checked(schema: Any, whitespace_pattern: str | None, max_recursion_depth: int, mode: str) -> dict | bool:
     """``schema`` parsed (from JSON text) and checked against the options and the
-    metaschema; raises ``ValueError`` / ``UnsupportedSchemaError`` naming the problem."""
+    metaschema; raises ``ValueError`` / ``UnsupportedSchemaError`` naming the problem (a schema
+    nested past what these recursive walks reach, a few hundred levels, is one)."""
+    try:
+        return _checked_walks(schema, whitespace_pattern, max_recursion_depth, mode)
+    except RecursionError as exc:
+        raise UnsupportedSchemaError(TOO_DEEP) from exc
+
+
+def _checked_walks(schema: Any, whitespace_pattern: str | None, max_recursion_depth: int, mode: str) -> dict | bool:
     if mode not in MODES:
         raise ValueError(f"json_schema: mode must be 'strict' or 'spec', got {mode!r}")
     if isinstance(schema, str):
@@ -404,7 +415,7 @@ def _scalar_key(value: Any) -> tuple | None:
     (1 and 1.0 are; true and 1 are not); None for containers and non-finite numbers."""
     if value is None or isinstance(value, (bool, str)):
         return (type(value).__name__, value)
-    if isinstance(value, (int, float)) and math.isfinite(value):
+    if isinstance(value, (int, float)) and nums.finite(value):
         return ("number", Fraction(value))
     return None
 
@@ -414,7 +425,7 @@ def _literal(value: Any, digits: bool = False) -> str:
     with ``digits`` a whole number (up to 2**53) in its digits only: "1", never "1.0", which
     draft-03 / -04 call no integer (a narrowing in later drafts)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if digits and float(value).is_integer() and abs(value) <= 2**53:
+        if digits and (isinstance(value, int) or value.is_integer()) and abs(value) <= 2**53:
             return str(int(value))
         return nums.number_literal_regex(value)
     if isinstance(value, list):
@@ -1290,7 +1301,7 @@ class _Converter:
             types = {"null", "boolean", "number", "string", "array", "object"}
         if "multipleOf" in schema and "number" in types:
             m = schema["multipleOf"]
-            if isinstance(m, (int, float)) and not isinstance(m, bool) and math.isfinite(m) and m >= 1 and m == int(m):
+            if isinstance(m, (int, float)) and not isinstance(m, bool) and nums.finite(m) and m >= 1 and m == int(m):
                 types = (types - {"number"}) | {"integer"}  # multiples of a whole number are integers
         if not types:
             raise Unsatisfiable(f"json_schema: keyword 'type' at {path}: no type is possible")
@@ -1641,7 +1652,7 @@ def _bounded_multiples(schema: dict) -> list[int] | None:
     ``MAX_LISTED_MULTIPLES`` lie between (minecraft's dimension heights: multiples of 16 in
     -2032..2031); else None (unbounded multiples are refused)."""
     m = schema.get("multipleOf")
-    if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0 or m != int(m):
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not nums.finite(m) or m <= 0 or m != int(m):
         return None
     exact = isinstance(m, int)  # a float m: validators divide float(n) by it, exact for |n| <= 2**53 only
     m = int(m)
@@ -1649,7 +1660,7 @@ def _bounded_multiples(schema: dict) -> list[int] | None:
     for incl, excl, side in (("minimum", "exclusiveMinimum", 1), ("maximum", "exclusiveMaximum", -1)):
         limits = [(Fraction(schema[k]), k == excl) for k in (incl, excl)
                   if isinstance(schema.get(k), (int, float)) and not isinstance(schema.get(k), bool)
-                  and math.isfinite(schema[k])]
+                  and nums.finite(schema[k])]
         if not limits:
             return None
         # the tighter bound (of equal values, the exclusive one)
@@ -1675,7 +1686,7 @@ def _integer_multiples(schema: dict) -> str | None:
     if listed is not None:
         return "(?:" + "|".join(str(v) for v in listed) + ")" if listed else ""
     m = schema.get("multipleOf")
-    if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m < 1 or m != int(m):
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not nums.finite(m) or m < 1 or m != int(m):
         return None
     try:
         lo, hi = nums.integer_bounds(schema)

@@ -33,6 +33,13 @@ ZERO_FRACTION = r"(?:\.0{1,6})?"
 NUMBER = r"-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,16})?(?:[eE][+-]?[0-9]{1,2})?"
 
 
+def finite(value: int | float) -> bool:
+    """Whether a JSON number (not a bool) is finite. JSON writes integers of any size and Python's
+    json reads them as ints, which ``math.isfinite`` turns into doubles first: past 1.8e308
+    (``"minimum": 1`` and 400 zeros) that raised OverflowError, not a refusal."""
+    return isinstance(value, int) or math.isfinite(value)
+
+
 class BoundsError(ValueError):
     """Numeric keywords that cannot be enforced; ``keyword`` names the culprit. ``unsupported``:
     values exist but none can be written (the bounds are not empty)."""
@@ -102,7 +109,7 @@ def _bound(schema: dict[str, Any], key: str) -> Fraction | None:
     if key not in schema:
         return None
     value = schema[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite(value):
         raise BoundsError(key, f"'{key}' must be a finite number, got {value!r}", unsupported=True)
     return Fraction(value)
 
@@ -205,7 +212,7 @@ def multiple_grid(m: Any, magnitude: int = INT_LIMIT + 1) -> int | None:
     m, which is not 1/k. None where m is not 1/k, its double is further off (1e-5: jsonschema
     finds 3 / 1e-5 not whole), or ``magnitude`` / m could overflow.
     """
-    if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0:
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not finite(m) or m <= 0:
         return None
     spelt = _shortest(m)
     k = 1 / spelt
@@ -368,7 +375,7 @@ def number_literal_regex(value: int | float) -> str:
     parse to a different double); a float there whose double is not its decimal (1.5e300)
     keeps its fraction ("1500...0.0", never the integer "1500...0"). Besides ``json.dumps``'s own form, no exponent spelling.
     """
-    assert isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    assert isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
     own = json.dumps(value).replace(".", r"\.").replace("+", r"\+")
     exact = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
     sign = "-" if exact < 0 else ""
