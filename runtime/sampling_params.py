@@ -201,8 +201,15 @@ class SamplingParams:
         if isinstance(self.logit_bias, dict):  # JSON object keys are strings: "1234" -> 1234
             # ASCII digits only ("٥" and "５" are no token id; int() read them as 5), and not
             # past what int() converts (5,000 digits raised its own error): validate names it
-            self.logit_bias = {int(k) if isinstance(k, str) and k.isascii() and k.isdecimal() and len(k) <= 20
-                               else k: v for k, v in self.logit_bias.items()} or None
+            bias: dict = {}
+            named: dict = {}  # token id -> the key that named it
+            for k, v in self.logit_bias.items():
+                t = int(k) if isinstance(k, str) and k.isascii() and k.isdecimal() and len(k) <= 20 else k
+                if t in named and isinstance(t, int):  # "5" and "05": one bias silently lost
+                    raise ValueError(f"sampling_params.logit_bias names token {t} twice ({quoted(named[t])} and "
+                                     f"{quoted(k)}): give each token once")
+                named[t], bias[t] = k, v
+            self.logit_bias = bias or None
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the first out-of-range field."""
