@@ -65,6 +65,7 @@ from treadle.constrained.schema.json_schema_logic import (
     repeated,
 )
 from treadle.constrained.index.json_holes import CALL_CHARS, HOLE_CHARS, MAX_CALLS, schema_allows_holes, with_definitions
+from treadle.constrained.schema.listed_values import ListedValues
 from treadle.constrained.schema.members import MAX_SPELT_CHARS, MembersTooLarge, members_safe
 from treadle.constrained.schema.unique_strings import unique_strings_checked
 from treadle.constrained.schema.json_schema_parts import (
@@ -478,6 +479,9 @@ class _Converter:
         # (_reused): a definition used at many places is converted once
         self._memo: dict[tuple, str] = {}
         self._verdicts: dict[tuple, tuple[bool, Any]] = {}  # (id(part), value's JSON) -> (valid, part)
+        # id(part) -> (part, its enum's (or its not's enum's) ListedValues, the part without it,
+        # whether a valid value is inside the list)
+        self._listed: dict[int, tuple] = {}
         self._reach: dict[str, frozenset[str]] = {}  # ref -> the refs its target reaches
         self._refs_of: dict[str, frozenset[str]] = {}  # ref -> the refs inside its target (not followed)
         registry = referencing.Registry(retrieve=_no_retrieve)
@@ -726,11 +730,27 @@ class _Converter:
     def _valid_under(self, part: Any, value: Any) -> bool:
         """Whether jsonschema finds ``value`` valid under the schema ``part`` (remembered per
         part, which is kept so that its id stays its own, and value, by its JSON text: 1,
-        1.0 and true apart)."""
+        1.0 and true apart). A part's own ``enum`` (or ``not: {enum}``) is looked up
+        (listed_values.py), the rest of the part checked by jsonschema: its loop over the list
+        made each enum value's check cost the enum's length."""
         key = (id(part), json.dumps(value, sort_keys=True))
         seen = self._verdicts.get(key)
         if seen is None:
-            seen = self._verdicts[key] = (self._validator.evolve(schema=part).is_valid(value), part)
+            listed = self._listed.get(id(part))
+            if listed is None and isinstance(part, dict):
+                if isinstance(part.get("enum"), list):
+                    rest = {k: v for k, v in part.items() if k != "enum"}
+                    listed = self._listed[id(part)] = (part, ListedValues(part["enum"]), rest, True)
+                elif isinstance(part.get("not"), dict) and list(part["not"]) == ["enum"] \
+                        and isinstance(part["not"]["enum"], list):  # (a literal oneOf's other branches)
+                    rest = {k: v for k, v in part.items() if k != "not"}
+                    listed = self._listed[id(part)] = (part, ListedValues(part["not"]["enum"]), rest, False)
+            if listed is None:
+                ok = self._validator.evolve(schema=part).is_valid(value)
+            else:
+                _, values, rest, inside = listed
+                ok = values.holds(value) == inside and self._validator.evolve(schema=rest).is_valid(value)
+            seen = self._verdicts[key] = (ok, part)
         return seen[0]
 
     def _annotations_only(self, schema: dict) -> bool:
