@@ -66,6 +66,7 @@ from treadle.constrained.schema.json_schema_logic import (
 )
 from treadle.constrained.index.json_holes import CALL_CHARS, HOLE_CHARS, MAX_CALLS, schema_allows_holes, with_definitions
 from treadle.constrained.schema.listed_values import ListedValues
+from treadle.constrained.schema.listed_values import scalar_key as _scalar_key
 from treadle.constrained.schema.members import MAX_SPELT_CHARS, MembersTooLarge, members_safe
 from treadle.constrained.schema.unique_strings import unique_strings_checked
 from treadle.constrained.schema.json_schema_parts import (
@@ -409,16 +410,6 @@ def rebase_refs(schema: Any, pointer: str) -> Any:
     if isinstance(schema, dict) and "$id" in schema:
         return schema
     return walk(schema, True)
-
-
-def _scalar_key(value: Any) -> tuple | None:
-    """A key under which two scalars are equal exactly when JSON Schema calls them equal
-    (1 and 1.0 are; true and 1 are not); None for containers and non-finite numbers."""
-    if value is None or isinstance(value, (bool, str)):
-        return (type(value).__name__, value)
-    if isinstance(value, (int, float)) and nums.finite(value):
-        return ("number", Fraction(value))
-    return None
 
 
 def _literal(value: Any, digits: bool = False) -> str:
