@@ -7,6 +7,7 @@ error shape that names the field, never FastAPI's 422.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -482,6 +483,27 @@ def _no_unknown(obj: dict, accepted: set[str]) -> None:
                                    unknown[0])
 
 
+# the fields an error of one prompt of a batch names when it is that prompt's own (its text or
+# ids, its length against the context): batch_part says which prompt
+_PROMPT_PARAMS = ("text", "input_ids", "prompt", "messages", "max_new_tokens", "max_tokens", "max_completion_tokens",
+                  "logprob_start_len", "logprobs")
+
+
+@contextlib.contextmanager
+def batch_part(i: int, own: bool):
+    """Name prompt `i` in a 400 raised for it while a batch is built ("prompt 1 of the batch:
+    the prompt has 9001 tokens ..."), as a batch's grammar errors do: a batch of a hundred
+    prompts was refused without saying which. `own`: the prompts have options of their own
+    (then every error is the prompt's); else an error of the shared options, which every prompt
+    would raise, is left as it is (the first prompt raises it)."""
+    try:
+        yield
+    except APIError as e:
+        if e.status == 400 and (own or i > 0 or e.param in _PROMPT_PARAMS):
+            e.message = f"prompt {i} of the batch: {e.message}"
+        raise
+
+
 def build_native(tm: TokenizerManager, obj: dict
                  ) -> tuple[list[TokenizedGenerateReq], bool, dict[str, tuple], list[tuple[int, SamplingParams]]]:
     """The /generate body -> requests (batch items and n samples expanded), whether the input
@@ -540,8 +562,11 @@ def build_native(tm: TokenizerManager, obj: dict
         per_prompt[name] = v if isinstance(v, list) else [v] * len(prompts)
     reqs, aliases, grammars = [], {}, []
     batch_name = (rid,) if isinstance(rid, str) and rid and not single else ()  # "" is no name (rids above)
+    own = isinstance(sp, list) or any(isinstance(obj.get(k), list) for k in per_prompt)  # per-prompt options
     for i, (p, sparams, r) in enumerate(zip(prompts, params, rids)):
-        req = tm.make_req(**p, params=sparams, **{k: v[i] for k, v in per_prompt.items()}, stream=stream, rid=r)
+        with batch_part(i, own) if not single else contextlib.nullcontext():
+            req = tm.make_req(**p, params=sparams, **{k: v[i] for k, v in per_prompt.items()}, stream=stream,
+                              rid=r)
         if req.sampling_params.has_grammar and (isinstance(sp, list) or not grammars):
             grammars.append((i, req.sampling_params))
         for part in tm.expand_n(req):

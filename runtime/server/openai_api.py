@@ -18,7 +18,8 @@ from fastapi.responses import Response
 
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
-from treadle.runtime.server.http_server import ServerState, off_loop_if_large, read_json, reply_entries
+from treadle.runtime.server.http_server import (ServerState, batch_part, off_loop_if_large, read_json,
+                                                reply_entries)
 from treadle.runtime.server.protocol import APIError, ReplyJSON, clip_names, finish_reason, matched_stop, quoted
 from treadle.runtime.server.reasoning import ReasoningStream, model_thinks, opens_in_prompt
 from treadle.runtime.server.reasoning import split as reasoning_split
@@ -107,8 +108,11 @@ def _build_completion(state: ServerState, body: dict) -> tuple[list[TokenizedGen
     prompts = _completion_prompts(tm, body.get("prompt"))
     # echo with logprobs scores the prompt too (logprob_start_len 0): loglikelihood requests
     rids = _rids(body, len(prompts))
-    reqs = [_make(tm, body, ids, default_max=16, return_logprob=lp is not None, top=lp or 0,
-                  prompt_logprobs=bool(echo) and lp is not None, rid=rid) for ids, rid in zip(prompts, rids)]
+    reqs = []
+    for i, (ids, rid) in enumerate(zip(prompts, rids)):
+        with batch_part(i, False) if len(prompts) > 1 else contextlib.nullcontext():
+            reqs.append(_make(tm, body, ids, default_max=16, return_logprob=lp is not None, top=lp or 0,
+                              prompt_logprobs=bool(echo) and lp is not None, rid=rid))
     echoes = _echoes(tm, body.get("prompt"), prompts) if echo else None
     return reqs, echoes
 
