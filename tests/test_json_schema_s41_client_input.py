@@ -82,3 +82,19 @@ def test_a_request_schema_too_deep_for_json_itself_is_a_value_error(given):
     schema = _nested("items", 3000) if given == "dict" else '{"items":' * 5000 + "{}" + "}" * 5000
     with pytest.raises(ValueError, match="schema nests too deeply to convert"):
         GrammarSpec.from_params(json_schema=schema)
+
+
+@pytest.mark.parametrize("regex", ["(" * 600 + "a" + ")" * 600, "(?:a|" * 2000 + "b" + ")" * 2000])
+def test_a_regex_nested_too_deeply_is_a_value_error(regex):
+    """(before: RecursionError from Python's re parser, which translate_regex asks whether the
+    translation compiles; 400 levels still compile)"""
+    with pytest.raises(ValueError, match="groups nest too deeply to parse"):
+        GrammarSpec.from_params(regex=regex).to_regex()
+    assert GrammarSpec.from_params(regex="(" * 400 + "a" + ")" * 400).to_regex()
+
+
+def test_a_structural_tag_too_deep_for_json_is_a_value_error():
+    """(before: RecursionError from json.dumps writing the tag's canonical form)"""
+    tag = {"structures": [{"begin": "<a>", "schema": _nested("items", 3000), "end": "</a>"}], "triggers": ["<a>"]}
+    with pytest.raises(ValueError, match="nests too deeply"):
+        GrammarSpec.from_params(structural_tag=tag)

@@ -77,7 +77,10 @@ class GrammarSpec:
         if structural_tag is not None:
             from treadle.constrained.ebnf.structural_tag import StructuralTag
 
-            return GrammarSpec("structural_tag", StructuralTag.parse(structural_tag).canonical())
+            try:
+                return GrammarSpec("structural_tag", StructuralTag.parse(structural_tag).canonical())
+            except RecursionError as e:  # (its schemas are read and written by json, which recurses)
+                raise ValueError("structural_tag: nests too deeply to read") from e
         if ebnf is not None:
             if not isinstance(ebnf, str) or not ebnf.strip():
                 raise ValueError("ebnf must be a non-empty string (a grammar with a 'root' rule)")

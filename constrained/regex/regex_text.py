@@ -772,6 +772,8 @@ def translate_regex(pattern: str) -> str:
         re.compile(out)
     except re.error as exc:
         raise RegexDialectError(f"regex: does not compile with Python re: {exc}") from exc
+    except RecursionError as exc:  # (re's parser recurses per group: some hundreds of levels)
+        raise RegexDialectError("regex: its groups nest too deeply to parse") from exc
     return out
 
 
