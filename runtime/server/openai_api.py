@@ -447,6 +447,18 @@ def _locate_grammar_error(e: APIError, body: dict, tools: ToolPlan | None) -> No
         e.message = sent + e.message[len(field):]
 
 
+def _flushed_before(pending: bytes, raw: bytes, out: str) -> int:
+    """How many characters of `out` (what `raw` made the incremental decoder write, `pending`
+    held before it) are `pending`'s, written as replacement characters because `raw` does not
+    complete them: `raw`'s own text begins after them. Prompt ids [<b'\\xf0\\x9f'>, <"Hi">]
+    echo as U+FFFD then "Hi", and "Hi" begins at 1, not at 0 where its offset was."""
+    if not pending:
+        return 0
+    flushed = pending.decode("utf-8", "replace")
+    own = codecs.getincrementaldecoder("utf-8")("replace").decode(raw)
+    return len(flushed) if out == flushed + own else 0
+
+
 def as_function_call(call: dict) -> dict:
     """An OpenAI tool call (or its streamed piece) as the legacy `function_call`: its function's
     name (the first piece has it) and arguments, without the call's id, type and index."""
@@ -507,9 +519,12 @@ class _Shaper:
         off, dec = self.text_offset.get(i) or (0, codecs.getincrementaldecoder("utf-8")("replace"))
         offsets = []
         for t, s in zip(ids, toks):
-            offsets.append(off)
             raw = self.tm.token_bytes(t)
-            off += len(dec.decode(s.encode("utf-8") if raw is None else raw))
+            raw = s.encode("utf-8") if raw is None else raw
+            pending = dec.getstate()[0]  # an earlier token's bytes of a character not yet whole
+            out = dec.decode(raw)
+            offsets.append(off + _flushed_before(pending, raw, out))
+            off += len(out)
         self.text_offset[i] = (off, dec)
         # each step's top tokens and the chosen one (OpenAI: up to logprobs + 1 entries, vLLM
         # too), even at logprobs=0; an echoed prompt's first token has no score
