@@ -164,7 +164,7 @@ class ToolPlan:
             try:
                 items = json.loads(text)
                 calls = tuple(ToolCall(it["name"], _dump(it["arguments"])) for it in items)
-            except (ValueError, TypeError, KeyError):  # cut short by max_tokens
+            except (ValueError, TypeError, KeyError, RecursionError):  # cut short by max_tokens (or nested past json)
                 # as a named call cut short (and OpenAI's): the calls so far, the last one's
                 # arguments as far as they got; the wrapper array is never shown as content
                 return Reply(None, _calls_so_far(text), finish)
@@ -256,7 +256,7 @@ def _calls_so_far(text: str) -> tuple[ToolCall, ...]:
             item, end = dec.raw_decode(text, start)
             calls.append(ToolCall(item["name"], _dump(item["arguments"])))
             pos = end
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):
             break
     head = _CALL_HEAD_RE.match(text, pos)
     if head is not None:
@@ -265,20 +265,19 @@ def _calls_so_far(text: str) -> tuple[ToolCall, ...]:
 
 
 def _as_call(text: str, known: set[str]) -> ToolCall | None:
-    """`{"name": ..., "arguments" | "parameters": {...}}` naming a listed tool, else None."""
+    """`{"name": ..., "arguments" | "parameters": {...}}` naming a listed tool, else None.
+    A reply nested past what json reads (a thousand "[") is no call either: its RecursionError
+    was a 500, and a stream cut off."""
     try:
         obj = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or obj.get("name") not in known:
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):  # some models write the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except ValueError:
+        if not isinstance(obj, dict) or obj.get("name") not in known:
             return None
-    return ToolCall(obj["name"], _dump(args)) if isinstance(args, dict) else None
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):  # some models write the arguments as a JSON string
+            args = json.loads(args)
+        return ToolCall(obj["name"], _dump(args)) if isinstance(args, dict) else None
+    except (ValueError, RecursionError):
+        return None
 
 
 class ToolStream:
