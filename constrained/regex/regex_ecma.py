@@ -46,6 +46,7 @@ import interegular
 
 from treadle.constrained.regex import fsm_crawl
 from treadle.constrained.regex.fsm_regex import fsm_to_regex
+from treadle.constrained.regex.required_first import needs_first
 from treadle.constrained.regex.regex_text import (
     MAX_REPEAT,
     json_safe_atoms,
@@ -581,7 +582,8 @@ def _assertion_branch_body(s: bool, e: bool, core: str, passed: set) -> str | No
     first; where its regex is too long, the strings that are a match whole (no padding around
     it), then also with the counted repetitions of the match lowered to at most 16, then 4
     (fewer strings each time: a subset), then that last automaton over fewer characters
-    (``_written_over_fewer_symbols``). (An unanchored core with a long counted repetition is
+    (``_written_over_fewer_symbols``), then, for the password rule's shape, a character of each
+    class a lookahead asks for first (``required_first.needs_first``). (An unanchored core with a long counted repetition is
     written from the string's start at once: padding before it is exponential in the count.)
     A try whose assertions' automaton passed its cap is added to ``passed`` and not tried
     again for the pattern's later branches (the branches of one group share its assertions:
@@ -606,9 +608,19 @@ def _assertion_branch_body(s: bool, e: bool, core: str, passed: set) -> str | No
                 passed.add((s_, e_, most))
             failure = exc
     assert failure is not None
-    if fsm is None or len(fsm.states) > _WRITE_STATES:
-        raise failure
-    return _written_over_fewer_symbols(fsm, failure)
+    try:
+        if fsm is None or len(fsm.states) > _WRITE_STATES:
+            raise failure
+        return _written_over_fewer_symbols(fsm, failure)
+    except RegexDialectError as exc:
+        if not any(w in str(exc) for w in ("exceed", "nest")):
+            raise
+        # lookaheads each asking for a character of a class, then one repeated class (the
+        # password rule): one of each first, then the rest (required_first.py: a subset)
+        first = needs_first(core, _positive, _fsm)
+        if first is None:
+            raise
+        return first
 
 
 # the regex of an automaton written over fewer characters (``_written_over_fewer_symbols``):

@@ -1372,9 +1372,26 @@ class _Converter:
             return self._string(schema, path)
         if t == "array":
             if "contains" in schema:
-                schema = contains_as_prefix(schema, path)
+                return self._containing(schema, path)
             return array_regex(self, schema, path)
         return object_regex(self, schema, path)
+
+    def _containing(self, schema: dict, path: str) -> str:
+        """An array with ``contains``: any of its rewrites (json_schema_logic.contains_as_prefix)
+        that has an output."""
+        rewrites, untried = contains_as_prefix(schema, path)
+        out, first_error = [], None
+        for rewrite in rewrites:
+            try:
+                out.append(array_regex(self, rewrite, path))
+            except NoOutput as exc:
+                first_error = first_error or exc
+        if not out:
+            if untried is not None:  # (not every way was tried: no proof that none has an output)
+                raise UnsupportedSchemaError(untried) from first_error
+            assert first_error is not None
+            raise first_error
+        return _alt(out)
 
     def _string(self, schema: dict, path: str) -> str:
         fmt = schema.get("format")

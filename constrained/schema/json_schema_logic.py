@@ -12,8 +12,9 @@ schema has no regex):
 - ``not`` S: ``anyOf`` of ``complement(S)``;
   (``not: {pattern: P}``: strings matching none of P, treadle's ``__not_pattern__``, which the
   converter writes as the string's automaton minus P's widest reading);
-- ``contains`` C with ``minContains`` m and ``maxContains`` M: the first m items (at least one)
-  also satisfy C, and the array has at most M items (so no more than M can match).
+- ``contains`` C with ``minContains`` m and ``maxContains`` M: the first m items after
+  ``prefixItems`` (at least one) also satisfy C, or (m = 1) one item of ``prefixItems`` does, and
+  the array has at most M items (so no more than M can match).
 
 ``complement(S)`` lists schemas none of whose instances is valid under S: per assertion of S,
 one that breaks it (a value of another type, a number past a bound, an object lacking a
@@ -41,6 +42,9 @@ __all__ = ["Apart", "canonical", "closed_forbids", "complement", "conditional_br
 # each dependency keeps its exact "absent or present-with" choice up to this many; past it a
 # dependency on an optional property makes its dependents required (narrower, still sound)
 DEPENDENCY_CHOICES = 4
+# contains with prefixItems: the prefix positions tried for the one contained item (each is a
+# rewrite of the array written beside the others)
+PREFIX_CONTAINS = 8
 _COMPLEMENT_DEPTH = 4  # nesting of `not` / properties / refs that complement follows
 _BOUNDS = {  # keyword -> (its complement's keyword, type)
     "minimum": ("exclusiveMaximum", "number"), "maximum": ("exclusiveMinimum", "number"),
@@ -180,11 +184,19 @@ def _types(declared: Any) -> set[str] | None:
 MAX_CONTAINS = 256  # contains_as_prefix writes minContains items out: at most this many (as minItems)
 
 
-def contains_as_prefix(schema: dict, path: str) -> dict:
+def contains_as_prefix(schema: dict, path: str) -> tuple[list[dict], str | None]:
     """``contains`` (with ``minContains`` / ``maxContains``) said by ``prefixItems`` and
-    ``maxItems``: the first items after the schema's own ``prefixItems`` also satisfy
-    ``contains`` (and ``items``), the array stops at maxContains (a subset of the arrays allowed:
-    however many of its items match, no array is longer than maxContains)."""
+    ``maxItems``, as rewrites any of which may be written (each a subset of the arrays allowed):
+    the first items after the schema's own ``prefixItems`` also satisfy ``contains`` (and
+    ``items``); and, where one contained item is needed (``minContains`` 1, the default), each
+    item of ``prefixItems`` that may also satisfy it, the array at least that long (``[1, 2]``
+    under ``prefixItems: [{const: 1}, {const: 2}], items: false, contains: {const: 2}``, where
+    no item after the prefix can be written). With ``maxContains`` the array stops there (however
+    many of its items match, no array is longer), so a prefix item past it is not tried.
+
+    Returns the rewrites and, where some way to hold the items was not tried, the refusal to
+    raise if none of the rewrites has an output (None: they say every way, and with none the
+    schema has no output treadle writes). Raises that refusal at once when there is no rewrite."""
     if "unevaluatedItems" in schema or schema.get("uniqueItems") is True:
         raise UnsupportedSchemaError(f"json_schema: keyword 'contains' at {path} together with "
                                      "unevaluatedItems or uniqueItems is not supported")
@@ -197,23 +209,39 @@ def contains_as_prefix(schema: dict, path: str) -> dict:
         raise UnsupportedSchemaError(f"json_schema: keyword 'minContains' at {path}: more than {MAX_CONTAINS:,} "
                                      "items are not supported")
     rest = {k: v for k, v in schema.items() if k not in ("contains", "minContains", "maxContains")}
+    if cap is not None:
+        rest["maxItems"] = min(rest.get("maxItems", cap), cap)
     items = rest.get("items", True)
     prefix = rest.get("prefixItems", [])
     if not isinstance(prefix, list):
         raise UnsupportedSchemaError(f"json_schema: keyword 'prefixItems' at {path} must be a list")
-    least = len(prefix) + need if need > 0 else 0  # the items written: the prefix's, then the contained ones
-    tops = [v for v in (rest.get("maxItems"), cap) if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if prefix and need > 0 and (items is False or tops and least > min(tops)):
-        # the contained items would have to be among the prefix's: not written
-        raise UnsupportedSchemaError(f"json_schema: keyword 'contains' at {path} together with prefixItems is not "
-                                     "supported where no item after the prefix can hold it (items false, or maxItems "
-                                     f"or maxContains below the {len(prefix)} prefix items + minContains {need})")
-    if need > 0:
-        rest["prefixItems"] = list(prefix) + [{"allOf": [items, schema["contains"]]}] * need
-        rest["minItems"] = max(rest.get("minItems", 0), least)
-    if cap is not None:
-        rest["maxItems"] = min(rest.get("maxItems", cap), cap)
-    return rest
+    if need == 0:
+        return [rest], None
+    out = []
+    tried = need == 1 and len(prefix) <= PREFIX_CONTAINS and (cap is None or cap >= len(prefix))
+    if need == 1:  # the one contained item among the prefix's
+        for i, item in enumerate(prefix[:PREFIX_CONTAINS]):
+            if cap is not None and i + 1 > cap:
+                break  # (the array stops at maxContains, before this item)
+            at = dict(rest, prefixItems=[*prefix[:i], {"allOf": [item, schema["contains"]]}, *prefix[i + 1:]])
+            at["minItems"] = max(rest.get("minItems", 0), i + 1)
+            out.append(at)
+    least = len(prefix) + need  # the items written: the prefix's, then the contained ones
+    top = rest.get("maxItems")
+    if not (prefix and (items is False or isinstance(top, (int, float)) and not isinstance(top, bool)
+                        and least > top)):
+        after = dict(rest, prefixItems=list(prefix) + [{"allOf": [items, schema["contains"]]}] * need)
+        after["minItems"] = max(rest.get("minItems", 0), least)
+        return [*out, after], None
+    first = min(len(prefix), PREFIX_CONTAINS, len(prefix) if cap is None else cap)
+    refusal = (f"json_schema: keyword 'contains' at {path} together with prefixItems is not supported where no "
+               f"item after the prefix can hold it (items false, or maxItems or maxContains below the {len(prefix)} "
+               f"prefix items + minContains {need}) and " + (
+                   "minContains is above 1" if need != 1 else
+                   f"none of the prefix's first {first} items can (the others are not tried)"))
+    if not out:
+        raise UnsupportedSchemaError(refusal)
+    return out, None if tried else refusal
 
 
 # ---------------------------------------------------------------- oneOf: branches told apart
