@@ -214,6 +214,28 @@ BOUNDED_FORMATS: dict[str, str] = {
     "json-pointer": _BOUNDED_POINTER,
     "relative-json-pointer": rf"(?:0|[1-9]{{1,4}}0?)(?:#|{_BOUNDED_POINTER[:-5]}{{1,6}})",
 }
+# RFC 4291 section 2.2 text forms with "::" standing for one or more zero groups (no embedded
+# IPv4): every string is an IPv6Address; written where a maxLength cuts off the eight-group form
+_IPV6_COMPRESSED = (rf"(?:{_H16}(?::{_H16}){{7}}|(?:{_H16}:){{1,7}}:|(?:{_H16}:){{1,6}}:{_H16}"
+                    rf"|(?:{_H16}:){{1,5}}(?::{_H16}){{1,2}}|(?:{_H16}:){{1,4}}(?::{_H16}){{1,3}}"
+                    rf"|(?:{_H16}:){{1,3}}(?::{_H16}){{1,4}}|(?:{_H16}:){{1,2}}(?::{_H16}){{1,5}}"
+                    rf"|{_H16}:(?::{_H16}){{1,6}}|:(?:(?::{_H16}){{1,7}}|:))")
+# formats whose subset below misses their shortest strings: wider subsets, written where a
+# maxLength cuts off every string of the narrower one, the first whose strings under the lengths
+# can be written (fewer groups beside the "::", so fewer ways to spell a length, further down)
+SHORT_FORMATS: dict[str, tuple[str, ...]] = {"ipv6": (
+    _IPV6_COMPRESSED, rf"(?:{_H16}(?::{_H16})?)?::(?:{_H16}(?::{_H16})?)?", rf"(?:{_H16})?::(?:{_H16})?")}
+# the lengths of every valid string of a format (shortest, longest or None), where the RFCs fix
+# them: "::" (2) to "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255" (45); an RFC 3339 date-time
+# "2020-01-01T00:00:00Z" (20) or time "00:00:00Z" (9), longer with fractions; a duration "P1D";
+# a host name of one label to 253 characters; an address "a@b". Only lengths outside these are
+# unsatisfiable (a format not listed: any length); the subsets written have narrower ones.
+FORMAT_LENGTHS: dict[str, tuple[int, int | None]] = {
+    "date": (10, 10), "time": (9, None), "date-time": (20, None), "duration": (3, None),
+    "ipv4": (7, 15), "ipv6": (2, 45), "ipvanyaddress": (2, 45), "uuid": (36, 36),
+    **{f"uuid{v}": (36, 36) for v in range(1, 9)},
+    "hostname": (1, 253), "email": (3, None),
+}
 FORMATS: dict[str, str] = {
     "date": _DATE,
     "duration": _DURATION,

@@ -1985,8 +1985,17 @@ def _format_with_length(fmt: str, lo: int, hi: int | None, path: str) -> str:
     if lo <= shortest and (hi is None or longest is not None and hi >= longest):
         return rx
     if hi is not None and hi < shortest or longest is not None and lo > longest:
-        raise Unsatisfiable(f"json_schema: keyword 'format' at {path}: {fmt!r} strings have {shortest} to "
-                            f"{longest} characters, outside minLength/maxLength {lo}..{hi}")
+        least, most = text.FORMAT_LENGTHS.get(fmt, (0, None))
+        if hi is not None and hi < least or most is not None and lo > most:
+            raise Unsatisfiable(f"json_schema: keyword 'format' at {path}: {fmt!r} strings have {least} to "
+                                f"{'any number of' if most is None else most} characters, outside "
+                                f"minLength/maxLength {lo}..{hi}")
+        if fmt not in text.SHORT_FORMATS or hi is None or hi >= shortest:
+            raise UnsupportedSchemaError(
+                f"json_schema: keyword 'format' at {path} together with minLength/maxLength {lo}..{hi} is not "
+                f"supported: the {fmt!r} strings written (a subset of the format) have {shortest} to {longest} "
+                "characters")
+        return _short_format(fmt, lo, hi, path)
     capped = _capped_to_length(rx, lo, hi) if len(fsm.states) > _FORMAT_INTERSECT_STATES else None
     if capped is not None:
         return capped
@@ -2008,9 +2017,32 @@ def _format_with_length(fmt: str, lo: int, hi: int | None, path: str) -> str:
                 "lengths are too many ways apart to write as one regex, and no repetition of it raised or bounded "
                 "fits them") from None
         return fitted
-    if out is None:
-        raise Unsatisfiable(f"json_schema: keyword 'format' at {path}: no {fmt!r} string has {lo}..{hi} characters")
+    if out is None:  # none of the subset's strings: the format's own may still have these lengths
+        raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path} together with minLength/maxLength "
+                                     f"{lo}..{hi} is not supported: no {fmt!r} string written (a subset of the "
+                                     "format) has those lengths")
     return out
+
+
+def _short_format(fmt: str, lo: int, hi: int, path: str) -> str:
+    """A format's strings under a maxLength below every string of its usual subset (ipv6 under
+    maxLength 10: "::1", "fe80::1"): the first of its wider subsets (text.SHORT_FORMATS) whose
+    strings within ``lo..hi`` are some and can be written as one regex."""
+    length = _lengths_fsm(lo, hi)
+    for rx in text.SHORT_FORMATS[fmt]:
+        fsm = interegular.parse_pattern(rx).to_fsm()
+        shortest, longest = length_range(fsm)
+        if lo <= shortest and longest is not None and longest <= hi:
+            return rx
+        try:
+            out = fsm_to_regex(fsm & length)
+        except ValueError:  # too many ways to spell these lengths: a narrower subset
+            continue
+        if out is not None:
+            return out
+    raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path} together with minLength/maxLength "
+                                 f"{lo}..{hi} is not supported: no {fmt!r} string written (a subset of the "
+                                 "format) has those lengths")
 
 
 # http(s) URLs of plain host names and path segments: a subset of every URI format's strings

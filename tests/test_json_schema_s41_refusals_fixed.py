@@ -1,0 +1,104 @@
+"""Standard schemas that were refused or read as unsatisfiable (helper-65's findings of session
+41), each written now: every output random walks over SmolLM2's vocabulary write validates with
+``jsonschema`` (formats checked), and example strings fullmatch the regex."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import random
+import re
+import zlib
+
+import jsonschema
+import pytest
+
+from treadle.constrained import GrammarSpec, allocate_token_bitmask, build_compiled_grammar, token_bytes_table
+from treadle.constrained.index.json_any import JsonPushdown
+from treadle.constrained.schema.json_schema import json_schema_to_regex
+from treadle.constrained.schema.json_schema_parts import Unsatisfiable, UnsupportedSchemaError
+
+from json_checks import random_walk
+
+EOS = 2
+V = 49152
+CHECKER = jsonschema.FormatChecker()
+
+
+@pytest.fixture(scope="module")
+def vocab(smol):
+    table = token_bytes_table(smol)
+    return table, JsonPushdown(table, len(table), V, (EOS,))
+
+
+def _walks(smol, vocab, schema: dict, n: int = 6, steps: int = 300) -> list:
+    """The instances of the random walks of ``schema``'s grammar that ended (at least half)."""
+    table, pda = vocab
+    spec = GrammarSpec.from_params(json_schema=json.dumps(schema))
+    g = build_compiled_grammar(spec.to_regex(holes=True), smol, [EOS], vocab_size=V, spec=spec, pda=pda)
+    rng = random.Random(zlib.crc32(json.dumps(schema).encode()))
+    bm = allocate_token_bitmask(1, V)
+    done = []
+    for _ in range(n):
+        m = g.matcher()
+        out = random_walk(m, bm, table, EOS, rng, steps=steps, stop_p=0.3, free_steps=40, steer_after=80)
+        if m.is_terminated():
+            done.append(json.loads(out.decode()))
+    assert len(done) >= n // 2, (schema, done)
+    for inst in done:
+        jsonschema.validate(inst, schema, format_checker=CHECKER)
+    return done
+
+
+# ---------------------------------------------------------------- 1. format lengths
+
+
+@pytest.mark.parametrize("lo, hi, examples", [
+    (None, 10, ["::1", "fe80::1", "::", "1:2::3"]),
+    (None, 2, ["::"]),
+    (3, 14, ["::1", "2001:db8::1"]),
+    (2, 5, ["::", "a::b", "::ff"]),
+])
+def test_ipv6_under_a_max_length_below_fifteen_writes_compressed_addresses(smol, vocab, lo, hi, examples):
+    """'ipv6' under maxLength 10 was Unsatisfiable ("'ipv6' strings have 15 to 39 characters"):
+    the eight-group subset's lengths, but "::1" is an IPv6 address. Each string written is one."""
+    schema = {"type": "string", "format": "ipv6", "maxLength": hi}
+    if lo is not None:
+        schema["minLength"] = lo
+    rx = json_schema_to_regex(schema)
+    for ex in examples:
+        assert re.fullmatch(rx, json.dumps(ex)), ex
+    for bad in ["1::2::3", ":::", "12345::", ":1"]:
+        assert not re.fullmatch(rx, json.dumps(bad)), bad
+    for inst in _walks(smol, vocab, schema):
+        ipaddress.IPv6Address(inst)
+        assert (lo or 0) <= len(inst) <= hi
+
+
+@pytest.mark.parametrize("schema, why", [
+    ({"type": "string", "format": "ipv6", "maxLength": 1}, "'ipv6' strings have 2 to 45"),
+    ({"type": "string", "format": "ipv4", "maxLength": 6}, "'ipv4' strings have 7 to 15"),
+    ({"type": "string", "format": "ipv4", "minLength": 16}, "'ipv4' strings have 7 to 15"),
+    ({"type": "string", "format": "uuid", "maxLength": 35}, "'uuid' strings have 36 to 36"),
+    ({"type": "string", "format": "date", "minLength": 11}, "'date' strings have 10 to 10"),
+    ({"type": "string", "format": "date-time", "maxLength": 19}, "'date-time' strings have 20 to any"),
+    ({"type": "string", "format": "hostname", "minLength": 254}, "'hostname' strings have 1 to 253"),
+])
+def test_a_format_is_unsatisfiable_only_outside_its_real_lengths(schema, why):
+    with pytest.raises(Unsatisfiable, match=why):
+        json_schema_to_regex(schema)
+
+
+@pytest.mark.parametrize("schema, valid", [
+    # real strings of these lengths exist; the subsets written have none: a refusal by name
+    ({"type": "string", "format": "hostname", "minLength": 200}, "a" * 63 + "." + "b" * 63 + "." + "c" * 63 + ".d" * 5),
+    ({"type": "string", "format": "date-time", "minLength": 40}, "2020-01-01T00:00:00.12345678901234567890Z"),
+    ({"type": "string", "format": "email", "maxLength": 4}, "a@b"),
+    ({"type": "string", "format": "duration", "minLength": 40}, "P" + "1" * 38 + "D"),
+])
+def test_a_format_whose_written_subset_misses_the_lengths_is_refused_not_unsatisfiable(schema, valid):
+    """Before: Unsatisfiable naming the subset's lengths ('hostname' 1 to 167), though the
+    example (of those lengths, valid for jsonschema) exists."""
+    jsonschema.validate(valid, schema, format_checker=CHECKER)
+    with pytest.raises(UnsupportedSchemaError, match="subset of the format"):
+        json_schema_to_regex(schema)
