@@ -102,3 +102,38 @@ def test_a_format_whose_written_subset_misses_the_lengths_is_refused_not_unsatis
     jsonschema.validate(valid, schema, format_checker=CHECKER)
     with pytest.raises(UnsupportedSchemaError, match="subset of the format"):
         json_schema_to_regex(schema)
+
+
+# ---------------------------------------------------------------- 2. patterns in allOf
+
+
+@pytest.mark.parametrize("schema, good, bad", [
+    ({"allOf": [{"type": "string", "pattern": "^[a-z0-9]{2,6}$"}, {"pattern": "[0-9]"}]},
+     ["a1", "zz9", "123456"], ["ab", "a1234567", "1", "A1"]),
+    ({"type": "string", "allOf": [{"pattern": "a"}, {"pattern": "b"}, {"pattern": "c"}], "maxLength": 5},
+     ["abc", "cxba", "bbcaa"], ["ab", "abcabc", "xyz"]),
+    # the password rule said as allOf: the joint automaton's regex is too long, one pattern of them all is not
+    ({"type": "string", "allOf": [{"pattern": "^[A-Za-z0-9]{8,64}$"}, {"pattern": "[A-Z]"}, {"pattern": "[0-9]"}]},
+     ["abcdefA1"], ["abcdefgh", "A1", "abcdefg1"]),
+    ({"allOf": [{"type": "string", "pattern": "^[a-z0-9]{2,6}$"}, {"pattern": "[0-9]"}, {"not": {"pattern": "7"}}]},
+     ["a1", "zz9"], ["a7", "ab"]),
+    ({"allOf": [{"type": "string", "format": "date"}, {"pattern": "^2"}, {"pattern": "-12-"}]},
+     ["2024-12-31"], ["2024-11-30", "1999-12-31"]),
+])
+def test_patterns_in_allof_are_intersected(smol, vocab, schema, good, bad):
+    """Two patterns on one string were refused ("keyword 'pattern' combined in allOf ... is not
+    supported"): a string matching both is written."""
+    rx = json_schema_to_regex(schema)
+    for s in good:
+        jsonschema.validate(s, schema, format_checker=CHECKER)
+    for s in bad:
+        assert not re.fullmatch(rx, json.dumps(s)), s
+    assert any(re.fullmatch(rx, json.dumps(s)) for s in good), (good, rx[:200])
+    _walks(smol, vocab, schema)
+
+
+def test_patterns_in_allof_with_no_common_string_written_are_refused_not_unsatisfiable():
+    """Where the narrow readings meet nowhere but the wide ones (which take Unicode digits and
+    letters) might, the refusal names the keyword."""
+    with pytest.raises(UnsupportedSchemaError, match="'pattern' combined in allOf"):
+        json_schema_to_regex({"type": "string", "allOf": [{"pattern": "^[a-z]+$"}, {"pattern": "^[0-9]+$"}]})

@@ -355,7 +355,7 @@ def _checked_walks(schema: Any, whitespace_pattern: str | None, max_recursion_de
         ws_fsm = interegular.parse_pattern(whitespace_pattern).to_fsm()
         if not (ws_fsm - interegular.parse_pattern(r"[ \t\n\r]*").to_fsm()).empty():
             raise ValueError(f"json_schema: whitespace_pattern {whitespace_pattern!r} matches non-whitespace text")
-    for reserved in ("__conj__", "__refs__", "__not_in__", "__not_pattern__"):
+    for reserved in ("__conj__", "__refs__", "__not_in__", "__not_pattern__", "__and_pattern__"):
         if reserved in json.dumps(schema):
             raise UnsupportedSchemaError(f"json_schema: keyword '{reserved}' is reserved by treadle")
     if max_recursion_depth < 0:
@@ -610,7 +610,8 @@ class _Converter:
         listed values, and ``properties`` that only forbid (``{"url": false}``: the key is absent)."""
         quiet = {"not", "required", "type", "minProperties", "maxProperties", "propertyNames", "dependentRequired",
                  "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
-                 "exclusiveMaximum", "const", "enum", "__not_in__", "__not_pattern__", "pattern", "format"}
+                 "exclusiveMaximum", "const", "enum", "__not_in__", "__not_pattern__", "__and_pattern__", "pattern",
+                 "format"}
         if sub is True or sub is False:
             return True
         if not isinstance(sub, dict):
@@ -1287,6 +1288,64 @@ class _Converter:
             raise Unsatisfiable(f"json_schema: keyword 'not' at {path}: every string is excluded")
         return out
 
+    def _string_matching_all(self, schema: dict, path: str) -> str:
+        """A string of ``schema`` that matches each of its ``__and_pattern__`` patterns too
+        (patterns met in allOf: ``pattern`` holds the first): the string's automaton (raw
+        characters only) and each pattern's narrow reading (key_pattern_bodies' inner body: raw
+        strings that match under Python's ``re`` and ECMA-262, a subset) intersected. Where that is
+        empty, the schema is unsatisfiable only if the wide readings (outer bodies) meet nowhere."""
+        rest = {k: v for k, v in schema.items() if k != "__and_pattern__"}
+        part = self._string_not_matching(rest, path) if "__not_pattern__" in rest else self._string(rest, path)
+        fsm = interegular.parse_pattern(part).to_fsm() & interegular.parse_pattern(_ONE_SPELLING["string"]).to_fsm()
+        wide = interegular.parse_pattern(_ONE_SPELLING["string"]).to_fsm()
+        for pattern in [schema.get("pattern"), *schema["__and_pattern__"]]:
+            if pattern is None:
+                continue
+            try:
+                inner, outer = key_pattern_bodies(pattern) if isinstance(pattern, str) else (None, None)
+            except ValueError as exc:
+                raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' combined in allOf at {path}: pattern "
+                                             f"{pattern!r}: {exc}") from exc
+            if inner is None or outer is None:
+                raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' combined in allOf at {path}: pattern "
+                                             f"{pattern!r} has no reading that can be written")
+            wide = wide & interegular.parse_pattern('"' + outer + '"').to_fsm()
+            fsm = fsm & interegular.parse_pattern('"' + inner + '"').to_fsm()
+            if len(fsm.states) > _PATTERN_STATES:
+                raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' combined in allOf at {path} is not "
+                                             f"supported: the patterns' joint automaton passes {_PATTERN_STATES} states")
+        try:
+            out = fsm_to_regex(fsm)
+        except ValueError as exc:  # the intersection's regex is too long: one pattern of them all, or
+            out = self._joint_pattern(rest, schema["__and_pattern__"], path) or _shortest_strings(fsm)
+            if out is None:
+                raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' combined in allOf at {path} is not "
+                                             f"supported: {exc}") from exc
+        if out is None:
+            if wide.empty():
+                raise Unsatisfiable(f"json_schema: keyword 'pattern' combined in allOf at {path}: no string matches "
+                                    "every pattern")
+            raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' combined in allOf at {path} is not "
+                                         "supported: no string written matches every pattern")
+        return out
+
+    def _joint_pattern(self, rest: dict, others: list, path: str) -> str | None:
+        """``rest`` (its ``pattern`` the first of allOf's) matching ``others`` too, as one pattern
+        the pattern reader writes: ``^(?=[\\s\\S]*?(?:P2))...[\\s\\S]*?(?:P1)`` finds each pattern
+        wherever it is (lookaheads the reader writes exactly where it can: the password rule's
+        ``(?=.*[A-Z])`` ... beside ``[A-Za-z0-9]{8,64}``), or None: patterns with group numbers or
+        flags (which the joint one would change), or a joint one the reader refuses."""
+        patterns = [rest.get("pattern"), *others]
+        if not all(isinstance(p, str) and not re.search(r"\\[1-9k]|\(\?[aiLmsux]|\(\?P=", p) for p in patterns):
+            return None
+        joint = "^" + "".join(f"(?=[\\s\\S]*?(?:{p}))" for p in others) + f"[\\s\\S]*?(?:{patterns[0]})"
+        try:
+            part = {**rest, "pattern": joint}
+            out = self._string_not_matching(part, path) if "__not_pattern__" in part else self._string(part, path)
+        except (UnsupportedSchemaError, Unsatisfiable):  # (the automata decide what is unsatisfiable)
+            return None
+        return out
+
     def _other_type(self, t: str) -> str:
         """Any value of type ``t``: scalars exactly, containers OTHER_TYPES_DEPTH deep."""
         if t not in ("array", "object"):
@@ -1367,6 +1426,8 @@ class _Converter:
             error = UnsupportedSchemaError if exc.unsupported else Unsatisfiable
             raise error(f"json_schema: keyword '{exc.keyword}' at {path}: {exc}") from exc
         if t == "string":
+            if "__and_pattern__" in schema:
+                return self._string_matching_all(schema, path)
             if "__not_pattern__" in schema:
                 return self._string_not_matching(schema, path)
             return self._string(schema, path)
@@ -1635,7 +1696,7 @@ class _Converter:
 
 _SUPPORTED = {
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
-    "string": {"minLength", "maxLength", "pattern", "format", "__not_pattern__"},
+    "string": {"minLength", "maxLength", "pattern", "format", "__not_pattern__", "__and_pattern__"},
     "array": {"items", "prefixItems", "minItems", "maxItems", "unevaluatedItems", "uniqueItems", "contains",
               "minContains", "maxContains"},
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties", "unevaluatedProperties",
@@ -2221,9 +2282,35 @@ def _not_pattern(validator: Any, patterns: Any, instance: Any, schema: Any) -> A
             yield jsonschema.ValidationError(f"{instance!r} may match {pattern!r}")
 
 
+def _shortest_strings(fsm: Any) -> str | None:
+    """The strings of a JSON string's automaton ``fsm`` (raw characters) with the fewest
+    characters it has up to a few more (16, else 8, 4, 2, 0 more), as the first such regex that
+    is short enough to write (a subset: ``^[A-Za-z0-9]{8,64}$`` with ``[A-Z]`` and ``[0-9]``
+    writes 8 to 24 characters), or None."""
+    shortest, _ = length_range(fsm)
+    for more in (16, 8, 4, 2, 0):
+        lengths = interegular.parse_pattern(f'"{text.SAFE_RAW_CHAR}{{{max(shortest - 2, 0)},'
+                                            f'{max(shortest - 2, 0) + more}}}"').to_fsm()
+        try:
+            out = fsm_to_regex(fsm & lengths)
+        except ValueError:
+            continue
+        if out is not None:
+            return out
+    return None
+
+
+def _and_pattern(validator: Any, patterns: Any, instance: Any, schema: Any) -> Any:
+    """treadle's ``__and_pattern__`` (patterns beside ``pattern`` in allOf): a string that
+    matches each of ``patterns``."""
+    for pattern in patterns:
+        yield from jsonschema.Draft202012Validator.VALIDATORS["pattern"](validator, pattern, instance, schema)
+
+
 # 2020-12 and treadle's own keywords, for the checks of listed values (enum, const, names)
 _Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator,
-                                          {"__not_in__": _not_in, "__not_pattern__": _not_pattern})
+                                          {"__not_in__": _not_in, "__not_pattern__": _not_pattern,
+                                           "__and_pattern__": _and_pattern})
 
 
 def _no_retrieve(uri: str) -> Any:

@@ -49,7 +49,7 @@ class TooDeep(NoOutput):
 # Keywords that only constrain values of one type (a value of another type ignores them).
 FAMILIES: dict[str, frozenset[str]] = {
     "number": frozenset("minimum maximum exclusiveMinimum exclusiveMaximum multipleOf".split()),
-    "string": frozenset("minLength maxLength pattern format __not_pattern__".split()),
+    "string": frozenset("minLength maxLength pattern format __not_pattern__ __and_pattern__".split()),
     "array": frozenset(
         "items prefixItems minItems maxItems uniqueItems contains minContains maxContains unevaluatedItems".split()
     ),
@@ -59,7 +59,8 @@ FAMILIES: dict[str, frozenset[str]] = {
     ),
 }
 # (__conj__ and __not_in__ are treadle's own: the parts merged, and scalars an instance is none of;
-# so is the string keyword __not_pattern__: patterns a string matches none of)
+# so are the string keywords __not_pattern__: patterns a string matches none of, and
+# __and_pattern__: patterns met in allOf beside ``pattern``, each of which it matches)
 _APPLICATORS = frozenset("type enum const $ref allOf anyOf oneOf not if then else __conj__ __not_in__".split())
 # refs to dynamic scopes, which treadle does not follow: refused wherever they stand
 DYNAMIC_REFS = ("$dynamicRef", "$recursiveRef")
@@ -352,8 +353,11 @@ class Merger:
                 r[key] = min(r[key], value)
             elif key in ("enum", "const"):
                 pass  # the literal path re-checks every candidate against all parts
-            elif key in ("__not_in__", "__not_pattern__"):
+            elif key in ("__not_in__", "__not_pattern__", "__and_pattern__"):
                 r[key] = list(r[key]) + list(value)
+            elif key == "pattern":  # a string matches both: their automata intersected (_string_matching_all)
+                if value != r[key] and value not in r.get("__and_pattern__", []):
+                    r["__and_pattern__"] = [*r.get("__and_pattern__", []), value]
             elif key == "not":  # neither A nor B: not (A or B), one anyOf however many parts
                 r[key] = {"anyOf": [*_conjuncts(r[key], "anyOf"), value]}
             elif r[key] == value:
