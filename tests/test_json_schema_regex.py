@@ -391,9 +391,17 @@ def test_unique_items_and_contains_errors() -> None:
     # ... or, under minItems 2, items of distinct kinds (integers of distinct magnitude bands), which
     # integers of one band rule out; the spec mode does not narrow so
     assert accepts({**capped, "minItems": 2}, [1, 10]) and not accepts({**capped, "minItems": 2}, [1, 2])
-    raises_keyword({**capped, "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 2}, "uniqueItems")
-    raises_keyword({"type": "array", "items": {"enum": list("abcdefg")}, "uniqueItems": True, "minItems": 2},
+    # a small integer range is listed values: subsets of 2 or more in increasing order (each value once)
+    digits = {**capped, "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 2}
+    assert accepts(digits, [0, 9]) and accepts(digits, [1, 2, 5]) and not accepts(digits, [1, 1])
+    assert not accepts(digits, [3]) and not accepts(digits, [2, 1])
+    # ... a range too large to list is refused by name (integers of one band: no rule tells them apart)
+    raises_keyword({**capped, "items": {"type": "integer", "minimum": 100, "maximum": 999}, "minItems": 2},
                    "uniqueItems")
+    # more than 6 listed values under minItems 2: their subsets of 2 or more in the order listed
+    seven = {"type": "array", "items": {"enum": list("abcdefg")}, "uniqueItems": True, "minItems": 2}
+    assert accepts(seven, ["a", "g"]) and accepts(seven, list("bcdef")) and not accepts(seven, ["a", "a"])
+    assert not accepts(seven, ["a"])
     with pytest.raises(UnsupportedSchemaError, match="'uniqueItems'"):
         json_schema_to_regex(capped, mode="spec")
     assert accepts({"type": "array", "contains": {"type": "integer"}}, [1])

@@ -137,3 +137,42 @@ def test_patterns_in_allof_with_no_common_string_written_are_refused_not_unsatis
     letters) might, the refusal names the keyword."""
     with pytest.raises(UnsupportedSchemaError, match="'pattern' combined in allOf"):
         json_schema_to_regex({"type": "string", "allOf": [{"pattern": "^[a-z]+$"}, {"pattern": "^[0-9]+$"}]})
+
+
+# ---------------------------------------------------------------- 3. uniqueItems over an integer range
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 10}, "uniqueItems": True, "minItems": 3},
+    {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 10}, "uniqueItems": True, "minItems": 2,
+     "maxItems": 4},
+    {"type": "array", "items": {"type": "integer", "exclusiveMinimum": 0, "maximum": 40, "multipleOf": 2},
+     "uniqueItems": True, "minItems": 3},
+    # 64 values: their subsets of 3 in order pass the regex cap, those of the first 32 do not
+    {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 64}, "uniqueItems": True, "minItems": 3},
+    # at most 6 values: every order (spec mode too)
+    {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 5}, "uniqueItems": True, "minItems": 3},
+])
+def test_unique_items_over_a_small_integer_range_are_written(smol, vocab, schema):
+    """Before: "'uniqueItems' ... at most 6 listed scalar values", though a bounded integer range is
+    a few listed values: each written array validates, its values distinct."""
+    rx = json_schema_to_regex(schema)
+    assert not re.fullmatch(rx, "[2,2,4]") and not re.fullmatch(rx, "[2]")
+    for inst in _walks(smol, vocab, schema, steps=200):
+        assert len(set(inst)) == len(inst) >= schema["minItems"]
+
+
+def test_unique_items_over_at_most_six_range_values_in_spec_mode_take_every_order():
+    schema = {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 5}, "uniqueItems": True,
+              "minItems": 3}
+    rx = json_schema_to_regex(schema, mode="spec")
+    assert re.fullmatch(rx, "[5,1,3]") and re.fullmatch(rx, "[2,4,1,5,3]") and not re.fullmatch(rx, "[1,1,2]")
+
+
+@pytest.mark.parametrize("items", [
+    {"type": "integer", "minimum": 100, "maximum": 999},  # 900 values
+    {"type": "integer", "minimum": 1000, "maximum": 9999},  # 9,000 values, past the listing's look
+])
+def test_unique_items_over_a_range_too_large_to_list_is_refused_by_name(items):
+    with pytest.raises(UnsupportedSchemaError, match="'uniqueItems'.*an integer range"):
+        json_schema_to_regex({"type": "array", "items": items, "uniqueItems": True, "minItems": 3})

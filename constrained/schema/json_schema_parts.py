@@ -812,6 +812,83 @@ def _items_of_distinct_kinds(conv: _Converter, items: Any, lo: int, path: str) -
     return conv.OPEN_A + conv.COMMA.join(written) + conv.CLOSE_A
 
 
+_RANGE_KEYS = frozenset({"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+_ORDERED_CHARS = 20_000  # _ordered_at_least's regex: past this many characters, not written
+
+
+def _integer_range(conv: _Converter, items: Any, path: str) -> list | None:
+    """The values of ``items`` when it is an integer range of at most UNIQUE_ORDERED_MAX_VALUES
+    values (``{"type": "integer", "minimum": 1, "maximum": 10}``, a multipleOf too), listed as an
+    enum of them would be (each checked against ``items``); None otherwise."""
+    node = conv._follow(items, path)
+    if not isinstance(node, dict) or node.get("type") != "integer" or not set(node) - conv.annotations <= _RANGE_KEYS:
+        return None
+    bounds = []
+    for key, inclusive, side in (("minimum", True, 1), ("exclusiveMinimum", False, 1),
+                                 ("maximum", True, -1), ("exclusiveMaximum", False, -1)):
+        v = node.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return None
+        edge = math.ceil(v) if side == 1 else math.floor(v)
+        if not inclusive and edge == v:
+            edge += side
+        bounds.append((side, edge))
+    least = max((e for side, e in bounds if side == 1), default=None)
+    most = min((e for side, e in bounds if side == -1), default=None)
+    if least is None or most is None or most - least >= UNIQUE_ORDERED_MAX_VALUES * 64:
+        return None
+    check = conv.validator_for(items)
+    values = [v for v in range(least, most + 1) if check.is_valid(v)]
+    return values if len(values) <= UNIQUE_ORDERED_MAX_VALUES else None
+
+
+def _ordered_at_least(conv: _Converter, values: list, lo: int) -> str | None:
+    """Strict mode, ``uniqueItems`` over more than UNIQUE_MAX_VALUES listed values (or an
+    integer range) under ``minItems`` ``lo`` of 2 or more: each subset of ``values`` of ``lo`` or
+    more, in the order listed (a subset of the orders), so no value is written twice; None where
+    ``lo`` passes the values or the regex passes _ORDERED_CHARS characters."""
+    n = len(values)
+    if lo > n:
+        return None
+    texts = [conv.literal_regex(v) for v in values]
+    tails = [""] * (n + 1)  # tails[k]: any ordered subset of values[k:], each after a comma
+    for k in range(n - 1, -1, -1):
+        tails[k] = f"(?:{conv.COMMA}{texts[k]})?{tails[k + 1]}"
+    memo: dict[tuple[int, int, bool], str | None] = {}
+
+    def seq(k: int, need: int, first: bool) -> str | None:
+        """An ordered subset of values[k:] of ``need`` or more (need >= 1 where ``first``: no
+        value before it, so no comma before its first)."""
+        if need == 0:
+            return tails[k]
+        if need > n - k:
+            return None
+        if (k, need, first) not in memo:
+            alts = []
+            for j in range(k, n - need + 1):  # the next value picked is values[j]
+                after = seq(j + 1, need - 1, False)
+                if after is not None:
+                    alts.append(("" if first else conv.COMMA) + texts[j] + after)
+            if sum(len(a) for a in alts) > _ORDERED_CHARS:
+                raise _TooLong
+            memo[k, need, first] = None if not alts else "(?:" + "|".join(alts) + ")"
+        return memo[k, need, first]
+
+    try:
+        body = seq(0, lo, True)
+    except _TooLong:
+        return None
+    if body is None:
+        return None
+    return conv.OPEN_A + body + conv.CLOSE_A
+
+
+class _TooLong(Exception):
+    """_ordered_at_least's regex passed its cap."""
+
+
 def _unique_array_regex(conv: _Converter, schema: dict, lo: int, hi: int | None, path: str) -> str:
     """``uniqueItems`` where the items are one of a few listed scalars (``set[Enum]``,
     ``set[Literal[...]]``, booleans): every order of every subset whose size fits, spelled
@@ -825,6 +902,16 @@ def _unique_array_regex(conv: _Converter, schema: dict, lo: int, hi: int | None,
             # the matcher keeps every array's string items distinct (unique_strings.py): a plain list
             return array_regex(conv, {k: v for k, v in schema.items() if k != "uniqueItems"}, path)
     values = None if "prefixItems" in schema else conv.listed_scalars(items, f"{path}.items")
+    if values is None and "prefixItems" not in schema:
+        values = _integer_range(conv, items, f"{path}.items")
+    if values is not None and UNIQUE_MAX_VALUES < len(values) <= UNIQUE_ORDERED_MAX_VALUES and lo >= 2 \
+            and "contains" not in schema and not conv.spec:
+        listed = values if hi is None else values[:hi]  # (at most hi of them: no subset is longer)
+        while len(listed) >= lo:  # too many to spell out: the subsets of the first half of them
+            ordered = _ordered_at_least(conv, listed, lo)
+            if ordered is not None:
+                return ordered
+            listed = listed[:len(listed) // 2] if len(listed) > lo else []
     if values is not None and UNIQUE_MAX_VALUES < len(values) <= UNIQUE_ORDERED_MAX_VALUES and lo <= 1 \
             and (hi is None or hi >= len(values)) and "contains" not in schema and not conv.spec:
         # every subset, each in the order listed (every order would be n! spelt out): a non-empty
@@ -847,8 +934,9 @@ def _unique_array_regex(conv: _Converter, schema: dict, lo: int, hi: int | None,
             return distinct
         raise UnsupportedSchemaError(
             f"json_schema: keyword 'uniqueItems' at {path} is supported only for items of at most "
-            f"{UNIQUE_MAX_VALUES} listed scalar values (enum, const, boolean, null), or in strict mode "
-            "with minItems at most 1 (then at most one item is written)")
+            f"{UNIQUE_MAX_VALUES} listed scalar values (enum, const, boolean, null, an integer range), in strict "
+            f"mode of at most {UNIQUE_ORDERED_MAX_VALUES} (written in the order listed), or in strict mode with "
+            "minItems at most 1 (then at most one item is written)")
     n = len(values)
     top = n if hi is None else min(hi, n)
     if lo > top:
