@@ -425,7 +425,8 @@ def main() -> None:
           "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats,
           "attention_backend": args.attention_backend, "kv_cache_dtype": args.kv_cache_dtype,
           "cuda_graph": args.cuda_graph, "overlap_schedule": args.overlap_schedule, "tp_size": args.tp_size,
-          "custom_all_reduce": args.custom_all_reduce, "quantization": args.quantization})
+          "custom_all_reduce": args.custom_all_reduce, "quantization": args.quantization,
+          "treadle_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TREADLE_")}})
 
     bw = copy_bandwidth(dev, args.copy_mib or (2048 if dev.type == "cuda" else 256))
     emit({"figure": "copy_bandwidth", "gb_s": round(bw / 1e9, 1)})

@@ -30,12 +30,14 @@ K/V tiles are converted to the dot operand dtype, which holds every e5m2 value e
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from treadle.kernels import pdl
+from treadle.kernels import pdl, rope
+from treadle.kernels.rope import norm_half
 
 from .kv_store import (
     check_attention_io, check_device, check_index, dot_operand_dtype, interpreted,
@@ -75,6 +77,21 @@ def _attend_tile(q, k_base, v_base, slots, n_mask, offs_d, d_mask, m_i, l_i, acc
 
 
 @triton.jit
+def _rotated_heads(x_row, heads, h_mask, stride_h, cos, sin, w_ptr, eps, HALF: tl.constexpr, NORM: tl.constexpr):
+    # the halves [H, HALF] (fp32) of heads x_row[heads] rotated by cos/sin, each head RMS-normalised
+    # by the weight at w_ptr first (NORM): kernels/rope.py's rotation and rounding
+    d = tl.arange(0, HALF)
+    ptr = x_row + heads[:, None] * stride_h + d[None, :]
+    x1 = tl.load(ptr, mask=h_mask[:, None], other=0.0).to(tl.float32)
+    x2 = tl.load(ptr + HALF, mask=h_mask[:, None], other=0.0).to(tl.float32)
+    if NORM:
+        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+        x1 = norm_half(x1, rstd, w_ptr, d, x_row.dtype.element_ty)
+        x2 = norm_half(x2, rstd, w_ptr + HALF, d, x_row.dtype.element_ty)
+    return x1 * cos[None, :] - x2 * sin[None, :], x2 * cos[None, :] + x1 * sin[None, :]
+
+
+@triton.jit
 def _decode_stage1_kernel(
     # pointers
     Q, KBuf, VBuf, ReqToToken, ReqPoolIdx, SeqLens,
@@ -100,6 +117,12 @@ def _decode_stage1_kernel(
     PRECISION: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: write the final output (O's dtype) and skip stage 2
     PDL: tl.constexpr,
+    # ROPE (a NewToken): Q, KNew and VNew are the q/k/v projection's raw heads; stage 1 rotates q
+    # (each head RMS-normalised first, NORM) and the split holding the newest key rotates and
+    # stores it and its value in the pool before reading its keys
+    KNew, VNew, NewSlots, Positions, CosSin, QW, KW, eps,
+    stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cs,
+    ROPE: tl.constexpr, NORM: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_h = tl.program_id(1)
@@ -122,6 +145,13 @@ def _decode_stage1_kernel(
     offs = lo + offs_n
     n_mask = offs < hi
     slots = tl.load(tokens + offs, mask=n_mask, other=0).to(tl.int64)  # masked -> dummy slot 0
+    HALF: tl.constexpr = BLOCK_D // 2
+    offs_half = tl.arange(0, HALF)
+    if ROPE:  # the position, its cos/sin row and the new slot: written before the step
+        cs_row = CosSin + tl.load(Positions + b).to(tl.int64) * stride_cs
+        cos = tl.load(cs_row + offs_half)
+        sin = tl.load(cs_row + HALF + offs_half)
+        new_slot = tl.load(NewSlots + b).to(tl.int64)
     pdl.wait(PDL)
     pdl.launch_dependents(PDL)
     if lo >= hi:
@@ -130,12 +160,28 @@ def _decode_stage1_kernel(
                      mask=g_mask[:, None] & d_mask[None, :])
         return
 
-    # [BLOCK_H, BLOCK_D]: rows past the group are zero (tl.dot needs >= 16 rows)
-    q_ptrs = Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(DOT_DTYPE)
-
     k_base = KBuf + kv_h * stride_kh
     v_base = VBuf + kv_h * stride_vh
+    # [BLOCK_H, BLOCK_D]: rows past the group are zero (tl.dot needs >= 16 rows)
+    if ROPE:
+        q1, q2 = _rotated_heads(Q + b.to(tl.int64) * stride_qb, heads, g_mask, stride_qh, cos, sin, QW, eps,
+                                HALF, NORM)
+        # [BLOCK_H, HALF] halves side by side, rounded to q's dtype as the rotation kernel stores them
+        q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (BLOCK_H, BLOCK_D))
+        q = q.to(Q.dtype.element_ty).to(DOT_DTYPE)
+        if hi == seq_len:  # this split holds the newest key: rotate and store it and its value first
+            kv_h_row = tl.full([1], 0, tl.int32) + kv_h
+            k1, k2 = _rotated_heads(KNew + b.to(tl.int64) * stride_knb, kv_h_row, kv_h_row >= 0, stride_knh, cos,
+                                    sin, KW, eps, HALF, NORM)
+            k_dst = k_base + new_slot * stride_ks + offs_half[None, :]
+            tl.store(k_dst, k1.to(Q.dtype.element_ty).to(KBuf.dtype.element_ty))
+            tl.store(k_dst + HALF, k2.to(Q.dtype.element_ty).to(KBuf.dtype.element_ty))
+            v_new = tl.load(VNew + b.to(tl.int64) * stride_vnb + kv_h * stride_vnh + offs_d)
+            tl.store(v_base + new_slot * stride_vs + offs_d, v_new.to(VBuf.dtype.element_ty))
+            tl.debug_barrier()  # the stores are seen by this program's loads of its last tile
+    else:
+        q_ptrs = Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(DOT_DTYPE)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -240,6 +286,30 @@ def _decode_blocks(on_gpu: bool, block_d: int, splits: int) -> tuple[int, int, i
     return (64, 2, 3) if splits == 1 else (64, 4, 1)
 
 
+class NewToken(NamedTuple):
+    """A decode step's newest token as the q/k/v projection left it, for `decode_attention` to
+    rotate and store (kernels/rope.py's rotate-and-store, in stage 1): k and v [B, Hk, D], their
+    pool rows `slots` [B], `positions` [B] int64, the `cos_sin` table [max_pos, D] fp32
+    (rope.build_cos_sin_cache) and `qk_norm` (q_weight [D], k_weight [D], eps) or None."""
+    k: torch.Tensor
+    v: torch.Tensor
+    slots: torch.Tensor
+    positions: torch.Tensor
+    cos_sin: torch.Tensor
+    qk_norm: tuple | None = None
+
+
+NEW_TOKEN_MIN_HEAD_DIM = 16  # stage 1's head tile (BLOCK_D) is at least 16 wide: rotating needs it to be D
+
+
+def _check_new(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, new: NewToken) -> None:
+    rope.check_rope(q, new.k, new.positions, new.cos_sin, new.qk_norm)
+    if q.shape[2] < NEW_TOKEN_MIN_HEAD_DIM:
+        raise ValueError(f"rotating the new token in the attention kernel needs a head dim of at least "
+                         f"{NEW_TOKEN_MIN_HEAD_DIM}, got {q.shape[2]}")
+    rope.check_kv_store(new.k, (k_buffer, v_buffer, new.slots, new.v))
+
+
 def decode_attention(
     q: torch.Tensor,  # [B, Hq, D]
     k_buffer: torch.Tensor,  # [num_slots, Hk, D]
@@ -254,8 +324,14 @@ def decode_attention(
     max_seq_len: int | None = None,
     workspace: torch.Tensor | None = None,
     block_n: int | None = None,
+    new: NewToken | None = None,
 ) -> None:
     """Triton split-KV decode attention; same arguments and results as `decode_attention_ref`.
+
+    `new` (a NewToken): q holds the projection's heads before rotation and the newest key and
+    value are not stored yet; stage 1 rotates q (and normalises its heads, qk_norm) and stores the
+    rotated newest key and its value as kernels/rope.py's rotate-and-store would: one launch fewer
+    a layer. q is left as it was.
 
     `max_kv_splits`: splits per request (each request uses those its length needs). When
     omitted it is `default_kv_splits(B, Hk, max_seq_len, device)`, and `max_seq_len`, when
@@ -274,6 +350,9 @@ def decode_attention(
                    req_pool_indices=req_pool_indices, seq_lens=seq_lens)
     if workspace is not None:
         tensors["workspace"] = workspace
+    if new is not None:
+        _check_new(q, k_buffer, v_buffer, new)
+        tensors.update(k_new=new.k, v_new=new.v, new_slots=new.slots, positions=new.positions, cos_sin=new.cos_sin)
     check_device(_decode_stage1_kernel, **tensors)
     num_kv_heads = k_buffer.shape[1]
     if max_kv_splits is None:
@@ -310,6 +389,14 @@ def decode_attention(
     direct = max_kv_splits == 1
     dst = o if direct else part_out
     dst_strides = (o.stride(0), o.stride(1), 0) if direct else (part_out.stride(0), part_out.stride(1), part_out.stride(2))
+    if new is not None:
+        qw, kw, eps = new.qk_norm if new.qk_norm is not None else (q, q, 0.0)
+        rope_args = dict(KNew=new.k, VNew=new.v, NewSlots=new.slots, Positions=new.positions, CosSin=new.cos_sin,
+                         QW=qw, KW=kw, eps=float(eps), stride_knb=new.k.stride(0), stride_knh=new.k.stride(1),
+                         stride_vnb=new.v.stride(0), stride_vnh=new.v.stride(1), stride_cs=new.cos_sin.stride(0))
+    else:
+        rope_args = dict(KNew=q, VNew=q, NewSlots=seq_lens, Positions=seq_lens, CosSin=q, QW=q, KW=q, eps=0.0,
+                         stride_knb=0, stride_knh=0, stride_vnb=0, stride_vnh=0, stride_cs=0)
     _decode_stage1_kernel[(batch, num_kv_heads, max_kv_splits)](
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
         dst, part_lse,
@@ -322,6 +409,7 @@ def decode_attention(
         part_lse.stride(0), part_lse.stride(1),
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=bn, HEAD_DIM=head_dim, BLOCK_D=block_d,
         DOT_DTYPE=dot_dtype, PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", DIRECT=direct,
+        **rope_args, ROPE=new is not None, NORM=new is not None and new.qk_norm is not None,
         num_warps=num_warps, num_stages=num_stages, **pdl.options(q),
     )
     if direct:
@@ -346,9 +434,16 @@ def decode_attention_ref(
     req_pool_indices: torch.Tensor,  # [B]
     seq_lens: torch.Tensor,  # [B]
     sm_scale: float,
+    new: NewToken | None = None,
 ) -> None:
     """Pure-torch reference on any device: pads the batch to its longest sequence. Gathered
-    K/V rows are upcast to fp32, so an fp8 pool needs nothing more."""
+    K/V rows are upcast to fp32, so an fp8 pool needs nothing more. `new`: q and the newest
+    key rotated (copies; q is left as it was) and stored first, by kernels/rope.py's reference."""
+    if new is not None:
+        _check_new(q, k_buffer, v_buffer, new)
+        q = q.clone()
+        rope.apply_rope_ref(q, new.k.clone(), new.positions, new.cos_sin, new.qk_norm,
+                            kv_store=(k_buffer, v_buffer, new.slots, new.v))
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     group = num_heads // num_kv_heads

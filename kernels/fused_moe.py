@@ -37,6 +37,7 @@ import triton.language as tl
 
 from treadle.kernels import pdl
 from treadle.kernels.gemv import dequantize_blocks, scale_block_k
+from treadle.kernels.rmsnorm import NormedInput
 
 __all__ = ["moe_route", "moe_router", "moe_route_ref", "moe_align", "pick_config", "fused_moe", "fused_moe_ref"]
 
@@ -91,18 +92,39 @@ def _route_kernel(
 
 
 @triton.jit
+def _router_input(x_row, r_row, g_ptr, k0, cols, hidden, NORM: tl.constexpr, RESIDUAL: tl.constexpr):
+    # inputs k0 : k0 + BLOCK_K of a token: (h, what multiplies the router weight), fp32, zeros past
+    # H. h = x, or x + residual rounded to x's dtype; NORM: the weight multiplies h * g (the norm's
+    # weight), and the sums are scaled by the row's 1 / rms at the end (kernels/rmsnorm.py's NormedInput)
+    kmask = k0 + cols < hidden
+    h = tl.load(x_row + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
+    if RESIDUAL:
+        h = (h + tl.load(r_row + k0 + cols, mask=kmask, other=0.0).to(tl.float32)).to(x_row.dtype.element_ty)
+        h = h.to(tl.float32)
+    a = h
+    if NORM:
+        a = h * tl.load(g_ptr + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
+    return h, a
+
+
+@triton.jit
 def _router_kernel(
-    x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, ticket_ptr,
-    num_tokens, num_experts, hidden, expert_start, num_local,
+    x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, ticket_ptr, r_ptr, g_ptr, ro_ptr, xn_ptr,
+    num_tokens, num_experts, hidden, expert_start, num_local, eps,
     stride_xt, stride_w,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr,
+    NORM: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
 ):
     # grid: (cdiv(E, BLOCK_R),); each program the logits of BLOCK_R experts for every token
     # (fp32, as kernels/gemv.py), then a ticket: the program that takes the last one routes
     # every token (kernels/decode_attention.py's merge, same ordering: barrier, one
-    # release/acquire atomic at GPU scope, barrier, loads through L2)
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    # release/acquire atomic at GPU scope, barrier, loads through L2).
+    # NORM: x is a NormedInput (rows of stride H): every program normalises as it loads, and
+    # program 0 also writes the normed rows to xn (for the experts) and, RESIDUAL, x + residual
+    # to residual_out; the norm costs no launch of its own.
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < num_experts
     cols = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_w + cols[None, :]
@@ -112,12 +134,30 @@ def _router_kernel(
     pdl.launch_dependents(PDL)
     for t in range(0, num_tokens):
         x_row = x_ptr + t * stride_xt
-        acc = w0 * tl.load(x_row + cols, mask=cols < hidden, other=0.0).to(tl.float32)[None, :]
+        r_row = r_ptr + t * hidden
+        h, a = _router_input(x_row, r_row, g_ptr, 0, cols, hidden, NORM, RESIDUAL)
+        acc = w0 * a[None, :]
+        squares = h * h
         for k0 in range(BLOCK_K, hidden, BLOCK_K):
             kmask = k0 + cols < hidden
             w = tl.load(w_ptrs + k0, mask=rmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-            acc += w * tl.load(x_row + k0 + cols, mask=kmask, other=0.0).to(tl.float32)[None, :]
-        tl.store(logits_ptr + t * num_experts + rows, tl.sum(acc, axis=1), mask=rmask)
+            h, a = _router_input(x_row, r_row, g_ptr, k0, cols, hidden, NORM, RESIDUAL)
+            acc += w * a[None, :]
+            squares += h * h
+        logit = tl.sum(acc, axis=1)
+        if NORM:
+            rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / hidden + eps)
+            logit = logit * rstd
+            if pid == 0:  # the normed row (rmsnorm's rounding) and the residual stream
+                for k0 in range(0, hidden, BLOCK_K):
+                    kmask = k0 + cols < hidden
+                    h, a = _router_input(x_row, r_row, g_ptr, k0, cols, hidden, NORM, RESIDUAL)
+                    if RESIDUAL:
+                        tl.store(ro_ptr + t * hidden + k0 + cols, h.to(ro_ptr.dtype.element_ty), mask=kmask)
+                    g = tl.load(g_ptr + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
+                    xn = (h * rstd).to(xn_ptr.dtype.element_ty).to(tl.float32) * g
+                    tl.store(xn_ptr + t * hidden + k0 + cols, xn.to(xn_ptr.dtype.element_ty), mask=kmask)
+        tl.store(logits_ptr + t * num_experts + rows, logit, mask=rmask)
     tl.debug_barrier()
     ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
     if ticket == tl.num_programs(0) - 1:
@@ -167,12 +207,27 @@ def moe_route(logits: torch.Tensor, top_k: int, renormalize: bool, expert_start:
 ROUTER_MAX_TOKENS = 8  # moe_router's tokens: every program loops over all of them
 
 
-def moe_router(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, renormalize: bool, ticket: torch.Tensor,
-               expert_start: int = 0, num_local: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def moe_router(x: torch.Tensor | NormedInput, gate_weight: torch.Tensor, top_k: int, renormalize: bool,
+               ticket: torch.Tensor, expert_start: int = 0, num_local: int | None = None,
+               normed_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The router of a few tokens in one launch: logits x [T, H] @ gate_weight [E, H].T in
     fp32, then `moe_route` on them -> (weights [T, K] fp32, ids [T, K] int32). T <= 8.
     ticket: an int32 zero on x's device (the kernel leaves it zero); one launch at a time uses
-    it. A decode step at batch 1 saves the route kernel's launch a layer."""
+    it. A decode step at batch 1 saves the route kernel's launch a layer.
+    x may be a NormedInput (kernels/rmsnorm.py; contiguous rows): the router normalises it as it
+    loads it, writes the normed rows into `normed_out` ([T, H], x's dtype: the experts' input) and
+    x + residual into its residual_out: the norm before the MoE block costs no launch."""
+    norm = x if isinstance(x, NormedInput) else None
+    if norm is not None:
+        norm.check()
+        x = norm.x
+        if not (isinstance(normed_out, torch.Tensor) and normed_out.shape == x.shape and normed_out.dtype == x.dtype
+                and normed_out.is_contiguous() and normed_out.device == x.device):
+            raise ValueError(f"a NormedInput router needs normed_out, a contiguous tensor like x {tuple(x.shape)}")
+        if not x.is_contiguous():
+            raise ValueError("a NormedInput router takes contiguous rows of x")
+    elif normed_out is not None:
+        raise ValueError("normed_out is written for a NormedInput x only")
     if not (isinstance(x, torch.Tensor) and x.dim() == 2 and 0 < x.shape[0] <= ROUTER_MAX_TOKENS):
         raise ValueError(f"x must be [T, H] with 1 <= T <= {ROUTER_MAX_TOKENS}")
     if gate_weight.dim() != 2 or gate_weight.shape[1] != x.shape[1] or not gate_weight.is_contiguous():
@@ -189,14 +244,19 @@ def moe_router(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, renormali
     logits = torch.empty((t, e), dtype=torch.float32, device=x.device)
     weights = torch.empty((t, top_k), dtype=torch.float32, device=x.device)
     ids = torch.empty((t, top_k), dtype=torch.int32, device=x.device)
+    residual = norm.residual if norm is not None and norm.residual is not None else x
     # one warp a program, one expert's row each: the logit's sum and the routing (the last
     # program's) stay within a warp, no shared-memory reductions (an H100 profile of a 4-warp,
     # 2-row version: 5.6 us a layer, against 4.0 for the GEMV and moe_route launched apart)
     block_k = min(triton.next_power_of_2(h), 2048)
     _router_kernel[(e,)](
-        x, gate_weight, logits, weights, ids, ticket, t, e, h, expert_start, num_local, x.stride(0),
+        x, gate_weight, logits, weights, ids, ticket, residual, norm.weight if norm is not None else x,
+        norm.residual_out if norm is not None and norm.residual_out is not None else x,
+        normed_out if normed_out is not None else x,
+        t, e, h, expert_start, num_local, float(norm.eps) if norm is not None else 0.0, x.stride(0),
         gate_weight.stride(0), BLOCK_R=1, BLOCK_K=block_k, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
-        BLOCK_E=triton.next_power_of_2(e), RENORM=renormalize, num_warps=1, **pdl.options(x))
+        BLOCK_E=triton.next_power_of_2(e), RENORM=renormalize, NORM=norm is not None,
+        RESIDUAL=norm is not None and norm.residual is not None, num_warps=1, **pdl.options(x))
     return weights, ids
 
 

@@ -15,6 +15,12 @@ checkpoints, a scale per 128 x 128 block) gives a scale per row and per ``scale_
 inputs instead (``w_scale`` [N, cdiv(K, scale_block_k)], the blocks' scales repeated down their
 rows): each weight chunk is multiplied by its scales before the products.
 
+One row of ``x`` may come as a ``NormedInput`` (kernels/rmsnorm.py): the RMSNorm before the
+projection (and the residual add before that) done by this kernel as it loads x, its sums
+scaled by the row's 1 / rms at the end, instead of by a launch of its own; with it, ``act="silu"``
+takes a gate/up weight and writes ``silu(gate) * up``, so batch-1 decode runs a dense MLP's
+norm, gate/up and SiLU in one launch (runtime/models/llama.py).
+
 ``gemv_ref`` is ``torch.nn.functional.linear`` in fp32, rounded to the output dtype.
 """
 from __future__ import annotations
@@ -26,6 +32,7 @@ import triton
 import triton.language as tl
 
 from treadle.kernels import pdl
+from treadle.kernels.rmsnorm import NormedInput, normed_input_ref
 
 __all__ = ["gemv", "gemv_ref", "MAX_M", "pick_config", "scale_block_k", "dequantize_blocks"]
 
@@ -139,6 +146,111 @@ def _gemv_kernel(
         _store_row(y_ptr + 3 * stride_ym, acc3, scale, bias, rows, rmask)
 
 
+@triton.jit
+def _normed_chunk(x_ptr, r_ptr, g_ptr, ro_ptr, k0, cols, K, store_k, RESIDUAL: tl.constexpr,
+                  EVEN: tl.constexpr):
+    # (h, h * g) for inputs k0 : k0 + BLOCK_K of a NormedInput's one row, h = x (+ residual, rounded
+    # to x's dtype, written to residual_out below store_k: K in one program, 0 in the others), in
+    # fp32, zeros past K
+    h = _x_chunk(x_ptr, k0, cols, K, EVEN)
+    kmask = k0 + cols < K
+    if RESIDUAL:
+        h = (h + _x_chunk(r_ptr, k0, cols, K, EVEN)).to(x_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(ro_ptr + k0 + cols, h.to(ro_ptr.dtype.element_ty), mask=k0 + cols < store_k)
+    g = tl.load(g_ptr + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
+    return h, h * g
+
+
+@triton.jit
+def _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows, rmask, up_rows, k0, cols, K,
+                 stride_sn, store_k, RESIDUAL: tl.constexpr, SILU: tl.constexpr, SCALE_K: tl.constexpr,
+                 EVEN: tl.constexpr):
+    # one chunk of _gemv_normed_kernel: the chunk's squares and its products with the gate (or
+    # only) rows wg and the up rows wu, weights in their own dtype (FP8 block-scaled: SCALE_K > 0)
+    h, a = _normed_chunk(x_ptr, r_ptr, g_ptr, ro_ptr, k0, cols, K, store_k, RESIDUAL, EVEN)
+    squares += h * h
+    if SCALE_K > 0:
+        wg = _block_scaled(wg, s_ptr, rows, k0, cols, rmask, K, stride_sn, SCALE_K)
+    acc_g += wg.to(tl.float32) * a[None, :]
+    if SILU:
+        if SCALE_K > 0:
+            wu = _block_scaled(wu, s_ptr, rows + up_rows, k0, cols, rmask, K, stride_sn, SCALE_K)
+        acc_u += wu.to(tl.float32) * a[None, :]
+    return acc_g, acc_u, squares
+
+
+@triton.jit
+def _gemv_normed_kernel(
+    x_ptr, r_ptr, g_ptr, ro_ptr, w_ptr, s_ptr, b_ptr, y_ptr,
+    N, K, eps, up_rows,
+    stride_wn, stride_sn,
+    RESIDUAL: tl.constexpr, SILU: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD2: tl.constexpr, PDL: tl.constexpr,
+    SCALE_K: tl.constexpr = 0,
+):
+    # grid: (cdiv(N, BLOCK_N),); _gemv_kernel's program for one row of x that is a NormedInput
+    # (kernels/rmsnorm.py): y[n] = rstd * sum_k w[n, k] * h[k] * g[k], rstd = 1 / sqrt(mean(h^2) + eps),
+    # the squares summed over the same chunks as the products. SILU: rows n and up_rows + n (a
+    # gate/up pair) give y[n] = silu(gate) * up, N outputs of the 2N rows.
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    cols = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + cols[None, :]
+    u_ptrs = w_ptrs + up_rows * stride_wn
+    # as _gemv_kernel: the store_k chunk of weights (the second too, AHEAD2) and the scales before
+    # the wait (kernels/pdl.py)
+    wg = _w_chunk(w_ptrs, 0, cols, rmask, K, EVEN)
+    wu = wg
+    if SILU:
+        wu = _w_chunk(u_ptrs, 0, cols, rmask, K, EVEN)
+    if AHEAD2:
+        wg2 = _w_chunk(w_ptrs, BLOCK_K, cols, rmask, K, EVEN)
+        wu2 = wg2
+        if SILU:
+            wu2 = _w_chunk(u_ptrs, BLOCK_K, cols, rmask, K, EVEN)
+    sg = tl.full([BLOCK_N], 1.0, tl.float32)
+    su = tl.full([BLOCK_N], 1.0, tl.float32)
+    if HAS_SCALE and SCALE_K == 0:
+        sg = tl.load(s_ptr + rows, mask=rmask, other=0.0)
+        if SILU:
+            su = tl.load(s_ptr + up_rows + rows, mask=rmask, other=0.0)
+    bg = tl.zeros([BLOCK_N], tl.float32)
+    bu = tl.zeros([BLOCK_N], tl.float32)
+    if HAS_BIAS:
+        bg = tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+        if SILU:
+            bu = tl.load(b_ptr + up_rows + rows, mask=rmask, other=0.0).to(tl.float32)
+    pdl.wait(PDL)
+    pdl.launch_dependents(PDL)
+    store_k = tl.where(pid == 0, K, 0)  # program 0 writes residual_out
+    acc_g = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    squares = tl.zeros([BLOCK_K], tl.float32)
+    acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows, rmask,
+                                         up_rows, 0, cols, K, stride_sn, store_k, RESIDUAL, SILU, SCALE_K, EVEN)
+    start = BLOCK_K
+    if AHEAD2:
+        acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg2, wu2, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows,
+                                             rmask, up_rows, BLOCK_K, cols, K, stride_sn, store_k, RESIDUAL, SILU,
+                                             SCALE_K, EVEN)
+        start = 2 * BLOCK_K
+    for k0 in range(start, K, BLOCK_K):
+        wg = _w_chunk(w_ptrs, k0, cols, rmask, K, EVEN)
+        wu = wg
+        if SILU:
+            wu = _w_chunk(u_ptrs, k0, cols, rmask, K, EVEN)
+        acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows,
+                                             rmask, up_rows, k0, cols, K, stride_sn, store_k, RESIDUAL, SILU, SCALE_K,
+                                             EVEN)
+    rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+    y = tl.sum(acc_g, axis=1) * (sg * rstd) + bg
+    if SILU:
+        up = tl.sum(acc_u, axis=1) * (su * rstd) + bu
+        y = y / (1.0 + tl.exp(-y)) * up
+    tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rmask)
+
+
 def scale_block_k(k: int, blocks: int) -> int:
     """The inputs a scale column covers when K inputs have `blocks` of them: the power of two
     (at least 32) b with cdiv(k, b) == blocks. Block sizes are powers of two (checked where a
@@ -205,12 +317,19 @@ def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out_dtyp
         raise ValueError(f"out_dtype must be fp32/fp16/bf16, got {out_dtype}")
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
+def gemv(x: torch.Tensor | NormedInput, w: torch.Tensor, bias: torch.Tensor | None = None, *,
          out_dtype: torch.dtype | None = None, config: tuple[int, int, int, int] | None = None,
-         w_scale: torch.Tensor | None = None) -> torch.Tensor:
+         w_scale: torch.Tensor | None = None, act: str | None = None) -> torch.Tensor:
     """``x [M<=4, K] @ (w[N, K] * w_scale[:, None]).T (+ bias)`` -> ``[M, N]`` in ``out_dtype``
     (default x's); w_scale (fp32 [N], or [N, KB]: a scale per row and per scale_block_k(K, KB)
-    inputs) only with a float8_e4m3fn w."""
+    inputs) only with a float8_e4m3fn w.
+    x may be a NormedInput of one row (kernels/rmsnorm.py): the kernel normalises it as it loads
+    it and writes its residual_out. With one, act "silu" takes w's rows as a gate/up pair (gate
+    rows, then as many up rows) and gives silu(gate) * up, [1, N / 2]."""
+    if isinstance(x, NormedInput):
+        return _gemv_normed(x, w, bias, out_dtype, config, w_scale, act)
+    if act is not None:
+        raise ValueError("gemv's act is for a NormedInput x (the decode step's fused gate/up)")
     _check(x, w, bias, out_dtype, w_scale)
     if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(f"x must be on a CUDA device (got {x.device}); use gemv_ref on CPU")
@@ -234,10 +353,56 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     return y
 
 
-def gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
+def _check_normed(n: NormedInput, w: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype | None,
+                  w_scale: torch.Tensor | None, act: str | None) -> None:
+    n.check()
+    if n.x.shape[0] != 1 or n.x.shape[1] == 0:
+        raise ValueError(f"a NormedInput GEMV takes one non-empty row of x, got {tuple(n.x.shape)}")
+    _check(n.x, w, bias, out_dtype, w_scale)
+    if act not in (None, "silu"):
+        raise ValueError(f"act must be None or 'silu', got {act!r}")
+    if act and w.shape[0] % 2:
+        raise ValueError(f"act 'silu' needs gate and up rows, an even N, got {w.shape[0]}")
+
+
+def _gemv_normed(n: NormedInput, w: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype | None,
+                 config: tuple[int, int, int, int] | None, w_scale: torch.Tensor | None, act: str | None
+                 ) -> torch.Tensor:
+    _check_normed(n, w, bias, out_dtype, w_scale, act)
+    x = n.x
+    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"x must be on a CUDA device (got {x.device}); use gemv_ref on CPU")
+    k = x.shape[1]
+    rows = w.shape[0]
+    n_out = rows // 2 if act else rows
+    y = torch.empty((1, n_out), dtype=out_dtype or x.dtype, device=x.device)
+    block_n, block_k, warps, stages = config or pick_config(1, rows, k)
+    if act:  # gate and up rows: the rows a program streams stay a plain GEMV's
+        block_n = max(1, block_n // 2)
+    blocked = w_scale is not None and w_scale.dim() == 2
+    res = n.residual if n.residual is not None else x
+    _gemv_normed_kernel[(triton.cdiv(n_out, block_n),)](
+        x, res, n.weight, n.residual_out if n.residual_out is not None else x, w,
+        w_scale if w_scale is not None else x, bias if bias is not None else x, y,
+        n_out, k, float(n.eps), n_out if act else 0, w.stride(0), w_scale.stride(0) if blocked else 0,
+        RESIDUAL=n.residual is not None, SILU=act is not None, HAS_SCALE=w_scale is not None, HAS_BIAS=bias is not None,
+        EVEN=n_out % block_n == 0 and k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, AHEAD2=k > block_k,
+        SCALE_K=scale_block_k(k, w_scale.shape[1]) if blocked else 0, num_warps=warps, num_stages=stages,
+        **pdl.options(x),
+    )
+    return y
+
+
+def gemv_ref(x: torch.Tensor | NormedInput, w: torch.Tensor, bias: torch.Tensor | None = None, *,
              out_dtype: torch.dtype | None = None, config: tuple[int, int, int, int] | None = None,
-             w_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Pure-torch reference with the same signature: fp32 math, rounded once."""
+             w_scale: torch.Tensor | None = None, act: str | None = None) -> torch.Tensor:
+    """Pure-torch reference with the same signature: fp32 math, rounded once (a NormedInput
+    normalised store_k, as rmsnorm_ref rounds it)."""
+    if isinstance(x, NormedInput):
+        _check_normed(x, w, bias, out_dtype, w_scale, act)
+        x = normed_input_ref(x)
+    elif act is not None:
+        raise ValueError("gemv's act is for a NormedInput x (the decode step's fused gate/up)")
     _check(x, w, bias, out_dtype, w_scale)
     if w_scale is not None and w_scale.dim() == 2:
         y = x.float() @ dequantize_blocks(w, w_scale).T
@@ -247,4 +412,7 @@ def gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
             y = y * w_scale[None, :]
     if bias is not None:
         y = y + bias.float()
+    if act:
+        gate, up = y.chunk(2, dim=1)
+        y = torch.nn.functional.silu(gate) * up
     return y.to(out_dtype or x.dtype)

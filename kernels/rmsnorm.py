@@ -10,10 +10,17 @@ Both take ``quant=ActQuant(...)`` to return the normed rows quantized per token 
 linear (an ``Fp8Act``, kernels/fp8_quant.py) instead of writing them in ``x.dtype``: the row is
 in registers already, so its amax costs no second read. The values are rounded to x's dtype
 first, so the result is bit for bit ``per_token_quant`` of the unfused output.
+
+``NormedInput`` is a norm left to the kernel that reads its output (batch-1 decode on the GPU:
+the GEMV of kernels/gemv.py, the MoE router of kernels/fused_moe.py): that kernel adds the
+residual and accumulates the sum of squares as it loads x, and scales its sums by the
+reciprocal root at the end, so the norm costs no launch of its own. ``normed_input_ref``
+computes what it stands for.
 """
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -24,7 +31,7 @@ from treadle.kernels.fp8_quant import (
     ActQuant, Fp8Act, check_quant, empty_act, interpreting, per_token_quant_ref, quantize, token_scale,
 )
 
-__all__ = ["rmsnorm", "fused_add_rmsnorm", "rmsnorm_ref", "fused_add_rmsnorm_ref"]
+__all__ = ["rmsnorm", "fused_add_rmsnorm", "rmsnorm_ref", "fused_add_rmsnorm_ref", "NormedInput", "normed_input_ref"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -154,3 +161,57 @@ def fused_add_rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch
         return rmsnorm_ref(residual, weight, eps, quant)
     x.copy_(rmsnorm_ref(residual, weight, eps))
     return x
+
+
+class NormedInput(NamedTuple):
+    """``rmsnorm(x + residual) * weight`` not computed yet: the kernel reading it normalises as it
+    loads. ``residual`` None: the norm of x alone. With a residual, the consumer also writes
+    ``x + residual`` (rounded to x's dtype, as ``fused_add_rmsnorm`` leaves it) into
+    ``residual_out``, a tensor of its own (the consumer's programs all read ``residual``): the
+    residual stream from there on. x, residual and residual_out are [T, H], weight [H]."""
+    x: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    residual: torch.Tensor | None = None
+    residual_out: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.x.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.x.is_cuda
+
+    def check(self) -> None:
+        """ValueError unless the parts fit: _check's rules, and residual_out like x, not aliasing
+        residual or x."""
+        _check(self.x, self.weight, self.eps, self.residual)
+        if (self.residual is None) != (self.residual_out is None):
+            raise ValueError("a NormedInput takes residual and residual_out together, or neither")
+        out = self.residual_out
+        if out is not None:
+            if not isinstance(out, torch.Tensor) or out.shape != self.x.shape or out.dtype != self.x.dtype \
+                    or not out.is_contiguous() or out.device != self.x.device:
+                raise ValueError(f"residual_out must be a contiguous tensor like x ({tuple(self.x.shape)}, {self.x.dtype})")
+            if out.data_ptr() in (self.x.data_ptr(), self.residual.data_ptr()):
+                raise ValueError("residual_out must not share memory with x or residual")
+
+
+def normed_input_ref(n: NormedInput) -> torch.Tensor:
+    """What ``n`` stands for, in torch (any device): the normed rows [T, H] in x's dtype, rounded
+    as ``rmsnorm_ref``; writes ``residual_out`` as the consumer would."""
+    n.check()
+    h = n.x
+    if n.residual is not None:
+        h = (n.residual.float() + n.x.float()).to(n.x.dtype)
+        n.residual_out.copy_(h)
+    return rmsnorm_ref(h, n.weight, n.eps)

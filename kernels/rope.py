@@ -39,7 +39,7 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _norm_half(x, rstd, w_ptr, d, dtype):
+def norm_half(x, rstd, w_ptr, d, dtype):
     # kernels/rmsnorm.py's rounding: normalised, rounded, times the weight, rounded
     w = tl.load(w_ptr + d).to(tl.float32)
     return ((x * rstd[:, None]).to(dtype).to(tl.float32) * w[None, :]).to(dtype).to(tl.float32)
@@ -64,8 +64,8 @@ def _rotate_heads(
         x2 = tl.load(ptr + HALF, mask=mask, other=0.0).to(tl.float32)
         if NORM:
             rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
-            x1 = _norm_half(x1, rstd, w_ptr, d, x_ptr.dtype.element_ty)
-            x2 = _norm_half(x2, rstd, w_ptr + HALF, d, x_ptr.dtype.element_ty)
+            x1 = norm_half(x1, rstd, w_ptr, d, x_ptr.dtype.element_ty)
+            x2 = norm_half(x2, rstd, w_ptr + HALF, d, x_ptr.dtype.element_ty)
         o1 = x1 * cos[None, :] - x2 * sin[None, :]
         o2 = x2 * cos[None, :] + x1 * sin[None, :]
         tl.store(ptr, o1.to(x_ptr.dtype.element_ty), mask=mask)
@@ -113,8 +113,9 @@ def _rope_kernel(
                   HALF, BLOCK_H, NORM, STORE)
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-           qk_norm: tuple | None = None) -> None:
+def check_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+               qk_norm: tuple | None = None) -> None:
+    """apply_rope's argument checks (also decode attention's, which rotates the newest token itself)."""
     if qk_norm is not None:
         _check_norm(q, qk_norm)
     for name, t in (("q", q), ("k", k), ("positions", positions), ("cos_sin_cache", cos_sin_cache)):
@@ -163,9 +164,9 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_si
     q/k may be strided views (e.g. slices of a fused qkv buffer) as long as the head dim is
     contiguous.
     """
-    _check(q, k, positions, cos_sin_cache, qk_norm)
+    check_rope(q, k, positions, cos_sin_cache, qk_norm)
     if kv_store is not None:
-        _check_kv_store(k, kv_store)
+        check_kv_store(k, kv_store)
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(f"q must be on a CUDA device (got {q.device}); use apply_rope_ref on CPU")
     T, Hq, D = q.shape
@@ -187,7 +188,7 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_si
     )
 
 
-def _check_kv_store(k: torch.Tensor, kv_store: tuple) -> None:
+def check_kv_store(k: torch.Tensor, kv_store: tuple) -> None:
     if not isinstance(kv_store, tuple) or len(kv_store) != 4:
         raise ValueError("kv_store must be (k_buffer, v_buffer, slots, v)")
     k_buffer, v_buffer, slots, v = kv_store
@@ -202,9 +203,9 @@ def _check_kv_store(k: torch.Tensor, kv_store: tuple) -> None:
 def apply_rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                    qk_norm: tuple | None = None, kv_store: tuple | None = None) -> None:
     """Pure-torch reference of :func:`apply_rope` (in place, any device, fp32 math)."""
-    _check(q, k, positions, cos_sin_cache, qk_norm)
+    check_rope(q, k, positions, cos_sin_cache, qk_norm)
     if kv_store is not None:
-        _check_kv_store(k, kv_store)
+        check_kv_store(k, kv_store)
     if qk_norm is not None:
         from treadle.kernels.rmsnorm import rmsnorm_ref
 

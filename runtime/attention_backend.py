@@ -1,6 +1,7 @@
 """Attention backends behind one interface: `plan` (host-side metadata, outside any CUDA
 graph) and `forward` (rotates q and k when given `rope`, stores the new K/V into the pool, then
-attends; graph-safe on GPU; the Triton backend rotates and stores in one kernel).
+attends; graph-safe on GPU; the Triton backend rotates and stores in one kernel, and at decode
+inside the attention kernel itself).
 
 `torch` works on any device (the kernels' *_ref functions); `triton` is the GPU default.
 Both take the pool in the model dtype or as an fp8_e5m2 KV cache (`kv_cache_dtype`): new K/V
@@ -9,6 +10,7 @@ fp32, the kernels in the dot operand dtype), so q and the output stay in the mod
 """
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 import torch
@@ -83,6 +85,16 @@ class TritonAttentionBackend:
 
     def forward(self, q, k, v, layer, fb, scale, rope=None):
         k_buf, v_buf = self.kv_pool.get_kv(layer)
+        if (rope is not None and fb.mode is ForwardMode.DECODE and fused_rope()
+                and q.shape[-1] >= dec.NEW_TOKEN_MIN_HEAD_DIM):
+            # stage 1 of the decode attention rotates q and the new key and stores it: no rope launch
+            positions, cos_sin, qk_norm = rope
+            o = torch.empty_like(q)
+            meta = fb.attn_meta
+            dec.decode_attention(q, k_buf, v_buf, o, self.req_to_token, fb.req_pool_indices, fb.seq_lens, scale,
+                                 max_kv_splits=meta["kv_splits"], max_seq_len=meta["max_seq_len"],
+                                 new=dec.NewToken(k, v, fb.out_cache_loc, positions, cos_sin, qk_norm))
+            return o
         if rope is not None:
             positions, cos_sin, qk_norm = rope
             rope_k.apply_rope(q, k, positions, cos_sin, qk_norm, kv_store=(k_buf, v_buf, fb.out_cache_loc, v))
@@ -99,6 +111,13 @@ class TritonAttentionBackend:
                                  fb.prefix_lens, fb.extend_lens, fb.extend_start_loc, scale,
                                  max_extend_len=fb.attn_meta["max_extend_len"])
         return o
+
+
+def fused_rope() -> bool:
+    """Whether decode steps rotate and store the new token inside the attention kernel
+    (kernels/decode_attention.py's NewToken). Off unless TREADLE_FUSED_ROPE=1: checked under
+    TRITON_INTERPRET=1 only, not yet on a GPU (tests/test_decode_attention_new_token.py)."""
+    return os.environ.get("TREADLE_FUSED_ROPE", "0") == "1"
 
 
 def q_device(kv_pool: TokenToKVPool) -> torch.device:

@@ -196,6 +196,10 @@ class PackedLinear(nn.Module):
         """As ColumnParallelLinear.input_quant: these weights take their input as it is."""
         return None
 
+    def fuses_norm(self, x: torch.Tensor) -> bool:
+        """As ColumnParallelLinear.fuses_norm: the packed CPU matmul takes its input normed."""
+        return False
+
     def extra_repr(self) -> str:
         return f"{self.packed.kind}, out={self.packed.shape[0]}, in={self.packed.shape[1]}"
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from treadle.kernels.fp8_quant import ActQuant, Fp8Act
+from treadle.kernels.rmsnorm import NormedInput
 from treadle.runtime.forward_batch import ForwardBatch
 from treadle.runtime.model_config import ModelConfig
 from treadle.runtime.models import ops
@@ -48,7 +49,11 @@ class LlamaAttention(nn.Module):
         """How the q/k/v projection would quantize x (runtime/models/parallel.py), for the norm before it."""
         return self.qkv_proj.input_quant(x)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor | Fp8Act, cos_sin: torch.Tensor,
+    def fuses_norm(self, x: torch.Tensor) -> bool:
+        """Whether the q/k/v projection takes the norm before it as a NormedInput."""
+        return self.qkv_proj.fuses_norm(x)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor | Fp8Act | NormedInput, cos_sin: torch.Tensor,
                 fb: ForwardBatch) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hk) D]
@@ -76,7 +81,10 @@ class LlamaMLP(nn.Module):
     def input_quant(self, x: torch.Tensor) -> ActQuant | None:
         return self.gate_up_proj.input_quant(x)
 
-    def forward(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:
+    def fuses_norm(self, x: torch.Tensor) -> bool:
+        return self.gate_up_proj.fuses_norm(x)
+
+    def forward(self, x: torch.Tensor | Fp8Act | NormedInput) -> torch.Tensor:
         # an FP8 down projection gets silu(gate) * up quantized by the SiLU kernel itself
         return self.down_proj(self.gate_up_proj.silu_and_mul(x, self.down_proj.input_quant(x)))
 
@@ -91,18 +99,26 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
                 cos_sin: torch.Tensor, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        # pre-norm with the residual add fused into the norm: x holds the normed input, quantized
-        # per token by the norm's kernel where the projection after it is FP8 (ops.rmsnorm)
-        norm = self.input_layernorm
-        if residual is None:
-            residual = x
-            x = ops.rmsnorm(x, norm.weight, norm.eps, self.self_attn.input_quant(x))
-        else:
-            x = ops.fused_add_rmsnorm(x, residual, norm.weight, norm.eps, self.self_attn.input_quant(x))
+        x, residual = _pre_norm(x, residual, self.input_layernorm, self.self_attn)
         x = self.self_attn(positions, x, cos_sin, fb)
-        norm = self.post_attention_layernorm
-        x = ops.fused_add_rmsnorm(x, residual, norm.weight, norm.eps, self.mlp.input_quant(x))
+        x, residual = _pre_norm(x, residual, self.post_attention_layernorm, self.mlp)
         return self.mlp(x), residual
+
+
+def _pre_norm(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, consumer: nn.Module
+              ) -> tuple[torch.Tensor | Fp8Act | NormedInput, torch.Tensor]:
+    """(the consumer's input, the residual stream from here on) of a pre-norm: residual += x (the
+    first layer's residual is x itself), then the norm. The residual add is fused into the
+    norm's kernel, which quantizes per token where the consumer's projection is FP8
+    (ops.rmsnorm). At batch-1 decode on the GPU the consumer's own kernel normalises (a
+    NormedInput, where `consumer.fuses_norm` says so): no norm launch, and the residual stream
+    continues in a new tensor that kernel writes."""
+    if ops.fuses_norm(x) and consumer.fuses_norm(x):
+        out = None if residual is None else torch.empty_like(residual)
+        return NormedInput(x, norm.weight, norm.eps, residual, out), x if out is None else out
+    if residual is None:
+        return ops.rmsnorm(x, norm.weight, norm.eps, consumer.input_quant(x)), x
+    return ops.fused_add_rmsnorm(x, residual, norm.weight, norm.eps, consumer.input_quant(x)), residual
 
 
 class LlamaForCausalLM(nn.Module):

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from treadle.kernels import fused_moe as fm
+from treadle.kernels.rmsnorm import NormedInput
 from treadle.runtime.models import ops
 from treadle.runtime.models.parallel import SINGLE, ParallelContext, all_reduce
 
@@ -192,8 +193,18 @@ class SparseMoeBlock(nn.Module):
         """As LlamaMLP.input_quant: the router and the experts take x as it is."""
         return None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def fuses_norm(self, x: torch.Tensor) -> bool:
+        """Whether the router takes the norm before the block as a NormedInput (ops.fuses_norm):
+        it normalises as it loads x and writes the normed rows for the experts."""
+        return ops.fuses_norm(x) and self.gate.weight.dtype == x.dtype
+
+    def forward(self, x: torch.Tensor | NormedInput) -> torch.Tensor:
         ex = self.experts
+        if isinstance(x, NormedInput):
+            normed = torch.empty_like(x.x)
+            weights, ids = fm.moe_router(x, self.gate.weight, self.top_k, self.renormalize, self.route_ticket,
+                                         ex.expert_start, ex.num_local, normed_out=normed)
+            return all_reduce(ex(normed, weights, ids), self.ctx)
         if x.is_cuda and x.shape[0] <= fm.ROUTER_MAX_TOKENS and x.stride(1) == 1:
             weights, ids = fm.moe_router(x, self.gate.weight, self.top_k, self.renormalize, self.route_ticket,
                                          ex.expert_start, ex.num_local)

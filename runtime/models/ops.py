@@ -3,12 +3,31 @@
 Chosen per call from the tensor's device, so importing this works on any machine."""
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
 from treadle.kernels import activation, gemv as gemv_k, rmsnorm as rmsnorm_k, rope
 from treadle.kernels.fp8_quant import ActQuant, Fp8Act
+from treadle.kernels.rmsnorm import NormedInput
 from treadle.runtime import cpu_ops  # float32 CPU: one C pass an op (runtime/cpu_ops.c)
+
+# tests set True to take fuses_norm's path on CPU tensors, with TRITON_INTERPRET=1
+FUSE_NORM_WITHOUT_CUDA = False
+
+
+def fuses_norm(x: torch.Tensor) -> bool:
+    """Whether the RMSNorm before a projection of x is left to the projection's own kernel (a
+    NormedInput, kernels/rmsnorm.py) rather than launched: one row of x (batch-1 decode) captured
+    into a CUDA graph, where `linear` runs the Triton GEMV anyway. The projection must say yes
+    too (its weight's format). Off unless TREADLE_FUSED_NORM=1: its kernels are checked under
+    TRITON_INTERPRET=1 only, not yet on a GPU (tests/test_normed_input_fusion.py)."""
+    if os.environ.get("TREADLE_FUSED_NORM", "0") != "1" or x.dim() != 2 or x.shape[0] != 1 or not x.is_contiguous():
+        return False
+    if FUSE_NORM_WITHOUT_CUDA and not x.is_cuda:
+        return True
+    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and torch.cuda.is_current_stream_capturing()
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
@@ -69,15 +88,22 @@ def _has_onednn_linear() -> bool:
 _ONEDNN = _has_onednn_linear()
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor | NormedInput, w: torch.Tensor, bias: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None, act: str | None = None) -> torch.Tensor:
     """``x @ w.T (+ bias)``, in ``out_dtype`` if given.
+
+    x a NormedInput (where `fuses_norm` said so): the GEMV normalises it, and with act "silu"
+    gives silu(gate) * up of a gate/up weight (kernels/gemv.py).
 
     CUDA: a one-token product captured into a CUDA graph (batch-1 decode) runs the Triton
     GEMV, which streams the weight faster than cuBLAS's small-batch kernels on the H200
     (3.67 vs 4.00 ms for llama3-8b's matmuls, benchmarks/bench_gemv.py); outside a capture
     its higher launch cost would be paid on every call, so cuBLAS keeps those.
     CPU fp32: oneDNN's matmul (see below) where torch has it, else F.linear."""
+    if isinstance(x, NormedInput):
+        return gemv_k.gemv(x, w, bias, out_dtype=out_dtype, act=act)
+    if act is not None:
+        raise ValueError("linear's act is for a NormedInput x")
     if (x.is_cuda and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16) and x.stride(1) == 1
             and w.is_contiguous() and w.dtype == x.dtype and torch.cuda.is_current_stream_capturing()):
         return gemv_k.gemv(x, w, bias, out_dtype=out_dtype)

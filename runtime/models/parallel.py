@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from treadle.kernels.fp8_quant import ActQuant, Fp8Act
+from treadle.kernels.rmsnorm import NormedInput
 from treadle.runtime.models import ops
 
 
@@ -115,10 +116,19 @@ class ColumnParallelLinear(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
-    def forward(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Act | NormedInput) -> torch.Tensor:
         if self.quant is not None:
             return self.quant.apply(self, x, self.bias)
         return ops.linear(x, self.weight, self.bias)
+
+    def fuses_norm(self, x: torch.Tensor) -> bool:
+        """Whether this layer takes the norm before it as a NormedInput (ops.fuses_norm): its
+        kernel then normalises x as it loads it."""
+        if not ops.fuses_norm(x):
+            return False
+        if self.quant is not None:
+            return self.quant.fuses_norm(self, x)
+        return self.weight.dtype == x.dtype and self.weight.is_contiguous()
 
     def input_quant(self, x: torch.Tensor | Fp8Act) -> ActQuant | None:
         """The form this layer would quantize an input like x into (None: it takes x as it is): a
@@ -130,6 +140,8 @@ class ColumnParallelLinear(nn.Module):
         with `quant` (the next layer's `input_quant`) possibly quantized per token for it."""
         if self.quant is not None:
             return self.quant.apply_silu_and_mul(self, x, self.bias, quant)
+        if isinstance(x, NormedInput):  # one GEMV: norm, gate, up and the product
+            return ops.linear(x, self.weight, self.bias, act="silu")
         return ops.silu_and_mul(self.forward(x), quant)
 
 

@@ -82,6 +82,11 @@ class QuantMethod:
         """x [T, in_local] -> [T, out_local] in x's dtype."""
         raise NotImplementedError
 
+    def fuses_norm(self, layer: nn.Module, x: torch.Tensor) -> bool:
+        """Whether `apply` (and `apply_silu_and_mul`) take the norm before them as a NormedInput
+        (runtime/models/parallel.py's ColumnParallelLinear.fuses_norm): none unless a method says so."""
+        return False
+
     def input_quant(self, layer: nn.Module, x: torch.Tensor) -> ActQuant | None:
         """The per-token quantization `apply` would give an input like x (None: it takes x as it
         is), which the kernel producing x may do instead (runtime/models/parallel.py)."""

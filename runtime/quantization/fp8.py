@@ -22,7 +22,8 @@ from torch import nn
 from treadle.kernels.fp8_linear import (
     FP8_DTYPE, ActQuant, Fp8Act, fp8_linear, quantize_weight_ref, wants_quantized_input,
 )
-from treadle.kernels.gemv import dequantize_blocks
+from treadle.kernels.gemv import dequantize_blocks, gemv
+from treadle.kernels.rmsnorm import NormedInput
 from treadle.runtime.models import ops
 from treadle.runtime.models.parallel import RowParallelLinear
 from treadle.runtime.quantization.base import QuantMethod, new_param, replace_param
@@ -79,14 +80,28 @@ class Fp8Method(QuantMethod):
             return ActQuant(self.qc.activation_scale_ub)
         return None
 
-    def apply(self, layer: nn.Module, x: torch.Tensor | Fp8Act, bias: torch.Tensor | None) -> torch.Tensor:
-        """x as it is, or (on the GPU, from a kernel that fused `input_quant`'s quantization) an Fp8Act."""
+    def fuses_norm(self, layer: nn.Module, x: torch.Tensor) -> bool:
+        # the weight-only GEMV of one row normalises its input as it loads it (kernels/gemv.py)
+        return self.kernels(x) and not wants_quantized_input(1, layer.out_local, layer.in_local)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor | Fp8Act | NormedInput, bias: torch.Tensor | None
+              ) -> torch.Tensor:
+        """x as it is, or (on the GPU, from a kernel that fused `input_quant`'s quantization) an
+        Fp8Act, or a NormedInput where `fuses_norm` said so."""
+        if isinstance(x, NormedInput):
+            return gemv(x, layer.weight, bias, w_scale=layer.weight_scale)
         if self.kernels(x):
             return fp8_linear(x, layer.weight, layer.weight_scale, bias, self.qc.activation_scale_ub)
         if isinstance(x, Fp8Act):
             x = x.dequantize(x.dtype)
         # the float path's own matmul, so a float model of the dequantized weights is exact
         return ops.linear(x, self.dequantize(layer).to(x.dtype), bias)
+
+    def apply_silu_and_mul(self, layer: nn.Module, x: torch.Tensor | Fp8Act | NormedInput,
+                           bias: torch.Tensor | None, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
+        if isinstance(x, NormedInput):  # one GEMV: norm, gate, up and the product
+            return gemv(x, layer.weight, bias, w_scale=layer.weight_scale, act="silu")
+        return super().apply_silu_and_mul(layer, x, bias, quant)
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         if layer.weight_scale.dim() == 2:
