@@ -45,7 +45,9 @@ from starlette.types import Receive, Scope, Send
 
 from treadle.runtime.router_metrics import RouterMetrics
 from treadle.runtime.router_policy import CacheAwareConfig, make_policy
-from treadle.runtime.server.protocol import APIError, add_cors, add_error_handlers, error_body, parse_json_object, read_body
+from treadle.runtime.server.protocol import (
+    APIError, add_cors, add_error_handlers, error_body, parse_abort_request, parse_json_object, read_body,
+)
 from treadle.runtime.server.streaming import AbortOnDisconnectStream, ClientGone, until_done_or_disconnect
 
 log = logging.getLogger("treadle.router")
@@ -472,12 +474,7 @@ def create_router_app(args: RouterArgs) -> FastAPI:
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
         body = await read_body(request, args.max_request_bytes)
-        obj = parse_json_object(body)  # a 400 as a replica's, before asking them all
-        unknown = sorted(set(obj) - {"rid"})
-        if unknown:  # SGLang's abort_all (or a typo): every replica refuses it, as it stops nothing
-            raise APIError.bad_request(f"unknown field(s) {', '.join(unknown)}; accepted: rid", unknown[0])
-        if not isinstance(obj.get("rid"), str):
-            raise APIError.bad_request("rid must be a string", "rid")
+        parse_abort_request(parse_json_object(body))  # a 400 as a replica's, before asking them all
         res = await router.broadcast("POST", "/abort_request", body, request)
         answered = [(r, x) for r, x in zip(router.replicas, res) if x is not None]
         if answered and all(400 <= x.status_code < 500 for _, x in answered):

@@ -73,23 +73,25 @@ def test_abort_of_one_prompt_before_its_samples_are_sent(engine):
 
 
 def test_router_abort_request_refuses_an_unknown_field():
-    """The router's /abort_request answered {"rid": ..., "abort_all": true} (SGLang's field, or a
-    typo) with a 200 {"success": false}: every replica refused it with a 400, and the router
-    swallowed that. It is a 400 naming the field, as a replica's, before asking them all."""
+    """The router's /abort_request answered a typo'd field with a 200 {"success": false}: every
+    replica refused it with a 400, and the router swallowed that. It is a 400 naming the field,
+    as a replica's, before asking them all; SGLang's abort_all is one of its fields."""
     from fastapi.testclient import TestClient
 
     from treadle.runtime.router import RouterArgs, create_router_app
 
     app = create_router_app(RouterArgs(workers=("http://127.0.0.1:9",), health_interval_s=60.0))
     with TestClient(app) as client:
-        r = client.post("/abort_request", json={"rid": "x", "abort_all": True})
+        r = client.post("/abort_request", json={"rid": "x", "abort_everything": True})
         assert r.status_code == 400, r.text
         err = r.json()["error"]
-        assert "abort_all" in err["message"] and err["param"] == "abort_all"
+        assert "abort_everything" in err["message"] and err["param"] == "abort_everything"
         assert client.post("/abort_request", json={"rid": 3}).status_code == 400
-        # a well-formed abort with no replica up: nothing to stop
-        r = client.post("/abort_request", json={"rid": "x"})
-        assert r.status_code == 200 and r.json() == {"success": False}
+        assert client.post("/abort_request", json={"abort_all": "yes"}).status_code == 400
+        # well-formed aborts with no replica up: nothing to stop
+        for body in ({"rid": "x"}, {"abort_all": True}, {"rid": "", "abort_all": True}):
+            r = client.post("/abort_request", json=body)
+            assert r.status_code == 200 and r.json() == {"success": False}, (body, r.text)
 
 
 def test_router_abort_request_relays_the_replicas_refusal():

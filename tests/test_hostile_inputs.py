@@ -432,12 +432,14 @@ def test_logit_bias_and_renamed_fields_are_named_in_their_400(srv):
 
 
 def test_abort_request_with_an_unknown_field_is_400(srv):
-    """/abort_request read rid and ignored the rest: {"rid": ..., "abort_all": true} (SGLang's
-    field, which treadle does not take) was a 200 {"success": false} that stopped nothing, and a
-    misspelt field the same."""
-    for field in ("abort_all", "rid_"):
+    """/abort_request read rid and ignored the rest: a misspelt field was a 200 {"success":
+    false} that stopped nothing. SGLang's abort_all is taken (tests/test_server_abort_all.py),
+    as a boolean only."""
+    for field in ("rid_", "abortAll"):
         r = post(srv, "/abort_request", {"rid": "x", field: True}, 400)
         assert param_of(r) == field and "unknown" in r.json()["error"]["message"], r.text
+    r = post(srv, "/abort_request", {"rid": "x", "abort_all": "true"}, 400)
+    assert param_of(r) == "abort_all", r.text
     assert post(srv, "/abort_request", {"rid": "x"}, 200).json() == {"success": False}
 
 

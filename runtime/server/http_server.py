@@ -24,8 +24,8 @@ from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.server.metrics import ServerMetrics
 from treadle.runtime.server.protocol import (APIError, ReplyJSON, add_cors, add_error_handlers, clip, clip_names,
-                                             error_body, overloaded, parse_json_object, quoted, read_body,
-                                             unauthorized)
+                                             error_body, overloaded, parse_abort_request, parse_json_object, quoted,
+                                             read_body, unauthorized)
 from treadle.runtime.server.streaming import (ClientGone, gather_all, merge_streams, sse,
                                               stream_or_error, until_done_or_disconnect)
 from treadle.runtime.server.tokenizer_manager import TokenizerManager, check_rid, mark_request_size
@@ -363,10 +363,10 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/abort_request")
     async def abort_request(request: Request) -> dict:
         obj = await read_json(request)
-        _no_unknown(obj, {"rid"})  # SGLang's abort_all (or a typo) was ignored: a 200 that stopped nothing
-        rid = obj.get("rid")
-        if not isinstance(rid, str):
-            raise APIError.bad_request("rid must be a string", "rid")
+        rid, abort_all = parse_abort_request(obj)  # a typo is a 400, not a 200 that stopped nothing
+        if abort_all:
+            tm.abort_all()
+            return {"success": True}
         return {"success": tm.abort_named(rid)}  # a batch's or n samples' parts too
 
     @app.get("/metrics")

@@ -198,6 +198,26 @@ def too_large(size: int, limit: int) -> APIError:
                     "--max-request-bytes)", 413, "invalid_request_error", None, "request_too_large")
 
 
+def parse_abort_request(obj: dict) -> tuple[str | None, bool]:
+    """/abort_request's body as (rid, abort_all), SGLang's fields: {"rid": "..."} stops that
+    request (and the parts of a batch or of n samples sent under it), {"abort_all": true} every
+    request; anything else is a 400 naming the field."""
+    unknown = sorted(set(obj) - {"rid", "abort_all"})
+    if unknown:
+        raise APIError.bad_request(f"unknown field(s) {', '.join(unknown)}; accepted: abort_all, rid", unknown[0])
+    abort_all = obj.get("abort_all", False)
+    if not isinstance(abort_all, bool):
+        raise APIError.bad_request("abort_all must be true or false", "abort_all")
+    rid = obj.get("rid")
+    if abort_all:
+        if rid not in (None, "") and not isinstance(rid, str):
+            raise APIError.bad_request("rid must be a string", "rid")
+        return None, True
+    if not isinstance(rid, str):
+        raise APIError.bad_request("rid must be a string (or abort_all true)", "rid")
+    return rid, False
+
+
 def parse_json_object(raw: bytes) -> dict:
     """A request body as a JSON object, or a 400 saying what is wrong with it."""
     try:
