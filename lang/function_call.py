@@ -29,7 +29,6 @@ pieces after the name: joined per `tool_index` they are the same). SGLang's othe
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, List, Literal, Optional, Tuple
 
 from pydantic import BaseModel, Field
@@ -147,7 +146,10 @@ class FunctionCallParser:
             at = text.find("<tool_call>")
             if at < 0:
                 return text, [], None
-            calls = [c for m in re.finditer(r"<tool_call>(.*?)</tool_call>", text, re.S) for c in self._calls_of(m.group(1))]
+            from treadle.runtime.server.tool_calls import call_blocks
+
+            # a block ends at the close tag outside the arguments' strings (tool_calls.call_blocks)
+            calls = [c for b in call_blocks(text) if b.closed for c in self._calls_of(b.inner)]
             return text[:at].strip(), calls, at
         if self._format == "llama3":
             if "<|python_tag|>" in text:

@@ -162,6 +162,8 @@ def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateR
     if not isinstance(last_text, str):
         last_text = None
     continued = last_text if cont else None
+    if tools is not None:  # a message ending inside a <tool_call> block: the reply finishes it
+        tools = tools.continuing(continued)
     opened = opens_in_prompt(prompt, continued)
     # vLLM's echo: the last message's text leads the reply when it has the reply's role (the
     # assistant's; with add_generation_prompt false, the last message's own)

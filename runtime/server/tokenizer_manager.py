@@ -438,7 +438,7 @@ class TokenizerManager:
         # scheduler step that every request shares: 200,000 of them (a 1.6 MB body) took the
         # detokenizer 0.4 s a token, stalling every client's output meanwhile
         # (tools without parallel calls add their own closing tag to `stop`: not the client's to count)
-        for name, got, cap in (("stop", len(sp.stop), MAX_STOP_STRINGS + (tool_calls.CLOSE in sp.stop)),
+        for name, got, cap in (("stop", len(sp.stop), MAX_STOP_STRINGS + (tool_calls.STOP in sp.stop)),
                                ("stop_token_ids", len(sp.stop_token_ids), self.vocab_size or MAX_STOP_STRINGS)):
             if got > cap:
                 raise APIError.bad_request(f"sampling_params.{name} has {got} entries; this server takes at most "

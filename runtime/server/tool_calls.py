@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from treadle.constrained.schema.json_schema import embedded_defs
@@ -41,9 +41,51 @@ from treadle.runtime.server.protocol import APIError, quoted
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")  # \Z: "$" admits a trailing newline
 MAX_TOOLS = 1024  # functions in a request's tools (OpenAI takes 128)
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+# the stop string that ends a reply at its first call (parallel_tool_calls false): the close tag
+# on a line of its own, as the prompt and the structural tag write it. A JSON string cannot hold
+# a raw newline, so this never fires inside a call's arguments, as "</tool_call>" alone did
+# ({"text": "a </tool_call> b"} stopped there, and the reply was a broken call given as content)
+STOP = "\n" + CLOSE
 # an omitted `parameters` means a function without arguments (OpenAI's definition)
 NO_PARAMETERS: dict = {"type": "object", "properties": {}, "additionalProperties": False}  # `{}` in any mode
-_BLOCK_RE = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|$)", re.S)
+# outside a JSON string: a quote opens one, or the close tag ends the block; inside: an escape
+# (\" or \\ among them) is skipped whole, a quote closes it
+_OUTSIDE_RE = re.compile('"|' + re.escape(CLOSE))
+_INSIDE_RE = re.compile(r'\\.|"', re.S)
+
+
+@dataclass(frozen=True)
+class Block:
+    """A `<tool_call>` block of a reply: text[start:end], `inner` between the tags."""
+    start: int
+    end: int
+    inner: str
+    closed: bool  # its close tag is there (else it runs to the end of the text)
+
+
+def call_blocks(text: str) -> list[Block]:
+    """The `<tool_call>` blocks of `text`, in order. A block ends at the first `</tool_call>`
+    outside a JSON string: one inside a string of the arguments ({"text": "a </tool_call> b"},
+    escaped quotes respected) is part of them; a block never closed runs to the end."""
+    blocks, pos = [], 0
+    while (start := text.find(OPEN, pos)) >= 0:
+        at, inside, end = start + len(OPEN), False, None
+        while end is None:
+            m = (_INSIDE_RE if inside else _OUTSIDE_RE).search(text, at)
+            if m is None:
+                break
+            if m.group() == '"':
+                inside = not inside
+            elif not inside:  # the close tag
+                end = m.start()
+            at = m.end()
+        body = start + len(OPEN)
+        if end is None:
+            blocks.append(Block(start, len(text), text[body:], False))
+            break
+        blocks.append(Block(start, end + len(CLOSE), text[body:end], True))
+        pos = end + len(CLOSE)
+    return blocks
 
 
 @dataclass(frozen=True)
@@ -82,6 +124,34 @@ class ToolPlan:
     # OpenAI's legacy `functions` / `function_call` (plan_tools): the reply's call comes as
     # message.function_call (one, never several) and finish_reason "function_call"
     legacy: bool = False
+    # continue_final_message: the `<tool_call>` block the continued message left open (its text
+    # from the tag on), which the reply finishes (`continuing`)
+    open_call: str = ""
+
+    def continuing(self, message: str | None) -> "ToolPlan":
+        """This plan for a reply that continues `message` (continue_final_message; None: a
+        reply of its own). A message that ends inside a `<tool_call>` block has its reply read
+        as the rest of that block: the call it completes is a call (it was content, the block's
+        head being in the prompt). Where the call would be constrained (a `required` or named
+        tool_choice, whose grammar writes a whole reply from its start, or a strict tool, whose
+        structural tag begins at the tag) the block cannot be, from its middle: APIError(400)."""
+        blocks = call_blocks(message or "")
+        if not blocks or blocks[-1].closed:
+            return self
+        if self.choice != "auto":
+            what = "a JSON array of calls" if self.choice == "required" else "the function's arguments"
+            raise APIError.bad_request(
+                f"continue_final_message: the last message ends inside a {OPEN} block, and tool_choice "
+                f"{quoted(self.choice if self.choice == 'required' else self.named)} constrains the reply to "
+                f"{what} from its start; end the message before {OPEN}, or send tool_choice \"auto\"",
+                "continue_final_message")
+        strict = [t.name for t in self.tools if t.strict]
+        if strict:
+            raise APIError.bad_request(
+                f"continue_final_message: the last message ends inside a {OPEN} block, and the strict tool "
+                f"{quoted(strict[0])}'s arguments are constrained only from the block's start; end the message "
+                f"before {OPEN}", "continue_final_message")
+        return replace(self, open_call=message[blocks[-1].start:])
 
     # ------------------------------------------------------------------ decoding
     def sampling_overrides(self, stop: Any) -> dict:
@@ -107,7 +177,7 @@ class ToolPlan:
             over["structural_tag"] = json.dumps(self.structural_tag(), ensure_ascii=False)
         if not self.parallel:  # auto: end the reply with its first call
             stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
-            over["stop"] = stops if CLOSE in stops else [*stops, CLOSE]
+            over["stop"] = stops if STOP in stops else [*stops, STOP]
         return over
 
     def structural_tag(self) -> dict:
@@ -178,18 +248,23 @@ class ToolPlan:
 
     def parse_auto(self, text: str) -> tuple[str, tuple[ToolCall, ...]]:
         """The calls in a free reply, and the text around them (unstripped: the text before
-        the first call is a prefix of `text`)."""
+        the first call is a prefix of `text`). Without parallel calls, the first call ends
+        the reply (what a model writes after it is dropped, as the stop string would have).
+        With `open_call`, the reply first finishes that block."""
         known = {t.name for t in self.tools}
-        if OPEN in text:
-            calls, outside, pos = [], [], 0
-            for m in _BLOCK_RE.finditer(text):
-                call = _as_call(m.group(1), known)
+        full = self.open_call + text
+        if OPEN in full:
+            calls, outside, pos = [], [], len(self.open_call)
+            for b in call_blocks(full):
+                call = _as_call(b.inner, known)
                 if call is None:  # not a valid call of a listed tool: leave it as text
                     continue
-                outside.append(text[pos:m.start()])
-                pos = m.end()
+                outside.append(full[pos:b.start])
+                pos = b.end
                 calls.append(call)
-            outside.append(text[pos:])
+                if not self.parallel:
+                    break
+            outside.append(full[pos:] if self.parallel or not calls else "")
             return "".join(outside), tuple(calls)
         call = _as_call(text, known)
         return ("", (call,)) if call is not None else (text, ())
@@ -286,7 +361,7 @@ class ToolStream:
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
         self.sent = 0  # characters of the reply sent as content (auto) or arguments (named)
-        self.in_call = False  # auto: a <tool_call> block has begun
+        self.in_call = bool(plan.open_call)  # auto: a <tool_call> block has begun (in the prompt, too)
         self.call: dict | None = None  # named: the call announced in the first delta
 
     def feed(self, text: str) -> dict:
