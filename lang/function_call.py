@@ -137,8 +137,8 @@ class FunctionCallParser:
         """The call in one JSON object's text, when it names a listed tool."""
         if self._plan is None:
             return []
-        _, calls = self._plan.parse_auto(text)
-        return [self._item(c) for c in calls]
+        call = self._plan.call_of(text)
+        return [] if call is None else [self._item(call)]
 
     def _parse(self, text: str) -> tuple[str, list[ToolCallItem], int | None]:
         """(normal text, complete calls, where the calls begin or None) of `text` so far."""

@@ -140,8 +140,8 @@ def test_required_choice_keeps_the_tools_own_refs(tools):
 
 def test_auto_choice_sets_no_constraint_and_one_call_when_not_parallel():
     assert plan("auto").sampling_overrides(["\n\n"]) == {}
-    assert plan("auto", parallel=False).sampling_overrides("END") == {"stop": ["END", "</tool_call>"]}
-    assert plan("auto", parallel=False).sampling_overrides(None) == {"stop": ["</tool_call>"]}
+    assert plan("auto", parallel=False).sampling_overrides("END") == {"stop": ["END", "\n</tool_call>"]}
+    assert plan("auto", parallel=False).sampling_overrides(None) == {"stop": ["\n</tool_call>"]}
 
 
 def test_auto_choice_with_a_strict_tool_constrains_the_calls_only():
@@ -153,13 +153,14 @@ def test_auto_choice_with_a_strict_tool_constrains_the_calls_only():
     strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
     p = plan("auto", parallel=False, tools=(strict, TIME))
     over = p.sampling_overrides(None)
-    assert over["stop"] == ["</tool_call>"]
+    assert over["stop"] == ["\n</tool_call>"]
     regex = re.compile(GrammarSpec.from_params(structural_tag=over["structural_tag"]).to_regex())
     good = ('Let me look. <tool_call>\n{"name": "get_weather", "arguments": {"city":"Oslo"}}\n</tool_call>'
             '<tool_call>\n{"name": "get_time", "arguments": {"tz":"UTC","any":[1]}}\n</tool_call>')
     assert regex.fullmatch(good) and regex.fullmatch("No tools needed.")
-    assert calls_of(p.parse(good, "stop")) == [("get_weather", {"city": "Oslo"}),
-                                               ("get_time", {"tz": "UTC", "any": [1]})]
+    assert calls_of(plan("auto", tools=(strict, TIME)).parse(good, "stop")) == [("get_weather", {"city": "Oslo"}),
+                                                                            ("get_time", {"tz": "UTC", "any": [1]})]
+    assert calls_of(p.parse(good, "stop")) == [("get_weather", {"city": "Oslo"})]  # not parallel: the first call
     for bad in ('<tool_call>\n{"name": "get_weather", "arguments": {"town":"Oslo"}}\n</tool_call>',
                 '<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call>',
                 '<tool_call>\n{"name": "get_time", "arguments": [1]}\n</tool_call>'):

@@ -253,6 +253,10 @@ class ToolPlan:
         With `open_call`, the reply first finishes that block."""
         known = {t.name for t in self.tools}
         full = self.open_call + text
+        if not self.open_call and text.lstrip().startswith("{"):  # Llama's format: the reply is one object
+            call = _as_call(text, known)  # (its strings may hold "<tool_call>")
+            if call is not None:
+                return "", (call,)
         if OPEN in full:
             calls, outside, pos = [], [], len(self.open_call)
             for b in call_blocks(full):
@@ -268,6 +272,10 @@ class ToolPlan:
             return "".join(outside), tuple(calls)
         call = _as_call(text, known)
         return ("", (call,)) if call is not None else (text, ())
+
+    def call_of(self, text: str) -> ToolCall | None:
+        """The call that the JSON object `text` writes, when it names a listed tool; else None."""
+        return _as_call(text, {t.name for t in self.tools})
 
     def streamer(self) -> "ToolStream":
         return ToolStream(self)

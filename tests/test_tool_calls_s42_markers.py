@@ -1,0 +1,126 @@
+"""A `</tool_call>` inside a call's JSON string arguments is part of them, not the block's end:
+in the reply parser, its stream, the single-call stop string and SGLang's FunctionCallParser;
+and a continue_final_message that ends inside an open `<tool_call>` block (its reply finishes
+that call, or a 400 where the call would be constrained). Real server: the shared plain_server,
+the reply forced by a regex so the embedded model writes exactly the case."""
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from treadle.runtime.server.tool_calls import call_blocks, plan_tools
+from treadle.srt.function_call.function_call_parser import FunctionCallParser
+
+ECHO = {"type": "function", "function": {
+    "name": "echo", "description": "Repeat a text",
+    "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+TEXT = 'a </tool_call> "b" \\ <tool_call> c'  # the close tag, quotes, a backslash and the open tag
+ARGS = json.dumps({"text": TEXT})
+CALL = '<tool_call>\n{"name": "echo", "arguments": ' + ARGS + '}\n</tool_call>'
+
+
+def _regex_literal(text: str) -> str:
+    return "".join("\\" + ch if ch in '\\.^$|?*+()[]{}' else "\\n" if ch == "\n" else ch for ch in text)
+
+
+# ---------------------------------------------------------------- parsing, no server
+
+def test_blocks_end_at_the_close_tag_outside_strings():
+    text = "Sure. " + CALL + " Done."
+    (b,) = call_blocks(text)
+    assert (b.start, b.end, b.closed) == (6, 6 + len(CALL), True)
+    assert json.loads(b.inner)["arguments"]["text"] == TEXT
+    # unclosed: to the end
+    assert [(x.inner, x.closed) for x in call_blocks('<tool_call>{"a": "</tool_call>')] == [('{"a": "</tool_call>', False)]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_parse_and_stream_keep_the_arguments_whole(parallel):
+    plan = plan_tools({"tools": [ECHO], "parallel_tool_calls": parallel})
+    reply = plan.parse("Sure. " + CALL, "stop")
+    assert reply.content == "Sure." and reply.finish_reason == "tool_calls"
+    assert [(c.name, json.loads(c.arguments)) for c in reply.calls] == [("echo", {"text": TEXT})]
+    stream, text, deltas = plan.streamer(), "", []
+    for i in range(0, len("Sure. " + CALL), 7):
+        text = ("Sure. " + CALL)[:i + 7]
+        deltas.append(stream.feed(text))
+    last, reason = stream.finish(text, "stop")
+    content = "".join(d.get("content", "") for d in deltas + [last])
+    assert content == "Sure." and reason == "tool_calls"
+    assert [json.loads(c["function"]["arguments"]) for c in last["tool_calls"]] == [{"text": TEXT}]
+
+
+def test_function_call_parser_keeps_the_arguments_whole():
+    text = "Sure. " + CALL
+    normal, calls = FunctionCallParser([ECHO], "qwen25").parse_non_stream(text)
+    assert normal == "Sure." and [json.loads(c.parameters) for c in calls] == [{"text": TEXT}]
+    parser, got = FunctionCallParser([ECHO], "qwen25"), []
+    for i in range(0, len(text), 5):
+        got += parser.parse_stream_chunk(text[i:i + 5])[1]
+    assert [json.loads(c.parameters) for c in got] == [{"text": TEXT}]
+
+
+# ---------------------------------------------------------------- over HTTP
+
+@pytest.fixture(scope="module")
+def client(plain_server):
+    return openai.OpenAI(base_url=plain_server.url + "/v1", api_key="none", max_retries=0)
+
+
+def _chat(client, messages, stream=False, **extra):
+    kw = dict(model="default", messages=messages, tools=[ECHO], temperature=0, max_tokens=80)
+    return client.chat.completions.create(**kw, stream=stream, **extra)
+
+
+def _calls(client, messages, **extra):
+    """(content, calls, finish_reason) unstreamed, and the same from the stream's deltas."""
+    r = _chat(client, messages, **extra).choices[0]
+    plain = (r.message.content, [(c.function.name, json.loads(c.function.arguments)) for c in r.message.tool_calls or []],
+             r.finish_reason)
+    content, args, names, reason = "", {}, {}, None
+    for chunk in _chat(client, messages, stream=True, **extra):
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            for tc in ch.delta.tool_calls or []:
+                names.setdefault(tc.index, tc.function.name)
+                args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+            reason = ch.finish_reason or reason
+    streamed = (content or None, [(names[i], json.loads(args[i])) for i in sorted(args)], reason)
+    return plain, streamed
+
+
+USER = [{"role": "user", "content": f"Echo this text: {TEXT}"}]
+
+
+def test_a_close_tag_in_the_arguments_is_part_of_the_call(client):
+    # the single-call stop string was "</tool_call>": it ended the reply inside the string (with
+    # parallel calls the parser cut the block there: the unit tests above)
+    extra = {"parallel_tool_calls": False, "extra_body": {"regex": _regex_literal(CALL)}}
+    plain, streamed = _calls(client, USER, **extra)
+    assert plain == streamed == (None, [("echo", {"text": TEXT})], "tool_calls")
+
+
+def test_continuing_a_message_that_opened_a_call_finishes_that_call(client):
+    head = CALL[:CALL.index("</tool_call> ") + len("</tool_call>")]  # ends inside the string, with a close tag
+    messages = USER + [{"role": "assistant", "content": head}]
+    extra = {"extra_body": {"continue_final_message": True, "add_generation_prompt": False,
+                            "regex": _regex_literal(CALL[len(head):])}}
+    plain, streamed = _calls(client, messages, **extra)
+    assert plain == streamed == (None, [("echo", {"text": TEXT})], "tool_calls")
+
+
+@pytest.mark.parametrize("tools, choice, words", [
+    ([ECHO], "required", "tool_choice 'required' constrains the reply"),
+    ([ECHO], {"type": "function", "function": {"name": "echo"}}, "tool_choice 'echo' constrains the reply"),
+    ([{"type": "function", "function": {**ECHO["function"], "strict": True}}], "auto", "the strict tool 'echo'"),
+])
+def test_continuing_inside_a_call_that_would_be_constrained_is_a_400(client, tools, choice, words):
+    messages = USER + [{"role": "assistant", "content": '<tool_call>\n{"name": "echo", "arguments": {"text": "'}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="default", messages=messages, tools=tools, tool_choice=choice,
+                                       max_tokens=8, extra_body={"continue_final_message": True,
+                                                                 "add_generation_prompt": False})
+    err = e.value.body
+    assert err["param"] == "continue_final_message" and words in err["message"], err
