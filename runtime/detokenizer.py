@@ -42,6 +42,9 @@ class IncrementalDetokenizer:
         self._searched = 0  # characters of the text searched for stop strings (none ends before)
         self._holds = [0] * len(self.stop)  # per stop string: its start the text ended with ...
         self._held_at = 0  # ... when the text had this many characters
+        # characters the stop-string checks looked at (the windows searched for a whole stop
+        # string, and those of the tails held back): their cost, about the new text per token
+        self.stop_scan_chars = 0
 
     @classmethod
     def for_params(cls, tokenizer: Any, p: Any) -> "IncrementalDetokenizer":
@@ -97,7 +100,11 @@ class IncrementalDetokenizer:
             found = []
             if start is not None:
                 for j, s in enumerate(self.stop):
-                    i = visible.find(s, max(0, start - len(s) + 1, self._searched - len(s) + 1))
+                    at = max(0, start - len(s) + 1, self._searched - len(s) + 1)
+                    if len(visible) - at < len(s):
+                        continue  # no room for it yet
+                    self.stop_scan_chars += len(visible) - at
+                    i = visible.find(s, at)
                     if i >= 0:
                         found.append((i, j))
                 self._searched = len(visible)
@@ -110,7 +117,7 @@ class IncrementalDetokenizer:
                 # starts a stop string now began where one did before, or in the new text:
                 # it is at most the last one plus the new characters long
                 grown = len(visible) - self._held_at
-                self._holds = [partial_suffix_len(visible, s, h + grown) for s, h in zip(self.stop, self._holds)]
+                self._holds = [self._hold(visible, s, h, grown) for s, h in zip(self.stop, self._holds)]
                 self._held_at = len(visible)
                 hold = max(self._holds)
         if self._cut is not None:
@@ -122,6 +129,22 @@ class IncrementalDetokenizer:
         delta = visible[self.sent:]
         self.sent = len(visible)
         return delta
+
+    def _hold(self, visible: str, stop: str, held: int, grown: int) -> int:
+        """The tail of `visible` to hold back for `stop`, which its first len(visible) - grown
+        characters ended `held` characters of (the text only grows). Where the new text goes
+        on with `stop`, the tail is the old one plus it: compared in the new text only (a
+        tail as long as the output, all of it a stop string's start, was copied and compared
+        whole at every token); else the longest shorter tail, bounded by that one."""
+        most = held + grown
+        if held and most < len(stop):
+            self.stop_scan_chars += grown
+            if stop.startswith(visible[len(visible) - grown:], held):
+                return most
+        work = [0]
+        hold = partial_suffix_len(visible, stop, most, work)
+        self.stop_scan_chars += work[0]
+        return hold
 
     def _stop_search_start(self) -> int | None:
         """Where in the text a stop string may end: after the text of the first
@@ -136,16 +159,19 @@ class IncrementalDetokenizer:
         return self.text[: self.sent]
 
 
-def partial_suffix_len(text: str, marker: str, most: int | None = None) -> int:
+def partial_suffix_len(text: str, marker: str, most: int | None = None, work: list[int] | None = None) -> int:
     """Length of the longest end of `text` that is a proper start of `marker` (text to hold
     back while streaming: it may still become `marker`); at most `most` (a bound the caller
-    knows, which keeps a long marker from costing its length squared at every call)."""
+    knows, which keeps a long marker from costing its length squared at every call). Adds
+    the characters it looks at to ``work[0]``, where given."""
     top = min(len(marker) - 1, len(text))
     if most is not None:
         top = min(top, most)
     first = marker[:1]
     k = top
     while k > 0:
+        if work is not None:
+            work[0] += k  # searched for `first`, then copied from there and compared
         # an end that starts `marker` begins with its first character: jump to the next one
         at = text.find(first, len(text) - k)
         if at < 0:
