@@ -7,40 +7,66 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from treadle.runtime.cli import build_parser
 from treadle.runtime.engine_args import EngineArgs
 
-FAST_S = 20.0  # a flag error exits in about a second; loading the model first takes 15 s or more
+# What a command loads only once its flags were accepted: the server's launcher (which loads the
+# model, 15 s or more, and starts the scheduler), the model code, and uvicorn (a server or the
+# router serving). A flag error must exit before any of it is imported.
+LATE_MODULES = ("treadle.runtime.server.launcher", "treadle.runtime.model_runner", "treadle.runtime.scheduler",
+                "uvicorn")
+
+# runs a module as `python -m` would, and writes the names of the modules imported when the
+# process exits (argparse's SystemExit included) to the file named by argv[1]
+_RUN_AND_LIST_MODULES = """
+import atexit, runpy, sys
+out = sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write("\\n".join(sorted(sys.modules))))
+sys.argv[0] = sys.argv[1]
+runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
+"""
 
 
-def treadle(*argv: str, timeout: float = 60.0) -> tuple[int, str, str, float]:
-    """Run `treadle ARGV...` as `python -m treadle.runtime.cli`; (rc, stdout, stderr, seconds).
-    On timeout the whole process group (server children included) is killed."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "treadle.runtime.cli", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+def run_module(module: str, *argv: str, tmp_path, timeout: float = 60.0) -> tuple[int, str, str, set[str]]:
+    """Run `python -m MODULE ARGV...`; (rc, stdout, stderr, the modules it had imported at its
+    exit). On timeout the whole process group (server children included) is killed."""
+    listing = tmp_path / f"modules-{os.getpid()}-{len(list(tmp_path.iterdir()))}.txt"
+    proc = subprocess.Popen([sys.executable, "-c", _RUN_AND_LIST_MODULES, str(listing), module, *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"treadle {' '.join(argv)} still ran after {timeout} s; stderr tail: {err[-2000:]}")
+        pytest.fail(f"{module} {' '.join(argv)} still ran after {timeout} s; stderr tail: {err[-2000:]}")
     finally:
         try:  # anything it left behind in its group
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return proc.returncode, out, err, time.monotonic() - t0
+    assert listing.exists(), f"the process did not exit through Python's exit handlers: {err[-2000:]}"
+    return proc.returncode, out, err, set(listing.read_text().split())
 
 
-def assert_usage_error(argv: list[str], command: str, *expected: str) -> None:
-    rc, _, err, elapsed = treadle(command, *argv)
+def treadle(*argv: str, tmp_path, timeout: float = 60.0) -> tuple[int, str, str, set[str]]:
+    """`treadle ARGV...` as `python -m treadle.runtime.cli`: (rc, stdout, stderr, modules)."""
+    return run_module("treadle.runtime.cli", *argv, tmp_path=tmp_path, timeout=timeout)
+
+
+def assert_nothing_started(modules: set[str], err: str) -> None:
+    """Not a clock: the flags were judged before the command's work began (the model load)."""
+    late = [m for m in LATE_MODULES if m in modules]
+    assert not late, f"imported {late} before exiting: {err[-2000:]}"
+    assert any(m.startswith("treadle.runtime.") for m in modules), "no treadle module in the listing"
+
+
+def assert_usage_error(argv: list[str], command: str, *expected: str, tmp_path) -> None:
+    rc, _, err, modules = treadle(command, *argv, tmp_path=tmp_path)
     assert rc != 0, err
-    assert elapsed < FAST_S, f"took {elapsed:.1f} s: {err[-2000:]}"
+    assert_nothing_started(modules, err)
     assert "Traceback" not in err, err
     lines = err.strip().splitlines()
     assert len(lines) < 5, err
@@ -61,14 +87,14 @@ def assert_usage_error(argv: list[str], command: str, *expected: str) -> None:
     (["--bogus-flag"], ["unrecognized arguments", "--bogus-flag"]),
 ], ids=["port-negative", "port-too-big", "mem-fraction", "max-total-tokens", "context-length",
         "max-running-requests", "log-level", "unknown-flag"])
-def test_serve_bad_flag_is_a_usage_error(argv, expected):
-    assert_usage_error(argv, "serve", *expected)
+def test_serve_bad_flag_is_a_usage_error(argv, expected, tmp_path):
+    assert_usage_error(argv, "serve", *expected, tmp_path=tmp_path)
 
 
-def test_serve_help_shows_defaults():
-    rc, out, err, elapsed = treadle("serve", "--help")
+def test_serve_help_shows_defaults(tmp_path):
+    rc, out, err, modules = treadle("serve", "--help", tmp_path=tmp_path)
     assert rc == 0, err
-    assert elapsed < FAST_S
+    assert_nothing_started(modules, err)
     text = " ".join(out.split())  # argparse wraps lines
     assert "usage: treadle serve" in text
     assert "--port PORT (default: 30000)" in text
@@ -87,23 +113,21 @@ _WORKER = "http://127.0.0.1:32999"  # nothing listens: the router must fail befo
     (["--worker", _WORKER, "--health-interval-s", "0"], ["--health-interval-s must be > 0"]),
     (["--worker", _WORKER, "--max-tree-chars", "0"], ["--max-tree-chars must be >= 1"]),
 ], ids=["no-replica", "port", "log-level", "unknown-flag", "health-interval", "tree-chars"])
-def test_router_bad_flag_is_a_usage_error(argv, expected):
-    assert_usage_error(argv, "router", *expected)
+def test_router_bad_flag_is_a_usage_error(argv, expected, tmp_path):
+    assert_usage_error(argv, "router", *expected, tmp_path=tmp_path)
 
 
 @pytest.mark.parametrize("argv, expected", [
     ([], "at least one replica"),
     (["--worker", _WORKER, "--health-interval-s", "-1"], "--health-interval-s must be > 0"),
 ], ids=["no-replica", "health-interval"])
-def test_router_module_entry_point_checks_flags_too(argv, expected):
+def test_router_module_entry_point_checks_flags_too(argv, expected, tmp_path):
     """`python -m treadle.runtime.router` (the README's other spelling) ended in a traceback
     on a missing --worker and took a health interval of 0 (checks back to back)."""
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "treadle.runtime.router", *argv], capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "usage:" in proc.stderr and "error: " in proc.stderr and expected in proc.stderr, proc.stderr
-    assert time.monotonic() - t0 < FAST_S
+    rc, _, err, modules = run_module("treadle.runtime.router", *argv, tmp_path=tmp_path)
+    assert rc == 2 and "Traceback" not in err, err
+    assert "usage:" in err and "error: " in err and expected in err, err
+    assert_nothing_started(modules, err)
 
 
 # ---- in process: the same checks through build_parser()
