@@ -37,14 +37,16 @@ class Runtime:
     `port`, the first free port from 30000 is taken, as SGLang."""
 
     def __init__(self, log_level: str = "error", launch_timeout: float = 300.0, **kwargs: Any) -> None:
-        from treadle.runtime.engine_args import EngineArgs, translate_sglang_args
+        from treadle.lang.server_args import ServerArgs
+        from treadle.runtime.engine_args import translate_sglang_args
 
         self.pid: int | None = None
         self._proc: subprocess.Popen | None = None
         kwargs = translate_sglang_args(kwargs, "Runtime")  # SGLang's names (random_seed, ...): ValueError
         if "port" not in kwargs:
             kwargs["port"] = _free_port_from(30000, kwargs.get("host", "127.0.0.1"))
-        self.server_args = EngineArgs.from_kwargs(log_level=log_level, **kwargs)  # ValueError: a bad argument
+        # SGLang's ServerArgs (treadle's EngineArgs with its url()); ValueError: a bad argument
+        self.server_args = ServerArgs(log_level=log_level, **kwargs)
         host = self.server_args.host
         self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{self.server_args.port}"
         self.generate_url = self.url + "/generate"
