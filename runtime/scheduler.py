@@ -375,10 +375,13 @@ class Scheduler:
     def _make_req(self, r: TokenizedGenerateReq) -> Req:
         validate_request(r, self.vocab_size, self.context_len, self.allocator.num_slots)
         p, ids = r.sampling_params, list(r.input_ids)
+        start = r.logprob_start_len
+        if r.return_logprob and start == -1:  # SGLang's default (its -1): the last prompt token's logprob too
+            start = max(0, len(ids) - 1)
         req = Req(rid=r.rid, input_ids=ids, params=p,
                   # any integer seeds (OpenAI sets no range): folded into the kernels' int64
                   seed=p.seed % (1 << 63) if p.seed is not None else self.seed_rng.getrandbits(62),
-                  return_logprob=r.return_logprob, logprob_start_len=r.logprob_start_len,
+                  return_logprob=r.return_logprob, logprob_start_len=start,
                   top_logprobs_num=r.top_logprobs_num, stream=r.stream)
         if p.has_grammar:
             spec = grammar_spec(p)  # before the compiler: a spec's own error is the request's to report
@@ -1151,7 +1154,7 @@ def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int,
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"{name} must be an integer, got {quoted(v)}")
     if r.logprob_start_len < -1:
-        raise ValueError(f"logprob_start_len must be -1 (no prompt logprobs) or a prompt position >= 0, "
+        raise ValueError(f"logprob_start_len must be -1 (the default: the last prompt token) or a position >= 0, "
                          f"got {quoted(r.logprob_start_len)}")
     if r.return_logprob and r.logprob_start_len >= len(ids):
         raise ValueError(f"logprob_start_len {quoted(r.logprob_start_len)} must be < the prompt length {len(ids)}")

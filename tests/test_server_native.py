@@ -124,7 +124,8 @@ def test_generate_logprobs_with_token_texts(url):
     assert all(isinstance(text, str) and lp <= 0 for lp, _, text in meta["input_token_logprobs"])
     assert all(isinstance(e[2], str) for t in meta["output_top_logprobs"] for e in t)
     plain = gen(url, {"text": PROMPT, "sampling_params": greedy(5), "return_logprob": True})["meta_info"]
-    assert plain["input_token_logprobs"] == [] and "output_top_logprobs" not in plain
+    # SGLang's default (logprob_start_len -1): the last prompt token's entry
+    assert len(plain["input_token_logprobs"]) == 1 and "output_top_logprobs" not in plain
     bad = requests.post(url + "/generate", json={"text": PROMPT, "return_logprob": True,
                                                  "return_text_in_logprobs": "yes"}, timeout=T)
     assert bad.status_code == 400 and "return_text_in_logprobs" in bad.json()["error"]["message"]
