@@ -334,10 +334,17 @@ class Engine:
         return self._call(lambda s: s.flush_cache())
 
     def get_server_info(self) -> dict:
-        """Cache statistics (hit rate, evictions, free slots) and the engine arguments."""
+        """Cache statistics (hit rate, evictions, free slots) and the engine arguments, under
+        "engine_args" and, as SGLang's Engine.get_server_info has them, at the top level (the
+        statistics win where a name is both), with SGLang's `model_path` (the model loaded),
+        `version`, `max_total_num_tokens` (the KV pool, in tokens) and `max_req_input_len`."""
         info = self._call(lambda s: s.info())
-        return {**info, "engine_args": {k: v for k, v in vars(self.args).items()},
-                "model_load_s": round(self.runner.load_s, 3),
+        args = {k: v for k, v in vars(self.args).items()}
+        sglang = {**{k: v for k, v in args.items() if k != "api_key"}, "version": _version(),
+                  "model_path": getattr(getattr(self.runner, "source", None), "path", None) or args.get("model_path"),
+                  "max_total_num_tokens": info["total_slots"],
+                  "max_req_input_len": min(info["context_length"], info["total_slots"]) - 1}
+        return {**sglang, **info, "engine_args": args, "model_load_s": round(self.runner.load_s, 3),
                 "quantization": self.runner.quantization.describe() if self.runner.quantization else None}
 
     def check_integrity(self) -> None:
@@ -786,3 +793,12 @@ class _NoText:
         return ""
 
     output_text = ""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("treadle")
+    except PackageNotFoundError:  # run from a checkout without installing
+        return "unknown"
