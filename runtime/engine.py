@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Mapping
 from typing import Any, Iterator, NamedTuple
 
 from treadle.runtime.detokenizer import IncrementalDetokenizer
@@ -415,6 +416,10 @@ class Engine:
                 raise ValueError("prompt must be a string or a list of strings")
             ids_list = [self.encode(p) for p in prompts]
         else:
+            if isinstance(input_ids, Mapping) and "input_ids" in input_ids:
+                # a tokenizer's BatchEncoding: transformers 5's apply_chat_template(tokenize=True)
+                # returns one, which SGLang's function-calling doc passes on as input_ids
+                input_ids = input_ids["input_ids"]
             if not isinstance(input_ids, (list, tuple)):
                 raise ValueError("input_ids must be a list of token ids or a list of such lists")
             single = not input_ids or not isinstance(input_ids[0], (list, tuple))

@@ -26,3 +26,17 @@ def test_get_server_info_has_sglangs_top_level_keys(llm):
     assert "api_key" not in info and "free_slots" in info  # the scheduler's counters, as before
     # the DSL's view over it (EngineBackend) is the same
     assert sgl.EngineBackend(llm).get_server_info()["max_total_num_tokens"] == 1024
+
+
+def test_input_ids_may_be_a_tokenizers_batch_encoding(llm):
+    """SGLang's function-calling doc (offline Engine section) passes
+    tokenizer.apply_chat_template(..., tokenize=True) on as input_ids; under transformers 5 that
+    is a BatchEncoding (a mapping holding "input_ids"), which was a ValueError."""
+    tok = llm.tokenizer_manager.tokenizer
+    messages = [{"role": "user", "content": "What's the weather like in Boston today?"}]
+    enc = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    ids = enc["input_ids"] if not isinstance(enc, list) else enc
+    params = {"max_new_tokens": 3, "temperature": 0, "skip_special_tokens": False}
+    out = llm.generate(input_ids=enc, sampling_params=params)
+    assert out["output_ids"] == llm.generate(input_ids=ids, sampling_params=params)["output_ids"]
+    assert out["meta_info"]["prompt_tokens"] == len(ids)
