@@ -383,6 +383,8 @@ def create_app(state: ServerState) -> FastAPI:
         stream = bool(obj.get("stream", False))
         tm.check_capacity(len(reqs))
         tm.check_prompt_logprobs(reqs, "logprob_start_len")
+        tm.check_output_logprobs(reqs, "top_logprobs_num", "max_new_tokens",
+                                 "top_logprobs_num" if any(r.top_logprobs_num for r in reqs) else "return_logprob")
         if len(reqs) > 1:  # a bad grammar refuses the batch (or n samples) whole, before any of it runs
             await until_done_or_disconnect(request, tm.check_grammars(
                 grammars, batch=isinstance(obj.get("sampling_params"), list) and not single))

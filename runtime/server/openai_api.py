@@ -356,6 +356,9 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
             aliases[r.rid] = tuple(dict.fromkeys(x for x in (name, b.rid) if x is not None and x != r.rid))
     tm.check_capacity(len(reqs))
     tm.check_prompt_logprobs(reqs, "logprobs")
+    top = "top_logprobs" if chat else "logprobs"
+    tm.check_output_logprobs(reqs, top, "max_completion_tokens" if body.get("max_completion_tokens") is not None
+                             else "max_tokens", top if body.get(top) else "logprobs")
     if len(reqs) > 1 and base[0].sampling_params.has_grammar:
         # prompts and n samples share one grammar: a bad one is a 400 before any of them runs
         # (their shared prompt was prefilled first, for nothing)

@@ -66,6 +66,25 @@ def check_rid(rid: Any) -> None:
 # prompt logprob values (scored prompt tokens x (1 + top logprobs)) one request may ask for, over
 # its prompts and n samples: 24 full 8k-token prompts with top 20, 256 2k-token ones with top 1
 MAX_PROMPT_LOGPROB_ENTRIES = 1 << 22
+# output logprob values (tokens a request may generate x (1 + top logprobs)) one request may ask
+# for, over its prompts and n samples. Each is kept as Python objects in the scheduler and in the
+# HTTP process until the reply is sent, and rendered there: measured at about 0.9 KB a value in
+# the HTTP process at a chat reply's peak (8 samples x 1,000 tokens x top 20: +145 MiB, an 11.9 MB
+# reply) and 0.2 KB in the scheduler, so n=4,096 x 8,000 tokens x top 20 (688M values, all
+# accepted before) would have wanted hundreds of GB. A real use stays far under: 8 samples of
+# 8,192 tokens with top 20 are 1.4M values; the cap holds 24 of them
+MAX_OUTPUT_LOGPROB_ENTRIES = 1 << 22
+
+
+def output_logprob_entries(reqs: list[TokenizedGenerateReq], context_len: int) -> int:
+    """The output logprob values `reqs` may ask for at most: each one with logprobs scores every
+    token it may generate (max_new_tokens, cut by the context) with 1 + top logprobs values."""
+    total = 0
+    for r in reqs:
+        if r.return_logprob:
+            most = max(0, min(r.sampling_params.max_new_tokens, context_len - len(r.input_ids)))
+            total += most * (1 + max(0, r.top_logprobs_num))
+    return total
 
 
 @dataclass
@@ -506,6 +525,28 @@ class TokenizerManager:
                 f"the request asks for {total:,} prompt logprob values (scored prompt tokens times 1 + top "
                 f"logprobs, over its prompts and n samples), more than the {MAX_PROMPT_LOGPROB_ENTRIES:,} "
                 "one request may: ask for fewer top logprobs or samples, or split it", param)
+
+    def check_output_logprobs(self, reqs: list[TokenizedGenerateReq], logprobs: str, max_tokens: str,
+                              param: str) -> None:
+        """A 400 for a request whose output logprobs could come to more than
+        MAX_OUTPUT_LOGPROB_ENTRIES values over all its parts (output_logprob_entries), before any
+        of it runs. `logprobs`, `max_tokens`: the route's names of the top logprobs and of the
+        token limit, for the message; `param`: the field the 400 names."""
+        total = output_logprob_entries(reqs, self.context_len)
+        if total <= MAX_OUTPUT_LOGPROB_ENTRIES:
+            return
+        scored = [r for r in reqs if r.return_logprob]
+        shapes = {(min(r.sampling_params.max_new_tokens, self.context_len - len(r.input_ids)), r.top_logprobs_num)
+                  for r in scored}
+        if len(shapes) == 1:
+            ((most, top),) = shapes
+            how = (f"{len(scored):,} sample{'s' * (len(scored) != 1)} (prompts times n) x up to {most:,} tokens "
+                   f"({max_tokens}) x (1 + {top} {logprobs})")
+        else:
+            how = f"over {len(scored):,} samples (prompts times n), each up to its {max_tokens} x (1 + its {logprobs})"
+        raise APIError.bad_request(
+            f"the request asks for up to {total:,} output logprob values ({how}), more than the "
+            f"{MAX_OUTPUT_LOGPROB_ENTRIES:,} one request may: lower n, {max_tokens} or {logprobs}, or split it", param)
 
     def check_capacity(self, n: int) -> None:
         """Raise 503 when draining, dead, or `n` more requests would overflow the queue; 400
