@@ -333,7 +333,8 @@ SGLANG_ONLY_ARGS: dict[str, str] = {
     "page_size": "the KV pool hands out single-token pages",
     "sampling_backend": "treadle samples with its own fused kernel",
     "schedule_conservativeness": "admission reserves each running request's decode budget (no knob)",
-    "tool_call_parser": "the server does not parse tool calls (treadle.srt's FunctionCallParser does, in Python)",
+    "tool_call_parser": "the server reads tool calls in qwen25's format (also 'qwen': <tool_call> blocks) and "
+                        "llama3's (a reply that is one JSON call) only",
 }
 
 
@@ -358,12 +359,15 @@ SGLANG_NOOP_VALUES: dict[str, Callable[[Any], bool]] = {
     "page_size": _is(None, 1),
     "sampling_backend": _is(None, "flashinfer", "pytorch"),
     "schedule_conservativeness": _is(1.0, 1),
-    "tool_call_parser": _is(None),
+    "tool_call_parser": _is(None, "qwen25", "qwen", "llama3"),
 }
 # those of them whose accepted values other than the default ask for what treadle does its own way
 SGLANG_OWN_WAY: dict[str, str] = {
     "grammar_backend": "treadle compiles grammars with its own engine (constrained/)",
     "sampling_backend": "treadle samples with its own fused kernel",
+    # SGLang's server parses tool calls only with a parser named; treadle's always reads both formats
+    "tool_call_parser": "the server reads tool calls in qwen25's (<tool_call> blocks) and llama3's (a reply that "
+                        "is one JSON call) formats, whichever is named",
 }
 # SGLang's arguments that are treadle's too, whose SGLang default None is treadle's own default
 SGLANG_NONE_IS_DEFAULT = ("quantization", "speculative_algorithm", "reasoning_parser")

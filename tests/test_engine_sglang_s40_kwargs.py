@@ -118,7 +118,7 @@ SGLANG_SERVER_DEFAULTS = dict(dp_size=1, enable_torch_compile=False, is_embeddin
     ("dp_size", 2), ("enable_torch_compile", True), ("is_embedding", True), ("chat_template", "chatml"),
     ("grammar_backend", "my-backend"), ("load_format", "pt"),
     ("tokenizer_mode", "slow"), ("page_size", 16), ("schedule_conservativeness", 0.3),
-    ("tool_call_parser", "qwen25"), ("stream_interval", 4),
+    ("tool_call_parser", "mistral"), ("stream_interval", 4),  # qwen25 / llama3: the formats the server reads
 ])
 def test_engine_refuses_sglang_server_args_it_cannot_honour(name, value):
     with pytest.raises(ValueError, match=f"SGLang's {name}: .*not supported: {name}="):

@@ -40,3 +40,24 @@ def test_input_ids_may_be_a_tokenizers_batch_encoding(llm):
     out = llm.generate(input_ids=enc, sampling_params=params)
     assert out["output_ids"] == llm.generate(input_ids=ids, sampling_params=params)["output_ids"]
     assert out["meta_info"]["prompt_tokens"] == len(ids)
+
+
+@pytest.mark.parametrize("value", ["qwen25", "qwen", "llama3"])
+def test_launch_server_takes_the_tool_call_parsers_whose_format_the_server_reads(value):
+    """SGLang's function-calling doc launches with `--tool-call-parser qwen25` (its server parses
+    tool calls only then); treadle's server always reads <tool_call> blocks and a reply that is
+    one JSON call, and refused the flag ('the server does not parse tool calls')."""
+    from treadle.launch_server import parse_args
+    from treadle.srt.server_args import ServerArgs
+
+    args = parse_args(["--tool-call-parser", value, "--max-total-tokens", "1024"])
+    assert args.max_total_tokens == 1024
+    assert ServerArgs(tool_call_parser=value).max_total_tokens is None
+
+
+def test_a_tool_call_parser_of_another_format_is_refused_by_name():
+    from treadle.srt.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="tool_call_parser: the server reads tool calls in qwen25's format.*"
+                                         "not supported: tool_call_parser='mistral'"):
+        ServerArgs(tool_call_parser="mistral")
