@@ -61,3 +61,12 @@ def test_a_tool_call_parser_of_another_format_is_refused_by_name():
     with pytest.raises(ValueError, match="tool_call_parser: the server reads tool calls in qwen25's format.*"
                                          "not supported: tool_call_parser='mistral'"):
         ServerArgs(tool_call_parser="mistral")
+
+
+def test_launch_server_takes_sglangs_think_reasoning_parsers():
+    """SGLang's reasoning doc launches with `--reasoning-parser qwen3`: the keywords took it
+    (treadle's "think"), the flag was argparse's 'invalid choice' (choose from none, think)."""
+    from treadle.launch_server import parse_args
+
+    assert parse_args(["--reasoning-parser", "qwen3"]).reasoning_parser == "think"
+    assert parse_args(["--reasoning-parser", "think"]).reasoning_parser == "think"

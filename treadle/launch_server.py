@@ -34,7 +34,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from treadle.runtime.engine_args import SGLANG_ARGS, SGLANG_ONLY_ARGS, EngineArgs, sglang_flag
+    from treadle.runtime.engine_args import (SGLANG_ARGS, SGLANG_ONLY_ARGS, SGLANG_THINK_PARSERS, EngineArgs,
+                                             sglang_flag)
 
     p = _Parser(prog=PROG, allow_abbrev=False,  # `--model` must not pass for a prefix of some other flag
                 description="Serve a model over HTTP: `treadle serve` with SGLang's flag names too. With no "
@@ -59,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     # clash with SGLang's name of the same argument (--random-seed with --seed's default)
     defaults = {f.name: f.default for f in fields(EngineArgs)}
     for action in p._actions:
+        if action.dest == "reasoning_parser":  # SGLang's names of a <think> block: treadle's "think"
+            action.choices = [*action.choices, *SGLANG_THINK_PARSERS]
         if action.dest in defaults and defaults[action.dest] is not None:
             action.help = (action.help or "") + f" (default: {defaults[action.dest]})".replace("%", "%%")
         if action.dest in defaults or action.dest in SGLANG_ARGS:
