@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import TokenizedGenerateReq
+from treadle.runtime.model_source import EMBEDDED_HF_ID
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.server.metrics import ServerMetrics
 from treadle.runtime.server.protocol import (APIError, ReplyJSON, add_cors, add_error_handlers, clip, clip_names,
@@ -60,9 +61,14 @@ class ServerState:
         return self.args.served_model_name or self.args.model_path or "SmolLM2-135M-Instruct"
 
     def check_model(self, model: Any) -> None:
-        """A request's `model`: this server's name, SGLang's customary "default", or left out;
-        another name is a 404 (OpenAI's and vLLM's answer), not another model's reply."""
-        if model is None or model in (self.model_name, "default"):
+        """A request's `model`: this server's name, SGLang's customary "default" (or "", which
+        SGLang's examples send: its server reads no name), the embedded model's Hugging Face id
+        when it is the one served, or left out; another name is a 404 (OpenAI's and vLLM's
+        answer), not another model's reply."""
+        if model is None or model in (self.model_name, "default", ""):
+            return
+        if (isinstance(model, str) and model.lower() == EMBEDDED_HF_ID.lower()
+                and (self.args.model_path or EMBEDDED_HF_ID).lower() == EMBEDDED_HF_ID.lower()):
             return
         if not isinstance(model, str):
             raise APIError.bad_request("model must be a string", "model")
