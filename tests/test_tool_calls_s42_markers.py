@@ -124,3 +124,17 @@ def test_continuing_inside_a_call_that_would_be_constrained_is_a_400(client, too
                                                                  "add_generation_prompt": False})
     err = e.value.body
     assert err["param"] == "continue_final_message" and words in err["message"], err
+
+
+def test_a_single_call_closed_on_its_line_ends_the_reply_for_finish_reason():
+    """Without parallel calls the stop string is "\\n</tool_call>"; a model that closes a call on
+    the same line ("}</tool_call>") is not stopped and writes on until max_tokens: its first call
+    is still the reply's one call, and finish_reason "tool_calls", not "length"."""
+    plan = plan_tools({"tools": [ECHO], "parallel_tool_calls": False})
+    text = '<tool_call>{"name": "echo", "arguments": {"text": "x"}}</tool_call> and then I went on and on'
+    reply = plan.parse(text, "length")
+    assert reply.content is None and reply.finish_reason == "tool_calls" and len(reply.calls) == 1
+    cut = plan.parse('<tool_call>{"name": "echo", "arguments": {"text": "x"}}', "length")  # not closed: cut
+    assert cut.finish_reason == "length"
+    parallel = plan_tools({"tools": [ECHO]}).parse(text, "length")  # more calls may have followed
+    assert parallel.finish_reason == "length" and parallel.content == " and then I went on and on"

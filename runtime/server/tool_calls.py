@@ -242,9 +242,16 @@ class ToolPlan:
         content, calls = self.parse_auto(text)
         if not calls:
             return Reply(text, (), finish)
+        # without parallel calls, a first call closed by its tag ends the reply whatever came
+        # after it (a model that writes "}</tool_call>" on one line is not stopped by STOP)
+        ended = finish == "stop" or (not self.parallel and finish == "length" and self._first_call_closed(text))
         # trailing whitespace (before the call) goes; leading stays, as in a reply without calls,
         # so the streamed content (sent before anyone knows a call follows) adds up to this
-        return Reply(content.rstrip() or None, calls, "tool_calls" if finish == "stop" else finish)
+        return Reply(content.rstrip() or None, calls, "tool_calls" if ended else finish)
+
+    def _first_call_closed(self, text: str) -> bool:
+        known = {t.name for t in self.tools}
+        return next((b.closed for b in call_blocks(self.open_call + text) if _as_call(b.inner, known)), False)
 
     def parse_auto(self, text: str) -> tuple[str, tuple[ToolCall, ...]]:
         """The calls in a free reply, and the text around them (unstripped: the text before
