@@ -168,6 +168,11 @@ class Backend:
     def flush_cache(self) -> bool:
         raise NotImplementedError(f"{type(self).__name__} cannot flush its cache")
 
+    def shutdown(self) -> None:
+        """SGLang's BaseBackend.shutdown: release what the backend holds. A backend that only
+        connects to a server (RuntimeEndpoint) holds nothing, and the server keeps running; an
+        Engine's backend stops its engine."""
+
     def select(self, text: str, choices: list[str], method: Any = "token_length_normalized") -> tuple[str, dict]:
         """Pick the choice the model finds most likely after `text`.
 
