@@ -234,8 +234,11 @@ async def read_json(request: Request) -> dict:
     --max-request-bytes, before the rest is read). A body of a megabyte or more is parsed on
     a builder thread (TokenizerManager.off_loop)."""
     state: ServerState = request.app.state.server
-    coding = request.headers.get("content-encoding", "").strip().lower()
-    if coding not in ("", "identity"):  # RFC 9110 15.5.16: a content coding the server does not take is a 415
+    # every Content-Encoding line, each a list of codings applied in order (RFC 9110 8.4): the
+    # first line alone was read, so "identity" then "gzip" on a line of its own passed as plain
+    codings = [c.strip().lower() for line in request.headers.getlist("content-encoding") for c in line.split(",")]
+    coding = ", ".join(c for c in codings if c)
+    if any(c not in ("", "identity") for c in codings):  # RFC 9110 15.5.16: a coding not taken is a 415
         raise APIError(f"the request body is sent with Content-Encoding {quoted(coding)}; this server reads only "
                        "uncompressed bodies: send it without a Content-Encoding", 415, "invalid_request_error",
                        None, "unsupported_content_encoding", {"Accept-Encoding": "identity"})
