@@ -43,6 +43,15 @@ class RuntimeEndpoint(Backend):
             self.chat_template = get_chat_template(chat_template_name)
         # how the server streams /generate: the whole output so far (SGLang's default) or what is new
         self._incremental = bool(self.model_info.get("incremental_streaming_output"))
+        self._owner: Any = None  # a weakref to the Runtime whose server this is (runtime_process)
+
+    def shutdown(self) -> None:
+        """SGLang's BaseBackend.shutdown. The endpoint of a `Runtime` (what
+        `set_default_backend(runtime)` holds, where SGLang's default backend is the Runtime
+        itself) stops that Runtime's server; one made from a URL leaves the server running."""
+        owner = self._owner() if self._owner is not None else None
+        if owner is not None:
+            owner.shutdown()
 
     def get_model_name(self) -> str:
         """The served model's path, as SGLang's RuntimeEndpoint.get_model_name."""

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from typing import Any, AsyncIterator
 
 import requests
@@ -60,6 +61,7 @@ class Runtime:
         try:
             self._wait_healthy(launch_timeout)
             self.endpoint = RuntimeEndpoint(self.url, api_key=self.server_args.api_key)
+            self.endpoint._owner = weakref.ref(self)  # endpoint.shutdown() stops this server
         except BaseException:
             self.shutdown()
             raise

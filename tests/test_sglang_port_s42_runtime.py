@@ -26,3 +26,17 @@ def test_server_args_are_sglangs_with_url(runtime):
     assert runtime.generate_url == args.url() + "/generate"
     assert requests.get(args.url() + "/health", timeout=10).status_code == 200
     assert runtime.endpoint.base_url == runtime.url and isinstance(runtime.endpoint.chat_template.name, str)
+
+
+def test_the_default_backends_shutdown_stops_the_runtime(runtime):
+    """SGLang's default backend after set_default_backend(runtime) is the Runtime, so
+    `sgl.global_config.default_backend.shutdown()` stops its server; treadle's holds the
+    Runtime's endpoint, whose shutdown() was an AttributeError. (Last: it stops the server.)"""
+    sgl.set_default_backend(runtime)
+    try:
+        sgl.global_config.default_backend.shutdown()
+    finally:
+        sgl.set_default_backend(None)
+    assert runtime.pid is None
+    with pytest.raises(requests.ConnectionError):
+        requests.get(runtime.url + "/health", timeout=10)
