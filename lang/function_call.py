@@ -152,11 +152,13 @@ class FunctionCallParser:
             calls = [c for b in call_blocks(text) if b.closed for c in self._calls_of(b.inner)]
             return text[:at].strip(), calls, at
         if self._format == "llama3":
-            if "<|python_tag|>" in text:
+            # a reply that opens with a JSON object is calls from its start: a <|python_tag|> in
+            # one of their strings is no marker (it split the call there)
+            if text.lstrip().startswith("{"):
+                normal, body, start = "", text, 0
+            elif "<|python_tag|>" in text:
                 at = text.index("<|python_tag|>")
                 normal, body, start = text[:at], text[at + len("<|python_tag|>"):], at
-            elif text.lstrip().startswith("{"):
-                normal, body, start = "", text, 0
             else:
                 return text, [], None
             return normal, self._objects(body), start

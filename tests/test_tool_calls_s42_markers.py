@@ -138,3 +138,20 @@ def test_a_single_call_closed_on_its_line_ends_the_reply_for_finish_reason():
     assert cut.finish_reason == "length"
     parallel = plan_tools({"tools": [ECHO]}).parse(text, "length")  # more calls may have followed
     assert parallel.finish_reason == "length" and parallel.content == " and then I went on and on"
+
+
+@pytest.mark.parametrize("fmt, marker", [("llama3", "<|python_tag|>"), ("mistral", "[TOOL_CALLS]")])
+def test_other_formats_keep_their_marker_inside_arguments(fmt, marker):
+    """FunctionCallParser's llama3 and mistral formats: their marker inside an argument string is
+    text (llama3 split a reply that opens with a call at a <|python_tag|> in its string)."""
+    args = {"text": f"a {marker} b; c"}
+    call = json.dumps({"name": "echo", "parameters" if fmt == "llama3" else "arguments": args})
+    text = call if fmt == "llama3" else f"[TOOL_CALLS] [{call}]"
+    normal, calls = FunctionCallParser([ECHO], fmt).parse_non_stream(text)
+    assert normal == "" and [json.loads(c.parameters) for c in calls] == [args]
+    parser, got = FunctionCallParser([ECHO], fmt), []
+    for i in range(0, len(text), 4):
+        new_text, new_calls = parser.parse_stream_chunk(text[i:i + 4])
+        assert new_text == ""
+        got += new_calls
+    assert [json.loads(c.parameters) for c in got] == [args]
