@@ -102,17 +102,23 @@ def _check_router_args(ns: argparse.Namespace) -> None:
 _SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {"serve": _add_serve, "router": _add_router}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The `treadle` parser; with `only`, a subcommand's name, that subcommand alone (main()
+    parses `treadle serve ...` so: the router's subparser imports the router, ~0.3 s that
+    delayed every server's start)."""
     parser = _CommandParser(prog="treadle", description="treadle: a structured-generation LLM runtime")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_SubcommandParser)
-    for add in _SUBCOMMANDS.values():
-        add(sub)
+    for name, add in _SUBCOMMANDS.items():
+        if only is None or name == only:
+            add(sub)
     parser.subcommands = dict(sub.choices)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    # a known subcommand first: only its flags can follow, so only its parser is built
+    parser = build_parser(argv[0] if argv and argv[0] in _SUBCOMMANDS else None)
     ns = parser.parse_args(argv)
     if ns.command is None:
         parser.print_help()

@@ -14,12 +14,14 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import torch
 
 from treadle.runtime.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made: resolving a model source (the
+    import torch   # server's first step, before it starts its processes) reads no tensor
 
 # GGUF `general.architecture` -> HF architecture.
 GGUF_ARCHITECTURES: dict[str, str] = {
@@ -215,6 +217,8 @@ def _dequantize(tensor: Any, path: str) -> torch.Tensor:
     # GGUF lists dims innermost-first: [in, out] on disk is HF's [out, in].
     shape = tuple(int(n) for n in reversed(tensor.shape))
     arr = np.ascontiguousarray(arr, dtype=np.float32).reshape(shape)
+    import torch
+
     # Copy memmap-backed arrays so the tensor outlives the reader and is writable.
     return torch.from_numpy(arr if arr.flags.owndata else arr.copy())
 

@@ -57,7 +57,7 @@ class DetokenizerManager:
         return StrOutput(r, delta)
 
 
-def run_detokenizer_process(args: EngineArgs, paths: IpcPaths, conn: Connection, ppid: int) -> None:
+def run_detokenizer_process(args: EngineArgs, paths: IpcPaths, conn: Connection, alive: Connection) -> None:
     """Process entry point: load the tokenizer, report ready on `conn`, then serve until the
     parent disappears."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -81,7 +81,7 @@ def run_detokenizer_process(args: EngineArgs, paths: IpcPaths, conn: Connection,
     try:
         while True:
             if not pull.poll(IDLE_POLL_MS):
-                if not parent_alive(ppid):
+                if not parent_alive(alive):
                     log.info("parent process is gone; exiting")
                     return
                 continue

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 from treadle.runtime.io_struct import ReqOutput
@@ -68,7 +69,11 @@ class StrOutput:
     text_delta: str
 
 
-def parent_alive(ppid: int) -> bool:
+def parent_alive(alive: Connection) -> bool:
     """Whether the launching process still exists: children exit on their own when it is gone
-    (e.g. SIGKILLed), instead of lingering as orphans holding memory."""
-    return os.getppid() == ppid
+    (e.g. SIGKILLed), instead of lingering as orphans holding memory. `alive` is the read end of
+    a pipe whose write end only the launcher holds and never writes to: it reads as EOF (poll()
+    is true) once the launcher has exited, however it ended. (The parent pid cannot tell: the
+    children's parent is multiprocessing's fork server, which outlives the launcher while they
+    run.)"""
+    return not alive.poll()

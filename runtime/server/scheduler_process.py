@@ -31,7 +31,7 @@ IDLE_POLL_MS = 500
 STATS_PERIOD_S = 0.5
 
 
-def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, ppid: int) -> None:
+def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, alive: Connection) -> None:
     """Process entry point. Reports ("ready", info) or ("error", traceback) on `conn`, then
     serves until the parent disappears. A failed batch step costs only the request that made
     it fail (`Scheduler._recover`); any other exception in the loop, or a step the
@@ -87,7 +87,7 @@ def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, p
     conn.close()
     healthy = False
     try:
-        _loop(sched, pull, push, ppid, tp)
+        _loop(sched, pull, push, alive, tp)
         healthy = True
     finally:
         if sched._grammar_compiler is not None:
@@ -99,7 +99,7 @@ def run_scheduler_process(args: EngineArgs, paths: IpcPaths, conn: Connection, p
         ctx.term()
 
 
-def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = None) -> None:
+def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, alive: Connection, tp: Any = None) -> None:
     from treadle.runtime.scheduler import GRAMMAR_POLL_S
 
     grammar_poll_ms = int(GRAMMAR_POLL_S * 1000)
@@ -124,7 +124,7 @@ def _loop(sched: Any, pull: zmq.Socket, push: zmq.Socket, ppid: int, tp: Any = N
                     arrived |= isinstance(msg, TokenizedGenerateReq)
                     _handle(sched, msg, to_send, checks)
         elif not sched.has_work() and not checks:
-            if not parent_alive(ppid):
+            if not parent_alive(alive):
                 log.info("parent process is gone; exiting")
                 return
             if tp is not None:  # idle: make sure the other ranks are still there
