@@ -47,7 +47,7 @@ class ServerProcess:
                     return
             except requests.RequestException:
                 pass  # not listening yet
-            time.sleep(0.5)
+            time.sleep(0.05)  # a refused connection costs nothing; a 0.5 s poll cost 0.25 s a start on average
         self.kill()
         raise TimeoutError(f"server not healthy after {timeout_s}s:\n{self.log_tail()}")
 
