@@ -29,7 +29,7 @@ from treadle.runtime.server.protocol import (APIError, ReplyJSON, add_cors, add_
                                              read_body, unauthorized)
 from treadle.runtime.server.streaming import (ClientGone, gather_all, merge_streams, sse,
                                               stream_or_error, until_done_or_disconnect)
-from treadle.runtime.server.tokenizer_manager import TokenizerManager, check_rid, mark_request_size
+from treadle.runtime.server.tokenizer_manager import TokenizerManager, check_rid, mark_request_size, merge_chunks
 
 log = logging.getLogger("treadle.server")
 
@@ -640,7 +640,7 @@ async def native_stream(tm: TokenizerManager, reqs: list[TokenizedGenerateReq], 
     with tm.reserve(reqs, aliases):
         await tm.warm_prefixes(reqs, aliases)
         async for item in merge_streams([tm.generate(r, aliases[r.rid], errors_as_output=per_part)
-                                         for r in reqs]):
+                                         for r in reqs], merge_chunks):
             yield item
 
 

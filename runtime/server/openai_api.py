@@ -25,7 +25,7 @@ from treadle.runtime.server.reasoning import ReasoningStream, model_thinks, open
 from treadle.runtime.server.reasoning import split as reasoning_split
 from treadle.runtime.server.tool_calls import NAME_RE, ToolPlan, ToolStream, plan_tools
 from treadle.runtime.server.streaming import gather_all, merge_streams, sse, stream_or_error, until_done_or_disconnect
-from treadle.runtime.server.tokenizer_manager import Accum, Chunk, TokenizerManager, check_rid
+from treadle.runtime.server.tokenizer_manager import Accum, Chunk, TokenizerManager, check_rid, merge_chunks
 
 # OpenAI name -> sampling param name, for fields whose meaning is the same
 _RENAMED = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
@@ -382,7 +382,7 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
         async def items():
             with tm.reserve(reqs, aliases):
                 shaper.warm_cached = await tm.warm_prefixes(reqs, aliases)
-                async for item in merge_streams([generate(r) for r in reqs]):
+                async for item in merge_streams([generate(r) for r in reqs], merge_chunks):
                     yield item
 
         return await stream_or_error(request, items(), shaper.render_chunk,
@@ -656,7 +656,13 @@ class _Shaper:
                 # tool_calls.function.arguments.done event) on a later chunk, so a call that
                 # came with the finish_reason never ended there
                 calls = {k: v for k, v in c.items() if k != "matched_stop"}
-                out.append(sse({**head, "choices": [{**calls, "finish_reason": None}]}))
+                # one call a chunk, as OpenAI and SGLang stream them (SGLang's function-calling doc
+                # reads delta.tool_calls[0] only: a second call in the same delta was lost)
+                for j, item in enumerate(calls["delta"].get("tool_calls") or [None]):
+                    d = {**calls["delta"], "tool_calls": [item]} if j == 0 and item else {"tool_calls": [item]}
+                    out.append(sse({**head, "choices": [{**calls, "delta": d if item else calls["delta"],
+                                                         "logprobs": calls["logprobs"] if j == 0 else None,
+                                                         "finish_reason": None}]}))
                 c = {**c, "logprobs": None, "delta": {}}
         else:
             c["text"] = text

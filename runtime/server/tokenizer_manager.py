@@ -102,6 +102,13 @@ class Chunk:
     error: APIError | None = None
 
 
+def merge_chunks(a: Chunk, b: Chunk) -> Chunk:
+    """One chunk for two consecutive chunks of a request: `a`'s news then `b`'s, `b`'s state
+    (for streaming.merge_streams)."""
+    return Chunk(a.text + b.text, a.ids + b.ids, a.logprobs + b.logprobs, a.top_logprobs + b.top_logprobs, b.acc,
+                 b.finished, b.error)
+
+
 class Accum(OutputAccum):
     """A request's output so far, with its text (the detokenizer's deltas)."""
 
