@@ -69,37 +69,55 @@ class _Children:
     They are forked by multiprocessing's fork server where the platform has one (else spawned).
     Forking this process after torch/zmq initialisation would be unsafe, and spawned children
     each imported torch and transformers themselves: ~1.5 s of CPU apiece, three processes at
-    once on the server's cores. The fork server is a fresh single-threaded process started
-    first (constructor), which imports CHILD_PRELOAD while this process imports its own
-    modules and loads its tokenizer; `start()` then has it fork the children, which begin with
-    everything imported."""
+    once on the server's cores. The fork server is a fresh single-threaded process started by
+    the constructor; it imports CHILD_PRELOAD while this process imports its own modules and
+    loads its tokenizer, and forks the children as soon as it is done (a thread here waits
+    for it), so they load the model meanwhile too."""
 
     def __init__(self, args: EngineArgs, paths: IpcPaths) -> None:
         self.args, self.paths = args, paths
         self.procs: dict[str, mp.process.BaseProcess] = {}
         self.conns = {}
         self.failed: set[str] = set()  # children that reported an error or died during start-up
-        self.forkserver = "forkserver" in mp.get_all_start_methods()
-        self.ctx = mp.get_context("forkserver" if self.forkserver else "spawn")
-        if self.forkserver:
+        self._starter: threading.Thread | None = None
+        self._start_error: BaseException | None = None
+        if "forkserver" in mp.get_all_start_methods():
             from multiprocessing import forkserver
 
+            self.ctx = mp.get_context("forkserver")
             self.ctx.set_forkserver_preload(list(CHILD_PRELOAD))  # a module that fails to import is skipped
             with _child_env():  # the children inherit the fork server's environment
                 forkserver.ensure_running()
-        else:  # spawned at once: their imports overlap this process's
-            self.start()
+            # Process.start() returns once the fork server has preloaded and forked
+            self._starter = threading.Thread(target=self._start_in_thread, name="treadle-start-children",
+                                             daemon=True)
+            self._starter.start()
+        else:
+            self.ctx = mp.get_context("spawn")
+            self._start()  # at once: the children's imports overlap this process's
 
     def start(self) -> None:
-        """Start both children (returns once the fork server has forked them); idempotent."""
-        if self.procs:
-            return
+        """Return once both children are started; raise what starting them raised."""
+        if self._starter is not None:
+            self._starter.join()
+        if self._start_error is not None:
+            raise self._start_error
+
+    def _start_in_thread(self) -> None:
+        try:
+            self._start()
+        except BaseException as e:  # noqa: BLE001 - raised again by start(), in the launching thread
+            self._start_error = e
+
+    def _start(self) -> None:
         targets = {"scheduler": run_scheduler_process, "detokenizer": run_detokenizer_process}
         # the children's parent is the fork server, not this process: they watch this pipe,
         # whose write end only this process holds (never written; EOF once this process is gone)
         alive, self._alive_w = self.ctx.Pipe(duplex=False)
         try:
-            with _child_env():  # a spawned child starts with this process's environment
+            with contextlib.ExitStack() as stack:
+                if self._starter is None:  # a spawned child starts with this process's environment
+                    stack.enter_context(_child_env())
                 for name, target in targets.items():
                     recv, send = self.ctx.Pipe(duplex=False)
                     # not daemonic: the scheduler starts its own grammar-compile workers
@@ -150,6 +168,8 @@ class _Children:
     def shutdown(self) -> None:
         """Stop every child and return once all have exited: SIGTERM (the scheduler unwinds
         and stops its grammar workers), SIGKILL for one still running after 10 s."""
+        if self._starter is not None:  # a launch that failed early: let the start finish first
+            self._starter.join()
         for name in self.failed:  # exiting already, with its own exit code: no signal
             self.procs[name].join(0.5)
         for p in self.procs.values():
