@@ -83,6 +83,9 @@ def _calls(client, messages, **extra):
     for chunk in _chat(client, messages, stream=True, **extra):
         for ch in chunk.choices:
             content += ch.delta.content or ""
+            # one call a chunk, as OpenAI and SGLang stream them: SGLang's function-calling doc
+            # reads chunk.choices[0].delta.tool_calls[0] only
+            assert len(ch.delta.tool_calls or [None]) == 1, ch.delta.tool_calls
             for tc in ch.delta.tool_calls or []:
                 names.setdefault(tc.index, tc.function.name)
                 args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
@@ -103,12 +106,14 @@ def test_a_close_tag_in_the_arguments_is_part_of_the_call(client):
 
 
 def test_continuing_a_message_that_opened_a_call_finishes_that_call(client):
+    """... and a second call after it: parallel calls stream one a chunk."""
     head = CALL[:CALL.index("</tool_call> ") + len("</tool_call>")]  # ends inside the string, with a close tag
+    second = '\n<tool_call>\n{"name": "echo", "arguments": {"text": "two"}}\n</tool_call>'
     messages = USER + [{"role": "assistant", "content": head}]
     extra = {"extra_body": {"continue_final_message": True, "add_generation_prompt": False,
-                            "regex": _regex_literal(CALL[len(head):])}}
+                            "regex": _regex_literal(CALL[len(head):] + second)}}
     plain, streamed = _calls(client, messages, **extra)
-    assert plain == streamed == (None, [("echo", {"text": TEXT})], "tool_calls")
+    assert plain == streamed == (None, [("echo", {"text": TEXT}), ("echo", {"text": "two"})], "tool_calls")
 
 
 @pytest.mark.parametrize("tools, choice, words", [
