@@ -21,7 +21,7 @@ A request with tools runs like any chat request; what changes:
   a named function (as OpenAI does), "length" when `max_tokens` cut it.
 
 Streaming: a named function's arguments stream as they are decoded; "required" replies
-arrive in one delta at the end; "auto" streams content and holds back anything that may
+arrive at the end (one chunk a call, openai_api.render_chunk); "auto" streams content and holds back anything that may
 begin a `<tool_call>` block, whose calls are sent when the reply ends, and a reply that
 starts as a JSON object (a Llama-format call, or content sent at the end); the deltas add up
 to the reply the same request gets unstreamed.
