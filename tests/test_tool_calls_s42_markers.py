@@ -62,6 +62,25 @@ def test_function_call_parser_keeps_the_arguments_whole():
     assert [json.loads(c.parameters) for c in got] == [{"text": TEXT}]
 
 
+def test_a_continued_open_call_is_read_with_the_reply():
+    head = CALL[:CALL.index("</tool_call> ") + len("</tool_call>")]  # ends inside the string, with a close tag
+    rest = CALL[len(head):] + "\nDone."
+    plan = plan_tools({"tools": [ECHO]})
+    assert plan.continuing("Sure. " + CALL) is plan  # a closed block: nothing to finish
+    cont = plan.continuing("Sure. " + head)
+    assert cont.open_call == head  # from the tag on
+    reply = cont.parse(rest, "stop")
+    assert reply.content == "\nDone." and reply.finish_reason == "tool_calls"
+    assert [json.loads(c.arguments) for c in reply.calls] == [{"text": TEXT}]
+    stream, deltas = cont.streamer(), []
+    for i in range(0, len(rest), 5):
+        deltas.append(stream.feed(rest[:i + 5]))
+    last, reason = stream.finish(rest, "stop")
+    assert "".join(d.get("content", "") for d in deltas + [last]) == "\nDone." and reason == "tool_calls"
+    assert [json.loads(c["function"]["arguments"]) for c in last["tool_calls"]] == [{"text": TEXT}]
+    assert cont.parse(" never mind", "stop").content == " never mind"  # no call made: the reply is content
+
+
 # ---------------------------------------------------------------- over HTTP
 
 @pytest.fixture(scope="module")
@@ -74,11 +93,12 @@ def _chat(client, messages, stream=False, **extra):
     return client.chat.completions.create(**kw, stream=stream, **extra)
 
 
-def _calls(client, messages, **extra):
-    """(content, calls, finish_reason) unstreamed, and the same from the stream's deltas."""
-    r = _chat(client, messages, **extra).choices[0]
-    plain = (r.message.content, [(c.function.name, json.loads(c.function.arguments)) for c in r.message.tool_calls or []],
-             r.finish_reason)
+def _calls(client, messages, stream, **extra):
+    """(content, calls, finish_reason) of one reply, unstreamed or from the stream's deltas."""
+    if not stream:
+        r = _chat(client, messages, **extra).choices[0]
+        return (r.message.content, [(c.function.name, json.loads(c.function.arguments))
+                                    for c in r.message.tool_calls or []], r.finish_reason)
     content, args, names, reason = "", {}, {}, None
     for chunk in _chat(client, messages, stream=True, **extra):
         for ch in chunk.choices:
@@ -90,8 +110,7 @@ def _calls(client, messages, **extra):
                 names.setdefault(tc.index, tc.function.name)
                 args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
             reason = ch.finish_reason or reason
-    streamed = (content or None, [(names[i], json.loads(args[i])) for i in sorted(args)], reason)
-    return plain, streamed
+    return content or None, [(names[i], json.loads(args[i])) for i in sorted(args)], reason
 
 
 USER = [{"role": "user", "content": f"Echo this text: {TEXT}"}]
@@ -100,9 +119,9 @@ USER = [{"role": "user", "content": f"Echo this text: {TEXT}"}]
 def test_a_close_tag_in_the_arguments_is_part_of_the_call(client):
     # the single-call stop string was "</tool_call>": it ended the reply inside the string (with
     # parallel calls the parser cut the block there: the unit tests above)
+    # (one request, unstreamed: the stream's reading of the same reply is the unit test's)
     extra = {"parallel_tool_calls": False, "extra_body": {"regex": _regex_literal(CALL)}}
-    plain, streamed = _calls(client, USER, **extra)
-    assert plain == streamed == (None, [("echo", {"text": TEXT})], "tool_calls")
+    assert _calls(client, USER, False, **extra) == (None, [("echo", {"text": TEXT})], "tool_calls")
 
 
 def test_continuing_a_message_that_opened_a_call_finishes_that_call(client):
@@ -112,8 +131,9 @@ def test_continuing_a_message_that_opened_a_call_finishes_that_call(client):
     messages = USER + [{"role": "assistant", "content": head}]
     extra = {"extra_body": {"continue_final_message": True, "add_generation_prompt": False,
                             "regex": _regex_literal(CALL[len(head):] + second)}}
-    plain, streamed = _calls(client, messages, **extra)
-    assert plain == streamed == (None, [("echo", {"text": TEXT}), ("echo", {"text": "two"})], "tool_calls")
+    # (one request, streamed: the unstreamed reading of the same reply is the unit test's)
+    want = (None, [("echo", {"text": TEXT}), ("echo", {"text": "two"})], "tool_calls")
+    assert _calls(client, messages, True, **extra) == want
 
 
 @pytest.mark.parametrize("tools, choice, words", [
