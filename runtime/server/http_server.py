@@ -357,8 +357,15 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/get_server_info")
     async def get_server_info() -> dict:
         sched = await tm.scheduler_info()
-        return {**sched, "engine_args": {k: v for k, v in vars(state.args).items() if k != "api_key"},
-                "num_in_flight": tm.num_in_flight, "model_load_s": state.model_info["model_load_s"],
+        args = {k: v for k, v in vars(state.args).items() if k != "api_key"}
+        # SGLang's top-level keys (its server arguments, model_path the model loaded, version and
+        # the KV pool's max_total_num_tokens / max_req_input_len), as an Engine's; the scheduler's
+        # counters win where a name is both
+        sglang = {**args, "model_path": state.model_info["model_path"], "version": _version()}
+        if isinstance(sched.get("total_slots"), int):
+            sglang["max_total_num_tokens"] = sched["total_slots"]
+            sglang["max_req_input_len"] = min(state.model_info["context_len"], sched["total_slots"]) - 1
+        return {**sglang, **sched, "engine_args": args, "num_in_flight": tm.num_in_flight, "model_load_s": state.model_info["model_load_s"],
                 "quantization": state.model_info.get("quantization"),
                 "pids": {"server": os.getpid(), **state.child_pids}, "uptime_s": round(time.time() - state.started, 1)}
 
