@@ -135,7 +135,10 @@ class Scheduler:
                       "draft_tokens": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0, "overlap_steps": 0, "mixed_steps": 0, "retractions": 0, "forward_steps": 0, "decode_steps": 0, "requests": 0,
                       "failed_rows": 0,  # requests stopped alone for non-finite logits
                       # batch steps that raised (_recover), and the requests stopped as their cause
-                      "failed_steps": 0, "failed_step_requests": 0}
+                      "failed_steps": 0, "failed_step_requests": 0,
+                      # decode steps of the running requests while a prompt was part way through
+                      # its prefill: a long prompt's chunks let the others make tokens between them
+                      "decode_steps_mid_prefill": 0}
 
     # ================================================================== public API
 
@@ -325,6 +328,8 @@ class Scheduler:
             for r in done:  # prefilled again and sampled alone: it batches again
                 self._suspects.pop(r, None)
         elif self.running:
+            if self.chunked is not None:
+                self.stats["decode_steps_mid_prefill"] += 1
             self._run_running()
         if self.check_integrity_at_idle and not self.has_work():
             self.check_integrity()
