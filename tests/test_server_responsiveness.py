@@ -68,7 +68,45 @@ def test_health_answers_while_a_huge_detokenize_runs(srv):
     assert r.status_code == 200, r.text[:300]
     assert len(r.json()["prompt"]) == n  # token 100 is one character
     assert latencies
+    # Seconds on purpose: what this guards is wall-clock responsiveness, how long the event loop
+    # cannot run. A decode moved to a builder thread but holding the GIL (tokenizer.decode, not
+    # decode_batch) stalls the loop as the old decode on it did, and so does any other work of
+    # the request's size that holds it (the next test checks which decode runs; only time shows
+    # the loop free). The bound is relative to the big request's own duration, so a loaded machine
+    # stretches both: measured on a 2-core box at load 6, the longest probe was 1.7 s of 9.5 s
+    # (the body's JSON parse, which holds the GIL), where on the old code the probe sent during
+    # the decode waited for nearly all of the request.
     assert max(latencies) < 0.5 * duration, (max(latencies), duration, len(latencies))
+
+
+def test_the_detokenize_decode_lets_go_of_the_gil(smollm2_tokenizer):
+    """The half of the test above that a count can say: /detokenize decodes through the Rust
+    tokenizer's decode_batch, which lets go of the GIL, never through tokenizer.decode, which
+    holds it throughout (1.6 s for 9M ids, the event loop stalled though on another thread)."""
+    from treadle.runtime.server.http_server import _decode_releasing_the_gil
+
+    batches = []
+
+    class Backend:
+        def __getattr__(self, name):
+            return getattr(smollm2_tokenizer.backend_tokenizer, name)
+
+        def decode_batch(self, seqs, **kw):
+            batches.append(len(seqs))
+            return smollm2_tokenizer.backend_tokenizer.decode_batch(seqs, **kw)
+
+    class Tokenizer:
+        backend_tokenizer = Backend()
+
+        def __getattr__(self, name):
+            return getattr(smollm2_tokenizer, name)
+
+        def decode(self, *a, **k):
+            raise AssertionError("tokenizer.decode holds the GIL for the whole decode")
+
+    ids = smollm2_tokenizer.encode("Héllo, wörld! 你好 🙂 <|im_start|>  x\n\ty")
+    assert _decode_releasing_the_gil(Tokenizer(), ids) == smollm2_tokenizer.decode(ids)
+    assert batches == [1]
 
 
 def test_detokenize_still_decodes_as_the_tokenizer(srv, smollm2_tokenizer):
