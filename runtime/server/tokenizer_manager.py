@@ -102,6 +102,18 @@ class Chunk:
     error: APIError | None = None
 
 
+def request_log_line(o: ReqOutput, latency: float) -> str:
+    """--log-requests' line for a finished request (never its text). The client's rid, and an
+    error that may quote the client, are written as one line: a rid holding a line break
+    ("x\\nrequest admin: ...") wrote log lines of the client's making."""
+    def one_line(s: str) -> str:
+        return s if s.isprintable() else repr(s)[1:-1]
+
+    finish = f"error ({one_line(o.error)})" if o.error else (o.finished or {}).get("type")
+    return (f"request {one_line(o.rid)}: {o.prompt_tokens} prompt tokens ({o.cached_tokens} cached), "
+            f"{o.completion_tokens} generated, finish {finish}, {latency:.3f}s")
+
+
 def merge_chunks(a: Chunk, b: Chunk) -> Chunk:
     """One chunk for two consecutive chunks of a request: `a`'s news then `b`'s, `b`'s state
     (for streaming.merge_streams)."""
@@ -300,10 +312,7 @@ class TokenizerManager:
                     if not st.internal:
                         self.metrics.on_finish(m.out, latency)
                     if self.args.log_requests and not st.internal:
-                        o = m.out
-                        log.info("request %s: %d prompt tokens (%d cached), %d generated, finish %s, %.3fs",
-                                 o.rid, o.prompt_tokens, o.cached_tokens, o.completion_tokens,
-                                 f"error ({o.error})" if o.error else (o.finished or {}).get("type"), latency)
+                        log.info("%s", request_log_line(m.out, latency))
                 st.queue.put_nowait(m)
 
     # ================================================================== building requests
