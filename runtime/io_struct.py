@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from treadle.runtime.sampling_params import SamplingParams
+from treadle.runtime.sampling_params import SamplingParams, sample_seed
 
 
 @dataclass(slots=True)
@@ -23,14 +23,16 @@ class TokenizedGenerateReq:
 
 
 def split_samples(r: TokenizedGenerateReq) -> list[TokenizedGenerateReq]:
-    """n parallel samples become n requests "<rid>-<j>" (seeds seed, seed+1, ...) sharing the
-    prompt, whose KV they share through the radix cache once it is warmed."""
+    """n parallel samples become n requests "<rid>-<j>" sharing the prompt, whose KV they share
+    through the radix cache once it is warmed; a seeded request's sample j draws with
+    sample_seed(seed, j) (the server's and the Engine's samples alike)."""
     p = r.sampling_params
     if p.n == 1:
         return [r]
     out = []
     for j in range(p.n):
-        q = SamplingParams.from_dict({**p.to_dict(), "n": 1, "seed": None if p.seed is None else p.seed + j})
+        seed = None if p.seed is None else sample_seed(p.seed, j)
+        q = SamplingParams.from_dict({**p.to_dict(), "n": 1, "seed": seed})
         out.append(dataclasses.replace(r, rid=f"{r.rid}-{j}", sampling_params=q))
     return out
 

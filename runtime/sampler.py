@@ -3,7 +3,6 @@ grammar / min-tokens bitmask, draw, and gather logprobs. The fused Triton kernel
 its pure-torch reference (same signature) on CPU."""
 from __future__ import annotations
 
-import hashlib
 from typing import Any, NamedTuple
 
 import torch
@@ -11,22 +10,6 @@ import torch
 from treadle.kernels import sampling as sk
 from treadle.runtime.forward_batch import to_device
 from treadle.runtime.request import Req
-
-
-def sample_seed(seed: int, j: int) -> int:
-    """The seed of sample `j` of a request's n samples seeded `seed` (any integer: folded into
-    the kernels' 63 bits, as the scheduler folds a request's own seed). Sample 0 keeps the seed,
-    so n=1 and the first of n samples agree; each later one gets a 63-bit hash of (seed, j).
-    `seed + j` (vLLM's choice) made sample j of {seed: s, n} the first sample of {seed: s + j}:
-    two requests a client sent with seeds 1 and 2 shared a sample. A hash lands on another
-    request's seed, or another sample's, only by a 2^-63 chance; the same request still gives
-    the same samples (no process state enters it)."""
-    folded = seed % (1 << 63)
-    if j == 0:
-        return folded
-    digest = hashlib.blake2b(folded.to_bytes(8, "little") + j.to_bytes(8, "little"), digest_size=8,
-                             person=b"treadle-n-sample").digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 class SampleResult(NamedTuple):

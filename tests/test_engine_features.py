@@ -181,6 +181,12 @@ def test_n_samples_share_the_prompt(engine, prompts):
     outs = engine.generate(prompts[5], {"max_new_tokens": 8, "temperature": 1.0, "n": 3, "seed": 5})
     assert len(outs) == 3
     assert all(o["meta_info"]["cached_tokens"] >= o["meta_info"]["prompt_tokens"] - 1 for o in outs)
+    # sample 0 draws with the seed itself, the others with seeds of their own (sample_seed), not
+    # seed + j: {seed: 5, n: 3}'s second sample was {seed: 6}'s
+    p = {"max_new_tokens": 8, "temperature": 1.0}
+    one, six = engine.generate([prompts[5], prompts[5]], [{**p, "seed": 5}, {**p, "seed": 6}])
+    assert outs[0]["output_ids"] == one["output_ids"]
+    assert outs[1]["output_ids"] != six["output_ids"]
 
 
 def test_stop_string_is_trimmed(engine, prompts):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from treadle.runtime.sampler import sample_seed
+from treadle.runtime.sampling_params import sample_seed
 from treadle.runtime.server.testing import wait_idle
 
 T = 120

@@ -26,7 +26,6 @@ from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import (AbortReq, ControlOut, ControlReq, OutputAccum, ReqOutput,
                                        TokenizedGenerateReq, split_samples)
 from treadle.runtime.nesting import MAX_GRAMMAR_NESTING, json_depth
-from treadle.runtime.sampler import sample_seed
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
 from treadle.runtime.tokenizer import check_text, token_texts
 from treadle.runtime.scheduler import check_context, validate_request
@@ -512,13 +511,7 @@ class TokenizerManager:
         if n > self.max_in_flight:  # could never all be admitted: not worth a retry
             raise APIError.bad_request(f"n={n} is more than this server holds at once ({self.max_in_flight} "
                                        "requests running and queued)", "n")
-        parts = split_samples(r)
-        if n > 1 and r.sampling_params.seed is not None:
-            # sample j's seed: sampler.sample_seed (split_samples gives seed + j, which sample 0
-            # of {seed: seed + j} shares)
-            for j, part in enumerate(parts):
-                part.sampling_params.seed = sample_seed(r.sampling_params.seed, j)
-        return parts
+        return split_samples(r)  # a seeded request's sample j: sampling_params.sample_seed
 
     # ================================================================== running requests
 
