@@ -55,6 +55,7 @@ class Req:
     stop_bytes: int | None = None  # the longest stop string's UTF-8 bytes, measured once (scheduler._stop_window)
     ngram: Any = None  # NgramIndex of prompt + output, for n-gram drafts (speculative decoding)
     logit_bias_index: Any = None  # (token ids, values) tensors of params.logit_bias, built at its first step
+    stop_ban: Any = None  # (device tensor of the stop ids banned under min_new_tokens, host word mask), built once
 
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
