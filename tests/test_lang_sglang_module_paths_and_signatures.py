@@ -11,9 +11,11 @@ import json
 import re
 
 import pytest
+import requests
 from test_lang_sglang_port import engine, runtime  # noqa: F401  (an Engine and a Runtime per module)
 
 import treadle as sgl
+from treadle.srt.server_args import ServerArgs
 
 
 @pytest.fixture
@@ -273,6 +275,25 @@ def test_runtime_takes_sglangs_names_for_treadles_server_arguments(capfd):
             s += sgl.assistant(sgl.gen("answer", max_tokens=4))
 
         assert qa.run(question="Hi!", temperature=0, backend=runtime)["answer"]
+        # runtime.server_args is SGLang's ServerArgs, with url() (it was treadle's EngineArgs,
+        # which has none), and url / generate_url / endpoint are set from it as SGLang's are
+        args = runtime.server_args
+        assert isinstance(args, ServerArgs)
+        assert args.url() == runtime.url == f"http://127.0.0.1:{args.port}"
+        assert runtime.generate_url == args.url() + "/generate"
+        assert requests.get(args.url() + "/health", timeout=10).status_code == 200
+        assert runtime.endpoint.base_url == runtime.url and isinstance(runtime.endpoint.chat_template.name, str)
+        # SGLang's default backend after set_default_backend(runtime) is the Runtime, so its
+        # shutdown() stops the server; treadle's holds the Runtime's endpoint, whose shutdown()
+        # was an AttributeError
+        sgl.set_default_backend(runtime)
+        try:
+            sgl.global_config.default_backend.shutdown()
+        finally:
+            sgl.set_default_backend(None)
+        assert runtime.pid is None
+        with pytest.raises(requests.ConnectionError):
+            requests.get(runtime.url + "/health", timeout=10)
     finally:
         runtime.shutdown()
     assert capfd.readouterr().out == ""  # log_level "error", SGLang's default: the server printed nothing
