@@ -182,6 +182,16 @@ class _Children:
                 log.warning("%s did not stop in 10s; killing it", p.name)
                 p.kill()
                 p.join(5)
+        if self._starter is not None:
+            # The fork server has nothing left to fork. Left alone it exits once this process
+            # has, tearing down its torch and transformers first (~0.6 s of CPU, while whatever
+            # runs next starts); SIGTERM ends it at once (it has no handler for it).
+            from multiprocessing import forkserver
+
+            pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
 
 
 @contextlib.contextmanager
