@@ -96,10 +96,14 @@ class _Children:
             self.ctx = mp.get_context("spawn")
             self._start()  # at once: the children's imports overlap this process's
 
-    def start(self) -> None:
-        """Return once both children are started; raise what starting them raised."""
+    def start(self, timeout_s: float) -> None:
+        """Return once both children are started; raise what starting them raised, or
+        LaunchError if the fork server has not forked them within `timeout_s`."""
         if self._starter is not None:
-            self._starter.join()
+            self._starter.join(timeout_s)
+            if self._starter.is_alive():
+                raise LaunchError(f"the fork server did not start the children in {timeout_s:.0f}s "
+                                  "(set TREADLE_STARTUP_TIMEOUT_S to wait longer)")
         if self._start_error is not None:
             raise self._start_error
 
@@ -169,7 +173,7 @@ class _Children:
         """Stop every child and return once all have exited: SIGTERM (the scheduler unwinds
         and stops its grammar workers), SIGKILL for one still running after 10 s."""
         if self._starter is not None:  # a launch that failed early: let the start finish first
-            self._starter.join()
+            self._starter.join(10)
         for name in self.failed:  # exiting already, with its own exit code: no signal
             self.procs[name].join(0.5)
         for p in self.procs.values():
@@ -312,7 +316,7 @@ def launch_server(args: EngineArgs, on_ready: Callable[[str], None] | None = Non
 
         tokenizer = load_tokenizer(source)
         install_tokenize_hold(tokenizer)  # tests only: a no-op unless TREADLE_FAULT_HOLD_TOKENIZE is set
-        children.start()
+        children.start(STARTUP_TIMEOUT_S)
         infos = children.wait_ready(STARTUP_TIMEOUT_S)
         info = {**infos["scheduler"], "tokenizer_path": source.tokenizer_path}
         tm = TokenizerManager(args, tokenizer, info, paths, ServerMetrics())
