@@ -72,7 +72,7 @@ def popen_launch_server(model: str, base_url: str, timeout: float, api_key: str 
                     return process
             except requests.RequestException:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.05)  # a refused connection costs nothing; readiness is seen within 50 ms
     kill_process_tree(process.pid)
     raise TimeoutError(f"the server at {base_url} did not become ready within {timeout} s")
 
