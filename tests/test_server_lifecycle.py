@@ -406,3 +406,39 @@ def test_a_held_tokenization_holds_nothing_else_and_bodies_are_bounded(tmp_path)
         release.touch()
         srv.close()
 
+
+
+def _group_alive(pgid: int) -> list[str]:
+    """The live (not zombie) processes of process group `pgid`, as 'pid name'."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if rest[0] != "Z" and int(rest[2]) == pgid:
+            alive.append(f"{entry} {name}")
+    return alive
+
+
+def test_a_server_killed_outright_leaves_no_process_behind():
+    """SIGKILL of the server process alone (no handler runs): its scheduler, detokenizer and
+    grammar workers, forked by a fork server rather than by it, see it gone (a pipe only it held
+    open reads EOF) and exit, as does the fork server; none is left holding the model or the
+    KV pool. (The deadline is a hang guard: they are gone in about a second.)"""
+    srv = ServerProcess(["--max-total-tokens", "2048", "--log-level", "warning"])
+    try:
+        pids = info(srv.url)["pids"]
+        assert len(_group_alive(srv.proc.pid)) >= 3, _group_alive(srv.proc.pid)  # server, scheduler, detokenizer
+        os.kill(srv.proc.pid, signal.SIGKILL)
+        srv.proc.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while _group_alive(srv.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _group_alive(srv.proc.pid) == [], (pids, _group_alive(srv.proc.pid))
+    finally:
+        srv.close()
