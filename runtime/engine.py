@@ -29,8 +29,9 @@ from treadle.runtime.detokenizer import IncrementalDetokenizer
 from treadle.runtime.engine_args import EngineArgs, translate_sglang_args
 from treadle.runtime.io_struct import OutputAccum, ReqOutput, TokenizedGenerateReq, split_samples
 from treadle.runtime.model_runner import ModelRunner
+from treadle.runtime.request_checks import check_context, validate_request
 from treadle.runtime.sampling_params import SamplingParams, quoted
-from treadle.runtime.scheduler import GRAMMAR_POLL_S, GrammarCheck, Scheduler, check_context, validate_request
+from treadle.runtime.scheduler import GRAMMAR_POLL_S, GrammarCheck, Scheduler
 from treadle.runtime.tokenizer import encode_prompt, load_tokenizer, token_texts
 
 log = logging.getLogger("treadle")

@@ -26,7 +26,7 @@ from treadle.runtime.ngram_draft import NgramIndex
 from treadle.runtime.model_runner import ModelRunner
 from treadle.runtime.request import Req
 from treadle.runtime.sampler import Sampler, prompt_logprobs
-from treadle.runtime.sampling_params import quoted
+from treadle.runtime.request_checks import validate_request
 from treadle.runtime.schedule_policy import PrefillBudget, match_key, order_waiting
 
 log = logging.getLogger("treadle")
@@ -46,9 +46,6 @@ MAX_FAILED_STEPS = 3
 # the failed steps a request must make fail alone, each followed by a canary forward that passes,
 # before the failure is its own: a fault that does not recur is not the request's
 STRIKES_TO_FAIL = 2
-# the most top logprobs a token may ask for (vLLM's max_logprobs default, OpenAI's limit): each
-# prompt position with logprobs keeps that many (id, logprob) pairs as Python objects
-MAX_TOP_LOGPROBS = 20
 # the most prompt positions one step scores for a request's prompt logprobs: each is a row of
 # logits over the vocabulary (log-softmaxed, top-k'd), so a 4,000-token prompt with `echo`
 # held one CPU step for tens of seconds and stalled every other request. A prompt wanting
@@ -1112,59 +1109,6 @@ class GrammarCheck:
         while not self.done():
             concurrent.futures.wait([item[2] for item in self._pending])
         return self.errors
-
-
-def check_context(prompt_tokens: int, params: Any, context_len: int) -> None:
-    """A max_new_tokens the caller set (in the ``params`` dict) that the context cannot hold is
-    a ValueError, as in SGLang and vLLM; one left to its default is cut by the context."""
-    m = params.get("max_new_tokens") if isinstance(params, dict) else None
-    if isinstance(m, int) and not isinstance(m, bool) and prompt_tokens < context_len < prompt_tokens + m:
-        raise ValueError(
-            f"sampling_params.max_new_tokens ({quoted(m)}) + the prompt ({prompt_tokens} tokens) exceed the context "
-            f"length {context_len}: at most {context_len - prompt_tokens} new tokens fit; lower it or shorten "
-            "the prompt")
-
-
-def validate_request(r: TokenizedGenerateReq, vocab_size: int, context_len: int, num_slots: int) -> None:
-    """Raise ValueError naming the problem with a request before it touches any KV."""
-    p = r.sampling_params
-    p.validate(vocab_size)
-    ids = r.input_ids
-    if not isinstance(ids, list) or not all(type(t) is int for t in ids):
-        raise ValueError("input_ids must be a list of integer token ids")
-    if not ids:
-        raise ValueError("the prompt is empty: give at least one token")
-    if min(ids) < 0 or max(ids) >= vocab_size:
-        raise ValueError(f"input_ids must be in [0, {vocab_size}); got token id "
-                         f"{quoted(max(ids) if max(ids) >= vocab_size else min(ids))}")
-    if len(ids) >= context_len:
-        raise ValueError(
-            f"the prompt has {len(ids)} tokens, more than the context length {context_len} allows "
-            f"(at most {context_len - 1}); shorten it")
-    # what the request can write: the scheduler ends it at the context (a default max_new_tokens
-    # is cut there; one the caller set past it was refused by check_context)
-    new = min(p.max_new_tokens, context_len - len(ids))
-    if len(ids) + min(new, 1) > num_slots:
-        raise ValueError(f"the prompt ({len(ids)} tokens) can never fit the KV pool of {num_slots} slots with a "
-                         "token to generate; shorten it")
-    if len(ids) + new > num_slots:
-        raise ValueError(
-            f"prompt ({len(ids)} tokens) + max_new_tokens ({new}) can never fit the KV pool "
-            f"of {num_slots} slots; lower max_new_tokens")
-    for name in ("return_logprob", "return_text_in_logprobs"):
-        if not isinstance(getattr(r, name), bool):
-            raise ValueError(f"{name} must be a boolean, got {quoted(getattr(r, name))}")
-    for name in ("logprob_start_len", "top_logprobs_num"):
-        v = getattr(r, name)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{name} must be an integer, got {quoted(v)}")
-    if r.logprob_start_len < -1:
-        raise ValueError(f"logprob_start_len must be -1 (the default: the last prompt token) or a position >= 0, "
-                         f"got {quoted(r.logprob_start_len)}")
-    if r.return_logprob and r.logprob_start_len >= len(ids):
-        raise ValueError(f"logprob_start_len {quoted(r.logprob_start_len)} must be < the prompt length {len(ids)}")
-    if not 0 <= r.top_logprobs_num <= MAX_TOP_LOGPROBS:
-        raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {quoted(r.top_logprobs_num)}")
 
 
 def _shares_uncached_prefix(ids: list[int], admitted: list[list[int]], cached: int) -> bool:

@@ -11,7 +11,7 @@ from treadle.runtime import Engine
 from treadle.runtime.engine import BatchError
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import SamplingParams
-from treadle.runtime.scheduler import validate_request
+from treadle.runtime.request_checks import validate_request
 from treadle.runtime.tokenizer import apply_chat_template
 
 QUESTIONS = ["Name a fruit.", "What is 2 + 2?", "Tell me about the moon in one sentence.",

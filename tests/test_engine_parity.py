@@ -11,7 +11,7 @@ import torch
 from treadle.runtime import Engine
 from treadle.runtime.model_config import DUMMY_CONFIGS
 from treadle.runtime.sampling_params import SamplingParams
-from treadle.runtime.scheduler import check_context
+from treadle.runtime.request_checks import check_context
 from treadle.runtime.tokenizer import apply_chat_template
 
 QUESTIONS = [

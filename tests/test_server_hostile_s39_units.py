@@ -15,7 +15,8 @@ import pytest
 from fake_runner import VOCAB, FakeRunner, collect, drain, greedy, make_scheduler, reference_greedy, req
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import SamplingParams
-from treadle.runtime.scheduler import Scheduler, check_context, validate_request
+from treadle.runtime.request_checks import check_context, validate_request
+from treadle.runtime.scheduler import Scheduler
 
 
 def toks(rng: random.Random, n: int) -> list[int]:

@@ -28,7 +28,7 @@ from treadle.runtime.io_struct import (AbortReq, ControlOut, ControlReq, OutputA
 from treadle.runtime.nesting import MAX_GRAMMAR_NESTING, json_depth
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
 from treadle.runtime.tokenizer import check_text, token_texts
-from treadle.runtime.scheduler import check_context, validate_request
+from treadle.runtime.request_checks import check_context, validate_request
 from treadle.runtime.server.ipc import IpcPaths, StrOutput
 from treadle.runtime.server.metrics import ServerMetrics
 from treadle.runtime.server import tool_calls
