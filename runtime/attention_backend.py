@@ -10,7 +10,6 @@ fp32, the kernels in the dot operand dtype), so q and the output stay in the mod
 """
 from __future__ import annotations
 
-import os
 from typing import Protocol
 
 import torch
@@ -115,9 +114,8 @@ class TritonAttentionBackend:
 
 def fused_rope() -> bool:
     """Whether decode steps rotate and store the new token inside the attention kernel
-    (kernels/decode_attention.py's NewToken). Off unless TREADLE_FUSED_ROPE=1: checked under
-    TRITON_INTERPRET=1 only, not yet on a GPU (tests/test_decode_attention_new_token.py)."""
-    return os.environ.get("TREADLE_FUSED_ROPE", "0") == "1"
+    (kernels/decode_attention.py's NewToken): on unless TREADLE_FUSED_ROPE=0."""
+    return ops.fusion("TREADLE_FUSED_ROPE") != "0"
 
 
 def q_device(kv_pool: TokenToKVPool) -> torch.device:

@@ -243,3 +243,27 @@ def test_fused_norm_decode_on_gpu(model: str, quant: str | None, monkeypatch) ->
             assert abs(lp_a - lp_b) < 0.1, (a, b)
             if tok_a != tok_b:  # a near tie flipped: the rest of the two runs continue different texts
                 break
+
+
+@pytest.mark.parametrize("setting,want", [(None, (True, False, True)), ("auto", (True, False, True)),
+                                          ("0", (False, False, False)), ("1", (True, True, True))])
+def test_fusion_settings(setting: str | None, want: tuple, monkeypatch) -> None:
+    """Unset (auto), the norm is left to a bf16 / fp32 projection but not to a MoE router (not
+    faster there on the H100, docs/performance.md), and the rotation to decode attention; 0
+    turns both off; 1 also gives the router its norm."""
+    from treadle.runtime.attention_backend import fused_rope
+    from treadle.runtime.models import ops
+    from treadle.runtime.models.moe import SparseMoeBlock
+    from treadle.runtime.models.parallel import ColumnParallelLinear
+
+    monkeypatch.setattr(ops, "FUSE_NORM_WITHOUT_CUDA", True)
+    for name in ("TREADLE_FUSED_NORM", "TREADLE_FUSED_ROPE"):
+        if setting is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, setting)
+    x = torch.zeros(1, 64)
+    projection = ColumnParallelLinear(64, [32])
+    router = SparseMoeBlock(num_experts=4, top_k=2, hidden=64, inter=32, renormalize=True)
+    assert (projection.fuses_norm(x), router.fuses_norm(x), fused_rope()) == want
+    assert not projection.fuses_norm(torch.zeros(2, 64))  # batch-1 decode only

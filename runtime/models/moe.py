@@ -195,8 +195,9 @@ class SparseMoeBlock(nn.Module):
 
     def fuses_norm(self, x: torch.Tensor) -> bool:
         """Whether the router takes the norm before the block as a NormedInput (ops.fuses_norm):
-        it normalises as it loads x and writes the normed rows for the experts."""
-        return ops.fuses_norm(x) and self.gate.weight.dtype == x.dtype
+        it normalises as it loads x and writes the normed rows for the experts. Only where asked
+        for (TREADLE_FUSED_NORM=1): on one H100 it was not faster than the norm's launch."""
+        return ops.fusion("TREADLE_FUSED_NORM") == "1" and ops.fuses_norm(x) and self.gate.weight.dtype == x.dtype
 
     def forward(self, x: torch.Tensor | NormedInput) -> torch.Tensor:
         ex = self.experts

@@ -17,13 +17,20 @@ from treadle.runtime import cpu_ops  # float32 CPU: one C pass an op (runtime/cp
 FUSE_NORM_WITHOUT_CUDA = False
 
 
+def fusion(name: str) -> str:
+    """The setting of a decode-step fusion (TREADLE_FUSED_NORM, TREADLE_FUSED_ROPE): "0" off,
+    "1" on wherever a kernel can take it, "auto" (unset, or any other value) on where it was
+    measured faster (docs/performance.md: bf16 projections, not FP8 ones or a MoE router)."""
+    value = os.environ.get(name, "auto")
+    return value if value in ("0", "1") else "auto"
+
+
 def fuses_norm(x: torch.Tensor) -> bool:
-    """Whether the RMSNorm before a projection of x is left to the projection's own kernel (a
+    """Whether the RMSNorm before a projection of x may be left to the projection's own kernel (a
     NormedInput, kernels/rmsnorm.py) rather than launched: one row of x (batch-1 decode) captured
     into a CUDA graph, where `linear` runs the Triton GEMV anyway. The projection must say yes
-    too (its weight's format). Off unless TREADLE_FUSED_NORM=1: its kernels are checked under
-    TRITON_INTERPRET=1 only, not yet on a GPU (tests/test_normed_input_fusion.py)."""
-    if os.environ.get("TREADLE_FUSED_NORM", "0") != "1" or x.dim() != 2 or x.shape[0] != 1 or not x.is_contiguous():
+    too (its weight's format, and `fusion("TREADLE_FUSED_NORM")`). TREADLE_FUSED_NORM=0 turns it off."""
+    if x.dim() != 2 or x.shape[0] != 1 or not x.is_contiguous() or fusion("TREADLE_FUSED_NORM") == "0":
         return False
     if FUSE_NORM_WITHOUT_CUDA and not x.is_cuda:
         return True
