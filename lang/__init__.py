@@ -7,7 +7,7 @@
         s += sgl.user(question)
         s += sgl.assistant(sgl.gen("answer", max_tokens=32))
 
-    sgl.set_default_backend(sgl.Runtime())   # or an Engine, or "http://127.0.0.1:30000"
+    sgl.set_default_backend(sgl.Runtime())   # or an Engine, "http://127.0.0.1:30000", or sgl.OpenAI(...)
     print(qa(question="Why is the sky blue?", temperature=0)["answer"])
 
 docs/porting-from-sglang.md lists what differs from SGLang.
@@ -21,6 +21,7 @@ from treadle.lang.backend import (Backend, flush_cache, get_default_backend, get
                                   set_default_backend)
 from treadle.lang.backend_engine import EngineBackend
 from treadle.lang.backend_http import RuntimeEndpoint
+from treadle.lang.backend_openai import OpenAI
 from treadle.lang.chat_template import ChatTemplate
 from treadle.lang.global_config import GlobalConfig, global_config
 from treadle.lang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
@@ -33,7 +34,7 @@ from treadle.lang.reasoning import separate_reasoning
 from treadle.lang.runtime_process import Runtime
 from treadle.lang.state import ForkGroup, ProgramState
 
-__all__ = ["Backend", "ChatTemplate", "Engine", "EngineBackend", "ForkGroup", "GlobalConfig", "Program",
+__all__ = ["Backend", "ChatTemplate", "Engine", "EngineBackend", "ForkGroup", "GlobalConfig", "OpenAI", "Program",
            "ProgramState", "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "Runtime", "RuntimeEndpoint",
            "assistant", "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int",
            "gen_string", "get_default_backend", "get_server_info", "global_config", "greedy_token_selection",
@@ -43,13 +44,14 @@ __all__ = ["Backend", "ChatTemplate", "Engine", "EngineBackend", "ForkGroup", "G
            "video"]
 
 
-_API_BACKENDS = ("OpenAI", "Anthropic", "VertexAI", "LiteLLM", "Crusoe")
+_API_BACKENDS = ("Anthropic", "VertexAI", "LiteLLM", "Crusoe")
 
 
 def _api_backend(name: str) -> Any:
     def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise ValueError(f"sgl.{name}(...): treadle has no API backends; serve a model with sgl.Runtime(model_path=...)"
-                         " or connect to a treadle server with sgl.RuntimeEndpoint(url)")
+        raise ValueError(f"sgl.{name}(...): treadle has no API backends but sgl.OpenAI; serve a model with sgl.Runtime(model_path=...), "
+                         "connect to a treadle server with sgl.RuntimeEndpoint(url), or to any OpenAI-compatible "
+                         "server with sgl.OpenAI(model, base_url=...)")
 
     refuse.__name__ = refuse.__qualname__ = name
     return refuse
@@ -57,8 +59,8 @@ def _api_backend(name: str) -> Any:
 
 def __getattr__(name: str) -> Any:
     """`sgl.Engine`: treadle's in-process Engine (loaded on first use); here it is also a
-    backend: `sgl.set_default_backend(sgl.Engine())`. SGLang's API backends (`sgl.OpenAI`, ...)
-    exist only to say, when called, that treadle has none."""
+    backend: `sgl.set_default_backend(sgl.Engine())`. SGLang's API backends other than `sgl.OpenAI`
+    (`sgl.Anthropic`, ...) exist only to say, when called, that treadle has none."""
     if name == "Engine":
         from treadle.runtime import Engine
 

@@ -291,16 +291,17 @@ class StreamExecutor:
         # sampling one token, which is dropped.
         peek = params.get("max_new_tokens") == 0 and bool(logprob.get("return_logprob"))
         try:
+            prompt = self._prompt_for_gen()
             if peek:
-                _, meta = self.backend.generate(self.text_, {**params, "max_new_tokens": 1}, logprob)
+                _, meta = self.backend.generate(prompt, {**params, "max_new_tokens": 1}, logprob)
                 out, meta = "", {**meta, "completion_tokens": 0, "finish_reason": {"type": "length", "length": 0}}
             elif self.stream:
                 out, meta = "", {}
-                for delta, meta in self.backend.generate_stream(self.text_, params, logprob):
+                for delta, meta in self.backend.generate_stream(prompt, params, logprob):
                     out += delta
                     self._append(delta, name, meta)
             else:
-                out, meta = self.backend.generate(self.text_, params, logprob)
+                out, meta = self.backend.generate(prompt, params, logprob)
                 self._append(out, name)
         except ValueError as e:  # the runtime refused it: say which gen
             raise ValueError(f"gen({name!r}): {e}") from e
@@ -318,6 +319,16 @@ class StreamExecutor:
                 warnings.warn(f"gen({name!r}, dtype={gen.dtype.__name__}) produced {out!r}, which does not "
                               f"parse: {why}", stacklevel=2)
         self._set_var(name, out, meta)
+
+    def _prompt_for_gen(self) -> Any:
+        """What a gen sends its backend: the text so far; for a chat-model API backend
+        (`is_chat_model`, sgl.OpenAI), the messages before it, the gen being the first thing of
+        an assistant message (else a ValueError, as SGLang's RuntimeError)."""
+        if not getattr(self.backend, "is_chat_model", False):
+            return self.text_
+        if self.role != "assistant" or self.text_[self.role_start:].strip():
+            raise ValueError(self.backend._not_after_assistant())
+        return [dict(m) for m in self.messages_]
 
     def _select(self, sel: ir.Select) -> None:
         if self.tracing:

@@ -277,8 +277,9 @@ def function(func: Callable | None = None, num_api_spec_tokens: int | None = Non
     `function(func=...)` with SGLang's parameter name).
 
     `num_api_spec_tokens` (SGLang's speculative execution for API models behind a chat-only
-    interface) is accepted and kept as `prog.num_api_spec_tokens`; it changes nothing here, as
-    treadle has no API backends: every gen is its own request to the runtime."""
+    interface) is accepted and kept as `prog.num_api_spec_tokens`; it changes nothing here:
+    every gen is its own request, and on `sgl.OpenAI`'s chat models a gen must start an
+    assistant message."""
     if num_api_spec_tokens is not None and (isinstance(num_api_spec_tokens, bool)
                                             or not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1):
         raise ValueError(f"num_api_spec_tokens must be a positive int or None, got {num_api_spec_tokens!r}")

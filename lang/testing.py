@@ -167,8 +167,8 @@ def add_common_sglang_args_and_parse(parser: Any) -> Any:
 def select_sglang_backend(args: Any) -> Any:
     """The backend of a benchmark's --backend: "srt" (and "srt-..."), a RuntimeEndpoint at
     --host:--port ("srt-no-parallel" also sets global_config.enable_parallel_encoding = False);
-    "gpt-..." is SGLang's OpenAI backend, which treadle has not (its ValueError). Anything else
-    is SGLang's ValueError."""
+    "gpt-..." is SGLang's OpenAI backend of that model (`sgl.OpenAI`: OpenAI's API, or the server
+    at OPENAI_BASE_URL). Anything else is SGLang's ValueError."""
     if args.backend.startswith("srt"):
         from treadle.lang.backend_http import RuntimeEndpoint
         from treadle.lang.global_config import global_config

@@ -194,7 +194,7 @@ def test_errors_where_sglang_documents_them(backend):
     with pytest.raises(ValueError, match="text-only"):
         sgl.video("clip.mp4", 8)
     with pytest.raises(ValueError, match="no API backends"):
-        sgl.OpenAI("gpt-4o-mini")
+        sgl.Anthropic("claude-3")
     with pytest.raises(ValueError, match="n=2"):
         sgl.gen("x", n=2)
 

@@ -83,10 +83,12 @@ def test_runtime_endpoint_from_its_sglang_module_runs_a_program(runtime):
 
     state = text_qa.run(question="What is the capital of France?", temperature=0, backend=backend)
     assert "Paris" in state["answer"]
+    from treadle.lang.backend.anthropic import Anthropic
     from treadle.lang.backend.openai import OpenAI
 
+    assert OpenAI is sgl.OpenAI  # a real backend (tests/test_sglang_port_s43.py)
     with pytest.raises(ValueError, match="no API backends"):
-        OpenAI("gpt-3.5-turbo")
+        Anthropic("claude-3")
 
 
 def test_await_runtime_get_server_info_as_sglangs_coroutine(runtime):
