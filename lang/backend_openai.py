@@ -10,6 +10,7 @@ As SGLang's, a chat model (the default; `is_chat_model=False` or the model
 be the first thing of an assistant message (`sgl.assistant(sgl.gen("answer"))`), and the
 messages before it are the request's. A completion model is sent the program's text (roles
 rendered with `chat_template`: the one SGLang's registry gives the model name, unless set).
+A gen without max_tokens asks for 128, as SGLang's.
 
 Where it differs from SGLang's (docs/porting-from-sglang.md has the list):
 - constraints are not dropped with a warning: `regex` (and `dtype`'s regex) and `ebnf` go in
@@ -36,6 +37,8 @@ from treadle.lang.chat_template import ChatTemplate, get_chat_template_by_model_
 
 # SGLang's list of completion (not chat) models among OpenAI's
 INSTRUCT_MODEL_NAMES = ["gpt-3.5-turbo-instruct"]
+# SGLang's default max_new_tokens of a gen, which its OpenAI backend always sends
+DEFAULT_MAX_TOKENS = 128
 # sampling params with an OpenAI name of their own: runtime name -> OpenAI's
 _OPENAI_NAMES = {"max_new_tokens": "max_tokens", "stop": "stop", "temperature": "temperature", "top_p": "top_p",
                  "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty", "seed": "seed"}
@@ -97,6 +100,9 @@ class OpenAI(Backend):
         """The OpenAI request fields of runtime sampling `params` and logprob options."""
         kw: dict[str, Any] = {}
         extra: dict[str, Any] = {}
+        # SGLang's gen asks for 128 tokens when max_tokens is not given; an OpenAI API without
+        # max_tokens would write until the context is full
+        params = {"max_new_tokens": DEFAULT_MAX_TOKENS, **params}
         for k, v in params.items():
             if v is None:
                 continue

@@ -74,6 +74,14 @@ def test_the_client_reads_openai_base_url_and_a_json_schema_is_enforced(url, mon
     assert "".join(t for _, _, t in toks).startswith(state["json"][:4])
     assert all(len(top) == 2 for top in meta["output_top_logprobs"])
 
+    @sgl.function
+    def story(s):  # no max_tokens: SGLang's 128, not the API's "until the context is full"
+        s += sgl.user("Write a long story about a dragon.")
+        s += sgl.assistant(sgl.gen("story", ignore_eos=True))
+
+    meta = story.run(backend=sgl.OpenAI("default"), temperature=0).get_meta_info("story")
+    assert meta["completion_tokens"] == 128 and meta["finish_reason"]["type"] == "length"
+
 
 def test_completion_model_select_scores_as_the_runtime_endpoint(url):
     """`is_chat_model=False`: the program's text is the prompt; select scores each choice from the
