@@ -97,6 +97,7 @@ class ReplyJSON(JSONResponse):
 
 
 JSON_PIECE_ITEMS = 64  # list items (each a flat list or tuple) one C json.dumps call writes
+JSON_PIECE_CHARS = 1 << 16  # characters of a string one C json.dumps call writes
 
 
 def json_pieces(obj: Any, ensure_ascii: bool = False) -> list[str]:
@@ -105,7 +106,8 @@ def json_pieces(obj: Any, ensure_ascii: bool = False) -> list[str]:
     whole call: one call over a 50 MB reply (n samples with top logprobs) stopped every other
     thread, the event loop's included, for seconds even when run on a builder thread. Here no
     call writes more than JSON_PIECE_ITEMS items of a list of lists (a reply's logprob
-    triples), with the interpreter free to switch threads between calls."""
+    triples) or JSON_PIECE_CHARS characters of a string, with the interpreter free to switch
+    threads between calls."""
     dumps = json.JSONEncoder(ensure_ascii=ensure_ascii, allow_nan=False, separators=(",", ":")).encode
     out: list[str] = []
 
@@ -127,6 +129,11 @@ def json_pieces(obj: Any, ensure_ascii: bool = False) -> list[str]:
                         out.append(",")
                     walk(v)
             out.append("]")
+        elif type(x) is str and len(x) > JSON_PIECE_CHARS:  # /detokenize's text of 8M ids: 0.4 s in one call
+            out.append('"')
+            for i in range(0, len(x), JSON_PIECE_CHARS):  # escapes are per character: slices write the same
+                out.append(dumps(x[i:i + JSON_PIECE_CHARS])[1:-1])
+            out.append('"')
         else:
             out.append(dumps(x))
 
@@ -218,10 +225,23 @@ def parse_abort_request(obj: dict) -> tuple[str | None, bool]:
     return rid, False
 
 
+# bodies of this many bytes or more are parsed in pieces (loads_in_pieces), smaller ones by one
+# json.loads call (a megabyte: about 25 ms)
+PIECEWISE_PARSE_BYTES = 1 << 20
+PARSE_PIECE_CHARS = 1 << 16  # the most characters of a number list one C json call reads
+_WS = re.compile(r"[ \t\n\r]*")
+_NUMBER_RUN = re.compile(r"[-+0-9.eE, \t\n\r]{1,%d}" % PARSE_PIECE_CHARS)
+_scan_once = json.scanner.make_scanner(json.JSONDecoder())  # one value at a position (C)
+_scanstring = json.decoder.scanstring
+
+
 def parse_json_object(raw: bytes) -> dict:
     """A request body as a JSON object, or a 400 saying what is wrong with it."""
     try:
-        obj = json.loads(raw)
+        if len(raw) < PIECEWISE_PARSE_BYTES:
+            obj = json.loads(raw)
+        else:
+            obj = loads_in_pieces(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError.bad_request(f"the request body is not valid JSON: {e}") from e
     except RecursionError as e:
@@ -233,6 +253,99 @@ def parse_json_object(raw: bytes) -> dict:
     if not isinstance(obj, dict):
         raise APIError.bad_request(f"the request body must be a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def loads_in_pieces(s: str, max_depth: int = 1000) -> Any:
+    """json.loads(s): the same value, or a JSONDecodeError (ValueError for an integer past
+    Python's digit limit, RecursionError past `max_depth` levels), read in C calls over short
+    pieces of `s`. json's C parser holds the GIL for a whole call: one json.loads over a 40 MB
+    body (/detokenize's 8M ids) took a second in which no other thread of the server ran, the
+    event loop's included, so every stream and /health waited, though the body was parsed on
+    a builder thread. Here objects and arrays are walked in Python, their scalars read one by
+    one by json's C scanner, and runs of numbers in an array PARSE_PIECE_CHARS characters at
+    a time by json.loads (8M ids: ~0.6 s, as fast as one call), with the interpreter free to
+    switch threads between calls. A string is one call (60 MB: ~0.1 s)."""
+    if s.startswith("\ufeff"):
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", s, 0)
+    ws = _WS.match
+    stack: list[Any] = []  # the open containers, innermost last ...
+    keys: list[Any] = []  # ... and for an object, the key its next value goes under
+    pos = ws(s, 0).end()
+
+    def fail(message: str, at: int) -> json.JSONDecodeError:
+        return json.JSONDecodeError(message, s, at)
+
+    def key_at(at: int) -> tuple[str, int]:
+        if s[at:at + 1] != '"':
+            raise fail("Expecting property name enclosed in double quotes", at)
+        key, at = _scanstring(s, at + 1, True)
+        at = ws(s, at).end()
+        if s[at:at + 1] != ":":
+            raise fail("Expecting ':' delimiter", at)
+        return key, ws(s, at + 1).end()
+
+    def numbers_at(at: int, into: list) -> int:
+        """Read the whole numbers of a run of them at `at` (each followed by a comma) into
+        `into`, a piece at a time; the position of the first element not read."""
+        while s[at:at + 1] in ("-", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9"):
+            run = _NUMBER_RUN.match(s, at).group()
+            cut = run.rfind(",")
+            if cut <= 0:
+                break
+            try:
+                into.extend(json.loads("[" + run[:cut] + "]"))
+            except json.JSONDecodeError as e:
+                raise fail(e.msg, at + e.pos - 1) from None
+            at = ws(s, at + cut + 1).end()
+        return at
+
+    while True:
+        c = s[pos:pos + 1]  # a value starts here
+        if c in ("{", "["):
+            if len(stack) >= max_depth:
+                raise RecursionError("maximum recursion depth exceeded while decoding a JSON document")
+            pos = ws(s, pos + 1).end()
+            if s[pos:pos + 1] == ("}" if c == "{" else "]"):
+                value, pos = ({} if c == "{" else []), pos + 1
+            elif c == "{":
+                stack.append({})
+                key, pos = key_at(pos)
+                keys.append(key)
+                continue
+            else:
+                stack.append([])
+                keys.append(None)
+                pos = numbers_at(pos, stack[-1])
+                continue
+        else:
+            try:
+                value, pos = _scan_once(s, pos)
+            except StopIteration as e:
+                raise fail("Expecting value", e.value) from None
+        while True:  # the value read ends its container's element; go on after it
+            if not stack:
+                end = ws(s, pos).end()
+                if end != len(s):
+                    raise fail("Extra data", end)
+                return value
+            top = stack[-1]
+            if type(top) is list:
+                top.append(value)
+            else:
+                top[keys[-1]] = value
+            pos = ws(s, pos).end()
+            c = s[pos:pos + 1]
+            if c == ",":
+                pos = ws(s, pos + 1).end()
+                if type(top) is list:
+                    pos = numbers_at(pos, top)
+                else:
+                    keys[-1], pos = key_at(pos)
+                break
+            if c != ("]" if type(top) is list else "}"):
+                raise fail("Expecting ',' delimiter", pos)
+            value, pos = stack.pop(), pos + 1
+            keys.pop()
 
 
 def _field_of_huge_int(raw: bytes) -> str | None:
