@@ -9,7 +9,8 @@ As SGLang's, a chat model (the default; `is_chat_model=False` or the model
 `gpt-3.5-turbo-instruct` for a completion model) is sent the program's messages: each gen must
 be the first thing of an assistant message (`sgl.assistant(sgl.gen("answer"))`), and the
 messages before it are the request's. A completion model is sent the program's text (roles
-rendered with `chat_template`: the one SGLang's registry gives the model name, unless set).
+rendered with `chat_template`: unless set, SGLang's "chatgpt" (roles add no text) for OpenAI's
+model names, else the one SGLang's registry gives the model name).
 A gen without max_tokens asks for 128, as SGLang's.
 
 Where it differs from SGLang's (docs/porting-from-sglang.md has the list):
@@ -29,11 +30,12 @@ Where it differs from SGLang's (docs/porting-from-sglang.md has the list):
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 from treadle.lang.backend import Backend, ChoiceScores
-from treadle.lang.chat_template import ChatTemplate, get_chat_template_by_model_path
+from treadle.lang.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
 
 # SGLang's list of completion (not chat) models among OpenAI's
 INSTRUCT_MODEL_NAMES = ["gpt-3.5-turbo-instruct"]
@@ -63,7 +65,8 @@ class TokenUsage:
 
 class OpenAI(Backend):
     """SGLang's OpenAI backend, in its signature: `model_name`, `is_chat_model` (None: all but
-    `gpt-3.5-turbo-instruct` are), `chat_template` (None: `get_chat_template_by_model_path`),
+    `gpt-3.5-turbo-instruct` are), `chat_template` (None: "chatgpt" for `gpt-...` / `o1...`
+    names, else `get_chat_template_by_model_path`),
     `is_azure` (the client is `openai.AzureOpenAI`), and the client's own arguments (`api_key`,
     `base_url`, `timeout`, `max_retries`, ...; the client reads `OPENAI_API_KEY` and
     `OPENAI_BASE_URL` when they are not given). A client that cannot be made (no API key) is a
@@ -83,7 +86,10 @@ class OpenAI(Backend):
                              "and any api_key (or set OPENAI_BASE_URL and OPENAI_API_KEY)") from e
         self.model_name = model_name
         self.is_chat_model = model_name not in INSTRUCT_MODEL_NAMES if is_chat_model is None else bool(is_chat_model)
-        self.chat_template = chat_template if chat_template is not None else get_chat_template_by_model_path(model_name)
+        if chat_template is None:  # OpenAI's own models: SGLang's "chatgpt" (roles add no text)
+            chat_template = get_chat_template("chatgpt") if re.match(r"(gpt-|chatgpt|o[1-9](-|$))", model_name) \
+                else get_chat_template_by_model_path(model_name)
+        self.chat_template = chat_template
         self.chat_prefix = self.chat_template.role_prefix_and_suffix["assistant"][0]
         self.token_usage = TokenUsage(0, 0)
 

@@ -188,6 +188,7 @@ def _llama3(start: str, end: str, eot: str) -> dict[str, tuple[str, str]]:
 for _t in (
     ChatTemplate("default", None, {"system": ("SYSTEM:", "\n"), "user": ("USER:", "\n"),
                                    "assistant": ("ASSISTANT:", "\n")}),
+    ChatTemplate("chatgpt", None, {"system": ("", ""), "user": ("", ""), "assistant": ("", "")}),
     ChatTemplate("claude", None, {"system": ("", ""), "user": ("\n\nHuman: ", ""),
                                   "assistant": ("\n\nAssistant:", "")}),
     ChatTemplate("chatml", None, _chatml(), stop_str=("<|im_end|>",)),

@@ -145,9 +145,13 @@ def test_what_the_openai_backend_refuses_it_names(url, monkeypatch):
 
     state = bad_regex.run(backend=backend, stream=True)  # the server's 400, kept on the state
     assert isinstance(state.error(), ValueError) and "HTTP 400" in str(state.error())
+    gpt = sgl.OpenAI("gpt-4o-mini", base_url=url + "/v1", api_key="none", max_retries=0)
     with pytest.raises(ValueError, match="does not exist"):  # a model the server does not serve
-        multi_turn_question.run(question_1="a", question_2="b", backend=sgl.OpenAI(
-            "gpt-4o-mini", base_url=url + "/v1", api_key="none", max_retries=0))
+        multi_turn_question.run(question_1="a", question_2="b", backend=gpt)
+    # SGLang's templates for OpenAI's names: "chatgpt" (roles add no text); the instruct model completes
+    instruct = sgl.OpenAI("gpt-3.5-turbo-instruct", base_url=url + "/v1", api_key="none")
+    assert gpt.chat_template.name == instruct.chat_template.name == "chatgpt" and gpt.is_chat_model
+    assert not instruct.is_chat_model and backend.chat_template.name == "default"
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(ValueError, match="base_url"):  # no key: how to point it at another server
         sgl.OpenAI("gpt-4o-mini")
