@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -92,6 +93,7 @@ class OpenAI(Backend):
         self.chat_template = chat_template
         self.chat_prefix = self.chat_template.role_prefix_and_suffix["assistant"][0]
         self.token_usage = TokenUsage(0, 0)
+        self._usage_lock = threading.Lock()  # run_batch's threads add to token_usage at once
 
     def __repr__(self) -> str:
         return f"OpenAI({self.model_name!r}, base_url={str(self.client.base_url)!r}, is_chat_model={self.is_chat_model})"
@@ -99,6 +101,18 @@ class OpenAI(Backend):
     def template_stop_strs(self) -> list[str]:
         """A chat model ends its message itself; a completion model stops at the template's strings."""
         return [] if self.is_chat_model else super().template_stop_strs()
+
+    def flush_cache(self) -> bool:
+        """An API has no cache to flush: False (`sgl.flush_cache()` on it goes on, as SGLang's)."""
+        return False
+
+    def get_server_info(self) -> None:
+        """None, as SGLang's API backends (an OpenAI API reports no server arguments)."""
+        return None
+
+    def shutdown(self) -> None:
+        """Close the client's connections (the server keeps running)."""
+        self.client.close()
 
     # ------------------------------------------------------------ requests
 
@@ -168,8 +182,9 @@ class OpenAI(Backend):
     def _count(self, usage: Any) -> dict:
         if usage is None:
             return {}
-        self.token_usage.prompt_tokens += usage.prompt_tokens or 0
-        self.token_usage.completion_tokens += usage.completion_tokens or 0
+        with self._usage_lock:
+            self.token_usage.prompt_tokens += usage.prompt_tokens or 0
+            self.token_usage.completion_tokens += usage.completion_tokens or 0
         return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
 
     def generate(self, text: Any, params: dict, logprob: dict | None = None) -> tuple[str, dict]:

@@ -152,6 +152,9 @@ def test_what_the_openai_backend_refuses_it_names(url, monkeypatch):
     instruct = sgl.OpenAI("gpt-3.5-turbo-instruct", base_url=url + "/v1", api_key="none")
     assert gpt.chat_template.name == instruct.chat_template.name == "chatgpt" and gpt.is_chat_model
     assert not instruct.is_chat_model and backend.chat_template.name == "default"
+    # the frontend's server calls on an API backend go on, as SGLang's (its BaseBackend's do nothing)
+    assert sgl.flush_cache(backend) is False and sgl.get_server_info(backend) is None
+    backend.shutdown()
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(ValueError, match="base_url"):  # no key: how to point it at another server
         sgl.OpenAI("gpt-4o-mini")
