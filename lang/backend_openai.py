@@ -187,23 +187,27 @@ class OpenAI(Backend):
             self.token_usage.completion_tokens += usage.completion_tokens or 0
         return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
 
-    def generate(self, text: Any, params: dict, logprob: dict | None = None) -> tuple[str, dict]:
+    supports_n = True  # gen(n=k) asks the API for k samples (SGLang's openai_example_n)
+
+    def generate(self, text: Any, params: dict, logprob: dict | None = None) -> tuple[Any, dict]:
         """`text` is the program's text for a completion model, and the list of messages before
-        the gen for a chat model (the interpreter sends that when `is_chat_model`)."""
-        if params.get("n", 1) != 1:
-            raise ValueError("sgl.OpenAI generates one sample a gen (n=1)")
+        the gen for a chat model (the interpreter sends that when `is_chat_model`). With
+        params["n"] = k > 1 the output is the list of the k samples, as SGLang's."""
+        n = params.get("n", 1)
         kw = self._kwargs({k: v for k, v in params.items() if k != "n"}, logprob)
+        if n != 1:
+            kw["n"] = n
         ret = self._call("chat" if self.is_chat_model else "completion", **self._prompt(text), **kw)
-        choice = ret.choices[0]
-        out = (choice.message.content or "") if self.is_chat_model else choice.text
-        meta = {"id": ret.id, **self._count(ret.usage), "finish_reason": _finish(choice)}
+        choices = sorted(ret.choices, key=lambda c: c.index)
+        outs = [(c.message.content or "") if self.is_chat_model else c.text for c in choices]
+        meta = {"id": ret.id, **self._count(ret.usage), "finish_reason": _finish(choices[0])}
         if kw.get("logprobs") not in (None, False):
-            meta.update(_logprob_meta(choice.logprobs, self.is_chat_model))
-        return out, meta
+            meta.update(_logprob_meta(choices[0].logprobs, self.is_chat_model))
+        return (outs if n != 1 else outs[0]), meta
 
     def generate_stream(self, text: Any, params: dict, logprob: dict | None = None) -> Iterator[tuple[str, dict]]:
         if params.get("n", 1) != 1:
-            raise ValueError("sgl.OpenAI generates one sample a gen (n=1)")
+            raise ValueError("sgl.OpenAI streams one sample a gen (n=1)")
         kw = self._kwargs({k: v for k, v in params.items() if k != "n"}, logprob)
         stream = self._call("chat" if self.is_chat_model else "completion", **self._prompt(text), stream=True, **kw)
         meta: dict[str, Any] = {}

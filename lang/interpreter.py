@@ -292,6 +292,9 @@ class StreamExecutor:
         peek = params.get("max_new_tokens") == 0 and bool(logprob.get("return_logprob"))
         try:
             prompt = self._prompt_for_gen()
+            if params.get("n", 1) != 1:
+                self._gen_samples(name, prompt, params, logprob, peek)
+                return
             if peek:
                 _, meta = self.backend.generate(prompt, {**params, "max_new_tokens": 1}, logprob)
                 out, meta = "", {**meta, "completion_tokens": 0, "finish_reason": {"type": "length", "length": 0}}
@@ -319,6 +322,21 @@ class StreamExecutor:
                 warnings.warn(f"gen({name!r}, dtype={gen.dtype.__name__}) produced {out!r}, which does not "
                               f"parse: {why}", stacklevel=2)
         self._set_var(name, out, meta)
+
+    def _gen_samples(self, name: str, prompt: Any, params: dict, logprob: dict, peek: bool) -> None:
+        """gen(n=k), k > 1, as SGLang's on its OpenAI backend: the variable is the list of the k
+        samples, and the text goes on with the first."""
+        n = params["n"]
+        if not getattr(self.backend, "supports_n", False):
+            raise ValueError(f"n={n}: a gen makes one sample on {type(self.backend).__name__} (sgl.OpenAI makes "
+                             "several); for several, use s.fork(n) and a gen in each branch")
+        if self.stream or peek:
+            raise ValueError(f"n={n} makes several samples, which cannot be streamed into one text "
+                             "(run without stream=True) nor read as the next token's logprobs (max_tokens=0)")
+        outs, meta = self.backend.generate(prompt, params, logprob)
+        self.gen_starts[name] = len(self.text_)
+        self._append(outs[0], name)
+        self._set_var(name, list(outs), meta)
 
     def _prompt_for_gen(self) -> Any:
         """What a gen sends its backend: the text so far; for a chat-model API backend

@@ -34,8 +34,9 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     (int, float, bool or str, or their names) constrains it to a literal of that type and, as
     SGLang, stores its text: '24', 'True', '"Paris"' (a string keeps its JSON quotes); a number
     ends at a space or newline (REGEX_INT / REGEX_FLOAT, with " " and "\\n" as stop strings),
-    and text that does not parse (cut by max_tokens) is a ValueError. `n` (1 only) and
-    `stop_regex` (none only) are SGLang's, refused otherwise.
+    and text that does not parse (cut by max_tokens) is a ValueError. `n` > 1 makes the variable
+    the list of n samples on sgl.OpenAI (as SGLang's), and is refused when it runs on other
+    backends; `stop_regex` (none only) is SGLang's, refused otherwise.
     With `choices` it is `select(name, choices, temperature, choices_method)`, as in
     SGLang: every choice is scored and the best one taken (for a grammar over the choices,
     decoded token by token, use `regex`). `return_logprob` (with `logprob_start_len`,
@@ -44,7 +45,10 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     its order, so a positional call means what it means there (`gen("x", 16, None, None, "\\n")`
     stops at a newline); treadle's own (`repetition_penalty`, `seed`, `ebnf`) are keyword-only."""
     _check_name("gen", name)
-    check_n_and_stop_regex(f"gen({name!r})", n, stop_regex)
+    # n > 1: several samples, which only sgl.OpenAI makes (the interpreter refuses it on others)
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"gen({name!r}): n={n!r}: the number of samples is a positive int")
+    check_n_and_stop_regex(f"gen({name!r})", None, stop_regex)
     if choices is not None:
         if regex is not None or json_schema is not None or ebnf is not None or dtype is not None:
             raise ValueError(f"gen({name!r}): choices cannot be combined with regex/json_schema/ebnf/dtype")
@@ -67,7 +71,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
               "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
               "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
               "repetition_penalty": repetition_penalty, "ignore_eos": ignore_eos, "seed": seed,
-              "regex": regex, "json_schema": json_schema, "ebnf": ebnf}
+              "regex": regex, "json_schema": json_schema, "ebnf": ebnf, "n": n if n != 1 else None}
     logprob = {"return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
                "top_logprobs_num": top_logprobs_num, "return_text_in_logprobs": return_text_in_logprobs}
     return ir.Gen(name, {k: v for k, v in params.items() if v is not None}, dtype,

@@ -195,8 +195,10 @@ def test_errors_where_sglang_documents_them(backend):
         sgl.video("clip.mp4", 8)
     with pytest.raises(ValueError, match="no API backends"):
         sgl.Anthropic("claude-3")
-    with pytest.raises(ValueError, match="n=2"):
-        sgl.gen("x", n=2)
+    with pytest.raises(ValueError, match="n=2"):  # on a runtime's backend (sgl.OpenAI takes it)
+        sgl.function(lambda s: s.__iadd__("Hi" + sgl.gen("x", n=2, max_tokens=1))).run()
+    with pytest.raises(ValueError, match="n=0"):
+        sgl.gen("x", n=0)
 
     @sgl.function
     def broken(s):

@@ -48,6 +48,27 @@ def test_chat_program_as_sglangs_readme_gives_the_runtime_endpoints_answers(url)
     assert len(parts) > 1 and "".join(parts) == state["answer_1"]
 
 
+def test_gen_n_gives_the_list_of_samples_as_sglangs_openai_example_n(url):
+    """SGLang's openai_example_n.py: gen(n=2) on sgl.OpenAI is a list of two answers, and the
+    conversation goes on with the first (on other backends it is refused at run)."""
+
+    @sgl.function
+    def multi_turn_question(s, question_1, question_2):
+        s += sgl.system("You are a helpful assistant.")
+        s += sgl.user(question_1)
+        s += sgl.assistant(sgl.gen("answer_1", max_tokens=8, n=2))
+        s += sgl.user(question_2)
+        s += sgl.assistant(sgl.gen("answer_2", max_tokens=8))
+
+    state = multi_turn_question.run(question_1="Name a color.", question_2="Another one?", temperature=0,
+                                    backend=chat_backend(url))
+    first = state["answer_1"]
+    assert isinstance(first, list) and len(first) == 2 and first[0] == first[1]  # greedy: the same twice
+    assert state.messages()[2]["content"] == first[0].strip() and isinstance(state["answer_2"], str)
+    with pytest.raises(ValueError, match="n=2"):
+        multi_turn_question.run(question_1="a", question_2="b", backend=sgl.RuntimeEndpoint(url))
+
+
 def test_the_client_reads_openai_base_url_and_a_json_schema_is_enforced(url, monkeypatch):
     """`sgl.OpenAI("...")` with OPENAI_BASE_URL / OPENAI_API_KEY set (how a program written for
     OpenAI is pointed elsewhere); gen(json_schema=...) goes as response_format, return_logprob as
