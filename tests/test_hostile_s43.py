@@ -4,10 +4,41 @@ from __future__ import annotations
 
 import json
 import random
+import threading
+import time
 
 import pytest
+import requests
 
 from treadle.runtime.server import protocol
+from treadle.runtime.server.testing import ServerProcess, sse_events, wait_idle
+
+T = 120
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning", "--max-running-requests", "4",
+                       "--max-queued-requests", "8"])
+    yield s
+    s.close()
+
+
+def no_leak(srv) -> dict:
+    """Once idle, every KV slot is free or held by the prefix cache alone."""
+    info = wait_idle(srv.url)
+    assert info["protected_slots"] == 0 and info["free_slots"] + info["evictable_slots"] == info["total_slots"], info
+    return info
+
+
+def abort_once_running(srv, rid: str) -> None:
+    """Abort request `rid` as soon as the scheduler runs a request (its prompt's prefill)."""
+    deadline = time.monotonic() + T
+    while requests.get(srv.url + "/get_server_info", timeout=T).json()["num_running"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    r = requests.post(srv.url + "/abort_request", json={"rid": rid}, timeout=T)
+    assert r.status_code == 200, r.text
 
 
 # ---------------------------------------------------------------- a large body holds the GIL
@@ -78,3 +109,48 @@ def test_a_long_string_in_a_reply_is_written_in_pieces():
         assert "".join(pieces) == json.dumps({"prompt": text}, ensure_ascii=ascii_only, separators=(",", ":"))
         assert max(map(len, pieces)) <= 6 * (1 << 16), max(map(len, pieces))
     assert protocol.ReplyJSON({"p": "\ud800" * 100_000}).body == b'{"p":"' + b"\\ud800" * 100_000 + b'"}'
+
+
+# ---------------------------------------------------------------- echo + logprobs, aborted
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_logprobs_aborted_while_its_prompt_is_scored(srv, stream):
+    """/v1/completions with echo and logprobs scores its prompt 256 positions a step; aborted
+    before the last of them, its reply echoed every prompt token but had scores for the first
+    chunks only, and shaping it indexed past them: a 500 (IndexError) for a request the client
+    had every right to abort. Now the unscored positions have no score (None) and the reply
+    is whole; a bystander finishes and no KV slot is left held."""
+    prompt = "The quick brown fox jumps over the lazy dog. " * 360  # ~3,600 tokens: 15 chunks
+    rid = f"echo-abort-{stream}"
+    out: dict = {}
+
+    def run() -> None:
+        r = requests.post(srv.url + "/v1/completions", timeout=T, stream=stream,
+                          json={"prompt": prompt, "max_tokens": 4, "echo": True, "logprobs": 2, "rid": rid,
+                                "stream": stream})
+        out["status"] = r.status_code
+        out["body"] = sse_events(r) if stream and r.status_code == 200 else r.json()
+
+    t = threading.Thread(target=run)
+    t.start()
+    abort_once_running(srv, rid)
+    t.join(T)
+    by = requests.post(srv.url + "/v1/completions", timeout=T, json={"prompt": "One, two,", "max_tokens": 3})
+    assert by.status_code == 200 and by.json()["choices"][0]["finish_reason"] == "length", by.text
+    assert out["status"] == 200, out["body"]
+    if stream:
+        choices = [c for e in out["body"] if e != "[DONE]" for c in e["choices"]]
+        assert not [e for e in out["body"] if "error" in e] and out["body"][-1] == "[DONE]", out["body"]
+    else:
+        choices = out["body"]["choices"]
+    assert choices[-1]["finish_reason"] == "abort", choices[-1]["finish_reason"]
+    lp = next(c["logprobs"] for c in choices if c["logprobs"])
+    n = len(lp["tokens"])
+    assert n > 3000 and len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
+    scored = [k for k, x in enumerate(lp["token_logprobs"]) if x is not None]
+    assert 0 < len(scored) < n - 1, len(scored)  # aborted part way
+    assert scored == list(range(1, len(scored) + 1))  # the first chunks, the first token unscored
+    assert all((x is None) == (top is None) for x, top in zip(lp["token_logprobs"], lp["top_logprobs"]))
+    assert "".join(c.get("text", "") for c in choices).startswith(prompt)
+    no_leak(srv)

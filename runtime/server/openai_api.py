@@ -548,8 +548,15 @@ class _Shaper:
         prompt, prompt_ids = self.echoes[i // self.n]
         if acc.input_logprobs is None:
             return prompt + text, ids, lps, tops
-        return (prompt + text, prompt_ids + ids, list(acc.input_logprobs) + lps,
-                list(acc.input_tops) + tops if tops or any(acc.input_tops) else tops)
+        # a request aborted while its prompt was scored in chunks (prompt logprobs are
+        # prefilled 256 positions a step) has scores for the first positions only: the rest
+        # have none (None, as the first token's), so that each prompt token keeps its own
+        # (an IndexError past the scored ones was a 500)
+        missing = max(0, len(prompt_ids) - len(acc.input_logprobs))
+        scored = list(acc.input_logprobs) + [None] * missing
+        scored_tops = list(acc.input_tops or ()) + [None] * (len(scored) - len(acc.input_tops or ()))
+        return (prompt + text, prompt_ids + ids, scored + lps,
+                scored_tops + tops if tops or any(scored_tops) else tops)
 
     def choice(self, i: int, acc: Accum) -> dict:
         fin = acc.last.finished
