@@ -153,3 +153,30 @@ def test_kv_pool_budget_math() -> None:
     assert TokenToKVPool.slots_for_budget(per * 101, 4, 2, 8, torch.bfloat16) == 100
     with pytest.raises(ValueError, match=f"{per} bytes per slot"):
         TokenToKVPool.slots_for_budget(per * MIN_USEFUL_SLOTS, 4, 2, 8, torch.bfloat16)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float8_e5m2])
+def test_kv_pool_on_cpu_is_zero_and_costs_its_pages_only_as_they_fill(dtype: torch.dtype) -> None:
+    """The buffers read as zeros, but a fresh pool does not write them: its resident memory
+    grows only as slots are written (torch.zeros wrote all 384 MiB here up front)."""
+    before = _rss_bytes()
+    pool = TokenToKVPool(num_slots=(1 << 18) - 1, num_layers=12, num_kv_heads=4, head_dim=32, dtype=dtype)
+    k0, v0 = pool.get_kv(0)
+    assert k0.dtype == dtype and tuple(k0.shape) == (1 << 18, 4, 32)
+    pool_bytes = 2 * 12 * k0.numel() * k0.element_size()
+    assert pool_bytes >= 96 << 20
+    assert _rss_bytes() - before < pool_bytes // 8, (before, _rss_bytes(), pool_bytes)
+    slots = torch.tensor([1, 5000, (1 << 18) - 1])
+    k = torch.ones(3, 4, 32)
+    pool.set_kv(3, slots, k, -k)
+    k3, v3 = pool.get_kv(3)
+    assert torch.equal(k3[slots].float(), k) and torch.equal(v3[slots].float(), -k)
+    for layer in (0, 11):
+        k_buf, v_buf = pool.get_kv(layer)
+        assert not k_buf.float().any() and not v_buf.float().any()
+    assert k3.float().abs().sum().item() == 3 * 4 * 32
