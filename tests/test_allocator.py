@@ -163,20 +163,20 @@ def _rss_bytes() -> int:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float8_e5m2])
 def test_kv_pool_on_cpu_is_zero_and_costs_its_pages_only_as_they_fill(dtype: torch.dtype) -> None:
     """The buffers read as zeros, but a fresh pool does not write them: its resident memory
-    grows only as slots are written (torch.zeros wrote all 384 MiB here up front)."""
+    grows only as slots are written (torch.zeros wrote them all up front). Each buffer is over
+    glibc's largest mmap threshold (32 MiB), so calloc maps fresh pages for it."""
     before = _rss_bytes()
-    pool = TokenToKVPool(num_slots=(1 << 18) - 1, num_layers=12, num_kv_heads=4, head_dim=32, dtype=dtype)
+    pool = TokenToKVPool(num_slots=(1 << 19) - 1, num_layers=2, num_kv_heads=4, head_dim=32, dtype=dtype)
     k0, v0 = pool.get_kv(0)
-    assert k0.dtype == dtype and tuple(k0.shape) == (1 << 18, 4, 32)
-    pool_bytes = 2 * 12 * k0.numel() * k0.element_size()
-    assert pool_bytes >= 96 << 20
+    assert k0.dtype == dtype and tuple(k0.shape) == (1 << 19, 4, 32)
+    pool_bytes = 2 * 2 * k0.numel() * k0.element_size()
+    assert k0.numel() * k0.element_size() >= 64 << 20
     assert _rss_bytes() - before < pool_bytes // 8, (before, _rss_bytes(), pool_bytes)
-    slots = torch.tensor([1, 5000, (1 << 18) - 1])
+    slots = torch.tensor([1, 5000, (1 << 19) - 1])
     k = torch.ones(3, 4, 32)
-    pool.set_kv(3, slots, k, -k)
-    k3, v3 = pool.get_kv(3)
+    pool.set_kv(1, slots, k, -k)
+    k3, v3 = pool.get_kv(1)
     assert torch.equal(k3[slots].float(), k) and torch.equal(v3[slots].float(), -k)
-    for layer in (0, 11):
-        k_buf, v_buf = pool.get_kv(layer)
-        assert not k_buf.float().any() and not v_buf.float().any()
+    k_buf, v_buf = pool.get_kv(0)
+    assert not k_buf.float().any() and not v_buf.float().any()
     assert k3.float().abs().sum().item() == 3 * 4 * 32
