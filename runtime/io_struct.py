@@ -130,8 +130,12 @@ class OutputAccum:
             if tops:
                 meta.update(input_top_logprobs=[], output_top_logprobs=[])
         if self.input_logprobs is not None and self.input_logprobs is not self._input_made:
+            # aligned with the prompt from logprob_start_len (-1: the last token), and no further
+            # than they go: a request aborted while its prompt was scored in chunks has scores
+            # for the first positions only (paired with the last ids, each had another's id)
             scored = self.input_logprobs
-            prompt = r.input_ids[len(r.input_ids) - len(scored):] if scored else []
+            start = r.logprob_start_len if r.logprob_start_len >= 0 else max(0, len(r.input_ids) - 1)
+            prompt = r.input_ids[start:start + len(scored)]
             meta["input_token_logprobs"] = self._triples(list(zip(scored, prompt)))
             if tops:
                 meta["input_top_logprobs"] = [self._triples(t) if t else None for t in (self.input_tops or [])]

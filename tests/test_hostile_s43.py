@@ -154,3 +154,33 @@ def test_echo_with_logprobs_aborted_while_its_prompt_is_scored(srv, stream):
     assert all((x is None) == (top is None) for x, top in zip(lp["token_logprobs"], lp["top_logprobs"]))
     assert "".join(c.get("text", "") for c in choices).startswith(prompt)
     no_leak(srv)
+
+
+def test_native_prompt_logprobs_aborted_part_way_pair_each_score_with_its_token(srv):
+    """/generate with logprob_start_len 0, aborted while its prompt was scored in chunks: its
+    input_token_logprobs paired the first positions' scores with the prompt's LAST ids (the
+    accumulator took the scores to end the prompt), so each score came with another token's id
+    and text. They are now the prompt's ids from logprob_start_len on, as far as scored."""
+    prompt = "The quick brown fox jumps over the lazy dog. " * 360
+    ids = requests.post(srv.url + "/tokenize", json={"prompt": prompt}, timeout=T).json()["tokens"]
+    out: dict = {}
+
+    def run() -> None:
+        out["r"] = requests.post(srv.url + "/generate", timeout=T, json={
+            "input_ids": ids, "rid": "native-abort", "sampling_params": {"max_new_tokens": 4},
+            "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2, "return_text_in_logprobs": True})
+
+    t = threading.Thread(target=run)
+    t.start()
+    abort_once_running(srv, "native-abort")
+    t.join(T)
+    r = out["r"]
+    assert r.status_code == 200, r.text
+    meta = r.json()["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort", meta["finish_reason"]
+    triples = meta["input_token_logprobs"]
+    assert 1 < len(triples) < len(ids), len(triples)  # aborted part way
+    assert [t[1] for t in triples] == ids[:len(triples)]
+    assert triples[0][0] is None and triples[0][2] == "The" and triples[1][2] == " quick"
+    assert len(meta["input_top_logprobs"]) == len(triples)
+    no_leak(srv)
