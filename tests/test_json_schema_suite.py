@@ -191,8 +191,6 @@ KNOWN_OTHER = {
     "spec": {
         **_IF_ELSE_MISSES,
         _UNICODE_LETTERS: _UNICODE_WINDOW,
-        "maxContains: maxContains with contains / some elements match, valid maxContains":
-            "maxContains is kept by writing no more items than it allows (the items past it could match)",
         "vocabulary: schema that uses custom metaschema with with no validation vocabulary / no validation: invalid "
         "number, but it still validates":
             "a metaschema treadle does not know is read as 2020-12: the vocabulary it switches off is enforced "

@@ -61,6 +61,7 @@ from treadle.constrained.schema.json_schema_logic import (
     complement,
     conditional_branches,
     contains_as_prefix,
+    contains_past_cap,
     dependencies_as_anyof,
     repeated,
 )
@@ -1447,6 +1448,22 @@ class _Converter:
                 out.append(array_regex(self, rewrite, path))
             except NoOutput as exc:
                 first_error = first_error or exc
+        past, capped = contains_past_cap(schema)
+        why = None
+        if past is not None:  # the arrays longer than maxContains
+            try:
+                out.append(array_regex(self, past, path))
+            except NoOutput as exc:  # (no item fails contains: none is longer)
+                first_error = first_error or exc
+            except UnsupportedSchemaError as exc:  # left out: only narrows while another rewrite writes
+                first_error, why = first_error or exc, f": {exc}"
+        elif capped:
+            why = " (prefixItems beside it)"
+        if why is not None and not out:  # (no proof that no array is longer)
+            raise UnsupportedSchemaError(
+                f"json_schema: keyword 'maxContains' at {path} is not supported here: arrays longer than "
+                f"maxContains {schema['maxContains']} are written only where treadle can write items that fail "
+                f"'contains'{why}") from first_error
         if not out:
             if untried is not None:  # (not every way was tried: no proof that none has an output)
                 raise UnsupportedSchemaError(untried) from first_error

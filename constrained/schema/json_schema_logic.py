@@ -14,7 +14,8 @@ schema has no regex):
   converter writes as the string's automaton minus P's widest reading);
 - ``contains`` C with ``minContains`` m and ``maxContains`` M: the first m items after
   ``prefixItems`` (at least one) also satisfy C, or (m = 1) one item of ``prefixItems`` does, and
-  the array has at most M items (so no more than M can match).
+  the array has at most M items (so no more than M can match); or (``contains_past_cap``, no
+  ``prefixItems``) longer, the m items that satisfy C followed by items that fail it.
 
 ``complement(S)`` lists schemas none of whose instances is valid under S: per assertion of S,
 one that breaks it (a value of another type, a number past a bound, an object lacking a
@@ -242,6 +243,28 @@ def contains_as_prefix(schema: dict, path: str) -> tuple[list[dict], str | None]
     if not out:
         raise UnsupportedSchemaError(refusal)
     return out, None if tried else refusal
+
+
+def contains_past_cap(schema: dict) -> tuple[dict | None, bool]:
+    """The arrays ``contains_as_prefix`` leaves out, where ``maxContains`` M caps its arrays'
+    length and ``maxItems`` allows longer ones: (a rewrite writing them, or None where it cannot
+    be said; whether M caps at all). The rewrite: no ``prefixItems`` of the schema's own, the
+    ``minContains`` m items that satisfy C first, then items that fail C (``{"not": C}``, which
+    the converter writes where it can), so exactly m match (m <= M). GIFTS-like arrays: at most
+    one gift among 2 to 4 items was read as no array at all (minItems above the cap)."""
+    cap = schema.get("maxContains")
+    top = schema.get("maxItems")
+    if cap is None or isinstance(top, (int, float)) and not isinstance(top, bool) and top <= cap:
+        return None, False
+    need = schema.get("minContains", 1)
+    if schema.get("prefixItems") or need > cap:  # (prefix items may match C too; m > M has no array)
+        return None, True
+    rest = {k: v for k, v in schema.items() if k not in ("contains", "minContains", "maxContains")}
+    items = rest.get("items", True)
+    past = dict(rest, prefixItems=[{"allOf": [items, schema["contains"]]}] * need,
+                items={"allOf": [items, {"not": schema["contains"]}]})
+    past["minItems"] = max(rest.get("minItems", 0), need + 1)  # (up to need: the capped rewrites')
+    return past, True
 
 
 # ---------------------------------------------------------------- oneOf: branches told apart

@@ -1,0 +1,70 @@
+"""Real-world schemas of session 43 (helper-74's exploratory run over Pydantic v2 models, a
+FastAPI app's OpenAPI components, openai's types, kubernetes-validate, the metaschemas and
+hand-written draft 2020-12 / 07 / 04 probes): the refusals and acceptances it found wrong,
+each failing before its fix. Compile-level: the regex, read by Python's ``re`` and walked
+over single bytes, every finished walk validated by ``jsonschema``."""
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+from json_checks import byte_walks
+
+from treadle.constrained.schema.json_schema import json_schema_to_regex
+from treadle.constrained.schema.json_schema_parts import Unsatisfiable
+
+
+def _sound(schema: dict, rx: str, *, walks: int = 40, least: int = 10) -> list:
+    """Every finished byte walk of ``rx`` is valid under ``schema``; the values (at least ``least``)."""
+    check = jsonschema.Draft202012Validator(schema)
+    values = []
+    for data in byte_walks(rx, walks, seed=43, by_state=True):
+        if data is not None:
+            value = json.loads(data)
+            assert check.is_valid(value), data
+            values.append(value)
+    assert len(values) >= least, values
+    return values
+
+
+# ------------------------------------------------- 1. maxContains below minItems: satisfiable
+
+# an order line of at most one gift item among 2 to 4 items (a Pydantic list with a
+# json_schema_extra contains / maxContains): [2, 1] is valid, no length bound contradicts
+GIFTS = {"type": "array", "items": {"enum": [1, 2, 3]}, "contains": {"const": 1}, "maxContains": 1,
+         "minItems": 2, "maxItems": 4}
+
+
+@pytest.mark.parametrize("mode", ["strict", "spec"])
+@pytest.mark.parametrize("schema, valid, invalid", [
+    (GIFTS, ["[1,2]", "[1,3,2,2]"], ["[1,1]", "[2,3]", "[1]", "[1,2,2,2,2]"]),
+    ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 0}, "maxContains": 2, "minItems": 3},
+     ["[0,5,6]", "[0,-1,7,8]"], ["[0,0,0]", "[1,2,3]"]),
+    ({"type": "array", "items": {"type": "string", "maxLength": 3}, "contains": {"pattern": "^x"}, "minContains": 0,
+      "maxContains": 0, "minItems": 1, "maxItems": 3}, ['["ab"]', '["a","bc"]'], ['["xa"]', "[]"]),
+], ids=["enum", "integers", "none-contained"])
+def test_max_contains_below_min_items_is_not_read_as_unsatisfiable(mode, schema, valid, invalid):
+    """(before: "keyword 'minItems' at $: no array of that length is possible": maxContains
+    capped the array's length, below minItems; now the items past the contained ones are
+    written as items that fail 'contains')"""
+    rx = json_schema_to_regex(schema, mode=mode)
+    check = jsonschema.Draft202012Validator(schema)
+    for text in valid:
+        assert check.is_valid(json.loads(text)) and re.fullmatch(rx, text), text
+    for text in invalid:
+        assert not check.is_valid(json.loads(text)) and not re.fullmatch(rx, text), text
+    _sound(schema, rx)
+
+
+def test_max_contains_beside_prefix_items_is_refused_by_name_not_read_as_unsatisfiable():
+    """Where the longer arrays are not written (prefixItems beside maxContains: its items may
+    match 'contains' too) and minItems leaves none of the shorter ones, a refusal naming
+    maxContains (a ValueError, a 400), not a claim that no array exists: ["a", 0, 5] is valid."""
+    schema = {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"},
+              "contains": {"const": 0}, "maxContains": 1, "minItems": 3}
+    assert jsonschema.Draft202012Validator(schema).is_valid(["a", 0, 5])
+    with pytest.raises(ValueError, match="keyword 'maxContains' at \\$ is not supported here") as info:
+        json_schema_to_regex(schema)
+    assert not isinstance(info.value, Unsatisfiable)
