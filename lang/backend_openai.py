@@ -24,8 +24,9 @@ Where it differs from SGLang's (docs/porting-from-sglang.md has the list):
   (which needs each choice scored after a BOS token; no text stands in for one). SGLang's
   backend walks the choices with `logit_bias` and a tiktoken tokenizer, which fits OpenAI's
   models only. On a chat model select is a ValueError, as SGLang's NotImplementedError.
-- speculative execution (`@function(num_api_spec_tokens=...)`) is not done: a gen that is not
-  the first thing of an assistant message is a ValueError on a chat model either way.
+- speculative execution (`@function(num_api_spec_tokens=...)`) is done by the interpreter, as
+  SGLang's: an assistant message's text and gens are held, sent as one request at the message's
+  end, and the reply split into the gens (interpreter.StreamExecutor._spec_generate).
 """
 from __future__ import annotations
 
@@ -176,8 +177,8 @@ class OpenAI(Backend):
     def _not_after_assistant(self) -> str:
         return (f"{self.model_name!r} is a chat model (sgl.OpenAI(..., is_chat_model=True)): each gen must be the "
                 "first thing of an assistant message, sgl.assistant(sgl.gen(...)), so that the messages before "
-                "it are the request; SGLang's speculative execution (num_api_spec_tokens) is not done here. "
-                "For a completion model pass is_chat_model=False")
+                "it are the request; with @function(num_api_spec_tokens=...) (SGLang's speculative execution) "
+                "gens may be anywhere in an assistant message. For a completion model pass is_chat_model=False")
 
     def _count(self, usage: Any) -> dict:
         if usage is None:

@@ -57,7 +57,8 @@ class StreamExecutor:
     """Owns a state's text, variables, messages and meta info; see the module docstring."""
 
     def __init__(self, backend: Backend, defaults: dict | None = None, stream: bool = False,
-                 threaded: bool = True, tracing: bool = False, logprob: dict | None = None) -> None:
+                 threaded: bool = True, tracing: bool = False, logprob: dict | None = None,
+                 spec_tokens: int | None = None) -> None:
         self.backend = backend
         self.defaults = dict(defaults or {})  # run(temperature=...) etc., below per-gen values
         self.logprob = dict(logprob or {})  # run(return_logprob=...) etc., below per-gen values
@@ -86,6 +87,10 @@ class StreamExecutor:
         self.fork_len = 0  # a branch: the text's length at the fork
         self.written: dict[str, None] = {}  # names set on this state (a branch: since the fork), in order
         self.branches: list[StreamExecutor] = []  # forked from this one: they end when it does
+        # the program's num_api_spec_tokens, and the open assistant message's parts held for its
+        # one request ({"text": constant} or {"name", "stop", "params"} of a gen), in order
+        self.spec_tokens = spec_tokens
+        self._spec: list[dict] = []
 
     # ------------------------------------------------------------ queueing
 
@@ -159,6 +164,7 @@ class StreamExecutor:
         nodes = [*self._pending, self._running] if self._running is not None else self._pending
         return any(isinstance(e, (ir.Gen, ir.Select, ir.SetVar, ir.VarScopeEnd)) and e.name == name
                    or isinstance(e, ir.SeparateReasoning) and name in (e.name, reasoning_name(e.name))
+                   or isinstance(e, ir.RoleEnd) and any(t.get("name") == name for t in self._spec)
                    or isinstance(e, ir.Join) and e.mode != "concat" for e in nodes)
 
     # ------------------------------------------------------------ SGLang's attribute names
@@ -218,7 +224,8 @@ class StreamExecutor:
         return ex
 
     def _new_branch_executor(self) -> "StreamExecutor":
-        return StreamExecutor(self.backend, self.defaults, self.stream, self.threaded, self.tracing, self.logprob)
+        return StreamExecutor(self.backend, self.defaults, self.stream, self.threaded, self.tracing, self.logprob,
+                              self.spec_tokens)
 
     # ------------------------------------------------------------ execution
 
@@ -231,7 +238,10 @@ class StreamExecutor:
 
     def _execute(self, expr: ir.Expr) -> None:
         if isinstance(expr, ir.Constant):
-            self._append(expr.text)
+            if self._speculating():
+                self._spec.append({"text": expr.text})
+            else:
+                self._append(expr.text)
         elif isinstance(expr, ir.Gen):
             self._gen(expr)
         elif isinstance(expr, ir.Select):
@@ -284,6 +294,13 @@ class StreamExecutor:
         params = self._sampling_params(gen)
         logprob = {**self.logprob, **gen.logprob}
         name = gen.name or self.new_name()
+        if self._speculating():
+            if any(k in params for k in GRAMMAR_FIELDS) or params.get("n", 1) != 1 or logprob.get("return_logprob"):
+                raise ValueError(f"gen({name!r}): speculative execution (num_api_spec_tokens) sends the assistant "
+                                 "message as one request: its gens cannot take regex/json_schema/ebnf/dtype, n or "
+                                 "return_logprob")
+            self._spec.append({"name": name, "stop": params.get("stop"), "params": params})
+            return
         self.gen_starts[name] = len(self.text_)
         # SGLang's way to read the next token's distribution (its cot_decoding example): a gen
         # of max_tokens=0 with return_logprob gives one output position's logprobs (the next
@@ -400,8 +417,61 @@ class StreamExecutor:
         self._append(prefix)
         self.role, self.role_start = role, len(self.text_)
 
+    def _speculating(self) -> bool:
+        """Inside an assistant message of a program with num_api_spec_tokens, on a chat-model API
+        backend: its text and gens are held for one request at the message's end (SGLang's)."""
+        return (self.spec_tokens is not None and self.role == "assistant"
+                and bool(getattr(self.backend, "is_chat_model", False)))
+
+    def _spec_generate(self) -> None:
+        """SGLang's speculative execution of an assistant message: one request (the messages
+        before it, num_api_spec_tokens tokens, the gens' shared sampling parameters) whose reply
+        must read as the message's text with each gen's value in its place: a constant must come
+        next in the reply, a gen runs to its first stop string (the last gen to the end). Tried
+        up to 3 times (sampling may differ); if no reply matches, a warning, and the gens past
+        the first mismatch are empty."""
+        try:
+            self._spec_fill(self._spec)
+        finally:  # emptied only now: until the values are set, reads of the gens' names wait
+            self._spec = []
+
+    def _spec_fill(self, terms: list[dict]) -> None:
+        gens = [t for t in terms if "name" in t]
+        shared: dict | None = None
+        for t in gens:
+            p = {k: v for k, v in t["params"].items() if k not in ("stop", "max_new_tokens")}
+            if shared is not None and p != shared:
+                raise ValueError(f"gen({t['name']!r}): speculative execution (num_api_spec_tokens) sends the "
+                                 "assistant message as one request, so its gens' sampling parameters (but stop and "
+                                 "max_tokens) must be the same")
+            shared = p
+        values: list[str] = []
+        meta: dict = {}
+        if gens:
+            params = {**(shared or {}), "max_new_tokens": self.spec_tokens}
+            for _ in range(3):
+                reply, meta = self.backend.generate([dict(m) for m in self.messages_], params, None)
+                values, complete = _spec_match(terms, reply)
+                if complete:
+                    break
+            else:
+                warnings.warn(f"speculative execution: no reply matched the assistant message's text; the last "
+                              f"was {reply!r}, and gens past the mismatch are empty", stacklevel=2)
+        values += [""] * (len(gens) - len(values))
+        it = iter(values)
+        for t in terms:
+            if "name" not in t:
+                self._append(t["text"])
+                continue
+            value = next(it)
+            self.gen_starts[t["name"]] = len(self.text_)
+            self._append(value, t["name"], meta)
+            self._set_var(t["name"], value, meta)
+
     def _role_end(self, role: str) -> None:
         assert self.role == role, f"role {role!r} ends but {self.role!r} is open"
+        if self._spec:
+            self._spec_generate()
         _, suffix = self.backend.chat_template.get_prefix_and_suffix(role, self.messages_)
         # the message's text, its leading whitespace stripped as SGLang's (the prompt keeps it)
         self.messages_.append({"role": role, "content": self.text_[self.role_start:].lstrip()})
@@ -426,6 +496,32 @@ class StreamExecutor:
                     metas.setdefault(n, []).append(br.meta.get(n))
         for n, vals in values.items():
             self._set_var(n, vals, {"branches": metas[n]})
+
+
+def _spec_match(terms: list[dict], reply: str) -> tuple[list[str], bool]:
+    """The gens' values read from `reply` against the message's parts (SGLang's
+    spec_pattern_match): each constant must come next; a gen takes the text up to its earliest
+    stop string (the stop is left for what follows), the last gen takes the rest. Returns the
+    values read and whether the whole message matched."""
+    values: list[str] = []
+    for i, t in enumerate(terms):
+        if "name" not in t:
+            if not reply.startswith(t["text"]):
+                return values, False
+            reply = reply[len(t["text"]):]
+            continue
+        stops = t["stop"] or []
+        stops = [stops] if isinstance(stops, str) else stops
+        found = [p for p in (reply.find(s) for s in stops if s) if p != -1]
+        if found:
+            values.append(reply[:min(found)])
+            reply = reply[min(found):]
+        elif all("name" not in u for u in terms[i + 1:]) and not any(u["text"] for u in terms[i + 1:]):
+            values.append(reply)
+            reply = ""
+        else:
+            return values, False
+    return values, True
 
 
 def __getattr__(name: str) -> Any:

@@ -106,7 +106,8 @@ class Program:
         own = {k: given.pop(k) for k in self._own_keywords if given.get(k) is not None}
         defaults, logprob = _defaults(given)
         be = as_backend(backend)
-        state = ProgramState(StreamExecutor(be, defaults, stream=stream, threaded=use_thread, logprob=logprob))
+        state = ProgramState(StreamExecutor(be, defaults, stream=stream, threaded=use_thread, logprob=logprob,
+                                            spec_tokens=self.num_api_spec_tokens))
         call_kwargs = {**self.bound, **own, **kwargs}
         if stream:
             state._body = threading.Thread(target=self._run_body, args=(state, args, call_kwargs, True),
@@ -167,7 +168,8 @@ class Program:
             prefix = extract_prefix(self.fn, be, {**self.bound, **constants}, varying)
             if prefix:
                 be.cache_prefix(prefix)
-        states = [ProgramState(StreamExecutor(be, defaults, logprob=logprob)) for _ in batch_kwargs]
+        states = [ProgramState(StreamExecutor(be, defaults, logprob=logprob, spec_tokens=self.num_api_spec_tokens))
+                  for _ in batch_kwargs]
         results = self._run_states(states, batch_kwargs, num_threads, progress_bar)
         return results if generator_style else list(results)
 
@@ -276,10 +278,11 @@ def function(func: Callable | None = None, num_api_spec_tokens: int | None = Non
     """Decorator turning `def prog(s, ...)` into a Program (`@function` or `@function(...)`;
     `function(func=...)` with SGLang's parameter name).
 
-    `num_api_spec_tokens` (SGLang's speculative execution for API models behind a chat-only
-    interface) is accepted and kept as `prog.num_api_spec_tokens`; it changes nothing here:
-    every gen is its own request, and on `sgl.OpenAI`'s chat models a gen must start an
-    assistant message."""
+    `num_api_spec_tokens` is SGLang's speculative execution for API models behind a chat-only
+    interface: on `sgl.OpenAI`'s chat models, the gens and text of an assistant message are sent
+    as one request of that many tokens when the message ends, and its reply is split into the
+    gens' variables (interpreter.StreamExecutor._spec_generate). Other backends ignore it: every
+    gen is its own request."""
     if num_api_spec_tokens is not None and (isinstance(num_api_spec_tokens, bool)
                                             or not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1):
         raise ValueError(f"num_api_spec_tokens must be a positive int or None, got {num_api_spec_tokens!r}")

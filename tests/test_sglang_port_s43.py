@@ -69,6 +69,34 @@ def test_gen_n_gives_the_list_of_samples_as_sglangs_openai_example_n(url):
         multi_turn_question.run(question_1="a", question_2="b", backend=sgl.RuntimeEndpoint(url))
 
 
+def test_num_api_spec_tokens_runs_an_assistant_message_as_one_request(url):
+    """SGLang's speculative execution (its openai_chat_speculative.py): with num_api_spec_tokens,
+    an assistant message with text and several gens is one chat request, whose reply is split
+    into the gens at their stop strings. It was a ValueError (a gen must start the message)."""
+
+    @sgl.function(num_api_spec_tokens=32)
+    def fruits(s):
+        s += sgl.user("List three fruits, one per line.")
+        s += sgl.assistant("1." + sgl.gen("a", stop="\n") + "\n2." + sgl.gen("b", stop="\n") + "\n3." +
+                           sgl.gen("c", stop="\n"))
+        return s["c"]  # read in the body: waits for the message's request
+
+    backend = chat_backend(url)
+    state = fruits.run(backend=backend, temperature=0)
+    import openai
+
+    reply = openai.OpenAI(base_url=url + "/v1", api_key="none").chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "List three fruits, one per line."}],
+        max_tokens=32, temperature=0)
+    text = reply.choices[0].message.content
+    assert text == f"1.{state['a']}\n2.{state['b']}\n3.{state['c']}" and state.ret_value == state["c"]
+    assert all("\n" not in state[k] and state[k].strip() for k in "abc")
+    assert state.messages()[-1] == {"role": "assistant", "content": text}
+    assert backend.token_usage.completion_tokens == reply.usage.completion_tokens  # one request
+    with pytest.raises(ValueError, match="num_api_spec_tokens"):  # without it, as SGLang's
+        sgl.function(fruits.func).run(backend=backend, temperature=0)
+
+
 def test_the_client_reads_openai_base_url_and_a_json_schema_is_enforced(url, monkeypatch):
     """`sgl.OpenAI("...")` with OPENAI_BASE_URL / OPENAI_API_KEY set (how a program written for
     OpenAI is pointed elsewhere); gen(json_schema=...) goes as response_format, return_logprob as
