@@ -68,3 +68,32 @@ def test_max_contains_beside_prefix_items_is_refused_by_name_not_read_as_unsatis
     with pytest.raises(ValueError, match="keyword 'maxContains' at \\$ is not supported here") as info:
         json_schema_to_regex(schema)
     assert not isinstance(info.value, Unsatisfiable)
+
+
+# ------------------------------------------------- 2. unions with empty branches
+
+EMPTY_STRING = {"type": "string", "minLength": 5, "maxLength": 2}
+EMPTY_INTEGER = {"type": "integer", "minimum": 5, "maximum": 2}
+
+
+@pytest.mark.parametrize("kind", ["anyOf", "oneOf"])
+def test_a_union_whose_every_branch_is_empty_names_the_union_and_each_branch(kind):
+    """A branch that accepts nothing is left out of a union: the same language, so the rest
+    compiles as if it were not there. A union with no branch left is a ValueError (a 400)
+    naming the union and why each branch is empty. (before: only the first branch's reason,
+    "keyword 'maxLength' at $.anyOf[0] is below minLength", as if that branch were the schema)"""
+    rx = json_schema_to_regex({kind: [EMPTY_STRING, {"type": "integer", "minimum": 0, "maximum": 9}]})
+    assert rx == json_schema_to_regex({"type": "integer", "minimum": 0, "maximum": 9})
+    for schema, where in (({kind: [EMPTY_STRING, EMPTY_INTEGER]}, "$"),
+                          ({"type": "object", "properties": {"x": {kind: [EMPTY_STRING, EMPTY_INTEGER, False]}},
+                            "required": ["x"]}, "$.properties.x")):
+        with pytest.raises(Unsatisfiable) as info:
+            json_schema_to_regex(schema)
+        msg = str(info.value)
+        assert msg.startswith(f"json_schema: keyword '{kind}' at {where}: no branch has a value"), msg
+        assert f"'maxLength' at {where}.{kind}[0] is below minLength" in msg, msg
+        assert f"at {where}.{kind}[1]" in msg, msg
+    # an optional property whose union is empty is left out (sound: the object without it)
+    schema = {"type": "object", "properties": {"x": {kind: [EMPTY_STRING, EMPTY_INTEGER]}, "y": {"type": "boolean"}}}
+    rx = json_schema_to_regex(schema)
+    assert re.fullmatch(rx, '{"y":true}') and not re.fullmatch(rx, '{"x":3}')

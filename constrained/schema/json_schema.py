@@ -413,6 +413,16 @@ def rebase_refs(schema: Any, pointer: str) -> Any:
     return walk(schema, True)
 
 
+def _no_branch(kind: str, path: str, errors: list[NoOutput]) -> NoOutput:
+    """The refusal of an anyOf / oneOf none of whose branches has an output: it names the keyword
+    and each branch's reason (the first branch's alone read as if that branch were the schema).
+    ``Unsatisfiable`` only where every branch is (one past the recursion depth proves nothing)."""
+    whys = "; ".join(str(e).removeprefix("json_schema: ") for e in errors[:4])
+    whys += f"; and {len(errors) - 4} more" if len(errors) > 4 else ""
+    cls = Unsatisfiable if all(isinstance(e, Unsatisfiable) for e in errors) else NoOutput
+    return cls(f"json_schema: keyword '{kind}' at {path}: no branch has a value treadle can write ({whys})")
+
+
 def _literal(value: Any, digits: bool = False) -> str:
     """Compact JSON text of ``value``; numbers in every spelling JSON Schema calls equal, but
     with ``digits`` a whole number (up to 2**53) in its digits only: "1", never "1.0", which
@@ -962,7 +972,7 @@ class _Converter:
             literal_only = kind == "oneOf" and self._check_exclusive(branches, rest, path)
         except UnsupportedSchemaError as exc:  # branches may overlap
             return self._made_exclusive(branches, rest, path, exc)
-        out, first_error = [], None
+        out, first_error, empty = [], None, []
         for i, branch in enumerate(branches):
             # Literal oneOf branches are filtered value by value: not valid for any other.
             others = [{"not": b} for j, b in enumerate(branches) if j != i] if literal_only else None
@@ -974,6 +984,7 @@ class _Converter:
                 out.append(self.convert(merged, f"{path}.{kind}[{i}]"))
             except NoOutput as exc:
                 first_error = first_error or exc  # a branch with no output only narrows the choice
+                empty.append(exc)
             except UnsupportedSchemaError as exc:
                 # strict mode writes a subset: an anyOf branch it cannot write (an external $ref,
                 # a pattern it cannot read) is left out, and another branch's values satisfy the
@@ -988,6 +999,8 @@ class _Converter:
             out.extend(self._combined_branches(branches, rest, path))
         if not out:
             assert first_error is not None
+            if len(empty) == len(branches) and len(branches) > 1:  # every branch: name the union and each why
+                raise _no_branch(kind, path, empty) from first_error
             raise first_error
         return _alt(out)
 
