@@ -189,6 +189,7 @@ class OpenAI(Backend):
         return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
 
     supports_n = True  # gen(n=k) asks the API for k samples (SGLang's openai_example_n)
+    speculates_text = True  # num_api_spec_tokens on a completion model: the interpreter's _spec_text_gen
 
     def generate(self, text: Any, params: dict, logprob: dict | None = None) -> tuple[Any, dict]:
         """`text` is the program's text for a completion model, and the list of messages before

@@ -91,6 +91,9 @@ class StreamExecutor:
         # one request ({"text": constant} or {"name", "stop", "params"} of a gen), in order
         self.spec_tokens = spec_tokens
         self._spec: list[dict] = []
+        # a completion-model API backend's speculation: text generated past the last gen's stop,
+        # which the program's next constants and gens take while it matches (SGLang's _spec_gen)
+        self.speculated = ""
 
     # ------------------------------------------------------------ queueing
 
@@ -241,7 +244,7 @@ class StreamExecutor:
             if self._speculating():
                 self._spec.append({"text": expr.text})
             else:
-                self._append(expr.text)
+                self._fill(expr.text)
         elif isinstance(expr, ir.Gen):
             self._gen(expr)
         elif isinstance(expr, ir.Select):
@@ -301,6 +304,13 @@ class StreamExecutor:
                                  "return_logprob")
             self._spec.append({"name": name, "stop": params.get("stop"), "params": params})
             return
+        if self._speculating_text(params, logprob):
+            self.gen_starts[name] = len(self.text_)
+            out, meta = self._spec_text_gen(params)
+            self._append(out, name)
+            self._set_var(name, out, meta)
+            return
+        self.speculated = ""  # a gen made on its own: what was speculated no longer follows the text
         self.gen_starts[name] = len(self.text_)
         # SGLang's way to read the next token's distribution (its cot_decoding example): a gen
         # of max_tokens=0 with return_logprob gives one output position's logprobs (the next
@@ -370,6 +380,7 @@ class StreamExecutor:
             self.trace_stopped = True
             return
         name = sel.name or self.new_name()
+        self.speculated = ""  # the choice is scored, not generated: the speculation ends here
         try:
             choice, meta = self.backend.select(self.text_, sel.choices, sel.method)
         except ValueError as e:  # the runtime refused it: say which select, as a gen's does
@@ -414,8 +425,40 @@ class StreamExecutor:
                 self._append(template.implicit_prefix)  # e.g. the model template's default system prompt
         self.roles_used = True
         prefix, _ = template.get_prefix_and_suffix(role, self.messages_)
-        self._append(prefix)
+        self._fill(prefix)
         self.role, self.role_start = role, len(self.text_)
+
+    def _fill(self, text: str) -> None:
+        """Append program text; speculated text goes on only past the same text (SGLang's fill)."""
+        self.speculated = self.speculated[len(text):] if self.speculated.startswith(text) else ""
+        self._append(text)
+
+    def _speculating_text(self, params: dict, logprob: dict) -> bool:
+        """A gen with stop strings in a program with num_api_spec_tokens, on a completion-model API
+        backend (sgl.OpenAI(..., is_chat_model=False)), without constraints, n > 1, logprobs or
+        streaming: it takes its text from the speculation (SGLang's _spec_gen)."""
+        return (self.spec_tokens is not None and bool(getattr(self.backend, "speculates_text", False))
+                and not getattr(self.backend, "is_chat_model", False) and bool(params.get("stop"))
+                and not self.stream and params.get("n", 1) == 1 and not logprob.get("return_logprob")
+                and not any(k in params for k in GRAMMAR_FIELDS))
+
+    def _spec_text_gen(self, params: dict) -> tuple[str, dict]:
+        """A gen's text from the speculation, as SGLang's _spec_gen: when there is none, one
+        request of max(max_tokens, num_api_spec_tokens) tokens without stop strings; the gen
+        takes it up to its earliest stop string (or max_tokens characters, as SGLang's) and the
+        rest stays speculated for the program's next text and gens."""
+        stop = params["stop"]
+        stops = [stop] if isinstance(stop, str) else [x for x in stop if x]
+        limit = params.get("max_new_tokens", 128)
+        meta: dict = {}
+        if not self.speculated:
+            ask = {k: v for k, v in params.items() if k != "stop"}
+            ask["max_new_tokens"] = max(limit, self.spec_tokens or 0)
+            self.speculated, meta = self.backend.generate(self.text_, ask, None)
+        found = [p for p in (self.speculated.find(x) for x in stops) if p != -1]
+        end = min(found) if found else min(limit, len(self.speculated))
+        out, self.speculated = self.speculated[:end], self.speculated[end:]
+        return out, meta
 
     def _speculating(self) -> bool:
         """Inside an assistant message of a program with num_api_spec_tokens, on a chat-model API
@@ -476,7 +519,7 @@ class StreamExecutor:
         # the message's text, its leading whitespace stripped as SGLang's (the prompt keeps it)
         self.messages_.append({"role": role, "content": self.text_[self.role_start:].lstrip()})
         self.role = None
-        self._append(suffix)
+        self._fill(suffix)
 
     def _join(self, join: ir.Join) -> None:
         if join.mode == "concat":

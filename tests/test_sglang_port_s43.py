@@ -97,6 +97,25 @@ def test_num_api_spec_tokens_runs_an_assistant_message_as_one_request(url):
         sgl.function(fruits.func).run(backend=backend, temperature=0)
 
 
+def test_num_api_spec_tokens_on_a_completion_model_reuses_the_speculated_text(url):
+    """SGLang's completion-model speculation (its test_completion_speculative): a gen with a stop
+    string asks for num_api_spec_tokens without it, and the program's next text and gens take
+    the rest while it matches: the greedy values of three requests, from one."""
+
+    def fruits(s):
+        s += "A list of fruits:\n1." + sgl.gen("a", 8, stop="\n") + "\n2." + sgl.gen("b", 8, stop="\n")
+        s += "\n3." + sgl.gen("c", 8, stop="\n") + "\n"
+
+    backend = chat_backend(url, is_chat_model=False)
+    plain = sgl.function(fruits).run(backend=backend, temperature=0)
+    usage_plain = backend.token_usage.prompt_tokens
+    backend.token_usage.reset()
+    spec = sgl.function(num_api_spec_tokens=24)(fruits).run(backend=backend, temperature=0)
+    assert [spec[k] for k in "abc"] == [plain[k] for k in "abc"] and all(plain[k].strip() for k in "abc")
+    assert spec.text() == plain.text()
+    assert backend.token_usage.prompt_tokens < usage_plain / 2  # one request's prompt, not three
+
+
 def test_the_client_reads_openai_base_url_and_a_json_schema_is_enforced(url, monkeypatch):
     """`sgl.OpenAI("...")` with OPENAI_BASE_URL / OPENAI_API_KEY set (how a program written for
     OpenAI is pointed elsewhere); gen(json_schema=...) goes as response_format, return_logprob as
