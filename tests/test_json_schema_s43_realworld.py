@@ -97,3 +97,27 @@ def test_a_union_whose_every_branch_is_empty_names_the_union_and_each_branch(kin
     schema = {"type": "object", "properties": {"x": {kind: [EMPTY_STRING, EMPTY_INTEGER]}, "y": {"type": "boolean"}}}
     rx = json_schema_to_regex(schema)
     assert re.fullmatch(rx, '{"y":true}') and not re.fullmatch(rx, '{"x":3}')
+
+
+# ------------------------------------------------- 3. listed containers under a whitespace pattern
+
+@pytest.mark.parametrize("schema, texts", [
+    ({"const": {"a": [1, 2], "b": None}}, ['{"a": [1, 2], "b": null}', '{"a":[1,2],"b":null}']),
+    ({"type": "object", "properties": {"tags": {"enum": [["x", "y"], []]}, "n": {"type": "integer"}},
+      "required": ["tags", "n"]}, ['{"tags": ["x", "y"], "n": 1}', '{"tags": [], "n": 2}']),
+    ({"type": "array", "items": {"enum": [{"k": 1}, {"k": 2}]}, "uniqueItems": True, "maxItems": 2},
+     ['[{"k": 2}]', '[ {"k": 1} ]']),  # (strict: one item of listed objects)
+], ids=["const", "enum-in-object", "unique-listed"])
+def test_listed_objects_and_arrays_take_the_whitespace_pattern(schema, texts):
+    """With a whitespace pattern (a server's --json-whitespace-pattern) every container of the
+    output may take it between tokens, those a const / enum lists too: a model that writes
+    json.dumps' spacing inside a const object must not be forced back to compact there (before:
+    the listed value was spelt compact only, '{"a": [1, 2], "b": null}' refused). Sound: the
+    pattern is checked to be whitespace only."""
+    rx = json_schema_to_regex(schema, whitespace_pattern="[ ]?")
+    for text in texts:
+        assert re.fullmatch(rx, text), text
+    check = jsonschema.Draft202012Validator(schema)
+    for data in byte_walks(rx, 30, seed=1, by_state=True):
+        if data is not None:
+            assert check.is_valid(json.loads(data)), data

@@ -423,19 +423,21 @@ def _no_branch(kind: str, path: str, errors: list[NoOutput]) -> NoOutput:
     return cls(f"json_schema: keyword '{kind}' at {path}: no branch has a value treadle can write ({whys})")
 
 
-def _literal(value: Any, digits: bool = False) -> str:
-    """Compact JSON text of ``value``; numbers in every spelling JSON Schema calls equal, but
-    with ``digits`` a whole number (up to 2**53) in its digits only: "1", never "1.0", which
-    draft-03 / -04 call no integer (a narrowing in later drafts)."""
+def _literal(value: Any, digits: bool = False, ws: str = "") -> str:
+    """JSON text of ``value``, compact or, inside a listed array or object, with ``ws`` (the
+    whitespace pattern) where the converter's own containers take it; numbers in every spelling
+    JSON Schema calls equal, but with ``digits`` a whole number (up to 2**53) in its digits only:
+    "1", never "1.0", which draft-03 / -04 call no integer (a narrowing in later drafts)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if digits and (isinstance(value, int) or value.is_integer()) and abs(value) <= 2**53:
             return str(int(value))
         return nums.number_literal_regex(value)
+    comma = ws + "," + ws
     if isinstance(value, list):
-        return r"\[" + ",".join(_literal(v, digits) for v in value) + r"\]"
+        return r"\[" + ws + comma.join(_literal(v, digits, ws) for v in value) + ws + r"\]"
     if isinstance(value, dict):
-        pairs = (escape_literal(text.json_text(k)) + ":" + _literal(v, digits) for k, v in value.items())
-        return r"\{" + ",".join(pairs) + r"\}"
+        pairs = (escape_literal(text.json_text(k)) + ws + ":" + ws + _literal(v, digits, ws) for k, v in value.items())
+        return r"\{" + ws + comma.join(pairs) + ws + r"\}"
     return escape_literal(text.json_text(value))
 
 
@@ -724,7 +726,7 @@ class _Converter:
             except referencing.exceptions.Unresolvable as exc:
                 raise UnsupportedSchemaError(f"json_schema: keyword '$ref' at {path}: cannot resolve {exc}") from exc
             if ok:
-                kept.append(_literal(value, digits))
+                kept.append(_literal(value, digits, self.ws))
         if not kept:
             named = "enum" if "enum" in schema else "const"
             raise Unsatisfiable(f"json_schema: keyword '{named}' at {path}: no listed value is valid")
@@ -815,9 +817,9 @@ class _Converter:
         return out
 
     def literal_regex(self, value: Any) -> str:
-        """The compact JSON of ``value`` in every spelling JSON Schema calls equal (whole
-        numbers in their digits only where ``self.digits``)."""
-        return _literal(value, self.digits)
+        """The JSON of ``value`` in every spelling JSON Schema calls equal (whole numbers in their
+        digits only where ``self.digits``), with the whitespace pattern inside its containers."""
+        return _literal(value, self.digits, self.ws)
 
     def validator_for(self, schema: Any) -> Any:
         """A jsonschema validator of ``schema`` (a part of the root: refs resolve in it)."""
