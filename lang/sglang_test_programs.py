@@ -6,7 +6,8 @@ SGLang's function takes that flag (the answers need a capable model).
 
 Not here: `test_image_qa` (treadle serves text-only models: its `sgl.image` is a ValueError) and
 the speculative-execution tests of SGLang's API backends (`num_api_spec_tokens` with
-`backend.token_usage`), which treadle has not."""
+`backend.token_usage`): `sgl.OpenAI` speculates as SGLang's (tests/test_sglang_port_s43.py runs
+such programs), but their checks need a model that follows the few-shot format."""
 from __future__ import annotations
 
 import json
