@@ -16,7 +16,7 @@ import threading
 import warnings
 from typing import Any
 
-from treadle.lang import ir
+from treadle.lang import ir, speculation
 from treadle.lang.backend import Backend
 from treadle.lang.reasoning import reasoning_name, split_reasoning
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS
@@ -241,7 +241,7 @@ class StreamExecutor:
 
     def _execute(self, expr: ir.Expr) -> None:
         if isinstance(expr, ir.Constant):
-            if self._speculating():
+            if speculation.holds_message(self):
                 self._spec.append({"text": expr.text})
             else:
                 self._fill(expr.text)
@@ -297,16 +297,16 @@ class StreamExecutor:
         params = self._sampling_params(gen)
         logprob = {**self.logprob, **gen.logprob}
         name = gen.name or self.new_name()
-        if self._speculating():
+        if speculation.holds_message(self):
             if any(k in params for k in GRAMMAR_FIELDS) or params.get("n", 1) != 1 or logprob.get("return_logprob"):
                 raise ValueError(f"gen({name!r}): speculative execution (num_api_spec_tokens) sends the assistant "
                                  "message as one request: its gens cannot take regex/json_schema/ebnf/dtype, n or "
                                  "return_logprob")
             self._spec.append({"name": name, "stop": params.get("stop"), "params": params})
             return
-        if self._speculating_text(params, logprob):
+        if speculation.takes_text(self, params, logprob):
             self.gen_starts[name] = len(self.text_)
-            out, meta = self._spec_text_gen(params)
+            out, meta = speculation.text_gen(self, params)
             self._append(out, name)
             self._set_var(name, out, meta)
             return
@@ -433,88 +433,10 @@ class StreamExecutor:
         self.speculated = self.speculated[len(text):] if self.speculated.startswith(text) else ""
         self._append(text)
 
-    def _speculating_text(self, params: dict, logprob: dict) -> bool:
-        """A gen with stop strings in a program with num_api_spec_tokens, on a completion-model API
-        backend (sgl.OpenAI(..., is_chat_model=False)), without constraints, n > 1, logprobs or
-        streaming: it takes its text from the speculation (SGLang's _spec_gen)."""
-        return (self.spec_tokens is not None and bool(getattr(self.backend, "speculates_text", False))
-                and not getattr(self.backend, "is_chat_model", False) and bool(params.get("stop"))
-                and not self.stream and params.get("n", 1) == 1 and not logprob.get("return_logprob")
-                and not any(k in params for k in GRAMMAR_FIELDS))
-
-    def _spec_text_gen(self, params: dict) -> tuple[str, dict]:
-        """A gen's text from the speculation, as SGLang's _spec_gen: when there is none, one
-        request of max(max_tokens, num_api_spec_tokens) tokens without stop strings; the gen
-        takes it up to its earliest stop string (or max_tokens characters, as SGLang's) and the
-        rest stays speculated for the program's next text and gens."""
-        stop = params["stop"]
-        stops = [stop] if isinstance(stop, str) else [x for x in stop if x]
-        limit = params.get("max_new_tokens", 128)
-        meta: dict = {}
-        if not self.speculated:
-            ask = {k: v for k, v in params.items() if k != "stop"}
-            ask["max_new_tokens"] = max(limit, self.spec_tokens or 0)
-            self.speculated, meta = self.backend.generate(self.text_, ask, None)
-        found = [p for p in (self.speculated.find(x) for x in stops) if p != -1]
-        end = min(found) if found else min(limit, len(self.speculated))
-        out, self.speculated = self.speculated[:end], self.speculated[end:]
-        return out, meta
-
-    def _speculating(self) -> bool:
-        """Inside an assistant message of a program with num_api_spec_tokens, on a chat-model API
-        backend: its text and gens are held for one request at the message's end (SGLang's)."""
-        return (self.spec_tokens is not None and self.role == "assistant"
-                and bool(getattr(self.backend, "is_chat_model", False)))
-
-    def _spec_generate(self) -> None:
-        """SGLang's speculative execution of an assistant message: one request (the messages
-        before it, num_api_spec_tokens tokens, the gens' shared sampling parameters) whose reply
-        must read as the message's text with each gen's value in its place: a constant must come
-        next in the reply, a gen runs to its first stop string (the last gen to the end). Tried
-        up to 3 times (sampling may differ); if no reply matches, a warning, and the gens past
-        the first mismatch are empty."""
-        try:
-            self._spec_fill(self._spec)
-        finally:  # emptied only now: until the values are set, reads of the gens' names wait
-            self._spec = []
-
-    def _spec_fill(self, terms: list[dict]) -> None:
-        gens = [t for t in terms if "name" in t]
-        shared: dict | None = None
-        for t in gens:
-            p = {k: v for k, v in t["params"].items() if k not in ("stop", "max_new_tokens")}
-            if shared is not None and p != shared:
-                raise ValueError(f"gen({t['name']!r}): speculative execution (num_api_spec_tokens) sends the "
-                                 "assistant message as one request, so its gens' sampling parameters (but stop and "
-                                 "max_tokens) must be the same")
-            shared = p
-        values: list[str] = []
-        meta: dict = {}
-        if gens:
-            params = {**(shared or {}), "max_new_tokens": self.spec_tokens}
-            for _ in range(3):
-                reply, meta = self.backend.generate([dict(m) for m in self.messages_], params, None)
-                values, complete = _spec_match(terms, reply)
-                if complete:
-                    break
-            else:
-                warnings.warn(f"speculative execution: no reply matched the assistant message's text; the last "
-                              f"was {reply!r}, and gens past the mismatch are empty", stacklevel=2)
-        values += [""] * (len(gens) - len(values))
-        it = iter(values)
-        for t in terms:
-            if "name" not in t:
-                self._append(t["text"])
-                continue
-            value = next(it)
-            self.gen_starts[t["name"]] = len(self.text_)
-            self._append(value, t["name"], meta)
-            self._set_var(t["name"], value, meta)
-
     def _role_end(self, role: str) -> None:
         assert self.role == role, f"role {role!r} ends but {self.role!r} is open"
         if self._spec:
-            self._spec_generate()
+            speculation.run_message(self)
         _, suffix = self.backend.chat_template.get_prefix_and_suffix(role, self.messages_)
         # the message's text, its leading whitespace stripped as SGLang's (the prompt keeps it)
         self.messages_.append({"role": role, "content": self.text_[self.role_start:].lstrip()})
@@ -539,32 +461,6 @@ class StreamExecutor:
                     metas.setdefault(n, []).append(br.meta.get(n))
         for n, vals in values.items():
             self._set_var(n, vals, {"branches": metas[n]})
-
-
-def _spec_match(terms: list[dict], reply: str) -> tuple[list[str], bool]:
-    """The gens' values read from `reply` against the message's parts (SGLang's
-    spec_pattern_match): each constant must come next; a gen takes the text up to its earliest
-    stop string (the stop is left for what follows), the last gen takes the rest. Returns the
-    values read and whether the whole message matched."""
-    values: list[str] = []
-    for i, t in enumerate(terms):
-        if "name" not in t:
-            if not reply.startswith(t["text"]):
-                return values, False
-            reply = reply[len(t["text"]):]
-            continue
-        stops = t["stop"] or []
-        stops = [stops] if isinstance(stops, str) else stops
-        found = [p for p in (reply.find(s) for s in stops if s) if p != -1]
-        if found:
-            values.append(reply[:min(found)])
-            reply = reply[min(found):]
-        elif all("name" not in u for u in terms[i + 1:]) and not any(u["text"] for u in terms[i + 1:]):
-            values.append(reply)
-            reply = ""
-        else:
-            return values, False
-    return values, True
 
 
 def __getattr__(name: str) -> Any:
