@@ -121,3 +121,25 @@ def test_listed_objects_and_arrays_take_the_whitespace_pattern(schema, texts):
     for data in byte_walks(rx, 30, seed=1, by_state=True):
         if data is not None:
             assert check.is_valid(json.loads(data)), data
+
+
+# ------------------------------------------------- 4. where an empty combination is named
+
+@pytest.mark.parametrize("schema, where", [
+    # a $ref beside other keywords (OpenAPI 3.1 / 2020-12 allow siblings): '$ref' is named
+    ({"$defs": {"Name": {"type": "string"}}, "$ref": "#/$defs/Name", "type": "integer"}, "$.$ref"),
+    ({"$defs": {"Name": {"type": "string"}}, "type": "object", "required": ["a"],
+      "properties": {"a": {"$ref": "#/$defs/Name", "type": "integer"}}}, "$.properties.a.$ref"),
+    # a branch at odds with the keywords beside its union: the branch itself is named
+    ({"type": "string", "anyOf": [{"type": "integer"}, {"type": "boolean"}]}, "$.anyOf[0]"),
+    ({"type": "string", "oneOf": [{"type": "integer"}, {"type": "null"}]}, "$.oneOf[1]"),
+    ({"type": "string", "allOf": [{"maxLength": 3}, {"type": "integer"}]}, "$.allOf[1]"),
+], ids=["ref", "ref-in-property", "anyOf", "oneOf", "allOf"])
+def test_an_empty_combination_names_a_path_of_the_schema(schema, where):
+    """(before: "keyword 'type' at $[0]: allOf parts share no type", a path no schema has, and
+    '$.anyOf[0][0]' for a branch; now the $ref or the branch, and what was combined)"""
+    with pytest.raises(Unsatisfiable) as info:
+        json_schema_to_regex(schema)
+    msg = str(info.value)
+    assert f"keyword 'type' at {where}: no type is allowed both there and by what it is combined with" in msg, msg
+    assert "][0]" not in msg and "$[" not in msg, msg

@@ -646,7 +646,7 @@ class _Converter:
         for i, branch in enumerate(branches):
             where = f"{path}[{i}]"
             try:
-                out.append(self.convert(self.merger.merge_all(rest, [branch], where), where))
+                out.append(self.convert(self.merger.merge_all(rest, [branch], where, named=True), where))
             except UnsupportedSchemaError as exc:
                 first_error = first_error or exc
         if out:
@@ -842,7 +842,7 @@ class _Converter:
         if pure:
             key = (ref, self._counts(self._reaches(ref, path)))
             return self._reused(key, lambda: self._converted_in([ref], target, path))
-        return self._converted_in([ref], self.merger.merge_all(rest, [target], path), path)
+        return self._converted_in([ref], self.merger.merge_all(rest, [target], f"{path}.$ref", named=True), path)
 
     def _converted_in(self, refs: list[str], schema: Any, path: str) -> str:
         """``schema`` converted as inside each of ``refs`` (they count toward
@@ -982,7 +982,7 @@ class _Converter:
                 if others is None and self._annotations_only(rest):  # the branch alone ($refs stay refs)
                     out.append(self.convert(branch, f"{path}.{kind}[{i}]"))
                     continue
-                merged = self.merger.merge_all(rest, [branch], f"{path}.{kind}[{i}]", others)
+                merged = self.merger.merge_all(rest, [branch], f"{path}.{kind}[{i}]", others, named=True)
                 out.append(self.convert(merged, f"{path}.{kind}[{i}]"))
             except NoOutput as exc:
                 first_error = first_error or exc  # a branch with no output only narrows the choice
@@ -1047,7 +1047,7 @@ class _Converter:
             if i in twice:
                 continue
             try:
-                mine = self.merger.merge_all(rest, [branch], where)
+                mine = self.merger.merge_all(rest, [branch], where, named=True)
                 needs: list[list] = []
                 for j, other in enumerate(branches):
                     if j == i or apart.apart(mine, other):

@@ -286,9 +286,12 @@ class Merger:
             raise UnsupportedSchemaError(f"json_schema: keyword '$ref' at {path}: cannot resolve {ref!r}")
         return node
 
-    def merge_all(self, base: dict, parts: list, path: str, extra_conj: list | None = None) -> dict:
+    def merge_all(self, base: dict, parts: list, path: str, extra_conj: list | None = None,
+                  named: bool = False) -> dict:
         """One schema equivalent to ``base`` AND every part (raises where it cannot be).
 
+        Errors name part i at ``path[i]`` (``path`` + ".allOf" gives "$.allOf[1]"), or, with
+        ``named`` (one part: a ``$ref``'s target, a union's branch), at ``path`` itself.
         The refs it resolved are listed under ``__refs__``: converting the result is being
         inside them, as for a ``$ref`` (the converter counts them toward recursion)."""
         result = {k: copy.copy(v) for k, v in base.items() if k not in ("__conj__", "__refs__")}
@@ -296,7 +299,8 @@ class Merger:
         refs: list[str] = []
         for i, part in enumerate(parts):
             conj.append(part)
-            self._merge_into(result, self._normalize(part, f"{path}[{i}]", 0, refs), f"{path}[{i}]")
+            where = path if named else f"{path}[{i}]"
+            self._merge_into(result, self._normalize(part, where, 0, refs), where)
         result["__conj__"] = conj + (extra_conj or [])
         if refs:
             result["__refs__"] = list(dict.fromkeys(refs))
@@ -590,7 +594,9 @@ def _intersect_types(a: Any, b: Any, path: str) -> list[str]:
 
     both = norm(a) & norm(b)
     if not both:
-        raise Unsatisfiable(f"json_schema: keyword 'type' at {path}: allOf parts share no type")
+        raise Unsatisfiable(f"json_schema: keyword 'type' at {path}: no type is allowed both there and by what it "
+                            "is combined with (allOf, a $ref beside other keywords, a union's branch and the keywords "
+                            "beside the union)")
     return sorted(both)
 
 
