@@ -93,6 +93,10 @@ def test_a_union_whose_every_branch_is_empty_names_the_union_and_each_branch(kin
         assert msg.startswith(f"json_schema: keyword '{kind}' at {where}: no branch has a value"), msg
         assert f"'maxLength' at {where}.{kind}[0] is below minLength" in msg, msg
         assert f"at {where}.{kind}[1]" in msg, msg
+    if kind == "oneOf":  # listed values, each valid under the other branch too
+        with pytest.raises(Unsatisfiable, match="no branch has a value treadle can write, each listed value being "
+                                                "valid for another branch too"):
+            json_schema_to_regex({"oneOf": [{"const": 1}, {"enum": [1, True]}, {"enum": [True, 1]}]})
     # an optional property whose union is empty is left out (sound: the object without it)
     schema = {"type": "object", "properties": {"x": {kind: [EMPTY_STRING, EMPTY_INTEGER]}, "y": {"type": "boolean"}}}
     rx = json_schema_to_regex(schema)

@@ -413,14 +413,16 @@ def rebase_refs(schema: Any, pointer: str) -> Any:
     return walk(schema, True)
 
 
-def _no_branch(kind: str, path: str, errors: list[NoOutput]) -> NoOutput:
+def _no_branch(kind: str, path: str, errors: list[NoOutput], literal: bool = False) -> NoOutput:
     """The refusal of an anyOf / oneOf none of whose branches has an output: it names the keyword
-    and each branch's reason (the first branch's alone read as if that branch were the schema).
+    and each branch's reason (the first branch's alone read as if that branch were the schema);
+    ``literal``: a oneOf of listed values, each filtered by the other branches.
     ``Unsatisfiable`` only where every branch is (one past the recursion depth proves nothing)."""
     whys = "; ".join(str(e).removeprefix("json_schema: ") for e in errors[:4])
     whys += f"; and {len(errors) - 4} more" if len(errors) > 4 else ""
     cls = Unsatisfiable if all(isinstance(e, Unsatisfiable) for e in errors) else NoOutput
-    return cls(f"json_schema: keyword '{kind}' at {path}: no branch has a value treadle can write ({whys})")
+    also = ", each listed value being valid for another branch too" if literal else ""
+    return cls(f"json_schema: keyword '{kind}' at {path}: no branch has a value treadle can write{also} ({whys})")
 
 
 def _literal(value: Any, digits: bool = False, ws: str = "") -> str:
@@ -1002,7 +1004,7 @@ class _Converter:
         if not out:
             assert first_error is not None
             if len(empty) == len(branches) and len(branches) > 1:  # every branch: name the union and each why
-                raise _no_branch(kind, path, empty) from first_error
+                raise _no_branch(kind, path, empty, literal_only) from first_error
             raise first_error
         return _alt(out)
 
