@@ -36,7 +36,7 @@ from typing import Any
 
 from treadle.constrained.schema.json_schema import embedded_defs
 from treadle.runtime.detokenizer import partial_suffix_len
-from treadle.runtime.server.protocol import APIError, quoted
+from treadle.runtime.server.protocol import PIECEWISE_PARSE_BYTES, APIError, json_pieces, loads_in_pieces, quoted
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")  # \Z: "$" admits a trailing newline
 MAX_TOOLS = 1024  # functions in a request's tools (OpenAI takes 128)
@@ -304,7 +304,11 @@ def json_text(value: Any, **kw: Any) -> str:
     a call's arguments (valid JSON); written out raw, the reply's arguments were no UTF-8 a
     client could send back (httpx's json= raises), and sent back escaped, the next turn's
     prompt held half a character: a 400 naming a character of the rendered prompt."""
-    text = json.dumps(value, ensure_ascii=False, **kw)
+    # in pieces, as a reply (protocol.json_pieces): a client's 15 MB arguments, read back and
+    # written out for the prompt, held the GIL, and every other client, for 0.9 s in one call
+    sep = kw.pop("separators", (", ", ": "))
+    text = ("".join(json_pieces(value, ensure_ascii=False, separators=sep, allow_nan=True)) if not kw
+            else json.dumps(value, ensure_ascii=False, separators=sep, **kw))
     # json.loads joins a surrogate pair into one character: any left here is lone
     return _LONE_RE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
@@ -569,7 +573,9 @@ def _args(call: dict) -> Any:
     itself (`| tojson`, raw characters), which would put half a character in the prompt."""
     a = call["function"].get("arguments", "{}")
     try:
-        value = json.loads(a) if isinstance(a, str) else a
+        # a long text in pieces (protocol.loads_in_pieces): one json.loads call over a client's
+        # 15 MB arguments held the GIL, and with it every other client, for 0.9 s
+        value = (json.loads(a) if len(a) < PIECEWISE_PARSE_BYTES else loads_in_pieces(a)) if isinstance(a, str) else a
     except ValueError:
         return a
     if lone_surrogate_at(value, "") is not None:
