@@ -805,6 +805,10 @@ class _Emitter:
             if self.calls:
                 raise _TooLarge(f"ebnf: rule {name!r} is a regex of {len(out[0])} characters, over the "
                                 f"{MAX_REGEX_CHARS} supported; flatten the grammar")
+            if not self.unrolled:  # no recursion: the rules' own text is too long
+                raise _TooLarge(f"ebnf: rule {name!r} is a regex of {len(out[0])} characters, over the "
+                                f"{MAX_REGEX_CHARS} supported; shorten the grammar (its literals, or rules "
+                                "used many times inside each other)")
             raise _TooLarge(f"ebnf: rule {name!r} unrolled {self.max_depth} levels of recursion is a regex of "
                             f"{len(out[0])} characters, over the {MAX_REGEX_CHARS} supported; lower the "
                             "nesting or the recursion depth")
@@ -898,6 +902,10 @@ def ebnf_to_regex(text: str, *, root: str = "root", max_recursion_depth: int = 3
     try:
         out = emitter.rule(root, {})
     except RecursionError:
+        if not emitter.unrolled:  # no recursion: a long chain of rules, each used inside the one before
+            raise EbnfError(f"ebnf: rule {root!r} expands too deeply: it reaches rules "
+                            f"{_chain_depth(emitter.rules, root)} references deep (rules within rules), over "
+                            "the supported (about 150); flatten the grammar") from None
         raise EbnfError(f"ebnf: rule {root!r} expands too deeply (rules within rules, with recursion unrolled "
                         f"{max_recursion_depth} levels); lower the recursion depth or flatten the grammar") from None
     if out is None:
@@ -910,6 +918,22 @@ def ebnf_to_regex(text: str, *, root: str = "root", max_recursion_depth: int = 3
                         f"{len(out[0])} characters, over the {MAX_REGEX_CHARS} supported; lower the nesting "
                         "or the recursion depth")
     return out[0]
+
+
+def _chain_depth(rules: dict[str, Node], root: str) -> int:
+    """The longest chain of rule references from ``root`` (rules with no recursion: a DAG),
+    counted without recursion."""
+    depth: dict[str, int] = {}
+    todo: list[tuple[str, bool]] = [(root, False)]
+    while todo:
+        name, done = todo.pop()
+        refs = {r.name for r in _refs(rules[name])}
+        if done:
+            depth[name] = 1 + max((depth.get(r, 0) for r in refs), default=0)
+        elif name not in depth:
+            todo.append((name, True))
+            todo.extend((r, False) for r in refs if r not in depth)
+    return depth[root] - 1
 
 
 @lru_cache(maxsize=256)
