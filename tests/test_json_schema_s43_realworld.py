@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 from json_checks import byte_walks
 
-from treadle.constrained.schema.json_schema import json_schema_to_regex
+from treadle.constrained.schema.json_schema import drop_unenforceable, json_schema_to_regex
 from treadle.constrained.schema.json_schema_parts import Unsatisfiable
 
 
@@ -147,3 +147,30 @@ def test_an_empty_combination_names_a_path_of_the_schema(schema, where):
     msg = str(info.value)
     assert f"keyword 'type' at {where}: no type is allowed both there and by what it is combined with" in msg, msg
     assert "][0]" not in msg and "$[" not in msg, msg
+
+
+# ------------------------------------------------- 5. 'not' / 'if' whose failing values treadle cannot all write
+
+@pytest.mark.parametrize("schema, value, keyword", [
+    ({"type": "integer", "not": {"type": "integer", "multipleOf": 3}}, 4, "not"),
+    ({"type": "string", "not": {"type": "string", "format": "email"}}, "abc", "not"),
+    ({"type": "string", "if": {"format": "email"}, "then": {"minLength": 5, "maxLength": 2}}, "abc", "if"),
+], ids=["not-multipleOf", "not-format", "if-format"])
+def test_a_not_treadle_cannot_negate_is_refused_by_name_not_read_as_empty(schema, value, keyword):
+    """Every way treadle writes to fail the 'not' (or the 'if', for 'else') is a value of another
+    type, and the schema's own type leaves none: that proves nothing, since the failing values it
+    cannot write (4, a non-email string) exist. (before: Unsatisfiable, "no output treadle can
+    write satisfies it", a claim that the schema is empty, which the opt-in leniency would not
+    drop; now a refusal naming the keyword, which it drops.) An optional property of it is still
+    left out, and a 'not' whose failing values are all written stays Unsatisfiable."""
+    assert jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER) \
+        .is_valid(value)
+    with pytest.raises(ValueError, match=f"keyword '{keyword}' at \\$ is not supported here") as info:
+        json_schema_to_regex(schema)
+    assert not isinstance(info.value, Unsatisfiable)
+    kept, dropped = drop_unenforceable(schema)
+    assert [d["keyword"] for d in dropped] == [keyword] and keyword not in kept
+    optional = {"type": "object", "properties": {"x": schema, "y": {"type": "null"}}}
+    assert json_schema_to_regex(optional) == r'\{(?:"y":null)?\}'
+    with pytest.raises(Unsatisfiable):  # (every integer fails {minimum: 0} only below 0: none left)
+        json_schema_to_regex({"type": "integer", "minimum": 0, "not": {"type": "integer", "minimum": 0}})

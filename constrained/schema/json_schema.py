@@ -61,6 +61,7 @@ from treadle.constrained.schema.json_schema_logic import (
     complement,
     conditional_branches,
     contains_as_prefix,
+    complement_exact,
     contains_past_cap,
     dependencies_as_anyof,
     repeated,
@@ -73,6 +74,7 @@ from treadle.constrained.schema.unique_strings import unique_strings_checked
 from treadle.constrained.schema.json_schema_parts import (
     ANNOTATIONS,
     DYNAMIC_REFS,
+    CannotWrite,
     FAMILIES,
     NoOutput,
     TooDeep,
@@ -248,9 +250,9 @@ def drop_unenforceable(schema: dict | str | bool, *, whitespace_pattern: str | N
                                          max_recursion_depth=max_recursion_depth, mode=mode, holes=holes,
                                          leave_out_branches=False, unique_check=True)
                     return root, dropped
-                except NoOutput:
-                    raise
                 except UnsupportedSchemaError as exc:
+                    if isinstance(exc, NoOutput) and not isinstance(exc, CannotWrite):
+                        raise  # (no value at all: nothing to drop)
                     named = _NAMED.search(str(exc))
                     if named is None or len(dropped) >= LENIENT_MAX_DROPS:
                         raise
@@ -559,17 +561,21 @@ class _Converter:
             if not self._conditional_evaluates_nothing_new(schema):
                 self._no_unevaluated(schema, "if", path)
             rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
-            return self._some_of(rest, branches, path + ".if", "if")
+            exact = complement_exact(schema["if"], lambda ref: self.merger.resolve(ref, path), self.annotations)
+            return self._some_of(rest, branches, path + ".if", "if", exact)
         schema = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}  # alone, they never decide
         if "not" in schema and not self._negates_types(schema["not"]):
-            broken = complement(schema["not"], lambda ref: self.merger.resolve(ref, path))
+            resolve = lambda ref: self.merger.resolve(ref, path)  # noqa: E731
+            broken = complement(schema["not"], resolve)
+            exact = complement_exact(schema["not"], resolve, self.annotations)
             if any(schema.get(k, True) not in (True, {}) for k in ("unevaluatedProperties", "unevaluatedItems")):
                 # `not` evaluates nothing: only the ways to fail it that evaluate nothing either
+                exact = exact and all(self._quiet(b) for b in broken)
                 broken = [b for b in broken if self._quiet(b)]
                 if not broken:
                     self._no_unevaluated(schema, "not", path)
             rest = {k: v for k, v in schema.items() if k != "not"}
-            return self._some_of(rest, broken, path + ".not", "not")
+            return self._some_of(rest, broken, path + ".not", "not", exact)
         excluded = self._negated_types(schema, path)
         return self._typed(schema, path, excluded)
 
@@ -640,10 +646,12 @@ class _Converter:
         return neg is True or neg is False or isinstance(neg, dict) and all(
             k in self.annotations or k == "type" for k in neg)
 
-    def _some_of(self, rest: dict, branches: list, path: str, keyword: str) -> str:
+    def _some_of(self, rest: dict, branches: list, path: str, keyword: str, exact: bool = True) -> str:
         """``rest`` and any of ``branches``, each a subset of what a keyword allows (its
         rewrite, json_schema_logic.py): a branch that cannot be built only narrows the
-        output, so it is left out; none at all refuses the keyword."""
+        output, so it is left out; none at all refuses the keyword. ``exact``: the branches say
+        every value the keyword allows (``complement_exact``), so none having a value proves the
+        schema empty; else that is a refusal, not a claim that no value exists."""
         out, first_error = [], None
         for i, branch in enumerate(branches):
             where = f"{path}[{i}]"
@@ -656,9 +664,15 @@ class _Converter:
         if not branches:
             raise UnsupportedSchemaError(f"json_schema: keyword '{keyword}' at {path.rsplit('.', 1)[0]} is not "
                                          "supported: treadle cannot write the values it excludes")
-        if isinstance(first_error, NoOutput):
+        if isinstance(first_error, NoOutput) and exact:
             raise Unsatisfiable(f"json_schema: keyword '{keyword}' at {path.rsplit('.', 1)[0]}: no output "
                                 "treadle can write satisfies it") from first_error
+        if isinstance(first_error, NoOutput):
+            fails = "the 'not' schema" if keyword == "not" else "the 'if' schema (for 'else')"
+            raise CannotWrite(
+                f"json_schema: keyword '{keyword}' at {path.rsplit('.', 1)[0]} is not supported here: treadle cannot "
+                f"write every value that fails {fails}, and none of those it can write is left ({first_error})"
+            ) from first_error
         raise UnsupportedSchemaError(f"json_schema: keyword '{keyword}' at {path.rsplit('.', 1)[0]} is not "
                                      f"supported here: {first_error}") from first_error
 

@@ -172,6 +172,48 @@ def complement(schema: Any, resolve: Callable[[str], Any], depth: int = 0) -> li
     return out
 
 
+# the keywords ``complement`` breaks each way they can fail (``minContains`` only as 1, the default)
+_EXACT_KEYS = frozenset({"$ref", "type", *_BOUNDS, *_COUNTS, "required", "properties", "contains", "minContains",
+                         "items", "pattern", "const", "enum", "not", "allOf", "anyOf"})
+
+
+def complement_exact(schema: Any, resolve: Callable[[str], Any], annotations: Any, depth: int = 0) -> bool:
+    """Whether ``complement(schema)`` lists every way to fail ``schema``: each of its assertions
+    (keywords not in ``annotations``) has its breakers there. Only then do rewrites of "not
+    schema" (``not``, an ``if``'s ``else`` side) that all have no output prove that no value
+    is left: ``{"type": "integer", "not": {"type": "integer", "multipleOf": 3}}`` has values
+    (1, 2, 4...), though every schema complement lists is a non-integer."""
+    if schema is True or schema is False:
+        return True
+    if not isinstance(schema, dict) or depth > _COMPLEMENT_DEPTH:
+        return False
+    if any(key not in _EXACT_KEYS and key not in annotations for key in schema):
+        return False
+    numbers = [schema[k] for k in (*_BOUNDS, *_COUNTS) if k in schema]
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers):
+        return False
+    if "contains" in schema and schema.get("minContains", 1) != 1 and schema.get("minContains") != 0:
+        return False
+    if "const" in schema or "enum" in schema:
+        listed = [schema["const"]] if "const" in schema else schema["enum"]
+        if not (isinstance(listed, list) and all(v is None or isinstance(v, (bool, int, float, str)) for v in listed)):
+            return False
+    subs: list[Any] = []
+    if "$ref" in schema:
+        try:
+            subs.append(resolve(schema["$ref"]))
+        except UnsupportedSchemaError:
+            return False
+    if isinstance(schema.get("properties"), dict):
+        subs += list(schema["properties"].values())
+    for key in ("allOf", "anyOf"):
+        if key in schema:
+            if not isinstance(schema[key], list):
+                return False
+            subs += schema[key]
+    return all(complement_exact(sub, resolve, annotations, depth + 1) for sub in subs)
+
+
 def _types(declared: Any) -> set[str] | None:
     names = [declared] if isinstance(declared, str) else declared
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):

@@ -42,6 +42,13 @@ class Unsatisfiable(NoOutput):
     """No JSON value satisfies the subschema (within treadle's sound subset)."""
 
 
+class CannotWrite(NoOutput):
+    """The subschema has values, but none treadle can write (a ``not`` whose excluded values it
+    cannot write all of, beside what leaves none of those it can): an optional place omits it, a
+    union leaves it out (a narrowing); where it is needed, a refusal naming the keyword, which the
+    opt-in leniency may drop (unlike an ``Unsatisfiable`` schema's)."""
+
+
 class TooDeep(NoOutput):
     """A recursive ``$ref`` went past ``max_recursion_depth``."""
 
