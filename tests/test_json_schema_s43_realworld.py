@@ -174,3 +174,16 @@ def test_a_not_treadle_cannot_negate_is_refused_by_name_not_read_as_empty(schema
     assert json_schema_to_regex(optional) == r'\{(?:"y":null)?\}'
     with pytest.raises(Unsatisfiable):  # (every integer fails {minimum: 0} only below 0: none left)
         json_schema_to_regex({"type": "integer", "minimum": 0, "not": {"type": "integer", "minimum": 0}})
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "contains": False},
+    {"type": "array", "items": {"type": "integer"}, "contains": {"type": "string"}},
+    {"type": "array", "items": {"enum": [1, 2]}, "contains": {"const": 3}, "maxItems": 4},
+], ids=["false", "other-type", "unlisted"])
+def test_a_contains_no_item_can_hold_is_named(schema):
+    """(before: "keyword 'minItems' at $: no array of that length is possible", a keyword the
+    schema does not have: the rewrite's own minItems 1)"""
+    with pytest.raises(Unsatisfiable, match=r"^json_schema: keyword 'contains' at \$: no array holds the items it "
+                                            r"needs \(keyword 'minItems' at \$"):
+        json_schema_to_regex(schema)

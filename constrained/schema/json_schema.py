@@ -1499,6 +1499,9 @@ class _Converter:
             if untried is not None:  # (not every way was tried: no proof that none has an output)
                 raise UnsupportedSchemaError(untried) from first_error
             assert first_error is not None
+            if isinstance(first_error, Unsatisfiable):  # (its reason names what the rewrite holds: minItems)
+                raise Unsatisfiable(f"json_schema: keyword 'contains' at {path}: no array holds the items it needs "
+                                    f"({str(first_error).removeprefix('json_schema: ')})") from first_error
             raise first_error
         return _alt(out)
 
