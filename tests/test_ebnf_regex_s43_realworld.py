@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from treadle.constrained import GrammarSpec
 from treadle.constrained.ebnf.ebnf import EbnfError, ebnf_to_regex
 
 
@@ -44,3 +45,119 @@ def test_a_grammar_too_long_without_recursion_is_refused_without_blaming_recursi
             ebnf_to_regex(text, calls=calls)
         msg = str(info.value)
         assert "over the 200000 supported" in msg and "recursion" not in msg, msg
+
+
+# ------------------------------------------------------------------ regex: flags and anchors as Python reads them
+
+@pytest.fixture(scope="module")
+def compiler(smollm2_compiler):
+    return smollm2_compiler
+
+
+def _walks(cg, tok, seed: str, n: int = 12, steps: int = 40) -> list[str]:
+    """Random walks over the compiled grammar's masks to EOS (one-byte tokens past the first
+    third, so that they end): the texts."""
+    import random
+
+    from json_checks import allowed_ids
+    from treadle.constrained.decode.bitmask import allocate_token_bitmask
+
+    rng = random.Random(seed)
+    eos = tok.eos_token_id
+    bitmask = allocate_token_bitmask(1, len(tok))
+    out_texts = []
+    for _ in range(n):
+        m, out = cg.matcher(), bytearray()
+        for step in range(steps):
+            m.fill_next_token_bitmask(bitmask, 0)
+            allowed = sorted(allowed_ids(bitmask[0].numpy()))
+            assert allowed, (seed, out)
+            if eos in allowed and (len(allowed) == 1 or step > steps // 2 or rng.random() < 0.1):
+                assert m.accept_token(eos)
+                out_texts.append(out.decode("utf-8"))
+                break
+            cand = [a for a in allowed if a != eos]
+            short = [a for a in cand if len(cg.token_bytes[a]) == 1] if step > steps // 3 else []
+            pick = rng.choice(short or cand)
+            assert m.accept_token(pick)
+            out += cg.token_bytes[pick]
+    return out_texts
+
+
+def _accepts(cg, tok, text: str) -> bool:
+    m = cg.matcher()
+    return all(m.accept_token(t) for t in tok.encode(text, add_special_tokens=False)) and m.accept_token(tok.eos_token_id)
+
+
+# (regex, texts in its language, texts out of it): each read by Python's re.fullmatch too
+FLAGGED = {
+    "yes_no_any_case": (r"(?i)(yes|no)", ["YES", "No", "yEs"], ["maybe", "yess"]),
+    "scoped": (r"(?i:true|false)", ["TRUE", "False"], ["T"]),
+    "scoped_off": (r"(?i)(?-i:ID)-[a-f0-9]{4}", ["ID-BEEF", "ID-00af"], ["id-beef", "Id-0000"]),
+    "hex_any_case": (r"(?i)[a-f0-9]{8}", ["DEADBEEF", "deadbeef"], ["DEADBEEG"]),
+    "negated_under_i": (r"(?i)[^a-z\n]{3}", ["123", "!?-"], ["1A2", "abc"]),
+    "kelvin_and_eszett": (r"(?i)k|straße", ["K", "k", "\u212a", "STRAẞE", "Straße"], ["STRASSE"]),
+    "dotall": (r"(?s)<think>.{0,20}</think>", ["<think>a\nb</think>"], ["<think>a"]),
+    "multiline_at_the_ends": (r"(?m)^(GET|POST) /[a-z]*$", ["GET /abc"], ["get /abc"]),
+    "python_anchors": (r"\A\d{3}-\d{4}\Z", ["555-1234"], ["5551234"]),
+    "verbose": (r"(?x) \d{3} - \d{4}   # a local phone number", ["555-1234"], ["555 - 1234"]),
+    "verbose_keeps_escaped_spaces": (r"(?ix) [a-c] \  \# x", ["B #X", "a #x"], ["B#X"]),
+    "ascii_fold": (r"(?ai)k", ["k", "K"], ["\u212a"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLAGGED))
+def test_inline_flags_and_python_anchors_mean_what_python_reads(compiler, smollm2_tokenizer, name):
+    """A regex's leading inline flags ('(?i)', '(?s)', '(?m)', '(?x)', '(?a)'), scoped ones
+    ('(?i:...)', '(?-i:...)') and '\\A' / '\\Z' at its ends were refused ("no lookaround,
+    named groups or inline flags", "use an explicit class like [0-9]" for '\\A'), though an
+    automaton checks each exactly. Now they compile: the texts Python's re.fullmatch takes
+    are accepted, the others are not, and random walks are in the language."""
+    regex, good, bad = FLAGGED[name]
+    cg = compiler.compile(GrammarSpec.from_params(regex=regex))
+    rx = re.compile(regex)
+    for text in good:
+        assert rx.fullmatch(text) and _accepts(cg, smollm2_tokenizer, text), (name, text)
+    for text in bad:
+        assert not rx.fullmatch(text) and not _accepts(cg, smollm2_tokenizer, text), (name, text)
+    texts = _walks(cg, smollm2_tokenizer, name)
+    assert len(texts) >= 6, (name, texts)
+    for text in texts:
+        assert rx.fullmatch(text), (name, text)
+
+
+def test_case_folding_agrees_with_python_on_every_cased_character():
+    """'(?i)' widens each character and class by what Python's re.IGNORECASE adds (asked of
+    re itself), and narrows a negated class by the same: over every code point below
+    U+20000, a one-character regex under the flag matches exactly what Python's does."""
+    from treadle.constrained.regex.regex_text import _cased, translate_regex
+
+    atoms = [*"aiksyßıİſµσΣ", "[a-z]", "[^a-z]", "[^k]", "[0-9a-f]", "[À-ÿ]", r"\x41", r"\u00e9", "[^s\\n]"]
+    points = [chr(c) for c in _cased()] + [chr(c) for c in range(0x80)]
+    for flags in ("(?i)", "(?ai)"):
+        for a in atoms:
+            ours, ref = re.compile(translate_regex(flags + a)), re.compile(flags + a)
+            wrong = [c for c in points if bool(ours.fullmatch(c)) != bool(ref.fullmatch(c))]
+            assert not wrong, (flags, a, wrong[:5])
+
+
+@pytest.mark.parametrize("regex,named", [
+    (r"\bfoo\b", "word boundary '\\b'"),
+    (r"^((25[0-5]|(2[0-4]|1\d|[1-9]|)\d)\.?\b){4}$", "word boundary '\\b'"),
+    (r"a\Bb", "word boundary '\\B'"),
+    (r"a\Zb", "anchor '\\Z'"),
+    (r"\d+(?=px)", "lookahead"),
+    (r"(?<=\$)\d+", "lookbehind"),
+    (r"(?<!x)y", "lookbehind"),
+    (r"a(?i)b", "only at the start"),
+    (r"\p{L}+", "Unicode property escape '\\p'"),
+    (r"a{,3}", "write {0,3}"),
+])
+def test_what_cannot_be_enforced_is_refused_naming_the_construct(regex, named):
+    """Before: '\\b', '\\B' and '\\Z' were "not supported (it differs between Python re and Rust
+    regex); use an explicit class like [0-9]", lookarounds "(no lookaround, named groups or
+    inline flags)" though named groups are read, '{,3}' "not a counted repetition"."""
+    with pytest.raises(ValueError) as info:
+        GrammarSpec.from_params(regex=regex).to_regex()
+    msg = str(info.value)
+    assert named in msg and "explicit class like [0-9]" not in msg and "named groups" not in msg, msg

@@ -7,7 +7,9 @@ quantifiers, no named groups, no inline flags, no anchors. A user's regex may al
 ``\\d \\w \\s`` and their negations, read with their ASCII meanings as outlines reads them
 (``[0-9]``, ``[a-zA-Z0-9_]``, ``[ \\t\\n\\r\\f\\v]``), also inside a class (``[\\s\\S]``,
 ``[^\\S\\n]``), and any escaped punctuation, named groups, lazy quantifiers and comments
-(which match the strings their plain forms do); it is translated into the dialect
+(which match the strings their plain forms do), Python's inline flags ``(?aimsx)`` at its
+start and scoped ``(?i:x)`` / ``(?-i:x)`` (case folding as ``re.IGNORECASE`` does it, ``.``
+with newlines), and ``\\A`` / ``\\Z`` at its ends; it is translated into the dialect
 (``translate_regex``).
 """
 
@@ -335,7 +337,40 @@ def _shorthand_body(letter: str, ecma: bool) -> str:
     return " " if ecma and letter == "s" else _SHORTHAND[letter]
 
 
-def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
+_ANY_CHAR = "(?:[^\\n]|\\n)"
+# an inline flag group: global '(?i)', or scoped '(?i:' / '(?-i:' (Python's flags a i L m s u x)
+_FLAG_GROUP = re.compile(r"\(\?([aiLmsux]*)(?:-([imsx]*))?([:)])")
+_SIMPLE_CLASS = re.compile(r"\[\^?(?:[^\\\]\[]|\\.)+\]")
+
+
+@_lru_cache(maxsize=1)
+def _cased() -> tuple[int, ...]:
+    """The code points that have another case (a lower, upper or folded form of their own)."""
+    return tuple(c for c in range(0x20000) if not 0xD800 <= c <= 0xDFFF and (
+        (ch := chr(c)).lower() != ch or ch.upper() != ch or ch.casefold() != ch))
+
+
+@_lru_cache(maxsize=4096)
+def _case_folded(piece: str, ascii_only: bool, offset: int) -> str:
+    """One atom of a user's regex under the flag 'i', as Python's ``re`` reads it (asked
+    directly, over every cased code point): a character or a class with the characters
+    ``re.IGNORECASE`` adds (``k`` is ``[kK\u212a]``), a negated class leaving out those it
+    adds to what the class names (``[^a]`` leaves out 'A'). ``ascii_only``: the flag 'a'."""
+    if piece == _ANY_CHAR:
+        return piece
+    negated = piece.startswith("[^")
+    if piece.startswith("[") and not _SIMPLE_CLASS.fullmatch(piece):
+        raise RegexDialectError(f"regex: the class at offset {offset} under the flag 'i' is not supported")
+    named = "[" + piece[2:] if negated else piece
+    exact, folded = re.compile(named), re.compile(named, re.IGNORECASE | (re.ASCII if ascii_only else 0))
+    added = [c for c in _cased() if folded.fullmatch(chr(c)) and not exact.fullmatch(chr(c))]
+    if not added:
+        return piece
+    more = "".join(class_literal(chr(c)) for c in sorted(added))
+    return piece[:-1] + more + "]" if piece.startswith("[") else "[" + piece + more + "]"
+
+
+def _scan(pattern: str, *, ecma: bool, subset: bool = False, flags: str | None = None) -> str:
     """Check ``pattern`` against the dialect and return it (translated when ``ecma``).
 
     ``\\d \\w \\s`` (and capitals) become their ASCII classes and escaped punctuation its
@@ -344,11 +379,23 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
     have been stripped by the caller. With ``subset`` (a string value's pattern, where only
     a subset of the matches is needed), ``\\S \\D \\W`` and negated classes holding shorthands
     are narrowed to characters that Python's Unicode-wide reading also matches.
+
+    ``flags`` (a user's regex, ``translate_regex``): the flags its leading ``(?aimsx)`` set;
+    scoped flag groups ``(?i:x)`` / ``(?-i:x)`` are then read too. Under 'i' each character
+    and class is case-folded (``_case_folded``), under 's' ``.`` is any character; 'm' changes
+    nothing (anchors stand only at the ends).
     """
     out: list[str] = []
     i, n = 0, len(pattern)
     prev_quant = False  # the previous token was a quantifier
     can_quantify = False
+    user = flags is not None
+    fold, dotall, ascii_only = (("i" in flags, "s" in flags, "a" in flags) if user else (False, False, False))
+    scopes: list[tuple[bool, bool]] = []  # (fold, dotall) outside each open group
+
+    def atom(piece: str, at: int) -> str:
+        return _case_folded(piece, ascii_only, at) if fold else piece
+
     while i < n:
         ch = pattern[i]
         quant = False
@@ -357,17 +404,17 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
                 raise RegexDialectError("regex: trailing backslash")
             nxt = pattern[i + 1]
             if not (nxt.isascii() and nxt.isalnum()):  # escaped punctuation (or any non-letter): itself
-                out.append(("\\" + nxt) if nxt in _SPECIAL else escape_literal(nxt))
+                out.append(atom(("\\" + nxt) if nxt in _SPECIAL else escape_literal(nxt), i))
                 i += 2
             elif nxt in _ALLOWED_ESCAPES:
                 out.append("\\" + nxt)
                 i += 2
             elif nxt == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[i + 2 : i + 4]):
-                out.append(pattern[i : i + 4])
+                out.append(atom(pattern[i : i + 4], i))
                 i += 4
             elif nxt in "uU":  # \uXXXX / \UXXXXXXXX (Python re and Rust regex alike): the character
                 ch_, size = _code_point_escape(pattern, i)
-                out.append(escape_literal(ch_))
+                out.append(atom(escape_literal(ch_), i))
                 i += size
             elif nxt in "pP" and ecma:  # \\p{L} outside a class: as the class [\\p{L}]
                 size = _property_escape_size(pattern, i)
@@ -378,15 +425,27 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
                 if nxt.isupper() and ecma and subset:
                     out.append(_ecma_negated_shorthand(nxt.lower()))
                 elif nxt.isupper():
-                    out.append("[^" + body + (_JSON_UNSAFE_CLASS_BODY if ecma else "") + "]")
+                    out.append(atom("[^" + body + (_JSON_UNSAFE_CLASS_BODY if ecma else "") + "]", i))
                 else:
-                    out.append("[" + body + "]")
+                    out.append(atom("[" + body + "]", i))
                 i += 2
             elif nxt in "123456789" or nxt == "k" and pattern.startswith("<", i + 2):
                 ref = re.match(r"\\(?:[1-9][0-9]*|k<[^>]*>)", pattern[i:])
                 raise RegexDialectError(
                     f"regex: backreference '{ref.group(0) if ref else pattern[i:i + 2]}' at offset {i} is not "
                     "supported (what it matches depends on what a group matched: no automaton can check it)")
+            elif nxt in "bB":
+                raise RegexDialectError(
+                    f"regex: word boundary '\\{nxt}' at offset {i} is not supported (an assertion between "
+                    "characters, which the token automaton does not check); write the characters around it")
+            elif nxt in "AZzG":
+                raise RegexDialectError(
+                    f"regex: anchor '\\{nxt}' at offset {i} is not supported there (matching is always "
+                    "whole-string: '^' or '\\A' may start the pattern, '$' or '\\Z' end it)")
+            elif nxt in "pP":
+                raise RegexDialectError(
+                    f"regex: Unicode property escape '\\{nxt}' at offset {i} is not supported in a regex "
+                    "(Python's re has none); list the characters in a class, such as [A-Za-z\\u00c0-\\u024f]")
             else:
                 raise RegexDialectError(
                     f"regex: escape '\\{nxt}' at offset {i} is not supported "
@@ -466,16 +525,38 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
                 # Python's re reads it there (where ECMA agrees), a subset of what it matches
                 out.append(_ascii_class(pattern[i:j + 1], i))
             elif negated_shorthands:
-                out.append(_class_with_negated_shorthands(body, negated, negated_shorthands, ecma, i))
+                out.append(atom(_class_with_negated_shorthands(body, negated, negated_shorthands, ecma, i), i))
             else:
                 if ecma and negated:
                     body += _JSON_UNSAFE_CLASS_BODY
                 cls = _generable_class("[" + ("^" if negated else "") + body + "]", i)
-                out.append(_json_safe_class(cls, i) if ecma and subset and not negated else cls)
+                out.append(_json_safe_class(cls, i) if ecma and subset and not negated else atom(cls, i))
             i = j + 1
             can_quantify = True
         elif ch == "(":
             named = None if ecma else _NAMED_GROUP.match(pattern, i)
+            flag_group = _FLAG_GROUP.match(pattern, i) if user else None
+            if flag_group and not (flag_group.group(1) or flag_group.group(2)):
+                flag_group = None  # '(?:'
+            if flag_group and flag_group.group(3) == ")":
+                raise RegexDialectError(
+                    f"regex: inline flags '{flag_group.group(0)}' at offset {i} are supported only at the start "
+                    "of the pattern (as Python's re requires), or scoped: '(?i:...)'")
+            if flag_group and "L" not in flag_group.group(1):  # '(?i:x)': the group (x), its flags set
+                scopes.append((fold, dotall))
+                on, off = flag_group.group(1), flag_group.group(2) or ""
+                fold = ("i" in on or fold) and "i" not in off
+                dotall = ("s" in on or dotall) and "s" not in off
+                if "x" in on:
+                    raise RegexDialectError(f"regex: the verbose flag 'x' at offset {i} is supported only at "
+                                            "the start of the pattern: '(?x)'")
+                out.append("(?:")
+                i = flag_group.end()
+                can_quantify = False
+                prev_quant = False
+                continue
+            if user:
+                scopes.append((fold, dotall))
             if pattern.startswith("(?:", i):
                 out.append("(?:")
                 i += 3
@@ -484,13 +565,23 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
                 i = named.end()
             elif not ecma and pattern.startswith("(?#", i) and ")" in pattern[i:]:  # a comment: nothing
                 i = pattern.index(")", i) + 1
+                if user:
+                    scopes.pop()
                 continue  # (what came before keeps its quantifier state: Python reads "a(?#c)*" as "a*")
             elif pattern.startswith("(?P=", i):
                 raise RegexDialectError(
                     f"regex: backreference '{pattern[i:pattern.find(')', i) + 1 or None]}' at offset {i} is not "
                     "supported (what it matches depends on what a group matched: no automaton can check it)")
+            elif pattern.startswith(("(?=", "(?!", "(?<=", "(?<!"), i):
+                kind = "lookbehind" if pattern.startswith("(?<", i) else "lookahead"
+                raise RegexDialectError(
+                    f"regex: group syntax '{pattern[i:i+3]}' at offset {i} is not supported (a {kind} assertion, "
+                    "which the token automaton does not check)")
             elif pattern.startswith("(?", i):
                 raise RegexDialectError(
+                    f"regex: group syntax '{pattern[i:i+3]}' at offset {i} is not supported "
+                    "(lookaround, atomic and conditional groups, and inline flags other than at the start or "
+                    "scoped '(?i:...)' are not)" if user else
                     f"regex: group syntax '{pattern[i:i+3]}' at offset {i} is not supported "
                     "(no lookaround, named groups or inline flags)"
                 )
@@ -501,14 +592,18 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
         elif ch in "*+?{":
             if ch == "{":
                 m = re.match(r"\{([0-9]+)(,([0-9]*))?\}", pattern[i:])
+                if not m and (m := re.match(r"\{,([0-9]+)\}", pattern[i:])):
+                    raise RegexDialectError(
+                        f"regex: '{m.group(0)}' at offset {i} is read differently by Python's re (at most "
+                        f"{m.group(1)}) and ECMA (the text itself); write {{0,{m.group(1)}}}, or \\{{ for the text")
                 if not m:
                     raise RegexDialectError(f"regex: '{{' at offset {i} is not a counted repetition; escape it as \\{{")
                 lo, hi = int(m.group(1)), m.group(3)
                 if max(lo, int(hi or 0)) > 1000:
                     raise RegexDialectError(f"regex: repetition count above 1000 at offset {i}")
-                tok = m.group(0)
+                tok, size = m.group(0), len(m.group(0))
             else:
-                tok = ch
+                tok, size = ch, 1
             if prev_quant and ch == "?" and (ecma and subset or not ecma):
                 # lazy ('*?', '{2,5}?'): which match a search finds, never whether one exists (nor
                 # which strings a whole-string match takes: a user's regex reads so)
@@ -520,18 +615,20 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False) -> str:
             if not can_quantify:
                 raise RegexDialectError(f"regex: quantifier '{tok}' at offset {i} has nothing to repeat")
             out.append(tok)
-            i += len(tok)
+            i += size
             quant = True
         elif ch in "^$":
             raise RegexDialectError(f"regex: anchor '{ch}' at offset {i} is not supported (matching is always whole-string)")
         elif ch == "]" or ch == "}":
             raise RegexDialectError(f"regex: unbalanced '{ch}' at offset {i}; escape it")
         elif ch == ".":
-            out.append(DOT_CHAR if ecma else "[^\\n]")
+            out.append(DOT_CHAR if ecma else _ANY_CHAR if dotall else "[^\\n]")
             i += 1
             can_quantify = True
         else:
-            out.append(escape_literal(ch) if ch != "|" and ch != ")" else ch)
+            if ch == ")" and scopes:
+                fold, dotall = scopes.pop()
+            out.append(atom(escape_literal(ch), i) if ch != "|" and ch != ")" else ch)
             can_quantify = ch != "|"
             i += 1
         prev_quant = quant
@@ -780,16 +877,31 @@ def translate_regex(pattern: str) -> str:
 
     Matching is whole-string, so a ``^`` that starts the pattern and a ``$`` that ends it
     are no-ops, as in outlines and xgrammar (the pattern means what ``re.fullmatch`` does
-    with them); anchors anywhere else are refused."""
+    with them), as are ``\\A`` and ``\\Z``; anchors anywhere else are refused. Leading flags
+    ``(?i)`` (``(?ai)``, ``(?s)``, ``(?m)``, ``(?x)``) are read as Python reads them."""
     if not isinstance(pattern, str) or not pattern:
         raise ValueError("regex: the pattern is empty")
+    flags = ""
+    while m := _FLAG_GROUP.match(pattern):  # Python's global flags, '(?i)', only at the start
+        if m.group(3) != ")" or m.group(2) is not None or not m.group(1):
+            break
+        if "L" in m.group(1):
+            raise RegexDialectError("regex: the flag 'L' (locale-dependent) is not supported")
+        flags += m.group(1)
+        pattern = pattern[m.end():]
+    if "x" in flags:
+        pattern = _unverbose(pattern)
     if pattern.startswith("^"):
         pattern = pattern[1:]
+    elif pattern.startswith("\\A"):
+        pattern = pattern[2:]
     if _ends_with_anchor(pattern):
         pattern = pattern[:-1]
+    elif re.search(r"(?<!\\)(?:\\\\)*\\[Zz]\Z", pattern):  # an unescaped '\Z' (or '\z') ends it
+        pattern = pattern[:-2]
     if not pattern:
         raise ValueError("regex: the pattern matches only the empty string")
-    out = _scan(pattern, ecma=False)
+    out = _scan(pattern, ecma=False, flags=flags)
     try:
         re.compile(out)
     except re.error as exc:
@@ -797,6 +909,36 @@ def translate_regex(pattern: str) -> str:
     except RecursionError as exc:  # (re's parser recurses per group: some hundreds of levels)
         raise RegexDialectError("regex: its groups nest too deeply to parse") from exc
     return out
+
+
+def _unverbose(pattern: str) -> str:
+    """``pattern`` under the verbose flag 'x' without what that flag ignores: whitespace and
+    ``#`` comments outside classes (an escaped space or '#' is kept, as the literal)."""
+    out, i, n, in_class = [], 0, len(pattern), False
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = ch != "]" or (out and out[-1] in ("[", "[^"))
+        elif ch == "[":
+            in_class = True
+            if pattern.startswith("[^", i):
+                out.append("[^")
+                i += 2
+                continue
+        elif ch in " \t\n\r\f\v":
+            i += 1
+            continue
+        elif ch == "#":
+            end = pattern.find("\n", i)
+            i = n if end < 0 else end + 1
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
 
 
 def validate_regex(pattern: str) -> str:
