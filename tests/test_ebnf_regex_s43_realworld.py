@@ -161,3 +161,54 @@ def test_what_cannot_be_enforced_is_refused_naming_the_construct(regex, named):
         GrammarSpec.from_params(regex=regex).to_regex()
     msg = str(info.value)
     assert named in msg and "explicit class like [0-9]" not in msg and "named groups" not in msg, msg
+
+
+# ------------------------------------------------------------------ end to end through the Engine
+
+# (sampling params' grammar, a checker of the output): each bounded, so that it ends
+E2E = [
+    ({"regex": r"(?i)(yes|no)"}, lambda s: re.fullmatch(r"(?i)(yes|no)", s)),
+    ({"regex": r"\A\d{3}-\d{4}\Z"}, lambda s: re.fullmatch(r"\d{3}-\d{4}", s)),
+    ({"regex": r"(?x) (?P<y>\d{4}) - (?P<m>0[1-9]|1[0-2]) - (?P<d>0[1-9]|[12]\d|3[01])"},
+     lambda s: re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])", s)),
+    ({"ebnf": 'root ::= answer "."\nanswer ::= "yes" | "no" # llama.cpp style\n'},
+     lambda s: s in ("yes.", "no.")),
+    ({"ebnf": 'root ::= first-name " " last-name\nfirst-name ::= [A-Z] [a-z]{1,8}\n'
+              'last-name ::= [A-Z] [a-z]{1,8} ("-" [A-Z] [a-z]{1,8})?'},
+     lambda s: re.fullmatch(r"[A-Z][a-z]{1,8} [A-Z][a-z]{1,8}(-[A-Z][a-z]{1,8})?", s)),
+    ({"ebnf": 'root ::= expr "=" [0-9]{1,3}\nexpr ::= term ([-+*/] term){0,2}\n'
+              'term ::= [0-9]{1,3} | "(" expr ")"'},
+     lambda s: re.fullmatch(r"[-+*/()0-9]+=[0-9]{1,3}", s) and s.count("(") == s.count(")")),
+]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from treadle.runtime import Engine
+
+    with Engine(max_total_tokens=4096) as e:
+        yield e
+
+
+def test_engine_outputs_are_in_the_language_and_bad_grammars_are_value_errors(engine):
+    """Through the Engine, at temperature 0 and 1: every output of a regex (with flags, Python
+    anchors, verbose named groups) or a GBNF grammar (comments, dashed rule names, counted
+    repetition, nesting) is in its language; a regex or grammar that cannot be enforced is a
+    ValueError naming the construct, and the engine serves the next request."""
+    prompts, params, checks = [], [], []
+    for temperature in (0.0, 1.0):
+        for grammar, check in E2E:
+            prompts.append("Answer: ")
+            params.append({**grammar, "temperature": temperature, "max_new_tokens": 48, "seed": 7})
+            checks.append(check)
+    outs = engine.generate(prompts, params)
+    for out, p, check in zip(outs, params, checks):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", (p, out)
+        assert check(out["text"]), (p, out["text"])
+    for bad, named in (({"regex": r"\bcat\b"}, "word boundary"), ({"ebnf": 'root ::= "a" (= "b")'}, "lookahead"),
+                       ({"ebnf": "root ::= r0\n" + "\n".join(f'r{i} ::= "x" r{i + 1} | "y"' for i in range(300))
+                         + '\nr300 ::= "z"'}, "references deep")):
+        with pytest.raises(ValueError, match=named):
+            engine.generate("Answer: ", {**bad, "max_new_tokens": 8})
+    out = engine.generate("Answer: ", {"regex": "(?i)ok", "max_new_tokens": 8, "temperature": 0})
+    assert re.fullmatch("(?i)ok", out["text"]), out
