@@ -172,8 +172,8 @@ def test_a_not_treadle_cannot_negate_is_refused_by_name_not_read_as_empty(schema
     assert [d["keyword"] for d in dropped] == [keyword] and keyword not in kept
     optional = {"type": "object", "properties": {"x": schema, "y": {"type": "null"}}}
     assert json_schema_to_regex(optional) == r'\{(?:"y":null)?\}'
-    with pytest.raises(Unsatisfiable):  # (every integer fails {minimum: 0} only below 0: none left)
-        json_schema_to_regex({"type": "integer", "minimum": 0, "not": {"type": "integer", "minimum": 0}})
+    with pytest.raises(Unsatisfiable):  # (a string fails {minLength: 1} only empty: none left)
+        json_schema_to_regex({"type": "string", "minLength": 1, "not": {"type": "string", "minLength": 1}})
 
 
 @pytest.mark.parametrize("schema", [
@@ -187,3 +187,15 @@ def test_a_contains_no_item_can_hold_is_named(schema):
     with pytest.raises(Unsatisfiable, match=r"^json_schema: keyword 'contains' at \$: no array holds the items it "
                                             r"needs \(keyword 'minItems' at \$"):
         json_schema_to_regex(schema)
+
+
+def test_a_one_of_of_integer_and_number_is_not_read_as_empty_in_spec_mode():
+    """1.5 satisfies exactly one branch; the spec mode writes each branch where the others
+    fail by their complements, and 'type: integer' has none for the numbers that are no
+    integer. (before: Unsatisfiable, a claim that no value exists; strict mode refuses the
+    overlap by name, as before)"""
+    schema = {"oneOf": [{"type": "integer"}, {"type": "number"}]}
+    assert jsonschema.Draft202012Validator(schema).is_valid(1.5)
+    with pytest.raises(ValueError, match="keyword 'oneOf' at \\$") as info:
+        json_schema_to_regex(schema, mode="spec")
+    assert not isinstance(info.value, Unsatisfiable)

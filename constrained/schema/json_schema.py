@@ -1115,8 +1115,12 @@ class _Converter:
         if out:
             return _alt(out)
         if isinstance(first_error, NoOutput):
-            raise Unsatisfiable(f"json_schema: keyword 'oneOf' at {path}: no value treadle can write satisfies "
-                                f"exactly one branch ({first_error})") from first_error
+            # a proof only where each branch was written exactly where the others fail: the spec
+            # mode's complements, each listing every way to fail (strict mode's breakers are cut)
+            exact = self.spec and all(complement_exact(b, resolve, self.annotations) for b in branches)
+            raise (Unsatisfiable if exact else CannotWrite)(
+                f"json_schema: keyword 'oneOf' at {path}: no value treadle can write satisfies exactly one branch "
+                f"({first_error})") from first_error
         raise first_error or overlap
 
     def _with_breakers(self, branch: Any, rest: dict, needs: list[list], where: str) -> dict:

@@ -189,6 +189,9 @@ def complement_exact(schema: Any, resolve: Callable[[str], Any], annotations: An
         return False
     if any(key not in _EXACT_KEYS and key not in annotations for key in schema):
         return False
+    types = _types(schema.get("type"))
+    if types is not None and "integer" in types and "number" not in types:
+        return False  # (the numbers that are no integer are not among its breakers)
     numbers = [schema[k] for k in (*_BOUNDS, *_COUNTS) if k in schema]
     if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers):
         return False
