@@ -212,3 +212,18 @@ def test_engine_outputs_are_in_the_language_and_bad_grammars_are_value_errors(en
             engine.generate("Answer: ", {**bad, "max_new_tokens": 8})
     out = engine.generate("Answer: ", {"regex": "(?i)ok", "max_new_tokens": 8, "temperature": 0})
     assert re.fullmatch("(?i)ok", out["text"]), out
+
+
+def test_case_folding_work_is_bounded():
+    """Each distinct character or class under '(?i)' is folded once (a pass over the cased
+    code points): a 20,000-letter regex of ten letters folds ten atoms (it folded all 20,000,
+    six seconds); more than MAX_FOLDED distinct ones are a ValueError saying so."""
+    from treadle.constrained.regex import regex_text
+
+    regex_text._folded_atom.cache_clear()
+    assert regex_text.translate_regex("(?i)" + "abcdefghij" * 2000).startswith("[aA][bB]")
+    assert regex_text._folded_atom.cache_info().misses == 10
+    many = "(?i)" + "".join(f"[a-\\u{0x100 + i:04x}]" for i in range(regex_text.MAX_FOLDED + 1))
+    with pytest.raises(ValueError, match="over 2000 distinct characters and classes under the flag 'i'"):
+        regex_text.translate_regex(many)
+    assert regex_text._folded_atom.cache_info().misses <= 10 + regex_text.MAX_FOLDED

@@ -350,7 +350,9 @@ def _cased() -> tuple[int, ...]:
         (ch := chr(c)).lower() != ch or ch.upper() != ch or ch.casefold() != ch))
 
 
-@_lru_cache(maxsize=4096)
+MAX_FOLDED = 2000  # distinct characters and classes a regex may fold under 'i' (each a pass over _cased)
+
+
 def _case_folded(piece: str, ascii_only: bool, offset: int) -> str:
     """One atom of a user's regex under the flag 'i', as Python's ``re`` reads it (asked
     directly, over every cased code point): a character or a class with the characters
@@ -358,9 +360,14 @@ def _case_folded(piece: str, ascii_only: bool, offset: int) -> str:
     adds to what the class names (``[^a]`` leaves out 'A'). ``ascii_only``: the flag 'a'."""
     if piece == _ANY_CHAR:
         return piece
-    negated = piece.startswith("[^")
     if piece.startswith("[") and not _SIMPLE_CLASS.fullmatch(piece):
         raise RegexDialectError(f"regex: the class at offset {offset} under the flag 'i' is not supported")
+    return _folded_atom(piece, ascii_only)
+
+
+@_lru_cache(maxsize=4096)
+def _folded_atom(piece: str, ascii_only: bool) -> str:
+    negated = piece.startswith("[^")
     named = "[" + piece[2:] if negated else piece
     exact, folded = re.compile(named), re.compile(named, re.IGNORECASE | (re.ASCII if ascii_only else 0))
     added = [c for c in _cased() if folded.fullmatch(chr(c)) and not exact.fullmatch(chr(c))]
@@ -392,9 +399,16 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False, flags: str | None =
     user = flags is not None
     fold, dotall, ascii_only = (("i" in flags, "s" in flags, "a" in flags) if user else (False, False, False))
     scopes: list[tuple[bool, bool]] = []  # (fold, dotall) outside each open group
+    folded: set[str] = set()
 
     def atom(piece: str, at: int) -> str:
-        return _case_folded(piece, ascii_only, at) if fold else piece
+        if not fold:
+            return piece
+        folded.add(piece)
+        if len(folded) > MAX_FOLDED:
+            raise RegexDialectError(f"regex: over {MAX_FOLDED} distinct characters and classes under the flag 'i' "
+                                    f"(at offset {at}); write the cases out, or use fewer classes")
+        return _case_folded(piece, ascii_only, at)
 
     while i < n:
         ch = pattern[i]
