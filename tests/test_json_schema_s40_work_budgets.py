@@ -189,6 +189,6 @@ def test_a_timeout_is_remembered_a_while_not_for_good(smol, monkeypatch):
         with pytest.raises(GrammarCompileTimeout):
             again.result()
         bad = GrammarSpec.from_params(regex="a(?=b)")  # a refusal on the grammar's merits stays cached
-        with pytest.raises(ValueError, match="lookaround"):
+        with pytest.raises(ValueError, match="lookahead"):
             c.compile(bad)
         assert c.compile_async(bad) is c.compile_async(bad)
