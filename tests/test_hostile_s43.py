@@ -188,6 +188,47 @@ def test_chat_template_kwargs_reach_the_renderer_only_when_the_template_reads_th
     assert template_variables("{% if") is None  # not parsed here: every variable is passed
 
 
+def test_a_prompt_far_past_the_context_is_refused_from_its_start(monkeypatch):
+    """A 650 KB prompt of words (under the character bound, which assumes the longest tokens)
+    was tokenized whole, 0.9 s of a builder thread, to be refused for its ~300,000 tokens: 8
+    clients sending such prompts held all 4 builders, and every other request waited 5-7 s to
+    be built (0.1 s before; measured). A prompt is now counted by its first
+    PROBE_CHARS_PER_TOKEN x context characters first; /tokenize still counts the whole text."""
+    import shutil
+
+    from treadle.runtime import tokenizer as tok_mod
+    from treadle.runtime.engine_args import EngineArgs
+    from treadle.runtime.model_source import resolve_model_source
+    from treadle.runtime.server.ipc import IpcPaths
+    from treadle.runtime.server.metrics import ServerMetrics
+    from treadle.runtime.server.tokenizer_manager import TokenizerManager
+
+    tokenizer = tok_mod.load_tokenizer(resolve_model_source(None))
+    paths = IpcPaths.create()
+    tm = TokenizerManager(EngineArgs(), tokenizer, {"vocab_size": 49152, "context_len": 8192, "num_slots": 8192,
+                                                    "max_running": 4}, paths, ServerMetrics())
+    try:
+        chars: list[int] = []
+        encode = tokenizer.encode
+        monkeypatch.setattr(tokenizer, "encode", lambda text, *a, **kw: chars.append(len(text)) or encode(text, *a, **kw))
+        rng = random.Random(0)
+        words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randrange(2, 9)))
+                 for _ in range(5000)]
+        text = " ".join(rng.choice(words) for _ in range(120_000))[:650_000]
+        assert len(text) < tm.max_prompt_chars
+        with pytest.raises(protocol.APIError, match="more than the context length 8192") as e:
+            tm.encode(text, "prompt")
+        assert e.value.status == 400 and e.value.param == "prompt"
+        assert sum(chars) <= 8 * 8192, chars  # its start alone
+        chars.clear()
+        assert len(tm.encode(text, "prompt", must_fit=False)) > 8192 and chars == [len(text)]  # /tokenize
+        short = " ".join(words[:2000])
+        assert tm.encode(short, "prompt") == tok_mod.encode_prompt(tokenizer, short)
+    finally:
+        tm.close()
+        shutil.rmtree(paths.root, ignore_errors=True)
+
+
 # ---------------------------------------------------------------- echo + logprobs, aborted
 
 

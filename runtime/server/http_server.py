@@ -458,7 +458,7 @@ def _tokenize(state: ServerState, obj: dict) -> Response:
             raise APIError.bad_request("add_generation_prompt and continue_final_message must be booleans",
                                        "add_generation_prompt")
         ids = tm.encode(tm.chat_prompt(obj["messages"], None, obj.get("chat_template_kwargs"), gen, cont), "messages",
-                        add_special_tokens=add)
+                        add_special_tokens=add, must_fit=False)
         return ReplyJSON({"tokens": ids, "count": len(ids), "max_model_len": limit})
     prompt = obj["prompt"]
     single = isinstance(prompt, str)
@@ -466,7 +466,7 @@ def _tokenize(state: ServerState, obj: dict) -> Response:
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise APIError.bad_request("prompt must be a string or a non-empty list of strings", "prompt")
     tm.check_prompt_count(len(texts), "prompt")
-    ids = [tm.encode(t, "prompt", add_special_tokens=add) for t in texts]
+    ids = [tm.encode(t, "prompt", add_special_tokens=add, must_fit=False) for t in texts]
     return ReplyJSON({"tokens": ids[0] if single else ids, "count": len(ids[0]) if single else [len(x) for x in ids],
                       "max_model_len": limit})
 

@@ -42,6 +42,9 @@ BUILD_THREADS = 4  # threads that build requests (TokenizerManager.off_loop)
 # all BUILD_THREADS, and every other client's request, however small, waited to be built. Bulk
 # requests now wait for each other, never the small ones for them.
 BULK_BODY_BYTES = 1 << 20
+# a prompt with more characters than this many a token of the context is counted by its start
+# first (TokenizerManager.encode): most text has 3-5 characters a token
+PROBE_CHARS_PER_TOKEN = 8
 BULK_THREADS = 1
 _bulk_request = contextvars.ContextVar("treadle_bulk_request", default=False)
 
@@ -348,10 +351,18 @@ class TokenizerManager:
         pool = self._bulk_builders if _bulk_request.get() else self._builders
         return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args))
 
-    def encode(self, text: str, param: str = "text", add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, param: str = "text", add_special_tokens: bool = True,
+               must_fit: bool = True) -> list[int]:
         """The prompt's token ids; a text too long to fit the context whatever its tokens is a
         400 before any tokenizing (a 10 MB prompt took seconds). `param`: the field the text
-        came in; `add_special_tokens` false leaves out what the tokenizer adds (BOS)."""
+        came in; `add_special_tokens` false leaves out what the tokenizer adds (BOS).
+
+        `must_fit` (a prompt to generate from, not /tokenize's text): a text of more than
+        PROBE_CHARS_PER_TOKEN characters a token of the context is counted by its start
+        first, and refused if that alone is well past the context: a 540 KB prompt of words
+        was tokenized whole (0.9 s of a builder thread) to be refused for its 300,000 tokens,
+        and 8 clients sending such prompts held every builder, every other request waiting
+        5-7 s to be built (0.1 s before)."""
         if self.tokenizer is None:
             raise APIError.bad_request("this model has no tokenizer: send input_ids instead of text", param)
         if len(text) > self.max_prompt_chars:
@@ -364,6 +375,15 @@ class TokenizerManager:
             check_text(text)
         except ValueError as e:
             raise APIError.bad_request(e, param) from e
+        probe = self.context_len * PROBE_CHARS_PER_TOKEN
+        if must_fit and len(text) > probe:
+            # a prefix's tokens are the text's own but near the cut: a margin covers those
+            counted = len(self.tokenizer.encode(text[:probe], add_special_tokens=False))
+            if counted > self.context_len + self.context_len // 4 + 64:
+                raise APIError.bad_request(
+                    f"the prompt has more than {self.context_len} tokens (its first {probe} characters alone make "
+                    f"{counted}), more than the context length {self.context_len} allows (at most "
+                    f"{self.context_len - 1}); shorten it", param)
         if not add_special_tokens:
             return self.tokenizer.encode(text, add_special_tokens=False)
         return encode_prompt(self.tokenizer, text)
