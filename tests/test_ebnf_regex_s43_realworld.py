@@ -227,3 +227,47 @@ def test_case_folding_work_is_bounded():
     with pytest.raises(ValueError, match="over 2000 distinct characters and classes under the flag 'i'"):
         regex_text.translate_regex(many)
     assert regex_text._folded_atom.cache_info().misses <= 10 + regex_text.MAX_FOLDED
+
+
+# ------------------------------------------------------------------ EBNF: hostile recursion is bounded work
+
+def _cycle(n: int) -> str:
+    """``n`` rules that each nest the next: one cycle through all of them."""
+    return "root ::= r0\n" + "\n".join(f'r{i} ::= "(" r{(i + 1) % n} ")" | "x"' for i in range(n))
+
+
+def _dense(n: int, step: int) -> str:
+    """``n`` rules, each reaching every ``step``-th rule and nesting the next: 2-4 KB."""
+    return "root ::= r0\n" + "\n".join(
+        f"r{i} ::= " + " | ".join(f'"{j}" r{j}' for j in range(0, n, step)) + f' | "(" r{(i + 1) % n} ")" | "x"'
+        for i in range(n))
+
+
+def test_choosing_call_targets_is_bounded_work():
+    """The search for the rules that break every cycle tried every pair of a component's rules,
+    a Tarjan pass each: a cycle of 300 rules (8 KB) took four minutes (180,000 pairs). It stops
+    at MAX_CUT_WORK, keeping the best cut found (a cycle of 80 still runs as calls)."""
+    from treadle.constrained.ebnf import ebnf as ebnf_module
+    from treadle.constrained.ebnf.ebnf import call_boundaries
+
+    for n in (80, 300):
+        ebnf_module._with_calls.cache_clear()
+        before = ebnf_module.cut_work
+        try:
+            rx = ebnf_to_regex(_cycle(n), calls=True)
+        except EbnfError as e:
+            assert n == 300 and "expands too deeply" in str(e), e
+        else:
+            assert n == 80 and rx and call_boundaries(_cycle(n)) is not None
+        assert ebnf_module.cut_work - before <= 2 * ebnf_module.MAX_CUT_WORK, (n, ebnf_module.cut_work - before)
+
+
+def test_expansions_of_call_targets_are_capped_not_out_of_memory():
+    """With calls, a target's expansion nested in another's was never measured: 40 rules that
+    each reach six others (3.5 KB) built strings until MemoryError (past 6 GB). Each expansion
+    is now held to MAX_REGEX_CHARS, and the grammar is an EbnfError saying so."""
+    with pytest.raises(EbnfError, match="over the 200000 supported"):
+        ebnf_to_regex(_dense(40, 7), calls=True)
+    with pytest.raises(EbnfError, match="over the 200000 supported"):
+        ebnf_to_regex(_dense(60, 7), calls=True)
+    assert ebnf_to_regex(_dense(20, 7), calls=True)  # smaller: runs as calls

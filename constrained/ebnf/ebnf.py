@@ -67,6 +67,8 @@ from treadle.constrained.regex.regex_text import MAX_REPEAT, class_literal, esca
 __all__ = ["EbnfError", "Grammar", "call_boundaries", "ebnf_to_regex", "parse_ebnf", "MAX_REGEX_CHARS"]
 
 MAX_REGEX_CHARS = 200_000  # an unrolled grammar longer than this is refused (its DFA build would take minutes)
+MAX_CUT_WORK = 200_000  # rules and references looked at choosing call targets (_Emitter._call_targets)
+cut_work = 0  # that work, summed over this process (for tests: a count, not a bound)
 _NAME_START = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_0123456789")  # llama.cpp: 2digit
 _NAME_CHARS = _NAME_START | set("-")
 # llama.cpp's escapes, and xgrammar's C-style ones (\a \b \f \v \0 \e \?)
@@ -717,16 +719,27 @@ class _Emitter:
         in place (every cycle passes a target, so that ends). Per component, of the sets of up
         to 3 rules that break every cycle, the one whose boundaries let the fewest byte pairs
         cross (before x first, last x after: the tokens a mask walks, json_holes.py); else
-        the whole component."""
+        the whole component. The search stops at ``MAX_CUT_WORK`` (rules and references
+        looked at, over all checks: a cycle of 300 rules tried 180,000 pairs, minutes),
+        keeping the best set found by then."""
         from itertools import combinations
 
+        global cut_work
         order = {n: i for i, n in enumerate(self.rules)}
         out: set[str] = set()
-        for comp in {self.scc[n] for n in self.unrolled}:
+        work = 0
+        for comp in sorted({self.scc[n] for n in self.unrolled}, key=len):
             names = sorted(comp, key=order.__getitem__)
+            size = len(comp) + sum(len(graph[n] & comp) for n in comp)  # one check's work
             best: tuple[tuple[int, int], tuple[str, ...]] | None = None
             for k in range(1, min(3 if len(names) <= 24 else 2, len(names)) + 1):
+                if work + size > MAX_CUT_WORK:
+                    break
                 for cut in combinations(names, k):
+                    if work + size > MAX_CUT_WORK:
+                        break
+                    work += size
+                    cut_work += size
                     rest = comp - set(cut)
                     if not _recursion({n: graph[n] & rest for n in rest})[1]:  # no cycle left
                         b, f, la, a = self.analysis.boundaries(set(cut))
@@ -786,7 +799,11 @@ class _Emitter:
 
     def rule(self, name: str, active: dict[str, int]) -> _Frag | None:
         if self.calls and name in self.unrolled:
-            return self.call(name, active) if name in self.targets else self.inline(name, active)
+            out = self.call(name, active) if name in self.targets else self.inline(name, active)
+            if out is not None and len(out[0]) > MAX_REGEX_CHARS:  # (expansions of targets nested in each other)
+                raise _TooLarge(f"ebnf: rule {name!r} is a regex of {len(out[0])} characters, over the "
+                                f"{MAX_REGEX_CHARS} supported; flatten the grammar")
+            return out
         comp = self.scc[name] if name in self.unrolled else frozenset()
         key = (name, tuple(sorted((r, active[r]) for r in comp if active.get(r))))
         if key in self.memo:
