@@ -271,3 +271,24 @@ def test_expansions_of_call_targets_are_capped_not_out_of_memory():
     with pytest.raises(EbnfError, match="over the 200000 supported"):
         ebnf_to_regex(_dense(60, 7), calls=True)
     assert ebnf_to_regex(_dense(20, 7), calls=True)  # smaller: runs as calls
+
+
+@pytest.mark.parametrize("regex,good,bad", [
+    (r"^yes$|^no$", ["yes", "no"], ["yesno", "y"]),
+    (r"^\d{5}$|^\d{5}-\d{4}$", ["12345", "12345-6789"], ["1234", "12345-"]),
+    (r"\Ayes\Z|\Ano\Z", ["yes", "no"], ["maybe"]),
+    (r"(?i)^true$|^false$", ["TRUE", "false"], ["yes"]),
+    (r"^$|^[a-z]+$", ["abc"], ["ABC"]),
+])
+def test_anchors_on_each_top_level_branch_are_no_ops(compiler, smollm2_tokenizer, regex, good, bad):
+    """'^yes$|^no$' (each alternative anchored, as US ZIP codes and yes/no answers are often
+    written) was "anchor '$' at offset 3 is not supported"; under a whole-string match each
+    branch's own anchors change nothing, as for the pattern's."""
+    cg = compiler.compile(GrammarSpec.from_params(regex=regex))
+    rx = re.compile(regex)
+    for text in good:
+        assert rx.fullmatch(text) and _accepts(cg, smollm2_tokenizer, text), (regex, text)
+    for text in bad:
+        assert not rx.fullmatch(text) and not _accepts(cg, smollm2_tokenizer, text), (regex, text)
+    for text in _walks(cg, smollm2_tokenizer, regex, n=8):
+        assert rx.fullmatch(text), (regex, text)

@@ -905,14 +905,9 @@ def translate_regex(pattern: str) -> str:
         pattern = pattern[m.end():]
     if "x" in flags:
         pattern = _unverbose(pattern)
-    if pattern.startswith("^"):
-        pattern = pattern[1:]
-    elif pattern.startswith("\\A"):
-        pattern = pattern[2:]
-    if _ends_with_anchor(pattern):
-        pattern = pattern[:-1]
-    elif re.search(r"(?<!\\)(?:\\\\)*\\[Zz]\Z", pattern):  # an unescaped '\Z' (or '\z') ends it
-        pattern = pattern[:-2]
+    cuts = top_level_cuts(pattern) or []  # '^yes$|^no$': each branch's own anchors are no-ops too
+    bounds = [-1, *cuts, len(pattern)]
+    pattern = "|".join(_unanchored(pattern[a + 1:b]) for a, b in zip(bounds, bounds[1:]))
     if not pattern:
         raise ValueError("regex: the pattern matches only the empty string")
     out = _scan(pattern, ecma=False, flags=flags)
@@ -923,6 +918,20 @@ def translate_regex(pattern: str) -> str:
     except RecursionError as exc:  # (re's parser recurses per group: some hundreds of levels)
         raise RegexDialectError("regex: its groups nest too deeply to parse") from exc
     return out
+
+
+def _unanchored(branch: str) -> str:
+    """One top-level branch of a whole-string regex without the anchors at its ends: '^' or
+    '\\A' starting it, '$' or '\\Z' (or '\\z') ending it, unescaped."""
+    if branch.startswith("^"):
+        branch = branch[1:]
+    elif branch.startswith("\\A"):
+        branch = branch[2:]
+    if _ends_with_anchor(branch):
+        branch = branch[:-1]
+    elif re.search(r"(?<!\\)(?:\\\\)*\\[Zz]\Z", branch):  # an unescaped '\Z' (or '\z') ends it
+        branch = branch[:-2]
+    return branch
 
 
 def _unverbose(pattern: str) -> str:
