@@ -494,13 +494,58 @@ def _opened(name: str, alt: Node, limit: int = 64) -> list[Node]:
     return forms
 
 
+def _ends_with(name: str, node: Node) -> bool:
+    """Whether ``node`` may end with a reference to ``name`` through groups, alternatives and
+    optional items (``("," name)?``, ``("a" | name)``)."""
+    if isinstance(node, Ref):
+        return node.name == name
+    if isinstance(node, Seq):
+        return bool(node.items) and _ends_with(name, node.items[-1])
+    if isinstance(node, Alt):
+        return any(_ends_with(name, x) for x in node.items)
+    if isinstance(node, Rep):
+        return node.max == 1 and _ends_with(name, node.item)
+    return False
+
+
+def _closed(name: str, alt: Node, limit: int = 64) -> list[Node]:
+    """``alt`` as alternatives, its trailing group opened where rule ``name`` may end with
+    itself through it: ``p ("," r)?`` is ``p | p "," r``, ``ws ::= ([ \\t\\n] ws)?`` is
+    ``[ \\t\\n] ws | ""``, so that ``_as_loop`` sees the right recursion (a loop, not a call
+    per character). ``[alt]`` otherwise, or past ``limit`` forms."""
+    forms, changed = [alt], True
+    while changed:
+        changed, out = False, []
+        for a in forms:
+            items = list(a.items) if isinstance(a, Seq) else [a]
+            tail = items[-1] if items else None
+            if tail is None or isinstance(tail, Ref) or not _ends_with(name, tail):
+                out.append(a)
+                continue
+            if isinstance(tail, Alt):
+                options = tail.items
+            elif isinstance(tail, Rep):
+                options = (tail.item,) if tail.min else (Seq(()), tail.item)
+            else:  # a Seq: a group of items
+                options = (tail,)
+            for o in options:
+                new = items[:-1] + (list(o.items) if isinstance(o, Seq) else [o])
+                out.append(new[0] if len(new) == 1 else Seq(tuple(new)))
+            changed = True
+        if len(out) > limit:
+            return [alt]
+        forms = out
+    return forms
+
+
 def _as_loop(name: str, body: Node) -> Node | None:
     """``body`` of rule ``name`` with the recursion at the very start or end of its
     alternatives turned into loops: ``r ::= p r | r s | b`` becomes ``p* b s*`` (a leading
     group through which ``r`` begins with itself is opened first: ``_opened``). Other
     references to ``name`` (nested inside ``p``, ``s`` or ``b``) are kept, and unroll later.
     None when no alternative starts or ends with ``name``."""
-    alts = [f for alt in (body.items if isinstance(body, Alt) else (body,)) for f in _opened(name, alt)]
+    alts = [g for alt in (body.items if isinstance(body, Alt) else (body,)) for f in _opened(name, alt)
+            for g in _closed(name, f)]
     prefixes, bases, suffixes = [], [], []
     for alt in alts:
         items = list(alt.items) if isinstance(alt, Seq) else [alt]
