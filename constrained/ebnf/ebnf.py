@@ -24,8 +24,9 @@ jump-forward, the GPU sampler). The syntax:
 
 * where a rule refers to itself at the very start or the very end of an alternative
   (``list ::= item "," list | item``, ``sum ::= sum "+" num | num``), that recursion is a
-  loop: ``r ::= p r | r s | b`` becomes ``p* b s*``, with no depth limit (a leading group
-  is opened first: ``list ::= (list ",")? item`` is ``item | list "," item``);
+  loop: ``r ::= p r | r s | b`` becomes ``p* b s*``, with no depth limit (a leading or
+  trailing group is opened first: ``list ::= (list ",")? item`` is ``item | list "," item``,
+  ``ws ::= ([ \\t\\n] ws)?`` is ``[ \\t\\n] ws | ""``);
 * what recursion is left (nesting such as ``"(" expr ")"``, rules that call each other)
   becomes **calls** (``calls=True``, as the compiler asks): a call target entered again
   inside its own expansion is a call placeholder, and its text is appended once as a
