@@ -103,6 +103,7 @@ FLAGGED = {
     "verbose": (r"(?x) \d{3} - \d{4}   # a local phone number", ["555-1234"], ["555 - 1234"]),
     "verbose_keeps_escaped_spaces": (r"(?ix) [a-c] \  \# x", ["B #X", "a #x"], ["B#X"]),
     "ascii_fold": (r"(?ai)k", ["k", "K"], ["\u212a"]),
+    "verbose_braces_with_a_space_are_text": (r"(?x)a{2, 3}", ["a{2,3}"], ["aa", "aaa", "a{2, 3}"]),
 }
 
 
@@ -152,6 +153,7 @@ def test_case_folding_agrees_with_python_on_every_cased_character():
     (r"a(?i)b", "only at the start"),
     (r"\p{L}+", "Unicode property escape '\\p'"),
     (r"a{,3}", "write {0,3}"),
+    (r"(?x)\d+ ?", "multiple repeat"),
 ])
 def test_what_cannot_be_enforced_is_refused_naming_the_construct(regex, named):
     """Before: '\\b', '\\B' and '\\Z' were "not supported (it differs between Python re and Rust

@@ -936,31 +936,50 @@ def _unanchored(branch: str) -> str:
 
 def _unverbose(pattern: str) -> str:
     """``pattern`` under the verbose flag 'x' without what that flag ignores: whitespace and
-    ``#`` comments outside classes (an escaped space or '#' is kept, as the literal)."""
-    out, i, n, in_class = [], 0, len(pattern), False
+    ``#`` comments outside classes (an escaped space or '#' is kept, as the literal). As in
+    Python's re, whitespace inside ``{2, 3}`` makes the braces text (``\\{2,3\\}``), and a
+    quantifier after a quantifier and a gap (``a+ ?``) is an error, not a lazy one."""
+    out: list[str] = []
+    i, n, in_class, gap = 0, len(pattern), False, False
     while i < n:
         ch = pattern[i]
         if ch == "\\":
             out.append(pattern[i:i + 2])
             i += 2
+            gap = False
             continue
         if in_class:
-            in_class = ch != "]" or (out and out[-1] in ("[", "[^"))
+            in_class = ch != "]" or (bool(out) and out[-1] in ("[", "[^"))
         elif ch == "[":
             in_class = True
             if pattern.startswith("[^", i):
                 out.append("[^")
                 i += 2
+                gap = False
                 continue
         elif ch in " \t\n\r\f\v":
             i += 1
+            gap = True
             continue
         elif ch == "#":
             end = pattern.find("\n", i)
             i = n if end < 0 else end + 1
+            gap = True
+            continue
+        elif ch in "*+?{}":
+            m = re.match(r"\{[0-9]*(?:,[0-9]*)?\}", pattern[i:]) if ch == "{" else None
+            quantifier = ch in "*+?" or m is not None
+            if quantifier and gap and out and (out[-1] in ("*", "+", "?") or out[-1][:1] == "{" and out[-1][-1:] == "}"):
+                raise RegexDialectError(f"regex: multiple repeat at offset {i} (under the flag 'x' a gap keeps a "
+                                        "'?' from making the quantifier before it lazy, as in Python's re)")
+            piece = m.group() if m else ch if quantifier else "\\" + ch  # (braces of no count: the text)
+            out.append(piece)
+            i += len(m.group()) if m else 1
+            gap = False
             continue
         out.append(ch)
         i += 1
+        gap = False
     return "".join(out)
 
 
