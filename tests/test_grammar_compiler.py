@@ -133,7 +133,7 @@ def test_worker_rejection_keeps_worker():
         assert m.accept_token(3) and not m.accept_token(3) and m.accept_token(4) and m.accept_token(EOS)
         # nor does a grammar the regex step refuses cost the worker its life
         pids = [w.proc.proc.pid for w in c._workers]
-        with pytest.raises(ValueError, match="lookaround"):
+        with pytest.raises(ValueError, match="lookahead"):
             c.compile(GrammarSpec.from_params(regex="a(?=b)"))
         assert [w.proc.proc.pid for w in c._workers] == pids
 
