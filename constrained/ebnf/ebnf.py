@@ -452,85 +452,44 @@ def _recursion(graph: dict[str, set[str]]) -> tuple[dict[str, frozenset[str]], s
     return scc, {n for n in graph if len(scc[n]) > 1 or n in graph[n]}
 
 
-def _begins_with(name: str, node: Node) -> bool:
-    """Whether ``node`` may begin with a reference to ``name`` through groups, alternatives
-    and optional items (``(name ",")?``, ``("a" | name)``)."""
+def _at_edge(name: str, node: Node, end: int) -> bool:
+    """Whether ``node`` may begin (end 0) or end (end -1) with a reference to ``name`` through
+    groups, alternatives and optional items (``(name ",")?``, ``("," name)?``, ``("a" | name)``)."""
     if isinstance(node, Ref):
         return node.name == name
     if isinstance(node, Seq):
-        return bool(node.items) and _begins_with(name, node.items[0])
+        return bool(node.items) and _at_edge(name, node.items[end], end)
     if isinstance(node, Alt):
-        return any(_begins_with(name, x) for x in node.items)
+        return any(_at_edge(name, x, end) for x in node.items)
     if isinstance(node, Rep):
-        return node.max == 1 and _begins_with(name, node.item)
+        return node.max == 1 and _at_edge(name, node.item, end)
     return False
 
 
-def _opened(name: str, alt: Node, limit: int = 64) -> list[Node]:
-    """``alt`` as alternatives, its leading group opened where rule ``name`` may begin with
-    itself through it: ``(a | r) s`` is ``a s | r s``, ``(r ",")? t`` is ``t | r "," t``, so
-    that ``_as_loop`` sees the left recursion. ``[alt]`` otherwise, or past ``limit`` forms."""
+def _opened(name: str, alt: Node, end: int, limit: int = 64) -> list[Node]:
+    """``alt`` as alternatives, its leading (end 0) or trailing (end -1) group opened where
+    rule ``name`` may begin or end with itself through it, so that ``_as_loop`` sees the left
+    or right recursion: ``(a | r) s`` is ``a s | r s``, ``(r ",")? t`` is ``t | r "," t``;
+    ``p ("," r)?`` is ``p | p "," r``, ``ws ::= ([ \\t\\n] ws)?`` is ``[ \\t\\n] ws | ""`` (a loop,
+    not a call per character). ``[alt]`` otherwise, or past ``limit`` forms."""
     forms, changed = [alt], True
     while changed:
         changed, out = False, []
         for a in forms:
             items = list(a.items) if isinstance(a, Seq) else [a]
-            head = items[0] if items else None
-            if head is None or isinstance(head, Ref) or not _begins_with(name, head):
+            edge = items[end] if items else None
+            if edge is None or isinstance(edge, Ref) or not _at_edge(name, edge, end):
                 out.append(a)
                 continue
-            if isinstance(head, Alt):
-                options = head.items
-            elif isinstance(head, Rep):
-                options = (head.item,) if head.min else (Seq(()), head.item)
+            if isinstance(edge, Alt):
+                options = edge.items
+            elif isinstance(edge, Rep):
+                options = (edge.item,) if edge.min else (Seq(()), edge.item)
             else:  # a Seq: a group of items
-                options = (head,)
+                options = (edge,)
             for o in options:
-                new = (list(o.items) if isinstance(o, Seq) else [o]) + items[1:]
-                out.append(new[0] if len(new) == 1 else Seq(tuple(new)))
-            changed = True
-        if len(out) > limit:
-            return [alt]
-        forms = out
-    return forms
-
-
-def _ends_with(name: str, node: Node) -> bool:
-    """Whether ``node`` may end with a reference to ``name`` through groups, alternatives and
-    optional items (``("," name)?``, ``("a" | name)``)."""
-    if isinstance(node, Ref):
-        return node.name == name
-    if isinstance(node, Seq):
-        return bool(node.items) and _ends_with(name, node.items[-1])
-    if isinstance(node, Alt):
-        return any(_ends_with(name, x) for x in node.items)
-    if isinstance(node, Rep):
-        return node.max == 1 and _ends_with(name, node.item)
-    return False
-
-
-def _closed(name: str, alt: Node, limit: int = 64) -> list[Node]:
-    """``alt`` as alternatives, its trailing group opened where rule ``name`` may end with
-    itself through it: ``p ("," r)?`` is ``p | p "," r``, ``ws ::= ([ \\t\\n] ws)?`` is
-    ``[ \\t\\n] ws | ""``, so that ``_as_loop`` sees the right recursion (a loop, not a call
-    per character). ``[alt]`` otherwise, or past ``limit`` forms."""
-    forms, changed = [alt], True
-    while changed:
-        changed, out = False, []
-        for a in forms:
-            items = list(a.items) if isinstance(a, Seq) else [a]
-            tail = items[-1] if items else None
-            if tail is None or isinstance(tail, Ref) or not _ends_with(name, tail):
-                out.append(a)
-                continue
-            if isinstance(tail, Alt):
-                options = tail.items
-            elif isinstance(tail, Rep):
-                options = (tail.item,) if tail.min else (Seq(()), tail.item)
-            else:  # a Seq: a group of items
-                options = (tail,)
-            for o in options:
-                new = items[:-1] + (list(o.items) if isinstance(o, Seq) else [o])
+                inner = list(o.items) if isinstance(o, Seq) else [o]
+                new = inner + items[1:] if end == 0 else items[:-1] + inner
                 out.append(new[0] if len(new) == 1 else Seq(tuple(new)))
             changed = True
         if len(out) > limit:
@@ -545,8 +504,8 @@ def _as_loop(name: str, body: Node) -> Node | None:
     group through which ``r`` begins with itself is opened first: ``_opened``). Other
     references to ``name`` (nested inside ``p``, ``s`` or ``b``) are kept, and unroll later.
     None when no alternative starts or ends with ``name``."""
-    alts = [g for alt in (body.items if isinstance(body, Alt) else (body,)) for f in _opened(name, alt)
-            for g in _closed(name, f)]
+    alts = [g for alt in (body.items if isinstance(body, Alt) else (body,)) for f in _opened(name, alt, 0)
+            for g in _opened(name, f, -1)]
     prefixes, bases, suffixes = [], [], []
     for alt in alts:
         items = list(alt.items) if isinstance(alt, Seq) else [alt]
@@ -584,8 +543,6 @@ ATOM, QUANTIFIED, CONCAT, ALTERNATION = 4, 3, 2, 1
 
 def _wrap(f: _Frag, need: int) -> str:
     return f[0] if f[1] >= need else f"(?:{f[0]})"
-
-
 
 
 class _NoCalls(Exception):
