@@ -5,6 +5,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,6 +137,11 @@ MAX_TEMPERATURE = 100.0  # far past any useful one (OpenAI allows 2); 1e300 was 
 MIN_REPETITION_PENALTY = 0.01  # a seen logit grows at most 100x; 1e-40 made it inf and failed the batch
 
 
+# the numeric fields: normalize() reads another numeric type in them (numpy's) as Python's
+_NUMBER_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n", "seed", "temperature", "top_p", "min_p",
+                  "frequency_penalty", "presence_penalty", "repetition_penalty")
+
+
 @dataclass(slots=True)
 class SamplingParams:
     max_new_tokens: int = 128
@@ -204,7 +210,15 @@ class SamplingParams:
         return p
 
     def normalize(self) -> None:
-        """Coerce convenient forms: a single stop string, a json_schema given as a dict."""
+        """Coerce convenient forms: a single stop string, a json_schema given as a dict, a
+        number of another numeric type (numpy's int64 or float32, a Fraction) as int or float."""
+        for name in _NUMBER_FIELDS:
+            v = getattr(self, name)
+            if type(v) not in (int, float, bool, type(None)) and not isinstance(v, bool):
+                if isinstance(v, numbers.Integral):
+                    setattr(self, name, int(v))
+                elif isinstance(v, numbers.Real):
+                    setattr(self, name, float(v))
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is None:
