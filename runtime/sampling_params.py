@@ -214,7 +214,7 @@ class SamplingParams:
         number of another numeric type (numpy's int64 or float32, a Fraction) as int or float."""
         for name in _NUMBER_FIELDS:
             v = getattr(self, name)
-            if type(v) not in (int, float, bool, type(None)) and not isinstance(v, bool):
+            if type(v) not in (int, float, bool, type(None)):  # (bool has no subclasses)
                 if isinstance(v, numbers.Integral):
                     setattr(self, name, int(v))
                 elif isinstance(v, numbers.Real):

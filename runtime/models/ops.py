@@ -30,11 +30,15 @@ def fuses_norm(x: torch.Tensor) -> bool:
     NormedInput, kernels/rmsnorm.py) rather than launched: one row of x (batch-1 decode) captured
     into a CUDA graph, where `linear` runs the Triton GEMV anyway. The projection must say yes
     too (its weight's format, and `fusion("TREADLE_FUSED_NORM")`). TREADLE_FUSED_NORM=0 turns it off."""
-    if x.dim() != 2 or x.shape[0] != 1 or not x.is_contiguous() or fusion("TREADLE_FUSED_NORM") == "0":
+    if x.dim() != 2 or x.shape[0] != 1 or not x.is_contiguous():
         return False
-    if FUSE_NORM_WITHOUT_CUDA and not x.is_cuda:
+    if not x.is_cuda and not FUSE_NORM_WITHOUT_CUDA:  # a CPU decode step: no environment read a layer
+        return False
+    if fusion("TREADLE_FUSED_NORM") == "0":
+        return False
+    if not x.is_cuda:
         return True
-    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and torch.cuda.is_current_stream_capturing()
+    return x.dtype in (torch.bfloat16, torch.float16) and torch.cuda.is_current_stream_capturing()
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
