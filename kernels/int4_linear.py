@@ -20,7 +20,7 @@ a bf16's bits shifted to the top of an int32 are the same number in fp32. The fo
 i = 0..3 of a [R, BLOCK_N] packed tile give 8 sub-tiles; sub-tile j holds inputs 8r + j,
 so it meets x's columns k0 + 8r + j (a strided [BLOCK_M, R] load) in its own ``tl.dot``.
 
-``int4_linear`` runs one of four paths (``Int4Config.path``; ``pick_config`` picks from an
+``int4_linear`` runs one of five paths (``Int4Config.path``; ``pick_config`` picks from an
 H100 sweep, benchmarks/results/quant_linear_sweep_h100.json):
 - ``gemv`` (M <= 4, groups of at most 256): a program streams BLOCK_N columns one packed row
   at a time (a warp's 512 contiguous bytes at 128 columns), a group's rows unrolled; the 8
@@ -35,9 +35,14 @@ H100 sweep, benchmarks/results/quant_linear_sweep_h100.json):
 - ``dequant`` (every other M): ``_dequant_kernel`` writes the whole weight [K, N] in x's
   dtype, then cuBLAS (``torch.matmul``). At 128 rows it is 3-10x faster than either Triton
   dot path (gate_up 209 us against 400-1,470), and at prefill sizes within a few % of bf16.
-- ``gemm`` (a config only, never the default): the sub-tiles dequantized in fp32 registers,
-  ``(128 + q) * s - (128 + z) * s`` (one FMA), cast to x's dtype and fed to ``tl.dot`` with
-  BLOCK_M up to 128. It measured 1.2-1.4 ms for a 128-row down projection on the H100.
+- ``gemm`` and ``fold`` (for tens to hundreds of rows): a step's packed [BLOCK_K // 8, BLOCK_N]
+  tile broadcast against the 8 nibble shifts is a [BLOCK_K // 8, 8, BLOCK_N] tile whose reshape
+  to [BLOCK_K, BLOCK_N] lies in x's input order, so x's tile loads as it is and one ``tl.dot``
+  takes the step. ``gemm`` dequantizes in fp32, ``(q - z) * s`` (exact before the cast to x's
+  dtype), any group; ``fold`` feeds ``offset + q`` (exact in bf16 / fp16) to the dot and folds
+  the zero and the scale into the step's partial product, as ``tc`` does (BLOCK_K dividing the
+  group). (The kernel before these two made 8 dots of 16 inputs from strided x columns: 1.2-1.4
+  ms for a 128-row down projection on the H100.)
 ``int4_linear_ref`` dequantizes the whole weight and multiplies in fp32.
 """
 from __future__ import annotations
@@ -61,7 +66,7 @@ _SWEEP_GEMM_MAX_M = 256  # candidate_configs offers the Triton dot paths up to h
 TC_BLOCK_K = 128  # inputs a tc / gemm step takes at least: 16 packed rows, the least K of a bf16 tl.dot
 SMS = 132  # multiprocessors of an H100 / H200
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_PATHS = ("gemv", "tc", "gemm", "dequant")
+_PATHS = ("gemv", "tc", "gemm", "fold", "dequant")
 
 
 # ------------------------------------------------------------------------- packing helpers
@@ -169,19 +174,27 @@ def _x_columns(x_rows, k0, rs, j: tl.constexpr, mmask, K):
 
 
 @triton.jit
-def _group_scales(s_ptr, z_ptr, k0, rs, rmask, ns, nmask, stride_sg, stride_zg,
-                  GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(s, (128 + z) * s) in fp32 for the packed rows k0 // 8 + rs: one [1, BLOCK_N] row when the
+def _group_rows(s_ptr, z_ptr, k0, rs, rmask, ns, nmask, stride_sg, stride_zg,
+                GROUP: tl.constexpr, BLOCK_K: tl.constexpr, offset):
+    """(s, offset + z) in fp32 for the packed rows k0 // 8 + rs: one [1, BLOCK_N] row when the
     block lies in one group, else gathered per row [R, BLOCK_N] (a row's inputs share a group)."""
     if GROUP % BLOCK_K == 0:
         g = k0 // GROUP
         s = tl.load(s_ptr + g * stride_sg + ns, mask=nmask, other=0.0).to(tl.float32)[None, :]
-        z = _biased_zeros(z_ptr + g * stride_zg, ns, nmask, 128.0)[None, :]
+        z = _biased_zeros(z_ptr + g * stride_zg, ns, nmask, offset)[None, :]
     else:
         gs = ((k0 + rs * 8) // GROUP)[:, None]
         mask = rmask[:, None] & nmask[None, :]
         s = tl.load(s_ptr + gs * stride_sg + ns[None, :], mask=mask, other=0.0).to(tl.float32)
-        z = _biased_zeros(z_ptr + gs * stride_zg, ns[None, :], mask, 128.0)
+        z = _biased_zeros(z_ptr + gs * stride_zg, ns[None, :], mask, offset)
+    return s, z
+
+
+@triton.jit
+def _group_scales(s_ptr, z_ptr, k0, rs, rmask, ns, nmask, stride_sg, stride_zg,
+                  GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(s, (128 + z) * s) in fp32 for the packed rows k0 // 8 + rs (see `_group_rows`)."""
+    s, z = _group_rows(s_ptr, z_ptr, k0, rs, rmask, ns, nmask, stride_sg, stride_zg, GROUP, BLOCK_K, 128.0)
     return s, z * s
 
 
@@ -250,27 +263,53 @@ def _int4_gemm_kernel(
     M, N, K,
     stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, KIND: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
 ):
-    # grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); each step loads [BLOCK_K // 8, BLOCK_N] packed
-    # ints once, makes its 8 sub-tiles (128 + q in fp32), dequantizes each with one FMA,
-    # (128 + q) * s - (128 + z) * s, and meets x's strided columns in 8 dots
+    # grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); a step takes BLOCK_K inputs: x's [BLOCK_M,
+    # BLOCK_K] tile as it lies and the packed [BLOCK_K // 8, BLOCK_N] ints, whose nibbles
+    # broadcast against 8 shifts make a [BLOCK_K // 8, 8, BLOCK_N] tile: row r, nibble j is
+    # input 8r + j, so the reshape to [BLOCK_K, BLOCK_N] is in x's order and one dot takes the
+    # whole step. The 4-bit values become floats through 2^23's mantissa (no int-to-float
+    # conversion):
+    # - FOLD 0 ("gemm"): w = (q - z) * s in fp32 (exact, one rounding), cast to x's dtype;
+    # - FOLD 1 ("fold", BLOCK_K dividing GROUP): offset + q, exact in x's dtype (128 + q in
+    #   bf16, 1024 + q in fp16, q in fp32), into the dot as it is; the step's part of the
+    #   product is then (part - rowsum(x) * (offset + z)) * s, the block being in one group.
     ms = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = ms < M
     nmask = ns < N
     rs = tl.arange(0, BLOCK_K // 8)
-    x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm
+    ks = tl.arange(0, BLOCK_K)
+    shifts = (tl.arange(0, 8) * 4)[None, :, None]
+    x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm + ks[None, :]
+    q_rows = qw_ptr + rs.to(tl.int64)[:, None] * stride_qk + ns[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         rmask = k0 + rs * 8 < K
-        packed = tl.load(qw_ptr + (k0 // 8 + rs).to(tl.int64)[:, None] * stride_qk + ns[None, :],
-                         mask=rmask[:, None] & nmask[None, :], other=0)
-        s, zs = _group_scales(s_ptr, z_ptr, k0, rs, rmask, ns, nmask, stride_sg, stride_zg, GROUP, BLOCK_K)
-        for i in tl.static_range(4):
-            lo, hi = _magic_halves(packed, i, 0)
-            acc = _mma(_x_columns(x_rows, k0, rs, i, mmask, K), lo * s - zs, acc, KIND)
-            acc = _mma(_x_columns(x_rows, k0, rs, 4 + i, mmask, K), hi * s - zs, acc, KIND)
+        x = tl.load(x_rows + k0, mask=mmask[:, None] & (k0 + ks < K)[None, :], other=0.0)
+        packed = tl.load(q_rows + (k0 // 8) * stride_qk, mask=rmask[:, None] & nmask[None, :], other=0)
+        q = (packed[:, None, :] >> shifts) & 0xF  # [R, 8, BLOCK_N]: input 8r + j
+        if FOLD:
+            g = k0 // GROUP
+            s = tl.load(s_ptr + g * stride_sg + ns, mask=nmask, other=0.0).to(tl.float32)
+            if KIND == 1:
+                wq = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+                zb = _biased_zeros(z_ptr + g * stride_zg, ns, nmask, 128.0)
+            elif KIND == 2:
+                wq = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+                zb = _biased_zeros(z_ptr + g * stride_zg, ns, nmask, 1024.0)
+            else:
+                wq = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+                zb = _biased_zeros(z_ptr + g * stride_zg, ns, nmask, 0.0)
+            part = _mma(x, tl.reshape(wq, (BLOCK_K, BLOCK_N)), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), KIND)
+            xs = tl.sum(x.to(tl.float32), axis=1)
+            acc += (part - xs[:, None] * zb[None, :]) * s[None, :]
+        else:
+            s, zc = _group_rows(s_ptr, z_ptr, k0, rs, rmask, ns, nmask, stride_sg, stride_zg, GROUP, BLOCK_K,
+                                8388608.0)
+            w = ((q | 0x4B000000).to(tl.float32, bitcast=True) - zc[:, None, :]) * s[:, None, :]
+            acc = _mma(x, tl.reshape(w, (BLOCK_K, BLOCK_N)), acc, KIND)
     _write_out(acc, y_ptr, b_ptr, ms, ns, mmask, nmask, stride_ym, 0, HAS_BIAS, False)
 
 
@@ -493,13 +532,11 @@ def candidate_configs(m: int, n: int, k: int, group_size: int) -> list[Int4Confi
                       ((128, 1), (64, 1), (256, 1), (256, 2), (512, 4))]
             found += [gemv._replace(split=s) for s in (1, 4, 16, 32, 64) if s <= k // group_size // 2]
     elif m <= _SWEEP_GEMM_MAX_M:
-        base = _gemm_config(m, n)
-        bm = base.block_m
-        found += [base._replace(block_n=bn, warps=w, stages=st) for bn, w, st in
-                  ((64, 4, 3), (128, 4, 3), (128, 8, 3), (128, 8, 4), (128, 4, 2), (256, 8, 3))]
-        found += [base._replace(block_k=256), base._replace(block_m=max(16, bm // 2), warps=4)]
-        if _tc_fits(k, group_size):  # the fold at a larger tile
-            found += [Int4Config("tc", bm, bn, TC_BLOCK_K, 8 if bm >= 64 else 4, 3, 1) for bn in (64, 128)]
+        bm = _gemm_config(m, n).block_m
+        for path in ("fold", "gemm") if group_size % 64 == 0 else ("gemm",):
+            for block_m in dict.fromkeys((bm, max(16, bm // 2))):
+                for bn, bk in ((64, 64), (64, 128), (128, 64), (128, 128), (256, 64)):
+                    found += [Int4Config(path, block_m, bn, bk, w, st) for w, st in ((4, 3), (8, 3), (4, 4), (8, 4))]
         found.append(Int4Config("dequant", 0, 64, 128, 4, 1))
     else:
         found += [Int4Config("dequant", 0, bn, bk, w, 1) for bn, bk, w in
@@ -511,15 +548,18 @@ def candidate_configs(m: int, n: int, k: int, group_size: int) -> list[Int4Confi
 def _validate(cfg: Int4Config, k: int, group_size: int) -> None:
     if cfg.path not in _PATHS:
         raise ValueError(f"path must be one of {_PATHS}, got {cfg.path!r}")
-    pow2 = (cfg.block_n,) + ((cfg.block_k,) if cfg.path != "gemv" else ()) + ((cfg.block_m,) if cfg.path in ("tc", "gemm") else ())
+    pow2 = (cfg.block_n,) + ((cfg.block_k,) if cfg.path != "gemv" else ()) \
+        + ((cfg.block_m,) if cfg.path in ("tc", "gemm", "fold") else ())
     if any(v <= 0 or v & (v - 1) for v in pow2) or cfg.split < 1 or cfg.warps < 1 or cfg.stages < 1:
         raise ValueError(f"block sizes must be powers of two, split, warps and stages positive: {cfg}")
     if cfg.path == "gemv" and (cfg.block_k != group_size or group_size > 256):
         raise ValueError(f"the GEMV takes groups of at most 256 as its block_k, got {cfg}")
     if cfg.path == "tc" and (cfg.block_k < TC_BLOCK_K or group_size % cfg.block_k or cfg.block_m < 16):
         raise ValueError(f"tc needs block_m >= 16 and a block_k >= 128 that divides the group size: {cfg}")
-    if cfg.path == "gemm" and (cfg.block_k < TC_BLOCK_K or cfg.block_m < 16):
-        raise ValueError(f"gemm needs block_m >= 16 and block_k >= 128 (16 packed rows a dot): {cfg}")
+    if cfg.path in ("gemm", "fold") and (cfg.block_k < 16 or cfg.block_m < 16 or cfg.block_n < 16):
+        raise ValueError(f"{cfg.path} needs tiles of at least 16 (a dot's least): {cfg}")
+    if cfg.path == "fold" and group_size % cfg.block_k:
+        raise ValueError(f"fold needs a block_k that divides the group size ({group_size}): {cfg}")
     if cfg.path != "tc" and cfg.path != "gemv" and cfg.split != 1:
         raise ValueError(f"only gemv and tc split K: {cfg}")
     if cfg.path == "dequant" and cfg.block_k < 8:
@@ -590,7 +630,7 @@ def _run_gemm(x, qweight, scales, qzeros, group_size, bias, y, cfg):
         x, qweight, scales, qzeros, bias if bias is not None else scales, y, m, n, k,
         x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), y.stride(0),
         GROUP=group_size, HAS_BIAS=bias is not None, KIND=_kind(x), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, num_warps=cfg.warps, num_stages=cfg.stages)
+        BLOCK_K=cfg.block_k, FOLD=cfg.path == "fold", num_warps=cfg.warps, num_stages=cfg.stages)
     return y
 
 
@@ -600,7 +640,7 @@ def _run_dequant(x, qweight, scales, qzeros, group_size, bias, y, cfg):
     return out
 
 
-_RUNNERS = {"gemv": _run_gemv, "tc": _run_tc, "gemm": _run_gemm, "dequant": _run_dequant}
+_RUNNERS = {"gemv": _run_gemv, "tc": _run_tc, "gemm": _run_gemm, "fold": _run_gemm, "dequant": _run_dequant}
 
 
 def _on_kernel_device(t: torch.Tensor) -> None:
