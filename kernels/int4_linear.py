@@ -264,8 +264,10 @@ def _int4_gemm_kernel(
     stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, KIND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
-    # grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)); a step takes BLOCK_K inputs: x's [BLOCK_M,
+    # grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), SPLIT): 1/SPLIT of K's blocks a program (its
+    # part added atomically into a zeroed fp32 output when SPLIT > 1); a step takes BLOCK_K inputs: x's [BLOCK_M,
     # BLOCK_K] tile as it lies and the packed [BLOCK_K // 8, BLOCK_N] ints, whose nibbles
     # broadcast against 8 shifts make a [BLOCK_K // 8, 8, BLOCK_N] tile: row r, nibble j is
     # input 8r + j, so the reshape to [BLOCK_K, BLOCK_N] is in x's order and one dot takes the
@@ -285,7 +287,9 @@ def _int4_gemm_kernel(
     x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm + ks[None, :]
     q_rows = qw_ptr + rs.to(tl.int64)[:, None] * stride_qk + ns[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT) * BLOCK_K
+    k_start = tl.program_id(2) * per
+    for k0 in range(k_start, tl.minimum(k_start + per, K), BLOCK_K):
         rmask = k0 + rs * 8 < K
         x = tl.load(x_rows + k0, mask=mmask[:, None] & (k0 + ks < K)[None, :], other=0.0)
         packed = tl.load(q_rows + (k0 // 8) * stride_qk, mask=rmask[:, None] & nmask[None, :], other=0)
@@ -310,7 +314,7 @@ def _int4_gemm_kernel(
                                 8388608.0)
             w = ((q | 0x4B000000).to(tl.float32, bitcast=True) - zc[:, None, :]) * s[:, None, :]
             acc = _mma(x, tl.reshape(w, (BLOCK_K, BLOCK_N)), acc, KIND)
-    _write_out(acc, y_ptr, b_ptr, ms, ns, mmask, nmask, stride_ym, 0, HAS_BIAS, False)
+    _write_out(acc, y_ptr, b_ptr, ms, ns, mmask, nmask, stride_ym, tl.program_id(2), HAS_BIAS, SPLIT > 1)
 
 
 @triton.jit
@@ -450,8 +454,9 @@ class Int4Config(NamedTuple):
     [block_m, block_n] of outputs a program makes (gemv: one row; dequant: block_m unused) and
     block_k inputs a step (gemv: its group; tc: a multiple of 128 dividing the group; gemm: a
     power of two >= 128; dequant: the [block_k, block_n] weight tile a program writes);
-    ``warps`` and ``stages`` for the launch; ``split`` the parts K is cut into (gemv and tc,
-    summed atomically into a zeroed fp32 output; 1 elsewhere)."""
+    ``warps`` and ``stages`` for the launch; ``split`` the parts K is cut into (the GEMV's
+    last part adds them; tc, gemm and fold add theirs atomically into a zeroed fp32 output;
+    dequant: 1)."""
     path: str
     block_m: int
     block_n: int
@@ -526,6 +531,8 @@ def candidate_configs(m: int, n: int, k: int, group_size: int) -> list[Int4Confi
         found += [Int4Config("tc", 16, 64, TC_BLOCK_K, 4, 3, s) for s in (1, 2, 4, 8) if s <= k // TC_BLOCK_K]
         if group_size % 256 == 0:
             found.append(Int4Config("tc", 16, 64, 256, 4, 3, tc_split(m, n, k, 16, 64, 256)))
+        for path, bn, warps in (("fold", 32, 4), ("fold", 64, 4), ("fold", 128, 4), ("fold", 128, 8), ("gemm", 64, 4)):
+            found.append(Int4Config(path, 16, bn, TC_BLOCK_K, warps, 3, tc_split(m, n, k, 16, bn)))
         gemv = _gemv_config(m, n, k, group_size)
         if gemv is not None:
             found += [gemv._replace(block_n=bn, warps=w, split=gemv_split(m, n, k, group_size, bn)) for bn, w in
@@ -560,8 +567,8 @@ def _validate(cfg: Int4Config, k: int, group_size: int) -> None:
         raise ValueError(f"{cfg.path} needs tiles of at least 16 (a dot's least): {cfg}")
     if cfg.path == "fold" and group_size % cfg.block_k:
         raise ValueError(f"fold needs a block_k that divides the group size ({group_size}): {cfg}")
-    if cfg.path != "tc" and cfg.path != "gemv" and cfg.split != 1:
-        raise ValueError(f"only gemv and tc split K: {cfg}")
+    if cfg.path == "dequant" and cfg.split != 1:
+        raise ValueError(f"dequant does not split K: {cfg}")
     if cfg.path == "dequant" and cfg.block_k < 8:
         raise ValueError(f"dequant's block_k is at least one packed row (8): {cfg}")
 
@@ -626,12 +633,13 @@ def _run_tc(x, qweight, scales, qzeros, group_size, bias, y, cfg):
 def _run_gemm(x, qweight, scales, qzeros, group_size, bias, y, cfg):
     m, k = x.shape
     n = y.shape[1]
-    _int4_gemm_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))](
-        x, qweight, scales, qzeros, bias if bias is not None else scales, y, m, n, k,
-        x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), y.stride(0),
+    out = _split_out(y, cfg.split)
+    _int4_gemm_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split)](
+        x, qweight, scales, qzeros, bias if bias is not None else scales, out, m, n, k,
+        x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), out.stride(0),
         GROUP=group_size, HAS_BIAS=bias is not None, KIND=_kind(x), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, FOLD=cfg.path == "fold", num_warps=cfg.warps, num_stages=cfg.stages)
-    return y
+        BLOCK_K=cfg.block_k, FOLD=cfg.path == "fold", SPLIT=cfg.split, num_warps=cfg.warps, num_stages=cfg.stages)
+    return out
 
 
 def _run_dequant(x, qweight, scales, qzeros, group_size, bias, y, cfg):

@@ -138,6 +138,8 @@ _INT4_CASES = {
     "fold": (Int4Config("fold", 16, 32, 128, 4, 3), 256, 40, 128),
     "fold-g32": (Int4Config("fold", 32, 16, 32, 4, 3), 96, 24, 32),  # three blocks, a group each
     "fold-k64-g256": (Int4Config("fold", 16, 64, 64, 4, 3), 512, 40, 256),  # four blocks a group; masked columns
+    "fold-split3": (Int4Config("fold", 16, 16, 128, 4, 3, 3), 512, 24, 128),  # 4 blocks in parts of 2, 2, 0
+    "gemm-split2-g32": (Int4Config("gemm", 16, 32, 64, 4, 3, 2), 320, 40, 32),  # 5 blocks in parts of 3, 2
     "dequant": (Int4Config("dequant", 0, 32, 128, 4, 1), 256, 40, 128),
     "dequant-g32": (Int4Config("dequant", 0, 16, 16, 4, 1), 96, 24, 32),
     "gemv-split2": (Int4Config("gemv", 1, 16, 32, 4, 1, 2), 256, 24, 32),
