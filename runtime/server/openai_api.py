@@ -158,7 +158,10 @@ def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateR
     last = (body.get("messages") or [{}])[-1]
     last_text = last.get("content") if isinstance(last, dict) else None
     if isinstance(last_text, list):  # content parts: their text (joined as the prompt has them)
-        last_text = "".join(p.get("text", "") for p in last_text if isinstance(p, dict))
+        # each part is text or an assistant's refusal, its string under its type (chat_prompt
+        # checked them): a refusal's text was left out, and its "text" member, read instead,
+        # joined as it came (a number: a TypeError, a 500)
+        last_text = "".join(p[p["type"]] for p in last_text)
     if not isinstance(last_text, str):
         last_text = None
     continued = last_text if cont else None

@@ -361,10 +361,11 @@ def _calls_so_far(text: str) -> tuple[ToolCall, ...]:
 def _as_call(text: str, known: set[str]) -> ToolCall | None:
     """`{"name": ..., "arguments" | "parameters": {...}}` naming a listed tool, else None.
     A reply nested past what json reads (a thousand "[") is no call either: its RecursionError
-    was a 500, and a stream cut off."""
+    was a 500, and a stream cut off; and so is one whose name is no string ({"name": [1]}: a
+    TypeError, unhashable, looking it up in `known`, was a 500 too)."""
     try:
         obj = json.loads(text)
-        if not isinstance(obj, dict) or obj.get("name") not in known:
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in known:
             return None
         args = obj.get("arguments", obj.get("parameters", {}))
         if isinstance(args, str):  # some models write the arguments as a JSON string

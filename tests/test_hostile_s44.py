@@ -1,0 +1,75 @@
+"""Hostile clients against a real server (session 44): what a client sends, or makes the model
+write, is answered (a 200 or a 400 naming the problem), never a 5xx or a stream cut off, and
+holds no KV once answered."""
+from __future__ import annotations
+
+import openai
+import pytest
+import requests
+
+from treadle.runtime.server.testing import sse_events, wait_idle
+
+T = 120
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+@pytest.fixture(scope="module")
+def srv(plain_server):  # conftest's shared server: these tests leave it idle
+    return plain_server
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=T, max_retries=0)
+
+
+def _streamed_content(srv, body: dict) -> tuple[str, list]:
+    """A streamed chat reply's content (its deltas joined) and its events."""
+    r = requests.post(srv.url + "/v1/chat/completions", json={**body, "stream": True}, stream=True, timeout=T)
+    assert r.status_code == 200, r.text
+    events = sse_events(r)
+    assert events[-1] == "[DONE]", events[-3:]
+    assert not any("error" in e for e in events[:-1] if isinstance(e, dict)), events
+    text = "".join(c["delta"].get("content") or "" for e in events[:-1] for c in e.get("choices", []))
+    return text, events
+
+
+def test_a_call_whose_name_is_no_string_is_content_not_a_500(srv, client):
+    # the reply is read for calls: {"name": ...} naming a listed tool. A name that is a list or
+    # an object (what a model may write, and what a client's regex makes it write) was looked up
+    # in the set of tool names: TypeError "unhashable type", a 500 (a stream cut off, no [DONE])
+    replies = ['{"name": [1], "arguments": {}}', '<tool_call>{"name": {"a": 1}, "arguments": {}}</tool_call>']
+    for reply in replies:
+        regex = "".join("\\" + ch if ch in "{}[]()" else ch for ch in reply)
+        body = {"model": "default", "messages": [{"role": "user", "content": "Weather in Paris?"}],
+                "max_tokens": 40, "regex": regex}
+        for tools in ({"tools": [WEATHER]}, {"functions": [WEATHER["function"]]}):
+            r = client.chat.completions.create(**{k: v for k, v in body.items() if k != "regex"}, **tools,
+                                               extra_body={"regex": regex})
+            msg = r.choices[0].message
+            assert msg.content == reply and not msg.tool_calls and not msg.function_call, r
+            assert r.choices[0].finish_reason == "stop", r
+            text, _ = _streamed_content(srv, {**body, **tools})
+            assert text == reply
+    wait_idle(srv.url)
+
+
+def test_a_refusal_part_last_is_read_as_the_prompt_reads_it(srv):
+    # the last message's text (for continue_final_message and echo) joined each part's "text"
+    # member: a refusal part's own text ("refusal") was left out of the echo, and a refusal part
+    # with a "text" member that is no string was a TypeError, a 500
+    url = srv.url + "/v1/chat/completions"
+    user = {"role": "user", "content": "Will you help?"}
+    odd = {"role": "assistant", "content": [{"type": "refusal", "refusal": "No", "text": 5}]}
+    r = requests.post(url, json={"model": "default", "messages": [user, odd, user], "max_tokens": 2}, timeout=T)
+    assert r.status_code == 200, r.text
+    refusal = {"role": "assistant", "content": [{"type": "text", "text": "I "}, {"type": "refusal", "refusal": "will not"}]}
+    body = {"model": "default", "messages": [user, refusal], "max_tokens": 2, "echo": True,
+            "add_generation_prompt": False, "continue_final_message": True}
+    r = requests.post(url, json=body, timeout=T)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"].startswith("I will not"), r.json()
+    text, _ = _streamed_content(srv, body)
+    assert text.startswith("I will not"), text
+    wait_idle(srv.url)
