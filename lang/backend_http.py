@@ -11,6 +11,9 @@ from treadle.lang.backend import Backend, sglang_server_info
 from treadle.lang.chat_template import ChatTemplate, get_chat_template, jinja_renderer
 
 _ZERO = {"max_new_tokens": 0}
+# HTTP connections an endpoint keeps open for reuse: more than run_batch's threads ("auto": at most
+# max(64, 4 x CPUs)) times a few fork branches each
+_POOL_SIZE = 1024
 
 
 class RuntimeEndpoint(Backend):
@@ -34,6 +37,12 @@ class RuntimeEndpoint(Backend):
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.session = requests.Session()
+        # one connection per request in flight: run_batch's threads and fork branches share this
+        # session, and requests' default pool keeps 10 (urllib3 drops each connection past that,
+        # logging "Connection pool is full" per request)
+        pool = requests.adapters.HTTPAdapter(pool_maxsize=_POOL_SIZE)
+        self.session.mount("http://", pool)
+        self.session.mount("https://", pool)
         if verify is not None:
             self.session.verify = verify
         if api_key:

@@ -51,6 +51,10 @@ def extract_prefix(fn: Callable, backend: Backend, constants: dict[str, Any] | N
             kwargs[p.name] = Placeholder(p.name)
     ex = StreamExecutor(backend, threaded=False, tracing=True)
     state = ProgramState(ex)
+    # a program the body calls (`sub(x=...)`) is traced, not run, as in SGLang's tracing scope: a
+    # traced body generates nothing (its value is a placeholder, so the prefix ends where it goes)
+    outer = getattr(_tracing, "trace", None)
+    _tracing.trace = ProgramTrace(kwargs)
     try:
         fn(state, **kwargs)
     except StopTracing:
@@ -58,6 +62,8 @@ def extract_prefix(fn: Callable, backend: Backend, constants: dict[str, Any] | N
     except Exception as e:  # the program needs real arguments: no prefix (logged, not hidden)
         log.info("tracing %s found no constant prefix: %r", getattr(fn, "__name__", fn), e)
         return ""
+    finally:
+        _tracing.trace = outer
     if ex.error is not None:
         log.info("tracing %s stopped: %r", getattr(fn, "__name__", fn), ex.error)
         return ""

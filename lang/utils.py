@@ -190,13 +190,15 @@ def read_jsonl(filename: str) -> Iterator[Any]:
 
 def dump_state_text(filename: str, states: list, mode: str = "w") -> None:
     """Write each program state's text (a string as is, anything else by `str`) to a file between
-    separator lines, as SGLang's helper."""
+    separator lines, as SGLang's helper. A state whose program failed (a run_batch item whose
+    gen the server refused) is written with the text it had, as SGLang's `text()` gives it;
+    `state.error()` has the error."""
     from treadle.lang.state import ProgramState
 
     with open(filename, mode) as fout:
         for i, s in enumerate(states):
             if isinstance(s, ProgramState):
-                s = s.text()
+                s = s.text() if s.error() is None else s.stream_executor.text_
             elif not isinstance(s, str):
                 s = str(s)
             fout.write("=" * 40 + f" {i} " + "=" * 40 + "\n" + s + "\n" + "=" * 80 + "\n\n")

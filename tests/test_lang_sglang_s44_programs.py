@@ -1,0 +1,81 @@
+"""Session 44's porting checks: SGLang programs and benchmark scripts, their import changed to
+treadle's and nothing else, on a RuntimeEndpoint of the shared plain_server (the real embedded
+model behind real HTTP). Each is something the port did differently from SGLang before."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import treadle as sgl
+from treadle.utils import dump_state_text
+
+
+@pytest.fixture(scope="module")
+def backend(plain_server):
+    be = sgl.RuntimeEndpoint(plain_server.url)
+    sgl.set_default_backend(be)
+    yield be
+    sgl.set_default_backend(None)
+
+
+def _requests(backend) -> int:
+    return backend.get_server_info()["requests"]
+
+
+@sgl.function
+def expand(s, tip):
+    s += "Please expand the following tip into a detailed paragraph: " + tip + "\n"
+    s += sgl.gen("detailed_tip", max_tokens=2)
+
+
+@sgl.function
+def tip_suggestion(s, topic):
+    # SGLang's tip_suggestion benchmark: a program calls another one directly, before its own gens
+    tip = expand(tip="Sleep eight hours.")
+    s += tip["detailed_tip"] + "\nTopic: " + topic + "\n" + sgl.gen("summary", max_tokens=2)
+
+
+def test_run_batch_traces_a_program_the_body_calls_without_generating(backend):
+    """run_batch traces its program once to cache the constant prefix; a program the body calls
+    (`expand(tip=...)`) is traced too, as in SGLang's tracing scope, and generates nothing. It ran
+    for real before: one more gen, and its output cached as the batch's constant prefix (6
+    requests where SGLang makes 4)."""
+    before = _requests(backend)
+    states = tip_suggestion.run_batch([{"topic": "health"}, {"topic": "money"}], temperature=0)
+    assert all(st.error() is None for st in states)
+    assert states[0].text().endswith("\nTopic: health\n" + states[0]["summary"])
+    assert _requests(backend) - before == 4  # each run: expand's gen and its own; no tracing request
+
+
+@sgl.function
+def few_shot(s, question, n):
+    s += "Q: " + question + "\nA:" + sgl.gen("answer", max_tokens=n, stop="\n")
+
+
+def test_dump_state_text_writes_a_failed_states_text(backend, tmp_path):
+    """SGLang's benchmarks end with `dump_state_text(file, states)`; a run_batch item whose gen the
+    server refused keeps its error (`state.error()`), and its text is written, as SGLang's
+    `text()` gives it. It raised the item's error before, losing the whole file."""
+    states = few_shot.run_batch([{"question": "What is 1+1?", "n": 3}, {"question": "Why?", "n": -1}],
+                                temperature=0)
+    assert states[0].error() is None and isinstance(states[1].error(), ValueError)
+    path = tmp_path / "tmp_output_srt.txt"
+    dump_state_text(str(path), states)
+    written = path.read_text()
+    assert states[0].text() in written and "=" * 40 + " 1 " in written and "Q: Why?\nA:" in written
+
+
+@sgl.function
+def number(s, i):
+    s += f"Number {i}:" + sgl.gen("a", max_tokens=1)
+
+
+def test_run_batch_over_http_keeps_every_connection(backend, caplog):
+    """run_batch's threads (num_threads="auto": one per program here) share the endpoint's
+    HTTP connections. The pool held 10: each request past that opened a connection and dropped
+    it, urllib3 logging "Connection pool is full, discarding connection" once per request."""
+    with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"):
+        states = number.run_batch([{"i": i} for i in range(24)], temperature=0)
+    assert all(st.error() is None for st in states)
+    assert [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()] == []
