@@ -30,9 +30,14 @@ def split_samples(r: TokenizedGenerateReq) -> list[TokenizedGenerateReq]:
     if p.n == 1:
         return [r]
     out = []
+    # json_schema_lenient's record of what it dropped is treadle's (from_dict refuses it from a
+    # client): each sample takes it over, as it takes the schema it was made for (a lenient
+    # request with n > 1 raised "json_schema_dropped is set by treadle", a 500)
+    own = {**p.to_dict(), "n": 1, "json_schema_dropped": None}
     for j in range(p.n):
         seed = None if p.seed is None else sample_seed(p.seed, j)
-        q = SamplingParams.from_dict({**p.to_dict(), "n": 1, "seed": seed})
+        q = SamplingParams.from_dict({**own, "seed": seed})
+        q.json_schema_dropped = p.json_schema_dropped
         out.append(dataclasses.replace(r, rid=f"{r.rid}-{j}", sampling_params=q))
     return out
 

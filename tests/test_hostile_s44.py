@@ -3,6 +3,8 @@ write, is answered (a 200 or a 400 naming the problem), never a 5xx or a stream 
 holds no KV once answered."""
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 import requests
@@ -72,4 +74,32 @@ def test_a_refusal_part_last_is_read_as_the_prompt_reads_it(srv):
     assert r.json()["choices"][0]["message"]["content"].startswith("I will not"), r.json()
     text, _ = _streamed_content(srv, body)
     assert text.startswith("I will not"), text
+    wait_idle(srv.url)
+
+
+def test_n_samples_of_a_lenient_json_schema_are_served(srv, client):
+    # json_schema_lenient rewrites the request's schema and records what it dropped; its n
+    # samples were then rebuilt from the request's params, json_schema_dropped among them,
+    # which a client may not set: "json_schema_dropped is set by treadle", a 500 for a
+    # plain lenient request with n > 1 (chat, completions and /generate alike)
+    schema = {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0.37}}, "required": ["x"]}
+    dropped = [{"keyword": "multipleOf", "path": "$.properties.x"}]
+
+    def seen(listed: list) -> list:
+        return [{k: d[k] for k in ("keyword", "path")} for d in listed]
+
+    r = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "A number?"}], max_tokens=6, n=2,
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+        extra_body={"json_schema_lenient": True})
+    assert len(r.choices) == 2 and seen(r.model_extra["json_schema_dropped"]) == dropped, r
+    body = {"model": "default", "prompt": "x =", "max_tokens": 6, "n": 2, "json_schema": json.dumps(schema),
+            "json_schema_lenient": True, "stream": True}
+    events = sse_events(requests.post(srv.url + "/v1/completions", json=body, stream=True, timeout=T))
+    assert events[-1] == "[DONE]" and {c["index"] for e in events[:-1] for c in e["choices"]} == {0, 1}, events
+    assert all(seen(e["json_schema_dropped"]) == dropped for e in events[:-1]), events
+    r = requests.post(srv.url + "/generate", json={"text": "x =", "sampling_params": {
+        "max_new_tokens": 6, "n": 2, "json_schema": json.dumps(schema), "json_schema_lenient": True}}, timeout=T)
+    assert r.status_code == 200, r.text
+    assert [seen(p["meta_info"]["json_schema_dropped"]) for p in r.json()] == [dropped, dropped], r.json()
     wait_idle(srv.url)
