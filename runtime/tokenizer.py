@@ -3,11 +3,13 @@
 HF directories load with `AutoTokenizer` (local files only). A GGUF tokenizer takes
 seconds to build from the file's vocabulary, so the first load saves it with
 `save_pretrained` into the GGUF's cache folder and later processes load that copy (well
-under a second); inside one process, tokenizers are also memoised per path.
+under a second, through the class it names rather than AutoTokenizer); inside one process,
+tokenizers are also memoised per path.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from typing import Any
@@ -51,12 +53,36 @@ def _load_gguf_tokenizer(path: str) -> Any:
     """From the on-disk copy when present, else from the GGUF (then save the copy)."""
     cached = os.path.join(gguf_cache_dir(path), TOKENIZER_CACHE_DIR)
     if os.path.isfile(os.path.join(cached, "tokenizer_config.json")):
-        return _load_dir_tokenizer(cached)
+        return _load_saved_copy(cached)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path), local_files_only=True)
     atomic_write_dir(cached, tok.save_pretrained)
     return tok
+
+
+# The classes save_pretrained names for a tokenizer made from a GGUF file (transformers 5, 4).
+_SAVED_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _load_saved_copy(path: str) -> Any:
+    """The on-disk copy of a GGUF tokenizer, through the class its tokenizer_config.json names
+    where that is the plain tokenizers-backed one: AutoTokenizer reads the same files into the
+    same tokenizer, but first imports transformers' registry of every model (~3 s of CPU, paid
+    by each of a server's three processes at start-up). Any other class goes through
+    AutoTokenizer."""
+    try:
+        with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
+            name = json.load(f).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    if name in _SAVED_CLASSES:
+        import transformers
+
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls.from_pretrained(path, local_files_only=True)
+    return _load_dir_tokenizer(path)
 
 
 def clear_tokenizer_cache() -> None:

@@ -37,3 +37,35 @@ def test_a_tokenizer_without_bos_is_left_alone():
     tok = load_tokenizer(resolve_model_source(None))  # the embedded SmolLM2: adds nothing
     text = "<|im_start|>user\nHi<|im_end|>"
     assert encode_prompt(tok, text) == tok.encode(text)
+
+
+def test_the_saved_copy_of_a_gguf_tokenizer_loads_without_the_model_registry():
+    """A GGUF tokenizer's on-disk copy loads through the class it names, not AutoTokenizer,
+    whose import of transformers' model registry cost each server process ~3 s of CPU; the
+    tokenizer is the same one AutoTokenizer reads from the copy."""
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from treadle.runtime.gguf_loader import gguf_cache_dir
+    from treadle.runtime.model_source import embedded_model_path, resolve_model_source
+    from treadle.runtime.tokenizer import TOKENIZER_CACHE_DIR, load_tokenizer
+
+    tok = load_tokenizer(resolve_model_source(None))  # made the copy, if no earlier load did
+    auto = AutoTokenizer.from_pretrained(os.path.join(gguf_cache_dir(embedded_model_path()), TOKENIZER_CACHE_DIR),
+                                         local_files_only=True)
+    assert type(tok) is type(auto)
+    assert tok.backend_tokenizer.to_str() == auto.backend_tokenizer.to_str()
+    assert tok.chat_template == auto.chat_template and tok.special_tokens_map == auto.special_tokens_map
+    assert tok.all_special_ids == auto.all_special_ids and tok.init_kwargs == auto.init_kwargs
+    for text in ["Hello world", "<|im_start|>user\nhi<|im_end|>", " \u00e9\U0001F600 [[{"]:
+        assert tok(text) == auto(text) and tok.decode(tok.encode(text)) == auto.decode(auto.encode(text))
+    code = ("import sys\nfrom treadle.runtime.model_source import resolve_model_source\n"
+            "from treadle.runtime.tokenizer import load_tokenizer\n"
+            "assert load_tokenizer(resolve_model_source(None)).encode('Hi')\n"
+            "print(sorted(m for m in sys.modules if m.startswith('transformers.models.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout  # AutoTokenizer imports transformers.models.auto and more
