@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator
 from treadle.lang.backend import Backend, as_backend
 from treadle.lang.interpreter import StreamExecutor
 from treadle.lang.primitives import check_n_and_stop_regex
-from treadle.lang.state import ProgramState
+from treadle.lang.state import ProgramState, _index
 from treadle.lang.tracer import extract_prefix
 
 # run()/run_batch() keywords that set default sampling parameters for every gen
@@ -158,8 +158,10 @@ class Program:
             return iter([]) if generator_style else []
         if num_threads == "auto":
             num_threads = min(len(batch_kwargs), max(64, 4 * (os.cpu_count() or 1)))
-        if not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1:
+        threads = _index(num_threads)  # an int, numpy's too
+        if threads is None or threads < 1:
             raise ValueError(f"num_threads must be 'auto' or a positive int, got {num_threads!r}")
+        num_threads = threads
         from treadle.lang.global_config import global_config
 
         # one run has no one to share a prefix with: no tracing run

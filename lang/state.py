@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import operator
 import threading
 from typing import Any, Iterator
 
@@ -115,16 +116,13 @@ class ProgramState:
             group.join()
 
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ForkGroup":
-        """`size` branches that continue from the current text. The shared prefix is computed
-        once (cached by the runtime) before the branches send their own requests.
-        `position_ids_offset` (SGLang's) is accepted only as None: treadle branches always
-        continue the parent's positions."""
-        if position_ids_offset is not None:
-            raise ValueError("fork(position_ids_offset=...) is not supported: branches continue the parent's "
-                             "positions; leave it out")
-        if isinstance(size, bool) or not isinstance(size, int):
+        """`size` branches (an int, numpy's too) that continue from the current text. The shared
+        prefix is computed once (cached by the runtime) before the branches send their own
+        requests. `position_ids_offset` is taken and not used, as SGLang's fork takes it: the
+        branches continue the parent's positions there too."""
+        n = _index(size)
+        if n is None:
             raise ValueError(f"fork needs an int size >= 1, got {size!r}")
-        n = size
         if n < 1:
             raise ValueError(f"fork needs n >= 1, got {n}")
         if self._ex.tracing:
@@ -286,6 +284,16 @@ class ProgramState:
             self._wait_body()
             self._ex.sync()
         return f"ProgramState({self._ex.text_})"
+
+
+def _index(value: Any) -> int | None:
+    """`value` as an int when it is one (a numpy integer too, not a bool or a float), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 # meta_info lists that SGLang's streamed chunks carry only the new part of

@@ -79,3 +79,25 @@ def test_run_batch_over_http_keeps_every_connection(backend, caplog):
         states = number.run_batch([{"i": i} for i in range(24)], temperature=0)
     assert all(st.error() is None for st in states)
     assert [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()] == []
+
+
+@sgl.function
+def colors(s, n):
+    s += "Name a color:"
+    forks = s.fork(n, position_ids_offset=[0] * int(n))  # SGLang takes the offsets and uses none of them
+    forks += sgl.gen("color", max_tokens=2)
+    forks.join()
+    with s.copy(position_ids_offset=[0]) as branch:
+        branch += sgl.gen("again", max_tokens=2)
+
+
+def test_fork_takes_sglangs_arguments_as_sglang_does(backend):
+    """SGLang's fork takes `int(size)` (a numpy int from a config or an array) and a
+    `position_ids_offset` it does not use (the branches continue the parent's positions, here
+    too); run_batch's `num_threads` is any int. Each was a ValueError before."""
+    import numpy as np
+
+    states = colors.run_batch([{"n": np.int64(2)}, {"n": np.int32(1)}], num_threads=np.int64(2), temperature=0)
+    assert [len(st["color"]) for st in states] == [2, 1]
+    assert states[0]["color"][0] == states[0]["color"][1] == states[1]["color"][0]
+    assert states[0]["again"] == [states[0]["color"][0]]  # the copy continues the same text
