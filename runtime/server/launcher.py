@@ -54,9 +54,11 @@ CHILD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 # What the children import before their first line runs: the fork server (below) imports these
-# once, and each child it forks starts with them imported.
+# once, and each child it forks starts with them imported. Not AutoTokenizer's module: it imports
+# transformers' registry of every model, and the children load the tokenizer's saved copy
+# without it (runtime/tokenizer.py); a model whose tokenizer needs it imports it in the child.
 CHILD_PRELOAD = (
-    "torch", "transformers", "transformers.models.auto.tokenization_auto",
+    "torch", "transformers",
     "treadle.runtime.server.scheduler_process", "treadle.runtime.server.detokenizer_process",
     "treadle.runtime.model_runner", "treadle.runtime.scheduler", "treadle.runtime.tokenizer",
     "treadle.runtime.gguf_packed",
