@@ -11,7 +11,7 @@ import json
 import pytest
 import requests
 
-from treadle.runtime.server.testing import ServerProcess, wait_idle
+from treadle.runtime.server.testing import wait_idle
 
 pytestmark = pytest.mark.slow
 T = 120
@@ -22,10 +22,8 @@ TOOL = {"type": "function", "function": {"name": "f"}}
 
 
 @pytest.fixture(scope="module")
-def srv():
-    s = ServerProcess(["--max-total-tokens", "4096", "--log-level", "warning"])
-    yield s
-    s.close()
+def srv(plain_server):  # conftest's shared server: these tests leave it idle
+    return plain_server
 
 
 def post(srv, path: str, body: dict) -> requests.Response:

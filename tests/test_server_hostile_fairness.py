@@ -12,7 +12,7 @@ import pytest
 import requests
 import torch
 
-from treadle.runtime.server.testing import ServerProcess, wait_idle
+from treadle.runtime.server.testing import wait_idle
 
 pytestmark = pytest.mark.slow
 T = 300
@@ -22,10 +22,8 @@ WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu 
 
 
 @pytest.fixture(scope="module")
-def srv():
-    s = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"])
-    yield s
-    s.close()
+def srv(plain_server):  # conftest's shared server: these tests leave it idle
+    return plain_server
 
 
 def long_prompt(words: int) -> str:

@@ -9,17 +9,15 @@ import json
 import pytest
 import requests
 
-from treadle.runtime.server.testing import ServerProcess, wait_idle
+from treadle.runtime.server.testing import wait_idle
 
 pytestmark = pytest.mark.slow
 T = 60
 
 
 @pytest.fixture(scope="module")
-def srv():
-    s = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning"])
-    yield s
-    s.close()
+def srv(plain_server):  # conftest's shared server: these tests leave it idle
+    return plain_server
 
 
 def post(srv, path: str, body: dict, timeout: float = T) -> requests.Response:
