@@ -56,13 +56,14 @@ import triton.language as tl
 
 from treadle.kernels import pdl
 
-__all__ = ["GEMV_MAX_M", "TC_MAX_M", "Int4Config", "pick_config", "candidate_configs",
+__all__ = ["GEMV_MAX_M", "TC_MAX_M", "DOT_MAX_M", "Int4Config", "pick_config", "candidate_configs",
            "int4_linear", "int4_linear_ref", "dequantize", "dequantize_ref", "unpack_rows", "pack_rows",
            "unpack_cols", "pack_cols", "gemv_counters"]
 
 GEMV_MAX_M = 4  # the GEMV's rows
 TC_MAX_M = 16  # the tensor-core small-M kernel's rows (one 16-row dot tile)
 _SWEEP_GEMM_MAX_M = 256  # candidate_configs offers the Triton dot paths up to here
+DOT_MAX_M = 256  # pick_config's fold / gemm rows (dequant and cuBLAS above)
 TC_BLOCK_K = 128  # inputs a tc / gemm step takes at least: 16 packed rows, the least K of a bf16 tl.dot
 SMS = 132  # multiprocessors of an H100 / H200
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -486,12 +487,16 @@ def _tc_fits(k: int, group_size: int) -> bool:
     return group_size % TC_BLOCK_K == 0 and k % TC_BLOCK_K == 0
 
 
-def _gemm_config(m: int, n: int) -> Int4Config:
+def _dot_config(m: int, n: int, k: int, group_size: int) -> Int4Config:
+    """The one-dot-a-step launch for up to DOT_MAX_M rows: fold where 128-input blocks lie in
+    one group, else gemm; a tile of up to 128 rows, 128 columns while that gives every SM a
+    program (else 64, and K cut into parts as tc cuts it)."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
-    block_n = 128
-    while block_n > 32 and triton.cdiv(m, block_m) * triton.cdiv(n, block_n) < SMS:
-        block_n //= 2
-    return Int4Config("gemm", block_m, block_n, 128, 8 if block_m == 128 else 4, 3)
+    path = "fold" if group_size % 128 == 0 else "gemm"
+    block_n = 128 if triton.cdiv(m, block_m) * triton.cdiv(n, 128) >= SMS else 64
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    split = 1 if tiles >= SMS else tc_split(m, n, k, block_m, block_n)
+    return Int4Config(path, block_m, block_n, 128, 8 if block_m == 128 else 4, 3, split)
 
 
 def _gemv_config(m: int, n: int, k: int, group_size: int) -> Int4Config | None:
@@ -512,6 +517,7 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> Int4Config:
       warps, 3 stages, K split so that there are about 2 programs an SM): at 4 rows it beat
       the GEMV, whose programs for each row read w again, on every llama3-8b shape;
     - up to GEMV_MAX_M rows with other groups (up to 256): "gemv";
+    - other rows up to DOT_MAX_M: "fold" (groups a multiple of 128) or "gemm", `_dot_config`;
     - otherwise "dequant" (the weight in x's dtype, then cuBLAS)."""
     tc = m <= TC_MAX_M and _tc_fits(k, group_size)
     gemv = _gemv_config(m, n, k, group_size)
@@ -519,6 +525,8 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> Int4Config:
         return gemv
     if tc:
         return Int4Config("tc", 16, 64, TC_BLOCK_K, 4, 3, tc_split(m, n, k, 16, 64))
+    if m <= DOT_MAX_M:
+        return _dot_config(m, n, k, group_size)
     return Int4Config("dequant", 0, 64, 128, 4, 1)
 
 
@@ -539,11 +547,13 @@ def candidate_configs(m: int, n: int, k: int, group_size: int) -> list[Int4Confi
                       ((128, 1), (64, 1), (256, 1), (256, 2), (512, 4))]
             found += [gemv._replace(split=s) for s in (1, 4, 16, 32, 64) if s <= k // group_size // 2]
     elif m <= _SWEEP_GEMM_MAX_M:
-        bm = _gemm_config(m, n).block_m
+        bm = _dot_config(m, n, k, group_size).block_m
         for path in ("fold", "gemm") if group_size % 64 == 0 else ("gemm",):
             for block_m in dict.fromkeys((bm, max(16, bm // 2))):
                 for bn, bk in ((64, 64), (64, 128), (128, 64), (128, 128), (256, 64)):
                     found += [Int4Config(path, block_m, bn, bk, w, st) for w, st in ((4, 3), (8, 3), (4, 4), (8, 4))]
+            for bn, split in ((64, 2), (64, 4), (128, 2), (128, 4)):
+                found.append(Int4Config(path, bm, bn, 128, 8 if bm == 128 else 4, 3, split))
         found.append(Int4Config("dequant", 0, 64, 128, 4, 1))
     else:
         found += [Int4Config("dequant", 0, bn, bk, w, 1) for bn, bk, w in
