@@ -4,7 +4,7 @@ real default.
 
 A fenced block whose info string is ```` ```python run ```` is run on its own with the project's
 Python (it starts its own Engine); ```` ```python run-server ```` and ```` ```bash run-server ````
-blocks run against one real server that this module starts, with `http://127.0.0.1:30000` in
+blocks run against one real server (conftest.py's shared plain server), with `http://127.0.0.1:30000` in
 the block replaced by its address (docs/contributing.md describes the markers).
 """
 from __future__ import annotations
@@ -172,11 +172,8 @@ def test_engine_block_runs(block: Block):
 
 
 @pytest.fixture(scope="module")
-def server():
-    from treadle.runtime.server.testing import ServerProcess
-
-    with ServerProcess(["--max-total-tokens", "16384"]) as srv:
-        yield srv
+def server(plain_server):  # conftest's shared server: the blocks leave it idle
+    return plain_server
 
 
 @pytest.mark.slow

@@ -16,9 +16,8 @@ T = 120
 
 
 @pytest.fixture(scope="module")
-def srv():
-    with ServerProcess(["--max-total-tokens", "16384", "--log-level", "warning"]) as s:
-        yield s
+def srv(plain_server):  # conftest's shared server: left idle (the hold test starts its own)
+    return plain_server
 
 
 def raw_exchange(srv, data: bytes) -> tuple[int, dict, bytes]:
