@@ -107,6 +107,32 @@ def _html(text: str) -> str:
     return html.escape(text).replace("\n", "<br>")
 
 
+# ---------------------------------------------------------------- images (SGLang's vision programs)
+
+def encode_image_base64(image_path: str | bytes) -> str:
+    """The base64 text of an image file (a path) or of its bytes, as SGLang's helper. treadle
+    serves text-only models: a program that goes on to send the image (`sgl.image`) gets a
+    ValueError saying so there."""
+    import base64
+
+    if isinstance(image_path, str):
+        with open(image_path, "rb") as f:
+            data = f.read()
+    elif isinstance(image_path, (bytes, bytearray)):
+        data = bytes(image_path)
+    else:
+        raise ValueError(f"encode_image_base64 takes an image file's path or its bytes, got {type(image_path).__name__}")
+    return base64.b64encode(data).decode("utf-8")
+
+
+def load_image(image_file: Any) -> Any:
+    """SGLang's `sglang.srt.utils.load_image` (an image as a PIL image and its size, for
+    `sgl.image` or a request's image_data): a ValueError here, as treadle serves text-only models."""
+    shown = repr(image_file) if isinstance(image_file, str) and len(image_file) <= 200 else type(image_file).__name__
+    raise ValueError(f"load_image({shown}): treadle serves text-only models, so a program cannot use an image; "
+                     "describe it in text, or run this program on SGLang with a vision model")
+
+
 # ---------------------------------------------------------------- starting a server from a notebook
 
 def execute_shell_command(command: str) -> subprocess.Popen:

@@ -101,3 +101,29 @@ def test_fork_takes_sglangs_arguments_as_sglang_does(backend):
     assert [len(st["color"]) for st in states] == [2, 1]
     assert states[0]["color"][0] == states[0]["color"][1] == states[1]["color"][0]
     assert states[0]["again"] == [states[0]["color"][0]]  # the copy continues the same text
+
+
+def test_the_tutorials_image_cell_fails_naming_text_only_models(backend, tmp_path):
+    """SGLang's frontend tutorial loads its image with `from sglang.srt.utils import load_image`
+    (and the vision docs encode one with `sglang.utils.encode_image_base64`): the imports were an
+    ImportError ("cannot import name 'load_image'") that says nothing of images. Now the import
+    works, encoding works as SGLang's, and using an image says treadle serves text-only models."""
+    import base64
+
+    from treadle.srt.utils import load_image
+    from treadle.utils import encode_image_base64
+
+    path = tmp_path / "example_image.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n not really an image")
+    assert encode_image_base64(str(path)) == encode_image_base64(path.read_bytes()) \
+        == base64.b64encode(path.read_bytes()).decode()
+    with pytest.raises(ValueError, match="text-only models"):
+        load_image(str(path))
+
+    @sgl.function
+    def image_qa(s, image_file, question):
+        s += sgl.user(sgl.image(image_file) + question)
+        s += sgl.assistant(sgl.gen("answer", max_tokens=8))
+
+    with pytest.raises(ValueError, match="text-only models"):
+        image_qa(encode_image_base64(str(path)), "What is in the image?")

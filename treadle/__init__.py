@@ -72,7 +72,7 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
     "treadle.utils": {name: "treadle.lang.utils" for name in (
         "print_highlight", "wait_for_server", "terminate_process", "http_request", "launch_server_cmd",
         "execute_shell_command", "trim_overlap", "stream_and_merge", "async_stream_and_merge", "read_jsonl",
-        "dump_state_text", "download_and_cache_file")},
+        "dump_state_text", "download_and_cache_file", "encode_image_base64")},
     # SGLang's json_decode example builds its regex with the server package's helper
     "treadle.srt": {},
     "treadle.srt.constrained": {"build_regex_from_object": "treadle.lang.primitives"},
@@ -80,7 +80,8 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
     # a served model's tokenizer (SGLang's test programs count tokens with it); the second path is
     # where newer SGLang keeps the module
     "treadle.srt.hf_transformers_utils": {"get_tokenizer": "treadle.lang.utils"},
-    "treadle.srt.utils": {"kill_process_tree": "treadle.lang.testing"},
+    # its tutorial's image cell loads the image with load_image (a ValueError naming text-only models)
+    "treadle.srt.utils": {"kill_process_tree": "treadle.lang.testing", "load_image": "treadle.lang.utils"},
     "treadle.srt.utils.hf_transformers_utils": {"get_tokenizer": "treadle.lang.utils"},
     # SGLang's reasoning doc splits an offline Engine's output with it (the second path is newer SGLang's)
     "treadle.srt.reasoning_parser": {"ReasoningParser": "treadle.lang.reasoning"},
