@@ -62,7 +62,7 @@ def pytest_unconfigure(config):
 # Costly things several modules read as they are, made at the first test that asks and released
 # after the last one. The modules that use one run one after another (from the first's place in
 # the order), so none is held while other modules run theirs.
-_SHARED_FIXTURES = ("hf_smollm2", "plain_server")
+_SHARED_FIXTURES = ("hf_smollm2", "plain_server", "limited_server")
 _SHARED: dict[str, object] = {}
 _CLOSE: dict[str, object] = {}
 _LAST_USER: dict[str, str] = {}
@@ -162,4 +162,17 @@ def plain_server():
     from treadle.runtime.server.testing import ServerProcess
 
     return _shared("plain_server", lambda: ServerProcess(["--max-total-tokens", "4096", "--log-level", "warning"]),
+                   lambda srv: srv.close())
+
+
+@pytest.fixture(scope="module")
+def limited_server():
+    """A real server subprocess like plain_server (8192 tokens) with admission limits: at most 4
+    requests running and 8 queued (--max-running-requests 4 --max-queued-requests 8), shared by
+    the hostile-input modules that test against those limits and leave it idle."""
+    from treadle.runtime.server.testing import ServerProcess
+
+    return _shared("limited_server", lambda: ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning",
+                                                            "--max-running-requests", "4",
+                                                            "--max-queued-requests", "8"]),
                    lambda srv: srv.close())

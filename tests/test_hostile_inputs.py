@@ -13,20 +13,17 @@ import pytest
 import requests
 
 from test_hostile_batch import GREEDY, PROMPTS, SAMPLED, run_concurrently
-from treadle.runtime.server.testing import ServerProcess, wait_idle
+from treadle.runtime.server.testing import wait_idle
 
 pytestmark = pytest.mark.slow
 T = 120
 PROMPT = "The capital of France is"
-RUNNING, QUEUED = 4, 8  # the server's --max-running-requests / --max-queued-requests
+RUNNING, QUEUED = 4, 8  # conftest's limited_server: --max-running-requests / --max-queued-requests
 
 
 @pytest.fixture(scope="module")
-def srv():
-    s = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning", "--max-running-requests",
-                       str(RUNNING), "--max-queued-requests", str(QUEUED)])
-    yield s
-    s.close()
+def srv(limited_server):  # conftest's shared server of 4 running / 8 queued: left idle
+    return limited_server
 
 
 def post(srv, path: str, body, status: int | None = None, **kw) -> requests.Response:

@@ -11,17 +11,14 @@ import pytest
 import requests
 
 from treadle.runtime.server import protocol
-from treadle.runtime.server.testing import ServerProcess, sse_events, wait_idle
+from treadle.runtime.server.testing import sse_events, wait_idle
 
 T = 120
 
 
 @pytest.fixture(scope="module")
-def srv():
-    s = ServerProcess(["--max-total-tokens", "8192", "--log-level", "warning", "--max-running-requests", "4",
-                       "--max-queued-requests", "8"])
-    yield s
-    s.close()
+def srv(limited_server):  # conftest's shared server of 4 running / 8 queued: left idle
+    return limited_server
 
 
 def no_leak(srv) -> dict:
