@@ -116,20 +116,20 @@ class ProgramState:
             group.join()
 
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ForkGroup":
-        """`size` branches (an int, numpy's too) that continue from the current text. The shared
-        prefix is computed once (cached by the runtime) before the branches send their own
-        requests. `position_ids_offset` is taken and not used, as SGLang's fork takes it: the
-        branches continue the parent's positions there too."""
+        """`size` branches (an int, numpy's too; 0 makes none, as SGLang's) that continue from the
+        current text. The shared prefix is computed once (cached by the runtime) before the
+        branches send their own requests. `position_ids_offset` is taken and not used, as SGLang's
+        fork takes it: the branches continue the parent's positions there too."""
         n = _index(size)
         if n is None:
-            raise ValueError(f"fork needs an int size >= 1, got {size!r}")
-        if n < 1:
-            raise ValueError(f"fork needs n >= 1, got {n}")
+            raise ValueError(f"fork needs an int size >= 0, got {size!r}")
+        if n < 0:
+            raise ValueError(f"fork needs n >= 0, got {n}")
         if self._ex.tracing:
             raise StopTracing  # a fork marks the end of the constant prefix
         self._ex.sync()
         self._ex.raise_if_failed()
-        if self._ex.text_:
+        if self._ex.text_ and n:  # fork(0), as SGLang's: no branches (one per item of an empty list)
             self._ex.backend.cache_prefix(self._ex.text_)
         return ForkGroup(self, [ProgramState(self._ex.copy()) for _ in range(n)])
 

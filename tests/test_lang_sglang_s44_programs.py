@@ -127,3 +127,32 @@ def test_the_tutorials_image_cell_fails_naming_text_only_models(backend, tmp_pat
 
     with pytest.raises(ValueError, match="text-only models"):
         image_qa(encode_image_base64(str(path)), "What is in the image?")
+
+
+@sgl.function
+def answer_from(s, question, documents):
+    # SGLang's multi-document QA, with as many branches as documents: none retrieved is none forked
+    s += "Question: " + question + "\n"
+    forks = s.fork(len(documents))
+    forks += lambda i: "Document: " + documents[i] + "\nRelevant:" + sgl.select("relevant", ["yes", "no"])
+    forks.join()
+    s += "Answer:" + sgl.gen("answer", max_tokens=2)
+
+
+def test_fork_of_zero_branches_is_an_empty_group(backend):
+    """SGLang's fork(0) makes no branches and its join gathers nothing; it was a ValueError
+    ("fork needs n >= 1"), so a program forking once per retrieved document failed when none was
+    found. A negative size stays refused."""
+    none, one = answer_from.run_batch([{"question": "Why?", "documents": []},
+                                       {"question": "Why?", "documents": ["Because."]}], temperature=0)
+    assert none.error() is None and "relevant" not in none
+    assert none.text() == "Question: Why?\nAnswer:" + none["answer"]
+    assert one["relevant"][0] in ("yes", "no")
+
+    @sgl.function
+    def negative(s):
+        s += "x"
+        s.fork(-1)
+
+    with pytest.raises(ValueError, match="fork"):
+        negative.run()
