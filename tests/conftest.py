@@ -62,7 +62,7 @@ def pytest_unconfigure(config):
 # Costly things several modules read as they are, made at the first test that asks and released
 # after the last one. The modules that use one run one after another (from the first's place in
 # the order), so none is held while other modules run theirs.
-_SHARED_FIXTURES = ("hf_smollm2", "plain_server", "limited_server")
+_SHARED_FIXTURES = ("hf_smollm2", "plain_server", "limited_server", "sgl_runtime")
 _SHARED: dict[str, object] = {}
 _CLOSE: dict[str, object] = {}
 _LAST_USER: dict[str, str] = {}
@@ -176,3 +176,19 @@ def limited_server():
                                                             "--max-running-requests", "4",
                                                             "--max-queued-requests", "8"]),
                    lambda srv: srv.close())
+
+
+@pytest.fixture(scope="module")
+def sgl_runtime():
+    """A treadle.lang Runtime (SGLang's sgl.Runtime, a server subprocess) of the embedded model
+    with max_total_tokens=8192, shared by the modules that run programs over HTTP against one
+    and leave it idle. That shutdown() stops its server is checked on a Runtime of its own
+    (test_lang_sglang_module_paths_and_signatures)."""
+
+    def make():
+        import treadle.lang as sgl
+        from treadle.runtime.server.testing import free_port
+
+        return sgl.Runtime(port=free_port(), max_total_tokens=8192)
+
+    return _shared("sgl_runtime", make, lambda rt: rt.shutdown())

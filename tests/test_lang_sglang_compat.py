@@ -11,7 +11,6 @@ import pytest
 import requests
 
 import treadle.lang as sgl
-from treadle.runtime.server.testing import free_port
 
 
 @pytest.fixture(scope="module")
@@ -22,18 +21,13 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def runtime():
-    rt = sgl.Runtime(port=free_port(), max_total_tokens=8192)
-    url = rt.url
-    assert requests.get(url + "/health", timeout=5).status_code == 200
-    yield rt
-    rt.shutdown()
-    with pytest.raises(requests.ConnectionError):  # shutdown stopped the server
-        requests.get(url + "/health", timeout=5)
+def runtime(sgl_runtime):  # conftest's shared Runtime (whose shutdown test_lang_sglang_module_paths_... checks)
+    assert requests.get(sgl_runtime.url + "/health", timeout=5).status_code == 200
+    return sgl_runtime
 
 
 @pytest.fixture(scope="module", params=["engine", "http"])
-def backend(request):
+def backend(request, sgl_runtime):  # named here, so conftest sees this module among the Runtime's users
     be = request.getfixturevalue({"engine": "engine", "http": "runtime"}[request.param])
     if request.param == "http":  # the way SGLang programs also set it
         sgl.global_config.default_backend = be

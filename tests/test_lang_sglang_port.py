@@ -10,7 +10,6 @@ import re
 import pytest
 
 import treadle.lang as sgl
-from treadle.runtime.server.testing import free_port
 
 
 @pytest.fixture(scope="module")
@@ -21,14 +20,12 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def runtime():
-    rt = sgl.Runtime(port=free_port(), max_total_tokens=8192)
-    yield rt
-    rt.shutdown()
+def runtime(sgl_runtime):  # conftest's shared Runtime
+    return sgl_runtime
 
 
 @pytest.fixture(scope="module", params=["engine", "http"])
-def backend(request):
+def backend(request, sgl_runtime):  # named here, so conftest sees this module among the Runtime's users
     be = request.getfixturevalue(request.param if request.param == "engine" else "runtime")
     sgl.set_default_backend(be)
     yield be

@@ -90,7 +90,7 @@ if __name__ == "__main__":
 '''
 
 
-def test_a_benchmark_script_runs_against_a_server(tmp_path):
+def test_a_benchmark_script_runs_against_a_server(tmp_path, sgl_runtime):  # conftest's shared Runtime
     """SGLang's benchmark scripts take their flags and backend from sglang.test.test_utils'
     add_common_sglang_args_and_parse and select_sglang_backend, which were missing
     (ImportError): here one runs against a real server, in a process of its own."""
@@ -98,25 +98,19 @@ def test_a_benchmark_script_runs_against_a_server(tmp_path):
     import subprocess
     import sys
 
-    from treadle.runtime.server.testing import free_port
-
     (tmp_path / "bench_sglang.py").write_text(BENCH_SCRIPT)
     (tmp_path / "questions.jsonl").write_text(
         "# a comment line\n" + "".join(json.dumps({"question": q}) + "\n" for q in ("What is 1 + 1?", "Name a color.")))
-    runtime = sgl.Runtime(port=free_port(), max_total_tokens=4096)
-    try:
-        host, port = runtime.url.rsplit(":", 1)
-        run = subprocess.run([sys.executable, "bench_sglang.py", "--host", host, "--port", port, "--parallel", "2",
-                              "--num-questions", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-3000:]
-        result = json.loads((tmp_path / "result.jsonl").read_text())
-        assert result["backend"] == "srt" and result["num_requests"] == 2 and len(result["answers"]) == 2
-        assert (tmp_path / "tmp_output_srt.txt").read_text().count("Question: ") == 2
-        bad = subprocess.run([sys.executable, "bench_sglang.py", "--backend", "vllm", "--port", port], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=300)
-        assert bad.returncode != 0 and "Invalid backend: vllm" in bad.stderr
-    finally:
-        runtime.shutdown()
+    host, port = sgl_runtime.url.rsplit(":", 1)
+    run = subprocess.run([sys.executable, "bench_sglang.py", "--host", host, "--port", port, "--parallel", "2",
+                          "--num-questions", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "result.jsonl").read_text())
+    assert result["backend"] == "srt" and result["num_requests"] == 2 and len(result["answers"]) == 2
+    assert (tmp_path / "tmp_output_srt.txt").read_text().count("Question: ") == 2
+    bad = subprocess.run([sys.executable, "bench_sglang.py", "--backend", "vllm", "--port", port], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "Invalid backend: vllm" in bad.stderr
 
 
 def test_text_async_iter_with_meta_of_a_run_not_streamed_yields_the_value(backend):

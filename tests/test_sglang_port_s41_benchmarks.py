@@ -240,13 +240,9 @@ HELLASWAG_LINES = [
 
 
 @pytest.fixture(scope="module")
-def server():
-    from treadle.runtime.server.testing import free_port
-
-    runtime = sgl.Runtime(port=free_port(), max_total_tokens=8192)
-    host, port = runtime.url.rsplit(":", 1)
-    yield host, port
-    runtime.shutdown()
+def server(sgl_runtime):  # conftest's shared Runtime: the scripts leave it idle
+    host, port = sgl_runtime.url.rsplit(":", 1)
+    return host, port
 
 
 def _write_jsonl(path, rows) -> None:
