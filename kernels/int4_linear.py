@@ -57,8 +57,8 @@ import triton.language as tl
 from treadle.kernels import pdl
 
 __all__ = ["GEMV_MAX_M", "TC_MAX_M", "DOT_MAX_M", "Int4Config", "pick_config", "candidate_configs",
-           "int4_linear", "int4_linear_ref", "dequantize", "dequantize_ref", "unpack_rows", "pack_rows",
-           "unpack_cols", "pack_cols", "gemv_counters"]
+           "int4_linear", "int4_linear_ref", "int4_fold_mma_layout", "dequantize", "dequantize_ref", "unpack_rows",
+           "pack_rows", "unpack_cols", "pack_cols", "gemv_counters"]
 
 GEMV_MAX_M = 4  # the GEMV's rows
 TC_MAX_M = 16  # the tensor-core small-M kernel's rows (one 16-row dot tile)
@@ -265,7 +265,7 @@ def _int4_gemm_kernel(
     stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, KIND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, MMA: tl.constexpr = False,
 ):
     # grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), SPLIT): 1/SPLIT of K's blocks a program (its
     # part added atomically into a zeroed fp32 output when SPLIT > 1); a step takes BLOCK_K inputs: x's [BLOCK_M,
@@ -278,6 +278,10 @@ def _int4_gemm_kernel(
     # - FOLD 1 ("fold", BLOCK_K dividing GROUP): offset + q, exact in x's dtype (128 + q in
     #   bf16, 1024 + q in fp16, q in fp32), into the dot as it is; the step's part of the
     #   product is then (part - rowsum(x) * (offset + z)) * s, the block being in one group.
+    # MMA (FOLD only, BLOCK_K a multiple of 64): qw_ptr holds kernels/int4_mma.py's layout,
+    # [N // 16, K // 64, 32, 4] words; the [BLOCK_K, BLOCK_N] tile is gathered word by word
+    # (input k = 64 c + 16 t + 4 s + j, output n = 16 nt + 8 h + g: word [nt, c, 4 g + t, s],
+    # nibble at bit 4 h + 16 (j & 1) + 8 (j >> 1)), each word read by the 8 elements it holds.
     ms = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = ms < M
@@ -286,15 +290,25 @@ def _int4_gemm_kernel(
     ks = tl.arange(0, BLOCK_K)
     shifts = (tl.arange(0, 8) * 4)[None, :, None]
     x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm + ks[None, :]
-    q_rows = qw_ptr + rs.to(tl.int64)[:, None] * stride_qk + ns[None, :]
+    if MMA:
+        kin = ks % 64
+        q_rows = qw_ptr + ((ns // 16).to(tl.int64) * (K // 64) * 128 + (ns % 8) * 16)[None, :] \
+            + ((ks // 64) * 128 + (kin // 16) * 4 + (kin % 16) // 4)[:, None]
+        q_shift = ((ns % 16) // 8 * 4)[None, :] + (16 * (kin & 1) + 8 * ((kin % 4) >> 1))[:, None]
+    else:
+        q_rows = qw_ptr + rs.to(tl.int64)[:, None] * stride_qk + ns[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT) * BLOCK_K
     k_start = tl.program_id(2) * per
     for k0 in range(k_start, tl.minimum(k_start + per, K), BLOCK_K):
         rmask = k0 + rs * 8 < K
         x = tl.load(x_rows + k0, mask=mmask[:, None] & (k0 + ks < K)[None, :], other=0.0)
-        packed = tl.load(q_rows + (k0 // 8) * stride_qk, mask=rmask[:, None] & nmask[None, :], other=0)
-        q = (packed[:, None, :] >> shifts) & 0xF  # [R, 8, BLOCK_N]: input 8r + j
+        if MMA:
+            words = tl.load(q_rows + (k0 // 64) * 128, mask=(k0 + ks < K)[:, None] & nmask[None, :], other=0)
+            q = (words >> q_shift) & 0xF  # [BLOCK_K, BLOCK_N]
+        else:
+            packed = tl.load(q_rows + (k0 // 8) * stride_qk, mask=rmask[:, None] & nmask[None, :], other=0)
+            q = (packed[:, None, :] >> shifts) & 0xF  # [R, 8, BLOCK_N]: input 8r + j
         if FOLD:
             g = k0 // GROUP
             s = tl.load(s_ptr + g * stride_sg + ns, mask=nmask, other=0.0).to(tl.float32)
@@ -307,7 +321,9 @@ def _int4_gemm_kernel(
             else:
                 wq = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
                 zb = _biased_zeros(z_ptr + g * stride_zg, ns, nmask, 0.0)
-            part = _mma(x, tl.reshape(wq, (BLOCK_K, BLOCK_N)), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), KIND)
+            if not MMA:
+                wq = tl.reshape(wq, (BLOCK_K, BLOCK_N))
+            part = _mma(x, wq, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), KIND)
             xs = tl.sum(x.to(tl.float32), axis=1)
             acc += (part - xs[:, None] * zb[None, :]) * s[None, :]
         else:
@@ -640,7 +656,7 @@ def _run_tc(x, qweight, scales, qzeros, group_size, bias, y, cfg):
     return out
 
 
-def _run_gemm(x, qweight, scales, qzeros, group_size, bias, y, cfg):
+def _run_gemm(x, qweight, scales, qzeros, group_size, bias, y, cfg, mma=False):
     m, k = x.shape
     n = y.shape[1]
     out = _split_out(y, cfg.split)
@@ -648,7 +664,8 @@ def _run_gemm(x, qweight, scales, qzeros, group_size, bias, y, cfg):
         x, qweight, scales, qzeros, bias if bias is not None else scales, out, m, n, k,
         x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), out.stride(0),
         GROUP=group_size, HAS_BIAS=bias is not None, KIND=_kind(x), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, FOLD=cfg.path == "fold", SPLIT=cfg.split, num_warps=cfg.warps, num_stages=cfg.stages)
+        BLOCK_K=cfg.block_k, FOLD=cfg.path == "fold", SPLIT=cfg.split, MMA=mma, num_warps=cfg.warps,
+        num_stages=cfg.stages)
     return out
 
 
@@ -700,6 +717,26 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qz
     _validate(cfg, k, group_size)
     qweight, scales, qzeros = qweight.contiguous(), scales.contiguous(), qzeros.contiguous()
     out = _RUNNERS[cfg.path](x, qweight, scales, qzeros, group_size, bias, y, cfg)
+    return out if out is y else y.copy_(out)
+
+
+def int4_fold_mma_layout(x: torch.Tensor, qweight_mma: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
+                         group_size: int, bias: torch.Tensor | None, config: Int4Config) -> torch.Tensor:
+    """`int4_linear`'s fold path over kernels/int4_mma.py's layout (qweight_mma int32
+    [N // 16, K // 64, 32, 4], checked there; block_k a multiple of 64 dividing the group)."""
+    _on_kernel_device(x)
+    if config.path != "fold" or config.block_k % 64:
+        raise ValueError(f"the mma layout takes a fold config with block_k a multiple of 64, got {config}")
+    m, k = x.shape
+    n = qweight_mma.shape[0] * 16
+    _validate(config, k, group_size)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    out = _run_gemm(x, qweight_mma.contiguous(), scales.contiguous(), qzeros.contiguous(), group_size, bias, y,
+                    config, mma=True)
     return out if out is y else y.copy_(out)
 
 
