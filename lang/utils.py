@@ -121,7 +121,8 @@ def encode_image_base64(image_path: str | bytes) -> str:
     elif isinstance(image_path, (bytes, bytearray)):
         data = bytes(image_path)
     else:
-        raise ValueError(f"encode_image_base64 takes an image file's path or its bytes, got {type(image_path).__name__}")
+        raise ValueError("encode_image_base64 takes an image file's path or its bytes, "
+                         f"got {type(image_path).__name__}")
     return base64.b64encode(data).decode("utf-8")
 
 
