@@ -101,3 +101,18 @@ def test_n_samples_of_a_lenient_json_schema_are_served(srv, client):
     assert r.status_code == 200, r.text
     assert [seen(p["meta_info"]["json_schema_dropped"]) for p in r.json()] == [dropped, dropped], r.json()
     wait_idle(srv.url)
+
+
+def test_best_of_is_an_integer_equal_to_n(srv):
+    # best_of was compared to n by value: true and 1.0 (== 1 in Python) passed as n's default
+    # (OpenAI refuses both), and on completions best_of 1 beside a null n was "not supported"
+    for path, base in (("/v1/completions", {"prompt": "Hi"}), ("/v1/chat/completions",
+                                                             {"messages": [{"role": "user", "content": "Hi"}]})):
+        for best_of in (True, 1.0, "1", [1]):
+            r = requests.post(srv.url + path, json={"model": "default", **base, "max_tokens": 1, "best_of": best_of},
+                              timeout=T)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "best_of", (path, best_of, r.text)
+            assert "must be an integer" in r.json()["error"]["message"], r.text
+        r = requests.post(srv.url + path, json={"model": "default", **base, "max_tokens": 1, "n": None, "best_of": 1},
+                          timeout=T)
+        assert r.status_code == 200, (path, r.text)

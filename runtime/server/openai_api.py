@@ -98,10 +98,9 @@ def _build_completion(state: ServerState, body: dict) -> tuple[list[TokenizedGen
     echo = body.get("echo", False)
     if echo is not None and not isinstance(echo, bool):
         raise APIError.bad_request("echo must be a boolean", "echo")
-    for name, ok in (("suffix", body.get("suffix") is None),
-                     ("best_of", body.get("best_of") in (None, body.get("n", 1)))):
-        if not ok:
-            raise APIError.bad_request(f"{name} is not supported by this server", name)
+    if body.get("suffix") is not None:
+        raise APIError.bad_request("suffix is not supported by this server", "suffix")
+    _check_best_of(body)
     lp = body.get("logprobs")
     if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
         raise APIError.bad_request("logprobs must be an integer in [0, 20]", "logprobs")
@@ -131,8 +130,7 @@ def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateR
     echo = body.get("echo")
     if echo is not None and not isinstance(echo, bool):
         raise APIError.bad_request("echo must be a boolean", "echo")
-    if body.get("best_of") not in (None, body.get("n") or 1):  # as on completions: never silently one sample
-        raise APIError.bad_request("best_of is not supported by this server", "best_of")
+    _check_best_of(body)  # as on completions: never silently one sample
     modalities = body.get("modalities")
     if modalities is not None and (not isinstance(modalities, list) or any(m != "text" for m in modalities)):
         raise APIError.bad_request('modalities: this server writes text only (["text"])', "modalities")
@@ -213,6 +211,19 @@ def _rids(body: dict, n: int) -> list[str | None]:
         raise APIError.bad_request("rid must be a non-empty string", "rid")
     check_rid(rid)
     return [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
+
+
+def _check_best_of(body: dict) -> None:
+    """best_of: taken where it is n (the samples asked for are the ones returned); any other
+    number is a 400, as is a value of another type (true and 1.0 equal 1 in Python: they
+    passed as n's default), and left out or null as n's default (null n is 1 here too)."""
+    best_of, n = body.get("best_of"), body.get("n")
+    if best_of is None:
+        return
+    if type(best_of) is not int:
+        raise APIError.bad_request(f"best_of must be an integer, got {quoted(best_of)}", "best_of")
+    if best_of != (1 if n is None else n):
+        raise APIError.bad_request("best_of is not supported by this server (only a best_of equal to n)", "best_of")
 
 
 def _check_fields(body: dict, allowed: set[str]) -> None:
