@@ -206,7 +206,7 @@ def sweep(args, ms: list[int], bw: float, recs: list) -> None:
                 if best is not None:
                     recs.append({**best, "figure": "best"})
                     print(json.dumps(recs[-1]), flush=True)
-                    if fmt == "int4mma" and "unroll" in best["config"]:  # the CUDA GEMV's loads alone
+                    if fmt == "int4mma":  # the same launch reading the same weights and nothing else
                         from treadle.kernels.int4_mma import MmaConfig
                         for order in (0, 1):  # and with the block's warps reading in the other order
                             cfg = MmaConfig(**best["config"])._replace(order=order)

@@ -56,14 +56,13 @@ import triton.language as tl
 
 from treadle.kernels import pdl
 
-__all__ = ["GEMV_MAX_M", "TC_MAX_M", "DOT_MAX_M", "Int4Config", "pick_config", "candidate_configs",
-           "int4_linear", "int4_linear_ref", "int4_fold_mma_layout", "dequantize", "dequantize_ref", "unpack_rows",
-           "pack_rows", "unpack_cols", "pack_cols", "gemv_counters"]
+__all__ = ["GEMV_MAX_M", "TC_MAX_M", "Int4Config", "pick_config", "candidate_configs",
+           "int4_linear", "int4_linear_ref", "dequantize", "dequantize_ref", "unpack_rows", "pack_rows",
+           "unpack_cols", "pack_cols", "gemv_counters"]
 
 GEMV_MAX_M = 4  # the GEMV's rows
 TC_MAX_M = 16  # the tensor-core small-M kernel's rows (one 16-row dot tile)
 _SWEEP_GEMM_MAX_M = 256  # candidate_configs offers the Triton dot paths up to here
-DOT_MAX_M = 256  # pick_config's fold / gemm rows (dequant and cuBLAS above)
 TC_BLOCK_K = 128  # inputs a tc / gemm step takes at least: 16 packed rows, the least K of a bf16 tl.dot
 SMS = 132  # multiprocessors of an H100 / H200
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -265,7 +264,7 @@ def _int4_gemm_kernel(
     stride_xm, stride_qk, stride_sg, stride_zg, stride_ym,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, KIND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
-    SPLIT: tl.constexpr, MMA: tl.constexpr = False,
+    SPLIT: tl.constexpr,
 ):
     # grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), SPLIT): 1/SPLIT of K's blocks a program (its
     # part added atomically into a zeroed fp32 output when SPLIT > 1); a step takes BLOCK_K inputs: x's [BLOCK_M,
@@ -278,10 +277,6 @@ def _int4_gemm_kernel(
     # - FOLD 1 ("fold", BLOCK_K dividing GROUP): offset + q, exact in x's dtype (128 + q in
     #   bf16, 1024 + q in fp16, q in fp32), into the dot as it is; the step's part of the
     #   product is then (part - rowsum(x) * (offset + z)) * s, the block being in one group.
-    # MMA (FOLD only, BLOCK_K a multiple of 64): qw_ptr holds kernels/int4_mma.py's layout,
-    # [N // 16, K // 64, 32, 4] words; the [BLOCK_K, BLOCK_N] tile is gathered word by word
-    # (input k = 64 c + 16 t + 4 s + j, output n = 16 nt + 8 h + g: word [nt, c, 4 g + t, s],
-    # nibble at bit 4 h + 16 (j & 1) + 8 (j >> 1)), each word read by the 8 elements it holds.
     ms = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = ms < M
@@ -290,25 +285,15 @@ def _int4_gemm_kernel(
     ks = tl.arange(0, BLOCK_K)
     shifts = (tl.arange(0, 8) * 4)[None, :, None]
     x_rows = x_ptr + ms.to(tl.int64)[:, None] * stride_xm + ks[None, :]
-    if MMA:
-        kin = ks % 64
-        q_rows = qw_ptr + ((ns // 16).to(tl.int64) * (K // 64) * 128 + (ns % 8) * 16)[None, :] \
-            + ((ks // 64) * 128 + (kin // 16) * 4 + (kin % 16) // 4)[:, None]
-        q_shift = ((ns % 16) // 8 * 4)[None, :] + (16 * (kin & 1) + 8 * ((kin % 4) >> 1))[:, None]
-    else:
-        q_rows = qw_ptr + rs.to(tl.int64)[:, None] * stride_qk + ns[None, :]
+    q_rows = qw_ptr + rs.to(tl.int64)[:, None] * stride_qk + ns[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT) * BLOCK_K
     k_start = tl.program_id(2) * per
     for k0 in range(k_start, tl.minimum(k_start + per, K), BLOCK_K):
         rmask = k0 + rs * 8 < K
         x = tl.load(x_rows + k0, mask=mmask[:, None] & (k0 + ks < K)[None, :], other=0.0)
-        if MMA:
-            words = tl.load(q_rows + (k0 // 64) * 128, mask=(k0 + ks < K)[:, None] & nmask[None, :], other=0)
-            q = (words >> q_shift) & 0xF  # [BLOCK_K, BLOCK_N]
-        else:
-            packed = tl.load(q_rows + (k0 // 8) * stride_qk, mask=rmask[:, None] & nmask[None, :], other=0)
-            q = (packed[:, None, :] >> shifts) & 0xF  # [R, 8, BLOCK_N]: input 8r + j
+        packed = tl.load(q_rows + (k0 // 8) * stride_qk, mask=rmask[:, None] & nmask[None, :], other=0)
+        q = (packed[:, None, :] >> shifts) & 0xF  # [R, 8, BLOCK_N]: input 8r + j
         if FOLD:
             g = k0 // GROUP
             s = tl.load(s_ptr + g * stride_sg + ns, mask=nmask, other=0.0).to(tl.float32)
@@ -321,9 +306,7 @@ def _int4_gemm_kernel(
             else:
                 wq = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
                 zb = _biased_zeros(z_ptr + g * stride_zg, ns, nmask, 0.0)
-            if not MMA:
-                wq = tl.reshape(wq, (BLOCK_K, BLOCK_N))
-            part = _mma(x, wq, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), KIND)
+            part = _mma(x, tl.reshape(wq, (BLOCK_K, BLOCK_N)), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), KIND)
             xs = tl.sum(x.to(tl.float32), axis=1)
             acc += (part - xs[:, None] * zb[None, :]) * s[None, :]
         else:
@@ -504,7 +487,7 @@ def _tc_fits(k: int, group_size: int) -> bool:
 
 
 def _dot_config(m: int, n: int, k: int, group_size: int) -> Int4Config:
-    """The one-dot-a-step launch for up to DOT_MAX_M rows: fold where 128-input blocks lie in
+    """A one-dot-a-step launch (candidate_configs' first guess): fold where 128-input blocks lie in
     one group, else gemm; a tile of up to 128 rows, 128 columns while that gives every SM a
     program (else 64, and K cut into parts as tc cuts it)."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
@@ -533,16 +516,17 @@ def pick_config(m: int, n: int, k: int, group_size: int) -> Int4Config:
       warps, 3 stages, K split so that there are about 2 programs an SM): at 4 rows it beat
       the GEMV, whose programs for each row read w again, on every llama3-8b shape;
     - up to GEMV_MAX_M rows with other groups (up to 256): "gemv";
-    - other rows up to DOT_MAX_M: "fold" (groups a multiple of 128) or "gemm", `_dot_config`;
-    - otherwise "dequant" (the weight in x's dtype, then cuBLAS)."""
+    - otherwise "dequant" (the weight in x's dtype, then cuBLAS). The one-dot kernels ("fold",
+      "gemm") are configs only: at 128 rows on an H100 a llama3-8b layer took 418.6 us with
+      `_dot_config`'s launch against bf16's 178.6 in the same run
+      (results/quant_linear_fold_s44_h100.json), no better than dequant's 402.8 in an earlier
+      H100 run (quant_linear_int4mma_nopdl_h100.json); 203.4 us at 64 rows, 403.2 at 32."""
     tc = m <= TC_MAX_M and _tc_fits(k, group_size)
     gemv = _gemv_config(m, n, k, group_size)
     if gemv is not None and (not tc or (m == 1 and k <= 8192)):
         return gemv
     if tc:
         return Int4Config("tc", 16, 64, TC_BLOCK_K, 4, 3, tc_split(m, n, k, 16, 64))
-    if m <= DOT_MAX_M:
-        return _dot_config(m, n, k, group_size)
     return Int4Config("dequant", 0, 64, 128, 4, 1)
 
 
@@ -656,7 +640,7 @@ def _run_tc(x, qweight, scales, qzeros, group_size, bias, y, cfg):
     return out
 
 
-def _run_gemm(x, qweight, scales, qzeros, group_size, bias, y, cfg, mma=False):
+def _run_gemm(x, qweight, scales, qzeros, group_size, bias, y, cfg):
     m, k = x.shape
     n = y.shape[1]
     out = _split_out(y, cfg.split)
@@ -664,8 +648,7 @@ def _run_gemm(x, qweight, scales, qzeros, group_size, bias, y, cfg, mma=False):
         x, qweight, scales, qzeros, bias if bias is not None else scales, out, m, n, k,
         x.stride(0), qweight.stride(0), scales.stride(0), qzeros.stride(0), out.stride(0),
         GROUP=group_size, HAS_BIAS=bias is not None, KIND=_kind(x), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, FOLD=cfg.path == "fold", SPLIT=cfg.split, MMA=mma, num_warps=cfg.warps,
-        num_stages=cfg.stages)
+        BLOCK_K=cfg.block_k, FOLD=cfg.path == "fold", SPLIT=cfg.split, num_warps=cfg.warps, num_stages=cfg.stages)
     return out
 
 
@@ -717,26 +700,6 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qz
     _validate(cfg, k, group_size)
     qweight, scales, qzeros = qweight.contiguous(), scales.contiguous(), qzeros.contiguous()
     out = _RUNNERS[cfg.path](x, qweight, scales, qzeros, group_size, bias, y, cfg)
-    return out if out is y else y.copy_(out)
-
-
-def int4_fold_mma_layout(x: torch.Tensor, qweight_mma: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
-                         group_size: int, bias: torch.Tensor | None, config: Int4Config) -> torch.Tensor:
-    """`int4_linear`'s fold path over kernels/int4_mma.py's layout (qweight_mma int32
-    [N // 16, K // 64, 32, 4], checked there; block_k a multiple of 64 dividing the group)."""
-    _on_kernel_device(x)
-    if config.path != "fold" or config.block_k % 64:
-        raise ValueError(f"the mma layout takes a fold config with block_k a multiple of 64, got {config}")
-    m, k = x.shape
-    n = qweight_mma.shape[0] * 16
-    _validate(config, k, group_size)
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m == 0:
-        return y
-    out = _run_gemm(x, qweight_mma.contiguous(), scales.contiguous(), qzeros.contiguous(), group_size, bias, y,
-                    config, mma=True)
     return out if out is y else y.copy_(out)
 
 

@@ -53,16 +53,14 @@ import triton
 
 from treadle.kernels import cuda_jit, pdl
 from treadle.kernels.activation import silu_and_mul, silu_and_mul_ref
-from treadle.kernels.int4_linear import (Int4Config, dequantize_ref, int4_fold_mma_layout, pack_rows,
-                                        tc_split)
+from treadle.kernels.int4_linear import dequantize_ref, pack_rows
 
-__all__ = ["MMA_MAX_M", "FOLD_MAX_M", "MmaConfig", "fold_configs", "supports", "available", "pack_mma",
-           "unpack_mma", "mma_to_rows", "interleave_gate_up", "deinterleave_gate_up",
+__all__ = ["MMA_MAX_M", "MmaConfig", "supports", "available", "pack_mma", "unpack_mma", "mma_to_rows",
+           "interleave_gate_up", "deinterleave_gate_up",
            "int4_mma_linear", "int4_mma_linear_ref", "int4_mma_dequantize", "pick_mma_config",
            "candidate_mma_configs", "prepare", "int4_mma_read_bound"]
 
-MMA_MAX_M = 64  # rows the tensor-core GEMV takes (eight 8-row tiles of x)
-FOLD_MAX_M = 256  # past MMA_MAX_M, the Triton one-dot kernel; past this, the weight dequantized for cuBLAS
+MMA_MAX_M = 64  # rows the tensor-core GEMV takes (eight 8-row tiles of x); more are dequantized for cuBLAS
 _MAX_TILES = 8
 _SHARED_BYTES = 48 * 1024  # a block's static shared memory: its warps' partial sums, 512 bytes a tile each
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "int4_mma.cu")
@@ -208,13 +206,10 @@ def pick_mma_config(m: int, n: int, k: int) -> MmaConfig:
     so that every SM has work in one wave; 2 chunks loaded ahead (4 with 8 warps). 9-16 rows: 8
     warps, 2 ahead; 17-32: the same with the chunks dealt in turn (124.9 us a layer at 24 rows,
     bf16 165.9 at 32); 33-64: 4 warps, 4 ahead, in turn (263.1 us at 64 rows, bf16 169.7). Past
-    MMA_MAX_M rows, the Triton one-dot kernel over this layout (`_fold_config`; dequantizing the
-    weight for cuBLAS took about 440 us a layer at 64 to 128 rows on the H100,
-    results/quant_linear_int4mma_nopdl_h100.json), past FOLD_MAX_M the dequantization."""
-    if m > FOLD_MAX_M:
-        return MmaConfig(0, 0, dequant=True)
+    MMA_MAX_M rows the weight is dequantized for cuBLAS (about 440 us a layer at 64 to 128 rows on
+    the H100, results/quant_linear_int4mma_nopdl_h100.json)."""
     if m > MMA_MAX_M:
-        return _fold_config(m, n, k)
+        return MmaConfig(0, 0, dequant=True)
     if m > 32:
         return MmaConfig(4, 4, 1)
     if m > 16:
@@ -239,32 +234,7 @@ def candidate_mma_configs(m: int, n: int, k: int) -> list[MmaConfig]:
                   if w * _tiles(m) * 512 <= _SHARED_BYTES]
     if m > 8:
         found.append(MmaConfig(0, 0, dequant=True))
-        found += fold_configs(m, n, k)
     return list(dict.fromkeys(found))
-
-
-def _fold_config(m: int, n: int, k: int) -> Int4Config:
-    """The Triton one-dot kernel's default launch over this layout (MMA_MAX_M to FOLD_MAX_M rows): a
-    tile of up to 128 rows, 128 columns while that gives every SM a program (else 64, and K cut into
-    parts), 128 inputs a step where the group allows (fold_configs' first when group % 128 == 0)."""
-    bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
-    bn = 128 if triton.cdiv(m, bm) * triton.cdiv(n, 128) >= 132 else 64
-    split = tc_split(m, n, k, bm, bn) if triton.cdiv(m, bm) * triton.cdiv(n, bn) < 132 else 1
-    return Int4Config("fold", bm, bn, 128, 8 if bm == 128 else 4, 3, split)
-
-
-def fold_configs(m: int, n: int, k: int) -> list[Int4Config]:
-    """Launches of the Triton one-dot kernel over this layout (kernels/int4_linear.py's fold,
-    MMA) worth timing at m rows: tiles of 16 to 128 rows, 64 or 128 columns, 64 or 128 inputs a
-    step, K cut into parts when the tiles are fewer than the SMs."""
-    bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
-    found = []
-    for bn in (64, 128):
-        for bk in (64, 128):
-            for warps in (4, 8):
-                split = tc_split(m, n, k, bm, bn, bk) if triton.cdiv(m, bm) * triton.cdiv(n, bn) < 132 else 1
-                found += [Int4Config("fold", bm, bn, bk, warps, st, split) for st in (3, 4)]
-    return found
 
 
 def _check(x, qweight_mma, scales, qzeros, group_size, bias) -> tuple[int, int, int]:
@@ -295,8 +265,7 @@ def int4_mma_linear(x: torch.Tensor, qweight_mma: torch.Tensor, scales: torch.Te
                     group_size: int, bias: torch.Tensor | None = None, config: MmaConfig | None = None,
                     gated: bool = False) -> torch.Tensor:
     """``x [M, K] @ dequant(w) (+ bias)`` -> [M, N] in x's dtype: the tensor-core GEMV for
-    M <= MMA_MAX_M (config's choice), else the weight dequantized to [N, K] and multiplied by cuBLAS;
-    or, for a config that is an Int4Config ("fold"), the Triton one-dot kernel reading this layout.
+    M <= MMA_MAX_M (config's choice), else the weight dequantized to [N, K] and multiplied by cuBLAS.
     gated: w is an interleaved gate/up pair (`interleave_gate_up`, no bias) and the result is
     silu(gate) * up, [M, N / 2], as kernels/activation.py's silu_and_mul of the plain product."""
     m, n, k = _check(x, qweight_mma, scales, qzeros, group_size, bias)
@@ -305,20 +274,12 @@ def int4_mma_linear(x: torch.Tensor, qweight_mma: torch.Tensor, scales: torch.Te
     if gated and bias is not None:
         raise ValueError("a gated (gate/up) int4 linear takes no bias")
     cfg = config or pick_mma_config(m, n, k)
-    if isinstance(cfg, Int4Config):  # the Triton one-dot kernel over this layout
-        if config is None and group_size % cfg.block_k:
-            cfg = cfg._replace(block_k=64)  # groups of 64 (supports(): a multiple of 64)
-        if group_size % cfg.block_k:
-            raise ValueError(f"a fold config's block_k must divide the group size {group_size}: {cfg}")
-        y = int4_fold_mma_layout(x, qweight_mma, scales, qzeros, group_size, bias, cfg)
-        return silu_and_mul(deinterleave_gate_up(y)) if gated else y
     if cfg.dequant:
         w = int4_mma_dequantize(qweight_mma, scales, qzeros, group_size, x.dtype)
         y = torch.nn.functional.linear(x, w, bias)
         return silu_and_mul(deinterleave_gate_up(y)) if gated else y
     if m > _MAX_TILES * 8:
-        raise ValueError(f"the int4 tensor-core GEMV takes at most {_MAX_TILES * 8} rows, got {m}; use a dequant "
-                         "or a fold config")
+        raise ValueError(f"the int4 tensor-core GEMV takes at most {_MAX_TILES * 8} rows, got {m}; use a dequant config")
     if cfg.warps * _tiles(m) * 512 > _SHARED_BYTES:
         raise ValueError(f"{cfg.warps} warps of {_tiles(m)} tiles of x need more than 48 KB of shared memory")
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:

@@ -10,7 +10,7 @@ from treadle.kernels import cuda_jit
 from treadle.kernels.int4_linear import dequantize_ref, pack_cols, pack_rows, unpack_rows
 from treadle.kernels.int4_mma import (
     MmaConfig, available, candidate_mma_configs, deinterleave_gate_up, int4_mma_dequantize, int4_mma_linear,
-    int4_mma_linear_ref, interleave_gate_up, _DEFAULT_CONFIGS, FOLD_MAX_M, MMA_MAX_M, _tiles, mma_to_rows, pack_mma,
+    int4_mma_linear_ref, interleave_gate_up, _DEFAULT_CONFIGS, MMA_MAX_M, _tiles, mma_to_rows, pack_mma,
     pick_mma_config, supports, unpack_mma,
 )
 from treadle.kernels.activation import silu_and_mul, silu_and_mul_ref
@@ -167,8 +167,7 @@ def test_supports_and_cpu_refusal() -> None:
     picked = {(_tiles(m), pick_mma_config(m, n, 4096)) for m in range(1, MMA_MAX_M + 1)
               for n in (16, 4096, 6144, 28672)}
     assert picked <= set(_DEFAULT_CONFIGS)
-    assert pick_mma_config(MMA_MAX_M + 1, 4096, 4096).path == "fold"  # the Triton one-dot kernel
-    assert pick_mma_config(FOLD_MAX_M + 1, 4096, 4096).dequant
+    assert pick_mma_config(MMA_MAX_M + 1, 4096, 4096).dequant
     q, zeros, scales = _weights(128, 32, 64)
     x = torch.randn(2, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="CUDA device"):
@@ -296,7 +295,7 @@ def test_nvrtc_of_torchs_cuda_major_is_tried_first(tmp_path, monkeypatch: pytest
 @pytest.mark.parametrize("act_order", [False, True])
 def test_gpu_quantized_layer_keeps_the_mma_layout_and_matches_its_weight(act_order: bool) -> None:
     """A merged int4 linear on CUDA stores the mma layout and its bf16 and fp32 branches (the
-    GEMV, the Triton one-dot kernel past 64 rows, the exact fp32 weight for fp32 x) agree with
+    GEMV, dequantize-then-cuBLAS past 64 rows, the exact fp32 weight for fp32 x) agree with
     x @ dequantize().T, act-order's permutation included."""
     from quantized_layers import quantized_linear  # tests/quantized_layers.py
 
@@ -316,7 +315,7 @@ def test_gpu_quantized_layer_keeps_the_mma_layout_and_matches_its_weight(act_ord
 @pytest.mark.parametrize("m", [1, 5, 9, 24, 40, 64, 100])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_gated_gemv_is_silu_and_mul_of_the_plain_product(m: int, dtype: torch.dtype) -> None:
-    """The fused SwiGLU epilogue (and, past 64 rows, the Triton one-dot kernel) against the plain GEMV
+    """The fused SwiGLU epilogue (and, past 64 rows, dequantize-then-cuBLAS) against the plain GEMV
     of the same interleaved weight put back in order and kernels/activation.py's silu_and_mul."""
     k, n, group = 512, 96, 128
     q, zeros, scales = _weights(k, n, group, seed=m)
@@ -360,52 +359,3 @@ def test_gpu_quantized_gate_up_pair_is_interleaved_and_fuses_the_swiglu(method: 
         want = activation.silu_and_mul_ref(want_plain)
         got = layer.silu_and_mul(x.bfloat16()).float()
         torch.testing.assert_close(got, want, atol=3e-2 * want.abs().max().item(), rtol=3e-2)
-
-
-@pytest.mark.parametrize("k,n,group,cfg", [
-    (128, 48, 64, (16, 32, 64, 1)),  # masked columns (48 of 64), two groups
-    (512, 32, 128, (16, 16, 128, 3)),  # 4 blocks in parts of 2, 2, 0
-    (256, 80, 256, (32, 64, 64, 2)),  # four blocks a group, in 2 parts
-])
-def test_fold_over_the_mma_layout_matches_its_reference(k: int, n: int, group: int, cfg: tuple) -> None:
-    """The Triton one-dot kernel reading the mma layout word by word (TRITON_INTERPRET=1 on a CPU),
-    against the dequantize-first reference: every (nt, c, lane, s, nibble) lands on its input and output."""
-    from treadle.kernels.int4_linear import Int4Config, int4_fold_mma_layout
-
-    dev = "cuda" if torch.cuda.is_available() else "cpu"  # conftest sets TRITON_INTERPRET=1 without CUDA
-    q, z, s = _weights(k, n, group, seed=k + n)
-    g = torch.Generator().manual_seed(3)
-    for m in (3, 20):
-        x = torch.randn(m, k, generator=g).to(torch.bfloat16)
-        b = torch.randn(n, generator=g).to(torch.bfloat16)
-        ref = int4_mma_linear_ref(x.float(), pack_mma(q), s, z, group, b.float())
-        bm, bn, bk, split = cfg
-        y = int4_fold_mma_layout(x.to(dev), pack_mma(q).to(dev), s.to(dev), z.to(dev), group, b.to(dev),
-                                 Int4Config("fold", bm, bn, bk, 4, 3, split))
-        torch.testing.assert_close(y.float().cpu(), ref, atol=3e-2, rtol=1e-2)
-    with pytest.raises(ValueError, match="block_k a multiple of 64"):
-        int4_fold_mma_layout(x.to(dev), pack_mma(q).to(dev), s.to(dev), z.to(dev), group, None,
-                             Int4Config("fold", 16, 16, 32, 4, 3))
-
-
-@gpu
-@pytest.mark.parametrize("m", [17, 65, 128, 256])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_fold_configs_over_the_mma_layout_match_ref(m: int, dtype: torch.dtype) -> None:
-    """Each launch the sweep may pick for the mma layout at m rows, plain and gated, on llama3-8b's
-    down shape cut to 512 outputs (K 14336 in parts) and a gate_up of 1024 with groups of 64."""
-    from treadle.kernels.int4_mma import fold_configs
-
-    for k, n, group in ((14336, 512, 128), (4096, 1024, 64)):
-        x, packed, scales, zeros = _gpu_case(k, n, group, m, dtype, seed=m + n)
-        ref = int4_mma_linear_ref(x.float(), packed, scales, zeros, group).float()
-        gated_ref = int4_mma_linear_ref(x, packed, scales, zeros, group, gated=True).float()
-        scale = ref.abs().mean().item()
-        for cfg in fold_configs(m, n, k):
-            if group % cfg.block_k:
-                continue
-            y = int4_mma_linear(x, packed, scales, zeros, group, config=cfg)
-            torch.testing.assert_close(y.float(), ref, atol=2e-2 * scale, rtol=2e-2, msg=str(cfg))
-            yg = int4_mma_linear(x, packed, scales, zeros, group, config=cfg, gated=True)
-            torch.testing.assert_close(yg.float(), gated_ref, atol=2e-2 * gated_ref.abs().mean().item(), rtol=2e-2,
-                                       msg=str(cfg))

@@ -17,8 +17,7 @@ applies to x's columns before the kernel: x[:, perm] @ w[perm] = x @ w.
 On a CUDA device where NVRTC is at hand (kernels/cuda_jit.py) and the shape allows (N a
 multiple of 16, K of 64, groups a multiple of 64), q is kept instead in the mma layout of
 kernels/int4_mma.py (``layer.int4_layout == "mma"``): the tensor-core GEMV for up to 64 rows,
-the Triton one-dot kernel reading that layout up to 256, the weight dequantized for cuBLAS past
-that. ``TREADLE_INT4_MMA=0`` keeps the Triton layout.
+the weight dequantized for cuBLAS past that. ``TREADLE_INT4_MMA=0`` keeps the Triton layout.
 A SwiGLU gate/up pair (``layer.act_and_mul == "silu"``) is then stored interleaved by 8
 outputs (``layer.gate_up_interleaved``), so that its GEMV writes silu(gate) * up itself
 (``apply_silu_and_mul``); its plain ``apply`` puts the outputs back in order.
