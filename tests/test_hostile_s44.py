@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from treadle.runtime.server.testing import sse_events, wait_idle
+from treadle.runtime.server.tool_calls import plan_tools
 
 T = 120
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -115,3 +116,18 @@ def test_best_of_is_an_integer_equal_to_n(srv):
         r = requests.post(srv.url + path, json={"model": "default", **base, "max_tokens": 1, "n": None, "best_of": 1},
                           timeout=T)
         assert r.status_code == 200, (path, r.text)
+
+
+def test_a_required_reply_read_with_free_text_names_no_call_of_its_making():
+    # a `required` reply is read for the calls its grammar wrote; where it did not write all of
+    # the text (the reasoning before it, kept with separate_reasoning false, under
+    # --reasoning-parser think) that text may look like the head of a call: a name that is no
+    # JSON string ("\x") was a JSONDecodeError, a 500, and a number became a call's name
+    plan = plan_tools({"tools": [WEATHER], "tool_choice": "required"})
+    assert plan.parse('<think>so [{"name": "\\x", "arguments": {', "length").calls == ()
+    assert plan.parse('<think>[{"name": 5, "arguments": {}}]', "length").calls == ()
+    assert plan.parse('[{"name": 5, "arguments": {}}]', "stop").calls == ()
+    # what the grammar writes is read as before
+    reply = plan.parse('[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "argu',
+                       "length")
+    assert [(c.name, c.arguments) for c in reply.calls] == [("get_weather", '{"city":"Paris"}'), ("get_weather", "")]

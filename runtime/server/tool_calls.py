@@ -233,7 +233,7 @@ class ToolPlan:
         if self.choice == "required":
             try:
                 items = json.loads(text)
-                calls = tuple(ToolCall(it["name"], _dump(it["arguments"])) for it in items)
+                calls = tuple(ToolCall(_name(it["name"]), _dump(it["arguments"])) for it in items)
             except (ValueError, TypeError, KeyError, RecursionError):  # cut short by max_tokens (or nested past json)
                 # as a named call cut short (and OpenAI's): the calls so far, the last one's
                 # arguments as far as they got; the wrapper array is never shown as content
@@ -348,14 +348,25 @@ def _calls_so_far(text: str) -> tuple[ToolCall, ...]:
         start = _ITEM_GAP_RE.match(text, pos).end()
         try:
             item, end = dec.raw_decode(text, start)
-            calls.append(ToolCall(item["name"], _dump(item["arguments"])))
+            calls.append(ToolCall(_name(item["name"]), _dump(item["arguments"])))
             pos = end
         except (ValueError, TypeError, KeyError, RecursionError):
             break
     head = _CALL_HEAD_RE.match(text, pos)
     if head is not None:
-        calls.append(ToolCall(json.loads(head.group(1)), text[head.end():] if head.group(2) else ""))
+        try:  # free text (a reasoning block read with the reply: separate_reasoning false) may
+            # hold what looks like a name but is no JSON string ("\x": a JSONDecodeError, a 500)
+            calls.append(ToolCall(_name(json.loads(head.group(1))), text[head.end():] if head.group(2) else ""))
+        except ValueError:
+            pass
     return tuple(calls)
+
+
+def _name(name: Any) -> str:
+    """A call's name as the reply gives it: a string (a number there is no call: ValueError)."""
+    if not isinstance(name, str):
+        raise ValueError(f"a call's name must be a string, got {type(name).__name__}")
+    return name
 
 
 def _as_call(text: str, known: set[str]) -> ToolCall | None:
