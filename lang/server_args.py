@@ -18,8 +18,8 @@ import dataclasses
 import typing
 from typing import Any, Literal, get_args, get_origin
 
-from treadle.runtime.engine_args import (SGLANG_ARGS, SGLANG_FLAG_ALIASES, EngineArgs, sglang_flag,
-                                         translate_sglang_args)
+from treadle.runtime.engine_args import (SGLANG_ARGS, SGLANG_FLAG_ALIASES, SGLANG_ONLY_ARGS, SGLANG_ONLY_TYPES,
+                                         EngineArgs, sglang_flag, translate_sglang_args)
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -69,10 +69,22 @@ class ServerArgs(EngineArgs):
                 parser.add_argument(sglang_flag(name), action="store_true", **kw)
             else:
                 parser.add_argument(sglang_flag(name), type=arg.type, **kw)
+        # SGLang's flags treadle has no equivalent of: taken at SGLang's defaults (and, for those
+        # that only change logging or warm-up, any value), else a ValueError from from_cli_args
+        for name, why in SGLANG_ONLY_ARGS.items():
+            flag = sglang_flag(name)
+            kw = {"dest": name, "default": argparse.SUPPRESS, "help": why}
+            kind = SGLANG_ONLY_TYPES.get(name, str)
+            if kind is bool:
+                parser.add_argument(flag, *aliases.get(flag, []), action="store_true", **kw)
+            elif kind is list:
+                parser.add_argument(flag, *aliases.get(flag, []), nargs="+", **kw)
+            else:
+                parser.add_argument(flag, *aliases.get(flag, []), type=kind, **kw)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
         """The ServerArgs of a namespace parsed with `add_cli_args`'s flags (other attributes,
         a script's own flags, are left out)."""
-        names = {f.name for f in dataclasses.fields(EngineArgs)} | set(SGLANG_ARGS)
+        names = {f.name for f in dataclasses.fields(EngineArgs)} | set(SGLANG_ARGS) | set(SGLANG_ONLY_ARGS)
         return cls(**{k: v for k, v in vars(args).items() if k in names})

@@ -306,7 +306,8 @@ class SGLangArg:
 
 
 SGLANG_ARGS: dict[str, SGLangArg] = {
-    "random_seed": SGLangArg(int, lambda v: {"seed": v}, "treadle's --seed"),
+    # SGLang's default None: a seed of its own choosing; treadle's default seed is 0
+    "random_seed": SGLangArg(int, lambda v: {} if v is None else {"seed": v}, "treadle's --seed"),
     "disable_cuda_graph": SGLangArg(bool, lambda v: {"cuda_graph": False} if v else {}, "treadle's --no-cuda-graph"),
     "disable_overlap_schedule": SGLangArg(bool, lambda v: {"overlap_schedule": "off"} if v else {},
                                           "treadle's --overlap-schedule off"),
@@ -317,6 +318,21 @@ SGLANG_ARGS: dict[str, SGLangArg] = {
     # SGLang's "output as a sequence of disjoint segments"
     "stream_output": SGLangArg(bool, lambda v: {"incremental_streaming_output": True} if v else {},
                                "treadle's --incremental-streaming-output"),
+    "disable_custom_all_reduce": SGLangArg(bool, lambda v: {"custom_all_reduce": False} if v else {},
+                                           "treadle's --no-custom-all-reduce"),
+    # SGLang's older name of jump-forward decoding's switch
+    "disable_regex_jump_forward": SGLangArg(bool, lambda v: {"disable_jump_forward": True} if v else {},
+                                            "treadle's --disable-jump-forward"),
+    "disable_outlines_disk_cache": SGLangArg(bool, lambda v: {"grammar_cache_dir": ""} if v else {},
+                                             "treadle's --grammar-cache-dir '' (no disk cache of grammars)"),
+    "constrained_json_whitespace_pattern": SGLangArg(
+        str, lambda v: {} if v is None else {"json_whitespace_pattern": v}, "treadle's --json-whitespace-pattern"),
+    # SGLang's default None: torch.distributed's own; treadle's default is 60 s
+    "dist_timeout": SGLangArg(int, lambda v: {} if v is None else {"dist_timeout_s": float(v)},
+                              "treadle's --dist-timeout-s"),
+    # SGLang's older switch of expert parallelism over the tensor-parallel ranks
+    "enable_ep_moe": SGLangArg(bool, lambda v: {"enable_expert_parallel": True} if v else {},
+                               "treadle's --enable-expert-parallel"),
 }
 
 # SGLang's server arguments with no treadle equivalent: why, for the error that names them
@@ -368,9 +384,251 @@ SGLANG_OWN_WAY: dict[str, str] = {
     # SGLang's server parses tool calls only with a parser named; treadle's always reads both formats
     "tool_call_parser": "the server reads tool calls in qwen25's (<tool_call> blocks) and llama3's (a reply that "
                         "is one JSON call) formats, whichever is named",
+    "sampling_defaults": "treadle reads no sampling defaults from the model's generation_config.json: the sampling "
+                         "parameters a request leaves out default to OpenAI's (temperature 1, top_p 1)",
 }
+# the flag types of SGLANG_ONLY_ARGS on the command line (launch_server, ServerArgs.add_cli_args):
+# bool is SGLang's store_true flag, list a flag of one or more values; the others take one value
+SGLANG_ONLY_TYPES: dict[str, type] = {
+    "enable_torch_compile": bool, "is_embedding": bool, "skip_tokenizer_init": bool, "dp_size": int,
+    "stream_interval": int, "page_size": int, "schedule_conservativeness": float}
+# SGLang's default of each argument in SGLANG_ONLY_ARGS, where it is not None (an info line is
+# logged for a value taken that is not SGLang's default)
+SGLANG_DEFAULTS: dict[str, Any] = {
+    "enable_torch_compile": False, "dp_size": 1, "stream_interval": 1, "is_embedding": False,
+    "skip_tokenizer_init": False, "load_format": "auto", "tokenizer_mode": "auto", "schedule_conservativeness": 1.0}
+
+_NO_LORA = "treadle serves no LoRA adapters"
+_NO_MM = "treadle serves text-only models"
+_NO_SPEC = "treadle's speculative decoding is n-gram drafts (--speculative-algorithm ngram), with no draft model"
+_NO_EP = "treadle's expert parallelism is --enable-expert-parallel over the tensor-parallel ranks"
+_NO_HICACHE = "the KV cache lives in the pool on the device only (no host or storage tier)"
+_NO_PD = "treadle has no prefill/decode disaggregation"
+_NO_DEBUG = "treadle has no such debugging hook"
+_NO_METRICS = "/metrics serves treadle's own counters and histograms (docs/serving.md)"
+_OWN_KERNELS = "treadle runs its own kernels (--attention-backend auto, torch or triton)"
+
+# SGLang's server arguments (sglang/srt/server_args.py, ServerArgs) treadle has no equivalent of:
+# name -> (the flag's type, the values taken, why another is refused). The values taken are
+# SGLang's default (and what means the same here); every one of them changes nothing in treadle
+_SGLANG_DEFAULT_ONLY: dict[str, tuple[type, tuple, str]] = {
+    # model and tokenizer
+    "tokenizer_worker_num": (int, (1,), "the server tokenizes in one process"),
+    "model_loader_extra_config": (str, ("{}", "", None), "treadle's loader takes no extra configuration"),
+    "enable_multimodal": (bool, (None, False), _NO_MM),
+    "revision": (str, (None,), "treadle downloads no model: pass the local directory of the revision"),
+    "download_dir": (str, (None,), "treadle downloads no model (model_path is a local directory or a .gguf file)"),
+    "model_impl": (str, ("auto", "sglang"), "treadle runs its own model classes"),
+    "hybrid_kvcache_ratio": (float, (None,), "the KV pool has one kind of slot"),
+    "completion_template": (str, (None,), "/v1/completions sends the prompt as it is"),
+    "file_storage_path": (str, ("sglang_storage",), "treadle stores no files"),
+    "tool_server": (str, (None,), "treadle calls no tool servers"),
+    "json_model_override_args": (str, ("{}", ""), "the model's config.json is read as it is"),
+    "preferred_sampling_params": (str, (None,), "a request's sampling parameters default to the server's own"),
+    # treadle reads no sampling defaults from generation_config.json: "model" is taken with an info line
+    "sampling_defaults": (str, ("model", "openai"), "the sampling parameters a request leaves out default to "
+                                                   "OpenAI's (temperature 1, top_p 1)"),
+    "weight_version": (str, ("default",), "treadle does not version weights"),
+    # HTTP server
+    "nccl_port": (int, (None,), "the tensor-parallel rendezvous is --dist-init-addr"),
+    # quantization and data type
+    "quantization_param_path": (str, (None,), "FP8 KV scales are not read (--kv-cache-dtype fp8_e5m2 needs none)"),
+    "enable_fp32_lm_head": (bool, (False,), "the LM head runs in the model dtype"),
+    # memory and scheduling
+    "cpu_offload_gb": (int, (0,), "weights stay on the device (no CPU offload)"),
+    "offload_group_size": (int, (-1,), "weights stay on the device (no CPU offload)"),
+    "offload_num_in_group": (int, (1,), "weights stay on the device (no CPU offload)"),
+    "offload_prefetch_step": (int, (1,), "weights stay on the device (no CPU offload)"),
+    "offload_mode": (str, ("cpu",), "weights stay on the device (no CPU offload)"),
+    "enable_priority_scheduling": (bool, (False,), "requests are scheduled by --schedule-policy, with no priorities"),
+    "schedule_low_priority_values_first": (bool, (False,), "requests have no priorities"),
+    "priority_scheduling_preemption_threshold": (int, (10,), "requests have no priorities"),
+    "swa_full_tokens_ratio": (float, (0.8,), "the KV pool has one kind of slot (no sliding-window pool)"),
+    "disable_hybrid_swa_memory": (bool, (False,), "the KV pool has one kind of slot (no sliding-window pool)"),
+    "radix_eviction_policy": (str, ("lru",), "the radix cache evicts least recently used prefixes"),
+    "max_micro_batch_size": (int, (None,), "the scheduler runs one batch a step"),
+    "max_mamba_cache_size": (int, (None,), "treadle serves no state-space models"),
+    "mamba_ssm_dtype": (str, ("float32",), "treadle serves no state-space models"),
+    "allow_auto_truncate": (bool, (False,), "a prompt longer than the context is refused (a 400), not truncated"),
+    "num_reserved_decode_tokens": (int, (512,), _NO_PD),
+    # runtime
+    "pp_size": (int, (1,), "treadle has no pipeline parallelism (tensor parallelism: --tp-size)"),
+    "base_gpu_id": (int, (0,), "the ranks use the visible GPUs from the first (set CUDA_VISIBLE_DEVICES)"),
+    "gpu_id_step": (int, (1,), "the ranks use the visible GPUs in order (set CUDA_VISIBLE_DEVICES)"),
+    "sleep_on_idle": (bool, (False,), "the scheduler waits on its queue when idle"),
+    "constrained_json_disable_any_whitespace": (bool, (False,), "use --json-whitespace-pattern ''"),
+    "numa_node": (list, (None,), "treadle does not bind processes to NUMA nodes"),
+    # logging and metrics (those that only change what is logged take any value: _SGLANG_ANY_VALUE)
+    "crash_dump_folder": (str, (None,), "treadle writes no crash dumps"),
+    "enable_metrics_for_all_schedulers": (bool, (False,), _NO_METRICS),
+    "tokenizer_metrics_custom_labels_header": (str, ("x-custom-labels",), _NO_METRICS),
+    "tokenizer_metrics_allowed_custom_labels": (list, (None,), _NO_METRICS),
+    "bucket_time_to_first_token": (list, (None,), _NO_METRICS),
+    "bucket_inter_token_latency": (list, (None,), _NO_METRICS),
+    "bucket_e2e_request_latency": (list, (None,), _NO_METRICS),
+    "collect_tokens_histogram": (bool, (False,), _NO_METRICS),
+    "prompt_tokens_buckets": (list, (None,), _NO_METRICS),
+    "generation_tokens_buckets": (list, (None,), _NO_METRICS),
+    "kv_events_config": (str, (None,), "treadle publishes no KV cache events"),
+    "enable_trace": (bool, (False,), "treadle exports no OpenTelemetry traces"),
+    "oltp_traces_endpoint": (str, ("localhost:4317",), "treadle exports no OpenTelemetry traces"),
+    # data parallelism
+    "load_balance_method": (str, ("round_robin",), "a server is one replica (treadle's router balances replicas)"),
+    "prefill_round_robin_balance": (bool, (False,), "a server is one replica"),
+    # LoRA
+    "enable_lora": (bool, (None, False), _NO_LORA),
+    "max_lora_rank": (int, (None,), _NO_LORA),
+    "lora_target_modules": (list, (None,), _NO_LORA),
+    "lora_paths": (list, (None,), _NO_LORA),
+    "max_loaded_loras": (int, (None,), _NO_LORA),
+    "max_loras_per_batch": (int, (8,), _NO_LORA),
+    "lora_backend": (str, ("triton",), _NO_LORA),
+    # kernel backends
+    "decode_attention_backend": (str, (None,), _OWN_KERNELS),
+    "prefill_attention_backend": (str, (None,), _OWN_KERNELS),
+    "mm_attention_backend": (str, (None,), _NO_MM),
+    "moe_runner_backend": (str, ("auto",), _OWN_KERNELS),
+    "moe_a2a_backend": (str, ("none",), _NO_EP),
+    "deepep_mode": (str, ("auto",), _NO_EP),
+    "enable_flashinfer_allreduce_fusion": (bool, (False,), _OWN_KERNELS),
+    # speculative decoding
+    "speculative_draft_model_path": (str, (None,), _NO_SPEC),
+    "speculative_draft_model_revision": (str, (None,), _NO_SPEC),
+    "speculative_num_steps": (int, (None,), _NO_SPEC),
+    "speculative_eagle_topk": (int, (None,), _NO_SPEC),
+    "speculative_accept_threshold_single": (float, (1.0,), _NO_SPEC),
+    "speculative_accept_threshold_acc": (float, (1.0,), _NO_SPEC),
+    "speculative_token_map": (str, (None,), _NO_SPEC),
+    # expert parallelism
+    "ep_size": (int, (1,), _NO_EP),
+    "ep_num_redundant_experts": (int, (0,), _NO_EP),
+    "ep_dispatch_algorithm": (str, (None,), _NO_EP),
+    "init_expert_location": (str, ("trivial",), _NO_EP),
+    "enable_eplb": (bool, (False,), _NO_EP),
+    "eplb_algorithm": (str, ("auto",), _NO_EP),
+    "eplb_rebalance_num_iterations": (int, (1000,), _NO_EP),
+    "eplb_rebalance_layers_per_chunk": (int, (None,), _NO_EP),
+    "expert_distribution_recorder_mode": (str, (None,), _NO_EP),
+    "expert_distribution_recorder_buffer_size": (int, (None,), _NO_EP),
+    "enable_expert_distribution_metrics": (bool, (False,), _NO_EP),
+    "deepep_config": (str, (None,), _NO_EP),
+    "moe_dense_tp_size": (int, (None,), _NO_EP),
+    "enable_deepep_moe": (bool, (False,), _NO_EP),
+    # hierarchical cache
+    "enable_hierarchical_cache": (bool, (False,), _NO_HICACHE),
+    "hicache_ratio": (float, (2.0,), _NO_HICACHE),
+    "hicache_size": (int, (0,), _NO_HICACHE),
+    "hicache_write_policy": (str, ("write_through", "write_through_selective"), _NO_HICACHE),
+    "hicache_io_backend": (str, ("kernel",), _NO_HICACHE),
+    "hicache_mem_layout": (str, ("layer_first",), _NO_HICACHE),
+    "hicache_storage_backend": (str, (None,), _NO_HICACHE),
+    "hicache_storage_prefetch_policy": (str, ("best_effort",), _NO_HICACHE),
+    "enable_lmcache": (bool, (False,), _NO_HICACHE),
+    # double sparsity
+    "enable_double_sparsity": (bool, (False,), "attention reads every cached token"),
+    "ds_channel_config_path": (str, (None,), "attention reads every cached token"),
+    "ds_heavy_channel_num": (int, (32,), "attention reads every cached token"),
+    "ds_heavy_token_num": (int, (256,), "attention reads every cached token"),
+    "ds_heavy_channel_type": (str, ("qk",), "attention reads every cached token"),
+    "ds_sparse_decode_threshold": (int, (4096,), "attention reads every cached token"),
+    # optimization and debugging
+    "cuda_graph_bs": (list, (None,), "CUDA graphs are captured for batch sizes up to --cuda-graph-max-bs"),
+    "disable_cuda_graph_padding": (bool, (False,), "a batch between captured sizes replays the next larger graph"),
+    "enable_profile_cuda_graph": (bool, (False,), _NO_DEBUG),
+    "enable_cudagraph_gc": (bool, (False,), "garbage collection stays frozen while graphs are captured"),
+    "enable_nccl_nvls": (bool, (False,), "treadle leaves NCCL's NVLink multicast off"),
+    "enable_symm_mem": (bool, (False,), "the custom all-reduce (--custom-all-reduce) uses peer memory its own way"),
+    "enable_mscclpp": (bool, (False,), "all-reduces are NCCL's or treadle's custom one"),
+    "enable_tokenizer_batch_encode": (bool, (False,), "a batch's prompts are tokenized one by one"),
+    "enable_dp_attention": (bool, (False,), "a server is one replica (no data-parallel attention)"),
+    "enable_dp_lm_head": (bool, (False,), "a server is one replica (no data-parallel attention)"),
+    "enable_two_batch_overlap": (bool, (False,), "treadle overlaps the host with the device (--overlap-schedule)"),
+    "tbo_token_distribution_threshold": (float, (0.48,), "treadle has no two-batch overlap"),
+    "torch_compile_max_bs": (int, (32,), "treadle has no torch.compile path"),
+    "torchao_config": (str, ("",), "weights are quantized by --quantization"),
+    "enable_nan_detection": (bool, (False,), _NO_DEBUG),
+    "enable_p2p_check": (bool, (False,), "peer access is checked when the custom all-reduce starts"),
+    "triton_attention_reduce_in_fp32": (bool, (False,), _OWN_KERNELS),
+    "triton_attention_num_kv_splits": (int, (8,), _OWN_KERNELS),
+    "triton_attention_split_tile_size": (int, (None,), _OWN_KERNELS),
+    "num_continuous_decode_steps": (int, (1,), "the scheduler admits requests between every decode step"),
+    "delete_ckpt_after_loading": (bool, (False,), "treadle never deletes a checkpoint"),
+    "enable_memory_saver": (bool, (False,), "treadle does not release its memory while idle"),
+    "enable_custom_logit_processor": (bool, (False,), "treadle takes no custom logit processors"),
+    "enable_return_hidden_states": (bool, (False,), "treadle does not return hidden states"),
+    "flashinfer_mla_disable_ragged": (bool, (False,), _OWN_KERNELS),
+    "disable_shared_experts_fusion": (bool, (False,), _OWN_KERNELS),
+    "disable_chunked_prefix_cache": (bool, (False,), _OWN_KERNELS),
+    "disable_fast_image_processor": (bool, (False,), _NO_MM),
+    "scheduler_recv_interval": (int, (1,), "the scheduler reads new requests between every step"),
+    "enable_deterministic_inference": (bool, (False,), "batched outputs may differ in the last bits from "
+                                                       "unbatched ones (greedy outputs match in practice)"),
+    "debug_tensor_dump_output_folder": (str, (None,), _NO_DEBUG),
+    "debug_tensor_dump_input_file": (str, (None,), _NO_DEBUG),
+    "debug_tensor_dump_inject": (bool, (False,), _NO_DEBUG),
+    "debug_tensor_dump_prefill_only": (bool, (False,), _NO_DEBUG),
+    # prefill/decode disaggregation
+    "disaggregation_mode": (str, ("null",), _NO_PD),
+    "disaggregation_transfer_backend": (str, ("mooncake",), _NO_PD),
+    "disaggregation_bootstrap_port": (int, (8998,), _NO_PD),
+    "disaggregation_decode_tp": (int, (None,), _NO_PD),
+    "disaggregation_decode_dp": (int, (None,), _NO_PD),
+    "disaggregation_prefill_pp": (int, (1,), _NO_PD),
+    "disaggregation_ib_device": (str, (None,), _NO_PD),
+    "disaggregation_decode_polling_interval": (int, (1,), _NO_PD),
+    # weights
+    "custom_weight_loader": (list, (None,), "weights load with treadle's own loader"),
+    "weight_loader_disable_mmap": (bool, (False,), "weights load with treadle's own loader"),
+    "enable_pdmux": (bool, (False,), "treadle has no prefill/decode multiplexing"),
+    "sm_group_num": (int, (3,), "treadle has no prefill/decode multiplexing"),
+}
+# SGLang's arguments that only change what is logged, or the warm-up: taken at any value of their
+# type, as treadle's behaviour is a reading of every value (docs/porting-from-sglang.md says which)
+_SGLANG_ANY_VALUE: dict[str, tuple[type, Any, str]] = {
+    "show_time_cost": (bool, False, "treadle logs no per-stage timings"),
+    "decode_log_interval": (int, 40, "treadle logs no per-step decode lines (/get_server_info and /metrics "
+                                     "have the counters)"),
+    "log_requests_level": (int, 2, "--log-requests logs one line per finished request, never its text"),
+    "log_level_http": (str, None, "the HTTP access log follows --log-level"),
+    "gc_warning_threshold_secs": (float, 0.0, "treadle logs no garbage-collection warnings"),
+    "enable_request_time_stats_logging": (bool, False, "--log-requests' line has each request's latency"),
+    "skip_server_warmup": (bool, False, "the server runs no warm-up request: it is ready once the model is loaded"),
+    "warmups": (str, None, "the server runs no warm-up request"),
+    "enable_cache_report": (bool, False, "the OpenAI endpoints always report "
+                                         "usage.prompt_tokens_details.cached_tokens"),
+}
+
+
+def _of_type(tp: type, optional: bool) -> Callable[[Any], bool]:
+    def ok(v: Any) -> bool:
+        if v is None:
+            return optional
+        if tp is bool:
+            return isinstance(v, bool)
+        if tp is float:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+        return isinstance(v, tp) and not isinstance(v, bool)
+    return ok
+
+
+for _name, (_tp, _taken, _why) in _SGLANG_DEFAULT_ONLY.items():
+    SGLANG_ONLY_ARGS[_name] = _why
+    SGLANG_NOOP_VALUES[_name] = _is(*_taken, *(int(x) for x in _taken if type(x) is float and x == int(x)))
+    SGLANG_ONLY_TYPES[_name] = _tp
+    if _taken[0] is not None:
+        SGLANG_DEFAULTS[_name] = _taken[0]
+for _name, (_tp, _default, _why) in _SGLANG_ANY_VALUE.items():
+    SGLANG_ONLY_ARGS[_name] = f"takes {_tp.__name__} values: {_why}"
+    SGLANG_NOOP_VALUES[_name] = _of_type(_tp, _default is None)
+    SGLANG_ONLY_TYPES[_name] = _tp
+    SGLANG_OWN_WAY[_name] = _why
+    if _default is not None:
+        SGLANG_DEFAULTS[_name] = _default
+
 # SGLang's arguments that are treadle's too, whose SGLang default None is treadle's own default
-SGLANG_NONE_IS_DEFAULT = ("quantization", "speculative_algorithm", "reasoning_parser")
+SGLANG_NONE_IS_DEFAULT = ("quantization", "speculative_algorithm", "reasoning_parser", "mem_fraction_static",
+                          "max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs", "attention_backend",
+                          "device", "speculative_num_draft_tokens", "max_queued_requests")
 
 
 # SGLang's reasoning parsers whose block is <think>...</think>, opened by the reply (or by the
@@ -399,7 +657,7 @@ def _take_sglang_defaults(kwargs: dict[str, Any], caller: str | None) -> dict[st
             out[name] = value
             continue
         why = SGLANG_OWN_WAY.get(name)
-        if why is not None and value is not None:
+        if why is not None and value is not None and not _is(SGLANG_DEFAULTS.get(name))(value):
             log.info("%s(%s=%r): %s; taken and ignored", caller or "", name, value, why)
         else:
             log.debug("%s(%s=%r): SGLang's default, taken", caller or "", name, value)

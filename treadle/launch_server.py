@@ -22,9 +22,6 @@ import typing
 from dataclasses import fields
 
 PROG = "python -m treadle.launch_server"
-# the value types of SGLang's flags in SGLANG_ONLY_ARGS that are not strings
-_ONLY_TYPES = {"enable_torch_compile": bool, "is_embedding": bool, "skip_tokenizer_init": bool, "dp_size": int,
-               "stream_interval": int, "page_size": int, "schedule_conservativeness": float}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,8 +31,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from treadle.runtime.engine_args import (SGLANG_ARGS, SGLANG_ONLY_ARGS, SGLANG_THINK_PARSERS, EngineArgs,
-                                             sglang_flag)
+    from treadle.runtime.engine_args import (SGLANG_ARGS, SGLANG_ONLY_ARGS, SGLANG_ONLY_TYPES, SGLANG_THINK_PARSERS,
+                                             EngineArgs, sglang_flag)
 
     p = _Parser(prog=PROG, allow_abbrev=False,  # `--model` must not pass for a prefix of some other flag
                 description="Serve a model over HTTP: `treadle serve` with SGLang's flag names too. With no "
@@ -51,9 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     only = p.add_argument_group("SGLang's flags without a treadle equivalent: taken at values that change nothing "
                                 "here (SGLang's defaults), else refused")
     for name, why in SGLANG_ONLY_ARGS.items():
-        kind = _ONLY_TYPES.get(name, str)
+        kind = SGLANG_ONLY_TYPES.get(name, str)  # the value types of SGLang's flags
         if kind is bool:
             only.add_argument(sglang_flag(name), action="store_true", default=argparse.SUPPRESS, help=why)
+        elif kind is list:
+            only.add_argument(sglang_flag(name), nargs="+", default=argparse.SUPPRESS, help=why)
         else:
             only.add_argument(sglang_flag(name), type=kind, default=argparse.SUPPRESS, help=why)
     # only the flags given reach the namespace (EngineArgs fills in the rest): a default must not
