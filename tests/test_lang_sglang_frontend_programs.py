@@ -18,7 +18,7 @@ from enum import Enum
 
 import pytest
 from pydantic import BaseModel
-from test_lang_sglang_port import engine, runtime  # noqa: F401  (an Engine and a Runtime per module)
+from test_lang_sglang_port import engine, runtime  # noqa: F401  (an Engine per module; conftest's shared Runtime)
 
 import treadle as sgl
 from treadle import assistant, assistant_begin, assistant_end, function, gen, system, user
@@ -38,7 +38,7 @@ def backend(engine):
 
 
 @pytest.fixture(params=["engine", "http"])
-def both(request):
+def both(request, sgl_runtime):  # named here, so conftest sees this module among its shared Runtime's users
     """The Engine, then the Runtime's server."""
     yield from _default_backend(request.getfixturevalue("engine" if request.param == "engine" else "runtime"))
 

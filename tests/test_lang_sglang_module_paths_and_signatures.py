@@ -12,7 +12,7 @@ import re
 
 import pytest
 import requests
-from test_lang_sglang_port import engine, runtime  # noqa: F401  (an Engine and a Runtime per module)
+from test_lang_sglang_port import engine, runtime  # noqa: F401  (an Engine per module; conftest's shared Runtime)
 
 import treadle as sgl
 from treadle.srt.server_args import ServerArgs
