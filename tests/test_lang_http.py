@@ -2,11 +2,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 
 import pytest
 import requests
@@ -16,34 +12,8 @@ from treadle.runtime.server.testing import free_port
 
 
 @pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "treadle.runtime.launch_server", "--port", str(port),
-                             "--max-total-tokens", "16384"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-    deadline = time.time() + 240
-    try:
-        while True:
-            if proc.poll() is not None:
-                out = proc.stdout.read().decode(errors="replace")
-                pytest.fail(f"the server exited with {proc.returncode}:\n{out[-3000:]}")
-            try:
-                if requests.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.time() > deadline:
-                pytest.fail("the server did not become healthy within 240 s")
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def server(plain_server):  # conftest's shared server: these programs leave it idle
+    return plain_server.url
 
 
 @pytest.fixture(scope="module")
