@@ -32,9 +32,16 @@ def test_gemv_one_row_with_two_chunks_loaded_before_the_wait(dtype: torch.dtype,
     torch.testing.assert_close(gemv(x, w, b), gemv_ref(x, w, b), **TOL[dtype])
 
 
+# Every row count in fp32; the 16-bit dtypes with one row and with MAX_M rows. The two are
+# separate code: M unrolls the accumulators (each `if M > i` adds a row), the dtype only
+# converts each row's loads, so MAX_M runs every row's branch in every dtype (2 and 3 rows
+# in bf16 / fp16 ran the same lines again: 12 interpreted cases of 36).
+M_BY_DTYPE = [(torch.float32, m) for m in (1, 2, 3, MAX_M)] + [
+    (dtype, m) for dtype in (torch.bfloat16, torch.float16) for m in (1, MAX_M)]
+
+
 @needs_kernel
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m", [1, 2, 3, MAX_M])
+@pytest.mark.parametrize("dtype,m", M_BY_DTYPE)
 @pytest.mark.parametrize("n,k", [(37, 100), (16, 1024), (5, 3)])
 def test_gemv_matches_ref(dtype: torch.dtype, m: int, n: int, k: int) -> None:
     x, w, b = _rand(m, k, dtype=dtype, seed=0), _rand(n, k, dtype=dtype, seed=1), _rand(n, dtype=dtype, seed=2)
