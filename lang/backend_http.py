@@ -14,6 +14,9 @@ _ZERO = {"max_new_tokens": 0}
 # HTTP connections an endpoint keeps open for reuse: more than run_batch's threads ("auto": at most
 # max(64, 4 x CPUs)) times a few fork branches each
 _POOL_SIZE = 1024
+# seconds a request waits to connect to the server when RuntimeEndpoint has no timeout_s (its
+# reply is waited for as long as it takes, as SGLang's)
+CONNECT_TIMEOUT_S = 30.0
 
 
 class RuntimeEndpoint(Backend):
@@ -24,12 +27,15 @@ class RuntimeEndpoint(Backend):
     (treadle.lang.chat_template) to render roles with, its stop strings added to every gen, as
     SGLang's; without it roles render through the served model's own chat template, read from
     /get_model_info (SGLang guesses a named one from the model path). Treadle's
-    own are keyword-only: `timeout_s` per request, and `url` as another name for `base_url`.
+    own are keyword-only: `timeout_s`, and `url` as another name for `base_url`. As SGLang's, a
+    request waits for its reply as long as it takes (a long gen is no error); `timeout_s` bounds
+    each wait for the server (to connect, and between the bytes of a reply) and a request past it
+    is a TimeoutError naming it. Without it, connecting is bounded by CONNECT_TIMEOUT_S alone.
     Raises ConnectionError naming the URL when the server cannot be reached."""
 
     def __init__(self, base_url: str | None = None, api_key: str | None = None, verify: Any = None,
                  chat_template_name: str | None = None, *, url: str | None = None,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float | None = None) -> None:
         if (base_url is None) == (url is None):
             raise TypeError("RuntimeEndpoint() takes the server's URL once: RuntimeEndpoint(base_url)")
         url = base_url if url is None else url
@@ -70,9 +76,13 @@ class RuntimeEndpoint(Backend):
 
     def _request(self, method: str, path: str, **kw: Any) -> requests.Response:
         try:
-            resp = self.session.request(method, self.url + path, timeout=self.timeout_s, **kw)
-        except requests.ConnectionError as e:
+            timeout = (CONNECT_TIMEOUT_S, None) if self.timeout_s is None else self.timeout_s
+            resp = self.session.request(method, self.url + path, timeout=timeout, **kw)
+        except requests.ConnectionError as e:  # a connect timeout too
             raise ConnectionError(f"cannot reach the treadle server at {self.url}: {e}") from e
+        except requests.Timeout as e:
+            raise TimeoutError(f"{method} {self.url}{path}: no reply within RuntimeEndpoint's timeout_s="
+                               f"{self.timeout_s} (leave it unset to wait as long as the request takes)") from e
         if resp.status_code >= 400:
             try:
                 body = resp.json()

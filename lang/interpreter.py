@@ -6,7 +6,10 @@ are in flight, and many states (batch items, fork branches) have requests in the
 at once, where the engine batches them. A worker thread exists only while work is queued.
 
 Errors: the first exception stops the state; later nodes are dropped and every read
-(`s[name]`, `s.text()`, ...) raises that exception. Other states are unaffected.
+(`s[name]`, `s.text()`, ...) raises that exception while the program body runs. Once it has
+returned (a run_batch item, a streamed run), `text()` and `messages()` give what the state had, as
+SGLang's, and `error()` the exception; reading a variable it left unset still raises it. Other
+states are unaffected.
 """
 from __future__ import annotations
 

@@ -193,15 +193,18 @@ class ProgramState:
                            f"{', '.join(sorted(self._names)) or '(none)'}")
 
     def text(self) -> str:
-        """The whole prompt text so far (waits for queued work)."""
+        """The whole prompt text so far (waits for queued work). Of a failed state (a run_batch
+        item, a run with stream=True), the text it had when it failed, as SGLang's: `error()`
+        has the error (reading a variable the failure left unset raises it)."""
         if self._ex.tracing:
             raise StopTracing
-        self.sync()
+        self._wait_done()
         return self._ex.text_
 
     def messages(self) -> list[dict]:
-        """The completed role messages as [{"role", "content"}], in order."""
-        self.sync()
+        """The completed role messages as [{"role", "content"}], in order; of a failed state,
+        those completed before it failed, as `text()`."""
+        self._wait_done()
         return [dict(m) for m in self._ex.messages_]
 
     def variables(self) -> dict[str, Any]:
@@ -219,6 +222,15 @@ class ProgramState:
         self._wait_body()
         self._ex.sync()
         return self._ex.error
+
+    def _wait_done(self) -> None:
+        """Wait for the body (a streamed run's) and all queued work. While the program body still
+        runs (a read of its own, or of an unjoined branch's), a failure raises, stopping the body
+        as its other reads do; once it has returned, this raises nothing."""
+        self._wait_body()
+        self._ex.sync()
+        if not self._ex.ended:
+            self._ex.raise_if_failed()
 
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
         """Yield text as it is produced: all of it until the program ends, or variable

@@ -225,7 +225,7 @@ def dump_state_text(filename: str, states: list, mode: str = "w") -> None:
     with open(filename, mode) as fout:
         for i, s in enumerate(states):
             if isinstance(s, ProgramState):
-                s = s.text() if s.error() is None else s.stream_executor.text_
+                s = s.text()
             elif not isinstance(s, str):
                 s = str(s)
             fout.write("=" * 40 + f" {i} " + "=" * 40 + "\n" + s + "\n" + "=" * 80 + "\n\n")

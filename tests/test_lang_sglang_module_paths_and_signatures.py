@@ -311,7 +311,7 @@ def test_runtime_endpoint_and_generate_take_sglangs_parameters(runtime):
     backend = sgl.RuntimeEndpoint(base_url=runtime.url)
     assert backend.base_url == runtime.url
     backend = sgl.RuntimeEndpoint(runtime.url, None, False)  # verify, by position
-    assert backend.session.verify is False and backend.timeout_s == 600.0
+    assert backend.session.verify is False and backend.timeout_s is None  # no read timeout, as SGLang's
     with pytest.raises(TypeError, match="URL once"):
         sgl.RuntimeEndpoint()
 
