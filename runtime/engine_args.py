@@ -330,6 +330,9 @@ SGLANG_ARGS: dict[str, SGLangArg] = {
     # SGLang's default None: torch.distributed's own; treadle's default is 60 s
     "dist_timeout": SGLangArg(int, lambda v: {} if v is None else {"dist_timeout_s": float(v)},
                               "treadle's --dist-timeout-s"),
+    # SGLang's older switch of the overlap scheduler (off by default there then)
+    "enable_overlap_schedule": SGLangArg(bool, lambda v: {"overlap_schedule": "on"} if v else {},
+                                         "treadle's --overlap-schedule on"),
     # SGLang's older switch of expert parallelism over the tensor-parallel ranks
     "enable_ep_moe": SGLangArg(bool, lambda v: {"enable_expert_parallel": True} if v else {},
                                "treadle's --enable-expert-parallel"),
@@ -579,6 +582,21 @@ _SGLANG_DEFAULT_ONLY: dict[str, tuple[type, tuple, str]] = {
     # weights
     "custom_weight_loader": (list, (None,), "weights load with treadle's own loader"),
     "weight_loader_disable_mmap": (bool, (False,), "weights load with treadle's own loader"),
+    # newer and older versions' names
+    "admin_api_key": (str, (None,), "treadle has one key, --api-key"),
+    "enable_dynamic_batch_tokenizer": (bool, (False,), "a batch's prompts are tokenized one by one"),
+    "dynamic_batch_tokenizer_batch_size": (int, (32,), "a batch's prompts are tokenized one by one"),
+    "dynamic_batch_tokenizer_batch_timeout": (float, (0.002,), "a batch's prompts are tokenized one by one"),
+    "modelopt_quant": (str, (None,), "weights are quantized by --quantization"),
+    "enable_single_batch_overlap": (bool, (False,), "treadle overlaps the host with the device (--overlap-schedule)"),
+    "enable_torch_symm_mem": (bool, (False,), "all-reduces are NCCL's or treadle's custom one"),
+    "disable_disk_cache": (bool, (False,), "use --grammar-cache-dir '' (no disk cache of grammars)"),
+    "disable_penalizer": (bool, (False,), "penalties are applied whenever a request asks for them"),
+    "disable_nan_detection": (bool, (False,), _NO_DEBUG),
+    "disable_mla": (bool, (False,), _OWN_KERNELS),
+    "enable_flashinfer_mla": (bool, (False,), _OWN_KERNELS),
+    "enable_flashmla": (bool, (False,), _OWN_KERNELS),
+    "max_torch_compile_bs": (int, (32,), "treadle has no torch.compile path"),
     "enable_pdmux": (bool, (False,), "treadle has no prefill/decode multiplexing"),
     "sm_group_num": (int, (3,), "treadle has no prefill/decode multiplexing"),
 }
@@ -706,4 +724,7 @@ def translate_sglang_args(kwargs: dict[str, Any], caller: str | None) -> dict[st
     return out
 
 # SGLang's short spellings of its flags (one option of two strings there): the flag -> the long one
-SGLANG_FLAG_ALIASES: dict[str, str] = {"--tp": "--tp-size", "--model": "--model-path", "--dp": "--dp-size"}
+SGLANG_FLAG_ALIASES: dict[str, str] = {
+    "--tp": "--tp-size", "--model": "--model-path", "--dp": "--dp-size", "--tensor-parallel-size": "--tp-size",
+    "--data-parallel-size": "--dp-size", "--pipeline-parallel-size": "--pp-size", "--expert-parallel-size": "--ep-size",
+    "--ep": "--ep-size"}

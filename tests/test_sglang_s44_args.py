@@ -26,7 +26,8 @@ SGLANG_DEFAULTS = dict(
     disaggregation_mode="null", enable_p2p_check=False, triton_attention_num_kv_splits=8, sampling_defaults="model",
     file_storage_path="sglang_storage", json_model_override_args="{}", warmups=None, enable_memory_saver=False,
     num_continuous_decode_steps=1, torchao_config="", enable_dp_attention=False, base_gpu_id=0, gpu_id_step=1,
-    disable_outlines_disk_cache=False, enable_ep_moe=False, crash_dump_folder=None, enable_trace=False)
+    disable_outlines_disk_cache=False, enable_ep_moe=False, crash_dump_folder=None, enable_trace=False,
+    admin_api_key=None, enable_overlap_schedule=False, disable_disk_cache=False)
 
 
 def engine_args(kwargs: dict, caller: str = "Engine") -> EngineArgs:
@@ -51,10 +52,11 @@ def test_logging_and_warmup_arguments_take_any_value_of_their_type():
 def test_sglang_names_of_treadles_arguments_are_honoured():
     got = engine_args(dict(random_seed=5, disable_custom_all_reduce=True, dist_timeout=30,
                            constrained_json_whitespace_pattern=r"[ ]?", disable_regex_jump_forward=True,
-                           disable_outlines_disk_cache=True, enable_ep_moe=True))
+                           disable_outlines_disk_cache=True, enable_ep_moe=True, enable_overlap_schedule=True))
     assert (got.seed, got.custom_all_reduce, got.dist_timeout_s, got.json_whitespace_pattern) == (5, False, 30.0,
                                                                                                    "[ ]?")
     assert got.disable_jump_forward and got.grammar_cache_dir == "" and got.enable_expert_parallel
+    assert got.overlap_schedule == "on"
     with pytest.raises(ValueError, match="both name treadle's 'dist_timeout_s'"):
         engine_args(dict(dist_timeout=30, dist_timeout_s=20.0))
 
@@ -77,7 +79,8 @@ def test_launch_server_flags_at_sglangs_defaults_and_honoured_ones(capsys):
              "--cpu-offload-gb", "0", "--tokenizer-worker-num", "1", "--pp-size", "1", "--log-requests-level", "0",
              "--lora-backend", "triton", "--sampling-defaults", "model", "--hicache-ratio", "2"]
     assert parse_args(base + flags) == parse_args(base)
-    got = parse_args(base + ["--disable-custom-all-reduce", "--dist-timeout", "30"])
+    got = parse_args(base + ["--disable-custom-all-reduce", "--dist-timeout", "30", "--tensor-parallel-size", "1",
+                             "--data-parallel-size", "1", "--pipeline-parallel-size", "1", "--ep", "1"])
     assert (got.custom_all_reduce, got.dist_timeout_s) == (False, 30.0)
     with pytest.raises(SystemExit) as e:
         parse_args(base + ["--cpu-offload-gb", "8", "--allow-auto-truncate", "--lora-paths", "a", "b"])
