@@ -196,6 +196,33 @@ URI_AFTER_SCHEME = (r"://[a-zA-Z0-9][a-zA-Z0-9._~-]*(?::[0-9]{1,5})?"
                     rf"(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?")
 _URI = r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}" + URI_AFTER_SCHEME
 _SEGMENT = r"[a-zA-Z0-9._~-]+"
+# format "regex": a regular subset of the regexes, spelt as JSON text (a backslash of the value is
+# written \\). Literals (letters, digits, space and _ , : / @ = -), '.', escapes (\d \w \s and their
+# capitals, \n \r \t, an escaped metacharacter or '/'), classes of those literals, '.', the ranges
+# a-z A-Z 0-9 a-f A-F and escapes (no bare '-', '[' or '^' inside, never empty), quantifiers * + ?
+# {n} {n,} {n,m} (n one digit, m one not below it or two: never out of order), each maybe lazy,
+# after an atom only; groups (maybe '(?:') nested at most two deep, alternatives, '^' first and
+# '$' last. Each such string compiles under Python's re (no FutureWarning), the regex module and
+# ECMA-262 with and without the u flag (no identity escape of a letter, no lone '{' or ']').
+_RX_BACKSLASH = r"\\\\"
+_RX_LITERAL = r"[a-zA-Z0-9 _,:/@=-]"
+_RX_ESCAPE = _RX_BACKSLASH + r"(?:[dDwWsSnrt]|[.*+?()\[\]{}|^$/]|" + _RX_BACKSLASH + ")"
+_RX_CLASS_ITEM = r"(?:[a-zA-Z0-9 _.,:/@=]|a-z|A-Z|0-9|a-f|A-F|" + _RX_BACKSLASH + r"[dDwWsS.\[\]^$/-]|" \
+    + _RX_BACKSLASH + _RX_BACKSLASH + ")"
+_RX_QUANTIFIER = (r"(?:(?:[*+?]|\{(?:[0-9](?:,(?:[1-9][0-9])?)?|" + "|".join(f"{n},[{n}-9]" for n in range(10))
+                  + r")\})\??)")
+
+
+def _regex_alternatives(group: str | None) -> str:
+    """Alternatives of pieces (an atom, maybe quantified); ``group`` the alternatives a group
+    holds, None for none."""
+    atom = rf"(?:{_RX_LITERAL}|\.|{_RX_ESCAPE}|\[\^?{_RX_CLASS_ITEM}+\]" + \
+        (rf"|\((?:\?:)?{group}\)" if group else "") + ")"
+    branch = rf"(?:{atom}{_RX_QUANTIFIER}?)*"
+    return rf"{branch}(?:\|{branch})*"
+
+
+_REGEX = r"\^?" + _regex_alternatives(_regex_alternatives(_regex_alternatives(None))) + r"\$?"
 _POINTER = r'(?:/(?:[^"\\\x00-\x1f/~]|~[01])*)*'
 _BOUNDED_POINTER = r"(?:/(?:[a-zA-Z0-9._-]|~[01]){0,20}){0,6}"
 # RFC 6570 varname [modifier]: a prefix of 1 to 3 digits (the RFC allows up to 9999; the
@@ -265,9 +292,8 @@ FORMATS: dict[str, str] = {
     # RFC 6570 URI templates: literals of URI characters (unreserved, reserved, percent-escapes)
     # and expressions {op var,var.name:3,list*} (a subset: no ucschar literals)
     "uri-template": rf"(?:[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=-]|%[0-9A-Fa-f]{{2}}|\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\}})*",
-    # regexes of literal text (letters, digits, space, '_', '-', ',', ':', '/', '@', '=') and '.':
-    # each compiles in every regex dialect (a subset of the regexes)
-    "regex": r"[a-zA-Z0-9 _.,:/@=-]*",
+    # a regular subset of the regexes (_REGEX above): each compiles in Python's re and ECMA-262
+    "regex": _REGEX,
     # RFC 6901: "/"-prefixed reference tokens, '~' only as ~0 or ~1, characters written raw
     # (no JSON escapes: a subset)
     "json-pointer": _POINTER,
@@ -281,6 +307,11 @@ FORMATS: dict[str, str] = {
     # RFC 6531 extends RFC 5321: every address of the email subset is an internationalized one
     "idn-email": rf"[a-zA-Z0-9_]{{1,20}}(?:[.+-][a-zA-Z0-9_]{{1,20}}){{0,3}}@{_LABEL}(?:\.{_LABEL}){{1,3}}",
 }
+
+
+# narrower subsets of formats, written where a format's own subset cannot be fitted to a
+# minLength / maxLength (string_shapes._format_with_length): regexes of literal text and '.'
+PLAIN_FORMATS: dict[str, str] = {"regex": r"[a-zA-Z0-9 _.,:/@=-]*"}
 
 
 # Formats only Pydantic writes (its UUID1..UUID8, IPv4Network, IPvAnyInterface, ...): no

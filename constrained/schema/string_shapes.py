@@ -35,7 +35,7 @@ from treadle.constrained.regex import fsm_crawl
 from treadle.constrained.regex import regex_text as text
 from treadle.constrained.regex.fsm_regex import fsm_to_regex, length_range
 from treadle.constrained.regex.regex_ecma import pattern_subset_body
-from treadle.constrained.schema.json_schema_parts import Unsatisfiable, UnsupportedSchemaError
+from treadle.constrained.schema.json_schema_parts import NoOutput, Unsatisfiable, UnsupportedSchemaError
 
 
 # anchors, word boundaries and lookarounds: what may keep an empty match from every position
@@ -287,8 +287,20 @@ def _format_with_length(fmt: str, lo: int, hi: int | None, path: str) -> str:
     """A format's regex under minLength / maxLength (Pydantic's AnyUrl: format uri, minLength 1;
     HttpUrl adds maxLength 2083). A format writes ASCII only, a code point a character, so the
     bounds are plain lengths: bounds all its strings meet are dropped, others intersect its FSM
-    with the length range."""
-    rx = text.FORMATS[fmt]
+    with the length range. A format with a plainer subset (text.PLAIN_FORMATS: regexes of literal
+    text) writes that one where its own cannot be fitted to the lengths."""
+    try:
+        return _fitted_format(fmt, text.FORMATS[fmt], lo, hi, path)
+    except NoOutput:
+        raise
+    except UnsupportedSchemaError:
+        if fmt not in text.PLAIN_FORMATS:
+            raise
+        return _fitted_format(fmt, text.PLAIN_FORMATS[fmt], lo, hi, path)
+
+
+def _fitted_format(fmt: str, rx: str, lo: int, hi: int | None, path: str) -> str:
+    """``_format_with_length`` for the format's subset ``rx``."""
     fsm = interegular.parse_pattern(rx).to_fsm()
     shortest, longest = length_range(fsm)
     if longest is None and hi is not None and fmt in text.BOUNDED_FORMATS:
