@@ -28,13 +28,14 @@ def test_failed_streamed_state_gives_its_text_and_messages(sgl_runtime):
 
 
 def test_runtime_endpoint_has_no_read_timeout_unless_given(sgl_runtime):
-    assert sgl.RuntimeEndpoint(sgl_runtime.url).timeout_s is None
-    short = sgl.RuntimeEndpoint(sgl_runtime.url, timeout_s=0.05)
+    short = sgl.RuntimeEndpoint(sgl_runtime.url)  # connected (its /get_model_info) with no timeout
+    assert short.timeout_s is None
+    short.timeout_s = 0.1
 
     @sgl.function
     def long_gen(s):
-        s += "Count to a hundred: 1, 2," + sgl.gen("rest", max_tokens=64, ignore_eos=True, temperature=0)
+        s += "Count to a hundred: 1, 2," + sgl.gen("rest", max_tokens=128, ignore_eos=True, temperature=0)
 
-    with pytest.raises(TimeoutError, match="timeout_s=0.05"):  # 64 tokens take longer than 50 ms to come back
+    with pytest.raises(TimeoutError, match="timeout_s=0.1"):  # 128 tokens take longer than 0.1 s to come back
         long_gen.run(backend=short)
     wait_idle(sgl_runtime.url)  # the shared server is left idle
