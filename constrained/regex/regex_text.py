@@ -201,7 +201,8 @@ _SEGMENT = r"[a-zA-Z0-9._~-]+"
 # capitals, \n \r \t, an escaped metacharacter or '/'), classes of those literals, '.', the ranges
 # a-z A-Z 0-9 a-f A-F and escapes (no bare '-', '[' or '^' inside, never empty), quantifiers * + ?
 # {n} {n,} {n,m} (n one digit, m one not below it or two: never out of order), each maybe lazy,
-# after an atom only; groups (maybe '(?:') nested at most two deep, alternatives, '^' first and
+# after an atom only; groups (maybe '(?:'), not nested (each nesting level multiplies the
+# automaton interegular builds: 0.4 s, 1.1 s nested two deep), alternatives, '^' first and
 # '$' last. Each such string compiles under Python's re (no FutureWarning), the regex module and
 # ECMA-262 with and without the u flag (no identity escape of a letter, no lone '{' or ']').
 _RX_BACKSLASH = r"\\\\"
@@ -222,7 +223,7 @@ def _regex_alternatives(group: str | None) -> str:
     return rf"{branch}(?:\|{branch})*"
 
 
-_REGEX = r"\^?" + _regex_alternatives(_regex_alternatives(_regex_alternatives(None))) + r"\$?"
+_REGEX = r"\^?" + _regex_alternatives(_regex_alternatives(None)) + r"\$?"
 _POINTER = r'(?:/(?:[^"\\\x00-\x1f/~]|~[01])*)*'
 _BOUNDED_POINTER = r"(?:/(?:[a-zA-Z0-9._-]|~[01]){0,20}){0,6}"
 # RFC 6570 varname [modifier]: a prefix of 1 to 3 digits (the RFC allows up to 9999; the

@@ -26,7 +26,7 @@ from treadle.constrained.regex import fsm_crawl
 from treadle.constrained.regex import regex_text as text
 from treadle.constrained.regex.fsm_regex import fsm_to_regex, length_range
 from treadle.constrained.regex.regex_ecma import key_pattern_bodies, pattern_json_body, pattern_subset_body
-from treadle.constrained.schema.json_schema_parts import Unsatisfiable, UnsupportedSchemaError
+from treadle.constrained.schema.json_schema_parts import NoOutput, Unsatisfiable, UnsupportedSchemaError
 from treadle.constrained.schema.string_shapes import (
     _LENGTH_PRODUCT,
     _LENGTH_STEPS,
@@ -332,16 +332,29 @@ class _StringsMixin:
 
     def _format_and_pattern(self, schema: dict, lo: int, hi: int | None, path: str) -> str:
         """A string body that is of the format and matches the pattern (and the length
-        bounds): the three automata intersected, written back as a regex."""
+        bounds): the three automata intersected, written back as a regex. A format with a
+        plainer subset (text.PLAIN_FORMATS) writes that one where its own cannot be."""
         fmt = schema["format"]
         if fmt not in text.FORMATS:
             raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path}: format {fmt!r} is not supported")
+        try:
+            return self._format_subset_and_pattern(schema, text.FORMATS[fmt], lo, hi, path)
+        except NoOutput:
+            raise
+        except UnsupportedSchemaError:
+            if fmt not in text.PLAIN_FORMATS:
+                raise
+            return self._format_subset_and_pattern(schema, text.PLAIN_FORMATS[fmt], lo, hi, path)
+
+    def _format_subset_and_pattern(self, schema: dict, written: str, lo: int, hi: int | None, path: str) -> str:
+        """``_format_and_pattern`` for ``written``, the format's subset."""
+        fmt = schema["format"]
         try:
             body = pattern_subset_body(schema["pattern"])
         except ValueError as exc:
             raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
         lengths = "minLength" in schema or "maxLength" in schema
-        format_fsm, pattern_fsm = interegular.parse_pattern(text.FORMATS[fmt]).to_fsm(), interegular.parse_pattern(body).to_fsm()
+        format_fsm, pattern_fsm = interegular.parse_pattern(written).to_fsm(), interegular.parse_pattern(body).to_fsm()
         # One inside the other: that one is the intersection (citation-file-format's ORCID
         # pattern under format uri; a date-time under a pattern of digits and dashes); for an
         # unanchored pattern, also its core alone (strings that match it whole: a subset).
@@ -355,7 +368,7 @@ class _StringsMixin:
             if (cand_fsm - format_fsm).empty() and not cand_fsm.empty():
                 return self._body_with_length(cand, lo, hi, path) if lengths else cand
         if (format_fsm - pattern_fsm).empty():
-            return _format_with_length(fmt, lo, hi, path) if lengths else text.FORMATS[fmt]
+            return _format_with_length(fmt, lo, hi, path) if lengths else written
         if fmt in _URI_FORMATS and not lengths:
             # a pattern of the scheme (^https://, ^(https|http|ftp|sftp)://.+): the URIs of the
             # schemes it takes whole, each checked inside both (their product's regex is long)
