@@ -114,14 +114,14 @@ def _router_kernel(
     stride_xt, stride_w,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr,
-    NORM: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
+    NORM: tl.constexpr = False, RESIDUAL: tl.constexpr = False, SLICE: tl.constexpr = 16,
 ):
     # grid: (cdiv(E, BLOCK_R),); each program the logits of BLOCK_R experts for every token
     # (fp32, as kernels/gemv.py), then a ticket: the program that takes the last one routes
     # every token (kernels/decode_attention.py's merge, same ordering: barrier, one
     # release/acquire atomic at GPU scope, barrier, loads through L2).
     # NORM: x is a NormedInput (rows of stride H): every program normalises as it loads, and
-    # program 0 also writes the normed rows to xn (for the experts) and, RESIDUAL, x + residual
+    # writes its SLICE of the normed rows to xn (for the experts) and, RESIDUAL, of x + residual
     # to residual_out; the norm costs no launch of its own.
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -148,15 +148,16 @@ def _router_kernel(
         if NORM:
             rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / hidden + eps)
             logit = logit * rstd
-            if pid == 0:  # the normed row (rmsnorm's rounding) and the residual stream
-                for k0 in range(0, hidden, BLOCK_K):
-                    kmask = k0 + cols < hidden
-                    h, a = _router_input(x_row, r_row, g_ptr, k0, cols, hidden, NORM, RESIDUAL)
-                    if RESIDUAL:
-                        tl.store(ro_ptr + t * hidden + k0 + cols, h.to(ro_ptr.dtype.element_ty), mask=kmask)
-                    g = tl.load(g_ptr + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-                    xn = (h * rstd).to(xn_ptr.dtype.element_ty).to(tl.float32) * g
-                    tl.store(xn_ptr + t * hidden + k0 + cols, xn.to(xn_ptr.dtype.element_ty), mask=kmask)
+            # the normed row (rmsnorm's rounding) and the residual stream, SLICE inputs a program
+            # (every program has the row's rstd): no program streams the whole row twice
+            offs = pid * SLICE + tl.arange(0, SLICE)
+            smask = offs < hidden
+            h, a = _router_input(x_row, r_row, g_ptr, pid * SLICE, tl.arange(0, SLICE), hidden, NORM, RESIDUAL)
+            if RESIDUAL:
+                tl.store(ro_ptr + t * hidden + offs, h.to(ro_ptr.dtype.element_ty), mask=smask)
+            g = tl.load(g_ptr + offs, mask=smask, other=0.0).to(tl.float32)
+            xn = (h * rstd).to(xn_ptr.dtype.element_ty).to(tl.float32) * g
+            tl.store(xn_ptr + t * hidden + offs, xn.to(xn_ptr.dtype.element_ty), mask=smask)
         tl.store(logits_ptr + t * num_experts + rows, logit, mask=rmask)
     tl.debug_barrier()
     ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
@@ -256,7 +257,8 @@ def moe_router(x: torch.Tensor | NormedInput, gate_weight: torch.Tensor, top_k: 
         t, e, h, expert_start, num_local, float(norm.eps) if norm is not None else 0.0, x.stride(0),
         gate_weight.stride(0), BLOCK_R=1, BLOCK_K=block_k, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
         BLOCK_E=triton.next_power_of_2(e), RENORM=renormalize, NORM=norm is not None,
-        RESIDUAL=norm is not None and norm.residual is not None, num_warps=1, **pdl.options(x))
+        RESIDUAL=norm is not None and norm.residual is not None, SLICE=triton.next_power_of_2(triton.cdiv(h, e)),
+        num_warps=1, **pdl.options(x))
     return weights, ids
 
 

@@ -148,27 +148,29 @@ def _gemv_kernel(
 
 @triton.jit
 def _normed_chunk(x_ptr, r_ptr, g_ptr, ro_ptr, k0, cols, K, store_k, RESIDUAL: tl.constexpr,
-                  EVEN: tl.constexpr):
+                  EVEN: tl.constexpr, NORM: tl.constexpr = True):
     # (h, h * g) for inputs k0 : k0 + BLOCK_K of a NormedInput's one row, h = x (+ residual, rounded
     # to x's dtype, written to residual_out below store_k: K in one program, 0 in the others), in
-    # fp32, zeros past K
+    # fp32, zeros past K. Not NORM (a plain row of x): (x, x)
     h = _x_chunk(x_ptr, k0, cols, K, EVEN)
-    kmask = k0 + cols < K
-    if RESIDUAL:
-        h = (h + _x_chunk(r_ptr, k0, cols, K, EVEN)).to(x_ptr.dtype.element_ty).to(tl.float32)
-        tl.store(ro_ptr + k0 + cols, h.to(ro_ptr.dtype.element_ty), mask=k0 + cols < store_k)
-    g = tl.load(g_ptr + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-    return h, h * g
+    a = h
+    if NORM:
+        if RESIDUAL:
+            h = (h + _x_chunk(r_ptr, k0, cols, K, EVEN)).to(x_ptr.dtype.element_ty).to(tl.float32)
+            tl.store(ro_ptr + k0 + cols, h.to(ro_ptr.dtype.element_ty), mask=k0 + cols < store_k)
+        a = h * tl.load(g_ptr + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
+    return h, a
 
 
 @triton.jit
 def _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows, rmask, up_rows, k0, cols, K,
                  stride_sn, store_k, RESIDUAL: tl.constexpr, SILU: tl.constexpr, SCALE_K: tl.constexpr,
-                 EVEN: tl.constexpr):
+                 EVEN: tl.constexpr, NORM: tl.constexpr):
     # one chunk of _gemv_normed_kernel: the chunk's squares and its products with the gate (or
     # only) rows wg and the up rows wu, weights in their own dtype (FP8 block-scaled: SCALE_K > 0)
-    h, a = _normed_chunk(x_ptr, r_ptr, g_ptr, ro_ptr, k0, cols, K, store_k, RESIDUAL, EVEN)
-    squares += h * h
+    h, a = _normed_chunk(x_ptr, r_ptr, g_ptr, ro_ptr, k0, cols, K, store_k, RESIDUAL, EVEN, NORM)
+    if NORM:
+        squares += h * h
     if SCALE_K > 0:
         wg = _block_scaled(wg, s_ptr, rows, k0, cols, rmask, K, stride_sn, SCALE_K)
     acc_g += wg.to(tl.float32) * a[None, :]
@@ -186,12 +188,13 @@ def _gemv_normed_kernel(
     stride_wn, stride_sn,
     RESIDUAL: tl.constexpr, SILU: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD2: tl.constexpr, PDL: tl.constexpr,
-    SCALE_K: tl.constexpr = 0,
+    SCALE_K: tl.constexpr = 0, NORM: tl.constexpr = True,
 ):
     # grid: (cdiv(N, BLOCK_N),); _gemv_kernel's program for one row of x that is a NormedInput
     # (kernels/rmsnorm.py): y[n] = rstd * sum_k w[n, k] * h[k] * g[k], rstd = 1 / sqrt(mean(h^2) + eps),
     # the squares summed over the same chunks as the products. SILU: rows n and up_rows + n (a
-    # gate/up pair) give y[n] = silu(gate) * up, N outputs of the 2N rows.
+    # gate/up pair) give y[n] = silu(gate) * up, N outputs of the 2N rows. Not NORM: x is a plain
+    # row (rstd 1, no residual), for the SILU of a projection whose input comes normed already.
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
@@ -228,12 +231,12 @@ def _gemv_normed_kernel(
     acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     squares = tl.zeros([BLOCK_K], tl.float32)
     acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows, rmask,
-                                         up_rows, 0, cols, K, stride_sn, store_k, RESIDUAL, SILU, SCALE_K, EVEN)
+                                         up_rows, 0, cols, K, stride_sn, store_k, RESIDUAL, SILU, SCALE_K, EVEN, NORM)
     start = BLOCK_K
     if AHEAD2:
         acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg2, wu2, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows,
                                              rmask, up_rows, BLOCK_K, cols, K, stride_sn, store_k, RESIDUAL, SILU,
-                                             SCALE_K, EVEN)
+                                             SCALE_K, EVEN, NORM)
         start = 2 * BLOCK_K
     for k0 in range(start, K, BLOCK_K):
         wg = _w_chunk(w_ptrs, k0, cols, rmask, K, EVEN)
@@ -242,8 +245,10 @@ def _gemv_normed_kernel(
             wu = _w_chunk(u_ptrs, k0, cols, rmask, K, EVEN)
         acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows,
                                              rmask, up_rows, k0, cols, K, stride_sn, store_k, RESIDUAL, SILU, SCALE_K,
-                                             EVEN)
-    rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+                                             EVEN, NORM)
+    rstd = 1.0
+    if NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
     y = tl.sum(acc_g, axis=1) * (sg * rstd) + bg
     if SILU:
         up = tl.sum(acc_u, axis=1) * (su * rstd) + bu
@@ -324,12 +329,11 @@ def gemv(x: torch.Tensor | NormedInput, w: torch.Tensor, bias: torch.Tensor | No
     (default x's); w_scale (fp32 [N], or [N, KB]: a scale per row and per scale_block_k(K, KB)
     inputs) only with a float8_e4m3fn w.
     x may be a NormedInput of one row (kernels/rmsnorm.py): the kernel normalises it as it loads
-    it and writes its residual_out. With one, act "silu" takes w's rows as a gate/up pair (gate
-    rows, then as many up rows) and gives silu(gate) * up, [1, N / 2]."""
-    if isinstance(x, NormedInput):
+    it and writes its residual_out. With one row of x (a NormedInput or not), act "silu" takes w's
+    rows as a gate/up pair (gate rows, then as many up rows) and gives silu(gate) * up, [1, N / 2]:
+    the decode step's gate/up and SiLU in one launch."""
+    if isinstance(x, NormedInput) or act is not None:
         return _gemv_normed(x, w, bias, out_dtype, config, w_scale, act)
-    if act is not None:
-        raise ValueError("gemv's act is for a NormedInput x (the decode step's fused gate/up)")
     _check(x, w, bias, out_dtype, w_scale)
     if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(f"x must be on a CUDA device (got {x.device}); use gemv_ref on CPU")
@@ -353,23 +357,33 @@ def gemv(x: torch.Tensor | NormedInput, w: torch.Tensor, bias: torch.Tensor | No
     return y
 
 
-def _check_normed(n: NormedInput, w: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype | None,
-                  w_scale: torch.Tensor | None, act: str | None) -> None:
-    n.check()
-    if n.x.shape[0] != 1 or n.x.shape[1] == 0:
-        raise ValueError(f"a NormedInput GEMV takes one non-empty row of x, got {tuple(n.x.shape)}")
-    _check(n.x, w, bias, out_dtype, w_scale)
+def _check_normed(n: NormedInput | torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                  out_dtype: torch.dtype | None, w_scale: torch.Tensor | None, act: str | None) -> None:
+    # a NormedInput, or a plain x with an act: one non-empty row either way
+    if isinstance(n, NormedInput):
+        n.check()
+        x = n.x
+    elif isinstance(n, torch.Tensor):
+        x = n
+    else:
+        raise ValueError("x must be a torch.Tensor or a NormedInput")
+    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] == 0:
+        what = "a NormedInput GEMV" if isinstance(n, NormedInput) else "gemv with an act"
+        raise ValueError(f"{what} takes one non-empty row of x, got {tuple(x.shape)}")
+    _check(x, w, bias, out_dtype, w_scale)
     if act not in (None, "silu"):
         raise ValueError(f"act must be None or 'silu', got {act!r}")
     if act and w.shape[0] % 2:
         raise ValueError(f"act 'silu' needs gate and up rows, an even N, got {w.shape[0]}")
 
 
-def _gemv_normed(n: NormedInput, w: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype | None,
-                 config: tuple[int, int, int, int] | None, w_scale: torch.Tensor | None, act: str | None
-                 ) -> torch.Tensor:
+def _gemv_normed(n: NormedInput | torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                 out_dtype: torch.dtype | None, config: tuple[int, int, int, int] | None, w_scale: torch.Tensor | None,
+                 act: str | None) -> torch.Tensor:
+    # _gemv_normed_kernel: a NormedInput (with or without act), or one plain row with act (NORM off)
     _check_normed(n, w, bias, out_dtype, w_scale, act)
-    x = n.x
+    norm = n if isinstance(n, NormedInput) else None
+    x = norm.x if norm is not None else n
     if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(f"x must be on a CUDA device (got {x.device}); use gemv_ref on CPU")
     k = x.shape[1]
@@ -380,15 +394,18 @@ def _gemv_normed(n: NormedInput, w: torch.Tensor, bias: torch.Tensor | None, out
     if act:  # gate and up rows: the rows a program streams stay a plain GEMV's
         block_n = max(1, block_n // 2)
     blocked = w_scale is not None and w_scale.dim() == 2
-    res = n.residual if n.residual is not None else x
+    residual = norm.residual if norm is not None else None
+    residual_out = norm.residual_out if norm is not None else None
     _gemv_normed_kernel[(triton.cdiv(n_out, block_n),)](
-        x, res, n.weight, n.residual_out if n.residual_out is not None else x, w,
+        x, residual if residual is not None else x, norm.weight if norm is not None else x,
+        residual_out if residual_out is not None else x, w,
         w_scale if w_scale is not None else x, bias if bias is not None else x, y,
-        n_out, k, float(n.eps), n_out if act else 0, w.stride(0), w_scale.stride(0) if blocked else 0,
-        RESIDUAL=n.residual is not None, SILU=act is not None, HAS_SCALE=w_scale is not None, HAS_BIAS=bias is not None,
+        n_out, k, float(norm.eps) if norm is not None else 0.0, n_out if act else 0, w.stride(0),
+        w_scale.stride(0) if blocked else 0,
+        RESIDUAL=residual is not None, SILU=act is not None, HAS_SCALE=w_scale is not None, HAS_BIAS=bias is not None,
         EVEN=n_out % block_n == 0 and k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, AHEAD2=k > block_k,
-        SCALE_K=scale_block_k(k, w_scale.shape[1]) if blocked else 0, num_warps=warps, num_stages=stages,
-        **pdl.options(x),
+        SCALE_K=scale_block_k(k, w_scale.shape[1]) if blocked else 0, NORM=norm is not None, num_warps=warps,
+        num_stages=stages, **pdl.options(x),
     )
     return y
 
@@ -398,11 +415,10 @@ def gemv_ref(x: torch.Tensor | NormedInput, w: torch.Tensor, bias: torch.Tensor 
              w_scale: torch.Tensor | None = None, act: str | None = None) -> torch.Tensor:
     """Pure-torch reference with the same signature: fp32 math, rounded once (a NormedInput
     normalised store_k, as rmsnorm_ref rounds it)."""
-    if isinstance(x, NormedInput):
+    if isinstance(x, NormedInput) or act is not None:
         _check_normed(x, w, bias, out_dtype, w_scale, act)
+    if isinstance(x, NormedInput):
         x = normed_input_ref(x)
-    elif act is not None:
-        raise ValueError("gemv's act is for a NormedInput x (the decode step's fused gate/up)")
     _check(x, w, bias, out_dtype, w_scale)
     if w_scale is not None and w_scale.dim() == 2:
         y = x.float() @ dequantize_blocks(w, w_scale).T

@@ -40,6 +40,11 @@ class TorchAttentionBackend:
     def __init__(self, kv_pool: TokenToKVPool, req_to_token: torch.Tensor) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
+        # decode attention's merge tickets (zeros the kernel leaves zero), one a (request row, kv head),
+        # allocated here so that CUDA graphs replay them; TREADLE_ATTN_MERGE=0 launches stage 2 instead
+        self.merge = ops.fusion("TREADLE_ATTN_MERGE") != "0"
+        self.tickets = torch.zeros(dec.decode_tickets_numel(req_to_token.shape[0], kv_pool.k_buffers[0].shape[1]),
+                                   dtype=torch.int32, device=q_device(kv_pool))
 
     def plan(self, fb: ForwardBatch) -> None:
         pass
@@ -70,6 +75,11 @@ class TritonAttentionBackend:
     def __init__(self, kv_pool: TokenToKVPool, req_to_token: torch.Tensor) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
+        # decode attention's merge tickets (zeros the kernel leaves zero), one a (request row, kv head),
+        # allocated here so that CUDA graphs replay them; TREADLE_ATTN_MERGE=0 launches stage 2 instead
+        self.merge = ops.fusion("TREADLE_ATTN_MERGE") != "0"
+        self.tickets = torch.zeros(dec.decode_tickets_numel(req_to_token.shape[0], kv_pool.k_buffers[0].shape[1]),
+                                   dtype=torch.int32, device=q_device(kv_pool))
 
     def plan(self, fb: ForwardBatch) -> None:
         # Lengths come from the host lists, so no layer has to read them back from the GPU
@@ -92,7 +102,8 @@ class TritonAttentionBackend:
             meta = fb.attn_meta
             dec.decode_attention(q, k_buf, v_buf, o, self.req_to_token, fb.req_pool_indices, fb.seq_lens, scale,
                                  max_kv_splits=meta["kv_splits"], max_seq_len=meta["max_seq_len"],
-                                 new=dec.NewToken(k, v, fb.out_cache_loc, positions, cos_sin, qk_norm))
+                                 new=dec.NewToken(k, v, fb.out_cache_loc, positions, cos_sin, qk_norm),
+                                 merge=self.merge, tickets=self.tickets)
             return o
         if rope is not None:
             positions, cos_sin, qk_norm = rope
@@ -104,7 +115,7 @@ class TritonAttentionBackend:
             meta = fb.attn_meta
             dec.decode_attention(q, k_buf, v_buf, o, self.req_to_token, fb.req_pool_indices,
                                  fb.seq_lens, scale, max_kv_splits=meta["kv_splits"],
-                                 max_seq_len=meta["max_seq_len"])
+                                 max_seq_len=meta["max_seq_len"], merge=self.merge, tickets=self.tickets)
         else:
             ext.extend_attention(q, k_buf, v_buf, o, self.req_to_token, fb.req_pool_indices,
                                  fb.prefix_lens, fb.extend_lens, fb.extend_start_loc, scale,

@@ -85,6 +85,32 @@ def test_gemv_normalises_its_input(dtype: torch.dtype, k: int, residual: bool, a
 
 
 @needs_kernel
+@pytest.mark.parametrize("k", [100, 2148])  # one masked chunk; two and a tail
+@pytest.mark.parametrize("weights", ["float", "fp8_row", "fp8_block"])
+def test_gemv_silu_of_a_plain_row(k: int, weights: str) -> None:
+    # one row of x that comes normed already (an FP8 gate/up after the norm's own launch): the
+    # gate/up GEMV writes silu(gate) * up itself, no SiLU launch
+    dtype = torch.bfloat16
+    w = _rand(22, k, seed=6, dtype=dtype, scale=0.05)
+    w_scale = None
+    if weights != "float":
+        w, w_scale = quantize_weight_ref(w)
+        if weights == "fp8_block":
+            w_scale = torch.stack([w_scale * (1 + 0.25 * j) for j in range(-(-k // 128))], dim=1).contiguous()
+    x = _rand(1, k, seed=7, dtype=dtype)
+    bias = _rand(22, seed=8, dtype=dtype, scale=0.1)
+    y = gemv(x, w, bias, w_scale=w_scale, act="silu")
+    assert y.shape == (1, 11) and y.dtype == dtype
+    wf = w.double() if w_scale is None else (dequantize_blocks(w, w_scale).double() if w_scale.dim() == 2
+                                             else w.double() * w_scale.double()[:, None])
+    gate, up = (x.double() @ wf.T + bias.double()).chunk(2, dim=1)
+    want = torch.nn.functional.silu(gate) * up
+    assert (y.double() - want).abs().max() <= 1e-2 * want.abs().max()
+    ref = gemv_ref(x, w, bias, w_scale=w_scale, act="silu")
+    assert (ref.double() - want).abs().max() <= 1e-2 * want.abs().max()
+
+
+@needs_kernel
 def test_gemv_normed_input_without_residual_leaves_x() -> None:
     n = _normed_input(300, torch.float32, residual=False)
     before = n.x.clone()
@@ -111,8 +137,8 @@ def test_normed_input_rejects_bad_arguments() -> None:
         gemv_ref(NormedInput(x, g, EPS), torch.randn(7, 64), act="silu")
     with pytest.raises(ValueError, match="act must be"):
         gemv_ref(NormedInput(x, g, EPS), w, act="gelu")
-    with pytest.raises(ValueError, match="NormedInput x"):
-        gemv_ref(x, w, act="silu")
+    with pytest.raises(ValueError, match="one non-empty row"):
+        gemv_ref(torch.randn(2, 64), w, act="silu")  # a plain x with an act: one row (the decode step's)
     with pytest.raises(ValueError, match="normed_out"):
         moe_router(NormedInput(x, g, EPS), w, 2, True, torch.zeros(1, dtype=torch.int32))
 
@@ -230,6 +256,7 @@ def test_fused_norm_decode_on_gpu(model: str, quant: str | None, monkeypatch) ->
     for fused in (False, True):
         monkeypatch.setenv("TREADLE_FUSED_NORM", "1" if fused else "0")
         monkeypatch.setenv("TREADLE_FUSED_ROPE", "1" if fused else "0")
+        monkeypatch.setenv("TREADLE_FUSED_SILU", "1" if fused else "0")  # an FP8 gate/up's SiLU product
         before = dict(calls)
         kw = {"quantization": quant} if quant else {}
         with Engine(model_path=model, max_total_tokens=2048, **kw) as e:

@@ -265,6 +265,35 @@ def test_gpu_llama3_shapes(m: int, n: int, k: int) -> None:
 
 
 @needs_kernel
+def test_fp8_gate_up_of_one_row_writes_the_silu_product(monkeypatch) -> None:
+    """An FP8 gate/up pair of one row (the batch-1 decode step: weight-only GEMV, its input normed
+    by the norm's own launch) gives silu(gate) * up from the GEMV itself (kernels/gemv.py's act on a
+    plain row), the product the separate SiLU launch gives; TREADLE_FUSED_SILU=0 launches that."""
+    from quantized_layers import quantized_linear  # tests/quantized_layers.py
+
+    from treadle.kernels import gemv as gemv_mod
+
+    layer = quantized_linear("fp8", 64, [32, 32], 32, _g(12), DEV, act_and_mul="silu")
+    layer.quant.use_kernels = True
+    x = torch.randn(1, 64, generator=_g(13)).to(torch.bfloat16).to(DEV)
+    gate, up = (x.float() @ layer.quant.dequantize(layer).T + layer.bias.float()).chunk(2, dim=1)
+    want = torch.nn.functional.silu(gate) * up
+    fused_calls = []
+    real = gemv_mod._gemv_normed
+    monkeypatch.setattr(gemv_mod, "_gemv_normed", lambda *a, **k: fused_calls.append(1) or real(*a, **k))
+    ys = {}
+    for setting in ("auto", "0"):
+        monkeypatch.setenv("TREADLE_FUSED_SILU", setting)
+        before = len(fused_calls)
+        ys[setting] = layer.silu_and_mul(x)
+        assert (len(fused_calls) > before) == (setting == "auto")
+    for y in ys.values():
+        assert y.shape == (1, 32) and y.dtype == torch.bfloat16
+        torch.testing.assert_close(y.float(), want, atol=2e-2 * want.abs().max().item(), rtol=0)
+    torch.testing.assert_close(ys["auto"], ys["0"], atol=2e-2 * want.abs().max().item(), rtol=0)
+
+
+@needs_kernel
 @pytest.mark.parametrize("method", ["fp8", "awq", "gptq-act"])
 def test_quantized_layer_kernel_path_matches_its_dequantized_weight(method: str) -> None:
     """A merged linear's GPU branch (the kernels, act-order's input permutation) run here under
