@@ -14,6 +14,7 @@ docs/porting-from-sglang.md lists what differs from SGLang.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from treadle.lang import ir
@@ -36,6 +37,7 @@ from treadle.lang.state import ForkGroup, ProgramState
 
 __all__ = ["Backend", "ChatTemplate", "Engine", "EngineBackend", "ForkGroup", "GlobalConfig", "OpenAI", "Program",
            "ProgramState", "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "Runtime", "RuntimeEndpoint",
+           "ServerArgs", "__version__",
            "assistant", "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int",
            "gen_string", "get_default_backend", "get_server_info", "global_config", "greedy_token_selection",
            "image", "ir", "select", "separate_reasoning", "set_default_backend", "system", "system_begin",
@@ -60,11 +62,28 @@ def _api_backend(name: str) -> Any:
 def __getattr__(name: str) -> Any:
     """`sgl.Engine`: treadle's in-process Engine (loaded on first use); here it is also a
     backend: `sgl.set_default_backend(sgl.Engine())`. SGLang's API backends other than `sgl.OpenAI`
-    (`sgl.Anthropic`, ...) exist only to say, when called, that treadle has none."""
+    (`sgl.Anthropic`, ...) exist only to say, when called, that treadle has none.
+    The rest of `import sglang as sgl`'s names, as `import treadle as sgl` has them: `sgl.ServerArgs`
+    (sglang.srt.server_args'), `sgl.__version__` (treadle's), and `sgl.lang`, the frontend
+    package SGLang programs reach its modules through (`sgl.lang.ir.REGEX_INT`): this one."""
     if name == "Engine":
         from treadle.runtime import Engine
 
         return Engine
     if name in _API_BACKENDS:
         return _api_backend(name)
-    raise AttributeError(f"module 'treadle.lang' has no attribute {name!r}")
+    if name == "ServerArgs":
+        from treadle.lang.server_args import ServerArgs
+
+        return ServerArgs
+    if name == "__version__":
+        import treadle
+
+        return treadle.__version__
+    if name == "lang":
+        return sys.modules[__name__]
+    raise AttributeError(f"module 'treadle.lang' has no attribute {name!r}", name=name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | {"lang"} | set(_API_BACKENDS))

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from treadle.lang.backend import Backend, sglang_server_info
-from treadle.lang.chat_template import ChatTemplate
+from treadle.lang.chat_template import ChatTemplate, registered_template_for
 
 _ZERO = {"max_new_tokens": 0}
 
@@ -27,6 +27,12 @@ class EngineBackend(Backend):
 
     def _load_chat_template(self) -> ChatTemplate:
         from treadle.runtime.tokenizer import apply_chat_template
+
+        # a matching function the program registered for the model's path, as a RuntimeEndpoint's
+        source = getattr(getattr(self.engine, "runner", None), "source", None)
+        registered = registered_template_for(getattr(source, "path", None) or "")
+        if registered is not None:
+            return registered
 
         tok = self.engine.tokenizer
         if tok is None:

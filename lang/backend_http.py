@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import requests
 
 from treadle.lang.backend import Backend, sglang_server_info
-from treadle.lang.chat_template import ChatTemplate, get_chat_template, jinja_renderer
+from treadle.lang.chat_template import ChatTemplate, get_chat_template, jinja_renderer, registered_template_for
 
 _ZERO = {"max_new_tokens": 0}
 # HTTP connections an endpoint keeps open for reuse: more than run_batch's threads ("auto": at most
@@ -102,6 +102,10 @@ class RuntimeEndpoint(Backend):
     # ------------------------------------------------------------ Backend interface
 
     def _load_chat_template(self) -> ChatTemplate:
+        # a matching function the program registered for this model's path, as SGLang's picks it
+        registered = registered_template_for(self.model_info.get("model_path") or "")
+        if registered is not None:
+            return registered
         template = self.model_info.get("chat_template") or _template_from_path(self.model_info.get("tokenizer_path"))
         if not template:
             raise ValueError(f"the server at {self.url} reports no chat_template in /get_model_info (nor a local "

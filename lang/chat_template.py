@@ -151,8 +151,13 @@ def register_chat_template(template: ChatTemplate) -> None:
     chat_template_registry[template.name] = template
 
 
-def register_chat_template_matching_function(func: Callable[[str], str | None]) -> Callable[[str], str | None]:
-    """Add a function from a model path to a template name (or None), as SGLang's; a decorator."""
+def register_chat_template_matching_function(func: Callable[[str], str | ChatTemplate | None]
+                                             ) -> Callable[[str], str | ChatTemplate | None]:
+    """Add a function from a model path to a template name (or None), as SGLang's; a decorator.
+    It may return the template itself (`get_chat_template(name)`), as older SGLang's did. A
+    function a program registers also picks the template a RuntimeEndpoint or Engine backend
+    renders roles with, when it is the first to match the served model's path
+    (`registered_template_for`)."""
     matching_function_registry.append(func)
     return func
 
@@ -170,10 +175,33 @@ def get_chat_template_by_model_path(model_path: str) -> ChatTemplate:
     """The template the first matching function names for `model_path`, else "default", as
     SGLang's. (treadle's backends render roles with the model's own template, not this.)"""
     for matching_func in matching_function_registry:
-        name = matching_func(model_path)
-        if name is not None:
-            return get_chat_template(name)
+        found = matching_func(model_path)
+        if found is not None:
+            return _template_of(found, matching_func)
     return get_chat_template("default")
+
+
+def registered_template_for(model_path: str) -> ChatTemplate | None:
+    """The template a matching function the program registered picks for `model_path`, when it
+    is the first function of the registry to match (as SGLang's RuntimeEndpoint picks); None when
+    none matches or SGLang's own function for the model's family does first: treadle's backends
+    then render roles with the model's own template, which SGLang's named ones approximate."""
+    for matching_func in matching_function_registry:
+        found = matching_func(model_path)
+        if found is not None:
+            return None if matching_func in _SGLANG_MATCHERS else _template_of(found, matching_func)
+    return None
+
+
+def _template_of(found: str | ChatTemplate, matching_func: Callable) -> ChatTemplate:
+    """What a matching function returned: a template name (SGLang's), or the template itself
+    (older SGLang's functions return `get_chat_template(name)`)."""
+    if isinstance(found, ChatTemplate):
+        return found
+    if not isinstance(found, str):
+        raise TypeError(f"chat template matching function {getattr(matching_func, '__name__', matching_func)!r} "
+                        f"returned {found!r}: it returns a template name, a ChatTemplate or None")
+    return get_chat_template(found)
 
 
 def _chatml() -> dict[str, tuple[str, str]]:
@@ -251,7 +279,8 @@ for _args in ((r"deepseek-(v3|r1)", "deepseek-v3", r"base"), (r"tinyllama", "cha
               (r"vicuna|llava-v1\.5|llava-next-video-7b", "vicuna_v1.1"), (r"gemma.*it", "gemma-it"),
               (r"c4ai-command-r", "c4ai-command-r"), (r"yi-1\.5.*chat", "yi-1.5")):
     register_chat_template_matching_function(_matcher(*_args))
+_SGLANG_MATCHERS = tuple(matching_function_registry)  # SGLang's own: the model's template stands for theirs
 
 __all__ = ["ChatTemplate", "ChatTemplateStyle", "chat_template_registry", "get_chat_template",
            "get_chat_template_by_model_path", "jinja_renderer", "matching_function_registry",
-           "register_chat_template", "register_chat_template_matching_function"]
+           "register_chat_template", "register_chat_template_matching_function", "registered_template_for"]

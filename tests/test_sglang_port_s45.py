@@ -1,0 +1,88 @@
+"""Session 45's porting checks: SGLang programs run with `import treadle.lang as sgl` (the import
+line the brief and treadle.lang's docstring give) and nothing else changed. Over conftest's
+shared Runtime (a real server subprocess of the embedded model) where a model is needed."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import treadle.lang as sgl
+from treadle.lang.chat_template import (ChatTemplate, ChatTemplateStyle, chat_template_registry, get_chat_template,
+                                        get_chat_template_by_model_path, matching_function_registry,
+                                        register_chat_template, register_chat_template_matching_function)
+
+
+def test_treadle_lang_as_sgl_has_sglangs_top_level_names():
+    """`sgl.__version__`, `sgl.ServerArgs` and `sgl.lang.ir.REGEX_INT` (import sglang as sgl has
+    them) were AttributeErrors on treadle.lang; `import treadle as sgl` had them. In a fresh
+    interpreter, so no earlier import of treadle.lang.ir hides the lookup."""
+    probe = ("import treadle.lang as sgl, treadle\n"
+             "assert sgl.__version__ == treadle.__version__ and isinstance(sgl.__version__, str)\n"
+             "assert sgl.ServerArgs is treadle.ServerArgs\n"
+             "assert sgl.lang is sgl and sgl.lang.ir.REGEX_INT == '[-+]?[0-9]+[ \\\\n]*'\n"
+             "assert {'ServerArgs', '__version__', 'Engine', 'OpenAI'} <= set(dir(sgl))\n"
+             "assert set(treadle.__all__) <= set(dir(sgl)), set(treadle.__all__) - set(dir(sgl))\n"
+             "print('ok')")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.fixture
+def registry_restored():
+    """The chat-template registry as it was, after a test that registers its own."""
+    templates, matchers = dict(chat_template_registry), list(matching_function_registry)
+    yield
+    chat_template_registry.clear()
+    chat_template_registry.update(templates)
+    matching_function_registry[:] = matchers
+
+
+def _my_template(name: str) -> ChatTemplate:
+    return ChatTemplate(name=name, default_system_prompt=None,
+                        role_prefix_and_suffix={"system": ("<|im_start|>system\n", "<|im_end|>\n"),
+                                                "user": ("<|im_start|>user\n", "<|im_end|>\n"),
+                                                "assistant": ("<|im_start|>assistant\n", "<|im_end|>\n")},
+                        stop_str=("\n",), style=ChatTemplateStyle.PLAIN)
+
+
+def test_a_matching_function_may_return_the_template_as_older_sglangs_do(registry_restored):
+    """Older SGLang's matching functions return `get_chat_template(name)`; treadle looked the
+    returned template up as a name (TypeError: unhashable type: 'ChatTemplate')."""
+    register_chat_template(_my_template("my-template"))
+
+    @register_chat_template_matching_function
+    def match_mine(model_path: str):
+        if "my-model" in model_path.lower():
+            return get_chat_template("my-template")
+
+    assert get_chat_template_by_model_path("/models/My-Model-7B").name == "my-template"
+    assert get_chat_template_by_model_path("HuggingFaceTB/SmolLM2-135M-Instruct").name == "default"
+
+
+@sgl.function
+def qa(s, question):
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=16))
+
+
+def test_a_registered_matching_function_picks_the_endpoints_template(sgl_runtime, registry_restored):
+    """A program that registers a template and a matching function for its model: SGLang's
+    RuntimeEndpoint renders roles with it (and adds its stop strings to every gen); treadle
+    ignored it and rendered the model's own template. A model no function of the program's
+    matches keeps the model's own template (SGLang's own functions stand for it)."""
+    assert sgl.RuntimeEndpoint(sgl_runtime.url).chat_template.implicit_prefix.startswith(
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM")  # the model's own
+    register_chat_template(_my_template("my-template"))
+
+    @register_chat_template_matching_function
+    def match_mine(model_path: str):
+        return "my-template" if "smollm2" in model_path.lower() else None
+
+    endpoint = sgl.RuntimeEndpoint(sgl_runtime.url)
+    state = qa.run(question="Write three lines of a poem.", backend=endpoint, temperature=0)
+    assert state.text().startswith("<|im_start|>user\nWrite three lines of a poem.<|im_end|>\n"
+                                   "<|im_start|>assistant\n")  # no default system prompt: the template's
+    # its stop string "\n" ended the answer (the same gen without it writes a second line)
+    assert state.get_meta_info("answer")["finish_reason"] == {"type": "stop", "matched": "\n"}
