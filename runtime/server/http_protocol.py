@@ -20,12 +20,24 @@ on producing queued in memory, for as long as it kept the socket open. Here a co
 whose transport stays paused (its unsent output above the high-water mark) for
 --stream-write-timeout-s is aborted; the handler then sees a disconnect, as for any client
 gone, which aborts the request and frees its KV.
+
+A client that sends a whole request and then half-closes its socket (shutdown(SHUT_WR): some
+proxies and scripted clients do; RFC 9112 9.6 lets it) still gets its reply. uvicorn took the
+end of its input for a hang-up and closed the connection, so the request was aborted and no
+reply came. TCP does not tell such a client from one that closed its socket outright (each
+sends a FIN), and a request of a client that is gone must still be aborted (its KV freed):
+so the server probes. While the reply has not started it sends an interim `100 Continue`
+(RFC 9110 15.2: a client must read any 1xx before the final response) every
+HALF_CLOSE_PROBE_S (the first one that long after the half-close); a socket that is only half-closed takes it, one that is closed answers
+with a reset, which the next look at the socket's error sees, and the request is aborted as
+for any client gone. The connection closes after that one reply (the client sends no more).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import socket
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -33,6 +45,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from treadle.runtime.server.protocol import error_body
 
 log = logging.getLogger("treadle.server")
+
+HALF_CLOSE_PROBE_S = 0.5  # how often a half-closed client's connection is probed while its reply is due
 
 
 def header_deadline_protocol(timeout_s: float, write_timeout_s: float | None = None) -> type[H11Protocol]:
@@ -81,7 +95,37 @@ def header_deadline_protocol(timeout_s: float, write_timeout_s: float | None = N
 
         _write_timer: asyncio.TimerHandle | None = None
 
+        _probe_timer: asyncio.TimerHandle | None = None
+
+        def eof_received(self) -> bool | None:
+            """The client sent all it will send. With a whole request in and its reply due, the
+            connection stays open for that reply (then closes) and is probed meanwhile (see the
+            module doc); otherwise (idle, or a body cut short) it closes, as uvicorn's did."""
+            cycle = self.cycle
+            if cycle is None or cycle.response_complete or cycle.disconnected or cycle.more_body:
+                return None  # the transport closes: a disconnect for a body still coming
+            cycle.keep_alive = False  # uvicorn closes the connection after the reply
+            # the first probe after a while: a reply that comes soon comes without a 100 before it
+            self._probe_timer = self.loop.call_later(HALF_CLOSE_PROBE_S, self._probe)
+            return True  # keep the transport open for writing
+
+        def _probe(self) -> None:
+            self._probe_timer = None
+            cycle = self.cycle
+            if self.transport.is_closing() or cycle is None or cycle.response_complete:
+                return
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                self.transport.abort()  # reset by the client (it closed, not half-closed): a client gone
+                return
+            if not cycle.response_started and self.conn.our_state is h11.SEND_RESPONSE:
+                self.transport.write(self.conn.send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")))
+            self._probe_timer = self.loop.call_later(HALF_CLOSE_PROBE_S, self._probe)
+
         def connection_lost(self, exc: Exception | None) -> None:
+            if self._probe_timer is not None:
+                self._probe_timer.cancel()
+                self._probe_timer = None
             if self._header_timer is not None:
                 self._header_timer.cancel()
             if self._write_timer is not None:

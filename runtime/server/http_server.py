@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import os
 import time
@@ -107,9 +108,7 @@ class Gate:
         key, tm = self.state.args.api_key, self.state.tm
         refusal = None if key else _browser_refusal(scope, self.hosts, self.state.args.allowed_origins)
         if refusal is None and key and path not in _OPEN_PATHS:
-            headers = dict(scope["headers"])
-            auth = headers.get(b"authorization", b"").decode("latin-1")
-            if auth != f"Bearer {key}":
+            if not authorized([v for k, v in scope["headers"] if k == b"authorization"], key):
                 refusal = unauthorized()
         if refusal is None and tm.draining and path != "/metrics":
             refusal = overloaded("the server is shutting down and accepts no new requests")
@@ -135,6 +134,19 @@ class Gate:
             log.exception("internal error on %s", path)
             body = error_body(f"internal server error: {type(e).__name__}: {e}", "server_error")
             await JSONResponse(body, 500)(scope, receive, send)
+
+
+def authorized(values: list[bytes], key: str) -> bool:
+    """Whether a request's Authorization header lines (`values`, raw) carry `key`: one line,
+    `Bearer <key>`, the scheme's name in any case (RFC 9110 11.1) and one or more spaces after
+    it. The key is compared in constant time (hmac.compare_digest: a `!=` returns at the first
+    byte that differs, which a client could time, a byte at a time), as bytes: the key's UTF-8
+    is what a client sends for it (read as latin-1 text, a key of other than ASCII never matched).
+    Anything else, two lines included, is no key (a 401, never an error)."""
+    if len(values) != 1:
+        return False
+    scheme, _, token = values[0].strip(b" \t").partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), key.encode("utf-8"))
 
 
 def body_deadline(receive: Receive, timeout_s: float) -> Receive:

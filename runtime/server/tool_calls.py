@@ -232,7 +232,7 @@ class ToolPlan:
             return Reply(None, (ToolCall(self.named or "", text),), finish)
         if self.choice == "required":
             try:
-                items = json.loads(text)
+                items = _loads(text)
                 calls = tuple(ToolCall(_name(it["name"]), _dump(it["arguments"])) for it in items)
             except (ValueError, TypeError, KeyError, RecursionError):  # cut short by max_tokens (or nested past json)
                 # as a named call cut short (and OpenAI's): the calls so far, the last one's
@@ -288,17 +288,66 @@ class ToolPlan:
         return ToolStream(self)
 
 
+class _BigNumber(float):
+    """A JSON number past a double's range ("1e999": valid JSON, inf to Python), with the text
+    it was written as, which _dump writes back: json writes inf as `Infinity`, no JSON."""
+    __slots__ = ("text",)
+
+
+def _number(text: str) -> float:
+    value = float(text)
+    if value - value == 0:  # finite
+        return value
+    big = _BigNumber(value)
+    big.text = text
+    return big
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON number")
+
+
+# a model's reply read as JSON strictly: json.loads takes NaN, Infinity and -Infinity (JavaScript's
+# words, no JSON), so a call the model wrote with them came back with arguments that JSON parsers
+# (strict json.loads, JavaScript's JSON.parse) refuse; with them a block is no call (left as text)
+_STRICT = json.JSONDecoder(parse_constant=_no_constant, parse_float=_number)
+
+
+def _loads(text: str) -> Any:
+    return _STRICT.decode(text)
+
+
 def _dump(args: Any) -> str:
-    """Arguments as compact JSON, as the grammar of a named call writes them."""
+    """Arguments as compact JSON, as the grammar of a named call writes them; a number past a
+    double's range as the model wrote it (see _BigNumber)."""
     if not isinstance(args, dict):
         raise TypeError("arguments must be an object")
-    return json_text(args, separators=(",", ":"))
+    try:
+        return json_text(args, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # a number past a double's range (NaN and inf come from no strict parse)
+        pass
+    # each such number is written as a string marked by a nonce, then its quotes and all give
+    # way to the number's text
+    nonce, texts = uuid.uuid4().hex, []
+
+    def mark(v: Any) -> Any:
+        if isinstance(v, _BigNumber):
+            texts.append(v.text)
+            return f"\ue000{nonce}:{len(texts) - 1}\ue000"
+        if isinstance(v, dict):
+            return {k: mark(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [mark(x) for x in v]
+        return v
+
+    text = json_text(mark(args), separators=(",", ":"), allow_nan=False)
+    return re.sub(f'"\ue000{nonce}:(\\d+)\ue000"', lambda m: texts[int(m.group(1))], text)
 
 
 _LONE_RE = re.compile("[\ud800-\udfff]")
 
 
-def json_text(value: Any, **kw: Any) -> str:
+def json_text(value: Any, allow_nan: bool = True, **kw: Any) -> str:
     """json.dumps(value, ensure_ascii=False), a lone surrogate in it written as its \\uXXXX
     escape: the same JSON value, and a text that is whole UTF-8. A model may write "\\ud800" in
     a call's arguments (valid JSON); written out raw, the reply's arguments were no UTF-8 a
@@ -307,8 +356,8 @@ def json_text(value: Any, **kw: Any) -> str:
     # in pieces, as a reply (protocol.json_pieces): a client's 15 MB arguments, read back and
     # written out for the prompt, held the GIL, and every other client, for 0.9 s in one call
     sep = kw.pop("separators", (", ", ": "))
-    text = ("".join(json_pieces(value, ensure_ascii=False, separators=sep, allow_nan=True)) if not kw
-            else json.dumps(value, ensure_ascii=False, separators=sep, **kw))
+    text = ("".join(json_pieces(value, ensure_ascii=False, separators=sep, allow_nan=allow_nan)) if not kw
+            else json.dumps(value, ensure_ascii=False, separators=sep, allow_nan=allow_nan, **kw))
     # json.loads joins a surrogate pair into one character: any left here is lone
     return _LONE_RE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
@@ -340,7 +389,7 @@ def _calls_so_far(text: str) -> tuple[ToolCall, ...]:
     """The calls of a `required` reply cut short: each whole `{"name", "arguments"}` item,
     then the last one begun, with its arguments text as far as it got (empty when the cut
     came before them: the grammar writes the name first). Nothing when not even a name is whole."""
-    dec, calls = json.JSONDecoder(), []
+    dec, calls = _STRICT, []
     pos = text.find("[") + 1
     if pos == 0:
         return ()
@@ -375,12 +424,12 @@ def _as_call(text: str, known: set[str]) -> ToolCall | None:
     was a 500, and a stream cut off; and so is one whose name is no string ({"name": [1]}: a
     TypeError, unhashable, looking it up in `known`, was a 500 too)."""
     try:
-        obj = json.loads(text)
+        obj = _loads(text)
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in known:
             return None
         args = obj.get("arguments", obj.get("parameters", {}))
         if isinstance(args, str):  # some models write the arguments as a JSON string
-            args = json.loads(args)
+            args = _loads(args)
         return ToolCall(obj["name"], _dump(args)) if isinstance(args, dict) else None
     except (ValueError, RecursionError):
         return None

@@ -1,0 +1,100 @@
+"""Hostile and careless HTTP clients against a real server (session 45): a client that
+half-closes its socket, tool-call arguments a model wrote with non-JSON numbers, the API key's
+check."""
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import time
+
+import pytest
+import requests
+
+from treadle.runtime.server.http_server import authorized
+from treadle.runtime.server.testing import wait_idle
+from treadle.runtime.server.tool_calls import plan_tools
+
+T = 60
+
+
+@pytest.fixture(scope="module")
+def srv(plain_server):  # conftest's shared server: left idle
+    return plain_server
+
+
+def _no_leaked_kv(url: str) -> dict:
+    info = wait_idle(url)
+    assert info["free_slots"] + info["evictable_slots"] == info["total_slots"], info
+    assert info["protected_slots"] == 0, info
+    return info
+
+
+def test_a_client_that_half_closes_after_its_request_gets_the_reply(srv):
+    """shutdown(SHUT_WR) once the request is sent (some proxies and scripted clients do): the
+    reply was never sent, the request aborted as if the client were gone. It comes now (after
+    interim 100s while it is made, which http.client skips), and a client that closes its
+    socket outright is still noticed as gone: its request is aborted, its KV freed."""
+    body = json.dumps({"text": "Count to ten:", "sampling_params": {"max_new_tokens": 16, "temperature": 0,
+                                                                   "ignore_eos": True}})
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=T)
+    try:
+        conn.request("POST", "/generate", body, {"Content-Type": "application/json"})
+        conn.sock.shutdown(socket.SHUT_WR)
+        r = conn.getresponse()
+        assert r.status == 200
+        assert json.loads(r.read())["meta_info"]["completion_tokens"] == 16
+    finally:
+        conn.close()
+    before = _no_leaked_kv(srv.url)["generated_tokens"]
+    long = json.dumps({"text": "Count forever:", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}})
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=T) as s:
+        s.sendall(f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(long)}\r\n\r\n{long}".encode())
+        s.shutdown(socket.SHUT_WR)
+        time.sleep(0.3)  # then hangs up for good
+    assert _no_leaked_kv(srv.url)["generated_tokens"] - before < 2000
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "array"}}}}}]
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_tool_call_arguments_parse_as_strict_json(choice):
+    """Every way a reply's calls are read (a free reply's <tool_call> blocks and Llama-style
+    object, arguments written as a JSON string, a `required` array whole or cut short): NaN /
+    Infinity / -Infinity (JavaScript's words, which json.loads takes but JSON has not) came back
+    in the arguments as they are (`{"x":NaN}`); a block with them is no call now (it stays the
+    reply's text), and a number past a double's range (1e999: valid JSON, inf to Python; written
+back as `Infinity`) as the model wrote it. Over HTTP (forced with `regex` beside tools) the
+chat reply's arguments were `{"x":NaN}`; ToolPlan.parse is what makes them."""
+    plan = plan_tools({"tools": TOOLS, "tool_choice": choice})
+    for lit in ("NaN", "Infinity", "-Infinity"):
+        if choice == "auto":  # (a `required` reply's grammar writes JSON numbers only)
+            for text in (f'<tool_call>\n{{"name": "f", "arguments": {{"x": {lit}}}}}\n</tool_call>',
+                         f'{{"name": "f", "arguments": {{"x": [1, {lit}]}}}}',
+                         f'{{"name": "f", "arguments": "{{\\"x\\": {lit}}}"}}'):
+                reply = plan.parse(text, "stop")
+                assert reply.calls == () and reply.content == text, (text, reply)
+    big = ('{"x": 1e999, "y": [-2.5E+400, 1.5, "\ue000", {"z": 1E+309}], "w": "1e999"}')
+    texts = ([f"<tool_call>\n{{\"name\": \"f\", \"arguments\": {big}}}\n</tool_call>"] if choice == "auto" else
+             [f'[{{"name": "f", "arguments": {big}}}]', f'[{{"name": "f", "arguments": {big}}}, {{"name": "f", "ar'])
+    for text in texts:
+        calls = plan.parse(text, "stop").calls
+        assert calls and calls[0].arguments == '{"x":1e999,"y":[-2.5E+400,1.5,"\ue000",{"z":1E+309}],"w":"1e999"}'
+        json.loads(calls[0].arguments, parse_constant=lambda name: pytest.fail(name))
+
+
+def test_the_api_key_check():
+    """The Authorization header against --api-key (the Gate's check): compared in constant
+    time; the scheme's name in any case (RFC 9110 11.1: `bearer k` was a 401); a key of other
+    than ASCII is matched by its UTF-8 (read as latin-1 text, it never matched); two header
+    lines, none, garbage bytes: no key."""
+    assert authorized([b"Bearer sk-1"], "sk-1")
+    assert authorized([b"bearer sk-1"], "sk-1") and authorized([b"BEARER  sk-1"], "sk-1")
+    assert authorized(["Bearer clé-ü".encode()], "clé-ü")
+    for values in ([], [b""], [b"Bearer"], [b"Bearer "], [b"Bearer sk-"], [b"Bearer sk-12"], [b"Basic sk-1"],
+                   [b"sk-1"], [b"Bearer sk-1", b"Bearer sk-1"], [b"\xff\xfe\x00"], ["Bearer clé-ü".encode("latin-1")]):
+        assert not authorized(values, "sk-1" if values != ["Bearer clé-ü".encode("latin-1")] else "clé-ü"), values
