@@ -157,12 +157,16 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
     _check_name("select", name)
     if temperature != 0:
         raise ValueError(f"select({name!r}) takes the best-scored choice: temperature must be 0, got {temperature!r}")
-    if not choices or not isinstance(choices, (list, tuple)) or not all(isinstance(c, str) and c for c in choices):
+    # a list or tuple, or any other sequence of them (a numpy array of strings, as SGLang takes one)
+    if isinstance(choices, (list, tuple)) or (choices is not None and not isinstance(choices, (str, bytes, dict))
+                                              and hasattr(choices, "__len__") and hasattr(choices, "__iter__")):
+        choices = list(choices)
+    if not choices or not isinstance(choices, list) or not all(isinstance(c, str) and c for c in choices):
         raise ValueError(f"select({name!r}) needs a non-empty list of non-empty strings, got {choices!r}")
     if choices_method not in CHOICE_METHODS and not isinstance(choices_method, ChoicesSamplingMethod):
         raise ValueError(f"select({name!r}): unknown choices_method {choices_method!r}; "
                          f"use one of {', '.join(CHOICE_METHODS)} or a ChoicesSamplingMethod")
-    return ir.Select(name, list(choices), choices_method)
+    return ir.Select(name, [str(c) for c in choices], choices_method)
 
 
 def system(expr: Any = "") -> ir.Role:

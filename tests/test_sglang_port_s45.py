@@ -86,3 +86,19 @@ def test_a_registered_matching_function_picks_the_endpoints_template(sgl_runtime
                                    "<|im_start|>assistant\n")  # no default system prompt: the template's
     # its stop string "\n" ended the answer (the same gen without it writes a second line)
     assert state.get_meta_info("answer")["finish_reason"] == {"type": "stop", "matched": "\n"}
+
+
+def test_select_takes_a_numpy_array_of_choices(sgl_runtime):
+    """`sgl.select(name, np.array([...]))` (choices read from a data frame or array) runs in
+    SGLang; treadle raised numpy's 'The truth value of an array ... is ambiguous' ValueError,
+    which names neither the select nor its choices."""
+    import numpy as np
+
+    @sgl.function
+    def pick(s, choices):
+        s += "The sky is " + sgl.select("color", np.array(choices)) + ". "
+        s += "Grass is " + sgl.gen("grass", choices=np.array(choices))
+
+    state = pick.run(choices=["blue", "green"], backend=sgl_runtime.endpoint)
+    assert type(state["color"]) is str and state["color"] in ("blue", "green")
+    assert type(state["grass"]) is str and state["grass"] in ("blue", "green")
