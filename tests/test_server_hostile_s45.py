@@ -98,3 +98,30 @@ def test_the_api_key_check():
     for values in ([], [b""], [b"Bearer"], [b"Bearer "], [b"Bearer sk-"], [b"Bearer sk-12"], [b"Basic sk-1"],
                    [b"sk-1"], [b"Bearer sk-1", b"Bearer sk-1"], [b"\xff\xfe\x00"], ["Bearer clé-ü".encode("latin-1")]):
         assert not authorized(values, "sk-1" if values != ["Bearer clé-ü".encode("latin-1")] else "clé-ü"), values
+
+
+def _exchange(port: int, data: bytes) -> bytes:
+    """Send `data` on a connection of its own; everything the server sends until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+def test_content_length_beside_transfer_encoding_is_a_400_that_closes(srv):
+    """Both framings at once (RFC 9112 6.1: refuse it, or read the chunks and close): h11 read
+    the chunks and kept the connection, so a request pipelined after the chunked body was served
+    too (what a proxy framing by the length would not see: request smuggling), and a body sent by
+    its length held the connection to the body's deadline (30 s). A 400 now, and the connection
+    closes."""
+    body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1}}).encode()
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) + b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    for sent in (chunked, body):
+        head = (b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\nContent-Length: %d\r\n\r\n" % len(sent))
+        reply = _exchange(srv.port, head + sent)
+        assert reply.startswith(b"HTTP/1.1 400 ") and reply.count(b"HTTP/1.1 ") == 1, reply
+        err = json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]
+        assert err["code"] == "invalid_http_request" and "Transfer-Encoding" in err["message"], err

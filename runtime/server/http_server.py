@@ -106,7 +106,9 @@ class Gate:
             await raw_send(message)
 
         key, tm = self.state.args.api_key, self.state.tm
-        refusal = None if key else _browser_refusal(scope, self.hosts, self.state.args.allowed_origins)
+        refusal = _framing_refusal(scope)
+        if refusal is None and not key:
+            refusal = _browser_refusal(scope, self.hosts, self.state.args.allowed_origins)
         if refusal is None and key and path not in _OPEN_PATHS:
             if not authorized([v for k, v in scope["headers"] if k == b"authorization"], key):
                 refusal = unauthorized()
@@ -211,6 +213,21 @@ def _is_ip(name: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def _framing_refusal(scope: Scope) -> APIError | None:
+    """A request that gives both a Content-Length and a Transfer-Encoding: a 400, and the
+    connection closes after it (RFC 9112 6.1 lets a server refuse it, and bids it close the
+    connection whatever it does). h11 reads such a body by its Transfer-Encoding alone: one
+    sent by its length, not chunked, held its connection until the body's deadline (30 s, then
+    a 408), and a proxy in front that framed it by its length while this server read chunks
+    would see the two disagree on where the next request starts (request smuggling)."""
+    names = {k for k, _ in scope["headers"]}
+    if b"content-length" not in names or b"transfer-encoding" not in names:
+        return None
+    return APIError("the request gives both a Content-Length and a Transfer-Encoding; send one of them "
+                    "(RFC 9112 6.1)", 400, "invalid_request_error", None, "invalid_http_request",
+                    {"Connection": "close"})
 
 
 def _browser_refusal(scope: Scope, hosts: set[str] | None, allowed_origins: str | None) -> APIError | None:
