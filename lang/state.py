@@ -237,12 +237,30 @@ class ProgramState:
         `var_name`'s until no queued or running call will write it again (as SGLang, and so
         the program's own body can read a variable this way). Token-level deltas need
         run(..., stream=True): with it, `var_name`'s are those of every gen that writes it;
-        without it, as SGLang, `var_name` yields its value once, what `s[var_name]` reads."""
-        if var_name is not None and not self._ex.stream:
-            yield self[var_name]
+        without it, as SGLang, `var_name` yields its value once, what `s[var_name]` reads, and no
+        `var_name` the text there is once queued work is done (`text()`'s; in the program's own
+        body, the text so far), in the pieces its calls wrote."""
+        if not self._ex.stream:
+            if var_name is not None:
+                yield self[var_name]
+            else:
+                yield from self._pieces_now()
             return
         for delta, _ in self._deltas(var_name):
             yield delta
+
+    def _pieces_now(self) -> list[str]:
+        """Not streamed, as SGLang's `text_iter()` (which yields `text()`): the text there is once
+        queued work is done (the whole text after a run; in the program's own body, the text so
+        far: waiting for the program's end there never returned), in the pieces its calls wrote;
+        of a fork branch, what it wrote since the fork. Joined they are that text (one piece
+        where a separate_reasoning took a block out of it)."""
+        self._wait_done()
+        ex = self._ex
+        with ex._cv:
+            pieces = [delta for _, delta, _ in ex.deltas]
+            text = ex.text_[ex.fork_len:]
+        return pieces if "".join(pieces) == text else [text]
 
     def _deltas(self, var_name: str | None) -> Iterator[tuple[str, dict | None]]:
         """(text, meta_info of the gen that wrote it so far, or None) as the text is produced."""
@@ -273,8 +291,12 @@ class ProgramState:
         holding only this chunk's tokens and `output_token_logprobs_length` counting all
         (get_meta_info(var) has them all). Not streamed, or without a `var_name`, it yields
         text alone, return_meta_data or not, as SGLang's does."""
-        if var_name is not None and not self._ex.stream:  # its value once, as text_iter (no meta: SGLang's)
-            yield await asyncio.to_thread(self.__getitem__, var_name)
+        if not self._ex.stream:  # as text_iter: a variable's value once (no meta: SGLang's), or the text now
+            if var_name is not None:
+                yield await asyncio.to_thread(self.__getitem__, var_name)
+            else:
+                for piece in await asyncio.to_thread(self._pieces_now):
+                    yield piece
             return
         it = self._deltas(var_name)
         end = object()

@@ -102,3 +102,34 @@ def test_select_takes_a_numpy_array_of_choices(sgl_runtime):
     state = pick.run(choices=["blue", "green"], backend=sgl_runtime.endpoint)
     assert type(state["color"]) is str and state["color"] in ("blue", "green")
     assert type(state["grass"]) is str and state["grass"] in ("blue", "green")
+
+
+def _within(fn, timeout_s: float = 60):
+    """fn()'s result, or a failure naming the hang (a blocked call must not hang pytest)."""
+    import threading
+
+    box: list = []
+    t = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert not t.is_alive(), f"still blocked after {timeout_s} s"
+    return box[0]
+
+
+def test_text_iter_in_the_programs_own_body_gives_the_text_so_far(sgl_runtime):
+    """Not streamed, SGLang's `s.text_iter()` yields `s.text()`, so a body may read its own text
+    (or a fork branch's, before the join) that way; treadle's waited for the program (or the
+    branch) to end, which it never did: the run hung."""
+    @sgl.function
+    def prog(s):
+        s += "Fruits:" + sgl.gen("x", max_tokens=2, temperature=0)
+        s["so_far"] = "".join(s.text_iter())
+        forks = s.fork(2)
+        forks += " and" + sgl.gen("y", max_tokens=2, temperature=0)
+        s["branches"] = ["".join(f.text_iter()) for f in forks]
+        forks.join()
+
+    state = _within(lambda: prog.run(backend=sgl_runtime.endpoint))
+    assert state["so_far"] == "Fruits:" + state["x"]
+    assert state["branches"] == [" and" + y for y in state["y"]]
+    assert "".join(state.text_iter()) == state.text()  # after the run: the whole text
