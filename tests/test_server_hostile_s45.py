@@ -34,8 +34,9 @@ def _no_leaked_kv(url: str) -> dict:
 def test_a_client_that_half_closes_after_its_request_gets_the_reply(srv):
     """shutdown(SHUT_WR) once the request is sent (some proxies and scripted clients do): the
     reply was never sent, the request aborted as if the client were gone. It comes now (after
-    interim 100s while it is made, which http.client skips), and a client that closes its
-    socket outright is still noticed as gone: its request is aborted, its KV freed."""
+    interim 100s while it is made, which http.client skips), those of requests it pipelined
+    before too, and a client that closes its socket outright is still noticed as gone: its
+    request is aborted, its KV freed."""
     body = json.dumps({"text": "Count to ten:", "sampling_params": {"max_new_tokens": 16, "temperature": 0,
                                                                    "ignore_eos": True}})
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=T)
@@ -47,6 +48,16 @@ def test_a_client_that_half_closes_after_its_request_gets_the_reply(srv):
         assert json.loads(r.read())["meta_info"]["completion_tokens"] == 16
     finally:
         conn.close()
+    one = json.dumps({"text": "Hi", "sampling_params": {"max_new_tokens": 1}})
+    post = (f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(one)}\r\n\r\n{one}").encode()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=T) as s:  # pipelined, then half-closed
+        s.sendall(post * 2)
+        s.shutdown(socket.SHUT_WR)
+        replies = b""
+        while chunk := s.recv(65536):  # each answered, then the server closes
+            replies += chunk
+    assert replies.count(b"HTTP/1.1 200 OK\r\n") == 2, replies
     before = _no_leaked_kv(srv.url)["generated_tokens"]
     long = json.dumps({"text": "Count forever:", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}})
     with socket.create_connection(("127.0.0.1", srv.port), timeout=T) as s:

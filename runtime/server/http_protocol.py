@@ -30,7 +30,8 @@ so the server probes. While the reply has not started it sends an interim `100 C
 (RFC 9110 15.2: a client must read any 1xx before the final response) every
 HALF_CLOSE_PROBE_S (the first one that long after the half-close); a socket that is only half-closed takes it, one that is closed answers
 with a reset, which the next look at the socket's error sees, and the request is aborted as
-for any client gone. The connection closes after that one reply (the client sends no more).
+for any client gone. The connection closes once that reply (and those of the requests the
+client pipelined before it half-closed) are sent.
 """
 from __future__ import annotations
 
@@ -96,18 +97,24 @@ def header_deadline_protocol(timeout_s: float, write_timeout_s: float | None = N
         _write_timer: asyncio.TimerHandle | None = None
 
         _probe_timer: asyncio.TimerHandle | None = None
+        _eof = False  # the client half-closed: it sends nothing more
 
         def eof_received(self) -> bool | None:
             """The client sent all it will send. With a whole request in and its reply due, the
-            connection stays open for that reply (then closes) and is probed meanwhile (see the
-            module doc); otherwise (idle, or a body cut short) it closes, as uvicorn's did."""
+            connection stays open for that reply and those of the requests pipelined after it
+            (then closes; on_response_complete) and is probed meanwhile (see the module doc);
+            otherwise (idle, or a body cut short) it closes, as uvicorn's did."""
             cycle = self.cycle
             if cycle is None or cycle.response_complete or cycle.disconnected or cycle.more_body:
                 return None  # the transport closes: a disconnect for a body still coming
-            cycle.keep_alive = False  # uvicorn closes the connection after the reply
-            # the first probe after a while: a reply that comes soon comes without a 100 before it
-            self._probe_timer = self.loop.call_later(HALF_CLOSE_PROBE_S, self._probe)
+            self._eof = True
+            self._arm_probe()
             return True  # keep the transport open for writing
+
+        def _arm_probe(self) -> None:
+            # the first probe after a while: a reply that comes soon comes without a 100 before it
+            if self._probe_timer is None:
+                self._probe_timer = self.loop.call_later(HALF_CLOSE_PROBE_S, self._probe)
 
         def _probe(self) -> None:
             self._probe_timer = None
@@ -119,7 +126,8 @@ def header_deadline_protocol(timeout_s: float, write_timeout_s: float | None = N
                 self.transport.abort()  # reset by the client (it closed, not half-closed): a client gone
                 return
             if not cycle.response_started and self.conn.our_state is h11.SEND_RESPONSE:
-                self.transport.write(self.conn.send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")))
+                probe = h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
+                self.transport.write(self.conn.send(probe))
             self._probe_timer = self.loop.call_later(HALF_CLOSE_PROBE_S, self._probe)
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -154,6 +162,11 @@ def header_deadline_protocol(timeout_s: float, write_timeout_s: float | None = N
         def on_response_complete(self) -> None:
             self._arm()
             super().on_response_complete()  # a pipelined request may start here: it is under way, not late
+            if self._eof and not self.transport.is_closing():
+                if self.cycle is None or self.cycle.response_complete:
+                    self.transport.close()  # the last request of a client that half-closed is answered
+                else:
+                    self._arm_probe()  # the next pipelined one is: probe on while it is due
 
         def _arm(self) -> None:
             if self._header_timer is not None:
