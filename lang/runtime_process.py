@@ -34,8 +34,8 @@ class Runtime:
 
     `set_default_backend(runtime)` or `run(backend=runtime)` run programs on it through
     `runtime.endpoint`, a RuntimeEndpoint. `log_level` is the server's (default "error", so it
-    prints only errors; its ready banner is an info line, as SGLang's); `launch_timeout` bounds the wait for it to become healthy. Without a
-    `port`, the first free port from 30000 is taken, as SGLang."""
+    prints only errors; its ready banner is an info line, as SGLang's); `launch_timeout` bounds the wait for it to become healthy. The server takes the
+    first free port from `port` (30000 when not given), as SGLang's; `runtime.url` has it."""
 
     def __init__(self, log_level: str = "error", launch_timeout: float = 300.0, **kwargs: Any) -> None:
         from treadle.lang.server_args import ServerArgs
@@ -44,8 +44,11 @@ class Runtime:
         self.pid: int | None = None
         self._proc: subprocess.Popen | None = None
         kwargs = translate_sglang_args(kwargs, "Runtime")  # SGLang's names (random_seed, ...): ValueError
-        if "port" not in kwargs:
-            kwargs["port"] = _free_port_from(30000, kwargs.get("host", "127.0.0.1"))
+        # as SGLang's Runtime: the first free port from the one given (30000 when none is), so a
+        # port already taken (a server launched earlier) moves the new server up, not fails it
+        port = kwargs.get("port", 30000)
+        if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 40000:
+            kwargs["port"] = _free_port_from(port, kwargs.get("host", "127.0.0.1"))
         # SGLang's ServerArgs (treadle's EngineArgs with its url()); ValueError: a bad argument
         self.server_args = ServerArgs(log_level=log_level, **kwargs)
         host = self.server_args.host

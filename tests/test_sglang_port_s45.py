@@ -133,3 +133,23 @@ def test_text_iter_in_the_programs_own_body_gives_the_text_so_far(sgl_runtime):
     assert state["so_far"] == "Fruits:" + state["x"]
     assert state["branches"] == [" and" + y for y in state["y"]]
     assert "".join(state.text_iter()) == state.text()  # after the run: the whole text
+
+
+def test_runtime_takes_the_first_free_port_from_the_one_given():
+    """SGLang's Runtime scans from its port (30000 by default) for a free one, so a program that
+    passes port=30000 while a server launched earlier holds it still starts; treadle's started its
+    server on the taken port, which then failed. Seen through the URL in the launch timeout's
+    message (the server is stopped then, so no model is loaded here)."""
+    import re
+    import socket
+
+    from treadle.lang.runtime_process import _free_port_from
+
+    taken = _free_port_from(31000, "127.0.0.1")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        with pytest.raises(TimeoutError, match="did not become healthy") as err:
+            sgl.Runtime(port=taken, launch_timeout=0.01)
+    port = int(re.search(r"http://127\.0\.0\.1:(\d+)", str(err.value)).group(1))
+    assert port > taken
