@@ -415,6 +415,7 @@ class _Converter(_RefsMixin, _AlternativesMixin, _StringsMixin, _ListedMixin):
         # conversions of pure $refs and of schemas merged from refs, by what decides them
         # (_reused): a definition used at many places is converted once
         self._memo: dict[tuple, str] = {}
+        self._refused: dict[tuple, tuple[UnsupportedSchemaError, str]] = {}  # _reused's: (error, its path)
         self._verdicts: dict[tuple, tuple[bool, Any]] = {}  # (id(part), value's JSON) -> (valid, part)
         # id(part) -> (part, its enum's (or its not's enum's) ListedValues, the part without it,
         # whether a valid value is inside the list)
