@@ -339,66 +339,95 @@ class _StringsMixin:
                                      f"{lo}..{hi} is not supported: {error or 'the automaton is too large'}")
 
     def _format_and_pattern(self, schema: dict, lo: int, hi: int | None, path: str) -> str:
-        """A string body that is of the format and matches the pattern (and the length
-        bounds): the three automata intersected, written back as a regex. A format with a
-        plainer subset (text.PLAIN_FORMATS) writes that one where its own cannot be."""
-        fmt = schema["format"]
+        """The module's ``_format_and_pattern`` of ``schema``'s format and pattern, remembered
+        (``_remembered_format_and_pattern``)."""
+        fmt, pattern = schema["format"], schema["pattern"]
         if fmt not in text.FORMATS:
             raise UnsupportedSchemaError(f"json_schema: keyword 'format' at {path}: format {fmt!r} is not supported")
-        try:
-            return self._format_subset_and_pattern(schema, text.FORMATS[fmt], lo, hi, path)
-        except NoOutput:
-            raise
-        except UnsupportedSchemaError:
-            if fmt not in text.PLAIN_FORMATS:
-                raise
-            return self._format_subset_and_pattern(schema, text.PLAIN_FORMATS[fmt], lo, hi, path)
-
-    def _format_subset_and_pattern(self, schema: dict, written: str, lo: int, hi: int | None, path: str) -> str:
-        """``_format_and_pattern`` for ``written``, the format's subset."""
-        fmt = schema["format"]
-        try:
-            body = pattern_subset_body(schema["pattern"])
-        except ValueError as exc:
-            raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
         lengths = "minLength" in schema or "maxLength" in schema
-        format_fsm, pattern_fsm = _format_fsm(written), interegular.parse_pattern(body).to_fsm()
-        # One inside the other: that one is the intersection (citation-file-format's ORCID
-        # pattern under format uri; a date-time under a pattern of digits and dashes); for an
-        # unanchored pattern, also its core alone (strings that match it whole: a subset).
-        pad = text.SAFE_RAW_CHAR + "*"
-        core = body.removeprefix(pad).removesuffix(pad)
-        for cand, cand_fsm in ((body, pattern_fsm), (core, None)):
-            if cand_fsm is None:
-                if not core or core == body:
-                    break
-                cand_fsm = interegular.parse_pattern(core).to_fsm()
-            if (cand_fsm - format_fsm).empty() and not cand_fsm.empty():
-                return self._body_with_length(cand, lo, hi, path) if lengths else cand
-        if (format_fsm - pattern_fsm).empty():
-            return _format_with_length(fmt, lo, hi, path) if lengths else written
-        if fmt in _URI_FORMATS and not lengths:
-            # a pattern of the scheme (^https://, ^(https|http|ftp|sftp)://.+): the URIs of the
-            # schemes it takes whole, each checked inside both (their product's regex is long)
-            kept = [s for s in _URI_SCHEMES
-                    if (interegular.parse_pattern(s + text.URI_AFTER_SCHEME).to_fsm() - pattern_fsm).empty()]
-            if kept:
-                return "(?:" + "|".join(kept) + ")" + text.URI_AFTER_SCHEME
-        fsm = format_fsm & pattern_fsm
-        if lengths:
-            fsm = fsm & _lengths_fsm(lo, hi)
-        try:
-            out = fsm_to_regex(fsm)
-        except ValueError as exc:  # the intersection's regex is too long
-            # (the format's own branches: none in a format with a plainer subset, which is written next)
-            inside = None if fmt in text.PLAIN_FORMATS else _format_branches_inside(fmt, pattern_fsm)
-            if inside is not None:
-                return self._body_with_length(inside, lo, hi, path) if lengths else inside
-            web = _web_urls_matching(fmt, pattern_fsm)
-            if web is not None:
-                return self._body_with_length(web, lo, hi, path) if lengths else web
-            raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with format {fmt!r} "
-                                         f"is not supported: {exc}") from exc
-        if out is None:
-            raise Unsatisfiable(f"json_schema: keyword 'pattern' at {path}: no {fmt!r} string matches it")
+        if not isinstance(pattern, str):  # (refused by name, unremembered)
+            return _format_and_pattern(fmt, pattern, lo, hi, lengths, path)
+        out, error = _remembered_format_and_pattern(fmt, pattern, lo, hi, lengths)
+        if error is not None:
+            raise type(error)(str(error).replace(_AT_PATH, path)) from error.__cause__
         return out
+
+
+def _format_and_pattern(fmt: str, pattern: Any, lo: int, hi: int | None, lengths: bool, path: str) -> str:
+    """A string body that is of the format and matches the pattern (and the length bounds,
+    ``lengths`` where the schema has minLength or maxLength): the three automata intersected,
+    written back as a regex. A format with a plainer subset (text.PLAIN_FORMATS) writes that
+    one where its own cannot be."""
+    try:
+        return _format_subset_and_pattern(fmt, pattern, text.FORMATS[fmt], lo, hi, lengths, path)
+    except NoOutput:
+        raise
+    except UnsupportedSchemaError:
+        if fmt not in text.PLAIN_FORMATS:
+            raise
+        return _format_subset_and_pattern(fmt, pattern, text.PLAIN_FORMATS[fmt], lo, hi, lengths, path)
+
+
+# where a remembered refusal's message names the schema's path (_remembered_format_and_pattern)
+_AT_PATH = "\x00path\x00"
+
+
+@fsm_crawl.memo(maxsize=512)  # (charged its work on every call: fsm_crawl.memo)
+def _remembered_format_and_pattern(fmt: str, pattern: str, lo: int, hi: int | None,
+                                   lengths: bool) -> tuple[str | None, UnsupportedSchemaError | None]:
+    """``_format_and_pattern``'s body or refusal (its message at ``_AT_PATH``), remembered per
+    format, pattern and lengths: a schema repeats them (gitlab-ci's includes
+    '^https?://.+\\.ya?ml$' under uri-reference 4 times, 0.6 s of automata each)."""
+    try:
+        return _format_and_pattern(fmt, pattern, lo, hi, lengths, _AT_PATH), None
+    except UnsupportedSchemaError as exc:
+        return None, exc.with_traceback(None)
+
+
+def _format_subset_and_pattern(fmt: str, pattern: Any, written: str, lo: int, hi: int | None, lengths: bool,
+                               path: str) -> str:
+    """``_format_and_pattern`` for ``written``, the format's subset."""
+    try:
+        body = pattern_subset_body(pattern)
+    except ValueError as exc:
+        raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path}: {exc}") from exc
+    format_fsm, pattern_fsm = _format_fsm(written), interegular.parse_pattern(body).to_fsm()
+    # One inside the other: that one is the intersection (citation-file-format's ORCID
+    # pattern under format uri; a date-time under a pattern of digits and dashes); for an
+    # unanchored pattern, also its core alone (strings that match it whole: a subset).
+    pad = text.SAFE_RAW_CHAR + "*"
+    core = body.removeprefix(pad).removesuffix(pad)
+    for cand, cand_fsm in ((body, pattern_fsm), (core, None)):
+        if cand_fsm is None:
+            if not core or core == body:
+                break
+            cand_fsm = interegular.parse_pattern(core).to_fsm()
+        if (cand_fsm - format_fsm).empty() and not cand_fsm.empty():
+            return _StringsMixin._body_with_length(cand, lo, hi, path) if lengths else cand
+    if (format_fsm - pattern_fsm).empty():
+        return _format_with_length(fmt, lo, hi, path) if lengths else written
+    if fmt in _URI_FORMATS and not lengths:
+        # a pattern of the scheme (^https://, ^(https|http|ftp|sftp)://.+): the URIs of the
+        # schemes it takes whole, each checked inside both (their product's regex is long)
+        kept = [s for s in _URI_SCHEMES
+                if (interegular.parse_pattern(s + text.URI_AFTER_SCHEME).to_fsm() - pattern_fsm).empty()]
+        if kept:
+            return "(?:" + "|".join(kept) + ")" + text.URI_AFTER_SCHEME
+    fsm = format_fsm & pattern_fsm
+    if lengths:
+        fsm = fsm & _lengths_fsm(lo, hi)
+    try:
+        out = fsm_to_regex(fsm)
+    except ValueError as exc:  # the intersection's regex is too long
+        # (the format's own branches: none in a format with a plainer subset, which is written next)
+        inside = None if fmt in text.PLAIN_FORMATS else _format_branches_inside(fmt, pattern_fsm)
+        if inside is not None:
+            return _StringsMixin._body_with_length(inside, lo, hi, path) if lengths else inside
+        web = _web_urls_matching(fmt, pattern_fsm)
+        if web is not None:
+            return _StringsMixin._body_with_length(web, lo, hi, path) if lengths else web
+        raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with format {fmt!r} "
+                                     f"is not supported: {exc}") from exc
+    if out is None:
+        raise Unsatisfiable(f"json_schema: keyword 'pattern' at {path}: no {fmt!r} string matches it")
+    return out
