@@ -109,6 +109,14 @@ _Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator,
                                            "__and_pattern__": _and_pattern})
 
 
+def _asserts(part: Any) -> bool:
+    """Whether jsonschema's check of ``part`` can fail: False for ``true`` and for an object
+    with no keyword ``_Validator`` reads (``{}``, annotations only), which every value passes
+    unchecked (jsonschema skips the keys it does not know). azure-pipelines checked 65,786
+    values against ``{}`` (a validator evolved for each: 4 of its 12 s)."""
+    return not (part is True or (isinstance(part, dict) and _Validator.VALIDATORS.keys().isdisjoint(part)))
+
+
 def _no_retrieve(uri: str) -> Any:
     # Literal checks must never touch the network: external refs are unsupported.
     raise referencing.exceptions.NoSuchResource(ref=uri)
@@ -168,10 +176,11 @@ class _ListedMixin:
                     rest = {k: v for k, v in part.items() if k != "not"}
                     listed = self._listed[id(part)] = (part, ListedValues(part["not"]["enum"]), rest, False)
             if listed is None:
-                ok = self._validator.evolve(schema=part).is_valid(value)
+                ok = not _asserts(part) or self._validator.evolve(schema=part).is_valid(value)
             else:
                 _, values, rest, inside = listed
-                ok = values.holds(value) == inside and self._validator.evolve(schema=rest).is_valid(value)
+                ok = values.holds(value) == inside and (not _asserts(rest) or
+                                                        self._validator.evolve(schema=rest).is_valid(value))
             seen = self._verdicts[key] = (ok, part)
         return seen[0]
 
