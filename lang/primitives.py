@@ -169,20 +169,21 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
     return ir.Select(name, [str(c) for c in choices], choices_method)
 
 
-def system(expr: Any = "") -> ir.Role:
+def system(expr: Any = None) -> ir.Role:
     """A system message: `s += system("You are ...")` (`expr`: text or DSL expressions, SGLang's
-    parameter name)."""
-    return ir.Role("system", [ir.to_expr(expr)])
+    parameter name; None, its default, is an empty message, as SGLang's)."""
+    return ir.Role("system", [ir.to_expr("" if expr is None else expr)])
 
 
-def user(expr: Any = "") -> ir.Role:
-    """A user message: `s += user("Hi")`."""
-    return ir.Role("user", [ir.to_expr(expr)])
+def user(expr: Any = None) -> ir.Role:
+    """A user message: `s += user("Hi")`. None (SGLang's default) is an empty message."""
+    return ir.Role("user", [ir.to_expr("" if expr is None else expr)])
 
 
-def assistant(expr: Any = "") -> ir.Role:
-    """An assistant message: `s += assistant(gen("answer", max_tokens=32))`."""
-    return ir.Role("assistant", [ir.to_expr(expr)])
+def assistant(expr: Any = None) -> ir.Role:
+    """An assistant message: `s += assistant(gen("answer", max_tokens=32))`. None (SGLang's
+    default) is an empty message."""
+    return ir.Role("assistant", [ir.to_expr("" if expr is None else expr)])
 
 
 def system_begin() -> ir.RoleBegin:

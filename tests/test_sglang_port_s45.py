@@ -153,3 +153,21 @@ def test_runtime_takes_the_first_free_port_from_the_one_given():
             sgl.Runtime(port=taken, launch_timeout=0.01)
     port = int(re.search(r"http://127\.0\.0\.1:(\d+)", str(err.value)).group(1))
     assert port > taken
+
+
+def test_a_role_of_none_is_an_empty_message_as_sglangs_default():
+    """SGLang's `system(expr=None)` (and user, assistant): None, the default, is an empty message,
+    so a program passing an optional system prompt (`sgl.system(system_prompt)`, None when not
+    given) runs; treadle's default was "" and None a TypeError. Traced with SGLang's chatml."""
+    from treadle.lang.backend.base_backend import BaseBackend
+
+    @sgl.function
+    def chat(s, question, system_prompt=None):
+        s += sgl.system(system_prompt)
+        s += sgl.user(question)
+        s += sgl.assistant(None)
+
+    backend = BaseBackend()
+    backend.chat_template = get_chat_template("chatml")
+    assert chat.trace(question="Hi", backend=backend).text() == (
+        "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n")
