@@ -136,3 +136,18 @@ def test_content_length_beside_transfer_encoding_is_a_400_that_closes(srv):
         assert reply.startswith(b"HTTP/1.1 400 ") and reply.count(b"HTTP/1.1 ") == 1, reply
         err = json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]
         assert err["code"] == "invalid_http_request" and "Transfer-Encoding" in err["message"], err
+
+
+def test_a_request_target_in_absolute_form_is_served(srv):
+    """`POST http://host/generate HTTP/1.1` (RFC 9112 3.2.2: a server MUST accept the absolute
+    form) was a 404 for every route: the whole URL was taken for the path. Its authority is
+    the request's Host, so a keyless server's Host check still sees a foreign name."""
+    body = json.dumps({"text": "Hi", "sampling_params": {"max_new_tokens": 1}}).encode()
+    replies = {}
+    for authority in (b"127.0.0.1:%d" % srv.port, b"rebound.example"):
+        replies[authority] = _exchange(srv.port, b"POST http://%s/generate?x=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                       b"Content-Type: application/json\r\nContent-Length: %d\r\n"
+                                       b"Connection: close\r\n\r\n%s" % (authority, len(body), body))
+    ok, foreign = replies.values()
+    assert ok.startswith(b"HTTP/1.1 200 ") and json.loads(ok.split(b"\r\n\r\n", 1)[1])["output_ids"], ok
+    assert foreign.startswith(b"HTTP/1.1 403 ") and b"host_not_allowed" in foreign, foreign

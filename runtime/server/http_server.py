@@ -11,6 +11,7 @@ import contextlib
 import hmac
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,7 @@ class Gate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        scope = origin_form(scope)
         path = scope["path"]
         route = path if path in _COUNTED_PATHS else "other"  # a bounded label set
         metrics, raw_send = self.state.metrics, send
@@ -213,6 +215,27 @@ def _is_ip(name: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+_ABSOLUTE_FORM_RE = re.compile(r"(?i)https?://([^/?#]*)")
+
+
+def origin_form(scope: Scope) -> Scope:
+    """A request whose target is in absolute form (`POST http://host:port/generate`: RFC 9112
+    3.2.2 bids a server accept it; clients write it to a proxy, and some send it on) as the
+    same request in origin form: the path after the authority, and the authority as its Host
+    (which the target's authority overrides). uvicorn passed the whole URL on as the path: a
+    404 for every route."""
+    m = _ABSOLUTE_FORM_RE.match(scope["path"])
+    if m is None:
+        return scope
+    raw = scope.get("raw_path") or b""
+    raw_m = re.match(rb"(?i)https?://([^/?#]*)", raw)
+    if raw_m is None:  # (a root_path before it: no absolute form after all)
+        return scope
+    headers = [(k, v) for k, v in scope["headers"] if k != b"host"] + [(b"host", raw_m.group(1))]
+    return {**scope, "path": scope["path"][m.end():] or "/", "raw_path": raw[raw_m.end():] or b"/",
+            "headers": headers}
 
 
 def _framing_refusal(scope: Scope) -> APIError | None:
