@@ -3,7 +3,8 @@
 Integer ranges are exact digit-range regexes. Bounded numbers are written without an
 exponent and with a short fraction so that every accepted text, even after rounding to a
 binary float, stays inside the bounds (strict comparisons are where rounding bites); the
-bounds themselves are exact to 1e-6 (``minimum: 1.1`` admits "1.1").
+bounds themselves are exact to 1e-6 (``minimum: 1.1`` admits "1.1"). A longer fraction (up to
+16 digits) is written where the 1e-6 step its first six digits name lies within the bounds.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ _SCALE = 10**FRAC_DIGITS
 # With |integer part| < 1e9 a 6-digit fraction never rounds up to the next integer as a
 # double (ulp below 2**30 is <= 2**-23 < 1e-6), so "I.999999" < I+1 holds after parsing too.
 _FRAC_ANY = r"(?:\.[0-9]{1,6})?"
+# Past the grid, a bounded number's fraction goes on for up to 10 more digits (16 in all, as
+# NUMBER's) where the grid step its first FRAC_DIGITS name lies within the bounds (number_regex).
+_FRAC_MORE = r"[0-9]{1,10}"
 # JSON Schema counts 1.0 as an integer: the integer type also takes a zero fraction.
 ZERO_FRACTION = r"(?:\.0{1,6})?"
 
@@ -166,6 +170,11 @@ def number_regex(schema: dict[str, Any]) -> str:
     1e-6 away, never round to the same double, and rounding is monotone. An inclusive bound
     b then admits grid values >= b (they parse to >= float(b)), and an exclusive one admits
     grid values >= the first grid point past b, plus one step when b is off the grid.
+
+    Past the grid: a text of exactly ``FRAC_DIGITS`` fraction digits naming grid value t, then
+    1 to 10 more digits, is a value x with t <= |x| < t + 1 step; it is written where that whole
+    step lies in [a, b] (t + 1 step <= b; for -x, -(t + 1 step) >= a), so x parses (rounding is
+    monotone) between two grid values that hold.
     """
     (lo, lo_inc), (hi, hi_inc) = _lower(schema), _upper(schema)
     if lo is None and hi is None:
@@ -181,6 +190,12 @@ def number_regex(schema: dict[str, Any]) -> str:
         alts.append(_magnitude_regex(max(a, 0), b))
     if a <= b and a < 0:  # "-x" for x >= 1e-6 (zero is written "0", never "-0")
         alts.append("-" + _magnitude_regex(max(-b, 1), -a))
+    # past the grid: a grid text of all FRAC_DIGITS fraction digits, t, then more digits, a
+    # value x in [t, t + 1 step); sound where the whole step lies within [a, b]
+    if max(a, 0) <= b - 1:
+        alts.append(_full_magnitude_regex(max(a, 0), b - 1) + _FRAC_MORE)
+    if max(-b, 1) <= -a - 1:  # "-x": -x in (-(t + 1 step), -t]
+        alts.append("-" + _full_magnitude_regex(max(-b, 1), -a - 1) + _FRAC_MORE)
     ilo, ihi = integer_bounds(schema)  # past the grid: integers, up to INT_LIMIT
     ilo = -INT_LIMIT if ilo is None else max(ilo, -INT_LIMIT)
     ihi = INT_LIMIT if ihi is None else min(ihi, INT_LIMIT)
@@ -322,6 +337,50 @@ def _magnitude_regex(lo: int, hi: int) -> str:
         alts.append(nonneg_range_regex(first, last) + _FRAC_ANY)
     if fb != _SCALE - 1:
         alts.append(str(ib) + _fraction_regex(0, fb))
+    return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+
+def _full_magnitude_regex(lo: int, hi: int) -> str:
+    """Texts ``I.F`` with F of exactly FRAC_DIGITS digits whose value in grid steps is in [lo, hi]."""
+    assert 0 <= lo <= hi
+    ia, fa = divmod(lo, _SCALE)
+    ib, fb = divmod(hi, _SCALE)
+    pad = lambda v: str(v).zfill(FRAC_DIGITS)  # noqa: E731
+    if ia == ib:
+        return str(ia) + r"\." + _exact_digits(pad(fa), pad(fb))
+    alts = []
+    first, last = ia + (fa != 0), ib - (fb != _SCALE - 1)  # integer parts with any fraction
+    if fa != 0:
+        alts.append(str(ia) + r"\." + _exact_digits(pad(fa), "9" * FRAC_DIGITS))
+    if first <= last:
+        alts.append(nonneg_range_regex(first, last) + r"\.[0-9]{%d}" % FRAC_DIGITS)
+    if fb != _SCALE - 1:
+        alts.append(str(ib) + r"\." + _exact_digits("0" * FRAC_DIGITS, pad(fb)))
+    return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+
+def _exact_digits(lo: str, hi: str) -> str:
+    """Digit strings of exactly len(lo) digits between lo and hi (as numbers, inclusive)."""
+    r = len(lo)
+    if r == 0:
+        return ""
+    if lo == "0" * r and hi == "9" * r:
+        return f"[0-9]{{{r}}}"
+    l0, h0 = int(lo[0]), int(hi[0])
+    if l0 == h0:
+        return lo[0] + _exact_digits(lo[1:], hi[1:])
+    # first digits strictly inside [l0, h0] (and the ends whose rest is unconstrained) take
+    # any rest; the tight ends recurse
+    free_lo = l0 if lo[1:] == "0" * (r - 1) else l0 + 1
+    free_hi = h0 if hi[1:] == "9" * (r - 1) else h0 - 1
+    alts = []
+    if free_lo > l0:
+        alts.append(lo[0] + _exact_digits(lo[1:], "9" * (r - 1)))
+    if free_lo <= free_hi:
+        head = str(free_lo) if free_lo == free_hi else f"[{free_lo}-{free_hi}]"
+        alts.append(head + ("" if r == 1 else f"[0-9]{{{r - 1}}}"))
+    if free_hi < h0:
+        alts.append(hi[0] + _exact_digits("0" * (r - 1), hi[1:]))
     return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
 
 
