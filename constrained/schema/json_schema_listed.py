@@ -113,8 +113,27 @@ def _asserts(part: Any) -> bool:
     """Whether jsonschema's check of ``part`` can fail: False for ``true`` and for an object
     with no keyword ``_Validator`` reads (``{}``, annotations only), which every value passes
     unchecked (jsonschema skips the keys it does not know). azure-pipelines checked 65,786
-    values against ``{}`` (a validator evolved for each: 4 of its 12 s)."""
+    values against ``{}``."""
     return not (part is True or (isinstance(part, dict) and _Validator.VALIDATORS.keys().isdisjoint(part)))
+
+
+def _plain_verdict(part: Any, value: Any) -> bool | None:
+    """jsonschema's verdict on ``value`` under ``part`` where ``part`` asserts nothing, a
+    ``pattern`` alone or a ``not`` of such a part, worked out as its keywords do (``pattern``:
+    ``re.search`` on strings, other values pass); None for any other part. A literal oneOf's
+    branches are checked each against the others' ``not``s (azure-pipelines: 259 task names
+    under patterns, 67,000 checks, each a validator evolved)."""
+    if not _asserts(part):
+        return True
+    if not isinstance(part, dict):
+        return None
+    read = _Validator.VALIDATORS.keys() & part.keys()
+    if read == {"pattern"} and isinstance(part["pattern"], str):
+        return not isinstance(value, str) or re.search(part["pattern"], value) is not None
+    if read == {"not"}:
+        inner = _plain_verdict(part["not"], value)
+        return None if inner is None else not inner
+    return None
 
 
 def _no_retrieve(uri: str) -> Any:
@@ -176,7 +195,8 @@ class _ListedMixin:
                     rest = {k: v for k, v in part.items() if k != "not"}
                     listed = self._listed[id(part)] = (part, ListedValues(part["not"]["enum"]), rest, False)
             if listed is None:
-                ok = not _asserts(part) or self._validator.evolve(schema=part).is_valid(value)
+                ok = _plain_verdict(part, value)
+                ok = self._validator.evolve(schema=part).is_valid(value) if ok is None else ok
             else:
                 _, values, rest, inside = listed
                 ok = values.holds(value) == inside and (not _asserts(rest) or
