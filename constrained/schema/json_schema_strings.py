@@ -381,7 +381,11 @@ def _remembered_format_and_pattern(fmt: str, pattern: str, lo: int, hi: int | No
     try:
         return _format_and_pattern(fmt, pattern, lo, hi, lengths, _AT_PATH), None
     except UnsupportedSchemaError as exc:
-        return None, exc.with_traceback(None)
+        link: BaseException | None = exc
+        while link is not None:  # kept without the frames (and their automata) it was raised through
+            link.with_traceback(None)
+            link = link.__cause__ or link.__context__
+        return None, exc
 
 
 def _format_subset_and_pattern(fmt: str, pattern: Any, written: str, lo: int, hi: int | None, lengths: bool,
