@@ -151,3 +151,26 @@ def test_a_request_target_in_absolute_form_is_served(srv):
     ok, foreign = replies.values()
     assert ok.startswith(b"HTTP/1.1 200 ") and json.loads(ok.split(b"\r\n\r\n", 1)[1])["output_ids"], ok
     assert foreign.startswith(b"HTTP/1.1 403 ") and b"host_not_allowed" in foreign, foreign
+
+
+def _chunked(body: bytes, size: int) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + size]), body[i:i + size])
+                    for i in range(0, len(body), size)) + b"0\r\n\r\n"
+
+
+def test_a_body_of_tiny_chunks_is_refused_and_the_refusal_is_read(srv):
+    """h11 makes an event of every chunk of a chunked body (13 us of the event loop each): a
+    body sent a byte a chunk cost the loop 2 us a byte sent (6 MB of upload held it 13 s, other
+    clients' /health taking 2 s). Past 4,096 chunks and one more a KiB it is a 400 naming the
+    chunks, and the connection reads on a moment before it closes, so the client reads the
+    refusal (closed at once, its unread input made the kernel reset the connection). A body
+    in chunks of a KiB is read as before."""
+    body = json.dumps({"prompt": "a" * 6000}).encode()
+    head = (b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+    fine = _exchange(srv.port, head + _chunked(body, 1024))
+    assert fine.startswith(b"HTTP/1.1 200 "), fine[:300]
+    refused = _exchange(srv.port, head + _chunked(body, 1))
+    assert refused.startswith(b"HTTP/1.1 400 "), refused[:300]
+    err = json.loads(refused.split(b"\r\n\r\n", 1)[1])["error"]
+    assert err["code"] == "invalid_http_request" and "4101 chunks for 4101 bytes" in err["message"], err

@@ -8,6 +8,9 @@ from the connection or from its previous response; past it, the connection is cl
 a 408 when some of a request had come). Once the headers are in, the body's own deadline is
 the Gate's (http_server.body_deadline), and a response may take as long as it takes.
 
+A chunked body of many small chunks, which costs the event loop more than it costs its
+client to send (FREE_BODY_CHUNKS), is refused as a request h11 cannot parse is.
+
 A request h11 cannot parse (headers past its buffer, a malformed request line or header) is
 answered in the OpenAI error shape like every other refusal, a 431 for headers too large (the
 status h11 gives, RFC 6585) and a 400 for the rest, not uvicorn's plain-text 400 "Invalid HTTP
@@ -47,7 +50,14 @@ from treadle.runtime.server.protocol import error_body
 
 log = logging.getLogger("treadle.server")
 
+# a chunked body's chunks: h11 makes an event of each (13 us of the event loop), so a body
+# sent a byte a chunk (6 bytes on the wire) cost 2 us of the loop a byte sent: 6 MB of upload
+# held it 13 s, every other client's /health taking up to 2 s meanwhile. This many chunks come
+# free, then one more for each BODY_BYTES_PER_CHUNK of body; past that the request is a 400.
+FREE_BODY_CHUNKS = 4096
+BODY_BYTES_PER_CHUNK = 1024
 HALF_CLOSE_PROBE_S = 0.5  # how often a half-closed client's connection is probed while its reply is due
+LINGER_S = 2.0  # how long a connection refused mid-request reads on before it closes
 
 
 def header_deadline_protocol(timeout_s: float, write_timeout_s: float | None = None) -> type[H11Protocol]:
@@ -68,9 +78,23 @@ def header_deadline_protocol(timeout_s: float, write_timeout_s: float | None = N
             self._arm()
             parse = self.conn.next_event
 
+            chunks = body_bytes = 0  # of the request being read
+
             def next_event() -> object:  # keeps h11's error for send_400_response (uvicorn drops it)
+                nonlocal chunks, body_bytes
                 try:
-                    return parse()
+                    event = parse()
+                    if type(event) is h11.Data:
+                        body_bytes += len(event.data)
+                        chunks += event.chunk_start
+                        if chunks > FREE_BODY_CHUNKS + body_bytes // BODY_BYTES_PER_CHUNK:
+                            raise h11.RemoteProtocolError(
+                                f"the request body came in {chunks} chunks for {body_bytes} bytes; this server "
+                                f"reads {FREE_BODY_CHUNKS} chunks, then one more for each "
+                                f"{BODY_BYTES_PER_CHUNK} bytes: send larger chunks, or a Content-Length")
+                    elif type(event) is h11.Request:
+                        chunks = body_bytes = 0
+                    return event
                 except h11.RemoteProtocolError as e:
                     self._protocol_error = e
                     raise
@@ -88,11 +112,32 @@ def header_deadline_protocol(timeout_s: float, write_timeout_s: float | None = N
             else:
                 status, code, reason = 400, "invalid_http_request", b"Bad Request"
                 message = f"invalid HTTP/1.1 request: {e}" if e is not None else msg
+            if self.cycle is not None and self.cycle.response_started:
+                self.transport.close()  # a response was sent (a refusal before the body was read)
+                return
             body = json.dumps(error_body(message, code=code)).encode()
             # written whole: h11's connection is in its error state and sends nothing more
             self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
                                  b"content-length: %d\r\n\r\n" % (status, reason, len(body)) + body)
-            self.transport.close()
+            self._close_lingering()
+
+        _lingering = False
+
+        def _close_lingering(self) -> None:
+            """Close after a refusal sent while the client may still be sending (a body too
+            chunked, headers too large): the reply and then a FIN go out, what the client still
+            sends is read and dropped for up to LINGER_S, then the connection closes. Closed at
+            once, the socket's unread input made the kernel send a reset, which threw away the
+            reply before the client could read it."""
+            self._lingering = True
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.transport.resume_reading()
+            self.loop.call_later(LINGER_S, self.transport.close)
+
+        def data_received(self, data: bytes) -> None:
+            if not self._lingering:
+                super().data_received(data)
 
         _write_timer: asyncio.TimerHandle | None = None
 
@@ -105,7 +150,7 @@ def header_deadline_protocol(timeout_s: float, write_timeout_s: float | None = N
             (then closes; on_response_complete) and is probed meanwhile (see the module doc);
             otherwise (idle, or a body cut short) it closes, as uvicorn's did."""
             cycle = self.cycle
-            if cycle is None or cycle.response_complete or cycle.disconnected or cycle.more_body:
+            if self._lingering or cycle is None or cycle.response_complete or cycle.disconnected or cycle.more_body:
                 return None  # the transport closes: a disconnect for a body still coming
             self._eof = True
             self._arm_probe()
