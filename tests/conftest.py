@@ -31,7 +31,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 gc.set_threshold(20_000, 10, 10)
 
 
+@pytest.hookimpl(tryfirst=True)  # a worker reports its collection in its own hook: the groups go first
 def pytest_collection_finish(session):
+    _write_module_groups(session)
     for item in session.items:
         for name in _SHARED_FIXTURES:
             if name in getattr(item, "fixturenames", ()):
@@ -56,6 +58,10 @@ def pytest_sessionfinish(session):
 
 
 def pytest_unconfigure(config):
+    if hasattr(config, "_treadle_groups_dir"):  # the xdist controller's
+        import shutil
+
+        shutil.rmtree(config._treadle_groups_dir, ignore_errors=True)
     gc.unfreeze()  # so the interpreter's last collection frees them (nanobind reports leaks otherwise)
 
 
@@ -93,6 +99,81 @@ def _release(name: str) -> None:
         close = _CLOSE.pop(name, None)
         if close is not None:
             close(value)
+
+
+def _module_groups(items) -> dict[str, str]:
+    """Each module's group, by the path its node ids start with: the modules that share one of
+    _SHARED_FIXTURES are one group (named by the first of them), every other module its own."""
+    group: dict[str, str] = {}  # union-find: a module -> one of its group (the group's name at the root)
+
+    def find(path: str) -> str:
+        while group.setdefault(path, path) != path:
+            path = group[path]
+        return path
+
+    for name in _SHARED_FIXTURES:
+        users = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items
+                                   if name in getattr(item, "fixturenames", ())))
+        for path in users[1:]:
+            group[find(path)] = find(users[0])
+    return {item.nodeid.split("::")[0]: find(item.nodeid.split("::")[0]) for item in items}
+
+
+# `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadfile). xdist hands out
+# whole modules, so a module's fixtures are made once, on one worker; the scheduler below also
+# keeps together the modules that share one of _SHARED_FIXTURES, so they share it on one worker,
+# where _LAST_USER (the last of them in the collection order) is the last to run. The workers
+# know the groups (they collect), the scheduler in the controller does not: each worker writes
+# them to a file the controller named, before it reports its collection. Without xdist none of
+# this runs.
+_GROUPS_KEY = "treadle_module_groups"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    config = node.config
+    if not hasattr(config, "_treadle_groups_dir"):
+        import tempfile
+
+        config._treadle_groups_dir = tempfile.mkdtemp(prefix="treadle-test-groups-")
+    node.workerinput[_GROUPS_KEY] = os.path.join(config._treadle_groups_dir, node.gateway.id + ".json")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    import glob
+    import json
+
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFixtureScheduling(LoadFileScheduling):
+        """--dist loadfile, with the modules of one group (_module_groups) as one unit of work."""
+
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # first asked once every worker has reported its collection
+                found = sorted(glob.glob(os.path.join(getattr(config, "_treadle_groups_dir", ""), "*.json")))
+                if not found:
+                    raise RuntimeError("no xdist worker wrote its module groups (conftest.py)")
+                with open(found[0]) as f:
+                    self.groups = json.load(f)
+            path = nodeid.split("::")[0]
+            return self.groups.get(path, path)
+
+    return SharedFixtureScheduling(config, log)
+
+
+def _write_module_groups(session) -> None:
+    path = getattr(session.config, "workerinput", {}).get(_GROUPS_KEY)
+    if path:
+        import json
+
+        with open(path + ".tmp", "w") as f:
+            json.dump(_module_groups(session.items), f)
+        os.replace(path + ".tmp", path)
 
 
 def pytest_collection_modifyitems(config, items):
