@@ -39,6 +39,11 @@ def test_a_client_that_half_closes_after_its_request_gets_the_reply(srv):
     request is aborted, its KV freed."""
     body = json.dumps({"text": "Count to ten:", "sampling_params": {"max_new_tokens": 16, "temperature": 0,
                                                                    "ignore_eos": True}})
+    # beside it, the same over HTTP/1.0, which gets no interim 100 (RFC 9110 15.2)
+    old = socket.create_connection(("127.0.0.1", srv.port), timeout=T)
+    old.sendall(f"POST /generate HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                f"{body}".encode())
+    old.shutdown(socket.SHUT_WR)
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=T)
     try:
         conn.request("POST", "/generate", body, {"Content-Type": "application/json"})
@@ -48,6 +53,11 @@ def test_a_client_that_half_closes_after_its_request_gets_the_reply(srv):
         assert json.loads(r.read())["meta_info"]["completion_tokens"] == 16
     finally:
         conn.close()
+    with old:
+        reply = b""
+        while chunk := old.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200 OK\r\n") and json.loads(reply.split(b"\r\n\r\n", 1)[1])["output_ids"], reply
     one = json.dumps({"text": "Hi", "sampling_params": {"max_new_tokens": 1}})
     post = (f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(one)}\r\n\r\n{one}").encode()

@@ -170,7 +170,10 @@ def header_deadline_protocol(timeout_s: float, write_timeout_s: float | None = N
             if sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
                 self.transport.abort()  # reset by the client (it closed, not half-closed): a client gone
                 return
-            if not cycle.response_started and self.conn.our_state is h11.SEND_RESPONSE:
+            # (never to an HTTP/1.0 client, which RFC 9110 15.2 bids a server send no 1xx: its
+            # request runs on until its reply is written, where a closed socket is seen)
+            if (not cycle.response_started and self.conn.our_state is h11.SEND_RESPONSE
+                    and cycle.scope.get("http_version") != "1.0"):
                 probe = h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
                 self.transport.write(self.conn.send(probe))
             self._probe_timer = self.loop.call_later(HALF_CLOSE_PROBE_S, self._probe)
