@@ -168,6 +168,9 @@ class Engine:
         custom_logit_processor, return_hidden_states, token_ids_logprob, bootstrap_*,
         data_parallel_rank, ...) are taken at their defaults (None, False; a list of them, one
         per prompt); any other value is a ValueError naming the keyword (`_SGLANG_ONLY`)."""
+        # a shut-down engine says so at the call (a stream's too), before a batch's grammar check
+        # asks its closed compiler (a BatchError "GrammarCompiler is closed", as if the input's)
+        self._check_running()
         _check_sglang_only(image_data=image_data, audio_data=audio_data, video_data=video_data,
                            token_ids_logprob=token_ids_logprob, lora_path=lora_path,
                            custom_logit_processor=custom_logit_processor, return_hidden_states=return_hidden_states,
@@ -204,6 +207,7 @@ class Engine:
                              data_parallel_rank: Any = None):
         """asyncio form of `generate` (its keywords); with stream=True an async iterator of
         chunks. Cancelling the awaiting task aborts its requests (their KV is freed at once)."""
+        self._check_running()  # as generate's
         _check_sglang_only(image_data=image_data, audio_data=audio_data, video_data=video_data,
                            token_ids_logprob=token_ids_logprob, lora_path=lora_path,
                            custom_logit_processor=custom_logit_processor, return_hidden_states=return_hidden_states,
@@ -253,6 +257,8 @@ class Engine:
         "<rid>-<i>-<j>" of the i-th prompt of a batch sent with n > 1), parts not yet sent and
         their prompt's warm-up included. Aborted requests finish with finish_reason "abort"
         and free their KV at once."""
+        if not isinstance(rid, str):  # (a list was a TypeError from the dict lookup)
+            raise ValueError(f"rid must be a string (the id a request was sent with), got {type(rid).__name__}")
         with self._lock:
             group = self._groups.get(rid)
             of_prompt = self._prompt_groups.get(rid)
@@ -444,10 +450,13 @@ class Engine:
                              whitespace_pattern=self.args.json_whitespace_pattern,
                              max_recursion_depth=self.args.grammar_max_recursion_depth)
         count = len(ids_list)
-        return_logprob = _per_prompt("return_logprob", return_logprob, count)
-        starts = [-1 if x is None else x  # its type: validate_request
+        # numpy scalars (np.int64 from an array's index or len, np.bool_ from a comparison) as
+        # Python's, as max_new_tokens takes them; any other type is validate_request's to refuse
+        return_logprob = [_py_scalar(x) for x in _per_prompt("return_logprob", return_logprob, count)]
+        starts = [-1 if x is None else _py_scalar(x)  # its type: validate_request
                   for x in _per_prompt("logprob_start_len", logprob_start_len, count)]
-        top_nums = [0 if x is None else x for x in _per_prompt("top_logprobs_num", top_logprobs_num, count)]
+        top_nums = [0 if x is None else _py_scalar(x)
+                    for x in _per_prompt("top_logprobs_num", top_logprobs_num, count)]
         if return_text_in_logprobs is True and self.tokenizer is None:
             raise ValueError("this model has no tokenizer to give token texts (return_text_in_logprobs)")
         reqs: list[TokenizedGenerateReq] = []
@@ -764,6 +773,14 @@ def _shutdown_at_exit(ref: "weakref.ref[Engine]") -> None:
     engine = ref()
     if engine is not None:
         engine.shutdown()
+
+
+def _py_scalar(x: Any) -> Any:
+    """A numpy integer or boolean scalar as a Python int or bool; anything else as it is."""
+    kind = getattr(getattr(x, "dtype", None), "kind", None)
+    if isinstance(x, (bool, int)) or getattr(x, "ndim", None) != 0 or kind not in ("b", "i", "u"):
+        return x
+    return bool(x) if kind == "b" else operator.index(x)
 
 
 def _token_ids(x: Any) -> list[int]:

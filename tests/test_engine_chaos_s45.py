@@ -1,0 +1,71 @@
+"""The offline Engine used as a careless or hostile caller would: each test a bug found (it
+failed on the code before its fix), on a tiny dummy model in-process, checking after each
+that the engine still serves and holds no KV slot."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from treadle.runtime import Engine
+from treadle.runtime.engine import EngineDeadError
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(model_path="dummy:tiny-llama", max_total_tokens=512, context_length=256) as e:
+        yield e
+
+
+def _all_free(engine) -> None:
+    engine.check_integrity()
+    info = engine.get_server_info()
+    assert info["num_running"] == 0 and info["num_waiting"] == 0
+    assert info["free_slots"] + info["evictable_slots"] == info["total_slots"]
+
+
+def test_numpy_scalars_as_logprob_options(engine):
+    """return_logprob / logprob_start_len / top_logprobs_num as numpy scalars (an index or a
+    length from an array, a comparison's np.bool_), as max_new_tokens already took them: they
+    were a ValueError ("top_logprobs_num must be an integer, got np.int64(2)")."""
+    out = engine.generate(input_ids=[5, 6, 7, 8], sampling_params={"max_new_tokens": 3, "temperature": 0},
+                          return_logprob=np.bool_(True), logprob_start_len=np.int64(1),
+                          top_logprobs_num=np.int32(2))
+    meta = out["meta_info"]
+    assert len(meta["input_token_logprobs"]) == 3  # positions 1..3 of the prompt
+    assert len(meta["output_token_logprobs"]) == 3
+    assert all(len(top) == 2 for top in meta["output_top_logprobs"])
+    # one per prompt, as lists
+    outs = engine.generate(input_ids=[[5, 6, 7], [9, 10]], sampling_params={"max_new_tokens": 2},
+                           return_logprob=[np.True_, np.False_], top_logprobs_num=[np.uint8(1), np.int64(0)])
+    assert "output_token_logprobs" in outs[0]["meta_info"]
+    assert "output_token_logprobs" not in outs[1]["meta_info"]
+    # a numpy float is still no position
+    with pytest.raises(ValueError, match="logprob_start_len must be an integer"):
+        engine.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 1}, return_logprob=True,
+                        logprob_start_len=np.float64(1.0))
+    _all_free(engine)
+
+
+def test_abort_of_a_rid_that_is_no_string(engine):
+    """abort(["a", "b"]) (the rids of a batch, as a list) was a TypeError from a dict lookup
+    ('unhashable type'); a rid is a string, and anything else is a ValueError saying so."""
+    for rid in (["a", "b"], {"rid": "a"}, None, 3):
+        with pytest.raises(ValueError, match="rid must be a string"):
+            engine.abort(rid)
+    assert engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+    _all_free(engine)
+
+
+def test_a_shut_down_engine_says_so_at_the_call():
+    """After shutdown, a batch with grammars asked the closed grammar compiler first and raised
+    a BatchError, a ValueError blaming the input ("prompt 0 of the batch: GrammarCompiler is
+    closed"), and a stream call returned a generator as if it would run; both raise
+    EngineDeadError at the call now, as a plain generate did."""
+    e = Engine(model_path="dummy:tiny-llama", max_total_tokens=128, context_length=64)
+    assert e.generate("a", {"regex": "[ab]", "max_new_tokens": 4})["text"] in ("a", "b")  # its compiler is made
+    e.shutdown()
+    with pytest.raises(EngineDeadError, match="shut down"):
+        e.generate(["a", "b"], {"regex": "(yes|no)", "max_new_tokens": 4})
+    with pytest.raises(EngineDeadError, match="shut down"):
+        e.generate("a", {"max_new_tokens": 4}, stream=True)
+    e.shutdown()  # twice: nothing more to do
