@@ -27,8 +27,12 @@ $(VENV)/.installed: pyproject.toml
 serve: install
 	$(VENV)/bin/treadle serve --host 127.0.0.1 --port $(PORT)
 
+# Two pytest-xdist workers, each given whole modules (tests/conftest.py keeps the modules that share
+# a server on one worker): a grammar compile or a Triton interpreter run keeps one core busy, so a
+# serial run left the second mostly idle. TEST_WORKERS=0 runs the suite in this process, serially.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -x --durations=15
+	$(PY) -m pytest -q -x --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) build *.egg-info
