@@ -25,6 +25,7 @@ from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.model_source import EMBEDDED_HF_ID
 from treadle.runtime.sampling_params import SamplingParams
+from treadle.runtime.server.compat_fields import NATIVE, check_compat_fields
 from treadle.runtime.server.metrics import ServerMetrics
 from treadle.runtime.server.protocol import (APIError, ReplyJSON, add_cors, add_error_handlers, clip, clip_names,
                                              error_body, overloaded, parse_abort_request, parse_json_object, quoted,
@@ -381,7 +382,11 @@ def create_app(state: ServerState) -> FastAPI:
                 "bos_token_id": getattr(tm.tokenizer, "bos_token_id", None),
                 "eos_token_id": getattr(tm.tokenizer, "eos_token_id", None),
                 # how /generate streams: whole output so far (SGLang's default) or what is new
-                "incremental_streaming_output": state.args.incremental_streaming_output}
+                "incremental_streaming_output": state.args.incremental_streaming_output,
+                # the rest of SGLang's keys (its clients read them): a text-only model with
+                # weights as loaded, no preferred sampling params of its own
+                "architectures": [info["architecture"]], "preferred_sampling_params": None,
+                "weight_version": "default", "has_image_understanding": False, "has_audio_understanding": False}
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
@@ -417,6 +422,9 @@ def create_app(state: ServerState) -> FastAPI:
         if isinstance(sched.get("total_slots"), int):
             sglang["max_total_num_tokens"] = sched["total_slots"]
             sglang["max_req_input_len"] = min(state.model_info["context_len"], sched["total_slots"]) - 1
+        # SGLang's per-scheduler states: sglang.bench_serving reads internal_states[0] (for
+        # avg_spec_accept_length, absent here: no speculative decoding)
+        sglang["internal_states"] = [dict(sched)]
         return {**sglang, **sched, "engine_args": args, "num_in_flight": tm.num_in_flight, "model_load_s": state.model_info["model_load_s"],
                 "quantization": state.model_info.get("quantization"),
                 "pids": {"server": os.getpid(), **state.child_pids}, "uptime_s": round(time.time() - state.started, 1)}
@@ -580,7 +588,8 @@ def build_native(tm: TokenizerManager, obj: dict
     was a single prompt, the other rids /abort_request reaches each part by (the batch's
     rid, the rid of the item its n samples came from), and the (index, params) of the prompts
     with a grammar to check first (only the first when they share one params object)."""
-    _no_unknown(obj, _GENERATE_FIELDS)
+    check_compat_fields(obj, NATIVE)  # SGLang's fields for what treadle lacks: taken at their defaults
+    _no_unknown(obj, _GENERATE_FIELDS | NATIVE.keys())
     text, ids = obj.get("text"), obj.get("input_ids")
     if (text is None) == (ids is None):
         raise APIError.bad_request("give exactly one of text or input_ids", "text")

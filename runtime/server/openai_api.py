@@ -18,6 +18,7 @@ from fastapi.responses import Response
 
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
+from treadle.runtime.server.compat_fields import OPENAI, check_compat_fields
 from treadle.runtime.server.http_server import (ServerState, batch_part, off_loop_if_large, read_json,
                                                 reply_entries)
 from treadle.runtime.server.protocol import APIError, ReplyJSON, clip_names, finish_reason, matched_stop, quoted
@@ -45,8 +46,11 @@ JSON_OBJECT_SCHEMA = {"type": "object"}
 # chat hints OpenAI's client sends that change no token here (checked for type, then without
 # effect, as in vLLM for models without such a control): {field: the type it must have}
 _CHAT_HINTS = {"reasoning_effort": str, "verbosity": str, "prediction": dict}
-_COMPLETION_FIELDS = {"model", "rid", "prompt", "suffix", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED}
-_CHAT_FIELDS = {"model", "rid", "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+# vLLM's fields treadle honours: request_id (the rid), add_special_tokens, truncate_prompt_tokens,
+# guided_json_object (response_format json_object); and those of features it lacks (compat_fields.OPENAI)
+_VLLM = ("request_id", "add_special_tokens", "truncate_prompt_tokens", "guided_json_object", *OPENAI)
+_COMPLETION_FIELDS = {"model", "rid", "prompt", "suffix", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED, *_VLLM}
+_CHAT_FIELDS = {"model", "rid", "messages", "stream_reasoning", *_VLLM, "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
                 "functions", "function_call",  # OpenAI's legacy function calling (tool_calls.legacy_plan)
                 "add_generation_prompt", "continue_final_message", "modalities",
                 "separate_reasoning", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED, *_CHAT_HINTS}
@@ -57,7 +61,9 @@ def register_openai_routes(app: FastAPI, state: ServerState) -> None:
 
     def card() -> dict:
         return {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "treadle",
-                "max_model_len": state.model_info["context_len"]}
+                "max_model_len": state.model_info["context_len"],
+                # vLLM's and SGLang's: the model the served name stands for, and no base model of it
+                "root": state.model_info["model_path"], "parent": None}
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -104,7 +110,9 @@ def _build_completion(state: ServerState, body: dict) -> tuple[list[TokenizedGen
     lp = body.get("logprobs")
     if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
         raise APIError.bad_request("logprobs must be an integer in [0, 20]", "logprobs")
-    prompts = _completion_prompts(tm, body.get("prompt"))
+    fit = body.get("truncate_prompt_tokens") is None  # else a prompt past the context is cut to fit
+    prompts = [_truncated(tm, body, ids) for ids in _completion_prompts(tm, body.get("prompt"), _special(body, True),
+                                                                         fit)]
     # echo with logprobs scores the prompt too (logprob_start_len 0): loglikelihood requests
     rids = _rids(body, len(prompts))
     reqs = []
@@ -112,7 +120,7 @@ def _build_completion(state: ServerState, body: dict) -> tuple[list[TokenizedGen
         with batch_part(i, False) if len(prompts) > 1 else contextlib.nullcontext():
             reqs.append(_make(tm, body, ids, default_max=16, return_logprob=lp is not None, top=lp or 0,
                               prompt_logprobs=bool(echo) and lp is not None, rid=rid))
-    echoes = _echoes(tm, body.get("prompt"), prompts) if echo else None
+    echoes = _echoes(tm, body.get("prompt") if fit else prompts, prompts) if echo else None  # cut: its ids' text
     return reqs, echoes
 
 
@@ -142,6 +150,15 @@ def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateR
         raise APIError.bad_request("top_logprobs must be an integer in [0, 20]", "top_logprobs")
     if top and not lp:
         raise APIError.bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    # SGLang's stream_reasoning false holds a streamed reply's reasoning back until its block
+    # closes: not done here, so refused where it would change what is sent (a stream whose
+    # reasoning is split off); elsewhere it asks for nothing
+    held = body.get("stream_reasoning")
+    if held is not None and not isinstance(held, bool):
+        raise APIError.bad_request("stream_reasoning must be a boolean", "stream_reasoning")
+    if held is False and body.get("stream") and state.args.reasoning_parser and body.get("separate_reasoning", True):
+        raise APIError.bad_request("stream_reasoning=False is not supported: treadle streams the reasoning as it is "
+                                   "written (leave it out, or send true)", "stream_reasoning")
     separate = body.get("separate_reasoning", True)
     if not isinstance(separate, bool):
         raise APIError.bad_request("separate_reasoning must be a boolean", "separate_reasoning")
@@ -174,7 +191,9 @@ def _build_chat(state: ServerState, body: dict) -> tuple[list[TokenizedGenerateR
     after = None
     if state.args.reasoning_parser == "think":
         after = "open" if opened else "maybe" if model_thinks(tm.tokenizer) else None
-    reqs = [_make(tm, body, tm.encode(prompt, "messages"), default_max=None, return_logprob=bool(lp), top=top or 0,
+    ids = _truncated(tm, body, tm.encode(prompt, "messages", add_special_tokens=_special(body, True),
+                                         must_fit=body.get("truncate_prompt_tokens") is None))
+    reqs = [_make(tm, body, ids, default_max=None, return_logprob=bool(lp), top=top or 0,
                   tools=tools, grammar_after_reasoning=after, rid=_rids(body, 1)[0])]
     return reqs, tools, think, chat_echo, _tool_checks(tm, tools, reqs[0].sampling_params)
 
@@ -230,6 +249,16 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise APIError.bad_request(f"unknown field(s): {clip_names(unknown)}", unknown[0])
+    check_compat_fields(body, OPENAI)
+    request_id = body.get("request_id")  # vLLM's name of the request: the rid here
+    if request_id is not None:
+        if not isinstance(request_id, str) or not request_id:
+            raise APIError.bad_request("request_id must be a non-empty string", "request_id")
+        if body.get("rid") is not None and body["rid"] != request_id:
+            raise APIError.bad_request("rid and request_id differ (both name the request; give one)", "request_id")
+        body["rid"] = request_id
+    if body.get("guided_json_object") not in (None, True, False):
+        raise APIError.bad_request("guided_json_object must be a boolean", "guided_json_object")
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise APIError.bad_request("stream must be a boolean", "stream")
@@ -245,14 +274,43 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
             raise APIError.bad_request("stream_options.include_usage must be a boolean", "stream_options")
 
 
-def _completion_prompts(tm: TokenizerManager, prompt: Any) -> list[list[int]]:
-    """prompt: a string, a list of strings, a list of token ids, or a list of such lists."""
+def _special(body: dict, default: bool) -> bool:
+    """vLLM's add_special_tokens: whether the tokenizer adds its special tokens (BOS) to the
+    prompt's text (true when not given, as before it was read; vLLM's chat default is false,
+    the same prompt for a tokenizer that adds nothing, as SmolLM2's)."""
+    v = body.get("add_special_tokens")
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise APIError.bad_request("add_special_tokens must be a boolean", "add_special_tokens")
+    return v
+
+
+def _truncated(tm: TokenizerManager, body: dict, ids: list[int]) -> list[int]:
+    """vLLM's truncate_prompt_tokens k: the prompt's last k tokens (-1: as many as the context
+    holds with a token to write)."""
+    k = body.get("truncate_prompt_tokens")
+    if k is None:
+        return ids
+    if type(k) is not int or (k < 1 and k != -1):
+        raise APIError.bad_request(f"truncate_prompt_tokens must be -1 or an integer >= 1, got {quoted(k)}",
+                                   "truncate_prompt_tokens")
+    if k == -1:
+        k = tm.context_len - 1
+    return ids[-k:]
+
+
+def _completion_prompts(tm: TokenizerManager, prompt: Any, special: bool = True,
+                        must_fit: bool = True) -> list[list[int]]:
+    """prompt: a string, a list of strings, a list of token ids, or a list of such lists;
+    `special`: vLLM's add_special_tokens (the BOS the tokenizer adds to a text); `must_fit`:
+    as TokenizerManager.encode's (false where truncate_prompt_tokens cuts the prompt)."""
     if isinstance(prompt, str):
-        return [tm.encode(prompt, "prompt")]
+        return [tm.encode(prompt, "prompt", add_special_tokens=special, must_fit=must_fit)]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             tm.check_prompt_count(len(prompt), "prompt")  # before tokenizing them all
-            return [tm.encode(p, "prompt") for p in prompt]
+            return [tm.encode(p, "prompt", add_special_tokens=special, must_fit=must_fit) for p in prompt]
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return [list(prompt)]
         if all(isinstance(p, list) for p in prompt):
@@ -316,7 +374,12 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
         # the default fills the rest of the context (chat) or is OpenAI's 16 (completions)
         room = max(1, min(tm.context_len, tm.num_slots) - len(ids))
         params["max_new_tokens"] = room if default_max is None else min(default_max, room)
-    fmt = _response_format(body.get("response_format"))
+    rf = body.get("response_format")
+    if body.get("guided_json_object"):  # vLLM's name of response_format json_object
+        if rf is not None and rf != {"type": "json_object"}:
+            raise APIError.bad_request("set response_format or guided_json_object, not both", "guided_json_object")
+        rf = {"type": "json_object"}
+    fmt = _response_format(rf)
     if fmt is not None:
         if any(params.get(k) for k in GRAMMAR_FIELDS):
             raise APIError.bad_request("response_format cannot be combined with regex, json_schema, choices, ebnf "
