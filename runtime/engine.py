@@ -176,16 +176,16 @@ class Engine:
                            custom_logit_processor=custom_logit_processor, return_hidden_states=return_hidden_states,
                            bootstrap_host=bootstrap_host, bootstrap_port=bootstrap_port,
                            bootstrap_room=bootstrap_room, data_parallel_rank=data_parallel_rank)
-        reqs, single, base, grammars = self._build_all(prompt, input_ids, sampling_params, return_logprob,
-                                                   logprob_start_len, top_logprobs_num, stream, rid,
-                                                   return_text_in_logprobs)
+        reqs, single, base, grammars, names = self._build_all(prompt, input_ids, sampling_params, return_logprob,
+                                                          logprob_start_len, top_logprobs_num, stream, rid,
+                                                          return_text_in_logprobs)
         if len(reqs) > 1:  # one request alone is never half-run: its grammar compiles in the scheduler
             self._check_grammars(grammars, single)
         if stream:
             with self._lock:  # now, as unstreamed (checked again when it starts)
-                self._check_free(base, reqs)
-            return self._stream(reqs, base, indexed=not single or len(reqs) > 1)
-        with self._grouped(base, reqs) as group:
+                self._check_free(base, reqs, names)
+            return self._stream(reqs, base, indexed=not single or len(reqs) > 1, names=names)
+        with self._grouped(base, reqs, names) as group:
             sent: set[str] = set()
             try:
                 results = self._run(reqs, sent)
@@ -218,13 +218,13 @@ class Engine:
                 self.generate, prompt, sampling_params, input_ids, return_logprob=return_logprob,
                 logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
                 return_text_in_logprobs=return_text_in_logprobs, stream=True, rid=rid))
-        reqs, single, base, grammars = self._build_all(prompt, input_ids, sampling_params, return_logprob,
-                                                   logprob_start_len, top_logprobs_num, stream, rid,
-                                                   return_text_in_logprobs)
+        reqs, single, base, grammars, names = self._build_all(prompt, input_ids, sampling_params, return_logprob,
+                                                          logprob_start_len, top_logprobs_num, stream, rid,
+                                                          return_text_in_logprobs)
         if grammars and len(reqs) > 1:  # as generate's; compiles: off the event loop
             await asyncio.to_thread(self._check_grammars, grammars, single)
         t0 = time.monotonic()
-        with self._grouped(base, reqs) as group:
+        with self._grouped(base, reqs, names) as group:
             sent: set[str] = set()
             try:
                 await asyncio.to_thread(self._warm_prefix, reqs)
@@ -298,29 +298,34 @@ class Engine:
                 if a == alias:
                     self._inbox.put(("abort", r))
 
-    def _check_free(self, base: str, reqs: list[TokenizedGenerateReq]) -> None:
+    def _check_free(self, base: str, reqs: list[TokenizedGenerateReq], names: dict[str, str] | None = None) -> None:
         """ValueError when the call's rid or a part's is another running call's (its parts
-        too: another caller's "<rid>-0" is not to be taken over). Call with the lock held."""
-        taken = [x for x in dict.fromkeys((base, *(r.rid for r in reqs)))
+        too: another caller's "<rid>-0" is not to be taken over; `names`: a part's rid -> the
+        rid its caller gave its prompt, see _build_all). Call with the lock held."""
+        taken = [x for x in dict.fromkeys((base, *(r.rid for r in reqs), *(names or {}).values()))
                  if x in self._groups or x in self._outboxes or x in self._group_of or x in self._prompt_groups]
         if taken:
             raise ValueError(f"request id {taken[0]!r} is already in use")
 
     @contextlib.contextmanager
-    def _grouped(self, base: str, reqs: list[TokenizedGenerateReq]):
+    def _grouped(self, base: str, reqs: list[TokenizedGenerateReq], names: dict[str, str] | None = None):
         """Register `reqs` under the caller's rid `base` while they run (not needed for one
-        request under its own rid). Yields the group, or None."""
+        request under its own rid); `names`: a part's rid -> the rid its caller gave its
+        prompt (a list of rids, see _build_all), by which it is aborted. Yields the group, or None."""
         if len(reqs) == 1 and reqs[0].rid == base:
             yield None
             return
         group = _Group([r.rid for r in reqs])
-        for r in reqs:  # a batch with n > 1: the parts are "<base>-<i>-<j>", of prompt "<base>-<i>"
-            head = r.rid.rsplit("-", 1)[0]
-            if head != base and head.startswith(base + "-"):
-                group.prompt_of[r.rid] = head
+        if names:
+            group.prompt_of.update(names)
+        else:
+            for r in reqs:  # a batch with n > 1: the parts are "<base>-<i>-<j>", of prompt "<base>-<i>"
+                head = r.rid.rsplit("-", 1)[0]
+                if head != base and head.startswith(base + "-"):
+                    group.prompt_of[r.rid] = head
         aliases = set(group.prompt_of.values())
         with self._lock:
-            self._check_free(base, reqs)
+            self._check_free(base, reqs, names)
             self._groups[base] = group
             for r in reqs:
                 self._group_of[r.rid] = group
@@ -408,12 +413,22 @@ class Engine:
 
     def _build_all(self, prompt, input_ids, sampling_params, return_logprob, logprob_start_len, top_logprobs_num,
                    stream, rid, return_text_in_logprobs=False
-                   ) -> tuple[list[TokenizedGenerateReq], bool, str, list[tuple[int, SamplingParams]]]:
-        """_build's, and the prompts with a grammar (index, params) for _check_grammars."""
+                   ) -> tuple[list[TokenizedGenerateReq], bool, str, list[tuple[int, SamplingParams]],
+                              dict[str, str] | None]:
+        """_build's, the prompts with a grammar (index, params) for _check_grammars, and for a
+        list of rids (SGLang's: one per prompt) each part's rid -> its prompt's rid (else None).
+
+        One rid names the call: a batch's prompts are "<rid>-<i>", the n samples of a prompt
+        "<prompt's rid>-<j>". A list names each prompt (as SGLang's Engine and /generate take
+        it; "" for a fresh name), and the call gets a private name."""
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt (text) or input_ids")
-        if rid is not None and not isinstance(rid, str):  # the parts are named "<rid>-<i>"
-            raise ValueError(f"rid must be a string (one for the whole call), got {type(rid).__name__}")
+        rid_list = list(rid) if isinstance(rid, (list, tuple)) else None
+        if rid_list is not None and not all(isinstance(x, str) for x in rid_list):
+            raise ValueError("rid must be a string, or a list of strings (one per prompt)")
+        if rid is not None and rid_list is None and not isinstance(rid, str):  # the parts are named "<rid>-<i>"
+            raise ValueError(f"rid must be a string (one for the whole call) or a list of strings (one per prompt), "
+                             f"got {type(rid).__name__}")
         if prompt is not None:
             single = isinstance(prompt, str)
             if not single and not isinstance(prompt, (list, tuple)):
@@ -460,17 +475,37 @@ class Engine:
         if return_text_in_logprobs is True and self.tokenizer is None:
             raise ValueError("this model has no tokenizer to give token texts (return_text_in_logprobs)")
         reqs: list[TokenizedGenerateReq] = []
-        base = rid or uuid.uuid4().hex
+        base = (None if rid_list is not None else rid) or uuid.uuid4().hex
+        names: dict[str, str] | None = None
+        if rid_list is not None:
+            if len(rid_list) != len(ids_list):
+                raise ValueError(f"rid: a list of {len(rid_list)} rids for {len(ids_list)} "
+                                 f"prompt{'s' if len(ids_list) > 1 else ''} (give one rid, or one per prompt)")
+            rid_list = [x or f"{base}-{i}" for i, x in enumerate(rid_list)]
+            twice = next((x for i, x in enumerate(rid_list) if x in rid_list[:i]), None)
+            if twice is not None:
+                raise ValueError(f"rid: {twice!r} is given to two prompts (each needs its own)")
+            names = {}
         for i, (ids, p) in enumerate(zip(ids_list, plist)):
-            r = TokenizedGenerateReq(rid=f"{base}-{i}" if len(ids_list) > 1 else base,
+            own = rid_list[i] if rid_list is not None else f"{base}-{i}" if len(ids_list) > 1 else base
+            r = TokenizedGenerateReq(rid=own,
                                      input_ids=ids, sampling_params=p, return_logprob=return_logprob[i],
                                      logprob_start_len=starts[i], top_logprobs_num=top_nums[i],
                                      stream=stream,
                                      return_text_in_logprobs=return_text_in_logprobs)
             check_context(len(ids), given[i], self.runner.context_len)
             validate_request(r, self.runner.config.vocab_size, self.runner.context_len, self.runner.allocator.num_slots)
-            reqs.extend(split_samples(r))  # the prompt is warmed once first (_warm_prefix)
-        return reqs, single, base, [(i, p) for i, p in enumerate(plist) if p.has_grammar]
+            parts = split_samples(r)  # the prompt is warmed once first (_warm_prefix)
+            if names is not None:
+                names.update((part.rid, own) for part in parts)
+            reqs.extend(parts)
+        if names is not None:  # ["a", "a-0"] with n = 2: "a-0" would be a sample of "a" and a prompt
+            clash = next((r.rid for i, r in enumerate(reqs) if r.rid in names.values() and names[r.rid] != r.rid
+                          or any(q.rid == r.rid for q in reqs[:i])), None)
+            if clash is not None:
+                raise ValueError(f"rid: {clash!r} names two requests of the call (a prompt's n samples are "
+                                 f"\"<its rid>-<j>\"); give other rids")
+        return reqs, single, base, [(i, p) for i, p in enumerate(plist) if p.has_grammar], names
 
     def _check_grammars(self, grammars: list[tuple[int, SamplingParams]], single: bool) -> None:
         """Compile the grammars of a call's prompts (`grammars`: index, params) before any of
@@ -597,14 +632,15 @@ class Engine:
                 self._done(r.rid)
                 return acc.result(r.rid, detok.output_text)
 
-    def _stream(self, reqs: list[TokenizedGenerateReq], base: str, indexed: bool) -> Iterator[dict]:
+    def _stream(self, reqs: list[TokenizedGenerateReq], base: str, indexed: bool,
+                names: dict[str, str] | None = None) -> Iterator[dict]:
         """Chunks of `reqs` as their outputs arrive, in one shared box. As SGLang's Engine (and
         treadle's /generate stream), each chunk's text and output_ids are the output so far,
         or only what is new with the engine argument incremental_streaming_output; meta_info
         is cumulative; with `indexed` (a batch, n samples) each carries the index of its
         result in the unstreamed list."""
         incremental = self.args.incremental_streaming_output
-        with self._grouped(base, reqs) as group:
+        with self._grouped(base, reqs, names) as group:
             box: queue.Queue = queue.Queue()
             where = {r.rid: i for i, r in enumerate(reqs)}
             left, sent = set(where), set()

@@ -3,6 +3,9 @@ failed on the code before its fix), on a tiny dummy model in-process, checking a
 that the engine still serves and holds no KV slot."""
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -69,3 +72,37 @@ def test_a_shut_down_engine_says_so_at_the_call():
     with pytest.raises(EngineDeadError, match="shut down"):
         e.generate("a", {"max_new_tokens": 4}, stream=True)
     e.shutdown()  # twice: nothing more to do
+
+
+def test_a_list_of_rids_names_each_prompt(engine):
+    """SGLang's Engine.generate (and treadle's /generate) take `rid` as a list, one per prompt;
+    the Engine refused it ("rid must be a string"). Each prompt's request is named by its rid
+    ("<rid>-<j>" for its n samples), abort(rid) stops that prompt alone, and a list of the
+    wrong length, or naming two requests alike, is a ValueError."""
+    out = engine.generate(["a", "b"], {"max_new_tokens": 2, "n": 2}, rid=["p", "q"])
+    assert [o["meta_info"]["id"] for o in out] == ["p-0", "p-1", "q-0", "q-1"]
+    chunks = list(engine.generate(input_ids=[[3], [4]], sampling_params={"max_new_tokens": 2}, rid=["s", ""],
+                                  stream=True))
+    assert chunks[0]["meta_info"]["id"] in ("s", chunks[-1]["meta_info"]["id"])
+    assert {c["index"] for c in chunks if c["meta_info"]["id"] == "s"} == {0}
+    res = []
+    t = threading.Thread(target=lambda: res.append(engine.generate(
+        ["a", "b"], [{"max_new_tokens": 200, "ignore_eos": True}, {"max_new_tokens": 40, "ignore_eos": True}],
+        rid=["y1", "y2"])))
+    t.start()
+    end = time.monotonic() + 30
+    while engine.get_server_info()["num_running"] < 2 and t.is_alive():
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    engine.abort("y1")
+    t.join(60)
+    assert [(o["meta_info"]["id"], o["meta_info"]["finish_reason"]["type"]) for o in res[0]] == \
+        [("y1", "abort"), ("y2", "length")]
+    for rid, match in ((["r1"], "1 rids for 2 prompts"), (["r1", "r1"], "given to two prompts"),
+                       (["a", 3], "list of strings")):
+        with pytest.raises(ValueError, match=match):
+            engine.generate(["a", "b"], {"max_new_tokens": 2}, rid=rid)
+    with pytest.raises(ValueError, match="names two requests"):  # "a-0": a sample of "a", and a prompt
+        engine.generate(["a", "b"], {"max_new_tokens": 2, "n": 2}, rid=["a", "a-0"])
+    assert not engine._groups and not engine._prompt_groups and not engine._outboxes
+    _all_free(engine)
