@@ -493,7 +493,11 @@ class Engine:
                                      logprob_start_len=starts[i], top_logprobs_num=top_nums[i],
                                      stream=stream,
                                      return_text_in_logprobs=return_text_in_logprobs)
-            check_context(len(ids), given[i], self.runner.context_len)
+            # a numpy max_new_tokens as the int it was read as: one past the context was cut
+            # there silently, where the same int was a ValueError
+            set_new = given[i] is not None and given[i].get("max_new_tokens") is not None
+            check_context(len(ids), {"max_new_tokens": p.max_new_tokens} if set_new else None,
+                          self.runner.context_len)
             validate_request(r, self.runner.config.vocab_size, self.runner.context_len, self.runner.allocator.num_slots)
             parts = split_samples(r)  # the prompt is warmed once first (_warm_prefix)
             if names is not None:

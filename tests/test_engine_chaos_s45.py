@@ -106,3 +106,13 @@ def test_a_list_of_rids_names_each_prompt(engine):
         engine.generate(["a", "b"], {"max_new_tokens": 2, "n": 2}, rid=["a", "a-0"])
     assert not engine._groups and not engine._prompt_groups and not engine._outboxes
     _all_free(engine)
+
+
+def test_a_numpy_max_new_tokens_past_the_context_is_refused_as_an_int_is(engine):
+    """max_new_tokens=10**6 with a 256-token context is a ValueError; np.int64(10**6) ran,
+    silently cut at the context (the context check skipped what was not a Python int)."""
+    for value in (10**6, np.int64(10**6), np.uint64(2**63), np.int32(300)):
+        with pytest.raises(ValueError, match="exceed the context length 256"):
+            engine.generate("a", {"max_new_tokens": value, "ignore_eos": True})
+    assert engine.generate("a", {"max_new_tokens": np.int64(3)})["meta_info"]["completion_tokens"] == 3
+    _all_free(engine)
