@@ -524,6 +524,9 @@ class Engine:
         errors = GrammarCheck(compiler, grammars).wait()
         if not errors:
             return
+        # the engine shut down under the check (its compiler closed, failing the compiles):
+        # the engine's error, not the input's (it was a BatchError "GrammarCompiler was closed")
+        self._check_running()
         if single:
             raise ValueError(next(iter(errors.values())))
         raise BatchError(_batch_message(errors, "prompt"), errors)

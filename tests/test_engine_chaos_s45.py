@@ -59,21 +59,6 @@ def test_abort_of_a_rid_that_is_no_string(engine):
     _all_free(engine)
 
 
-def test_a_shut_down_engine_says_so_at_the_call():
-    """After shutdown, a batch with grammars asked the closed grammar compiler first and raised
-    a BatchError, a ValueError blaming the input ("prompt 0 of the batch: GrammarCompiler is
-    closed"), and a stream call returned a generator as if it would run; both raise
-    EngineDeadError at the call now, as a plain generate did."""
-    e = Engine(model_path="dummy:tiny-llama", max_total_tokens=128, context_length=64)
-    assert e.generate("a", {"regex": "[ab]", "max_new_tokens": 4})["text"] in ("a", "b")  # its compiler is made
-    e.shutdown()
-    with pytest.raises(EngineDeadError, match="shut down"):
-        e.generate(["a", "b"], {"regex": "(yes|no)", "max_new_tokens": 4})
-    with pytest.raises(EngineDeadError, match="shut down"):
-        e.generate("a", {"max_new_tokens": 4}, stream=True)
-    e.shutdown()  # twice: nothing more to do
-
-
 def test_a_list_of_rids_names_each_prompt(engine):
     """SGLang's Engine.generate (and treadle's /generate) take `rid` as a list, one per prompt;
     the Engine refused it ("rid must be a string"). Each prompt's request is named by its rid
@@ -116,3 +101,41 @@ def test_a_numpy_max_new_tokens_past_the_context_is_refused_as_an_int_is(engine)
             engine.generate("a", {"max_new_tokens": value, "ignore_eos": True})
     assert engine.generate("a", {"max_new_tokens": np.int64(3)})["meta_info"]["completion_tokens"] == 3
     _all_free(engine)
+
+
+def test_shutdown_while_a_batch_waits_for_its_grammars_and_after():
+    """A batch's grammars compile before any of it is queued; an engine shut down meanwhile
+    (its compiler closed, failing the compiles) made the call raise a BatchError, a ValueError
+    blaming the input ("prompts 0, 1 of the batch failed; ... GrammarCompiler was closed
+    before the compile finished"). After shutdown, such a batch asked the closed compiler
+    first (a BatchError "GrammarCompiler is closed"), and a stream call returned a generator
+    as if it would run. Each raises EngineDeadError, as a plain generate did."""
+    slow = "(" + "|".join(f"zz{i}[a-z]{{0,5}}" for i in range(4000)) + ")"  # outlines' index: a minute
+    e = Engine(model_path="dummy:tiny-llama", max_total_tokens=128, context_length=64, grammar_compile_workers=1,
+               grammar_compile_timeout_s=600, grammar_max_size=10**9, grammar_index="outlines")
+    try:
+        compiler = e._call(lambda s: s.grammar_compiler)
+        errors = []
+
+        def call() -> None:
+            try:
+                e.generate(["a", "b"], {"regex": slow, "max_new_tokens": 2})
+            except Exception as ex:  # noqa: BLE001 - the test looks at which
+                errors.append(ex)
+
+        t = threading.Thread(target=call)
+        t.start()
+        end = time.monotonic() + 60
+        while compiler._idle.qsize():  # until the worker has taken the slow grammar
+            assert time.monotonic() < end
+            time.sleep(0.01)
+    finally:
+        e.shutdown()
+    t.join(30)
+    assert not t.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], EngineDeadError), errors
+    with pytest.raises(EngineDeadError, match="shut down"):
+        e.generate(["a", "b"], {"regex": "(yes|no)", "max_new_tokens": 4})
+    with pytest.raises(EngineDeadError, match="shut down"):
+        e.generate("a", {"max_new_tokens": 4}, stream=True)
+    e.shutdown()  # twice: nothing more to do
