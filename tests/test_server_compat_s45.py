@@ -104,10 +104,10 @@ def test_vllm_fields_treadle_serves_are_honoured(url):
     tail = requests.post(url + "/tokenize", json={"prompt": comp["prompt"]}, timeout=T).json()["tokens"][-2:]
     same = _post(url, "/v1/completions", {**comp, "prompt": tail})
     assert cut["choices"][0]["text"] == same["choices"][0]["text"]
-    huge = _post(url, "/v1/completions", {**comp, "prompt": "word " * 20_000, "max_tokens": 1,
+    huge = _post(url, "/v1/completions", {**comp, "prompt": "word " * 9_000, "max_tokens": 1,
                                           "truncate_prompt_tokens": 4})
     assert huge["usage"]["prompt_tokens"] == 4
-    chat = {"model": "default", "messages": [{"role": "user", "content": "Describe a cat."}], "max_tokens": 24,
+    chat = {"model": "default", "messages": [{"role": "user", "content": "Describe a cat."}], "max_tokens": 12,
             "temperature": 0}
     reply = _post(url, "/v1/chat/completions", {**chat, "guided_json_object": True})["choices"][0]
     if reply["finish_reason"] == "stop":
@@ -123,12 +123,36 @@ def test_vllm_fields_treadle_serves_are_honoured(url):
 def test_info_endpoints_carry_the_keys_sglang_clients_read(url):
     """sglang.bench_serving reads /get_server_info's internal_states[0] (a KeyError before);
     SGLang's /get_model_info has architectures, preferred_sampling_params, weight_version and
-    the has_*_understanding flags; vLLM's model cards have root and parent."""
+    the has_*_understanding flags, and newer SGLang clients ask /model_info and /server_info (404s
+    before); vLLM's model cards have root and parent."""
     server = requests.get(url + "/get_server_info", timeout=T).json()
     assert isinstance(server["internal_states"], list) and server["internal_states"][0].get(
         "avg_spec_accept_length") is None
     model = requests.get(url + "/get_model_info", timeout=T).json()
     assert model["architectures"] == [model["architecture"]] and model["preferred_sampling_params"] is None
     assert model["has_image_understanding"] is False and model["weight_version"]
+    assert requests.get(url + "/model_info", timeout=T).json()["model_path"] == model["model_path"]
+    assert "internal_states" in requests.get(url + "/server_info", timeout=T).json()  # SGLang's newer names
     card = requests.get(url + "/v1/models", timeout=T).json()["data"][0]
     assert card["root"] == model["model_path"] and "parent" in card
+
+
+def test_nulls_and_vllm_defaults_that_were_refused(url):
+    """/generate's `"stream": null` and null logprob options (SGLang's client sends its unset
+    fields so) were 400 "stream must be a boolean"; vLLM's `top_k: 0` (its "off", and its
+    default) was a 400 on /v1 (native, 0 stays SGLang's 400); vLLM's
+    stream_options.continuous_usage_stats was taken and dropped: every chunk now has the
+    usage so far."""
+    body = {"text": "Hi", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    plain = _post(url, "/generate", body)
+    nulls = _post(url, "/generate", {**body, "stream": None, "return_logprob": None, "logprob_start_len": None,
+                                     "top_logprobs_num": None, "return_text_in_logprobs": None})
+    assert nulls["output_ids"] == plain["output_ids"]
+    comp = {"model": "default", "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    assert (_post(url, "/v1/completions", {**comp, "top_k": 0})["choices"][0]["text"]
+            == _post(url, "/v1/completions", comp)["choices"][0]["text"])
+    r = requests.post(url + "/v1/completions", json={**comp, "stream": True, "stream_options": {
+        "include_usage": True, "continuous_usage_stats": True}}, stream=True, timeout=T)
+    chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: {")]
+    assert all(c["usage"] and c["usage"]["prompt_tokens"] == 1 for c in chunks), chunks
+    assert chunks[-1]["usage"]["completion_tokens"] == 2

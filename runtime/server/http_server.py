@@ -369,6 +369,7 @@ def create_app(state: ServerState) -> FastAPI:
         return {"version": _version()}
 
     @app.get("/get_model_info")
+    @app.get("/model_info")  # SGLang's newer name of the route
     async def get_model_info() -> dict:
         info = state.model_info
         return {"model_path": info["model_path"], "served_model_name": state.model_name,
@@ -412,6 +413,7 @@ def create_app(state: ServerState) -> FastAPI:
         return await tm.off_loop(_detokenize, tm, obj.get("tokens"), state.model_info["vocab_size"])
 
     @app.get("/get_server_info")
+    @app.get("/server_info")  # SGLang's newer name of the route
     async def get_server_info() -> dict:
         sched = await tm.scheduler_info()
         args = {k: v for k, v in vars(state.args).items() if k != "api_key"}
@@ -628,14 +630,16 @@ def build_native(tm: TokenizerManager, obj: dict
         rids = [rid] if single else [f"{rid}-{i}" for i in range(len(prompts))]
     if len(rids) != len(prompts):
         raise APIError.bad_request(f"{len(rids)} rids for {len(prompts)} prompts", "rid")
-    stream = obj.get("stream", False)
+    stream = obj.get("stream")
+    stream = False if stream is None else stream  # null: the default, as SGLang's client may send it
     if not isinstance(stream, bool):
         raise APIError.bad_request("stream must be a boolean", "stream")
     # logprob options: one value for all, or (as SGLang) a list with one per prompt
     per_prompt = {}
     for name, default in (("return_logprob", False), ("logprob_start_len", None), ("top_logprobs_num", 0),
                           ("return_text_in_logprobs", False)):
-        v = obj.get(name, default)
+        v = obj.get(name)
+        v = default if v is None else v  # null is the default (SGLang's client sends its fields so)
         if isinstance(v, list) and len(v) != len(prompts):
             raise APIError.bad_request(f"{len(v)} values of {name} for {len(prompts)} prompts", name)
         per_prompt[name] = v if isinstance(v, list) else [v] * len(prompts)

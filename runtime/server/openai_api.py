@@ -268,10 +268,12 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
             raise APIError.bad_request("stream_options is only allowed with stream: true", "stream_options")
         if not isinstance(so, dict):
             raise APIError.bad_request("stream_options must be an object", "stream_options")
-        # include_usage is what it does; others (vLLM's continuous_usage_stats, OpenAI's
-        # include_obfuscation) are taken and without effect
-        if not isinstance(so.get("include_usage", False), bool):
-            raise APIError.bad_request("stream_options.include_usage must be a boolean", "stream_options")
+        # include_usage is what it does, and vLLM's continuous_usage_stats (with it, every
+        # chunk carries the usage so far); others (OpenAI's include_obfuscation) are taken and
+        # without effect
+        for name in ("include_usage", "continuous_usage_stats"):
+            if not isinstance(so.get(name, False), bool):
+                raise APIError.bad_request(f"stream_options.{name} must be a boolean", "stream_options")
 
 
 def _special(body: dict, default: bool) -> bool:
@@ -362,6 +364,8 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
     for name in _PASSED:
         if body.get(name) is not None:
             params[name] = body[name]
+    if type(params.get("top_k")) is int and params["top_k"] == 0:  # vLLM's "off" (and its default), as -1
+        params["top_k"] = -1
     for alias, name in _GUIDED.items():
         if body.get(alias) is not None:
             if params.get(name) is not None:
@@ -454,7 +458,9 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
     shaper.json_schema_dropped = reqs[0].sampling_params.json_schema_dropped
     shaper.chat_echo = chat_echo
     if body.get("stream"):
-        include_usage = shaper.include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+        so = body.get("stream_options") or {}
+        include_usage = shaper.include_usage = so.get("include_usage") is True
+        shaper.continuous_usage = include_usage and so.get("continuous_usage_stats") is True
 
         async def items():
             with tm.reserve(reqs, aliases):
@@ -572,6 +578,7 @@ class _Shaper:
         self.role_sent: set[int] = set()
         self.text_offset: dict[int, tuple[int, Any]] = {}  # per choice: characters so far, their decoder
         self.include_usage = False  # stream_options.include_usage
+        self.continuous_usage = False  # vLLM's stream_options.continuous_usage_stats: usage on every chunk
         self.json_schema_dropped: list | None = None  # json_schema_lenient's list, on every chunk
         self.chat_echo: str | None = None  # chat with vLLM's echo: the text each reply starts with
 
@@ -710,7 +717,7 @@ class _Shaper:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         head = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
         if self.include_usage:  # as OpenAI's: null on every chunk but the last, which has the usage
-            head["usage"] = None
+            head["usage"] = self.usage() if self.continuous_usage else None  # vLLM's: the usage so far
         if self.json_schema_dropped is not None:
             head["json_schema_dropped"] = self.json_schema_dropped
         if self.chat and i not in self.role_sent:
