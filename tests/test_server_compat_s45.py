@@ -156,3 +156,15 @@ def test_nulls_and_vllm_defaults_that_were_refused(url):
     chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: {")]
     assert all(c["usage"] and c["usage"]["prompt_tokens"] == 1 for c in chunks), chunks
     assert chunks[-1]["usage"]["completion_tokens"] == 2
+
+
+def test_vllm_structured_outputs_constrain_the_reply(url):
+    """vLLM's newer form of the guided_* fields, `structured_outputs: {"choice": [...]}` (and
+    json, regex, grammar, json_object), was a 400 "unknown field(s)"; it constrains the reply
+    now, and a member asking for what treadle does not do is a 400 naming it."""
+    comp = {"model": "default", "prompt": "Is the sky blue? Answer:", "max_tokens": 4, "temperature": 0}
+    got = _post(url, "/v1/completions", {**comp, "structured_outputs": {"choice": ["maybe", "never"],
+                                                                         "backend": "xgrammar"}})
+    assert got["choices"][0]["text"] in ("maybe", "never")
+    err = _post(url, "/v1/completions", {**comp, "structured_outputs": {"disable_any_whitespace": True}}, 400)
+    assert err["error"]["param"] == "structured_outputs" and "disable_any_whitespace" in err["error"]["message"]

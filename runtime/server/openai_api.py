@@ -48,7 +48,15 @@ JSON_OBJECT_SCHEMA = {"type": "object"}
 _CHAT_HINTS = {"reasoning_effort": str, "verbosity": str, "prediction": dict}
 # vLLM's fields treadle honours: request_id (the rid), add_special_tokens, truncate_prompt_tokens,
 # guided_json_object (response_format json_object); and those of features it lacks (compat_fields.OPENAI)
-_VLLM = ("request_id", "add_special_tokens", "truncate_prompt_tokens", "guided_json_object", *OPENAI)
+_VLLM = ("request_id", "add_special_tokens", "truncate_prompt_tokens", "guided_json_object", "structured_outputs",
+         *OPENAI)
+# vLLM's structured_outputs object (its newer form of the guided_* fields): member -> our name
+_STRUCTURED = {"json": "json_schema", "regex": "regex", "choice": "choices", "grammar": "ebnf",
+               "structural_tag": "structural_tag"}
+# its members that tune how a constraint is compiled, without asking for another output: taken
+# at their defaults (and `backend`, `json_object` read below); else a 400 naming them
+_STRUCTURED_DEFAULTS = {"disable_fallback": False, "disable_any_whitespace": False,
+                        "disable_additional_properties": False, "whitespace_pattern": None}
 _COMPLETION_FIELDS = {"model", "rid", "prompt", "suffix", *_RENAMED, *_PASSED, *_IGNORED, *_GUIDED, *_VLLM}
 _CHAT_FIELDS = {"model", "rid", "messages", "stream_reasoning", *_VLLM, "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
                 "functions", "function_call",  # OpenAI's legacy function calling (tool_calls.legacy_plan)
@@ -276,6 +284,33 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
                 raise APIError.bad_request(f"stream_options.{name} must be a boolean", "stream_options")
 
 
+def _structured(body: dict) -> dict[str, Any]:
+    """vLLM's `structured_outputs` as our sampling params ({"choice": [...]} -> choices); its
+    `json_object: true` is response_format json_object (_make reads it)."""
+    so = body.get("structured_outputs")
+    if so is None:
+        return {}
+    if not isinstance(so, dict):
+        raise APIError.bad_request("structured_outputs must be an object", "structured_outputs")
+    known = {*_STRUCTURED, *_STRUCTURED_DEFAULTS, "json_object", "backend"}
+    unknown = sorted(set(so) - known)
+    if unknown:
+        raise APIError.bad_request(f"structured_outputs: unknown member(s) {clip_names(unknown)}; accepted: "
+                                   f"{', '.join(sorted(known))}", "structured_outputs")
+    for name, default in _STRUCTURED_DEFAULTS.items():
+        if so.get(name) not in (None, default):
+            raise APIError.bad_request(f"structured_outputs.{name}={quoted(so[name], 60)} is not supported (leave "
+                                       f"it out, or send {json.dumps(default)})", "structured_outputs")
+    if so.get("backend") is not None and not isinstance(so["backend"], str):
+        raise APIError.bad_request("structured_outputs.backend must be a string", "structured_outputs")
+    if so.get("json_object") not in (None, True, False):
+        raise APIError.bad_request("structured_outputs.json_object must be a boolean", "structured_outputs")
+    out = {ours: so[theirs] for theirs, ours in _STRUCTURED.items() if so.get(theirs) is not None}
+    if len(out) + bool(so.get("json_object")) > 1:
+        raise APIError.bad_request("structured_outputs: give one constraint", "structured_outputs")
+    return out
+
+
 def _special(body: dict, default: bool) -> bool:
     """vLLM's add_special_tokens: whether the tokenizer adds its special tokens (BOS) to the
     prompt's text (true when not given, as before it was read; vLLM's chat default is false,
@@ -366,6 +401,10 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
             params[name] = body[name]
     if type(params.get("top_k")) is int and params["top_k"] == 0:  # vLLM's "off" (and its default), as -1
         params["top_k"] = -1
+    for name, value in _structured(body).items():
+        if params.get(name) is not None:
+            raise APIError.bad_request(f"set {name} or structured_outputs, not both", "structured_outputs")
+        params[name] = value
     for alias, name in _GUIDED.items():
         if body.get(alias) is not None:
             if params.get(name) is not None:
@@ -379,9 +418,13 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
         room = max(1, min(tm.context_len, tm.num_slots) - len(ids))
         params["max_new_tokens"] = room if default_max is None else min(default_max, room)
     rf = body.get("response_format")
-    if body.get("guided_json_object"):  # vLLM's name of response_format json_object
+    so = body.get("structured_outputs")
+    if body.get("guided_json_object") or (isinstance(so, dict) and so.get("json_object")):
+        # vLLM's names of response_format json_object
         if rf is not None and rf != {"type": "json_object"}:
-            raise APIError.bad_request("set response_format or guided_json_object, not both", "guided_json_object")
+            raise APIError.bad_request("set response_format or guided_json_object (structured_outputs.json_object), "
+                                       "not both", "guided_json_object" if body.get("guided_json_object")
+                                       else "structured_outputs")
         rf = {"type": "json_object"}
     fmt = _response_format(rf)
     if fmt is not None:
@@ -525,6 +568,9 @@ def _locate_grammar_error(e: APIError, body: dict, tools: ToolPlan | None) -> No
         sent = "response_format.json_schema.schema" if field == "json_schema" else "response_format"
     elif (alias := next((a for a, name in _GUIDED.items() if name == field and body.get(a) is not None), None)):
         e.param = sent = alias
+    elif isinstance(body.get("structured_outputs"), dict) and field in _structured(body):
+        theirs = next(t for t, ours in _STRUCTURED.items() if ours == field)
+        e.param, sent = "structured_outputs", f"structured_outputs.{theirs}"
     elif tools is not None and body.get(field) is None:
         e.message, e.param = tools.locate(e.message), "functions" if tools.legacy else "tools"
         sent = tools.where(next(i for i, t in enumerate(tools.tools) if t.name == tools.named)) \
