@@ -43,6 +43,7 @@ _OPENAI_DEFAULTS = {
     "web_search_options": None, "lora_path": None, "return_hidden_states": False, "session_params": None,
     "custom_logit_processor": None, "custom_params": None, "bootstrap_host": None, "bootstrap_port": None,
     "bootstrap_room": None, "data_parallel_rank": None, "extra_key": None, "request_id": None,
+    "prompt_embeds": None, "logits_processors": None, "media_io_kwargs": None, "return_token_ids": False,
 }
 # stream_reasoning false asks for nothing unstreamed, or with no reasoning parser (this server's)
 _CHAT_ONLY = {"chat_template": None, "documents": None, "stream_reasoning": False}
@@ -133,6 +134,10 @@ def test_info_endpoints_carry_the_keys_sglang_clients_read(url):
     assert model["has_image_understanding"] is False and model["weight_version"]
     assert requests.get(url + "/model_info", timeout=T).json()["model_path"] == model["model_path"]
     assert "internal_states" in requests.get(url + "/server_info", timeout=T).json()  # SGLang's newer names
+    # vLLM's /tokenize: return_token_strs, and its chat fields at their defaults
+    tok = _post(url, "/tokenize", {"prompt": "Hi, you", "return_token_strs": True, "tools": None,
+                                   "chat_template": None})
+    assert len(tok["token_strs"]) == tok["count"] and tok["token_strs"][0] == "Hi"
     card = requests.get(url + "/v1/models", timeout=T).json()["data"][0]
     assert card["root"] == model["model_path"] and "parent" in card
 

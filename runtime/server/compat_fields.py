@@ -97,6 +97,10 @@ OPENAI: Table = {
     "vllm_xargs": (_empty, "treadle takes no vLLM extension arguments"),
     "allowed_token_ids": (_none, "ban tokens with logit_bias instead"),
     "bad_words": (_empty, "treadle has no bad-words filter"),
+    "prompt_embeds": (_none, "treadle takes text or token ids, not embeddings"),
+    "logits_processors": (_empty, _LOGIT_PROC),
+    "media_io_kwargs": (_empty, _MULTIMODAL),
+    "return_token_ids": (_off, "the native /generate returns the token ids (output_ids)"),
     # OpenAI
     "audio": (_none, _MULTIMODAL),
     "web_search_options": (_none, "treadle has no web search"),

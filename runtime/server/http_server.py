@@ -25,7 +25,7 @@ from treadle.runtime.engine_args import EngineArgs
 from treadle.runtime.io_struct import TokenizedGenerateReq
 from treadle.runtime.model_source import EMBEDDED_HF_ID
 from treadle.runtime.sampling_params import SamplingParams
-from treadle.runtime.server.compat_fields import NATIVE, check_compat_fields
+from treadle.runtime.server.compat_fields import NATIVE, OPENAI, check_compat_fields
 from treadle.runtime.server.metrics import ServerMetrics
 from treadle.runtime.server.protocol import (APIError, ReplyJSON, add_cors, add_error_handlers, clip, clip_names,
                                              error_body, overloaded, parse_abort_request, parse_json_object, quoted,
@@ -500,15 +500,24 @@ def _version() -> str:
         return "unknown"
 
 
+# vLLM's /tokenize fields for what treadle's does not do there: taken at their defaults
+_TOKENIZE_COMPAT = {"tools": (lambda v: v is None, "/tokenize renders messages without tools here"),
+                    "chat_template": OPENAI["chat_template"], "mm_processor_kwargs": OPENAI["mm_processor_kwargs"]}
+
+
 def _tokenize(state: ServerState, obj: dict) -> Response:
     """/tokenize's reply (on a builder thread)."""
     tm = state.tm
     _no_unknown(obj, {"model", "prompt", "add_special_tokens", "messages", "add_generation_prompt",
-                      "continue_final_message", "chat_template_kwargs"})
+                      "continue_final_message", "chat_template_kwargs", "return_token_strs", *_TOKENIZE_COMPAT})
+    check_compat_fields(obj, _TOKENIZE_COMPAT)
     state.check_model(obj.get("model"))
     add = obj.get("add_special_tokens", True)
     if not isinstance(add, bool):
         raise APIError.bad_request("add_special_tokens must be a boolean", "add_special_tokens")
+    strs = obj.get("return_token_strs")  # vLLM's: each token's text beside the ids (token_strs)
+    if strs is not None and not isinstance(strs, bool):
+        raise APIError.bad_request("return_token_strs must be a boolean", "return_token_strs")
     if tm.tokenizer is None:
         raise APIError.bad_request("this model has no tokenizer", "prompt")
     if ("prompt" in obj) == ("messages" in obj):
@@ -521,7 +530,8 @@ def _tokenize(state: ServerState, obj: dict) -> Response:
                                        "add_generation_prompt")
         ids = tm.encode(tm.chat_prompt(obj["messages"], None, obj.get("chat_template_kwargs"), gen, cont), "messages",
                         add_special_tokens=add, must_fit=False)
-        return ReplyJSON({"tokens": ids, "count": len(ids), "max_model_len": limit})
+        return ReplyJSON({"tokens": ids, "count": len(ids), "max_model_len": limit,
+                          **({"token_strs": tm.tokenizer.convert_ids_to_tokens(ids)} if strs else {})})
     prompt = obj["prompt"]
     single = isinstance(prompt, str)
     texts = [prompt] if single else prompt
@@ -529,8 +539,12 @@ def _tokenize(state: ServerState, obj: dict) -> Response:
         raise APIError.bad_request("prompt must be a string or a non-empty list of strings", "prompt")
     tm.check_prompt_count(len(texts), "prompt")
     ids = [tm.encode(t, "prompt", add_special_tokens=add, must_fit=False) for t in texts]
+    more = {}
+    if strs:
+        more["token_strs"] = [tm.tokenizer.convert_ids_to_tokens(x) for x in ids]
+        more["token_strs"] = more["token_strs"][0] if single else more["token_strs"]
     return ReplyJSON({"tokens": ids[0] if single else ids, "count": len(ids[0]) if single else [len(x) for x in ids],
-                      "max_model_len": limit})
+                      "max_model_len": limit, **more})
 
 
 def _detokenize(tm: TokenizerManager, ids: Any, vocab: int) -> Response:
