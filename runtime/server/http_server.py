@@ -509,7 +509,7 @@ def _tokenize(state: ServerState, obj: dict) -> Response:
     """/tokenize's reply (on a builder thread)."""
     tm = state.tm
     _no_unknown(obj, {"model", "prompt", "add_special_tokens", "messages", "add_generation_prompt",
-                      "continue_final_message", "chat_template_kwargs", "return_token_strs", *_TOKENIZE_COMPAT})
+                      "continue_final_message", "chat_template_kwargs", "return_token_strs"}, _TOKENIZE_COMPAT)
     check_compat_fields(obj, _TOKENIZE_COMPAT)
     state.check_model(obj.get("model"))
     add = obj.get("add_special_tokens", True)
@@ -570,8 +570,10 @@ def _decode_releasing_the_gil(tokenizer: Any, ids: list[int]) -> str:
     return backend.decode_batch([ids], skip_special_tokens=False)[0]
 
 
-def _no_unknown(obj: dict, accepted: set[str]) -> None:
-    unknown = sorted(set(obj) - accepted)
+def _no_unknown(obj: dict, accepted: set[str], compat: Any = ()) -> None:
+    """A 400 naming the fields of `obj` neither `accepted` nor in `compat` (other servers'
+    fields taken at their defaults: not listed as accepted, which would read as served)."""
+    unknown = sorted(set(obj) - accepted - set(compat))
     if unknown:
         raise APIError.bad_request(f"unknown field(s) {clip_names(unknown)}; accepted: {', '.join(sorted(accepted))}",
                                    unknown[0])
@@ -605,7 +607,7 @@ def build_native(tm: TokenizerManager, obj: dict
     rid, the rid of the item its n samples came from), and the (index, params) of the prompts
     with a grammar to check first (only the first when they share one params object)."""
     check_compat_fields(obj, NATIVE)  # SGLang's fields for what treadle lacks: taken at their defaults
-    _no_unknown(obj, _GENERATE_FIELDS | NATIVE.keys())
+    _no_unknown(obj, _GENERATE_FIELDS, NATIVE)
     text, ids = obj.get("text"), obj.get("input_ids")
     if (text is None) == (ids is None):
         raise APIError.bad_request("give exactly one of text or input_ids", "text")
