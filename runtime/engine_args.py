@@ -179,6 +179,12 @@ class EngineArgs:
         hints = typing.get_type_hints(type(self))
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), hints[f.name])
+            value = getattr(self, f.name)
+            if isinstance(value, float) and value != value:
+                # NaN passes every bound check below (each comparison is False) and then misleads
+                # whatever compares with it: starvation_bound_s=nan left a request neither
+                # starved nor not (order_waiting), never admitted; its generate hung for good
+                raise ValueError(f"{f.name} must be a number, got nan")
             if get_origin(hints[f.name]) is Literal:
                 choices = get_args(hints[f.name])
                 if getattr(self, f.name) not in choices:

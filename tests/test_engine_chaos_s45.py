@@ -139,3 +139,13 @@ def test_shutdown_while_a_batch_waits_for_its_grammars_and_after():
     with pytest.raises(EngineDeadError, match="shut down"):
         e.generate("a", {"max_new_tokens": 4}, stream=True)
     e.shutdown()  # twice: nothing more to do
+
+
+@pytest.mark.parametrize("name", ["starvation_bound_s", "grammar_compile_timeout_s", "stream_write_timeout_s"])
+def test_a_nan_engine_argument_is_refused(name):
+    """Engine(starvation_bound_s=float("nan")) was taken, and its first generate hung for
+    good: a request waiting was neither past the bound nor within it (both comparisons with
+    NaN are False), so order_waiting listed it nowhere and it was never admitted. A NaN
+    argument is a ValueError naming it (before any model loads)."""
+    with pytest.raises(ValueError, match=f"{name} must be a number, got nan"):
+        Engine(model_path="dummy:tiny-llama", **{name: float("nan")})
