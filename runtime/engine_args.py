@@ -189,6 +189,8 @@ class EngineArgs:
                 choices = get_args(hints[f.name])
                 if getattr(self, f.name) not in choices:
                     raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {getattr(self, f.name)!r}")
+        if not -(1 << 63) <= self.seed < (1 << 64):  # torch's generators' range ("Overflow when unpacking long long")
+            raise ValueError(f"seed must be in [-2**63, 2**64), got {self.seed}")
         for name in ("context_length", "max_total_tokens"):  # None: derived from the model / memory
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (or left unset), got {getattr(self, name)}")

@@ -149,3 +149,10 @@ def test_a_nan_engine_argument_is_refused(name):
     argument is a ValueError naming it (before any model loads)."""
     with pytest.raises(ValueError, match=f"{name} must be a number, got nan"):
         Engine(model_path="dummy:tiny-llama", **{name: float("nan")})
+
+
+def test_a_seed_past_torchs_range_is_refused_by_name():
+    """Engine(seed=2**70) failed loading the model with torch's "Overflow when unpacking long
+    long", naming nothing; it is a ValueError naming seed and its range."""
+    with pytest.raises(ValueError, match=r"seed must be in \[-2\*\*63, 2\*\*64\), got 1180591620717411303424"):
+        Engine(model_path="dummy:tiny-llama", seed=2**70)
