@@ -199,6 +199,8 @@ class EngineArgs:
         if self.grammar_cache_bytes < 1 or self.grammar_max_size < 1:
             raise ValueError(f"grammar_cache_bytes and grammar_max_size must be >= 1, got "
                              f"{self.grammar_cache_bytes} and {self.grammar_max_size}")
+        if not self.grammar_compile_timeout_s > 0:  # 0 made every grammar request fail, as if its own fault
+            raise ValueError(f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}")
         if self.grammar_compile_workers < 1:
             raise ValueError(f"grammar_compile_workers must be >= 1, got {self.grammar_compile_workers}")
         if self.jump_forward_max_batch < -1:

@@ -156,3 +156,12 @@ def test_a_seed_past_torchs_range_is_refused_by_name():
     long", naming nothing; it is a ValueError naming seed and its range."""
     with pytest.raises(ValueError, match=r"seed must be in \[-2\*\*63, 2\*\*64\), got 1180591620717411303424"):
         Engine(model_path="dummy:tiny-llama", seed=2**70)
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0])
+def test_a_grammar_compile_timeout_of_zero_is_refused_at_the_engine(timeout_s):
+    """Engine(grammar_compile_timeout_s=0) was taken, and then every request with a grammar
+    failed with a ValueError (a BatchError) listing the compiler's settings, as if the
+    request's fault; the engine argument is refused by name instead."""
+    with pytest.raises(ValueError, match="grammar_compile_timeout_s must be > 0"):
+        Engine(model_path="dummy:tiny-llama", grammar_compile_timeout_s=timeout_s)
