@@ -12,8 +12,8 @@ Triton kernels: split-KV ("flash-decoding") in two stages.
     stage 2, grid (request b, q head): merges the splits of that request.
 
 With max_kv_splits == 1 (big batches already fill the GPU) stage 1 writes the normalised
-output straight into o and stage 2 is not launched. With `merge` (the default where splits
-are used), stage 2 is not launched either: each stage-1 program takes a ticket of its (request,
+output straight into o and stage 2 is not launched. With `merge` (this function's default; the
+runtime's with TREADLE_ATTN_MERGE=1, runtime/attention_backend.py), stage 2 is not launched either: each stage-1 program takes a ticket of its (request,
 kv head) once its partials are written, and the one that takes the last merges that kv head's
 splits into o (kernels/fused_moe.py's router hands its routing over the same way). The
 tickets are int32 zeros (`decode_tickets_numel`), left zero.

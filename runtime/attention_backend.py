@@ -40,11 +40,6 @@ class TorchAttentionBackend:
     def __init__(self, kv_pool: TokenToKVPool, req_to_token: torch.Tensor) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
-        # decode attention's merge tickets (zeros the kernel leaves zero), one a (request row, kv head),
-        # allocated here so that CUDA graphs replay them; TREADLE_ATTN_MERGE=0 launches stage 2 instead
-        self.merge = ops.fusion("TREADLE_ATTN_MERGE") != "0"
-        self.tickets = torch.zeros(dec.decode_tickets_numel(req_to_token.shape[0], kv_pool.k_buffers[0].shape[1]),
-                                   dtype=torch.int32, device=q_device(kv_pool))
 
     def plan(self, fb: ForwardBatch) -> None:
         pass
@@ -75,9 +70,10 @@ class TritonAttentionBackend:
     def __init__(self, kv_pool: TokenToKVPool, req_to_token: torch.Tensor) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
-        # decode attention's merge tickets (zeros the kernel leaves zero), one a (request row, kv head),
-        # allocated here so that CUDA graphs replay them; TREADLE_ATTN_MERGE=0 launches stage 2 instead
-        self.merge = ops.fusion("TREADLE_ATTN_MERGE") != "0"
+        # decode attention's merge of its splits in stage 1 (TREADLE_ATTN_MERGE=1; off by default until it
+        # is measured on a GPU: docs/performance.md) and its tickets (zeros the kernel leaves zero), one a
+        # (request row, kv head), allocated here so that CUDA graphs replay them
+        self.merge = ops.fusion("TREADLE_ATTN_MERGE") == "1"
         self.tickets = torch.zeros(dec.decode_tickets_numel(req_to_token.shape[0], kv_pool.k_buffers[0].shape[1]),
                                    dtype=torch.int32, device=q_device(kv_pool))
 

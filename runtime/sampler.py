@@ -27,9 +27,10 @@ class Sampler:
         self.eos_token_ids = tuple(eos_token_ids)
         self.words = (vocab_size + 31) // 32
         self._mask_buf = torch.empty((0, self.words), dtype=torch.int32)
-        # all-greedy batches on CUDA: kernels/greedy.py's one launch for the argmax and the check of
-        # the logits (TREADLE_GREEDY_KERNEL=0: torch's three)
-        self.greedy_kernel = device.type == "cuda" and os.environ.get("TREADLE_GREEDY_KERNEL", "1") != "0"
+        # all-greedy batches on CUDA: kernels/greedy.py's one launch for the argmax and the check of the
+        # logits with TREADLE_GREEDY_KERNEL=1 (off by default until it is measured on a GPU:
+        # docs/performance.md), else torch's three
+        self.greedy_kernel = device.type == "cuda" and os.environ.get("TREADLE_GREEDY_KERNEL", "0") == "1"
 
     def _bitmask(self, reqs: list[Req]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """int32 [B, words] with grammar rows filled by their matcher, their stop tokens cleared
