@@ -491,7 +491,7 @@ def decode_attention(
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=bn, HEAD_DIM=head_dim, BLOCK_D=block_d,
         DOT_DTYPE=dot_dtype, PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", DIRECT=direct,
         **rope_args, ROPE=new is not None, NORM=new is not None and new.qk_norm is not None,
-        MERGE=merge, MERGE_H=triton.next_power_of_2(group), BLOCK_S=triton.next_power_of_2(max_kv_splits),
+        MERGE=merge, MERGE_H=max(2, triton.next_power_of_2(group)), BLOCK_S=triton.next_power_of_2(max_kv_splits),
         CHUNK_S=min(4, triton.next_power_of_2(max_kv_splits)),
         num_warps=num_warps, num_stages=num_stages, **pdl.options(q),
     )
