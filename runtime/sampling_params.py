@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 def sample_seed(seed: int, j: int) -> int:
     """The seed of sample `j` of a request's n samples seeded `seed` (any integer: folded into
@@ -141,6 +143,28 @@ MIN_REPETITION_PENALTY = 0.01  # a seen logit grows at most 100x; 1e-40 made it 
 _NUMBER_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n", "seed", "temperature", "top_p", "min_p",
                   "frequency_penalty", "presence_penalty", "repetition_penalty")
 
+_BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+                "include_stop_str_in_output", "json_schema_lenient")
+
+
+def _as_int(v: Any) -> Any:
+    """Another integer type (numpy's int64, uint16) as Python's int; anything else (a bool,
+    numpy's bool_, which is no Integral, a float) as it is, for validate to refuse."""
+    if type(v) is not int and not isinstance(v, bool) and isinstance(v, numbers.Integral):
+        return int(v)
+    return v
+
+
+def _as_ints(v: Any) -> Any:
+    """A list of token ids as Python ints: a 1-D numpy integer array as its list, numpy
+    integers in a list as ints; anything else as it is (validate names what is wrong)."""
+    dtype = getattr(v, "dtype", None)
+    if not isinstance(v, list) and getattr(dtype, "kind", None) in ("i", "u") and getattr(v, "ndim", None) == 1:
+        return v.tolist()
+    if isinstance(v, list) and any(type(t) is not int for t in v):
+        return [_as_int(t) for t in v]
+    return v
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -211,7 +235,9 @@ class SamplingParams:
 
     def normalize(self) -> None:
         """Coerce convenient forms: a single stop string, a json_schema given as a dict, a
-        number of another numeric type (numpy's int64 or float32, a Fraction) as int or float."""
+        number of another numeric type (numpy's int64 or float32, a Fraction) as int or float,
+        numpy's bool as bool, and token ids (stop_token_ids, logit_bias's keys) of numpy's
+        integer types, or a 1-D numpy integer array of them, as ints."""
         for name in _NUMBER_FIELDS:
             v = getattr(self, name)
             if type(v) not in (int, float, bool, type(None)):  # (bool has no subclasses)
@@ -219,6 +245,11 @@ class SamplingParams:
                     setattr(self, name, int(v))
                 elif isinstance(v, numbers.Real):
                     setattr(self, name, float(v))
+        for name in _BOOL_FIELDS:  # numpy's bool (a comparison's np.True_), not its ints
+            v = getattr(self, name)
+            if isinstance(v, np.bool_):
+                setattr(self, name, bool(v))
+        self.stop_token_ids = _as_ints(self.stop_token_ids)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is None:
@@ -236,7 +267,9 @@ class SamplingParams:
             bias: dict = {}
             named: dict = {}  # token id -> the key that named it
             for k, v in self.logit_bias.items():
-                t = int(k) if isinstance(k, str) and k.isascii() and k.isdecimal() and len(k) <= 20 else k
+                t = int(k) if isinstance(k, str) and k.isascii() and k.isdecimal() and len(k) <= 20 else _as_int(k)
+                if type(v) not in (int, float, bool) and isinstance(v, numbers.Real):  # numpy's float32, int8
+                    v = int(v) if isinstance(v, numbers.Integral) else float(v)
                 if t in named and isinstance(t, int):  # "5" and "05": one bias silently lost
                     raise ValueError(f"sampling_params.logit_bias names token {t} twice ({quoted(named[t])} and "
                                      f"{quoted(k)}): give each token once")

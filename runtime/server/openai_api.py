@@ -495,7 +495,8 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
     def generate(r: TokenizedGenerateReq):
         return _grammar_errors(tm.generate(r, aliases[r.rid]), body, tools)
 
-    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    # the response's id: vLLM's request_id names it as vLLM does (cmpl-{request_id}), else a fresh one
+    rid = ("chatcmpl-" if chat else "cmpl-") + (body.get("request_id") or uuid.uuid4().hex)
     shaper = _Shaper(tm, rid, state.model_name, chat, int(time.time()), len(reqs) // len(base), tools, echoes,
                      think)
     shaper.json_schema_dropped = reqs[0].sampling_params.json_schema_dropped
