@@ -510,6 +510,9 @@ def plan_tools(body: dict) -> ToolPlan | None:
     names: set[str] = set()  # a second function of a name (was a scan of the list per tool: 40,000 took 44 s)
     for i, t in enumerate(tools_in):
         fn = t.get("function") if isinstance(t, dict) else None
+        if isinstance(t, dict) and t.get("type") == "custom":  # OpenAI's free-form (grammar) tools
+            raise APIError.bad_request(f"tools[{i}]: custom tools are not supported by this server; "
+                                       "send a function tool", "tools")
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
             raise APIError.bad_request(f'tools[{i}] must be {{"type": "function", "function": {{...}}}}', "tools")
         name = fn.get("name")
@@ -537,15 +540,43 @@ def plan_tools(body: dict) -> ToolPlan | None:
         return None
     if choice == "required":
         return ToolPlan(tuple(tools), "required", None, parallel)
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        return _allowed_tools(choice.get("allowed_tools"), tools, parallel)
     fn = choice.get("function") if isinstance(choice, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(fn, dict):
-        raise APIError.bad_request('tool_choice must be "none", "auto", "required" or '
-                                   '{"type": "function", "function": {"name": ...}}', "tool_choice")
+        raise APIError.bad_request('tool_choice must be "none", "auto", "required", '
+                                   '{"type": "function", "function": {"name": ...}} or '
+                                   '{"type": "allowed_tools", "allowed_tools": {...}}', "tool_choice")
     if not isinstance(fn.get("name"), str):  # a list or object here made a TypeError, a 500
         raise APIError.bad_request("tool_choice.function.name must be a string", "tool_choice")
     if fn["name"] not in {t.name for t in tools}:
         raise APIError.bad_request(f"tool_choice names {quoted(fn.get('name'))}, which is not in tools", "tool_choice")
     return ToolPlan(tuple(tools), "named", fn["name"], parallel)
+
+
+def _allowed_tools(spec: Any, tools: list[Tool], parallel: bool) -> ToolPlan:
+    """OpenAI's tool_choice {"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required",
+    "tools": [{"type": "function", "function": {"name": ...}}, ...]}}: the reply may call (auto)
+    or must call (required) only the tools listed there, each one of `tools`."""
+    where = "tool_choice.allowed_tools"
+    if not isinstance(spec, dict) or spec.get("mode") not in ("auto", "required"):
+        raise APIError.bad_request(f'{where} must be an object with "mode" "auto" or "required" '
+                                   'and a "tools" list', "tool_choice")
+    listed = spec.get("tools")
+    if not isinstance(listed, list) or not listed:
+        raise APIError.bad_request(f"{where}.tools must be a non-empty list of function tools", "tool_choice")
+    by_name = {t.name: t for t in tools}
+    chosen: dict[str, Tool] = {}
+    for i, ref in enumerate(listed):
+        fn = ref.get("function") if isinstance(ref, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(ref, dict) or ref.get("type") != "function" or not isinstance(name, str):
+            raise APIError.bad_request(f'{where}.tools[{i}] must be {{"type": "function", "function": {{"name": ...}}}}',
+                                       "tool_choice")
+        if name not in by_name:
+            raise APIError.bad_request(f"{where}.tools[{i}] names {quoted(name)}, which is not in tools", "tool_choice")
+        chosen[name] = by_name[name]
+    return ToolPlan(tuple(t for t in tools if t.name in chosen), spec["mode"], None, parallel)
 
 
 # the words of plan_tools' errors, restated in the legacy fields' terms
