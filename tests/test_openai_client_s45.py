@@ -64,3 +64,18 @@ def test_allowed_tools_errors_name_the_field(client):
         client.chat.completions.create(model="default", messages=MSGS, max_tokens=2,
                                        tools=[{"type": "custom", "custom": {"name": "raw"}}])
     assert "custom tools are not supported" in err.value.body["message"], err.value.body
+
+
+def test_json_schema_without_schema_and_empty_suffix_are_taken(client):
+    # OpenAI's json_schema.schema is optional (any JSON then), and suffix "" is no suffix: both were a 400
+    fmt = {"type": "json_schema", "json_schema": {"name": "anything"}}
+    reply = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "Give JSON."}],
+                                           response_format=fmt, max_tokens=30, temperature=0).choices[0]
+    if reply.finish_reason == "stop":
+        json.loads(reply.message.content)
+    assert reply.message.content
+    done = client.completions.create(model="default", prompt="Hello", suffix="", max_tokens=2, temperature=0)
+    assert done.choices[0].text
+    with pytest.raises(openai.BadRequestError) as err:  # a suffix with text is still refused by name
+        client.completions.create(model="default", prompt="Hello", suffix="x", max_tokens=2)
+    assert err.value.body["param"] == "suffix"

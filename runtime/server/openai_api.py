@@ -112,7 +112,7 @@ def _build_completion(state: ServerState, body: dict) -> tuple[list[TokenizedGen
     echo = body.get("echo", False)
     if echo is not None and not isinstance(echo, bool):
         raise APIError.bad_request("echo must be a boolean", "echo")
-    if body.get("suffix") is not None:
+    if body.get("suffix") not in (None, ""):  # "" is no suffix (OpenAI takes it)
         raise APIError.bad_request("suffix is not supported by this server", "suffix")
     _check_best_of(body)
     lp = body.get("logprobs")
@@ -379,8 +379,8 @@ def _response_format(rf: Any) -> tuple[str, str] | None:
     if rf["type"] == "structural_tag":
         return "structural_tag", json.dumps(rf, ensure_ascii=False)
     spec = rf.get("json_schema")
-    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), (dict, bool)):
-        raise APIError.bad_request("response_format.json_schema must be an object with a `schema` object",
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", True), (dict, bool)):  # OpenAI's is optional
+        raise APIError.bad_request("response_format.json_schema must be an object; its `schema`, a JSON Schema",
                                    "response_format")
     # OpenAI's rules (vLLM and SGLang require the name too)
     if not isinstance(spec.get("name"), str) or not NAME_RE.match(spec["name"]):
@@ -388,7 +388,7 @@ def _response_format(rf: Any) -> tuple[str, str] | None:
                                    "response_format")
     if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
         raise APIError.bad_request("response_format.json_schema.strict must be a boolean", "response_format")
-    return "json_schema", json.dumps(spec["schema"])
+    return "json_schema", json.dumps(spec.get("schema", True))
 
 
 def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | None,
