@@ -6,10 +6,6 @@ CUDA-graph replays (as the model runs at decode), llama3-8b heads (Hq 32, Hk 8, 
 
     python benchmarks/sweep_decode_attention.py [--out results/decode_attention_sweep.json]
     python benchmarks/sweep_decode_attention.py --heads 32,4 --cases 1x576 --pools bfloat16
-    python benchmarks/sweep_decode_attention.py --merge-ab --cases 1x576,4x576,8x576,16x576,1x4096
-
---merge-ab times only the default launch, its splits merged in stage 1 (the default) against
-stage 2's launch (merge=False), each checked against the reference.
 """
 import argparse
 import itertools
@@ -50,7 +46,6 @@ def main() -> None:
     p.add_argument("--block-n", default="32,64,128")
     p.add_argument("--warps", default="2,4")
     p.add_argument("--stages", default="2,3")
-    p.add_argument("--merge-ab", action="store_true", help="the default launch, merge in stage 1 vs stage 2")
     args = p.parse_args()
     global HQ, HK
     HQ, HK = (int(v) for v in args.heads.split(","))
@@ -63,12 +58,9 @@ def main() -> None:
         da.decode_attention_ref(q, kb, vb, want, r2t, idx, lens, D ** -0.5)
         kv_bytes = 2 * bs * seq * HK * D * kb.element_size()
 
-        def run(splits: int, merge: bool = True) -> float:
+        def run(splits: int) -> float:
             ws = torch.empty(da.decode_workspace_numel(bs, HQ, D, splits), device=DEV)
-            tickets = torch.zeros(da.decode_tickets_numel(bs, HK), dtype=torch.int32, device=DEV)
-            fn = lambda: da.decode_attention(q, kb, vb, o, r2t, idx, lens, D ** -0.5, max_kv_splits=splits,  # noqa: E731
-                                             workspace=ws, merge=merge, tickets=tickets)
-            o.zero_()
+            fn = lambda: da.decode_attention(q, kb, vb, o, r2t, idx, lens, D ** -0.5, max_kv_splits=splits, workspace=ws)  # noqa: E731
             fn()
             torch.cuda.synchronize()
             torch.testing.assert_close(o.float(), want.float(), atol=2e-2, rtol=2e-2)
@@ -76,17 +68,6 @@ def main() -> None:
 
         default_splits = da.default_kv_splits(bs, HK, seq, DEV)
         default_us = run(default_splits)
-        if args.merge_ab:
-            staged_us = run(default_splits, merge=False)
-            merged_us = run(default_splits)  # again, after the other: order effects show as a spread
-            rec = {"figure": "decode_attention_merge_ab", "heads": [HQ, HK], "bs": bs, "keys": seq,
-                   "pool": str(pool).split(".")[-1], "splits": default_splits, "merged_us": [round(default_us, 2),
-                   round(merged_us, 2)], "stage2_us": round(staged_us, 2)}
-            records.append(rec)
-            print(json.dumps(rec), flush=True)
-            if args.out:
-                Path(args.out).write_text(json.dumps(records, indent=1))
-            continue
         res = []
         ints = lambda v: [int(x) for x in v.split(",")]  # noqa: E731
         for splits, bn, warps, stages in itertools.product(ints(args.splits), ints(args.block_n), ints(args.warps),

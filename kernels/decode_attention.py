@@ -12,11 +12,7 @@ Triton kernels: split-KV ("flash-decoding") in two stages.
     stage 2, grid (request b, q head): merges the splits of that request.
 
 With max_kv_splits == 1 (big batches already fill the GPU) stage 1 writes the normalised
-output straight into o and stage 2 is not launched. With `merge` (this function's default; the
-runtime's with TREADLE_ATTN_MERGE=1, runtime/attention_backend.py), stage 2 is not launched either: each stage-1 program takes a ticket of its (request,
-kv head) once its partials are written, and the one that takes the last merges that kv head's
-splits into o (kernels/fused_moe.py's router hands its routing over the same way). The
-tickets are int32 zeros (`decode_tickets_numel`), left zero.
+output straight into o and stage 2 is not launched.
 
 Split ranges are computed on the device from seq_lens[b] (`_split_range`), so with a fixed
 `max_kv_splits` the launch depends on no host value of seq_lens (CUDA-graph safe):
@@ -101,8 +97,6 @@ def _decode_stage1_kernel(
     Q, KBuf, VBuf, ReqToToken, ReqPoolIdx, SeqLens,
     PartOut,  # [B, Hq, S, D] fp32; with DIRECT, the output O [B, Hq, D] itself
     PartLse,  # [B, Hq, S] fp32 (unused with DIRECT)
-    O,  # [B, Hq, D]: MERGE writes the merged output here
-    Tickets,  # [B, Hk] int32 zeros (MERGE): splits of a (request, kv head) done so far
     # sizes / scalars
     qk_scale,  # sm_scale * log2(e)
     group,  # Hq // Hk
@@ -114,7 +108,6 @@ def _decode_stage1_kernel(
     stride_req,
     stride_pb, stride_ph, stride_ps,  # PartOut
     stride_lb, stride_lh,  # PartLse (last dim contiguous)
-    stride_ob, stride_oh,  # O (MERGE)
     # meta
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -130,9 +123,6 @@ def _decode_stage1_kernel(
     KNew, VNew, NewSlots, Positions, CosSin, QW, KW, eps,
     stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cs,
     ROPE: tl.constexpr, NORM: tl.constexpr,
-    # MERGE: the program that finishes a (request, kv head)'s splits last merges them into O
-    MERGE: tl.constexpr = False, MERGE_H: tl.constexpr = 16, BLOCK_S: tl.constexpr = 16,
-    CHUNK_S: tl.constexpr = 4,
 ):
     b = tl.program_id(0)
     kv_h = tl.program_id(1)
@@ -149,7 +139,7 @@ def _decode_stage1_kernel(
     # wait (kernels/pdl.py), so that the first keys' loads follow it at once. The keys and
     # values are read after it: the kernel before this one stores the newest token's.
     seq_len = tl.load(SeqLens + b).to(tl.int32)
-    lo, hi, used = _split_range(seq_len, split, num_splits, BLOCK_N)
+    lo, hi, _ = _split_range(seq_len, split, num_splits, BLOCK_N)
     row = tl.load(ReqPoolIdx + b).to(tl.int64)
     tokens = ReqToToken + row * stride_req
     offs = lo + offs_n
@@ -168,11 +158,6 @@ def _decode_stage1_kernel(
         if DIRECT:  # seq_len == 0: a zero output, as stage 2 would give
             tl.store(out_ptrs, tl.zeros([BLOCK_H, BLOCK_D], tl.float32).to(PartOut.dtype.element_ty),
                      mask=g_mask[:, None] & d_mask[None, :])
-        elif MERGE:  # no split has keys (seq_len == 0): split 0 writes the zero output
-            if (split == 0) & (used == 0):
-                o_ptrs = O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-                tl.store(o_ptrs, tl.zeros([BLOCK_H, BLOCK_D], tl.float32).to(O.dtype.element_ty),
-                         mask=g_mask[:, None] & d_mask[None, :])
         return
 
     k_base = KBuf + kv_h * stride_kh
@@ -214,51 +199,6 @@ def _decode_stage1_kernel(
     if not DIRECT:
         lse_ptrs = PartLse + b.to(tl.int64) * stride_lb + heads * stride_lh + split
         tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=g_mask)
-    if MERGE:
-        # the router's hand-over (kernels/fused_moe.py): barrier, one release/acquire atomic at GPU
-        # scope, barrier; the partials are then read through L2
-        tl.debug_barrier()
-        ticket_ptr = Tickets + b.to(tl.int64) * tl.num_programs(1) + kv_h
-        ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
-        if ticket == used - 1:
-            tl.debug_barrier()
-            _merge_splits(PartOut, PartLse, O, b, kv_h, group, used, stride_pb, stride_ph, stride_ps, stride_lb,
-                          stride_lh, stride_ob, stride_oh, MERGE_H, BLOCK_S, CHUNK_S, HEAD_DIM, BLOCK_D)
-            tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-
-
-@triton.jit
-def _merge_splits(PartOut, PartLse, O, b, kv_h, group, used, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                  stride_ob, stride_oh, MERGE_H: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    # stage 2 for the q heads of one kv head: O[b, h] = sum_s 2^(lse_s - m) part_s / sum_s 2^(lse_s - m),
-    # the splits CHUNK_S at a time (their loads in flight together)
-    offs_g = tl.arange(0, MERGE_H)
-    heads = kv_h * group + offs_g
-    g_mask = offs_g < group
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_c = tl.arange(0, CHUNK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    lse_row = PartLse + b.to(tl.int64) * stride_lb + heads * stride_lh  # [MERGE_H]
-    lse = tl.load(lse_row[:, None] + offs_s[None, :], mask=g_mask[:, None] & (offs_s < used)[None, :],
-                  other=float("-inf"), cache_modifier=".cg")
-    m = tl.where(g_mask, tl.max(lse, 1), 0.0)  # [MERGE_H]; padding heads: no -inf - -inf
-    total = tl.sum(tl.exp2(lse - m[:, None]), 1)
-    part_row = PartOut + b.to(tl.int64) * stride_pb + heads * stride_ph  # [MERGE_H]
-    acc = tl.zeros([MERGE_H, BLOCK_D], tl.float32)
-    for s0 in range(0, used, CHUNK_S):
-        ss = s0 + offs_c
-        s_mask = ss < used
-        w = tl.exp2(tl.load(lse_row[None, :] + ss[:, None], mask=s_mask[:, None] & g_mask[None, :],
-                            other=float("-inf"), cache_modifier=".cg") - m[None, :])  # [CHUNK_S, MERGE_H]
-        part = tl.load(part_row[None, :, None] + ss[:, None, None] * stride_ps + offs_d[None, None, :],
-                       mask=s_mask[:, None, None] & g_mask[None, :, None] & d_mask[None, None, :], other=0.0,
-                       cache_modifier=".cg")  # [CHUNK_S, MERGE_H, BLOCK_D]
-        acc += tl.sum(part * w[:, :, None], 0)
-    out = acc / tl.where(total > 0, total, 1.0)[:, None]
-    o_ptrs = O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
 
 
 @triton.jit
@@ -303,11 +243,6 @@ def _decode_stage2_kernel(
 def decode_workspace_numel(batch_size: int, num_heads: int, head_dim: int, max_kv_splits: int) -> int:
     """fp32 elements of the decode workspace: partial outputs [B, Hq, S, D] + log-sum-exps [B, Hq, S]."""
     return batch_size * num_heads * max_kv_splits * (head_dim + 1)
-
-
-def decode_tickets_numel(batch_size: int, num_kv_heads: int) -> int:
-    """int32 elements of the merge's tickets (`decode_attention`'s `tickets`): one a (request, kv head)."""
-    return batch_size * num_kv_heads
 
 
 @functools.lru_cache(maxsize=None)
@@ -390,8 +325,6 @@ def decode_attention(
     workspace: torch.Tensor | None = None,
     block_n: int | None = None,
     new: NewToken | None = None,
-    merge: bool = True,
-    tickets: torch.Tensor | None = None,
 ) -> None:
     """Triton split-KV decode attention; same arguments and results as `decode_attention_ref`.
 
@@ -408,10 +341,6 @@ def decode_attention(
     replays); else one is allocated. q / o may be strided views with a contiguous last dim.
     k_buffer / v_buffer hold q's dtype or float8_e5m2 (upcast on load).
     `block_n` (power of two >= 16) overrides stage 1's key tile and split alignment.
-    `merge` (with more than one split): the last stage-1 program of each (request, kv head) merges
-    its splits, no stage-2 launch; False launches stage 2. `tickets`: an int32 tensor of at least
-    `decode_tickets_numel(B, Hk)` zeros on q's device, which the kernel leaves zero (allocate it once
-    and pass it in a CUDA graph); else zeros are allocated.
     Values are trusted: seq_lens must fit req_to_token's row and slots must be pool rows.
     """
     batch, num_heads, head_dim = check_attention_io(q, o, k_buffer, v_buffer, req_to_token, "B")
@@ -440,15 +369,6 @@ def decode_attention(
             f"workspace must be a contiguous float32 tensor of >= {need} elements "
             f"(decode_workspace_numel), got {workspace.dtype} with {workspace.numel()} elements"
         )
-    merge = bool(merge) and max_kv_splits > 1
-    if merge:
-        want = decode_tickets_numel(batch, num_kv_heads)
-        if tickets is None:
-            tickets = torch.zeros(want, dtype=torch.int32, device=q.device)
-        elif not (isinstance(tickets, torch.Tensor) and tickets.dtype == torch.int32 and tickets.is_contiguous()
-                  and tickets.numel() >= want and tickets.device == q.device):
-            raise ValueError(f"tickets must be a contiguous int32 tensor of >= {want} zeros on q's device "
-                             f"(decode_tickets_numel)")
     if batch == 0:
         return
 
@@ -479,7 +399,7 @@ def decode_attention(
                          stride_knb=0, stride_knh=0, stride_vnb=0, stride_vnh=0, stride_cs=0)
     _decode_stage1_kernel[(batch, num_kv_heads, max_kv_splits)](
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
-        dst, part_lse, o, tickets if merge else seq_lens,
+        dst, part_lse,
         float(sm_scale) * _LOG2E, group, max_kv_splits,
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1),
@@ -487,15 +407,12 @@ def decode_attention(
         req_to_token.stride(0),
         *dst_strides,
         part_lse.stride(0), part_lse.stride(1),
-        o.stride(0), o.stride(1),
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=bn, HEAD_DIM=head_dim, BLOCK_D=block_d,
         DOT_DTYPE=dot_dtype, PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", DIRECT=direct,
         **rope_args, ROPE=new is not None, NORM=new is not None and new.qk_norm is not None,
-        MERGE=merge, MERGE_H=max(2, triton.next_power_of_2(group)), BLOCK_S=triton.next_power_of_2(max_kv_splits),
-        CHUNK_S=min(4, triton.next_power_of_2(max_kv_splits)),
         num_warps=num_warps, num_stages=num_stages, **pdl.options(q),
     )
-    if direct or merge:
+    if direct:
         return
     _decode_stage2_kernel[(batch, num_heads)](
         part_out, part_lse, o, seq_lens,

@@ -70,12 +70,6 @@ class TritonAttentionBackend:
     def __init__(self, kv_pool: TokenToKVPool, req_to_token: torch.Tensor) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
-        # decode attention's merge of its splits in stage 1 (TREADLE_ATTN_MERGE=1; off by default until it
-        # is measured on a GPU: docs/performance.md) and its tickets (zeros the kernel leaves zero), one a
-        # (request row, kv head), allocated here so that CUDA graphs replay them
-        self.merge = ops.fusion("TREADLE_ATTN_MERGE") == "1"
-        self.tickets = torch.zeros(dec.decode_tickets_numel(req_to_token.shape[0], kv_pool.k_buffers[0].shape[1]),
-                                   dtype=torch.int32, device=q_device(kv_pool))
 
     def plan(self, fb: ForwardBatch) -> None:
         # Lengths come from the host lists, so no layer has to read them back from the GPU
@@ -98,8 +92,7 @@ class TritonAttentionBackend:
             meta = fb.attn_meta
             dec.decode_attention(q, k_buf, v_buf, o, self.req_to_token, fb.req_pool_indices, fb.seq_lens, scale,
                                  max_kv_splits=meta["kv_splits"], max_seq_len=meta["max_seq_len"],
-                                 new=dec.NewToken(k, v, fb.out_cache_loc, positions, cos_sin, qk_norm),
-                                 merge=self.merge, tickets=self.tickets)
+                                 new=dec.NewToken(k, v, fb.out_cache_loc, positions, cos_sin, qk_norm))
             return o
         if rope is not None:
             positions, cos_sin, qk_norm = rope
@@ -111,7 +104,7 @@ class TritonAttentionBackend:
             meta = fb.attn_meta
             dec.decode_attention(q, k_buf, v_buf, o, self.req_to_token, fb.req_pool_indices,
                                  fb.seq_lens, scale, max_kv_splits=meta["kv_splits"],
-                                 max_seq_len=meta["max_seq_len"], merge=self.merge, tickets=self.tickets)
+                                 max_seq_len=meta["max_seq_len"])
         else:
             ext.extend_attention(q, k_buf, v_buf, o, self.req_to_token, fb.req_pool_indices,
                                  fb.prefix_lens, fb.extend_lens, fb.extend_start_loc, scale,

@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from treadle.kernels.decode_attention import (  # noqa: E402
-    decode_attention, decode_attention_ref, decode_tickets_numel, decode_workspace_numel, default_kv_splits,
+    decode_attention, decode_attention_ref, decode_workspace_numel, default_kv_splits,
 )
 from treadle.kernels.extend_attention import extend_attention, extend_attention_ref  # noqa: E402
 from treadle.kernels.kv_store import check_device, store_kv, store_kv_ref  # noqa: E402
@@ -175,29 +175,12 @@ def test_decode_reuses_workspace_and_ignores_stale_contents():
     _assert_close(out2, want2)
 
 
-@pytest.mark.parametrize("seq_lens, hq, hk, d, dtype, splits", [
-    ([1, 37, 100], 4, 2, 32, torch.float32, 3),  # some splits empty for the short rows
-    ([50, 3, 129], 8, 1, 16, torch.bfloat16, 8),  # GQA 8, one kv head
-    ([17, 64], 2, 2, 32, torch.float16, 5),  # MHA: one q head a kv head
-])
-def test_decode_merge_in_stage1_matches_stage2_and_leaves_tickets_zero(seq_lens, hq, hk, d, dtype, splits):
-    case = _decode_case(seq_lens, hq, hk, d, dtype, seed=8)
-    tickets = torch.zeros(decode_tickets_numel(len(seq_lens), hk) + 3, dtype=torch.int32, device=DEVICE)
-    merged, want = _run_decode(case, max_kv_splits=splits, tickets=tickets)
-    staged, _ = _run_decode(case, max_kv_splits=splits, merge=False)
-    _assert_close(merged, want)
-    _assert_close(merged, staged)
-    assert not tickets.any()  # ready for the next launch (a CUDA graph replays it as it is)
-    again, _ = _run_decode(case, max_kv_splits=splits, tickets=tickets)
-    assert torch.equal(again, merged)
-
-
-@pytest.mark.parametrize("splits, merge", [(2, True), (2, False), (1, True)])  # 1: stage 1 writes o itself
-def test_decode_zero_length_gives_zeros(splits, merge):
+@pytest.mark.parametrize("splits", [2, 1])  # 1: stage 1 writes o itself
+def test_decode_zero_length_gives_zeros(splits):
     q, kb, vb, r2t, rows, lens = _decode_case([5, 8], 2, 1, 16, torch.float32, seed=6)
     lens[0] = 0
     out = torch.full_like(q, 7.0)
-    decode_attention(q, kb, vb, out, r2t, rows, lens, 0.3, max_kv_splits=splits, merge=merge)
+    decode_attention(q, kb, vb, out, r2t, rows, lens, 0.3, max_kv_splits=splits)
     assert (out[0] == 0).all()
     want = torch.empty_like(q)
     decode_attention_ref(q, kb, vb, want, r2t, rows, lens, 0.3)
@@ -311,8 +294,6 @@ def test_decode_rejects_bad_arguments():
         decode_attention(*ok, max_kv_splits=4, workspace=torch.empty(10, device=DEVICE))
     with pytest.raises(ValueError, match="workspace"):
         decode_attention(*ok, max_kv_splits=1, workspace=torch.empty(10**4, dtype=torch.float16, device=DEVICE))
-    with pytest.raises(ValueError, match="tickets"):
-        decode_attention(*ok, max_kv_splits=4, tickets=torch.zeros(64, dtype=torch.int64, device=DEVICE))
     assert (o == 7.0).all()  # nothing was launched by a rejected call
 
 
