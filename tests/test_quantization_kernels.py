@@ -264,6 +264,28 @@ def test_gpu_llama3_shapes(m: int, n: int, k: int) -> None:
                                atol=0.5, rtol=2e-2)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", [None, "silu"])
+def test_gpu_fp8_gemv_takes_every_e4m3_code(act: str | None) -> None:
+    """Every finite e4m3 code (the subnormals, zeros of both signs and +-448 among them) reaches
+    the FP8 GEMV's products (a plain row, and a gate/up pair's SiLU product) as torch converts it:
+    each row holds all 254 codes, so a code converted wrong shows in every output."""
+    from treadle.kernels.gemv import gemv, gemv_ref
+
+    codes = torch.tensor([c for c in range(256) if c not in (0x7F, 0xFF)], dtype=torch.uint8)
+    n, k = 254 * 2, 1024
+    idx = (torch.arange(n)[:, None] * 7 + torch.arange(k)[None, :]) % 254
+    w = codes[idx].view(torch.float8_e4m3fn).cuda()
+    assert set(w.view(torch.uint8)[0].tolist()) == set(codes.tolist())
+    x = torch.randn(1, k, generator=_g(21)).to(torch.bfloat16).cuda()
+    ws = torch.rand(n, generator=_g(22)).cuda() + 0.5
+    got = gemv(x, w, w_scale=ws, out_dtype=torch.float32, act=act)
+    want = gemv_ref(x, w, w_scale=ws, out_dtype=torch.float32, act=act)
+    # the products are exact either way; only the order of the fp32 sums differs
+    bound = (x.float().abs() @ w.float().abs().T * ws).max().item()
+    torch.testing.assert_close(got, want, atol=1e-5 * bound * (bound if act else 1.0), rtol=1e-4)
+
+
 @needs_kernel
 def test_fp8_gate_up_of_one_row_writes_the_silu_product(monkeypatch) -> None:
     """An FP8 gate/up pair of one row (the batch-1 decode step: weight-only GEMV, its input normed
