@@ -70,20 +70,40 @@ class Runtime:
             raise
 
     def _wait_healthy(self, timeout_s: float) -> None:
+        """Wait until this Runtime's own server answers /health. The port was free when it was
+        picked, but another process may take it while the model loads; a healthy server at
+        the URL that is not this one's child (its /get_server_info `pids.server` differs) is
+        not taken for it: this one's server then fails to bind and exits, which is raised."""
         deadline = time.monotonic() + timeout_s
+        other: Any = None  # the pid of another server found answering at self.url
         while True:
             code = self._proc.poll()
             if code is not None:
-                raise RuntimeError(f"the treadle server exited with status {code} while starting; "
+                taken = (f"; port {self.server_args.port} is served by another process (pid {other}), which took "
+                         "it while this server was starting: start the Runtime again (it picks the next free "
+                         "port) or pass another port=" if other is not None else "")
+                raise RuntimeError(f"the treadle server exited with status {code} while starting{taken}; "
                                    "its error is printed above (pass log_level='info' for more)")
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
+                    server_pid = self._server_pid()
+                    if server_pid == self._proc.pid:
+                        return
+                    other = server_pid if server_pid is not None else "unknown"
             except requests.RequestException:
                 pass
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the treadle server at {self.url} did not become healthy within {timeout_s} s")
             time.sleep(0.05)  # a refused connection costs nothing; readiness is seen within 50 ms
+
+    def _server_pid(self) -> Any:
+        """The pid of the HTTP server answering at self.url (its /get_server_info `pids.server`;
+        None when it does not say)."""
+        key = self.server_args.api_key
+        resp = requests.get(self.url + "/get_server_info", timeout=10,
+                            headers={"Authorization": f"Bearer {key}"} if key else None)
+        pids = resp.json().get("pids") if resp.status_code == 200 else None
+        return pids.get("server") if isinstance(pids, dict) else None
 
     def shutdown(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL to its process group after 30 s). Idempotent."""
