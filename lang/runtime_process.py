@@ -52,7 +52,7 @@ class Runtime:
         # SGLang's ServerArgs (treadle's EngineArgs with its url()); ValueError: a bad argument
         self.server_args = ServerArgs(log_level=log_level, **kwargs)
         host = self.server_args.host
-        self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{self.server_args.port}"
+        self.url = _local_url(host, self.server_args.port)
         self.generate_url = self.url + "/generate"
         cmd = [sys.executable, "-m", "treadle.runtime.launch_server", *_flags({"log_level": log_level, **kwargs})]
         # the server logs to stderr, its ready banner too (an info line): as SGLang's Runtime, a
@@ -203,12 +203,23 @@ def _flags(kwargs: dict[str, Any]) -> list[str]:
     return out
 
 
-def _free_port_from(start: int, host: str) -> int:
-    for port in range(start, 40000):
-        with socket.socket() as sock:
+def _local_url(host: str, port: int) -> str:
+    """The URL this machine reaches a server bound to `host` at: the loopback address for
+    all interfaces, an IPv6 address in brackets ("::1" -> "http://[::1]:port")."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def _free_port_from(start: int, host: str, end: int = 40000) -> int:
+    """The first port from `start` that a server can bind on `host` (an IPv6 address, "::1",
+    is tried as IPv6: an IPv4 socket cannot bind it, which made every port look taken)."""
+    all_interfaces = host in ("", "::")
+    family = socket.AF_INET6 if ":" in host and not all_interfaces else socket.AF_INET
+    for port in range(start, end):
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
             try:
-                sock.bind((host if host not in ("", "::") else "0.0.0.0", port))
+                sock.bind(("0.0.0.0" if all_interfaces else host, port))
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port in {start}..39999 on {host}")
+    raise RuntimeError(f"no free port in {start}..{end - 1} on {host}")

@@ -161,16 +161,9 @@ def launch_server_cmd(command: str, host: str = "0.0.0.0", port: int | None = No
 
 
 def _free_port(host: str, start: int = 30000, end: int = 40000) -> int:
-    import socket
+    from treadle.lang.runtime_process import _free_port_from
 
-    for port in range(start, end):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host if host not in ("", "::") else "0.0.0.0", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {start}..{end - 1} on {host}")
+    return _free_port_from(start, host, end)
 
 
 # ---------------------------------------------------------------- the offline Engine's streaming helpers

@@ -25,3 +25,27 @@ def test_runtime_does_not_take_another_servers_health_for_its_own(sgl_runtime):
     finally:
         rt._proc.wait()
         rt._proc = None
+
+
+def test_runtime_on_an_ipv6_host_finds_a_free_port_and_brackets_its_url():
+    """`sgl.Runtime(host="::1")` (and `treadle.utils.launch_server_cmd(cmd, host="::1")`) raised
+    'no free port in 30000..39999 on ::1': the port scan bound an IPv4 socket to an IPv6 address,
+    which fails on every port; and the Runtime's URL was http://::1:port. (Checked by hand: such a
+    Runtime then serves a program at http://[::1]:port.) A port taken on ::1 is still skipped."""
+    import socket
+
+    from treadle.lang.runtime_process import _free_port_from
+    from treadle.lang.utils import _free_port
+
+    port = _free_port_from(31000, "::1")  # was the RuntimeError
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as held:
+        held.bind(("::1", port))  # free indeed
+        held.listen(1)
+        assert _free_port_from(port, "::1") > port  # taken: skipped
+    assert 30000 <= _free_port("::1") < 40000
+
+    from treadle.lang.runtime_process import _local_url
+
+    assert _local_url("::1", port) == f"http://[::1]:{port}"
+    assert _local_url("::", 8000) == _local_url("0.0.0.0", 8000) == "http://127.0.0.1:8000"
+    assert _local_url("localhost", 8000) == "http://localhost:8000"
