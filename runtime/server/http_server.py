@@ -42,8 +42,8 @@ _GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "stream", "return_lo
 # without the API key, as SGLang: probes and scrapes (no request content in any of them)
 _OPEN_PATHS = {"/health", "/health_generate", "/metrics", "/version"}
 # the paths /metrics counts responses of by name (treadle_http_responses_total); others are "other"
-_COUNTED_PATHS = {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize",
-                  "/abort_request", "/flush_cache", "/health", "/health_generate", "/metrics", "/version",
+_COUNTED_PATHS = {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/tokenize",
+                  "/detokenize", "/abort_request", "/flush_cache", "/health", "/health_generate", "/metrics", "/version",
                   "/get_server_info", "/get_model_info"}
 HEALTH_GENERATE_TIMEOUT_S = 30.0
 HEALTH_GENERATE_POLL_S = 0.5  # how often a waiting probe looks for other requests' output
@@ -184,7 +184,7 @@ def body_deadline(receive: Receive, timeout_s: float) -> Receive:
 
 
 # the routes that start generation: refused before their body is read when the server is full
-_GENERATION_PATHS = {"/generate", "/v1/completions", "/v1/chat/completions"}
+_GENERATION_PATHS = {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses"}
 # the media types a browser page of another origin can send without asking first (a CORS
 # "simple request"): refused on a keyless server, which cannot tell such a page from a client
 _JSON_TYPES = ("application/json",)
@@ -485,6 +485,9 @@ def create_app(state: ServerState) -> FastAPI:
     from treadle.runtime.server.openai_api import register_openai_routes
 
     register_openai_routes(app, state)
+    from treadle.runtime.server.responses_api import register_responses_routes
+
+    register_responses_routes(app, state)
     app.add_middleware(Gate, state=state)
     allowed = state.args.allowed_origins
     add_cors(app, ("*" if state.args.api_key else "") if allowed is None else allowed)

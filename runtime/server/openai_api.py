@@ -11,7 +11,7 @@ import contextlib
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, AsyncIterator, Callable, NamedTuple
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -91,13 +91,24 @@ def register_openai_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request)
-        reqs, tools, think, echo, checks = await tm.off_loop(_build_chat, state, body)
-        if checks:  # each tool's parameters alone first (ToolPlan.checked_tools)
-            errors = await until_done_or_disconnect(request, tm.grammar_errors(checks))
-            if errors:
-                first = min(errors)
-                raise APIError.bad_request(tools.locate(errors[first], first), "functions" if tools.legacy else "tools")
+        reqs, tools, think, echo = await build_chat(request, state, body)
         return await _serve(request, state, body, reqs, chat=True, tools=tools, think=think, chat_echo=echo)
+
+
+async def build_chat(request: Request, state: ServerState, body: dict) -> tuple[list[TokenizedGenerateReq],
+                                                                               ToolPlan | None, bool | None,
+                                                                               str | None]:
+    """A chat body -> its request, tools, reasoning split and echo (_build_chat, on a builder
+    thread), with each tool's parameters compiled alone first (ToolPlan.checked_tools): one
+    that does not compile is a 400 naming that tool. /v1/responses builds its requests here too."""
+    tm = state.tm
+    reqs, tools, think, echo, checks = await tm.off_loop(_build_chat, state, body)
+    if checks:
+        errors = await until_done_or_disconnect(request, tm.grammar_errors(checks))
+        if errors:
+            first = min(errors)
+            raise APIError.bad_request(tools.locate(errors[first], first), "functions" if tools.legacy else "tools")
+    return reqs, tools, think, echo
 
 
 # ====================================================================== building requests
@@ -465,10 +476,18 @@ def _make(tm: TokenizerManager, body: dict, ids: list[int], default_max: int | N
 
 # ====================================================================== running and shaping
 
-async def _serve(request: Request, state: ServerState, body: dict, base: list[TokenizedGenerateReq],
-                 chat: bool, tools: ToolPlan | None = None,
-                 echoes: list[tuple[str, list[int]]] | None = None, think: bool | None = None,
-                 chat_echo: str | None = None) -> Response:
+class Run(NamedTuple):
+    """Built requests ready to run: each sample's request, the other rids /abort_request
+    reaches each by, and its chunk stream (grammar errors named by the field sent)."""
+    reqs: list[TokenizedGenerateReq]
+    aliases: dict[str, tuple[str, ...]]
+    generate: Callable[[TokenizedGenerateReq], AsyncIterator[Chunk]]
+
+
+async def prepare(request: Request, state: ServerState, body: dict, base: list[TokenizedGenerateReq], chat: bool,
+                  tools: ToolPlan | None = None) -> Run:
+    """`base` (a request per prompt) with its n samples expanded and checked against the
+    server's capacity and logprob limits; a grammar shared by several is compiled once first."""
     tm = state.tm
     # choice index = prompt * n + sample; /abort_request reaches each part by the request's
     # rid and by its prompt's ("<rid>-<i>" of a list of prompts)
@@ -492,43 +511,62 @@ async def _serve(request: Request, state: ServerState, body: dict, base: list[To
             _locate_grammar_error(e, body, tools)
             raise
 
-    def generate(r: TokenizedGenerateReq):
+    def generate(r: TokenizedGenerateReq) -> AsyncIterator[Chunk]:
         return _grammar_errors(tm.generate(r, aliases[r.rid]), body, tools)
+
+    return Run(reqs, aliases, generate)
+
+
+async def stream_items(tm: TokenizerManager, run: Run, shaper: "Shaper") -> AsyncIterator[tuple[int, Chunk]]:
+    """Every sample's chunks as (choice index, chunk), in arrival order; the requests hold
+    their reservation while it runs (closing it aborts those still running)."""
+    with tm.reserve(run.reqs, run.aliases):
+        shaper.warm_cached = await tm.warm_prefixes(run.reqs, run.aliases)
+        async for item in merge_streams([run.generate(r) for r in run.reqs], merge_chunks):
+            yield item
+
+
+async def run_to_end(request: Request, tm: TokenizerManager, run: Run, shaper: "Shaper") -> list[Accum]:
+    """Every sample's whole output (put in shaper.accs too); a client gone first aborts them."""
+    async def one(r: TokenizedGenerateReq) -> Accum:
+        last = None
+        async for c in run.generate(r):
+            last = c
+        return last.acc
+
+    async def every() -> list[Accum]:
+        with tm.reserve(run.reqs, run.aliases):
+            shaper.warm_cached = await tm.warm_prefixes(run.reqs, run.aliases)
+            return await gather_all([one(r) for r in run.reqs])
+
+    accs = await until_done_or_disconnect(request, every())
+    for i, acc in enumerate(accs):
+        shaper.accs[i] = acc
+    return accs
+
+
+async def _serve(request: Request, state: ServerState, body: dict, base: list[TokenizedGenerateReq],
+                 chat: bool, tools: ToolPlan | None = None,
+                 echoes: list[tuple[str, list[int]]] | None = None, think: bool | None = None,
+                 chat_echo: str | None = None) -> Response:
+    tm = state.tm
+    run = await prepare(request, state, body, base, chat, tools)
+    reqs = run.reqs
 
     # the response's id: vLLM's request_id names it as vLLM does (cmpl-{request_id}), else a fresh one
     rid = ("chatcmpl-" if chat else "cmpl-") + (body.get("request_id") or uuid.uuid4().hex)
-    shaper = _Shaper(tm, rid, state.model_name, chat, int(time.time()), len(reqs) // len(base), tools, echoes,
-                     think)
+    shaper = Shaper(tm, rid, state.model_name, chat, int(time.time()), len(reqs) // len(base), tools, echoes,
+                    think)
     shaper.json_schema_dropped = reqs[0].sampling_params.json_schema_dropped
     shaper.chat_echo = chat_echo
     if body.get("stream"):
         so = body.get("stream_options") or {}
         include_usage = shaper.include_usage = so.get("include_usage") is True
         shaper.continuous_usage = include_usage and so.get("continuous_usage_stats") is True
-
-        async def items():
-            with tm.reserve(reqs, aliases):
-                shaper.warm_cached = await tm.warm_prefixes(reqs, aliases)
-                async for item in merge_streams([generate(r) for r in reqs], merge_chunks):
-                    yield item
-
-        return await stream_or_error(request, items(), shaper.render_chunk,
+        return await stream_or_error(request, stream_items(tm, run, shaper), shaper.render_chunk,
                                      lambda: [sse(shaper.usage_chunk())] if include_usage else [])
 
-    async def run() -> list[Accum]:
-        async def one(r: TokenizedGenerateReq) -> Accum:
-            last = None
-            async for c in generate(r):
-                last = c
-            return last.acc
-
-        with tm.reserve(reqs, aliases):
-            shaper.warm_cached = await tm.warm_prefixes(reqs, aliases)
-            return await gather_all([one(r) for r in reqs])
-
-    accs = await until_done_or_disconnect(request, run())
-    for i, acc in enumerate(accs):
-        shaper.accs[i] = acc
+    accs = await run_to_end(request, tm, run, shaper)
 
     def reply() -> ReplyJSON:  # on a builder thread when large (http_server.off_loop_if_large)
         obj = "chat.completion" if chat else "text_completion"
@@ -605,7 +643,7 @@ def _legacy_finish(finish: str | None) -> str | None:
     return "function_call" if finish == "tool_calls" else finish
 
 
-class _Shaper:
+class Shaper:
     """Renders results and stream chunks in OpenAI's shapes."""
 
     def __init__(self, tm: TokenizerManager, rid: str, model: str, chat: bool, created: int, n: int,
@@ -730,7 +768,7 @@ class _Shaper:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [],
                 "usage": self.usage()}
 
-    def _chat_delta(self, i: int, ch: Chunk, c: dict) -> dict:
+    def chat_delta(self, i: int, ch: Chunk, c: dict) -> dict:
         """Choice i's delta: reasoning (when split off), then tool calls or content from the
         answer; may set c["finish_reason"] (tool calls)."""
         delta: dict[str, Any] = {}
@@ -785,7 +823,7 @@ class _Shaper:
         if ch.finished:
             c["matched_stop"] = matched_stop(fin)
         if self.chat:
-            c["delta"] = self._chat_delta(i, ch, c)
+            c["delta"] = self.chat_delta(i, ch, c)
             if not c["delta"] and not ch.finished and not ch.logprobs:
                 return out
             if ch.finished and (c["delta"].get("tool_calls") or c["delta"].get("function_call")):

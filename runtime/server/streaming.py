@@ -162,10 +162,12 @@ class AbortOnDisconnectStream(StreamingResponse):
 
 
 async def stream_or_error(request: Request, items: AsyncIterator[Any],
-                          render: Callable[[Any], list[str]], tail: Callable[[], list[str]] | None = None):
+                          render: Callable[[Any], list[str]], tail: Callable[[], list[str]] | None = None,
+                          failed: Callable[[APIError], list[str]] | None = None, done: bool = True):
     """Start an SSE response once the first item is there, so an early failure (e.g. a
     grammar that does not compile) is still a plain 400; later failures become an SSE error
-    event. `render(item)` gives the SSE lines of an item, `tail()` lines sent before [DONE]."""
+    event (`failed(e)`'s lines, else the error body). `render(item)` gives the SSE lines of an
+    item, `tail()` lines sent before [DONE] (sent unless `done` is false)."""
     try:
         first = await until_done_or_disconnect(request, items.__anext__())
     except StopAsyncIteration:
@@ -185,10 +187,12 @@ async def stream_or_error(request: Request, items: AsyncIterator[Any],
             for line in (tail() if tail else []):
                 yield line
         except APIError as e:
-            yield sse(e.body())
+            for line in (failed(e) if failed else [sse(e.body())]):
+                yield line
         finally:
             await items.aclose()
-        yield "data: [DONE]\n\n"
+        if done:
+            yield "data: [DONE]\n\n"
 
     return AbortOnDisconnectStream(body(), media_type="text/event-stream",
                                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
