@@ -50,7 +50,8 @@ class ReasoningParser:
     reasoning_parser`), for a tagged thinking block (the model types of
     REASONING_MODEL_TYPES): `parse_non_stream(text)` gives (reasoning, answer) as
     separate_reasoning splits a gen; `parse_stream_chunk(delta)` the new (reasoning, answer)
-    text of each streamed delta, holding back a delta that may be the start of a tag.
+    text of each streamed delta, holding back the end of one that may begin a tag (a tag the
+    model spells in several tokens comes in several deltas).
     `stream_reasoning=False` holds the reasoning back until the block closes (the reasoning
     text then comes whole); `force_reasoning` reads the reply as starting inside the block
     (None: the model type's own, as SGLang's)."""
@@ -80,8 +81,6 @@ class ReasoningParser:
         self._buffer += chunk_text
         text = self._buffer
         start, end = self.think_start_token, self.think_end_token
-        if any(tag.startswith(text) and tag != text for tag in (start, end)):
-            return "", ""  # maybe the start of a tag: wait for more
         if not self._stripped_start and start in text:
             text = text.replace(start, "")
             self._stripped_start = True
@@ -92,7 +91,17 @@ class ReasoningParser:
             self._buffer = self._held = ""
             self._in_reasoning = False
             return reasoning.rstrip(), text[idx + len(end):]
-        self._buffer = ""
+        # a tag the model spells in several tokens ("</", "think", ">") comes in several deltas:
+        # hold back text that may begin one, to read it with the next delta: the opening tag
+        # while all the text so far may begin it (a reply starts with it), and inside the block
+        # the end of the text that may begin the closing tag
+        if not self._stripped_start and start.startswith(text) and start != text:
+            keep = len(text)
+        else:
+            keep = max((n for n in range(1, len(end)) if self._in_reasoning and text.endswith(end[:n])), default=0)
+        text, self._buffer = text[:len(text) - keep], text[len(text) - keep:]
+        if not text:
+            return "", ""
         if self._in_reasoning:
             if self.stream_reasoning:
                 return text, ""

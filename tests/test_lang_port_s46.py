@@ -49,3 +49,22 @@ def test_runtime_on_an_ipv6_host_finds_a_free_port_and_brackets_its_url():
     assert _local_url("::1", port) == f"http://[::1]:{port}"
     assert _local_url("::", 8000) == _local_url("0.0.0.0", 8000) == "http://127.0.0.1:8000"
     assert _local_url("localhost", 8000) == "http://localhost:8000"
+
+
+@pytest.mark.parametrize("stream_reasoning", [True, False])
+def test_reasoning_parser_reads_a_closing_tag_streamed_in_pieces(stream_reasoning):
+    """SGLang's ReasoningParser.parse_stream_chunk, fed a model's deltas token by token. A model
+    whose tokenizer spells the tags in several tokens (the embedded SmolLM2's: '</', 'think', '>')
+    streams '</think>' in three deltas; the parser held back a delta only while the whole text
+    since the last emit might begin a tag, so it never saw the closing tag: the answer ('Paris')
+    came out as reasoning, or, with stream_reasoning=False, never came out at all."""
+    from treadle.srt.parser.reasoning_parser import ReasoningParser
+
+    deltas = ["<", "think", ">", "\n", "The", " plan", ".", "\n", "</", "think", ">", "\n", "\n", "Paris"]
+    parser = ReasoningParser(model_type="qwen3", stream_reasoning=stream_reasoning)
+    parts = [parser.parse_stream_chunk(d) for d in deltas]
+    reasoning, answer = "".join(r for r, _ in parts), "".join(a for _, a in parts)
+    assert reasoning.strip() == "The plan." and answer.strip() == "Paris", parts
+    forced = ReasoningParser(model_type="deepseek-r1", stream_reasoning=stream_reasoning)  # starts inside
+    parts = [forced.parse_stream_chunk(d) for d in ["a<", "b</th", "ink", ">c"]]
+    assert ("".join(r for r, _ in parts), "".join(a for _, a in parts)) == ("a<b", "c"), parts
