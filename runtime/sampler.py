@@ -3,12 +3,10 @@ grammar / min-tokens bitmask, draw, and gather logprobs. The fused Triton kernel
 its pure-torch reference (same signature) on CPU."""
 from __future__ import annotations
 
-import os
 from typing import Any, NamedTuple
 
 import torch
 
-from treadle.kernels import greedy
 from treadle.kernels import sampling as sk
 from treadle.runtime.forward_batch import to_device
 from treadle.runtime.request import Req
@@ -27,10 +25,6 @@ class Sampler:
         self.eos_token_ids = tuple(eos_token_ids)
         self.words = (vocab_size + 31) // 32
         self._mask_buf = torch.empty((0, self.words), dtype=torch.int32)
-        # all-greedy batches on CUDA: kernels/greedy.py's one launch for the argmax and the check of the
-        # logits with TREADLE_GREEDY_KERNEL=1 (off by default until it is measured on a GPU:
-        # docs/performance.md), else torch's three
-        self.greedy_kernel = device.type == "cuda" and os.environ.get("TREADLE_GREEDY_KERNEL", "0") == "1"
 
     def _bitmask(self, reqs: list[Req]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """int32 [B, words] with grammar rows filled by their matcher, their stop tokens cleared
@@ -174,13 +168,9 @@ class Sampler:
         else:
             bitmask, mask_rows = masks.to(dev, non_blocking=True), None
         counts = self._penalty_counts(reqs, outputs)
-        ok = None
         if bitmask is None and counts is None and all(p.is_greedy for p in ps):
             # all-greedy and unconstrained: an argmax is all there is to do (one read of the logits)
-            if self.greedy_kernel and logits.is_cuda and logits.dtype == torch.float32 and logits.stride(-1) == 1:
-                ids, ok = greedy.greedy_argmax(logits)  # and the check below, in the same launch
-            else:
-                ids = logits.argmax(dim=-1)
+            ids = logits.argmax(dim=-1)
             if any(r.return_logprob for r in reqs):
                 logprobs = logits.gather(1, ids[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
             else:  # nobody reads them (_process_token keeps them for return_logprob only): skip a pass
@@ -206,8 +196,7 @@ class Sampler:
         # distribution: its request fails alone (the scheduler sees token -1), the others draw
         # as usual. Computed on the device and copied with the tokens: no extra host sync. Its
         # device token becomes 0, so that an overlapped next step embeds a valid id.
-        if ok is None:
-            ok = (logits < float("inf")).all(dim=-1)  # False where NaN or +inf
+        ok = (logits < float("inf")).all(dim=-1)  # False where NaN or +inf
         if counts is not None:  # a seen positive logit is divided by the repetition penalty
             rep = to_device([p.repetition_penalty for p in ps], dev, torch.float32)
             ok &= logits.amax(dim=-1).clamp_min(0) / rep < float("inf")

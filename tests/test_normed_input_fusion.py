@@ -257,8 +257,6 @@ def test_fused_norm_decode_on_gpu(model: str, quant: str | None, monkeypatch) ->
         monkeypatch.setenv("TREADLE_FUSED_NORM", "1" if fused else "0")
         monkeypatch.setenv("TREADLE_FUSED_ROPE", "1" if fused else "0")
         monkeypatch.setenv("TREADLE_FUSED_SILU", "1" if fused else "0")  # an FP8 gate/up's SiLU product
-        # the greedy argmax and logits check in one launch
-        monkeypatch.setenv("TREADLE_GREEDY_KERNEL", "1" if fused else "0")
         before = dict(calls)
         kw = {"quantization": quant} if quant else {}
         with Engine(model_path=model, max_total_tokens=2048, **kw) as e:

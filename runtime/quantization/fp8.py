@@ -104,11 +104,11 @@ class Fp8Method(QuantMethod):
         if isinstance(x, NormedInput):  # one GEMV: norm, gate, up and the product
             return gemv(x, layer.weight, bias, w_scale=layer.weight_scale, act="silu")
         if (quant is None and isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1
-                and self.kernels(x) and ops.fusion("TREADLE_FUSED_SILU") == "1"
+                and self.kernels(x) and ops.fusion("TREADLE_FUSED_SILU") != "0"
                 and not wants_quantized_input(1, layer.out_local, layer.in_local)):
             # one row, weight-only (the GEMV) and a down projection that takes it as it is: the GEMV
-            # writes silu(gate) * up, no SiLU launch (TREADLE_FUSED_SILU=1; off by default until it is
-            # measured on a GPU: docs/performance.md)
+            # writes silu(gate) * up, no SiLU launch (TREADLE_FUSED_SILU=0 launches it:
+            # docs/performance.md has the measurement)
             return gemv(x, layer.weight, bias, w_scale=layer.weight_scale, act="silu")
         return super().apply_silu_and_mul(layer, x, bias, quant)
 
