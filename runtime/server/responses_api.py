@@ -142,6 +142,13 @@ def register_responses_routes(app: FastAPI, state: ServerState, store: ResponseS
         store.delete(response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel(response_id: str) -> dict:
+        _stored(store, response_id)
+        raise APIError.bad_request("only a background response can be cancelled, and treadle has none: this one is "
+                                   "finished (a running request stops when its client disconnects, or by "
+                                   "/abort_request)", "response_id")
+
     @app.get("/v1/responses/{response_id}/input_items")
     async def input_items(response_id: str, request: Request) -> dict:
         items = _stored(store, response_id).input_items
