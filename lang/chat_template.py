@@ -17,7 +17,7 @@ message with its end-of-turn token).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Callable
 
@@ -53,9 +53,15 @@ class ChatTemplate:
     audio_token: str = "<audio>"
     style: ChatTemplateStyle = ChatTemplateStyle.PLAIN
     implicit_prefix: str = ""
+    # role -> why the model's own template refuses it (Mistral's and Gemma's raise on a system
+    # message): a program that opens such a message gets a ValueError saying so
+    refused_roles: dict[str, str] = field(default_factory=dict)
 
     def get_prefix_and_suffix(self, role: str, hist_messages: list[dict]) -> tuple[str, str]:
         """The text before and after a `role` message that follows `hist_messages`, as SGLang's."""
+        if role in self.refused_roles:
+            raise ValueError(f"this model's chat template cannot render a {role} message on its own "
+                             f"({self.refused_roles[role]}); put its text in the first user message instead")
         prefix, suffix = self.role_prefix_and_suffix.get(role, ("", ""))
         if self.style == ChatTemplateStyle.LLAMA2:
             if role == "system" and not hist_messages:
@@ -90,23 +96,47 @@ class ChatTemplate:
 
     @classmethod
     def from_renderer(cls, render: Renderer, name: str = "model") -> "ChatTemplate":
-        """Derive the role strings by rendering placeholder conversations."""
+        """Derive the role strings by rendering placeholder conversations. A template that
+        refuses a system message (it raises, as Mistral's and Gemma's do, or leaves the message
+        out or moves it into a user turn, as Mistral v0.3's) renders user and assistant
+        messages after a history without one, and its system role is refused (`refused_roles`)."""
+        import jinja2
+
+        def system(content: str) -> list[dict]:
+            return [{"role": "system", "content": content}]
+
         parts: dict[str, tuple[str, str]] = {}
-        parts["system"] = _split(render([{"role": "system", "content": _PH}], False), "system")
+        refused: dict[str, str] = {}
+        try:
+            parts["system"] = _split(render(system(_PH), False), "system")
+        except (jinja2.TemplateError, ValueError) as e:  # no system message, or not where it was put
+            refused["system"] = str(e)
         # user / assistant: render after a fixed history, and keep only the added tail
-        histories = {"user": [{"role": "system", "content": _FILL}],
-                     "assistant": [{"role": "system", "content": _FILL}, {"role": "user", "content": _FILL}]}
-        for role, history in histories.items():
-            base = render(history, False)
-            full = render(history + [{"role": role, "content": _PH}], False)
-            if not full.startswith(base):
-                raise ValueError(f"the chat template re-renders earlier messages when a {role} message is added; "
-                                 "roles cannot be rendered incrementally with this template")
-            parts[role] = _split(full[len(base):], role)
+        fill_user = [{"role": "user", "content": _FILL}]
+        exchange = fill_user + [{"role": "assistant", "content": _FILL}]
+        histories = {"user": [system(_FILL), exchange], "assistant": [system(_FILL) + fill_user, fill_user]}
+        for role, candidates in histories.items():
+            for history in [h for h in candidates if "system" not in refused or h[0]["role"] != "system"]:
+                try:
+                    base = render(history, False)
+                    full = render(history + [{"role": role, "content": _PH}], False)
+                except jinja2.TemplateError as e:
+                    error = e
+                    continue
+                if not full.startswith(base):
+                    raise ValueError(f"the chat template re-renders earlier messages when a {role} message is "
+                                     "added; roles cannot be rendered incrementally with this template")
+                before, after = _split(full[len(base):], role)
+                if _FILL not in before + after:
+                    parts[role] = (before, after)
+                    break
+                error = ValueError(f"the {role} message takes in the text of the messages before it")
+            else:
+                raise ValueError(f"cannot render a {role} message with this chat template: {error}")
         first_user = render([{"role": "user", "content": _PH}], False)
         idx = first_user.find(parts["user"][0] + _PH)
         implicit = first_user[:idx] if idx > 0 else ""
-        return cls(name, None, parts, implicit_prefix=implicit)
+        return cls(name, None, parts, implicit_prefix=implicit, refused_roles=refused)
 
     @classmethod
     def empty(cls) -> "ChatTemplate":
@@ -130,7 +160,20 @@ def jinja_renderer(template: str, bos_token: str = "", eos_token: str = "") -> R
     """A renderer for a raw Jinja chat template (used over HTTP, where no tokenizer is loaded)."""
     import jinja2  # installed with transformers; only needed when roles are used over HTTP
 
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    # as transformers renders it on the server: its loop controls, and its raise_exception and
+    # strftime_now (a template's own errors, "Only user and assistant roles are supported!",
+    # are then jinja2.TemplateErrors with its message, not "'raise_exception' is undefined")
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.TemplateError(message)
+
+    def strftime_now(fmt: str) -> str:
+        import datetime
+
+        return datetime.datetime.now().strftime(fmt)
+
+    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
     compiled = env.from_string(template)
 
     def render(messages: list[dict], add_generation_prompt: bool) -> str:

@@ -68,3 +68,45 @@ def test_reasoning_parser_reads_a_closing_tag_streamed_in_pieces(stream_reasonin
     forced = ReasoningParser(model_type="deepseek-r1", stream_reasoning=stream_reasoning)  # starts inside
     parts = [forced.parse_stream_chunk(d) for d in ["a<", "b</th", "ink", ">c"]]
     assert ("".join(r for r, _ in parts), "".join(a for _, a in parts)) == ("a<b", "c"), parts
+
+
+# Mistral-7B-Instruct-v0.1's and Gemma-it's chat templates (as their tokenizer_config.json has them):
+# neither renders a system message, and both raise on one
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}")
+
+
+@pytest.mark.parametrize("template", [MISTRAL_TEMPLATE, GEMMA_TEMPLATE], ids=["mistral", "gemma"])
+def test_roles_render_with_a_model_template_that_refuses_a_system_message(sgl_runtime, template):
+    """A served Mistral-Instruct or Gemma model: its template raises on a system message, and the
+    backend rendered one to derive every role's strings, so any program with roles failed
+    ("'raise_exception' is undefined" over HTTP). Now user and assistant messages render as the
+    template renders them, and a system message is a ValueError saying the template has none."""
+    from treadle.lang.chat_template import ChatTemplate, jinja_renderer
+
+    render = jinja_renderer(template, "<s>", "</s>")
+    endpoint = sgl.RuntimeEndpoint(sgl_runtime.url)
+    endpoint.chat_template = ChatTemplate.from_renderer(render)  # what a Mistral server's endpoint derives
+
+    @sgl.function
+    def chat(s, system):
+        if system:
+            s += sgl.system("Be brief.")
+        s += sgl.user("Hi") + sgl.assistant("Hello.") + sgl.user("Name a fruit.")
+        s += sgl.assistant(sgl.gen("fruit", max_tokens=2, temperature=0))
+
+    state = chat.run(system=False, backend=endpoint)
+    assert state.text() == render(state.messages(), False)
+    with pytest.raises(ValueError, match="cannot render a system message"):
+        chat.run(system=True, backend=endpoint)
