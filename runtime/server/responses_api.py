@@ -1,31 +1,16 @@
 """OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}, and
 GET /v1/responses/{id}/input_items.
 
-A Responses body is translated into a /v1/chat/completions body and built and run by the
-chat path (openai_api.build_chat, prepare, run_to_end, stream_items), so chat templating,
-structured outputs, tool calling, usage and abort-on-disconnect are the chat endpoint's:
-
-    instructions                  -> a system message first (not carried to the next turn)
-    input (a string, or items)    -> user / system / developer / assistant messages; a
-                                     function_call item -> an assistant tool call, a
-                                     function_call_output item -> a tool message
-    previous_response_id          -> that stored response's conversation, before the input
-    text.format                   -> response_format (json_object, json_schema)
-    tools [{type: function, ...}] -> chat tools (strict: true unless sent false, as OpenAI's)
-    tool_choice                   -> chat tool_choice
-    max_output_tokens             -> max_completion_tokens
-
-The reply comes back as output items (responses_output.py). Errors of the chat path are
-renamed into this API's fields (messages[3] -> the input item it came from). A field asking
-for what treadle cannot do (built-in tools, image or file inputs, background responses,
-reasoning effort, ...) is a 400 naming it; an unknown field is a 400, as on the chat route.
+A Responses body is translated into a /v1/chat/completions body (responses_input.py) and
+built and run by the chat path (openai_api.build_chat, prepare, run_to_end, stream_items), so
+chat templating, structured outputs, tool calling, usage and abort-on-disconnect are the chat
+endpoint's; the reply comes back as output items or typed stream events (responses_output.py).
 
 Stored responses (store: true, the default) are kept in memory, the last STORE_CAPACITY of
 them per server, with their input items and conversation; the oldest goes first.
 """
 from __future__ import annotations
 
-import re
 import time
 from collections import OrderedDict
 from typing import Any, NamedTuple
@@ -33,56 +18,15 @@ from typing import Any, NamedTuple
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from treadle.runtime.server.compat_fields import OPENAI, Table, check_compat_fields
 from treadle.runtime.server.http_server import ServerState, read_json
-from treadle.runtime.server.openai_api import (_PASSED, Shaper, build_chat, prepare, run_to_end,
-                                               stream_items)
-from treadle.runtime.server.protocol import APIError, ReplyJSON, clip_names, finish_reason, quoted
+from treadle.runtime.server.openai_api import Shaper, build_chat, prepare, run_to_end, stream_items
+from treadle.runtime.server.protocol import APIError, ReplyJSON, finish_reason, quoted
+from treadle.runtime.server.responses_input import check_fields, renamed, translate
 from treadle.runtime.server.responses_output import Output, event_lines, new_id
 from treadle.runtime.server.streaming import stream_or_error
 from treadle.runtime.server.tokenizer_manager import Chunk
 
 STORE_CAPACITY = 1000  # stored responses a server keeps (the oldest goes first)
-
-# the chat path's sampling extras (SGLang's and vLLM's, sent as extra_body), passed on as they are
-_EXTRAS = tuple(f for f in _PASSED if f not in ("temperature", "top_p", "n"))
-_HOSTED_TOOLS = ("web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11",
-                 "file_search", "computer", "computer_use", "computer_use_preview", "code_interpreter",
-                 "image_generation", "mcp", "local_shell", "shell", "apply_patch", "tool_search")
-# fields of OpenAI's that ask for what treadle does not do: taken only at a value asking for nothing
-_REFUSED: Table = {
-    "background": (lambda v: v in (None, False), "treadle has no background responses (send the request and "
-                                                 "wait, or stream it)"),
-    "background_options": (lambda v: v is None, "treadle has no background responses"),
-    "conversation": (lambda v: v is None, "treadle has no Conversations API: chain responses with "
-                                          "previous_response_id"),
-    "context_management": (lambda v: v in (None, []), "treadle does not compact a conversation"),
-    "prompt": (lambda v: v is None, "treadle keeps no prompt templates: send the input itself"),
-    "moderation": (lambda v: v is None, "treadle runs no moderation"),
-    "image": (lambda v: v is None, "treadle writes text only"),
-    "access_programs": (lambda v: v is None, "treadle has no access programs"),
-    "truncation": (lambda v: v in (None, "disabled"), "treadle does not drop input items to fit the context "
-                                                      '(send "disabled": an input past the context is a 400)'),
-    "top_logprobs": (lambda v: v in (None, 0), "/v1/responses returns no logprobs here; /v1/chat/completions "
-                                               "does (logprobs, top_logprobs)"),
-    # labels and hints: any value of their type
-    "user": (lambda v: v is None or isinstance(v, str), "must be a string"),
-    "safety_identifier": (lambda v: v is None or isinstance(v, str), "must be a string"),
-    "prompt_cache_key": (lambda v: v is None or isinstance(v, str), "must be a string"),
-    "prompt_cache_retention": (lambda v: v is None or isinstance(v, str), "must be a string"),
-    "prompt_cache_options": (lambda v: v is None or isinstance(v, dict), "must be an object"),
-    "service_tier": (lambda v: v is None or isinstance(v, str), "must be a string"),
-    "max_tool_calls": (lambda v: v is None or (type(v) is int and v >= 1), "must be an integer >= 1"),
-}
-_FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "stream_options",
-           "text", "tools", "tool_choice", "parallel_tool_calls", "metadata", "store", "previous_response_id",
-           "reasoning", "include", "rid", "request_id", *_REFUSED, *_EXTRAS, *OPENAI}
-# the chat path's words -> this API's (longest first, where one holds another)
-_WORDS = (("response_format.json_schema.schema", "text.format.schema"), ("response_format.json_schema.", "text.format."),
-          ("response_format", "text.format"), ("max_completion_tokens", "max_output_tokens"),
-          ("max_tokens", "max_output_tokens"), ("].function.", "]."), ("tool_choice.function.name", "tool_choice.name"))
-_PARAMS = {"response_format": "text", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens"}
-_MESSAGE_RE = re.compile(r"messages\[(\d+)\]")
 
 
 class Stored(NamedTuple):
@@ -112,14 +56,6 @@ class ResponseStore:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-
-class _Plan(NamedTuple):
-    chat: dict  # the chat body
-    origins: list[str]  # per chat message: where the client sent it
-    input_items: list[dict]
-    conversation: list[dict]  # the chat messages of the earlier turns and this input, no instructions
-
 
 def register_responses_routes(app: FastAPI, state: ServerState, store: ResponseStore | None = None) -> None:
     store = ResponseStore() if store is None else store
@@ -179,12 +115,11 @@ def _stored(store: ResponseStore, rid: str) -> Stored:
                        "response_not_found")
     return entry
 
-
 # ====================================================================== the request
 
 async def _create(request: Request, state: ServerState, store: ResponseStore, body: dict) -> Response:
     tm = state.tm
-    _check_fields(body)
+    check_fields(body)
     prev = body.get("previous_response_id")
     earlier: list[dict] = []
     if prev is not None:
@@ -196,12 +131,12 @@ async def _create(request: Request, state: ServerState, store: ResponseStore, bo
                            f"last {store.capacity} stored responses, in memory; one sent with store: false is not "
                            "kept)", 400, "invalid_request_error", "previous_response_id", "previous_response_not_found")
         earlier = entry.conversation
-    plan = await tm.off_loop(_translate, body, earlier)
+    plan = await tm.off_loop(translate, body, earlier)
     try:
         reqs, tools, think, _ = await build_chat(request, state, plan.chat)
         run = await prepare(request, state, plan.chat, reqs, True, tools)
     except APIError as e:
-        raise _renamed(e, plan.origins) from None
+        raise renamed(e, plan.origins) from None
     rid, created = new_id("resp_"), time.time()
     shaper = Shaper(tm, rid, state.model_name, True, int(created), 1, tools, None, think)
     dropped = run.reqs[0].sampling_params.json_schema_dropped
@@ -224,7 +159,7 @@ async def _create(request: Request, state: ServerState, store: ResponseStore, bo
         try:
             accs = await run_to_end(request, tm, run, shaper)
         except APIError as e:
-            raise _renamed(e, plan.origins) from None
+            raise renamed(e, plan.origins) from None
         c = shaper.choice(0, accs[0])
         out = Output()
         out.delta(c["message"])
@@ -257,7 +192,7 @@ async def _create(request: Request, state: ServerState, store: ResponseStore, bo
         return sent + lines(out.take())
 
     def failed(e: APIError) -> list[str]:
-        e = _renamed(e, plan.origins)
+        e = renamed(e, plan.origins)
         r = response(out, "failed", None, None)
         r["error"] = {"code": "server_error" if e.status >= 500 else "invalid_prompt", "message": e.message}
         return lines([{"type": "error", "code": e.code or e.type, "message": e.message, "param": e.param},
@@ -266,244 +201,7 @@ async def _create(request: Request, state: ServerState, store: ResponseStore, bo
     try:
         return await stream_or_error(request, stream_items(tm, run, shaper), render, failed=failed, done=False)
     except APIError as e:
-        raise _renamed(e, plan.origins) from None
-
-
-def _check_fields(body: dict) -> None:
-    """Unknown fields, and those asking for what treadle does not do: a 400 naming them."""
-    unknown = sorted(set(body) - _FIELDS)
-    if unknown:
-        raise APIError.bad_request(f"unknown field(s): {clip_names(unknown)}", unknown[0])
-    check_compat_fields(body, _REFUSED)
-    metadata = body.get("metadata")
-    if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16
-                                 or not all(isinstance(v, str) for v in metadata.values())):
-        raise APIError.bad_request("metadata must be an object of at most 16 string values", "metadata")
-    for name in ("store", "stream", "parallel_tool_calls"):
-        if body.get(name) is not None and not isinstance(body[name], bool):
-            raise APIError.bad_request(f"{name} must be a boolean", name)
-    so = body.get("stream_options")
-    if so is not None and (body.get("stream") is not True or not isinstance(so, dict)):
-        raise APIError.bad_request("stream_options must be an object, sent with stream: true", "stream_options")
-    reasoning = body.get("reasoning")
-    if reasoning is not None:
-        if not isinstance(reasoning, dict):
-            raise APIError.bad_request("reasoning must be an object", "reasoning")
-        asked = {k: v for k, v in reasoning.items() if v is not None and not (k == "effort" and v == "none")}
-        if asked:
-            name = sorted(asked)[0]
-            raise APIError.bad_request(f"reasoning.{name}={quoted(asked[name], 60)} is not supported: treadle has no "
-                                       "control of a model's reasoning (leave it out, or send null)", "reasoning")
-    include = body.get("include")
-    if include is not None and (not isinstance(include, list) or include):
-        raise APIError.bad_request(f"include={quoted(include, 80)} is not supported: treadle fills none of the "
-                                   "extra output fields (send [] or leave it out)", "include")
-    if body.get("instructions") is not None and not isinstance(body["instructions"], str):
-        raise APIError.bad_request("instructions must be a string", "instructions")
-
-
-def _renamed(e: APIError, origins: list[str]) -> APIError:
-    """A chat-path error in this API's terms: its fields, and its message's place in the input."""
-    msg = _MESSAGE_RE.sub(lambda m: origins[int(m.group(1))] if int(m.group(1)) < len(origins) else m.group(),
-                          e.message)
-    for ours, theirs in _WORDS:
-        msg = msg.replace(ours, theirs)
-    if e.param == "response_format":  # a schema's compile error names the sampling field
-        msg = msg.replace("json_schema: ", "text.format.schema: ")
-    e.message = msg
-    if e.param is not None:
-        e.param = "input" if e.param.startswith("messages") else _PARAMS.get(e.param, e.param)
-    return e
-
-
-def _translate(body: dict, earlier: list[dict]) -> _Plan:
-    """The Responses body as a chat body (on a builder thread: it walks the input)."""
-    chat: dict[str, Any] = {k: body[k] for k in ("model", "temperature", "top_p", "parallel_tool_calls", "stream",
-                                                  "rid", "request_id", *_EXTRAS, *OPENAI) if k in body}
-    if body.get("max_output_tokens") is not None:
-        chat["max_completion_tokens"] = body["max_output_tokens"]
-    messages, origins = [], []
-    if body.get("instructions"):
-        messages.append({"role": "system", "content": body["instructions"]})
-        origins.append("instructions")
-    messages += earlier
-    origins += ["previous_response_id's conversation"] * len(earlier)
-    items, own = _input_items(body.get("input"))
-    for m, where in own:
-        messages.append(m)
-        origins.append(where)
-    if not messages:
-        raise APIError.bad_request("input is required (a string, or a list of items)", "input")
-    chat["messages"] = messages
-    fmt = _text_format(body.get("text"))
-    if fmt is not None:
-        chat["response_format"] = fmt
-    if body.get("tools") is not None:
-        chat["tools"] = _tools(body["tools"])
-    if body.get("tool_choice") is not None:
-        chat["tool_choice"] = _tool_choice(body["tool_choice"])
-    return _Plan(chat, origins, items, earlier + [m for m, _ in own])
-
-
-def _text(value: Any, where: str) -> str:
-    """A content (a string, or a list of text parts) as one string; another part is a 400."""
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise APIError.bad_request(f"{where} must be a string or a list of content parts", "input")
-    texts = []
-    for j, part in enumerate(value):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_image", "input_file", "input_audio"):
-            raise APIError.bad_request(f"{where}[{j}]: {kind} parts are not supported: treadle serves text-only "
-                                       "models (send input_text)", "input")
-        key = "refusal" if kind == "refusal" else "text"
-        if kind not in ("input_text", "output_text", "text", "refusal") or not isinstance(part.get(key), str):
-            raise APIError.bad_request(f"{where}[{j}] must be a text part ({{\"type\": \"input_text\", \"text\": "
-                                       "...}, or output_text)", "input")
-        texts.append(part[key])
-    return "".join(texts)
-
-
-def _input_items(value: Any) -> tuple[list[dict], list[tuple[dict, str]]]:
-    """`input` as (its items with ids, for input_items; (chat message, where it came from) pairs).
-    Consecutive function_call items, and those following an assistant message, are that
-    assistant turn's tool calls."""
-    if value is None:
-        return [], []
-    if isinstance(value, str):
-        return [{"id": new_id("msg_"), "type": "message", "role": "user", "status": "completed",
-                 "content": [{"type": "input_text", "text": value}]}], [({"role": "user", "content": value}, "input")]
-    if not isinstance(value, list):
-        raise APIError.bad_request("input must be a string or a list of items", "input")
-    items: list[dict] = []
-    out: list[tuple[dict, str]] = []
-    turn = False  # the last message is an assistant's, from the item before (reasoning aside)
-    for i, item in enumerate(value):
-        where = f"input[{i}]"
-        kind = item.get("type", "message" if "role" in item else None) if isinstance(item, dict) else None
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "system", "developer", "assistant"):
-                raise APIError.bad_request(f"{where}.role must be one of user, system, developer, assistant; got "
-                                           f"{quoted(role)}", "input")
-            text = _text(item.get("content"), f"{where}.content")
-            content = item["content"] if isinstance(item["content"], list) else [
-                {"type": "output_text" if role == "assistant" else "input_text", "text": text}]
-            items.append({"id": item.get("id") or new_id("msg_"), "type": "message", "role": role,
-                          "status": item.get("status") or "completed", "content": content})
-            out.append(({"role": role, "content": text}, where))
-            turn = role == "assistant"
-        elif kind == "function_call":
-            for key in ("call_id", "name", "arguments"):
-                if not isinstance(item.get(key), str):
-                    raise APIError.bad_request(f"{where}.{key} must be a string (a function_call item: call_id, "
-                                               "name, arguments)", "input")
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
-            items.append({"id": item.get("id") or new_id("fc_"), "type": "function_call", "status": "completed",
-                          **{k: item[k] for k in ("call_id", "name", "arguments")}})
-            if turn:  # the same assistant turn as the item before
-                out[-1][0].setdefault("tool_calls", []).append(call)
-            else:
-                out.append(({"role": "assistant", "content": "", "tool_calls": [call]}, where))
-            turn = True
-        elif kind == "function_call_output":
-            if not isinstance(item.get("call_id"), str):
-                raise APIError.bad_request(f"{where}.call_id must be a string", "input")
-            text = _text(item.get("output"), f"{where}.output")
-            items.append({"id": item.get("id") or new_id("fco_"), "type": "function_call_output", "status": "completed",
-                          "call_id": item["call_id"], "output": item["output"]})
-            out.append(({"role": "tool", "tool_call_id": item["call_id"], "content": text}, where))
-            turn = False
-        elif kind == "reasoning":  # an earlier turn's reasoning: chat templates leave it out of the prompt
-            items.append({**item, "id": item.get("id") or new_id("rs_")})
-        elif kind is None:
-            raise APIError.bad_request(f"{where} must be an item object with a type (or a message with a role)",
-                                       "input")
-        else:
-            raise APIError.bad_request(f"{where}: items of type {quoted(kind)} are not supported (treadle takes "
-                                       "message, function_call, function_call_output and reasoning items)", "input")
-    return items, out
-
-
-def _text_format(text: Any) -> dict | None:
-    """`text` ({format, verbosity}) -> the chat response_format (None: free text)."""
-    if text is None:
-        return None
-    if not isinstance(text, dict):
-        raise APIError.bad_request("text must be an object ({\"format\": {...}})", "text")
-    unknown = sorted(set(text) - {"format", "verbosity"})
-    if unknown:
-        raise APIError.bad_request(f"text: unknown member(s) {clip_names(unknown)}", "text")
-    if text.get("verbosity") is not None and not isinstance(text["verbosity"], str):  # a hint, as chat's verbosity
-        raise APIError.bad_request("text.verbosity must be a string", "text")
-    fmt = text.get("format")
-    if fmt is None:
-        return None
-    kinds = ("text", "json_object", "json_schema")
-    if not isinstance(fmt, dict) or fmt.get("type") not in kinds:
-        raise APIError.bad_request(f"text.format.type must be one of {', '.join(kinds)}", "text")
-    if fmt["type"] != "json_schema":
-        return {"type": fmt["type"]}
-    unknown = sorted(set(fmt) - {"type", "name", "schema", "strict", "description"})
-    if unknown:
-        raise APIError.bad_request(f"text.format: unknown member(s) {clip_names(unknown)}", "text")
-    return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
-
-
-def _tools(tools: Any) -> list[dict]:
-    """Responses function tools ({type, name, description, parameters, strict}) as chat tools."""
-    if not isinstance(tools, list):
-        raise APIError.bad_request("tools must be a list of function tools", "tools")
-    out = []
-    for i, t in enumerate(tools):
-        kind = t.get("type") if isinstance(t, dict) else None
-        if kind in _HOSTED_TOOLS or (isinstance(kind, str) and kind.startswith(("web_search", "computer"))):
-            raise APIError.bad_request(f"tools[{i}]: {kind} is one of OpenAI's built-in tools; treadle runs none "
-                                       "(send function tools, which your code runs)", "tools")
-        if kind == "custom":
-            raise APIError.bad_request(f"tools[{i}]: custom tools are not supported by this server; send a "
-                                       "function tool", "tools")
-        if kind != "function":
-            raise APIError.bad_request(f'tools[{i}] must be {{"type": "function", "name": ..., "parameters": ...}}',
-                                       "tools")
-        for name, ok in (("defer_loading", (None, False)), ("async", (None, False))):
-            if t.get(name) not in ok:
-                raise APIError.bad_request(f"tools[{i}].{name}={quoted(t[name])} is not supported (leave it out)",
-                                           "tools")
-        callers = t.get("allowed_callers")
-        if callers is not None and (not isinstance(callers, list) or "direct" not in callers):
-            raise APIError.bad_request(f"tools[{i}].allowed_callers: treadle's model calls tools directly only "
-                                       '(send ["direct"] or leave it out)', "tools")
-        fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
-        fn["strict"] = t.get("strict") is not False  # OpenAI's default: strict
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def _tool_choice(choice: Any) -> Any:
-    if choice in ("none", "auto", "required"):
-        return choice
-    kind = choice.get("type") if isinstance(choice, dict) else None
-    if kind == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    if kind == "allowed_tools":
-        listed = choice.get("tools")
-        if not isinstance(listed, list) or not all(isinstance(t, dict) and t.get("type") == "function"
-                                                   for t in listed):
-            raise APIError.bad_request("tool_choice.tools must be a list of {\"type\": \"function\", \"name\": ...}",
-                                       "tool_choice")
-        return {"type": "allowed_tools", "allowed_tools": {
-            "mode": choice.get("mode"), "tools": [{"type": "function", "function": {"name": t.get("name")}}
-                                                  for t in listed]}}
-    if isinstance(kind, str) and (kind in _HOSTED_TOOLS or kind.startswith(("web_search", "computer"))
-                                  or kind == "custom"):
-        raise APIError.bad_request(f"tool_choice: {kind} tools are not supported by this server (function tools "
-                                   "only)", "tool_choice")
-    raise APIError.bad_request('tool_choice must be "none", "auto", "required", {"type": "function", "name": ...} '
-                               'or {"type": "allowed_tools", "mode": ..., "tools": [...]}', "tool_choice")
-
+        raise renamed(e, plan.origins) from None
 
 # ====================================================================== the response
 
