@@ -195,3 +195,21 @@ def test_disconnect_mid_stream_aborts_the_request(plain_server):
     i = wait_idle(server.url)
     assert i["protected_slots"] == 0 and i["free_slots"] + i["evictable_slots"] == i["total_slots"], i
     assert _metric(server, 'treadle_requests_total{finish_reason="abort"}') == aborted + 1
+
+
+def test_the_store_is_bounded_by_count_and_by_characters():
+    from treadle.runtime.server.responses_api import ResponseStore, Stored
+
+    def entry(size: int) -> Stored:
+        return Stored({}, [], [], size, size)
+
+    store = ResponseStore(capacity=3, max_chars=100)
+    for i in range(4):
+        store.put(f"r{i}", entry(10))
+    assert [store.get(f"r{i}") is not None for i in range(4)] == [False, True, True, True] and store.chars == 30
+    store.put("big", entry(85))  # 115 characters: the oldest go until it fits
+    assert store.get("r1") is None and store.get("r2") is None and store.get("r3") is not None
+    assert store.chars == 95 and len(store) == 2
+    store.put("huge", entry(101))  # larger than the whole bound alone: not kept, nothing evicted for it
+    assert store.get("huge") is None and len(store) == 2
+    assert store.delete("big") and not store.delete("big") and store.chars == 10

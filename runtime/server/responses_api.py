@@ -6,8 +6,10 @@ built and run by the chat path (openai_api.build_chat, prepare, run_to_end, stre
 chat templating, structured outputs, tool calling, usage and abort-on-disconnect are the chat
 endpoint's; the reply comes back as output items or typed stream events (responses_output.py).
 
-Stored responses (store: true, the default) are kept in memory, the last STORE_CAPACITY of
-them per server, with their input items and conversation; the oldest goes first.
+Stored responses (store: true, the default) are kept in memory with their input items and
+conversation: the last STORE_CAPACITY of them, and no more than STORE_CHARS characters of
+their texts in all (a conversation's earlier turns counted in each later turn that holds
+them); the oldest goes first.
 """
 from __future__ import annotations
 
@@ -26,36 +28,50 @@ from treadle.runtime.server.responses_output import Output, event_lines, new_id
 from treadle.runtime.server.streaming import stream_or_error
 from treadle.runtime.server.tokenizer_manager import Chunk
 
-STORE_CAPACITY = 1000  # stored responses a server keeps (the oldest goes first)
+STORE_CAPACITY = 1000  # stored responses a server keeps (the oldest goes first) ...
+STORE_CHARS = 256 << 20  # ... and the characters they keep, in all (Stored.size)
 
 
 class Stored(NamedTuple):
     response: dict
     input_items: list[dict]  # the request's input, as items with ids
     conversation: list[dict]  # chat messages: the earlier turns, this input and this reply (no instructions)
+    # characters it keeps (responses_input.json_size), the whole conversation's included: an
+    # earlier turn's messages live as long as a later turn that holds them
+    size: int
+    conversation_size: int
 
 
 class ResponseStore:
-    """The last `capacity` stored responses, by id (an OrderedDict: the oldest goes first).
+    """The last stored responses, by id, at most `capacity` of them and `max_chars` characters
+    (Stored.size) in all: the oldest goes first; one larger than `max_chars` alone is not kept.
     Used on the event loop only."""
 
-    def __init__(self, capacity: int = STORE_CAPACITY) -> None:
-        self.capacity = capacity
+    def __init__(self, capacity: int = STORE_CAPACITY, max_chars: int = STORE_CHARS) -> None:
+        self.capacity, self.max_chars = capacity, max_chars
         self._entries: OrderedDict[str, Stored] = OrderedDict()
+        self.chars = 0  # the entries' sizes, summed
 
     def put(self, rid: str, entry: Stored) -> None:
+        if entry.size > self.max_chars:
+            return
         self._entries[rid] = entry
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        self.chars += entry.size
+        while len(self._entries) > self.capacity or self.chars > self.max_chars:
+            self.chars -= self._entries.popitem(last=False)[1].size
 
     def get(self, rid: str) -> Stored | None:
         return self._entries.get(rid)
 
     def delete(self, rid: str) -> bool:
-        return self._entries.pop(rid, None) is not None
+        entry = self._entries.pop(rid, None)
+        if entry is not None:
+            self.chars -= entry.size
+        return entry is not None
 
     def __len__(self) -> int:
         return len(self._entries)
+
 
 def register_responses_routes(app: FastAPI, state: ServerState, store: ResponseStore | None = None) -> None:
     store = ResponseStore() if store is None else store
@@ -111,9 +127,10 @@ def _stored(store: ResponseStore, rid: str) -> Stored:
     entry = store.get(rid)
     if entry is None:
         raise APIError(f"no response with id {quoted(rid)} is stored here (a server keeps its last "
-                       f"{store.capacity} stored responses, in memory)", 404, "invalid_request_error", "response_id",
-                       "response_not_found")
+                       f"{store.capacity:,} stored responses, {store.max_chars:,} characters at most, in memory)",
+                       404, "invalid_request_error", "response_id", "response_not_found")
     return entry
+
 
 # ====================================================================== the request
 
@@ -122,15 +139,16 @@ async def _create(request: Request, state: ServerState, store: ResponseStore, bo
     check_fields(body)
     prev = body.get("previous_response_id")
     earlier: list[dict] = []
+    earlier_size = 0
     if prev is not None:
         if not isinstance(prev, str):
             raise APIError.bad_request("previous_response_id must be a string", "previous_response_id")
         entry = store.get(prev)
         if entry is None:
             raise APIError(f"previous_response_id: no stored response with id {quoted(prev)} (a server keeps its "
-                           f"last {store.capacity} stored responses, in memory; one sent with store: false is not "
-                           "kept)", 400, "invalid_request_error", "previous_response_id", "previous_response_not_found")
-        earlier = entry.conversation
+                           f"last {store.capacity:,} stored responses, {store.max_chars:,} characters at most, in "
+                           "memory; one sent with store: false is not kept)", 400, "invalid_request_error", "previous_response_id", "previous_response_not_found")
+        earlier, earlier_size = entry.conversation, entry.conversation_size
     plan = await tm.off_loop(translate, body, earlier)
     try:
         reqs, tools, think, _ = await build_chat(request, state, plan.chat)
@@ -152,7 +170,9 @@ async def _create(request: Request, state: ServerState, store: ResponseStore, bo
         r = response(out, status, incomplete, _usage(shaper, tm, out))
         if body.get("store", True) is not False:
             reply = out.as_message()
-            store.put(rid, Stored(r, plan.input_items, plan.conversation + ([reply] if reply else [])))
+            kept = out.size()
+            store.put(rid, Stored(r, plan.input_items, earlier + plan.new_messages + ([reply] if reply else []),
+                                  earlier_size + plan.size + 2 * kept, earlier_size + plan.input_size + kept))
         return r
 
     if not body.get("stream"):

@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 
 from treadle.runtime.server.compat_fields import OPENAI, Table, check_compat_fields
 from treadle.runtime.server.openai_api import _PASSED
-from treadle.runtime.server.protocol import APIError, clip_names, quoted
-from treadle.runtime.server.responses_output import new_id
+from treadle.runtime.server.protocol import APIError, clip_names, json_pieces, quoted
+from treadle.runtime.server.responses_output import ITEM_OVERHEAD, new_id
 
 # the chat path's sampling extras (SGLang's and vLLM's, sent as extra_body), passed on as they are
 EXTRAS = tuple(f for f in _PASSED if f not in ("temperature", "top_p", "n"))
@@ -73,7 +73,17 @@ class Plan(NamedTuple):
     chat: dict  # the chat body
     origins: list[str]  # per chat message: where the client sent it
     input_items: list[dict]
-    conversation: list[dict]  # the chat messages of the earlier turns and this input, no instructions
+    new_messages: list[dict]  # the chat messages of this input (no instructions)
+    # characters a stored response keeps of this request (json_size): its input twice (the
+    # items and their messages) and the other fields it echoes; and of the input alone
+    size: int
+    input_size: int
+
+
+def json_size(value: Any) -> int:
+    """`value`'s compact JSON length in characters, written in pieces (protocol.json_pieces:
+    a large value does not hold the GIL in one call): the measure of what a store keeps."""
+    return sum(map(len, json_pieces(value)))
 
 
 def check_fields(body: dict) -> None:
@@ -83,9 +93,12 @@ def check_fields(body: dict) -> None:
         raise APIError.bad_request(f"unknown field(s): {clip_names(unknown)}", unknown[0])
     check_compat_fields(body, _REFUSED)
     metadata = body.get("metadata")
+    # OpenAI's bounds (a stored response keeps it)
     if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16
-                                 or not all(isinstance(v, str) for v in metadata.values())):
-        raise APIError.bad_request("metadata must be an object of at most 16 string values", "metadata")
+                                 or not all(len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+                                            for k, v in metadata.items())):
+        raise APIError.bad_request("metadata must be an object of at most 16 keys of at most 64 characters, each "
+                                   "a string of at most 512", "metadata")
     for name in ("store", "stream", "parallel_tool_calls"):
         if body.get(name) is not None and not isinstance(body[name], bool):
             raise APIError.bad_request(f"{name} must be a boolean", name)
@@ -149,7 +162,11 @@ def translate(body: dict, earlier: list[dict]) -> Plan:
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
-    return Plan(chat, origins, items, earlier + [m for m, _ in own])
+    new_messages = [m for m, _ in own]
+    input_size = json_size(new_messages) + ITEM_OVERHEAD * len(new_messages)
+    echoed = json_size({k: v for k, v in body.items() if k != "input"})
+    return Plan(chat, origins, items, new_messages,
+                echoed + input_size + json_size(items) + ITEM_OVERHEAD * len(items), input_size)
 
 
 def _text(value: Any, where: str) -> str:

@@ -24,6 +24,10 @@ _KINDS = {"message": ("msg_", "output_text", "response.output_text"),
           "reasoning": ("rs_", "reasoning_text", "response.reasoning_text")}
 
 
+# characters a store counts for each item or message beside its text (a dict's own memory)
+ITEM_OVERHEAD = 256
+
+
 def new_id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex
 
@@ -140,6 +144,11 @@ class Output:
             return "incomplete", {"reason": "max_output_tokens"}
         self._end("completed")
         return ("cancelled" if finish_reason == "abort" else "completed"), None
+
+    def size(self) -> int:
+        """Characters the items keep: their texts and arguments, and ITEM_OVERHEAD each."""
+        texts = sum(len(p["text"]) for item in self.items for p in item.get("content", ()))
+        return texts + sum(len(item.get("arguments", "")) + ITEM_OVERHEAD for item in self.items)
 
     def text_of(self) -> str:
         """The text of the message items (the client's `output_text`)."""
