@@ -86,7 +86,7 @@ class Runtime:
                                    "its error is printed above (pass log_level='info' for more)")
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    server_pid = self._server_pid()
+                    server_pid = server_pid_at(self.url, self.server_args.api_key)
                     if server_pid == self._proc.pid:
                         return
                     other = server_pid if server_pid is not None else "unknown"
@@ -95,15 +95,6 @@ class Runtime:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the treadle server at {self.url} did not become healthy within {timeout_s} s")
             time.sleep(0.05)  # a refused connection costs nothing; readiness is seen within 50 ms
-
-    def _server_pid(self) -> Any:
-        """The pid of the HTTP server answering at self.url (its /get_server_info `pids.server`;
-        None when it does not say)."""
-        key = self.server_args.api_key
-        resp = requests.get(self.url + "/get_server_info", timeout=10,
-                            headers={"Authorization": f"Bearer {key}"} if key else None)
-        pids = resp.json().get("pids") if resp.status_code == 200 else None
-        return pids.get("server") if isinstance(pids, dict) else None
 
     def shutdown(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL to its process group after 30 s). Idempotent."""
@@ -201,6 +192,16 @@ def _flags(kwargs: dict[str, Any]) -> list[str]:
         else:
             out += [flag, str(value)]
     return out
+
+
+def server_pid_at(url: str, api_key: str | None = None) -> Any:
+    """The pid of the treadle HTTP server answering at `url` (its /get_server_info
+    `pids.server`; None when it does not say). A server started here is checked to be the one
+    that answers: another process may have taken its port while it loaded the model."""
+    resp = requests.get(url.rstrip("/") + "/get_server_info", timeout=10,
+                        headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
+    pids = resp.json().get("pids") if resp.status_code == 200 else None
+    return pids.get("server") if isinstance(pids, dict) else None
 
 
 def _local_url(host: str, port: int) -> str:

@@ -45,7 +45,9 @@ def popen_launch_server(model: str, base_url: str, timeout: float, api_key: str 
     and return the process once `/health_generate` answers 200, as SGLang's helper.
     `return_stdout_stderr` is a (stdout, stderr) pair of files for its output (else it goes to
     this process's). A server that exits while starting is a RuntimeError naming its exit
-    status; one not ready within `timeout` seconds is killed and a TimeoutError."""
+    status; one not ready within `timeout` seconds is killed and a TimeoutError. Another
+    server already answering at `base_url` (one left running on that port) is not taken for
+    this one: this one then fails to bind its port, which is the RuntimeError."""
     scheme, sep, rest = base_url.partition("://")
     host, _, port = rest.rstrip("/").rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -60,16 +62,25 @@ def popen_launch_server(model: str, base_url: str, timeout: float, api_key: str 
     out, err = return_stdout_stderr or (None, None)
     process = subprocess.Popen(command, stdout=out, stderr=err, env=env, text=return_stdout_stderr is not None,
                                start_new_session=True)
+    from treadle.lang.runtime_process import server_pid_at
+
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     deadline = time.monotonic() + timeout
+    other = None  # the pid of another server found answering at base_url
     with requests.Session() as session:
         while time.monotonic() < deadline:
             code = process.poll()
             if code is not None:
-                raise RuntimeError(f"the server process exited with status {code} while starting; its log says why")
+                taken = (f" (port {port} is served by another process, pid {other}: stop it or pick another port)"
+                         if other is not None else "")
+                raise RuntimeError(f"the server process exited with status {code} while starting{taken}; "
+                                   "its log says why")
             try:
                 if session.get(f"{base_url.rstrip('/')}/health_generate", headers=headers, timeout=10).status_code == 200:
-                    return process
+                    pid = server_pid_at(base_url, api_key)
+                    if pid == process.pid:
+                        return process
+                    other = pid if pid is not None else "unknown"
             except requests.RequestException:
                 pass
             time.sleep(0.05)  # a refused connection costs nothing; readiness is seen within 50 ms

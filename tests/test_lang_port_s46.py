@@ -110,3 +110,16 @@ def test_roles_render_with_a_model_template_that_refuses_a_system_message(sgl_ru
     assert state.text() == render(state.messages(), False)
     with pytest.raises(ValueError, match="cannot render a system message"):
         chat.run(system=True, backend=endpoint)
+
+
+def test_popen_launch_server_does_not_take_a_server_left_on_its_port(sgl_runtime):
+    """SGLang's test helper (treadle.test.test_utils.popen_launch_server) returned its process as
+    soon as /health_generate answered at the URL, so with a server left running on that port (a
+    fixed DEFAULT_URL_FOR_TEST, an earlier run's) the tests ran on that one while the new server
+    failed to bind. Here the new process fails at once (an unknown flag) while the shared
+    Runtime's server answers the URL: a RuntimeError naming the other server, not a return."""
+    from treadle.test.test_utils import popen_launch_server
+
+    with pytest.raises(RuntimeError, match=r"exited with status 2 .*served by another process, pid \d+"):
+        popen_launch_server("HuggingFaceTB/SmolLM2-135M-Instruct", sgl_runtime.url, timeout=60,
+                            other_args=["--no-such-flag"], return_stdout_stderr=(subprocess.DEVNULL,) * 2)
