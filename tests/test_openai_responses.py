@@ -132,6 +132,22 @@ def test_stream_events_in_order_and_deltas_add_up(client):
     assert "response.output_text.delta" in seen and isinstance(final.output_parsed, Verdict)
 
 
+def test_logprobs_of_the_reply_text_whole_and_streamed(client):
+    fmt = {"format": {"type": "json_schema", "name": "verdict", "schema": to_strict_json_schema(Verdict)}}
+    kw = dict(model="default", input="Is ice cold? Answer in JSON.", max_output_tokens=24, temperature=0, text=fmt,
+              include=["message.output_text.logprobs"], top_logprobs=2)
+    r = client.responses.create(**kw)
+    lps = r.output[0].content[0].logprobs
+    assert r.status == "completed" and r.top_logprobs == 2
+    assert len(lps) == r.usage.output_tokens and all(len(lp.top_logprobs) == 2 for lp in lps)
+    assert "".join(lp.token for lp in lps).startswith(r.output_text)  # then the end token's
+    events = list(client.responses.create(**kw, stream=True))
+    streamed = [lp.token for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    final = events[-1].response.output[0].content[0].logprobs
+    assert [lp.token for lp in final] == [lp.token for lp in lps]
+    assert streamed == [lp.token for lp in lps][:len(streamed)] and len(streamed) >= len(lps) - 1
+
+
 def test_store_retrieve_previous_response_id_and_delete(client):
     r1 = client.responses.create(model="default", input="My name is Ada.", max_output_tokens=8, temperature=0,
                                  metadata={"case": "store"})
@@ -165,7 +181,8 @@ def test_store_retrieve_previous_response_id_and_delete(client):
      "text", "text.format.schema: keyword 'type'"),
     (dict(reasoning={"effort": "high"}), "reasoning", "reasoning.effort='high' is not supported"),
     (dict(background=True), "background", "no background responses"),
-    (dict(include=["reasoning.encrypted_content"]), "include", "is not supported"),
+    (dict(include=["reasoning.encrypted_content"]), "include", "'reasoning.encrypted_content' is not supported"),
+    (dict(top_logprobs=2, tools=[{"type": "function", "name": "f"}]), "include", "logprobs come with a reply of text"),
     (dict(truncation="auto"), "truncation", "does not drop input items"),
     (dict(extra_body={"best_of": 2}), "best_of", "unknown field(s): best_of"),
     (dict(input=[{"type": "item_reference", "id": "msg_1"}]), "input", "'item_reference' are not supported"),

@@ -23,7 +23,7 @@ from fastapi.responses import Response
 from treadle.runtime.server.http_server import ServerState, read_json
 from treadle.runtime.server.openai_api import Shaper, build_chat, prepare, run_to_end, stream_items
 from treadle.runtime.server.protocol import APIError, ReplyJSON, finish_reason, quoted
-from treadle.runtime.server.responses_input import check_fields, renamed, translate
+from treadle.runtime.server.responses_input import LOGPROBS, check_fields, renamed, translate
 from treadle.runtime.server.responses_output import Output, event_lines, new_id
 from treadle.runtime.server.streaming import stream_or_error
 from treadle.runtime.server.tokenizer_manager import Chunk
@@ -152,6 +152,9 @@ async def _create(request: Request, state: ServerState, store: ResponseStore, bo
     plan = await tm.off_loop(translate, body, earlier)
     try:
         reqs, tools, think, _ = await build_chat(request, state, plan.chat)
+        if plan.chat.get("logprobs") and (tools is not None or think is not None):
+            raise APIError.bad_request(f"include {LOGPROBS} (or top_logprobs above 0): logprobs come with a reply "
+                                       "of text alone here, not with tools or split-off reasoning", "include")
         run = await prepare(request, state, plan.chat, reqs, True, tools)
     except APIError as e:
         raise renamed(e, plan.origins) from None
@@ -182,6 +185,8 @@ async def _create(request: Request, state: ServerState, store: ResponseStore, bo
             raise renamed(e, plan.origins) from None
         c = shaper.choice(0, accs[0])
         out = Output()
+        if c["logprobs"]:
+            out.add_logprobs(c["logprobs"]["content"])
         out.delta(c["message"])
         return ReplyJSON(finished(out, c["finish_reason"]))
 
@@ -202,6 +207,8 @@ async def _create(request: Request, state: ServerState, store: ResponseStore, bo
         if seq[0] == 0:  # written now, before the items it would hold grow
             r = response(out, "in_progress", None, None)
             sent = lines([{"type": "response.created", "response": r}, {"type": "response.in_progress", "response": r}])
+        if ch.logprobs:
+            out.add_logprobs(shaper.logprobs(0, ch.ids, ch.logprobs, ch.top_logprobs)["content"])
         if ch.text or ch.finished:
             c = {"finish_reason": finish_reason(ch.acc.last.finished if ch.finished else None)}
             out.delta(shaper.chat_delta(0, ch, c))
@@ -255,6 +262,7 @@ def _echo(state: ServerState, body: dict, rid: str, created: float, status: str,
             "store": body.get("store") is not False,
             "temperature": 1.0 if body.get("temperature") is None else body["temperature"],
             "text": {"format": text.get("format") or {"type": "text"}, "verbosity": text.get("verbosity") or "medium"},
-            "tool_choice": body.get("tool_choice") or "auto", "tools": tools, "top_logprobs": 0,
+            "tool_choice": body.get("tool_choice") or "auto", "tools": tools,
+            "top_logprobs": body.get("top_logprobs") or 0,
             "top_p": 1.0 if body.get("top_p") is None else body["top_p"], "truncation": "disabled",
             "usage": usage, "user": body.get("user")}

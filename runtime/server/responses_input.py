@@ -45,8 +45,6 @@ _REFUSED: Table = {
     "access_programs": (lambda v: v is None, "treadle has no access programs"),
     "truncation": (lambda v: v in (None, "disabled"), "treadle does not drop input items to fit the context "
                                                       '(send "disabled": an input past the context is a 400)'),
-    "top_logprobs": (lambda v: v in (None, 0), "/v1/responses returns no logprobs here; /v1/chat/completions "
-                                               "does (logprobs, top_logprobs)"),
     # labels and hints: any value of their type
     "user": (lambda v: v is None or isinstance(v, str), "must be a string"),
     "safety_identifier": (lambda v: v is None or isinstance(v, str), "must be a string"),
@@ -58,7 +56,8 @@ _REFUSED: Table = {
 }
 _FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "stream_options",
            "text", "tools", "tool_choice", "parallel_tool_calls", "metadata", "store", "previous_response_id",
-           "reasoning", "include", "rid", "request_id", *_REFUSED, *EXTRAS, *OPENAI}
+           "reasoning", "include", "top_logprobs", "rid", "request_id", *_REFUSED, *EXTRAS, *OPENAI}
+LOGPROBS = "message.output_text.logprobs"  # the one `include` value treadle fills
 # the chat path's words -> this API's (longest first, where one holds another)
 _WORDS = (("response_format.json_schema must be an object; its `schema`, a JSON Schema",
            "text.format.schema must be a JSON Schema"),
@@ -115,9 +114,15 @@ def check_fields(body: dict) -> None:
             raise APIError.bad_request(f"reasoning.{name}={quoted(asked[name], 60)} is not supported: treadle has no "
                                        "control of a model's reasoning (leave it out, or send null)", "reasoning")
     include = body.get("include")
-    if include is not None and (not isinstance(include, list) or include):
-        raise APIError.bad_request(f"include={quoted(include, 80)} is not supported: treadle fills none of the "
-                                   "extra output fields (send [] or leave it out)", "include")
+    if include is not None and not isinstance(include, list):
+        raise APIError.bad_request(f"include must be a list, got {quoted(include, 80)}", "include")
+    other = next((v for v in include or () if v != LOGPROBS), None)
+    if other is not None:
+        raise APIError.bad_request(f"include: {quoted(other, 80)} is not supported: treadle fills {LOGPROBS} "
+                                   "only", "include")
+    top = body.get("top_logprobs")
+    if top is not None and (type(top) is not int or not 0 <= top <= 20):
+        raise APIError.bad_request(f"top_logprobs must be an integer in [0, 20], got {quoted(top)}", "top_logprobs")
     if body.get("instructions") is not None and not isinstance(body["instructions"], str):
         raise APIError.bad_request("instructions must be a string", "instructions")
 
@@ -136,12 +141,20 @@ def renamed(e: APIError, origins: list[str]) -> APIError:
     return e
 
 
+def wants_logprobs(body: dict) -> bool:
+    """Whether the reply's text comes with its tokens' logprobs: `include` asks, and so does a
+    `top_logprobs` above 0 (which would mean nothing otherwise)."""
+    return LOGPROBS in (body.get("include") or ()) or bool(body.get("top_logprobs"))
+
+
 def translate(body: dict, earlier: list[dict]) -> Plan:
     """The Responses body as a chat body (on a builder thread: it walks the input)."""
     chat: dict[str, Any] = {k: body[k] for k in ("model", "temperature", "top_p", "parallel_tool_calls", "stream",
                                                   "rid", "request_id", *EXTRAS, *OPENAI) if k in body}
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
+    if wants_logprobs(body):
+        chat["logprobs"], chat["top_logprobs"] = True, body.get("top_logprobs") or 0
     messages, origins = [], []
     if body.get("instructions"):
         messages.append({"role": "system", "content": body["instructions"]})

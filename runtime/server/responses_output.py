@@ -46,6 +46,7 @@ class Output:
         self.events: list[dict] = []  # not yet sent (`take`)
         self._open: int | None = None  # the item still growing
         self._calls: dict[int, int] = {}  # a chat delta's tool call index -> its item's index
+        self._logprobs: list[dict] = []  # token logprobs not yet given to the message's text (add_logprobs)
 
     def take(self) -> list[dict]:
         out, self.events = self.events, []
@@ -76,7 +77,7 @@ class Output:
         item["status"] = status
         if item["type"] in _KINDS:
             part, events = item["content"][0], _KINDS[item["type"]][2]
-            extra = {"logprobs": []} if item["type"] == "message" else {}
+            extra = {"logprobs": part["logprobs"]} if item["type"] == "message" else {}
             self._emit(events + ".done", item_id=item["id"], output_index=at, content_index=0, text=part["text"],
                        **extra)
             self._emit("response.content_part.done", item_id=item["id"], output_index=at, content_index=0,
@@ -102,9 +103,17 @@ class Output:
         if not text:
             return
         item["content"][0]["text"] += text
-        extra = {"logprobs": []} if kind == "message" else {}
+        extra = {}
+        if kind == "message":  # the logprobs of the tokens written since the last delta
+            extra["logprobs"], self._logprobs = self._logprobs, []
+            item["content"][0]["logprobs"] += extra["logprobs"]
         self._emit(_KINDS[kind][2] + ".delta", item_id=item["id"], output_index=at, content_index=0, delta=text,
                    **extra)
+
+    def add_logprobs(self, entries: list[dict]) -> None:
+        """Token logprobs (chat's `logprobs.content` entries), given to the message's text with
+        its next delta, or when the reply ends (the end token's, which writes no text)."""
+        self._logprobs += entries
 
     def reasoning(self, text: str) -> None:
         self._grow("reasoning", text)
@@ -139,6 +148,9 @@ class Output:
         is "incomplete" (its last item too), an aborted one "cancelled"."""
         if not any(item["type"] in ("message", "function_call") for item in self.items):
             self._grow("message", "", empty=True)
+        if self._logprobs and self._open is not None and self.items[self._open]["type"] == "message":
+            self.items[self._open]["content"][0]["logprobs"] += self._logprobs
+        self._logprobs = []
         if finish_reason == "length":
             self._end("incomplete")
             return "incomplete", {"reason": "max_output_tokens"}
