@@ -346,6 +346,8 @@ def _maybe_print(state: ProgramState) -> None:
 
 
 def _progress(total: int) -> Any:
+    """run_batch's bar of finished programs; kept on screen when the batch ends, at n/n, as
+    SGLang's (a tqdm bar with its defaults)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="programs", leave=False)
+    return tqdm(total=total, desc="programs")

@@ -123,3 +123,17 @@ def test_popen_launch_server_does_not_take_a_server_left_on_its_port(sgl_runtime
     with pytest.raises(RuntimeError, match=r"exited with status 2 .*served by another process, pid \d+"):
         popen_launch_server("HuggingFaceTB/SmolLM2-135M-Instruct", sgl_runtime.url, timeout=60,
                             other_args=["--no-such-flag"], return_stdout_stderr=(subprocess.DEVNULL,) * 2)
+
+
+def test_run_batch_progress_bar_stays_at_the_end_as_sglangs(sgl_runtime, capsys):
+    """`run_batch(progress_bar=True)`: SGLang's tqdm bar stays on screen when the batch ends,
+    showing n/n; treadle's cleared itself (leave=False), so a ported script's output ended with
+    no bar, or with one stuck short of the total where its last draw was."""
+    @sgl.function
+    def one(s, i):
+        s += f"{i}." + sgl.gen("x", max_tokens=1, temperature=0)
+
+    states = one.run_batch([{"i": i} for i in range(3)], backend=sgl_runtime.endpoint, progress_bar=True)
+    assert all(st.error() is None for st in states)
+    last_draw = capsys.readouterr().err.rstrip("\n").split("\r")[-1]
+    assert "3/3" in last_draw, repr(last_draw)
