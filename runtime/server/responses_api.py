@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from treadle.runtime.server.http_server import ServerState, read_json
+from treadle.runtime.server.http_server import ServerState, off_loop_if_large, read_json, reply_entries
 from treadle.runtime.server.openai_api import Shaper, build_chat, prepare, run_to_end, stream_items
 from treadle.runtime.server.protocol import APIError, ReplyJSON, finish_reason, quoted
 from treadle.runtime.server.responses_input import LOGPROBS, check_fields, renamed, translate
@@ -86,7 +86,9 @@ def register_responses_routes(app: FastAPI, state: ServerState, store: ResponseS
         if request.query_params.get("stream") not in (None, "false"):
             raise APIError.bad_request("stream: a stored response is returned whole here (no replay of its events)",
                                        "stream")
-        return ReplyJSON(_stored(store, response_id).response)
+        entry = _stored(store, response_id)
+        # a large one is written on a builder thread (its size in characters, a fair count of entries)
+        return await off_loop_if_large(state.tm, entry.size // 16, lambda: ReplyJSON(entry.response))
 
     @app.delete("/v1/responses/{response_id}")
     async def delete(response_id: str) -> dict:
@@ -102,8 +104,9 @@ def register_responses_routes(app: FastAPI, state: ServerState, store: ResponseS
                                    "/abort_request)", "response_id")
 
     @app.get("/v1/responses/{response_id}/input_items")
-    async def input_items(response_id: str, request: Request) -> dict:
-        items = _stored(store, response_id).input_items
+    async def input_items(response_id: str, request: Request) -> Response:
+        entry = _stored(store, response_id)
+        items = entry.input_items
         q = request.query_params
         order = q.get("order", "desc")
         limit = q.get("limit", "20")
@@ -119,8 +122,9 @@ def register_responses_routes(app: FastAPI, state: ServerState, store: ResponseS
                 raise APIError.bad_request(f"after: no input item {quoted(after)} in this response", "after")
             items = items[at + 1:]
         page = items[:int(limit)]
-        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None, "has_more": len(items) > len(page)}
+        out = {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+               "last_id": page[-1]["id"] if page else None, "has_more": len(items) > len(page)}
+        return await off_loop_if_large(state.tm, entry.size // 16, lambda: ReplyJSON(out))
 
 
 def _stored(store: ResponseStore, rid: str) -> Stored:
@@ -183,12 +187,17 @@ async def _create(request: Request, state: ServerState, store: ResponseStore, bo
             accs = await run_to_end(request, tm, run, shaper)
         except APIError as e:
             raise renamed(e, plan.origins) from None
-        c = shaper.choice(0, accs[0])
-        out = Output()
-        if c["logprobs"]:
-            out.add_logprobs(c["logprobs"]["content"])
-        out.delta(c["message"])
-        return ReplyJSON(finished(out, c["finish_reason"]))
+        def shaped() -> tuple[Output, str | None]:  # a builder thread's work when large (logprobs)
+            c = shaper.choice(0, accs[0])
+            out = Output()
+            if c["logprobs"]:
+                out.add_logprobs(c["logprobs"]["content"])
+            out.delta(c["message"])
+            return out, c["finish_reason"]
+
+        size = reply_entries(accs)
+        r = finished(*await off_loop_if_large(tm, size, shaped))  # stored here, on the event loop
+        return await off_loop_if_large(tm, size, lambda: ReplyJSON(r))
 
     out, seq = Output(), [0]
 
