@@ -151,7 +151,8 @@ async def _create(request: Request, state: ServerState, store: ResponseStore, bo
         if entry is None:
             raise APIError(f"previous_response_id: no stored response with id {quoted(prev)} (a server keeps its "
                            f"last {store.capacity:,} stored responses, {store.max_chars:,} characters at most, in "
-                           "memory; one sent with store: false is not kept)", 400, "invalid_request_error", "previous_response_id", "previous_response_not_found")
+                           "memory; one sent with store: false is not kept)", 400, "invalid_request_error",
+                           "previous_response_id", "previous_response_not_found")
         earlier, earlier_size = entry.conversation, entry.conversation_size
     plan = await tm.off_loop(translate, body, earlier)
     try:
@@ -187,6 +188,7 @@ async def _create(request: Request, state: ServerState, store: ResponseStore, bo
             accs = await run_to_end(request, tm, run, shaper)
         except APIError as e:
             raise renamed(e, plan.origins) from None
+
         def shaped() -> tuple[Output, str | None]:  # a builder thread's work when large (logprobs)
             c = shaper.choice(0, accs[0])
             out = Output()
@@ -238,6 +240,7 @@ async def _create(request: Request, state: ServerState, store: ResponseStore, bo
         return await stream_or_error(request, stream_items(tm, run, shaper), render, failed=failed, done=False)
     except APIError as e:
         raise renamed(e, plan.origins) from None
+
 
 # ====================================================================== the response
 

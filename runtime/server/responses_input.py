@@ -61,8 +61,8 @@ LOGPROBS = "message.output_text.logprobs"  # the one `include` value treadle fil
 # the chat path's words -> this API's (longest first, where one holds another)
 _WORDS = (("response_format.json_schema must be an object; its `schema`, a JSON Schema",
            "text.format.schema must be a JSON Schema"),
-          ("response_format.json_schema.schema", "text.format.schema"), ("response_format.json_schema.", "text.format."),
-          ("response_format", "text.format"), ("max_completion_tokens", "max_output_tokens"),
+          ("response_format.json_schema.schema", "text.format.schema"),
+          ("response_format.json_schema.", "text.format."), ("response_format", "text.format"), ("max_completion_tokens", "max_output_tokens"),
           ("max_tokens", "max_output_tokens"), ("].function.", "]."), ("tool_choice.function.name", "tool_choice.name"))
 _PARAMS = {"response_format": "text", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens"}
 _MESSAGE_RE = re.compile(r"messages\[(\d+)\]")
