@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
+import uuid
 from typing import Literal
 
 import openai
@@ -212,6 +215,22 @@ def test_disconnect_mid_stream_aborts_the_request(plain_server):
     i = wait_idle(server.url)
     assert i["protected_slots"] == 0 and i["free_slots"] + i["evictable_slots"] == i["total_slots"], i
     assert _metric(server, 'treadle_requests_total{finish_reason="abort"}') == aborted + 1
+
+
+def test_an_aborted_response_is_cancelled(client, plain_server):
+    rid = "resp-abort-" + uuid.uuid4().hex
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(client.responses.create(
+        model="default", input="Tell a long story.", max_output_tokens=1000, temperature=0,
+        extra_body={"ignore_eos": True, "request_id": rid})))
+    t.start()
+    while not got and requests.get(plain_server.url + "/get_server_info", timeout=T).json()["num_running"] == 0:
+        time.sleep(0.05)
+    assert requests.post(plain_server.url + "/abort_request", json={"rid": rid}, timeout=T).json()["success"]
+    t.join(T)
+    (r,) = got
+    assert r.status == "cancelled" and r.output[0].status == "incomplete" and r.usage.output_tokens < 1000, r
+    wait_idle(plain_server.url)
 
 
 def test_the_store_is_bounded_by_count_and_by_characters():

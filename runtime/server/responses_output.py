@@ -151,10 +151,9 @@ class Output:
         if self._logprobs and self._open is not None and self.items[self._open]["type"] == "message":
             self.items[self._open]["content"][0]["logprobs"] += self._logprobs
         self._logprobs = []
+        self._end("incomplete" if finish_reason in ("length", "abort") else "completed")
         if finish_reason == "length":
-            self._end("incomplete")
             return "incomplete", {"reason": "max_output_tokens"}
-        self._end("completed")
         return ("cancelled" if finish_reason == "abort" else "completed"), None
 
     def size(self) -> int:
