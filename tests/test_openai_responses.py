@@ -249,3 +249,40 @@ def test_the_store_is_bounded_by_count_and_by_characters():
     store.put("huge", entry(101))  # larger than the whole bound alone: not kept, nothing evicted for it
     assert store.get("huge") is None and len(store) == 2
     assert store.delete("big") and not store.delete("big") and store.chars == 10
+
+
+def test_output_items_and_events_of_reasoning_text_and_calls():
+    # a reply with all three kinds, as the chat path's deltas give them (a server with
+    # --reasoning-parser splits the reasoning off; plain_server has none)
+    from treadle.runtime.server.responses_output import Output
+
+    out = Output()
+    for delta in ({"reasoning_content": "Let me"}, {"reasoning_content": " see."}, {"content": "Calling."},
+                  {"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                                   "function": {"name": "f", "arguments": '{"x": 1}'}},
+                                  {"index": 1, "id": "call_b", "type": "function",
+                                   "function": {"name": "g", "arguments": "{}"}}]}):
+        out.delta(delta)
+    assert out.finish("tool_calls") == ("completed", None)
+    assert [(i["type"], i["status"]) for i in out.items] == [("reasoning", "completed"), ("message", "completed"),
+                                                            ("function_call", "completed"),
+                                                            ("function_call", "completed")]
+    assert out.items[0]["content"] == [{"type": "reasoning_text", "text": "Let me see."}]
+    assert [(i["call_id"], i["name"], i["arguments"]) for i in out.items[2:]] == [("call_a", "f", '{"x": 1}'),
+                                                                                ("call_b", "g", "{}")]
+    kinds = [(e["type"], e.get("output_index")) for e in out.take()]
+    assert kinds == [
+        ("response.output_item.added", 0), ("response.content_part.added", 0), ("response.reasoning_text.delta", 0),
+        ("response.reasoning_text.delta", 0), ("response.reasoning_text.done", 0), ("response.content_part.done", 0),
+        ("response.output_item.done", 0),
+        ("response.output_item.added", 1), ("response.content_part.added", 1), ("response.output_text.delta", 1),
+        ("response.output_text.done", 1), ("response.content_part.done", 1), ("response.output_item.done", 1),
+        ("response.output_item.added", 2), ("response.function_call_arguments.delta", 2),
+        ("response.function_call_arguments.done", 2), ("response.output_item.done", 2),
+        ("response.output_item.added", 3), ("response.function_call_arguments.delta", 3),
+        ("response.function_call_arguments.done", 3), ("response.output_item.done", 3)]
+    assert out.as_message() == {"role": "assistant", "content": "Calling.", "tool_calls": [
+        {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
+        {"id": "call_b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}
+    empty = Output()  # neither text nor calls: an empty message, so output_text is there to read
+    assert empty.finish("stop") == ("completed", None) and empty.text_of() == "" and len(empty.items) == 1
