@@ -410,6 +410,17 @@ class ForkGroup(list):
         self.parent = parent
         self._joined = False
 
+    @property
+    def states(self) -> list[ProgramState]:
+        """The branches, under SGLang's ProgramStateGroup attribute name (the group is also
+        their list: `forks[i]`, `for f in forks`)."""
+        return list(self)
+
+    @property
+    def src_state(self) -> ProgramState:
+        """The state that forked them (SGLang's ProgramStateGroup attribute)."""
+        return self.parent
+
     def __iadd__(self, other: Any) -> "ForkGroup":
         """`forks += x` adds x to every branch, as SGLang: one item per branch from a list or
         tuple, `f(i)` from a function of the branch index."""

@@ -137,3 +137,20 @@ def test_run_batch_progress_bar_stays_at_the_end_as_sglangs(sgl_runtime, capsys)
     assert all(st.error() is None for st in states)
     last_draw = capsys.readouterr().err.rstrip("\n").split("\r")[-1]
     assert "3/3" in last_draw, repr(last_draw)
+
+
+def test_fork_group_has_sglangs_states_and_src_state(sgl_runtime):
+    """SGLang's ProgramStateGroup (what `s.fork(n)` returns) keeps its branches as `.states` and
+    the forking state as `.src_state`; a program reading them (`for f in forks.states`) got an
+    AttributeError here."""
+    @sgl.function
+    def branches(s):
+        s += "Colors:"
+        forks = s.fork(2)
+        assert forks.src_state is s and [f is g for f, g in zip(forks.states, forks)] == [True, True]
+        for i, f in enumerate(forks.states):
+            f += f" {i}" + sgl.gen("c", max_tokens=1, temperature=0)
+        forks.join()
+
+    state = branches.run(backend=sgl_runtime.endpoint)
+    assert len(state["c"]) == 2
