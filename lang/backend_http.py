@@ -39,6 +39,9 @@ class RuntimeEndpoint(Backend):
         if (base_url is None) == (url is None):
             raise TypeError("RuntimeEndpoint() takes the server's URL once: RuntimeEndpoint(base_url)")
         url = base_url if url is None else url
+        if not isinstance(url, str) or not url.lower().startswith(("http://", "https://")):
+            hint = f"; did you mean 'http://{url}'?" if isinstance(url, str) and "://" not in url else ""
+            raise ValueError(f"RuntimeEndpoint({url!r}): the server's URL is http://host:port (or https://){hint}")
         self.url = self.base_url = url.rstrip("/")
         self.api_key = api_key
         self.timeout_s = timeout_s

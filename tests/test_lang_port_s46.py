@@ -154,3 +154,13 @@ def test_fork_group_has_sglangs_states_and_src_state(sgl_runtime):
 
     state = branches.run(backend=sgl_runtime.endpoint)
     assert len(state["c"]) == 2
+
+
+def test_runtime_endpoint_without_a_scheme_says_so():
+    """`sgl.RuntimeEndpoint("localhost:30000")` (or set_default_backend of it) failed with requests'
+    'No connection adapters were found for 'localhost:30000/get_model_info'', which names
+    neither the argument nor the fix."""
+    with pytest.raises(ValueError, match=r"RuntimeEndpoint\('localhost:30000'\).*did you mean 'http://localhost:30000'"):
+        sgl.RuntimeEndpoint("localhost:30000")
+    with pytest.raises(ValueError, match=r"http://host:port"):
+        sgl.set_default_backend("ftp://127.0.0.1:30000")
