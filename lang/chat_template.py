@@ -42,7 +42,7 @@ class ChatTemplateStyle(Enum):
 class ChatTemplate:
     """SGLang's ChatTemplate, field for field and in its order, plus treadle's `implicit_prefix`:
     the text a model's own template puts before a conversation that does not open with a
-    system message (e.g. its default system prompt). SGLang's `default_system_prompt` is added
+    system message (e.g. its default system prompt), and `refused_roles`. SGLang's `default_system_prompt` is added
     as a system message instead (it shows in `s.messages()`, as in SGLang)."""
 
     name: str
