@@ -12,8 +12,8 @@ from typing import Literal
 
 import openai
 import pytest
-from openai.lib._pydantic import to_strict_json_schema
 import requests
+from openai.lib._pydantic import to_strict_json_schema  # the schema responses.parse sends
 from pydantic import BaseModel
 
 from treadle.runtime.server.testing import wait_idle
