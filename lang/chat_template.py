@@ -99,7 +99,9 @@ class ChatTemplate:
         """Derive the role strings by rendering placeholder conversations. A template that
         refuses a system message (it raises, as Mistral's and Gemma's do, or leaves the message
         out or moves it into a user turn, as Mistral v0.3's) renders user and assistant
-        messages after a history without one, and its system role is refused (`refused_roles`)."""
+        messages after a history without one, and its system role is refused (`refused_roles`).
+        An assistant message opens with the template's generation prompt (add_generation_prompt),
+        so a gen there sees the prompt a chat request would send."""
         import jinja2
 
         def system(content: str) -> list[dict]:
@@ -115,6 +117,7 @@ class ChatTemplate:
         fill_user = [{"role": "user", "content": _FILL}]
         exchange = fill_user + [{"role": "assistant", "content": _FILL}]
         histories = {"user": [system(_FILL), exchange], "assistant": [system(_FILL) + fill_user, fill_user]}
+        chosen: dict[str, list[dict]] = {}
         for role, candidates in histories.items():
             for history in [h for h in candidates if "system" not in refused or h[0]["role"] != "system"]:
                 try:
@@ -128,11 +131,22 @@ class ChatTemplate:
                                      "added; roles cannot be rendered incrementally with this template")
                 before, after = _split(full[len(base):], role)
                 if _FILL not in before + after:
-                    parts[role] = (before, after)
+                    parts[role], chosen[role] = (before, after), history
                     break
                 error = ValueError(f"the {role} message takes in the text of the messages before it")
             else:
                 raise ValueError(f"cannot render a {role} message with this chat template: {error}")
+        # an assistant message opens with the template's generation prompt, what a chat request
+        # sends the model before its reply: Qwen3's renders a finished last reply after an empty
+        # thinking block, which as the prefix of a gen would keep the model from thinking
+        history = chosen["assistant"]
+        base = render(history, False)
+        try:
+            with_prompt = render(history, True)
+        except jinja2.TemplateError:
+            with_prompt = base
+        if with_prompt.startswith(base) and len(with_prompt) > len(base):  # else it has none: keep the message's
+            parts["assistant"] = (with_prompt[len(base):], parts["assistant"][1])
         first_user = render([{"role": "user", "content": _PH}], False)
         idx = first_user.find(parts["user"][0] + _PH)
         implicit = first_user[:idx] if idx > 0 else ""

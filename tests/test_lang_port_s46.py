@@ -164,3 +164,52 @@ def test_runtime_endpoint_without_a_scheme_says_so():
         sgl.RuntimeEndpoint("localhost:30000")
     with pytest.raises(ValueError, match=r"http://host:port"):
         sgl.set_default_backend("ftp://127.0.0.1:30000")
+
+
+# Qwen3's chat template, its message and generation-prompt parts (tools left out): a finished last
+# reply renders after a thinking block (an empty one when it has none); the generation prompt is
+# "<|im_start|>assistant\n" (thinking on), with the empty block only for enable_thinking=False
+QWEN3_TEMPLATE = (
+    "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}"
+    "{%- for message in messages[::-1] %}{%- set index = (messages|length - 1) - loop.index0 %}"
+    "{%- if ns.multi_step_tool and message.role == 'user' %}{%- set ns.multi_step_tool = false %}"
+    "{%- set ns.last_query_index = index %}{%- endif %}{%- endfor %}"
+    "{%- for message in messages %}{%- set content = message.content %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == 'assistant' %}{%- set reasoning_content = '' %}"
+    "{%- if '</think>' in content %}"
+    "{%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+    "{%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}"
+    "{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n'"
+    " + content.lstrip('\\n') }}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + content }}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}{%- endif %}")
+
+
+def test_an_assistant_gen_sees_the_templates_generation_prompt(sgl_runtime):
+    """A served Qwen3: roles took the assistant prefix from a rendered last reply, which Qwen3's
+    template writes after an (empty) thinking block, so every `sgl.assistant(sgl.gen(...))` began
+    after '<think>\\n\\n</think>\\n\\n': the model could not think, and SGLang's separate_reasoning
+    example got no reasoning. A gen in an assistant message now follows the template's generation
+    prompt, as a chat request to the server sends it."""
+    from treadle.lang.chat_template import ChatTemplate, jinja_renderer
+
+    render = jinja_renderer(QWEN3_TEMPLATE, "", "<|im_end|>")
+    endpoint = sgl.RuntimeEndpoint(sgl_runtime.url)
+    endpoint.chat_template = ChatTemplate.from_renderer(render)  # what a Qwen3 server's endpoint derives
+
+    @sgl.function
+    def qa(s):
+        s += sgl.system("Be brief.") + sgl.user("Hi")
+        s += sgl.assistant(sgl.gen("answer", max_tokens=2, temperature=0))
+
+    state = qa.run(backend=endpoint)
+    chat_prompt = render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], True)
+    assert state.text() == chat_prompt + state["answer"] + "<|im_end|>\n"
