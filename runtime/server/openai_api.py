@@ -107,7 +107,7 @@ async def build_chat(request: Request, state: ServerState, body: dict) -> tuple[
         errors = await until_done_or_disconnect(request, tm.grammar_errors(checks))
         if errors:
             first = min(errors)
-            raise APIError.bad_request(tools.locate(errors[first], first), "functions" if tools.legacy else "tools")
+            raise APIError.bad_request(_tool_error(tools, errors[first], first), _tools_field(tools))
     return reqs, tools, think, echo
 
 
@@ -232,9 +232,27 @@ def _tool_checks(tm: TokenizerManager, tools: ToolPlan | None, sp: SamplingParam
                              whitespace_pattern=tm.args.json_whitespace_pattern,
                              max_recursion_depth=tm.args.grammar_max_recursion_depth)
         except ValueError as e:
-            raise APIError.bad_request(tools.locate(str(e), i), "functions" if tools.legacy else "tools") from e
+            raise APIError.bad_request(_tool_error(tools, str(e), i), _tools_field(tools)) from e
         checks.append((i, p))
     return checks
+
+
+def _tools_field(tools: ToolPlan) -> str:
+    """The field the request sent its tools in."""
+    return "functions" if tools.legacy else "tools"
+
+
+def _tool_error(tools: ToolPlan, message: str, i: int) -> str:
+    """An error of tool `i`'s parameters compiled alone, in the request's terms: its paths
+    (ToolPlan.locate), and the sampling field it names first ("json_schema: keyword 'type' at
+    ...", after "grammar compilation failed: " when it did not compile) named as sent."""
+    head = _COMPILE_FAILED if message.startswith(_COMPILE_FAILED) else ""
+    rest = tools.locate(message[len(head):], i)
+    if rest.startswith("json_schema:"):  # its place follows: "at tools[0].function.parameters..."
+        rest = _tools_field(tools) + rest[len("json_schema"):]
+    elif rest.startswith("json_schema "):
+        rest = tools.where(i) + rest[len("json_schema"):]
+    return head + rest
 
 
 # ====================================================================== request mapping
@@ -591,6 +609,9 @@ async def _grammar_errors(chunks, body: dict, tools: ToolPlan | None):
             raise
 
 
+_COMPILE_FAILED = "grammar compilation failed: "  # how the scheduler's compile error begins
+
+
 def _locate_grammar_error(e: APIError, body: dict, tools: ToolPlan | None) -> None:
     """A grammar error (its param a sampling param: json_schema, regex, ...) named by the field
     the client sent it in: response_format, a vLLM guided_* alias, or `tools` when the grammar
@@ -598,9 +619,12 @@ def _locate_grammar_error(e: APIError, body: dict, tools: ToolPlan | None) -> No
     if e.param not in GRAMMAR_FIELDS:
         return
     field = e.param
-    # an error of reading the grammar starts with the sampling field's name (a compile error
-    # with "grammar compilation failed"): that name becomes the client's
-    own = e.message.startswith(field) and e.message[len(field):len(field) + 1] in ("", " ", ".", ":")
+    # an error of reading the grammar starts with the sampling field's name, and a compile
+    # error (the scheduler's) has it after "grammar compilation failed: ": that name becomes
+    # the client's
+    head = _COMPILE_FAILED if e.message.startswith(_COMPILE_FAILED) else ""
+    rest = e.message[len(head):]
+    own = rest.startswith(field) and rest[len(field):len(field) + 1] in ("", " ", ".", ":")
     rf = body.get("response_format")
     if isinstance(rf, dict) and rf.get("type") not in (None, "text"):
         e.param = "response_format"
@@ -611,13 +635,18 @@ def _locate_grammar_error(e: APIError, body: dict, tools: ToolPlan | None) -> No
         theirs = next(t for t, ours in _STRUCTURED.items() if ours == field)
         e.param, sent = "structured_outputs", f"structured_outputs.{theirs}"
     elif tools is not None and body.get(field) is None:
-        e.message, e.param = tools.locate(e.message), "functions" if tools.legacy else "tools"
-        sent = tools.where(next(i for i, t in enumerate(tools.tools) if t.name == tools.named)) \
-            if tools.choice == "named" else f"{e.param}: the grammar of the calls, built from their parameters,"
+        rest, e.param = tools.locate(rest), _tools_field(tools)
+        if own and rest[len(field):len(field) + 1] == ":":  # "json_schema: keyword ... at tools[0]...": located
+            sent = e.param
+        elif tools.choice == "named":
+            sent = tools.where(next(i for i, t in enumerate(tools.tools) if t.name == tools.named))
+        else:
+            sent = f"{e.param}: the grammar of the calls, built from their parameters,"
+        e.message = head + rest
     else:
         return
     if own:
-        e.message = sent + e.message[len(field):]
+        e.message = head + sent + rest[len(field):]
 
 
 def _flushed_before(pending: bytes, raw: bytes, out: str) -> int:
