@@ -330,7 +330,8 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/health_generate")
     async def health_generate() -> Response:
         """A real one-token generation through the whole pipeline, or, on a busy server whose
-        probe waits its turn, any other request's output meanwhile (as SGLang's). One probe runs
+        probe waits its turn, any other request's output meanwhile (as SGLang's) or a forward
+        step the scheduler finished meanwhile (as its stats report it). One probe runs
         at a time, whoever asks: callers meanwhile share its answer, so probes (open without a
         key) hold at most one generation slot, never the slots of paying requests."""
         # not held to the in-flight limit: a busy server is a healthy one (draining and a dead
@@ -344,6 +345,7 @@ def create_app(state: ServerState) -> FastAPI:
         r = TokenizedGenerateReq(f"health-{os.urandom(6).hex()}", [0],
                                  SamplingParams(max_new_tokens=1, temperature=0.0))
         start = time.monotonic()
+        steps = _forward_steps(tm.sched_info)
 
         async def run() -> None:
             async for _ in tm.generate(r, internal=True):
@@ -353,8 +355,14 @@ def create_app(state: ServerState) -> FastAPI:
         try:
             while not probe.done():
                 await asyncio.wait([probe], timeout=HEALTH_GENERATE_POLL_S)
-                if tm.last_output_at > start:
-                    break  # the server generates: healthy (the probe is aborted below)
+                # the server generates: healthy (the probe is aborted below). Another request's
+                # output, or a forward step the scheduler finished since the probe began (its
+                # stats come every STATS_PERIOD_S between steps, through the detokenizer, as
+                # outputs do): requests not streamed send nothing until they end, so a server
+                # busy decoding long ones, whose KV left the probe queued, answered 503 "no token
+                # within 30 s" (an orchestrator's liveness probe then restarts a healthy server)
+                if tm.last_output_at > start or _forward_steps(tm.sched_info) > steps:
+                    break
                 if time.monotonic() - start > HEALTH_GENERATE_TIMEOUT_S:
                     raise APIError(f"no token within {HEALTH_GENERATE_TIMEOUT_S}s", 503, "server_error")
             if probe.done():
@@ -492,6 +500,12 @@ def create_app(state: ServerState) -> FastAPI:
     allowed = state.args.allowed_origins
     add_cors(app, ("*" if state.args.api_key else "") if allowed is None else allowed)
     return app
+
+
+def _forward_steps(info: dict | None) -> int:
+    """The forward steps the scheduler had finished at its stats snapshot `info` (-1 without one)."""
+    steps = (info or {}).get("forward_steps")
+    return steps if isinstance(steps, int) else -1
 
 
 def _version() -> str:
