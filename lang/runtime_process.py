@@ -30,7 +30,8 @@ from treadle.lang.backend_http import RuntimeEndpoint
 
 
 class Runtime:
-    """A server process started from Python, stopped by `shutdown()` (also at interpreter exit).
+    """A server process started from Python, stopped by `shutdown()` (also at interpreter exit);
+    it also exits by itself when this process dies, even by SIGKILL.
 
     `set_default_backend(runtime)` or `run(backend=runtime)` run programs on it through
     `runtime.endpoint`, a RuntimeEndpoint. `log_level` is the server's (default "error", so it
@@ -40,9 +41,11 @@ class Runtime:
     def __init__(self, log_level: str = "error", launch_timeout: float = 300.0, **kwargs: Any) -> None:
         from treadle.lang.server_args import ServerArgs
         from treadle.runtime.engine_args import translate_sglang_args
+        from treadle.runtime.server.launcher import STARTER_PIPE_ENV
 
         self.pid: int | None = None
         self._proc: subprocess.Popen | None = None
+        self._starter_pipe: int | None = None  # the write end of the pipe the server watches
         kwargs = translate_sglang_args(kwargs, "Runtime")  # SGLang's names (random_seed, ...): ValueError
         # as SGLang's Runtime: the first free port from the one given (30000 when none is), so a
         # port already taken (a server launched earlier) moves the new server up, not fails it
@@ -55,10 +58,23 @@ class Runtime:
         self.url = _local_url(host, self.server_args.port)
         self.generate_url = self.url + "/generate"
         cmd = [sys.executable, "-m", "treadle.runtime.launch_server", *_flags({"log_level": log_level, **kwargs})]
-        # the server logs to stderr, its ready banner too (an info line): as SGLang's Runtime, a
-        # quiet log level prints nothing
-        self._proc = subprocess.Popen(cmd, start_new_session=True,
-                                      env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        # The server runs in its own session (a Ctrl-C here is this process's to handle), so it
+        # would outlive this process killed by SIGKILL or SIGTERM, where atexit does not run. It
+        # watches a pipe instead (launcher.exit_with_starter): this process holds the write end,
+        # and the kernel closes it when this process dies, however it dies.
+        read_end, self._starter_pipe = os.pipe()
+        try:
+            # the server logs to stderr, its ready banner too (an info line): as SGLang's
+            # Runtime, a quiet log level prints nothing
+            self._proc = subprocess.Popen(cmd, start_new_session=True, pass_fds=(read_end,),
+                                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false",
+                                               STARTER_PIPE_ENV: str(read_end)})
+        except BaseException:
+            os.close(self._starter_pipe)
+            self._starter_pipe = None
+            raise
+        finally:
+            os.close(read_end)
         self.pid = self._proc.pid
         atexit.register(self.shutdown)
         try:
@@ -99,20 +115,25 @@ class Runtime:
     def shutdown(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL to its process group after 30 s). Idempotent."""
         proc, self._proc = self._proc, None
+        pipe, self._starter_pipe = self._starter_pipe, None
         self.pid = None
         if proc is None:
             return
         atexit.unregister(self.shutdown)
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+        try:
+            if proc.poll() is None:
+                proc.terminate()
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    proc.wait()
+        finally:
+            if pipe is not None:
+                os.close(pipe)
 
     def __enter__(self) -> "Runtime":
         return self

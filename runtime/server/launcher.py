@@ -9,7 +9,9 @@ Lifecycle guarantees:
   that hangs: a stuck kernel or collective, a stopped process): it is killed first;
 - SIGTERM / SIGINT drain: new requests get 503, running ones have `shutdown_grace_s` to
   finish, the rest are aborted, and the process exits 0; a second signal forces the exit;
-- children are always torn down, and they exit by themselves if this process vanishes.
+- children are always torn down, and they exit by themselves if this process vanishes;
+- a server started by treadle.lang's Runtime exits when the process that started it dies,
+  even by SIGKILL (exit_with_starter).
 """
 from __future__ import annotations
 
@@ -376,9 +378,47 @@ def install_sigterm_as_exit() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+# Set (by treadle.lang's Runtime) to the number of a pipe's read end this process inherits,
+# whose write end the starting process holds: the server exits when that process is gone.
+STARTER_PIPE_ENV = "TREADLE_STARTER_PIPE_FD"
+
+
+def exit_with_starter(grace_s: float) -> None:
+    """If STARTER_PIPE_ENV names a pipe, watch it: when the process that started this server
+    is gone, by any death (SIGKILL too, where atexit never runs), the kernel closes its write
+    end, the read here sees end-of-file, and the server shuts down as on SIGTERM (a drain of
+    `grace_s`; exit regardless 30 s after that). A pipe, not Linux's PR_SET_PDEATHSIG, which
+    fires when the parent *thread* that forked ends (a Runtime made in a worker thread would
+    lose its server with that thread), nor polling the parent pid (a reparented server and
+    pid reuse). The variable is taken out of the environment, so this server's own children
+    do not see it; `treadle serve` run by hand never has it."""
+    raw = os.environ.pop(STARTER_PIPE_ENV, None)
+    if raw is None:
+        return
+    try:
+        fd = int(raw)
+        os.set_inheritable(fd, False)
+    except (ValueError, OSError) as e:  # not a pipe this process holds: nothing to watch
+        log.error("%s=%r is not an open file descriptor (%s): the server will not exit with its starter",
+                  STARTER_PIPE_ENV, raw, e)
+        return
+
+    def watch() -> None:
+        while os.read(fd, 1):  # the starter never writes: only end-of-file comes
+            pass
+        log.warning("the process that started this server is gone: shutting down")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s + 30.0)  # still here: the drain hangs
+        log.error("the server did not stop %.0f s after its starter died: exiting now", grace_s + 30.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="starter-watch", daemon=True).start()
+
+
 def main_from_args(args: EngineArgs) -> None:
     """The server process's entry point: serve, then exit with launch_server's code."""
     install_sigterm_as_exit()
+    exit_with_starter(args.shutdown_grace_s)
     code = launch_server(args)
     # Everything the server started has stopped and its IPC dir is gone. All the interpreter
     # has left to do is tear down torch's and transformers' modules: ~0.6 s of CPU, 1-1.5 s
