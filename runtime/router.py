@@ -4,9 +4,11 @@
         --port 30000 --policy cache_aware
     python -m treadle.runtime.router --launch-replicas 2 --port 30000 [server flags ...]
 
-Forwards POST /generate, /v1/completions, /v1/chat/completions, /tokenize and /detokenize (SSE relayed byte for
-byte; a client that disconnects, streamed or not, closes the upstream request, so the
-replica aborts), and
+Forwards POST /generate, /v1/completions, /v1/chat/completions, /v1/responses, /tokenize and /detokenize
+(SSE relayed byte for byte; a client that disconnects, streamed or not, closes the upstream
+request, so the replica aborts), sends a Responses request with `previous_response_id` and
+GET / DELETE /v1/responses/{id} (/input_items, POST /cancel) to the replica that stores that
+response (`router_responses.py`), and
 serves GET /health (its own), /v1/models, /get_model_info, /get_server_info (replicas
 aggregated + router stats), /metrics (the router's own, per replica: `router_metrics.py`),
 POST /flush_cache and /abort_request (broadcast).
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import json
 import logging
 import shlex
@@ -45,6 +48,9 @@ from starlette.types import Receive, Scope, Send
 
 from treadle.runtime.router_metrics import RouterMetrics
 from treadle.runtime.router_policy import CacheAwareConfig, make_policy
+from treadle.runtime.router_responses import (
+    RESPONSES_PATH, STORE_CAPACITY, ResponseHomes, responses_routing_text, stored_response_id,
+)
 from treadle.runtime.server.protocol import (
     APIError, add_cors, add_error_handlers, error_body, parse_abort_request, parse_json_object, read_body,
 )
@@ -105,6 +111,8 @@ def routing_text(path: str, obj: Any) -> str:
     extends the prefix)."""
     if not isinstance(obj, dict):
         return ""
+    if path == RESPONSES_PATH:
+        return responses_routing_text(obj)
     if path == "/v1/chat/completions":
         msgs = obj.get("messages")
         if not isinstance(msgs, list):
@@ -146,6 +154,8 @@ class Router:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
         self.started = time.time()
+        # which replica stores each response it relayed: bounded as their stores are
+        self.response_homes = ResponseHomes(STORE_CAPACITY * len(self.replicas))
         self.no_replica = 0  # requests refused with 503: no healthy replica left to try
         # set once a SIGTERM's grace period is over: open responses end themselves (a stream
         # with an error event and [DONE], a wait with a 503) before uvicorn would cancel them
@@ -177,6 +187,7 @@ class Router:
         r = self.replicas[i]
         if gone:
             self.policy.on_unhealthy(i)
+            self.response_homes.forget_replica(i)  # a restarted process stores none of them
         if ok != r.healthy:
             log.warning("replica %s is %s", r.url, "healthy: back in rotation" if ok else "unhealthy: out of rotation")
             r.times_dropped += 0 if ok else 1
@@ -189,25 +200,45 @@ class Router:
 
     # ---- forwarding ----
 
-    async def forward(self, request: Request, path: str) -> Response:
+    async def forward(self, request: Request, path: str, method: str = "POST",
+                      stored: tuple[str, int] | None = None) -> Response:
+        """Send the request to a replica the policy picks, or, with `stored` (a response id
+        and the replica that stores it), to that one only; relay its answer."""
         body = await read_body(request, self.args.max_request_bytes)
         try:
-            obj = json.loads(body)
+            obj = json.loads(body) if method == "POST" else None
         except (json.JSONDecodeError, UnicodeDecodeError):
             obj = None  # a replica answers it with a proper 400
         except RecursionError as e:  # as a replica would say (it could not be parsed here either)
             raise APIError.bad_request("the request body nests too deeply") from e
         text = routing_text(path, obj)
         stream = isinstance(obj, dict) and obj.get("stream") is True
+        creates = path == RESPONSES_PATH  # a response the replica may store: remember where
+        if creates and isinstance(obj, dict) and isinstance(obj.get("previous_response_id"), str):
+            prev = obj["previous_response_id"]
+            home = self.response_homes.get(prev)
+            if home is None:
+                raise self.response_homes.previous_not_found(prev)
+            stored = (prev, home)
         headers = forwarded_headers(request)
         tried: set[int] = set()
         while True:
             cands = [i for i, r in enumerate(self.replicas) if r.healthy and i not in tried]
+            if stored is not None:
+                cands = [i for i in cands if i == stored[1]]
+                if not cands:  # out of rotation, or it failed just now: no other replica has the response
+                    self.no_replica += 1
+                    raise APIError(f"the replica that stores response {stored[0]!r} "
+                                   f"({self.replicas[stored[1]].url}) is out of rotation", 503,
+                                   "server_overloaded", None, "no_healthy_replica")
             if not cands:
                 self.no_replica += 1
                 raise APIError("no healthy replica to serve the request" + (" (tried all)" if tried else ""),
                                503, "server_overloaded", None, "no_healthy_replica")
-            idx, matched = self.policy.choose(text, cands, [r.in_flight for r in self.replicas])
+            if stored is not None:
+                idx, matched = stored[1], 0
+            else:
+                idx, matched = self.policy.choose(text, cands, [r.in_flight for r in self.replicas])
             tried.add(idx)
             rep = self.replicas[idx]
             rep.in_flight += 1
@@ -215,8 +246,8 @@ class Router:
             # prefix arriving meanwhile must see it (a failed connect clears this tree anyway)
             self.policy.on_routed(idx, text)
             try:
-                resp = await self._send_watching_client(
-                    request, self.client.build_request("POST", rep.url + path, content=body, headers=headers))
+                resp = await self._send_watching_client(request, self.client.build_request(
+                    method, rep.url + path, content=body if method == "POST" else None, headers=headers))
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                 # nothing reached the replica: safe to place the request elsewhere
                 rep.in_flight -= 1
@@ -230,13 +261,41 @@ class Router:
                 if isinstance(e, httpx.HTTPError):
                     raise self._failed(rep, e) from e
                 raise
-            if resp.status_code == 503 and any(r.healthy and i not in tried for i, r in enumerate(self.replicas)):
+            if resp.status_code == 503 and stored is None and \
+                    any(r.healthy and i not in tried for i, r in enumerate(self.replicas)):
                 await resp.aclose()  # overloaded or draining: it ran nothing, so another may take it
                 rep.in_flight -= 1
                 continue
             rep.prompt_chars += len(text)
             rep.matched_chars += matched
-            return await self._relay(request, resp, rep, stream)
+            seen = None
+            if creates and resp.status_code == 200:
+                seen = functools.partial(self._remember_response, idx, stream)
+            elif stored is not None and path != RESPONSES_PATH:  # GET, DELETE or cancel of a stored one
+                self._after_stored(stored[0], resp, method)
+            return await self._relay(request, resp, rep, stream, seen)
+
+    def _remember_response(self, idx: int, streamed: bool, payload: bytes) -> None:
+        """Note replica `idx` as the home of the stored response its answer holds (if any)."""
+        rid = stored_response_id(payload, streamed)
+        if rid is not None:
+            self.response_homes.put(rid, idx)
+
+    def _after_stored(self, rid: str, resp: httpx.Response, method: str) -> None:
+        """Forget `rid` once its replica deleted it, or says it does not hold it (its store
+        let it go first)."""
+        if (method == "DELETE" and resp.status_code == 200) or resp.status_code == 404:
+            self.response_homes.forget(rid)
+
+    async def forward_stored(self, request: Request, method: str, rid: str, sub: str = "") -> Response:
+        """GET / DELETE /v1/responses/{rid}{sub}, or POST its /cancel, on the replica that stores it."""
+        home = self.response_homes.get(rid)
+        if home is None:
+            raise self.response_homes.not_found(rid)
+        path = f"{RESPONSES_PATH}/{urllib.parse.quote(rid, safe='')}{sub}"
+        if request.url.query:
+            path += "?" + request.url.query
+        return await self.forward(request, path, method, stored=(rid, home))
 
     async def _send_watching_client(self, request: Request, req: httpx.Request) -> httpx.Response:
         """Send `req` and wait for the replica's response headers, but give up (ClientGone) if
@@ -251,7 +310,10 @@ class Router:
                 await task.result().aclose()  # the headers came just as the client left
             raise
 
-    async def _relay(self, request: Request, resp: httpx.Response, rep: Replica, stream: bool) -> Response:
+    async def _relay(self, request: Request, resp: httpx.Response, rep: Replica, stream: bool,
+                     seen: Callable[[bytes], None] | None = None) -> Response:
+        """Relay the replica's answer; `seen` gets the whole body of one not streamed, or the
+        beginning of a stream up to its first whole event (all of it, if shorter)."""
         released = False
 
         async def release() -> None:
@@ -273,6 +335,7 @@ class Router:
 
             async def relay():
                 nonlocal tail
+                head = b"" if seen is not None else None  # the stream's beginning, until its first event ends
                 chunks = resp.aiter_raw().__aiter__()
                 closing = asyncio.ensure_future(self.closing.wait())
                 nxt = None
@@ -287,9 +350,16 @@ class Router:
                         try:
                             chunk = nxt.result()
                         except StopAsyncIteration:
+                            if head:
+                                seen(head)
                             return
                         if chunk:
                             tail = (tail + chunk)[-2:]
+                        if head is not None:
+                            head += chunk
+                            if b"\n\n" in head or len(head) > self.args.max_request_bytes + (1 << 20):
+                                seen(head)  # the first event echoes the request: bounded by its size
+                                head = None
                         yield chunk
                 except httpx.HTTPError as e:  # the replica died mid-stream
                     rep.failures += 1
@@ -310,6 +380,8 @@ class Router:
         finally:
             await release()  # on a disconnect this closes the upstream connection: the replica aborts
         rep.responses[resp.status_code] += 1
+        if seen is not None:
+            seen(data)
         return Response(data, status_code=resp.status_code, media_type=ctype, headers=hdrs)
 
     @staticmethod
@@ -425,7 +497,8 @@ def create_router_app(args: RouterArgs) -> FastAPI:
     async def _client_gone(_: Request, e: ClientGone) -> Response:
         return Response(status_code=499)
 
-    for path in ("/generate", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+    for path in ("/generate", "/v1/completions", "/v1/chat/completions", RESPONSES_PATH, "/tokenize",
+                 "/detokenize"):
         async def post(request: Request, _path: str = path) -> Response:
             return await router.forward(request, _path)
 
@@ -436,6 +509,23 @@ def create_router_app(args: RouterArgs) -> FastAPI:
             return await router.get_any(_path, request)
 
         app.add_api_route(path, get, methods=["GET"])
+
+    # a stored response lives on one replica (router_responses.py)
+    @app.get(RESPONSES_PATH + "/{response_id}")
+    async def get_response(response_id: str, request: Request) -> Response:
+        return await router.forward_stored(request, "GET", response_id)
+
+    @app.delete(RESPONSES_PATH + "/{response_id}")
+    async def delete_response(response_id: str, request: Request) -> Response:
+        return await router.forward_stored(request, "DELETE", response_id)
+
+    @app.get(RESPONSES_PATH + "/{response_id}/input_items")
+    async def response_input_items(response_id: str, request: Request) -> Response:
+        return await router.forward_stored(request, "GET", response_id, "/input_items")
+
+    @app.post(RESPONSES_PATH + "/{response_id}/cancel")
+    async def cancel_response(response_id: str, request: Request) -> Response:
+        return await router.forward_stored(request, "POST", response_id, "/cancel")
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str, request: Request) -> Response:

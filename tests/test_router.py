@@ -237,6 +237,63 @@ def test_dsl_through_router(router, replicas):
                          timeout=T).json()["prompt"] == "Hi there"
 
 
+def test_response_homes_are_bounded_as_the_replicas_stores():
+    from treadle.runtime.router_responses import STORE_CAPACITY, ResponseHomes, stored_response_id
+    from treadle.runtime.server.responses_api import STORE_CAPACITY as REPLICA_STORE_CAPACITY
+
+    assert STORE_CAPACITY == REPLICA_STORE_CAPACITY
+    homes = ResponseHomes(2)
+    homes.put("a", 0)
+    homes.put("b", 1)
+    assert homes.get("a") == 0  # named: kept longer than b
+    homes.put("c", 1)
+    assert (homes.get("a"), homes.get("b"), homes.get("c")) == (0, None, 1)
+    homes.forget_replica(1)
+    assert (len(homes), homes.get("a")) == (1, 0)
+    first = {"type": "response.created", "response": {"id": "resp_1", "object": "response", "store": True}}
+    assert stored_response_id(b'event: response.created\ndata: ' + json.dumps(first).encode() + b"\n\nevent: x",
+                              True) == "resp_1"
+    assert stored_response_id(json.dumps({**first["response"], "store": False}).encode(), False) is None
+    assert stored_response_id(b"data: [DONE]\n\n", True) is None
+
+
+@pytest.mark.parametrize("router", ["round_robin"], indirect=True)
+def test_responses_api_through_router(router, replicas):
+    """The Responses API through the router (it was a 404): a stored response lives on the
+    replica that made it, so a continuation and GET / DELETE / input_items / cancel of its id
+    go there, where round robin would send the next request to the other replica."""
+    import openai
+
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0, timeout=T)
+    raw = client.responses.with_raw_response.create(model="default", input="Say hi.", max_output_tokens=2,
+                                                    temperature=0)
+    first, home = raw.parse(), raw.headers[HEADER]
+    for _ in range(2):  # whichever replica round robin is at: the one holding `first`
+        raw = client.responses.with_raw_response.create(model="default", input="Again.", max_output_tokens=2,
+                                                        previous_response_id=first.id)
+        assert raw.headers[HEADER] == home and raw.parse().previous_response_id == first.id
+    with client.responses.create(model="default", input="Count: one,", max_output_tokens=2, stream=True) as st:
+        events = list(st)
+    streamed = events[0].response.id  # the router read it from the first event it relayed
+    assert events[-1].response.id == streamed and events[-1].type in ("response.completed", "response.incomplete")
+    raw = client.responses.with_raw_response.retrieve(streamed)
+    assert raw.parse().id == streamed and raw.headers[HEADER] in {s.url for s in replicas}
+    assert [i.type for i in client.responses.input_items.list(first.id).data] == ["message"]
+    with pytest.raises(openai.BadRequestError, match="only a background response can be cancelled"):
+        client.responses.cancel(first.id)  # the replica's answer: it holds it
+    client.responses.delete(first.id)
+    for call in (lambda: client.responses.retrieve(first.id), lambda: client.responses.retrieve("resp_unknown"),
+                 lambda: client.responses.delete("resp_unknown")):
+        with pytest.raises(openai.NotFoundError) as info:
+            call()
+        assert info.value.body["code"] == "response_not_found" and info.value.body["param"] == "response_id"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="default", input="x", max_output_tokens=2, previous_response_id=first.id)
+    assert info.value.body["code"] == "previous_response_not_found", info.value.body
+    for s in replicas:
+        wait_idle(s.url)
+
+
 @pytest.mark.parametrize("router", ["cache_aware"], indirect=True)
 def test_stream_disconnect_aborts_on_replica(router, replicas):
     r = requests.post(router.url + "/generate", stream=True, timeout=T, json={
