@@ -62,3 +62,41 @@ def test_health_generate_is_200_while_long_unstreamed_requests_fill_the_batch(sr
     reasons = [results[rid]["meta_info"]["finish_reason"]["type"] for rid in rids]
     assert reasons == ["abort"] * 4, reasons
     _no_leaked_kv(srv.url)
+
+
+def test_a_503_for_a_request_of_several_parts_says_it_needs_more_than_is_left(srv):
+    """With 11 of the 12 places taken (4 running, 7 queued), a request of n=2 samples is a 503
+    below the limit: the message says the request makes 2 and 1 is left. Before, it read "too
+    many requests in flight (11, limit 12)", a refusal with room left; n=1 still fits."""
+    info = requests.get(srv.url + "/get_server_info", timeout=T).json()
+    limit = info["max_running_requests"] + info["max_queued_requests"]
+    rids = [f"s46-fill-{i}-{time.monotonic_ns()}" for i in range(limit - 1)]
+    results: dict[str, int] = {}
+
+    def run(rid: str) -> None:
+        r = requests.post(srv.url + "/generate", json={
+            "text": f"Fill {rid}:", "rid": rid,
+            "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}, timeout=T)
+        results[rid] = r.status_code
+
+    threads = [threading.Thread(target=run, args=(rid,)) for rid in rids]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + T
+        while requests.get(srv.url + "/get_server_info", timeout=T).json()["num_in_flight"] < limit - 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        r = requests.post(srv.url + "/generate", json={"text": "two", "sampling_params": {"max_new_tokens": 1, "n": 2}},
+                          timeout=T)
+        assert r.status_code == 503, r.text
+        message = r.json()["error"]["message"]
+        assert f"({limit - 1}, limit {limit}; this request makes 2 (prompts times n), more than the 1 left)" in message, message
+        assert "Retry-After" in r.headers
+    finally:
+        for rid in rids:
+            requests.post(srv.url + "/abort_request", json={"rid": rid}, timeout=T)
+        for t in threads:
+            t.join(T)
+    assert sorted(results.values()) == [200] * len(rids)
+    _no_leaked_kv(srv.url)

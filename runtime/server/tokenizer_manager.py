@@ -628,7 +628,11 @@ class TokenizerManager:
         if self.draining:
             raise overloaded("the server is shutting down and accepts no new requests")
         if self.num_in_flight + n > self.max_in_flight:
-            raise overloaded(f"too many requests in flight ({self.num_in_flight}, limit {self.max_in_flight}); "
+            # a request of several parts is refused below the limit: say why ("(47, limit 48)"
+            # alone read as a refusal with room left)
+            left = max(0, self.max_in_flight - self.num_in_flight)
+            parts = f"; this request makes {n} (prompts times n), more than the {left} left" if n > 1 else ""
+            raise overloaded(f"too many requests in flight ({self.num_in_flight}, limit {self.max_in_flight}{parts}); "
                              "retry later")
 
     async def warm_prefixes(self, reqs: list[TokenizedGenerateReq],
