@@ -41,6 +41,7 @@ class Runtime:
     def __init__(self, log_level: str = "error", launch_timeout: float = 300.0, **kwargs: Any) -> None:
         from treadle.lang.server_args import ServerArgs
         from treadle.runtime.engine_args import translate_sglang_args
+        from treadle.runtime.model_source import resolve_model_source
         from treadle.runtime.server.launcher import STARTER_PIPE_ENV
 
         self.pid: int | None = None
@@ -54,6 +55,9 @@ class Runtime:
             kwargs["port"] = _free_port_from(port, kwargs.get("host", "127.0.0.1"))
         # SGLang's ServerArgs (treadle's EngineArgs with its url()); ValueError: a bad argument
         self.server_args = ServerArgs(log_level=log_level, **kwargs)
+        # the model path too, before a process starts: a Hub id, a missing file or directory is
+        # the server's ValueError here (the server would exit with it, a RuntimeError here)
+        resolve_model_source(self.server_args.model_path, tokenizer_path=self.server_args.tokenizer_path)
         host = self.server_args.host
         self.url = _local_url(host, self.server_args.port)
         self.generate_url = self.url + "/generate"

@@ -472,6 +472,7 @@ class Engine:
                   for x in _per_prompt("logprob_start_len", logprob_start_len, count)]
         top_nums = [0 if x is None else _py_scalar(x)
                     for x in _per_prompt("top_logprobs_num", top_logprobs_num, count)]
+        return_text_in_logprobs = _py_scalar(return_text_in_logprobs)  # np.True_ as return_logprob's
         if return_text_in_logprobs is True and self.tokenizer is None:
             raise ValueError("this model has no tokenizer to give token texts (return_text_in_logprobs)")
         reqs: list[TokenizedGenerateReq] = []
