@@ -204,7 +204,15 @@ class _StringsMixin:
             return '"' + self._pattern_with_length(schema["pattern"], lo, hi, path) + '"'
         lengths = "minLength" in schema or "maxLength" in schema
         if special == ["format"] and schema["format"] in text.FORMATS and lengths:
-            return '"' + _format_with_length(schema["format"], lo, hi, path) + '"'
+            try:
+                return '"' + _format_with_length(schema["format"], lo, hi, path) + '"'
+            except (UnsupportedSchemaError, Unsatisfiable):
+                if schema["format"] not in text.PYDANTIC_FORMATS:
+                    raise
+                # a format only Pydantic writes, which no validator checks (an annotation, written
+                # where it fits): none of its strings has these lengths, so any string of them
+                # (Base64Bytes under minLength 5, maxLength 7; pydantic's maxLength counts bytes)
+                schema, special = {k: v for k, v in schema.items() if k != "format"}, []
         if special and ("minLength" in schema or "maxLength" in schema):
             raise UnsupportedSchemaError(
                 f"json_schema: keyword '{special[0]}' at {path} together with minLength/maxLength is not supported "
