@@ -125,7 +125,7 @@ class Program:
         except BaseException as e:
             if not keep_error:
                 raise
-            state._ex.fail(e)  # a streamed run: the state's reads raise it
+            _fail_after_queued(state, e)  # a streamed run: the state's reads raise it
         finally:
             state._ex.end()
         if keep_error:
@@ -203,7 +203,7 @@ class Program:
             try:
                 s.ret_value = self.fn(s, **{**self.bound, **batch_kwargs[i]})
             except BaseException as e:  # kept on this state only; reading it raises e
-                s._ex.fail(e)
+                _fail_after_queued(s, e)
             finally:
                 s._ex.end()
             s._ex.sync()
@@ -335,6 +335,16 @@ def _defaults(args: dict) -> tuple[dict, dict]:
     stop = given.get("stop")
     SamplingParams.from_dict({**given, **({"stop": [stop]} if isinstance(stop, str) else {})}).validate()
     return given, {k: args[k] for k in LOGPROB_DEFAULTS if args.get(k) is not None}
+
+
+def _fail_after_queued(state: ProgramState, e: BaseException) -> None:
+    """Record the body's exception on its state once the nodes the body queued before raising
+    have run (as SGLang's executor runs its queue): the state's text() is then what the body had
+    written, not whatever the executor thread happened to have reached. An interrupt is recorded
+    at once."""
+    if isinstance(e, Exception):
+        state._ex.sync()
+    state._ex.fail(e)
 
 
 def _maybe_print(state: ProgramState) -> None:

@@ -31,3 +31,23 @@ def test_engine_takes_numpy_bool_for_return_text_in_logprobs():
     assert len(meta["output_token_logprobs"]) == 2
     assert all(isinstance(text, str) for _, _, text in meta["output_token_logprobs"])
     assert all(len(top) == 2 for top in meta["output_top_logprobs"])
+
+
+@pytest.mark.slow
+def test_run_batch_state_keeps_the_text_its_body_wrote_before_raising(sgl_runtime):
+    """docs/dsl.md: a run_batch program's error stays on its state, and `text()` gives what the
+    state had when it failed. The text its body queued before raising was dropped whenever the
+    executor thread had not reached it yet (here: the text after a gen in flight)."""
+    import treadle as sgl
+
+    @sgl.function
+    def fails(s, q):
+        s += q + sgl.gen("a", max_tokens=2, temperature=0)
+        s += " [tail]"
+        raise RuntimeError("the program's own error")
+
+    states = fails.run_batch([{"q": "One"}, {"q": "Two"}], backend=sgl_runtime)
+    for st in states:
+        assert isinstance(st.error(), RuntimeError)
+        assert st.text().endswith(" [tail]"), st.text()
+        assert st.text().startswith(("One", "Two")) and st["a"] in st.text()
