@@ -473,8 +473,8 @@ def test_run_batch_isolates_errors_and_uses_the_prefix(engine, backend):
     assert states[2]["label"] in (" positive", " negative")
     # a failed state's text() / messages() give the text it had, as SGLang's; error() has the error
     prompt = "Classify the sentiment of movie reviews as positive or negative.\n" * 3 + "Review: BOOM\nSentiment:"
-    # the body's raise drops the nodes still queued: the text is some prefix of the whole
-    assert any((prompt + c).startswith(states[1].text()) for c in (" positive", " negative"))
+    # the body raised after queueing the select: its error is kept once the select has run
+    assert states[1].text() == prompt + states[1]["label"]
     assert isinstance(states[1].error(), RuntimeError) and "boom in program" in str(states[1].error())
     with pytest.raises(ValueError, match="'item'"):
         states[3]["why"]
