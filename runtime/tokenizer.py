@@ -50,15 +50,17 @@ def _load_dir_tokenizer(path: str) -> Any:
 
 
 def _load_gguf_tokenizer(path: str) -> Any:
-    """From the on-disk copy when present, else from the GGUF (then save the copy)."""
+    """From the on-disk copy, made from the GGUF first when there is none: the process that
+    makes the copy reads it back too, so every process holds the same tokenizer (the one built
+    from the GGUF differs from its saved copy in init_kwargs: AddedToken objects, add_bos_token)."""
     cached = os.path.join(gguf_cache_dir(path), TOKENIZER_CACHE_DIR)
-    if os.path.isfile(os.path.join(cached, "tokenizer_config.json")):
-        return _load_saved_copy(cached)
-    from transformers import AutoTokenizer
+    if not os.path.isfile(os.path.join(cached, "tokenizer_config.json")):
+        from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path), local_files_only=True)
-    atomic_write_dir(cached, tok.save_pretrained)
-    return tok
+        tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                            local_files_only=True)
+        atomic_write_dir(cached, tok.save_pretrained)
+    return _load_saved_copy(cached)
 
 
 # The classes save_pretrained names for a tokenizer made from a GGUF file (transformers 5, 4).

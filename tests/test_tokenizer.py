@@ -2,6 +2,8 @@
 template already wrote (Llama 2/3 templates start with it)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from treadle.runtime.tokenizer import encode_prompt
@@ -72,3 +74,30 @@ def test_the_saved_copy_of_a_gguf_tokenizer_loads_without_the_model_registry():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", out.stdout  # AutoTokenizer imports transformers.models.auto and more
+
+
+def test_the_process_that_makes_the_copy_holds_the_same_tokenizer_as_later_ones(tmp_path, monkeypatch):
+    """A GGUF tokenizer loaded where no on-disk copy exists yet (a fresh cache dir) is the one a
+    later process reads from the copy: the first load reads back the copy it saved. It was the
+    tokenizer built from the GGUF, whose init_kwargs differ (seen when a test with its own cache
+    dir loaded the embedded model's tokenizer first in a worker)."""
+    from treadle.runtime.gguf_loader import gguf_cache_dir
+    from treadle.runtime.model_source import embedded_model_path, resolve_model_source
+    from treadle.runtime.tokenizer import TOKENIZER_CACHE_DIR, clear_tokenizer_cache, load_tokenizer
+
+    monkeypatch.setenv("TREADLE_CACHE_DIR", str(tmp_path))
+    clear_tokenizer_cache()
+    try:
+        copy = os.path.join(gguf_cache_dir(embedded_model_path()), TOKENIZER_CACHE_DIR)
+        assert copy.startswith(str(tmp_path)) and not os.path.exists(copy)
+        first = load_tokenizer(resolve_model_source(None))  # makes the copy
+        assert os.path.isfile(os.path.join(copy, "tokenizer_config.json"))
+        clear_tokenizer_cache()
+        later = load_tokenizer(resolve_model_source(None))  # reads it
+        assert first is not later and type(first) is type(later)
+        drop = {"name_or_path"}
+        assert ({k: v for k, v in first.init_kwargs.items() if k not in drop}
+                == {k: v for k, v in later.init_kwargs.items() if k not in drop})
+        assert first.backend_tokenizer.to_str() == later.backend_tokenizer.to_str()
+    finally:
+        clear_tokenizer_cache()  # the next load reads the default cache dir's copy again
