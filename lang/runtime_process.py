@@ -17,7 +17,6 @@ import atexit
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import Any, AsyncIterator
 import requests
 
 from treadle.lang.backend_http import RuntimeEndpoint
+from treadle.lang.ports import PortReservation, free_port_from, reserve_port
 
 
 class Runtime:
@@ -47,12 +47,15 @@ class Runtime:
         self.pid: int | None = None
         self._proc: subprocess.Popen | None = None
         self._starter_pipe: int | None = None  # the write end of the pipe the server watches
+        self._port_reservation: PortReservation | None = None  # held until the server is stopped
         kwargs = translate_sglang_args(kwargs, "Runtime")  # SGLang's names (random_seed, ...): ValueError
         # as SGLang's Runtime: the first free port from the one given (30000 when none is), so a
-        # port already taken (a server launched earlier) moves the new server up, not fails it
+        # port already taken (a server launched earlier) moves the new server up, not fails it;
+        # reserved (ports.py) until shutdown, so a Runtime starting beside it picks another
         port = kwargs.get("port", 30000)
         if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 40000:
-            kwargs["port"] = _free_port_from(port, kwargs.get("host", "127.0.0.1"))
+            self._port_reservation = reserve_port(kwargs.get("host", "127.0.0.1"), port)
+            kwargs["port"] = self._port_reservation.port
         # SGLang's ServerArgs (treadle's EngineArgs with its url()); ValueError: a bad argument
         self.server_args = ServerArgs(log_level=log_level, **kwargs)
         # the model path too, before a process starts: a Hub id, a missing file or directory is
@@ -121,7 +124,10 @@ class Runtime:
         proc, self._proc = self._proc, None
         pipe, self._starter_pipe = self._starter_pipe, None
         self.pid = None
+        reservation, self._port_reservation = self._port_reservation, None
         if proc is None:
+            if reservation is not None:
+                reservation.release()
             return
         atexit.unregister(self.shutdown)
         try:
@@ -138,6 +144,8 @@ class Runtime:
         finally:
             if pipe is not None:
                 os.close(pipe)
+            if reservation is not None:
+                reservation.release()  # the server is gone: its port is free for others
 
     def __enter__(self) -> "Runtime":
         return self
@@ -237,15 +245,5 @@ def _local_url(host: str, port: int) -> str:
 
 
 def _free_port_from(start: int, host: str, end: int = 40000) -> int:
-    """The first port from `start` that a server can bind on `host` (an IPv6 address, "::1",
-    is tried as IPv6: an IPv4 socket cannot bind it, which made every port look taken)."""
-    all_interfaces = host in ("", "::")
-    family = socket.AF_INET6 if ":" in host and not all_interfaces else socket.AF_INET
-    for port in range(start, end):
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("0.0.0.0" if all_interfaces else host, port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {start}..{end - 1} on {host}")
+    """The first port from `start` that a server can bind on `host` and no launcher holds."""
+    return free_port_from(start, host, end)

@@ -33,14 +33,29 @@ def print_highlight(content: Any) -> None:
 
 def wait_for_server(base_url: str, timeout: float | None = None, api_key: str | None = None) -> None:
     """Wait until the server at `base_url` answers `/health` with 200 (for ever without a
-    `timeout`, in seconds; then a TimeoutError naming the URL)."""
+    `timeout`, in seconds; then a TimeoutError naming the URL). For a server `launch_server_cmd`
+    started here: a RuntimeError as soon as it exits, and a server answering on its port that
+    is not it (another program's, which took the port first) is not taken for it."""
     base_url = base_url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     deadline = None if timeout is None else time.monotonic() + timeout
+    launched = _launched_at(base_url)
+    other = None  # the pid of another process's server found answering at base_url
     while True:
+        if launched is not None and launched.poll() is not None:
+            taken = f", and another process's server (pid {other}) answers there" if other is not None else ""
+            raise RuntimeError(f"the server launched on {base_url} exited with status {launched.returncode} "
+                               f"before it was ready{taken}; its output is above")
         try:
             if requests.get(base_url + "/health", headers=headers, timeout=5).status_code == 200:
-                return
+                if launched is None:
+                    return
+                from treadle.lang.runtime_process import server_pid_at
+
+                pid = server_pid_at(base_url, api_key)
+                if not isinstance(pid, int) or _descends_from(pid, launched.pid):
+                    return
+                other = pid
         except requests.RequestException:
             pass
         if deadline is not None and time.monotonic() > deadline:
@@ -59,8 +74,20 @@ def terminate_process(process: Any, timeout: float = 30.0) -> None:
             pass
         return
     if isinstance(process, subprocess.Popen):
-        if process.poll() is not None:
-            return
+        try:
+            _stop_popen(process, timeout)
+        finally:
+            _forget_launched(process)  # launch_server_cmd's port is free for others now
+        return
+    process.terminate()  # a multiprocessing.Process
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
+def _stop_popen(process: subprocess.Popen, timeout: float) -> None:
+    if process.poll() is None:
         process.terminate()
         try:
             process.wait(timeout=timeout)
@@ -70,12 +97,6 @@ def terminate_process(process: Any, timeout: float = 30.0) -> None:
             except (ProcessLookupError, PermissionError):
                 process.kill()
             process.wait()
-        return
-    process.terminate()  # a multiprocessing.Process
-    process.join(timeout)
-    if process.is_alive():
-        process.kill()
-        process.join()
 
 
 def http_request(url: str, json: Any = None, stream: bool = False, api_key: str | None = None, verify: Any = None,
@@ -154,16 +175,70 @@ def launch_server_cmd(command: str, host: str = "0.0.0.0", port: int | None = No
     """Start a server command with `--port` added (a free port from 30000 when `port` is None),
     as SGLang's tutorials do first: `launch_server_cmd("python -m treadle.launch_server
     --model-path HuggingFaceTB/SmolLM2-135M-Instruct --host 0.0.0.0")` returns (process, port);
-    then `wait_for_server(f"http://localhost:{port}")`, and `terminate_process(process)` at the end."""
-    if port is None:
-        port = _free_port(host)
-    return execute_shell_command(f"{command} --port {port}"), port
+    then `wait_for_server(f"http://localhost:{port}")`, and `terminate_process(process)` at the end.
+    The port picked is held for this process (ports.py) until `terminate_process` stops the
+    server, so programs launching at once get different ports; `wait_for_server` on it raises
+    if this server exits before it is ready, and does not take another's server for it."""
+    from treadle.lang.ports import reserve_port
+
+    reservation = reserve_port(host) if port is None else None
+    if reservation is not None:
+        port = reservation.port
+    try:
+        process = execute_shell_command(f"{command} --port {port}")
+    except BaseException:
+        if reservation is not None:
+            reservation.release()
+        raise
+    _LAUNCHED[port] = (process, reservation)
+    return process, port
+
+
+# port -> (process, its PortReservation or None): the servers launch_server_cmd started here
+_LAUNCHED: dict[int, tuple[subprocess.Popen, Any]] = {}
+
+
+def _launched_at(base_url: str) -> subprocess.Popen | None:
+    """The process launch_server_cmd started on `base_url`'s port, if any (and not yet stopped)."""
+    from urllib.parse import urlsplit
+
+    try:
+        port = urlsplit(base_url).port
+    except ValueError:
+        return None
+    entry = _LAUNCHED.get(port) if port is not None else None
+    return entry[0] if entry is not None else None
+
+
+def _forget_launched(process: subprocess.Popen) -> None:
+    """Drop a stopped server's entry and release its port."""
+    for port, (proc, reservation) in list(_LAUNCHED.items()):
+        if proc is process:
+            del _LAUNCHED[port]
+            if reservation is not None:
+                reservation.release()
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether process `pid` is `ancestor` or one of its descendants (True where /proc cannot
+    tell: only a server shown to be another's is refused)."""
+    for _ in range(64):
+        if pid == ancestor:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])  # field 4: the parent's pid
+        except (OSError, ValueError, IndexError):
+            return not os.path.isdir("/proc/self")
+        if pid <= 1:
+            return False
+    return False
 
 
 def _free_port(host: str, start: int = 30000, end: int = 40000) -> int:
-    from treadle.lang.runtime_process import _free_port_from
+    from treadle.lang.ports import free_port_from
 
-    return _free_port_from(start, host, end)
+    return free_port_from(start, host, end)
 
 
 # ---------------------------------------------------------------- the offline Engine's streaming helpers
