@@ -33,10 +33,10 @@ class PortReservation:
     def held(self) -> bool:
         return self._fd is not None
 
-    def release(self) -> None:
+    def release(self, _close=os.close) -> None:  # bound here: at interpreter exit `os` may be gone
         fd, self._fd = self._fd, None
         if fd is not None:
-            os.close(fd)  # closing the file drops its flock
+            _close(fd)  # closing the file drops its flock
 
     def __del__(self) -> None:
         self.release()

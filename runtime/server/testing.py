@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,9 +18,26 @@ import requests
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a test's server on 127.0.0.1, held for the rest of this process (ports.py), so
+    no other test process picks it. It lies below the kernel's ephemeral range: a port the kernel
+    hands out (bind to 0) can be given to an outgoing connection in the seconds before the server
+    binds it, which then fails to start."""
+    from treadle.lang.ports import reserve_port
+
+    reservation = reserve_port("127.0.0.1", 20000, min(30000, _ephemeral_low()))
+    _HELD.append(reservation)
+    return reservation.port
+
+
+_HELD: list = []  # the reservations free_port made: released when this process exits
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 class ServerProcess:
