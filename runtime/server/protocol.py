@@ -7,6 +7,7 @@ error is a 4xx naming the problem and never a 500.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from typing import Any
@@ -156,6 +157,23 @@ def json_pieces(obj: Any, ensure_ascii: bool = False, separators: tuple[str, str
 
     walk(obj)
     return out
+
+
+def non_finite_path(obj: Any, path: str = "") -> str | None:
+    """The path (`tools[0].parameters.maximum`) of the first NaN or infinite number in a
+    parsed JSON value, or None. Python's reader takes NaN, Infinity and 1e400 (as inf), which
+    JSON has no text for: a reply that echoes one back cannot be written. Iterative: a value
+    nests as deep as the reader allowed."""
+    todo: list[tuple[Any, str]] = [(obj, path)]
+    while todo:
+        x, at = todo.pop()
+        if type(x) is float and not math.isfinite(x):
+            return at or "the value"
+        if type(x) is dict:
+            todo.extend((v, f"{at}.{k}" if at else str(k)) for k, v in reversed(list(x.items())))
+        elif type(x) in (list, tuple):
+            todo.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(x))))
+    return None
 
 
 def _flat(x: Any) -> bool:

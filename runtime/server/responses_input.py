@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from treadle.runtime.server.compat_fields import OPENAI, Table, check_compat_fields
 from treadle.runtime.server.openai_api import _PASSED
-from treadle.runtime.server.protocol import APIError, clip_names, json_pieces, quoted
+from treadle.runtime.server.protocol import APIError, clip_names, json_pieces, non_finite_path, quoted
 from treadle.runtime.server.responses_output import ITEM_OVERHEAD, new_id
 
 # the chat path's sampling extras (SGLang's and vLLM's, sent as extra_body), passed on as they are
@@ -149,6 +149,7 @@ def wants_logprobs(body: dict) -> bool:
 
 def translate(body: dict, earlier: list[dict]) -> Plan:
     """The Responses body as a chat body (on a builder thread: it walks the input)."""
+    _check_finite(body)
     chat: dict[str, Any] = {k: body[k] for k in ("model", "temperature", "top_p", "parallel_tool_calls", "stream",
                                                   "rid", "request_id", *EXTRAS, *OPENAI) if k in body}
     if body.get("max_output_tokens") is not None:
@@ -180,6 +181,17 @@ def translate(body: dict, earlier: list[dict]) -> Plan:
     echoed = json_size({k: v for k, v in body.items() if k != "input"})
     return Plan(chat, origins, items, new_messages,
                 echoed + input_size + json_size(items) + ITEM_OVERHEAD * len(items), input_size)
+
+
+def _check_finite(body: dict) -> None:
+    """A 400 naming the first NaN or infinite number (NaN, Infinity, 1e400, which Python's
+    reader takes) anywhere in the body: the response echoes the request's settings, and the
+    store its input items, as JSON, which has no text for them."""
+    at = non_finite_path(body)
+    if at is not None:
+        field = re.match(r"[^.\[]*", at).group(0)
+        raise APIError.bad_request(f"{at}: JSON has no such number as NaN or infinity (nor one past a double's range, "
+                                   "as 1e400): send a finite number", field)
 
 
 def _text(value: Any, where: str) -> str:
