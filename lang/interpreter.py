@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import threading
 import warnings
 from typing import Any
 
 from treadle.lang import ir, speculation
 from treadle.lang.backend import Backend
-from treadle.lang.reasoning import reasoning_name, split_reasoning
+from treadle.lang.reasoning import REASONING_MODEL_TYPES, reasoning_name, split_reasoning
 from treadle.runtime.sampling_params import GRAMMAR_FIELDS
 
 def _parse_bool(text: str) -> bool:
@@ -405,9 +406,31 @@ class StreamExecutor:
         start = self.gen_starts.get(node.name)
         with self._cv:
             if start is not None and self.text_[start:start + len(value)] == value:
-                self.text_ = self.text_[:start] + answer + self.text_[start + len(value):]
+                cut = start
+                open_tag, _, inside = REASONING_MODEL_TYPES[node.model_type]
+                if inside and open_tag not in value:
+                    # the block opened before the gen: DeepSeek-R1's template (and Qwen3 thinking
+                    # models') ends its generation prompt with "<think>\n". The tag leaves the text
+                    # with the block, so the message reads "<｜Assistant｜>answer" as SGLang's
+                    # text and the template's own rendering of the reply have it
+                    opened = re.search(re.escape(open_tag) + r"\s*\Z", self.text_[:start])
+                    if opened is not None:
+                        cut = opened.start()
+                self.text_ = self.text_[:cut] + answer + self.text_[start + len(value):]
+                if cut < start:
+                    self._shift_positions(cut, start)
         self._set_var(node.name, answer, self.meta.get(node.name) or {})
         self._set_var(reasoning_name(node.name), reasoning, {})
+
+    def _shift_positions(self, cut: int, end: int) -> None:
+        """Text [cut, end) was taken out: positions recorded past it move back, those in it to `cut`."""
+        def moved(pos: int) -> int:
+            return pos - (end - cut) if pos >= end else min(pos, cut)
+
+        self.role_start = moved(self.role_start)
+        self.fork_len = moved(self.fork_len)
+        self.gen_starts = {k: moved(v) for k, v in self.gen_starts.items()}
+        self.scope_starts = {k: moved(v) for k, v in self.scope_starts.items()}
 
     def _set_var(self, name: str, value: Any, meta: dict) -> None:
         with self._cv:
