@@ -24,6 +24,7 @@ from typing import Callable
 from treadle.lang.ir import ROLES
 
 _PH = "TREADLEPLACEHOLDER7291"
+_PH_USER = "TREADLEUSERHOLDER4607"
 _FILL = "TREADLEFILLER5813"
 
 # render(messages, add_generation_prompt) -> prompt text
@@ -56,6 +57,10 @@ class ChatTemplate:
     # role -> why the model's own template refuses it (Mistral's and Gemma's raise on a system
     # message): a program that opens such a message gets a ValueError saying so
     refused_roles: dict[str, str] = field(default_factory=dict)
+    # the model's own template puts a leading system message inside the first user message
+    # (Llama-2's "[INST] <<SYS>>\n...\n<</SYS>>\n\n", Mistral v0.3's "[INST] ...\n\n"), as
+    # SGLang's LLAMA2 style: the system role's strings are what goes around its text there
+    system_in_first_user: bool = False
 
     def get_prefix_and_suffix(self, role: str, hist_messages: list[dict]) -> tuple[str, str]:
         """The text before and after a `role` message that follows `hist_messages`, as SGLang's."""
@@ -63,6 +68,8 @@ class ChatTemplate:
             raise ValueError(f"this model's chat template cannot render a {role} message on its own "
                              f"({self.refused_roles[role]}); put its text in the first user message instead")
         prefix, suffix = self.role_prefix_and_suffix.get(role, ("", ""))
+        if self.system_in_first_user:
+            return self._folded(role, hist_messages, prefix, suffix)
         if self.style == ChatTemplateStyle.LLAMA2:
             if role == "system" and not hist_messages:
                 user_prefix, _ = self.role_prefix_and_suffix.get("user", ("", ""))
@@ -71,6 +78,20 @@ class ChatTemplate:
             if role == "user" and len(hist_messages) == 1 and hist_messages[0]["content"] is not None:
                 return "", suffix
         return prefix, suffix
+
+    def _folded(self, role: str, hist_messages: list[dict], prefix: str, suffix: str) -> tuple[str, str]:
+        """get_prefix_and_suffix of a template that renders a leading system message inside the
+        first user message (`system_in_first_user`)."""
+        after_system = bool(hist_messages) and hist_messages[-1]["role"] == "system"
+        if role == "system":
+            if hist_messages:
+                raise ValueError("this model's chat template renders a system message only as the first message "
+                                 "(inside the first user message); put its text in a user message instead")
+            return self.implicit_prefix + self.role_prefix_and_suffix.get("user", ("", ""))[0] + prefix, suffix
+        if after_system and role != "user":
+            raise ValueError(f"this model's chat template renders the system message inside the first user "
+                             f"message: a user message must follow it, not a {role} message")
+        return ("" if after_system else prefix), suffix
 
     def get_prompt(self, messages: list[dict]) -> str:
         """The text of a whole conversation, as SGLang's: a system message whose content is None
@@ -97,9 +118,11 @@ class ChatTemplate:
     @classmethod
     def from_renderer(cls, render: Renderer, name: str = "model") -> "ChatTemplate":
         """Derive the role strings by rendering placeholder conversations. A template that
-        refuses a system message (it raises, as Mistral's and Gemma's do, or leaves the message
-        out or moves it into a user turn, as Mistral v0.3's) renders user and assistant
-        messages after a history without one, and its system role is refused (`refused_roles`).
+        renders no system message alone (it raises, as Mistral v0.1's and Gemma's do, or moves
+        it into a user message, as Llama-2's and Mistral v0.3's) renders user and assistant
+        messages after a history without one; a leading system message then goes inside the
+        first user message where the template puts it there (`system_in_first_user`, as
+        SGLang's LLAMA2 style), else its system role is refused (`refused_roles`).
         An assistant message opens with the template's generation prompt (add_generation_prompt),
         so a gen there sees the prompt a chat request would send."""
         import jinja2
@@ -150,12 +173,36 @@ class ChatTemplate:
         first_user = render([{"role": "user", "content": _PH}], False)
         idx = first_user.find(parts["user"][0] + _PH)
         implicit = first_user[:idx] if idx > 0 else ""
-        return cls(name, None, parts, implicit_prefix=implicit, refused_roles=refused)
+        folded = _system_in_first_user(render, implicit, parts["user"]) if "system" in refused else None
+        if folded is not None:
+            parts["system"] = folded
+            del refused["system"]
+        return cls(name, None, parts, implicit_prefix=implicit, refused_roles=refused,
+                   system_in_first_user=folded is not None)
 
     @classmethod
     def empty(cls) -> "ChatTemplate":
         """Roles that render as nothing (a trace without a backend)."""
         return cls("empty", None, {r: ("", "") for r in ROLES})
+
+
+def _system_in_first_user(render: Renderer, implicit: str, user: tuple[str, str]) -> tuple[str, str] | None:
+    """The text before and after a leading system message's content inside the first user
+    message, from a template that renders no system message alone (Llama-2's, Mistral v0.3's):
+    a system plus a user message renders as implicit + user prefix + before + system + after +
+    user + user suffix. None when it does not (the template raises, or puts it elsewhere)."""
+    import jinja2
+
+    messages = [{"role": "system", "content": _PH}, {"role": "user", "content": _PH_USER}]
+    try:
+        text = render(messages, False)
+    except (jinja2.TemplateError, ValueError):
+        return None
+    lead, tail = implicit + user[0], _PH_USER + user[1]
+    if text.count(_PH) != 1 or text.count(_PH_USER) != 1 or not text.startswith(lead) or not text.endswith(tail):
+        return None
+    before, after = text[len(lead):-len(tail)].split(_PH)
+    return (before, after) if _PH_USER not in before else None
 
 
 def _split(text: str, role: str) -> tuple[str, str]:

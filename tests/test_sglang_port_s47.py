@@ -52,3 +52,54 @@ def test_separate_reasoning_takes_the_think_tag_of_deepseek_r1s_generation_promp
     assert state.messages()[1] == {"role": "assistant", "content": answer}
     assert state.text() == render(state.messages(), False)
     assert "think>" not in state.text()
+
+
+# Llama-2-chat's and Mistral-7B-Instruct-v0.3's chat templates (as their tokenizer_config.json has
+# them; Mistral's tools part left out): neither renders a system message alone, both put it inside
+# a user message
+LLAMA2_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}")
+MISTRAL_V03_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
+    "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}"
+    "{%- for message in loop_messages %}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{- raise_exception('After the optional system message, conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{%- endif %}{%- endfor %}{{- bos_token }}"
+    "{%- for message in loop_messages %}{%- if message['role'] == 'user' %}"
+    "{%- if loop.last and system_message is defined %}"
+    "{{- '[INST] ' + system_message + '\\n\\n' + message['content'] + '[/INST]' }}"
+    "{%- else %}{{- '[INST] ' + message['content'] + '[/INST]' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' %}{{- ' ' + message['content']|trim + eos_token }}"
+    "{%- else %}{{- raise_exception('Only user and assistant roles are supported!') }}{%- endif %}{%- endfor %}")
+
+
+@pytest.mark.parametrize("template", [LLAMA2_TEMPLATE, MISTRAL_V03_TEMPLATE], ids=["llama-2", "mistral-v0.3"])
+def test_a_system_message_goes_inside_the_first_user_message_as_the_template_puts_it(sgl_runtime, template):
+    """SGLang's multi-turn chat example opens with `sgl.system(...)`; on a served Llama-2-chat or
+    Mistral v0.3 model it was a ValueError ('cannot render a system message on its own'), where
+    SGLang's named templates (llama-2-chat's LLAMA2 style) put it inside the first user message, as
+    these templates do. Now the text is the template's own rendering of the conversation."""
+    endpoint, render = _endpoint(sgl_runtime, template, "<s>", "</s>")
+
+    @sgl.function
+    def multi_turn_question(s, question_1):
+        s += sgl.system("You are a helpful assistant.")
+        s += sgl.user(question_1)
+        s += sgl.assistant(sgl.gen("answer_1", max_tokens=4, regex="Paris"))  # no space the template would strip
+
+    state = multi_turn_question.run(question_1="What is the capital of France?", temperature=0, backend=endpoint)
+    messages = state.messages()
+    assert [m["role"] for m in messages] == ["system", "user", "assistant"]
+    asked = render(messages[:2], False)  # what a chat request of the system and user messages sends
+    assert "You are a helpful assistant." in asked and state.text().startswith(asked)
+    if template is LLAMA2_TEMPLATE:  # Mistral v0.3's renders the system message with the last user message only
+        assert state.text() == render(messages, False)
