@@ -152,18 +152,20 @@ class ProgramTrace:
     placeholder text (`s["x"]` reads one, `if s["x"] == "yes"` is False, as SGLang's variables
     compare); the expressions are recorded in `nodes`, in the order the body added them (fork
     branches' after their ForkBranch). `last_node.print_graph_dfs()` writes the path to the last
-    one, `print_graph()` all of them. Roles render with the backend's chat template when there
-    is a backend, else as nothing. Programs called from the body are traced too."""
+    one this body added, `print_graph()` all of them. Roles render with the backend's chat template
+    when there is a backend, else as nothing. Programs called from the body are traced too, and
+    their nodes are in `nodes` (each called program's chain starts anew, as its own state's)."""
 
     def __init__(self, arguments: dict[str, Any]) -> None:
         self.arguments = arguments
         self.nodes: list[TraceNode] = []
         self.ret_value: Any = None
         self.state: ProgramState | None = None
+        self._last: TraceNode | None = None  # the last node this program's body added (not a called program's)
 
     @property
     def last_node(self) -> TraceNode | None:
-        return self.nodes[-1] if self.nodes else None
+        return self._last
 
     @property
     def variables(self) -> dict[str, Any]:
@@ -218,7 +220,7 @@ class _GraphTracer(StreamExecutor):
         self._forked: dict[int, int] = {}  # id of the node a fork starts after -> branches made there
 
     def _record(self, expr: ir.Expr) -> None:
-        self.last = TraceNode(expr, self.last)
+        self.last = self.trace._last = TraceNode(expr, self.last)
         self.trace.nodes.append(self.last)
 
     def _execute(self, expr: ir.Expr) -> None:
@@ -260,6 +262,8 @@ def trace_program(fn: Callable, arguments: dict[str, Any], backend: Backend | No
         _tracing.trace = outer
     trace.state._ex.end()
     trace.state._ex.raise_if_failed()
+    if outer is not None:  # a program called from a traced body: its nodes are the caller's graph's too,
+        outer.nodes.extend(trace.nodes)  # as SGLang's compiled graph takes in its child states' nodes
     return trace
 
 

@@ -103,3 +103,27 @@ def test_a_system_message_goes_inside_the_first_user_message_as_the_template_put
     assert "You are a helpful assistant." in asked and state.text().startswith(asked)
     if template is LLAMA2_TEMPLATE:  # Mistral v0.3's renders the system message with the last user message only
         assert state.text() == render(messages, False)
+
+
+def test_print_graph_has_the_nodes_of_the_programs_the_body_calls():
+    """SGLang's compiled graph takes in the states of the programs a traced body calls
+    (`sub(x=...)` is traced, its tracer state a child of the caller's); treadle traced the call
+    but print_graph() and the trace's nodes left its expressions out."""
+    @sgl.function
+    def expand(s, topic):
+        s += "Expand on " + topic + ":" + sgl.gen("detail", max_tokens=16)
+
+    @sgl.function
+    def outline(s, topic):
+        s += "Outline of " + topic + ":" + sgl.gen("points", max_tokens=8)
+        expand(topic="the first point")
+        s += "Done." + sgl.gen("end", max_tokens=2)
+
+    compiled = outline.compile()
+    graph = compiled.print_graph()
+    assert compiled.trace.last_node.print_graph_dfs().splitlines() == [
+        "%0 = Constant('Outline of {topic}:')", "%1 = Gen('points', max_tokens=8)", "%2 = Constant('Done.')",
+        "%3 = Gen('end', max_tokens=2)"]
+    assert graph.splitlines() == ["%0 = Constant('Outline of {topic}:')", "%1 = Gen('points', max_tokens=8)",
+                                  "%2 = Constant('Expand on the first point:')", "%3 = Gen('detail', max_tokens=16)",
+                                  "%4 = Constant('Done.')", "%5 = Gen('end', max_tokens=2)"], graph
