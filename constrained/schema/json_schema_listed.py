@@ -241,6 +241,19 @@ class _ListedMixin:
         """A jsonschema validator of ``schema`` (a part of the root: refs resolve in it)."""
         return self._validator.evolve(schema=schema)
 
+    @staticmethod
+    def _longer_than_listed(fsm: Any, listed: list, t: str) -> str | None:
+        """The texts of ``fsm`` (one spelling a value) longer than every listed value's text, as
+        a regex (a subset of ``fsm`` less the listed values); None when there is none or it is
+        too long to write. Strings only: a longer number text is no larger number."""
+        if t != "string":
+            return None
+        longest = max(len(_literal(v)) for v in listed)
+        try:
+            return fsm_to_regex(fsm & interegular.parse_pattern(f"(?:.|\\n){{{longest + 1},}}").to_fsm())
+        except ValueError:
+            return None
+
     def _not_listed(self, part: str, t: str, listed: list, path: str) -> str:
         """``part`` (the regex of type ``t``) without the texts of ``listed`` values. Equal
         values must have one spelling for that: strings are written with raw characters only,
@@ -260,7 +273,16 @@ class _ListedMixin:
         try:
             out = fsm_to_regex(fsm - interegular.parse_pattern(drop).to_fsm())
         except ValueError as exc:
-            raise UnsupportedSchemaError(f"json_schema: keyword 'not' at {path} is not supported: {exc}") from exc
+            # a long list taken out of a pattern (ansible-lint's rule names: the pattern's names
+            # less the listed ones) is a trie of them, each node twice, past fsm_to_regex's cap.
+            # Strict mode writes the subset of texts longer than every listed one: none listed
+            out = self._longer_than_listed(fsm, mine, t) if not self.spec else None
+            if out is None:
+                keyword = "oneOf" if re.search(r"\.oneOf\[\d+\](?:\.anyOf\[\d+\])?$", path) else "not"
+                raise UnsupportedSchemaError(
+                    f"json_schema: keyword '{keyword}' at {path} is not supported: the {t}s it allows less the "
+                    f"{len(mine)} values {'its other branches list' if keyword == 'oneOf' else 'it lists'}: "
+                    f"{exc}") from exc
         if out is None:
             raise Unsatisfiable(f"json_schema: keyword 'not' at {path}: every {t} value is excluded")
         return out

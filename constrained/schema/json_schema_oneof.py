@@ -139,7 +139,7 @@ class _AlternativesMixin:
             raise overlap
         apart = Apart(self.merger, self.validator_for, strict=not self.spec)
         broken: dict[int, list] = {}
-        out, first_error, refused = [], None, False
+        out, first_error, refused, unwritable = [], None, False, None
         for i, branch in enumerate(branches):
             where = f"{path}.oneOf[{i}]"
             if i in twice:
@@ -192,10 +192,17 @@ class _AlternativesMixin:
                 out.append(self.convert(final, where))
             except UnsupportedSchemaError as exc:
                 first_error = first_error or exc
+                if not isinstance(exc, NoOutput):
+                    unwritable = unwritable or exc
         if refused:
             raise overlap
         if out:
             return _alt(out)
+        if unwritable is not None:
+            # a branch treadle cannot write, whatever the others' errors: no proof that no value
+            # satisfies exactly one (ansible-lint's rule names, a oneOf of a list and a pattern
+            # whose difference was too long to write, was "Unsatisfiable" and its keys left out)
+            raise unwritable
         if isinstance(first_error, NoOutput):
             # a proof only where each branch was written exactly where the others fail: the spec
             # mode's complements, each listing every way to fail (strict mode's breakers are cut)

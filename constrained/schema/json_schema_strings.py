@@ -47,6 +47,7 @@ from treadle.constrained.schema.string_shapes import (
     _top_branches,
     _web_urls_matching,
 )
+from treadle.constrained.schema.uri_shapes import wider_uri_format
 
 # The formats a validator may check (JSON Schema's, drafts 4 to 2020-12): one of these that
 # treadle cannot write is refused; any other format is an annotation (OpenAPI's int32, byte, and
@@ -369,7 +370,10 @@ def _format_and_pattern(fmt: str, pattern: Any, lo: int, hi: int | None, lengths
     try:
         return _format_subset_and_pattern(fmt, pattern, text.FORMATS[fmt], lo, hi, lengths, path)
     except NoOutput:
-        raise
+        wide = wider_uri_format(fmt)  # a URN's pattern under a URI format (uri_shapes.py)
+        if wide is None:
+            raise
+        return _format_subset_and_pattern(fmt, pattern, wide, lo, hi, lengths, path)
     except UnsupportedSchemaError:
         if fmt not in text.PLAIN_FORMATS:
             raise

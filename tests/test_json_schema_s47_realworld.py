@@ -1,0 +1,112 @@
+"""Real-world schemas of session 47 (a sweep of JSON Schema files that packages ship, sources
+the earlier sweeps did not cover: cyclonedx-python-lib's CycloneDX BOM schemas 1.2-1.7 with
+their SPDX and JSF companions, nbformat's notebook schemas, the JupyterLab / Notebook / Jupyter
+Server settings and event schemas, ansible-lint's schemas, great-expectations' expectation and
+datasource schemas, altair's Vega-Lite schema, cibuildwheel, scikit-build-core, poetry-core,
+validate-pyproject, datamodel-code-generator, openapi-schema-validator): what it found wrong,
+each failing before its fix. Compile-level: treadle's regex, walked over single bytes, every
+finished walk validated by ``jsonschema`` with its format checker (rfc3987 checks the URIs)."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from json_checks import byte_walks
+
+from treadle.constrained.schema.json_schema import json_schema_to_regex
+
+
+def _valid_walks(schema: dict, *, walks: int = 30, least: int = 10, seed: int = 47) -> list:
+    """The values of the finished byte walks of ``schema``'s regex, each valid under it."""
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    check = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    values = []
+    for data in byte_walks(json_schema_to_regex(schema), walks, seed=seed, by_state=True):
+        if data is not None:
+            value = json.loads(data)
+            assert check.is_valid(value), data
+            values.append(value)
+    assert len(values) >= least, values
+    return values
+
+
+# ------------------------------------------- 1. a URN pattern under an IRI format: satisfiable
+
+# cyclonedx-python-lib, cyclonedx/schema/_res/bom-1.6.SNAPSHOT.schema.json (and 1.5, 1.7):
+# definitions bomLinkDocumentType / bomLinkElementType / bomLink, trimmed (title, description)
+UUID = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+BOM_LINK = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "definitions": {
+        "bomLinkDocumentType": {"type": "string", "format": "iri-reference",
+                                "pattern": f"^urn:cdx:{UUID}/[1-9][0-9]*$"},
+        "bomLinkElementType": {"type": "string", "format": "iri-reference",
+                               "pattern": f"^urn:cdx:{UUID}/[1-9][0-9]*#.+$"},
+        "bomLink": {"anyOf": [{"$ref": "#/definitions/bomLinkDocumentType"},
+                              {"$ref": "#/definitions/bomLinkElementType"}]},
+    },
+    "type": "object",
+    "properties": {"ref": {"$ref": "#/definitions/bomLink"}},
+    "required": ["ref"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("fmt", ["iri-reference", "uri"])
+def test_a_urn_pattern_under_a_uri_format_is_written(fmt):
+    """(before: a 400 "keyword 'pattern' ...: no 'iri-reference' string matches it": the URI
+    subset treadle writes has an authority, ``scheme://host``, and a URN has none; in a schema
+    where the bomLink is optional, its branches were left out silently.) Now the URIs with no
+    authority are tried where the usual subset meets no string of the pattern."""
+    schema = json.loads(json.dumps(BOM_LINK).replace("iri-reference", fmt))
+    refs = [v["ref"] for v in _valid_walks(schema)]
+    assert all(r.startswith("urn:cdx:") for r in refs), refs
+    assert any("#" in r for r in refs) and any("#" not in r for r in refs), refs
+    if fmt == "uri":  # a pattern no URI matches is still refused as such
+        with pytest.raises(ValueError, match="no 'uri' string matches it"):
+            json_schema_to_regex({"type": "string", "format": fmt, "pattern": "^a b$"})
+
+
+# ------------------------- 2. a oneOf of a long name list and a pattern: the rest of the pattern
+
+# ansible-lint, ansiblelint/schemas/ansible-lint-config.json: properties.rules (its $defs/rule
+# inlined): a key is a rule id, "oneOf" the listed ones or any of the pattern; every listed id
+# matches the pattern too, so the keys valid under exactly one branch are the pattern's others
+RULE_IDS = """command-instead-of-module command-instead-of-shell deprecated-bare-vars deprecated-local-action
+deprecated-module empty-string-compare fqcn fqcn[action-core] fqcn[action] fqcn[canonical] fqcn[keyword] galaxy
+galaxy[no-changelog] galaxy[no-runtime] galaxy[tags] galaxy[version-incorrect] galaxy[version-missing]
+ignore-errors inline-env-var internal-error jinja jinja[invalid] jinja[spacing] key-order latest literal-compare
+load-failure load-failure[not-found] loop-var-prefix loop-var-prefix[missing] loop-var-prefix[wrong]
+meta-incorrect meta-no-tags meta-runtime meta-video-links name name[casing] name[play] name[prefix] name[template]
+no-changed-when no-handler no-jinja-when no-log-password no-prompting no-relative-paths no-same-owner no-tabs
+only-builtins package-latest parser-error partial-become playbook-extension risky-file-permissions risky-octal
+risky-shell-pipe role-name run-once run-once[play] run-once[task] sanity sanity[bad-ignore]
+sanity[cannot-ignore] schema syntax-check var-naming yaml""".split()
+RULES = {
+    "$schema": "http://json-schema.org/draft-07/schema",
+    "type": "object",
+    "title": "Rules specific configuration.",
+    "additionalProperties": {"type": "object", "additionalProperties": False,
+                             "properties": {"exclude_paths": {"type": "array", "items": {"type": "string"}}}},
+    "propertyNames": {"oneOf": [{"type": "string", "enum": RULE_IDS},
+                                {"type": "string", "pattern": "^[a-z0-9-\\[\\]]+$"}]},
+}
+
+
+def test_a_oneof_of_listed_names_and_a_pattern_writes_the_patterns_others_in_strict_mode():
+    """(before: a 400 "keyword 'not' at $.propertyNames.oneOf[1] is not supported: its automaton
+    written back as a regex would exceed 20000 characters": the pattern's names less the 67
+    listed ones.) Strict mode writes a subset: the pattern's names longer than every listed one."""
+    keys = [k for v in _valid_walks(RULES, walks=20, least=8) for k in v]
+    assert keys and not set(keys) & set(RULE_IDS), keys
+
+
+def test_that_oneof_is_refused_in_spec_mode_never_written_without_its_keys():
+    """(before: spec mode took the branch it could not write for one with no value, called the
+    oneOf unsatisfiable and wrote the object with no keys, ``{}`` only, silently.) It is a 400
+    naming the oneOf and the branch."""
+    with pytest.raises(ValueError) as e:
+        json_schema_to_regex(RULES, mode="spec")
+    msg = str(e.value)
+    assert "keyword 'oneOf' at $.propertyNames.oneOf[1]" in msg and "67 values" in msg, msg
