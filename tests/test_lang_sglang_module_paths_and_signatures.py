@@ -226,11 +226,13 @@ def test_trace_records_the_program_without_generating(engine):
         f"%0 = Constant({FEW_SHOT!r})", "%1 = Constant('Q: {question}\\n')", "%2 = Constant('A:')",
         "%3 = Gen('answer', max_tokens=6, stop=['\\n'], temperature=0)"]
     assert tracer.text() == FEW_SHOT + "Q: {question}\nA:{answer}"
-    # a program called from a traced body is traced (nothing runs: there is no backend at all)
+    # a program called from a traced body is traced (nothing runs: there is no backend at all), its
+    # nodes in the caller's (as SGLang's graph takes in its state)
     tracer = tip_suggestion.trace(topic="staying healthy")
     assert tracer.text().endswith("Tip 1: {detailed_tip}\nTip 2: {detailed_tip}\nIn summary{summary}")
     assert [repr(n) for n in tracer.nodes if "Gen" in repr(n)] == [
-        "Gen('tip_1', stop=['\\n', ':', '.'])", "Gen('tip_2', stop=['\\n', ':', '.'])", "Gen('summary', max_tokens=8)"]
+        "Gen('tip_1', stop=['\\n', ':', '.'])", "Gen('tip_2', stop=['\\n', ':', '.'])",
+        "Gen('detailed_tip', max_tokens=8)", "Gen('detailed_tip', max_tokens=8)", "Gen('summary', max_tokens=8)"]
 
     @sgl.function
     def tips(s):
