@@ -4,6 +4,7 @@ settings back."""
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 import requests
@@ -51,4 +52,57 @@ def test_a_non_finite_number_in_a_responses_body_is_a_400_naming_it(srv, value, 
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == where and where in err["message"], err
+    _no_leaked_kv(srv.url)
+
+
+def _generated(url: str) -> int:
+    return requests.get(url + "/get_server_info", timeout=T).json()["generated_tokens"]
+
+
+_LONG_CALL = {"model": "default", "messages": [{"role": "user", "content": "Write a long note."}], "stream": True,
+              "max_tokens": 1500, "tool_choice": "required",
+              "tools": [{"type": "function", "function": {"name": "note", "parameters": {
+                  "type": "object", "properties": {"text": {"type": "string", "minLength": 1200}},
+                  "required": ["text"]}}}]}
+
+
+def test_a_client_that_closes_a_stream_gone_silent_is_noticed(srv):
+    """A tool_choice "required" stream holds its calls back until they parse whole, writing
+    nothing meanwhile: a client that closed its socket then went unnoticed (a closed socket
+    answers only what is written to it) and its request ran on to its end, here 1,200
+    characters and more of a forced argument (~300 tokens and more). The half-close probe now
+    writes an SSE comment to a started stream, the reset that answers it aborts the request. A
+    client that only half-closed still reads the whole stream, the comments skipped as SSE
+    readers skip them."""
+    before = _generated(srv.url)
+    r = requests.post(srv.url + "/v1/chat/completions", json=_LONG_CALL, stream=True, timeout=T)
+    lines = r.iter_lines()
+    assert next(lines).startswith(b"data: ")  # the role's chunk; then silence until the call is whole
+    r.close()
+    _no_leaked_kv(srv.url)
+    assert _generated(srv.url) - before < 200  # aborted a second or so after it left, not at its end
+
+    body = json.dumps({**_LONG_CALL, "max_tokens": 16}).encode()  # its prompt and grammar cached now
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=T) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        s.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    while reply.startswith(b"HTTP/1.1 100 "):  # interim probes while the stream had not started
+        reply = reply.partition(b"\r\n\r\n")[2]
+    head, _, raw = reply.partition(b"\r\n\r\n")
+    assert b" 200 " in head.split(b"\r\n")[0] and b"chunked" in head.lower(), head
+    text = b""
+    while True:  # the chunked body, unframed
+        size, _, raw = raw.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        text, raw = text + raw[:n], raw[n + 2:]
+    blocks = [b for b in text.decode().split("\n\n") if b]
+    events = [json.loads(b[len("data: "):]) for b in blocks if b.startswith("data: {")]
+    assert blocks[-1] == "data: [DONE]" and events[-1]["choices"][0]["finish_reason"] == "length"
+    assert all(b.startswith("data: ") or b == ":" for b in blocks), blocks
     _no_leaked_kv(srv.url)

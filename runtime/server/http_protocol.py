@@ -34,7 +34,11 @@ so the server probes. While the reply has not started it sends an interim `100 C
 HALF_CLOSE_PROBE_S (the first one that long after the half-close); a socket that is only half-closed takes it, one that is closed answers
 with a reset, which the next look at the socket's error sees, and the request is aborted as
 for any client gone. The connection closes once that reply (and those of the requests the
-client pipelined before it half-closed) are sent.
+client pipelined before it half-closed) are sent. A Server-Sent Events stream whose reply has
+started (it marks its scope, SSE_SCOPE_KEY) is probed with an SSE comment line instead (`:`,
+which SSE readers skip): a stream falls silent while a tool call is held back to be parsed
+whole, and a client that closed then went unnoticed until the next event, its request running
+on to the end.
 """
 from __future__ import annotations
 
@@ -58,6 +62,10 @@ FREE_BODY_CHUNKS = 4096
 BODY_BYTES_PER_CHUNK = 1024
 HALF_CLOSE_PROBE_S = 0.5  # how often a half-closed client's connection is probed while its reply is due
 LINGER_S = 2.0  # how long a connection refused mid-request reads on before it closes
+# the ASGI scope key a Server-Sent Events response sets (streaming.AbortOnDisconnectStream): its
+# body may take an SSE comment between the events it writes, a half-close probe's
+SSE_SCOPE_KEY = "treadle.sse"
+SSE_PROBE = b":\n\n"  # an SSE comment line (and the blank line that ends a block): readers skip it
 
 
 def header_deadline_protocol(timeout_s: float, write_timeout_s: float | None = None) -> type[H11Protocol]:
@@ -176,6 +184,9 @@ def header_deadline_protocol(timeout_s: float, write_timeout_s: float | None = N
                     and cycle.scope.get("http_version") != "1.0"):
                 probe = h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
                 self.transport.write(self.conn.send(probe))
+            elif cycle.response_started and self.conn.our_state is h11.SEND_BODY and cycle.scope.get(SSE_SCOPE_KEY):
+                # a stream's events are written whole, each in one write: this lands between two
+                self.transport.write(self.conn.send(h11.Data(data=SSE_PROBE)))
             self._probe_timer = self.loop.call_later(HALF_CLOSE_PROBE_S, self._probe)
 
         def connection_lost(self, exc: Exception | None) -> None:

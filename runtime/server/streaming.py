@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from treadle.runtime.server.http_protocol import SSE_SCOPE_KEY
 from treadle.runtime.server.protocol import APIError, json_text
 
 log = logging.getLogger("treadle.server")
@@ -141,6 +142,9 @@ class AbortOnDisconnectStream(StreamingResponse):
     the request and frees its KV."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # a half-closed client's probe may write an SSE comment between events (http_protocol)
+        scope[SSE_SCOPE_KEY] = True
+
         async def listen() -> None:
             while (await receive())["type"] != "http.disconnect":
                 pass
