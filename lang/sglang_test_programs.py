@@ -4,10 +4,11 @@ test_mt_bench, ...` ports it). Each function defines a program as SGLang's does,
 default backend and asserts what SGLang's asserts; `check_answer=False` checks only the shape where
 SGLang's function takes that flag (the answers need a capable model).
 
-Not here: `test_image_qa` (treadle serves text-only models: its `sgl.image` is a ValueError) and
-the speculative-execution tests of SGLang's API backends (`num_api_spec_tokens` with
-`backend.token_usage`): `sgl.OpenAI` speculates as SGLang's (tests/test_sglang_port_s43.py runs
-such programs), but their checks need a model that follows the few-shot format."""
+`test_image_qa` is here so that SGLang's import lists load (its test_openai_backend.py imports
+it with the rest); treadle serves text-only models, so it raises `sgl.image`'s ValueError saying
+so. The speculative-execution tests of SGLang's API backends (`num_api_spec_tokens`, on
+`sgl.OpenAI`) run as SGLang's: `test_completion_speculative` compares the default backend's
+`token_usage` with and without speculation, which needs a model that follows the few-shot format."""
 from __future__ import annotations
 
 import json
@@ -354,3 +355,61 @@ def test_gen_min_new_tokens():
     state = convo_1.run()
     token_ids = tokenizer.encode(state["answer"])
     assert len(token_ids) >= min_tokens, f"Generated {len(token_ids)} tokens, min required: {min_tokens}"
+
+
+def test_image_qa():
+    """SGLang's image question; treadle's sgl.image is a ValueError (text-only models)."""
+    @sgl.function
+    def image_qa(s, question):
+        s += sgl.user(sgl.image("example_image.png") + question)
+        s += sgl.assistant(sgl.gen("answer"))
+
+    state = image_qa.run(question="Please describe this image in simple words.", temperature=0, max_new_tokens=64)
+    assert "taxi" in state.messages()[-1]["content"] or "car" in state.messages()[-1]["content"], \
+        f"{state.messages()[-1]['content']}"
+
+
+def test_completion_speculative():
+    """num_api_spec_tokens on a completion model (sgl.OpenAI(..., is_chat_model=False)): the
+    speculated text serves the later gens, so the program sends fewer prompt tokens."""
+    @sgl.function(num_api_spec_tokens=64)
+    def gen_character_spec(s):
+        s += "Construct a character within the following format:\n"
+        s += "Name: Steve Jobs.\nBirthday: February 24, 1955.\nJob: Apple CEO.\n"
+        s += "\nPlease generate new Name, Birthday and Job.\n"
+        s += "Name:" + sgl.gen("name", stop="\n") + "\nBirthday:" + sgl.gen("birthday", stop="\n")
+        s += "\nJob:" + sgl.gen("job", stop="\n") + "\n"
+
+    @sgl.function
+    def gen_character_no_spec(s):
+        s += "Construct a character within the following format:\n"
+        s += "Name: Steve Jobs.\nBirthday: February 24, 1955.\nJob: Apple CEO.\n"
+        s += "\nPlease generate new Name, Birthday and Job.\n"
+        s += "Name:" + sgl.gen("name", stop="\n") + "\nBirthday:" + sgl.gen("birthday", stop="\n")
+        s += "\nJob:" + sgl.gen("job", stop="\n") + "\n"
+
+    token_usage = sgl.global_config.default_backend.token_usage
+
+    token_usage.reset()
+    gen_character_spec().sync()
+    usage_with_spec = token_usage.prompt_tokens
+
+    token_usage.reset()
+    gen_character_no_spec().sync()
+    usage_with_no_spec = token_usage.prompt_tokens
+
+    assert usage_with_spec < usage_with_no_spec, f"{usage_with_spec} vs {usage_with_no_spec}"
+
+
+def test_chat_completion_speculative():
+    """num_api_spec_tokens on a chat model: the assistant message's gens are one request."""
+    @sgl.function(num_api_spec_tokens=256)
+    def gen_character_spec(s):
+        s += sgl.system("You are a helpful assistant.")
+        s += sgl.user("Construct a character within the following format:")
+        s += sgl.assistant("Name: Steve Jobs.\nBirthday: February 24, 1955.\nJob: Apple CEO.\n")
+        s += sgl.user("Please generate new Name, Birthday and Job.\n")
+        s += sgl.assistant("Name:" + sgl.gen("name", stop="\n") + "\nBirthday:" + sgl.gen("birthday", stop="\n")
+                           + "\nJob:" + sgl.gen("job", stop="\n"))
+
+    gen_character_spec().sync()

@@ -127,3 +127,21 @@ def test_print_graph_has_the_nodes_of_the_programs_the_body_calls():
     assert graph.splitlines() == ["%0 = Constant('Outline of {topic}:')", "%1 = Gen('points', max_tokens=8)",
                                   "%2 = Constant('Expand on the first point:')", "%3 = Gen('detail', max_tokens=16)",
                                   "%4 = Constant('Done.')", "%5 = Gen('end', max_tokens=2)"], graph
+
+
+def test_sglangs_openai_backend_test_imports_its_programs_and_the_image_one_says_why_it_cannot_run(sgl_runtime):
+    """SGLang's test/lang/test_openai_backend.py imports test_image_qa, test_completion_speculative
+    and test_chat_completion_speculative with the rest of sglang.test.test_programs; the import
+    was an ImportError, so the ported file did not load. test_image_qa raises sgl.image's
+    ValueError (text-only models) before sending anything."""
+    from treadle.test.test_programs import (test_chat_completion_speculative, test_completion_speculative,  # noqa: F401
+                                            test_decode_int, test_image_qa, test_mt_bench)
+
+    before = sgl.global_config.default_backend
+    sgl.set_default_backend(sgl.OpenAI("HuggingFaceTB/SmolLM2-135M-Instruct", base_url=sgl_runtime.url + "/v1",
+                                       api_key="EMPTY"))  # as SGLang's file sets its backend
+    try:
+        with pytest.raises(ValueError, match="text-only models"):
+            test_image_qa()
+    finally:
+        sgl.set_default_backend(before)

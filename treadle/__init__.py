@@ -101,7 +101,7 @@ _SGLANG_MODULES: dict[str, dict[str, str]] = {
         "test_few_shot_qa", "test_mt_bench", "test_select", "test_decode_int", "test_decode_json_regex",
         "test_decode_json", "test_expert_answer", "test_tool_use", "test_react", "test_parallel_decoding",
         "test_parallel_encoding", "test_stream", "test_regex", "test_dtype_gen", "test_hellaswag_select",
-        "test_gen_min_new_tokens")},
+        "test_gen_min_new_tokens", "test_image_qa", "test_completion_speculative", "test_chat_completion_speculative")},
     # SGLang's server arguments: `Engine(**dataclasses.asdict(ServerArgs.from_cli_args(args)))`
     "treadle.srt.server_args": {"ServerArgs": "treadle.lang.server_args"},
     "treadle.srt.entrypoints": {},
