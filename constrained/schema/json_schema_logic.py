@@ -35,6 +35,7 @@ import interegular
 
 from treadle.constrained.regex import fsm_crawl
 from treadle.constrained.schema.json_schema_parts import ALL_TYPES, FAMILIES, UnsupportedSchemaError, schema_types
+from treadle.constrained.schema.pattern_prefixes import patterns_apart
 from treadle.constrained.regex.regex_ecma import key_pattern_bodies
 
 __all__ = ["Apart", "canonical", "closed_forbids", "complement", "conditional_branches", "contains_as_prefix",
@@ -507,6 +508,8 @@ class Apart:
                              ("array", "minItems", "maxItems"), ("object", "minProperties", "maxProperties")):
             if t in common and _ranges_apart(_range(a_all, low, high), _range(b_all, low, high)):
                 common.discard(t)
+        if "string" in common and any(patterns_apart(x.get("pattern"), y.get("pattern")) for x in a_all for y in b_all):
+            common.discard("string")  # anchored literal prefixes that differ (pattern_prefixes.py)
         if "object" in common and self._objects_apart(a, a_all, b_all, writer, depth):
             common.discard("object")
         if "array" in common and self._arrays_apart(a_all, b_all, depth):
