@@ -112,13 +112,14 @@ def gen_string(name: str | None = None, max_tokens: int | None = None, n: int | 
 def build_regex_from_object(object: Any, whitespace_pattern: str | None = None) -> str:
     """SGLang's helper (sglang.srt.constrained): the regex of the JSON texts a schema allows, for
     `gen(regex=...)`. `object` is a Pydantic model class, a schema dict or its JSON text;
-    `whitespace_pattern` is the regex allowed between JSON tokens (None: no whitespace). Written
-    by treadle's own JSON Schema compiler (gen(json_schema=...) takes the schema directly, and
-    is the better way: it has no regex size limits)."""
+    `whitespace_pattern` is the regex allowed between JSON tokens (None: at most one space,
+    `[ ]?`, as SGLang's, whose outlines helper puts that there: `{"n": 1}` and `{"n":1}` both
+    match). Written by treadle's own JSON Schema compiler (gen(json_schema=...) takes the schema
+    directly, and is the better way: it has no regex size limits)."""
     from treadle.constrained.schema.json_schema import json_schema_to_regex
 
     schema = schema_of(object)
-    return json_schema_to_regex(schema, whitespace_pattern=whitespace_pattern)
+    return json_schema_to_regex(schema, whitespace_pattern=r"[ ]?" if whitespace_pattern is None else whitespace_pattern)
 
 
 def image(expr: Any) -> ir.Expr:

@@ -145,3 +145,25 @@ def test_sglangs_openai_backend_test_imports_its_programs_and_the_image_one_says
             test_image_qa()
     finally:
         sgl.set_default_backend(before)
+
+
+def test_build_regex_from_object_allows_a_space_between_json_tokens_as_sglangs():
+    """SGLang's build_regex_from_object passes whitespace_pattern=None to outlines, which puts an
+    optional space (`[ ]?`) between JSON tokens, so `{"name": "Merlin", "age": 30}` matches (and a
+    model constrained by it may write it so); treadle's None allowed no whitespace at all."""
+    import json
+    import re
+
+    from pydantic import BaseModel
+
+    from treadle.srt.constrained.outlines_backend import build_regex_from_object
+
+    class Wizard(BaseModel):
+        name: str
+        age: int
+
+    for source in (Wizard, Wizard.model_json_schema(), json.dumps(Wizard.model_json_schema())):
+        regex = build_regex_from_object(source)
+        assert re.fullmatch(regex, '{"name": "Merlin", "age": 30}') and re.fullmatch(regex, '{"name":"Merlin","age":30}')
+        assert not re.fullmatch(regex, '{"name":  "Merlin","age":30}')  # one space at most, as outlines'
+    assert not re.fullmatch(build_regex_from_object(Wizard, whitespace_pattern=""), '{"name": "Merlin", "age": 30}')
