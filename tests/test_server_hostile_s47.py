@@ -106,3 +106,25 @@ def test_a_client_that_closes_a_stream_gone_silent_is_noticed(srv):
     assert blocks[-1] == "data: [DONE]" and events[-1]["choices"][0]["finish_reason"] == "length"
     assert all(b.startswith("data: ") or b == ":" for b in blocks), blocks
     _no_leaked_kv(srv.url)
+
+
+@pytest.mark.parametrize("route,base", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+    ("/v1/completions", {"prompt": "Hi"}),
+])
+@pytest.mark.parametrize("field,value", [
+    ("user", 5), ("service_tier", ["auto"]), ("prompt_cache_key", {"k": 1}), ("safety_identifier", 1.5),
+    ("store", "yes"), ("metadata", "x"), ("metadata", {"k": 1}),
+])
+def test_a_label_of_the_wrong_type_is_a_400_naming_it(srv, route, base, field, value):
+    """OpenAI's labels and hints (user, metadata, store, ...) change nothing here, but one of
+    the wrong type is a client's mistake: taken at any type on the chat and completions routes
+    (a 200), while /v1/responses refused the same fields by name. The openai client now gets a
+    BadRequestError naming the field, on every route."""
+    import openai
+
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+    create = client.chat.completions.create if "chat" in route else client.completions.create
+    with pytest.raises(openai.BadRequestError) as e:
+        create(model="default", max_tokens=1, extra_body={field: value}, **base)
+    assert e.value.body["param"] == field and field in e.value.body["message"], e.value.body

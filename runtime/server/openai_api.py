@@ -46,6 +46,10 @@ JSON_OBJECT_SCHEMA = {"type": "object"}
 # chat hints OpenAI's client sends that change no token here (checked for type, then without
 # effect, as in vLLM for models without such a control): {field: the type it must have}
 _CHAT_HINTS = {"reasoning_effort": str, "verbosity": str, "prediction": dict}
+# OpenAI's labels (of _IGNORED), without effect here but checked for type as OpenAI and
+# /v1/responses check them: one of another type is a client's mistake, a 400 naming it
+_LABELS = {"user": str, "service_tier": str, "prompt_cache_key": str, "safety_identifier": str, "store": bool,
+           "metadata": dict}
 # vLLM's fields treadle honours: request_id (the rid), add_special_tokens, truncate_prompt_tokens,
 # guided_json_object (response_format json_object); and those of features it lacks (compat_fields.OPENAI)
 _VLLM = ("request_id", "add_special_tokens", "truncate_prompt_tokens", "guided_json_object", "structured_outputs",
@@ -287,6 +291,14 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
     if unknown:
         raise APIError.bad_request(f"unknown field(s): {clip_names(unknown)}", unknown[0])
     check_compat_fields(body, OPENAI)
+    for name, kind in _LABELS.items():
+        value = body.get(name)
+        if value is not None and not isinstance(value, kind):
+            what = {str: "a string", bool: "a boolean", dict: "an object of strings"}[kind]
+            raise APIError.bad_request(f"{name} must be {what}, got {quoted(value, 60)}", name)
+    metadata = body.get("metadata")
+    if metadata and not all(isinstance(v, str) for v in metadata.values()):
+        raise APIError.bad_request(f"metadata must be an object of strings, got {quoted(metadata, 60)}", "metadata")
     request_id = body.get("request_id")  # vLLM's name of the request: the rid here
     if request_id is not None:
         if not isinstance(request_id, str) or not request_id:
