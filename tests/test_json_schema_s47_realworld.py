@@ -137,3 +137,31 @@ def test_strings_whose_patterns_start_apart_are_exclusive_in_spec_mode():
     strings = [v for v in values if isinstance(v, str)]
     assert any(";" in v for v in strings) and any(v in FRONTENDS for v in strings), values
     assert any(isinstance(v, dict) for v in values), values
+
+
+# ------------------------------- 4. the regexes one translation builds, all together, are bounded
+
+def _layered(depth: int) -> dict:
+    """Objects of two members of the level below, ``depth`` levels: each level's regex copies
+    the one below twice (Vega-Lite's layers of layers of views, in small)."""
+    defs = {"l0": {"type": "object", "properties": {f"p{i}": {"enum": ["a", "b"]} for i in range(4)},
+                   "required": ["p0"]}}
+    for k in range(1, depth + 1):
+        defs[f"l{k}"] = {"type": "object", "required": ["q0"],
+                         "properties": {f"q{j}": {"$ref": f"#/$defs/l{k - 1}"} for j in range(2)}}
+    return {"$defs": defs, "$ref": f"#/$defs/l{depth}"}
+
+
+def test_a_translation_stops_once_its_regexes_together_pass_the_budget(monkeypatch):
+    """(before: no bound on the text all subschemas' regexes build together, only on one
+    subschema's: altair's vega-lite-schema.json, its top-level specs, built 800 million chars in
+    34 s and ran out of the compile worker's 4 GiB at 45 to 56 s; now a 400 naming the budget at
+    about 4 s.) Here with the budget lowered: a schema that builds past it is refused naming it;
+    one below it is written."""
+    from treadle.constrained.schema import json_schema
+
+    monkeypatch.setattr(json_schema, "MAX_BUILT_CHARS", 100_000, raising=False)
+    with pytest.raises(ValueError) as e:
+        json_schema_to_regex(_layered(10))  # builds ~540,000 chars for a 108,000-char regex
+    assert "regexes together pass 100,000 chars" in str(e.value), str(e.value)
+    assert json_schema_to_regex(_layered(6))

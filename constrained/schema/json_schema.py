@@ -153,6 +153,7 @@ def json_schema_to_regex(
         conv.unique_strings = checked
         with fsm_crawl.limit(states=MAX_AUTOMATON_STATES):
             root = conv.convert(schema, "$")
+        conv.check_built()
         return with_definitions(root, conv.definitions)
     except RecursionError as exc:
         raise UnsupportedSchemaError(TOO_DEEP) from exc
@@ -184,6 +185,13 @@ MAX_AUTOMATON_STATES = 100_000
 # every enclosing alternative) exhausts time and memory. It is above what the compiler's
 # default cap allows (compiler.LAZY_CHARS_PER_STATE chars a state).
 MAX_REGEX_CHARS = MAX_SPELT_CHARS
+# ... and all the (sub)schemas' regexes of one translation together (each level of nesting copies
+# its parts' text, so this is the work of the copies): past it the translation stops, whatever a
+# strict anyOf would have left out. Vega-Lite's top-level specs (altair's vega-lite-schema.json:
+# layers of layers of views, each with dozens of optional channels, unrolled) built 800 million
+# chars in 34 s and ran out of 4 GiB at 56 s; the largest real schema that compiles (CycloneDX
+# 1.7, a 4.5-million-char regex) builds 57 million.
+MAX_BUILT_CHARS = 256_000_000
 LENIENT_MAX_DROPS = 64  # keywords one lenient translation may drop before it gives up
 # ... and the work its automata may take, all its rounds together (fsm_crawl's steps: about 10 s
 # on a quiet 2-core box; counted in work, so that the verdict does not depend on the load)
@@ -290,6 +298,7 @@ def json_schemas_to_regexes(
         conv = _Converter(root, whitespace_pattern or "", max_recursion_depth, mode, holes)
         with fsm_crawl.limit(states=MAX_AUTOMATON_STATES):
             regexes = [conv.convert(root["$defs"][f"s{i}"], path) for i, path in enumerate(paths)]
+        conv.check_built()
         return regexes, conv.definitions
     except RecursionError as exc:
         raise UnsupportedSchemaError(TOO_DEEP) from exc
@@ -426,6 +435,7 @@ class _Converter(_RefsMixin, _AlternativesMixin, _StringsMixin, _ListedMixin):
         checker = None if self.spec else jsonschema.Draft202012Validator.FORMAT_CHECKER
         self._validator = _Validator(root, registry=registry, format_checker=checker)
         self._generic: dict[int, str] = {}  # depth -> any-value regex
+        self.built, self.built_past = 0, None  # chars of the regexes converted so far (MAX_BUILT_CHARS)
         w = ws
         self.OPEN_O, self.CLOSE_O = r"\{" + w, w + r"\}"
         self.OPEN_A, self.CLOSE_A = r"\[" + w, w + r"\]"
@@ -434,6 +444,7 @@ class _Converter(_RefsMixin, _AlternativesMixin, _StringsMixin, _ListedMixin):
     # ------------------------------------------------------------ entry
     def convert(self, schema: Any, path: str) -> str:
         """Regex for one (sub)schema at JSON path ``path`` (at most ``MAX_REGEX_CHARS``)."""
+        self.check_built()
         try:
             out = self._convert(schema, path)
         except MembersTooLarge as exc:
@@ -441,7 +452,19 @@ class _Converter(_RefsMixin, _AlternativesMixin, _StringsMixin, _ListedMixin):
         if len(out) > MAX_REGEX_CHARS:
             raise UnsupportedSchemaError(f"json_schema: the schema at {path} is too large to convert: its regex "
                                          f"passes {MAX_REGEX_CHARS:,} chars")
+        self.built += len(out)
+        if self.built > MAX_BUILT_CHARS and self.built_past is None:
+            self.built_past = path
         return out
+
+    def check_built(self) -> None:
+        """Refuse once the regexes built so far pass ``MAX_BUILT_CHARS`` (at every later convert,
+        and at the end: a strict anyOf leaves the refusal's branch out and goes on)."""
+        if self.built_past is not None:
+            raise UnsupportedSchemaError(
+                f"json_schema: the schema is too large to convert: its subschemas' regexes together pass "
+                f"{MAX_BUILT_CHARS:,} chars (at {self.built_past}); a regex that large is past any grammar "
+                "size the compiler allows")
 
     def _convert(self, schema: Any, path: str) -> str:
         if schema is True:
