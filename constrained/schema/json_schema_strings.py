@@ -25,7 +25,7 @@ import interegular
 
 from treadle.constrained.regex import fsm_crawl
 from treadle.constrained.regex import regex_text as text
-from treadle.constrained.regex.fsm_regex import fsm_to_regex, length_range
+from treadle.constrained.regex.fsm_regex import fsm_to_regex, length_range, peeled_fsm_to_regex
 from treadle.constrained.regex.regex_ecma import key_pattern_bodies, pattern_json_body, pattern_subset_body
 from treadle.constrained.schema.json_schema_parts import NoOutput, Unsatisfiable, UnsupportedSchemaError
 from treadle.constrained.schema.string_shapes import (
@@ -373,7 +373,7 @@ def _format_and_pattern(fmt: str, pattern: Any, lo: int, hi: int | None, lengths
         wide = wider_uri_format(fmt)  # a URN's pattern under a URI format (uri_shapes.py)
         if wide is None:
             raise
-        return _format_subset_and_pattern(fmt, pattern, wide, lo, hi, lengths, path)
+        return _format_subset_and_pattern(fmt, pattern, wide, lo, hi, lengths, path, peel=True)
     except UnsupportedSchemaError:
         if fmt not in text.PLAIN_FORMATS:
             raise
@@ -401,8 +401,9 @@ def _remembered_format_and_pattern(fmt: str, pattern: str, lo: int, hi: int | No
 
 
 def _format_subset_and_pattern(fmt: str, pattern: Any, written: str, lo: int, hi: int | None, lengths: bool,
-                               path: str) -> str:
-    """``_format_and_pattern`` for ``written``, the format's subset."""
+                               path: str, peel: bool = False) -> str:
+    """``_format_and_pattern`` for ``written``, the format's subset; ``peel``: their product
+    written with its common prefix first (fsm_regex.peeled_fsm_to_regex)."""
     try:
         body = pattern_subset_body(pattern)
     except ValueError as exc:
@@ -433,7 +434,7 @@ def _format_subset_and_pattern(fmt: str, pattern: Any, written: str, lo: int, hi
     if lengths:
         fsm = fsm & _lengths_fsm(lo, hi)
     try:
-        out = fsm_to_regex(fsm)
+        out = peeled_fsm_to_regex(fsm) if peel else fsm_to_regex(fsm)
     except ValueError as exc:  # the intersection's regex is too long
         # (the format's own branches: none in a format with a plainer subset, which is written next)
         inside = None if fmt in text.PLAIN_FORMATS else _format_branches_inside(fmt, pattern_fsm)
