@@ -128,3 +128,34 @@ def test_a_label_of_the_wrong_type_is_a_400_naming_it(srv, route, base, field, v
     with pytest.raises(openai.BadRequestError) as e:
         create(model="default", max_tokens=1, extra_body={field: value}, **base)
     assert e.value.body["param"] == field and field in e.value.body["message"], e.value.body
+
+
+def test_required_tool_calls_stream_each_as_it_closes(srv):
+    """A tool_choice "required" stream held every call back until the reply ended: silent
+    while the model wrote them (a client saw nothing, and a client gone was not noticed), all
+    at once at the end. Each call now comes as soon as its array item is whole, the last one
+    (cut by max_tokens or not) at the end; the calls add up to the unstreamed reply's."""
+    body = {"model": "default", "messages": [{"role": "user", "content": "Weather in Paris, Rome and Oslo?"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}],
+            "tool_choice": "required", "max_tokens": 40, "temperature": 0, "logprobs": True,
+            # no "]" or "}]": the array goes on past its first call, until max_tokens cuts the next
+            "logit_bias": {"77": -100, "31845": -100}}
+    whole = requests.post(srv.url + "/v1/chat/completions", json=body, timeout=T).json()["choices"][0]
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in whole["message"]["tool_calls"]]
+    assert len(calls) == 2 and whole["finish_reason"] == "length", whole
+
+    r = requests.post(srv.url + "/v1/chat/completions", json={**body, "stream": True}, stream=True, timeout=T)
+    tokens, first_call_at, streamed = 0, None, {}
+    for e in sse_events(r):
+        if e == "[DONE]":
+            break
+        choice = e["choices"][0]
+        tokens += len((choice.get("logprobs") or {}).get("content") or ())  # a token's logprob comes as it is made
+        for c in choice["delta"].get("tool_calls") or ():
+            first_call_at = tokens if first_call_at is None else first_call_at
+            name, args = streamed.get(c["index"], ("", ""))
+            streamed[c["index"]] = (name + c["function"].get("name", ""), args + c["function"].get("arguments", ""))
+    assert [streamed[i] for i in sorted(streamed)] == calls
+    assert first_call_at is not None and first_call_at < tokens, (first_call_at, tokens)
+    _no_leaked_kv(srv.url)

@@ -269,10 +269,12 @@ def test_stream_auto_adds_up_to_the_unstreamed_reply(text):
         assert (content, calls, reason) == (want.content, calls_of(want), want.finish_reason), size
 
 
-def test_stream_required_sends_calls_at_the_end():
-    deltas, reason = stream(plan("required"), ['[{"name": "get_time", ', '"arguments": {}}]'])
-    assert deltas[:-1] == [{}, {}] and reason == "tool_calls"
-    assert [c["function"]["name"] for c in deltas[-1]["tool_calls"]] == ["get_time"]
+def test_stream_required_sends_each_call_as_its_item_closes():
+    deltas, reason = stream(plan("required"), ['[{"name": "get_time", ', '"arguments": {}}', ', {"name": "get_ti',
+                                               'me", "arguments": {}}]'])
+    assert deltas[0] == {} and deltas[2] == {} and deltas[4] == {} and reason == "tool_calls"
+    assert [(c["index"], c["function"]["name"]) for d in (deltas[1], deltas[3]) for c in d["tool_calls"]] == [
+        (0, "get_time"), (1, "get_time")]
 
 
 @pytest.mark.parametrize("text", ['[{"name":"get_weather","arguments', '[{"name": "get_wea', "", '[{"name":"get_time",',

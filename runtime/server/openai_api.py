@@ -867,7 +867,8 @@ class Shaper:
             c["delta"] = self.chat_delta(i, ch, c)
             if not c["delta"] and not ch.finished and not ch.logprobs:
                 return out
-            if ch.finished and (c["delta"].get("tool_calls") or c["delta"].get("function_call")):
+            several = len(c["delta"].get("tool_calls") or ()) > 1  # ("required" calls closed in one chunk)
+            if (ch.finished or several) and (c["delta"].get("tool_calls") or c["delta"].get("function_call")):
                 # calls, then the finish in a chunk of its own with an empty delta, as OpenAI
                 # sends them: the openai client's stream helper ends a call (its
                 # tool_calls.function.arguments.done event) on a later chunk, so a call that
@@ -880,6 +881,8 @@ class Shaper:
                     out.append(sse({**head, "choices": [{**calls, "delta": d if item else calls["delta"],
                                                          "logprobs": calls["logprobs"] if j == 0 else None,
                                                          "finish_reason": None}]}))
+                if not ch.finished:
+                    return out
                 c = {**c, "logprobs": None, "delta": {}}
         else:
             c["text"] = text

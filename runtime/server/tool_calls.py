@@ -20,8 +20,9 @@ A request with tools runs like any chat request; what changes:
 - **finish_reason** is "tool_calls" when the reply calls tools (auto / required), "stop" for
   a named function (as OpenAI does), "length" when `max_tokens` cut it.
 
-Streaming: a named function's arguments stream as they are decoded; "required" replies
-arrive at the end (one chunk a call, openai_api.render_chunk); "auto" streams content and holds back anything that may
+Streaming: a named function's arguments stream as they are decoded; a "required" reply's
+calls each come whole once its array item closes, the last one (cut by max_tokens or not)
+when the reply ends (one chunk a call, openai_api.render_chunk); "auto" streams content and holds back anything that may
 begin a `<tool_call>` block, whose calls are sent when the reply ends, and a reply that
 starts as a JSON object (a Llama-format call, or content sent at the end); the deltas add up
 to the reply the same request gets unstreamed.
@@ -385,22 +386,31 @@ _ITEM_GAP_RE = re.compile(r"\s*,?\s*")
 _CALL_HEAD_RE = re.compile(r'\s*,?\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")(\s*,\s*"arguments"\s*:\s*)?')
 
 
+def _whole_calls(text: str, pos: int = 0) -> tuple[list[ToolCall], int]:
+    """The whole `{"name", "arguments"}` items of a `required` reply (so far) after `pos` (0:
+    from its start; else where an earlier look stopped), and where they end."""
+    if pos == 0:
+        pos = text.find("[") + 1
+        if pos == 0:
+            return [], 0
+    calls = []
+    while True:
+        start = _ITEM_GAP_RE.match(text, pos).end()
+        try:
+            item, end = _STRICT.raw_decode(text, start)
+            calls.append(ToolCall(_name(item["name"]), _dump(item["arguments"])))
+            pos = end
+        except (ValueError, TypeError, KeyError, RecursionError):
+            return calls, pos
+
+
 def _calls_so_far(text: str) -> tuple[ToolCall, ...]:
     """The calls of a `required` reply cut short: each whole `{"name", "arguments"}` item,
     then the last one begun, with its arguments text as far as it got (empty when the cut
     came before them: the grammar writes the name first). Nothing when not even a name is whole."""
-    dec, calls = _STRICT, []
-    pos = text.find("[") + 1
+    calls, pos = _whole_calls(text)
     if pos == 0:
         return ()
-    while True:
-        start = _ITEM_GAP_RE.match(text, pos).end()
-        try:
-            item, end = dec.raw_decode(text, start)
-            calls.append(ToolCall(_name(item["name"]), _dump(item["arguments"])))
-            pos = end
-        except (ValueError, TypeError, KeyError, RecursionError):
-            break
     head = _CALL_HEAD_RE.match(text, pos)
     if head is not None:
         try:  # free text (a reasoning block read with the reply: separate_reasoning false) may
@@ -443,6 +453,9 @@ class ToolStream:
         self.sent = 0  # characters of the reply sent as content (auto) or arguments (named)
         self.in_call = bool(plan.open_call)  # auto: a <tool_call> block has begun (in the prompt, too)
         self.call: dict | None = None  # named: the call announced in the first delta
+        self.calls_sent = 0  # required: the calls sent, each whole ...
+        self.calls_end = 0  # ... and where the last of them ends in the reply (0: none yet)
+        self.looked = 0  # required: how much of the reply the last look for a whole item saw
 
     def feed(self, text: str) -> dict:
         """The delta for the reply so far, `text` being all of it."""
@@ -452,7 +465,9 @@ class ToolStream:
                 self.call = ToolCall(self.plan.named or "", new).as_openai(0)
                 return {"tool_calls": [self.call]}
             return {"tool_calls": [{"index": 0, "function": {"arguments": new}}]} if new else {}
-        if self.plan.choice == "required" or self.in_call:
+        if self.plan.choice == "required":
+            return self._closed_calls(text)
+        if self.in_call:
             return {}
         if self.sent == 0 and text.lstrip()[:1] in ("", "{"):
             return {}  # the reply may be a Llama-format call, a lone JSON object: decided at the end
@@ -467,6 +482,16 @@ class ToolStream:
         new, self.sent = text[self.sent:end], end
         return {"content": new} if new else {}
 
+    def _closed_calls(self, text: str) -> dict:
+        """required: the delta of the calls whose array items closed since the last one sent
+        (an item closes with a "}": the reply is looked at again only when one came)."""
+        if "}" not in text[self.looked:]:
+            return {}
+        self.looked = len(text)
+        calls, self.calls_end = _whole_calls(text, self.calls_end)
+        start, self.calls_sent = self.calls_sent, self.calls_sent + len(calls)
+        return {"tool_calls": [c.as_openai(start + k) for k, c in enumerate(calls)]} if calls else {}
+
     def finish(self, text: str, finish: str | None) -> tuple[dict, str | None]:
         """The last delta and the finish_reason, given the whole reply."""
         if self.plan.choice == "named":
@@ -476,7 +501,11 @@ class ToolStream:
         if not reply.calls:  # what is content: the whole reply (auto), never a cut `required` array
             rest = (reply.content or "")[self.sent:]
         else:
-            delta["tool_calls"] = [c.as_openai(i) for i, c in enumerate(reply.calls)]
+            # (required: those sent as they closed are the reply's first calls, parsed from
+            # the same items)
+            calls = reply.calls[self.calls_sent:]
+            if calls:
+                delta["tool_calls"] = [c.as_openai(self.calls_sent + i) for i, c in enumerate(calls)]
             rest = self.plan.parse_auto(text)[0][self.sent:].rstrip() if self.plan.choice == "auto" else ""
         if rest:
             delta["content"] = rest
