@@ -17,13 +17,19 @@ def order_waiting(waiting: deque[Req], policy: str, tree: RadixCache, starvation
     """Return the waiting requests in admission order. Requests waiting longer than the
     starvation bound come first (oldest first) under every policy."""
     now = time.monotonic()
-    starved = [r for r in waiting if now - r.arrival > starvation_bound_s]
-    rest = [r for r in waiting if now - r.arrival <= starvation_bound_s]
+    first = [r for r in waiting if starved(r, now, starvation_bound_s)]
+    rest = [r for r in waiting if not starved(r, now, starvation_bound_s)]
     if policy == "lpm" and not tree.disable and len(waiting) <= LPM_MAX_QUEUE:
         # longest cached prefix first; arrival order breaks ties (sort is stable)
         rest.sort(key=lambda r: -len(tree.match_prefix(match_key(r)).slots))
-    starved.sort(key=lambda r: r.arrival)
-    return starved + rest
+    first.sort(key=lambda r: r.arrival)
+    return first + rest
+
+
+def starved(req: Req, now: float, starvation_bound_s: float) -> bool:
+    """Whether `req` has waited past the starvation bound (since its arrival, or since its
+    retraction: scheduler._retract restarts the clock)."""
+    return now - req.arrival > starvation_bound_s
 
 
 def match_key(req: Req) -> list[int]:

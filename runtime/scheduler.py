@@ -27,17 +27,21 @@ from treadle.runtime.model_runner import ModelRunner
 from treadle.runtime.request import Req
 from treadle.runtime.sampler import Sampler, prompt_logprobs
 from treadle.runtime.request_checks import validate_request
-from treadle.runtime.schedule_policy import PrefillBudget, match_key, order_waiting
+from treadle.runtime.schedule_policy import PrefillBudget, match_key, order_waiting, starved
 
 log = logging.getLogger("treadle")
 
 # Reserved decode budget: a running request is expected to still need
 # min(remaining, RESERVE_CLIP) * new_token_ratio slots. The ratio starts optimistic, decays as
-# decoding goes well and jumps back up after a retraction.
+# decoding goes well and jumps back up after a retraction. A request retracted
+# WHOLE_RESERVE_AFTER times reserves all it may still write (ratio 1): see _reserve_ratio.
 RESERVE_CLIP = 4096
+WHOLE_RESERVE_AFTER = 4
 INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
 GRAMMAR_POLL_S = 0.005  # how often a loop whose only work is compiling grammars looks at them
 JUMP_LOOKBACK = 3  # output tokens re-encoded at a jump-forward boundary
+# requests looked at behind a request the KV budget cannot hold, for one that fits whole
+BYPASS_SCAN = 64
 IN_BATCH_PREFIX_MIN = 32  # shared uncached tokens that make a request wait for another's prefill
 # failed steps in a row that no request explains (a lone request's step failed and so did a
 # one-token canary forward after it, or no request was in the step) after which the error is
@@ -129,7 +133,9 @@ class Scheduler:
         self._grammar_compiler = None
         self.check_integrity_at_idle = True
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "jump_tokens": 0,
-                      "draft_tokens": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0, "overlap_steps": 0, "mixed_steps": 0, "retractions": 0, "forward_steps": 0, "decode_steps": 0, "requests": 0,
+                      "draft_tokens": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0, "overlap_steps": 0, "mixed_steps": 0, "retractions": 0,
+                      # requests admitted past one waiting ahead of them that the KV budget could not hold
+                      "bypass_admissions": 0, "forward_steps": 0, "decode_steps": 0, "requests": 0,
                       "failed_rows": 0,  # requests stopped alone for non-finite logits
                       # batch steps that raised (_recover), and the requests stopped as their cause
                       "failed_steps": 0, "failed_step_requests": 0,
@@ -432,7 +438,36 @@ class Scheduler:
         self.grammar_queue = still
 
     def _decode_reserve(self) -> int:
-        return int(sum(self._new_tokens_left(r) for r in self.running) * self.new_token_ratio)
+        """The KV slots the running requests are expected to still write (see _reserve_ratio)."""
+        optimistic = sum(self._new_tokens_left(r) for r in self.running if not self._reserved_whole(r))
+        whole = sum(self._new_tokens_left(r) for r in self.running if self._reserved_whole(r))
+        return int(optimistic * self.new_token_ratio) + whole
+
+    def _reserve_ratio(self, req: Req) -> float:
+        """The share of its remaining tokens a request reserves. new_token_ratio bets that
+        requests stop early (EOS) and admits more than the pool would hold if all ran to
+        max_new_tokens; a lost bet is paid by retracting someone, who re-prefills its prompt and
+        output on readmission (its cached prefix is evicted first under pressure). Retracted
+        and readmitted on the ratio, a long generation in a pool too small for several
+        time-shares the pool with the others: each stay makes progress (hundreds of tokens)
+        for the price of one prefill, which beats waiting for the pool to hold all it may
+        write (reserving it whole at its first retraction made the last of four 1,500-token
+        generations in a 2,048-slot pool finish 25% later, in steps; at its third, six of them
+        took 2-7% more steps: the request waited for room it would not have lost again). Only
+        the number of times is bounded: a request retracted WHOLE_RESERVE_AFTER times (never
+        reached in those runs) is readmitted only
+        when all it may still write fits (ratio 1), and that reserve stays counted while it
+        runs. The requests reserved whole then always fit the pool together, so retracting
+        the others is always enough (_retract_until prefers them) and none of them is
+        retracted again (a half-prefilled prompt, retracted first, and a request past
+        RESERVE_CLIP aside). SGLang instead resets the shared ratio after a retraction (to
+        what the running batch decoded of its max_new_tokens): that makes every admission
+        more cautious and bounds no single request's retractions."""
+        return 1.0 if self._reserved_whole(req) else self.new_token_ratio
+
+    @staticmethod
+    def _reserved_whole(req: Req) -> bool:
+        return req.num_retractions >= WHOLE_RESERVE_AFTER
 
     def _new_tokens_left(self, req: Req) -> int:
         """The tokens `req` may still write, as its reserve counts them (at most RESERVE_CLIP):
@@ -471,9 +506,18 @@ class Scheduler:
             self.chunked = None
         max_running = self.runner.max_running
         admitted: list[list[int]] = [r.fill_ids for r, _ in plan]
+        # the first request the KV budget could not hold this step, once requests behind it
+        # are tried (see below); None while every request so far fitted
+        blocked: Req | None = None
+        passed = 0  # requests looked at behind it (at most BYPASS_SCAN)
+        now = time.monotonic()
         for req in order_waiting(self.waiting, self.args.schedule_policy, self.tree, self.args.starvation_bound_s):
             if len(self.running) + len(plan) + yield_now >= max_running or self.req_to_token_pool.available_size() == 0:
                 break
+            if blocked is not None:
+                passed += 1
+                if passed > BYPASS_SCAN:
+                    break
             match = self.tree.match_prefix(match_key(req))
             prefix = len(match.slots)
             if admitted and not self.tree.disable and _shares_uncached_prefix(req.fill_ids, admitted, prefix):
@@ -481,10 +525,27 @@ class Scheduler:
                 # step and reuse that KV instead of computing the same prefix twice
                 continue
             extend = req.seq_len - prefix
-            reserve = int(self._new_tokens_left(req) * self.new_token_ratio)
+            if blocked is None:
+                reserve = int(self._new_tokens_left(req) * self._reserve_ratio(req))
+            else:  # passing a blocked request: only whole (see below)
+                reserve = self._new_tokens_left(req)
             # locking the prefix takes it out of the evictable pool this budget counted
             locked = -self.tree.inc_lock_ref(match.last_node)
             budget.total -= locked
+            if blocked is not None:
+                caps = [budget.input, scored_chunk_cap(req, req.kv_len)] + \
+                    ([budget.chunk] if budget.chunk is not None else [])
+                if extend + reserve <= budget.total and extend <= min(caps):
+                    self.waiting.remove(req)
+                    self._admit(req, match)
+                    budget.take(extend, reserve)
+                    plan.append((req, extend))
+                    admitted.append(req.fill_ids)
+                    self.stats["bypass_admissions"] += 1
+                else:
+                    self.tree.dec_lock_ref(match.last_node)
+                    budget.total += locked
+                continue
             input_cap = budget.input if plan else max(budget.input, extend)  # a lone big prompt may exceed it
             chunk_cap = budget.chunk if budget.chunk is not None else extend
             scored_cap = scored_chunk_cap(req, req.kv_len)
@@ -498,6 +559,20 @@ class Scheduler:
                 n = 0
             if n <= 0:
                 self.tree.dec_lock_ref(match.last_node)
+                if extend + reserve > budget.total and self.chunked is None and \
+                        not starved(req, now, self.args.starvation_bound_s):
+                    # Short of KV, not of this step's prefill tokens. Arrival order (SGLang's
+                    # and vLLM's admission) would stop here, and a short request then waited
+                    # behind a long one the pool could not hold yet for as long as the running
+                    # requests took to finish (hundreds of steps) though the pool held it
+                    # many times over. Requests behind it may pass it, each only when its
+                    # prompt and every token it may write fit the budget left (so passing adds
+                    # no retraction) and whole (no chunk). It is tried first again at every
+                    # step; once it has waited past the starvation bound (from its arrival,
+                    # or from its retraction) no one passes it any more.
+                    budget.total += locked
+                    blocked = req
+                    continue
                 break
             self.waiting.remove(req)
             self._admit(req, match)
@@ -609,8 +684,18 @@ class Scheduler:
         req.req_pool_idx, req.last_node, req.prefix_len, req.kv_len = None, None, 0, 0
 
     def _retract_until(self, need: int) -> None:
-        """Move running requests with the fewest output tokens back to the waiting queue until
-        `need` slots can be had. Their computed prefix stays cached in the tree."""
+        """Move running requests back to the front of the waiting queue until `need` slots can
+        be had. Their computed prefix stays cached in the tree (evictable).
+
+        Which one (see _victim_key): SGLang takes the one with the fewest output tokens, vLLM
+        the latest arrival. Both pick a short request (16 new tokens) just admitted next to
+        long generations, as requests passing a blocked one are (see _schedule_prefill): it
+        frees a few dozen slots, would have freed them in a few steps anyway, and its user
+        waits for a re-prefill. Here: never a request reserved whole while another is running
+        (those fit together, see _reserve_ratio); then the most tokens left to write (the KV
+        that would be held and grow the longest: the bet that lost); then the fewest output
+        tokens (the least to recompute); then the latest admitted. (Fewest retractions first
+        was tried: it then took a short request over a long one retracted once before.)"""
         def short() -> bool:
             return self.allocator.available_size() + self.tree.evictable_size() < need
 
@@ -618,15 +703,24 @@ class Scheduler:
             victim, self.chunked = self.chunked, None
             self._retract(victim)
         while short() and len(self.running) > 1:
-            victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
+            victim = min(reversed(self.running), key=self._victim_key)
             self.running.remove(victim)
             need -= victim.num_pending
             self._retract(victim)
         if self.allocator.available_size() + self.tree.evictable_size() < need:
             raise RuntimeError(f"KV pool exhausted: need {need} slots for one request; pool too small")
 
+    def _victim_key(self, req: Req) -> tuple[bool, int, int]:
+        """Retraction order, smallest first (see _retract_until)."""
+        left = min(req.remaining_new_tokens(), max(0, self.context_len - req.seq_len))
+        return self._reserved_whole(req), -left, len(req.output_ids)
+
     def _retract(self, req: Req) -> None:
         self._release(req)
+        # the starvation bound counts its wait from now (it was served until now); from its
+        # arrival it would count as starved at once behind a long generation, and no request
+        # could pass it while it waits for room (see _schedule_prefill)
+        req.arrival = time.monotonic()
         # prompt logprobs are recomputed when the prompt is prefilled again
         req.input_logprobs.clear()
         req.input_top_logprobs.clear()
