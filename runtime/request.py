@@ -27,6 +27,8 @@ class Req:
     logprob_start_len: int = -1  # >= 0: return prompt-token logprobs from this position
     top_logprobs_num: int = 0
     stream: bool = False
+    # when it joined the waiting queue, for the starvation bound (schedule_policy.starved); set
+    # again when it is retracted (scheduler._retract)
     arrival: float = field(default_factory=time.monotonic)
 
     output_ids: list[int] = field(default_factory=list)

@@ -37,7 +37,9 @@ def run(pool: int, work: list[tuple[int, str, list[int], int]]) -> dict:
     """Step a scheduler over `work` ((arrival step, rid, prompt, max_new_tokens)) until idle;
     returns per request its output ids, the step of its first token and of its end, its
     retractions, and the scheduler's stats. Checks the KV accounting at every step."""
-    args = EngineArgs(model_path="dummy:tiny-llama", max_total_tokens=pool, device="cpu")
+    # the starvation bound is wall-clock: out of reach here, so that the steps counted do not
+    # depend on how loaded the machine is
+    args = EngineArgs(model_path="dummy:tiny-llama", max_total_tokens=pool, device="cpu", starvation_bound_s=3600.0)
     sched = Scheduler(args, ModelRunner(args), None)
     pending, reqs, out = sorted(work, key=lambda w: w[0]), {}, {}
     step = 0
