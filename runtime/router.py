@@ -216,15 +216,17 @@ class Router:
         creates = path == RESPONSES_PATH  # a response the replica may store: remember where
         if creates and isinstance(obj, dict) and isinstance(obj.get("previous_response_id"), str):
             prev = obj["previous_response_id"]
-            home = self.response_homes.get(prev)
-            if home is None:
-                raise self.response_homes.previous_not_found(prev)
-            stored = (prev, home)
+            stored = (prev, self.response_homes.get(prev))
+        # an id of no known home (never relayed here, forgotten, or made before the router
+        # started): each healthy replica in turn is asked, so the client hears a replica's own
+        # answer (a 401 for a wrong API key; "not held" from the last one) and one that holds
+        # it answers it
+        probing = stored is not None and stored[1] is None
         headers = forwarded_headers(request)
         tried: set[int] = set()
         while True:
             cands = [i for i, r in enumerate(self.replicas) if r.healthy and i not in tried]
-            if stored is not None:
+            if stored is not None and not probing:
                 cands = [i for i in cands if i == stored[1]]
                 if not cands:  # out of rotation, or it failed just now: no other replica has the response
                     self.no_replica += 1
@@ -235,7 +237,9 @@ class Router:
                 self.no_replica += 1
                 raise APIError("no healthy replica to serve the request" + (" (tried all)" if tried else ""),
                                503, "server_overloaded", None, "no_healthy_replica")
-            if stored is not None:
+            if probing:
+                idx, matched = cands[0], 0
+            elif stored is not None:
                 idx, matched = stored[1], 0
             else:
                 idx, matched = self.policy.choose(text, cands, [r.in_flight for r in self.replicas])
@@ -266,6 +270,14 @@ class Router:
                 await resp.aclose()  # overloaded or draining: it ran nothing, so another may take it
                 rep.in_flight -= 1
                 continue
+            if probing and any(r.healthy and i not in tried for i, r in enumerate(self.replicas)) and \
+                    await _not_held(resp):
+                await resp.aclose()  # it ran nothing: the next replica may hold the id
+                rep.in_flight -= 1
+                continue
+            if probing and resp.status_code == 200 and method != "DELETE":
+                self.response_homes.put(stored[0], idx)  # found: it lives there
+                stored = (stored[0], idx)
             rep.prompt_chars += len(text)
             rep.matched_chars += matched
             seen = None
@@ -288,10 +300,9 @@ class Router:
             self.response_homes.forget(rid)
 
     async def forward_stored(self, request: Request, method: str, rid: str, sub: str = "") -> Response:
-        """GET / DELETE /v1/responses/{rid}{sub}, or POST its /cancel, on the replica that stores it."""
+        """GET / DELETE /v1/responses/{rid}{sub}, or POST its /cancel, on the replica that
+        stores it (each in turn if the router does not know it: see forward)."""
         home = self.response_homes.get(rid)
-        if home is None:
-            raise self.response_homes.not_found(rid)
         path = f"{RESPONSES_PATH}/{urllib.parse.quote(rid, safe='')}{sub}"
         if request.url.query:
             path += "?" + request.url.query
@@ -448,6 +459,16 @@ class Router:
                 "router": {"policy": self.policy.name, "num_healthy": sum(r.healthy for r in self.replicas),
                            "uptime_s": round(time.time() - self.started, 1)},
                 "replicas": reps}
+
+
+async def _not_held(resp: httpx.Response) -> bool:
+    """Whether a replica's answer says it does not hold the stored response a request named:
+    a 404 `response_not_found`, or a 400 `previous_response_not_found` (nothing ran)."""
+    if resp.status_code not in (400, 404):
+        return False
+    await resp.aread()  # a short error body
+    err = (_json_object(resp) or {}).get("error")
+    return isinstance(err, dict) and err.get("code") in ("response_not_found", "previous_response_not_found")
 
 
 def forwarded_headers(request: Request) -> dict[str, str]:

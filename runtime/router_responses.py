@@ -9,19 +9,18 @@ came. Kept so rather than encoded in the id: the replicas' ids and API stay Open
 their own, and nothing ties a response to a replica's position in the router's list.
 
 Bounded as the replicas' stores are (STORE_CAPACITY each, the oldest first), so the router
-never knows more ids than its replicas can hold; an id it forgot (or never saw: one made
-before the router started) is a 404 (400 as `previous_response_id`), as a replica's for an
-id it does not hold. A replica that is gone (connection refused: a restart) takes its ids
-with it, and one that answers "not found" for an id drops that id.
+never knows more ids than its replicas can hold. An id it forgot (or never saw: one made
+before the router started) goes to each healthy replica in turn until one does not answer
+"not held" (router.forward), so the client hears a replica's own answer: a 401 for a wrong
+API key, the replica's 404 (400 as `previous_response_id`), or the response of the one that
+holds it (its home from then on). A replica that is gone (connection refused: a restart)
+takes its ids with it, and one that answers "not found" for an id drops that id.
 """
 from __future__ import annotations
 
 import json
 from collections import OrderedDict
 from typing import Any
-
-from treadle.runtime.sampling_params import quoted
-from treadle.runtime.server.protocol import APIError
 
 RESPONSES_PATH = "/v1/responses"
 # server/responses_api.STORE_CAPACITY: the stored responses one replica keeps (not imported:
@@ -61,19 +60,6 @@ class ResponseHomes:
 
     def __len__(self) -> int:
         return len(self._homes)
-
-    def not_found(self, rid: str) -> APIError:
-        """The 404 a replica gives for an id it does not hold."""
-        return APIError(f"no response with id {quoted(rid)} is stored on a replica of this router (it knows the "
-                        f"replica of the last {self.capacity:,} stored responses it relayed, as long as that replica "
-                        "keeps them)", 404, "invalid_request_error", "response_id", "response_not_found")
-
-    def previous_not_found(self, rid: str) -> APIError:
-        """The 400 a replica gives for a `previous_response_id` it does not hold."""
-        return APIError(f"previous_response_id: no stored response with id {quoted(rid)} on a replica of this "
-                        f"router (it knows the replica of the last {self.capacity:,} stored responses it relayed; "
-                        "one sent with store: false is not kept)", 400, "invalid_request_error",
-                        "previous_response_id", "previous_response_not_found")
 
 
 def stored_response_id(payload: bytes, streamed: bool) -> str | None:

@@ -1,0 +1,58 @@
+"""Session 47: the router against careless or hostile clients, with one replica started with
+--api-key (this module's own) behind one router."""
+from __future__ import annotations
+
+import pytest
+import requests
+
+from test_router import RouterProcess
+import time
+
+from treadle.runtime.server.testing import ServerProcess
+
+pytestmark = pytest.mark.slow
+T = 120
+KEY = "sk-s47-router"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def idle(srv: ServerProcess, timeout_s: float = 60) -> dict:
+    """The replica's /get_server_info once it holds no request (its KV back)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        i = requests.get(srv.url + "/get_server_info", headers=AUTH, timeout=T).json()
+        if i["num_in_flight"] == 0 and i["num_running"] == 0 and i["num_waiting"] == 0:
+            return i
+        assert time.monotonic() < deadline, i
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def keyed():
+    srv = ServerProcess(["--max-total-tokens", "2048", "--log-level", "warning", "--api-key", KEY])
+    router = RouterProcess([srv.url], "cache_aware")
+    yield srv, router
+    router.close()
+    srv.close()
+
+
+def test_unknown_response_id_hears_the_replicas_api_key_check(keyed):
+    """A stored-response id the router does not know went unanswered by any replica: the
+    router said 404 itself, so a client without (or with a wrong) API key learned "not found"
+    instead of the 401 it gets for every other request. Now a replica answers it: its 401,
+    or, with the key, its own 404 / 400."""
+    srv, router = keyed
+    for path, method in (("/v1/responses/resp_nope", "GET"), ("/v1/responses/resp_nope", "DELETE"),
+                         ("/v1/responses/resp_nope/input_items", "GET"), ("/v1/responses/resp_nope/cancel", "POST")):
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = requests.request(method, router.url + path, headers=headers, timeout=T)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+        r = requests.request(method, router.url + path, headers=AUTH, timeout=T)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "response_not_found", (path, r.text)
+    body = {"model": "default", "input": "hi", "max_output_tokens": 2, "previous_response_id": "resp_nope"}
+    r = requests.post(router.url + "/v1/responses", json=body, timeout=T)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
+    for stream in (False, True):
+        r = requests.post(router.url + "/v1/responses", json={**body, "stream": stream}, headers=AUTH, timeout=T)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "previous_response_not_found", r.text
+    idle(srv)
