@@ -153,7 +153,12 @@ class _AlternativesMixin:
                     if self.spec:
                         if j not in broken:
                             broken[j] = complement(other, resolve)
-                        needs.append(broken[j])
+                        # the ways to fail ``other`` that this branch's values can take (exact: a
+                        # way no value of the branch takes adds none; ansible-lint's rulebook
+                        # throttle, a oneOf of required sets that all require one key: "that key
+                        # absent" fails each, but no value of any branch; 6 combinations -> 2)
+                        open_ = [c for c in broken[j] if not apart.apart(mine, c)]
+                        needs.append(open_ or broken[j])
                     else:
                         needs.append(apart.breakers(mine, other, resolve))
                     if not needs[-1]:
