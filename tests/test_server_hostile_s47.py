@@ -82,7 +82,7 @@ def test_a_client_that_closes_a_stream_gone_silent_is_noticed(srv):
     _no_leaked_kv(srv.url)
     assert _generated(srv.url) - before < 200  # aborted a second or so after it left, not at its end
 
-    body = json.dumps({**_LONG_CALL, "max_tokens": 16}).encode()  # its prompt and grammar cached now
+    body = json.dumps({**_LONG_CALL, "max_tokens": 10}).encode()  # its prompt and grammar cached now
     with socket.create_connection(("127.0.0.1", srv.port), timeout=T) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
@@ -138,7 +138,7 @@ def test_required_tool_calls_stream_each_as_it_closes(srv):
     body = {"model": "default", "messages": [{"role": "user", "content": "Weather in Paris, Rome and Oslo?"}],
             "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
                 "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}],
-            "tool_choice": "required", "max_tokens": 40, "temperature": 0, "logprobs": True,
+            "tool_choice": "required", "max_tokens": 30, "temperature": 0, "logprobs": True,
             # no "]" or "}]": the array goes on past its first call, until max_tokens cuts the next
             "logit_bias": {"77": -100, "31845": -100}}
     whole = requests.post(srv.url + "/v1/chat/completions", json=body, timeout=T).json()["choices"][0]
