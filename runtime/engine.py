@@ -405,7 +405,14 @@ class Engine:
         if self.tokenizer is None:
             raise ValueError("Engine(skip_tokenizer_init=True) takes input_ids, not text" if self.skip_tokenizer_init
                              else "this model has no tokenizer: pass input_ids instead of text")
+        if not isinstance(text, str):
+            raise ValueError(f"encode takes a string, got {type(text).__name__}")
         return encode_prompt(self.tokenizer, text)
+
+    def _encode_prompt(self, text: Any) -> list[int]:
+        if not isinstance(text, str):
+            raise ValueError(f"prompt must be a string (or a list of strings), got {type(text).__name__}")
+        return self.encode(text)
 
     def _build(self, *args: Any, **kwargs: Any) -> tuple[list[TokenizedGenerateReq], bool, str]:
         """The call's requests (n samples split), whether it was one prompt, and its rid."""
@@ -429,14 +436,29 @@ class Engine:
         if rid is not None and rid_list is None and not isinstance(rid, str):  # the parts are named "<rid>-<i>"
             raise ValueError(f"rid must be a string (one for the whole call) or a list of strings (one per prompt), "
                              f"got {type(rid).__name__}")
+        # a batch's prompt (or its sampling params) that is wrong is named by its index, each
+        # one wrong (a BatchError, before anything is queued); one prompt's error is raised as is
+        errors: dict[int, str] = {}
+
+        def each(i: int, fn: Any, *args: Any) -> Any:
+            if i in errors:
+                return None
+            try:
+                return fn(*args)
+            except ValueError as e:
+                if single:
+                    raise
+                errors[i] = str(e)
+                return None
+
         if prompt is not None:
             single = isinstance(prompt, str)
             if not single and not isinstance(prompt, (list, tuple)):
                 raise ValueError(f"prompt must be a string or a list of strings, got {type(prompt).__name__}")
             prompts = [prompt] if single else list(prompt)
-            if not all(isinstance(p, str) for p in prompts):
-                raise ValueError("prompt must be a string or a list of strings")
-            ids_list = [self.encode(p) for p in prompts]
+            if self.tokenizer is None:
+                self.encode("")  # the call's error (no text is taken), not each prompt's
+            ids_list = [each(i, self._encode_prompt, p) for i, p in enumerate(prompts)]
         else:
             if isinstance(input_ids, Mapping) and "input_ids" in input_ids:
                 # a tokenizer's BatchEncoding: transformers 5's apply_chat_template(tokenize=True)
@@ -445,7 +467,7 @@ class Engine:
             if not isinstance(input_ids, (list, tuple)):
                 raise ValueError("input_ids must be a list of token ids or a list of such lists")
             single = not input_ids or not isinstance(input_ids[0], (list, tuple))
-            ids_list = [_token_ids(input_ids)] if single else [_token_ids(x) for x in input_ids]
+            ids_list = [_token_ids(input_ids)] if single else [each(i, _token_ids, x) for i, x in enumerate(input_ids)]
         if not ids_list:
             raise ValueError("the batch is empty")
         if isinstance(sampling_params, list):
@@ -454,16 +476,20 @@ class Engine:
             given = list(sampling_params)
         else:
             given = [sampling_params] * len(ids_list)
-        for p in given:
+
+        def params(p: Any) -> SamplingParams:
             if p is not None and not isinstance(p, (dict, SamplingParams)):
                 raise ValueError(f"sampling_params must be a dict (or a SamplingParams, or a list of one per "
                                  f"prompt), got {type(p).__name__}")
-        given = [p.to_dict() if isinstance(p, SamplingParams) else p for p in given]  # a copy each
-        plist = [SamplingParams.from_dict(dict(p or {})) for p in given]
-        for p in plist:  # json_schema_lenient: the keywords dropped are in meta_info
-            p.apply_leniency(self.args.json_schema_lenient, mode=self.args.json_schema_mode,
-                             whitespace_pattern=self.args.json_whitespace_pattern,
-                             max_recursion_depth=self.args.grammar_max_recursion_depth)
+            sp = SamplingParams.from_dict(p.to_dict() if isinstance(p, SamplingParams) else dict(p or {}))
+            # json_schema_lenient: the keywords dropped are in meta_info
+            sp.apply_leniency(self.args.json_schema_lenient, mode=self.args.json_schema_mode,
+                              whitespace_pattern=self.args.json_whitespace_pattern,
+                              max_recursion_depth=self.args.grammar_max_recursion_depth)
+            return sp
+
+        plist = [each(i, params, p) for i, p in enumerate(given)]
+        given = [p.to_dict() if isinstance(p, SamplingParams) else p for p in given]
         count = len(ids_list)
         # numpy scalars (np.int64 from an array's index or len, np.bool_ from a comparison) as
         # Python's, as max_new_tokens takes them; any other type is validate_request's to refuse
@@ -487,7 +513,8 @@ class Engine:
             if twice is not None:
                 raise ValueError(f"rid: {twice!r} is given to two prompts (each needs its own)")
             names = {}
-        for i, (ids, p) in enumerate(zip(ids_list, plist)):
+
+        def build(i: int, ids: list[int], p: SamplingParams) -> None:
             own = rid_list[i] if rid_list is not None else f"{base}-{i}" if len(ids_list) > 1 else base
             r = TokenizedGenerateReq(rid=own,
                                      input_ids=ids, sampling_params=p, return_logprob=return_logprob[i],
@@ -504,6 +531,11 @@ class Engine:
             if names is not None:
                 names.update((part.rid, own) for part in parts)
             reqs.extend(parts)
+
+        for i, (ids, p) in enumerate(zip(ids_list, plist)):
+            each(i, build, i, ids, p)
+        if errors:
+            raise BatchError(_batch_message(errors, "prompt"), errors)
         if names is not None:  # ["a", "a-0"] with n = 2: "a-0" would be a sample of "a" and a prompt
             clash = next((r.rid for i, r in enumerate(reqs) if r.rid in names.values() and names[r.rid] != r.rid
                           or any(q.rid == r.rid for q in reqs[:i])), None)
