@@ -207,7 +207,7 @@ class Router:
         body = await read_body(request, self.args.max_request_bytes)
         try:
             obj = json.loads(body) if method == "POST" else None
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except ValueError:  # not JSON, not UTF-8, an integer of more than 4,300 digits
             obj = None  # a replica answers it with a proper 400
         except RecursionError as e:  # as a replica would say (it could not be parsed here either)
             raise APIError.bad_request("the request body nests too deeply") from e

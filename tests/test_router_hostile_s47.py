@@ -56,3 +56,20 @@ def test_unknown_response_id_hears_the_replicas_api_key_check(keyed):
         r = requests.post(router.url + "/v1/responses", json={**body, "stream": stream}, headers=AUTH, timeout=T)
         assert r.status_code == 400 and r.json()["error"]["code"] == "previous_response_not_found", r.text
     idle(srv)
+
+
+def test_an_integer_of_too_many_digits_is_the_replicas_400(keyed):
+    """A JSON integer of more than 4,300 digits makes Python's json.loads raise a ValueError
+    that is no JSONDecodeError: the router answered 500 "Internal Server Error" (a plain text
+    body) on every forwarded path, where the replica names the field in a 400."""
+    srv, router = keyed
+    huge = "1" * 5000
+    for path, body in (("/generate", '{"text": "hi", "sampling_params": {"max_new_tokens": %s}}' % huge),
+                       ("/v1/completions", '{"model": "default", "prompt": "hi", "max_tokens": %s}' % huge),
+                       ("/v1/chat/completions", '{"model": "default", "messages": [], "seed": %s}' % huge),
+                       ("/v1/responses", '{"model": "default", "input": "hi", "top_logprobs": %s}' % huge),
+                       ("/tokenize", '{"prompt": "hi", "x": %s}' % huge)):
+        r = requests.post(router.url + path, data=body, headers={**AUTH, "Content-Type": "application/json"},
+                          timeout=T)
+        assert r.status_code == 400 and "4300 digits" in r.json()["error"]["message"], (path, r.text)
+    idle(srv)
