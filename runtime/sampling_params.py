@@ -236,6 +236,7 @@ class SamplingParams:
     def normalize(self) -> None:
         """Coerce convenient forms: a single stop string, a json_schema given as a dict, a
         number of another numeric type (numpy's int64 or float32, a Fraction) as int or float,
+        top_p 0 (OpenAI takes it) as top_k 1,
         numpy's bool as bool, and token ids (stop_token_ids, logit_bias's keys) of numpy's
         integer types, or a 1-D numpy integer array of them, as ints."""
         for name in _NUMBER_FIELDS:
@@ -245,6 +246,10 @@ class SamplingParams:
                     setattr(self, name, int(v))
                 elif isinstance(v, numbers.Real):
                     setattr(self, name, float(v))
+        if type(self.top_p) in (int, float) and self.top_p == 0:
+            # OpenAI takes top_p 0: the nucleus of no mass, the most likely token alone (its
+            # filter here keeps tokens until top_p is reached, so it reads as top_k 1)
+            self.top_p, self.top_k = 1.0, 1
         for name in _BOOL_FIELDS:  # numpy's bool (a comparison's np.True_), not its ints
             v = getattr(self, name)
             if isinstance(v, np.bool_):

@@ -25,7 +25,7 @@ def test_numpy_scalars_are_read_as_python_numbers() -> None:
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("max_new_tokens", np.float32(2.0), "max_new_tokens has the wrong type"),  # as 2.0 is
+    ("max_new_tokens", np.float32(2.0), "max_new_tokens has the wrong type"),  # as 2.0 is (OpenAI refuses it)
     ("max_new_tokens", "2", "max_new_tokens has the wrong type"),
     ("temperature", np.float32("nan"), "temperature must be a finite number"),
     ("top_k", np.int64(-5), "top_k"),
@@ -33,3 +33,14 @@ def test_numpy_scalars_are_read_as_python_numbers() -> None:
 def test_what_is_not_a_number_of_the_fields_kind_is_still_refused(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SamplingParams.from_dict({field: value})
+
+
+def test_top_p_zero_is_the_most_likely_token_alone() -> None:
+    """OpenAI takes top_p 0 (the nucleus of no mass: only the most likely token); it was refused
+    as outside (0, 1]. Read as top_k 1, whatever top_k was."""
+    greedy = SamplingParams.from_dict({"top_p": 0, "top_k": 50, "temperature": 0.8})
+    assert (greedy.top_p, greedy.top_k) == (1.0, 1)
+    assert SamplingParams.from_dict({"top_p": 0.0}).top_k == 1
+    for bad in ({"top_p": -0.1}, {"top_p": False}, {"top_p": 1.5}):
+        with pytest.raises(ValueError, match="top_p"):
+            SamplingParams.from_dict(bad)
