@@ -446,8 +446,11 @@ class Router:
 
         return list(await asyncio.gather(*(one(r) for r in self.replicas)))
 
-    async def server_info(self, request: Request | None = None) -> dict:
+    async def server_info(self, request: Request | None = None) -> dict | Response:
         infos = await self.broadcast("GET", "/get_server_info", request=request)
+        refused = _refusal(self.replicas, infos)
+        if refused is not None:  # the client's API key: no replica's info, nor the router's, for it
+            return refused
         reps = []
         for r, resp in zip(self.replicas, infos):
             info = _json_object(resp) if resp is not None and resp.status_code == 200 else None
@@ -484,6 +487,18 @@ def _json_object(resp: httpx.Response) -> dict | None:
     except ValueError:
         return None
     return body if isinstance(body, dict) else None
+
+
+def _refusal(replicas: list[Replica], res: list[httpx.Response | None]) -> Response | None:
+    """The first answer, relayed, when every replica that answered a broadcast refused the
+    client's credentials (401 / 403: a wrong or missing API key); else None."""
+    answered = [(r, x) for r, x in zip(replicas, res) if x is not None]
+    if not answered or any(x.status_code not in (401, 403) for _, x in answered):
+        return None
+    r, x = answered[0]
+    return Response(x.content, x.status_code, media_type=x.headers.get("content-type"),
+                    headers={REPLICA_HEADER: r.url, **({"WWW-Authenticate": x.headers["www-authenticate"]}
+                                                       if "www-authenticate" in x.headers else {})})
 
 
 def _flush_failure(resp: httpx.Response | None) -> str:
@@ -560,7 +575,7 @@ def create_router_app(args: RouterArgs) -> FastAPI:
         return Response(status_code=200)
 
     @app.get("/get_server_info")
-    async def get_server_info(request: Request) -> dict:
+    async def get_server_info(request: Request) -> Any:
         return await router.server_info(request)
 
     metrics = RouterMetrics(router)
@@ -570,10 +585,13 @@ def create_router_app(args: RouterArgs) -> FastAPI:
         return Response(metrics.render(), media_type=metrics.content_type)
 
     @app.post("/flush_cache")
-    async def flush_cache(request: Request) -> JSONResponse:
+    async def flush_cache(request: Request) -> Response:
         if not any(r.healthy for r in router.replicas):
             raise APIError("no healthy replica to flush", 503, "server_overloaded", None, "no_healthy_replica")
         res = await router.broadcast("POST", "/flush_cache", request=request)
+        refused = _refusal(router.replicas, res)
+        if refused is not None:  # nothing was flushed: the client hears why, as from a replica
+            return refused
         router.policy.reset()
         failed = [f"{r.url}: {_flush_failure(x)}" for x, r in zip(res, router.replicas)
                   if r.healthy and (x is None or x.status_code != 200)]

@@ -73,3 +73,16 @@ def test_an_integer_of_too_many_digits_is_the_replicas_400(keyed):
                           timeout=T)
         assert r.status_code == 400 and "4300 digits" in r.json()["error"]["message"], (path, r.text)
     idle(srv)
+
+
+def test_broadcasts_without_the_api_key_are_the_replicas_401(keyed):
+    """GET /get_server_info and POST /flush_cache go to every replica: without the key, the
+    router answered 200 with its own stats and the replica URLs (every replica's info null), and
+    a 400 "not flushed on ...: HTTP 401", where a replica (and /abort_request) says 401."""
+    srv, router = keyed
+    for method, path in (("GET", "/get_server_info"), ("POST", "/flush_cache")):
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = requests.request(method, router.url + path, headers=headers, timeout=T)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+    assert requests.get(router.url + "/get_server_info", headers=AUTH, timeout=T).json()["replicas"][0]["server_info"]
+    assert requests.post(router.url + "/flush_cache", headers=AUTH, timeout=T).json()["success"] is True
