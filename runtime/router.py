@@ -614,8 +614,22 @@ def create_router_app(args: RouterArgs) -> FastAPI:
         return JSONResponse({"success": any(x.status_code == 200 and (_json_object(x) or {}).get("success")
                                             for _, x in answered)})
 
+    app.add_middleware(_HeadAsGet)
     add_cors(app, args.allowed_origins)
     return app
+
+
+class _HeadAsGet:
+    """HEAD served as GET wherever GET is, as a replica does (RFC 9110; `curl -I` and health
+    monitors got a 405); uvicorn, which keeps the request's own scope, sends no body."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            scope = {**scope, "method": "GET"}
+        await self.app(scope, receive, send)
 
 
 # ---- replicas on this host (--launch-replicas N) ----

@@ -86,3 +86,14 @@ def test_broadcasts_without_the_api_key_are_the_replicas_401(keyed):
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
     assert requests.get(router.url + "/get_server_info", headers=AUTH, timeout=T).json()["replicas"][0]["server_info"]
     assert requests.post(router.url + "/flush_cache", headers=AUTH, timeout=T).json()["success"] is True
+
+
+def test_head_is_answered_as_get(keyed):
+    """`curl -I` and HEAD health monitors got a 405 from the router where a replica answers
+    HEAD wherever it answers GET (RFC 9110)."""
+    srv, router = keyed
+    for path, headers, status in (("/health", {}, 200), ("/v1/models", AUTH, 200), ("/v1/models", {}, 401),
+                                  ("/get_server_info", AUTH, 200)):
+        assert requests.head(srv.url + path, headers=headers, timeout=T).status_code == status, path
+        r = requests.head(router.url + path, headers=headers, timeout=T)
+        assert r.status_code == status and r.content == b"", (path, r.status_code)
