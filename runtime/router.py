@@ -75,6 +75,7 @@ class RouterArgs:
     cache: CacheAwareConfig = CacheAwareConfig()
     max_request_bytes: int = 64 << 20  # a larger body is a 413, before the router holds it whole
     allowed_origins: str = ""  # CORS, as the server's --allowed-origins; none by default
+    request_body_timeout_s: float = 30.0  # as the server's: a body not in whole by then is a 408
 
 
 @dataclass(slots=True)
@@ -614,9 +615,45 @@ def create_router_app(args: RouterArgs) -> FastAPI:
         return JSONResponse({"success": any(x.status_code == 200 and (_json_object(x) or {}).get("success")
                                             for _, x in answered)})
 
+    app.add_middleware(_BodyDeadline, timeout_s=args.request_body_timeout_s)
     app.add_middleware(_HeadAsGet)
     add_cors(app, args.allowed_origins)
     return app
+
+
+class _BodyDeadline:
+    """The whole request body must be in within `timeout_s` of its headers, or reading it
+    raises a 408 (the connection then closes), as a replica's --request-body-timeout-s: a client
+    that sent a Content-Length and then trickled the body, or none of it (slowloris), held its
+    connection and handler forever. Once the body is in, `receive` is uvicorn's own again (a
+    relay waits on it for the client's disconnect, as long as its answer lasts)."""
+
+    def __init__(self, app: Any, timeout_s: float) -> None:
+        self.app, self.timeout_s = app, timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        body_done = False
+
+        async def receive_before_deadline() -> dict:
+            nonlocal body_done
+            if body_done:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                body_done = True  # once: what follows (a disconnect) is the relay's to see
+                raise APIError(f"the request body did not arrive whole within {self.timeout_s:g} s of its headers "
+                               "(--request-body-timeout-s)", 408, "invalid_request_error", None, "request_timeout",
+                               {"Connection": "close"}) from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        await self.app(scope, receive_before_deadline, send)
 
 
 class _HeadAsGet:
@@ -724,6 +761,9 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-origins", default=d.allowed_origins,
                    help="CORS: origins (comma-separated, * = any) whose browser pages may call the router; "
                         "default none (the replicas' own setting is not relayed)")
+    p.add_argument("--request-body-timeout-s", type=float, default=d.request_body_timeout_s,
+                   help="a request body not in whole this many seconds after its headers is a 408, "
+                        "as a replica's (a client trickling it held its connection forever)")
     p.add_argument("--shutdown-grace-s", type=float, default=10.0,
                    help="on SIGTERM, how long open responses may run before they are closed")
     p.add_argument("--log-level", default="warning")
@@ -745,6 +785,8 @@ def check_router_args(ns: argparse.Namespace, log_levels: tuple[str, ...]) -> No
             ("--shutdown-grace-s", ns.shutdown_grace_s, ns.shutdown_grace_s >= 0, ">= 0"),
             ("--max-request-bytes", ns.max_request_bytes, ns.max_request_bytes >= 1, ">= 1"),
             ("--health-interval-s", ns.health_interval_s, ns.health_interval_s > 0, "> 0"),
+            ("--request-body-timeout-s", ns.request_body_timeout_s,
+             0 < ns.request_body_timeout_s < float("inf"), "a finite number > 0"),
             ("--max-tree-chars", ns.max_tree_chars, ns.max_tree_chars >= 1, ">= 1"),
             ("--cache-match-ratio", ns.cache_match_ratio, 0 <= ns.cache_match_ratio <= 1, "in [0, 1]"),
             ("--cache-match-chars", ns.cache_match_chars, ns.cache_match_chars >= 0, ">= 0"),
@@ -778,7 +820,8 @@ def run(ns: argparse.Namespace, server_argv: list[str]) -> None:
                           health_interval_s=ns.health_interval_s,
                           cache=CacheAwareConfig(ns.cache_match_ratio, ns.cache_match_chars, ns.balance_abs,
                                                  ns.max_tree_chars),
-                          max_request_bytes=ns.max_request_bytes, allowed_origins=ns.allowed_origins)
+                          max_request_bytes=ns.max_request_bytes, allowed_origins=ns.allowed_origins,
+                          request_body_timeout_s=ns.request_body_timeout_s)
         app = create_router_app(args)
         grace = ns.shutdown_grace_s
 

@@ -6,6 +6,7 @@ import pytest
 import requests
 
 from test_router import RouterProcess
+import socket
 import time
 
 from treadle.runtime.server.testing import ServerProcess
@@ -14,6 +15,7 @@ pytestmark = pytest.mark.slow
 T = 120
 KEY = "sk-s47-router"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+BODY_TIMEOUT_S = 1.5
 
 
 def idle(srv: ServerProcess, timeout_s: float = 60) -> dict:
@@ -30,7 +32,7 @@ def idle(srv: ServerProcess, timeout_s: float = 60) -> dict:
 @pytest.fixture(scope="module")
 def keyed():
     srv = ServerProcess(["--max-total-tokens", "2048", "--log-level", "warning", "--api-key", KEY])
-    router = RouterProcess([srv.url], "cache_aware")
+    router = RouterProcess([srv.url], "cache_aware", ["--request-body-timeout-s", str(BODY_TIMEOUT_S)])
     yield srv, router
     router.close()
     srv.close()
@@ -97,3 +99,22 @@ def test_head_is_answered_as_get(keyed):
         assert requests.head(srv.url + path, headers=headers, timeout=T).status_code == status, path
         r = requests.head(router.url + path, headers=headers, timeout=T)
         assert r.status_code == status and r.content == b"", (path, r.status_code)
+
+
+def test_a_body_that_never_arrives_is_a_408(keyed):
+    """A client that sent its headers and a Content-Length, then part of the body or none
+    (slowloris), held its router connection and handler forever (a replica answers 408 after
+    --request-body-timeout-s); now the router does too, with the flag of the same name."""
+    srv, router = keyed
+    with socket.create_connection(("127.0.0.1", router.port)) as s:
+        s.settimeout(30)
+        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{\"text\":")
+        answer = b""
+        while chunk := s.recv(4096):  # until the router closes the connection
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"--request-body-timeout-s" in answer, answer
+    r = requests.post(router.url + "/generate", headers=AUTH, timeout=T,
+                      json={"text": "hi", "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 200, r.text
+    idle(srv)
