@@ -271,11 +271,17 @@ class Router:
                 await resp.aclose()  # overloaded or draining: it ran nothing, so another may take it
                 rep.in_flight -= 1
                 continue
-            if probing and any(r.healthy and i not in tried for i, r in enumerate(self.replicas)) and \
-                    await _not_held(resp):
-                await resp.aclose()  # it ran nothing: the next replica may hold the id
-                rep.in_flight -= 1
-                continue
+            if probing and any(r.healthy and i not in tried for i, r in enumerate(self.replicas)):
+                try:
+                    not_held = await _not_held(resp)
+                except httpx.HTTPError as e:  # it broke off inside its short error answer
+                    rep.in_flight -= 1
+                    await resp.aclose()
+                    raise self._failed(rep, e) from e
+                if not_held:
+                    await resp.aclose()  # it ran nothing: the next replica may hold the id
+                    rep.in_flight -= 1
+                    continue
             if probing and resp.status_code == 200 and method != "DELETE":
                 self.response_homes.put(stored[0], idx)  # found: it lives there
                 stored = (stored[0], idx)
@@ -421,7 +427,7 @@ class Router:
     async def get_any(self, path: str, request: Request | None = None) -> Response:
         """A read-only GET answered by the first healthy replica that responds (with the
         client's forwarded headers: its API key)."""
-        headers = forwarded_headers(request) if request else {}
+        headers = forwarded_headers(request) if request else []
         for r in [r for r in self.replicas if r.healthy]:
             try:
                 resp = await self.client.get(r.url + path, timeout=10.0, headers=headers)
@@ -435,7 +441,9 @@ class Router:
                         request: Request | None = None) -> list[httpx.Response | None]:
         """Send to every healthy replica (with the client's forwarded headers: its API key);
         None where it failed (or the replica is out)."""
-        headers = {"content-type": "application/json", **(forwarded_headers(request) if request else {})}
+        headers = forwarded_headers(request) if request else []
+        if not any(k.lower() == "content-type" for k, _ in headers):
+            headers.append(("content-type", "application/json"))
 
         async def one(r: Replica) -> httpx.Response | None:
             if not r.healthy:
@@ -475,9 +483,10 @@ async def _not_held(resp: httpx.Response) -> bool:
     return isinstance(err, dict) and err.get("code") in ("response_not_found", "previous_response_not_found")
 
 
-def forwarded_headers(request: Request) -> dict[str, str]:
-    """The client's headers a replica needs too (its API key, the body's type)."""
-    return {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS}
+def forwarded_headers(request: Request) -> list[tuple[str, str]]:
+    """The client's headers a replica needs too (its API key, the body's type), every line
+    of them: a replica refuses two Authorization lines, which the router must not make one."""
+    return [(k, v) for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS]
 
 
 def _json_object(resp: httpx.Response) -> dict | None:

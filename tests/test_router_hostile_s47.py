@@ -118,3 +118,25 @@ def test_a_body_that_never_arrives_is_a_408(keyed):
                       json={"text": "hi", "sampling_params": {"max_new_tokens": 1}})
     assert r.status_code == 200, r.text
     idle(srv)
+
+
+def test_two_authorization_lines_are_refused_as_a_replica_refuses_them(keyed):
+    """A replica takes exactly one Authorization line; the router kept only the last of
+    several, so a request with a wrong key and then the right one passed the router where the
+    replica itself says 401."""
+    import http.client
+
+    srv, router = keyed
+    for url in (srv.url, router.url):
+        for path, method, body in (("/generate", "POST", b'{"text": "hi", "sampling_params": {"max_new_tokens": 1}}'),
+                                   ("/get_server_info", "GET", None)):
+            conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=T)
+            conn.putrequest(method, path)
+            conn.putheader("Authorization", "Bearer wrong")
+            conn.putheader("Authorization", f"Bearer {KEY}")
+            conn.putheader("Content-Type", "application/json")
+            conn.putheader("Content-Length", str(len(body or b"")))
+            conn.endheaders(body)
+            r = conn.getresponse()
+            assert r.status == 401, (url, path, r.status, r.read())
+            conn.close()
