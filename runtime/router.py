@@ -54,6 +54,7 @@ from treadle.runtime.router_responses import (
 from treadle.runtime.server.protocol import (
     APIError, add_cors, add_error_handlers, error_body, parse_abort_request, parse_json_object, read_body,
 )
+from treadle.runtime.server.http_protocol import header_deadline_protocol
 from treadle.runtime.server.streaming import AbortOnDisconnectStream, ClientGone, until_done_or_disconnect
 
 log = logging.getLogger("treadle.router")
@@ -139,7 +140,9 @@ class _RelayStream(AbortOnDisconnectStream):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            # a copy: the relayed chunks need not end between two events, so no half-close probe
+            # (http_protocol: an SSE comment, for a stream marked in its scope) may go between them
+            await super().__call__({**scope}, receive, send)
         finally:
             await self._on_close()
 
@@ -773,6 +776,9 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-body-timeout-s", type=float, default=d.request_body_timeout_s,
                    help="a request body not in whole this many seconds after its headers is a 408, "
                         "as a replica's (a client trickling it held its connection forever)")
+    p.add_argument("--stream-write-timeout-s", type=float, default=60.0,
+                   help="a client that reads none of its response this long is disconnected (its "
+                        "replica's request aborted), as a replica's")
     p.add_argument("--shutdown-grace-s", type=float, default=10.0,
                    help="on SIGTERM, how long open responses may run before they are closed")
     p.add_argument("--log-level", default="warning")
@@ -796,6 +802,8 @@ def check_router_args(ns: argparse.Namespace, log_levels: tuple[str, ...]) -> No
             ("--health-interval-s", ns.health_interval_s, ns.health_interval_s > 0, "> 0"),
             ("--request-body-timeout-s", ns.request_body_timeout_s,
              0 < ns.request_body_timeout_s < float("inf"), "a finite number > 0"),
+            ("--stream-write-timeout-s", ns.stream_write_timeout_s,
+             0 < ns.stream_write_timeout_s < float("inf"), "a finite number > 0"),
             ("--max-tree-chars", ns.max_tree_chars, ns.max_tree_chars >= 1, ">= 1"),
             ("--cache-match-ratio", ns.cache_match_ratio, 0 <= ns.cache_match_ratio <= 1, "in [0, 1]"),
             ("--cache-match-chars", ns.cache_match_chars, ns.cache_match_chars >= 0, ">= 0"),
@@ -844,8 +852,14 @@ def run(ns: argparse.Namespace, server_argv: list[str]) -> None:
                     loop.call_soon_threadsafe(loop.call_later, grace, app.state.router.closing.set)
                 super().handle_exit(sig, frame)
 
+        # a replica's protocol: a deadline for a request's headers (a client sending them a byte
+        # at a time held its connection forever), a bound on a response its client does not
+        # read (the relay, its replica's request and its KV were held as long as the socket was
+        # open), a reply to a client that half-closed, malformed requests in the OpenAI shape
         Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=ns.log_level,
-                              timeout_graceful_shutdown=grace + CLOSE_MARGIN_S)).run()
+                              timeout_graceful_shutdown=grace + CLOSE_MARGIN_S,
+                              http=header_deadline_protocol(ns.request_body_timeout_s,
+                                                            ns.stream_write_timeout_s))).run()
     finally:
         stop_replicas(procs)
 

@@ -6,6 +6,7 @@ import pytest
 import requests
 
 from test_router import RouterProcess
+import json
 import socket
 import time
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.slow
 T = 120
 KEY = "sk-s47-router"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-BODY_TIMEOUT_S = 1.5
+BODY_TIMEOUT_S = 1.0
 
 
 def idle(srv: ServerProcess, timeout_s: float = 60) -> dict:
@@ -32,7 +33,8 @@ def idle(srv: ServerProcess, timeout_s: float = 60) -> dict:
 @pytest.fixture(scope="module")
 def keyed():
     srv = ServerProcess(["--max-total-tokens", "2048", "--log-level", "warning", "--api-key", KEY])
-    router = RouterProcess([srv.url], "cache_aware", ["--request-body-timeout-s", str(BODY_TIMEOUT_S)])
+    router = RouterProcess([srv.url], "cache_aware", ["--request-body-timeout-s", str(BODY_TIMEOUT_S),
+                                                      "--stream-write-timeout-s", "0.5"])
     yield srv, router
     router.close()
     srv.close()
@@ -140,3 +142,32 @@ def test_two_authorization_lines_are_refused_as_a_replica_refuses_them(keyed):
             r = conn.getresponse()
             assert r.status == 401, (url, path, r.status, r.read())
             conn.close()
+
+
+def _in_flight(router) -> int:
+    return requests.get(router.url + "/get_server_info", headers=AUTH, timeout=T).json()["replicas"][0]["in_flight"]
+
+
+def test_a_stream_its_client_does_not_read_is_ended(keyed):
+    """A client that opened a stream and read none of it held the router's relay (blocked on
+    its write), its in-flight count and the connection for as long as the socket stayed
+    open; the replica's request ran on until its own write timeout. Now the router, as a
+    replica, disconnects it after --stream-write-timeout-s, closing the upstream request."""
+    srv, router = keyed
+    body = json.dumps({"text": "word " * 300, "stream": True, "return_logprob": True, "logprob_start_len": 0,
+                       "top_logprobs_num": 20, "return_text_in_logprobs": True,
+                       "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}}).encode()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the answer piles up at the router
+        s.connect(("127.0.0.1", router.port))
+        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (KEY.encode(), len(body), body))
+        deadline = time.monotonic() + 60
+        while _in_flight(router) == 0:  # relayed
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        while _in_flight(router) != 0:  # the client reads nothing and keeps its socket open
+            assert time.monotonic() < deadline, "the unread stream still holds the router"
+            time.sleep(0.2)
+        info = idle(srv)
+    assert info["num_running"] == 0
