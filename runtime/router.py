@@ -54,7 +54,6 @@ from treadle.runtime.router_responses import (
 from treadle.runtime.server.protocol import (
     APIError, add_cors, add_error_handlers, error_body, parse_abort_request, parse_json_object, read_body,
 )
-from treadle.runtime.server.http_protocol import header_deadline_protocol
 from treadle.runtime.server.streaming import AbortOnDisconnectStream, ClientGone, until_done_or_disconnect
 
 log = logging.getLogger("treadle.router")
@@ -822,6 +821,8 @@ def add_router_subcommand(sub: argparse._SubParsersAction) -> None:
 
 def run(ns: argparse.Namespace, server_argv: list[str]) -> None:
     import uvicorn
+
+    from treadle.runtime.server.http_protocol import header_deadline_protocol
 
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     server_argv = [*shlex.split(ns.server_args), *server_argv]
