@@ -321,7 +321,7 @@ class SamplingParams:
             raise ValueError(f"sampling_params.temperature must be in [0, {MAX_TEMPERATURE}], "
                              f"got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"sampling_params.top_p must be in (0, 1], got {self.top_p}")
+            raise ValueError(f"sampling_params.top_p must be in [0, 1], got {self.top_p}")
         if self.top_k < -1 or self.top_k == 0:
             raise ValueError(f"sampling_params.top_k must be -1 (off) or >= 1, got {quoted(self.top_k)}")
         if not 0 <= self.min_p <= 1:

@@ -51,6 +51,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from treadle.runtime.server.protocol import error_body
+from treadle.runtime.server.streaming import SSE_SCOPE_KEY
 
 log = logging.getLogger("treadle.server")
 
@@ -62,9 +63,6 @@ FREE_BODY_CHUNKS = 4096
 BODY_BYTES_PER_CHUNK = 1024
 HALF_CLOSE_PROBE_S = 0.5  # how often a half-closed client's connection is probed while its reply is due
 LINGER_S = 2.0  # how long a connection refused mid-request reads on before it closes
-# the ASGI scope key a Server-Sent Events response sets (streaming.AbortOnDisconnectStream): its
-# body may take an SSE comment between the events it writes, a half-close probe's
-SSE_SCOPE_KEY = "treadle.sse"
 SSE_PROBE = b":\n\n"  # an SSE comment line (and the blank line that ends a block): readers skip it
 
 

@@ -11,10 +11,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from treadle.runtime.server.http_protocol import SSE_SCOPE_KEY
 from treadle.runtime.server.protocol import APIError, json_text
 
 log = logging.getLogger("treadle.server")
+
+# the ASGI scope key a Server-Sent Events response sets (AbortOnDisconnectStream): its body may
+# take an SSE comment between the events it writes, a half-close probe's (http_protocol). Here,
+# not there: http_protocol loads uvicorn, which the router's argument errors must not wait for
+SSE_SCOPE_KEY = "treadle.sse"
 
 DISCONNECT_POLL_S = 0.25
 
