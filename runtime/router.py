@@ -52,7 +52,7 @@ from treadle.runtime.router_responses import (
     RESPONSES_PATH, STORE_CAPACITY, ResponseHomes, responses_routing_text, stored_response_id,
 )
 from treadle.runtime.server.protocol import (
-    APIError, add_cors, add_error_handlers, error_body, parse_abort_request, parse_json_object, read_body,
+    APIError, add_cors, add_error_handlers, body_deadline, error_body, parse_abort_request, parse_json_object, read_body,
 )
 from treadle.runtime.server.streaming import AbortOnDisconnectStream, ClientGone, until_done_or_disconnect
 
@@ -645,26 +645,7 @@ class _BodyDeadline:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_s
-        body_done = False
-
-        async def receive_before_deadline() -> dict:
-            nonlocal body_done
-            if body_done:
-                return await receive()
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                body_done = True  # once: what follows (a disconnect) is the relay's to see
-                raise APIError(f"the request body did not arrive whole within {self.timeout_s:g} s of its headers "
-                               "(--request-body-timeout-s)", 408, "invalid_request_error", None, "request_timeout",
-                               {"Connection": "close"}) from None
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                body_done = True
-            return message
-
-        await self.app(scope, receive_before_deadline, send)
+        await self.app(scope, body_deadline(receive, self.timeout_s), send)
 
 
 class _HeadAsGet:

@@ -27,9 +27,9 @@ from treadle.runtime.model_source import EMBEDDED_HF_ID
 from treadle.runtime.sampling_params import SamplingParams
 from treadle.runtime.server.compat_fields import NATIVE, OPENAI, check_compat_fields
 from treadle.runtime.server.metrics import ServerMetrics
-from treadle.runtime.server.protocol import (APIError, ReplyJSON, add_cors, add_error_handlers, clip, clip_names,
-                                             error_body, overloaded, parse_abort_request, parse_json_object, quoted,
-                                             read_body, unauthorized)
+from treadle.runtime.server.protocol import (APIError, ReplyJSON, add_cors, add_error_handlers, body_deadline, clip,
+                                             clip_names, error_body, overloaded, parse_abort_request, parse_json_object,
+                                             quoted, read_body, unauthorized)
 from treadle.runtime.server.streaming import (ClientGone, gather_all, merge_streams, sse,
                                               stream_or_error, until_done_or_disconnect)
 from treadle.runtime.server.tokenizer_manager import TokenizerManager, check_rid, mark_request_size, merge_chunks
@@ -152,35 +152,6 @@ def authorized(values: list[bytes], key: str) -> bool:
         return False
     scheme, _, token = values[0].strip(b" \t").partition(b" ")
     return scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), key.encode("utf-8"))
-
-
-def body_deadline(receive: Receive, timeout_s: float) -> Receive:
-    """`receive` with a deadline for the request body: the whole body must be in within
-    `timeout_s` of the request's headers, or reading it raises a 408 (the connection then
-    closes). A client that sent its headers and a Content-Length and then trickled the body,
-    or none of it (slowloris), held its connection and its handler forever. Once the body is
-    in, receive is the server's own again (a stream waits on it for the client's disconnect,
-    for as long as the stream lasts)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    body_done = False
-
-    async def receive_before_deadline() -> dict:
-        nonlocal body_done
-        if body_done:
-            return await receive()
-        try:
-            message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
-        except asyncio.TimeoutError:
-            body_done = True  # once: what follows (a disconnect) is the server's to see
-            raise APIError(f"the request body did not arrive whole within {timeout_s:g} s of its headers "
-                           "(--request-body-timeout-s)", 408, "invalid_request_error", None, "request_timeout",
-                           {"Connection": "close"}) from None
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            body_done = True
-        return message
-
-    return receive_before_deadline
 
 
 # the routes that start generation: refused before their body is read when the server is full

@@ -6,6 +6,7 @@ error is a 4xx naming the problem and never a 500.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -16,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive
 
 from treadle.runtime.sampling_params import clip, clip_names, quoted  # noqa: F401 (re-exported for the server)
 
@@ -417,3 +419,32 @@ def add_cors(app: FastAPI, allowed: str) -> None:
     origins = [o.strip() for o in allowed.split(",") if o.strip()]
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
+
+
+def body_deadline(receive: Receive, timeout_s: float) -> Receive:
+    """`receive` with a deadline for the request body: the whole body must be in within
+    `timeout_s` of the request's headers, or reading it raises a 408 (the connection then
+    closes). A client that sent its headers and a Content-Length and then trickled the body,
+    or none of it (slowloris), held its connection and its handler forever. Once the body is
+    in, receive is the server's own again (a stream waits on it for the client's disconnect,
+    for as long as the stream lasts)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    body_done = False
+
+    async def receive_before_deadline() -> dict:
+        nonlocal body_done
+        if body_done:
+            return await receive()
+        try:
+            message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            body_done = True  # once: what follows (a disconnect) is the server's to see
+            raise APIError(f"the request body did not arrive whole within {timeout_s:g} s of its headers "
+                           "(--request-body-timeout-s)", 408, "invalid_request_error", None, "request_timeout",
+                           {"Connection": "close"}) from None
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            body_done = True
+        return message
+
+    return receive_before_deadline
