@@ -80,6 +80,7 @@ _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 # vLLM's guided_grammar may be Lark (name: body, ?rule, %import): not this dialect
 _LARK = ("; this looks like a Lark grammar, which is not supported: GBNF rules are written "
          "'name ::= body', the output is rule 'root', and terminals are string literals or [classes]")
+_XGRAMMAR_MACROS = ("TagDispatch",)  # xgrammar's built-in functions, written name(args, key=value)
 _RESERVED = 0x100000  # the first code point of the range grammars never generate (index_markers.py)
 
 
@@ -247,6 +248,10 @@ class _Parser:
             return ANY
         if c == "(":
             self.i += 1
+            self.skip()
+            if self.peek() == "=":  # xgrammar's "rule ::= body (= follow)": a restriction treadle cannot enforce
+                raise self.error("xgrammar's lookahead assertion '(= ...)' is not supported (treadle cannot enforce "
+                                 "it); remove it where what follows the rule already implies it", start)
             inner = self.alternation(top=False)
             self.skip()
             if self.peek() != ")":
@@ -255,13 +260,15 @@ class _Parser:
             return inner
         if c in _NAME_START:
             name = self.name()
+            if name in _XGRAMMAR_MACROS and self.peek() == "(":
+                raise self.error(f"xgrammar's {name}(...) macro is not supported; write its tags as rules", start)
             line, col = self.where(start)
             return Ref(name, line, col)
         if c == "'":
             raise self.error("string literals take double quotes")
         if c == "/":
             raise self.error("unexpected '/' (a /regex/ terminal" + _LARK + ")")
-        raise self.error(f"unexpected {c!r}" + (" (lookahead assertions are not supported)" if c == "=" else ""))
+        raise self.error(f"unexpected {c!r}")
 
     def char(self) -> str:
         """One (possibly escaped) character of a literal or class."""
