@@ -1,7 +1,8 @@
 """A server started by treadle.lang's Runtime exits when the process that started it dies,
 even by SIGKILL (session 46): it runs in its own session and atexit never runs on SIGKILL, so
 it kept its port and memory. It now watches a pipe whose write end the starter holds
-(launcher.exit_with_starter)."""
+(launcher.exit_with_starter). So does the tests' ServerProcess (session 47: a helper's pytest
+run killed by its timeout left a server running beside the later tests)."""
 from __future__ import annotations
 
 import json
@@ -16,15 +17,25 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-STARTER = textwrap.dedent("""
-    import json, time
-    import treadle.lang as sgl
-    from treadle.runtime.server.testing import free_port
+STARTERS = {
+    "runtime": textwrap.dedent("""
+        import json, time
+        import treadle.lang as sgl
+        from treadle.runtime.server.testing import free_port
 
-    rt = sgl.Runtime(port=free_port(), max_total_tokens=1024)
-    print(json.dumps({"pid": rt.pid, "url": rt.url}), flush=True)
-    time.sleep(600)
-""")
+        rt = sgl.Runtime(port=free_port(), max_total_tokens=1024)
+        print(json.dumps({"pid": rt.pid, "url": rt.url}), flush=True)
+        time.sleep(600)
+    """),
+    "server_process": textwrap.dedent("""
+        import json, time
+        from treadle.runtime.server.testing import ServerProcess
+
+        srv = ServerProcess(["--max-total-tokens", "1024"])
+        print(json.dumps({"pid": srv.proc.pid, "url": srv.url}), flush=True)
+        time.sleep(600)
+    """),
+}
 
 
 def _alive(pid: int) -> bool:
@@ -37,8 +48,9 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_runtime_server_exits_when_its_starter_is_killed():
-    starter = subprocess.Popen([sys.executable, "-c", STARTER], stdout=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("starter_kind", sorted(STARTERS))
+def test_runtime_server_exits_when_its_starter_is_killed(starter_kind):
+    starter = subprocess.Popen([sys.executable, "-c", STARTERS[starter_kind]], stdout=subprocess.PIPE, text=True)
     server_pid = None
     try:
         line = starter.stdout.readline()

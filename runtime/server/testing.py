@@ -48,10 +48,28 @@ class ServerProcess:
         self.log = tempfile.NamedTemporaryFile("w+", prefix="treadle-server-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "treadle.runtime.launch_server", "--host", "127.0.0.1",
                "--port", str(self.port), *(extra_args or [])]
-        # its own session, so cleanup can kill the server and every child it spawned
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **env} if env else None)
-        self._wait_healthy(startup_timeout_s)
+        # its own session, so cleanup can kill the server and every child it spawned; and it
+        # watches a pipe whose write end this process holds (launcher.exit_with_starter), so a
+        # test process killed before its cleanup (a pytest timeout, SIGKILL) takes its server
+        # with it instead of leaving it running beside the next tests
+        from treadle.runtime.server.launcher import STARTER_PIPE_ENV
+
+        read_end, self._starter_pipe = os.pipe()
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         pass_fds=(read_end,),
+                                         env={**os.environ, **(env or {}), STARTER_PIPE_ENV: str(read_end)})
+        except BaseException:
+            os.close(self._starter_pipe)
+            self._starter_pipe = None
+            raise
+        finally:
+            os.close(read_end)
+        try:
+            self._wait_healthy(startup_timeout_s)
+        except BaseException:
+            self.kill()  # idempotent; closes the pipe
+            raise
 
     def _wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -85,6 +103,9 @@ class ServerProcess:
         except ProcessLookupError:
             pass  # already gone together with its group
         self.proc.wait(timeout=30)
+        pipe, self._starter_pipe = self._starter_pipe, None
+        if pipe is not None:
+            os.close(pipe)
 
     def close(self) -> None:
         self.kill()
