@@ -42,7 +42,7 @@ class Runtime:
         from treadle.lang.server_args import ServerArgs
         from treadle.runtime.engine_args import translate_sglang_args
         from treadle.runtime.model_source import resolve_model_source
-        from treadle.runtime.server.launcher import STARTER_PIPE_ENV
+        from treadle.runtime.server.launcher import popen_with_starter
 
         self.pid: int | None = None
         self._proc: subprocess.Popen | None = None
@@ -69,19 +69,10 @@ class Runtime:
         # would outlive this process killed by SIGKILL or SIGTERM, where atexit does not run. It
         # watches a pipe instead (launcher.exit_with_starter): this process holds the write end,
         # and the kernel closes it when this process dies, however it dies.
-        read_end, self._starter_pipe = os.pipe()
-        try:
-            # the server logs to stderr, its ready banner too (an info line): as SGLang's
-            # Runtime, a quiet log level prints nothing
-            self._proc = subprocess.Popen(cmd, start_new_session=True, pass_fds=(read_end,),
-                                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false",
-                                               STARTER_PIPE_ENV: str(read_end)})
-        except BaseException:
-            os.close(self._starter_pipe)
-            self._starter_pipe = None
-            raise
-        finally:
-            os.close(read_end)
+        # the server logs to stderr, its ready banner too (an info line): as SGLang's Runtime, a
+        # quiet log level prints nothing
+        self._proc, self._starter_pipe = popen_with_starter(
+            cmd, {**os.environ, "TOKENIZERS_PARALLELISM": "false"}, start_new_session=True)
         self.pid = self._proc.pid
         atexit.register(self.shutdown)
         try:

@@ -21,11 +21,12 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 from types import FrameType
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import uvicorn
 
@@ -413,6 +414,21 @@ def exit_with_starter(grace_s: float) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="starter-watch", daemon=True).start()
+
+
+def popen_with_starter(cmd: list[str], env: dict[str, str], **popen_kw: Any) -> tuple[subprocess.Popen, int]:
+    """Start a server `cmd` that exits with this process (exit_with_starter): it inherits a
+    pipe's read end, named in `env` as STARTER_PIPE_ENV; the write end is returned with the
+    process, to be held while it runs and closed after it has stopped."""
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(cmd, pass_fds=(read_end,), env={**env, STARTER_PIPE_ENV: str(read_end)}, **popen_kw)
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return proc, write_end
 
 
 def main_from_args(args: EngineArgs) -> None:

@@ -52,19 +52,10 @@ class ServerProcess:
         # watches a pipe whose write end this process holds (launcher.exit_with_starter), so a
         # test process killed before its cleanup (a pytest timeout, SIGKILL) takes its server
         # with it instead of leaving it running beside the next tests
-        from treadle.runtime.server.launcher import STARTER_PIPE_ENV
+        from treadle.runtime.server.launcher import popen_with_starter
 
-        read_end, self._starter_pipe = os.pipe()
-        try:
-            self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         pass_fds=(read_end,),
-                                         env={**os.environ, **(env or {}), STARTER_PIPE_ENV: str(read_end)})
-        except BaseException:
-            os.close(self._starter_pipe)
-            self._starter_pipe = None
-            raise
-        finally:
-            os.close(read_end)
+        self.proc, self._starter_pipe = popen_with_starter(
+            cmd, {**os.environ, **(env or {})}, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             self._wait_healthy(startup_timeout_s)
         except BaseException:
