@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from treadle.constrained.regex.regex_text import top_level_cuts
+
 __all__ = ["literal_prefix", "patterns_apart"]
 
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _-;:,/@=!%&'\"<>~`#")
@@ -29,24 +31,9 @@ _QUANTIFIERS = frozenset("?*+{")
 
 
 def _top_level_alternation(pattern: str) -> bool:
-    depth, in_class, i = 0, False, 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
-            return True
-        i += 1
-    return False
+    """Whether `pattern` has a `|` outside every group and class (or an unbalanced `)`: not a
+    pattern this proof reads)."""
+    return top_level_cuts(pattern) != []
 
 
 def literal_prefix(pattern: Any) -> str | None:
