@@ -310,6 +310,23 @@ FORMATS: dict[str, str] = {
 }
 
 
+# narrower subsets of a format's subset above, tried in order where its product with a pattern
+# is too long to write: the web's address patterns end in a top-level domain of letters
+# (``^[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}$``, zod's email pattern), a label counting
+# its characters keeps the product from being written; real domains' do end so. Then lowercase
+# ones with short top-level domains (ajv's pattern, ``\w+...(\.\w{2,3})+``). Each lies inside
+# its format's subset (test_constrained_s48_realworld checks it).
+_LOWER_LABEL = r"[a-z0-9]{1,10}(?:-[a-z0-9]{1,10})?"
+_EMAIL_NARROW = (
+    rf"[a-zA-Z0-9_]{{1,20}}(?:[.+-][a-zA-Z0-9_]{{1,20}}){{0,3}}@{_LABEL}(?:\.{_LABEL}){{0,2}}\.[a-zA-Z]{{2,20}}",
+    r"[a-z0-9]{1,20}(?:[.-][a-z0-9]{1,20}){0,3}@[a-z0-9]{1,20}(?:\.[a-z0-9]{1,20}){0,2}\.[a-z]{2,3}",
+)
+_HOSTNAME_NARROW = (rf"{_HOST_LABEL}(?:\.{_HOST_LABEL}){{0,2}}\.[a-zA-Z]{{2,20}}",
+                    rf"{_LOWER_LABEL}(?:\.{_LOWER_LABEL}){{0,2}}\.[a-z]{{2,3}}")
+NARROW_FORMATS: dict[str, tuple[str, ...]] = {"email": _EMAIL_NARROW, "idn-email": _EMAIL_NARROW,
+                                               "hostname": _HOSTNAME_NARROW, "idn-hostname": _HOSTNAME_NARROW}
+
+
 # narrower subsets of formats, written where a format's own subset cannot be fitted to a
 # minLength / maxLength (string_shapes._format_with_length): regexes of literal text and '.'
 PLAIN_FORMATS: dict[str, str] = {"regex": r"[a-zA-Z0-9 _.,:/@=-]*"}

@@ -380,6 +380,22 @@ def _format_and_pattern(fmt: str, pattern: Any, lo: int, hi: int | None, lengths
         return _format_subset_and_pattern(fmt, pattern, text.PLAIN_FORMATS[fmt], lo, hi, lengths, path)
 
 
+def _narrow_format_matching(fmt: str, pattern_fsm: Any) -> str | None:
+    """For a format whose product with the pattern is too long to write (the web's email
+    pattern under format email: a top-level domain of letters), the first of its narrower
+    subsets (text.NARROW_FORMATS) that lies inside the pattern, or whose product with it can be
+    written and is not empty; None where none is."""
+    for rx in text.NARROW_FORMATS.get(fmt, ()):
+        fsm = interegular.parse_pattern(rx).to_fsm()
+        if (fsm - pattern_fsm).empty():
+            return rx
+        with contextlib.suppress(ValueError):  # (too long to write: the next one)
+            out = fsm_to_regex(fsm & pattern_fsm)
+            if out is not None:
+                return out
+    return None
+
+
 # where a remembered refusal's message names the schema's path (_remembered_format_and_pattern)
 _AT_PATH = "\x00path\x00"
 
@@ -440,7 +456,7 @@ def _format_subset_and_pattern(fmt: str, pattern: Any, written: str, lo: int, hi
         inside = None if fmt in text.PLAIN_FORMATS else _format_branches_inside(fmt, pattern_fsm)
         if inside is not None:
             return _StringsMixin._body_with_length(inside, lo, hi, path) if lengths else inside
-        web = _web_urls_matching(fmt, pattern_fsm)
+        web = _web_urls_matching(fmt, pattern_fsm) or _narrow_format_matching(fmt, pattern_fsm)
         if web is not None:
             return _StringsMixin._body_with_length(web, lo, hi, path) if lengths else web
         raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with format {fmt!r} "

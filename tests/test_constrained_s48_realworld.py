@@ -1,0 +1,62 @@
+"""Inputs that users send, swept in session 48 (written from what zod 4, the web's validators,
+OpenAI tool callers and llama.cpp grammar authors produce): what treadle got wrong, each case
+failing before its fix. Compile-level: treadle's regex walked over single bytes (tests/
+json_checks.byte_walks), each finished walk validated by ``jsonschema`` with its format checker."""
+from __future__ import annotations
+
+import json
+
+import interegular
+import jsonschema
+import pytest
+from json_checks import byte_walks
+
+from treadle.constrained.regex import regex_text as text
+from treadle.constrained.schema.json_schema import json_schema_to_regex
+
+
+def _valid_walks(schema: dict, *, walks: int = 30, least: int = 10, seed: int = 48) -> list:
+    """The values of the finished byte walks of ``schema``'s regex, each valid under it."""
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    check = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    values = []
+    for data in byte_walks(json_schema_to_regex(schema), walks, seed=seed, by_state=True):
+        if data is not None:
+            value = json.loads(data)
+            assert check.is_valid(value), data
+            values.append(value)
+    assert len(values) >= least, values
+    return values
+
+
+# ------------------------------- 1. an address pattern beside format email / hostname: served
+
+# the web's most copied address pattern; zod 4's z.email() (its toJSONSchema writes the pattern
+# beside format "email"); ajv-formats' "email" as a pattern; a host name of a letters-only TLD
+WEB_EMAIL = r"^[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}$"
+ZOD4_EMAIL = r"^(?!\.)(?!.*\.\.)([A-Za-z0-9_'+\-\.]*)[A-Za-z0-9_+-]@([A-Za-z0-9][A-Za-z0-9\-]*\.)+[A-Za-z]{2,}$"
+AJV_EMAIL = (r"^[a-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[a-z0-9!#$%&'*+/=?^_`{|}~-]+)*@(?:[a-z0-9](?:[a-z0-9-]{0,61}"
+             r"[a-z0-9])?\.)+[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+@pytest.mark.parametrize("fmt,pattern", [
+    ("email", WEB_EMAIL), ("idn-email", WEB_EMAIL), ("email", ZOD4_EMAIL), ("email", AJV_EMAIL),
+    ("hostname", r"^([a-z0-9]+(-[a-z0-9]+)*\.)+[a-z]{2,}$"),
+])
+def test_an_address_pattern_beside_its_format_is_served(fmt, pattern):
+    """(before: a 400 "keyword 'pattern' ... together with format 'email' is not supported: its
+    automaton written back as a regex would exceed 20000 characters": the format's subset counts
+    each label's characters, and a pattern whose last label is letters only makes their product
+    too long to write.) Now a narrower subset of the format is tried, one ending in a top-level
+    domain of letters (then a lowercase one), which lies inside these patterns."""
+    schema = {"type": "object", "properties": {"to": {"type": "string", "format": fmt, "pattern": pattern}},
+              "required": ["to"], "additionalProperties": False}
+    values = [v["to"] for v in _valid_walks(schema)]
+    assert all(v.rsplit(".", 1)[1].isalpha() for v in values), values
+
+
+def test_the_narrower_format_subsets_lie_inside_the_formats():
+    for fmt, narrow in text.NARROW_FORMATS.items():
+        wide = interegular.parse_pattern(text.FORMATS[fmt]).to_fsm()
+        for rx in narrow:
+            assert (interegular.parse_pattern(rx).to_fsm() - wide).empty(), (fmt, rx)
