@@ -76,15 +76,26 @@ def _block_scaled(w, s_ptr, rows, k0, cols, rmask, K, stride_sn, SCALE_K: tl.con
 
 
 @triton.jit
-def _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M: tl.constexpr, EVEN: tl.constexpr):
+def _fold(p, FOLD: tl.constexpr):
+    # products [BLOCK_N, BLOCK_K] -> [BLOCK_N, BLOCK_K // FOLD]: each run of FOLD neighbours summed
+    # (a thread's own inputs, no shuffles), so the fp32 partial sums held a program shrink FOLD-fold
+    if FOLD > 1:
+        return tl.sum(tl.reshape(p, (p.shape[0], p.shape[1] // FOLD, FOLD)), axis=2)
+    else:
+        return p
+
+
+@triton.jit
+def _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M: tl.constexpr, EVEN: tl.constexpr,
+                FOLD: tl.constexpr = 1):
     w = w.to(tl.float32)
-    acc0 += w * _x_chunk(x_ptr, k0, cols, K, EVEN)[None, :]
+    acc0 += _fold(w * _x_chunk(x_ptr, k0, cols, K, EVEN)[None, :], FOLD)
     if M > 1:
-        acc1 += w * _x_chunk(x_ptr + stride_xm, k0, cols, K, EVEN)[None, :]
+        acc1 += _fold(w * _x_chunk(x_ptr + stride_xm, k0, cols, K, EVEN)[None, :], FOLD)
     if M > 2:
-        acc2 += w * _x_chunk(x_ptr + 2 * stride_xm, k0, cols, K, EVEN)[None, :]
+        acc2 += _fold(w * _x_chunk(x_ptr + 2 * stride_xm, k0, cols, K, EVEN)[None, :], FOLD)
     if M > 3:
-        acc3 += w * _x_chunk(x_ptr + 3 * stride_xm, k0, cols, K, EVEN)[None, :]
+        acc3 += _fold(w * _x_chunk(x_ptr + 3 * stride_xm, k0, cols, K, EVEN)[None, :], FOLD)
     return acc0, acc1, acc2, acc3
 
 
@@ -95,7 +106,7 @@ def _gemv_kernel(
     stride_xm, stride_wn, stride_ym, stride_sn,
     M: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD2: tl.constexpr, PDL: tl.constexpr,
-    SCALE_K: tl.constexpr = 0, ROLL: tl.constexpr = False,
+    SCALE_K: tl.constexpr = 0, ROLL: tl.constexpr = False, FOLD: tl.constexpr = 1,
 ):
     # grid: (cdiv(N, BLOCK_N),); one program = BLOCK_N output features for all M tokens, one
     # fp32 partial-product tile per token (M <= 4, unrolled: the tiles live in registers).
@@ -122,15 +133,15 @@ def _gemv_kernel(
         bias = tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
     pdl.wait(PDL)
     pdl.launch_dependents(PDL)
-    acc0 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    acc1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    acc3 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, 0, cols, K, M, EVEN)
+    acc0 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], tl.float32)
+    acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, 0, cols, K, M, EVEN, FOLD)
     start = BLOCK_K
     if AHEAD2 and not ROLL:
         acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w_second, x_ptr, stride_xm, BLOCK_K, cols, K,
-                                             M, EVEN)
+                                             M, EVEN, FOLD)
         start = 2 * BLOCK_K
     if ROLL:
         # chunk i + 1 is issued before chunk i's products, so a program waits on chunk i with
@@ -141,17 +152,17 @@ def _gemv_kernel(
         for k0 in range(BLOCK_K, K - BLOCK_K, BLOCK_K):  # chunk k0 + BLOCK_K exists
             w_ahead = _w_chunk(w_ptrs, k0 + BLOCK_K, cols, rmask, K, EVEN)
             acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w_next, x_ptr, stride_xm,
-                                                 k0, cols, K, M, EVEN)
+                                                 k0, cols, K, M, EVEN, FOLD)
             w_next = w_ahead
         k_last = tl.cdiv(K, BLOCK_K) * BLOCK_K - BLOCK_K
         acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w_next, x_ptr, stride_xm, k_last,
-                                             cols, K, M, EVEN)
+                                             cols, K, M, EVEN, FOLD)
     else:
         for k0 in range(start, K, BLOCK_K):
             w = _w_chunk(w_ptrs, k0, cols, rmask, K, EVEN)
             if SCALE_K > 0:
                 w = _block_scaled(w, s_ptr, rows, k0, cols, rmask, K, stride_sn, SCALE_K)
-            acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M, EVEN)
+            acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M, EVEN, FOLD)
     _store_row(y_ptr, acc0, scale, bias, rows, rmask)
     if M > 1:
         _store_row(y_ptr + stride_ym, acc1, scale, bias, rows, rmask)
@@ -180,7 +191,7 @@ def _normed_chunk(x_ptr, r_ptr, g_ptr, ro_ptr, k0, cols, K, store_k, RESIDUAL: t
 @triton.jit
 def _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows, rmask, up_rows, k0, cols, K,
                  stride_sn, store_k, RESIDUAL: tl.constexpr, SILU: tl.constexpr, SCALE_K: tl.constexpr,
-                 EVEN: tl.constexpr, NORM: tl.constexpr):
+                 EVEN: tl.constexpr, NORM: tl.constexpr, FOLD: tl.constexpr = 1):
     # one chunk of _gemv_normed_kernel: the chunk's squares and its products with the gate (or
     # only) rows wg and the up rows wu, weights in their own dtype (FP8 block-scaled: SCALE_K > 0)
     h, a = _normed_chunk(x_ptr, r_ptr, g_ptr, ro_ptr, k0, cols, K, store_k, RESIDUAL, EVEN, NORM)
@@ -188,11 +199,11 @@ def _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_p
         squares += h * h
     if SCALE_K > 0:
         wg = _block_scaled(wg, s_ptr, rows, k0, cols, rmask, K, stride_sn, SCALE_K)
-    acc_g += wg.to(tl.float32) * a[None, :]
+    acc_g += _fold(wg.to(tl.float32) * a[None, :], FOLD)
     if SILU:
         if SCALE_K > 0:
             wu = _block_scaled(wu, s_ptr, rows + up_rows, k0, cols, rmask, K, stride_sn, SCALE_K)
-        acc_u += wu.to(tl.float32) * a[None, :]
+        acc_u += _fold(wu.to(tl.float32) * a[None, :], FOLD)
     return acc_g, acc_u, squares
 
 
@@ -204,6 +215,7 @@ def _gemv_normed_kernel(
     RESIDUAL: tl.constexpr, SILU: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD2: tl.constexpr, PDL: tl.constexpr,
     SCALE_K: tl.constexpr = 0, NORM: tl.constexpr = True, ROLL: tl.constexpr = False,
+    FOLD: tl.constexpr = 1,
 ):
     # grid: (cdiv(N, BLOCK_N),); _gemv_kernel's program for one row of x that is a NormedInput
     # (kernels/rmsnorm.py): y[n] = rstd * sum_k w[n, k] * h[k] * g[k], rstd = 1 / sqrt(mean(h^2) + eps),
@@ -242,16 +254,16 @@ def _gemv_normed_kernel(
     pdl.wait(PDL)
     pdl.launch_dependents(PDL)
     store_k = tl.where(pid == 0, K, 0)  # program 0 writes residual_out
-    acc_g = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc_g = tl.zeros([BLOCK_N, BLOCK_K // FOLD], tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_K // FOLD], tl.float32)
     squares = tl.zeros([BLOCK_K], tl.float32)
     acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows, rmask,
-                                         up_rows, 0, cols, K, stride_sn, store_k, RESIDUAL, SILU, SCALE_K, EVEN, NORM)
+                                         up_rows, 0, cols, K, stride_sn, store_k, RESIDUAL, SILU, SCALE_K, EVEN, NORM, FOLD)
     start = BLOCK_K
     if AHEAD2 and not ROLL:
         acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg2, wu2, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows,
                                              rmask, up_rows, BLOCK_K, cols, K, stride_sn, store_k, RESIDUAL, SILU,
-                                             SCALE_K, EVEN, NORM)
+                                             SCALE_K, EVEN, NORM, FOLD)
         start = 2 * BLOCK_K
     if ROLL:
         # as _gemv_kernel's ROLL: chunk i + 1 of both row sets is issued before chunk i's products
@@ -262,13 +274,13 @@ def _gemv_normed_kernel(
                 wu_ahead = _w_chunk(u_ptrs, k0 + BLOCK_K, cols, rmask, K, EVEN)
             acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg2, wu2, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr,
                                                  rows, rmask, up_rows, k0, cols, K, stride_sn, store_k, RESIDUAL, SILU,
-                                                 SCALE_K, EVEN, NORM)
+                                                 SCALE_K, EVEN, NORM, FOLD)
             wg2 = wg_ahead
             wu2 = wu_ahead
         k_last = tl.cdiv(K, BLOCK_K) * BLOCK_K - BLOCK_K
         acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg2, wu2, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows,
                                              rmask, up_rows, k_last, cols, K, stride_sn, store_k, RESIDUAL, SILU,
-                                             SCALE_K, EVEN, NORM)
+                                             SCALE_K, EVEN, NORM, FOLD)
     else:
         for k0 in range(start, K, BLOCK_K):
             wg = _w_chunk(w_ptrs, k0, cols, rmask, K, EVEN)
@@ -277,7 +289,7 @@ def _gemv_normed_kernel(
                 wu = _w_chunk(u_ptrs, k0, cols, rmask, K, EVEN)
             acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr,
                                                  rows, rmask, up_rows, k0, cols, K, stride_sn, store_k, RESIDUAL, SILU,
-                                                 SCALE_K, EVEN, NORM)
+                                                 SCALE_K, EVEN, NORM, FOLD)
     rstd = 1.0
     if NORM:
         rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
@@ -292,6 +304,16 @@ def _roll() -> bool:
     """TREADLE_GEMV_ROLL=1: one-row GEMVs keep two weight chunks in flight through their loop
     (ROLL in the kernels). Opt-in until an H200 run measures it against the plain loop."""
     return os.environ.get("TREADLE_GEMV_ROLL", "0") == "1"
+
+
+def _fold_width(w: torch.Tensor, block_k: int) -> int:
+    """TREADLE_GEMV_FOLD=1: one-row GEMVs sum each thread's 16-byte run of products at once
+    (FOLD in the kernels: 16 one-byte weights, 8 bf16), so a program holds BLOCK_K / FOLD fp32
+    partial sums a row instead of BLOCK_K: fewer registers, more programs resident an SM.
+    Opt-in until a GPU run measures it against the plain loop; 1 (off) otherwise."""
+    if os.environ.get("TREADLE_GEMV_FOLD", "0") != "1":
+        return 1
+    return max(1, min(16 // w.element_size(), block_k))
 
 
 def scale_block_k(k: int, blocks: int) -> int:
@@ -390,8 +412,8 @@ def gemv(x: torch.Tensor | NormedInput, w: torch.Tensor, bias: torch.Tensor | No
         n, k, x.stride(0), w.stride(0), y.stride(0), w_scale.stride(0) if blocked else 0,
         M=m, HAS_SCALE=w_scale is not None, HAS_BIAS=bias is not None, EVEN=even, BLOCK_N=block_n, BLOCK_K=block_k,
         AHEAD2=m == 1 and k > block_k, SCALE_K=scale_block_k(k, w_scale.shape[1]) if blocked else 0,
-        ROLL=m == 1 and k > block_k and not blocked and _roll(), num_warps=warps, num_stages=stages,
-        **pdl.options(x),
+        ROLL=m == 1 and k > block_k and not blocked and _roll(), FOLD=_fold_width(w, block_k) if m == 1 else 1,
+        num_warps=warps, num_stages=stages, **pdl.options(x),
     )
     return y
 
@@ -444,7 +466,8 @@ def _gemv_normed(n: NormedInput | torch.Tensor, w: torch.Tensor, bias: torch.Ten
         RESIDUAL=residual is not None, SILU=act is not None, HAS_SCALE=w_scale is not None, HAS_BIAS=bias is not None,
         EVEN=n_out % block_n == 0 and k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, AHEAD2=k > block_k,
         SCALE_K=scale_block_k(k, w_scale.shape[1]) if blocked else 0, NORM=norm is not None,
-        ROLL=k > block_k and _roll(), num_warps=warps, num_stages=stages, **pdl.options(x),
+        ROLL=k > block_k and _roll(), FOLD=_fold_width(w, block_k), num_warps=warps, num_stages=stages,
+        **pdl.options(x),
     )
     return y
 

@@ -85,11 +85,14 @@ def test_gemv_normalises_its_input(dtype: torch.dtype, k: int, residual: bool, a
 
 
 @needs_kernel
+@pytest.mark.parametrize("roll,fold", [("1", "0"), ("0", "1"), ("1", "1")])
 @pytest.mark.parametrize("k", [256, 384, 700])  # two 128-wide chunks (no loop); three; five and a tail
 @pytest.mark.parametrize("weights", ["float", "fp8_row", "fp8_block"])
-def test_gemv_normed_rolling_prefetch(k: int, weights: str, monkeypatch) -> None:
-    # TREADLE_GEMV_ROLL=1: chunk i + 1 of the gate and up rows loaded before chunk i's products
-    monkeypatch.setenv("TREADLE_GEMV_ROLL", "1")
+def test_gemv_normed_loop_variants(k: int, weights: str, roll: str, fold: str, monkeypatch) -> None:
+    # TREADLE_GEMV_ROLL=1: chunk i + 1 of the gate and up rows loaded before chunk i's products;
+    # TREADLE_GEMV_FOLD=1: each thread's 16 bytes of products summed at once; and both
+    monkeypatch.setenv("TREADLE_GEMV_ROLL", roll)
+    monkeypatch.setenv("TREADLE_GEMV_FOLD", fold)
     w = _rand(22, k, seed=9, dtype=torch.float32, scale=0.05)
     w_scale = None
     if weights != "float":
