@@ -465,7 +465,8 @@ class Engine:
                 # returns one, which SGLang's function-calling doc passes on as input_ids
                 input_ids = input_ids["input_ids"]
             if not isinstance(input_ids, (list, tuple)):
-                raise ValueError("input_ids must be a list of token ids or a list of such lists")
+                hint = " (an array's or tensor's: .tolist())" if hasattr(input_ids, "ndim") else ""
+                raise ValueError(f"input_ids must be a list of token ids or a list of such lists{hint}")
             single = not input_ids or not isinstance(input_ids[0], (list, tuple))
             ids_list = [_token_ids(input_ids)] if single else [each(i, _token_ids, x) for i, x in enumerate(input_ids)]
         if not ids_list:
@@ -864,13 +865,17 @@ def _token_ids(x: Any) -> list[int]:
     else, booleans and floats included, is a ValueError."""
     if not isinstance(x, (list, tuple)):
         raise ValueError(f"input_ids must be a list of token ids (or a list of such lists), got {type(x).__name__}")
-    try:
-        if any(isinstance(t, bool) for t in x):
-            raise TypeError
-        return [operator.index(t) for t in x]
-    except TypeError:
-        bad = next(t for t in x if isinstance(t, bool) or not hasattr(t, "__index__"))
-        raise ValueError(f"input_ids must be integers; got {bad!r}") from None
+    ids = []
+    for t in x:
+        try:
+            if isinstance(t, bool):
+                raise TypeError
+            ids.append(operator.index(t))
+        except TypeError:
+            # (an array or tensor of several ids has __index__ too, and raises it here)
+            hint = " (pass an array's or tensor's ids as a list: .tolist())" if getattr(t, "ndim", 0) else ""
+            raise ValueError(f"input_ids must be integers; got {quoted(t, 60)}{hint}") from None
+    return ids
 
 
 class _Group:
