@@ -41,6 +41,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--formats", default="fp8,bf16")
+    p.add_argument("--tiles", action="store_true",
+                   help="also sweep the rows a program takes (BLOCK_N) on small-N shapes, plain and fold")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     from treadle.kernels.gemv import gemv
@@ -122,8 +124,49 @@ def main() -> None:
             emit(rec)
         del ws
         torch.cuda.empty_cache()
+        if args.tiles:
+            tiles(fmt, emit, bw, args.reps)
     if args.out:
         Path(args.out).write_text(json.dumps(records, indent=1) + "\n")
+
+
+# shapes with few outputs, where 4-row programs are few a streaming multiprocessor:
+# llama3-8b's o and down (1,024 programs), qwen3-30b-a3b's o (N 2,048: 512) and q/k/v (1,280)
+TILE_SHAPES = {"llama_o": (4096, 4096), "llama_down": (4096, 14336), "moe_o": (2048, 4096), "moe_qkv": (5120, 2048)}
+
+
+def tiles(fmt: str, emit, bw: float, reps: int) -> None:
+    """32 of each TILE_SHAPES weight chained, at BLOCK_N 1, 2, 4 and 8 (1,024-wide chunks, 2
+    warps), plain and fold: which tile a one-row GEMV of that shape should take."""
+    from treadle.kernels.gemv import gemv
+
+    dev = "cuda"
+    for name, (n, k) in TILE_SHAPES.items():
+        ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(LAYERS)]
+        ws = [(t.to(torch.float8_e4m3fn), torch.rand(n, device=dev) + 0.5) if fmt == "fp8" else (t, None) for t in ws]
+        x0 = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        nbytes = LAYERS * ws[0][0].numel() * ws[0][0].element_size()
+        rec = {"figure": "tiles", "format": fmt, "shape": name, "n": n, "k": k, "mb": round(nbytes / 1e6, 1)}
+        for block_n in (1, 2, 4, 8):
+            for fold in ("0", "1"):
+                os.environ["TREADLE_GEMV_FOLD"] = fold
+
+                def run(block_n=block_n):
+                    out = x0
+                    for w, sc in ws:  # every product reads x0: one chain of launches, no data dependence
+                        out = gemv(x0, w, w_scale=sc, config=(block_n, 1024, 2, 1))
+                    return out
+                key = f"bn{block_n}_{'fold' if fold == '1' else 'plain'}"
+                try:
+                    s = timed(run, reps)
+                    rec[f"{key}_us"] = round(s * 1e6, 1)
+                    rec[f"{key}_pct"] = round(100 * nbytes / s / bw, 1)
+                except Exception as e:
+                    rec[f"{key}_error"] = f"{type(e).__name__}: {e}"[:200]
+        os.environ.pop("TREADLE_GEMV_FOLD")
+        emit(rec)
+        del ws
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
