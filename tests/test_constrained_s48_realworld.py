@@ -60,3 +60,23 @@ def test_the_narrower_format_subsets_lie_inside_the_formats():
         wide = interegular.parse_pattern(text.FORMATS[fmt]).to_fsm()
         for rx in narrow:
             assert (interegular.parse_pattern(rx).to_fsm() - wide).empty(), (fmt, rx)
+
+
+# ------------------------- 2. a URI format under a pattern of one scheme: mailto:, urn:, s3://, data:
+
+@pytest.mark.parametrize("fmt,pattern,starts", [
+    ("uri", r"^mailto:", "mailto:"),  # (before: 400 "would exceed 20000 characters")
+    ("iri", r"^urn:", "urn:"),  # (the same)
+    ("uri", r"^s3://[a-z0-9.-]+(/.*)?$", "s3://"),  # (the same: the subset's host has capitals)
+    ("uri", r"^data:image/(png|jpeg);base64,", "data:image/"),  # (before: 400 "no 'uri' string matches it")
+])
+def test_a_uri_format_under_a_pattern_of_one_scheme_is_served(fmt, pattern, starts):
+    """A pattern that fixes the scheme: its URIs are written, without an authority for a scheme
+    that has none (``mailto:a@b.org``, not ``mailto://host``); where the usual subset's product
+    with the pattern is too long to write, narrower URIs of the scheme inside the pattern; a
+    ``data:`` URI's ``;base64,`` with the sub-delimiters its path may hold."""
+    schema = {"type": "array", "items": {"type": "string", "format": fmt, "pattern": pattern}, "minItems": 1}
+    values = [s for v in _valid_walks(schema, walks=20, least=8) for s in v]
+    assert all(s.startswith(starts) for s in values), values
+    if starts in ("mailto:", "urn:"):
+        assert not any(s.startswith(starts + "//") for s in values), values

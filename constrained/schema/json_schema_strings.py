@@ -33,7 +33,6 @@ from treadle.constrained.schema.string_shapes import (
     _LENGTH_STEPS,
     _PATTERN_STATES,
     _URI_FORMATS,
-    _URI_SCHEMES,
     _bounded_subset_body,
     _format_branches_inside,
     _format_with_length,
@@ -47,7 +46,7 @@ from treadle.constrained.schema.string_shapes import (
     _top_branches,
     _web_urls_matching,
 )
-from treadle.constrained.schema.uri_shapes import wider_uri_format
+from treadle.constrained.schema.uri_shapes import narrow_uris_by_scheme, uris_by_scheme, wider_uri_format, widest_uri_format
 
 # The formats a validator may check (JSON Schema's, drafts 4 to 2020-12): one of these that
 # treadle cannot write is refused; any other format is an annotation (OpenAPI's int32, byte, and
@@ -373,7 +372,10 @@ def _format_and_pattern(fmt: str, pattern: Any, lo: int, hi: int | None, lengths
         wide = wider_uri_format(fmt)  # a URN's pattern under a URI format (uri_shapes.py)
         if wide is None:
             raise
-        return _format_subset_and_pattern(fmt, pattern, wide, lo, hi, lengths, path, peel=True)
+        try:
+            return _format_subset_and_pattern(fmt, pattern, wide, lo, hi, lengths, path, peel=True)
+        except NoOutput:  # (a data: URI's ";base64,": paths with ',' and ';')
+            return _format_subset_and_pattern(fmt, pattern, widest_uri_format(fmt), lo, hi, lengths, path, peel=True)
     except UnsupportedSchemaError:
         if fmt not in text.PLAIN_FORMATS:
             raise
@@ -440,12 +442,11 @@ def _format_subset_and_pattern(fmt: str, pattern: Any, written: str, lo: int, hi
     if (format_fsm - pattern_fsm).empty():
         return _format_with_length(fmt, lo, hi, path) if lengths else written
     if fmt in _URI_FORMATS and not lengths:
-        # a pattern of the scheme (^https://, ^(https|http|ftp|sftp)://.+): the URIs of the
-        # schemes it takes whole, each checked inside both (their product's regex is long)
-        kept = [s for s in _URI_SCHEMES
-                if (interegular.parse_pattern(s + text.URI_AFTER_SCHEME).to_fsm() - pattern_fsm).empty()]
-        if kept:
-            return "(?:" + "|".join(kept) + ")" + text.URI_AFTER_SCHEME
+        # a pattern of the scheme (^https://, ^(https|http|ftp|sftp)://.+, ^mailto:): the URIs
+        # of the schemes it takes whole, each checked inside both (their product's regex is long)
+        by_scheme = uris_by_scheme(pattern_fsm)
+        if by_scheme is not None:
+            return by_scheme
     fsm = format_fsm & pattern_fsm
     if lengths:
         fsm = fsm & _lengths_fsm(lo, hi)
@@ -457,6 +458,8 @@ def _format_subset_and_pattern(fmt: str, pattern: Any, written: str, lo: int, hi
         if inside is not None:
             return _StringsMixin._body_with_length(inside, lo, hi, path) if lengths else inside
         web = _web_urls_matching(fmt, pattern_fsm) or _narrow_format_matching(fmt, pattern_fsm)
+        if web is None and fmt in _URI_FORMATS:
+            web = narrow_uris_by_scheme(pattern_fsm, fsm_to_regex)
         if web is not None:
             return _StringsMixin._body_with_length(web, lo, hi, path) if lengths else web
         raise UnsupportedSchemaError(f"json_schema: keyword 'pattern' at {path} together with format {fmt!r} "

@@ -270,7 +270,6 @@ def _reshaped_to_lengths(body: str, lo: int, hi: int | None) -> str | None:
 # URI formats whose strings are written as _URI (a scheme, "://", ...), and the schemes tried
 # whole where a pattern fixes the scheme (_format_and_pattern)
 _URI_FORMATS = frozenset({"uri", "iri", "uri-reference", "iri-reference"})
-_URI_SCHEMES = ("https", "http", "ftp", "sftp", "ftps", "ws", "wss", "git", "ssh", "s3", "file")
 _LENGTH_STATES = 400  # a pattern's automaton under a length range: beyond this, fewer lengths
 _PATTERN_STATES = 5000  # one crawl of a pattern's automaton under lengths: past this, its repetitions bounded
 _LENGTH_STEPS = 4_000_000  # ... and the work of all its crawls past this (about 1.5 s)
