@@ -5,6 +5,7 @@ json_checks.byte_walks), each finished walk validated by ``jsonschema`` with its
 from __future__ import annotations
 
 import json
+import re
 
 import interegular
 import jsonschema
@@ -80,3 +81,22 @@ def test_a_uri_format_under_a_pattern_of_one_scheme_is_served(fmt, pattern, star
     assert all(s.startswith(starts) for s in values), values
     if starts in ("mailto:", "urn:"):
         assert not any(s.startswith(starts + "//") for s in values), values
+
+
+# ---------------------------------- 3. llama.cpp's token references in a GBNF grammar: named
+
+@pytest.mark.parametrize("grammar,token,where", [
+    ('root ::= <think> [^<]* </think> answer\nanswer ::= "yes" | "no"', "<think>", "line 1 col 10"),
+    ('root ::= "a"\n  <[151643]>', "<[151643]>", "line 2 col 3"),
+    ('root ::= !<[151645]>* "."', "!<[151645]>", "line 1 col 10"),
+])
+def test_llamacpp_token_references_are_refused_by_name(grammar, token, where):
+    """llama.cpp's grammars may name a token of the vocabulary (``<think>``, ``<[id]>``, ``!<[id]>``
+    for any other token); treadle constrains text, so the grammar is refused, naming the construct
+    where it is (it was "unexpected '<'")."""
+    from treadle.constrained.ebnf.ebnf import EbnfError, ebnf_to_regex
+
+    with pytest.raises(EbnfError, match=rf"{where}: llama.cpp's token reference '{re.escape(token)}' is not supported"):
+        ebnf_to_regex(grammar)
+    with pytest.raises(EbnfError, match=r"unexpected '<'"):  # a bare '<' is still just unexpected
+        ebnf_to_regex('root ::= "a" < "b"')

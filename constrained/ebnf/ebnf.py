@@ -58,6 +58,7 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Union
@@ -268,6 +269,11 @@ class _Parser:
             raise self.error("string literals take double quotes")
         if c == "/":
             raise self.error("unexpected '/' (a /regex/ terminal" + _LARK + ")")
+        token = re.match(r"!?<(?:\[[0-9]+\]|[^<>\s\"]+)>", self.s[self.i:]) if c in "<!" else None
+        if token:  # llama.cpp's token constraints: <think>, <[151643]>, !<[151643]>
+            raise self.error(f"llama.cpp's token reference {token.group(0)!r} is not supported (it matches one token "
+                             "of the model's vocabulary by its id or text, not text a tokenizer may split); write "
+                             "the text it stands for as a string literal")
         raise self.error(f"unexpected {c!r}")
 
     def char(self) -> str:
