@@ -100,3 +100,19 @@ def test_llamacpp_token_references_are_refused_by_name(grammar, token, where):
         ebnf_to_regex(grammar)
     with pytest.raises(EbnfError, match=r"unexpected '<'"):  # a bare '<' is still just unexpected
         ebnf_to_regex('root ::= "a" < "b"')
+
+
+# ------------------- 4. a host name pattern's length lookahead with an optional dot: read as lengths
+
+# zod 4's z.hostname() (toJSONSchema writes it as the pattern, beside format "hostname")
+ZOD4_HOSTNAME = (r"^(?=.{1,253}\.?$)[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?"
+                 r"(?:\.[a-zA-Z0-9](?:[-0-9a-zA-Z]{0,61}[0-9a-zA-Z])?)*\.?$")
+
+
+@pytest.mark.parametrize("extra", [{}, {"format": "hostname"}])
+def test_a_length_lookahead_with_an_optional_dot_is_read_as_lengths(extra):
+    """(before: a 400 "pattern: its automaton of 2721 states would exceed 400 to write": the
+    lookahead ``(?=.{1,253}\\.?$)`` was built as an automaton beside the rest.) Its strings of
+    1..253 characters all pass it, so it is read as those lengths, as ``(?=.{1,253}$)`` is."""
+    values = _valid_walks({"type": "string", "pattern": ZOD4_HOSTNAME, **extra}, walks=20, least=8)
+    assert all(1 <= len(v) <= 253 for v in values), values

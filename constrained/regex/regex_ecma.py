@@ -505,14 +505,17 @@ def _padded_union(parts: list[str]) -> str:
     return "(?:" + "|".join(parts) + ")"
 
 
-_LENGTH_LOOKAHEAD = re.compile(r"(?:\.|\[\\s\\S\]|\[\\S\\s\])(?:\{(\d+)(?:(,)(\d*))?\}|([*+]))")
+# (then maybe an optional dot, as host name patterns write it: ``(?=.{1,253}\.?$)``, whose
+# strings of lo..hi characters all pass it: a subset)
+_LENGTH_LOOKAHEAD = re.compile(r"(?:\.|\[\\s\\S\]|\[\\S\\s\])(?:\{(\d+)(?:(,)(\d*))?\}|([*+]))(?:\\\.\?)?")
 
 
 def _leading_length(start: bool, core: str) -> tuple[int, int | None, str] | None:
     """``(lo, hi, rest)`` when ``core`` starts with a lookahead that only counts the string's
-    characters (``(?=.{2,256}$)``, ``(?=^.{1,63})``) where it stands at the string's start: the
-    string has ``lo..hi`` characters (``hi`` None: no bound; '.' matches every character an
-    output holds, no raw newline), and ``rest`` is the core after it."""
+    characters (``(?=.{2,256}$)``, ``(?=^.{1,63})``, ``(?=.{1,253}\\.?$)``) where it stands at the
+    string's start: the string has ``lo..hi`` characters (``hi`` None: no bound; '.' matches every
+    character an output holds, no raw newline; a string of ``hi + 1`` ending in the optional
+    dot is left out), and ``rest`` is the core after it."""
     items = _items(core)
     if not items or items[0][0] != "group" or not core.startswith("(?=", 0):
         return None
