@@ -38,3 +38,45 @@ def test_a_list_of_arrays_as_input_ids_is_a_value_error_naming_tolist(engine, in
         engine.generate(input_ids=input_ids, sampling_params=OK)
     assert len(engine.generate(input_ids=[1, 2, 3], sampling_params=OK)["output_ids"]) == 2
     _all_free(engine)
+
+
+def test_a_prompts_warm_up_is_not_counted_in_flight():
+    """A request of several samples of one prompt is held whole (`reserve`), then its prompt is
+    warmed by a request of the server's own: that warm-up was counted in flight, so a 12-part
+    request at a limit of 12 read "(13, limit 12)" in 503s, /get_server_info and /metrics, and an
+    11-part one refused a client's request that fitted ("(12, limit 12)"). A real
+    TokenizerManager with no scheduler behind it: the warm-up stays in flight."""
+    import asyncio
+    import shutil
+    import uuid
+
+    from treadle.runtime.engine_args import EngineArgs
+    from treadle.runtime.io_struct import TokenizedGenerateReq
+    from treadle.runtime.sampling_params import SamplingParams
+    from treadle.runtime.server.ipc import IpcPaths
+    from treadle.runtime.server.metrics import ServerMetrics
+    from treadle.runtime.server.tokenizer_manager import TokenizerManager
+
+    paths = IpcPaths.create()
+    tm = TokenizerManager(EngineArgs(max_queued_requests=8), None, {"vocab_size": 100, "context_len": 64,
+                                                                   "num_slots": 256, "max_running": 4},
+                          paths, ServerMetrics())
+
+    async def main() -> None:
+        reqs = [TokenizedGenerateReq(uuid.uuid4().hex, [1, 2, 3], SamplingParams(max_new_tokens=4)) for _ in range(11)]
+        with tm.reserve(reqs, {}):
+            warm = asyncio.get_running_loop().create_task(tm.warm_prefixes(reqs))
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert len(tm.states) == 12  # the 11 parts and the warm-up
+            assert tm.num_in_flight == 11
+            tm.check_capacity(1)  # one more fits (was a 503 "(12, limit 12)")
+            warm.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await warm
+
+    try:
+        asyncio.run(main())
+    finally:
+        tm.close()
+        shutil.rmtree(paths.root, ignore_errors=True)

@@ -228,6 +228,9 @@ class TokenizerManager:
         self.paths = paths
         self.metrics = metrics
         self.states: dict[str, ReqState] = {}
+        # the rids of the prompt warm-ups running (warm_prefixes): the server's own prefills, in
+        # `states` but not counted in flight (a 12-part request at a limit of 12 read "13, limit 12")
+        self._warm_rids: set[str] = set()
         self.control_futs: dict[int, asyncio.Future] = {}
         self.control_ids = itertools.count(1)
         self.draining = False
@@ -312,7 +315,8 @@ class TokenizerManager:
 
     @property
     def num_in_flight(self) -> int:
-        return len(self.states)
+        """The clients' requests held (a prompt's warm-up is not one of them)."""
+        return len(self.states) - sum(rid in self.states for rid in self._warm_rids)
 
     async def _recv_loop(self) -> None:
         while True:
@@ -655,8 +659,12 @@ class TokenizerManager:
                 warm = TokenizedGenerateReq(uuid.uuid4().hex, list(key), SamplingParams(max_new_tokens=0))
                 # counted in the metrics (a prefill the scheduler did), unlike a health probe
                 last = None
-                async for c in self.generate(warm, names):
-                    last = c
+                self._warm_rids.add(warm.rid)
+                try:
+                    async for c in self.generate(warm, names):
+                        last = c
+                finally:
+                    self._warm_rids.discard(warm.rid)
                 if last is not None and last.acc.last is not None:
                     cached.update((r.rid, last.acc.last.cached_tokens) for r in group)
         return cached
