@@ -150,7 +150,11 @@ class ModelConfig:
         Requires a Llama/Mistral/Qwen2/Qwen3 config; raises ValueError for an unknown
         architecture, an unsupported rope type, a real sliding window, or MLP biases.
         """
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a model config must be a JSON object, got {type(d).__name__}; fix or re-download it")
         archs = d.get("architectures") or []
+        if not isinstance(archs, (list, tuple)) or not all(isinstance(a, str) for a in archs):
+            raise ValueError(f"config `architectures` must be a list of names, got {archs!r:.80}")
         arch = archs[0] if archs else _ARCH_BY_MODEL_TYPE.get(d.get("model_type", ""), "")
         if not arch:
             raise ValueError(
@@ -158,8 +162,19 @@ class ModelConfig:
                 f"`architectures`: one of {sorted(SUPPORTED_ARCHITECTURES)}"
             )
         check_architecture(arch)
-        hidden, heads = int(d["hidden_size"]), int(d["num_attention_heads"])
-        max_pos = int(d.get("max_position_embeddings", 2048))
+
+        def integer(name: str, default: Any = None) -> int:
+            """A size field: missing (with no default) or not a positive integer is a ValueError naming it."""
+            v = d.get(name, default)
+            if v is None:
+                raise ValueError(f"config has no `{name}`, which a {arch} model needs; fix or re-download it")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or isinstance(v, float) and not v.is_integer() \
+                    or v < 1:
+                raise ValueError(f"config `{name}` must be a positive integer, got {v!r:.80}; fix the model config")
+            return int(v)
+
+        hidden, heads = integer("hidden_size"), integer("num_attention_heads")
+        max_pos = integer("max_position_embeddings", 2048)
         theta, scaling = _rope_from_hf(d)
         _check_sliding_window(d, max_pos)
         if d.get("mlp_bias"):
@@ -168,13 +183,13 @@ class ModelConfig:
         eos_ids = () if eos is None else (tuple(eos) if isinstance(eos, (list, tuple)) else (eos,))
         return cls(
             architecture=arch,
-            vocab_size=int(d["vocab_size"]),
+            vocab_size=integer("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=int(d["intermediate_size"]),
-            num_layers=int(d["num_hidden_layers"]),
+            intermediate_size=integer("intermediate_size"),
+            num_layers=integer("num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or hidden // heads),
+            num_kv_heads=integer("num_key_value_heads") if d.get("num_key_value_heads") else heads,
+            head_dim=integer("head_dim") if d.get("head_dim") else hidden // heads,
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             rope_scaling=scaling,

@@ -150,11 +150,17 @@ def _hf_source(path: str) -> ModelSource:
             d = json.load(f)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}/config.json is not valid JSON ({e}); fix or re-download it") from e
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}/config.json must hold a JSON object, got {type(d).__name__}; fix or re-download it")
     # generation_config.json often lists extra stop ids (Llama 3 instruct: <|eot_id|>).
     gen_path = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_path):
         with open(gen_path) as f:
-            gen_eos = json.load(f).get("eos_token_id")
+            try:
+                gen = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{gen_path} is not valid JSON ({e}); fix or remove it") from e
+        gen_eos = gen.get("eos_token_id") if isinstance(gen, dict) else None
         base = d.get("eos_token_id")
         ids = [base] if isinstance(base, int) else list(base or [])
         ids += [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])

@@ -80,3 +80,25 @@ def test_a_prompts_warm_up_is_not_counted_in_flight():
     finally:
         tm.close()
         shutil.rmtree(paths.root, ignore_errors=True)
+
+
+_LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+          "num_hidden_layers": 1, "intermediate_size": 128, "vocab_size": 256}
+
+
+@pytest.mark.parametrize("config, files, needle", [
+    ([1, 2], {}, "config.json must hold a JSON object"),  # was AttributeError
+    ({k: v for k, v in _LLAMA.items() if k != "hidden_size"}, {}, "config has no `hidden_size`"),  # was KeyError
+    ({**_LLAMA, "num_attention_heads": 0}, {}, "`num_attention_heads` must be a positive integer"),  # ZeroDivisionError
+    ({**_LLAMA, "num_key_value_heads": None, "vocab_size": None}, {}, "config has no `vocab_size`"),  # TypeError
+    ({**_LLAMA, "architectures": "LlamaForCausalLM"}, {}, "`architectures` must be a list"),  # 'L' unsupported
+    (_LLAMA, {"generation_config.json": "{oops"}, "generation_config.json is not valid JSON"),
+], ids=["list", "no-hidden-size", "zero-heads", "null-vocab", "architectures-string", "bad-generation-config"])
+def test_a_broken_config_json_is_a_value_error_naming_the_field(tmp_path, config, files, needle):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
+        Engine(model_path=str(tmp_path))
