@@ -78,8 +78,9 @@ def open_gguf(path: str) -> Any:
         raise ValueError(f"GGUF file {path!r} does not exist; pass the path of an existing .gguf file")
     try:
         return gguf.GGUFReader(path)
-    except (ValueError, OSError) as e:
-        raise ValueError(f"cannot read {path!r} as GGUF ({e}); check that the file is a complete GGUF v2/v3 file") from e
+    except Exception as e:  # noqa: BLE001 - a malformed file fails the parser anywhere (a header cut short: IndexError)
+        raise ValueError(f"cannot read {path!r} as GGUF ({type(e).__name__}: {e}); check that the file is a complete "
+                         "GGUF v2/v3 file") from e
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:

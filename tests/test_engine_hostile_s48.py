@@ -102,3 +102,18 @@ def test_a_broken_config_json_is_a_value_error_naming_the_field(tmp_path, config
         (tmp_path / name).write_text(text)
     with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
         Engine(model_path=str(tmp_path))
+
+
+@pytest.mark.parametrize("size", [1000, 200_000])
+def test_a_gguf_file_cut_short_in_its_header_is_a_value_error(tmp_path, size):
+    # was IndexError out of gguf's reader (a file cut inside its tensor data already said so)
+    import importlib.util
+
+    from treadle.runtime.model_source import embedded_model_path
+
+    with open(embedded_model_path(importlib.util.find_spec), "rb") as f:
+        head = f.read(size)
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(head)
+    with pytest.raises(ValueError, match="cannot read .* as GGUF .*complete GGUF"):
+        Engine(model_path=str(path))
