@@ -177,10 +177,16 @@ class ModelConfig:
         max_pos = integer("max_position_embeddings", 2048)
         theta, scaling = _rope_from_hf(d)
         _check_sliding_window(d, max_pos)
+        act = d.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):  # the MLP is SiLU-gated whatever the config says: refuse, not serve wrong
+            raise ValueError(f"config sets hidden_act={act!r:.40}; treadle's {arch} MLP is SiLU-gated (hidden_act "
+                             "'silu'), so this model cannot be served correctly")
         if d.get("mlp_bias"):
             raise ValueError("config sets mlp_bias=True, which treadle does not implement; use a model without MLP biases")
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else (tuple(eos) if isinstance(eos, (list, tuple)) else (eos,))
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in eos_ids):
+            raise ValueError(f"config `eos_token_id` must be a token id or a list of them, got {eos!r:.80}")
         return cls(
             architecture=arch,
             vocab_size=integer("vocab_size"),
@@ -190,7 +196,7 @@ class ModelConfig:
             num_heads=heads,
             num_kv_heads=integer("num_key_value_heads") if d.get("num_key_value_heads") else heads,
             head_dim=integer("head_dim") if d.get("head_dim") else hidden // heads,
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=_number(d, "rms_norm_eps", 1e-6),
             rope_theta=theta,
             rope_scaling=scaling,
             max_position_embeddings=max_pos,
@@ -200,7 +206,7 @@ class ModelConfig:
             qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            hidden_act=str(d.get("hidden_act", "silu")),
+            hidden_act="silu",
             quantization=parse_quantization_config(d.get("quantization_config")),
             **_moe_from_hf(arch, d),
         )
@@ -262,6 +268,16 @@ def _moe_from_hf(arch: str, d: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def _number(d: Mapping[str, Any], name: str, default: float) -> float:
+    """A float field of a config (a missing or null one: `default`); anything else a ValueError naming it."""
+    v = d.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"config `{name}` must be a number, got {v!r:.80}")
+    return float(v)
+
+
 def _check_rope(params: Mapping[str, Any]) -> None:
     rope_type = params.get("rope_type", "default")
     if rope_type not in _ROPE_KEYS:
@@ -276,11 +292,14 @@ def _check_rope(params: Mapping[str, Any]) -> None:
 
 def _rope_from_hf(d: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """Return (rope_theta, scaling dict or None) from `rope_parameters` (v5) or `rope_scaling` (v4)."""
-    params = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+    given = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    if not isinstance(given, Mapping):
+        raise ValueError(f"config `rope_scaling` / `rope_parameters` must be an object, got {given!r:.80}")
+    params = dict(given)
     if "type" in params and "rope_type" not in params:  # older configs spell it "type"
         params["rope_type"] = params.pop("type")
     params.pop("type", None)
-    theta = float(params.pop("rope_theta", d.get("rope_theta", 10000.0)))
+    theta = _number({"rope_theta": params.pop("rope_theta", d.get("rope_theta", 10000.0))}, "rope_theta", 10000.0)
     params.setdefault("rope_type", "default")
     _check_rope(params)
     keep = {"rope_type": params["rope_type"], **{k: params[k] for k in _ROPE_KEYS[params["rope_type"]]}}

@@ -135,7 +135,12 @@ def _safetensors_tensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]
     from safetensors import safe_open
 
     for file in files:
-        with safe_open(file, framework="pt") as f:
+        try:
+            f = safe_open(file, framework="pt")
+        except Exception as e:  # noqa: BLE001 - safetensors' own error type: the file's, named
+            raise ValueError(f"cannot read {file!r} as safetensors ({type(e).__name__}: {e}); check that the file "
+                             "is complete (download it again)") from e
+        with f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
 

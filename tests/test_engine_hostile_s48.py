@@ -117,3 +117,50 @@ def test_a_gguf_file_cut_short_in_its_header_is_a_value_error(tmp_path, size):
     path.write_bytes(head)
     with pytest.raises(ValueError, match="cannot read .* as GGUF .*complete GGUF"):
         Engine(model_path=str(path))
+
+
+def _tiny_llama_checkpoint(path, **changed) -> None:
+    """A one-layer Llama of random weights in `path` (config.json + model.safetensors);
+    `changed`: tensors replaced (name -> tensor)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    cfg = {**_LLAMA, "tie_word_embeddings": True}
+    (path / "config.json").write_text(json.dumps(cfg))
+    shapes = {"self_attn.q_proj.weight": (64, 64), "self_attn.k_proj.weight": (64, 64),
+              "self_attn.v_proj.weight": (64, 64), "self_attn.o_proj.weight": (64, 64),
+              "mlp.gate_proj.weight": (128, 64), "mlp.up_proj.weight": (128, 64), "mlp.down_proj.weight": (64, 128),
+              "input_layernorm.weight": (64,), "post_attention_layernorm.weight": (64,)}
+    tensors = {"model.embed_tokens.weight": torch.randn(256, 64), "model.norm.weight": torch.ones(64),
+               **{f"model.layers.0.{n}": torch.randn(*s) * 0.05 for n, s in shapes.items()}}
+    save_file({**tensors, **changed}, str(path / "model.safetensors"))
+
+
+def test_broken_weights_are_a_value_error_naming_the_tensor_or_file(tmp_path):
+    for name, changed, raw, needle in [
+        ("shape", {"model.layers.0.mlp.down_proj.weight": torch.randn(64, 100)}, None,
+         r"checkpoint tensor for 'layers.0.mlp.down_proj.weight' of shape \(64, 100\) does not fit"),  # RuntimeError
+        ("garbage", {}, b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage}", "cannot read .* as safetensors"),  # SafetensorError
+    ]:
+        d = tmp_path / name
+        d.mkdir()
+        _tiny_llama_checkpoint(d, **changed)
+        if raw is not None:
+            (d / "model.safetensors").write_bytes(raw)
+        with pytest.raises(ValueError, match=needle):
+            Engine(model_path=str(d))
+
+
+@pytest.mark.parametrize("changed, needle", [
+    ({"hidden_act": "gelu"}, "hidden_act='gelu'"),  # was served with SiLU, silently wrong
+    ({"rope_scaling": [1]}, "`rope_scaling` / `rope_parameters` must be an object"),  # was TypeError
+    ({"eos_token_id": "x"}, "`eos_token_id` must be a token id"),  # was "invalid literal for int()"
+    ({"rms_norm_eps": "x"}, "`rms_norm_eps` must be a number"),  # was "could not convert string to float"
+], ids=["gelu", "rope-scaling-list", "eos-string", "eps-string"])
+def test_a_config_field_treadle_cannot_honour_or_read_is_named(tmp_path, changed, needle):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({**_LLAMA, **changed}))
+    with pytest.raises(ValueError, match=needle):
+        Engine(model_path=str(tmp_path))

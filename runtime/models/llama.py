@@ -201,6 +201,11 @@ class LlamaForCausalLM(nn.Module):
         if name not in params:
             raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
         p = params[name]
-        with torch.no_grad():
-            getattr(p, "weight_loader", default_weight_loader)(p, tensor.to(p.dtype), shard)
+        try:
+            with torch.no_grad():
+                getattr(p, "weight_loader", default_weight_loader)(p, tensor.to(p.dtype), shard)
+        except (RuntimeError, ValueError) as e:  # a tensor of another shape: the checkpoint's, named
+            raise ValueError(f"checkpoint tensor for {name!r}{'' if shard is None else f' ({shard})'} of shape "
+                             f"{tuple(tensor.shape)} does not fit the model's parameter {tuple(p.shape)} ({e}); "
+                             "check that config.json describes these weights") from e
         return name, shard
