@@ -42,10 +42,10 @@ def _load_dir_tokenizer(path: str) -> Any:
 
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except OSError as e:
+    except Exception as e:  # noqa: BLE001 - a file it cannot read fails transformers anywhere (AttributeError, ...)
         raise ValueError(
-            f"cannot load a tokenizer from {path!r} ({e}); put tokenizer.json / tokenizer_config.json "
-            "in the model directory"
+            f"cannot load a tokenizer from {path!r} ({type(e).__name__}: {e}); put a valid tokenizer.json / "
+            "tokenizer_config.json in the model directory"
         ) from e
 
 

@@ -114,7 +114,13 @@ def _safetensors_files(path: str) -> list[str]:
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index) as f:
-            weight_map = json.load(f).get("weight_map", {})
+            try:
+                weight_map = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{index} is not valid JSON ({e}); download it again") from e
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError(f"{index} has no `weight_map` of tensor names to shard files; download it again")
         files = [os.path.join(path, name) for name in dict.fromkeys(weight_map.values())]
         missing = [f for f in files if not os.path.isfile(f)]
         if missing:

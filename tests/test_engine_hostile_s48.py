@@ -164,3 +164,15 @@ def test_a_config_field_treadle_cannot_honour_or_read_is_named(tmp_path, changed
     (tmp_path / "config.json").write_text(json.dumps({**_LLAMA, **changed}))
     with pytest.raises(ValueError, match=needle):
         Engine(model_path=str(tmp_path))
+
+
+@pytest.mark.parametrize("name, text, needle", [
+    ("tokenizer_config.json", "[1]", "cannot load a tokenizer from .*AttributeError"),  # was AttributeError
+    ("model.safetensors.index.json", "[1]", "has no `weight_map`"),  # was AttributeError
+    ("model.safetensors.index.json", '{"weight_map": 5}', "has no `weight_map`"),  # was AttributeError
+], ids=["tokenizer-config-list", "index-list", "index-map-int"])
+def test_a_broken_side_file_of_a_checkpoint_is_a_value_error(tmp_path, name, text, needle):
+    _tiny_llama_checkpoint(tmp_path)
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=needle):
+        Engine(model_path=str(tmp_path))
