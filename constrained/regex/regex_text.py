@@ -229,7 +229,8 @@ _BOUNDED_POINTER = r"(?:/(?:[a-zA-Z0-9._-]|~[01]){0,20}){0,6}"
 # RFC 6570 varname [modifier]: a prefix of 1 to 3 digits (the RFC allows up to 9999; the
 # uri_template package, jsonschema's uri-template checker, takes 3 digits at most)
 _VARSPEC = r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*(?::[1-9][0-9]{0,2}|\*)?"
-_BOUNDED_URI = rf"https?://{_LABEL}(?:\.{_LABEL}){{0,3}}(?::[0-9]{{1,5}})?(?:/[a-zA-Z0-9._~-]{{0,20}}){{0,5}}"
+BOUNDED_URI_AFTER_SCHEME = rf"://{_LABEL}(?:\.{_LABEL}){{0,3}}(?::[0-9]{{1,5}})?(?:/[a-zA-Z0-9._~-]{{0,20}}){{0,5}}"
+_BOUNDED_URI = "https?" + BOUNDED_URI_AFTER_SCHEME
 _BOUNDED_REF = (rf"(?:{_BOUNDED_URI}|/?[a-zA-Z0-9._~-]{{1,20}}(?:/[a-zA-Z0-9._~-]{{1,20}}){{0,5}}"
                 r"(?:#[a-zA-Z0-9._~/-]{0,20})?|#[a-zA-Z0-9._~/-]{0,20})")
 # formats whose strings have no longest one, as written under a maxLength: a subset that has

@@ -441,12 +441,13 @@ def _format_subset_and_pattern(fmt: str, pattern: Any, written: str, lo: int, hi
             return _StringsMixin._body_with_length(cand, lo, hi, path) if lengths else cand
     if (format_fsm - pattern_fsm).empty():
         return _format_with_length(fmt, lo, hi, path) if lengths else written
-    if fmt in _URI_FORMATS and not lengths:
+    if fmt in _URI_FORMATS:
         # a pattern of the scheme (^https://, ^(https|http|ftp|sftp)://.+, ^mailto:): the URIs
-        # of the schemes it takes whole, each checked inside both (their product's regex is long)
-        by_scheme = uris_by_scheme(pattern_fsm)
+        # of the schemes it takes whole, each checked inside both (their product's regex is long;
+        # under lengths, with the lengths its states past 100,000: Pydantic's HttpUrl, 1..2083)
+        by_scheme = uris_by_scheme(pattern_fsm, bounded=lengths and hi is not None)
         if by_scheme is not None:
-            return by_scheme
+            return _StringsMixin._body_with_length(by_scheme, lo, hi, path) if lengths else by_scheme
     fsm = format_fsm & pattern_fsm
     if lengths:
         fsm = fsm & _lengths_fsm(lo, hi)

@@ -109,23 +109,29 @@ def _inside(rx: str, pattern_fsm: Any) -> bool:
     return (interegular.parse_pattern(rx).to_fsm() - pattern_fsm).empty()
 
 
-def uris_by_scheme(pattern_fsm: Any) -> str | None:
+def uris_by_scheme(pattern_fsm: Any, bounded: bool = False) -> str | None:
     """For a URI format under a pattern that fixes the scheme (``^https://``, ``^(https|http|ftp)://.+``,
     ``^mailto:``, ``^urn:``): the URIs of each scheme it takes whole, each checked inside the
     pattern (a subset of the format: their product's regex is long), as one alternation, or
     None. A hierarchical scheme's URIs are written with an authority, the one the pattern fixes
-    otherwise without one (then with one, where that is not inside)."""
+    otherwise without one (then with one, where that is not inside). ``bounded`` (a maxLength
+    to fit): URIs whose lengths end, as the format's own under one (regex_text.BOUNDED_FORMATS:
+    a few short host labels and path segments; a plain authority-less path), or else the narrow
+    ones of ``narrow_uris_by_scheme``."""
+    after = text.BOUNDED_URI_AFTER_SCHEME if bounded else text.URI_AFTER_SCHEME
     listed, other = [], []
     for s in _schemes(pattern_fsm):
         if s in HIERARCHICAL_SCHEMES:
-            if _inside(s + text.URI_AFTER_SCHEME, pattern_fsm):
+            if _inside(s + after, pattern_fsm):
                 listed.append(s)
+            elif bounded and _inside(s + _NARROW_AFTER_SCHEME, pattern_fsm):
+                other.append(s + _NARROW_AFTER_SCHEME)  # (its product under lengths takes seconds)
             continue
-        for rx in (s + _NO_AUTHORITY_TAIL, s + text.URI_AFTER_SCHEME):
+        for rx in (s + (_NARROW_NO_AUTHORITY if bounded else _NO_AUTHORITY_TAIL), s + after):
             if _inside(rx, pattern_fsm):
                 other.append(rx)
                 break
-    parts = (["(?:" + "|".join(listed) + ")" + text.URI_AFTER_SCHEME] if listed else []) + other
+    parts = (["(?:" + "|".join(listed) + ")" + after] if listed else []) + other
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
