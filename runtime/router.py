@@ -112,13 +112,19 @@ def routing_text(path: str, obj: Any) -> str:
     extends the prefix)."""
     if not isinstance(obj, dict):
         return ""
-    if path == RESPONSES_PATH:
-        return responses_routing_text(obj)
-    if path == "/v1/chat/completions":
-        msgs = obj.get("messages")
-        if not isinstance(msgs, list):
-            return ""
-        return "".join(json.dumps(m, sort_keys=True, ensure_ascii=False) for m in msgs)
+    try:
+        if path == RESPONSES_PATH:
+            return responses_routing_text(obj)
+        if path == "/v1/chat/completions":
+            msgs = obj.get("messages")
+            if not isinstance(msgs, list):
+                return ""
+            return "".join(json.dumps(m, sort_keys=True, ensure_ascii=False) for m in msgs)
+    except RecursionError:
+        # a message nested just short of what json.loads read, written back from a few frames
+        # deeper: the router answered a plain-text 500. Placed by load instead, the replica
+        # answers it (its own 400 for a body that nests too deeply)
+        return ""
     p = obj.get("prompt") if path == "/v1/completions" else obj.get("text", obj.get("input_ids"))
     if isinstance(p, list) and p and isinstance(p[0], (str, list)):
         p = p[0]  # a batch: place it by its first prompt

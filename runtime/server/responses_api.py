@@ -112,8 +112,10 @@ def register_responses_routes(app: FastAPI, state: ServerState, store: ResponseS
         limit = q.get("limit", "20")
         if order not in ("asc", "desc"):
             raise APIError.bad_request('order must be "asc" or "desc"', "order")
-        if not limit.isdigit() or not 1 <= int(limit) <= 100:
-            raise APIError.bad_request("limit must be an integer in [1, 100]", "limit")
+        # ASCII digits, few of them: str.isdigit() also passes '²' (int() refuses it) and a
+        # 5,000-digit run (past int()'s limit), which answered a 500
+        if not (limit.isascii() and limit.isdigit() and len(limit) <= 20 and 1 <= int(limit) <= 100):
+            raise APIError.bad_request(f"limit must be an integer in [1, 100], got {quoted(limit)}", "limit")
         items = items if order == "asc" else items[::-1]
         after = q.get("after")
         if after is not None:

@@ -1,0 +1,73 @@
+"""Hostile and careless clients against a real server and a router in front of it (session 48):
+query strings a client types by hand, and bodies nested right at the depth JSON still reads."""
+from __future__ import annotations
+
+import pytest
+import requests
+
+from test_router import RouterProcess
+from treadle.runtime.server.testing import wait_idle
+
+T = 60
+
+
+@pytest.fixture(scope="module")
+def srv(plain_server):  # conftest's shared server: left idle
+    return plain_server
+
+
+@pytest.fixture(scope="module")
+def router(plain_server):
+    r = RouterProcess([plain_server.url], "cache_aware")
+    yield r
+    r.close()
+
+
+def _no_leaked_kv(url: str) -> None:
+    info = wait_idle(url)
+    assert info["free_slots"] + info["evictable_slots"] == info["total_slots"], info
+    assert info["protected_slots"] == 0, info
+
+
+def _openai_400(r: requests.Response, param: str | None = None) -> dict:
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["message"], err
+    if param is not None:
+        assert err["param"] == param, err
+    return err
+
+
+def test_an_input_items_limit_int_cannot_read_is_a_400_naming_it(srv):
+    """`limit` was checked with str.isdigit(), which passes '²' (and other digit signs int()
+    refuses) and a 5,000-digit run (past int()'s limit): both answered a 500 with int()'s
+    ValueError. Now they are the 400 of any other bad limit, quoting what was sent; '١' (an
+    Arabic-Indic one, which int() read as 1) is no ASCII integer either."""
+    r = requests.post(srv.url + "/v1/responses", json={"model": "default", "input": "hi", "max_output_tokens": 1},
+                      timeout=T)
+    assert r.status_code == 200, r.text
+    url = f"{srv.url}/v1/responses/{r.json()['id']}/input_items"
+    for limit in ("\u00b2", "9" * 5000, "\u0661", "0", "101", "-1", " 5"):
+        err = _openai_400(requests.get(url, params={"limit": limit}, timeout=T), "limit")
+        assert "limit must be an integer in [1, 100]" in err["message"], err
+    for limit in ("1", "100", "007"):
+        r = requests.get(url, params={"limit": limit}, timeout=T)
+        assert r.status_code == 200 and r.json()["data"][0]["content"][0]["text"] == "hi", r.text
+    _no_leaked_kv(srv.url)
+
+
+def test_a_body_nested_to_the_depth_json_reads_is_a_400_through_the_router(router, srv):
+    """The router reads a request's messages (or Responses input) back into text to place it by
+    prefix. A message nested just short of the depth json.loads reads, written back by
+    json.dumps a few frames deeper, raised RecursionError there: a plain-text 500 "Internal
+    Server Error" for a body the replica itself answers with a 400. Every depth is now the
+    replica's own 400 (relayed in the OpenAI error shape)."""
+    with requests.Session() as s:
+        for d in range(850, 1000):
+            nested = "[" * d + "]" * d
+            for path, body in (("/v1/chat/completions",
+                                '{"max_tokens":1,"messages":[{"role":"user","content":%s}]}' % nested),
+                               ("/v1/responses", '{"max_output_tokens":1,"input":[%s]}' % nested)):
+                r = s.post(router.url + path, data=body, headers={"Content-Type": "application/json"}, timeout=T)
+                assert r.status_code == 400 and r.json()["error"]["message"], (path, d, r.status_code, r.text[:200])
+    _no_leaked_kv(srv.url)
