@@ -237,8 +237,9 @@ class SamplingParams:
         """Coerce convenient forms: a single stop string, a json_schema given as a dict, a
         number of another numeric type (numpy's int64 or float32, a Fraction) as int or float,
         top_p 0 (OpenAI takes it) as top_k 1,
-        numpy's bool as bool, and token ids (stop_token_ids, logit_bias's keys) of numpy's
-        integer types, or a 1-D numpy integer array of them, as ints."""
+        numpy's bool as bool, token ids (stop_token_ids, logit_bias's keys) of numpy's
+        integer types, or a 1-D numpy integer array of them, as ints, and a Python caller's
+        tuple of stop strings, choices or stop ids (or a set of stop ids) as a list."""
         for name in _NUMBER_FIELDS:
             v = getattr(self, name)
             if type(v) not in (int, float, bool, type(None)):  # (bool has no subclasses)
@@ -254,6 +255,13 @@ class SamplingParams:
             v = getattr(self, name)
             if isinstance(v, np.bool_):
                 setattr(self, name, bool(v))
+        # a Python caller's tuple (or set of ids) as the list JSON gives (SGLang iterates them)
+        if isinstance(self.stop_token_ids, (tuple, set, frozenset)):
+            self.stop_token_ids = sorted(self.stop_token_ids) if not isinstance(self.stop_token_ids, tuple) \
+                and all(isinstance(t, numbers.Integral) for t in self.stop_token_ids) else list(self.stop_token_ids)
+        for name in ("stop", "choices"):
+            if isinstance(getattr(self, name), tuple):
+                setattr(self, name, list(getattr(self, name)))
         self.stop_token_ids = _as_ints(self.stop_token_ids)
         if isinstance(self.stop, str):
             self.stop = [self.stop]

@@ -176,3 +176,18 @@ def test_a_broken_side_file_of_a_checkpoint_is_a_value_error(tmp_path, name, tex
     (tmp_path / name).write_text(text)
     with pytest.raises(ValueError, match=needle):
         Engine(model_path=str(tmp_path))
+
+
+def test_tuples_of_stops_choices_and_stop_ids_are_taken_as_lists(engine):
+    # SGLang iterates them; treadle refused a tuple ("must be a list") while taking a numpy array
+    ids = [1, 2, 3]
+    ref = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 4, "temperature": 0, "stop": ["a", "b"],
+                                                          "stop_token_ids": [5, 6]})
+    got = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 4, "temperature": 0, "stop": ("a", "b"),
+                                                          "stop_token_ids": (5, 6)})
+    assert got["output_ids"] == ref["output_ids"]
+    assert engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 4, "stop_token_ids": {6, 5}})
+    assert engine.generate(input_ids=[ids, ids], sampling_params={"choices": ("yes", "no")})[1]["text"] in ("yes", "no")
+    with pytest.raises(ValueError, match="stop must be a string or a list"):
+        engine.generate(input_ids=ids, sampling_params={"stop": ("a", 1)})
+    _all_free(engine)
