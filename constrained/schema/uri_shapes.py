@@ -145,6 +145,8 @@ def narrow_uris_by_scheme(pattern_fsm: Any, write: Any) -> str | None:
     inside the pattern, else their product with it where ``write`` (fsm_to_regex) can write it;
     as one alternation, or None."""
     parts = []
+    if _starts_with(pattern_fsm, "zz:"):  # (no scheme fixed, as in an unanchored example\.com: none fit)
+        return None
     for s in _schemes(pattern_fsm):
         tails = ((_NARROW_AFTER_SCHEME, _TINY_AFTER_SCHEME) if s in HIERARCHICAL_SCHEMES
                  else (_NARROW_NO_AUTHORITY, _NARROW_AFTER_SCHEME, _TINY_AFTER_SCHEME))
