@@ -52,14 +52,20 @@ from treadle.runtime.router_responses import (
     RESPONSES_PATH, STORE_CAPACITY, ResponseHomes, responses_routing_text, stored_response_id,
 )
 from treadle.runtime.server.protocol import (
-    APIError, add_cors, add_error_handlers, body_deadline, error_body, parse_abort_request, parse_json_object, read_body,
+    APIError, add_cors, add_error_handlers, body_deadline, error_body, parse_abort_request, parse_json_object, quoted,
+    read_body,
 )
 from treadle.runtime.server.streaming import AbortOnDisconnectStream, ClientGone, until_done_or_disconnect
 
 log = logging.getLogger("treadle.router")
 
 REPLICA_HEADER = "X-Treadle-Replica"
-_FORWARDED_HEADERS = ("content-type", "authorization")
+# the client's headers a replica reads: its API key; the body's type and encoding (a compressed
+# body is the replica's 415 naming its Content-Encoding, not "not valid JSON"); and the Host a
+# keyless replica checks against DNS rebinding (--allowed-hosts): left behind, a rebinding page
+# read the replicas' answers through the router. A browser Origin is the router's to check
+# (_ForeignOrigin), against the --allowed-origins its CORS headers name
+_FORWARDED_HEADERS = ("content-type", "content-encoding", "authorization", "host")
 HEALTH_TIMEOUT_S = 5.0
 HEALTH_FAILURES_TO_DROP = 3
 CLOSE_MARGIN_S = 2.0  # after the grace, how long responses get to end before uvicorn cancels them
@@ -634,6 +640,7 @@ def create_router_app(args: RouterArgs) -> FastAPI:
 
     app.add_middleware(_BodyDeadline, timeout_s=args.request_body_timeout_s)
     app.add_middleware(_HeadAsGet)
+    app.add_middleware(_ForeignOrigin, allowed_origins=args.allowed_origins)
     add_cors(app, args.allowed_origins)
     return app
 
@@ -652,6 +659,29 @@ class _BodyDeadline:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         await self.app(scope, body_deadline(receive, self.timeout_s), send)
+
+
+class _ForeignOrigin:
+    """A POST from a browser page of an origin --allowed-origins does not list ("*": any) is a
+    403, as a keyless replica's (the router does not pass the Origin on, so the replicas serve
+    the origins the router's CORS headers name). A page of any site can send a POST that needs
+    no CORS preflight (no Content-Type, or text/plain): through the router, it aborted every
+    request (/abort_request abort_all), flushed the caches and ran generations. A page with
+    an API key is preflighted, so a listed origin is all it needs."""
+
+    def __init__(self, app: Any, allowed_origins: str) -> None:
+        self.app = app
+        self.allowed = {o.strip() for o in allowed_origins.split(",") if o.strip()}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and "*" not in self.allowed:
+            origin = next((v for k, v in scope["headers"] if k == b"origin"), b"").decode("latin-1").strip()
+            if origin and origin not in self.allowed:
+                body = error_body(f"requests from the web page origin {quoted(origin)} are refused: the router "
+                                  "serves only the origins --allowed-origins lists", "invalid_request_error", None,
+                                  "origin_not_allowed")
+                return await JSONResponse(body, 403)(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 class _HeadAsGet:

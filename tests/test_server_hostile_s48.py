@@ -1,6 +1,10 @@
 """Hostile and careless clients against a real server and a router in front of it (session 48):
-query strings a client types by hand, and bodies nested right at the depth JSON still reads."""
+query strings a client types by hand, bodies nested right at the depth JSON still reads, and web
+pages that reach a keyless replica through the router."""
 from __future__ import annotations
+
+import gzip
+import json
 
 import pytest
 import requests
@@ -70,4 +74,31 @@ def test_a_body_nested_to_the_depth_json_reads_is_a_400_through_the_router(route
                                ("/v1/responses", '{"max_output_tokens":1,"input":[%s]}' % nested)):
                 r = s.post(router.url + path, data=body, headers={"Content-Type": "application/json"}, timeout=T)
                 assert r.status_code == 400 and r.json()["error"]["message"], (path, d, r.status_code, r.text[:200])
+    _no_leaked_kv(srv.url)
+
+
+def test_a_keyless_replicas_host_and_origin_checks_hold_through_the_router(router, srv):
+    """The router sent a replica only the client's Content-Type and Authorization, so a keyless
+    replica's checks against web pages never saw the client's Host or Origin: a DNS-rebinding
+    page (Host: its own name) read generations through the router, and a cross-site page's
+    no-cors POST aborted every request (abort_all) or flushed the cache. A compressed body
+    lost its Content-Encoding on the way: a 400 "not valid JSON" instead of the replica's 415.
+    Now the Host is checked by the replica (its 403, relayed), an Origin the router's
+    --allowed-origins does not list is the router's 403 (test_router: a listed one is served),
+    and a compressed body is the replica's 415; a client of the router's address is served."""
+    gen = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+    for path, body in (("/generate", gen), ("/abort_request", {"abort_all": True}), ("/flush_cache", None)):
+        r = requests.post(router.url + path, json=body, headers={"Origin": "http://evil.example"}, timeout=T)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed", (path, r.text)
+    for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models"), ("GET", "/get_server_info")):
+        r = requests.request(method, router.url + path, headers={"Host": "rebound.example"}, timeout=T,
+                             json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+                             if method == "POST" else None)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed", (path, r.text)
+    r = requests.post(router.url + "/generate", data=gzip.compress(json.dumps(gen).encode()), timeout=T,
+                      headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert r.status_code == 415 and "Content-Encoding 'gzip'" in r.json()["error"]["message"], r.text
+    for host in ("localhost", f"127.0.0.1:{router.port}", None):
+        r = requests.post(router.url + "/generate", json=gen, headers={"Host": host} if host else {}, timeout=T)
+        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 1, (host, r.text)
     _no_leaked_kv(srv.url)
