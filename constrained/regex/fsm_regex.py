@@ -18,7 +18,7 @@ from interegular.fsm import anything_else
 
 from treadle.constrained.regex.regex_text import class_literal
 
-__all__ = ["fsm_to_regex", "length_range"]
+__all__ = ["forced_prefix", "fsm_to_regex", "length_range"]
 
 
 def fsm_to_regex(fsm: Any, limit: int = 20_000) -> str | None:
@@ -300,3 +300,23 @@ def _one_group(regex: str) -> bool:
                 return i == len(regex) - 1
         i += 1
     return False
+
+
+def forced_prefix(fsm: Any, limit: int = 64) -> str:
+    """The text every string ``fsm`` accepts starts with: from its start, the characters read
+    while a state has one way on, by one character, and is not final (up to ``limit``). On
+    ``fsm.reversed()``, reversed, the text they all end with (``\\.com$``: ".com")."""
+    chars_of: dict = {}
+    for ch, key in fsm.alphabet.items():
+        chars_of.setdefault(key, []).append(ch)
+    state, read = fsm.initial, ""
+    while len(read) < limit and state not in fsm.finals:
+        edges = fsm.map.get(state, {})
+        if len(edges) != 1:
+            break
+        (key, state), = edges.items()
+        chars = chars_of.get(key, [])
+        if len(chars) != 1 or chars[0] is anything_else:
+            break
+        read += chars[0]
+    return read

@@ -326,6 +326,19 @@ _HOSTNAME_NARROW = (rf"{_HOST_LABEL}(?:\.{_HOST_LABEL}){{0,2}}\.[a-zA-Z]{{2,20}}
                     rf"{_LOWER_LABEL}(?:\.{_LOWER_LABEL}){{0,2}}\.[a-z]{{2,3}}")
 NARROW_FORMATS: dict[str, tuple[str, ...]] = {"email": _EMAIL_NARROW, "idn-email": _EMAIL_NARROW,
                                                "hostname": _HOSTNAME_NARROW, "idn-hostname": _HOSTNAME_NARROW}
+# stems of those, written before a text every string of the pattern ends with (its forced
+# suffix: ``\.edu$``, ``(^|\.)example\.com$``), each tried where the narrower subsets fail
+# (a suffix of a dot and labels, one of a domain, maybe under a subdomain it needs, one from '@';
+# then the same in lowercase: ``^([a-z0-9-]+\.)*example\.com$``). Only those inside the format's
+# subset and the pattern are written (json_schema_strings._narrow_format_matching checks both).
+_EMAIL_LOCAL = r"[a-zA-Z0-9_]{1,20}(?:[.+-][a-zA-Z0-9_]{1,20}){0,3}"
+_LOWER_LOCAL = r"[a-z0-9]{1,20}(?:[.-][a-z0-9]{1,20}){0,3}"
+_EMAIL_STEMS = tuple(rf"{local}@{domain}" for local, label in ((_EMAIL_LOCAL, _LABEL), (_LOWER_LOCAL, _LOWER_LABEL))
+                     for domain in (rf"{label}(?:\.{label})?", rf"(?:{label}\.)?", rf"{label}\.")) + (_EMAIL_LOCAL,)
+_HOSTNAME_STEMS = tuple(stem for label in (_HOST_LABEL, _LOWER_LABEL)
+                        for stem in (rf"{label}(?:\.{label})?", rf"(?:{label}\.)?", rf"{label}\."))
+SUFFIX_STEMS: dict[str, tuple[str, ...]] = {"email": _EMAIL_STEMS, "idn-email": _EMAIL_STEMS,
+                                            "hostname": _HOSTNAME_STEMS, "idn-hostname": _HOSTNAME_STEMS}
 
 
 # narrower subsets of formats, written where a format's own subset cannot be fitted to a

@@ -25,7 +25,7 @@ import interegular
 
 from treadle.constrained.regex import fsm_crawl
 from treadle.constrained.regex import regex_text as text
-from treadle.constrained.regex.fsm_regex import fsm_to_regex, length_range, peeled_fsm_to_regex
+from treadle.constrained.regex.fsm_regex import forced_prefix, fsm_to_regex, length_range, peeled_fsm_to_regex
 from treadle.constrained.regex.regex_ecma import key_pattern_bodies, pattern_json_body, pattern_subset_body
 from treadle.constrained.schema.json_schema_parts import NoOutput, Unsatisfiable, UnsupportedSchemaError
 from treadle.constrained.schema.string_shapes import (
@@ -386,7 +386,8 @@ def _narrow_format_matching(fmt: str, pattern_fsm: Any) -> str | None:
     """For a format whose product with the pattern is too long to write (the web's email
     pattern under format email: a top-level domain of letters), the first of its narrower
     subsets (text.NARROW_FORMATS) that lies inside the pattern, or whose product with it can be
-    written and is not empty; None where none is."""
+    written and is not empty; else a stem of the format (text.SUFFIX_STEMS) and the text every
+    string of the pattern ends with, inside both; None where none is."""
     for rx in text.NARROW_FORMATS.get(fmt, ()):
         fsm = interegular.parse_pattern(rx).to_fsm()
         if (fsm - pattern_fsm).empty():
@@ -395,6 +396,16 @@ def _narrow_format_matching(fmt: str, pattern_fsm: Any) -> str | None:
             out = fsm_to_regex(fsm & pattern_fsm)
             if out is not None:
                 return out
+    # the pattern's forced suffix (a domain: \.edu$) after a stem of the format, where both
+    # the format's subset and the pattern hold every such string
+    suffix = forced_prefix(pattern_fsm.reversed())[::-1]
+    if suffix and fmt in text.SUFFIX_STEMS:
+        written = interegular.parse_pattern(text.FORMATS[fmt]).to_fsm()
+        for stem in text.SUFFIX_STEMS[fmt]:
+            rx = stem + re.escape(suffix)
+            fsm = interegular.parse_pattern(rx).to_fsm()
+            if not fsm.empty() and (fsm - written).empty() and (fsm - pattern_fsm).empty():
+                return rx
     return None
 
 

@@ -23,8 +23,9 @@ from typing import Any
 import interegular
 
 from treadle.constrained.regex import regex_text as text
+from treadle.constrained.regex.fsm_regex import forced_prefix
 
-__all__ = ["narrow_uris_by_scheme", "uris_by_scheme", "wider_uri_format"]
+__all__ = ["HIERARCHICAL_SCHEMES", "narrow_uris_by_scheme", "uris_by_scheme", "wider_uri_format", "widest_uri_format"]
 
 _PCHAR = r"(?:[a-zA-Z0-9._~!$&'()*+=:@-]|%[0-9a-fA-F]{2})"
 # scheme ":" ["/"] segment-nz *("/" segment) ["?" query] ["#" fragment]: a segment-nz first, so
@@ -66,24 +67,9 @@ def widest_uri_format(fmt: str) -> str | None:
 
 def _forced_scheme(pattern_fsm: Any) -> str | None:
     """The scheme every string of the pattern's automaton starts with (``^mailto:``, ``^urn:``,
-    ``^s3://``: the characters it must read first, up to a ':'), or None."""
-    keys: dict = {}
-    for ch, key in pattern_fsm.alphabet.items():
-        keys.setdefault(key, []).append(ch)
-    state, read = pattern_fsm.initial, ""
-    while len(read) <= 17 and state not in pattern_fsm.finals:
-        edges = pattern_fsm.map.get(state, {})
-        if len(edges) != 1:
-            break
-        (key, state), = edges.items()
-        chars = keys.get(key, [])
-        if len(chars) != 1 or not isinstance(chars[0], str):
-            break
-        read += chars[0]
-        if read.endswith(":"):
-            m = re.fullmatch(r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}:", read)
-            return read[:-1] if m else None
-    return None
+    ``^s3://``: the text it must read first, up to a ':'), or None."""
+    m = re.match(r"([a-zA-Z][a-zA-Z0-9+.-]{0,15}):", forced_prefix(pattern_fsm, 17))
+    return m.group(1) if m else None
 
 
 def _starts_with(pattern_fsm: Any, prefix: str) -> bool:
