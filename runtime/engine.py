@@ -90,6 +90,12 @@ class Engine:
             self.tokenizer = None
         self._inbox: queue.Queue = queue.Queue()
         self._outboxes: dict[str, queue.Queue] = {}
+        # rid -> the boxes of requests under that rid whose callers stopped waiting (a stream
+        # closed early, a cancelled async_generate) and whose last output has not come yet, in
+        # the order they were sent: their outputs go there, not to a new request reusing the rid
+        # (the scheduler ends them first, as their aborts were queued first). The rid is free
+        # at once; the aborted request's "abort" was the new one's result.
+        self._draining: dict[str, list[queue.Queue]] = {}
         self._lock = threading.Lock()
         # a caller's rid -> the group of requests it stands for (a batch's or n samples' parts,
         # their prompt's warm-up), so that abort(rid) reaches them all, even before they are sent
@@ -234,8 +240,8 @@ class Engine:
                 results = await asyncio.to_thread(self._gather, reqs, boxes, t0)
             except asyncio.CancelledError:
                 # the threads then collect their abort and return (a warm-up still running
-                # included: the parts are then never sent)
-                self._abort_reqs([r for r in reqs if r.rid in sent], group)
+                # included: the parts are then never sent); the rids are free at once
+                self._abandon([r for r in reqs if r.rid in sent], group)
                 raise
             except BaseException:  # a request id in use: stop what was sent (not another caller's)
                 self._abandon([r for r in reqs if r.rid in sent], group)
@@ -278,11 +284,16 @@ class Engine:
                 self.abort(r.rid)
 
     def _abandon(self, reqs: list[TokenizedGenerateReq], group: "_Group | None") -> None:
-        """The caller stopped waiting (an exception in its thread): abort what may still run
-        and drop the outboxes, whose later outputs are then discarded."""
+        """The caller stopped waiting (an exception in its thread, a stream closed, a task
+        cancelled): abort what may still run and free the rids now, their boxes kept aside for
+        the outputs still to come (`_draining`), which are then discarded (or collected by a
+        thread still waiting on them)."""
         self._abort_reqs(reqs, group)
-        for r in reqs:
-            self._done(r.rid)
+        with self._lock:
+            for r in reqs:
+                box = self._outboxes.pop(r.rid, None)
+                if box is not None:  # its last output has not been dispatched yet
+                    self._draining.setdefault(r.rid, []).append(box)
 
     def _abort_group(self, group: "_Group") -> None:
         with self._lock:  # ordered against _submit: a part is either sent before the aborts or never
@@ -670,7 +681,7 @@ class Engine:
             acc.add(out)
             detok.add(out.new_ids, out.finished)
             if out.finished is not None:
-                self._done(r.rid)
+                self._done(r.rid, box)
                 return acc.result(r.rid, detok.output_text)
 
     def _stream(self, reqs: list[TokenizedGenerateReq], base: str, indexed: bool,
@@ -703,7 +714,7 @@ class Engine:
                         failed[where[out.rid]] = out.error
                         internal |= out.internal
                         left.discard(out.rid)
-                        self._done(out.rid)
+                        self._done(out.rid, box)
                         continue
                     # new ids without new text too (a piece of a character, a tail held back as
                     # a possible stop string): the chunks' output_ids add up to the output's
@@ -716,7 +727,7 @@ class Engine:
                         yield chunk
                     if out.finished is not None:
                         left.discard(out.rid)
-                        self._done(out.rid)
+                        self._done(out.rid, box)
                 if failed:
                     message = _batch_message(failed, "result")
                     raise RuntimeError(message) if internal else BatchError(message, failed)
@@ -729,9 +740,12 @@ class Engine:
             return _NoText()
         return IncrementalDetokenizer.for_params(self.tokenizer, r.sampling_params)
 
-    def _done(self, rid: str) -> None:
+    def _done(self, rid: str, box: queue.Queue) -> None:
+        """`rid`'s caller, waiting on `box`, has its last output (the dispatch freed the rid
+        then; an error output may come first): free it, unless it is another request's now."""
         with self._lock:
-            self._outboxes.pop(rid, None)
+            if self._outboxes.get(rid) is box:
+                del self._outboxes[rid]
 
     def _call(self, fn):
         """Run fn(scheduler) on the engine thread and return its result."""
@@ -785,7 +799,7 @@ class Engine:
         finally:
             # every caller still waiting hears why, never hangs: the loop's error, or the shutdown
             with self._lock:
-                for box in self._outboxes.values():
+                for box in [*self._outboxes.values(), *(b for boxes in self._draining.values() for b in boxes)]:
                     box.put(self._error if self._error is not None else _Shutdown())
             with self._exit_lock:
                 self._exited = True
@@ -796,7 +810,17 @@ class Engine:
     def _dispatch(self, outs: list[ReqOutput]) -> None:
         for out in outs:
             with self._lock:
-                box = self._outboxes.get(out.rid)
+                draining = self._draining.get(out.rid)
+                if draining:  # an abandoned request's: all its outputs come before a new one's
+                    box = draining[0]
+                    if out.finished is not None:
+                        draining.pop(0)
+                        if not draining:
+                            del self._draining[out.rid]
+                else:
+                    box = self._outboxes.get(out.rid)
+                    if box is not None and out.finished is not None:
+                        del self._outboxes[out.rid]  # its last: the rid is free once dispatched
             if box is not None:
                 box.put(out)
 

@@ -191,3 +191,32 @@ def test_tuples_of_stops_choices_and_stop_ids_are_taken_as_lists(engine):
     with pytest.raises(ValueError, match="stop must be a string or a list"):
         engine.generate(input_ids=ids, sampling_params={"stop": ("a", 1)})
     _all_free(engine)
+
+
+def test_a_rid_reused_after_its_stream_was_closed_or_its_task_cancelled_gets_its_own_result(engine):
+    """The closed stream's abort finished the old request after the new one had taken the rid:
+    the new caller got the old one's "abort" as its result (the new request ran on unheard). A
+    cancelled async_generate's rid was "already in use" until its abort came back."""
+    import asyncio
+
+    sp = {"max_new_tokens": 12, "ignore_eos": True}
+    for i in range(3):
+        stream = engine.generate(input_ids=[1, 2, 3, i], sampling_params=sp, stream=True, rid="again")
+        next(stream)
+        stream.close()
+        out = engine.generate(input_ids=[1, 2, 3, i], sampling_params=sp, rid="again")
+        assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 12}, out["meta_info"]
+
+    async def cancel_then_reuse() -> dict:
+        task = asyncio.get_running_loop().create_task(
+            engine.async_generate(input_ids=[1, 2, 3], sampling_params={**sp, "max_new_tokens": 200}, rid="again"))
+        while not engine._outboxes:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await engine.async_generate(input_ids=[1, 2, 3], sampling_params=sp, rid="again")
+
+    assert asyncio.run(cancel_then_reuse())["meta_info"]["finish_reason"]["type"] == "length"
+    _all_free(engine)
+    assert not engine._outboxes and not engine._draining
