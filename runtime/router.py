@@ -9,8 +9,8 @@ Forwards POST /generate, /v1/completions, /v1/chat/completions, /v1/responses, /
 request, so the replica aborts), sends a Responses request with `previous_response_id` and
 GET / DELETE /v1/responses/{id} (/input_items, POST /cancel) to the replica that stores that
 response (`router_responses.py`), and
-serves GET /health (its own), /v1/models, /get_model_info, /get_server_info (replicas
-aggregated + router stats), /metrics (the router's own, per replica: `router_metrics.py`),
+serves GET /health (its own), /v1/models, /get_model_info, /version, /health_generate (a
+replica's), /get_server_info (replicas aggregated + router stats), /metrics (the router's own, per replica: `router_metrics.py`),
 POST /flush_cache and /abort_request (broadcast).
 
 Which replica gets a request is the policy's choice (`router_policy.py`). A background task
@@ -67,6 +67,7 @@ REPLICA_HEADER = "X-Treadle-Replica"
 # (_ForeignOrigin), against the --allowed-origins its CORS headers name
 _FORWARDED_HEADERS = ("content-type", "content-encoding", "authorization", "host")
 HEALTH_TIMEOUT_S = 5.0
+HEALTH_GENERATE_TIMEOUT_S = 40.0  # a replica's own probe answers 503 after 30 s without a token
 HEALTH_FAILURES_TO_DROP = 3
 CLOSE_MARGIN_S = 2.0  # after the grace, how long responses get to end before uvicorn cancels them
 
@@ -438,13 +439,13 @@ class Router:
             if not task.done():
                 task.cancel()
 
-    async def get_any(self, path: str, request: Request | None = None) -> Response:
+    async def get_any(self, path: str, request: Request | None = None, timeout_s: float = 10.0) -> Response:
         """A read-only GET answered by the first healthy replica that responds (with the
         client's forwarded headers: its API key)."""
         headers = forwarded_headers(request) if request else []
         for r in [r for r in self.replicas if r.healthy]:
             try:
-                resp = await self.client.get(r.url + path, timeout=10.0, headers=headers)
+                resp = await self.client.get(r.url + path, timeout=timeout_s, headers=headers)
             except httpx.HTTPError:
                 continue
             return Response(resp.content, resp.status_code, media_type=resp.headers.get("content-type"),
@@ -564,9 +565,13 @@ def create_router_app(args: RouterArgs) -> FastAPI:
 
         app.add_api_route(path, post, methods=["POST"])
 
-    for path in ("/v1/models", "/get_model_info"):
+    # a replica's read-only GETs, under SGLang's newer names too (as a replica serves them);
+    # /health_generate, the probe of SGLang's router, runs one token through a replica (the
+    # router's own /health says only that one is in rotation)
+    for path in ("/v1/models", "/get_model_info", "/model_info", "/version", "/health_generate"):
         async def get(request: Request, _path: str = path) -> Response:
-            return await router.get_any(_path, request)
+            return await router.get_any(_path, request, timeout_s=HEALTH_GENERATE_TIMEOUT_S
+                                        if _path == "/health_generate" else 10.0)
 
         app.add_api_route(path, get, methods=["GET"])
 
@@ -599,6 +604,7 @@ def create_router_app(args: RouterArgs) -> FastAPI:
         return Response(status_code=200)
 
     @app.get("/get_server_info")
+    @app.get("/server_info")  # SGLang's newer name of the route, as a replica's
     async def get_server_info(request: Request) -> Any:
         return await router.server_info(request)
 

@@ -102,3 +102,17 @@ def test_a_keyless_replicas_host_and_origin_checks_hold_through_the_router(route
         r = requests.post(router.url + "/generate", json=gen, headers={"Host": host} if host else {}, timeout=T)
         assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 1, (host, r.text)
     _no_leaked_kv(srv.url)
+
+
+def test_sglangs_probe_and_newer_route_names_are_served_through_the_router(router, srv):
+    """/health_generate (the probe SGLang's router serves, and a replica), /model_info and
+    /server_info (SGLang's newer names, which a replica serves) and /version were 404s from the
+    router: an orchestrator probing it as it probes a replica restarted a healthy router."""
+    for path, key in (("/health_generate", None), ("/model_info", "model_path"), ("/server_info", "replicas"),
+                      ("/version", "version")):
+        r = requests.get(router.url + path, timeout=T)
+        assert r.status_code == 200, (path, r.status_code, r.text[:200])
+        assert key is None or key in r.json(), (path, r.text[:200])
+    assert requests.get(router.url + "/model_info", timeout=T).json() == \
+        requests.get(router.url + "/get_model_info", timeout=T).json()
+    _no_leaked_kv(srv.url)
