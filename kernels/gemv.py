@@ -76,26 +76,15 @@ def _block_scaled(w, s_ptr, rows, k0, cols, rmask, K, stride_sn, SCALE_K: tl.con
 
 
 @triton.jit
-def _fold(p, FOLD: tl.constexpr):
-    # products [BLOCK_N, BLOCK_K] -> [BLOCK_N, BLOCK_K // FOLD]: each run of FOLD neighbours summed
-    # (a thread's own inputs, no shuffles), so the fp32 partial sums held a program shrink FOLD-fold
-    if FOLD > 1:
-        return tl.sum(tl.reshape(p, (p.shape[0], p.shape[1] // FOLD, FOLD)), axis=2)
-    else:
-        return p
-
-
-@triton.jit
-def _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M: tl.constexpr, EVEN: tl.constexpr,
-                FOLD: tl.constexpr = 1):
+def _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M: tl.constexpr, EVEN: tl.constexpr):
     w = w.to(tl.float32)
-    acc0 += _fold(w * _x_chunk(x_ptr, k0, cols, K, EVEN)[None, :], FOLD)
+    acc0 += w * _x_chunk(x_ptr, k0, cols, K, EVEN)[None, :]
     if M > 1:
-        acc1 += _fold(w * _x_chunk(x_ptr + stride_xm, k0, cols, K, EVEN)[None, :], FOLD)
+        acc1 += w * _x_chunk(x_ptr + stride_xm, k0, cols, K, EVEN)[None, :]
     if M > 2:
-        acc2 += _fold(w * _x_chunk(x_ptr + 2 * stride_xm, k0, cols, K, EVEN)[None, :], FOLD)
+        acc2 += w * _x_chunk(x_ptr + 2 * stride_xm, k0, cols, K, EVEN)[None, :]
     if M > 3:
-        acc3 += _fold(w * _x_chunk(x_ptr + 3 * stride_xm, k0, cols, K, EVEN)[None, :], FOLD)
+        acc3 += w * _x_chunk(x_ptr + 3 * stride_xm, k0, cols, K, EVEN)[None, :]
     return acc0, acc1, acc2, acc3
 
 
@@ -106,7 +95,7 @@ def _gemv_kernel(
     stride_xm, stride_wn, stride_ym, stride_sn,
     M: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD2: tl.constexpr, PDL: tl.constexpr,
-    SCALE_K: tl.constexpr = 0, ROLL: tl.constexpr = False, FOLD: tl.constexpr = 1,
+    SCALE_K: tl.constexpr = 0,
 ):
     # grid: (cdiv(N, BLOCK_N),); one program = BLOCK_N output features for all M tokens, one
     # fp32 partial-product tile per token (M <= 4, unrolled: the tiles live in registers).
@@ -133,36 +122,21 @@ def _gemv_kernel(
         bias = tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
     pdl.wait(PDL)
     pdl.launch_dependents(PDL)
-    acc0 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], tl.float32)
-    acc1 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], tl.float32)
-    acc2 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], tl.float32)
-    acc3 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], tl.float32)
-    acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, 0, cols, K, M, EVEN, FOLD)
+    acc0 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, 0, cols, K, M, EVEN)
     start = BLOCK_K
-    if AHEAD2 and not ROLL:
+    if AHEAD2:
         acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w_second, x_ptr, stride_xm, BLOCK_K, cols, K,
-                                             M, EVEN, FOLD)
+                                             M, EVEN)
         start = 2 * BLOCK_K
-    if ROLL:
-        # chunk i + 1 is issued before chunk i's products, so a program waits on chunk i with
-        # the next one on its way (chunks 0 and 1 were loaded before the wait; chunk 0 is summed
-        # above). The plain loop issues chunk i's load and waits on it at once: one chunk in
-        # flight a program, 4 KB of one-byte weights, half a bf16 program's bytes for the same tiles
-        w_next = w_second
-        for k0 in range(BLOCK_K, K - BLOCK_K, BLOCK_K):  # chunk k0 + BLOCK_K exists
-            w_ahead = _w_chunk(w_ptrs, k0 + BLOCK_K, cols, rmask, K, EVEN)
-            acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w_next, x_ptr, stride_xm,
-                                                 k0, cols, K, M, EVEN, FOLD)
-            w_next = w_ahead
-        k_last = tl.cdiv(K, BLOCK_K) * BLOCK_K - BLOCK_K
-        acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w_next, x_ptr, stride_xm, k_last,
-                                             cols, K, M, EVEN, FOLD)
-    else:
-        for k0 in range(start, K, BLOCK_K):
-            w = _w_chunk(w_ptrs, k0, cols, rmask, K, EVEN)
-            if SCALE_K > 0:
-                w = _block_scaled(w, s_ptr, rows, k0, cols, rmask, K, stride_sn, SCALE_K)
-            acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M, EVEN, FOLD)
+    for k0 in range(start, K, BLOCK_K):
+        w = _w_chunk(w_ptrs, k0, cols, rmask, K, EVEN)
+        if SCALE_K > 0:
+            w = _block_scaled(w, s_ptr, rows, k0, cols, rmask, K, stride_sn, SCALE_K)
+        acc0, acc1, acc2, acc3 = _accumulate(acc0, acc1, acc2, acc3, w, x_ptr, stride_xm, k0, cols, K, M, EVEN)
     _store_row(y_ptr, acc0, scale, bias, rows, rmask)
     if M > 1:
         _store_row(y_ptr + stride_ym, acc1, scale, bias, rows, rmask)
@@ -191,7 +165,7 @@ def _normed_chunk(x_ptr, r_ptr, g_ptr, ro_ptr, k0, cols, K, store_k, RESIDUAL: t
 @triton.jit
 def _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows, rmask, up_rows, k0, cols, K,
                  stride_sn, store_k, RESIDUAL: tl.constexpr, SILU: tl.constexpr, SCALE_K: tl.constexpr,
-                 EVEN: tl.constexpr, NORM: tl.constexpr, FOLD: tl.constexpr = 1):
+                 EVEN: tl.constexpr, NORM: tl.constexpr):
     # one chunk of _gemv_normed_kernel: the chunk's squares and its products with the gate (or
     # only) rows wg and the up rows wu, weights in their own dtype (FP8 block-scaled: SCALE_K > 0)
     h, a = _normed_chunk(x_ptr, r_ptr, g_ptr, ro_ptr, k0, cols, K, store_k, RESIDUAL, EVEN, NORM)
@@ -199,11 +173,11 @@ def _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_p
         squares += h * h
     if SCALE_K > 0:
         wg = _block_scaled(wg, s_ptr, rows, k0, cols, rmask, K, stride_sn, SCALE_K)
-    acc_g += _fold(wg.to(tl.float32) * a[None, :], FOLD)
+    acc_g += wg.to(tl.float32) * a[None, :]
     if SILU:
         if SCALE_K > 0:
             wu = _block_scaled(wu, s_ptr, rows + up_rows, k0, cols, rmask, K, stride_sn, SCALE_K)
-        acc_u += _fold(wu.to(tl.float32) * a[None, :], FOLD)
+        acc_u += wu.to(tl.float32) * a[None, :]
     return acc_g, acc_u, squares
 
 
@@ -214,8 +188,7 @@ def _gemv_normed_kernel(
     stride_wn, stride_sn,
     RESIDUAL: tl.constexpr, SILU: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD2: tl.constexpr, PDL: tl.constexpr,
-    SCALE_K: tl.constexpr = 0, NORM: tl.constexpr = True, ROLL: tl.constexpr = False,
-    FOLD: tl.constexpr = 1,
+    SCALE_K: tl.constexpr = 0, NORM: tl.constexpr = True,
 ):
     # grid: (cdiv(N, BLOCK_N),); _gemv_kernel's program for one row of x that is a NormedInput
     # (kernels/rmsnorm.py): y[n] = rstd * sum_k w[n, k] * h[k] * g[k], rstd = 1 / sqrt(mean(h^2) + eps),
@@ -254,42 +227,25 @@ def _gemv_normed_kernel(
     pdl.wait(PDL)
     pdl.launch_dependents(PDL)
     store_k = tl.where(pid == 0, K, 0)  # program 0 writes residual_out
-    acc_g = tl.zeros([BLOCK_N, BLOCK_K // FOLD], tl.float32)
-    acc_u = tl.zeros([BLOCK_N, BLOCK_K // FOLD], tl.float32)
+    acc_g = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     squares = tl.zeros([BLOCK_K], tl.float32)
     acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows, rmask,
-                                         up_rows, 0, cols, K, stride_sn, store_k, RESIDUAL, SILU, SCALE_K, EVEN, NORM, FOLD)
+                                         up_rows, 0, cols, K, stride_sn, store_k, RESIDUAL, SILU, SCALE_K, EVEN, NORM)
     start = BLOCK_K
-    if AHEAD2 and not ROLL:
+    if AHEAD2:
         acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg2, wu2, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows,
                                              rmask, up_rows, BLOCK_K, cols, K, stride_sn, store_k, RESIDUAL, SILU,
-                                             SCALE_K, EVEN, NORM, FOLD)
+                                             SCALE_K, EVEN, NORM)
         start = 2 * BLOCK_K
-    if ROLL:
-        # as _gemv_kernel's ROLL: chunk i + 1 of both row sets is issued before chunk i's products
-        for k0 in range(BLOCK_K, K - BLOCK_K, BLOCK_K):  # chunk k0 + BLOCK_K exists
-            wg_ahead = _w_chunk(w_ptrs, k0 + BLOCK_K, cols, rmask, K, EVEN)
-            wu_ahead = wg_ahead
-            if SILU:
-                wu_ahead = _w_chunk(u_ptrs, k0 + BLOCK_K, cols, rmask, K, EVEN)
-            acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg2, wu2, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr,
-                                                 rows, rmask, up_rows, k0, cols, K, stride_sn, store_k, RESIDUAL, SILU,
-                                                 SCALE_K, EVEN, NORM, FOLD)
-            wg2 = wg_ahead
-            wu2 = wu_ahead
-        k_last = tl.cdiv(K, BLOCK_K) * BLOCK_K - BLOCK_K
-        acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg2, wu2, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows,
-                                             rmask, up_rows, k_last, cols, K, stride_sn, store_k, RESIDUAL, SILU,
-                                             SCALE_K, EVEN, NORM, FOLD)
-    else:
-        for k0 in range(start, K, BLOCK_K):
-            wg = _w_chunk(w_ptrs, k0, cols, rmask, K, EVEN)
-            wu = wg
-            if SILU:
-                wu = _w_chunk(u_ptrs, k0, cols, rmask, K, EVEN)
-            acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr,
-                                                 rows, rmask, up_rows, k0, cols, K, stride_sn, store_k, RESIDUAL, SILU,
-                                                 SCALE_K, EVEN, NORM, FOLD)
+    for k0 in range(start, K, BLOCK_K):
+        wg = _w_chunk(w_ptrs, k0, cols, rmask, K, EVEN)
+        wu = wg
+        if SILU:
+            wu = _w_chunk(u_ptrs, k0, cols, rmask, K, EVEN)
+        acc_g, acc_u, squares = _normed_step(acc_g, acc_u, squares, wg, wu, x_ptr, r_ptr, g_ptr, ro_ptr, s_ptr, rows,
+                                             rmask, up_rows, k0, cols, K, stride_sn, store_k, RESIDUAL, SILU, SCALE_K,
+                                             EVEN, NORM)
     rstd = 1.0
     if NORM:
         rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
@@ -298,22 +254,6 @@ def _gemv_normed_kernel(
         up = tl.sum(acc_u, axis=1) * (su * rstd) + bu
         y = y / (1.0 + tl.exp(-y)) * up
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rmask)
-
-
-def _roll() -> bool:
-    """TREADLE_GEMV_ROLL=1: one-row GEMVs keep two weight chunks in flight through their loop
-    (ROLL in the kernels). Opt-in until an H200 run measures it against the plain loop."""
-    return os.environ.get("TREADLE_GEMV_ROLL", "0") == "1"
-
-
-def _fold_width(w: torch.Tensor, block_k: int) -> int:
-    """TREADLE_GEMV_FOLD=1: one-row GEMVs sum each thread's 16-byte run of products at once
-    (FOLD in the kernels: 16 one-byte weights, 8 bf16), so a program holds BLOCK_K / FOLD fp32
-    partial sums a row instead of BLOCK_K: fewer registers, more programs resident an SM.
-    Opt-in until a GPU run measures it against the plain loop; 1 (off) otherwise."""
-    if os.environ.get("TREADLE_GEMV_FOLD", "0") != "1":
-        return 1
-    return max(1, min(16 // w.element_size(), block_k))
 
 
 def scale_block_k(k: int, blocks: int) -> int:
@@ -412,7 +352,6 @@ def gemv(x: torch.Tensor | NormedInput, w: torch.Tensor, bias: torch.Tensor | No
         n, k, x.stride(0), w.stride(0), y.stride(0), w_scale.stride(0) if blocked else 0,
         M=m, HAS_SCALE=w_scale is not None, HAS_BIAS=bias is not None, EVEN=even, BLOCK_N=block_n, BLOCK_K=block_k,
         AHEAD2=m == 1 and k > block_k, SCALE_K=scale_block_k(k, w_scale.shape[1]) if blocked else 0,
-        ROLL=m == 1 and k > block_k and not blocked and _roll(), FOLD=_fold_width(w, block_k) if m == 1 else 1,
         num_warps=warps, num_stages=stages, **pdl.options(x),
     )
     return y
@@ -465,9 +404,8 @@ def _gemv_normed(n: NormedInput | torch.Tensor, w: torch.Tensor, bias: torch.Ten
         w_scale.stride(0) if blocked else 0,
         RESIDUAL=residual is not None, SILU=act is not None, HAS_SCALE=w_scale is not None, HAS_BIAS=bias is not None,
         EVEN=n_out % block_n == 0 and k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, AHEAD2=k > block_k,
-        SCALE_K=scale_block_k(k, w_scale.shape[1]) if blocked else 0, NORM=norm is not None,
-        ROLL=k > block_k and _roll(), FOLD=_fold_width(w, block_k), num_warps=warps, num_stages=stages,
-        **pdl.options(x),
+        SCALE_K=scale_block_k(k, w_scale.shape[1]) if blocked else 0, NORM=norm is not None, num_warps=warps,
+        num_stages=stages, **pdl.options(x),
     )
     return y
 

@@ -32,24 +32,6 @@ def test_gemv_one_row_with_two_chunks_loaded_before_the_wait(dtype: torch.dtype,
     torch.testing.assert_close(gemv(x, w, b), gemv_ref(x, w, b), **TOL[dtype])
 
 
-@needs_kernel
-@pytest.mark.parametrize("roll,fold", [("1", "0"), ("0", "1"), ("1", "1")])
-@pytest.mark.parametrize("k", [64, 96, 160, 150])
-def test_gemv_loop_variants_match_ref(k: int, roll: str, fold: str, monkeypatch) -> None:
-    # one row, the opt-in loops: TREADLE_GEMV_ROLL=1 (chunk i + 1 loaded before chunk i's
-    # products), TREADLE_GEMV_FOLD=1 (a thread's 16 bytes of products summed at once: 4 fp32
-    # weights, 16 FP8 ones a partial sum) and both, over 32-wide chunks: two chunks (the loop
-    # never runs), three, five, and five with a masked tail; 6 rows on 4-row tiles (masked
-    # rows); fp32 weights and FP8 ones with per-row scales
-    monkeypatch.setenv("TREADLE_GEMV_ROLL", roll)
-    monkeypatch.setenv("TREADLE_GEMV_FOLD", fold)
-    x, w, b = _rand(1, k, dtype=torch.float32, seed=5), _rand(6, k, dtype=torch.float32, seed=6), _rand(6, dtype=torch.float32, seed=7)
-    torch.testing.assert_close(gemv(x, w, b, config=(4, 32, 2, 1)), gemv_ref(x, w, b), **TOL[torch.float32])
-    w8, scale = w.to(torch.float8_e4m3fn), torch.rand(6, generator=torch.Generator().manual_seed(8)).to(DEV) + 0.5
-    torch.testing.assert_close(gemv(x, w8, config=(4, 32, 2, 1), w_scale=scale), gemv_ref(x, w8, w_scale=scale),
-                               **TOL[torch.float32])
-
-
 # Every row count in fp32; the 16-bit dtypes with one row and with MAX_M rows. The two are
 # separate code: M unrolls the accumulators (each `if M > i` adds a row), the dtype only
 # converts each row's loads, so MAX_M runs every row's branch in every dtype (2 and 3 rows

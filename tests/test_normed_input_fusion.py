@@ -85,28 +85,6 @@ def test_gemv_normalises_its_input(dtype: torch.dtype, k: int, residual: bool, a
 
 
 @needs_kernel
-@pytest.mark.parametrize("roll,fold", [("1", "0"), ("0", "1"), ("1", "1")])
-@pytest.mark.parametrize("k", [256, 384, 700])  # two 128-wide chunks (no loop); three; five and a tail
-@pytest.mark.parametrize("weights", ["float", "fp8_row", "fp8_block"])
-def test_gemv_normed_loop_variants(k: int, weights: str, roll: str, fold: str, monkeypatch) -> None:
-    # TREADLE_GEMV_ROLL=1: chunk i + 1 of the gate and up rows loaded before chunk i's products;
-    # TREADLE_GEMV_FOLD=1: each thread's 16 bytes of products summed at once; and both
-    monkeypatch.setenv("TREADLE_GEMV_ROLL", roll)
-    monkeypatch.setenv("TREADLE_GEMV_FOLD", fold)
-    w = _rand(22, k, seed=9, dtype=torch.float32, scale=0.05)
-    w_scale = None
-    if weights != "float":
-        w, w_scale = quantize_weight_ref(w)
-        if weights == "fp8_block":
-            w_scale = torch.stack([w_scale * (1 + 0.25 * j) for j in range(-(-k // 128))], dim=1).contiguous()
-    n = _normed_input(k, torch.float32, True)
-    y = gemv(n, w, None, w_scale=w_scale, act="silu", config=(4, 128, 2, 1))
-    want = _exact(n, w, w_scale, None, "silu")
-    assert (y.double() - want).abs().max() <= 1e-5 * want.abs().max()
-    torch.testing.assert_close(n.residual_out, n.x + n.residual)
-
-
-@needs_kernel
 @pytest.mark.parametrize("k", [100, 2148])  # one masked chunk; two and a tail
 @pytest.mark.parametrize("weights", ["float", "fp8_row", "fp8_block"])
 def test_gemv_silu_of_a_plain_row(k: int, weights: str) -> None:
