@@ -1,4 +1,4 @@
-"""URIs without an authority, for a URI format under a pattern that its usual subset misses.
+"""URIs of other shapes, for a URI format under a pattern that its usual subset misses.
 
 treadle writes ``format: uri`` (and iri, uri-reference, iri-reference) as a subset of RFC 3986:
 ``scheme://host...`` (regex_text.FORMATS). A pattern can ask for URIs of another shape, the
@@ -10,7 +10,13 @@ with the subset, such a pattern leaves nothing, and the schema was refused as un
 ``wider_uri_format`` is the subset with that form added (RFC 3986 section 3: ``scheme ":"``
 then path-rootless or path-absolute, a query and a fragment, of the same characters as the
 subset's), tried only where the usual subset meets no string of the pattern: a schema the
-subset serves is written as before.
+subset serves is written as before; ``widest_uri_format`` adds ',' and ';' to those paths
+(a ``data:`` URI's ``;base64,``), tried last.
+
+``uris_by_scheme`` writes a pattern that fixes the scheme (``^https://``, ``^mailto:``) as the
+URIs of those schemes that lie inside it, bounded under a maxLength; ``narrow_uris_by_scheme``
+narrower ones (lowercase hosts, a few plain segments) where the usual subset's product with
+the pattern is too long to write (``^s3://[a-z0-9.-]+(/.*)?$``).
 
 Importing this module does not import torch.
 """
@@ -30,13 +36,18 @@ __all__ = ["HIERARCHICAL_SCHEMES", "narrow_uris_by_scheme", "uris_by_scheme", "w
 _PCHAR = r"(?:[a-zA-Z0-9._~!$&'()*+=:@-]|%[0-9a-fA-F]{2})"
 # scheme ":" ["/"] segment-nz *("/" segment) ["?" query] ["#" fragment]: a segment-nz first, so
 # never "//" (an authority, which the usual subset writes)
-_NO_AUTHORITY_TAIL = rf":/?{_PCHAR}+(?:/{_PCHAR}*)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
-_NO_AUTHORITY = r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}" + _NO_AUTHORITY_TAIL
+_SCHEME = r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}"
+
+
+def _no_authority_tail(pchar: str) -> str:
+    return rf":/?{pchar}+(?:/{pchar}*)*(?:\?(?:{pchar}|[/?])*)?(?:#(?:{pchar}|[/?])*)?"
+
+
+_NO_AUTHORITY_TAIL = _no_authority_tail(_PCHAR)
+_NO_AUTHORITY = _SCHEME + _NO_AUTHORITY_TAIL
 _WIDENED = frozenset({"uri", "iri", "uri-reference", "iri-reference"})
 # the same with RFC 3986's sub-delimiters ',' and ';' in its path (``data:image/png;base64,...``)
-_DELIM_PCHAR = r"(?:[a-zA-Z0-9._~!$&'()*+,;=:@-]|%[0-9a-fA-F]{2})"
-_NO_AUTHORITY_DELIMS = (rf"[a-zA-Z][a-zA-Z0-9+.-]{{0,15}}:/?{_DELIM_PCHAR}+(?:/{_DELIM_PCHAR}*)*"
-                        rf"(?:\?(?:{_DELIM_PCHAR}|[/?])*)?(?:#(?:{_DELIM_PCHAR}|[/?])*)?")
+_NO_AUTHORITY_DELIMS = _SCHEME + _no_authority_tail(r"(?:[a-zA-Z0-9._~!$&'()*+,;=:@-]|%[0-9a-fA-F]{2})")
 # schemes whose URIs have an authority (``scheme://host``), as the usual subset writes them
 HIERARCHICAL_SCHEMES = ("https", "http", "ftp", "sftp", "ftps", "ws", "wss", "git", "ssh", "s3", "file")
 # narrower shapes of both forms, whose products with a pattern stay short to write: a host of
