@@ -116,3 +116,15 @@ def test_sglangs_probe_and_newer_route_names_are_served_through_the_router(route
     assert requests.get(router.url + "/model_info", timeout=T).json() == \
         requests.get(router.url + "/get_model_info", timeout=T).json()
     _no_leaked_kv(srv.url)
+
+
+def test_a_responses_input_of_reasoning_items_only_is_named_as_such(srv):
+    """An input of reasoning items only (an earlier turn's, sent back alone) makes no prompt:
+    its 400 said "input is required" to a client that sent an input. Beside instructions it is
+    served."""
+    body = {"model": "default", "input": [{"type": "reasoning", "summary": []}], "max_output_tokens": 1}
+    err = _openai_400(requests.post(srv.url + "/v1/responses", json=body, timeout=T), "input")
+    assert "reasoning items only" in err["message"], err
+    r = requests.post(srv.url + "/v1/responses", json={**body, "instructions": "Be brief."}, timeout=T)
+    assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 1, r.text
+    _no_leaked_kv(srv.url)

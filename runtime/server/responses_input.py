@@ -167,6 +167,10 @@ def translate(body: dict, earlier: list[dict]) -> Plan:
         messages.append(m)
         origins.append(where)
     if not messages:
+        if items:  # reasoning items only: "input is required" told a client that sent some it sent none
+            raise APIError.bad_request("input holds nothing to answer: its items are reasoning items only, which "
+                                       "make no prompt (send a message, or function_call items and their outputs)",
+                                       "input")
         raise APIError.bad_request("input is required (a string, or a list of items)", "input")
     chat["messages"] = messages
     fmt = _text_format(body.get("text"))
