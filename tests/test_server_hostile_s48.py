@@ -128,3 +128,18 @@ def test_a_responses_input_of_reasoning_items_only_is_named_as_such(srv):
     r = requests.post(srv.url + "/v1/responses", json={**body, "instructions": "Be brief."}, timeout=T)
     assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 1, r.text
     _no_leaked_kv(srv.url)
+
+
+def test_a_token_limit_the_kv_pool_can_never_hold_names_that_limit_as_param(srv):
+    """prompt + max_tokens past the KV pool (4,096 slots here) says "lower max_tokens", but
+    its `param` named the prompt; it names the limit the client sent, by the name it sent."""
+    for path, body, param in (
+            ("/v1/completions", {"prompt": "hi", "max_tokens": 5000}, "max_tokens"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5000},
+             "max_completion_tokens"),
+            ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 5000}}, "max_new_tokens")):
+        r = requests.post(srv.url + path, json=body, timeout=T)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == param and f"lower {param}" in err["message"], (path, err)
+    _no_leaked_kv(srv.url)

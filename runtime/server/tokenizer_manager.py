@@ -555,7 +555,11 @@ class TokenizerManager:
             validate_request(r, self.vocab_size, self.context_len, self.num_slots)
         except (ValueError, TypeError) as e:
             err = APIError.bad_request(e)
-            if err.param is None and str(e).startswith(("the prompt", "prompt (")):
+            if err.param is None and str(e).startswith("prompt ("):
+                # "prompt (N tokens) + max_new_tokens (M) can never fit the KV pool ...; lower
+                # max_new_tokens": the field to change (its param named the prompt)
+                err.param = "max_new_tokens"
+            elif err.param is None and str(e).startswith("the prompt"):
                 err.param = "text" if text is not None else "input_ids"
             raise err from e
         return r
