@@ -253,18 +253,26 @@ class ProgramState:
         """Not streamed, as SGLang's `text_iter()` (which yields `text()`): the text there is once
         queued work is done (the whole text after a run; in the program's own body, the text so
         far: waiting for the program's end there never returned), in the pieces its calls wrote;
-        of a fork branch, what it wrote since the fork. Joined they are that text (one piece
-        where a separate_reasoning took a block out of it)."""
+        a fork branch's starts with the text it was forked from, as its `text()` (SGLang's).
+        Joined they are that text (one piece after the fork where a separate_reasoning took a
+        block out of it)."""
         self._wait_done()
         ex = self._ex
         with ex._cv:
             pieces = [delta for _, delta, _ in ex.deltas]
-            text = ex.text_[ex.fork_len:]
-        return pieces if "".join(pieces) == text else [text]
+            head, text = ex.text_[:ex.fork_len], ex.text_[ex.fork_len:]
+        return [head] * bool(head) + (pieces if "".join(pieces) == text else [text])
 
     def _deltas(self, var_name: str | None) -> Iterator[tuple[str, dict | None]]:
-        """(text, meta_info of the gen that wrote it so far, or None) as the text is produced."""
+        """(text, meta_info of the gen that wrote it so far, or None) as the text is produced; a
+        fork branch's text (no `var_name`) starts with the text it was forked from, as SGLang's
+        branch streams its whole `text()`."""
         ex, i = self._ex, 0
+        if var_name is None:
+            with ex._cv:
+                head = ex.text_[:ex.fork_len]
+            if head:
+                yield head, None
 
         def finished() -> bool:  # (under ex._cv) a set variable's last delta is in ex.deltas by then
             if var_name is not None and var_name in ex.variables and not ex._will_set(var_name):

@@ -131,7 +131,7 @@ def test_text_iter_in_the_programs_own_body_gives_the_text_so_far(sgl_runtime):
 
     state = _within(lambda: prog.run(backend=sgl_runtime.endpoint))
     assert state["so_far"] == "Fruits:" + state["x"]
-    assert state["branches"] == [" and" + y for y in state["y"]]
+    assert state["branches"] == ["Fruits:" + state["x"] + " and" + y for y in state["y"]]  # each branch's text()
     assert "".join(state.text_iter()) == state.text()  # after the run: the whole text
 
 
