@@ -390,7 +390,7 @@ class StreamExecutor:
         except ValueError as e:  # the runtime refused it: say which select, as a gen's does
             raise ValueError(f"select({name!r}): {e}") from e
         self.gen_starts[name] = len(self.text_)
-        self._append(choice, sel.name)
+        self._append(choice, sel.name, meta)  # a streamed text_async_iter(name, return_meta_data) yields it
         self._set_var(name, choice, meta)
 
     def _separate_reasoning(self, node: ir.SeparateReasoning) -> None:

@@ -346,8 +346,9 @@ def _chunk_meta(meta: dict | None, seen: dict[str, Any]) -> dict | None:
     """A streamed chunk's meta_info as SGLang's text_async_iter(var, return_meta_data=True)
     yields it: the output logprob lists hold only the tokens since the previous chunk (the
     runtime's are cumulative), `output_token_logprobs_length` counts them all. `seen` holds
-    what earlier chunks of the same request (meta "id") had; a new request starts over."""
-    if not meta:
+    what earlier chunks of the same request (meta "id") had; a new request starts over. A
+    select's meta (its choices' scores) comes whole, as SGLang's select sets it at once."""
+    if not meta or "normalized_prompt_logprobs" in meta:
         return meta
     if seen.get("id") != meta.get("id"):
         seen.clear()

@@ -38,3 +38,21 @@ def test_a_fork_branchs_text_iter_starts_with_the_text_it_was_forked_from(sgl_ru
         assert "".join(branch.text_iter()) == branch.text()
         assert asyncio.run(joined_async(branch)) == branch.text()
         assert "".join(branch.text_iter("y")) == branch["y"]  # a variable's: its value alone, as before
+
+
+@pytest.mark.timeout(60)
+def test_a_streamed_selects_text_async_iter_with_meta_data_yields_its_meta_info(sgl_runtime):
+    """SGLang's streamed `text_async_iter(name, return_meta_data=True)` yields `(text,
+    meta_info[name])`; for a select that is the choice and its scores (what
+    `get_meta_info(name)` has). treadle's yielded `("red", None)`."""
+    @sgl.function
+    def color(s):
+        s += "The color of the sky is " + sgl.select("c", ["blue", "red"]) + "."
+
+    async def collect():
+        state = color.run(backend=sgl_runtime.endpoint, stream=True)
+        return state, [item async for item in state.text_async_iter("c", return_meta_data=True)]
+
+    state, items = asyncio.run(collect())
+    assert items == [(state["c"], state.get_meta_info("c"))]
+    assert len(items[0][1]["normalized_prompt_logprobs"]) == 2
