@@ -9,21 +9,16 @@ import time
 import numpy as np
 import pytest
 
+from engine_checks import assert_idle, tiny_engine
+
 from treadle.runtime import Engine
 from treadle.runtime.engine import EngineDeadError
 
 
 @pytest.fixture(scope="module")
 def engine():
-    with Engine(model_path="dummy:tiny-llama", max_total_tokens=512, context_length=256) as e:
+    with tiny_engine() as e:
         yield e
-
-
-def _all_free(engine) -> None:
-    engine.check_integrity()
-    info = engine.get_server_info()
-    assert info["num_running"] == 0 and info["num_waiting"] == 0
-    assert info["free_slots"] + info["evictable_slots"] == info["total_slots"]
 
 
 def test_numpy_scalars_as_logprob_options(engine):
@@ -46,7 +41,7 @@ def test_numpy_scalars_as_logprob_options(engine):
     with pytest.raises(ValueError, match="logprob_start_len must be an integer"):
         engine.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 1}, return_logprob=True,
                         logprob_start_len=np.float64(1.0))
-    _all_free(engine)
+    assert_idle(engine)
 
 
 def test_abort_of_a_rid_that_is_no_string(engine):
@@ -56,7 +51,7 @@ def test_abort_of_a_rid_that_is_no_string(engine):
         with pytest.raises(ValueError, match="rid must be a string"):
             engine.abort(rid)
     assert engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
-    _all_free(engine)
+    assert_idle(engine)
 
 
 def test_a_list_of_rids_names_each_prompt(engine):
@@ -90,7 +85,7 @@ def test_a_list_of_rids_names_each_prompt(engine):
     with pytest.raises(ValueError, match="names two requests"):  # "a-0": a sample of "a", and a prompt
         engine.generate(["a", "b"], {"max_new_tokens": 2, "n": 2}, rid=["a", "a-0"])
     assert not engine._groups and not engine._prompt_groups and not engine._outboxes
-    _all_free(engine)
+    assert_idle(engine)
 
 
 def test_a_numpy_max_new_tokens_past_the_context_is_refused_as_an_int_is(engine):
@@ -100,7 +95,7 @@ def test_a_numpy_max_new_tokens_past_the_context_is_refused_as_an_int_is(engine)
         with pytest.raises(ValueError, match="exceed the context length 256"):
             engine.generate("a", {"max_new_tokens": value, "ignore_eos": True})
     assert engine.generate("a", {"max_new_tokens": np.int64(3)})["meta_info"]["completion_tokens"] == 3
-    _all_free(engine)
+    assert_idle(engine)
 
 
 def test_shutdown_while_a_batch_waits_for_its_grammars_and_after():

@@ -5,21 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from treadle.runtime import Engine
+from engine_checks import assert_idle, tiny_engine
+
 from treadle.runtime.engine import BatchError
 
 
 @pytest.fixture(scope="module")
 def engine():
-    with Engine(model_path="dummy:tiny-llama", max_total_tokens=512, context_length=256) as e:
+    with tiny_engine() as e:
         yield e
-
-
-def _all_free(engine) -> None:
-    engine.check_integrity()
-    info = engine.get_server_info()
-    assert info["num_running"] == 0 and info["num_waiting"] == 0
-    assert info["free_slots"] + info["evictable_slots"] == info["total_slots"]
 
 
 OK = {"max_new_tokens": 2}
@@ -49,7 +43,7 @@ def test_a_bad_element_of_a_batch_is_named_by_its_index(engine, call, what):
     assert str(info.value).startswith("prompt 1 of the batch: ") and what in str(info.value), info.value
     assert list(info.value.errors) == [1] and info.value.results is None
     assert len(engine.generate(["a", "b", "c"], OK)) == 3  # nothing of it ran; the engine serves on
-    _all_free(engine)
+    assert_idle(engine)
 
 
 def test_every_bad_element_of_a_batch_is_named(engine):

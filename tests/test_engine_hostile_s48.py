@@ -7,20 +7,15 @@ import numpy as np
 import pytest
 import torch
 
+from engine_checks import assert_idle, tiny_engine
+
 from treadle.runtime import Engine
 
 
 @pytest.fixture(scope="module")
 def engine():
-    with Engine(model_path="dummy:tiny-llama", max_total_tokens=512, context_length=256) as e:
+    with tiny_engine() as e:
         yield e
-
-
-def _all_free(engine) -> None:
-    engine.check_integrity()
-    info = engine.get_server_info()
-    assert info["num_running"] == 0 and info["num_waiting"] == 0
-    assert info["free_slots"] + info["evictable_slots"] == info["total_slots"]
 
 
 OK = {"max_new_tokens": 2}
@@ -37,7 +32,7 @@ def test_a_list_of_arrays_as_input_ids_is_a_value_error_naming_tolist(engine, in
     with pytest.raises(ValueError, match=r"input_ids must be integers.*\.tolist\(\)"):
         engine.generate(input_ids=input_ids, sampling_params=OK)
     assert len(engine.generate(input_ids=[1, 2, 3], sampling_params=OK)["output_ids"]) == 2
-    _all_free(engine)
+    assert_idle(engine)
 
 
 def test_a_prompts_warm_up_is_not_counted_in_flight():
@@ -190,7 +185,7 @@ def test_tuples_of_stops_choices_and_stop_ids_are_taken_as_lists(engine):
     assert engine.generate(input_ids=[ids, ids], sampling_params={"choices": ("yes", "no")})[1]["text"] in ("yes", "no")
     with pytest.raises(ValueError, match="stop must be a string or a list"):
         engine.generate(input_ids=ids, sampling_params={"stop": ("a", 1)})
-    _all_free(engine)
+    assert_idle(engine)
 
 
 def test_a_rid_reused_after_its_stream_was_closed_or_its_task_cancelled_gets_its_own_result(engine):
@@ -218,5 +213,5 @@ def test_a_rid_reused_after_its_stream_was_closed_or_its_task_cancelled_gets_its
         return await engine.async_generate(input_ids=[1, 2, 3], sampling_params=sp, rid="again")
 
     assert asyncio.run(cancel_then_reuse())["meta_info"]["finish_reason"]["type"] == "length"
-    _all_free(engine)
+    assert_idle(engine)
     assert not engine._outboxes and not engine._draining

@@ -8,7 +8,8 @@ import openai
 import pytest
 import requests
 
-from treadle.runtime import Engine
+from engine_checks import tiny_engine
+
 from treadle.runtime.server.testing import sse_events, wait_idle
 
 T = 120
@@ -17,7 +18,7 @@ PROMPT = [5, 6, 7, 8]
 
 @pytest.fixture(scope="module")
 def engine():
-    with Engine(model_path="dummy:tiny-llama", max_total_tokens=512, context_length=256) as e:
+    with tiny_engine() as e:
         yield e
 
 
