@@ -482,7 +482,11 @@ class Router:
         live = [x["server_info"] for x in reps if x["server_info"]]
         total = {k: sum(i.get(k, 0) for i in live) for k in ("prompt_tokens", "cached_tokens", "num_running",
                                                               "num_waiting")}
-        return {**total, "cache_hit_rate": total["cached_tokens"] / max(1, total["prompt_tokens"]),
+        # SGLang's per-scheduler states, each live replica's: sglang.bench_serving reads
+        # internal_states[0] of a server's answer (a KeyError through the router before)
+        states = [st for i in live for st in (i.get("internal_states") or []) if isinstance(st, dict)]
+        return {**total, "internal_states": states,
+                "cache_hit_rate": total["cached_tokens"] / max(1, total["prompt_tokens"]),
                 "router": {"policy": self.policy.name, "num_healthy": sum(r.healthy for r in self.replicas),
                            "uptime_s": round(time.time() - self.started, 1)},
                 "replicas": reps}

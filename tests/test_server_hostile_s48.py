@@ -107,7 +107,8 @@ def test_a_keyless_replicas_host_and_origin_checks_hold_through_the_router(route
 def test_sglangs_probe_and_newer_route_names_are_served_through_the_router(router, srv):
     """/health_generate (the probe SGLang's router serves, and a replica), /model_info and
     /server_info (SGLang's newer names, which a replica serves) and /version were 404s from the
-    router: an orchestrator probing it as it probes a replica restarted a healthy router."""
+    router: an orchestrator probing it as it probes a replica restarted a healthy router. Its
+    /get_server_info lacked the internal_states sglang.bench_serving reads."""
     for path, key in (("/health_generate", None), ("/model_info", "model_path"), ("/server_info", "replicas"),
                       ("/version", "version")):
         r = requests.get(router.url + path, timeout=T)
@@ -115,6 +116,10 @@ def test_sglangs_probe_and_newer_route_names_are_served_through_the_router(route
         assert key is None or key in r.json(), (path, r.text[:200])
     assert requests.get(router.url + "/model_info", timeout=T).json() == \
         requests.get(router.url + "/get_model_info", timeout=T).json()
+    # what sglang.bench_serving reads of /get_server_info: internal_states[0] (a KeyError before)
+    states = requests.get(router.url + "/get_server_info", timeout=T).json()["internal_states"]
+    assert len(states) == 1 and states[0]["total_slots"] == requests.get(srv.url + "/get_server_info",
+                                                                         timeout=T).json()["total_slots"], states
     _no_leaked_kv(srv.url)
 
 
