@@ -63,6 +63,9 @@ class EngineBackend(Backend):
 
     def context_token(self) -> int | None:
         tok = self.engine.tokenizer
+        if tok is None:  # Engine(skip_tokenizer_init=True): no BOS / EOS to read, no text to score
+            raise ValueError("scoring a select needs the model's tokenizer; this Engine was started with "
+                             "skip_tokenizer_init=True")
         return tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
 
     def prompt_logprobs(self, seqs: list[list[int]], start: int) -> list[dict]:

@@ -164,6 +164,13 @@ def test_engine_with_skip_tokenizer_init_takes_input_ids_and_gives_output_ids(ll
         assert chunks[-1]["output_ids"] == want["output_ids"]
         with pytest.raises(ValueError, match="skip_tokenizer_init=True\\) takes input_ids, not text"):
             engine.generate(PROMPTS[0], GREEDY)
+        # a DSL program on it: a select's scoring says why it cannot run (AttributeError before)
+        from treadle.lang.backend_engine import EngineBackend
+        backend = EngineBackend(engine)
+        with pytest.raises(ValueError, match="skip_tokenizer_init=True"):
+            backend.context_token()
+        with pytest.raises(ValueError, match="skip_tokenizer_init=True"):
+            backend.unconditional_logprobs([[5, 6]])
         engine.check_integrity()
     finally:
         engine.shutdown()
