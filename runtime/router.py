@@ -52,8 +52,8 @@ from treadle.runtime.router_responses import (
     RESPONSES_PATH, STORE_CAPACITY, ResponseHomes, responses_routing_text, stored_response_id,
 )
 from treadle.runtime.server.protocol import (
-    APIError, add_cors, add_error_handlers, body_deadline, error_body, parse_abort_request, parse_json_object, quoted,
-    read_body,
+    PIECEWISE_PARSE_BYTES, APIError, add_cors, add_error_handlers, body_deadline, error_body, loads_in_pieces,
+    parse_abort_request, parse_json_object, quoted, read_body,
 )
 from treadle.runtime.server.streaming import AbortOnDisconnectStream, ClientGone, until_done_or_disconnect
 
@@ -111,6 +111,21 @@ class Replica:
                 "connect_failures": self.connect_failures, "failures": self.failures,
                 "times_dropped": self.times_dropped,
                 "prefix_match_rate": self.prefix_match_rate}
+
+
+def _read_for_routing(path: str, body: bytes) -> tuple[Any, str]:
+    """The body's JSON (None where it is no JSON a replica would read: it answers that with its
+    own 400) and its routing text; a 400 for a body that nests too deeply, as a replica's."""
+    try:
+        if len(body) < PIECEWISE_PARSE_BYTES:
+            obj = json.loads(body)
+        else:
+            obj = loads_in_pieces(body.decode(json.detect_encoding(body), "surrogatepass"))
+    except ValueError:  # not JSON, not UTF-8, an integer of more than 4,300 digits
+        obj = None  # a replica answers it with a proper 400
+    except RecursionError as e:  # as a replica would say (it could not be parsed here either)
+        raise APIError.bad_request("the request body nests too deeply") from e
+    return obj, routing_text(path, obj)
 
 
 def routing_text(path: str, obj: Any) -> str:
@@ -221,13 +236,15 @@ class Router:
         """Send the request to a replica the policy picks, or, with `stored` (a response id
         and the replica that stores it), to that one only; relay its answer."""
         body = await read_body(request, self.args.max_request_bytes)
-        try:
-            obj = json.loads(body) if method == "POST" else None
-        except ValueError:  # not JSON, not UTF-8, an integer of more than 4,300 digits
-            obj = None  # a replica answers it with a proper 400
-        except RecursionError as e:  # as a replica would say (it could not be parsed here either)
-            raise APIError.bad_request("the request body nests too deeply") from e
-        text = routing_text(path, obj)
+        if method != "POST":
+            obj, text = None, ""
+        elif len(body) < PIECEWISE_PARSE_BYTES:
+            obj, text = _read_for_routing(path, body)
+        else:
+            # on a thread, and parsed in short pieces (json's C parser holds the GIL for a whole
+            # call): a 48 MB body (/detokenize of 8M ids) parsed and written as routing text here
+            # held the event loop 2 s, every other stream and /health of the router waiting
+            obj, text = await asyncio.to_thread(_read_for_routing, path, body)
         stream = isinstance(obj, dict) and obj.get("stream") is True
         creates = path == RESPONSES_PATH  # a response the replica may store: remember where
         if creates and isinstance(obj, dict) and isinstance(obj.get("previous_response_id"), str):
