@@ -288,7 +288,7 @@ def test_named_groups_lazy_quantifiers_and_comments_read_as_python_does(smol, vo
         assert re.fullmatch(regex.replace("(?<", "(?P<"), text), (regex, text)
 
 
-@pytest.mark.parametrize("regex", [r"(?P=n)", r"(?<=a)b", r"(?<!a)b", r"a*+", r"a{2}+", r"(?P<n>a)(?P=n)", r"a(?i)b"])
+@pytest.mark.parametrize("regex", [r"(?P=n)", r"(?<=a)b", r"((?<!a)b)+", r"a*+", r"a{2}+", r"(?P<n>a)(?P=n)", r"a(?i)b"])
 def test_backreferences_lookbehinds_possessives_and_flags_are_still_refused(regex):
     with pytest.raises(ValueError):
         GrammarSpec.from_params(regex=regex).to_regex()

@@ -143,13 +143,13 @@ def test_case_folding_agrees_with_python_on_every_cased_character():
 
 
 @pytest.mark.parametrize("regex,named", [
-    (r"\bfoo\b", "word boundary '\\b'"),
-    (r"^((25[0-5]|(2[0-4]|1\d|[1-9]|)\d)\.?\b){4}$", "word boundary '\\b'"),
-    (r"a\Bb", "word boundary '\\B'"),
+    (r"x.\bfoo", "word boundary '\\b'"),  # (served exactly since s48 where the boundary is decided: test_regex_s48_parity)
+    (r"^((25[0-5]|(2[0-4]|1\d|[1-9]|)\d)\.?\b)+$", "repeated"),
+    (r"a.\Bb", "word boundary '\\B'"),
     (r"a\Zb", "anchor '\\Z'"),
     (r"\d+(?=px)", "lookahead"),
     (r"(?<=\$)\d+", "lookbehind"),
-    (r"(?<!x)y", "lookbehind"),
+    (r"((?<!x)y)*", "repeated"),
     (r"a(?i)b", "only at the start"),
     (r"\p{L}+", "Unicode property escape '\\p'"),
     (r"a{,3}", "write {0,3}"),
@@ -207,7 +207,7 @@ def test_engine_outputs_are_in_the_language_and_bad_grammars_are_value_errors(en
     for out, p, check in zip(outs, params, checks):
         assert out["meta_info"]["finish_reason"]["type"] == "stop", (p, out)
         assert check(out["text"]), (p, out["text"])
-    for bad, named in (({"regex": r"\bcat\b"}, "word boundary"), ({"ebnf": 'root ::= "a" (= "b")'}, "lookahead"),
+    for bad, named in (({"regex": r"x.\bcat"}, "word boundary"), ({"ebnf": 'root ::= "a" (= "b")'}, "lookahead"),
                        ({"ebnf": "root ::= r0\n" + "\n".join(f'r{i} ::= "x" r{i + 1} | "y"' for i in range(300))
                          + '\nr300 ::= "z"'}, "references deep")):
         with pytest.raises(ValueError, match=named):

@@ -422,7 +422,7 @@ def test_invalid_regex_raises(backend):
 
     @function
     def prog(s):  # valid for Python, outside the runtime's dialect (no lookaround): gen() says so
-        s += "x" + gen("x", regex=r"(?=a)a", max_tokens=2, temperature=0)
+        s += "x" + gen("x", regex=r"((?=a)a)+", max_tokens=2, temperature=0)
 
     with pytest.raises(ValueError, match="not supported"):
         prog.run(backend=backend)

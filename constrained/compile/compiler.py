@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import threading
 import time
 import weakref
@@ -291,13 +292,20 @@ def spec_automaton(spec: GrammarSpec, whitespace_pattern: str | None, mode: str,
     return regex, nfa
 
 
+_COUNT = re.compile(r"\{[0-9]+(?:,[0-9]*)?\}")
+_COUNTED_CHARS = 2_000
+
+
 def precheck(spec: GrammarSpec, max_size: int) -> None:
     """``GrammarTooLarge`` when ``spec`` is too large to compile, judged before any work
     (milliseconds): a regex by its estimated size, a JSON schema by its optional properties
     (grammar_size.py). Other grammars are judged by their regex, in the worker."""
     if spec.kind == "regex":
         size = regex_size(spec.value)
-        if size > max_size:
+        # a short regex whose size is its counted repetitions ('[^"]{1,5000}'): the worker judges it
+        # on its lazy automaton's states (spec_automaton; a count builds in linear time, a
+        # count past the state cap is refused at once), as a schema's maxLength is
+        if size > max_size and not (len(spec.value) <= _COUNTED_CHARS and _COUNT.search(spec.value)):
             raise too_large(f"the regex ({len(spec.value):,} chars)", size, max_size)
     elif spec.kind == "json_schema":
         try:

@@ -506,6 +506,9 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False, flags: str | None =
                 else:
                     out.append(atom("[" + body + "]", i))
                 i += 2
+            elif not ecma and (octal := _python_octal(pattern, i, False)) is not None:
+                out.append(atom(escape_literal(octal[0]), i))  # '\\0', '\\012', '\\101': as Python's re
+                i += octal[1]
             elif nxt in "123456789" or nxt == "k" and pattern.startswith("<", i + 2):
                 ref = re.match(r"\\(?:[1-9][0-9]*|k<[^>]*>)", pattern[i:])
                 raise RegexDialectError(
@@ -567,6 +570,11 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False, flags: str | None =
                         raw_rest[-1] = pattern[j:j + size]
                         body_parts.append(class_literal(ch_))
                         j += size
+                        continue
+                    elif not ecma and (octal := _python_octal(pattern, j, True)) is not None:
+                        raw_rest[-1] = pattern[j:j + octal[1]]
+                        body_parts.append(class_literal(octal[0]))
+                        j += octal[1]
                         continue
                     elif e.isascii() and e.isalnum() and e not in _ALLOWED_ESCAPES or not e:
                         raise RegexDialectError(f"regex: escape '\\{e}' inside a class at offset {j} is not supported")
@@ -676,8 +684,10 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False, flags: str | None =
                 if not m:
                     raise RegexDialectError(f"regex: '{{' at offset {i} is not a counted repetition; escape it as \\{{")
                 lo, hi = int(m.group(1)), m.group(3)
-                if max(lo, int(hi or 0)) > 1000:
-                    raise RegexDialectError(f"regex: repetition count above 1000 at offset {i}")
+                if max(lo, int(hi or 0)) > (MAX_USER_COUNT if user else 1000):
+                    # (a user's regex: its token automaton's state cap judges the size, compiler.lazy_nfa)
+                    raise RegexDialectError(f"regex: repetition count above {MAX_USER_COUNT if user else 1000:,} "
+                                            f"at offset {i}")
                 tok, size = m.group(0), len(m.group(0))
             else:
                 tok, size = ch, 1
@@ -937,6 +947,30 @@ def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+# the largest count of a user's regex (``{m,n}``): past the 1,000 of a JSON Schema pattern, since the
+# lazy token index builds a count in linear time and refuses past its state cap by name
+# ('[^"]{1,60000}' builds in 0.3 s, '[^"]{1,100000}' is a 400 at once)
+MAX_USER_COUNT = 1_000_000
+
+
+def _python_octal(pattern: str, i: int, in_class: bool) -> tuple[str, int] | None:
+    """The octal escape at ``pattern[i]`` (a backslash) as Python's ``re`` reads it: ``\\0``
+    and up to two more octal digits anywhere, three octal digits ``\\101`` outside a class (fewer
+    are a group reference there), one to three inside one. ``(character, length)``, or None where
+    it is no octal escape; ``RegexDialectError`` past ``\\377``, as in Python."""
+    digits = pattern[i + 1:i + 4]
+    if in_class or digits[:1] == "0":
+        m = re.match(r"0[0-7]{0,2}" if digits[:1] == "0" else r"[0-7]{1,3}", digits)
+    else:
+        m = re.fullmatch(r"[0-7]{3}", digits)
+    if m is None:
+        return None
+    value = int(m.group(), 8)
+    if value > 0o377:
+        raise RegexDialectError(f"regex: octal escape value '\\{m.group()}' at offset {i} is outside the range 0-0o377")
+    return chr(value), 1 + len(m.group())
+
+
 def _ends_with_anchor(pattern: str) -> bool:
     """Whether ``pattern`` ends in an unescaped ``$`` (an even run of backslashes before it)."""
     if not pattern.endswith("$"):
@@ -973,7 +1007,12 @@ def translate_regex(pattern: str) -> str:
     pattern = "|".join(_unanchored(pattern[a + 1:b]) for a, b in zip(bounds, bounds[1:]))
     if not pattern:
         raise ValueError("regex: the pattern matches only the empty string")
-    out = _scan(pattern, ecma=False, flags=flags)
+    from treadle.constrained.regex import regex_whole  # (it reads regex_ecma.py, which imports this file)
+
+    if regex_whole.has_assertions(pattern):  # lookarounds, '\\b': an automaton without them, exactly
+        out = regex_whole.whole_regex(pattern, flags)
+    else:
+        out = _scan(pattern, ecma=False, flags=flags)
     try:
         re.compile(out)
     except re.error as exc:
