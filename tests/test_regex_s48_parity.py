@@ -41,6 +41,9 @@ CASES = {
     r"[a-z ]{1,4}\b[0-9]": lambda r: _texts(r, "ab 12", 6),
     r"(?ai)\bid\B[a-z]*": lambda r: _texts(r, "iIdD_k\u212a\u0131 ", 5),
     r"x(?<!\d)[a-z]|(?=\d\d)[0-9]{2,3}": lambda r: _texts(r, "x1a2", 4),
+    r"^(?=.{4,6}$)(?=.*\d)[a-z0-9]+\n?$": lambda r: _texts(r, "ab1\n", 8),  # '$' in a lookahead
+    r"(?=ab$|c)[a-c]+\n?": lambda r: _texts(r, "abc\n", 4),
+    r"(?=.*[a-z])(?=.*[A-Z])(?=.*\d)(?=.*[@$!%*?&])[A-Za-z\d@$!%*?&]{8,}": lambda r: _texts(r, "aZ3@x!", 12),
 }
 
 

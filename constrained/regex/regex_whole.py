@@ -42,16 +42,26 @@ _NON_ASCII = "[^\\x00-\\x7f]"
 
 def has_assertions(pattern: str) -> bool:
     """Whether ``pattern`` (a user's regex, its ends' anchors stripped) holds a lookaround or a
-    word boundary outside classes."""
-    try:
-        items = ecma._items(pattern)
-    except RegexDialectError:
-        return False
-    for kind, a, b in items:
-        if kind == "group" and pattern.startswith(ecma._LOOK, a) or kind == "atom" and pattern[a:b] in ("\\b", "\\B"):
+    word boundary outside classes: one linear scan (a pattern may nest 100,000 groups)."""
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            if not in_class and pattern[i + 1:i + 2] in ("b", "B"):
+                return True
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            i += 2 if pattern.startswith("[^", i) else 1
+            if pattern.startswith("]", i):  # ('[]]' / '[^]]': a literal ']' first)
+                i += 1
+            continue
+        elif c == "(" and pattern.startswith(("(?=", "(?!", "(?<=", "(?<!"), i):
             return True
-        if kind == "group" and has_assertions(pattern[ecma._group_head(pattern, a):b - 1]):
-            return True
+        i += 1
     return False
 
 
@@ -63,6 +73,8 @@ def whole_regex(pattern: str, flags: str) -> str:
         re.compile((f"(?{flags})" if flags else "") + pattern)
     except re.error as exc:
         raise RegexDialectError(f"regex: does not compile with Python re: {exc}") from exc
+    except RecursionError as exc:  # (re's parser recurses per group)
+        raise RegexDialectError("regex: its groups nest too deeply to parse") from exc
     pattern = ecma._unnamed(pattern)
     _check_exact_groups(pattern)
     narrow = _whole_fsm(pattern, flags, False)
@@ -171,12 +183,11 @@ def _branch_fsm(core: str, flags: str, wide_boundaries: bool) -> Any:
         piece = core[a:b]
         if kind == "group" and core.startswith(ecma._LOOK, a):
             opener = core[a:a + (4 if core.startswith(("(?<=", "(?<!"), a) else 3)]
-            inside = read(core[a + len(opener):b - 1])
             positive = opener in ("(?=", "(?<=")
             if opener.startswith("(?<"):
-                conj = [(*lookbehind(ecma._fsm(anything) + inside), positive)]
+                conj = [(*lookbehind(ecma._fsm(anything) + read(core[a + len(opener):b - 1])), positive)]
             else:
-                conj = [(*lookahead(inside + ecma._fsm(anything)), positive)]
+                conj = [(*lookahead(_lookahead(core[a + len(opener):b - 1], read)), positive)]
             cuts_here = [conj]
         elif kind == "atom" and piece in ("\\b", "\\B"):
             w_before = lookbehind(ecma._fsm(anything + word))
@@ -198,3 +209,16 @@ def _branch_fsm(core: str, flags: str, wide_boundaries: bool) -> Any:
         return ecma._assertion_product(fsms, cuts, machines, behind, ahead)
     except RegexDialectError as exc:
         raise RegexDialectError(f"regex: {str(exc).removeprefix('pattern: ')}") from exc
+
+
+def _lookahead(inside: str, read: Any) -> Any:
+    """The rests of the string a lookahead ``(?=inside)`` holds at: a match of a branch of
+    ``inside``, then anything, or, where the branch ends in ``$`` (``(?=.{8,16}$)``), nothing
+    or a last newline (Python's ``$`` also holds before a final one)."""
+    out = None
+    for start, end, core in ecma._branches(inside, False, False):
+        if start:
+            raise RegexDialectError("regex: a '^' inside a lookahead is not supported")
+        f = read(core) + ecma._fsm("(?:\\n)?" if end else ecma._ANYTHING)
+        out = f if out is None else out | f
+    return out
