@@ -43,6 +43,7 @@ CASES = {
     r"x(?<!\d)[a-z]|(?=\d\d)[0-9]{2,3}": lambda r: _texts(r, "x1a2", 4),
     r"^(?=.{4,6}$)(?=.*\d)[a-z0-9]+\n?$": lambda r: _texts(r, "ab1\n", 8),  # '$' in a lookahead
     r"(?=ab$|c)[a-c]+\n?": lambda r: _texts(r, "abc\n", 4),
+    r"(?:[^a]|a)(?!b)": lambda r: _texts(r, "ab\n\u00e9", 2),  # an edge over every character
     r"(?=.*[a-z])(?=.*[A-Z])(?=.*\d)(?=.*[@$!%*?&])[A-Za-z\d@$!%*?&]{8,}": lambda r: _texts(r, "aZ3@x!", 12),
 }
 

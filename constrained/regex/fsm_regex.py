@@ -215,8 +215,8 @@ def _edge_classes(fsm: Any):
         chars = {ch for s in symbols for ch in by_symbol[s]}
         if anything_else in chars:
             others = sorted(named - chars)
-            if not others:
-                raise ValueError("a key set over every character: not written as a class")
+            if not others:  # (every character: what a regex's '(?s).' is written as)
+                return "(?:[^\\n]|\\n)"
             return "[^" + _ranges(others) + "]"
         return "[" + _ranges(sorted(chars)) + "]"
 
