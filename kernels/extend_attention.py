@@ -233,6 +233,55 @@ def extend_attention(
 
 
 _BATCHED_EXT = 16  # requests extending by at most this many tokens share one padded SDPA call
+# A CPU chunk with a cached prefix of at least this many new tokens runs as two unmasked SDPA
+# calls merged by log-sum-exp (`_prefix_then_causal`); below it the fixed cost of the second
+# call and the merge outweighs the masked work it saves (measured on the 2-core dev box).
+_SPLIT_MIN_EXT = 256
+_FLASH_LSE: list = []  # [op or None] once probed
+
+
+def _flash_lse_op():
+    """PyTorch's private fused CPU attention op that also returns the log-sum-exp, or None
+    where this torch lacks it or it answers differently than expected (checked once against
+    public SDPA on a small masked case; the caller then keeps the masked SDPA call)."""
+    if not _FLASH_LSE:
+        op = None
+        try:
+            cand = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+            g = torch.Generator().manual_seed(0)
+            q = torch.randn(1, 4, 5, 8, generator=g)
+            k, v = torch.randn(2, 1, 2, 12, 8, generator=g)
+            mask = torch.arange(12)[None, :] <= torch.arange(7, 12)[:, None]
+            want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+            got = _prefix_then_causal(q, k[0], v[0], 7, 0.3, cand)
+            if got.shape == want.shape and torch.allclose(got, want, atol=1e-5, rtol=1e-5):
+                op = cand
+        except (AttributeError, RuntimeError, TypeError, ValueError):
+            op = None
+        _FLASH_LSE.append(op)
+    return _FLASH_LSE[0]
+
+
+def _prefix_then_causal(qi, k, v, prefix: int, sm_scale: float, op=None) -> torch.Tensor:
+    """Attention of qi [1, Hq, ext, D] (fp32) for queries at positions prefix .. prefix+ext-1
+    over k / v [Hk, prefix+ext, D] (fp32), without a mask tensor: (a) every query against the
+    prefix keys, unmasked, with query heads grouped under their KV head; (b) the queries against
+    their own chunk's keys, causal (SDPA's fused CPU kernel skips the blocks above the
+    diagonal); the two softmax halves merged by their log-sum-exps. The masked call this
+    replaces computes every score of the chunk x chunk square and reads a mask for each."""
+    op = op or _flash_lse_op()
+    num_heads, ext, head_dim = qi.shape[1], qi.shape[2], qi.shape[3]
+    num_kv_heads = k.shape[0]
+    group = num_heads // num_kv_heads
+    qg = qi.reshape(1, num_kv_heads, group * ext, head_dim)  # head h -> kv head h // group
+    out_p, lse_p = op(qg, k[None, :, :prefix], v[None, :, :prefix], scale=sm_scale)
+    # chunk keys, viewed (not copied) once per query head of the group: [Hk, G, ext, D]
+    kc = k[:, None, prefix:].expand(num_kv_heads, group, ext, head_dim)
+    vc = v[:, None, prefix:].expand(num_kv_heads, group, ext, head_dim)
+    out_c, lse_c = op(qi.view(num_kv_heads, group, ext, head_dim), kc, vc, is_causal=True, scale=sm_scale)
+    # softmax over both key sets = the halves weighted by exp(lse_half) / (exp(lse_p) + exp(lse_c))
+    w_p = torch.sigmoid(lse_p.view(num_kv_heads, group, ext) - lse_c)[..., None]
+    return torch.lerp(out_c, out_p.view(num_kv_heads, group, ext, head_dim), w_p).view(1, num_heads, ext, head_dim)
 
 
 def extend_attention_ref(
@@ -272,6 +321,10 @@ def extend_attention_ref(
             # slower at 1,800 tokens on the 2-core dev box. Without a cached prefix the
             # attention is plain causal (no mask tensor, and the masked half skipped).
             qi = q[start: start + ext].transpose(0, 1)[None].float()  # [1, Hq, ext, D]
+            if prefix > 0 and ext >= _SPLIT_MIN_EXT and _flash_lse_op() is not None:
+                out = _prefix_then_causal(qi, k.float(), v.float(), prefix, sm_scale)
+                o[start: start + ext] = out[0].transpose(0, 1).to(o.dtype)
+                continue
             mask = None if prefix == 0 else \
                 torch.arange(seq, device=q.device)[None, :] <= torch.arange(prefix, seq, device=q.device)[:, None]
             out = F.scaled_dot_product_attention(qi, k[None].float(), v[None].float(), attn_mask=mask,
