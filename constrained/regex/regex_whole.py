@@ -29,10 +29,15 @@ import re
 from functools import lru_cache
 from typing import Any
 
+from treadle.constrained.index.grammar_size import regex_size
+from treadle.constrained.regex import fsm_crawl
 from treadle.constrained.regex import regex_ecma as ecma
 from treadle.constrained.regex.regex_text import RegexDialectError, _scan
 
 MAX_STATES = 400
+MAX_CRAWL_STATES = 20_000
+MAX_STEPS = 5_000_000
+MAX_PART_SIZE = 30_000  # grammar_size.regex_size of a segment or a lookaround's inside ('[a-z]{1,1000}': 26,000)
 MAX_CHARS = 200_000
 
 _WORD = "[A-Za-z0-9_]"
@@ -68,7 +73,18 @@ def has_assertions(pattern: str) -> bool:
 @lru_cache(maxsize=256)
 def whole_regex(pattern: str, flags: str) -> str:
     """``pattern`` (top-level anchors stripped, flags read off) without its assertions, exactly;
-    ``RegexDialectError`` naming what cannot be."""
+    ``RegexDialectError`` naming what cannot be. Its automata are bounded in work, not time
+    (fsm_crawl.limit: ``MAX_STEPS``, about 2 s of CPU; '(?=a)(?:a{1,30}|b{1,30}){1,30}' took
+    interegular 27 s), so whether a regex is served never depends on the load."""
+    try:
+        with fsm_crawl.limit(states=MAX_CRAWL_STATES, steps=MAX_STEPS):
+            return _whole_regex(pattern, flags)
+    except fsm_crawl.TooLarge as exc:
+        raise RegexDialectError(f"regex: the automaton of its assertions is too large to build ({exc}); "
+                                "use fewer or smaller counted repetitions beside them") from None
+
+
+def _whole_regex(pattern: str, flags: str) -> str:
     try:
         re.compile((f"(?{flags})" if flags else "") + pattern)
     except re.error as exc:
@@ -157,7 +173,14 @@ def _branch_fsm(core: str, flags: str, wide_boundaries: bool) -> Any:
     anything = ecma._ANYTHING
 
     def read(text: str) -> Any:
-        return ecma._fsm(_scan(text, ecma=False, flags=flags)) if text else ecma._fsm("")
+        if not text:
+            return ecma._fsm("")
+        translated = _scan(text, ecma=False, flags=flags)
+        size = regex_size(translated)  # (interegular's automaton: '(?:[a-z]{1,100}){1,100}' took 45 s)
+        if size > MAX_PART_SIZE:
+            raise RegexDialectError(f"regex: the part '{text[:40]}' beside its assertions is too large for their "
+                                    f"automaton (size {size:,} over {MAX_PART_SIZE:,}: fewer or smaller counts)")
+        return ecma._fsm(translated)
 
     def machine(fsm: Any) -> int:
         machines.append(ecma._minimal(fsm))
