@@ -23,7 +23,7 @@ from treadle.constrained.schema.json_schema import (
 )
 from treadle.constrained.index.json_holes import ENTRY_CHAR
 from treadle.constrained.schema.regex_numbers import int_range_regex, number_regex
-from treadle.constrained.regex.regex_text import BOUNDED_FORMATS, excluded_key_regex, string_regex
+from treadle.constrained.regex.regex_text import BOUNDED_FORMATS, excluded_key_regex, string_regex, translate_regex
 
 
 def dumps(value: object, **kw: object) -> str:
@@ -84,7 +84,6 @@ def test_validate_regex_accepts_common_dialect() -> None:
 
 @pytest.mark.parametrize("pattern, want", [
     (r"\d{3}-\w+\s?", r"[0-9]{3}-[a-zA-Z0-9_]+[ \t\n\r\f\v]?"),
-    (r"\D\W\S", r"[^0-9][^a-zA-Z0-9_][^ \t\n\r\f\v]"),
     (r"[\d_.-]+", r"[0-9_.-]+"),
     (re.escape("a b\n.c#"), r"a b\x0a\.c#"),  # Python's re.escape escapes the space and the newline
     (r"\!\@\,", "!@,"),
@@ -111,22 +110,45 @@ def test_shorthands_and_escaped_punctuation_translate_to_the_dialect(pattern, wa
             assert py == ie, (pattern, ch)
 
 
+@pytest.mark.parametrize("regex", [r"\D", r"\W", r"\S", r"[^\d]", r"[^\s_]", r"[^\w\s]", r"[^\d\W]", r"[x\D]",
+                                   r"(?!\d).", r"(?<!\s)a", r"(?!\w)."])
+def test_negated_shorthands_leave_out_what_python_reads_unicode_wide(regex: str) -> None:
+    """\\D \\W \\S, and negated classes holding \\d \\w \\s, were the negations of their ASCII
+    classes: '\\u0663' (an Arabic-Indic 3), NBSP, '\\x1c' and 'é' passed where Python's re, which
+    reads the shorthands Unicode-wide, refuses them. Every character of a sample across scripts
+    is now taken only where re.fullmatch takes it, and ASCII ones exactly as re takes them."""
+    written = re.compile(translate_regex(regex))
+    sample = [chr(c) for c in range(128)] + list("\u0663\u06f5\u0966\uff13\u00a0\u2003\u3000\x85\u00e9\u4e2d"
+                                                "\u00b2\u2014\u00bf\u20ac\u0391\U0001d7ce\U00020000")
+    texts = sample + ["a" + ch for ch in sample]
+    for text in texts:
+        want = re.fullmatch(regex, text) is not None
+        got = written.fullmatch(text) is not None
+        assert not got or want, (regex, text)  # never more than Python takes
+        if text.isascii():
+            assert got == want, (regex, text)  # and on ASCII, exactly what it takes
+
+
 @pytest.mark.parametrize("cls", [
     r"[\S]", r"[\s\S]", r"[^\S\n]", r"[^\S\r\n]", r"[\Sx]", r"[\W\d]", r"[^\D]", r"[^\W_]", r"[\D\S]",
     r"[a\S-]", r"[\S\n]", r"[^\Sa-z]", r"[^\W\d]", r"[\w\W]", r"[^\D5-7]",
 ])
 def test_negated_shorthands_inside_a_class(cls: str) -> None:
-    """[\\s\\S] (any character), [^\\S\\n] (horizontal whitespace): the same characters as Python's
-    re reads with ASCII shorthands, and the same in interegular; in a JSON pattern the class
-    narrows to characters JSON writes raw."""
+    """[\\s\\S] (any character), [^\\S\\n] (horizontal whitespace): never a character Python's re
+    refuses (it reads the shorthands Unicode-wide), every ASCII one that both its readings take
+    (Unicode-wide and re.ASCII), and the same in interegular; in a JSON pattern the class narrows
+    to characters JSON writes raw."""
     out = validate_regex(cls)
     assert validate_regex(out) == out
     fsm = interegular.parse_pattern(out).to_fsm()
     chars = [chr(c) for c in range(256)] + ["\u0663", "\u2028", "\u4e00", "\U0001F600"]
     for ch in chars:
-        want = re.fullmatch(cls, ch, re.ASCII) is not None
-        assert (re.fullmatch(out, ch) is not None) == want, (cls, out, ch)
-        assert fsm.accepts(ch) == want, (cls, out, ch)
+        got = re.fullmatch(out, ch) is not None
+        assert fsm.accepts(ch) == got, (cls, out, ch)
+        wide = re.fullmatch(cls, ch) is not None
+        assert not got or wide, (cls, out, ch)
+        if ch.isascii() and wide and re.fullmatch(cls, ch, re.ASCII):
+            assert got, (cls, out, ch)
     body = re.compile(json_schema_to_regex({"type": "string", "pattern": "^" + cls + "$"}))
     for ch in chars:
         text = json.dumps(ch, ensure_ascii=False)

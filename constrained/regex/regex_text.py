@@ -4,13 +4,14 @@ Every regex produced here is written in the small dialect that means the same th
 Python ``re``, Rust ``regex`` (outlines-core's DFA) and interegular: ASCII character
 classes only, no ``\\b``, no lookaround, no backreferences, no lazy or possessive
 quantifiers, no named groups, no inline flags, no anchors. A user's regex may also write
-``\\d \\w \\s`` and their negations, read with their ASCII meanings as outlines reads them
-(``[0-9]``, ``[a-zA-Z0-9_]``, ``[ \\t\\n\\r\\f\\v]``), also inside a class (``[\\s\\S]``,
-``[^\\S\\n]``), and any escaped punctuation, named groups, lazy quantifiers and comments
-(which match the strings their plain forms do), Python's inline flags ``(?aimsx)`` at its
-start and scoped ``(?i:x)`` / ``(?-i:x)`` (case folding as ``re.IGNORECASE`` does it, ``.``
-with newlines), and ``\\A`` / ``\\Z`` at its ends; it is translated into the dialect
-(``translate_regex``).
+``\\d \\w \\s``, read with their ASCII meanings as outlines reads them (``[0-9]``,
+``[a-zA-Z0-9_]``, ``[ \\t\\n\\r\\f\\v]``), and their negations, which leave out the
+characters Python's Unicode-wide reading matches too (``_unicode_extra``: a subset of what
+``re`` takes, never more), also inside a class (``[\\s\\S]``, ``[^\\S\\n]``), and any
+escaped punctuation, named groups, lazy quantifiers and comments (which match the strings
+their plain forms do), Python's inline flags ``(?aimsx)`` at its start and scoped
+``(?i:x)`` / ``(?-i:x)`` (case folding as ``re.IGNORECASE`` does it, ``.`` with newlines),
+and ``\\A`` / ``\\Z`` at its ends; it is translated into the dialect (``translate_regex``).
 """
 
 from __future__ import annotations
@@ -440,7 +441,8 @@ def _folded_atom(piece: str, ascii_only: bool) -> str:
     return piece[:-1] + more + "]" if piece.startswith("[") else "[" + piece + more + "]"
 
 
-def _scan(pattern: str, *, ecma: bool, subset: bool = False, flags: str | None = None) -> str:
+def _scan(pattern: str, *, ecma: bool, subset: bool = False, flags: str | None = None,
+          wide_shorthands: bool = False) -> str:
     """Check ``pattern`` against the dialect and return it (translated when ``ecma``).
 
     ``\\d \\w \\s`` (and capitals) become their ASCII classes and escaped punctuation its
@@ -461,6 +463,10 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False, flags: str | None =
     can_quantify = False
     user = flags is not None
     fold, dotall, ascii_only = (("i" in flags, "s" in flags, "a" in flags) if user else (False, False, False))
+    # a user's regex without the flag 'a': \D \S \W and negated classes leave out every character
+    # Python's Unicode-wide \d \s \w match (the ASCII reading's negation would let them in);
+    # ``wide_shorthands`` (the inside of a negative lookaround) reads \d \s \w Unicode-wide too
+    unicode = user and not ascii_only and not ecma
     scopes: list[tuple[bool, bool]] = []  # (fold, dotall) outside each open group
     folded: set[str] = set()
 
@@ -501,10 +507,13 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False, flags: str | None =
                 body = _shorthand_body(nxt.lower(), ecma)
                 if nxt.isupper() and ecma and subset:
                     out.append(_ecma_negated_shorthand(nxt.lower()))
-                elif nxt.isupper():
-                    out.append(atom("[^" + body + (_JSON_UNSAFE_CLASS_BODY if ecma else "") + "]", i))
+                elif nxt.isupper():  # (a user's regex: the Unicode-wide members left out too, as Python does)
+                    extra = _unicode_extra_body(nxt.lower()) if unicode else ""
+                    out.append(atom(_generable_class("[^" + body + (_JSON_UNSAFE_CLASS_BODY if ecma else "") + extra
+                                                     + "]", i), i))
                 else:
-                    out.append(atom("[" + body + "]", i))
+                    extra = _unicode_extra_body(nxt) if unicode and wide_shorthands else ""
+                    out.append(atom(_generable_class("[" + body + extra + "]", i), i))
                 i += 2
             elif not ecma and (octal := _python_octal(pattern, i, False)) is not None:
                 out.append(atom(escape_literal(octal[0]), i))  # '\\0', '\\012', '\\101': as Python's re
@@ -610,10 +619,13 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False, flags: str | None =
                 # Python's re reads it there (where ECMA agrees), a subset of what it matches
                 out.append(_ascii_class(pattern[i:j + 1], i))
             elif negated_shorthands:
-                out.append(atom(_class_with_negated_shorthands(body, negated, negated_shorthands, ecma, i), i))
+                out.append(atom(_class_with_negated_shorthands(
+                    body, negated, negated_shorthands, ecma, i, "".join(sorted(shorthands)) if unicode else None), i))
             else:
                 if ecma and negated:
                     body += _JSON_UNSAFE_CLASS_BODY
+                if unicode and shorthands and (negated or wide_shorthands):  # Python's Unicode-wide members
+                    body += _unicode_extra_body("".join(sorted(shorthands)))
                 cls = _generable_class("[" + ("^" if negated else "") + body + "]", i)
                 out.append(_json_safe_class(cls, i) if ecma and subset and not negated else atom(cls, i))
             i = j + 1
@@ -843,15 +855,20 @@ def _ascii_class(cls: str, offset: int) -> str:
     return "[" + "".join(class_literal(c) for c in chars) + "]"
 
 
-def _class_with_negated_shorthands(body: str, negated: bool, letters: list[str], ecma: bool, offset: int) -> str:
+def _class_with_negated_shorthands(body: str, negated: bool, letters: list[str], ecma: bool, offset: int,
+                                   unicode: str | None = None) -> str:
     """A class holding ``\\S``, ``\\D`` or ``\\W`` (``[\\s\\S]``, ``[^\\S\\n]``), which the
     dialect cannot nest: ``body`` is the rest of the class. The negated shorthands together
     leave out a finite set F of ASCII characters (the intersection of their positive sets),
-    so ``[X\\S]`` is ``[^F-X]`` and ``[^X\\S]`` is ``[F-X]``; F - X is listed character by
-    character (X read by Python re, in which the body is written)."""
-    common = set.intersection(*(set(_shorthand_chars(letter, ecma)) for letter in letters))
+    so ``[X\\S]`` is ``[^F-X]`` and ``[^X\\S]`` is ``[F-X]``; F - X is listed (X read by Python
+    re, in which the body is written). ``unicode`` (a user's regex without the flag 'a'): F and
+    X hold the Unicode-wide members of their shorthands too (``_unicode_extra``; X's are the
+    letters ``unicode`` names), so the class is exactly Python's (``[\\s\\S]`` any character)."""
+    common = set.intersection(*({ord(c) for c in _shorthand_chars(letter, ecma)}
+                                | (_unicode_extra(letter) if unicode is not None else set()) for letter in letters))
     rest = re.compile("[" + body + "]") if body else None
-    left = "".join(class_literal(c) for c in sorted(common) if rest is None or not rest.fullmatch(c))
+    wide_rest = set().union(*(_unicode_extra(letter) for letter in unicode or ""))
+    left = _runs_body(sorted(c for c in common if c not in wide_rest and (rest is None or not rest.fullmatch(chr(c)))))
     if negated:  # in F and not in X
         if not left:
             raise RegexDialectError(f"regex: the class at offset {offset} matches no character")
@@ -868,6 +885,35 @@ def _shorthand_chars(letter: str, ecma: bool) -> str:
     if letter == "w":
         return "".join(chr(c) for c in range(128) if chr(c).isalnum()) + "_"
     return " " if ecma else " \t\n\r\f\v"
+
+
+@_lru_cache(maxsize=3)
+def _unicode_extra(letter: str) -> frozenset[int]:
+    """The code points Python's ``re`` matches with ``\\<letter>`` (lower case) in a str pattern
+    that its ASCII reading (``_shorthand_chars``) leaves out: 650 decimal digits, 23 spaces
+    (``\\x1c``-``\\x1f`` among them), 133,485 word characters. A negation of the ASCII reading
+    would take them in, which Python's ``\\D \\S \\W`` leave out."""
+    rx, ascii_chars = re.compile("\\" + letter), set(_shorthand_chars(letter, False))
+    return frozenset(c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF
+                     and chr(c) not in ascii_chars and rx.match(chr(c)))
+
+
+@_lru_cache(maxsize=8)
+def _unicode_extra_body(letters: str) -> str:
+    """``_unicode_extra`` of each letter, together, as a class body of ranges."""
+    return _runs_body(sorted(set().union(*(_unicode_extra(letter) for letter in letters))))
+
+
+def _runs_body(code_points: list[int]) -> str:
+    """Sorted code points as a class body, consecutive ones as ranges."""
+    runs: list[list[int]] = []
+    for cp in code_points:
+        if runs and runs[-1][1] == cp - 1:
+            runs[-1][1] = cp
+        else:
+            runs.append([cp, cp])
+    return "".join(class_literal(chr(a)) + ("" if a == b else ("" if b == a + 1 else "-") + class_literal(chr(b)))
+                   for a, b in runs)
 
 
 def _code_point_escape(pattern: str, i: int, surrogate: bool = False) -> tuple[str, int]:

@@ -172,10 +172,13 @@ def _branch_fsm(core: str, flags: str, wide_boundaries: bool) -> Any:
     ahead = 0
     anything = ecma._ANYTHING
 
-    def read(text: str) -> Any:
+    def read(text: str, wide: bool = False) -> Any:
+        # wide: the inside of a negative lookaround, where \\d \\s \\w are read Unicode-wide as
+        # Python reads them (their ASCII reading there would let non-ASCII digits, spaces and
+        # letters through that Python's assertion refuses)
         if not text:
             return ecma._fsm("")
-        translated = _scan(text, ecma=False, flags=flags)
+        translated = _scan(text, ecma=False, flags=flags, wide_shorthands=wide)
         size = regex_size(translated)  # (interegular's automaton: '(?:[a-z]{1,100}){1,100}' took 45 s)
         if size > MAX_PART_SIZE:
             raise RegexDialectError(f"regex: the part '{text[:40]}' beside its assertions is too large for their "
@@ -207,10 +210,11 @@ def _branch_fsm(core: str, flags: str, wide_boundaries: bool) -> Any:
         if kind == "group" and core.startswith(ecma._LOOK, a):
             opener = core[a:a + (4 if core.startswith(("(?<=", "(?<!"), a) else 3)]
             positive = opener in ("(?=", "(?<=")
+            inner = core[a + len(opener):b - 1]
             if opener.startswith("(?<"):
-                conj = [(*lookbehind(ecma._fsm(anything) + read(core[a + len(opener):b - 1])), positive)]
+                conj = [(*lookbehind(ecma._fsm(anything) + read(inner, not positive)), positive)]
             else:
-                conj = [(*lookahead(_lookahead(core[a + len(opener):b - 1], read)), positive)]
+                conj = [(*lookahead(_lookahead(inner, lambda t, wide=not positive: read(t, wide))), positive)]
             cuts_here = [conj]
         elif kind == "atom" and piece in ("\\b", "\\B"):
             w_before = lookbehind(ecma._fsm(anything + word))
