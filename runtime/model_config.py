@@ -255,17 +255,31 @@ def _moe_from_hf(arch: str, d: Mapping[str, Any]) -> dict[str, Any]:
     """The mixture-of-experts fields of an HF config (none for a dense architecture).
     Mixtral's experts are intermediate_size wide, on every layer, always renormalised."""
     if arch == "Qwen3MoeForCausalLM":
-        return dict(num_experts=int(d.get("num_experts") or d.get("num_local_experts") or 0),
-                    num_experts_per_tok=int(d.get("num_experts_per_tok", 0)),
-                    moe_intermediate_size=int(d.get("moe_intermediate_size", 0)),
+        layers = d.get("mlp_only_layers") or ()
+        if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            raise ValueError(f"config `mlp_only_layers` must be a list of layer numbers, got {layers!r:.80}")
+        return dict(num_experts=_count(d, "num_experts" if d.get("num_experts") else "num_local_experts"),
+                    num_experts_per_tok=_count(d, "num_experts_per_tok"),
+                    moe_intermediate_size=_count(d, "moe_intermediate_size"),
                     norm_topk_prob=bool(d.get("norm_topk_prob", False)),
-                    decoder_sparse_step=int(d.get("decoder_sparse_step", 1)),
-                    mlp_only_layers=tuple(d.get("mlp_only_layers") or ()))
+                    decoder_sparse_step=_count(d, "decoder_sparse_step", 1),
+                    mlp_only_layers=tuple(layers))
     if arch == "MixtralForCausalLM":
-        return dict(num_experts=int(d.get("num_local_experts") or 0),
-                    num_experts_per_tok=int(d.get("num_experts_per_tok", 0)),
-                    moe_intermediate_size=int(d["intermediate_size"]), norm_topk_prob=True)
+        return dict(num_experts=_count(d, "num_local_experts"),
+                    num_experts_per_tok=_count(d, "num_experts_per_tok"),
+                    moe_intermediate_size=_count(d, "intermediate_size"), norm_topk_prob=True)
     return {}
+
+
+def _count(d: Mapping[str, Any], name: str, default: int = 0) -> int:
+    """An integer field of a config (a missing or null one: `default`); anything else (a list,
+    a string, 1.5, infinity) a ValueError naming it (was int()'s TypeError / OverflowError)."""
+    v = d.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or isinstance(v, float) and not v.is_integer():
+        raise ValueError(f"config `{name}` must be an integer, got {v!r:.80}; fix the model config")
+    return int(v)
 
 
 def _number(d: Mapping[str, Any], name: str, default: float) -> float:
@@ -311,7 +325,10 @@ def _check_sliding_window(d: Mapping[str, Any], max_pos: int) -> None:
     if d.get("use_sliding_window") is False:
         return  # Qwen2/Qwen3 configs carry a window size that is switched off.
     window = d.get("sliding_window")
-    if window is not None and int(window) < max_pos:
+    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, float)) or window != window):
+        # (int() of a list was a TypeError, of infinity an OverflowError)
+        raise ValueError(f"config `sliding_window` must be a number of tokens (or null), got {window!r:.80}")
+    if window is not None and window < max_pos:
         raise ValueError(
             f"config uses sliding-window attention (window {window} < max_position_embeddings "
             f"{max_pos}), which treadle does not implement; use a model without a sliding window"
