@@ -1058,7 +1058,14 @@ def translate_regex(pattern: str) -> str:
     if regex_whole.has_assertions(pattern):  # lookarounds, '\\b': an automaton without them, exactly
         out = regex_whole.whole_regex(pattern, flags)
     else:
-        out = _scan(pattern, ecma=False, flags=flags)
+        out = _scan(pattern, ecma=False, flags=flags)  # (it names what the dialect refuses first)
+        plain = flags.replace("x", "")  # (the pattern is already unverbosed)
+        try:  # a regex Python refuses ('[\\d-z]': a bad range) matches nothing there: refuse it here too
+            re.compile((f"(?{plain})" if plain else "") + pattern)
+        except re.error as exc:
+            raise RegexDialectError(f"regex: does not compile with Python re: {exc}") from exc
+        except RecursionError as exc:
+            raise RegexDialectError("regex: its groups nest too deeply to parse") from exc
     try:
         re.compile(out)
     except re.error as exc:
