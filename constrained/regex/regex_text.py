@@ -611,7 +611,11 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False, flags: str | None =
                 prev_quant = False
                 continue
             both = bool(shorthands & set(negated_shorthands))
-            if ecma and subset and both and not negated:  # [\\s\\S]: any character JSON writes raw
+            if user and fold and not ecma and (shorthands or negated_shorthands):
+                # under 'i' a class holding shorthands is Python's own reading, listed whole: written
+                # without the flag and folded after, '(?i)[^\\Wk]' took 'K' and '(?i)[^\\W]' '\u0345'
+                out.append(_python_folded_class(pattern[i:j + 1], ascii_only, i))
+            elif ecma and subset and both and not negated:  # [\\s\\S]: any character JSON writes raw
                 out.append(SAFE_RAW_CHAR)
             elif ecma and subset and (negated_shorthands or negated and shorthands):
                 # the shorthands' Unicode-wide meanings (Python's \\d holds every decimal digit, its
@@ -904,6 +908,31 @@ def _unicode_extra_body(letters: str) -> str:
     return _runs_body(sorted(set().union(*(_unicode_extra(letter) for letter in letters))))
 
 
+_EVERY_CHAR = None
+
+
+@_lru_cache(maxsize=64)
+def _python_folded_class(cls: str, ascii_only: bool, offset: int) -> str:
+    """The characters Python's ``re`` matches with the class ``cls`` under ``re.IGNORECASE``
+    (and ``re.ASCII``), exactly, as a class (negated where that is shorter)."""
+    global _EVERY_CHAR
+    if _EVERY_CHAR is None:
+        _EVERY_CHAR = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+    try:
+        rx = re.compile(cls, re.IGNORECASE | (re.ASCII if ascii_only else 0))
+    except re.error as exc:  # ('[\\d-z]': a range from a shorthand)
+        raise RegexDialectError(f"regex: does not compile with Python re: {exc} (the class at offset {offset})") from exc
+    members = {ord(c) for c in rx.findall(_EVERY_CHAR)}
+    if not members:
+        raise RegexDialectError(f"regex: the class at offset {offset} matches no character")
+    others = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and c not in members]
+    if not others:
+        return _ANY_CHAR
+    if len(others) < len(members):
+        return "[^" + _runs_body(others) + "]"
+    return "[" + _runs_body(sorted(members)) + "]"
+
+
 def _runs_body(code_points: list[int]) -> str:
     """Sorted code points as a class body, consecutive ones as ranges."""
     runs: list[list[int]] = []
@@ -1061,7 +1090,10 @@ def translate_regex(pattern: str) -> str:
         out = _scan(pattern, ecma=False, flags=flags)  # (it names what the dialect refuses first)
         plain = flags.replace("x", "")  # (the pattern is already unverbosed)
         try:  # a regex Python refuses ('[\\d-z]': a bad range) matches nothing there: refuse it here too
-            re.compile((f"(?{plain})" if plain else "") + pattern)
+            try:
+                re.compile((f"(?{plain})" if plain else "") + pattern)
+            except re.error:  # (the dialect also takes .NET's named groups, '(?<name>...)')
+                re.compile((f"(?{plain})" if plain else "") + regex_whole.ecma._unnamed(pattern))
         except re.error as exc:
             raise RegexDialectError(f"regex: does not compile with Python re: {exc}") from exc
         except RecursionError as exc:
