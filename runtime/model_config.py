@@ -10,6 +10,7 @@ same shapes.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
 
 from treadle.runtime.quantization.config import QuantConfig, parse_quantization_config
@@ -196,7 +197,7 @@ class ModelConfig:
             num_heads=heads,
             num_kv_heads=integer("num_key_value_heads") if d.get("num_key_value_heads") else heads,
             head_dim=integer("head_dim") if d.get("head_dim") else hidden // heads,
-            rms_norm_eps=_number(d, "rms_norm_eps", 1e-6),
+            rms_norm_eps=_number(d, "rms_norm_eps", 1e-6, 0.0),
             rope_theta=theta,
             rope_scaling=scaling,
             max_position_embeddings=max_pos,
@@ -256,7 +257,8 @@ def _moe_from_hf(arch: str, d: Mapping[str, Any]) -> dict[str, Any]:
     Mixtral's experts are intermediate_size wide, on every layer, always renormalised."""
     if arch == "Qwen3MoeForCausalLM":
         layers = d.get("mlp_only_layers") or ()
-        if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        if not isinstance(layers, (list, tuple)) or \
+                not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
             raise ValueError(f"config `mlp_only_layers` must be a list of layer numbers, got {layers!r:.80}")
         return dict(num_experts=_count(d, "num_experts" if d.get("num_experts") else "num_local_experts"),
                     num_experts_per_tok=_count(d, "num_experts_per_tok"),
@@ -282,13 +284,18 @@ def _count(d: Mapping[str, Any], name: str, default: int = 0) -> int:
     return int(v)
 
 
-def _number(d: Mapping[str, Any], name: str, default: float) -> float:
-    """A float field of a config (a missing or null one: `default`); anything else a ValueError naming it."""
+def _number(d: Mapping[str, Any], name: str, default: float, low: float = -math.inf, above: bool = False) -> float:
+    """A float field of a config (a missing or null one: `default`), finite and at least `low`
+    (`above`: more than it); anything else a ValueError naming it (a negative rms_norm_eps or
+    rope_theta, or a rope factor of 0, loaded, and every request failed on NaN logits)."""
     v = d.get(name)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"config `{name}` must be a number, got {v!r:.80}")
+    if not math.isfinite(v) or v < low or above and v == low:
+        raise ValueError(f"config `{name}` must be a finite number {'>' if above else '>='} {low:g}, got {v!r:.80}; "
+                         "fix the model config")
     return float(v)
 
 
@@ -313,9 +320,12 @@ def _rope_from_hf(d: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
     if "type" in params and "rope_type" not in params:  # older configs spell it "type"
         params["rope_type"] = params.pop("type")
     params.pop("type", None)
-    theta = _number({"rope_theta": params.pop("rope_theta", d.get("rope_theta", 10000.0))}, "rope_theta", 10000.0)
+    theta = _number({"rope_theta": params.pop("rope_theta", d.get("rope_theta", 10000.0))}, "rope_theta", 10000.0,
+                    0.0, above=True)
     params.setdefault("rope_type", "default")
     _check_rope(params)
+    for k in _ROPE_KEYS[params["rope_type"]]:
+        _number(params, k, 1.0, 0.0, above=True)
     keep = {"rope_type": params["rope_type"], **{k: params[k] for k in _ROPE_KEYS[params["rope_type"]]}}
     return theta, (None if params["rope_type"] == "default" else keep)
 

@@ -61,10 +61,21 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
+def _whole(loaded: torch.Tensor, dim: int, want: int) -> None:
+    """The checkpoint tensor must be as long as the model's layer along `dim` (all ranks'
+    slices together): a longer one was cut to the slice silently (a config.json of fewer
+    heads or a narrower MLP than its weights ran a wrong model), a shorter one failed on copy."""
+    if want and loaded.dim() > dim and loaded.shape[dim] != want:
+        raise ValueError(f"checkpoint tensor of shape {tuple(loaded.shape)} has {loaded.shape[dim]} along dimension "
+                         f"{dim} where the model's layer has {want}")
+
+
 def _load_output_slice(param: nn.Parameter, loaded: torch.Tensor, shard: int, start: int, offset: int,
-                       size: int) -> None:
+                       size: int, blocks: int = 1) -> None:
     """Column layers: the checkpoint's outputs [start, start + size) go to the parameter's
-    outputs [offset, offset + size) (sizes in outputs; a packed dimension divides them)."""
+    outputs [offset, offset + size) (sizes in outputs; a packed dimension divides them);
+    `blocks`: how many slices of `size` the checkpoint's tensor holds (0: not checked, a
+    quantization's scales, whose rows a block format pads)."""
     if getattr(param, "per_shard", False):  # one value per merged part (a per-tensor scale)
         param.data[shard].copy_(loaded.reshape(()))
         return
@@ -78,6 +89,7 @@ def _load_output_slice(param: nn.Parameter, loaded: torch.Tensor, shard: int, st
         _copy(param.data, loaded)
         return
     pack = getattr(param, "output_pack", 1)
+    _whole(loaded, dim, blocks * size // pack)
     _copy(param.data.narrow(dim, offset // pack, size // pack), loaded.narrow(dim, start // pack, size // pack))
 
 
@@ -110,7 +122,13 @@ class ColumnParallelLinear(nn.Module):
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None = None) -> None:
         shard = 0 if shard_id is None else int(shard_id)
         size = self.local_sizes[shard]
-        _load_output_slice(param, loaded, shard, self.ctx.rank * size, sum(self.local_sizes[:shard]), size)
+        _load_output_slice(param, loaded, shard, self.ctx.rank * size, sum(self.local_sizes[:shard]), size,
+                           self.ctx.size if self._own(param) else 0)
+
+    def _own(self, param: nn.Parameter) -> bool:
+        """Whether `param` is the layer's weight or bias (not a quantization's scale)."""
+        # (a quantized layer has no `weight`)
+        return param is getattr(self, "weight", None) or param is getattr(self, "bias", None)
 
     @property
     def device(self) -> torch.device:
@@ -172,7 +190,9 @@ class QKVParallelLinear(ColumnParallelLinear):
         size = self.local_sizes[idx]
         # KV shards: rank r reads KV head block r // kv_replicas
         block = self.ctx.rank if idx == 0 else self.ctx.rank // self.kv_replicas
-        _load_output_slice(param, loaded, idx, block * size, sum(self.local_sizes[:idx]), size)
+        blocks = self.ctx.size if idx == 0 else self.ctx.size // self.kv_replicas
+        _load_output_slice(param, loaded, idx, block * size, sum(self.local_sizes[:idx]), size,
+                           blocks if self._own(param) else 0)
 
 
 class RowParallelLinear(nn.Module):
@@ -200,6 +220,8 @@ class RowParallelLinear(nn.Module):
             _copy(param.data, loaded.reshape(param.shape))
             return
         n = self.local_in // getattr(param, "input_pack", 1)
+        # (not a block format's scales, whose rows it pads)
+        _whole(loaded, dim, n * self.ctx.size if param is getattr(self, "weight", None) else 0)
         _copy(param.data, loaded.narrow(dim, self.ctx.rank * n, n))
 
     @property
