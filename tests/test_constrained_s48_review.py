@@ -40,3 +40,13 @@ def test_a_folded_class_with_shorthands_takes_only_what_python_takes(regex: str)
     tail = "x" if regex.endswith("x") else ""
     for text in ["k", "K", "\u212a", "\u0345", "\u03b9", "a", "5", "\u0663", "_", " ", "\xe9"]:
         assert bool(written.fullmatch(text + tail)) == bool(re.fullmatch(regex, text + tail)), (regex, text)
+
+
+@pytest.mark.parametrize("regex", [r"(?i)(?!\W).", r"(?i)\W", r"(?i)(?<!\W)a?.", r"(?i)(?!\D)."])
+def test_a_negated_shorthand_is_not_folded(regex: str) -> None:
+    """Python's 'i' leaves \\W as it is ('\\u0345' is a non-word character); \\W was folded as a
+    class, lost '\\u0345', and '(?i)(?!\\W).' then took it."""
+    written = re.compile(translate_regex(regex))
+    for text in ["\u0345", "\u03b9", "k", "\u212a", " ", "a\u0345", "5", "\u0663"]:
+        if written.fullmatch(text):
+            assert re.fullmatch(regex, text), (regex, text)

@@ -508,9 +508,12 @@ def _scan(pattern: str, *, ecma: bool, subset: bool = False, flags: str | None =
                 if nxt.isupper() and ecma and subset:
                     out.append(_ecma_negated_shorthand(nxt.lower()))
                 elif nxt.isupper():  # (a user's regex: the Unicode-wide members left out too, as Python does)
+                    # (not folded: Python's 'i' leaves \\D \\S \\W as they are; folded, '\\W' lost '\u0345',
+                    # which '(?i)(?!\\W).' then took)
                     extra = _unicode_extra_body(nxt.lower()) if unicode else ""
-                    out.append(atom(_generable_class("[^" + body + (_JSON_UNSAFE_CLASS_BODY if ecma else "") + extra
-                                                     + "]", i), i))
+                    negated_class = _generable_class("[^" + body + (_JSON_UNSAFE_CLASS_BODY if ecma else "") + extra
+                                                     + "]", i)
+                    out.append(negated_class if user else atom(negated_class, i))
                 else:
                     extra = _unicode_extra_body(nxt) if unicode and wide_shorthands else ""
                     out.append(atom(_generable_class("[" + body + extra + "]", i), i))
